@@ -1,0 +1,86 @@
+"""Pieces shared by every kind: the API group, the model base, conditions, and
+the CRD metadata each kind declares next to its fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "sandlot.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# Label every sandlot-managed object carries; pool members also carry POOL_LABEL.
+POOL_LABEL = "sandlot.dev/pool"
+NODE_LABEL = "sandlot.dev/node"
+
+
+class Model(BaseModel):
+    """Base of every API model: camelCase on the wire, unknown fields kept out."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="ignore",
+        use_enum_values=True,
+    )
+
+    def wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, unset fields left out."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class Condition(Model):
+    """A Kubernetes-style condition (same shape as metav1.Condition)."""
+
+    type: str = Field(description="Type of the condition, in CamelCase (for example `Ready`).")
+    status: Literal["True", "False", "Unknown"] = Field(
+        description="Status of the condition: True, False or Unknown."
+    )
+    reason: str = Field(
+        default="", description="One CamelCase word saying why the condition is as it is."
+    )
+    message: str = Field(default="", description="A human-readable explanation.")
+    last_transition_time: datetime | None = Field(
+        default=None, description="When the condition last changed status (RFC 3339)."
+    )
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    name: str
+    json_path: str
+    type: str = "string"
+    priority: int = 0
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class CrdInfo:
+    """What a kind declares about itself beyond its fields."""
+
+    kind: str
+    plural: str
+    singular: str
+    scope: Literal["Namespaced", "Cluster"]
+    short_names: tuple[str, ...] = ()
+    columns: tuple[PrinterColumn, ...] = ()
+    selectable_fields: tuple[str, ...] = ()
+    scale: dict[str, str] | None = None
+    categories: tuple[str, ...] = ("sandlot",)
+    # CEL rules (x-kubernetes-validations) keyed by the top-level property they sit on.
+    validations: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+
+
+class Resource(Model):
+    """A top-level kind: apiVersion, kind, metadata, spec, status."""
+
+    crd: ClassVar[CrdInfo]
+
+    api_version: str = Field(default=API_VERSION, alias="apiVersion")
+    kind: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,0 +1,130 @@
+"""SandboxNode: one per node running the agent; its health, capacity and GC state.
+
+The agent owns ``status.capacity``, ``status.address`` and ``status.gc``; the
+operator's node-health controller owns ``status.phase``, the conditions and
+``status.health``. Health tracking lives here, not in operator memory, so an
+operator restart or a leader change neither restarts nor forgets a grace period.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field
+
+from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+
+
+class NodePhase(StrEnum):
+    READY = "Ready"
+    NOT_READY = "NotReady"
+    DISABLED = "Disabled"
+
+
+class SandboxNodeSpec(Model):
+    unschedulable: bool = Field(
+        default=False,
+        description="Set by `sandlot drain`: no new sandboxes go here and the agent stops "
+        "the node's sandboxes gracefully. The node's phase becomes Disabled.",
+    )
+
+
+class NodeCapacity(Model):
+    sandboxes: int = Field(
+        default=0, ge=0, description="How many non-terminal sandboxes the node accepts."
+    )
+
+
+class NodeHealthTracking(Model):
+    unhealthy_since: datetime | None = Field(
+        default=None,
+        description="When the node's lease expired (renewTime + leaseDurationSeconds), "
+        "not when the operator noticed. The grace period counts from here.",
+    )
+    handled_at: datetime | None = Field(
+        default=None,
+        description="When the node's sandboxes were all marked Dead after the grace "
+        "period (the handled latch). Cleared when the node recovers, is drained or deleted.",
+    )
+    handled_count: int | None = Field(
+        default=None, description="How many sandboxes that handling marked Dead."
+    )
+
+
+class HeldBackBytes(Model):
+    in_use: int = Field(default=0, description="Bytes of images backing existing containers.")
+    pinned: int = Field(default=0, description="Bytes of pinned images.")
+    live_job: int = Field(default=0, description="Bytes of records under a live-job prefix.")
+    too_young: int = Field(default=0, description="Bytes of images younger than minAge.")
+
+
+class NodeGcStatus(Model):
+    last_pass_time: datetime | None = Field(default=None, description="When the last pass ended.")
+    last_pass_kind: str | None = Field(
+        default=None, description="`watermark` (automatic or on request) or `forced`."
+    )
+    last_pass_outcome: str | None = Field(
+        default=None, description="`ok`, `nothing-to-do`, `exhausted`, `aborted` or `error`."
+    )
+    records_removed: int = Field(default=0, description="Records the last pass removed.")
+    bytes_freed: int = Field(
+        default=0, description="Bytes freed by the last pass, measured on the filesystem."
+    )
+    held_back: HeldBackBytes = Field(
+        default_factory=HeldBackBytes, description="What the last pass kept, by reason."
+    )
+    non_image_bytes: int = Field(
+        default=0, description="Used bytes on containerd's filesystem that are not images."
+    )
+    disk_usage_percent: float | None = Field(
+        default=None, description="Usage of containerd's filesystem after the last pass."
+    )
+    exhausted_until: datetime | None = Field(
+        default=None,
+        description="Automatic passes are skipped until then: everything evictable was "
+        "gone and usage was still over the high mark.",
+    )
+
+
+class SandboxNodeStatus(Model):
+    phase: NodePhase = Field(
+        default=NodePhase.NOT_READY,
+        description="Ready while the node's lease is fresh; NotReady otherwise; Disabled "
+        "when drained (spec.unschedulable).",
+    )
+    capacity: NodeCapacity = Field(
+        default_factory=NodeCapacity, description="What the node accepts (written by its agent)."
+    )
+    sandboxes: int = Field(default=0, description="Non-terminal sandboxes on the node.")
+    address: str | None = Field(default=None, description="The node's address.")
+    agent_version: str | None = Field(default=None, description="Version of its agent.")
+    containerd_version: str | None = Field(default=None, description="Version of its containerd.")
+    health: NodeHealthTracking = Field(
+        default_factory=NodeHealthTracking, description="Node-health controller tracking."
+    )
+    gc: NodeGcStatus = Field(default_factory=NodeGcStatus, description="Image GC state.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+
+
+class SandboxNode(Resource):
+    crd = CrdInfo(
+        kind="SandboxNode",
+        plural="sandboxnodes",
+        singular="sandboxnode",
+        scope="Cluster",
+        short_names=("snode",),
+        columns=(
+            PrinterColumn("Phase", ".status.phase"),
+            PrinterColumn("Sandboxes", ".status.sandboxes", "integer"),
+            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            PrinterColumn("Capacity", ".status.capacity.sandboxes", "integer", priority=1),
+            PrinterColumn("Last-GC", ".status.gc.lastPassKind", priority=1),
+            PrinterColumn("GC-Freed", ".status.gc.bytesFreed", "integer", priority=1),
+            PrinterColumn("GC-Exhausted-Until", ".status.gc.exhaustedUntil", priority=1),
+        ),
+    )
+
+    kind: str = "SandboxNode"
+    spec: SandboxNodeSpec = Field(default_factory=SandboxNodeSpec)
+    status: SandboxNodeStatus | None = None

@@ -1,0 +1,204 @@
+"""Sandbox: one container on one node. ``kubectl get sandboxes`` is the main view.
+
+Phases move Pending -> Scheduled -> Running -> one of Stopped, Failed, Dead, and
+the API server itself refuses a status update that leaves a terminal phase (a
+CEL transition rule on ``status``), so no controller bug can resurrect a sandbox.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+
+
+class SandboxPhase(StrEnum):
+    PENDING = "Pending"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    STOPPED = "Stopped"
+    FAILED = "Failed"
+    DEAD = "Dead"
+
+
+TERMINAL_PHASES: frozenset[str] = frozenset(
+    {SandboxPhase.STOPPED, SandboxPhase.FAILED, SandboxPhase.DEAD}
+)
+# Phases in which a sandbox holds (or is about to hold) a container on its node.
+ACTIVE_PHASES: frozenset[str] = frozenset({SandboxPhase.SCHEDULED, SandboxPhase.RUNNING})
+
+# Reasons written with a terminal phase.
+REASON_NODE_LOST = "NodeLost"
+REASON_NODE_DELETED = "NodeDeleted"
+REASON_DRAIN_ABANDONED = "DrainAbandoned"
+
+_TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
+
+
+class EnvVar(Model):
+    name: str = Field(min_length=1, description="Name of the environment variable.")
+    value: str = Field(default="", description="Its value.")
+
+
+class SandboxPort(Model):
+    name: str | None = Field(
+        default=None,
+        max_length=15,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="Port name, used as the EndpointSlice port name (IANA service name rules).",
+    )
+    container_port: int = Field(ge=1, le=65535, description="Port the sandbox listens on.")
+    protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
+
+
+class ResourceLimits(Model):
+    memory: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        description="Memory limit as a Kubernetes quantity (`256Mi`, `1Gi`); a process "
+        "over it is killed by the kernel's OOM killer.",
+    )
+    cpu: str | None = Field(
+        default=None,
+        pattern=r"^([0-9]+m|[0-9]+(\.[0-9]+)?)$",
+        description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS quota.",
+    )
+
+
+class SandboxResources(Model):
+    limits: ResourceLimits = Field(
+        default_factory=ResourceLimits, description="Hard limits the kernel enforces."
+    )
+
+
+class Capabilities(Model):
+    add: list[str] = Field(
+        default_factory=list,
+        description="Linux capabilities added to the baseline set (names without `CAP_`, "
+        "for example `NET_ADMIN`). Capabilities outside the baseline need the "
+        "namespace's policy level to allow them.",
+    )
+
+
+class SecurityContext(Model):
+    run_as_user: int | None = Field(
+        default=None, ge=0, description="UID the sandbox's process runs as (default: the image's)."
+    )
+    run_as_group: int | None = Field(default=None, ge=0, description="GID the process runs as.")
+    run_as_non_root: bool | None = Field(
+        default=None,
+        description="Refuse to start the sandbox if its process would run as UID 0.",
+    )
+    read_only_root_filesystem: bool | None = Field(
+        default=None, description="Mount the sandbox's root filesystem read-only."
+    )
+    capabilities: Capabilities | None = Field(
+        default=None, description="Capabilities beyond the baseline."
+    )
+    privileged: bool | None = Field(
+        default=None,
+        description="Run with every capability and no seccomp filter: the sandbox then "
+        "owns the node. Refused unless the namespace's policy level is `privileged`.",
+    )
+
+
+class SandboxSpec(Model):
+    image: str = Field(
+        min_length=1,
+        description="Image reference in the node's containerd store (for example "
+        "`docker.io/library/busybox:1.36`).",
+    )
+    command: list[str] = Field(
+        default_factory=list,
+        description="Argv of the sandbox's process; empty means the image's entrypoint and cmd.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Environment variables.")
+    ports: list[SandboxPort] = Field(
+        default_factory=list, description="Ports the sandbox serves, published to its pool's Service."
+    )
+    node_name: str | None = Field(
+        default=None,
+        max_length=253,
+        description="The SandboxNode this sandbox runs on. Set by the scheduler when "
+        "empty; immutable once set. Selectable: `--field-selector spec.nodeName=N`.",
+    )
+    host_network: bool = Field(
+        default=False,
+        description="Share the node's network namespace instead of getting an own one.",
+    )
+    resources: SandboxResources | None = Field(default=None, description="Resource limits.")
+    security_context: SecurityContext | None = Field(
+        default=None, description="Security settings, modelled on the Pod's."
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="Seconds between SIGTERM and SIGKILL when the sandbox is stopped "
+        "(default: the agent's stop grace).",
+    )
+
+
+class SandboxStatus(Model):
+    phase: SandboxPhase = Field(
+        default=SandboxPhase.PENDING,
+        description="Pending, Scheduled, Running, Stopped, Failed or Dead. The last three "
+        "are terminal: the API server refuses a change out of them.",
+    )
+    reason: str | None = Field(
+        default=None,
+        description="One CamelCase word for the last phase change (NodeLost, Exited, ...).",
+    )
+    message: str | None = Field(default=None, description="Human-readable detail.")
+    container_id: str | None = Field(default=None, description="containerd container id.")
+    pid: int | None = Field(default=None, description="Host PID of the sandbox's process.")
+    ip: str | None = Field(default=None, description="Address the sandbox is reachable at.")
+    started_at: datetime | None = Field(default=None, description="When the process started.")
+    finished_at: datetime | None = Field(default=None, description="When it ended.")
+    exit_code: int | None = Field(default=None, description="Exit status, once it exited.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+
+
+class Sandbox(Resource):
+    crd = CrdInfo(
+        kind="Sandbox",
+        plural="sandboxes",
+        singular="sandbox",
+        scope="Namespaced",
+        short_names=("sb",),
+        columns=(
+            PrinterColumn("Phase", ".status.phase"),
+            PrinterColumn("Node", ".spec.nodeName"),
+            PrinterColumn("IP", ".status.ip"),
+            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
+            PrinterColumn("Reason", ".status.reason", priority=1),
+        ),
+        selectable_fields=(".spec.nodeName",),
+        validations={
+        "spec": [
+            {
+                "rule": "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
+                "message": "spec.nodeName is immutable once set",
+                "reason": "FieldValueForbidden",
+            }
+        ],
+        "status": [
+            {
+                "rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {_TERMINAL_CEL}) "
+                "|| (has(self.phase) && self.phase == oldSelf.phase)",
+                "message": "status.phase is terminal: a Dead, Stopped or Failed sandbox "
+                "cannot move to another phase",
+                "reason": "FieldValueForbidden",
+            }
+        ],
+        },
+    )
+
+    kind: str = "Sandbox"
+    spec: SandboxSpec
+    status: SandboxStatus | None = None
