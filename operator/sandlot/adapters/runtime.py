@@ -1,0 +1,139 @@
+"""The agent's boundary to a container runtime: plain data in, plain data out.
+
+``Runtime`` is the only way the agent touches containers and images. The real
+implementation (``sandlot.adapters.containerd``) speaks containerd's gRPC API
+and gives **every call a deadline**; tests of agent policy may use an in-memory
+implementation of this protocol. Nothing here blocks without a bound: every
+method takes ``timeout`` (seconds) and raises ``RuntimeTimeout`` when it passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class RuntimeError_(Exception):
+    """A runtime call failed. ``code`` is a short machine word (``not_found``, ...)."""
+
+    def __init__(self, message: str, code: str = "unknown") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class RuntimeTimeout(RuntimeError_):
+    """A runtime call did not answer within its deadline."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="deadline_exceeded")
+
+
+class NotFound(RuntimeError_):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="not_found")
+
+
+class TaskState(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    PAUSED = "paused"
+    PAUSING = "pausing"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    id: str
+    image: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    snapshot_key: str = ""
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    container_id: str
+    pid: int
+    state: TaskState
+    exit_status: int | None = None
+    exited_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    """An image in the runtime's store, as the image collector sees it."""
+
+    name: str
+    size: int  # bytes of its content (manifest, config and layers)
+    created_at: datetime
+    updated_at: datetime
+    labels: Mapping[str, str] = field(default_factory=dict)
+    target_digest: str = ""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What the OCI image config says about how to run it."""
+
+    entrypoint: Sequence[str] = ()
+    cmd: Sequence[str] = ()
+    env: Sequence[str] = ()
+    working_dir: str = ""
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """What the agent asks the runtime to create.
+
+    ``oci_spec`` is the full OCI runtime spec (a JSON-able dict) built by the
+    agent; the runtime only adds the root filesystem from the image's snapshot.
+    """
+
+    id: str
+    image: str
+    oci_spec: Mapping[str, Any]
+    labels: Mapping[str, str] = field(default_factory=dict)
+    log_path: str = ""
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int
+    exited_at: datetime | None = None
+
+
+class Runtime(Protocol):
+    """Every method is bounded by ``timeout`` seconds."""
+
+    def version(self, *, timeout: float) -> str: ...
+
+    # containers and tasks
+    def list_containers(self, *, timeout: float) -> list[ContainerInfo]: ...
+    def list_tasks(self, *, timeout: float) -> list[TaskInfo]: ...
+    def get_task(self, container_id: str, *, timeout: float) -> TaskInfo | None: ...
+    def image_config(self, image: str, *, timeout: float) -> ImageConfig: ...
+    def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo: ...
+    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo: ...
+    def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None: ...
+    def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
+        """Wait for the task's exit; raises RuntimeTimeout if none arrives in time."""
+        ...
+
+    def delete_task(self, container_id: str, *, timeout: float) -> ExitStatus | None: ...
+    def delete_container(self, container_id: str, *, timeout: float) -> None: ...
+    def remove_snapshot(self, key: str, *, timeout: float) -> None: ...
+
+    # images
+    def list_images(self, *, timeout: float) -> list[ImageRecord]: ...
+    def delete_image(self, name: str, *, timeout: float) -> None:
+        """Delete synchronously (the content is gone when it returns)."""
+        ...
+
+    def set_image_labels(self, name: str, labels: Mapping[str, str], *, timeout: float) -> None: ...
+
+    def close(self) -> None: ...
