@@ -1,0 +1,96 @@
+"""Mass-failure guard: refuse to mark sandboxes Dead when most of the fleet looks lost.
+
+A single node whose lease expires has probably died. Most of the fleet's leases
+expiring at once more likely means the nodes lost their path to the API server
+(a partition, an overloaded control plane) while their containers keep serving.
+Marking every sandbox Dead then would turn a network blip into a fleet-wide
+outage: pools would churn replacements onto the few nodes left, and every agent
+would tear its surviving containers down when it came back. Kubernetes' node
+lifecycle controller slows its evictions for the same reason.
+
+The trade-off: while the guard holds, a fleet that really did die keeps its
+sandboxes Running (and in its Services) until the fraction drops. A stuck
+endpoint is recoverable; a fleet-wide teardown is not.
+
+Disabled (drained) nodes are left out of the count on both sides: their leases
+are expected to stop, and counting them would make a large drain look like an
+outage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandlot.api.node import NodePhase
+
+
+@dataclass(frozen=True)
+class FleetSummary:
+    """The fleet's health at one moment, as the node-health controller sees it."""
+
+    total_not_disabled: int
+    """SandboxNodes whose phase is Ready or NotReady."""
+    not_ready: int
+    """Of those, the NotReady ones."""
+
+    def __post_init__(self) -> None:
+        if self.total_not_disabled < 0:
+            raise ValueError(f"total_not_disabled must be >= 0, got {self.total_not_disabled}")
+        if not 0 <= self.not_ready <= self.total_not_disabled:
+            raise ValueError(
+                f"not_ready must be between 0 and total_not_disabled "
+                f"({self.total_not_disabled}), got {self.not_ready}"
+            )
+
+    @property
+    def not_ready_fraction(self) -> float:
+        """NotReady share of the nodes that are not Disabled (0.0 for an empty fleet)."""
+        if self.total_not_disabled == 0:
+            return 0.0
+        return self.not_ready / self.total_not_disabled
+
+
+class GuardSettings(BaseModel):
+    """When the guard holds. Validated once, at construction."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    disruption_threshold: float = Field(
+        default=0.55,
+        gt=0.0,
+        le=1.0,
+        description="Fraction (0-1] of not-Disabled nodes that must be NotReady at once "
+        "for the guard to hold.",
+    )
+    min_nodes: int = Field(
+        default=3,
+        ge=1,
+        description="Fewest not-Disabled nodes for which the guard applies at all: in a "
+        "smaller fleet one lost node is already a large fraction.",
+    )
+
+
+def summarize_fleet(phases: Iterable[NodePhase | str]) -> FleetSummary:
+    """Count a fleet's observed node phases (one per SandboxNode) for the guard."""
+    total = not_ready = 0
+    for phase in phases:
+        if phase == NodePhase.DISABLED:
+            continue
+        total += 1
+        if phase == NodePhase.NOT_READY:
+            not_ready += 1
+    return FleetSummary(total_not_disabled=total, not_ready=not_ready)
+
+
+def guard_active(fleet: FleetSummary, guard: GuardSettings) -> bool:
+    """True when so much of the fleet is NotReady that nothing should be marked Dead.
+
+    The fraction is compared with a plain division: ``11 / 20`` and ``0.55`` round
+    to the same double, so a fleet exactly at the threshold holds.
+    """
+    if fleet.total_not_disabled < guard.min_nodes:
+        return False
+    return fleet.not_ready_fraction >= guard.disruption_threshold

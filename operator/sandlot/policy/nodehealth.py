@@ -1,0 +1,442 @@
+"""Node health: when a node's sandboxes are declared Dead, decided from plain data and ``now``.
+
+A node whose lease expires is not yet a dead node. Containers survive an agent
+restart or upgrade on containerd, and the agent re-adopts them on boot; marking
+them Dead at the first missed renewal would turn every restart into churn. So a
+NotReady node gets a grace period (default 300 s), counted from the moment its
+lease expired rather than the moment the operator noticed, and only then are its
+non-terminal sandboxes marked Dead (reason ``NodeLost``). A generous grace is the
+price of never breaking the restart path; a Dead sandbox is replaced by its pool
+within seconds of that.
+
+Once a node is handled, a latch in its status (``health.handledAt``) makes every
+later resync a no-op: no list, no patch. The latch clears when the node recovers,
+is drained or deleted, and a lease renewed since the latch was set starts a new
+episode even if the operator never saw the node Ready in between.
+
+Drained (Disabled) nodes are left to the drain, with one exception: a drained node
+whose lease has been expired for longer than ``drain_timeout`` is a drain that
+died with its node, and its leftovers are marked Dead (reason ``DrainAbandoned``).
+
+Everything the controller persists lives in the node's status, so an operator
+restart or a leader change neither restarts nor forgets a grace period. Nothing
+here reads a clock or talks to the API server; :func:`decide` returns what to do
+and the status to write, and the controller does it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandlot.api.common import Condition
+from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
+from sandlot.policy.disruption import FleetSummary, GuardSettings, guard_active
+
+# Condition set on a NotReady node whose handling the mass-failure guard holds back.
+HOLD_CONDITION_TYPE = "DisruptionGuard"
+HOLD_CONDITION_REASON = "MassFailureSuspected"
+
+
+# --- inputs -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The part of a node's ``coordination.k8s.io/v1`` Lease that liveness depends on.
+
+    The controller passes ``None`` instead of a LeaseView when the Lease does not exist.
+    """
+
+    renew_time: datetime | None
+    """``spec.renewTime`` (timezone-aware); None when the Lease was never renewed."""
+    duration_seconds: int
+    """``spec.leaseDurationSeconds``: how long one renewal keeps the node Ready."""
+
+    def __post_init__(self) -> None:
+        if self.duration_seconds < 0:
+            raise ValueError(f"duration_seconds must be >= 0, got {self.duration_seconds}")
+        if self.renew_time is not None:
+            _require_aware("renew_time", self.renew_time)
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the controller read of one SandboxNode."""
+
+    name: str
+    unschedulable: bool
+    """``spec.unschedulable`` (set by ``sandlot drain``)."""
+    created_at: datetime
+    """``metadata.creationTimestamp``: when a node without a Lease became NotReady."""
+    phase: NodePhase | str | None = None
+    """``status.phase`` as currently stored; None when the node has no status yet."""
+    conditions: tuple[Condition, ...] = ()
+    """``status.conditions`` as currently stored."""
+
+    def __post_init__(self) -> None:
+        _require_aware("created_at", self.created_at)
+
+
+class HealthTracking(Protocol):
+    """``status.health`` as stored; :class:`NodeHealthTracking` is one."""
+
+    @property
+    def unhealthy_since(self) -> datetime | None: ...
+    @property
+    def handled_at(self) -> datetime | None: ...
+    @property
+    def handled_count(self) -> int | None: ...
+
+
+class NodeHealthSettings(BaseModel):
+    """How long the controller waits. Validated once, at construction."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    grace_period: timedelta = Field(
+        default=timedelta(seconds=300),
+        gt=timedelta(0),
+        description="How long a NotReady node's sandboxes are left alone, counted from "
+        "its lease's expiry, before they are marked Dead.",
+    )
+    drain_timeout: timedelta = Field(
+        default=timedelta(minutes=10),
+        gt=timedelta(0),
+        description="How long a drained node's lease may stay expired before its "
+        "remaining sandboxes are marked Dead (DrainAbandoned).",
+    )
+
+
+# --- liveness ---------------------------------------------------------------------------
+
+
+def lease_expiry(lease: LeaseView | None, created_at: datetime) -> datetime:
+    """The moment the node stops (or stopped) being Ready: renewTime + duration.
+
+    A node with no Lease, or a Lease never renewed, never proved it was alive, so it
+    has been NotReady since its creation.
+    """
+    if lease is None or lease.renew_time is None:
+        return created_at
+    return lease.renew_time + timedelta(seconds=lease.duration_seconds)
+
+
+def observed_phase(
+    unschedulable: bool, lease: LeaseView | None, created_at: datetime, now: datetime
+) -> NodePhase:
+    """Disabled when drained; Ready iff ``now < renewTime + duration``; else NotReady."""
+    if unschedulable:
+        return NodePhase.DISABLED
+    if now < lease_expiry(lease, created_at):
+        return NodePhase.READY
+    return NodePhase.NOT_READY
+
+
+def grace_deadline(
+    tracking: HealthTracking | None, settings: NodeHealthSettings
+) -> datetime | None:
+    """When an unhealthy node's grace period ends; None when the node is not tracked."""
+    if tracking is None or tracking.unhealthy_since is None:
+        return None
+    return tracking.unhealthy_since + settings.grace_period
+
+
+def time_left(now: datetime, deadline: datetime) -> timedelta:
+    """Time until ``deadline``, never negative: what the controller sleeps before re-deciding."""
+    return max(deadline - now, timedelta(0))
+
+
+# --- decisions --------------------------------------------------------------------------
+
+
+class DecisionKind(StrEnum):
+    CLEAR = "Clear"
+    """Ready: tracking and latch cleared. Nothing else."""
+    CLEAR_DISABLED = "ClearDisabled"
+    """Disabled: tracking and latch cleared; the drain does its own cleanup."""
+    START_TRACKING = "StartTracking"
+    """NotReady, newly seen, within grace: record unhealthySince; wake at the deadline."""
+    WAIT = "Wait"
+    """NotReady, already tracked, within grace: nothing; wake at the deadline."""
+    REAP = "Reap"
+    """NotReady, grace over, not handled: mark non-terminal sandboxes Dead (NodeLost)."""
+    DRAIN_ABANDONED = "DrainAbandoned"
+    """Disabled with a lease expired for drain_timeout: mark leftovers Dead (DrainAbandoned)."""
+    HANDLED = "Handled"
+    """Latched: nothing to do. No list, no patch."""
+    HOLD = "Hold"
+    """Would mark sandboxes Dead, but the mass-failure guard is active: mark nothing."""
+    DELETED = "Deleted"
+    """The SandboxNode is gone: mark its non-terminal sandboxes Dead (NodeDeleted)."""
+
+
+# Kinds after which the controller marks sandboxes Dead and, on full success, latches.
+MARKING_KINDS: frozenset[DecisionKind] = frozenset(
+    {DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED, DecisionKind.DELETED}
+)
+
+
+class StatusPatch(BaseModel):
+    """The node-health part of a SandboxNode's status, as it should be after a decision."""
+
+    model_config = ConfigDict(frozen=True)
+
+    phase: NodePhase
+    health: NodeHealthTracking
+    conditions: tuple[Condition, ...] | None = None
+    """The whole conditions list when it changes; None leaves it alone."""
+
+    def wire(self) -> dict[str, Any]:
+        """A JSON merge patch body for the status subresource.
+
+        Cleared tracking fields are sent as nulls, which a merge patch needs to remove
+        them; conditions, a list, are replaced whole and only sent when they change.
+        """
+        body: dict[str, Any] = {
+            "phase": str(self.phase),
+            "health": self.health.model_dump(by_alias=True, mode="json"),
+        }
+        if self.conditions is not None:
+            body["conditions"] = [c.wire() for c in self.conditions]
+        return body
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the node-health controller does for one node on one pass."""
+
+    kind: DecisionKind
+    phase: NodePhase | None
+    """The node's observed phase, written as ``status.phase``; None once it is deleted."""
+    tracking: NodeHealthTracking
+    """``status.health`` as it should be now (before any latch this pass sets)."""
+    patch: StatusPatch | None
+    """The status to write, or None when the stored status already says it all."""
+    reason: str | None = None
+    """For the marking kinds: the reason each sandbox is marked Dead with."""
+    unhealthy_since: datetime | None = None
+    """When the node's current unhealthy episode began (its lease's expiry)."""
+    deadline: datetime | None = None
+    """When the grace period (or, for a Disabled node, the drain timeout) ends."""
+    wake_at: datetime | None = None
+    """When to decide again at the latest; None leaves it to the regular timer."""
+    was_tracking: bool = False
+    """The stored status had an unhealthySince (for CLEAR: something recovered)."""
+    was_handled: bool = False
+    """The stored status had the handled latch set."""
+    guard_active: bool = False
+    """The mass-failure guard is active fleet-wide (report it even when not HOLD)."""
+
+    @property
+    def marks_dead(self) -> bool:
+        """The controller lists the node's non-terminal sandboxes and marks them Dead."""
+        return self.kind in MARKING_KINDS
+
+    @property
+    def recovered(self) -> bool:
+        """A Ready node left tracking or the latch behind: worth one Recovered event."""
+        return self.kind is DecisionKind.CLEAR and (self.was_tracking or self.was_handled)
+
+    def latched(self, handled_at: datetime, marked: int) -> StatusPatch:
+        """The status to write once every sandbox was marked Dead: the handled latch set.
+
+        Call it only when all marks succeeded; after a partial failure write
+        :attr:`patch` instead, so the next pass retries.
+        """
+        if self.kind not in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED):
+            raise ValueError(f"a {self.kind} decision sets no latch")
+        if marked < 0:
+            raise ValueError(f"marked must be >= 0, got {marked}")
+        _require_aware("handled_at", handled_at)
+        health = self.tracking.model_copy(
+            update={"handled_at": handled_at, "handled_count": marked}
+        )
+        assert self.phase is not None
+        conditions = self.patch.conditions if self.patch is not None else None
+        return StatusPatch(phase=self.phase, health=health, conditions=conditions)
+
+
+def decide(
+    node: NodeView,
+    lease: LeaseView | None,
+    tracking: HealthTracking | None,
+    now: datetime,
+    fleet: FleetSummary,
+    guard: GuardSettings,
+    settings: NodeHealthSettings | None = None,
+) -> Decision:
+    """Decide what the node-health controller does for ``node`` at ``now``.
+
+    ``tracking`` is the node's stored ``status.health`` (None when it has none);
+    ``fleet`` counts every SandboxNode's observed phase, this one included.
+
+    While the guard holds, the grace period keeps counting: a HOLD records
+    unhealthySince like any other pass, so when the fraction drops, nodes whose grace
+    ended during the hold are reaped on the next pass, and nodes still within grace
+    keep their original deadline. The guard never blocks tracking, only marking.
+    """
+    settings = settings or NodeHealthSettings()
+    _require_aware("now", now)
+    stored = _snapshot(tracking)
+    was_tracking = stored.unhealthy_since is not None
+    was_handled = stored.handled_at is not None
+    held = guard_active(fleet, guard)
+    phase = observed_phase(node.unschedulable, lease, node.created_at, now)
+    expiry = lease_expiry(lease, node.created_at)
+
+    def make(
+        kind: DecisionKind,
+        desired: NodeHealthTracking,
+        *,
+        reason: str | None = None,
+        deadline: datetime | None = None,
+        wake_at: datetime | None = None,
+    ) -> Decision:
+        conditions = _desired_conditions(node.conditions, kind is DecisionKind.HOLD, now)
+        return Decision(
+            kind=kind,
+            phase=phase,
+            tracking=desired,
+            patch=_patch_if_changed(node, stored, phase, desired, conditions),
+            reason=reason,
+            unhealthy_since=desired.unhealthy_since,
+            deadline=deadline,
+            wake_at=wake_at,
+            was_tracking=was_tracking,
+            was_handled=was_handled,
+            guard_active=held,
+        )
+
+    if phase is NodePhase.READY:
+        return make(DecisionKind.CLEAR, NodeHealthTracking())
+
+    if phase is NodePhase.DISABLED:
+        abandon_at = expiry + settings.drain_timeout
+        if now < abandon_at:
+            # Wake at the exact moment the drain counts as abandoned, but only once the
+            # lease has expired: a live agent's renewals keep pushing that moment on.
+            wake = abandon_at if now >= expiry else None
+            return make(
+                DecisionKind.CLEAR_DISABLED, NodeHealthTracking(), deadline=abandon_at, wake_at=wake
+            )
+        episode = _episode(stored, expiry)
+        if episode.handled_at is not None:
+            return make(DecisionKind.HANDLED, episode, deadline=abandon_at)
+        if held:
+            return make(DecisionKind.HOLD, episode, deadline=abandon_at)
+        return make(
+            DecisionKind.DRAIN_ABANDONED,
+            episode,
+            reason=REASON_DRAIN_ABANDONED,
+            deadline=abandon_at,
+        )
+
+    episode = _episode(stored, expiry)
+    assert episode.unhealthy_since is not None
+    deadline = episode.unhealthy_since + settings.grace_period
+    if episode.handled_at is not None:
+        return make(DecisionKind.HANDLED, episode, deadline=deadline)
+    if now < deadline:
+        new = episode.unhealthy_since != stored.unhealthy_since
+        kind = DecisionKind.START_TRACKING if new else DecisionKind.WAIT
+        return make(kind, episode, deadline=deadline, wake_at=deadline)
+    if held:
+        return make(DecisionKind.HOLD, episode, deadline=deadline)
+    return make(DecisionKind.REAP, episode, reason=REASON_NODE_LOST, deadline=deadline)
+
+
+def decide_deleted(tracking: HealthTracking | None = None) -> Decision:
+    """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted).
+
+    Deleting a node is a deliberate act, not a health signal, so the mass-failure
+    guard does not apply. Its tracking goes with the object: there is no status left
+    to write, so the decision carries no patch.
+    """
+    stored = _snapshot(tracking)
+    return Decision(
+        kind=DecisionKind.DELETED,
+        phase=None,
+        tracking=NodeHealthTracking(),
+        patch=None,
+        reason=REASON_NODE_DELETED,
+        was_tracking=stored.unhealthy_since is not None,
+        was_handled=stored.handled_at is not None,
+    )
+
+
+# --- internals --------------------------------------------------------------------------
+
+
+def _require_aware(name: str, moment: datetime) -> None:
+    # Mixing naive and aware datetimes fails only at the first comparison, far from
+    # the caller that passed the naive one.
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware, got {moment!r}")
+
+
+def _snapshot(tracking: HealthTracking | None) -> NodeHealthTracking:
+    if tracking is None:
+        return NodeHealthTracking()
+    return NodeHealthTracking(
+        unhealthy_since=tracking.unhealthy_since,
+        handled_at=tracking.handled_at,
+        handled_count=tracking.handled_count,
+    )
+
+
+def _episode(stored: NodeHealthTracking, expiry: datetime) -> NodeHealthTracking:
+    """The tracking of the node's current unhealthy episode.
+
+    A lease that expires later than the recorded unhealthySince was renewed since:
+    the node was Ready in between, even if no pass saw it, so a new episode starts
+    with a fresh grace period and no latch. An earlier expiry (the Lease was deleted,
+    so the node falls back to its creation time) does not move the recorded moment
+    back: that would shorten a grace period already under way.
+    """
+    if stored.unhealthy_since is None or expiry > stored.unhealthy_since:
+        return NodeHealthTracking(unhealthy_since=expiry)
+    return stored
+
+
+def _desired_conditions(
+    current: tuple[Condition, ...], hold: bool, now: datetime
+) -> tuple[Condition, ...] | None:
+    """The conditions list with the hold condition set or removed; None when unchanged."""
+    existing = next((c for c in current if c.type == HOLD_CONDITION_TYPE), None)
+    if hold:
+        if existing is not None and existing.status == "True":
+            return None
+        others = tuple(c for c in current if c.type != HOLD_CONDITION_TYPE)
+        return (
+            *others,
+            Condition(
+                type=HOLD_CONDITION_TYPE,
+                status="True",
+                reason=HOLD_CONDITION_REASON,
+                message="Most of the fleet is NotReady at once: the operator is likelier "
+                "cut off than the nodes dead, so no sandbox is marked Dead until the "
+                "fraction drops.",
+                last_transition_time=now,
+            ),
+        )
+    if existing is None:
+        return None
+    return tuple(c for c in current if c.type != HOLD_CONDITION_TYPE)
+
+
+def _patch_if_changed(
+    node: NodeView,
+    stored: NodeHealthTracking,
+    phase: NodePhase,
+    desired: NodeHealthTracking,
+    conditions: tuple[Condition, ...] | None,
+) -> StatusPatch | None:
+    if node.phase == phase and stored == desired and conditions is None:
+        return None
+    return StatusPatch(phase=phase, health=desired, conditions=conditions)
