@@ -7,7 +7,13 @@ No I/O here.
 
 from sandlot.api.cacheprune import CachePrune, CachePruneSpec, CachePruneStatus, NodePruneResult
 from sandlot.api.common import GROUP, VERSION, Condition
-from sandlot.api.node import NodeGcStatus, NodeHealthTracking, SandboxNode, SandboxNodeSpec, SandboxNodeStatus
+from sandlot.api.node import (
+    NodeGcStatus,
+    NodeHealthTracking,
+    SandboxNode,
+    SandboxNodeSpec,
+    SandboxNodeStatus,
+)
 from sandlot.api.pool import SandboxPool, SandboxPoolSpec, SandboxPoolStatus, SandboxTemplate
 from sandlot.api.sandbox import (
     TERMINAL_PHASES,

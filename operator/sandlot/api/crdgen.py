@@ -69,7 +69,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = value
     if out.get("default") is None:
         out.pop("default", None)
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
         out["x-kubernetes-preserve-unknown-fields"] = True
     if "type" not in out:
         raise SchemaError(f"schema node has no type: {node}")

@@ -118,7 +118,8 @@ class SandboxSpec(Model):
     )
     env: list[EnvVar] = Field(default_factory=list, description="Environment variables.")
     ports: list[SandboxPort] = Field(
-        default_factory=list, description="Ports the sandbox serves, published to its pool's Service."
+        default_factory=list,
+        description="Ports the sandbox serves, published to its pool's Service.",
     )
     node_name: str | None = Field(
         default=None,
@@ -180,22 +181,22 @@ class Sandbox(Resource):
         ),
         selectable_fields=(".spec.nodeName",),
         validations={
-        "spec": [
-            {
-                "rule": "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
-                "message": "spec.nodeName is immutable once set",
-                "reason": "FieldValueForbidden",
-            }
-        ],
-        "status": [
-            {
-                "rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {_TERMINAL_CEL}) "
-                "|| (has(self.phase) && self.phase == oldSelf.phase)",
-                "message": "status.phase is terminal: a Dead, Stopped or Failed sandbox "
-                "cannot move to another phase",
-                "reason": "FieldValueForbidden",
-            }
-        ],
+            "spec": [
+                {
+                    "rule": "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
+                    "message": "spec.nodeName is immutable once set",
+                    "reason": "FieldValueForbidden",
+                }
+            ],
+            "status": [
+                {
+                    "rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {_TERMINAL_CEL}) "
+                    "|| (has(self.phase) && self.phase == oldSelf.phase)",
+                    "message": "status.phase is terminal: a Dead, Stopped or Failed sandbox "
+                    "cannot move to another phase",
+                    "reason": "FieldValueForbidden",
+                }
+            ],
         },
     )
 

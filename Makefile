@@ -1,0 +1,30 @@
+# The README names two targets: `make demo` (the main job) and `make test` (every test).
+SHELL := /bin/bash
+VENV := .venv/bin
+PYTEST_WORKERS ?= 2
+
+.PHONY: setup demo test lint unit integration crds clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	@$(VENV)/sandlot dev up $(DEMO_ARGS)
+
+lint: setup
+	$(VENV)/ruff check operator tests e2e bench
+	$(VENV)/ruff format --check operator tests e2e bench
+	$(VENV)/mypy
+	$(VENV)/lint-imports
+
+test: lint
+	$(VENV)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+unit: setup
+	$(VENV)/python -m pytest tests/unit -q
+
+crds: setup
+	$(VENV)/sandlot gen crds
+
+clean:
+	rm -rf .venv .dev .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,39 @@
+"""``sandlot gen crds``: write the CRDs generated from the models."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from sandlot.api.crdgen import CRD_DIRS, render_crds
+
+
+def register(sub: Any) -> None:
+    gen = sub.add_parser("gen", help="generate files that come from the models")
+    gen_sub = gen.add_subparsers(dest="what", metavar="WHAT", required=True)
+    crds = gen_sub.add_parser("crds", help="write the CRD YAML into crds/ and the chart")
+    crds.add_argument("--root", default=".", help="repository root (default: .)")
+    crds.set_defaults(func=run_crds)
+
+
+def write_crds(root: Path) -> list[Path]:
+    written = []
+    rendered = render_crds()
+    for d in CRD_DIRS:
+        target = root / d
+        target.mkdir(parents=True, exist_ok=True)
+        for stale in target.glob("sandlot.dev_*.yaml"):
+            if stale.name not in rendered:
+                stale.unlink()
+        for name, text in rendered.items():
+            path = target / name
+            path.write_text(text)
+            written.append(path)
+    return written
+
+
+def run_crds(args: argparse.Namespace) -> int:
+    for path in write_crds(Path(args.root)):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up everything sandlot's commands need on a fresh machine, and nothing twice:
+#   - OS packages (as root on Debian/Ubuntu): containerd, runc, busybox-static
+#     (test images), containerd's API definitions (stubs), CNI plugins, openssl;
+#   - a virtualenv in .venv with sandlot and its development tools;
+#   - Python stubs for containerd's gRPC API, generated from its .proto files;
+#   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { echo "bootstrap: $*" >&2; }
+
+os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
+             golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl)
+missing=()
+if command -v dpkg-query >/dev/null; then
+  for p in "${os_packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+fi
+if ((${#missing[@]})); then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null; then
+    log "installing OS packages: ${missing[*]}"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  else
+    log "missing OS packages (${missing[*]}); install them as root, or tests that need them skip"
+  fi
+fi
+
+python="${PYTHON:-python3}"
+if [[ ! -x .venv/bin/python ]]; then
+  log "creating .venv"
+  "$python" -m venv .venv
+fi
+stamp=.venv/.sandlot-deps
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
+  log "installing Python dependencies"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  .venv/bin/python -m pip install -q -e '.[dev]'
+  echo "$want" > "$stamp"
+fi
+
+log "containerd API stubs"
+.venv/bin/python -m sandlot.adapters.containerd.gen_stubs >&2
+
+log "control-plane binaries (kube-apiserver, etcd, kubectl; built once, then cached)"
+bash operator/sandlot/adapters/controlplane/build-control-plane.sh >/dev/null

@@ -1,0 +1,77 @@
+"""Fixtures for the real control plane: etcd + kube-apiserver on loopback.
+
+One control plane per pytest worker (session scope), the CRDs applied from the
+models; every test that creates namespaced objects gets its own namespace.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from sandlot.adapters.controlplane import ControlPlane, kubectl_path
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.api.crdgen import KINDS, crd_for
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(workdir=tmp_path_factory.mktemp("controlplane"))
+    plane.start()
+    try:
+        api = load_api_client(str(plane.kubeconfig))
+        apply_crds(api, [crd_for(k) for k in KINDS])
+        api.close()
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
+    api = load_api_client(str(control_plane.kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def namespace(kube: client.ApiClient) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def kubectl(control_plane: ControlPlane) -> Kubectl:
+    binary = str(kubectl_path())
+
+    def run(*args: str, timeout: float = 30, check: bool = True, stdin: str | None = None):
+        env = dict(os.environ, KUBECONFIG=str(control_plane.kubeconfig))
+        proc = subprocess.run(
+            [binary, *args],
+            env=env,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    return run
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
