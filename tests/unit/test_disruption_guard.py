@@ -1,0 +1,147 @@
+"""The mass-failure guard: when most of the fleet is NotReady, nothing is marked Dead."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from sandlot.api.node import NodePhase
+from sandlot.policy.disruption import (
+    FleetSummary,
+    GuardSettings,
+    guard_active,
+    summarize_fleet,
+)
+
+R, N, D = NodePhase.READY, NodePhase.NOT_READY, NodePhase.DISABLED
+DEFAULT = GuardSettings()
+
+
+@pytest.mark.parametrize(
+    ("total", "not_ready", "expected"),
+    [
+        (20, 11, True),  # 0.55 exactly
+        (20, 10, False),  # 0.50, below
+        (20, 12, True),  # 0.60, above
+        (3, 2, True),  # 0.67 at min_nodes
+        (3, 1, False),
+        (3, 3, True),
+        (2, 2, False),  # under min_nodes: one lost node is already half the fleet
+        (1, 1, False),
+        (0, 0, False),
+        (100, 54, False),
+        (100, 55, True),
+    ],
+    ids=[
+        "holds_at_exactly_the_threshold",
+        "does_not_hold_below_the_threshold",
+        "holds_above_the_threshold",
+        "holds_at_min_nodes_when_over_threshold",
+        "does_not_hold_at_min_nodes_when_under_threshold",
+        "holds_when_every_node_is_not_ready",
+        "never_holds_under_min_nodes_even_when_all_not_ready",
+        "never_holds_for_a_single_node",
+        "never_holds_for_an_empty_fleet",
+        "does_not_hold_one_node_below_threshold_of_a_hundred",
+        "holds_at_threshold_of_a_hundred",
+    ],
+)
+def test_guard_threshold(total: int, not_ready: int, expected: bool) -> None:
+    assert guard_active(FleetSummary(total, not_ready), DEFAULT) is expected
+
+
+@pytest.mark.parametrize(
+    ("phases", "expected_summary", "expected_active"),
+    [
+        ([R, N, N, D, D, D, D], FleetSummary(3, 2), True),
+        ([R, R, N, D, D, D, D, D], FleetSummary(3, 1), False),
+        ([N, N, D], FleetSummary(2, 2), False),
+        ([D, D, D], FleetSummary(0, 0), False),
+        (["Ready", "NotReady", "NotReady"], FleetSummary(3, 2), True),
+    ],
+    ids=[
+        "disabled_nodes_are_left_out_of_both_counts",
+        "a_large_drain_does_not_look_like_an_outage",
+        "disabled_nodes_do_not_lift_a_fleet_over_min_nodes",
+        "an_all_disabled_fleet_never_holds",
+        "phases_read_as_plain_strings_count_the_same",
+    ],
+)
+def test_fleet_summary_excludes_disabled_nodes(
+    phases: list[NodePhase | str], expected_summary: FleetSummary, expected_active: bool
+) -> None:
+    summary = summarize_fleet(phases)
+    assert summary == expected_summary
+    assert guard_active(summary, DEFAULT) is expected_active
+
+
+@pytest.mark.parametrize(
+    ("fleet", "guard", "expected"),
+    [
+        (FleetSummary(10, 5), GuardSettings(disruption_threshold=0.5), True),
+        (FleetSummary(10, 5), GuardSettings(disruption_threshold=0.51), False),
+        (FleetSummary(10, 10), GuardSettings(disruption_threshold=1.0), True),
+        (FleetSummary(10, 9), GuardSettings(disruption_threshold=1.0), False),
+        (FleetSummary(4, 4), GuardSettings(min_nodes=5), False),
+        (FleetSummary(1, 1), GuardSettings(min_nodes=1), True),
+    ],
+    ids=[
+        "custom_threshold_holds_at_its_value",
+        "custom_threshold_does_not_hold_below_its_value",
+        "threshold_of_one_holds_only_when_all_are_down",
+        "threshold_of_one_does_not_hold_with_one_node_up",
+        "custom_min_nodes_disables_the_guard_for_smaller_fleets",
+        "min_nodes_of_one_guards_even_a_single_node",
+    ],
+)
+def test_guard_follows_its_settings(
+    fleet: FleetSummary, guard: GuardSettings, expected: bool
+) -> None:
+    assert guard_active(fleet, guard) is expected
+
+
+def test_hold_lifts_when_the_not_ready_fraction_drops() -> None:
+    fleet = [N, N, N, N, R, R, R, R, R, R]  # 0.4
+    assert not guard_active(summarize_fleet(fleet), DEFAULT)
+    fleet[4:6] = [N, N]  # 0.6: the operator is likelier cut off
+    assert guard_active(summarize_fleet(fleet), DEFAULT)
+    fleet[0] = R  # 0.5: back under the threshold
+    assert not guard_active(summarize_fleet(fleet), DEFAULT)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"disruption_threshold": 0.0}, "disruption_threshold"),
+        ({"disruption_threshold": 1.5}, "disruption_threshold"),
+        ({"disruption_threshold": -0.1}, "disruption_threshold"),
+        ({"min_nodes": 0}, "min_nodes"),
+        ({"min_nodes": 3, "surprise": 1}, "surprise"),
+    ],
+    ids=[
+        "refuses_a_zero_threshold",
+        "refuses_a_threshold_over_one",
+        "refuses_a_negative_threshold",
+        "refuses_min_nodes_below_one",
+        "refuses_an_unknown_setting",
+    ],
+)
+def test_guard_settings_refuse_bad_values_naming_the_field(
+    kwargs: dict[str, float], field: str
+) -> None:
+    with pytest.raises(ValidationError, match=field):
+        GuardSettings(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("total", "not_ready"),
+    [(-1, 0), (2, 3), (2, -1)],
+    ids=[
+        "refuses_a_negative_total",
+        "refuses_more_not_ready_than_total",
+        "refuses_negative_not_ready",
+    ],
+)
+def test_fleet_summary_refuses_impossible_counts(total: int, not_ready: int) -> None:
+    with pytest.raises(ValueError):
+        FleetSummary(total, not_ready)
