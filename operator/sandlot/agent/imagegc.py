@@ -245,19 +245,7 @@ class ImageCollector:
 
     def run_automatic(self, now: datetime | None = None) -> GcResult:
         """The timer's pass: a watermark pass, skipped while the exhausted backoff is armed."""
-        now = now or self._clock()
-        if not self.disabled and gcpolicy.should_skip_automatic(self._exhausted_until, now):
-            self._metrics.passes.labels("watermark", GcOutcome.SKIPPED.value).inc()
-            self._metrics.backoff_active.set(1)
-            log.debug("image gc automatic pass skipped until %s", self._exhausted_until)
-            return GcResult(
-                "watermark",
-                GcOutcome.SKIPPED,
-                now,
-                exhausted_until=self._exhausted_until,
-                finished_at=now,
-            )
-        return self._collect("watermark", now)
+        return self._collect("watermark", now or self._clock(), automatic=True)
 
     def touch_image(self, name: str, now: datetime | None = None) -> bool:
         """Record that a sandbox started from ``name`` (its last-used label).
@@ -274,7 +262,7 @@ class ImageCollector:
 
     # ------------------------------------------------------------ the pass
 
-    def _collect(self, kind: PassKind, now: datetime) -> GcResult:
+    def _collect(self, kind: PassKind, now: datetime, *, automatic: bool = False) -> GcResult:
         if self.disabled:
             self._metrics.passes.labels(kind, GcOutcome.DISABLED.value).inc()
             return GcResult(
@@ -285,6 +273,17 @@ class ImageCollector:
                 finished_at=now,
             )
         with self._lock:
+            if automatic and gcpolicy.should_skip_automatic(self._exhausted_until, now):
+                self._metrics.passes.labels(kind, GcOutcome.SKIPPED.value).inc()
+                self._metrics.backoff_active.set(1)
+                log.debug("image gc automatic pass skipped until %s", self._exhausted_until)
+                return GcResult(
+                    kind,
+                    GcOutcome.SKIPPED,
+                    now,
+                    exhausted_until=self._exhausted_until,
+                    finished_at=now,
+                )
             try:
                 result = self._pass(kind, now)
             except _Abort as exc:
