@@ -1,0 +1,285 @@
+"""Typed access to sandlot's objects and Leases over the Kubernetes API.
+
+Status is only ever written through the status subresource. Where a write must
+not clobber a concurrent one (marking a sandbox Dead, the agent's phase changes),
+it carries the object's resourceVersion and handles 409 by re-reading: an
+object already in a terminal phase is done, anything else is retried with the
+new version. Partial success is reported as such, never as success.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.sandbox import TERMINAL_PHASES
+
+log = logging.getLogger(__name__)
+
+SANDBOXES = "sandboxes"
+NODES = "sandboxnodes"
+POOLS = "sandboxpools"
+CACHEPRUNES = "cacheprunes"
+
+AGENT_LEASE_LABEL = "sandlot.dev/agent-lease"
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(text: str | datetime | None) -> datetime | None:
+    if text is None or isinstance(text, datetime):
+        return text
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class Objects:
+    """Thin, synchronous helpers over one ApiClient (run them off the event loop)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.custom: Any = client.CustomObjectsApi(api)
+        self.coordination: Any = client.CoordinationV1Api(api)
+
+    # -- sandboxes --------------------------------------------------------------
+
+    def list_node_sandboxes(self, node: str) -> list[dict[str, Any]]:
+        """Every sandbox bound to ``node``, selected by the server (spec.nodeName)."""
+        out = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, SANDBOXES, field_selector=f"spec.nodeName={node}"
+        )
+        return list(out.get("items", []))
+
+    def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(
+            self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
+        )
+
+    def patch_sandbox_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version is not None:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return dict(
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, SANDBOXES, name, body
+            )
+        )
+
+    # -- nodes ------------------------------------------------------------------
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        try:
+            return dict(self.custom.get_cluster_custom_object(GROUP, VERSION, NODES, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def patch_node_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(
+            self.custom.patch_cluster_custom_object_status(
+                GROUP, VERSION, NODES, name, {"status": dict(status)}
+            )
+        )
+
+    def list_nodes(self) -> list[dict[str, Any]]:
+        return list(self.custom.list_cluster_custom_object(GROUP, VERSION, NODES).get("items", []))
+
+
+@dataclass
+class MarkResult:
+    """What marking a node's sandboxes Dead achieved."""
+
+    marked: list[str] = field(default_factory=list)
+    already_terminal: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed
+
+
+def dead_status(reason: str, message: str, now: datetime) -> dict[str, Any]:
+    """The status fields a Dead marking writes: phase, reason, message, a condition."""
+    stamp = rfc3339(now)
+    return {
+        "phase": "Dead",
+        "reason": reason,
+        "message": message,
+        "finishedAt": stamp,
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": stamp,
+            }
+        ],
+    }
+
+
+def mark_dead(
+    objects: Objects,
+    sandboxes: Iterable[Mapping[str, Any]],
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    concurrency: int = 16,
+    max_attempts: int = 5,
+) -> MarkResult:
+    """Set each non-terminal sandbox to Dead, with its resourceVersion as precondition.
+
+    Only status is sent (phase, reason, message, a condition), never spec. A 409
+    re-reads the sandbox: terminal already -> done; otherwise retry with the new
+    resourceVersion, up to ``max_attempts``.
+    """
+    status = dead_status(reason, message, now)
+    result = MarkResult()
+
+    def one(sb: Mapping[str, Any]) -> tuple[str, str, str | None]:
+        meta = sb["metadata"]
+        ns, name = meta["namespace"], meta["name"]
+        key = f"{ns}/{name}"
+        rv: str | None = meta.get("resourceVersion")
+        current = sb
+        for _ in range(max_attempts):
+            if (current.get("status") or {}).get("phase") in TERMINAL_PHASES:
+                return key, "terminal", None
+            try:
+                objects.patch_sandbox_status(ns, name, status, resource_version=rv)
+                return key, "marked", None
+            except ApiException as e:
+                if e.status == 404:
+                    return key, "terminal", None  # deleted meanwhile: nothing left to mark
+                if e.status != 409:
+                    return key, "failed", f"{e.status} {e.reason}"
+            try:
+                current = objects.get_sandbox(ns, name)
+            except ApiException as e:
+                if e.status == 404:
+                    return key, "terminal", None
+                return key, "failed", f"re-read after conflict: {e.status} {e.reason}"
+            rv = current["metadata"]["resourceVersion"]
+        return key, "failed", f"still conflicting after {max_attempts} attempts"
+
+    items = list(sandboxes)
+    if not items:
+        return result
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
+        for key, outcome, error in pool.map(one, items):
+            if outcome == "marked":
+                result.marked.append(key)
+            elif outcome == "terminal":
+                result.already_terminal.append(key)
+            else:
+                result.failed[key] = error or "unknown error"
+    return result
+
+
+# -- leases ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    name: str
+    holder: str | None
+    renew_time: datetime | None
+    duration_seconds: int
+    resource_version: str
+    transitions: int = 0
+    acquire_time: datetime | None = None
+
+
+def _lease_record(obj: Any) -> LeaseRecord:
+    spec = obj.spec
+    return LeaseRecord(
+        name=obj.metadata.name,
+        holder=spec.holder_identity,
+        renew_time=spec.renew_time,
+        duration_seconds=int(spec.lease_duration_seconds or 0),
+        resource_version=obj.metadata.resource_version,
+        transitions=int(spec.lease_transitions or 0),
+        acquire_time=spec.acquire_time,
+    )
+
+
+class Leases:
+    """coordination.k8s.io/v1 Leases in one namespace."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api: Any = client.CoordinationV1Api(api)
+        self.namespace = namespace
+
+    def get(self, name: str) -> LeaseRecord | None:
+        try:
+            return _lease_record(self.api.read_namespaced_lease(name, self.namespace))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(
+        self,
+        name: str,
+        *,
+        holder: str,
+        duration_seconds: int,
+        now: datetime,
+        labels: Mapping[str, str] | None = None,
+    ) -> LeaseRecord:
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, labels=dict(labels or {})),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=duration_seconds,
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=0,
+            ),
+        )
+        return _lease_record(self.api.create_namespaced_lease(self.namespace, body))
+
+    def update(
+        self,
+        record: LeaseRecord,
+        *,
+        holder: str | None,
+        duration_seconds: int,
+        renew_time: datetime | None,
+        acquire_time: datetime | None = None,
+        transitions: int | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> LeaseRecord:
+        """Replace the Lease's spec, conditional on ``record.resource_version`` (409 if stale)."""
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name=record.name,
+                resource_version=record.resource_version,
+                labels=dict(labels) if labels is not None else None,
+            ),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=duration_seconds,
+                renew_time=renew_time,
+                acquire_time=acquire_time or record.acquire_time,
+                lease_transitions=record.transitions if transitions is None else transitions,
+            ),
+        )
+        return _lease_record(self.api.replace_namespaced_lease(record.name, self.namespace, body))
