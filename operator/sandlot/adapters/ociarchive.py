@@ -1,0 +1,279 @@
+"""Build small OCI image archives locally, and import them into containerd.
+
+Tests and the local demo need real images without a registry. An image here is
+a static busybox in one layer plus, optionally, a second layer of caller files
+and a filler of a chosen size, so many *distinct* images of chosen sizes cost a
+few milliseconds each and share the busybox layer in the content store.
+
+The archives are deterministic (fixed times, owners and order; layers stored
+uncompressed unless asked), so the same inputs give the same digests.
+
+Importing goes through ``ctr images import``: it writes the content *and*
+unpacks it for the snapshotter, which the gRPC Content/Images API alone does
+not do. ``ctr`` use stays inside this module.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import platform
+import subprocess
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+
+BUSYBOX = Path("/bin/busybox")
+# Applets linked into /bin so images run common commands without a full install.
+APPLETS = (
+    "sh",
+    "cat",
+    "echo",
+    "env",
+    "false",
+    "true",
+    "ls",
+    "sleep",
+    "kill",
+    "ps",
+    "mkdir",
+    "rm",
+    "touch",
+    "dd",
+    "head",
+    "id",
+    "trap",
+)
+DIRECTORIES = ("bin", "dev", "etc", "proc", "sys", "tmp", "usr", "usr/bin")
+
+MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
+MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
+MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
+MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+ANNOTATION_IMAGE_NAME = "io.containerd.image.name"
+ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
+
+_GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
+
+
+@dataclass(frozen=True)
+class ImageArchive:
+    path: Path
+    name: str
+    manifest_digest: str
+    size: int  # bytes of manifest, config and layers
+
+
+def host_platform() -> dict[str, str]:
+    machine = platform.machine().lower()
+    return {"architecture": _GOARCH.get(machine, machine), "os": "linux"}
+
+
+def _tar_entry(
+    name: str, *, kind: bytes, size: int = 0, mode: int, link: str = ""
+) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = size
+    info.mode = mode
+    info.linkname = link
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
+
+
+def _tar(entries: Sequence[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, data in entries:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buf.getvalue()
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def _files_layer(files: Mapping[str, bytes]) -> bytes:
+    directories = sorted({d for path in files for d in _parents(path)})
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_tar_entry(d, kind=tarfile.DIRTYPE, mode=0o755), None) for d in directories
+    ]
+    for path in sorted(files):
+        data = files[path]
+        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
+    return _tar(entries)
+
+
+def _busybox_layer(busybox: Path) -> bytes:
+    binary = busybox.read_bytes()
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_tar_entry(d, kind=tarfile.DIRTYPE, mode=0o1777 if d == "tmp" else 0o755), None)
+        for d in DIRECTORIES
+    ]
+    entries.append(
+        (_tar_entry("bin/busybox", kind=tarfile.REGTYPE, size=len(binary), mode=0o755), binary)
+    )
+    for applet in APPLETS:
+        entries.append(
+            (_tar_entry(f"bin/{applet}", kind=tarfile.SYMTYPE, mode=0o777, link="busybox"), None)
+        )
+    return _tar(entries)
+
+
+def _digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _canonical(obj: object) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def build_image_archive(
+    dest: Path,
+    name: str,
+    *,
+    busybox: Path = BUSYBOX,
+    entrypoint: Sequence[str] = (),
+    cmd: Sequence[str] = ("/bin/sh",),
+    env: Sequence[str] = ("PATH=/usr/bin:/bin",),
+    working_dir: str = "/",
+    extra_files: Mapping[str, bytes] | None = None,
+    filler_bytes: int = 0,
+    salt: str = "",
+    compress: bool = False,
+) -> ImageArchive:
+    """Write an OCI image archive for ``name`` (e.g. ``docker.io/sandlot/busybox:1``) to ``dest``.
+
+    ``extra_files``, ``filler_bytes`` and ``salt`` go into a second layer: a
+    ``salt`` alone makes an image distinct, ``filler_bytes`` makes it that much
+    bigger (the filler is ``/filler``, zeros).
+    """
+    if not busybox.is_file():
+        raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
+    layers = [_busybox_layer(busybox)]
+    files = {path.lstrip("/"): data for path, data in (extra_files or {}).items()}
+    if salt:
+        files[".sandlot-salt"] = salt.encode()
+    if filler_bytes:
+        files["filler"] = bytes(filler_bytes)
+    if files:
+        layers.append(_files_layer(files))
+
+    blobs: dict[str, bytes] = {}
+    layer_descriptors = []
+    diff_ids = []
+    for layer in layers:
+        diff_ids.append(_digest(layer))
+        blob = gzip.compress(layer, mtime=0) if compress else layer
+        blobs[_digest(blob)] = blob
+        layer_descriptors.append(
+            {
+                "mediaType": MEDIA_LAYER_GZIP if compress else MEDIA_LAYER,
+                "digest": _digest(blob),
+                "size": len(blob),
+            }
+        )
+
+    plat = host_platform()
+    config = _canonical(
+        {
+            **plat,
+            "created": "1970-01-01T00:00:00Z",
+            "config": {
+                "Entrypoint": list(entrypoint) or None,
+                "Cmd": list(cmd) or None,
+                "Env": list(env),
+                "WorkingDir": working_dir,
+            },
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        }
+    )
+    blobs[_digest(config)] = config
+    manifest = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": {"mediaType": MEDIA_CONFIG, "digest": _digest(config), "size": len(config)},
+            "layers": layer_descriptors,
+        }
+    )
+    blobs[_digest(manifest)] = manifest
+    tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
+    index = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_INDEX,
+            "manifests": [
+                {
+                    "mediaType": MEDIA_MANIFEST,
+                    "digest": _digest(manifest),
+                    "size": len(manifest),
+                    "platform": plat,
+                    "annotations": {ANNOTATION_IMAGE_NAME: name, ANNOTATION_REF_NAME: tag},
+                }
+            ],
+        }
+    )
+    layout = _canonical({"imageLayoutVersion": "1.0.0"})
+
+    entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
+        (_tar_entry("blobs", kind=tarfile.DIRTYPE, mode=0o755), None),
+        (_tar_entry("blobs/sha256", kind=tarfile.DIRTYPE, mode=0o755), None),
+    ]
+    for digest in sorted(blobs):
+        data = blobs[digest]
+        path = "blobs/sha256/" + digest.split(":", 1)[1]
+        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
+    for path, data in (("oci-layout", layout), ("index.json", index)):
+        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_bytes(_tar(entries))
+    tmp.replace(dest)
+    size = sum(len(b) for b in blobs.values())
+    return ImageArchive(dest, name, _digest(manifest), size)
+
+
+def import_archive(
+    address: str,
+    namespace: str,
+    path: Path,
+    *,
+    snapshotter: str = "overlayfs",
+    timeout: float = 60.0,
+    ctr: str = "ctr",
+) -> None:
+    """Import (and unpack for ``snapshotter``) an OCI archive with ``ctr``, within ``timeout``."""
+    argv = [
+        ctr,
+        "--address",
+        address,
+        "--namespace",
+        namespace,
+        "images",
+        "import",
+        "--snapshotter",
+        snapshotter,
+        str(path),
+    ]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeTimeout(
+            f"ctr images import {path} did not finish within {timeout:g}s"
+        ) from exc
+    except FileNotFoundError as exc:
+        raise RuntimeError_(f"ctr images import {path}: {ctr} is not installed") from exc
+    if proc.returncode != 0:
+        raise RuntimeError_(
+            f"ctr images import {path} failed (exit {proc.returncode}): {proc.stderr.strip()}"
+        )
