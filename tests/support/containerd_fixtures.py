@@ -1,0 +1,78 @@
+"""pytest fixtures for the real containerd: load with
+``pytest_plugins = ["tests.support.containerd_fixtures"]``.
+
+- ``containerd`` (session): a private containerd (``.address``, ``.root``,
+  ``.namespace``); skipped with the reason when not root or not installed.
+- ``busybox_image`` (session): the name of a busybox image imported into it.
+- ``image_factory`` (session): builds and imports distinct images on demand.
+- ``runtime`` (function): a ``ContainerdRuntime`` on it, closed after the test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.containerd import (
+    PrivateContainerd,
+    start_private_containerd,
+    unavailable_reason,
+)
+
+BUSYBOX_IMAGE = "docker.io/sandlot/busybox:test"
+
+
+@pytest.fixture(scope="session")
+def containerd() -> Iterator[PrivateContainerd]:
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"skipping containerd tests: {reason}")
+        pytest.skip(reason)
+    from sandlot.adapters.containerd.gen_stubs import generate
+
+    generate()  # a no-op when the stubs are current
+    instance = start_private_containerd()
+    try:
+        yield instance
+    finally:
+        instance.stop()
+        instance.remove()
+
+
+ImageFactory = Callable[..., str]
+
+
+@pytest.fixture(scope="session")
+def image_factory(
+    containerd: PrivateContainerd, tmp_path_factory: pytest.TempPathFactory
+) -> ImageFactory:
+    """``make(name, *, salt="", filler_bytes=0)`` builds, imports and returns an image name."""
+    from sandlot.adapters.ociarchive import build_image_archive, import_archive
+
+    directory = tmp_path_factory.mktemp("images")
+
+    def make(name: str, *, salt: str = "", filler_bytes: int = 0) -> str:
+        archive = directory / (name.replace("/", "_").replace(":", "_") + ".tar")
+        build_image_archive(Path(archive), name, salt=salt, filler_bytes=filler_bytes)
+        import_archive(containerd.address, containerd.namespace, archive, timeout=60)
+        return name
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def busybox_image(image_factory: ImageFactory) -> str:
+    return image_factory(BUSYBOX_IMAGE)
+
+
+@pytest.fixture
+def runtime(containerd: PrivateContainerd) -> Iterator[object]:
+    from sandlot.adapters.containerd import ContainerdRuntime
+
+    rt = ContainerdRuntime(containerd.address, containerd.namespace)
+    try:
+        yield rt
+    finally:
+        rt.close()
