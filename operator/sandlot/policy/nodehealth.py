@@ -18,6 +18,10 @@ Drained (Disabled) nodes are left to the drain, with one exception: a drained no
 whose lease has been expired for longer than ``drain_timeout`` is a drain that
 died with its node, and its leftovers are marked Dead (reason ``DrainAbandoned``).
 
+``renewTime`` is stamped by the agent's clock and compared with the operator's
+``now``, as the kubelet's node leases are: clock skew between them lengthens or
+shortens the grace by the skew, which a 300 s grace absorbs for any NTP-synced fleet.
+
 Everything the controller persists lives in the node's status, so an operator
 restart or a leader change neither restarts nor forgets a grace period. Nothing
 here reads a clock or talks to the API server; :func:`decide` returns what to do
@@ -176,7 +180,8 @@ class DecisionKind(StrEnum):
     """The SandboxNode is gone: mark its non-terminal sandboxes Dead (NodeDeleted)."""
 
 
-# Kinds after which the controller marks sandboxes Dead and, on full success, latches.
+# Kinds after which the controller lists the node's non-terminal sandboxes and marks
+# them Dead; REAP and DRAIN_ABANDONED then latch (Decision.latched), DELETED has no status.
 MARKING_KINDS: frozenset[DecisionKind] = frozenset(
     {DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED, DecisionKind.DELETED}
 )
