@@ -214,3 +214,46 @@ def test_distinct_images_have_distinct_sizes_and_delete_removes_one(
     assert big not in names and small in names
     with pytest.raises(NotFound, match="filler:big"):
         runtime.delete_image(big, timeout=5)
+
+
+def test_container_from_a_multi_layer_index_image_runs_this_platforms_manifest(
+    runtime: ContainerdRuntime, image_factory: ImageFactory, tmp_path: Path
+) -> None:
+    """The index names another platform whose content is absent: picking it would fail."""
+    image = image_factory(
+        "docker.io/sandlot/indexed:1",
+        as_index=True,
+        extra_files={"/etc/greeting": b"from the second layer\n"},
+    )
+    record = {r.name: r for r in runtime.list_images(timeout=10)}[image]
+    assert record.size > 500_000
+
+    container_id = _new_id("indexed")
+    spec = default_spec(["cat", "/etc/greeting"], [], "/", host_network=True, hostname=container_id)
+    try:
+        runtime.create_container(
+            ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10
+        )
+        log_path = tmp_path / f"{container_id}.log"
+        runtime.start_task(container_id, log_path=str(log_path), timeout=10)
+        assert runtime.wait_task(container_id, timeout=10).code == 0
+        assert "from the second layer" in log_path.read_text()
+    finally:
+        _teardown(runtime, container_id)
+
+
+def test_wedged_shim_teardown_calls_are_each_bounded(
+    runtime: ContainerdRuntime, run_container, containerd: PrivateContainerd
+) -> None:
+    container_id, task, _ = run_container("wedged-td", ["sleep", "1000"])
+    shim = find_shim_pid(containerd.address, container_id, task.pid)
+    with stopped_process(shim):
+        for name, call in (
+            ("wait_task", lambda: runtime.wait_task(container_id, timeout=1)),
+            ("delete_task", lambda: runtime.delete_task(container_id, timeout=1)),
+        ):
+            began = time.monotonic()
+            with pytest.raises(RuntimeTimeout, match=container_id):
+                call()
+            elapsed = time.monotonic() - began
+            assert elapsed < 1 + SLACK, f"{name} took {elapsed:.2f}s with timeout 1"

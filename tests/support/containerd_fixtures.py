@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,14 +49,18 @@ ImageFactory = Callable[..., str]
 def image_factory(
     containerd: PrivateContainerd, tmp_path_factory: pytest.TempPathFactory
 ) -> ImageFactory:
-    """``make(name, *, salt="", filler_bytes=0)`` builds, imports and returns an image name."""
+    """``make(name, **build_options)`` builds, imports and returns an image name.
+
+    The options are ``build_image_archive``'s (``salt``, ``filler_bytes``,
+    ``as_index``, ``extra_files``, ...).
+    """
     from sandlot.adapters.ociarchive import build_image_archive, import_archive
 
     directory = tmp_path_factory.mktemp("images")
 
-    def make(name: str, *, salt: str = "", filler_bytes: int = 0) -> str:
+    def make(name: str, **options: Any) -> str:
         archive = directory / (name.replace("/", "_").replace(":", "_") + ".tar")
-        build_image_archive(Path(archive), name, salt=salt, filler_bytes=filler_bytes)
+        build_image_archive(Path(archive), name, **options)
         import_archive(containerd.address, containerd.namespace, archive, timeout=60)
         return name
 

@@ -66,8 +66,8 @@ _GOARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "ar
 class ImageArchive:
     path: Path
     name: str
-    manifest_digest: str
-    size: int  # bytes of manifest, config and layers
+    manifest_digest: str  # the image's target: its manifest, or its index with ``as_index``
+    size: int  # bytes of the blobs in the archive (index, manifest, config, layers)
 
 
 def host_platform() -> dict[str, str]:
@@ -150,12 +150,17 @@ def build_image_archive(
     filler_bytes: int = 0,
     salt: str = "",
     compress: bool = False,
+    as_index: bool = False,
 ) -> ImageArchive:
     """Write an OCI image archive for ``name`` (e.g. ``docker.io/sandlot/busybox:1``) to ``dest``.
 
     ``extra_files``, ``filler_bytes`` and ``salt`` go into a second layer: a
     ``salt`` alone makes an image distinct, ``filler_bytes`` makes it that much
     bigger (the filler is ``/filler``, zeros).
+
+    ``as_index`` makes the image a multi-platform index, as registries serve most
+    images: this platform's manifest, plus an entry for another platform whose
+    content is not in the archive (as after a single-platform pull).
     """
     if not busybox.is_file():
         raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
@@ -207,6 +212,26 @@ def build_image_archive(
         }
     )
     blobs[_digest(manifest)] = manifest
+    top = {"mediaType": MEDIA_MANIFEST, "digest": _digest(manifest), "size": len(manifest)}
+    if as_index:
+        other = {"architecture": "s390x" if plat["architecture"] != "s390x" else "amd64"}
+        image_index = _canonical(
+            {
+                "schemaVersion": 2,
+                "mediaType": MEDIA_INDEX,
+                "manifests": [
+                    {**top, "platform": plat},
+                    {
+                        "mediaType": MEDIA_MANIFEST,
+                        "digest": _digest(b"absent " + manifest),
+                        "size": len(manifest),
+                        "platform": {**other, "os": "linux"},
+                    },
+                ],
+            }
+        )
+        blobs[_digest(image_index)] = image_index
+        top = {"mediaType": MEDIA_INDEX, "digest": _digest(image_index), "size": len(image_index)}
     tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
     index = _canonical(
         {
@@ -214,10 +239,8 @@ def build_image_archive(
             "mediaType": MEDIA_INDEX,
             "manifests": [
                 {
-                    "mediaType": MEDIA_MANIFEST,
-                    "digest": _digest(manifest),
-                    "size": len(manifest),
-                    "platform": plat,
+                    **top,
+                    **({} if as_index else {"platform": plat}),
                     "annotations": {ANNOTATION_IMAGE_NAME: name, ANNOTATION_REF_NAME: tag},
                 }
             ],
@@ -240,7 +263,7 @@ def build_image_archive(
     tmp.write_bytes(_tar(entries))
     tmp.replace(dest)
     size = sum(len(b) for b in blobs.values())
-    return ImageArchive(dest, name, _digest(manifest), size)
+    return ImageArchive(dest, name, str(top["digest"]), size)
 
 
 def import_archive(

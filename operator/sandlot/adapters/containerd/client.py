@@ -175,8 +175,8 @@ class ContainerdRuntime:
         self._content = content_pb2_grpc.ContentStub(self._channel)
         self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
         self._leases = leases_pb2_grpc.LeasesStub(self._channel)
-        # Sizes of manifests and indexes by digest: content is immutable, so this never goes stale.
-        self._size_cache: dict[str, int] = {}
+        # Blobs referenced by a manifest or index, by its digest: content is immutable.
+        self._blob_cache: dict[str, dict[str, int]] = {}
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -531,25 +531,41 @@ class ContainerdRuntime:
         return records
 
     def _content_size(self, image: str, descriptor: Mapping[str, Any], budget: _Budget) -> int:
-        """Bytes of a manifest (or index) and of everything it references that is present."""
+        """Bytes of the distinct blobs an image references that are in the content store."""
+        blobs = self._referenced_blobs(image, descriptor, budget)
+        return sum(blobs.values()) if blobs is not None else 0
+
+    def _referenced_blobs(
+        self, image: str, descriptor: Mapping[str, Any], budget: _Budget
+    ) -> dict[str, int] | None:
+        """Digest -> size of a manifest or index and all it references; None if it is absent.
+
+        Cached by digest when complete (content is immutable); an index with a
+        platform never fetched is not cached, since that content may arrive later.
+        """
         digest = str(descriptor["digest"])
-        if digest in self._size_cache:
-            return self._size_cache[digest]
+        if digest in self._blob_cache:
+            return self._blob_cache[digest]
         try:
             document = self._read_json(digest, budget, f"size of image {image}")
         except NotFound:
-            return 0  # an index entry for a platform that was never fetched
-        size = int(descriptor.get("size", 0))
+            return None  # an index entry for a platform that was never fetched
+        blobs = {digest: int(descriptor.get("size", 0))}
+        complete = True
         if descriptor.get("mediaType") in INDEX_MEDIA_TYPES or "manifests" in document:
-            size += sum(
-                self._content_size(image, entry, budget) for entry in document.get("manifests", [])
-            )
+            for entry in document.get("manifests", []):
+                child = self._referenced_blobs(image, entry, budget)
+                if child is None:
+                    complete = False
+                else:
+                    blobs.update(child)
         else:
-            config = document.get("config") or {}
-            size += int(config.get("size", 0))
-            size += sum(int(layer.get("size", 0)) for layer in document.get("layers", []))
-        self._size_cache[digest] = size
-        return size
+            for ref in [document.get("config") or {}, *document.get("layers", [])]:
+                if "digest" in ref:
+                    blobs[str(ref["digest"])] = int(ref.get("size", 0))
+        if complete:
+            self._blob_cache[digest] = blobs
+        return blobs
 
     def delete_image(self, name: str, *, timeout: float) -> None:
         self._call(
