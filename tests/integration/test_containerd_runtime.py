@@ -28,7 +28,6 @@ from sandlot.adapters.runtime import (
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 
-pytest_plugins = ["tests.support.containerd_fixtures"]
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 

@@ -283,3 +283,43 @@ class Leases:
             ),
         )
         return _lease_record(self.api.replace_namespaced_lease(record.name, self.namespace, body))
+
+
+def post_event(
+    objects: Objects,
+    involved: Mapping[str, Any],
+    *,
+    type_: str,
+    reason: str,
+    message: str,
+    component: str,
+    now: datetime | None = None,
+) -> None:
+    """Record a core/v1 Event about ``involved`` (``kubectl describe`` shows it).
+
+    Events of cluster-scoped objects go to ``default``, as the kubelet's node events do.
+    """
+    meta = involved["metadata"]
+    namespace = meta.get("namespace") or "default"
+    stamp = now or datetime.now(UTC)
+    event = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=namespace),
+        involved_object=client.V1ObjectReference(
+            api_version=involved.get("apiVersion"),
+            kind=involved.get("kind"),
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            uid=meta.get("uid"),
+            resource_version=meta.get("resourceVersion"),
+        ),
+        type=type_,
+        reason=reason,
+        message=message[:1024],
+        source=client.V1EventSource(component=component),
+        first_timestamp=stamp,
+        last_timestamp=stamp,
+        count=1,
+        reporting_component=component,
+        reporting_instance=component,
+    )
+    client.CoreV1Api(objects.api).create_namespaced_event(namespace, event)

@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import dev, gen
+from sandlot.cli import dev, gen, operator_cmd
 
 
 class UsageError(Exception):
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     dev.register(sub)
     gen.register(sub)
+    operator_cmd.register(sub)
     return parser
 
 

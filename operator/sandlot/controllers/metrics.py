@@ -1,0 +1,54 @@
+"""The operator's Prometheus metrics. One instance per registry: tests give each
+operator a fresh ``CollectorRegistry``; the program uses the default one."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.nodes = Gauge(
+            "sandlot_operator_nodes",
+            "SandboxNodes by observed phase (Ready, NotReady, Disabled).",
+            ["phase"],
+            registry=registry,
+        )
+        self.grace_expirations = Counter(
+            "sandlot_operator_grace_expirations_total",
+            "NotReady nodes whose grace period ended (counted once per episode).",
+            registry=registry,
+        )
+        self.marked_dead = Counter(
+            "sandlot_operator_sandboxes_marked_dead_total",
+            "Sandboxes the operator set to Dead, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.mark_failures = Counter(
+            "sandlot_operator_mark_failures_total",
+            "Sandboxes whose Dead marking failed (the node is retried).",
+            registry=registry,
+        )
+        self.reconcile_seconds = Histogram(
+            "sandlot_operator_node_reconcile_duration_seconds",
+            "Time to evaluate (and act on) one node.",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+            registry=registry,
+        )
+        self.hold_active = Gauge(
+            "sandlot_operator_mass_failure_hold",
+            "1 while the mass-failure guard holds all Dead marking.",
+            registry=registry,
+        )
+        self.is_leader = Gauge(
+            "sandlot_operator_leader",
+            "1 on the replica that currently acts.",
+            registry=registry,
+        )
+        self.api_requests = Counter(
+            "sandlot_operator_api_requests_total",
+            "Requests the operator's controllers sent to the API server (client side).",
+            ["verb"],
+            registry=registry,
+        )

@@ -1,0 +1,405 @@
+"""The node-health controller: from lease-based READY to marking a lost node's
+sandboxes Dead, after a grace period that protects the agent-restart path.
+
+Decisions come from ``sandlot.policy.nodehealth`` (pure); this module feeds it
+from memory and does what it says. Nodes come from kopf's SandboxNode events and
+Leases from a namespaced watch, so a pass costs no read at all; a handled dead
+node costs nothing (the policy returns no patch and no marking). Work runs
+through a queue keyed by node name, fed by kopf's resync timer, by every change,
+and by a wake-up scheduled at the exact next deadline (lease expiry or grace
+end), so a mark lands within about a second of its deadline, not on a tick.
+
+Only the elected leader acts; standbys keep their caches warm and drop work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
+from sandlot.api.common import Condition
+from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.settings import OperatorSettings
+from sandlot.policy.disruption import FleetSummary, GuardSettings, summarize_fleet
+from sandlot.policy.nodehealth import (
+    Decision,
+    DecisionKind,
+    LeaseView,
+    NodeHealthSettings,
+    NodeView,
+    decide,
+    decide_deleted,
+    lease_expiry,
+    observed_phase,
+)
+
+log = logging.getLogger(__name__)
+
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, reason, message
+
+RETRY_AFTER_FAILURE = 2.0
+
+
+def ready_condition(
+    phase: NodePhase, current: tuple[Condition, ...], now: datetime
+) -> tuple[Condition, ...] | None:
+    """The conditions with ``Ready`` matching ``phase``; None when already so."""
+    table: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
+        NodePhase.READY: ("True", "LeaseRenewed", "The node's agent renews its lease."),
+        NodePhase.NOT_READY: ("False", "LeaseExpired", "The node's agent lease has expired."),
+        NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
+    }
+    status, reason, message = table[phase]
+    existing = next((c for c in current if c.type == "Ready"), None)
+    if existing is not None and existing.status == status and existing.reason == reason:
+        return None
+    others = tuple(c for c in current if c.type != "Ready")
+    return (
+        Condition(
+            type="Ready", status=status, reason=reason, message=message, last_transition_time=now
+        ),
+        *others,
+    )
+
+
+def _older(body: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether ``body`` is an older version than ``than`` (etcd's numeric resourceVersions)."""
+    if than is None:
+        return False
+    try:
+        return int(body["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def _node_view(body: Mapping[str, Any]) -> tuple[NodeView, NodeHealthTracking]:
+    meta = body["metadata"]
+    status = body.get("status") or {}
+    created = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+    conditions = tuple(Condition.model_validate(c) for c in status.get("conditions") or [])
+    view = NodeView(
+        name=meta["name"],
+        unschedulable=bool((body.get("spec") or {}).get("unschedulable", False)),
+        created_at=created,
+        phase=status.get("phase"),
+        conditions=conditions,
+    )
+    tracking = NodeHealthTracking.model_validate(status.get("health") or {})
+    return view, tracking
+
+
+class NodeHealthController:
+    def __init__(
+        self,
+        settings: OperatorSettings,
+        objects: Objects,
+        metrics: OperatorMetrics,
+        *,
+        is_leader: Callable[[], bool],
+        post_event: EventPoster,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.settings = settings
+        self.objects = objects
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.post_event = post_event
+        self.clock = clock
+        self.policy = NodeHealthSettings(
+            grace_period=settings.grace_period, drain_timeout=settings.drain_timeout
+        )
+        self.guard = GuardSettings(
+            disruption_threshold=settings.disruption_threshold,
+            min_nodes=settings.min_nodes_for_guard,
+        )
+        self.nodes: dict[str, Mapping[str, Any]] = {}
+        self.leases: dict[str, LeaseView] = {}
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._wakeups: dict[str, asyncio.TimerHandle] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._hold_reported = False
+
+    # -- inputs (called from kopf handlers and the lease watch) ----------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def on_node(self, event_type: str, body: Mapping[str, Any]) -> None:
+        name = body["metadata"]["name"]
+        if event_type == "DELETED":
+            self.nodes.pop(name, None)
+            self._cancel_wakeup(name)
+            return
+        if _older(body, self.nodes.get(name)):
+            return  # a stale event arriving after our own write: keep the newer copy
+        self.nodes[name] = body
+        self.enqueue(name)
+
+    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
+        """Called from the lease watch thread."""
+        if event_type == "DELETED":
+            view = None
+        else:
+            view = LeaseView(renew_time=lease.renew_time, duration_seconds=lease.duration_seconds)
+        loop = self._loop
+        if loop is None:
+            self._apply_lease(lease.name, view)
+        else:
+            loop.call_soon_threadsafe(self._apply_lease, lease.name, view)
+
+    def _apply_lease(self, name: str, view: LeaseView | None) -> None:
+        if view is None:
+            self.leases.pop(name, None)
+        else:
+            self.leases[name] = view
+        if name in self.nodes:
+            self.enqueue(name)
+
+    def enqueue(self, name: str) -> None:
+        if name not in self._queued:
+            self._queued.add(name)
+            self._queue.put_nowait(name)
+
+    def enqueue_all(self) -> None:
+        for name in list(self.nodes):
+            self.enqueue(name)
+
+    # -- the worker ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.bind_loop(asyncio.get_running_loop())
+        while True:
+            name = await self._queue.get()
+            self._queued.discard(name)
+            if not self.is_leader():
+                continue
+            started = time.perf_counter()
+            try:
+                await self.reconcile(name)
+            except Exception:
+                log.exception(
+                    "node %s: reconcile failed; retrying in %.0fs", name, RETRY_AFTER_FAILURE
+                )
+                self._schedule(name, RETRY_AFTER_FAILURE)
+            finally:
+                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+
+    def fleet(self, now: datetime) -> FleetSummary:
+        phases = []
+        counts = dict.fromkeys(NodePhase, 0)
+        for body in self.nodes.values():
+            view, _ = _node_view(body)
+            phase = observed_phase(
+                view.unschedulable, self.leases.get(view.name), view.created_at, now
+            )
+            counts[phase] += 1
+            phases.append(phase)
+        for phase, n in counts.items():
+            self.metrics.nodes.labels(phase=str(phase)).set(n)
+        return summarize_fleet(phases)
+
+    async def reconcile(self, name: str) -> Decision | None:
+        body = self.nodes.get(name)
+        if body is None:
+            return None
+        now = self.clock()
+        view, tracking = _node_view(body)
+        lease = self.leases.get(name)
+        fleet = self.fleet(now)
+        decision = decide(view, lease, tracking, now, fleet, self.guard, self.policy)
+        self._report_hold(decision, body)
+
+        patch = decision.patch.wire() if decision.patch is not None else None
+        if decision.marks_dead:
+            patch = await self._mark(name, body, decision, now) or patch
+        patch = self._with_ready(patch, decision, view, now)
+        if patch is not None:
+            written = await asyncio.to_thread(self.objects.patch_node_status, name, patch)
+            if not _older(written, self.nodes.get(name)):
+                self.nodes[name] = written
+        self._events(decision, body)
+        self._schedule_next(name, decision, view, lease, now)
+        return decision
+
+    async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
+        """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""
+        _, tracking = _node_view(body)
+        decision = decide_deleted(tracking)
+        now = self.clock()
+        result = await self._mark_all(name, decision, now)
+        if not result.complete:
+            raise RuntimeError(
+                f"{len(result.failed)} of node {name}'s sandboxes could not be marked Dead: "
+                f"{sorted(result.failed.items())[:3]}"
+            )
+        return result
+
+    # -- acting -------------------------------------------------------------------
+
+    async def _mark_all(self, name: str, decision: Decision, now: datetime) -> MarkResult:
+        sandboxes = await asyncio.to_thread(self.objects.list_node_sandboxes, name)
+        # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
+        live = [
+            sb
+            for sb in sandboxes
+            if (sb.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
+        ]
+        reason = decision.reason or "NodeLost"
+        message = {
+            DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
+            f"({self.policy.grace_period.total_seconds():g}s) ended",
+            DecisionKind.DRAIN_ABANDONED: f"node {name} was drained and its lease has been "
+            f"expired for over {self.policy.drain_timeout.total_seconds():g}s",
+            DecisionKind.DELETED: f"SandboxNode {name} was deleted",
+        }.get(decision.kind, reason)
+        result = await asyncio.to_thread(
+            mark_dead,
+            self.objects,
+            live,
+            reason=reason,
+            message=message,
+            now=now,
+            concurrency=self.settings.mark_concurrency,
+        )
+        self.metrics.marked_dead.labels(reason=reason).inc(len(result.marked))
+        if result.failed:
+            self.metrics.mark_failures.inc(len(result.failed))
+        return result
+
+    async def _mark(
+        self, name: str, body: Mapping[str, Any], decision: Decision, now: datetime
+    ) -> dict[str, Any] | None:
+        if decision.kind is DecisionKind.REAP:
+            self.metrics.grace_expirations.inc()
+            self.post_event(
+                body,
+                "Warning",
+                "GraceExpired",
+                (
+                    f"lease expired at {decision.unhealthy_since}; grace period over, "
+                    "marking the node's sandboxes Dead"
+                ),
+            )
+        result = await self._mark_all(name, decision, now)
+        if not result.complete:
+            log.error(
+                "node %s: %d sandboxes marked Dead, %d failed (%s); the latch stays unset",
+                name,
+                len(result.marked),
+                len(result.failed),
+                "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items())[:5]),
+            )
+            self.post_event(
+                body,
+                "Warning",
+                "MarkingFailed",
+                (f"{len(result.failed)} sandboxes could not be marked Dead; retrying"),
+            )
+            self._schedule(name, RETRY_AFTER_FAILURE)
+            return None
+        count = len(result.marked)
+        log.info("node %s: marked %d sandboxes Dead (%s)", name, count, decision.reason)
+        self.post_event(
+            body,
+            "Warning",
+            "SandboxesMarkedDead",
+            (
+                f"marked {count} sandboxes Dead ({decision.reason}); "
+                f"{len(result.already_terminal)} were already terminal"
+            ),
+        )
+        latched = decision.latched(now, count).wire()
+        latched["sandboxes"] = 0
+        return latched
+
+    def _with_ready(
+        self, patch: dict[str, Any] | None, decision: Decision, view: NodeView, now: datetime
+    ) -> dict[str, Any] | None:
+        if decision.phase is None:
+            return patch
+        base = view.conditions
+        if patch is not None and "conditions" in patch:
+            base = tuple(Condition.model_validate(c) for c in patch["conditions"])
+        updated = ready_condition(decision.phase, base, now)
+        if updated is None:
+            return patch
+        patch = dict(patch or {"phase": str(decision.phase)})
+        patch["conditions"] = [c.wire() for c in updated]
+        return patch
+
+    def _events(self, decision: Decision, body: Mapping[str, Any]) -> None:
+        if decision.kind is DecisionKind.START_TRACKING:
+            self.post_event(
+                body,
+                "Warning",
+                "NodeNotReady",
+                (
+                    f"lease expired at {decision.unhealthy_since}; sandboxes are marked Dead "
+                    f"at {decision.deadline} unless the agent renews it"
+                ),
+            )
+        elif decision.recovered:
+            self.post_event(body, "Normal", "NodeRecovered", "the agent renews its lease again")
+
+    def _report_hold(self, decision: Decision, body: Mapping[str, Any]) -> None:
+        self.metrics.hold_active.set(1 if decision.guard_active else 0)
+        if (
+            decision.kind is DecisionKind.HOLD
+            and decision.patch is not None
+            and decision.patch.conditions
+        ):
+            self.post_event(
+                body,
+                "Warning",
+                "MassFailureHold",
+                (
+                    "most of the fleet is NotReady at once; marking nothing Dead until the "
+                    f"fraction drops below {self.guard.disruption_threshold:g}"
+                ),
+            )
+        if decision.guard_active and not self._hold_reported:
+            log.warning("mass-failure guard active: marking nothing Dead")
+        elif not decision.guard_active and self._hold_reported:
+            log.info("mass-failure guard lifted")
+            self.enqueue_all()  # nodes held back may now be due
+        self._hold_reported = decision.guard_active
+
+    # -- wake-ups -------------------------------------------------------------------
+
+    def _schedule_next(
+        self,
+        name: str,
+        decision: Decision,
+        view: NodeView,
+        lease: LeaseView | None,
+        now: datetime,
+    ) -> None:
+        wake = decision.wake_at
+        if decision.phase is NodePhase.READY:
+            wake = lease_expiry(lease, view.created_at)  # notice NotReady at the moment it happens
+        if wake is not None:
+            self._schedule(name, max((wake - now).total_seconds(), 0.0) + 0.01)
+        else:
+            self._cancel_wakeup(name)
+
+    def _schedule(self, name: str, delay: float) -> None:
+        self._cancel_wakeup(name)
+        loop = self._loop or asyncio.get_running_loop()
+        self._wakeups[name] = loop.call_later(delay, self._wake, name)
+
+    def _wake(self, name: str) -> None:
+        self._wakeups.pop(name, None)
+        self.enqueue(name)
+
+    def _cancel_wakeup(self, name: str) -> None:
+        handle = self._wakeups.pop(name, None)
+        if handle is not None:
+            handle.cancel()

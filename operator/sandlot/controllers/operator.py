@@ -1,0 +1,208 @@
+"""The operator program: kopf, embedded (``kopf.operator``), plus leader election
+and the agents' Lease watch.
+
+kopf's peering is switched off (``standalone``): every replica runs its handlers
+and keeps its caches warm, and only the replica holding the leader Lease acts.
+kopf keeps its bookkeeping in annotations, never in sandlot's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+
+from sandlot.adapters.informer import LeaseInformer
+from sandlot.adapters.kube import RequestCounter, load_api_client
+from sandlot.adapters.leader import LeaderElector
+from sandlot.adapters.objects import Objects, post_event
+from sandlot.api.common import GROUP, VERSION
+from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.nodehealth import NodeHealthController
+from sandlot.controllers.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+class _CountingMetrics(RequestCounter):
+    """Mirrors the client-side request count into a Prometheus counter."""
+
+    def __init__(self, metrics: OperatorMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics
+
+    def record(self, method: str, url: str) -> None:
+        super().record(method, url)
+        self.metrics.api_requests.labels(verb=method.upper()).inc()
+
+
+def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str], None]:
+    """Post Events off the event loop, best effort: a pass never fails on an Event."""
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+
+    def post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        def send() -> None:
+            try:
+                post_event(
+                    objects,
+                    body,
+                    type_=type_,
+                    reason=reason,
+                    message=message,
+                    component="sandlot-operator",
+                )
+            except Exception as e:
+                log.debug("event %s not posted: %s", reason, e)
+
+        pool.submit(send)
+
+    return post
+
+
+def build_registry(
+    settings: OperatorSettings,
+    nodehealth: NodeHealthController,
+    elector: LeaderElector | None,
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    def leading() -> bool:
+        return elector is None or elector.is_leader.is_set()
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=GROUP, key="last-handled-configuration"
+        )
+        settings.persistence.finalizer = f"{GROUP}/node-health"
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+        settings.networking.request_timeout = 60
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
+    def node_event(body: kopf.Body, **kwargs: Any) -> None:
+        nodehealth.on_node(kwargs.get("type") or "MODIFIED", body)
+
+    @kopf.timer(
+        GROUP,
+        VERSION,
+        "sandboxnodes",
+        interval=settings.resync_interval.total_seconds(),
+        registry=registry,
+    )
+    def resync(name: str, **_: Any) -> None:
+        nodehealth.enqueue(name)
+
+    @kopf.on.delete(GROUP, VERSION, "sandboxnodes", registry=registry)
+    async def node_deleted(name: str, body: kopf.Body, **_: Any) -> None:
+        if not leading():
+            # Only the leader may let the deletion complete (the finalizer goes
+            # with success); a standby asks to be called again.
+            raise kopf.TemporaryError("not the leader", delay=5)
+        try:
+            await nodehealth.handle_deleted(name, body)
+        except RuntimeError as e:
+            raise kopf.TemporaryError(str(e), delay=2) from e
+
+    return registry
+
+
+async def run(
+    settings: OperatorSettings,
+    *,
+    kubeconfig: str | None = None,
+    registry: CollectorRegistry = REGISTRY,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    if kubeconfig:
+        os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads the same file
+    metrics = OperatorMetrics(registry)
+    api = load_api_client(kubeconfig, counter=_CountingMetrics(metrics))
+    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    loop = asyncio.get_running_loop()
+    nodehealth: NodeHealthController
+
+    def on_leadership(leader: bool) -> None:
+        metrics.is_leader.set(1 if leader else 0)
+        log.info("%s is %s", identity, "the leader" if leader else "a standby")
+        if leader:
+            loop.call_soon_threadsafe(nodehealth.enqueue_all)
+
+    elector = (
+        LeaderElector(
+            api,
+            namespace=settings.namespace,
+            name=settings.leader_lease_name,
+            identity=identity,
+            lease_duration=settings.leader_lease_duration.total_seconds(),
+            renew_deadline=settings.leader_renew_deadline.total_seconds(),
+            retry_period=settings.leader_retry_period.total_seconds(),
+            on_change=on_leadership,
+        )
+        if settings.leader_election
+        else None
+    )
+    objects = Objects(api)
+    nodehealth = NodeHealthController(
+        settings,
+        objects,
+        metrics,
+        is_leader=lambda: elector is None or elector.is_leader.is_set(),
+        post_event=event_poster(objects),
+    )
+    nodehealth.bind_loop(loop)
+    informer = LeaseInformer(api, settings.namespace, nodehealth.on_lease)
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, registry=registry)
+    informer.start()
+    if elector is not None:
+        elector.start()
+    else:
+        metrics.is_leader.set(1)
+    worker = asyncio.create_task(nodehealth.run(), name="node-health")
+    stop = stop_flag or asyncio.Event()
+    try:
+        await kopf.operator(
+            registry=build_registry(settings, nodehealth, elector),
+            clusterwide=True,
+            standalone=True,
+            stop_flag=stop,
+            ready_flag=ready_flag,
+        )
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        if elector is not None:
+            await asyncio.to_thread(elector.stop)
+        await asyncio.to_thread(informer.stop)
+        api.close()
+
+
+def run_blocking(settings: OperatorSettings, kubeconfig: str | None = None) -> None:
+    """Run until SIGINT/SIGTERM; a clean stop releases the leader Lease."""
+    import signal
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run(settings, kubeconfig=kubeconfig, stop_flag=stop)
+
+    assert threading.current_thread() is threading.main_thread()
+    asyncio.run(main())
