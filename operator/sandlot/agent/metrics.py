@@ -1,0 +1,101 @@
+"""The agent's Prometheus metrics, on a registry given by the caller (tests use a
+fresh ``CollectorRegistry`` each), and a ``Runtime`` wrapper that times every
+containerd call by method."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from sandlot.adapters.runtime import Runtime
+
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class AgentMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.teardowns = Counter(
+            "sandlot_agent_teardowns_total",
+            "Container teardowns, by outcome (clean, kill_wait_timeout, error).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.orphans_removed = Counter(
+            "sandlot_agent_orphans_removed_total",
+            "Orphan containers torn down (no Sandbox, terminal, or another node's).",
+            registry=registry,
+        )
+        self.fenced = Counter(
+            "sandlot_agent_fenced_total",
+            "Containers torn down because their Sandbox was marked Dead.",
+            registry=registry,
+        )
+        self.readopted = Counter(
+            "sandlot_agent_readopted_total",
+            "Running sandboxes whose surviving container was kept at start-up.",
+            registry=registry,
+        )
+        self.reaper_passes = Counter(
+            "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
+        )
+        self.reaped = Counter(
+            "sandlot_agent_reaped_total",
+            "Exited containers the reaper tore down.",
+            registry=registry,
+        )
+        self.call_seconds = Histogram(
+            "sandlot_agent_containerd_call_seconds",
+            "Latency of containerd calls, by method (timeouts included).",
+            ["method"],
+            buckets=CALL_BUCKETS,
+            registry=registry,
+        )
+        self.containerd_up = Gauge(
+            "sandlot_agent_containerd_up",
+            "1 when the last containerd connection attempt answered.",
+            registry=registry,
+        )
+        self.sandboxes = Gauge(
+            "sandlot_agent_sandboxes",
+            "Sandboxes bound to this node, by phase, at the last sync.",
+            ["phase"],
+            registry=registry,
+        )
+        self.startup_seconds = Gauge(
+            "sandlot_agent_startup_seconds",
+            "Seconds from start to the first Lease renewal (sweep and re-adopt included).",
+            registry=registry,
+        )
+        for outcome in ("clean", "kill_wait_timeout", "error"):
+            self.teardowns.labels(outcome)
+
+
+class TimedRuntime:
+    """A ``Runtime`` that observes each call's latency in ``call_seconds{method}``."""
+
+    def __init__(self, inner: Runtime, metrics: AgentMetrics) -> None:
+        self._inner = inner
+        self._metrics = metrics
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name.startswith("_") or not callable(attr) or name == "close":
+            return attr
+        histogram = self._metrics.call_seconds.labels(name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            began = time.monotonic()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                histogram.observe(time.monotonic() - began)
+
+        return cast(Callable[..., Any], timed)
+
+
+def timed_runtime(inner: Runtime, metrics: AgentMetrics) -> Runtime:
+    return cast(Runtime, TimedRuntime(inner, metrics))

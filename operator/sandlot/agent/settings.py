@@ -1,0 +1,192 @@
+"""The agent's settings: one model, validated at start; flags (``--kill-wait``) and
+environment variables (``SANDLOT_KILL_WAIT``) are derived from it by
+``sandlot.cli.options``. A bad value is refused before anything connects, with a
+message naming the setting.
+
+The bounds here are the agent's promise that nothing waits forever: ``kill_wait``
+caps the wait for a task's exit, ``call_timeout`` caps every single containerd
+call, and ``teardown_concurrency`` caps how many teardowns run at once (so a
+wedged shim holds one slot, never the node).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field, model_validator
+
+from sandlot.api.settings import Duration, SettingsModel
+from sandlot.policy.imagegc import GcThresholds
+
+
+class AgentSettings(SettingsModel):
+    node_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="Name of this node's SandboxNode (and of its Lease); usually the "
+        "Kubernetes node name.",
+    )
+    containerd_address: str = Field(
+        default="/run/containerd/containerd.sock",
+        min_length=1,
+        description="containerd's gRPC socket.",
+    )
+    containerd_namespace: str = Field(
+        default="sandlot",
+        min_length=1,
+        description="containerd namespace of the agent's containers and images (kept "
+        "apart from the kubelet's k8s.io). Every container in it is the agent's.",
+    )
+    containerd_root: str = Field(
+        default="/var/lib/containerd",
+        min_length=1,
+        description="containerd's root directory: disk usage for image GC is measured on "
+        "the filesystem holding it.",
+    )
+    namespace: str = Field(
+        default="sandlot-system",
+        min_length=1,
+        description="Namespace of the node Leases (the operator's namespace setting).",
+    )
+    lease_duration: Duration = Field(
+        default=timedelta(seconds=60),
+        description="leaseDurationSeconds of the node Lease: the node is READY while "
+        "renewTime + this is in the future.",
+    )
+    renew_interval: Duration = Field(
+        default=timedelta(seconds=10),
+        description="How often the Lease is renewed; must be below lease_duration.",
+    )
+    kill_wait: Duration = Field(
+        default=timedelta(seconds=10),
+        description="Longest wait for a killed task's exit; a wedged shim never sends it, "
+        "so teardown logs a warning and goes on after this.",
+    )
+    call_timeout: Duration = Field(
+        default=timedelta(seconds=5),
+        description="Deadline of each single containerd call.",
+    )
+    stop_grace: Duration = Field(
+        default=timedelta(seconds=10),
+        description="Time between SIGTERM and the teardown when a sandbox is stopped "
+        "(unless its spec.terminationGracePeriodSeconds says otherwise).",
+    )
+    reap_interval: Duration = Field(
+        default=timedelta(seconds=60),
+        description="How often exited containers are torn down and their Sandboxes ended.",
+    )
+    sync_interval: Duration = Field(
+        default=timedelta(seconds=1),
+        description="How often the node's Sandboxes (and CachePrune requests) are listed.",
+    )
+    teardown_concurrency: int = Field(
+        default=8, ge=1, le=256, description="Teardowns (and starts) running at once."
+    )
+    capacity: int = Field(
+        default=110, ge=0, description="Non-terminal sandboxes this node accepts."
+    )
+    metrics_port: int = Field(
+        default=9090, ge=0, le=65535, description="Port of /metrics (0 = off)."
+    )
+    node_address: str = Field(
+        default="",
+        description="This node's address, reported in its SandboxNode and as the IP of "
+        "its sandboxes (default: the host name's address).",
+    )
+    log_dir: str = Field(
+        default="/var/log/sandlot",
+        description="Directory of the sandboxes' stdout/stderr files (empty = not kept).",
+    )
+    agent_image: str = Field(
+        default="", description="The agent's own image: pinned, never collected."
+    )
+    gc_disabled: bool = Field(default=False, description="Turn image GC off.")
+    gc_high: float = Field(
+        default=85.0,
+        gt=0,
+        le=100,
+        description="Disk usage (percent) at or above which the automatic pass evicts.",
+    )
+    gc_low: float = Field(
+        default=80.0, gt=0, le=100, description="Disk usage (percent) the pass evicts down to."
+    )
+    gc_min_free: int = Field(
+        default=0, ge=0, description="Free bytes below which the pass evicts (0 = off)."
+    )
+    gc_target_free: int = Field(
+        default=0, ge=0, description="Free bytes the pass evicts up to (0 = off)."
+    )
+    gc_min_age: Duration = Field(
+        default=timedelta(minutes=2),
+        description="Images younger than this (since import or last use) are kept.",
+    )
+    gc_interval: Duration = Field(
+        default=timedelta(seconds=60), description="Time between automatic passes."
+    )
+    gc_exhausted_backoff: Duration = Field(
+        default=timedelta(minutes=30),
+        description="Automatic passes are skipped this long once one found nothing left "
+        "to evict and the disk still over the high mark.",
+    )
+    pinned_image: list[str] = Field(
+        default_factory=list, description="Images never collected (repeatable)."
+    )
+    live_job_prefix: list[str] = Field(
+        default_factory=list,
+        description="Image-name prefixes of live jobs, never collected (repeatable).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AgentSettings:
+        for name in (
+            "lease_duration",
+            "renew_interval",
+            "kill_wait",
+            "call_timeout",
+            "reap_interval",
+            "sync_interval",
+            "gc_interval",
+            "gc_exhausted_backoff",
+        ):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive")
+        if self.stop_grace < timedelta(0):
+            raise ValueError("stop_grace must be >= 0")
+        if self.gc_min_age < timedelta(0):
+            raise ValueError("gc_min_age must be >= 0")
+        if self.renew_interval >= self.lease_duration:
+            raise ValueError(
+                f"renew_interval ({self.renew_interval.total_seconds():g}s) must be below "
+                f"lease_duration ({self.lease_duration.total_seconds():g}s)"
+            )
+        if self.lease_duration.total_seconds() < 1:
+            raise ValueError("lease_duration must be at least 1s (the Lease counts seconds)")
+        if self.gc_low >= self.gc_high:
+            raise ValueError(f"gc_low ({self.gc_low}) must be below gc_high ({self.gc_high})")
+        if self.gc_target_free and self.gc_target_free < self.gc_min_free:
+            raise ValueError(
+                f"gc_target_free ({self.gc_target_free}) must be >= gc_min_free "
+                f"({self.gc_min_free}) or 0 (off)"
+            )
+        return self
+
+    @property
+    def gc_thresholds(self) -> GcThresholds:
+        return GcThresholds(
+            high_percent=self.gc_high,
+            low_percent=self.gc_low,
+            min_free_bytes=self.gc_min_free,
+            target_free_bytes=self.gc_target_free,
+            min_age=self.gc_min_age,
+            interval=self.gc_interval,
+            exhausted_backoff=self.gc_exhausted_backoff,
+        )
+
+    @property
+    def pinned_images(self) -> tuple[str, ...]:
+        return tuple(p for p in (*self.pinned_image, self.agent_image) if p)
+
+    @property
+    def teardown_bound(self) -> float:
+        """Seconds one teardown can take at most: the exit wait plus four call deadlines."""
+        return self.kill_wait.total_seconds() + 4 * self.call_timeout.total_seconds()

@@ -1,0 +1,218 @@
+"""Tearing a container down without ever waiting unbounded.
+
+A dead or wedged containerd shim never delivers its task's exit event. An
+unbounded wait for that event once hung a node's start-up forever: the orphan
+sweep runs before the node heartbeats, so one leftover container with a stopped
+shim kept the whole node out of service. Here the exit wait is capped by
+``kill_wait`` and every other containerd call by ``call_timeout``; when the exit
+does not come, a warning names the container and the teardown goes on (delete
+task, container, snapshot, each with its own deadline). A ``NotFound`` at any step
+means that step's work is already done.
+
+The worst case of one teardown is therefore ``kill_wait + 4 * call_timeout``, and
+``teardown_many`` runs them on a pool of ``concurrency`` threads: because every
+call returns by its deadline, no thread is ever left behind by a wedged shim, so
+threads (and gRPC streams) never grow with the number of wedged containers.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal as signals
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    ExitStatus,
+    NotFound,
+    Runtime,
+    RuntimeError_,
+    RuntimeTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+
+class TeardownOutcome(StrEnum):
+    CLEAN = "clean"
+    """Every step done (or found already done)."""
+    KILL_WAIT_TIMEOUT = "kill_wait_timeout"
+    """The exit never came within kill_wait; the deletes were still attempted."""
+    ERROR = "error"
+    """A delete step failed; something may be left behind for the next sweep."""
+
+
+@dataclass(frozen=True)
+class TeardownResult:
+    container_id: str
+    outcome: TeardownOutcome
+    exit_status: ExitStatus | None = None
+    """The task's exit, when it was seen (wait or task delete)."""
+    errors: tuple[str, ...] = ()
+    elapsed: float = 0.0
+
+
+@dataclass
+class _Steps:
+    container_id: str
+    errors: list[str] = field(default_factory=list)
+
+    def call(self, what: str, fn: Callable[[], object]) -> object | None:
+        """Run one bounded step; NotFound is success, other errors are recorded."""
+        try:
+            return fn()
+        except NotFound:
+            return None
+        except RuntimeError_ as exc:
+            self.errors.append(f"{what}: {exc}")
+            return None
+
+
+def _key(container: ContainerInfo | str) -> tuple[str, str]:
+    if isinstance(container, ContainerInfo):
+        return container.id, container.snapshot_key or container.id
+    return container, container
+
+
+def teardown(
+    runtime: Runtime,
+    container: ContainerInfo | str,
+    *,
+    kill_wait: float,
+    call_timeout: float,
+    signal: int = signals.SIGKILL,
+    on_done: Callable[[TeardownResult], object] | None = None,
+) -> TeardownResult:
+    """Kill, wait at most ``kill_wait`` for the exit, then delete task, container, snapshot."""
+    began = time.monotonic()
+    container_id, snapshot_key = _key(container)
+    steps = _Steps(container_id)
+    exit_status: ExitStatus | None = None
+    timed_out = False
+
+    has_task = True
+    try:
+        runtime.kill_task(container_id, signal, timeout=call_timeout)
+    except NotFound:
+        # No task, or its process already finished: containerd says so with NotFound.
+        task = steps.call("get task", lambda: runtime.get_task(container_id, timeout=call_timeout))
+        has_task = task is not None
+    except RuntimeTimeout as exc:
+        log.warning("container %s: kill got no answer: %s", container_id, exc)
+    except RuntimeError_ as exc:
+        log.info("container %s: kill failed (%s); waiting for its exit anyway", container_id, exc)
+
+    if has_task:
+        try:
+            exit_status = runtime.wait_task(container_id, timeout=kill_wait)
+        except NotFound:
+            pass
+        except RuntimeTimeout:
+            timed_out = True
+            log.warning(
+                "container %s: no exit within kill wait of %gs (dead or wedged shim?); "
+                "deleting it anyway",
+                container_id,
+                kill_wait,
+            )
+        except RuntimeError_ as exc:
+            steps.errors.append(f"wait: {exc}")
+        deleted = steps.call(
+            "delete task", lambda: runtime.delete_task(container_id, timeout=call_timeout)
+        )
+        if isinstance(deleted, ExitStatus) and exit_status is None:
+            exit_status = deleted
+    steps.call(
+        "delete container", lambda: runtime.delete_container(container_id, timeout=call_timeout)
+    )
+    steps.call(
+        "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
+    )
+
+    if timed_out:
+        outcome = TeardownOutcome.KILL_WAIT_TIMEOUT
+    elif steps.errors:
+        outcome = TeardownOutcome.ERROR
+    else:
+        outcome = TeardownOutcome.CLEAN
+    if steps.errors:
+        log.warning("container %s: teardown incomplete: %s", container_id, "; ".join(steps.errors))
+    result = TeardownResult(
+        container_id,
+        outcome,
+        exit_status=exit_status,
+        errors=tuple(steps.errors),
+        elapsed=time.monotonic() - began,
+    )
+    if on_done is not None:
+        on_done(result)
+    return result
+
+
+def stop(
+    runtime: Runtime,
+    container: ContainerInfo | str,
+    *,
+    stop_grace: float,
+    kill_wait: float,
+    call_timeout: float,
+    on_done: Callable[[TeardownResult], object] | None = None,
+) -> TeardownResult:
+    """SIGTERM, up to ``stop_grace`` for the exit, then the bounded teardown (SIGKILL)."""
+    container_id, _ = _key(container)
+    graceful: ExitStatus | None = None
+    try:
+        runtime.kill_task(container_id, signals.SIGTERM, timeout=call_timeout)
+        if stop_grace > 0:
+            graceful = runtime.wait_task(container_id, timeout=stop_grace)
+    except NotFound:
+        pass
+    except RuntimeTimeout:
+        log.info("container %s: still running %gs after SIGTERM; killing", container_id, stop_grace)
+    except RuntimeError_ as exc:
+        log.info("container %s: SIGTERM failed (%s); killing", container_id, exc)
+    result = teardown(
+        runtime, container, kill_wait=kill_wait, call_timeout=call_timeout, on_done=None
+    )
+    if graceful is not None and result.exit_status is None:
+        result = TeardownResult(
+            result.container_id, result.outcome, graceful, result.errors, result.elapsed
+        )
+    if on_done is not None:
+        on_done(result)
+    return result
+
+
+def teardown_many(
+    runtime: Runtime,
+    containers: Sequence[ContainerInfo | str],
+    *,
+    kill_wait: float,
+    call_timeout: float,
+    concurrency: int,
+    on_done: Callable[[TeardownResult], object] | None = None,
+) -> list[TeardownResult]:
+    """Tear ``containers`` down, at most ``concurrency`` at a time; results in input order.
+
+    With ``n`` containers of which ``w`` are wedged, this takes about
+    ``ceil(w / concurrency)`` teardown bounds plus the clean ones' time, never ``w``.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not containers:
+        return []
+    with ThreadPoolExecutor(
+        max_workers=min(concurrency, len(containers)), thread_name_prefix="teardown"
+    ) as pool:
+        return list(
+            pool.map(
+                lambda c: teardown(
+                    runtime, c, kill_wait=kill_wait, call_timeout=call_timeout, on_done=on_done
+                ),
+                containers,
+            )
+        )

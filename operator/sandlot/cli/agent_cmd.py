@@ -1,0 +1,36 @@
+"""``sandlot agent --node NAME``: the node agent (one per node, as a DaemonSet).
+
+Every setting of ``AgentSettings`` is a flag and a ``SANDLOT_*`` environment
+variable; a bad value is refused before anything connects, naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from sandlot.agent.settings import AgentSettings
+from sandlot.cli.options import add_settings_flags, settings_from
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "agent",
+        help="run the node agent: heartbeat, sandboxes, teardown, reaper, image GC",
+        description="Run this node's agent against its containerd and the cluster.",
+    )
+    parser.add_argument(
+        "--node", dest="node_name", default=None, help="this node's name (same as --node-name)"
+    )
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)"
+    )
+    add_settings_flags(parser, AgentSettings)
+    parser.set_defaults(func=run_agent)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from sandlot.agent.main import run
+
+    settings = settings_from(AgentSettings, args)
+    return run(settings, kubeconfig=args.kubeconfig)

@@ -1,0 +1,159 @@
+"""An in-memory ``Runtime`` for agent policy tests, at the project's own boundary.
+
+Containers and tasks live in dicts. A container can be marked *wedged*: like a
+stopped containerd shim, every call about its task then answers nothing until the
+caller's deadline passes, and raises ``RuntimeTimeout`` (the real adapter's
+behaviour under a gRPC deadline). Nothing here waits longer than the timeout it
+is given.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    ContainerSpec,
+    ExitStatus,
+    ImageConfig,
+    ImageRecord,
+    NotFound,
+    RuntimeTimeout,
+    TaskInfo,
+    TaskState,
+)
+
+
+@dataclass
+class _Task:
+    pid: int
+    state: TaskState = TaskState.RUNNING
+    exit_code: int | None = None
+
+
+@dataclass
+class FakeRuntime:
+    containers: dict[str, ContainerInfo] = field(default_factory=dict)
+    tasks: dict[str, _Task] = field(default_factory=dict)
+    snapshots: set[str] = field(default_factory=set)
+    images: dict[str, ImageConfig] = field(default_factory=dict)
+    wedged: set[str] = field(default_factory=set)
+    calls: list[tuple[str, str]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _never: threading.Event = field(default_factory=threading.Event)
+    _next_pid: int = 1000
+
+    # -- test helpers
+    def add(
+        self,
+        container_id: str,
+        labels: Mapping[str, str] | None = None,
+        *,
+        state: TaskState | None = TaskState.RUNNING,
+        exit_code: int | None = None,
+        wedged: bool = False,
+    ) -> ContainerInfo:
+        info = ContainerInfo(container_id, "img", dict(labels or {}), snapshot_key=container_id)
+        self.containers[container_id] = info
+        self.snapshots.add(container_id)
+        if state is not None:
+            self._next_pid += 1
+            self.tasks[container_id] = _Task(self._next_pid, state, exit_code)
+        if wedged:
+            self.wedged.add(container_id)
+        return info
+
+    def _record(self, method: str, target: str) -> None:
+        with self._lock:
+            self.calls.append((method, target))
+
+    def _hang_if_wedged(self, container_id: str, what: str, timeout: float) -> None:
+        if container_id in self.wedged:
+            self._never.wait(timeout)  # the shim never answers: only the deadline ends it
+            raise RuntimeTimeout(f"{what} {container_id}: no answer within {timeout:g}s")
+
+    # -- Runtime
+    def version(self, *, timeout: float) -> str:
+        return "fake"
+
+    def list_containers(self, *, timeout: float) -> list[ContainerInfo]:
+        self._record("list_containers", "")
+        return list(self.containers.values())
+
+    def list_tasks(self, *, timeout: float) -> list[TaskInfo]:
+        return [
+            TaskInfo(cid, t.pid, t.state, t.exit_code if t.state == TaskState.STOPPED else None)
+            for cid, t in self.tasks.items()
+        ]
+
+    def get_task(self, container_id: str, *, timeout: float) -> TaskInfo | None:
+        t = self.tasks.get(container_id)
+        return None if t is None else TaskInfo(container_id, t.pid, t.state, t.exit_code)
+
+    def image_config(self, image: str, *, timeout: float) -> ImageConfig:
+        if image not in self.images:
+            raise NotFound(f"image {image} not found")
+        return self.images[image]
+
+    def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo:
+        if spec.image not in self.images:
+            raise NotFound(f"image {spec.image} not found")
+        return self.add(spec.id, spec.labels, state=None)
+
+    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
+        self._next_pid += 1
+        self.tasks[container_id] = _Task(self._next_pid)
+        return TaskInfo(container_id, self._next_pid, TaskState.RUNNING)
+
+    def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
+        self._record("kill_task", container_id)
+        self._hang_if_wedged(container_id, "Tasks.Kill", timeout)
+        t = self.tasks.get(container_id)
+        if t is None or t.state == TaskState.STOPPED:
+            raise NotFound(f"task {container_id}: process already finished")
+        t.state, t.exit_code = TaskState.STOPPED, 128 + signal
+
+    def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
+        self._record("wait_task", container_id)
+        self._hang_if_wedged(container_id, "Tasks.Wait", timeout)
+        t = self.tasks.get(container_id)
+        if t is None:
+            raise NotFound(f"task {container_id}")
+        if t.state != TaskState.STOPPED:
+            self._never.wait(timeout)
+            raise RuntimeTimeout(f"Tasks.Wait {container_id}: no exit within {timeout:g}s")
+        return ExitStatus(t.exit_code or 0, datetime.now(UTC))
+
+    def delete_task(self, container_id: str, *, timeout: float) -> ExitStatus | None:
+        self._record("delete_task", container_id)
+        self._hang_if_wedged(container_id, "Tasks.Delete", timeout)
+        t = self.tasks.pop(container_id, None)
+        if t is None:
+            raise NotFound(f"task {container_id}")
+        return None if t.exit_code is None else ExitStatus(t.exit_code, datetime.now(UTC))
+
+    def delete_container(self, container_id: str, *, timeout: float) -> None:
+        self._record("delete_container", container_id)
+        if self.containers.pop(container_id, None) is None:
+            raise NotFound(f"container {container_id}")
+
+    def remove_snapshot(self, key: str, *, timeout: float) -> None:
+        self._record("remove_snapshot", key)
+        if key not in self.snapshots:
+            raise NotFound(f"snapshot {key}")
+        self.snapshots.discard(key)
+
+    def list_images(self, *, timeout: float) -> list[ImageRecord]:
+        return []
+
+    def delete_image(self, name: str, *, timeout: float) -> None:
+        raise NotFound(name)
+
+    def set_image_labels(self, name: str, labels: Mapping[str, str], *, timeout: float) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

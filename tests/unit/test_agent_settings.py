@@ -1,0 +1,66 @@
+"""AgentSettings: defaults that work, bad values refused naming the setting."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from sandlot.agent.settings import AgentSettings
+from sandlot.cli import agent_cmd
+from sandlot.cli.options import SettingsError, settings_from
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    agent_cmd.register(parser.add_subparsers())
+    return parser.parse_args(["agent", *argv])
+
+
+def test_defaults() -> None:
+    s = settings_from(AgentSettings, _parse("--node", "n1"), environ={})
+    assert s.node_name == "n1"
+    assert s.containerd_namespace == "sandlot"
+    assert s.namespace == "sandlot-system"
+    assert s.lease_duration.total_seconds() == 60
+    assert s.renew_interval.total_seconds() == 10
+    assert s.kill_wait.total_seconds() == 10
+    assert s.teardown_bound == 30
+    assert s.gc_thresholds.high_percent == 85
+
+
+def test_flags_and_environment() -> None:
+    s = settings_from(
+        AgentSettings,
+        _parse("--node", "n1", "--kill-wait", "2s", "--pinned-image", "a", "--pinned-image", "b"),
+        environ={"SANDLOT_REAP_INTERVAL": "5s", "SANDLOT_AGENT_IMAGE": "agent:1"},
+    )
+    assert s.kill_wait.total_seconds() == 2
+    assert s.reap_interval.total_seconds() == 5
+    assert s.pinned_images == ("a", "b", "agent:1")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        ((), "--node-name"),
+        (("--node", "n1", "--gc-low", "90"), "gc_low"),
+        (("--node", "n1", "--renew-interval", "60s"), "renew_interval"),
+        (("--node", "n1", "--kill-wait", "0s"), "kill_wait"),
+        (("--node", "n1", "--kill-wait", "soon"), "--kill-wait"),
+        (("--node", "n1", "--teardown-concurrency", "0"), "--teardown-concurrency"),
+        (("--node", "n1", "--gc-min-free", "10", "--gc-target-free", "5"), "gc_target_free"),
+    ],
+    ids=[
+        "node-required",
+        "gc-low-below-high",
+        "renew-below-lease",
+        "kill-wait-positive",
+        "kill-wait-is-a-duration",
+        "concurrency-at-least-one",
+        "target-free-above-min-free",
+    ],
+)
+def test_bad_values_are_refused_naming_the_setting(argv: tuple[str, ...], named: str) -> None:
+    with pytest.raises(SettingsError, match=named):
+        settings_from(AgentSettings, _parse(*argv), environ={})

@@ -1,0 +1,120 @@
+"""Bounded teardown over an in-memory runtime whose wedged containers never answer.
+
+The times asserted are generous multiples of tiny bounds: they check that a
+wedged shim costs one bound and that the pool runs wedged teardowns side by side,
+not how fast a machine is.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import pytest
+
+from sandlot.adapters.runtime import TaskState
+from sandlot.agent.teardown import TeardownOutcome, stop, teardown, teardown_many
+from tests.support.agent import FakeRuntime
+
+KILL_WAIT = 0.3
+CALL = 0.1
+# kill (CALL) + wait (KILL_WAIT) + delete task (CALL); container and snapshot answer at once.
+BOUND = KILL_WAIT + 4 * CALL
+
+
+def test_clean_teardown_removes_task_container_and_snapshot() -> None:
+    rt = FakeRuntime()
+    rt.add("c1")
+    result = teardown(rt, "c1", kill_wait=KILL_WAIT, call_timeout=CALL)
+    assert result.outcome is TeardownOutcome.CLEAN
+    assert result.exit_status is not None and result.exit_status.code == 128 + signal.SIGKILL
+    assert not rt.containers and not rt.tasks and not rt.snapshots
+
+
+def test_already_gone_pieces_are_fine() -> None:
+    rt = FakeRuntime()
+    rt.add("c1", state=None)
+    rt.snapshots.clear()
+    assert teardown(rt, "c1", kill_wait=KILL_WAIT, call_timeout=CALL).outcome is (
+        TeardownOutcome.CLEAN
+    )
+    assert teardown(rt, "never-existed", kill_wait=KILL_WAIT, call_timeout=CALL).outcome is (
+        TeardownOutcome.CLEAN
+    )
+
+
+def test_exited_task_keeps_its_exit_code() -> None:
+    rt = FakeRuntime()
+    rt.add("c1", state=TaskState.STOPPED, exit_code=3)
+    result = teardown(rt, "c1", kill_wait=KILL_WAIT, call_timeout=CALL)
+    assert result.outcome is TeardownOutcome.CLEAN
+    assert result.exit_status is not None and result.exit_status.code == 3
+
+
+def test_wedged_shim_is_bounded_and_the_warning_names_the_container(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    rt = FakeRuntime()
+    rt.add("wedged-1", wedged=True)
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="sandlot.agent.teardown"):
+        result = teardown(rt, "wedged-1", kill_wait=KILL_WAIT, call_timeout=CALL)
+    elapsed = time.monotonic() - began
+    assert result.outcome is TeardownOutcome.KILL_WAIT_TIMEOUT
+    assert elapsed < BOUND + 0.5, f"teardown took {elapsed:.2f}s, bound {BOUND:.2f}s"
+    assert any(
+        "wedged-1" in r.getMessage() and "kill wait" in r.getMessage() for r in caplog.records
+    )
+    # It went on past the missing exit: the container record and snapshot are gone.
+    assert "wedged-1" not in rt.containers and "wedged-1" not in rt.snapshots
+
+
+def test_twenty_wedged_with_concurrency_eight_take_three_bounds_not_twenty() -> None:
+    rt = FakeRuntime()
+    for i in range(20):
+        rt.add(f"w{i}", wedged=True)
+    threads_before = threading.active_count()
+    began = time.monotonic()
+    results = teardown_many(
+        rt, [f"w{i}" for i in range(20)], kill_wait=KILL_WAIT, call_timeout=CALL, concurrency=8
+    )
+    elapsed = time.monotonic() - began
+    assert [r.outcome for r in results] == [TeardownOutcome.KILL_WAIT_TIMEOUT] * 20
+    assert elapsed < 3 * BOUND + 1.0, f"{elapsed:.2f}s for 20 wedged (bound {BOUND:.2f}s each)"
+    assert elapsed < 20 * BOUND / 2
+    # The pool's threads are gone when it returns: nothing is left behind by wedged calls.
+    assert threading.active_count() <= threads_before
+
+
+def test_one_wedged_shim_delays_nothing_else() -> None:
+    rt = FakeRuntime()
+    rt.add("wedged", wedged=True)
+    for i in range(10):
+        rt.add(f"ok{i}")
+    done_at: dict[str, float] = {}
+    began = time.monotonic()
+    teardown_many(
+        rt,
+        ["wedged", *(f"ok{i}" for i in range(10))],
+        kill_wait=KILL_WAIT,
+        call_timeout=CALL,
+        concurrency=2,
+        on_done=lambda r: done_at.setdefault(r.container_id, time.monotonic() - began),
+    )
+    assert max(t for c, t in done_at.items() if c != "wedged") < done_at["wedged"]
+
+
+def test_stop_sends_sigterm_then_tears_down() -> None:
+    rt = FakeRuntime()
+    rt.add("c1")
+    result = stop(rt, "c1", stop_grace=0.2, kill_wait=KILL_WAIT, call_timeout=CALL)
+    assert rt.calls[0] == ("kill_task", "c1")
+    assert result.exit_status is not None and result.exit_status.code == 128 + signal.SIGTERM
+    assert not rt.containers
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="concurrency"):
+        teardown_many(FakeRuntime(), ["x"], kill_wait=1, call_timeout=1, concurrency=0)
