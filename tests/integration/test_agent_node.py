@@ -409,3 +409,35 @@ def test_sandboxnode_status_is_registered(
     assert status["capacity"]["sandboxes"] == 7
     assert status["address"] == "10.1.2.3"
     assert status["containerdVersion"] and status["agentVersion"]
+
+
+def test_cacheprune_all_runs_the_forced_pass_and_records_it(
+    make_agent: AgentFactory, kube: client.ApiClient, node: str, rt
+) -> None:
+    agent = make_agent()
+    assert agent.start()
+    name = f"prune-{uuid.uuid4().hex[:6]}"
+    _custom(kube).create_cluster_custom_object(
+        GROUP,
+        VERSION,
+        "cacheprunes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "CachePrune",
+            "metadata": {"name": name},
+            "spec": {"all": True, "nodes": [node]},
+        },
+    )
+
+    def result() -> dict[str, Any] | None:
+        obj = _custom(kube).get_cluster_custom_object(GROUP, VERSION, "cacheprunes", name)
+        return ((obj.get("status") or {}).get("results") or {}).get(node)
+
+    entry = wait_for(result, timeout=20, what=f"CachePrune {name} result for {node}")
+    assert entry["pass"] == "forced" and entry.get("error") is None
+    assert entry["recordsRemoved"] == 1  # the unused busybox image: nothing protects it
+    assert IMAGE not in {r.name for r in rt.list_images(timeout=10)}
+    gc = _custom(kube).get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node)["status"][
+        "gc"
+    ]
+    assert gc["lastPassKind"] == "forced" and gc["recordsRemoved"] == 1

@@ -66,7 +66,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxSpec
-from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL, SweepAction
 from sandlot.policy.imagegc import DiskUsage, pass_for_request
 
 log = logging.getLogger(__name__)
@@ -284,11 +284,13 @@ class Agent:
         if report is None:
             return False
         self.sweep_report = report
-        try:
-            tasks = rt.list_tasks(timeout=self.call_timeout)
-        except RuntimeError_ as exc:
-            log.warning("cannot list tasks for re-adoption: %s", exc)
-            tasks = []
+        tasks: list[TaskInfo] = []
+        if any(d.action is SweepAction.ADOPT for d in report.decisions):
+            # Only for the log: with a wedged shim on the node this listing is slow.
+            try:
+                tasks = rt.list_tasks(timeout=self.call_timeout)
+            except RuntimeError_ as exc:
+                log.warning("cannot list tasks for re-adoption: %s", exc)
         readopt(report, tasks, metrics=self.metrics)
         for lost in report.lost:
             self._end_lost(lost.key)
