@@ -45,6 +45,20 @@ class RequestCounter:
             return Counter(self.calls)
 
 
+def resource_of(url: str) -> str:
+    """The resource a request URL addresses: ``.../namespaces/ns/leases/x`` -> ``leases``."""
+    parts = [p for p in url.split("?", 1)[0].split("/") if p]
+    for marker in ("apis", "api"):
+        if marker in parts:
+            parts = parts[parts.index(marker) + 1 :]
+            break
+    # /api/v1/... has no group; /apis/group/version/... has one.
+    parts = parts[1:] if parts and parts[0].startswith("v") else parts[2:]
+    if len(parts) >= 2 and parts[0] == "namespaces":
+        parts = parts[2:] or ["namespaces"]
+    return parts[0] if parts else "unknown"
+
+
 def load_api_client(
     kubeconfig: str | None = None,
     *,
@@ -118,3 +132,21 @@ def apply_crds(
             raise TimeoutError(f"CRDs not Established within {timeout:.0f}s: {sorted(pending)}")
         time.sleep(0.1)
     return names
+
+
+def connection_params(api: client.ApiClient) -> dict[str, Any]:
+    """Server, CA and credentials of ``api``: what kopf's ConnectionInfo takes, so
+    kopf talks to the same cluster as the same user as our own client."""
+    cfg = api.configuration
+    params: dict[str, Any] = {
+        "server": cfg.host,
+        "ca_path": cfg.ssl_ca_cert,
+        "insecure": not cfg.verify_ssl,
+        "certificate_path": cfg.cert_file,
+        "private_key_path": cfg.key_file,
+    }
+    auth = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        params["scheme"], params["token"] = (scheme, token) if token else ("Bearer", scheme)
+    return params

@@ -48,7 +48,8 @@ class OperatorMetrics:
         )
         self.api_requests = Counter(
             "sandlot_operator_api_requests_total",
-            "Requests the operator's controllers sent to the API server (client side).",
-            ["verb"],
+            "Requests the operator's controllers sent to the API server (client side), "
+            "by verb and resource.",
+            ["verb", "resource"],
             registry=registry,
         )

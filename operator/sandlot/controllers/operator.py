@@ -21,7 +21,7 @@ import kopf
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from sandlot.adapters.informer import LeaseInformer
-from sandlot.adapters.kube import RequestCounter, load_api_client
+from sandlot.adapters.kube import RequestCounter, connection_params, load_api_client, resource_of
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.api.common import GROUP, VERSION
@@ -41,7 +41,7 @@ class _CountingMetrics(RequestCounter):
 
     def record(self, method: str, url: str) -> None:
         super().record(method, url)
-        self.metrics.api_requests.labels(verb=method.upper()).inc()
+        self.metrics.api_requests.labels(verb=method.upper(), resource=resource_of(url)).inc()
 
 
 def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str], None]:
@@ -68,6 +68,7 @@ def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str
 
 
 def build_registry(
+    connection: dict[str, Any],
     settings: OperatorSettings,
     nodehealth: NodeHealthController,
     elector: LeaderElector | None,
@@ -90,8 +91,8 @@ def build_registry(
         settings.networking.request_timeout = 60
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_via_client(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(**connection)
 
     @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
     def node_event(body: kopf.Body, **kwargs: Any) -> None:
@@ -129,8 +130,6 @@ async def run(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
-    if kubeconfig:
-        os.environ["KUBECONFIG"] = kubeconfig  # kopf's login reads the same file
     metrics = OperatorMetrics(registry)
     api = load_api_client(kubeconfig, counter=_CountingMetrics(metrics))
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
@@ -178,7 +177,7 @@ async def run(
     stop = stop_flag or asyncio.Event()
     try:
         await kopf.operator(
-            registry=build_registry(settings, nodehealth, elector),
+            registry=build_registry(connection_params(api), settings, nodehealth, elector),
             clusterwide=True,
             standalone=True,
             stop_flag=stop,
