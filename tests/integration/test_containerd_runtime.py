@@ -28,7 +28,6 @@ from sandlot.adapters.runtime import (
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 
-
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
 ImageFactory = Callable[..., str]  # see tests.support.containerd_fixtures.image_factory

@@ -3,6 +3,7 @@ writing node Leases the way agents do."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -147,10 +148,8 @@ class AgentLease:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             if self._running.is_set():
-                try:
+                with contextlib.suppress(ApiException):
                     self.renew()
-                except ApiException:
-                    pass
 
     def pause(self) -> datetime:
         """Stop renewing; returns the last renewTime written."""

@@ -13,8 +13,8 @@ import logging
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
