@@ -17,31 +17,32 @@ import math
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prometheus_client import CollectorRegistry  # noqa: E402
-
-from sandlot.adapters.containerd import ContainerdRuntime  # noqa: E402
-from sandlot.adapters.containerd.ocispec import default_spec  # noqa: E402
-from sandlot.adapters.controlplane import ControlPlane  # noqa: E402
-from sandlot.adapters.kube import apply_crds, load_api_client  # noqa: E402
-from sandlot.adapters.ociarchive import build_image_archive, import_archive  # noqa: E402
-from sandlot.adapters.runtime import ContainerSpec  # noqa: E402
-from sandlot.agent.main import Agent  # noqa: E402
-from sandlot.agent.settings import AgentSettings  # noqa: E402
-from sandlot.agent.teardown import teardown_many  # noqa: E402
-from sandlot.api.crdgen import KINDS, crd_for  # noqa: E402
-from tests.support.containerd import (  # noqa: E402
+from prometheus_client import CollectorRegistry
+from tests.support.containerd import (
     find_shim_pid,
     start_private_containerd,
     stopped_process,
 )
 
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.containerd.ocispec import default_spec
+from sandlot.adapters.controlplane import ControlPlane
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.ociarchive import build_image_archive, import_archive
+from sandlot.adapters.runtime import ContainerSpec
+from sandlot.agent.main import Agent
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.crdgen import KINDS, crd_for
+
 IMAGE = "docker.io/sandlot/bench-busybox:1"
-NAMESPACE = "sandlot-bench"
+NAMESPACE = f"sandlot-bench-{uuid.uuid4().hex[:6]}"
 
 
 def main() -> int:

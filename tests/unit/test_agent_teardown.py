@@ -67,7 +67,14 @@ def test_wedged_shim_is_bounded_and_the_warning_names_the_container(
     assert any(
         "wedged-1" in r.getMessage() and "kill wait" in r.getMessage() for r in caplog.records
     )
-    # It went on past the missing exit: the container record and snapshot are gone.
+    # It went on past the missing exit, but kept the record of a task it could not delete,
+    # so the next sweep still sees the container instead of a shim nobody can find.
+    assert ("delete_task", "wedged-1") in rt.calls
+    assert "wedged-1" in rt.containers
+    rt.wedged.clear()  # the shim recovers: the next teardown finishes the job
+    assert teardown(rt, "wedged-1", kill_wait=KILL_WAIT, call_timeout=CALL).outcome is (
+        TeardownOutcome.CLEAN
+    )
     assert "wedged-1" not in rt.containers and "wedged-1" not in rt.snapshots
 
 

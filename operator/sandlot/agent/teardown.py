@@ -7,7 +7,9 @@ shim kept the whole node out of service. Here the exit wait is capped by
 ``kill_wait`` and every other containerd call by ``call_timeout``; when the exit
 does not come, a warning names the container and the teardown goes on (delete
 task, container, snapshot, each with its own deadline). A ``NotFound`` at any step
-means that step's work is already done.
+means that step's work is already done. A task that cannot be deleted keeps its
+container record, so the container stays visible to the next sweep instead of
+leaving a shim and process nobody can find.
 
 The worst case of one teardown is therefore ``kill_wait + 4 * call_timeout``, and
 ``teardown_many`` runs them on a pool of ``concurrency`` threads: because every
@@ -121,17 +123,28 @@ def teardown(
             )
         except RuntimeError_ as exc:
             steps.errors.append(f"wait: {exc}")
+        failures = len(steps.errors)
         deleted = steps.call(
             "delete task", lambda: runtime.delete_task(container_id, timeout=call_timeout)
         )
         if isinstance(deleted, ExitStatus) and exit_status is None:
             exit_status = deleted
-    steps.call(
-        "delete container", lambda: runtime.delete_container(container_id, timeout=call_timeout)
-    )
-    steps.call(
-        "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
-    )
+        task_gone = len(steps.errors) == failures
+    else:
+        task_gone = True
+    if task_gone:
+        steps.call(
+            "delete container",
+            lambda: runtime.delete_container(container_id, timeout=call_timeout),
+        )
+        steps.call(
+            "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
+        )
+    else:
+        # containerd would drop the record of a container whose task still lives, and the
+        # task (shim and process) would then be invisible to every later sweep. Keeping the
+        # record leaves it an orphan that the next sweep tears down once the shim answers.
+        steps.errors.append("task still present: container kept for the next sweep")
 
     if timed_out:
         outcome = TeardownOutcome.KILL_WAIT_TIMEOUT
