@@ -34,8 +34,6 @@ from sandlot.policy.agentsweep import SANDBOX_LABEL
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 
-pytest_plugins = ["tests.support.containerd_fixtures"]
-
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
 IMAGE = "docker.io/sandlot/agent-busybox:test"

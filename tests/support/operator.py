@@ -261,8 +261,26 @@ def lease_namespace(kube: client.ApiClient) -> Iterator[str]:
     core.delete_namespace(name)
 
 
+def wipe_nodes(api: client.ApiClient) -> None:
+    """Remove every SandboxNode: node-health tests judge the whole fleet (the
+    mass-failure guard counts every node), so nodes other tests left behind in this
+    worker's control plane must not count."""
+    objs: Any = client.CustomObjectsApi(api)
+    for item in objs.list_cluster_custom_object(GROUP, VERSION, "sandboxnodes")["items"]:
+        name = item["metadata"]["name"]
+        try:
+            objs.patch_cluster_custom_object(
+                GROUP, VERSION, "sandboxnodes", name, {"metadata": {"finalizers": None}}
+            )
+            objs.delete_cluster_custom_object(GROUP, VERSION, "sandboxnodes", name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
 @pytest.fixture
 def fleet(kube: client.ApiClient, namespace: str, lease_namespace: str) -> Iterator[Fleet]:
+    wipe_nodes(kube)
     f = Fleet(kube, namespace, lease_namespace)
     yield f
     f.cleanup()

@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import dev, gen, operator_cmd
+from sandlot.cli import agent_cmd, dev, gen, operator_cmd
 
 
 class UsageError(Exception):
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    agent_cmd.register(sub)
     dev.register(sub)
     gen.register(sub)
     operator_cmd.register(sub)
