@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv/bin
 PYTEST_WORKERS ?= 2
+LINT_DIRS := $(wildcard operator tests e2e bench)
 
 .PHONY: setup demo test lint unit integration crds clean
 
@@ -12,8 +13,8 @@ demo: setup
 	@$(VENV)/sandlot dev up $(DEMO_ARGS)
 
 lint: setup
-	$(VENV)/ruff check operator tests e2e bench
-	$(VENV)/ruff format --check operator tests e2e bench
+	$(VENV)/ruff check $(LINT_DIRS)
+	$(VENV)/ruff format --check $(LINT_DIRS)
 	$(VENV)/mypy
 	$(VENV)/lint-imports
 
