@@ -47,3 +47,4 @@ log "containerd API stubs"
 
 log "control-plane binaries (kube-apiserver, etcd, kubectl; built once, then cached)"
 bash operator/sandlot/adapters/controlplane/build-control-plane.sh >/dev/null
+log "helm (built once, then cached)"; bash operator/sandlot/adapters/controlplane/build-helm.sh >/dev/null

@@ -26,6 +26,8 @@ from pathlib import Path
 import yaml
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
+HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
+HELM_VERSION = os.environ.get("HELM_VERSION", "3.22.0")
 KUBE_VERSION = os.environ.get("KUBE_VERSION", "1.36.3")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.16")
 ADMIN_USER = "sandlot-admin"
@@ -78,6 +80,30 @@ def kubectl_path() -> Path:
     if assets and (Path(assets) / "kubectl").exists():
         return Path(assets) / "kubectl"
     return binaries_dir() / "kubectl"
+
+
+def helm_path(build_timeout: float = 1800.0) -> Path:
+    """The helm binary: ``$HELM`` when set, else built from its Go module once
+    (``build-helm.sh``) and cached by version."""
+    if os.environ.get("HELM"):
+        return Path(os.environ["HELM"])
+    env = dict(os.environ, HELM_VERSION=HELM_VERSION)
+    try:
+        proc = subprocess.run(
+            ["bash", str(HELM_BUILD_SCRIPT)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=build_timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise ControlPlaneError(f"building helm took over {build_timeout:.0f}s") from e
+    if proc.returncode != 0:
+        raise ControlPlaneError(
+            f"building helm failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
+        )
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 @dataclass
@@ -137,6 +163,19 @@ class ControlPlane:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc, timeout)
+
+    def stop_apiserver(self, timeout: float = 15.0) -> None:
+        """Stop kube-apiserver only (fault tests); ``restart_apiserver`` brings it back."""
+        proc = self._procs.pop("kube-apiserver", None)
+        if proc is not None:
+            _terminate(proc, timeout)
+
+    def restart_apiserver(self) -> None:
+        self._start_apiserver(detach=False)
+        self.wait_ready()
+
+    def restart_etcd(self) -> None:
+        self.start_etcd()
 
     def stop_etcd(self, timeout: float = 15.0) -> None:
         proc = self._procs.pop("etcd", None)
