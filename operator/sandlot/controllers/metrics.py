@@ -53,3 +53,44 @@ class OperatorMetrics:
             ["verb", "resource"],
             registry=registry,
         )
+
+
+class WorkloadMetrics:
+    """The scheduler's, the pool controller's and routing's metrics."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scheduling_attempts = Counter(
+            "sandlot_operator_scheduling_attempts_total",
+            "Scheduling decisions and binds, by result (bound, taken, conflict, gone, "
+            "unschedulable, error).",
+            ["result"],
+            registry=registry,
+        )
+        self.unschedulable = Gauge(
+            "sandlot_operator_unschedulable_sandboxes",
+            "Pending sandboxes no node fits, waiting for room.",
+            registry=registry,
+        )
+        self.pool_members_created = Counter(
+            "sandlot_operator_pool_members_created_total",
+            "Sandboxes created by pools (new, or replacing ended members).",
+            registry=registry,
+        )
+        self.pool_members_deleted = Counter(
+            "sandlot_operator_pool_members_deleted_total",
+            "Pool members deleted, by reason (surplus, history).",
+            ["reason"],
+            registry=registry,
+        )
+        self.pool_reconcile_seconds = Histogram(
+            "sandlot_operator_pool_reconcile_duration_seconds",
+            "Time to reconcile one pool (routing, members, status).",
+            buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10),
+            registry=registry,
+        )
+        self.endpointslice_writes = Counter(
+            "sandlot_operator_endpointslice_writes_total",
+            "EndpointSlice applies and deletes sent for pools with a serviceName.",
+            ["op"],
+            registry=registry,
+        )
