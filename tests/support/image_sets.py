@@ -1,0 +1,66 @@
+"""Many small distinct images in one OCI archive, imported with one ``ctr`` call.
+
+Image GC tests and the GC bench need dozens to hundreds of distinct images. One
+archive per image would cost a ``ctr images import`` process each; here every
+image is built by ``build_image_archive`` (a salt makes each distinct, a filler
+sets its size) and the archives are merged: blobs are content-addressed, so the
+shared busybox layer is stored once, and ``index.json`` lists every image with
+its name annotation, so one import creates (and unpacks) all of them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from sandlot.adapters.ociarchive import build_image_archive, import_archive
+
+
+def build_image_set(dest: Path, names: Sequence[str], *, filler_bytes: int = 0) -> Path:
+    """Write one archive holding an image per name, each distinct (salted by its name)."""
+    blobs: dict[str, bytes] = {}
+    manifests: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="sl-imgset-") as scratch:
+        for i, name in enumerate(names):
+            single = Path(scratch) / f"{i}.tar"
+            build_image_archive(single, name, salt=name, filler_bytes=filler_bytes)
+            with tarfile.open(single) as tar:
+                for member in tar.getmembers():
+                    if not member.isfile():
+                        continue
+                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    if member.name.startswith("blobs/sha256/"):
+                        blobs[member.name] = data
+                    elif member.name == "index.json":
+                        manifests.extend(json.loads(data)["manifests"])
+            single.unlink()
+    index = json.dumps({"schemaVersion": 2, "manifests": manifests}, sort_keys=True).encode()
+    layout = json.dumps({"imageLayoutVersion": "1.0.0"}).encode()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(dest, "w", format=tarfile.PAX_FORMAT) as out:
+        for directory in ("blobs", "blobs/sha256"):
+            info = tarfile.TarInfo(directory)
+            info.type, info.mode = tarfile.DIRTYPE, 0o755
+            out.addfile(info)
+        for path in sorted(blobs):
+            _add(out, path, blobs[path])
+        _add(out, "oci-layout", layout)
+        _add(out, "index.json", index)
+    return dest
+
+
+def _add(tar: tarfile.TarFile, path: str, data: bytes) -> None:
+    info = tarfile.TarInfo(path)
+    info.size, info.mode = len(data), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def import_image_set(address: str, namespace: str, archive: Path, *, timeout: float = 120) -> None:
+    import_archive(address, namespace, archive, timeout=timeout)
+
+
+__all__ = ["build_image_set", "import_image_set"]
