@@ -47,7 +47,14 @@ from sandlot.adapters.agentapi import (
     list_cacheprunes,
     patch_cacheprune_result,
 )
-from sandlot.adapters.containerd.ocispec import default_spec
+from sandlot.adapters.containerd.ocispec import (
+    ALL_CAPABILITIES,
+    DEFAULT_CAPABILITIES,
+    DEFAULT_PIDS_LIMIT,
+    cgroups_path_for,
+    default_spec,
+)
+from sandlot.adapters.nodeguard import namespace_labels, oom_kills, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time, rfc3339
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -65,11 +72,17 @@ from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
+from sandlot.api.admission import Level, cap_name, level_of
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxSpec
 from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL, SweepAction
 from sandlot.policy.imagegc import DiskUsage, pass_for_request
+from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
+
+REASON_POLICY_VIOLATION = "PolicyViolation"
+REASON_RUN_AS_ROOT = "RunAsRootRefused"
+REASON_OOM_KILLED = "OOMKilled"
 
 CONNECT_BACKOFF_START = 0.5
 CONNECT_BACKOFF_CAP = 30.0
@@ -137,32 +150,67 @@ def _cpu_quota(quantity: str, period: int = 100_000) -> int:
     return max(1000, int(cores * period))
 
 
+class RunAsRootRefused(ValueError):
+    """``runAsNonRoot`` is set and the process would run as UID 0."""
+
+
+def _capabilities(spec: SandboxSpec) -> list[str]:
+    ctx = spec.security_context
+    adds = list(ctx.capabilities.add) if ctx and ctx.capabilities else []
+    if any(cap_name(c) == "ALL" for c in adds):
+        return list(ALL_CAPABILITIES)
+    return list(dict.fromkeys([*DEFAULT_CAPABILITIES, *(f"CAP_{cap_name(c)}" for c in adds)]))
+
+
 def build_oci_spec(
-    name: str, spec: SandboxSpec, config: ImageConfig, *, hostname: str
+    name: str,
+    spec: SandboxSpec,
+    config: ImageConfig,
+    *,
+    hostname: str,
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    limit_swap: bool = False,
 ) -> dict[str, Any]:
-    """The OCI spec for a Sandbox: its command (or the image's), env, user and limits."""
+    """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
+    security context, on top of ``default_spec``'s safe defaults.
+
+    ``limit_swap`` sets memory+swap to the memory limit (no swap beyond it); only
+    where the node's kernel accounts swap, since runc refuses it on cgroup v1
+    otherwise. Raises ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and
+    ``ValueError`` for a spec that cannot run at all.
+    """
     args = list(spec.command) or [*config.entrypoint, *config.cmd]
     if not args:
         raise ValueError(f"image {spec.image} has no entrypoint or cmd and spec.command is empty")
     env = [*config.env, *(f"{e.name}={e.value}" for e in spec.env)]
+    ctx = spec.security_context
+    user = _user(spec, config)
+    if ctx and ctx.run_as_non_root and user[0] == 0:
+        source = "spec.securityContext.runAsUser" if ctx.run_as_user == 0 else "the image"
+        raise RunAsRootRefused(
+            f"spec.securityContext.runAsNonRoot is true but the process would run as UID 0 "
+            f"(from {source}): set spec.securityContext.runAsUser to a non-zero UID"
+        )
     oci = default_spec(
         args,
         env,
         config.working_dir,
         host_network=spec.host_network,
         hostname=hostname[:63],
-        user=_user(spec, config),
-        cgroups_path=f"/sandlot/{name}",
+        user=user,
+        cgroups_path=cgroups_path_for(name),
+        capabilities=_capabilities(spec),
+        privileged=bool(ctx and ctx.privileged),
+        readonly_root=bool(ctx and ctx.read_only_root_filesystem),
+        pids_limit=pids_limit,
     )
     limits = spec.resources.limits if spec.resources else None
     resources = oci["linux"]["resources"]
     if limits and limits.memory:
-        resources["memory"] = {"limit": _memory_bytes(limits.memory)}
+        memory = _memory_bytes(limits.memory)
+        resources["memory"] = {"limit": memory, **({"swap": memory} if limit_swap else {})}
     if limits and limits.cpu:
         resources["cpu"] = {"quota": _cpu_quota(limits.cpu), "period": 100_000}
-    ctx = spec.security_context
-    if ctx and ctx.read_only_root_filesystem:
-        oci["root"]["readonly"] = True
     return oci
 
 
@@ -195,6 +243,7 @@ class Agent:
         self.address = settings.node_address or detect_address()
         self.call_timeout = settings.call_timeout.total_seconds()
         self.kill_wait = settings.kill_wait.total_seconds()
+        self.limit_swap = swap_accounted(settings.cgroup_root)
 
         self.runtime: Runtime | None = None
         self.collector: ImageCollector | None = None
@@ -626,6 +675,12 @@ class Agent:
         except ValidationError as exc:
             self._fail(sb, "InvalidSpec", f"spec rejected by the agent: {exc}")
             return
+        violations = self._policy_violations(sb, spec)
+        if violations is None:
+            return  # the namespace's level is unknown: the next sync asks again
+        if violations:
+            self._fail(sb, REASON_POLICY_VIOLATION, describe(violations))
+            return
         container_id = container_id_for(meta["uid"])
         try:
             config = rt.image_config(image, timeout=self.call_timeout)
@@ -636,7 +691,17 @@ class Agent:
             self._fail(sb, "ImageUnavailable", f"image {image} cannot be read: {exc}")
             return
         try:
-            oci = build_oci_spec(container_id, spec, config, hostname=meta["name"])
+            oci = build_oci_spec(
+                container_id,
+                spec,
+                config,
+                hostname=meta["name"],
+                pids_limit=self.settings.pids_limit or None,
+                limit_swap=self.limit_swap,
+            )
+        except RunAsRootRefused as exc:
+            self._fail(sb, REASON_RUN_AS_ROOT, str(exc))
+            return
         except ValueError as exc:
             self._fail(sb, "InvalidSpec", str(exc))
             return
@@ -693,6 +758,26 @@ class Agent:
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
             self._teardown(container_id)
 
+    def _policy_violations(
+        self, sb: Mapping[str, Any], spec: SandboxSpec
+    ) -> list[Violation] | None:
+        """The rules of the namespace's level this spec breaks; None if the level is unknown.
+
+        Defence in depth behind the admission policy. A spec that fits
+        ``restricted`` fits every level, so its namespace is not even read.
+        """
+        ns = sb["metadata"]["namespace"]
+        if not check(spec, Level.RESTRICTED, ns):
+            return []
+        try:
+            labels = namespace_labels(self.objects.api, ns)
+        except Exception as exc:
+            log.warning(
+                "sandbox %s: cannot read namespace %s for its policy level: %s", _key(sb), ns, exc
+            )
+            return None
+        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
+
     def _fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
         log.warning("sandbox %s failed: %s: %s", _key(sb), reason, message)
         self._write_status(sb, self._ended("Failed", reason, message, None))
@@ -715,7 +800,16 @@ class Agent:
                 reaped += 1
         return reaped
 
+    def _oom_kills(self, container_id: str) -> int | None:
+        try:
+            return oom_kills(self.settings.cgroup_root, cgroups_path_for(container_id))
+        except Exception as exc:  # a guess about the reason must never stop the reaper
+            log.warning("cannot read the OOM counter of %s: %s", container_id, exc)
+            return None
+
     def _reap(self, key: str, container: ContainerInfo, task: TaskInfo) -> None:
+        # Before the teardown: deleting the task removes the cgroup and its counter.
+        oom = self._oom_kills(container.id)
         result = self._teardown(container)
         self.metrics.reaped.inc()
         code = task.exit_status
@@ -730,7 +824,11 @@ class Agent:
             return
         if (sb.get("status") or {}).get("containerId") not in (None, container.id):
             return
-        if _phase(sb) == "Running":
+        if oom:
+            phase = "Stopped" if _phase(sb) == "Running" else "Failed"
+            message = f"killed by the kernel for exceeding its memory limit (exit code {code})"
+            status = self._ended(phase, REASON_OOM_KILLED, message, code)
+        elif _phase(sb) == "Running":
             status = self._ended("Stopped", "Exited", f"exited with code {code}", code)
         else:
             status = self._ended("Failed", "ExitedBeforeRunning", f"exited with code {code}", code)
@@ -799,4 +897,4 @@ def run(settings: AgentSettings, kubeconfig: str | None = None) -> int:
         api.close()
 
 
-__all__ = ["Agent", "build_oci_spec", "container_id_for", "run"]
+__all__ = ["Agent", "RunAsRootRefused", "build_oci_spec", "container_id_for", "run"]

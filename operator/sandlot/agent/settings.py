@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
+from sandlot.api.admission import Level
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
 
@@ -127,6 +128,24 @@ class AgentSettings(SettingsModel):
         default=timedelta(minutes=30),
         description="Automatic passes are skipped this long once one found nothing left "
         "to evict and the disk still over the high mark.",
+    )
+    pids_limit: int = Field(
+        default=1024,
+        ge=0,
+        description="Most processes (and threads) one sandbox may have; 0 = no limit. "
+        "Stops a fork bomb from taking the node's PID space.",
+    )
+    default_policy_level: Level = Field(
+        default=Level.BASELINE,
+        description="Policy level (privileged, baseline, restricted) of a namespace "
+        "without the sandlot.dev/enforce label; keep it equal to the admission "
+        "policy's (Helm: admissionPolicy.defaultLevel).",
+    )
+    cgroup_root: str = Field(
+        default="/sys/fs/cgroup",
+        min_length=1,
+        description="Where the node's cgroup filesystem is mounted in the agent (the "
+        "host's, v1 or v2): read to tell an out-of-memory kill from other exits.",
     )
     pinned_image: list[str] = Field(
         default_factory=list, description="Images never collected (repeatable)."

@@ -1,8 +1,9 @@
 """A default OCI runtime spec for a Linux sandbox container, as a plain dict.
 
-This is the baseline containerd's own client would produce (the same mounts,
-namespaces, masked paths and default capability set), written as a pure
-function so it can be tested and hardened (capabilities, seccomp) in one place.
+It starts from what containerd's own client would produce (the same mounts,
+namespaces, masked and read-only paths) and hardens it: a smaller capability
+baseline, a seccomp profile, a pids limit. A pure function, so every default is
+tested and documented in one place (docs/isolation.md).
 The containerd adapter adds only ``root.path``; everything else comes from here
 or from the caller's changes to the returned dict.
 
@@ -14,27 +15,90 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sandlot.policy.seccomp import default_profile
+
 OCI_VERSION = "1.0.2"
 DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CGROUP_PARENT = "/sandlot"
 
-# containerd's default set for unprivileged containers (oci.defaultUnixCaps).
+# The baseline every unprivileged sandbox gets: containerd's and Docker's default
+# set minus the capabilities that matter only for attacks or for device and raw
+# network work (dropped: NET_RAW - forged packets, ARP/DNS spoofing on the node's
+# network; MKNOD - device nodes; SETFCAP - file capabilities that grant privileges
+# on exec; SETPCAP - reshaping other capability sets; AUDIT_WRITE - the host's
+# audit log). Each of those may be added back with securityContext.capabilities.add
+# where the namespace's level allows it.
 DEFAULT_CAPABILITIES = (
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
+    "CAP_CHOWN",  # chown files in its own root filesystem
+    "CAP_DAC_OVERRIDE",  # root ignores file modes, as images expect
+    "CAP_FOWNER",  # chmod/utime files it does not own
+    "CAP_FSETID",  # keep setgid bits when chmodding
+    "CAP_KILL",  # signal its own processes of other UIDs
+    "CAP_SETGID",  # drop to another group (su, package managers, daemons)
+    "CAP_SETUID",  # drop to another user
+    "CAP_NET_BIND_SERVICE",  # listen on ports below 1024
+    "CAP_SYS_CHROOT",  # chroot inside its own filesystem
 )
+
+# Every capability, by bit number (linux/capability.h): `privileged` gets them all.
+ALL_CAPABILITIES = tuple(
+    f"CAP_{name}"
+    for name in [
+        "CHOWN",
+        "DAC_OVERRIDE",
+        "DAC_READ_SEARCH",
+        "FOWNER",
+        "FSETID",
+        "KILL",
+        "SETGID",
+        "SETUID",
+        "SETPCAP",
+        "LINUX_IMMUTABLE",
+        "NET_BIND_SERVICE",
+        "NET_BROADCAST",
+        "NET_ADMIN",
+        "NET_RAW",
+        "IPC_LOCK",
+        "IPC_OWNER",
+        "SYS_MODULE",
+        "SYS_RAWIO",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "SYS_PACCT",
+        "SYS_ADMIN",
+        "SYS_BOOT",
+        "SYS_NICE",
+        "SYS_RESOURCE",
+        "SYS_TIME",
+        "SYS_TTY_CONFIG",
+        "MKNOD",
+        "LEASE",
+        "AUDIT_WRITE",
+        "AUDIT_CONTROL",
+        "SETFCAP",
+        "MAC_OVERRIDE",
+        "MAC_ADMIN",
+        "SYSLOG",
+        "WAKE_ALARM",
+        "BLOCK_SUSPEND",
+        "AUDIT_READ",
+        "PERFMON",
+        "BPF",
+        "CHECKPOINT_RESTORE",
+    ]
+)
+DEFAULT_PIDS_LIMIT = 1024
+
+
+def cgroups_path_for(name: str) -> str:
+    """The cgroup (relative to each hierarchy's root) of the container ``name``."""
+    return f"{CGROUP_PARENT}/{name}"
+
+
+def capability_mask(names: Sequence[str]) -> int:
+    """The kernel's bitmask of a capability set (as /proc/PID/status prints it)."""
+    return sum(1 << ALL_CAPABILITIES.index(n) for n in set(names))
+
 
 MASKED_PATHS = (
     "/proc/acpi",
@@ -57,7 +121,7 @@ READONLY_PATHS = (
 )
 
 
-def _mounts() -> list[dict[str, Any]]:
+def _mounts(*, privileged: bool = False) -> list[dict[str, Any]]:
     return [
         {
             "destination": "/proc",
@@ -93,7 +157,7 @@ def _mounts() -> list[dict[str, Any]]:
             "destination": "/sys",
             "type": "sysfs",
             "source": "sysfs",
-            "options": ["nosuid", "noexec", "nodev", "ro"],
+            "options": ["nosuid", "noexec", "nodev", "rw" if privileged else "ro"],
         },
         {
             "destination": "/run",
@@ -113,8 +177,19 @@ def default_spec(
     hostname: str,
     user: tuple[int, int] = (0, 0),
     cgroups_path: str | None = None,
+    capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
+    privileged: bool = False,
+    readonly_root: bool = False,
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
 ) -> dict[str, Any]:
     """The OCI spec to run ``args`` in its own pid/ipc/uts/mount (and network) namespaces.
+
+    Safe by default: the baseline capabilities, ``noNewPrivileges``, the seccomp
+    profile of ``sandlot.policy.seccomp``, masked and read-only ``/proc`` and
+    ``/sys`` paths, no host mounts, devices denied, at most ``pids_limit``
+    processes (None: no limit). ``privileged`` gives every capability and drops
+    the seccomp filter and the masked and read-only paths (the sandbox then owns
+    the node; only a namespace at level ``privileged`` may ask for it).
 
     ``host_network`` leaves out the network namespace (the container shares the
     node's). ``cgroups_path`` defaults to ``/sandlot/<hostname>``. ``env`` gets a
@@ -129,7 +204,19 @@ def default_spec(
     if not host_network:
         namespaces.append({"type": "network"})
     uid, gid = user
-    caps = list(DEFAULT_CAPABILITIES)
+    caps = list(ALL_CAPABILITIES if privileged else dict.fromkeys(capabilities))
+    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
+    if pids_limit is not None:
+        resources["pids"] = {"limit": pids_limit}
+    linux: dict[str, Any] = {
+        "namespaces": namespaces,
+        "cgroupsPath": cgroups_path if cgroups_path is not None else cgroups_path_for(hostname),
+        "resources": resources,
+    }
+    if not privileged:
+        linux["maskedPaths"] = list(MASKED_PATHS)
+        linux["readonlyPaths"] = list(READONLY_PATHS)
+        linux["seccomp"] = default_profile()
     return {
         "ociVersion": OCI_VERSION,
         "process": {
@@ -142,16 +229,8 @@ def default_spec(
             "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
             "noNewPrivileges": True,
         },
-        "root": {"path": "rootfs", "readonly": False},
+        "root": {"path": "rootfs", "readonly": readonly_root},
         "hostname": hostname,
-        "mounts": _mounts(),
-        "linux": {
-            "namespaces": namespaces,
-            "cgroupsPath": cgroups_path
-            if cgroups_path is not None
-            else f"{CGROUP_PARENT}/{hostname}",
-            "resources": {"devices": [{"allow": False, "access": "rwm"}]},
-            "maskedPaths": list(MASKED_PATHS),
-            "readonlyPaths": list(READONLY_PATHS),
-        },
+        "mounts": _mounts(privileged=privileged),
+        "linux": linux,
     }

@@ -1,0 +1,60 @@
+"""What the agent reads, besides Sandboxes, to keep a sandbox inside its fence.
+
+- ``namespace_labels``: the policy level of a Sandbox's namespace is a label on
+  the Namespace (``sandlot.dev/enforce``). Needs ``get`` on ``namespaces``.
+- ``oom_kills``: an exit code of 137 says SIGKILL, not who sent it. The kernel
+  counts the OOM kills of each memory cgroup (``memory.oom_control`` on cgroup v1,
+  ``memory.events`` on v2); the agent reads the counter of a container's cgroup
+  after its task exited and before the teardown removes the cgroup.
+- ``swap_accounted``: on cgroup v1 runc refuses a memory+swap limit when the
+  kernel does not account swap; on v2 it ignores it. Probed once per agent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+CALL_TIMEOUT = 10.0
+
+
+def namespace_labels(api: client.ApiClient, name: str) -> dict[str, str]:
+    """The labels of Namespace ``name`` (raises the API's exception when unreadable)."""
+    ns: Any = client.CoreV1Api(api).read_namespace(name, _request_timeout=CALL_TIMEOUT)
+    return dict(ns.metadata.labels or {})
+
+
+def cgroup_v2(root: str | Path) -> bool:
+    return (Path(root) / "cgroup.controllers").exists()
+
+
+def _counter(text: str, key: str) -> int | None:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def oom_kills(root: str | Path, cgroups_path: str) -> int | None:
+    """OOM kills recorded in the memory cgroup ``cgroups_path``; None when unknown."""
+    relative = cgroups_path.lstrip("/")
+    if cgroup_v2(root):
+        candidates = [Path(root) / relative / "memory.events"]
+    else:
+        candidates = [Path(root) / "memory" / relative / "memory.oom_control"]
+    for path in candidates:
+        try:
+            return _counter(path.read_text(), "oom_kill")
+        except OSError:
+            continue
+    return None
+
+
+def swap_accounted(root: str | Path) -> bool:
+    """Whether a memory+swap limit can be set (always true on v2, where runc copes)."""
+    if cgroup_v2(root):
+        return True
+    return (Path(root) / "memory" / "memory.memsw.limit_in_bytes").exists()
