@@ -28,7 +28,14 @@ from tests.support.wait import wait_for
 
 
 class OperatorProcess:
-    def __init__(self, plane: ControlPlane, workdir: Path, namespace: str, *flags: str) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        workdir: Path,
+        namespace: str,
+        *flags: str,
+        kubeconfig: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.identity = f"op-{uuid.uuid4().hex[:6]}"
         self.log_path = workdir / f"{self.identity}.log"
@@ -38,7 +45,7 @@ class OperatorProcess:
             "sandlot.cli.main",
             "operator",
             "--kubeconfig",
-            str(plane.kubeconfig),
+            str(kubeconfig or plane.kubeconfig),
             "--namespace",
             namespace,
             "--metrics-port",
