@@ -23,11 +23,12 @@ from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from sandlot.adapters.informer import LeaseInformer
 from sandlot.adapters.kube import RequestCounter, connection_params, load_api_client, resource_of
 from sandlot.adapters.leader import LeaderElector
-from sandlot.adapters.objects import Objects, post_event
+from sandlot.adapters.objects import LeaseRecord, Objects, post_event
 from sandlot.api.common import GROUP, VERSION
-from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.controllers.workloads import Workloads
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,11 @@ def build_registry(
     settings: OperatorSettings,
     nodehealth: NodeHealthController,
     elector: LeaderElector | None,
+    workloads: Workloads | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
+    if workloads is not None:
+        workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
 
     def leading() -> bool:
         return elector is None or elector.is_leader.is_set()
@@ -135,12 +139,14 @@ async def run(
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
     loop = asyncio.get_running_loop()
     nodehealth: NodeHealthController
+    workloads: Workloads
 
     def on_leadership(leader: bool) -> None:
         metrics.is_leader.set(1 if leader else 0)
         log.info("%s is %s", identity, "the leader" if leader else "a standby")
         if leader:
             loop.call_soon_threadsafe(nodehealth.enqueue_all)
+            loop.call_soon_threadsafe(workloads.on_leadership, True)
 
     elector = (
         LeaderElector(
@@ -165,7 +171,20 @@ async def run(
         post_event=event_poster(objects),
     )
     nodehealth.bind_loop(loop)
-    informer = LeaseInformer(api, settings.namespace, nodehealth.on_lease)
+    workloads = Workloads.build(
+        settings,
+        objects,
+        WorkloadMetrics(registry),
+        is_leader=lambda: elector is None or elector.is_leader.is_set(),
+        post_event=event_poster(objects),
+    )
+    workloads.scheduler.bind_loop(loop)
+
+    def on_lease(event_type: str, lease: LeaseRecord) -> None:
+        nodehealth.on_lease(event_type, lease)
+        workloads.on_lease(event_type, lease)
+
+    informer = LeaseInformer(api, settings.namespace, on_lease)
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
     informer.start()
@@ -174,10 +193,13 @@ async def run(
     else:
         metrics.is_leader.set(1)
     worker = asyncio.create_task(nodehealth.run(), name="node-health")
+    workers = asyncio.create_task(workloads.run(), name="workloads")
     stop = stop_flag or asyncio.Event()
     try:
         await kopf.operator(
-            registry=build_registry(connection_params(api), settings, nodehealth, elector),
+            registry=build_registry(
+                connection_params(api), settings, nodehealth, elector, workloads
+            ),
             clusterwide=True,
             standalone=True,
             stop_flag=stop,
@@ -185,7 +207,8 @@ async def run(
         )
     finally:
         worker.cancel()
-        await asyncio.gather(worker, return_exceptions=True)
+        workers.cancel()
+        await asyncio.gather(worker, workers, return_exceptions=True)
         if elector is not None:
             await asyncio.to_thread(elector.stop)
         await asyncio.to_thread(informer.stop)

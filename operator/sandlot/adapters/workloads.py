@@ -1,0 +1,180 @@
+"""API calls of the scheduler, the pool controller and routing.
+
+Each call answers in the controllers' terms (bound, lost a race, gone) so no
+controller has to know an ``ApiException``. Binding carries the sandbox's
+resourceVersion: of two schedulers (or two passes of one) that read the same
+version, exactly one wins; the other gets a 409, re-reads, and finds it bound.
+Service and EndpointSlice are written with server-side apply under one field
+manager, so a write of an unchanged object changes nothing on the server, and
+the slice's ``endpoints`` (an atomic list) is replaced whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sandlot.adapters.objects import POOLS, SANDBOXES, Objects
+from sandlot.api.common import GROUP, VERSION
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "sandlot-operator"
+APPLY = "application/apply-patch+yaml"
+
+
+@dataclass(frozen=True)
+class BindResult:
+    outcome: Literal["bound", "taken", "conflict", "gone"]
+    body: dict[str, Any] | None = None  # the sandbox as last seen
+
+
+def bind_sandbox(
+    objects: Objects, namespace: str, name: str, node: str, resource_version: str
+) -> BindResult:
+    """Set ``spec.nodeName`` if the sandbox is still at ``resource_version``.
+
+    ``taken``: someone bound it meanwhile (body is the fresh read);
+    ``conflict``: it changed but is still unbound (retry with the body's version).
+    """
+    patch = {"metadata": {"resourceVersion": resource_version}, "spec": {"nodeName": node}}
+    try:
+        body = objects.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOXES, name, patch
+        )
+        return BindResult("bound", dict(body))
+    except ApiException as e:
+        if e.status == 404:
+            return BindResult("gone")
+        if e.status != 409:
+            raise
+    try:
+        current = objects.get_sandbox(namespace, name)
+    except ApiException as e:
+        if e.status == 404:
+            return BindResult("gone")
+        raise
+    if (current.get("spec") or {}).get("nodeName"):
+        return BindResult("taken", current)
+    return BindResult("conflict", current)
+
+
+def write_sandbox_status(
+    objects: Objects,
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+    resource_version: str,
+) -> dict[str, Any] | None:
+    """Status with a precondition; None when it changed meanwhile or is gone."""
+    try:
+        return objects.patch_sandbox_status(namespace, name, status, resource_version)
+    except ApiException as e:
+        if e.status in (404, 409):
+            return None
+        raise
+
+
+def create_sandbox(objects: Objects, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(
+        objects.custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOXES, dict(body)
+        )
+    )
+
+
+def delete_sandbox(objects: Objects, namespace: str, name: str, uid: str) -> bool:
+    """Delete this very sandbox (uid precondition); False when it is already gone."""
+    try:
+        objects.custom.delete_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            SANDBOXES,
+            name,
+            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+        )
+        return True
+    except ApiException as e:
+        if e.status in (404, 409):  # gone, or a different object of that name now
+            return False
+        raise
+
+
+def patch_pool_status(
+    objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    try:
+        return dict(
+            objects.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, POOLS, name, {"status": dict(status)}
+            )
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+# -- Service and EndpointSlices ------------------------------------------------------
+
+
+def get_service(objects: Objects, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        svc = client.CoreV1Api(objects.api).read_namespaced_service(name, namespace)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+    return dict(objects.api.sanitize_for_serialization(svc))
+
+
+def apply_service(objects: Objects, namespace: str, body: Mapping[str, Any]) -> None:
+    client.CoreV1Api(objects.api).patch_namespaced_service(
+        body["metadata"]["name"],
+        namespace,
+        dict(body),
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type=APPLY,
+    )
+
+
+def delete_service(objects: Objects, namespace: str, name: str) -> None:
+    try:
+        client.CoreV1Api(objects.api).delete_namespaced_service(name, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+def apply_endpoint_slice(objects: Objects, namespace: str, body: Mapping[str, Any]) -> None:
+    client.DiscoveryV1Api(objects.api).patch_namespaced_endpoint_slice(
+        body["metadata"]["name"],
+        namespace,
+        dict(body),
+        field_manager=FIELD_MANAGER,
+        force=True,
+        _content_type=APPLY,
+    )
+
+
+def list_endpoint_slices(objects: Objects, namespace: str, label_selector: str) -> list[str]:
+    """Names of the EndpointSlices matching ``label_selector``."""
+    out: Any = client.DiscoveryV1Api(objects.api).list_namespaced_endpoint_slice(
+        namespace, label_selector=label_selector
+    )
+    return [str(item.metadata.name) for item in out.items]
+
+
+def delete_endpoint_slice(objects: Objects, namespace: str, name: str) -> None:
+    try:
+        client.DiscoveryV1Api(objects.api).delete_namespaced_endpoint_slice(name, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise

@@ -1,0 +1,327 @@
+"""The SandboxPool controller: keeps ``spec.replicas`` live members, replaces the
+ones that end (Dead, Stopped, Failed), routes traffic to the Running ones.
+
+A reconcile of one pool, from memory (the pool's last event and the sandbox
+cache), in this order:
+
+1. routing (``sandlot.controllers.routing``): the EndpointSlices follow the
+   members' phases first, so traffic leaves a lost member before anything else;
+2. the plan (``sandlot.policy.pools.plan_pool``, pure): how many to create, which
+   surplus to delete, which terminal members are past the history limit;
+3. creates (generateName ``<pool>-``, labels from the template plus
+   ``sandlot.dev/pool``, owned by the pool so Kubernetes' garbage collector
+   deletes them with it) and deletes (uid precondition), each answer put into the
+   cache at once so the next pass does not do it again;
+4. status through the subresource, only when it changed.
+
+Members are the sandboxes labelled with the pool's name *and* controlled by its
+uid: a stranger wearing the label is not adopted, and a pool re-created under
+the same name does not inherit its predecessor's members.
+
+Work goes through one queue keyed by pool, fed by pool events, member events and
+a periodic resync; only the leader acts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import kopf
+
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.workloads import create_sandbox, delete_sandbox, patch_pool_status
+from sandlot.api.common import API_VERSION, GROUP, POOL_LABEL, VERSION
+from sandlot.controllers.metrics import WorkloadMetrics
+from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.policy.pools import Member, PoolPlan, plan_pool
+
+log = logging.getLogger(__name__)
+
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
+
+RETRY_AFTER_ERROR = 2.0
+WRITE_CONCURRENCY = 8
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """A pool's last seen object, trimmed to what the controller reads."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: int
+    deleting: bool
+    replicas: int
+    history_limit: int
+    service_name: str | None
+    template: Mapping[str, Any]
+    status: Mapping[str, Any]
+    body_ref: Mapping[str, Any]  # apiVersion/kind/metadata for Events
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def selector(self) -> str:
+        return f"{POOL_LABEL}={self.name}"
+
+    def routing(self) -> PoolRef:
+        ports = tuple((self.template.get("spec") or {}).get("ports") or ())
+        return PoolRef(self.namespace, self.name, self.uid, self.service_name, ports)
+
+
+def pool_state(body: Mapping[str, Any]) -> PoolState:
+    meta = body["metadata"]
+    spec = body.get("spec") or {}
+    return PoolState(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        resource_version=int(meta.get("resourceVersion") or 0),
+        deleting=bool(meta.get("deletionTimestamp")),
+        replicas=int(spec.get("replicas", 1)),
+        history_limit=int(spec.get("historyLimit", 10)),
+        service_name=spec.get("serviceName") or None,
+        template=dict(spec.get("template") or {}),
+        status=dict(body.get("status") or {}),
+        body_ref={
+            "apiVersion": body.get("apiVersion", API_VERSION),
+            "kind": body.get("kind", "SandboxPool"),
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+        },
+    )
+
+
+def member_body(pool: PoolState) -> dict[str, Any]:
+    """A new member from the pool's template, owned by the pool."""
+    template_meta = pool.template.get("metadata") or {}
+    metadata: dict[str, Any] = {
+        "generateName": f"{pool.name}-",
+        "namespace": pool.namespace,
+        "labels": {**(template_meta.get("labels") or {}), POOL_LABEL: pool.name},
+        "ownerReferences": [pool.routing().owner_reference()],
+    }
+    if template_meta.get("annotations"):
+        metadata["annotations"] = dict(template_meta["annotations"])
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "Sandbox",
+        "metadata": metadata,
+        "spec": dict(pool.template.get("spec") or {}),
+    }
+
+
+def _member(rec: SandboxRecord) -> Member:
+    return Member(
+        name=rec.name,
+        phase=rec.phase,
+        bound=rec.node is not None,
+        created_at=rec.created_at,
+        finished_at=rec.finished_at,
+    )
+
+
+def desired_status(pool: PoolState, plan: PoolPlan) -> dict[str, Any]:
+    return {
+        "replicas": pool.replicas,
+        "running": plan.running,
+        "pending": plan.pending,
+        "dead": plan.terminal,
+        "selector": pool.selector,
+        "observedGeneration": pool.generation,
+    }
+
+
+class PoolController:
+    def __init__(
+        self,
+        objects: Objects,
+        cache: SandboxCache,
+        router: Router,
+        metrics: WorkloadMetrics,
+        *,
+        is_leader: Callable[[], bool],
+        post_event: EventPoster,
+        resync_interval: timedelta = timedelta(seconds=30),
+    ) -> None:
+        self.objects = objects
+        self.cache = cache
+        self.router = router
+        self.metrics = metrics
+        self.is_leader = is_leader
+        self.post_event = post_event
+        self.resync_interval = resync_interval.total_seconds()
+        self.pools: dict[str, PoolState] = {}
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
+        self._queued: set[str] = set()
+        self._writes = asyncio.Semaphore(WRITE_CONCURRENCY)
+        cache.listeners.append(self.on_sandbox)
+
+    # -- inputs ---------------------------------------------------------------------
+
+    def on_pool(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        state = pool_state(body)
+        if event_type == "DELETED":
+            self.pools.pop(state.key, None)
+            self.router.forget(state.key)  # the garbage collector removes what it owned
+            return
+        old = self.pools.get(state.key)
+        if (
+            old is not None
+            and old.uid == state.uid
+            and old.resource_version > state.resource_version
+        ):
+            return
+        self.pools[state.key] = state
+        self.enqueue(state.key)
+
+    def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
+        for rec in (old, new):
+            if rec is not None and rec.pool_key is not None and rec.pool_key in self.pools:
+                self.enqueue(rec.pool_key)
+
+    def enqueue(self, key: str) -> None:
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def enqueue_all(self) -> None:
+        for key in list(self.pools):
+            self.enqueue(key)
+
+    def on_leadership(self) -> None:
+        self.router.reset()
+        self.enqueue_all()
+
+    # -- the worker -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        resync = asyncio.create_task(self._resync(), name="pool-resync")
+        try:
+            while True:
+                key = await self._queue.get()
+                self._queued.discard(key)
+                if not self.is_leader():
+                    continue
+                started = time.perf_counter()
+                try:
+                    await self.reconcile(key)
+                except Exception:
+                    log.exception("pool %s: reconcile failed; retrying", key)
+                    asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR, self.enqueue, key)
+                finally:
+                    self.metrics.pool_reconcile_seconds.observe(time.perf_counter() - started)
+        finally:
+            resync.cancel()
+
+    async def _resync(self) -> None:
+        """A safety net: a pass over every pool costs no request when nothing changed."""
+        while True:
+            await asyncio.sleep(self.resync_interval)
+            self.enqueue_all()
+
+    def members(self, pool: PoolState) -> list[SandboxRecord]:
+        return [m for m in self.cache.members(pool.key) if m.owner_uid == pool.uid]
+
+    async def reconcile(self, key: str) -> PoolPlan | None:
+        pool = self.pools.get(key)
+        if pool is None:
+            return None
+        members = self.members(pool)
+        await self._route(pool, members)
+        if pool.deleting:
+            return None
+        plan = plan_pool(pool.replicas, pool.history_limit, (_member(m) for m in members))
+        by_name = {m.name: m for m in members}
+        failures = await self._write(pool, plan, by_name)
+        status = desired_status(pool, plan)
+        if any(pool.status.get(k) != v for k, v in status.items()):
+            written = await asyncio.to_thread(
+                patch_pool_status, self.objects, pool.namespace, pool.name, status
+            )
+            current = self.pools.get(key)
+            if written is not None and current is not None and current.uid == pool.uid:
+                fresh = pool_state(written)
+                if fresh.resource_version >= current.resource_version:
+                    self.pools[key] = fresh
+        if failures:
+            asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR, self.enqueue, key)
+        return plan
+
+    async def _route(self, pool: PoolState, members: list[SandboxRecord]) -> None:
+        try:
+            await asyncio.to_thread(self.router.sync, pool.routing(), members)
+        except ServiceTaken as e:
+            log.warning("pool %s: %s", pool.key, e)
+            self.post_event(pool.body_ref, "Warning", "ServiceTaken", str(e))
+
+    async def _write(
+        self, pool: PoolState, plan: PoolPlan, by_name: Mapping[str, SandboxRecord]
+    ) -> int:
+        """Create and delete what the plan says; returns how many calls failed."""
+
+        async def create() -> bool:
+            async with self._writes:
+                try:
+                    body = await asyncio.to_thread(
+                        create_sandbox, self.objects, pool.namespace, member_body(pool)
+                    )
+                except Exception as e:
+                    log.warning("pool %s: cannot create a member: %s", pool.key, e)
+                    return False
+            self.metrics.pool_members_created.inc()
+            self.cache.upsert(body)
+            return True
+
+        async def delete(rec: SandboxRecord, reason: str) -> bool:
+            async with self._writes:
+                try:
+                    await asyncio.to_thread(
+                        delete_sandbox, self.objects, rec.namespace, rec.name, rec.uid
+                    )
+                except Exception as e:
+                    log.warning("pool %s: cannot delete %s: %s", pool.key, rec.name, e)
+                    return False
+            self.metrics.pool_members_deleted.labels(reason=reason).inc()
+            self.cache.forget(rec.key, rec.uid)
+            return True
+
+        jobs = [create() for _ in range(plan.create)]
+        jobs += [delete(by_name[n], "surplus") for n in plan.delete]
+        jobs += [delete(by_name[n], "history") for n in plan.collect]
+        if not jobs:
+            return 0
+        if plan.create:
+            replaced = sum(1 for m in by_name.values() if m.terminal)
+            log.info(
+                "pool %s: creating %d members (%d ended members kept)",
+                pool.key,
+                plan.create,
+                replaced,
+            )
+        if plan.delete:
+            log.info("pool %s: deleting surplus %s", pool.key, ", ".join(plan.delete))
+        results = await asyncio.gather(*jobs)
+        return sum(1 for ok in results if not ok)
+
+
+def register(registry: kopf.OperatorRegistry, pools: PoolController) -> None:
+    @kopf.on.event(GROUP, VERSION, "sandboxpools", registry=registry)
+    async def pool_event(body: kopf.Body, **kwargs: Any) -> None:
+        pools.on_pool(kwargs.get("type"), body)

@@ -1,0 +1,217 @@
+"""The operator's in-memory view of every Sandbox, kept small.
+
+The scheduler counts each node's non-terminal sandboxes (by pool), the pool
+controller lists a pool's members and routing their IPs: all from here, so no
+decision costs a request. At 10,000 sandboxes a full body (managedFields and all)
+is a few KiB each; a ``SandboxRecord`` keeps only the dozen fields those
+decisions read, and the per-node counts are kept up to date on every change
+instead of being recounted.
+
+Controllers that write a sandbox put the API server's answer here at once
+(``upsert``, ``forget``), so the next decision already sees it; the watch event
+that follows carries the same or a newer resourceVersion and changes nothing
+else. A sandbox this operator deleted is remembered (by uid) until its DELETED
+event, so a late MODIFIED event of it cannot bring it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from sandlot.adapters.objects import parse_time
+from sandlot.api.common import GROUP, POOL_LABEL, VERSION
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+
+log = logging.getLogger(__name__)
+
+TOMBSTONE_TTL = 600.0
+
+
+@dataclass(slots=True)
+class SandboxRecord:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: int
+    phase: str
+    node: str | None
+    pool: str | None  # the sandlot.dev/pool label
+    owner_uid: str | None  # the controlling owner's uid
+    ip: str | None
+    created_at: datetime
+    finished_at: datetime | None
+    conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pool_key(self) -> str | None:
+        return f"{self.namespace}/{self.pool}" if self.pool else None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in TERMINAL_PHASES
+
+    @property
+    def holds_slot(self) -> bool:
+        """Bound and not terminal: it counts against its node's capacity."""
+        return self.node is not None and not self.terminal
+
+    @property
+    def wants_node(self) -> bool:
+        return self.node is None and self.phase == SandboxPhase.PENDING
+
+
+def record_of(body: Mapping[str, Any]) -> SandboxRecord:
+    meta = body["metadata"]
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+    try:
+        rv = int(meta.get("resourceVersion") or 0)
+    except ValueError:
+        rv = 0
+    return SandboxRecord(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        resource_version=rv,
+        phase=str(status.get("phase") or SandboxPhase.PENDING),
+        node=spec.get("nodeName") or None,
+        pool=(meta.get("labels") or {}).get(POOL_LABEL),
+        owner_uid=owner.get("uid") if owner else None,
+        ip=status.get("ip"),
+        created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
+        finished_at=parse_time(status.get("finishedAt")),
+        conditions=tuple(
+            (str(c.get("type")), str(c.get("status")), str(c.get("reason") or ""))
+            for c in status.get("conditions") or []
+        ),
+    )
+
+
+Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old, new)
+
+
+class SandboxCache:
+    def __init__(self) -> None:
+        self.records: dict[str, SandboxRecord] = {}
+        self._by_pool: dict[str, set[str]] = {}
+        self.node_load: Counter[str] = Counter()  # node -> non-terminal bound sandboxes
+        self.node_pool_load: dict[str, Counter[str]] = {}  # node -> pool key -> count
+        self._deleted: dict[str, float] = {}  # uid -> when this operator deleted it
+        self.listeners: list[Listener] = []
+
+    # -- reading ------------------------------------------------------------------
+
+    def get(self, key: str) -> SandboxRecord | None:
+        return self.records.get(key)
+
+    def members(self, pool_key: str) -> list[SandboxRecord]:
+        return [self.records[k] for k in self._by_pool.get(pool_key, ())]
+
+    def __iter__(self) -> Iterator[SandboxRecord]:
+        return iter(list(self.records.values()))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # -- feeding ------------------------------------------------------------------
+
+    def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event (kopf passes None as the type for the initial listing)."""
+        if event_type == "DELETED":
+            meta = body["metadata"]
+            self._deleted.pop(meta.get("uid", ""), None)
+            self._remove(f"{meta['namespace']}/{meta['name']}", meta.get("uid"))
+            return
+        self.upsert(body)
+
+    def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
+        """Take ``body`` unless an equal or newer version is already here."""
+        new = record_of(body)
+        if new.uid in self._deleted:
+            return None
+        old = self.records.get(new.key)
+        if old is not None and old.uid == new.uid and old.resource_version >= new.resource_version:
+            return old
+        if old is not None:
+            self._unindex(old)
+        self.records[new.key] = new
+        self._index(new)
+        self._notify(old, new)
+        return new
+
+    def forget(self, key: str, uid: str) -> None:
+        """This operator deleted ``key``: drop it now and ignore its late events."""
+        now = time.monotonic()
+        self._deleted[uid] = now
+        if len(self._deleted) > 1024:
+            for stale in [u for u, t in self._deleted.items() if now - t > TOMBSTONE_TTL]:
+                del self._deleted[stale]
+        self._remove(key, uid)
+
+    def _remove(self, key: str, uid: str | None) -> None:
+        old = self.records.get(key)
+        if old is None or (uid and old.uid != uid):
+            return
+        del self.records[key]
+        self._unindex(old)
+        self._notify(old, None)
+
+    def _index(self, rec: SandboxRecord) -> None:
+        if rec.pool_key:
+            self._by_pool.setdefault(rec.pool_key, set()).add(rec.key)
+        if rec.holds_slot and rec.node:
+            self.node_load[rec.node] += 1
+            if rec.pool_key:
+                self.node_pool_load.setdefault(rec.node, Counter())[rec.pool_key] += 1
+
+    def _unindex(self, rec: SandboxRecord) -> None:
+        if rec.pool_key:
+            keys = self._by_pool.get(rec.pool_key)
+            if keys is not None:
+                keys.discard(rec.key)
+                if not keys:
+                    del self._by_pool[rec.pool_key]
+        if rec.holds_slot and rec.node:
+            self.node_load[rec.node] -= 1
+            if self.node_load[rec.node] <= 0:
+                del self.node_load[rec.node]
+            if rec.pool_key:
+                per_pool = self.node_pool_load.get(rec.node)
+                if per_pool is not None:
+                    per_pool[rec.pool_key] -= 1
+                    if per_pool[rec.pool_key] <= 0:
+                        del per_pool[rec.pool_key]
+                    if not per_pool:
+                        del self.node_pool_load[rec.node]
+
+    def _notify(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
+        for listener in self.listeners:
+            try:
+                listener(old, new)
+            except Exception:
+                log.exception("sandbox cache listener failed")
+
+
+def register(registry: kopf.OperatorRegistry, cache: SandboxCache) -> None:
+    """One watch of every Sandbox feeds the cache; the controllers listen to it.
+
+    ``on.event`` observes without writing anything to the objects (no annotations,
+    no finalizers), which matters at 10,000 sandboxes.
+    """
+
+    @kopf.on.event(GROUP, VERSION, "sandboxes", registry=registry)
+    async def sandbox_event(body: kopf.Body, **kwargs: Any) -> None:
+        cache.on_event(kwargs.get("type"), body)

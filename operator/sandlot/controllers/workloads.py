@@ -1,0 +1,77 @@
+"""The controllers that place and keep sandboxes, bundled for the operator program:
+the sandbox cache they share, the scheduler, the pool controller and its router.
+
+``operator.run`` builds one ``Workloads``, feeds it the agents' Lease events,
+tells it about leadership, and runs its workers; ``register`` adds its kopf
+handlers (watch-only ``on.event``: nothing is written to the watched objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from sandlot.adapters.objects import LeaseRecord, Objects
+from sandlot.controllers import pools as pools_module
+from sandlot.controllers import sandboxes as sandboxes_module
+from sandlot.controllers import scheduler as scheduler_module
+from sandlot.controllers.metrics import WorkloadMetrics
+from sandlot.controllers.pools import PoolController
+from sandlot.controllers.routing import Router
+from sandlot.controllers.sandboxes import SandboxCache
+from sandlot.controllers.scheduler import Scheduler
+from sandlot.controllers.settings import OperatorSettings
+
+EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+@dataclass
+class Workloads:
+    cache: SandboxCache
+    scheduler: Scheduler
+    pools: PoolController
+
+    @classmethod
+    def build(
+        cls,
+        settings: OperatorSettings,
+        objects: Objects,
+        metrics: WorkloadMetrics,
+        *,
+        is_leader: Callable[[], bool],
+        post_event: EventPoster,
+    ) -> Workloads:
+        cache = SandboxCache()
+        scheduler = Scheduler(objects, cache, metrics, is_leader=is_leader)
+        pools = PoolController(
+            objects,
+            cache,
+            Router(objects, metrics),
+            metrics,
+            is_leader=is_leader,
+            post_event=post_event,
+            resync_interval=settings.resync_interval,
+        )
+        return cls(cache, scheduler, pools)
+
+    def register(self, registry: kopf.OperatorRegistry) -> None:
+        sandboxes_module.register(registry, self.cache)
+        scheduler_module.register(registry, self.scheduler)
+        pools_module.register(registry, self.pools)
+
+    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
+        self.scheduler.on_lease(event_type, lease)
+
+    def on_leadership(self, leader: bool) -> None:
+        """On the loop: a new leader re-judges everything from its warm caches."""
+        if leader:
+            self.scheduler.enqueue_all()
+            self.pools.on_leadership()
+
+    async def run(self) -> None:
+        self.scheduler.bind_loop(asyncio.get_running_loop())
+        await asyncio.gather(self.scheduler.run(), self.pools.run())
