@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, dev, gen, operator_cmd
+from sandlot.cli import agent_cmd, dev, gen, nodes, operator_cmd
 
 
 class UsageError(Exception):
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_cmd.register(sub)
     dev.register(sub)
     gen.register(sub)
+    nodes.register(sub)
     operator_cmd.register(sub)
     return parser
 

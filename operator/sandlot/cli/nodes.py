@@ -1,0 +1,101 @@
+"""``sandlot drain NODE`` and ``sandlot uncordon NODE``.
+
+``drain`` marks the node unschedulable and waits, with a deadline, until no
+non-terminal sandbox is left on it: the agent stops them (each ends ``Stopped``,
+reason ``Drained``) and their pools replace them elsewhere. It prints a progress
+line whenever the count changes (and every ``--progress-every`` otherwise), and
+exits 1 on timeout naming what is left, so a script can tell a finished drain
+from an abandoned one. The node stays unschedulable either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.nodes import NodeNotFound, live_sandboxes, set_unschedulable
+from sandlot.adapters.objects import Objects
+from sandlot.api.settings import parse_duration
+
+POLL_INTERVAL = 1.0
+SHOWN = 10
+
+
+def register(sub: Any) -> None:
+    drain = sub.add_parser(
+        "drain",
+        help="stop a node's sandboxes and keep new ones off it",
+        description="Set spec.unschedulable on the SandboxNode and wait until its agent "
+        "has stopped every sandbox there (pools replace them on other nodes).",
+    )
+    drain.add_argument("node", metavar="NODE", help="SandboxNode name")
+    drain.add_argument(
+        "--timeout", default="5m", help="how long to wait for the node to empty (default 5m)"
+    )
+    drain.add_argument(
+        "--progress-every", default="10s", help="repeat the progress line this often (10s)"
+    )
+    drain.add_argument("--kubeconfig", default=None, help="kubeconfig file")
+    drain.set_defaults(func=run_drain)
+
+    uncordon = sub.add_parser(
+        "uncordon",
+        help="let sandboxes be scheduled on a drained node again",
+        description="Clear spec.unschedulable on the SandboxNode.",
+    )
+    uncordon.add_argument("node", metavar="NODE", help="SandboxNode name")
+    uncordon.add_argument("--kubeconfig", default=None, help="kubeconfig file")
+    uncordon.set_defaults(func=run_uncordon)
+
+
+def _objects(args: argparse.Namespace) -> Objects:
+    return Objects(load_api_client(args.kubeconfig))
+
+
+def run_drain(args: argparse.Namespace) -> int:
+    timeout = parse_duration(args.timeout).total_seconds()
+    every = parse_duration(args.progress_every).total_seconds()
+    objects = _objects(args)
+    try:
+        try:
+            set_unschedulable(objects, args.node, True)
+        except NodeNotFound as e:
+            raise ValueError(str(e)) from e
+        print(f"node {args.node} cordoned (spec.unschedulable=true)", flush=True)
+        deadline = time.monotonic() + timeout
+        last_count: int | None = None
+        last_print = 0.0
+        while True:
+            left = live_sandboxes(objects, args.node)
+            if not left:
+                print(f"node {args.node} drained", flush=True)
+                return 0
+            now = time.monotonic()
+            if len(left) != last_count or now - last_print >= every:
+                print(f"{len(left)} sandboxes still on {args.node}", flush=True)
+                last_count, last_print = len(left), now
+            if now >= deadline:
+                shown = ", ".join(left[:SHOWN]) + (" ..." if len(left) > SHOWN else "")
+                print(
+                    f"sandlot: drain of {args.node} timed out after {args.timeout}: "
+                    f"{len(left)} sandboxes left: {shown}",
+                    flush=True,
+                )
+                return 1
+            time.sleep(min(POLL_INTERVAL, max(deadline - now, 0.05)))
+    finally:
+        objects.api.close()
+
+
+def run_uncordon(args: argparse.Namespace) -> int:
+    objects = _objects(args)
+    try:
+        set_unschedulable(objects, args.node, False)
+    except NodeNotFound as e:
+        raise ValueError(str(e)) from e
+    finally:
+        objects.api.close()
+    print(f"node {args.node} uncordoned", flush=True)
+    return 0
