@@ -25,6 +25,7 @@ from sandlot.adapters.kube import RequestCounter, connection_params, load_api_cl
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import LeaseRecord, Objects, post_event
 from sandlot.api.common import GROUP, VERSION
+from sandlot.controllers import cacheprune
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
@@ -123,6 +124,7 @@ def build_registry(
         except RuntimeError as e:
             raise kopf.TemporaryError(str(e), delay=2) from e
 
+    cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
     return registry
 
 
