@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, dev, gen, nodes, operator_cmd
+from sandlot.cli import agent_cmd, cache, dev, gen, nodes, operator_cmd
 
 
 class UsageError(Exception):
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     agent_cmd.register(sub)
+    cache.register(sub)
     dev.register(sub)
     gen.register(sub)
     nodes.register(sub)
