@@ -857,9 +857,14 @@ class Agent:
         for request in list_cacheprunes(self.objects):
             spec = request.get("spec") or {}
             nodes = spec.get("nodes") or []
-            results = (request.get("status") or {}).get("results") or {}
+            status = request.get("status") or {}
+            results = status.get("results") or {}
             if (nodes and self.node not in nodes) or self.node in results:
                 continue
+            if status.get("phase") not in (None, "Pending") and self.node not in (
+                status.get("targets") or []
+            ):
+                continue  # resolved before this node registered: nobody waits for it
             name = request["metadata"]["name"]
             kind = pass_for_request(bool(spec.get("all")))
             log.info("CachePrune %s: running the %s pass", name, kind)
