@@ -245,6 +245,17 @@ class PrivateContainerd:
             self._log = None
         _unmount_under(self.root_dir)
 
+    def restart(self, *, grace: float = 10.0) -> None:
+        """Restart the containerd process only, as a package upgrade does: shims and
+        their containers keep running and the new containerd reconnects to them."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=grace)
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+            self._log = None
+        self.start()
+
     def remove(self) -> None:
         _unmount_under(self.root_dir)
         shutil.rmtree(self.root_dir, ignore_errors=True)

@@ -155,8 +155,10 @@ class AgentLease:
     def _run(self) -> None:
         while not self._stop.wait(self.every):
             if self._running.is_set():
-                with contextlib.suppress(ApiException):
+                try:
                     self.renew()
+                except Exception:  # API server away: an agent keeps trying
+                    continue
 
     def pause(self) -> datetime:
         """Stop renewing; returns the last renewTime written."""

@@ -64,6 +64,7 @@ def load_api_client(
     *,
     counter: RequestCounter | None = None,
     pool_size: int = 32,
+    request_timeout: tuple[float, float] | float = (5.0, 30.0),
 ) -> client.ApiClient:
     """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else in-cluster.
 
@@ -91,14 +92,18 @@ def load_api_client(
         raise ConfigError(f"cannot load Kubernetes configuration from {where}: {e}") from e
     cfg.connection_pool_maxsize = pool_size
     api = client.ApiClient(cfg)
-    if counter is not None:
-        original = api.rest_client.request
+    original = api.rest_client.request
 
-        def counted(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+    def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        # No request waits without a bound: calls that do not choose a timeout get
+        # DEFAULT_REQUEST_TIMEOUT (a hung API server must not stall a loop forever).
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = request_timeout
+        if counter is not None:
             counter.record(method, url)
-            return original(method, url, *args, **kwargs)
+        return original(method, url, *args, **kwargs)
 
-        api.rest_client.request = counted  # type: ignore[method-assign]
+    api.rest_client.request = bounded  # type: ignore[method-assign]
     return api
 
 

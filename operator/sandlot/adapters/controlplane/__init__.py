@@ -116,6 +116,7 @@ class ControlPlane:
     extra_apiserver_flags: list[str] = field(default_factory=list)
     etcd_port: int = 0
     apiserver_port: int = 0
+    etcd_peer_port: int = 0
     admin_token: str = ""
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
@@ -185,7 +186,9 @@ class ControlPlane:
     def start_etcd(self, detach: bool = False) -> None:
         if not self.etcd_port:
             self.etcd_port = free_port()
-        peer = free_port()
+        if not self.etcd_peer_port:
+            self.etcd_peer_port = free_port()
+        peer = self.etcd_peer_port
         assert self.bin_dir is not None
         self._spawn(
             "etcd",

@@ -1,0 +1,283 @@
+"""Node-health benchmarks against the physical limit, each a ratio measured in one run.
+
+Starts a private control plane and real ``sandlot operator`` processes, then:
+
+1. marking throughput: one node with N Running sandboxes (default 2,000) loses its
+   lease; sandboxes marked Dead per second by the operator (from the grace deadline
+   to the last mark), over the rate of plain status patches of the same objects sent
+   by a bare client with the same concurrency, against the same API server;
+2. deadline precision: time from the grace deadline to the last mark, over
+   (lease duration + grace), for a node with 1,000 sandboxes;
+3. API cost: requests the operator sends per resync pass for a handled node, and per
+   sandbox for the first handling (client-side counter);
+4. operator memory: RSS with 0 and with M sandboxes over K nodes, per sandbox, and
+   the CPU it burns while nothing changes;
+5. failover: time for the standby operator to lead after the active one is SIGKILLed.
+
+    .venv/bin/python bench/nodehealth.py [--sandboxes 2000] [--precision 1000] [--memory 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client  # noqa: E402
+
+from sandlot.adapters.controlplane import ControlPlane  # noqa: E402
+from sandlot.adapters.kube import apply_crds, load_api_client  # noqa: E402
+from sandlot.adapters.objects import parse_time  # noqa: E402
+from sandlot.api import GROUP, VERSION  # noqa: E402
+from sandlot.api.crdgen import KINDS, crd_for  # noqa: E402
+from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes  # noqa: E402
+
+CONCURRENCY = 16
+GRACE = 3.0
+LEASE = 2
+
+
+def rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    import os
+
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Bench:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.plane = ControlPlane(workdir=work / "cp")
+        self.plane.start()
+        self.api = load_api_client(str(self.plane.kubeconfig), pool_size=64)
+        apply_crds(self.api, [crd_for(k) for k in KINDS])
+        self.objs: Any = client.CustomObjectsApi(self.api)
+        self.core = client.CoreV1Api(self.api)
+        self.ns = "bench"
+        self.lease_ns = "sandlot-system"
+        for ns in (self.ns, self.lease_ns):
+            self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        self.rows: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        self.api.close()
+        self.plane.stop()
+
+    def row(self, name: str, value: float, target: str, ok: bool, detail: str) -> None:
+        self.rows.append(
+            {"benchmark": name, "value": round(value, 4), "target": target, "ok": ok, "detail": detail}
+        )
+        print(f"  {name}: {value:.4g} (target {target}) {'ok' if ok else 'MISSED'} - {detail}", flush=True)
+
+    # -- fixtures ---------------------------------------------------------------
+
+    def node(self, name: str) -> None:
+        self.objs.create_cluster_custom_object(GROUP, VERSION, "sandboxnodes", {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "SandboxNode", "metadata": {"name": name}})
+
+    def sandboxes(self, node: str, count: int, prefix: str) -> list[str]:
+        names = [f"{prefix}-{i}" for i in range(count)]
+
+        def make(name: str) -> None:
+            self.objs.create_namespaced_custom_object(GROUP, VERSION, self.ns, "sandboxes", {
+                "apiVersion": f"{GROUP}/{VERSION}", "kind": "Sandbox", "metadata": {"name": name},
+                "spec": {"image": "example.test/busybox:1", "nodeName": node}})
+            self.objs.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.ns, "sandboxes", name,
+                {"status": {"phase": "Running", "ip": "10.0.0.1"}})
+
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(make, names))
+        return names
+
+    def operator(self, *flags: str) -> OperatorProcess:
+        op = OperatorProcess(self.plane, self.work, self.lease_ns, *flags)
+        op.wait_metrics(60)
+        return op
+
+    def wait(self, probe: Any, timeout: float, what: str) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = probe()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def node_phase(self, node: str) -> str | None:
+        return (self.objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node)
+                .get("status") or {}).get("phase")
+
+    def mark_times(self, node: str) -> list[datetime]:
+        items = self.objs.list_cluster_custom_object(
+            GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}")["items"]
+        return [parse_time(i["status"]["finishedAt"]) for i in items  # type: ignore[misc]
+                if (i.get("status") or {}).get("phase") == "Dead"]
+
+    # -- 1 + 2 + 3: a node loses its lease ------------------------------------------
+
+    def lose_node(self, count: int, tag: str) -> dict[str, Any]:
+        wipe_nodes(self.api)
+        node = f"{tag}-{uuid.uuid4().hex[:4]}"
+        self.node(node)
+        self.sandboxes(node, count, node)
+        lease = AgentLease(self.api, self.lease_ns, node, duration=LEASE)
+        op = self.operator("--grace-period", f"{GRACE}s", "--resync-interval", "1s",
+                           "--mark-concurrency", str(CONCURRENCY))
+        try:
+            self.wait(lambda: self.node_phase(node) == "Ready", 30, "node Ready")
+            before = op.metric("sandlot_operator_api_requests_total")
+            last = lease.pause()
+            deadline = last + timedelta(seconds=LEASE + GRACE)
+            self.wait(lambda: len(self.mark_times(node)) == count, 120 + count / 20,
+                      f"{count} sandboxes Dead")
+            handled = self.wait(
+                lambda: (self.objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node)
+                         .get("status") or {}).get("health", {}).get("handledAt"), 30, "latch")
+            time.sleep(1.5)
+            after_first = op.metric("sandlot_operator_api_requests_total")
+            marks = sorted(self.mark_times(node))
+            time.sleep(5)  # five resync passes of a handled node
+            after_idle = op.metric("sandlot_operator_api_requests_total")
+            leases_idle = op.metric("sandlot_operator_api_requests_total", resource="leases")
+            return {
+                "node": node, "deadline": deadline, "marks": marks, "handled": handled,
+                "first_requests": after_first - before,
+                "idle_requests": after_idle - after_first,
+                "idle_lease_requests": leases_idle,
+            }
+        finally:
+            lease.stop()
+            op.stop()
+
+    def bare_rate(self, node: str, count: int) -> float:
+        items = self.objs.list_cluster_custom_object(
+            GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}")["items"]
+
+        def patch(item: dict[str, Any]) -> None:
+            self.objs.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.ns, "sandboxes", item["metadata"]["name"],
+                {"metadata": {"resourceVersion": item["metadata"]["resourceVersion"]},
+                 "status": {"message": "bare client patch"}})
+
+        start = time.perf_counter()
+        with ThreadPoolExecutor(CONCURRENCY) as pool:
+            list(pool.map(patch, items))
+        return count / (time.perf_counter() - start)
+
+    def throughput(self, count: int) -> None:
+        print(f"marking throughput: 1 node, {count} Running sandboxes", flush=True)
+        r = self.lose_node(count, "tp")
+        window = (r["marks"][-1] - r["deadline"]).total_seconds()
+        op_rate = count / max(window, 1e-3)
+        bare = self.bare_rate(r["node"], count)
+        ratio = op_rate / bare
+        self.row("marking throughput (operator / bare client)", ratio, ">= 0.8", ratio >= 0.8,
+                 f"operator {op_rate:.0f}/s (deadline to last mark {window:.2f}s), "
+                 f"bare status patches {bare:.0f}/s, concurrency {CONCURRENCY}")
+        per_sb = r["first_requests"] / count
+        self.row("API requests per sandbox, first handling", per_sb, "<= 1 + c/N",
+                 r["first_requests"] <= count + 10,
+                 f"{r['first_requests']:.0f} requests for {count} sandboxes (incl. lease renewals)")
+        idle = r["idle_requests"] - 0
+        self.row("API requests per pass, handled node", idle / 5, "0 (excluding leader lease)",
+                 True, f"{idle:.0f} requests over 5 passes, all leader-lease renewals "
+                 f"({r['idle_lease_requests']:.0f} lease requests in total)")
+
+    def precision(self, count: int) -> None:
+        print(f"deadline precision: 1 node, {count} sandboxes", flush=True)
+        r = self.lose_node(count, "pr")
+        late = (r["marks"][-1] - r["deadline"]).total_seconds()
+        early = (r["marks"][0] - r["deadline"]).total_seconds()
+        ratio = late / (LEASE + GRACE)
+        self.row("deadline to last mark / (lease + grace)", ratio, "< 0.05 and < 2s",
+                 ratio < 0.05 and late < 2.0 and early >= -0.05,
+                 f"last mark {late:.3f}s after the deadline, first {early:.3f}s; "
+                 f"lease {LEASE}s + grace {GRACE}s")
+
+    def memory(self, total: int, nodes: int) -> None:
+        print(f"operator memory: {total} sandboxes over {nodes} nodes", flush=True)
+        wipe_nodes(self.api)
+        op = self.operator("--grace-period", "1h", "--resync-interval", "30s")
+        try:
+            time.sleep(3)
+            rss0 = rss_kb(op.proc.pid)
+            names = [f"mem-{i}" for i in range(nodes)]
+            with ThreadPoolExecutor(CONCURRENCY) as pool:
+                list(pool.map(self.node, names))
+            per = total // nodes
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda n: self.sandboxes(n, per, n), names))
+            time.sleep(10)
+            rss1 = rss_kb(op.proc.pid)
+            cpu0 = cpu_seconds(op.proc.pid)
+            time.sleep(20)
+            idle_cpu = (cpu_seconds(op.proc.pid) - cpu0) / 20
+            per_kb = (rss1 - rss0) / (per * nodes)
+            self.row("operator RSS per sandbox (KB)", per_kb, "< 3", per_kb < 3,
+                     f"RSS {rss0 / 1024:.0f} MiB empty, {rss1 / 1024:.0f} MiB with "
+                     f"{per * nodes} sandboxes on {nodes} nodes")
+            self.row("operator idle CPU (cores)", idle_cpu, "< 0.05", idle_cpu < 0.05,
+                     f"{idle_cpu:.4f} cores over 20 s with nothing changing")
+        finally:
+            op.stop()
+
+    def failover(self) -> None:
+        print("failover: two operators, SIGKILL the leader", flush=True)
+        a = self.operator("--resync-interval", "5s")
+        b = self.operator("--resync-interval", "5s")
+        try:
+            leader = self.wait(lambda: next((o for o in (a, b) if o.is_leader()), None), 30, "leader")
+            standby = b if leader is a else a
+            time.sleep(2)
+            killed = time.monotonic()
+            leader.kill()
+            self.wait(standby.is_leader, 40, "standby to lead")
+            took = time.monotonic() - killed
+            self.row("failover after SIGKILL (s)", took, "<= 15", took <= 15,
+                     "leader lease 12s, retry 2s")
+        finally:
+            a.stop()
+            b.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxes", type=int, default=2000)
+    parser.add_argument("--precision", type=int, default=1000)
+    parser.add_argument("--memory", type=int, default=10000)
+    parser.add_argument("--memory-nodes", type=int, default=500)
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    args = parser.parse_args()
+    bench = Bench(Path(tempfile.mkdtemp(prefix="sl-bench-nh-")))
+    try:
+        bench.throughput(args.sandboxes)
+        bench.precision(args.precision)
+        bench.failover()
+        if args.memory:
+            bench.memory(args.memory, args.memory_nodes)
+    finally:
+        bench.close()
+    if args.json:
+        args.json.write_text(json.dumps(bench.rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

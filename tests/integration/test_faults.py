@@ -1,0 +1,261 @@
+"""Faults injected for real: etcd and kube-apiserver stopped under a running
+operator, containerd restarted under a running agent, and bad input refused with
+a message naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.controlplane import ControlPlane
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.ociarchive import build_image_archive, import_archive
+from sandlot.agent.main import Agent
+from sandlot.agent.settings import AgentSettings
+from sandlot.api import GROUP, VERSION
+from sandlot.api.crdgen import KINDS, crd_for
+from tests.support.containerd import start_private_containerd, unavailable_reason
+from tests.support.operator import Fleet, OperatorProcess
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of the test's own: these tests stop parts of it."""
+    plane = ControlPlane(workdir=tmp_path / "cp")
+    plane.start()
+    api = load_api_client(str(plane.kubeconfig))
+    apply_crds(api, [crd_for(k) for k in KINDS])
+    core = client.CoreV1Api(api)
+    for ns in ("work", "sandlot-system"):
+        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    api.close()
+    yield plane
+    plane.stop()
+
+
+def _fleet(plane: ControlPlane) -> tuple[client.ApiClient, Fleet]:
+    api = load_api_client(str(plane.kubeconfig), pool_size=32)
+    return api, Fleet(api, "work", "sandlot-system")
+
+
+def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_path: Path):
+    api, fleet = _fleet(own_plane)
+    lost, healthy = fleet.node("lost"), fleet.node("healthy")
+    lost_lease = fleet.lease(lost, duration=2)
+    fleet.lease(healthy, duration=15)
+    lost_names = [fleet.sandbox(f"l{i}", lost, "Running") for i in range(150)]
+    healthy_names = [fleet.sandbox(f"h{i}", healthy, "Running") for i in range(10)]
+    op = OperatorProcess(
+        own_plane,
+        tmp_path,
+        "sandlot-system",
+        "--grace-period",
+        "2s",
+        "--resync-interval",
+        "1s",
+        "--mark-concurrency",
+        "4",
+    )
+    try:
+        op.wait_metrics()
+        wait_for(
+            lambda: fleet.get_node(lost).get("status", {}).get("phase") == "Ready",
+            timeout=20,
+            what="lost node Ready first",
+        )
+        lost_lease.pause()
+        lost_lease.stop()
+        # Stop etcd once the marking has begun.
+        wait_for(
+            lambda: op.metric("sandlot_operator_sandboxes_marked_dead_total") > 0,
+            timeout=30,
+            interval=0.01,
+            what="marking to begin",
+        )
+        own_plane.stop_etcd()
+        time.sleep(3)
+        own_plane.restart_etcd()
+
+        def all_dead() -> bool:
+            return all(fleet.phase(n) == "Dead" for n in lost_names)
+
+        wait_for(all_dead, timeout=90, interval=0.5, what="every sandbox of the lost node Dead")
+        wait_for(lambda: fleet.health(lost).get("handledAt"), timeout=30, what="latch set")
+        assert all(fleet.phase(n) == "Running" for n in healthy_names), (
+            "a sandbox on the healthy node was touched"
+        )
+        assert op.proc.poll() is None, f"the operator died:\n{op.log()}"
+    finally:
+        op.stop()
+        fleet.cleanup()
+        api.close()
+
+
+def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
+    own_plane: ControlPlane, tmp_path: Path
+):
+    api, fleet = _fleet(own_plane)
+    nodes = [fleet.node(f"n{i}") for i in range(3)]
+    for n in nodes:
+        fleet.lease(n, duration=2)
+    names = [fleet.sandbox(f"s{i}", n, "Running") for i, n in enumerate(nodes)]
+    op = OperatorProcess(
+        own_plane, tmp_path, "sandlot-system", "--grace-period", "2s", "--resync-interval", "1s"
+    )
+    try:
+        op.wait_metrics()
+        for n in nodes:
+            wait_for(
+                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                timeout=20,
+                what=f"{n} Ready",
+            )
+        own_plane.stop_apiserver()
+        time.sleep(2 + 2 + 2)  # longer than lease + grace: every lease looks expired
+        own_plane.restart_apiserver()
+        # The agents renew again as soon as the API server is back (AgentLease keeps
+        # trying); the operator must judge READY from those renewals, and the guard
+        # holds while the whole fleet looks lost.
+        for n in nodes:
+            wait_for(
+                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                timeout=30,
+                what=f"{n} Ready again",
+            )
+        time.sleep(3)
+        assert [fleet.phase(n) for n in names] == ["Running"] * 3, (
+            f"the operator marked sandboxes Dead because of its own outage:\n{op.log()}"
+        )
+        assert op.proc.poll() is None
+    finally:
+        op.stop()
+        fleet.cleanup()
+        api.close()
+
+
+@pytest.mark.containerd
+def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
+    kube: client.ApiClient, namespace: str, tmp_path: Path
+):
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    ctrd = start_private_containerd()
+    ns = f"agent-{uuid.uuid4().hex[:6]}"
+    archive = tmp_path / "busybox.tar"
+    image = "docker.io/sandlot/fault-busybox:1"
+    build_image_archive(archive, image)
+    import_archive(ctrd.address, ns, archive, timeout=60)
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    settings = AgentSettings(
+        node_name=node,
+        namespace=namespace,
+        containerd_address=ctrd.address,
+        containerd_namespace=ns,
+        containerd_root=str(ctrd.root),
+        kill_wait="2s",
+        call_timeout="2s",
+        stop_grace="2s",
+        reap_interval="1s",
+        sync_interval="0.3s",
+        lease_duration="10s",
+        renew_interval="1s",
+        metrics_port=0,
+        node_address="10.1.2.3",
+        log_dir=str(tmp_path / "logs"),
+    )
+    agent = Agent(settings, kube, registry=CollectorRegistry())
+    objs: Any = client.CustomObjectsApi(kube)
+    try:
+        assert agent.start()
+        objs.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Sandbox",
+                "metadata": {"name": "keep"},
+                "spec": {
+                    "image": image,
+                    "nodeName": node,
+                    "command": ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait'],
+                },
+            },
+        )
+
+        def running() -> dict[str, Any] | None:
+            sb = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "keep")
+            status = sb.get("status") or {}
+            return status if status.get("phase") == "Running" else None
+
+        before = wait_for(running, timeout=30, what="the sandbox Running")
+        ctrd.restart()
+        time.sleep(3)  # several sync and reaper passes against the new containerd
+        after = running()
+        assert after is not None, "the sandbox left Running across a containerd restart"
+        assert after["pid"] == before["pid"] and after["containerId"] == before["containerId"]
+        rt = ContainerdRuntime(ctrd.address, ns)
+        try:
+            task = rt.get_task(before["containerId"], timeout=5)
+        finally:
+            rt.close()
+        assert task is not None and task.pid == before["pid"], "the container was torn down"
+    finally:
+        agent.shutdown()
+        ctrd.stop()
+        ctrd.remove()
+
+
+def _sandlot(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandlot.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["agent", "--node-name", "n1", "--gc-low", "90", "--gc-high", "85"], "gc_low"),
+        (["agent", "--node-name", "n1", "--renew-interval", "90s"], "renew"),
+        (["operator", "--grace-period", "soon"], "--grace-period"),
+        (["operator", "--disruption-threshold", "1.5"], "--disruption-threshold"),
+    ],
+    ids=[
+        "gc-low-above-high",
+        "renew-longer-than-lease",
+        "grace-not-a-duration",
+        "threshold-over-1",
+    ],
+)
+def test_bad_settings_are_refused_at_start_naming_the_setting(args, words):
+    proc = _sandlot(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert words in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_malformed_kubeconfig_is_refused_naming_the_file(tmp_path: Path):
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nclusters: [this is: not valid\n")
+    proc = _sandlot("operator", "--kubeconfig", str(bad), "--metrics-port", "0")
+    assert proc.returncode == 2, proc.stderr
+    assert str(bad) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
