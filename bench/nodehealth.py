@@ -26,20 +26,20 @@ import tempfile
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kubernetes import client  # noqa: E402
+from kubernetes import client
+from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes
 
-from sandlot.adapters.controlplane import ControlPlane  # noqa: E402
-from sandlot.adapters.kube import apply_crds, load_api_client  # noqa: E402
-from sandlot.adapters.objects import parse_time  # noqa: E402
-from sandlot.api import GROUP, VERSION  # noqa: E402
-from sandlot.api.crdgen import KINDS, crd_for  # noqa: E402
-from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes  # noqa: E402
+from sandlot.adapters.controlplane import ControlPlane
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.objects import parse_time
+from sandlot.api import GROUP, VERSION
+from sandlot.api.crdgen import KINDS, crd_for
 
 CONCURRENCY = 16
 GRACE = 3.0

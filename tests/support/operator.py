@@ -3,7 +3,6 @@ writing node Leases the way agents do."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
