@@ -1,0 +1,282 @@
+"""A private containerd (tests, benchmarks and the local demo), and the shim
+faults tests inject into it.
+
+Each instance has its own root, state, gRPC and ttrpc sockets under a temporary
+directory (CRI disabled), so tests never touch a node's containerd. Stopping it
+also removes what containerd itself would leave behind when stopped: shims of
+this instance (and their containers), and mounts under its directory.
+
+A wedged shim is simulated with SIGSTOP on the container's
+``containerd-shim-runc-v2``: calls about its task then hang, which is the fault
+the agent's deadlines exist for (SIGKILL would not do: containerd notices a dead
+shim and cleans up by itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SHIM_BINARY = "containerd-shim-runc-v2"
+REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
+NAMESPACE = "sandlot-test"
+
+
+def unavailable_reason() -> str | None:
+    """Why a private containerd cannot run here, or None if it can."""
+    if os.geteuid() != 0:
+        return "containerd tests need root (running containers)"
+    missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
+    if missing:
+        return f"containerd tests need {', '.join(missing)} on PATH"
+    return None
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    for i, arg in enumerate(argv[:-1]):
+        if arg in (f"-{name}", f"--{name}"):
+            return argv[i + 1]
+    for arg in argv:
+        for prefix in (f"-{name}=", f"--{name}="):
+            if arg.startswith(prefix):
+                return arg[len(prefix) :]
+    return None
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields resume after the last ')'.
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def shim_pids(address: str) -> list[int]:
+    """PIDs of runc v2 shims serving the containerd at ``address``."""
+    found = []
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if argv and os.path.basename(argv[0]) == SHIM_BINARY and _flag(argv, "address") == address:
+            found.append(pid)
+    return found
+
+
+def find_shim_pid(address: str, container_id: str, task_pid: int | None = None) -> int:
+    """The shim of ``container_id``: by its ``-id`` (ungrouped shims), else the task's parent."""
+    for pid in shim_pids(address):
+        if _flag(_cmdline(pid), "id") == container_id:
+            return pid
+    if task_pid is not None:
+        parent = _ppid(task_pid)
+        if parent is not None and parent in shim_pids(address):
+            return parent
+    raise LookupError(f"no {SHIM_BINARY} for container {container_id} of containerd {address}")
+
+
+@contextlib.contextmanager
+def stopped_process(pid: int) -> Iterator[int]:
+    """SIGSTOP ``pid`` for the duration of the block, SIGCONT after (whatever happens)."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid in _pids():
+        parent = _ppid(pid)
+        if parent is not None:
+            children.setdefault(parent, []).append(pid)
+    out: list[int] = []
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack.extend(children.get(pid, ()))
+    return out
+
+
+def _unmount_under(directory: Path) -> None:
+    prefix = str(directory.resolve()) + "/"
+    points = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(prefix):
+                points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=10, check=False)
+
+
+@dataclass
+class PrivateContainerd:
+    """A running private containerd; ``stop()`` (or the context manager) ends it."""
+
+    root_dir: Path
+    process: subprocess.Popen[bytes] | None = None
+    namespace: str = NAMESPACE
+    _log: object = field(default=None, repr=False)
+
+    @property
+    def address(self) -> str:
+        return str(self.root_dir / "containerd.sock")
+
+    @property
+    def root(self) -> Path:
+        return self.root_dir / "root"
+
+    @property
+    def state(self) -> Path:
+        return self.root_dir / "state"
+
+    @property
+    def log_path(self) -> Path:
+        return self.root_dir / "containerd.log"
+
+    def log_tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def write_config(self) -> Path:
+        config = self.root_dir / "config.toml"
+        config.write_text(
+            "\n".join(
+                [
+                    "version = 2",
+                    f'root = "{self.root}"',
+                    f'state = "{self.state}"',
+                    'disabled_plugins = ["io.containerd.grpc.v1.cri"]',
+                    "",
+                    "[grpc]",
+                    f'  address = "{self.address}"',
+                    "",
+                    "[ttrpc]",
+                    f'  address = "{self.root_dir / "containerd-ttrpc.sock"}"',
+                    "",
+                ]
+            )
+        )
+        return config
+
+    def start(self, *, ready_timeout: float = 20.0) -> None:
+        config = self.write_config()
+        log = self.log_path.open("wb")
+        self._log = log
+        self.process = subprocess.Popen(
+            ["containerd", "--config", str(config), "--log-level", "info"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        from sandlot.adapters.containerd import ContainerdRuntime
+        from sandlot.adapters.runtime import RuntimeError_
+
+        deadline = time.monotonic() + timeout
+        last_error = "socket never appeared"
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"containerd exited with {self.process.returncode} while starting:\n"
+                    + self.log_tail()
+                )
+            if Path(self.address).exists():
+                runtime = ContainerdRuntime(self.address, self.namespace)
+                try:
+                    runtime.version(timeout=2.0)
+                    return
+                except RuntimeError_ as exc:
+                    last_error = str(exc)
+                finally:
+                    runtime.close()
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(
+            f"containerd at {self.address} not ready within {timeout:g}s ({last_error}):\n"
+            + self.log_tail()
+        )
+
+    def stop(self, *, grace: float = 10.0) -> None:
+        """Stop containerd, then its shims and their containers, then clean its directory."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=grace)
+        shims = shim_pids(self.address)
+        for pid in _descendants(shims):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + grace
+        while shim_pids(self.address) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+            self._log = None
+        _unmount_under(self.root_dir)
+
+    def restart(self, *, grace: float = 10.0) -> None:
+        """Restart the containerd process only, as a package upgrade does: shims and
+        their containers keep running and the new containerd reconnects to them."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=grace)
+        if self._log is not None:
+            self._log.close()  # type: ignore[attr-defined]
+            self._log = None
+        self.start()
+
+    def remove(self) -> None:
+        _unmount_under(self.root_dir)
+        shutil.rmtree(self.root_dir, ignore_errors=True)
+
+    def __enter__(self) -> PrivateContainerd:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+        self.remove()
+
+
+def start_private_containerd(base: Path | None = None) -> PrivateContainerd:
+    """Start a private containerd under a new directory (short: socket paths are limited)."""
+    root_dir = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir=base))
+    instance = PrivateContainerd(root_dir)
+    try:
+        instance.start()
+    except BaseException:
+        instance.stop()
+        instance.remove()
+        raise
+    return instance
