@@ -6,12 +6,15 @@
   counts the OOM kills of each memory cgroup (``memory.oom_control`` on cgroup v1,
   ``memory.events`` on v2); the agent reads the counter of a container's cgroup
   after its task exited and before the teardown removes the cgroup.
+- ``bounding_capabilities``: what ``privileged`` can be given is the node's
+  bounding set (runc fails to start a container asking for more).
 - ``swap_accounted``: on cgroup v1 runc refuses a memory+swap limit when the
   kernel does not account swap; on v2 it ignores it. Probed once per agent.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +61,18 @@ def swap_accounted(root: str | Path) -> bool:
     if cgroup_v2(root):
         return True
     return (Path(root) / "memory" / "memory.memsw.limit_in_bytes").exists()
+
+
+def bounding_capabilities(
+    by_bit: Sequence[str], status: str | Path = "/proc/self/status"
+) -> tuple[str, ...]:
+    """The names (``by_bit[n]`` is bit n) in this process's capability bounding set."""
+    try:
+        text = Path(status).read_text()
+    except OSError:
+        return tuple(by_bit)
+    for line in text.splitlines():
+        if line.startswith("CapBnd:"):
+            mask = int(line.split()[1], 16)
+            return tuple(name for bit, name in enumerate(by_bit) if mask >> bit & 1)
+    return tuple(by_bit)

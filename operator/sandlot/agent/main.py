@@ -30,7 +30,7 @@ import signal as signals
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -54,7 +54,12 @@ from sandlot.adapters.containerd.ocispec import (
     cgroups_path_for,
     default_spec,
 )
-from sandlot.adapters.nodeguard import namespace_labels, oom_kills, swap_accounted
+from sandlot.adapters.nodeguard import (
+    bounding_capabilities,
+    namespace_labels,
+    oom_kills,
+    swap_accounted,
+)
 from sandlot.adapters.objects import Leases, Objects, parse_time, rfc3339
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -154,11 +159,11 @@ class RunAsRootRefused(ValueError):
     """``runAsNonRoot`` is set and the process would run as UID 0."""
 
 
-def _capabilities(spec: SandboxSpec) -> list[str]:
+def _capabilities(spec: SandboxSpec, node_capabilities: Sequence[str]) -> list[str]:
     ctx = spec.security_context
     adds = list(ctx.capabilities.add) if ctx and ctx.capabilities else []
-    if any(cap_name(c) == "ALL" for c in adds):
-        return list(ALL_CAPABILITIES)
+    if (ctx and ctx.privileged) or any(cap_name(c) == "ALL" for c in adds):
+        return list(node_capabilities)
     return list(dict.fromkeys([*DEFAULT_CAPABILITIES, *(f"CAP_{cap_name(c)}" for c in adds)]))
 
 
@@ -170,13 +175,15 @@ def build_oci_spec(
     hostname: str,
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     limit_swap: bool = False,
+    node_capabilities: Sequence[str] = ALL_CAPABILITIES,
 ) -> dict[str, Any]:
     """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
     security context, on top of ``default_spec``'s safe defaults.
 
     ``limit_swap`` sets memory+swap to the memory limit (no swap beyond it); only
     where the node's kernel accounts swap, since runc refuses it on cgroup v1
-    otherwise. Raises ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and
+    otherwise. ``node_capabilities`` is what ``privileged`` (or adding ``ALL``)
+    grants: every capability the node's runtime can hand out. Raises ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and
     ``ValueError`` for a spec that cannot run at all.
     """
     args = list(spec.command) or [*config.entrypoint, *config.cmd]
@@ -199,7 +206,7 @@ def build_oci_spec(
         hostname=hostname[:63],
         user=user,
         cgroups_path=cgroups_path_for(name),
-        capabilities=_capabilities(spec),
+        capabilities=_capabilities(spec, node_capabilities),
         privileged=bool(ctx and ctx.privileged),
         readonly_root=bool(ctx and ctx.read_only_root_filesystem),
         pids_limit=pids_limit,
@@ -244,6 +251,9 @@ class Agent:
         self.call_timeout = settings.call_timeout.total_seconds()
         self.kill_wait = settings.kill_wait.total_seconds()
         self.limit_swap = swap_accounted(settings.cgroup_root)
+        # containerd and runc run with the node's bounding set, as does this agent
+        # (a privileged pod): `privileged` grants exactly that set.
+        self.node_capabilities = bounding_capabilities(ALL_CAPABILITIES)
 
         self.runtime: Runtime | None = None
         self.collector: ImageCollector | None = None
@@ -698,6 +708,7 @@ class Agent:
                 hostname=meta["name"],
                 pids_limit=self.settings.pids_limit or None,
                 limit_swap=self.limit_swap,
+                node_capabilities=self.node_capabilities,
             )
         except RunAsRootRefused as exc:
             self._fail(sb, REASON_RUN_AS_ROOT, str(exc))

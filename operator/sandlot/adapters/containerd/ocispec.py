@@ -187,9 +187,11 @@ def default_spec(
     Safe by default: the baseline capabilities, ``noNewPrivileges``, the seccomp
     profile of ``sandlot.policy.seccomp``, masked and read-only ``/proc`` and
     ``/sys`` paths, no host mounts, devices denied, at most ``pids_limit``
-    processes (None: no limit). ``privileged`` gives every capability and drops
-    the seccomp filter and the masked and read-only paths (the sandbox then owns
-    the node; only a namespace at level ``privileged`` may ask for it).
+    processes (None: no limit). ``privileged`` drops the seccomp filter and the
+    masked and read-only paths and mounts ``/sys`` writable; pair it with
+    ``capabilities`` naming every capability the node has (runc refuses one
+    outside its own bounding set). The sandbox then owns the node: only a
+    namespace at level ``privileged`` may ask for it.
 
     ``host_network`` leaves out the network namespace (the container shares the
     node's). ``cgroups_path`` defaults to ``/sandlot/<hostname>``. ``env`` gets a
@@ -204,7 +206,7 @@ def default_spec(
     if not host_network:
         namespaces.append({"type": "network"})
     uid, gid = user
-    caps = list(ALL_CAPABILITIES if privileged else dict.fromkeys(capabilities))
+    caps = list(dict.fromkeys(capabilities))
     resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
     if pids_limit is not None:
         resources["pids"] = {"limit": pids_limit}
