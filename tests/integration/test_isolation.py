@@ -556,3 +556,36 @@ def test_agent_refuses_run_as_non_root_when_the_process_would_be_root(
     assert status["phase"] == "Failed", status
     assert status["reason"] == "RunAsRootRefused"
     assert "runAsNonRoot" in status["message"] and "UID 0" in status["message"]
+
+
+# ------------------------------------------------------------------ the chart renders the same policy
+
+
+@pytest.mark.parametrize("level", ["baseline", "restricted"])
+def test_chart_template_renders_the_policy_the_tests_install(level: str) -> None:
+    import subprocess
+
+    import yaml
+
+    from sandlot.adapters.controlplane import helm_path
+    from tests.support.kube import repo_root
+
+    proc = subprocess.run(
+        [
+            str(helm_path()),
+            "template",
+            "sl",
+            str(repo_root() / "charts" / "sandlot"),
+            "--show-only",
+            "templates/admission-policy.yaml",
+            "--set",
+            f"admissionPolicy.defaultLevel={level}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+    assert rendered == admission_policy(level)

@@ -1,4 +1,6 @@
-"""``sandlot gen crds``: write the CRDs generated from the models."""
+"""``sandlot gen crds``: write the CRDs generated from the models.
+``sandlot gen admission``: write the chart's admission policy template from
+``sandlot.api.admission``."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from sandlot.api.admission import CHART_TEMPLATE, chart_template
 from sandlot.api.crdgen import CRD_DIRS, render_crds
 
 
@@ -15,6 +18,11 @@ def register(sub: Any) -> None:
     crds = gen_sub.add_parser("crds", help="write the CRD YAML into crds/ and the chart")
     crds.add_argument("--root", default=".", help="repository root (default: .)")
     crds.set_defaults(func=run_crds)
+    admission = gen_sub.add_parser(
+        "admission", help=f"write the admission policy template into {CHART_TEMPLATE}"
+    )
+    admission.add_argument("--root", default=".", help="repository root (default: .)")
+    admission.set_defaults(func=run_admission)
 
 
 def write_crds(root: Path) -> list[Path]:
@@ -36,4 +44,12 @@ def write_crds(root: Path) -> list[Path]:
 def run_crds(args: argparse.Namespace) -> int:
     for path in write_crds(Path(args.root)):
         print(f"wrote {path}")
+    return 0
+
+
+def run_admission(args: argparse.Namespace) -> int:
+    path = Path(args.root) / CHART_TEMPLATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(chart_template())
+    print(f"wrote {path}")
     return 0

@@ -1,0 +1,271 @@
+"""The OCI spec a sandbox gets: safe defaults, and the security context honoured.
+
+Pure: the dict ``build_oci_spec`` returns. What runc and the kernel do with it is
+claimed in tests/integration/test_isolation.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandlot.adapters.containerd.ocispec import (
+    ALL_CAPABILITIES,
+    DEFAULT_CAPABILITIES,
+    MASKED_PATHS,
+    READONLY_PATHS,
+    capability_mask,
+)
+from sandlot.adapters.nodeguard import bounding_capabilities, oom_kills, swap_accounted
+from sandlot.adapters.runtime import ImageConfig
+from sandlot.agent.main import RunAsRootRefused, build_oci_spec
+from sandlot.api.admission import BASELINE_ADDABLE, CHART_TEMPLATE, chart_template
+from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.seccomp import default_profile, denied_syscalls
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def build(config: ImageConfig | None = None, **fields: Any) -> dict[str, Any]:
+    spec = SandboxSpec.model_validate({"image": "img", "command": ["sh"], **fields})
+    return build_oci_spec("sb-1", spec, config or ImageConfig(), hostname="box")
+
+
+def test_default_sandbox_gets_own_namespaces_baseline_caps_and_no_new_privileges() -> None:
+    oci = build()
+    assert [n["type"] for n in oci["linux"]["namespaces"]] == [
+        "pid",
+        "ipc",
+        "uts",
+        "mount",
+        "network",
+    ]
+    caps = oci["process"]["capabilities"]
+    assert caps == {k: list(DEFAULT_CAPABILITIES) for k in ("bounding", "effective", "permitted")}
+    assert oci["process"]["noNewPrivileges"] is True
+    assert oci["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert oci["linux"]["maskedPaths"] == list(MASKED_PATHS)
+    assert oci["linux"]["readonlyPaths"] == list(READONLY_PATHS)
+    assert oci["linux"]["resources"]["pids"] == {"limit": 1024}
+    assert oci["root"]["readonly"] is False
+    assert oci["linux"]["cgroupsPath"] == "/sandlot/sb-1"
+
+
+def test_no_host_paths_are_mounted() -> None:
+    kinds = {m["type"] for m in build(hostNetwork=True)["mounts"]}
+    assert kinds <= {"proc", "tmpfs", "devpts", "mqueue", "sysfs"}, "a bind mount of a host path"
+
+
+def test_baseline_drops_the_risky_defaults_and_stays_inside_what_baseline_may_add() -> None:
+    for risky in ("CAP_NET_RAW", "CAP_MKNOD", "CAP_SETFCAP", "CAP_SYS_ADMIN", "CAP_SYS_MODULE"):
+        assert risky not in DEFAULT_CAPABILITIES
+    assert {c.removeprefix("CAP_") for c in DEFAULT_CAPABILITIES} <= set(BASELINE_ADDABLE)
+
+
+def test_host_network_leaves_out_the_network_namespace_only() -> None:
+    kinds = [n["type"] for n in build(hostNetwork=True)["linux"]["namespaces"]]
+    assert kinds == ["pid", "ipc", "uts", "mount"]
+
+
+def test_added_capabilities_join_the_baseline_in_either_spelling() -> None:
+    oci = build(securityContext={"capabilities": {"add": ["net_admin", "CAP_NET_RAW", "CHOWN"]}})
+    caps = oci["process"]["capabilities"]["effective"]
+    assert caps == [*DEFAULT_CAPABILITIES, "CAP_NET_ADMIN", "CAP_NET_RAW"]
+
+
+def test_privileged_gets_the_node_capabilities_and_loses_seccomp_and_masks() -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "img", "command": ["sh"], "securityContext": {"privileged": True}}
+    )
+    node = ALL_CAPABILITIES[:30]
+    oci = build_oci_spec("sb-1", spec, ImageConfig(), hostname="b", node_capabilities=node)
+    assert oci["process"]["capabilities"]["bounding"] == list(node)
+    assert "seccomp" not in oci["linux"]
+    assert "maskedPaths" not in oci["linux"] and "readonlyPaths" not in oci["linux"]
+    assert oci["process"]["noNewPrivileges"] is True
+
+
+@pytest.mark.parametrize(
+    ("context", "config", "user"),
+    [
+        ({}, ImageConfig(), {"uid": 0, "gid": 0}),
+        ({}, ImageConfig(user="1000:2000"), {"uid": 1000, "gid": 2000}),
+        ({"runAsUser": 5, "runAsGroup": 6}, ImageConfig(user="1000"), {"uid": 5, "gid": 6}),
+        ({"runAsNonRoot": True}, ImageConfig(user="1000"), {"uid": 1000, "gid": 0}),
+    ],
+    ids=["root by default", "image user", "runAsUser wins", "runAsNonRoot with a non-root image"],
+)
+def test_process_user(context: dict[str, Any], config: ImageConfig, user: dict[str, int]) -> None:
+    assert build(config, securityContext=context)["process"]["user"] == user
+
+
+@pytest.mark.parametrize(
+    ("context", "config", "source"),
+    [
+        ({"runAsNonRoot": True}, ImageConfig(), "the image"),
+        ({"runAsNonRoot": True, "runAsUser": 0}, ImageConfig(user="1000"), "runAsUser"),
+    ],
+    ids=["root image", "explicit uid 0"],
+)
+def test_run_as_non_root_refuses_uid_0_naming_where_it_came_from(
+    context: dict[str, Any], config: ImageConfig, source: str
+) -> None:
+    with pytest.raises(RunAsRootRefused, match=f"UID 0 \\(from .*{source}"):
+        build(config, securityContext=context)
+
+
+def test_read_only_root_filesystem() -> None:
+    assert build(securityContext={"readOnlyRootFilesystem": True})["root"]["readonly"] is True
+
+
+@pytest.mark.parametrize(
+    ("limits", "limit_swap", "resources"),
+    [
+        ({"memory": "64Mi"}, False, {"memory": {"limit": 64 * 2**20}}),
+        ({"memory": "1G"}, True, {"memory": {"limit": 10**9, "swap": 10**9}}),
+        ({"cpu": "250m"}, False, {"cpu": {"quota": 25_000, "period": 100_000}}),
+        ({"cpu": "1.5"}, False, {"cpu": {"quota": 150_000, "period": 100_000}}),
+    ],
+    ids=["memory", "memory with no swap beyond it", "millicores", "cores"],
+)
+def test_resource_limits(limits: dict[str, str], limit_swap: bool, resources: dict) -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "img", "command": ["sh"], "resources": {"limits": limits}}
+    )
+    oci = build_oci_spec("sb", spec, ImageConfig(), hostname="b", limit_swap=limit_swap)
+    for key, value in resources.items():
+        assert oci["linux"]["resources"][key] == value
+
+
+def test_pids_limit_can_be_turned_off() -> None:
+    spec = SandboxSpec.model_validate({"image": "img", "command": ["sh"]})
+    oci = build_oci_spec("sb", spec, ImageConfig(), hostname="b", pids_limit=None)
+    assert "pids" not in oci["linux"]["resources"]
+
+
+# ------------------------------------------------------------------ seccomp data
+
+
+@pytest.mark.parametrize(
+    "syscall",
+    [
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "kexec_load",
+        "kexec_file_load",
+        "mount",
+        "umount2",
+        "pivot_root",
+        "move_mount",
+        "fsopen",
+        "fsmount",
+        "open_tree",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "ptrace",
+        "bpf",
+        "perf_event_open",
+        "unshare",
+        "setns",
+        "reboot",
+        "swapon",
+        "swapoff",
+        "acct",
+        "settimeofday",
+        "clock_settime",
+        "open_by_handle_at",
+        "io_uring_setup",
+    ],
+)
+def test_seccomp_refuses_with_eperm(syscall: str) -> None:
+    (rule,) = [r for r in default_profile("x86_64")["syscalls"] if syscall in r["names"]]
+    assert rule["action"] == "SCMP_ACT_ERRNO" and rule["errnoRet"] == 1 and "args" not in rule
+
+
+def test_seccomp_refuses_clone_with_any_namespace_flag_and_clone3_with_enosys() -> None:
+    rules = default_profile("x86_64")["syscalls"]
+    clone_flags = {r["args"][0]["value"] for r in rules if r["names"] == ["clone"]}
+    assert clone_flags == {
+        0x20000,
+        0x2000000,
+        0x4000000,
+        0x8000000,
+        0x10000000,
+        0x20000000,
+        0x40000000,
+    }
+    assert all(
+        r["args"][0]["valueTwo"] == r["args"][0]["value"] for r in rules if r["names"] == ["clone"]
+    )
+    (clone3,) = [r for r in rules if r["names"] == ["clone3"]]
+    assert clone3["errnoRet"] == 38
+
+
+@pytest.mark.parametrize(
+    ("machine", "arches"),
+    [
+        ("x86_64", ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"]),
+        ("arm64", ["SCMP_ARCH_AARCH64", "SCMP_ARCH_ARM"]),
+    ],
+    ids=["amd64 with its compat ABIs", "arm64 with arm"],
+)
+def test_seccomp_covers_compat_architectures(machine: str, arches: list[str]) -> None:
+    assert default_profile(machine)["architectures"] == arches
+
+
+def test_denied_list_has_no_duplicates_and_allows_ordinary_calls() -> None:
+    denied = denied_syscalls()
+    assert len(denied) == len(set(denied))
+    for ordinary in ("read", "write", "execve", "clone", "openat", "socket", "chroot"):
+        assert ordinary not in denied
+
+
+# ------------------------------------------------------------------ node reads (files)
+
+
+def test_capability_mask_matches_the_kernel_bits() -> None:
+    assert capability_mask(["CAP_CHOWN", "CAP_KILL"]) == 0b100001
+    assert capability_mask(ALL_CAPABILITIES) == (1 << 41) - 1
+
+
+def test_bounding_capabilities_from_proc_status(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tx\nCapBnd:\t000001fffeffffff\n")
+    caps = bounding_capabilities(ALL_CAPABILITIES, status)
+    assert "CAP_SYS_RESOURCE" not in caps and len(caps) == 40
+
+
+@pytest.mark.parametrize("v2", [False, True], ids=["cgroup v1", "cgroup v2"])
+def test_oom_kills_read_from_the_container_cgroup(tmp_path: Path, v2: bool) -> None:
+    if v2:
+        (tmp_path / "cgroup.controllers").write_text("memory pids\n")
+        target = tmp_path / "sandlot" / "sb-1" / "memory.events"
+        text = "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n"
+    else:
+        target = tmp_path / "memory" / "sandlot" / "sb-1" / "memory.oom_control"
+        text = "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"
+    assert oom_kills(tmp_path, "/sandlot/sb-1") is None  # no cgroup: unknown, not zero
+    target.parent.mkdir(parents=True)
+    target.write_text(text)
+    assert oom_kills(tmp_path, "/sandlot/sb-1") == 1
+
+
+def test_swap_limit_only_where_the_kernel_accounts_swap(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    assert swap_accounted(tmp_path) is False
+    (tmp_path / "memory" / "memory.memsw.limit_in_bytes").write_text("0")
+    assert swap_accounted(tmp_path) is True
+
+
+# ------------------------------------------------------------------ the chart's copy
+
+
+def test_committed_admission_template_matches_the_policy() -> None:
+    committed = (ROOT / CHART_TEMPLATE).read_text()
+    assert committed == chart_template(), (
+        f"{CHART_TEMPLATE} is out of date; regenerate with `sandlot gen admission` and commit it"
+    )
