@@ -78,16 +78,18 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
 from sandlot.api.admission import Level, cap_name, level_of
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxSpec
+from sandlot.api.sandbox import (
+    REASON_OOM_KILLED,
+    REASON_POLICY_VIOLATION,
+    REASON_RUN_AS_ROOT,
+    TERMINAL_PHASES,
+    SandboxSpec,
+)
 from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL, SweepAction
 from sandlot.policy.imagegc import DiskUsage, pass_for_request
 from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
-
-REASON_POLICY_VIOLATION = "PolicyViolation"
-REASON_RUN_AS_ROOT = "RunAsRootRefused"
-REASON_OOM_KILLED = "OOMKilled"
 
 CONNECT_BACKOFF_START = 0.5
 CONNECT_BACKOFF_CAP = 30.0

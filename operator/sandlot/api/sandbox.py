@@ -35,6 +35,9 @@ ACTIVE_PHASES: frozenset[str] = frozenset({SandboxPhase.SCHEDULED, SandboxPhase.
 REASON_NODE_LOST = "NodeLost"
 REASON_NODE_DELETED = "NodeDeleted"
 REASON_DRAIN_ABANDONED = "DrainAbandoned"
+REASON_POLICY_VIOLATION = "PolicyViolation"
+REASON_RUN_AS_ROOT = "RunAsRootRefused"
+REASON_OOM_KILLED = "OOMKilled"
 
 _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
 
@@ -78,31 +81,48 @@ class SandboxResources(Model):
 class Capabilities(Model):
     add: list[str] = Field(
         default_factory=list,
-        description="Linux capabilities added to the baseline set (names without `CAP_`, "
-        "for example `NET_ADMIN`). Capabilities outside the baseline need the "
-        "namespace's policy level to allow them.",
+        description="Linux capabilities added to the sandbox's baseline set (CHOWN, "
+        "DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE, SYS_CHROOT). "
+        "Names with or without `CAP_`, any case (`NET_ADMIN`, `cap_net_raw`); `ALL` means "
+        "every capability. A `baseline` namespace may add AUDIT_WRITE, CHOWN, "
+        "DAC_OVERRIDE, FOWNER, FSETID, KILL, MKNOD, NET_BIND_SERVICE, SETFCAP, SETGID, "
+        "SETPCAP, SETUID, SYS_CHROOT; a `restricted` one only NET_BIND_SERVICE; others "
+        "need the label `sandlot.dev/enforce=privileged`. They take effect for UID 0 "
+        "only (there are no ambient capabilities). The seccomp profile still applies.",
     )
 
 
 class SecurityContext(Model):
     run_as_user: int | None = Field(
-        default=None, ge=0, description="UID the sandbox's process runs as (default: the image's)."
+        default=None,
+        ge=0,
+        description="UID the sandbox's process runs as (default: the image's numeric "
+        "user, else 0). A non-zero UID has no effective capabilities.",
     )
-    run_as_group: int | None = Field(default=None, ge=0, description="GID the process runs as.")
+    run_as_group: int | None = Field(
+        default=None,
+        ge=0,
+        description="GID the process runs as (default: the image's numeric group, else 0).",
+    )
     run_as_non_root: bool | None = Field(
         default=None,
-        description="Refuse to start the sandbox if its process would run as UID 0.",
+        description="When true, the agent refuses to start a process that would run as UID "
+        "0 (from runAsUser or the image): the sandbox ends Failed, reason "
+        "RunAsRootRefused. Required by the `restricted` level.",
     )
     read_only_root_filesystem: bool | None = Field(
-        default=None, description="Mount the sandbox's root filesystem read-only."
+        default=None,
+        description="Mount the sandbox's root filesystem read-only; /dev/shm and /run stay "
+        "writable tmpfs.",
     )
     capabilities: Capabilities | None = Field(
         default=None, description="Capabilities beyond the baseline."
     )
     privileged: bool | None = Field(
         default=None,
-        description="Run with every capability and no seccomp filter: the sandbox then "
-        "owns the node. Refused unless the namespace's policy level is `privileged`.",
+        description="Run with every capability the node has, no seccomp filter, no masked "
+        "/proc paths and a writable /sys: the sandbox then owns the node. Refused unless "
+        "the namespace is labelled `sandlot.dev/enforce=privileged`.",
     )
 
 
@@ -129,11 +149,16 @@ class SandboxSpec(Model):
     )
     host_network: bool = Field(
         default=False,
-        description="Share the node's network namespace instead of getting an own one.",
+        description="Share the node's network namespace instead of getting an own one "
+        "(the sandbox can then reach every service on the node's loopback). Refused unless "
+        "the namespace is labelled `sandlot.dev/enforce=privileged`.",
     )
     resources: SandboxResources | None = Field(default=None, description="Resource limits.")
     security_context: SecurityContext | None = Field(
-        default=None, description="Security settings, modelled on the Pod's."
+        default=None,
+        description="Security settings, modelled on the Pod's. Without them a sandbox gets "
+        "the safe defaults: own namespaces, the capability baseline, no new privileges, "
+        "the seccomp profile, masked kernel paths and a pids limit (docs/isolation.md).",
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,
