@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, cache, dev, gen, nodes, operator_cmd
+from sandlot.cli import agent_cmd, cache, dev, gen, nodes, operator_cmd, status
 
 
 class UsageError(Exception):
@@ -31,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.register(sub)
     nodes.register(sub)
     operator_cmd.register(sub)
+    status.register(sub)
     return parser
 
 
