@@ -116,13 +116,27 @@ def slice_name(service: str, index: int) -> str:
     return f"{service}-sandlot" if index == 0 else f"{service}-sandlot-{index}"
 
 
+def routable(ip: str) -> bool:
+    """Whether the API server accepts ``ip`` as an IPv4 endpoint address: it refuses
+    unspecified, loopback, link-local and link-local multicast addresses (a host
+    whose name resolves to 127.0.1.1 reports such an address)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return False
+    return addr.version == 4 and not (
+        addr.is_unspecified
+        or addr.is_loopback
+        or addr.is_link_local
+        or addr in ipaddress.ip_network("224.0.0.0/24")
+    )
+
+
 def _endpoint(member: SandboxRecord) -> dict[str, Any] | None:
     if member.phase != SandboxPhase.RUNNING or not member.ip:
         return None
-    try:
-        if ipaddress.ip_address(member.ip).version != 4:
-            return None
-    except ValueError:
+    if not routable(member.ip):
+        log.debug("sandbox %s: address %s cannot be an endpoint", member.key, member.ip)
         return None
     endpoint: dict[str, Any] = {
         "addresses": [member.ip],
