@@ -545,3 +545,56 @@ def test_scale_subresource_scales_up_and_down_and_removes_containers(
         "get", "-n", cluster.namespace, "sbpool/svc", "-o", "jsonpath={.status.replicas}"
     ).stdout
     assert scale == "1"
+
+
+def test_binding_with_a_stale_resource_version_never_rebinds(
+    kube: client.ApiClient, namespace: str
+) -> None:
+    from sandlot.adapters.objects import Objects
+    from sandlot.adapters.workloads import bind_sandbox
+
+    objs: Any = client.CustomObjectsApi(kube)
+    created = objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "sandboxes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": "once"},
+            "spec": {"image": IMAGE},
+        },
+    )
+    rv = created["metadata"]["resourceVersion"]
+    objects = Objects(kube)
+    first = bind_sandbox(objects, namespace, "once", "n1", rv)
+    second = bind_sandbox(objects, namespace, "once", "n2", rv)  # a second pass, same read
+    assert first.outcome == "bound"
+    assert second.outcome == "taken"
+    assert second.body is not None and second.body["spec"]["nodeName"] == "n1"
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", "once", {"status": {"phase": "Pending"}}
+    )
+    # Changed but still unbound elsewhere: a conflict the caller retries with the new version.
+    other = objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "sandboxes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": "moved"},
+            "spec": {"image": IMAGE},
+        },
+    )
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", "moved", {"status": {"phase": "Pending"}}
+    )
+    stale = bind_sandbox(objects, namespace, "moved", "n1", other["metadata"]["resourceVersion"])
+    assert stale.outcome == "conflict" and stale.body is not None
+    retried = bind_sandbox(
+        objects, namespace, "moved", "n1", stale.body["metadata"]["resourceVersion"]
+    )
+    assert retried.outcome == "bound"
