@@ -10,7 +10,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	@$(VENV)/sandlot dev up $(DEMO_ARGS)
+	@$(VENV)/sandlot demo $(DEMO_ARGS)
 
 lint: setup
 	$(VENV)/ruff check $(LINT_DIRS)

@@ -59,6 +59,15 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    stopped = stop_detached(Path(args.dir).resolve())
+    workdir = Path(args.dir).resolve()
+    state_file = workdir / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    stopped = stop_detached(workdir)
+    if "containerd" in state:  # left by `sandlot demo --keep`: its shims and containers too
+        from sandlot.adapters.containerd.local import PrivateContainerd
+
+        ctrd = PrivateContainerd(Path(state["containerd"]["root"]))
+        ctrd.stop()
+        ctrd.remove()
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0

@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, cache, dev, gen, nodes, operator_cmd, status
+from sandlot.cli import agent_cmd, cache, demo, dev, gen, nodes, operator_cmd, status
 
 
 class UsageError(Exception):
@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     agent_cmd.register(sub)
     cache.register(sub)
+    demo.register(sub)
     dev.register(sub)
     gen.register(sub)
     nodes.register(sub)

@@ -30,6 +30,12 @@ class OperatorMetrics:
             "Sandboxes whose Dead marking failed (the node is retried).",
             registry=registry,
         )
+        self.mark_seconds = Histogram(
+            "sandlot_operator_mark_duration_seconds",
+            "Time to list a node's sandboxes and mark the non-terminal ones Dead.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+            registry=registry,
+        )
         self.reconcile_seconds = Histogram(
             "sandlot_operator_node_reconcile_duration_seconds",
             "Time to evaluate (and act on) one node.",

@@ -245,6 +245,13 @@ class NodeHealthController:
     # -- acting -------------------------------------------------------------------
 
     async def _mark_all(self, name: str, decision: Decision, now: datetime) -> MarkResult:
+        started = time.perf_counter()
+        try:
+            return await self._list_and_mark(name, decision, now)
+        finally:
+            self.metrics.mark_seconds.observe(time.perf_counter() - started)
+
+    async def _list_and_mark(self, name: str, decision: Decision, now: datetime) -> MarkResult:
         sandboxes = await asyncio.to_thread(self.objects.list_node_sandboxes, name)
         # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
         live = [
