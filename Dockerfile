@@ -1,0 +1,47 @@
+# One image for both programs: `sandlot operator` (Deployment, non-root) and
+# `sandlot agent` (DaemonSet; the chart runs it as uid 0 for containerd's socket).
+#
+#   docker build -t sandlot:dev .
+#
+# The builder generates the containerd gRPC stubs from the .proto files Debian
+# ships (golang-github-containerd-containerd-dev, plus gogo.proto), the same
+# generator and source the development setup uses, and installs the package with
+# them into a virtualenv that the final stage copies alone: no compiler, no
+# grpcio-tools, no .proto files in the image.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev \
+ && rm -rf /var/lib/apt/lists/*
+# grpcio-tools lives in its own virtualenv: it is needed to generate, never to run.
+RUN python -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "protobuf>=7.36"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.adapters.containerd.gen_stubs \
+      --source debian --force \
+ && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py
+RUN python -m venv /opt/sandlot \
+ && /opt/sandlot/bin/pip install --upgrade pip \
+ && /opt/sandlot/bin/pip install . \
+ && /opt/sandlot/bin/python -c "import sandlot.adapters.containerd.client" \
+ && /opt/sandlot/bin/sandlot --help >/dev/null
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="sandlot" \
+      org.opencontainers.image.description="sandlot operator and node agent" \
+      org.opencontainers.image.licenses="Apache-2.0"
+ENV PATH=/opt/sandlot/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+COPY --from=build /opt/sandlot /opt/sandlot
+# The chart's operator pod runs as this user (65532) with a read-only root filesystem.
+RUN groupadd --system --gid 65532 sandlot \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin sandlot
+USER 65532:65532
+ENTRYPOINT ["sandlot"]
+CMD ["--help"]
