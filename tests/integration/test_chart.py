@@ -308,8 +308,11 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     )
     _apply(kubectl, docs)
     yield Installed(release, namespace, docs)
-    selector = f"app.kubernetes.io/instance={release}"
-    kubectl("delete", "clusterrole,clusterrolebinding", "-l", selector, "--wait=false")
+    # Cluster-scoped objects (RBAC, admission policies) outlive the namespace: delete
+    # every rendered object by name.
+    kubectl(
+        "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(docs)
+    )
     core.delete_namespace(namespace)
 
 
