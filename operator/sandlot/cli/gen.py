@@ -23,6 +23,9 @@ def register(sub: Any) -> None:
     )
     admission.add_argument("--root", default=".", help="repository root (default: .)")
     admission.set_defaults(func=run_admission)
+    docs = gen_sub.add_parser("docs", help="write docs/settings.md and docs/metrics.md")
+    docs.add_argument("--root", default=".", help="repository root (default: .)")
+    docs.set_defaults(func=run_docs)
 
 
 def write_crds(root: Path) -> list[Path]:
@@ -52,4 +55,16 @@ def run_admission(args: argparse.Namespace) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(chart_template())
     print(f"wrote {path}")
+    return 0
+
+
+def run_docs(args: argparse.Namespace) -> int:
+    from sandlot.cli.docsgen import render_docs
+
+    root = Path(args.root)
+    for name, text in render_docs(root).items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0

@@ -1,0 +1,40 @@
+"""The settings and metrics references cannot drift from the code."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from sandlot.cli.docsgen import render_docs
+
+ROOT = Path(__file__).resolve().parents[2]
+FIX = "regenerate with `sandlot gen docs` and commit the result"
+
+
+@pytest.mark.parametrize("name", sorted(render_docs(ROOT)))
+def test_reference_matches_the_code(name):
+    expected = render_docs(ROOT)[name]
+    committed = (ROOT / name).read_text() if (ROOT / name).exists() else ""
+    assert committed == expected, f"{name} is out of date: {FIX}"
+
+
+def test_every_metric_named_in_the_code_is_in_the_reference():
+    reference = (ROOT / "docs/metrics.md").read_text()
+    documented = set(re.findall(r"`(sandlot_[a-z0-9_]+)`", reference))
+    in_code = set()
+    for path in (ROOT / "operator/sandlot").rglob("*.py"):
+        in_code |= set(re.findall(r'"(sandlot_[a-z0-9_]+)"', path.read_text()))
+    missing = {m for m in in_code if m not in documented and f"{m}_total" not in documented}
+    assert not missing, f"metrics registered in code but not in docs/metrics.md: {sorted(missing)}"
+
+
+def test_every_documented_setting_exists_in_the_code():
+    reference = (ROOT / "docs/settings.md").read_text()
+    documented = set(re.findall(r"`(SANDLOT_[A-Z0-9_]+)`", reference))
+    from sandlot.agent.settings import AgentSettings
+    from sandlot.cli.options import env_name
+    from sandlot.controllers.settings import OperatorSettings
+
+    real = {env_name(f) for m in (AgentSettings, OperatorSettings) for f in m.model_fields}
+    assert documented <= real, f"documented but gone from the code: {sorted(documented - real)}"
+    assert real <= documented, f"in the code but not documented: {sorted(real - documented)}"
