@@ -235,7 +235,9 @@ def run_sandbox(runtime: ContainerdRuntime, busybox_image: str, tmp_path: Path) 
         # The shim copies output to the log asynchronously, so the task's exit can
         # come before the last line: the script ends by printing its status, and
         # the log is read once that line is there.
-        command = ["sh", "-c", f'{script}\necho "{EXIT_MARK}$?"']
+        # stderr joins stdout inside the sandbox: two pipes would reach the log in
+        # no particular order.
+        command = ["sh", "-c", f'{{ {script}\n}} 2>&1\necho "{EXIT_MARK}$?"']
         sandbox = SandboxSpec.model_validate({"image": busybox_image, "command": command, **spec})
         oci = build_oci_spec(
             container_id,
