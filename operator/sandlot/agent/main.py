@@ -47,6 +47,14 @@ from sandlot.adapters.agentapi import (
     list_cacheprunes,
     patch_cacheprune_result,
 )
+from sandlot.adapters.cni import (
+    Attachment,
+    CniError,
+    NoNetworkConfig,
+    SandboxNetwork,
+    join_netns,
+    load_config,
+)
 from sandlot.adapters.containerd.ocispec import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
@@ -74,7 +82,7 @@ from sandlot.adapters.runtime import (
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, GcResult, ImageCollector, disk_usage_of
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
-from sandlot.agent.settings import AgentSettings
+from sandlot.agent.settings import AgentSettings, NetworkMode
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
 from sandlot.api.admission import Level, cap_name, level_of
@@ -94,6 +102,7 @@ log = logging.getLogger(__name__)
 CONNECT_BACKOFF_START = 0.5
 CONNECT_BACKOFF_CAP = 30.0
 MAX_STATUS_ATTEMPTS = 5
+REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
 
 
 def _utcnow() -> datetime:
@@ -256,6 +265,13 @@ class Agent:
         # containerd and runc run with the node's bounding set, as does this agent
         # (a privileged pod): `privileged` grants exactly that set.
         self.node_capabilities = bounding_capabilities(ALL_CAPABILITIES)
+        # Always built: a container attached under an earlier setting is still detached.
+        self.network = SandboxNetwork(
+            settings.cni_conf_dir,
+            settings.cni_bin_dir,
+            timeout=settings.cni_timeout.total_seconds(),
+        )
+        self.cni_enabled = self._resolve_network_mode()
 
         self.runtime: Runtime | None = None
         self.collector: ImageCollector | None = None
@@ -404,7 +420,7 @@ class Agent:
         self._stop.set()
         self.heartbeat.stop()
         for thread in self._threads:
-            thread.join(timeout=self.settings.teardown_bound + 5)
+            thread.join(timeout=self.settings.teardown_bound + self.network.bound + 5)
         self._pool.shutdown(wait=True, cancel_futures=True)
         if self.runtime is not None:
             self.runtime.close()
@@ -455,6 +471,7 @@ class Agent:
                 call_timeout=self.call_timeout,
                 concurrency=self.settings.teardown_concurrency,
                 metrics=self.metrics,
+                release=self._release_network,
             )
         return None
 
@@ -630,6 +647,44 @@ class Agent:
                 # Deleted (or moved away, which the API forbids): stop it gracefully.
                 self._submit(key, partial(self._stop_deleted, key, container))
 
+    # ------------------------------------------------------------ sandbox network (CNI)
+
+    def _resolve_network_mode(self) -> bool:
+        """Whether sandboxes without hostNetwork are attached through CNI."""
+        mode = self.settings.network_mode
+        if mode is NetworkMode.AUTO:
+            try:
+                config = load_config(self.settings.cni_conf_dir)
+            except NoNetworkConfig as exc:
+                log.info("network mode auto: %s: sandboxes report the node's address", exc)
+                return False
+            log.info("network mode auto: CNI network %s from %s", config.name, config.source)
+            return True
+        log.info("network mode %s", mode.value)
+        return mode is NetworkMode.CNI
+
+    @staticmethod
+    def _cni_args(labels: Mapping[str, str], container_id: str) -> dict[str, str]:
+        """The Kubernetes CNI_ARGS the kubelet passes too (plugins may key on them)."""
+        ns, _, name = labels.get(SANDBOX_LABEL, "").partition("/")
+        args = {"K8S_POD_NAMESPACE": ns, "K8S_POD_NAME": name}
+        if labels.get(SANDBOX_UID_LABEL):
+            args["K8S_POD_UID"] = labels[SANDBOX_UID_LABEL]
+        args["K8S_POD_INFRA_CONTAINER_ID"] = container_id
+        return {k: v for k, v in args.items() if v}
+
+    def _release_network(self, container: ContainerInfo | str) -> None:
+        """Teardown's hook: CNI DEL and namespace removal, from the container's labels."""
+        if isinstance(container, str):
+            found = self._rt.list_containers(timeout=self.call_timeout)
+            matches = [c for c in found if c.id == container]
+            if not matches:
+                return
+            container = matches[0]
+        attachment = Attachment.from_labels(container.id, container.labels)
+        if attachment is not None:
+            self.network.detach(attachment, self._cni_args(container.labels, container.id))
+
     def _teardown(self, container: ContainerInfo | str) -> TeardownResult:
         return teardown(
             self._rt,
@@ -637,6 +692,7 @@ class Agent:
             kill_wait=self.kill_wait,
             call_timeout=self.call_timeout,
             on_done=self._count_teardown,
+            release=self._release_network,
         )
 
     def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult:
@@ -647,6 +703,7 @@ class Agent:
             kill_wait=self.kill_wait,
             call_timeout=self.call_timeout,
             on_done=self._count_teardown,
+            release=self._release_network,
         )
 
     def _grace(self, sb: Mapping[str, Any]) -> float:
@@ -718,6 +775,17 @@ class Agent:
         except ValueError as exc:
             self._fail(sb, "InvalidSpec", str(exc))
             return
+        attachment: Attachment | None = None
+        if self.cni_enabled and not spec.host_network:
+            try:
+                attachment = self.network.plan(container_id)
+            except CniError as exc:
+                self._fail(sb, REASON_NETWORK_SETUP_FAILED, str(exc))
+                return
+            join_netns(oci, attachment.netns_path)
+        labels = {SANDBOX_LABEL: key, SANDBOX_UID_LABEL: meta["uid"]}
+        if attachment is not None:
+            labels.update(attachment.labels())
         log_path = ""
         if self.settings.log_dir:
             directory = Path(self.settings.log_dir)
@@ -725,12 +793,12 @@ class Agent:
                 directory.mkdir(parents=True, exist_ok=True)
             log_path = str(directory / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log")
         try:
-            rt.create_container(
+            created = rt.create_container(
                 ContainerSpec(
                     id=container_id,
                     image=image,
                     oci_spec=oci,
-                    labels={SANDBOX_LABEL: key, SANDBOX_UID_LABEL: meta["uid"]},
+                    labels=labels,
                     log_path=log_path,
                 ),
                 timeout=self.call_timeout,
@@ -747,10 +815,20 @@ class Agent:
                 return
             self._fail(sb, "CreateFailed", f"cannot create a container from image {image}: {exc}")
             return
+        ip = self.address
+        if attachment is not None:
+            # Before the task: the sandbox never runs without its address.
+            try:
+                result = self.network.attach(attachment, self._cni_args(labels, container_id))
+            except CniError as exc:
+                self._teardown(created)  # DELs what a partial ADD made
+                self._fail(sb, REASON_NETWORK_SETUP_FAILED, str(exc))
+                return
+            ip = result.primary_ip(attachment.ifname) or ip
         try:
             task = rt.start_task(container_id, log_path=log_path, timeout=self.call_timeout)
         except RuntimeError_ as exc:
-            self._teardown(container_id)
+            self._teardown(created)
             self._fail(sb, "StartFailed", f"container {container_id} did not start: {exc}")
             return
         if self.collector is not None:
@@ -761,7 +839,7 @@ class Agent:
             "message": f"running on node {self.node}",
             "containerId": container_id,
             "pid": task.pid,
-            "ip": self.address,
+            "ip": ip,
             "startedAt": rfc3339(self._clock()),
         }
         outcome = self._write_status(sb, status, allowed_from=frozenset({"Pending", "Scheduled"}))
@@ -769,7 +847,7 @@ class Agent:
             log.info("sandbox %s running: container %s pid %d", key, container_id, task.pid)
         else:
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
-            self._teardown(container_id)
+            self._teardown(created)
 
     def _policy_violations(
         self, sb: Mapping[str, Any], spec: SandboxSpec

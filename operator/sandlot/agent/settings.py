@@ -12,12 +12,26 @@ wedged shim holds one slot, never the node).
 from __future__ import annotations
 
 from datetime import timedelta
+from enum import StrEnum
 
 from pydantic import Field, model_validator
 
 from sandlot.api.admission import Level
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
+
+
+class NetworkMode(StrEnum):
+    """How a sandbox without ``hostNetwork`` gets its address."""
+
+    AUTO = "auto"
+    """``cni`` when the CNI configuration directory holds a configuration at start-up,
+    else ``host-address`` (a node without a pod network, a laptop)."""
+    CNI = "cni"
+    """Own network namespace set up by the node's CNI plugins; its IP is the
+    sandbox's. A sandbox that cannot be attached ends Failed (NetworkSetupFailed)."""
+    HOST_ADDRESS = "host-address"
+    """Own network namespace with only a loopback; the node's address is reported."""
 
 
 class AgentSettings(SettingsModel):
@@ -94,6 +108,28 @@ class AgentSettings(SettingsModel):
         description="This node's address, reported in its SandboxNode and as the IP of "
         "its sandboxes (default: the host name's address).",
     )
+    network_mode: NetworkMode = Field(
+        default=NetworkMode.AUTO,
+        description="Sandbox networking: cni (the node's CNI plugins give each sandbox "
+        "its own address), host-address (loopback only, the node's address is "
+        "reported), or auto (cni when cni_conf_dir holds a configuration at start).",
+    )
+    cni_conf_dir: str = Field(
+        default="/etc/cni/net.d",
+        min_length=1,
+        description="CNI configuration directory (the kubelet's): its lexically first "
+        "*.conflist, *.conf or *.json file is the sandboxes' network.",
+    )
+    cni_bin_dir: str = Field(
+        default="/opt/cni/bin",
+        min_length=1,
+        description="CNI plugin directories, colon-separated (e.g. /opt/cni/bin:/usr/lib/cni).",
+    )
+    cni_timeout: Duration = Field(
+        default=timedelta(seconds=10),
+        description="Deadline of one CNI operation (the whole ADD or DEL chain), and of "
+        "each network namespace command.",
+    )
     log_dir: str = Field(
         default="/var/log/sandlot",
         description="Directory of the sandboxes' stdout/stderr files (empty = not kept).",
@@ -166,6 +202,7 @@ class AgentSettings(SettingsModel):
             "sync_interval",
             "gc_interval",
             "gc_exhausted_backoff",
+            "cni_timeout",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")

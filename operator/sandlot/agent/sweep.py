@@ -16,7 +16,7 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskInfo, TaskState
 from sandlot.agent.metrics import AgentMetrics
-from sandlot.agent.teardown import TeardownResult, teardown_many
+from sandlot.agent.teardown import Release, TeardownResult, teardown_many
 from sandlot.policy.agentsweep import (
     ContainerView,
     SandboxView,
@@ -65,8 +65,13 @@ def sweep_orphans(
     call_timeout: float,
     concurrency: int,
     metrics: AgentMetrics | None = None,
+    release: Release | None = None,
 ) -> SweepReport:
-    """Classify every container and tear down the orphans and fenced ones, concurrently."""
+    """Classify every container and tear down the orphans and fenced ones, concurrently.
+
+    ``release`` frees each one's network (CNI DEL, namespace) from its labels alone,
+    so the addresses of containers left by a crashed agent are released too.
+    """
     began = time.monotonic()
     containers = list(containers)
     views = [sandbox_view(s) for s in sandboxes]
@@ -89,6 +94,7 @@ def sweep_orphans(
         call_timeout=call_timeout,
         concurrency=concurrency,
         on_done=done,
+        release=release,
     )
     if metrics is not None:
         metrics.orphans_removed.inc(sum(1 for d in doomed if d.action is SweepAction.ORPHAN))

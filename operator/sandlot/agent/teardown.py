@@ -11,7 +11,14 @@ means that step's work is already done. A task that cannot be deleted keeps its
 container record, so the container stays visible to the next sweep instead of
 leaving a shim and process nobody can find.
 
-The worst case of one teardown is therefore ``kill_wait + 4 * call_timeout``, and
+A sandbox with its own network (CNI) is detached by the ``release`` hook once its
+task is gone and before its container record goes: the record's labels are what
+the hook needs, so a failed release (a plugin erring or timing out) keeps the
+record for the next pass, like a task that cannot be deleted, and the address is
+never leaked.
+
+The worst case of one teardown is therefore ``kill_wait + 4 * call_timeout`` (plus
+the release hook's own bound), and
 ``teardown_many`` runs them on a pool of ``concurrency`` threads: because every
 call returns by its deadline, no thread is ever left behind by a wedged shim, so
 threads (and gRPC streams) never grow with the number of wedged containers.
@@ -37,6 +44,9 @@ from sandlot.adapters.runtime import (
 )
 
 log = logging.getLogger(__name__)
+
+Release = Callable[[ContainerInfo | str], object]
+"""Frees what a container holds outside containerd (its network); raises on failure."""
 
 
 class TeardownOutcome(StrEnum):
@@ -88,8 +98,10 @@ def teardown(
     call_timeout: float,
     signal: int = signals.SIGKILL,
     on_done: Callable[[TeardownResult], object] | None = None,
+    release: Release | None = None,
 ) -> TeardownResult:
-    """Kill, wait at most ``kill_wait`` for the exit, then delete task, container, snapshot."""
+    """Kill, wait at most ``kill_wait`` for the exit, then delete task, ``release`` the
+    network, delete container and snapshot."""
     began = time.monotonic()
     container_id, snapshot_key = _key(container)
     steps = _Steps(container_id)
@@ -132,7 +144,15 @@ def teardown(
         task_gone = len(steps.errors) == failures
     else:
         task_gone = True
-    if task_gone:
+    released = True
+    if task_gone and release is not None:
+        try:
+            release(container)
+        except Exception as exc:
+            # Keep the record: its labels say what to release on the next pass.
+            steps.errors.append(f"release network: {exc}: container kept for the next pass")
+            released = False
+    if task_gone and released:
         steps.call(
             "delete container",
             lambda: runtime.delete_container(container_id, timeout=call_timeout),
@@ -140,7 +160,7 @@ def teardown(
         steps.call(
             "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
         )
-    else:
+    elif not task_gone:
         # containerd would drop the record of a container whose task still lives, and the
         # task (shim and process) would then be invisible to every later sweep. Keeping the
         # record leaves it an orphan that the next sweep tears down once the shim answers.
@@ -174,6 +194,7 @@ def stop(
     kill_wait: float,
     call_timeout: float,
     on_done: Callable[[TeardownResult], object] | None = None,
+    release: Release | None = None,
 ) -> TeardownResult:
     """SIGTERM, up to ``stop_grace`` for the exit, then the bounded teardown (SIGKILL)."""
     container_id, _ = _key(container)
@@ -189,7 +210,12 @@ def stop(
     except RuntimeError_ as exc:
         log.info("container %s: SIGTERM failed (%s); killing", container_id, exc)
     result = teardown(
-        runtime, container, kill_wait=kill_wait, call_timeout=call_timeout, on_done=None
+        runtime,
+        container,
+        kill_wait=kill_wait,
+        call_timeout=call_timeout,
+        on_done=None,
+        release=release,
     )
     if graceful is not None and result.exit_status is None:
         result = TeardownResult(
@@ -208,6 +234,7 @@ def teardown_many(
     call_timeout: float,
     concurrency: int,
     on_done: Callable[[TeardownResult], object] | None = None,
+    release: Release | None = None,
 ) -> list[TeardownResult]:
     """Tear ``containers`` down, at most ``concurrency`` at a time; results in input order.
 
@@ -224,7 +251,12 @@ def teardown_many(
         return list(
             pool.map(
                 lambda c: teardown(
-                    runtime, c, kill_wait=kill_wait, call_timeout=call_timeout, on_done=on_done
+                    runtime,
+                    c,
+                    kill_wait=kill_wait,
+                    call_timeout=call_timeout,
+                    on_done=on_done,
+                    release=release,
                 ),
                 containers,
             )
