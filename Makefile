@@ -4,7 +4,7 @@ VENV := .venv/bin
 PYTEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard operator tests e2e bench)
 
-.PHONY: setup demo test lint unit integration crds clean
+.PHONY: setup demo test lint unit integration crds clean e2e bench
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -23,6 +23,12 @@ test: lint
 
 unit: setup
 	$(VENV)/python -m pytest tests/unit -q
+
+e2e: setup
+	$(VENV)/python -m pytest e2e -m kind -rs $(PYTEST_ARGS)
+
+bench: setup
+	$(VENV)/python bench/run.py $(BENCH_ARGS)
 
 crds: setup
 	$(VENV)/sandlot gen crds

@@ -92,6 +92,9 @@ def build_registry(
         )
         settings.persistence.finalizer = f"{GROUP}/node-health"
         settings.posting.level = logging.WARNING
+        # kopf logs every handler run at INFO: one line per watch event of every
+        # sandbox would cost more than the handlers themselves.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
 

@@ -1,0 +1,91 @@
+"""Run every benchmark and print one table of ratios, each measured in one run.
+
+    .venv/bin/python bench/run.py [--quick]
+
+``--quick`` skips the 10,000-sandbox memory run. The agent and GC benchmarks
+need root (they run containers on a private containerd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(argv: list[str], timeout: float) -> str:
+    print(f"$ {' '.join(argv)}", flush=True)
+    proc = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    sys.stdout.write(proc.stdout)
+    if proc.returncode not in (0, 1):
+        sys.stdout.write(proc.stderr[-3000:])
+    return proc.stdout
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="skip the memory benchmark")
+    args = parser.parse_args()
+    rows: list[dict[str, object]] = []
+
+    out = Path(tempfile.mkdtemp(prefix="sl-bench-")) / "nodehealth.json"
+    nh_args = [str(HERE / "nodehealth.py"), "--json", str(out)]
+    if args.quick:
+        nh_args += ["--memory", "0"]
+    run(nh_args, timeout=3600)
+    if out.exists():
+        rows += json.loads(out.read_text())
+
+    text = run([str(HERE / "agent_startup.py")], timeout=1800)
+    m = re.search(r"ratio start-up / bound = ([\d.]+)", text)
+    detail = re.search(r"(start-up[^\n]*)", text)
+    if m:
+        value = float(m.group(1))
+        rows.append(
+            {
+                "benchmark": "agent start-up, 200 orphans, 5 wedged / bound",
+                "value": value,
+                "target": "<= 1",
+                "ok": value <= 1,
+                "detail": detail.group(1) if detail else "",
+            }
+        )
+
+    text = run([str(HERE / "gc_forced.py")], timeout=1800)
+    m = re.search(r"ratio forced/ctr: ([\d.]+)", text)
+    if m:
+        value = float(m.group(1))
+        detail = re.search(r"(forced pass[^\n]*)", text)
+        rows.append(
+            {
+                "benchmark": "forced GC pass, 300 images / ctr images rm loop",
+                "value": value,
+                "target": "<= 1.2",
+                "ok": value <= 1.2,
+                "detail": detail.group(1) if detail else "",
+            }
+        )
+
+    width = max(len(str(r["benchmark"])) for r in rows) if rows else 10
+    print()
+    print(f"{'benchmark':<{width}}  {'value':>9}  {'target':<28} ok")
+    for r in rows:
+        print(
+            f"{r['benchmark']!s:<{width}}  {float(r['value']):>9.4g}  {r['target']!s:<28} "
+            f"{'yes' if r['ok'] else 'NO'}"
+        )
+    for r in rows:
+        print(f"  - {r['benchmark']}: {r['detail']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
