@@ -405,9 +405,13 @@ def test_pool_spreads_routes_and_replaces_the_members_of_a_lost_node(
         timeout=10,
         what="the EndpointSlice to list exactly the 6 live members",
     )
-    # The lost node's containers still run: nobody could reach them.
+    # The lost node's containers are still there, never stopped: nobody could reach
+    # them. (A shim slow to answer under load is listed UNKNOWN, not RUNNING.)
     tasks = a.tasks()
-    assert all(tasks.get(cid) == TaskState.RUNNING for cid in lost.values()), tasks
+    assert set(lost.values()) <= a.containers(), (lost, a.containers())
+    assert all(tasks.get(cid) in (TaskState.RUNNING, TaskState.UNKNOWN) for cid in lost.values()), (
+        tasks
+    )
 
     # The agent comes back: it fences itself, tearing the Dead members' containers down.
     cluster.start_agent(a)
