@@ -103,6 +103,10 @@ CONNECT_BACKOFF_START = 0.5
 CONNECT_BACKOFF_CAP = 30.0
 MAX_STATUS_ATTEMPTS = 5
 REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
+# How long a failing CNI DEL keeps its container for retries before the agent gives
+# up on it (a broken or removed network configuration never DELs): long enough for a
+# network daemon to restart, short enough that a node does not retry forever.
+RELEASE_PATIENCE = 120.0
 
 
 def _utcnow() -> datetime:
@@ -272,6 +276,7 @@ class Agent:
             timeout=settings.cni_timeout.total_seconds(),
         )
         self.cni_enabled = self._resolve_network_mode()
+        self._release_failing_since: dict[str, float] = {}
 
         self.runtime: Runtime | None = None
         self.collector: ImageCollector | None = None
@@ -598,6 +603,11 @@ class Agent:
 
     def sync_once(self) -> None:
         rt = self._rt
+        # Work in flight now may finish before the listings below are acted on: their
+        # view of its sandbox is then stale (a start that just wrote Running would be
+        # seen Scheduled with a container, and torn down), so it waits for the next pass.
+        with self._busy_lock:
+            in_flight = set(self._busy)
         # Sandboxes first, then containers: a Sandbox seen Running had its container
         # created before this listing, so the container listing that follows has it.
         sandboxes = self.objects.list_node_sandboxes(self.node)
@@ -617,7 +627,7 @@ class Agent:
             phases[phase] = phases.get(phase, 0) + 1
             seen.add(key)
             container = by_key.get(key)
-            if self.busy(key):
+            if key in in_flight or self.busy(key):
                 continue
             if phase in ("Pending", "Scheduled"):
                 if container is not None:
@@ -643,7 +653,7 @@ class Agent:
             self.metrics.sandboxes.labels(phase).set(phases.get(phase, 0))
 
         for key, container in by_key.items():
-            if key not in seen and not self.busy(key):
+            if key not in seen and key not in in_flight and not self.busy(key):
                 # Deleted (or moved away, which the API forbids): stop it gracefully.
                 self._submit(key, partial(self._stop_deleted, key, container))
 
@@ -673,8 +683,16 @@ class Agent:
         args["K8S_POD_INFRA_CONTAINER_ID"] = container_id
         return {k: v for k, v in args.items() if v}
 
-    def _release_network(self, container: ContainerInfo | str) -> None:
-        """Teardown's hook: CNI DEL and namespace removal, from the container's labels."""
+    def _release_network(self, container: ContainerInfo | str, *, patience: float = -1) -> None:
+        """Teardown's hook: CNI DEL and namespace removal, from the container's labels.
+
+        A failure raises (teardown keeps the container, the next pass retries) until
+        it has failed for ``patience`` seconds (default ``RELEASE_PATIENCE``; 0 gives
+        up at once): then the error is logged naming what may stay allocated, the
+        namespace is removed anyway and the teardown goes on.
+        """
+        if patience < 0:
+            patience = RELEASE_PATIENCE
         if isinstance(container, str):
             found = self._rt.list_containers(timeout=self.call_timeout)
             matches = [c for c in found if c.id == container]
@@ -682,17 +700,35 @@ class Agent:
                 return
             container = matches[0]
         attachment = Attachment.from_labels(container.id, container.labels)
-        if attachment is not None:
+        if attachment is None:
+            return
+        try:
             self.network.detach(attachment, self._cni_args(container.labels, container.id))
+        except CniError as exc:
+            first = self._release_failing_since.setdefault(container.id, time.monotonic())
+            if time.monotonic() - first < patience:
+                raise
+            log.error(
+                "container %s: giving up on CNI DEL from network %s after %.0fs; its "
+                "address may stay allocated: %s",
+                container.id,
+                attachment.network,
+                time.monotonic() - first,
+                exc,
+            )
+            self.network.netns.delete(attachment.netns_name)
+        self._release_failing_since.pop(container.id, None)
 
-    def _teardown(self, container: ContainerInfo | str) -> TeardownResult:
+    def _teardown(
+        self, container: ContainerInfo | str, *, release_patience: float = -1
+    ) -> TeardownResult:
         return teardown(
             self._rt,
             container,
             kill_wait=self.kill_wait,
             call_timeout=self.call_timeout,
             on_done=self._count_teardown,
-            release=self._release_network,
+            release=partial(self._release_network, patience=release_patience),
         )
 
     def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult:
@@ -821,7 +857,9 @@ class Agent:
             try:
                 result = self.network.attach(attachment, self._cni_args(labels, container_id))
             except CniError as exc:
-                self._teardown(created)  # DELs what a partial ADD made
+                # One DEL for what a partial chain made; plugins undo their own failed
+                # ADD, and a configuration that cannot ADD cannot DEL either.
+                self._teardown(created, release_patience=0)
                 self._fail(sb, REASON_NETWORK_SETUP_FAILED, str(exc))
                 return
             ip = result.primary_ip(attachment.ifname) or ip
