@@ -106,7 +106,8 @@ class AgentSettings(SettingsModel):
     node_address: str = Field(
         default="",
         description="This node's address, reported in its SandboxNode and as the IP of "
-        "its sandboxes (default: the host name's address).",
+        "its hostNetwork sandboxes (of all of them with network_mode host-address); "
+        "default: the host name's address.",
     )
     network_mode: NetworkMode = Field(
         default=NetworkMode.AUTO,
