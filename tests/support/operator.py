@@ -124,6 +124,7 @@ class AgentLease:
         self.node, self.duration, self.every = node, duration, every
         self._stop = threading.Event()
         self._running = threading.Event()
+        self._lock = threading.Lock()  # held while a renewal is in flight
         self.renew()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -153,16 +154,19 @@ class AgentLease:
 
     def _run(self) -> None:
         while not self._stop.wait(self.every):
-            if self._running.is_set():
+            with self._lock:
+                if not self._running.is_set():
+                    continue
                 try:
                     self.renew()
                 except Exception:  # API server away: an agent keeps trying
                     continue
 
     def pause(self) -> datetime:
-        """Stop renewing; returns the last renewTime written."""
-        self._running.clear()
-        return self.last_renew
+        """Stop renewing; returns the last renewTime written (after any renewal in flight)."""
+        with self._lock:
+            self._running.clear()
+            return self.last_renew
 
     def resume(self) -> None:
         self._running.set()
@@ -270,20 +274,34 @@ def lease_namespace(kube: client.ApiClient) -> Iterator[str]:
 
 
 def wipe_nodes(api: client.ApiClient) -> None:
-    """Remove every SandboxNode: node-health tests judge the whole fleet (the
-    mass-failure guard counts every node), so nodes other tests left behind in this
-    worker's control plane must not count."""
+    """Remove every SandboxNode, SandboxPool, Sandbox and CachePrune in this worker's
+    control plane. Operator tests judge the whole fleet (the mass-failure guard counts
+    every node; pools and the scheduler act on every sandbox), and this control plane
+    runs no namespace controller, so objects of earlier tests' namespaces linger."""
     objs: Any = client.CustomObjectsApi(api)
-    for item in objs.list_cluster_custom_object(GROUP, VERSION, "sandboxnodes")["items"]:
-        name = item["metadata"]["name"]
-        try:
-            objs.patch_cluster_custom_object(
-                GROUP, VERSION, "sandboxnodes", name, {"metadata": {"finalizers": None}}
-            )
-            objs.delete_cluster_custom_object(GROUP, VERSION, "sandboxnodes", name)
-        except ApiException as e:
-            if e.status != 404:
-                raise
+    for plural in ("sandboxpools", "sandboxes", "sandboxnodes", "cacheprunes"):
+        for item in objs.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
+            meta = item["metadata"]
+            try:
+                if meta.get("finalizers"):
+                    patch = {"metadata": {"finalizers": None}}
+                    if "namespace" in meta:
+                        objs.patch_namespaced_custom_object(
+                            GROUP, VERSION, meta["namespace"], plural, meta["name"], patch
+                        )
+                    else:
+                        objs.patch_cluster_custom_object(
+                            GROUP, VERSION, plural, meta["name"], patch
+                        )
+                if "namespace" in meta:
+                    objs.delete_namespaced_custom_object(
+                        GROUP, VERSION, meta["namespace"], plural, meta["name"]
+                    )
+                else:
+                    objs.delete_cluster_custom_object(GROUP, VERSION, plural, meta["name"])
+            except ApiException as e:
+                if e.status != 404:
+                    raise
 
 
 @pytest.fixture
