@@ -10,6 +10,12 @@ EndpointSlice, and replacements run on ``demo-2``. The restarted agent tears the
 dead sandboxes' containers down instead of re-adopting them. Last,
 ``sandlot cache clear containerd --all`` prunes both nodes.
 
+Sandboxes get their own addresses through CNI, as on a cluster: the demo writes a
+bridge + host-local network (bridge ``sldemo0``, 10.88.0.0/24) under its directory
+and the agents run the OS's CNI plugins (``containernetworking-plugins``) with it,
+so the EndpointSlice lists real sandbox addresses and their pages answer from this
+host. Without the plugins the agents fall back to the node's address.
+
 It ends by itself and leaves nothing running; ``--keep`` leaves it all up and
 prints how to reach it (``sandlot dev down --dir DIR`` stops it). Running
 containers needs root.
@@ -28,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sandlot.adapters.cni import Attachment, SandboxNetwork
+from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.containerd.local import (
     PrivateContainerd,
     start_private_containerd,
@@ -35,10 +43,14 @@ from sandlot.adapters.containerd.local import (
 )
 from sandlot.adapters.controlplane import kubectl_path
 from sandlot.adapters.ociarchive import build_image_archive, import_archive
+from sandlot.agent.teardown import teardown_many
 from sandlot.cli.dev import start_local
 
 IMAGE = "docker.io/sandlot/demo-busybox:1"
 NODES = ("demo-1", "demo-2")
+CNI_BRIDGE = "sldemo0"
+CNI_SUBNET = "10.88.0.0/24"
+CNI_PLUGIN_DIRS = ("/opt/cni/bin", "/usr/lib/cni")
 LEASE = "4s"
 GRACE = "6s"
 POOL = """\
@@ -55,7 +67,7 @@ spec:
       labels: {app: web}
     spec:
       image: docker.io/sandlot/demo-busybox:1
-      command: ["sh", "-c", "trap 'exit 143' TERM; sleep 100000 & wait"]
+      command: ["sh", "-c", "mkdir -p /www && echo hello from $(busybox hostname) > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
       ports: [{name: http, containerPort: 8080}]
 """
 
@@ -136,6 +148,33 @@ class Demo:
             time.sleep(0.5)
         self.show_sandboxes()
 
+    def fetch_pages(self) -> None:
+        """GET each sandbox's page through its address in the EndpointSlice."""
+        import urllib.request
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        addresses = self.kc(
+            "get",
+            "endpointslices",
+            "-n",
+            "demo",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            "jsonpath={.items[*].endpoints[*].addresses[0]}",
+        ).split()
+        for address in addresses:
+            page = "(no answer)"
+            for _ in range(20):
+                try:
+                    with opener.open(f"http://{address}:8080/", timeout=2) as r:
+                        page = r.read().decode().strip()
+                    break
+                except OSError as exc:
+                    page = f"(no answer: {exc})"
+                    time.sleep(0.25)
+            print(f"$ curl http://{address}:8080/   ->  {page}", flush=True)
+
     def sandboxes(self) -> list[dict[str, Any]]:
         return list(json.loads(self.kc("get", "sandboxes", "-n", "demo", "-o", "json"))["items"])
 
@@ -151,6 +190,72 @@ class Demo:
             start_new_session=True,
         )
         log.close()
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.workdir / "cni" / "net.d"
+
+    @property
+    def cni_bin_dirs(self) -> str:
+        return ":".join(d for d in CNI_PLUGIN_DIRS if os.path.exists(os.path.join(d, "bridge")))
+
+    def network_flags(self) -> list[str]:
+        """CNI flags for an agent, writing the demo's bridge network the first time."""
+        if not self.cni_bin_dirs:
+            return ["--network-mode", "host-address"]
+        conflist = self.cni_conf_dir / "10-sandlot-demo.conflist"
+        if not conflist.exists():
+            self.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+            plugin = {
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": CNI_SUBNET}]],
+                    "dataDir": str(self.workdir / "cni" / "ipam"),
+                },
+            }
+            body = {"cniVersion": "1.0.0", "name": "sandlot-demo", "plugins": [plugin]}
+            conflist.write_text(json.dumps(body, indent=2))
+        return [
+            "--network-mode",
+            "cni",
+            "--cni-conf-dir",
+            str(self.cni_conf_dir),
+            "--cni-bin-dir",
+            self.cni_bin_dirs,
+        ]
+
+    def release_networks(self) -> None:
+        """Tear down what the agents left running, with CNI DEL and netns removal (the
+        agents keep sandboxes on exit), then remove the demo bridge."""
+        if self.containerd is None or not self.cni_bin_dirs:
+            return
+        network = SandboxNetwork(str(self.cni_conf_dir), self.cni_bin_dirs, timeout=10)
+
+        def release(container: Any) -> None:
+            found = Attachment.from_labels(container.id, container.labels)
+            if found is not None:
+                network.detach(found)
+
+        for node in NODES:
+            runtime = ContainerdRuntime(self.containerd.address, f"sandlot-{node}")
+            try:
+                teardown_many(
+                    runtime,
+                    runtime.list_containers(timeout=10),
+                    kill_wait=3,
+                    call_timeout=5,
+                    concurrency=8,
+                    release=release,
+                )
+            except Exception as exc:
+                print(f"cannot release the networks of {node}: {exc}", file=sys.stderr)
+            finally:
+                runtime.close()
+        subprocess.run(["ip", "link", "del", CNI_BRIDGE], capture_output=True, check=False)
 
     def start_agent(self, node: str) -> None:
         assert self.containerd is not None
@@ -183,6 +288,7 @@ class Demo:
             str(self.workdir / "logs" / node),
             "--gc-min-age",
             "0s",
+            *self.network_flags(),
         )
 
     def stop_all(self) -> None:
@@ -194,6 +300,7 @@ class Demo:
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        self.release_networks()
         if self.containerd is not None:
             self.containerd.stop()
             self.containerd.remove()
@@ -268,6 +375,7 @@ class Demo:
         print(
             self.kc("get", "endpointslices", "-n", "demo", "-l", "kubernetes.io/service-name=web")
         )
+        self.fetch_pages()
 
         lost = [
             s["metadata"]["name"] for s in self.sandboxes() if s["spec"].get("nodeName") == "demo-1"
@@ -312,6 +420,7 @@ class Demo:
                 "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.targetRef.name}{'\\n'}{end}",
             )
         )
+        self.fetch_pages()
         print(self.kc("get", "snode"))
 
         self.say(
