@@ -259,3 +259,20 @@ def test_malformed_kubeconfig_is_refused_naming_the_file(tmp_path: Path):
     proc = _sandlot("operator", "--kubeconfig", str(bad), "--metrics-port", "0")
     assert proc.returncode == 2, proc.stderr
     assert str(bad) in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_sandbox_naming_a_node_that_does_not_exist_says_so_and_waits(fleet, operators):
+    fleet.lease(fleet.node("real"))
+    fleet.sandbox("lost-soul", "ghost-node", None)
+    operators("--grace-period", "3s", "--resync-interval", "1s")
+
+    def condition() -> dict[str, Any] | None:
+        conds = (fleet.get("lost-soul").get("status") or {}).get("conditions") or []
+        return next((c for c in conds if c["type"] == "Scheduled"), None)
+
+    cond = wait_for(condition, timeout=20, what="the sandbox's Scheduled condition")
+    assert (cond["status"], cond["reason"]) == ("False", "NodeNotFound")
+    assert '"ghost-node"' in cond["message"] and "does not exist" in cond["message"]
+    sb = fleet.get("lost-soul")
+    assert sb["spec"]["nodeName"] == "ghost-node", "the sandbox's spec was changed"
+    assert (sb.get("status") or {}).get("phase", "Pending") == "Pending"

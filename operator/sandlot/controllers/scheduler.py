@@ -155,7 +155,7 @@ class Scheduler:
             self.retry_waiting()
 
     def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
-        if new is not None and new.wants_node:
+        if new is not None and (new.wants_node or _prebound_pending(new)):
             self.enqueue(new.key)
         elif old is not None:
             self.waiting.pop(old.key, None)
@@ -215,6 +215,15 @@ class Scheduler:
 
     async def schedule(self, key: str) -> None:
         rec = self.cache.get(key)
+        if rec is not None and _prebound_pending(rec) and rec.node not in self.nodes:
+            # Bound by its author to a node that does not exist: say so, and wait for
+            # the node (its agent may be about to register it); nothing else changes.
+            message = (
+                f'spec.nodeName names node "{rec.node}", which does not exist; the sandbox '
+                "waits until a SandboxNode of that name registers"
+            )
+            await self._report_waiting(rec, "NodeNotFound", message, self.clock())
+            return
         if rec is None or not rec.wants_node:
             self.waiting.pop(key, None)
             return
@@ -286,11 +295,15 @@ class Scheduler:
         self, rec: SandboxRecord, choice: Choice, now: datetime
     ) -> None:
         self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
-        message = choice.message
+        await self._report_waiting(rec, "Unschedulable", choice.message, now)
+
+    async def _report_waiting(
+        self, rec: SandboxRecord, reason: str, message: str, now: datetime
+    ) -> None:
         if self.waiting.get(rec.key) == message:
             return
-        log.info("sandbox %s unschedulable: %s", rec.key, message)
-        condition = scheduled_condition("False", "Unschedulable", message, now)
+        log.info("sandbox %s waits (%s): %s", rec.key, reason, message)
+        condition = scheduled_condition("False", reason, message, now)
         # Read once for an exact merge of the other conditions (a rare write: only
         # when the reason changes).
         try:
@@ -298,7 +311,7 @@ class Scheduler:
         except Exception:
             return  # gone (its DELETED event follows) or unreadable: the next event retries
         fresh = self.cache.upsert(body) or rec
-        if not fresh.wants_node:
+        if not (fresh.wants_node or _prebound_pending(fresh)):
             return
         written = await asyncio.to_thread(
             write_sandbox_status,
@@ -314,6 +327,11 @@ class Scheduler:
         else:
             self.waiting[rec.key] = ""  # changed meanwhile: judge the new version
             self.enqueue(rec.key)
+
+
+def _prebound_pending(rec: SandboxRecord) -> bool:
+    """Created with spec.nodeName already set and not yet picked up by that node's agent."""
+    return rec.node is not None and rec.phase == SandboxPhase.PENDING
 
 
 def register(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> None:
