@@ -11,7 +11,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, cache, demo, dev, gen, nodes, operator_cmd, status
+from sandlot.cli import agent_cmd, cache, demo, dev, gen, nodes, operator_cmd, purge, status
 
 
 class UsageError(Exception):
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.register(sub)
     nodes.register(sub)
     operator_cmd.register(sub)
+    purge.register(sub)
     status.register(sub)
     return parser
 
