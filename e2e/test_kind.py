@@ -9,9 +9,11 @@ The scenarios run in order on one cluster (one xdist group):
 3. ``docker start`` of it: its agent, on boot, tears the Dead sandboxes'
    containers down instead of re-adopting them;
 4. ``sandlot cache clear containerd --all`` reports per node;
-5. ``helm uninstall`` (after the workload and the fleet's objects are removed,
-   while the operator still runs to release its finalizers) leaves no sandlot
-   object behind; the CRDs stay, as helm keeps a chart's crds/.
+5. ``helm uninstall``, with the pool still running, leaves no sandlot object
+   behind and no container on the workers: its pre-delete hook (``sandlot purge
+   --workloads``) has the agents stop every sandbox before the DaemonSet goes, its
+   post-delete hook (``sandlot purge --nodes``) removes the SandboxNodes whose
+   finalizer nobody is left to release; the CRDs stay, as helm keeps a chart's crds/.
 
 Where Docker or kind is missing the module is skipped with one line saying why
 and how to run it. The same scenarios run on the local control plane with local
@@ -296,15 +298,16 @@ def test_cache_clear_reports_per_node(cluster: Cluster) -> None:
 
 def test_helm_uninstall_leaves_no_sandlot_object(cluster: Cluster) -> None:
     manifest = cluster.helm("get", "manifest", RELEASE, "--namespace", NAMESPACE)
-    released = [d for d in yaml.safe_load_all(manifest) if d]
-    cluster.kubectl("delete", "sandboxpools,sandboxes", "--all", "-n", WORKLOADS, "--wait=true")
-    cluster.kubectl("delete", "cacheprunes", "--all", "--wait=true")
-    # The operator is still running: it releases the SandboxNodes' finalizers.
-    cluster.kubectl("delete", "sandboxnodes", "--all", "--wait=true", "--timeout=120s")
-    cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "3m")
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s")
+    hooks = cluster.helm("get", "hooks", RELEASE, "--namespace", NAMESPACE)
+    released = [d for d in yaml.safe_load_all(manifest + "\n---\n" + hooks) if d]
+    assert any(cluster.containers(node) for node in cluster.workers), "no sandbox left to purge"
+    # Nothing deleted by hand: the hooks do it all.
+    cluster.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m")
 
-    for doc in released:
+    for node in cluster.workers:
+        left = cluster.containers(node)
+        assert not left, f"containers left running on {node} after uninstall: {left}"
+    for doc in released:  # the hooks' Jobs and RBAC too (hook-succeeded)
         kind, name = doc["kind"], doc["metadata"]["name"]
         ns = doc["metadata"].get("namespace")
         args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
@@ -315,3 +318,8 @@ def test_helm_uninstall_leaves_no_sandlot_object(cluster: Cluster) -> None:
         "get", "sandboxes,sandboxpools,sandboxnodes,cacheprunes", "-A", "-o", "name"
     )
     assert not left.strip(), f"sandlot objects left behind:\n{left}"
+    leases = cluster.kubectl(
+        "get", "leases", "-n", NAMESPACE, "-l", "sandlot.dev/agent-lease=true", "-o", "name"
+    )
+    assert not leases.strip(), f"node Leases left behind:\n{leases}"
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=true", "--timeout=180s")
