@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, reason, message
 
 RETRY_AFTER_FAILURE = 2.0
+FLEET_REUSE = 1.0  # seconds a fleet summary is reused across passes
 
 
 def ready_condition(
@@ -126,6 +127,8 @@ class NodeHealthController:
         self._wakeups: dict[str, asyncio.TimerHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hold_reported = False
+        self._fleet: tuple[datetime, FleetSummary] | None = None
+        self._created: dict[str, datetime] = {}
 
     # -- inputs (called from kopf handlers and the lease watch) ----------------------
 
@@ -136,6 +139,8 @@ class NodeHealthController:
         name = body["metadata"]["name"]
         if event_type == "DELETED":
             self.nodes.pop(name, None)
+            self._created.pop(name, None)
+            self._fleet = None
             self._cancel_wakeup(name)
             return
         if _older(body, self.nodes.get(name)):
@@ -193,18 +198,31 @@ class NodeHealthController:
                 self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
 
     def fleet(self, now: datetime) -> FleetSummary:
+        """Every node's observed phase at ``now``, summarized for the guard.
+
+        Reused for up to FLEET_REUSE seconds: a pass over N nodes would otherwise
+        cost O(N) each, O(N^2) per resync of the fleet. A summary a second old
+        cannot move a node's own deadline, only the guard's view of the others.
+        """
+        if self._fleet is not None and abs((now - self._fleet[0]).total_seconds()) < FLEET_REUSE:
+            return self._fleet[1]
         phases = []
         counts = dict.fromkeys(NodePhase, 0)
-        for body in self.nodes.values():
-            view, _ = _node_view(body)
-            phase = observed_phase(
-                view.unschedulable, self.leases.get(view.name), view.created_at, now
-            )
+        for name, body in self.nodes.items():
+            meta = body["metadata"]
+            created = self._created.get(name)
+            if created is None:
+                created = parse_time(meta.get("creationTimestamp")) or now
+                self._created[name] = created
+            unschedulable = bool((body.get("spec") or {}).get("unschedulable", False))
+            phase = observed_phase(unschedulable, self.leases.get(name), created, now)
             counts[phase] += 1
             phases.append(phase)
         for phase, n in counts.items():
             self.metrics.nodes.labels(phase=str(phase)).set(n)
-        return summarize_fleet(phases)
+        summary = summarize_fleet(phases)
+        self._fleet = (now, summary)
+        return summary
 
     async def reconcile(self, name: str) -> Decision | None:
         body = self.nodes.get(name)
