@@ -183,7 +183,9 @@ def purge_nodes(
 
     def timeout() -> None:
         names = [i.name for i in left]
-        print(f"sandlot: purge timed out after {wait}: left SandboxNodes {_shown(names)}")
+        print(
+            f"sandlot: purge timed out after {wait}: left SandboxNodes {_shown(names)}", flush=True
+        )
 
     if not _until(deadline, gone, timeout):
         return False
