@@ -38,6 +38,11 @@ ENV PATH=/opt/sandlot/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 COPY --from=build /opt/sandlot /opt/sandlot
+# iproute2: the agent creates each sandbox's network namespace with `ip netns`
+# before it runs the node's CNI plugins (mounted from the node).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iproute2 \
+ && rm -rf /var/lib/apt/lists/*
 # The chart's operator pod runs as this user (65532) with a read-only root filesystem.
 RUN groupadd --system --gid 65532 sandlot \
  && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
