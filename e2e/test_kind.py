@@ -22,6 +22,7 @@ agents in tests/integration (test_nodehealth, test_agent_node, test_chart).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,9 @@ IMAGE = "sandlot:e2e"
 SANDBOX_IMAGE = "docker.io/sandlot/e2e-busybox:1"
 RELEASE, NAMESPACE, WORKLOADS = "sandlot", "sandlot-system", "e2e"
 GRACE_S, LEASE_S = 20, 10
+HTTPD = (
+    "mkdir -p /www && echo hello-from-sandlot > /www/index.html && exec httpd -f -p 8080 -h /www"
+)
 
 VALUES: dict[str, Any] = {
     "image": {"repository": "sandlot", "tag": "e2e", "pullPolicy": "Never"},
@@ -80,6 +84,9 @@ VALUES: dict[str, Any] = {
         "renewInterval": "2s",
         "reapInterval": "5s",
         "killWait": "5s",
+        # Sandboxes join the pod network (kindnet) through the node's CNI plugins.
+        "privileged": True,
+        "cni": {"mount": True},
         # Sandboxes go on the workers only; the control plane stays out of the pool.
         "affinity": {
             "nodeAffinity": {
@@ -221,7 +228,11 @@ def test_a_pool_spreads_over_the_workers(cluster: Cluster) -> None:
             "spec": {
                 "replicas": 4,
                 "serviceName": "web",
-                "template": {"spec": {"image": SANDBOX_IMAGE, "command": ["sleep", "100000"]}},
+                "template": {"spec": {
+                    "image": SANDBOX_IMAGE,
+                    "command": ["sh", "-c", HTTPD],
+                    "ports": [{"name": "http", "containerPort": 8080}],
+                }},
             },
         },
     )  # fmt: skip
@@ -233,6 +244,35 @@ def test_a_pool_spreads_over_the_workers(cluster: Cluster) -> None:
         )
 
     wait_for(spread, timeout=180, what="4 Running members on both workers", interval=2)
+
+
+def test_the_pools_service_reaches_a_sandbox_from_a_pod_on_another_node(cluster: Cluster) -> None:
+    """Sandboxes have pod-network addresses (CNI): a Pod on one worker reaches, through
+    the pool's Service (no selector; sandlot writes its EndpointSlice), a member
+    running on the other worker."""
+    member = next(sb for sb in cluster.sandboxes() if _phase(sb) == "Running")
+    other = next(w for w in cluster.workers if w != member["spec"]["nodeName"])
+    probe = (
+        "import urllib.request,sys;"
+        f"sys.stdout.write(urllib.request.urlopen('http://web.{WORKLOADS}.svc:8080/', timeout=5)"
+        ".read().decode())"
+    )
+    cluster.kubectl(
+        "-n", WORKLOADS, "run", "probe", f"--image={IMAGE}", "--image-pull-policy=Never",
+        "--restart=Never", f"--overrides={json.dumps({'spec': {'nodeName': other}})}",
+        "--command", "--", "python", "-c", probe,
+    )  # fmt: skip
+
+    def answered() -> bool:
+        phase = cluster.kubectl(
+            "-n", WORKLOADS, "get", "pod", "probe", "-o", "jsonpath={.status.phase}", check=False
+        )
+        return phase in ("Succeeded", "Failed")
+
+    wait_for(answered, timeout=120, what="the probe Pod to finish", interval=2)
+    logs = cluster.kubectl("-n", WORKLOADS, "logs", "probe")
+    cluster.kubectl("-n", WORKLOADS, "delete", "pod", "probe", "--wait=false")
+    assert "hello-from-sandlot" in logs, logs
 
 
 def test_a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster: Cluster) -> None:
