@@ -8,14 +8,19 @@ is bounded (see ``sweep`` and ``teardown``), so READY always comes.
 
 After start-up the agent is a few loops on threads, each doing bounded work:
 
-- **sync** (every ``sync_interval``): list this node's Sandboxes (server-side
-  field selector) and the containers, and hand each difference to a bounded worker
-  pool: start Scheduled ones, stop deleted or drained ones, tear down fenced ones.
-  A sandbox with work in flight is skipped until that work ends, so one sandbox
-  never has two operations at once.
+- **sync**: compare this node's Sandboxes with the containers, and hand each
+  difference to a bounded worker pool: start Scheduled ones, stop deleted or
+  drained ones, tear down fenced ones. A sandbox with work in flight is skipped
+  until that work ends, so one sandbox never has two operations at once. The
+  Sandboxes (server-side field selector), the node's SandboxNode and the CachePrune
+  requests are kept in memory by list + watch (``adapters.sandboxwatch``), so an
+  idle node costs the API server no request: a change wakes a pass (at most one
+  per ``sync_interval``), the end of any sandbox's work wakes one, and a pass runs
+  every ``resync_interval`` regardless, from memory.
 - **reaper** (every ``reap_interval``): tasks that have provably exited are torn
   down and their Sandbox ended with the exit code. A running task is never touched.
-- **image GC** (every ``gc_interval``) and **CachePrune** requests (polled).
+- **image GC** (every ``gc_interval``) and **CachePrune** requests (woken by their
+  watch, like the sync).
 
 Status is written through the status subresource with the object's
 resourceVersion; a 409 re-reads, and a Sandbox found terminal or gone meanwhile is
@@ -44,7 +49,6 @@ import sandlot
 from sandlot.adapters.agentapi import (
     is_conflict,
     is_not_found,
-    list_cacheprunes,
     patch_cacheprune_result,
 )
 from sandlot.adapters.cni import (
@@ -79,6 +83,7 @@ from sandlot.adapters.runtime import (
     TaskInfo,
     TaskState,
 )
+from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, GcResult, ImageCollector, disk_usage_of
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
@@ -120,6 +125,10 @@ def _key(obj: Mapping[str, Any]) -> str:
 
 def _phase(obj: Mapping[str, Any]) -> str:
     return str((obj.get("status") or {}).get("phase") or "Pending")
+
+
+def _unschedulable(node: Mapping[str, Any] | None) -> bool:
+    return bool(((node or {}).get("spec") or {}).get("unschedulable"))
 
 
 def container_id_for(uid: str) -> str:
@@ -300,6 +309,14 @@ class Agent:
         )
         self._threads: list[threading.Thread] = []
         self._metrics_server: Any = None
+        # What the sync and the CachePrune handling read instead of listing: started
+        # once the node is READY, each wakes its loop on a change that matters.
+        self._sync_wake = threading.Event()
+        self._prune_wake = threading.Event()
+        self.sandbox_watch = node_sandboxes(api, self.node, on_change=self._sandbox_changed)
+        self.node_watch = own_node(api, self.node, on_change=self._node_changed)
+        self.prune_watch = cache_prunes(api, on_change=self._prune_changed)
+        self._answered_prunes: set[str] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -404,11 +421,12 @@ class Agent:
             metrics=self.gc_metrics,
             exhausted_until=self._restored_exhausted_until(),
         )
-        sync = self.settings.sync_interval.total_seconds()
-        self._spawn("sync", self.sync_once, sync)
+        for watched in self._watches:
+            watched.start()
+        self._spawn_woken("sync", self.sync_once, self._sync_wake)
         self._spawn("reaper", self.reap_once, self.settings.reap_interval.total_seconds())
         self._spawn("imagegc", self.gc_once, self.settings.gc_interval.total_seconds())
-        self._spawn("cacheprune", self.prune_once, max(sync, 1.0))
+        self._spawn_woken("cacheprune", self.prune_once, self._prune_wake)
         return True
 
     def run_forever(self) -> int:
@@ -423,7 +441,11 @@ class Agent:
     def shutdown(self) -> None:
         """End the loops (sandboxes keep running). Bounded: every call in flight is."""
         self._stop.set()
+        self._sync_wake.set()
+        self._prune_wake.set()
         self.heartbeat.stop()
+        for watched in self._watches:
+            watched.stop()
         for thread in self._threads:
             thread.join(timeout=self.settings.teardown_bound + self.network.bound + 5)
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -452,6 +474,53 @@ class Agent:
         thread = threading.Thread(target=loop, name=name, daemon=True)
         self._threads.append(thread)
         thread.start()
+
+    def _spawn_woken(self, name: str, step: Callable[[], object], wake: threading.Event) -> None:
+        """Run ``step`` when ``wake`` is set, at most once per ``sync_interval`` (what
+        arrives meanwhile shares the next pass) and at least once per
+        ``resync_interval``. A pass that fails runs again after ``sync_interval``."""
+        shortest = self.settings.sync_interval.total_seconds()
+        longest = self.settings.resync_interval.total_seconds()
+
+        def loop() -> None:
+            last: float | None = None
+            while not self._stop.is_set():
+                if last is not None:
+                    wake.wait(max(0.0, last + longest - time.monotonic()))
+                    pause = last + shortest - time.monotonic()
+                    if self._stop.is_set() or (pause > 0 and self._stop.wait(pause)):
+                        return
+                # Cleared before the pass: a change arriving during it wakes the next.
+                wake.clear()
+                last = time.monotonic()
+                try:
+                    step()
+                except Exception:
+                    log.exception("%s pass failed", name)
+                    wake.set()
+
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    @property
+    def _watches(self) -> tuple[Any, ...]:
+        return (self.sandbox_watch, self.node_watch, self.prune_watch)
+
+    def _sandbox_changed(self, _event: str, _old: object, _new: object) -> None:
+        # Every change may matter (phase, deletion, containerId); the agent's own
+        # status writes come back here too, and their pass finds nothing to do.
+        self._sync_wake.set()
+
+    def _node_changed(
+        self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        # The operator writes the node's status often; only a drain matters here.
+        if event == "LISTED" or _unschedulable(old) != _unschedulable(new):
+            self._sync_wake.set()
+
+    def _prune_changed(self, _event: str, _old: object, _new: object) -> None:
+        self._prune_wake.set()
 
     # ------------------------------------------------------------ start-up steps
 
@@ -517,6 +586,9 @@ class Agent:
             finally:
                 with self._busy_lock:
                     self._busy.discard(key)
+                # Passes skipped this key while it was busy, and what the work did
+                # (or failed to do) may need a follow-up: look again.
+                self._sync_wake.set()
 
         try:
             self._pool.submit(run)
@@ -603,16 +675,17 @@ class Agent:
 
     def sync_once(self) -> None:
         rt = self._rt
-        # Work in flight now may finish before the listings below are acted on: their
+        if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
+            return  # no listing yet: an empty map is not "no sandboxes" (their LIST wakes us)
+        # Work in flight now may finish before the views below are acted on: their
         # view of its sandbox is then stale (a start that just wrote Running would be
         # seen Scheduled with a container, and torn down), so it waits for the next pass.
         with self._busy_lock:
             in_flight = set(self._busy)
         # Sandboxes first, then containers: a Sandbox seen Running had its container
-        # created before this listing, so the container listing that follows has it.
-        sandboxes = self.objects.list_node_sandboxes(self.node)
-        node = self.objects.get_node(self.node) or {}
-        drained = bool((node.get("spec") or {}).get("unschedulable"))
+        # created before its status said so, so the container listing that follows has it.
+        sandboxes = self.sandbox_watch.items()
+        drained = _unschedulable(self.node_watch.get(self.node))
         containers = rt.list_containers(timeout=self.call_timeout)
         by_key: dict[str, ContainerInfo] = {}
         for c in containers:
@@ -631,7 +704,7 @@ class Agent:
                 continue
             if phase in ("Pending", "Scheduled"):
                 if container is not None:
-                    self._submit(key, partial(self._teardown, container))
+                    self._submit(key, partial(self._teardown_unstarted, key, container))
                 elif drained:
                     self._submit(key, partial(self._refuse_drained, sb))
                 else:
@@ -745,6 +818,28 @@ class Agent:
     def _grace(self, sb: Mapping[str, Any]) -> float:
         seconds = (sb.get("spec") or {}).get("terminationGracePeriodSeconds")
         return float(seconds) if seconds is not None else self.settings.stop_grace.total_seconds()
+
+    def _teardown_unstarted(self, key: str, container: ContainerInfo) -> None:
+        """Tear down the container of a sandbox the watch shows unstarted (a start that
+        failed half-way), once a fresh read agrees.
+
+        The watched view lags the agent's own writes by an event's trip: a start that
+        wrote Running just before this pass still looks Scheduled with a container,
+        and must not be torn down for it. Rare (only a container beside an unstarted
+        sandbox), so the extra read costs nothing when idle.
+        """
+        ns, name = key.split("/", 1)
+        try:
+            current = self.objects.get_sandbox(ns, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                self._stop_deleted(key, container)
+            else:
+                log.warning("sandbox %s: cannot re-read it before a teardown: %s", key, exc)
+            return
+        if _phase(current) in ("Pending", "Scheduled"):
+            self._teardown(container)
+        # Otherwise the watch is behind: its event wakes a pass that sees the truth.
 
     def _stop_deleted(self, key: str, container: ContainerInfo) -> None:
         log.info("sandbox %s is gone: stopping container %s", key, container.id)
@@ -980,10 +1075,16 @@ class Agent:
 
     def prune_once(self) -> int:
         """Answer CachePrune requests for this node that it has not answered yet."""
-        if self.collector is None:
+        if self.collector is None or not self.prune_watch.synced.is_set():
             return 0
         answered = 0
-        for request in list_cacheprunes(self.objects):
+        requests = self.prune_watch.items()
+        # The watch shows an answer only once its event is back: until then this set
+        # keeps a request from running twice. Bounded by the requests that exist.
+        self._answered_prunes &= {str(r["metadata"].get("uid")) for r in requests}
+        for request in requests:
+            if str(request["metadata"].get("uid")) in self._answered_prunes:
+                continue
             spec = request.get("spec") or {}
             nodes = spec.get("nodes") or []
             status = request.get("status") or {}
@@ -1008,6 +1109,7 @@ class Agent:
                 self._record_gc(result)
                 body = result.to_prune_result(self._clock()).wire()
             patch_cacheprune_result(self.objects, name, self.node, body)
+            self._answered_prunes.add(str(request["metadata"].get("uid")))
             answered += 1
         return answered
 

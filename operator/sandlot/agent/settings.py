@@ -92,7 +92,15 @@ class AgentSettings(SettingsModel):
     )
     sync_interval: Duration = Field(
         default=timedelta(seconds=1),
-        description="How often the node's Sandboxes (and CachePrune requests) are listed.",
+        description="Shortest time between two sync passes: changes to the node's "
+        "Sandboxes, its SandboxNode and CachePrune requests arrive by watch and wake a "
+        "pass, and those arriving within this time share one.",
+    )
+    resync_interval: Duration = Field(
+        default=timedelta(seconds=30),
+        description="Longest time between two sync passes when nothing changes: the "
+        "full sync re-runs from the watched objects (no API request) against "
+        "containerd's containers, and unanswered CachePrune requests are looked at again.",
     )
     teardown_concurrency: int = Field(
         default=8, ge=1, le=256, description="Teardowns (and starts) running at once."
@@ -201,6 +209,7 @@ class AgentSettings(SettingsModel):
             "call_timeout",
             "reap_interval",
             "sync_interval",
+            "resync_interval",
             "gc_interval",
             "gc_exhausted_backoff",
             "cni_timeout",
@@ -215,6 +224,11 @@ class AgentSettings(SettingsModel):
             raise ValueError(
                 f"renew_interval ({self.renew_interval.total_seconds():g}s) must be below "
                 f"lease_duration ({self.lease_duration.total_seconds():g}s)"
+            )
+        if self.resync_interval < self.sync_interval:
+            raise ValueError(
+                f"resync_interval ({self.resync_interval.total_seconds():g}s) must be at "
+                f"least sync_interval ({self.sync_interval.total_seconds():g}s)"
             )
         if self.lease_duration.total_seconds() < 1:
             raise ValueError("lease_duration must be at least 1s (the Lease counts seconds)")
