@@ -33,10 +33,16 @@ class LeaseInformer:
         *,
         label_selector: str = f"{AGENT_LEASE_LABEL}=true",
         watch_timeout: int = 300,
+        on_view_restored: Callable[[], None] | None = None,
     ) -> None:
         self.api: Any = client.CoordinationV1Api(api)
         self.namespace = namespace
         self.on_event = on_event
+        # Called after the first list and after every list that follows a failure:
+        # from then on the view is continuous again (a routine watch timeout is not
+        # a gap). The node-health controller waits a lease duration after it before
+        # it reaps, so leases the agents renew once the API server is back count.
+        self.on_view_restored = on_view_restored
         self.label_selector = label_selector
         self.watch_timeout = watch_timeout
         self.synced = threading.Event()
@@ -55,6 +61,7 @@ class LeaseInformer:
 
     def _run(self) -> None:
         backoff = 0.5
+        gap = True
         while not self._stop.is_set():
             try:
                 listed = self.api.list_namespaced_lease(
@@ -66,6 +73,9 @@ class LeaseInformer:
                     names.add(record.name)
                     self.on_event("SYNC", record)
                 self.synced.set()
+                if gap and self.on_view_restored is not None:
+                    self.on_view_restored()
+                gap = False
                 self._watch = watch.Watch()
                 for event in self._watch.stream(
                     self.api.list_namespaced_lease,
@@ -83,12 +93,14 @@ class LeaseInformer:
                     self.on_event(event["type"], _lease_record(obj))
                 backoff = 0.5
             except (ApiException, OSError, ValueError) as e:
+                gap = True
                 if self._stop.is_set():
                     return
                 log.warning("lease watch failed (%s); listing again in %.1fs", e, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
             except Exception as e:  # urllib3 protocol errors and the like
+                gap = True
                 if self._stop.is_set():
                     return
                 log.warning("lease watch broke (%s: %s); listing again", type(e).__name__, e)

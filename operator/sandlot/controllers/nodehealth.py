@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
@@ -128,6 +128,8 @@ class NodeHealthController:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._hold_reported = False
         self._fleet: tuple[datetime, FleetSummary] | None = None
+        # Since when the lease view has been continuous (None: not synced yet).
+        self.view_since: datetime | None = None
         self._created: dict[str, datetime] = {}
 
     # -- inputs (called from kopf handlers and the lease watch) ----------------------
@@ -167,6 +169,19 @@ class NodeHealthController:
             self.leases[name] = view
         if name in self.nodes:
             self.enqueue(name)
+
+    def on_view_restored(self) -> None:
+        """The lease watch listed afresh after a start or a failure (watch thread)."""
+        if self._loop is None:
+            self._restored()
+        else:
+            self._loop.call_soon_threadsafe(self._restored)
+
+    def _restored(self) -> None:
+        self.view_since = self.clock()
+        self._fleet = None
+        log.info("lease view (re)established; reaping waits one lease duration for renewals")
+        self.enqueue_all()
 
     def enqueue(self, name: str) -> None:
         if name not in self._queued:
@@ -226,14 +241,24 @@ class NodeHealthController:
 
     async def reconcile(self, name: str) -> Decision | None:
         body = self.nodes.get(name)
-        if body is None:
-            return None
+        if body is None or self.view_since is None:
+            return None  # before the first lease list every node would look NotReady
         now = self.clock()
         view, tracking = _node_view(body)
         lease = self.leases.get(name)
         fleet = self.fleet(now)
         decision = decide(view, lease, tracking, now, fleet, self.guard, self.policy)
         self._report_hold(decision, body)
+        settle = self._settled_at(lease)
+        if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and now < settle:
+            # The view of the leases was interrupted (operator start, API server or
+            # network outage): agents renew as soon as they can reach the API server
+            # again, so give them one lease duration before a stale lease kills a node.
+            log.info("node %s: grace over, but waiting until %s for renewals", name, settle)
+            if decision.patch is not None:
+                await asyncio.to_thread(self.objects.patch_node_status, name, decision.patch.wire())
+            self._schedule(name, (settle - now).total_seconds() + 0.01)
+            return decision
 
         patch = decision.patch.wire() if decision.patch is not None else None
         if decision.marks_dead:
@@ -246,6 +271,10 @@ class NodeHealthController:
         self._events(decision, body)
         self._schedule_next(name, decision, view, lease, now)
         return decision
+
+    def _settled_at(self, lease: LeaseView | None) -> datetime:
+        assert self.view_since is not None
+        return self.view_since + timedelta(seconds=lease.duration_seconds if lease else 0)
 
     async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
         """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""

@@ -189,7 +189,9 @@ async def run(
         nodehealth.on_lease(event_type, lease)
         workloads.on_lease(event_type, lease)
 
-    informer = LeaseInformer(api, settings.namespace, on_lease)
+    informer = LeaseInformer(
+        api, settings.namespace, on_lease, on_view_restored=nodehealth.on_view_restored
+    )
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
     informer.start()
