@@ -412,7 +412,7 @@ def test_sandboxnode_status_is_registered(
 def test_cacheprune_all_runs_the_forced_pass_and_records_it(
     make_agent: AgentFactory, kube: client.ApiClient, node: str, rt
 ) -> None:
-    agent = make_agent()
+    agent = make_agent(gc_interval="1h")  # no automatic pass overwrites status.gc meanwhile
     assert agent.start()
     name = f"prune-{uuid.uuid4().hex[:6]}"
     _custom(kube).create_cluster_custom_object(
