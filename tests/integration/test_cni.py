@@ -108,8 +108,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BridgeNetwork]
     bin_dirs = _plugin_dirs()
     if bin_dirs is None or shutil.which("ip") is None:
         pytest.skip("the CNI plugins (containernetworking-plugins) or iproute2 are missing")
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    n = int("".join(ch for ch in worker if ch.isdigit()) or 0) % 200
+    # One bridge and subnet per test process: xdist workers, and two test runs on one
+    # machine, must not see each other's veths or routes.
+    n = os.getpid() % 250
     base = tmp_path_factory.mktemp("cni")
     net = BridgeNetwork(
         name=f"sltest{n}",
