@@ -1,6 +1,7 @@
 """The agent's extra API calls: registering its SandboxNode and answering
-CachePrune requests. Kept beside ``objects`` (which they use) so the agent, like
-the controllers, never imports ``kubernetes`` itself."""
+CachePrune requests (which it learns of by watch, ``sandboxwatch``). Kept beside
+``objects`` (which they use) so the agent, like the controllers, never imports
+``kubernetes`` itself."""
 
 from __future__ import annotations
 
@@ -35,11 +36,6 @@ def ensure_node(
     if created is None:
         raise RuntimeError(f"SandboxNode {name} vanished right after it was created")
     return created
-
-
-def list_cacheprunes(objects: Objects) -> list[dict[str, Any]]:
-    out = objects.custom.list_cluster_custom_object(GROUP, VERSION, CACHEPRUNES)
-    return list(out.get("items", []))
 
 
 def patch_cacheprune_result(
