@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -582,6 +583,11 @@ class SandboxNetwork:
         self.netns = Netns(timeout=timeout)
         self.ifname = ifname
         self.timeout = timeout
+        # ADDs run one at a time: plugins that create shared state on first use race
+        # otherwise (the bridge plugin of containernetworking-plugins 1.1 fails with
+        # "could not set bridge's mac: invalid argument" when concurrent ADDs create
+        # the bridge). An ADD takes ~15 ms; waiting for the lock is bounded too.
+        self._add_lock = threading.Lock()
 
     @property
     def bound(self) -> float:
@@ -599,13 +605,21 @@ class SandboxNetwork:
         tears the container down, which detaches (DEL is safe after a partial ADD)."""
         config = load_config(self.conf_dir, attachment.network)
         self.netns.create(attachment.netns_name)
-        result = self.runner.add(
-            config,
-            container_id=attachment.container_id,
-            netns=attachment.netns_path,
-            ifname=attachment.ifname,
-            args=cni_args(args),
-        )
+        if not self._add_lock.acquire(timeout=self.timeout):
+            raise CniTimeout(
+                f"CNI ADD of {attachment.container_id}: other ADDs held the network for "
+                f"over {self.timeout:g}s"
+            )
+        try:
+            result = self.runner.add(
+                config,
+                container_id=attachment.container_id,
+                netns=attachment.netns_path,
+                ifname=attachment.ifname,
+                args=cni_args(args),
+            )
+        finally:
+            self._add_lock.release()
         if result.primary_ip(attachment.ifname) is None:
             raise CniError(f"CNI network {config.name} gave {attachment.container_id} no address")
         return result
