@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/run.py [--quick]
 
-``--quick`` skips the 10,000-sandbox memory run. The agent and GC benchmarks
-need root (they run containers on a private containerd).
+``--quick`` skips the 10,000-sandbox memory run and shortens the churn run from
+30 to 3 minutes. The agent and GC benchmarks need root (they run containers on a
+private containerd).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ def run(argv: list[str], timeout: float) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="skip the memory benchmark")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the 10,000-sandbox memory run and shorten the churn run to 3 minutes",
+    )
     args = parser.parse_args()
     rows: list[dict[str, object]] = []
 
@@ -43,6 +48,12 @@ def main() -> int:
     run(nh_args, timeout=3600)
     if out.exists():
         rows += json.loads(out.read_text())
+
+    churn = out.with_name("churn.json")
+    minutes = "3" if args.quick else "30"
+    run([str(HERE / "churn.py"), "--minutes", minutes, "--json", str(churn)], timeout=3600)
+    if churn.exists():
+        rows += json.loads(churn.read_text())
 
     text = run([str(HERE / "agent_startup.py")], timeout=1800)
     m = re.search(r"ratio start-up / bound = ([\d.]+)", text)
