@@ -13,11 +13,13 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
+from kopf._cogs.structs.ephemera import AnyMemo
+from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from sandlot.adapters.informer import LeaseInformer
@@ -25,6 +27,7 @@ from sandlot.adapters.kube import RequestCounter, connection_params, load_api_cl
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import LeaseRecord, Objects, post_event
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.crdgen import KINDS
 from sandlot.controllers import cacheprune
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
@@ -69,6 +72,65 @@ def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str
     return post
 
 
+class WatchOnlyMemories(ResourceMemories):
+    """kopf's per-object memories, minus the objects nothing but ``on.event`` watches.
+
+    kopf keeps a record for every object it has seen until that object's DELETED
+    event: a memo, an error throttler, index and daemon bookkeeping, about 1 KB
+    each, 10 MB at 10,000 sandboxes. Only timers, daemons, change handlers and
+    indexes ever read it again; a kind watched by ``on.event`` alone gets a fresh
+    record per event instead (kopf's own "ephemeral" memory, which it uses for
+    admission requests), and nothing is kept. ``watch_only_kinds`` decides which
+    kinds qualify from the registry itself, so a timer added to one of them later
+    takes it off the list instead of breaking.
+    """
+
+    def __init__(self, kinds: Collection[str]) -> None:
+        super().__init__()
+        self.kinds = frozenset(kinds)
+
+    async def recall(
+        self,
+        raw_body: kopf.RawBody,
+        *,
+        memobase: AnyMemo | None = None,
+        noticed_by_listing: bool = False,
+        ephemeral: bool = False,
+    ) -> ResourceMemory:
+        if raw_body.get("kind") in self.kinds and str(raw_body.get("apiVersion", "")).startswith(
+            f"{GROUP}/"
+        ):
+            ephemeral = True
+        return await super().recall(
+            raw_body,
+            memobase=memobase,
+            noticed_by_listing=noticed_by_listing,
+            ephemeral=ephemeral,
+        )
+
+
+def watch_only_kinds(registry: kopf.OperatorRegistry) -> frozenset[str]:
+    """Our kinds that ``on.event`` handlers watch and no handler of any other sort does."""
+    others = (registry._indexing, registry._spawning, registry._changing, registry._webhooks)
+    kinds = set()
+    for model in KINDS:
+        crd = model.crd
+        resource = kopf.Resource(
+            GROUP,
+            VERSION,
+            crd.plural,
+            kind=crd.kind,
+            singular=crd.singular,
+            shortcuts=frozenset(crd.short_names),
+            namespaced=crd.scope == "Namespaced",
+        )
+        if registry._watching.has_handlers(resource) and not any(
+            r.has_handlers(resource) for r in others
+        ):
+            kinds.add(crd.kind)
+    return frozenset(kinds)
+
+
 def build_registry(
     connection: dict[str, Any],
     settings: OperatorSettings,
@@ -102,8 +164,11 @@ def build_registry(
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(**connection)
 
+    # Both handlers are coroutines on purpose: kopf runs a plain function in a
+    # thread, where ``on_node`` would change the node cache while a pass on the
+    # loop iterates it, and ``enqueue`` would touch an asyncio queue off its loop.
     @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
-    def node_event(body: kopf.Body, **kwargs: Any) -> None:
+    async def node_event(body: kopf.Body, **kwargs: Any) -> None:
         nodehealth.on_node(kwargs.get("type") or "MODIFIED", body)
 
     @kopf.timer(
@@ -113,7 +178,7 @@ def build_registry(
         interval=settings.resync_interval.total_seconds(),
         registry=registry,
     )
-    def resync(name: str, **_: Any) -> None:
+    async def resync(name: str, **_: Any) -> None:
         nodehealth.enqueue(name)
 
     @kopf.on.delete(GROUP, VERSION, "sandboxnodes", registry=registry)
@@ -202,11 +267,11 @@ async def run(
     worker = asyncio.create_task(nodehealth.run(), name="node-health")
     workers = asyncio.create_task(workloads.run(), name="workloads")
     stop = stop_flag or asyncio.Event()
+    kopf_registry = build_registry(connection_params(api), settings, nodehealth, elector, workloads)
     try:
         await kopf.operator(
-            registry=build_registry(
-                connection_params(api), settings, nodehealth, elector, workloads
-            ),
+            registry=kopf_registry,
+            memories=WatchOnlyMemories(watch_only_kinds(kopf_registry)),
             clusterwide=True,
             standalone=True,
             stop_flag=stop,
