@@ -4,8 +4,9 @@ The scheduler counts each node's non-terminal sandboxes (by pool), the pool
 controller lists a pool's members and routing their IPs: all from here, so no
 decision costs a request. At 10,000 sandboxes a full body (managedFields and all)
 is a few KiB each; a ``SandboxRecord`` keeps only the dozen fields those
-decisions read, and the per-node counts are kept up to date on every change
-instead of being recounted.
+decisions read (the strings many records share, such as namespace, phase, node
+and pool, once for all of them), and the per-node counts are kept up to date on
+every change instead of being recounted.
 
 Controllers that write a sandbox put the API server's answer here at once
 (``upsert``, ``forget``), so the next decision already sees it; the watch event
@@ -17,6 +18,7 @@ event, so a late MODIFIED event of it cannot bring it back.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -72,6 +74,26 @@ class SandboxRecord:
         return self.node is None and self.phase == SandboxPhase.PENDING
 
 
+def _shared(value: str | None) -> str | None:
+    """One string object per distinct value: every record's namespace, phase, node,
+    pool and owner would otherwise be its own copy, parsed from its own event."""
+    return sys.intern(value) if value else None
+
+
+def _conditions(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
+    found = status.get("conditions")
+    if not found:
+        return ()
+    return tuple(
+        (
+            sys.intern(str(c.get("type"))),
+            sys.intern(str(c.get("status"))),
+            sys.intern(str(c.get("reason") or "")),
+        )
+        for c in found
+    )
+
+
 def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     meta = body["metadata"]
     status = body.get("status") or {}
@@ -82,21 +104,18 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     except ValueError:
         rv = 0
     return SandboxRecord(
-        namespace=meta["namespace"],
+        namespace=sys.intern(meta["namespace"]),
         name=meta["name"],
         uid=meta.get("uid", ""),
         resource_version=rv,
-        phase=str(status.get("phase") or SandboxPhase.PENDING),
-        node=spec.get("nodeName") or None,
-        pool=(meta.get("labels") or {}).get(POOL_LABEL),
-        owner_uid=owner.get("uid") if owner else None,
+        phase=sys.intern(str(status.get("phase") or SandboxPhase.PENDING)),
+        node=_shared(spec.get("nodeName")),
+        pool=_shared((meta.get("labels") or {}).get(POOL_LABEL)),
+        owner_uid=_shared(owner.get("uid")) if owner else None,
         ip=status.get("ip"),
         created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
         finished_at=parse_time(status.get("finishedAt")),
-        conditions=tuple(
-            (str(c.get("type")), str(c.get("status")), str(c.get("reason") or ""))
-            for c in status.get("conditions") or []
-        ),
+        conditions=_conditions(status),
     )
 
 
