@@ -83,6 +83,19 @@ def _create(kube: client.ApiClient, namespace: str, body: dict[str, Any], *, dry
     return ""
 
 
+def _wait_admission(
+    kube: client.ApiClient, namespace: str, body: dict[str, Any], *, admitted: bool
+) -> None:
+    """Namespace labels reach the policy through the API server's informer: wait
+    (bounded) until a dry run of ``body`` gets the expected answer."""
+    wait_for(
+        lambda: (_create(kube, namespace, body, dry_run=True) == "") == admitted,
+        timeout=10,
+        interval=0.2,
+        what=f"the admission policy to {'admit' if admitted else 'refuse'} {body['metadata']['name']}",
+    )
+
+
 @pytest.fixture
 def admission(kube: client.ApiClient, namespace: str) -> Iterator[None]:
     """The policy and binding installed; gone (and seen gone) after the test.
@@ -136,6 +149,7 @@ def test_privileged_sandbox_is_admitted_in_a_namespace_labelled_privileged(
 ) -> None:
     _label_namespace(kube, namespace, "privileged")
     body = _sandbox("root", hostNetwork=True, securityContext={"privileged": True})
+    _wait_admission(kube, namespace, body, admitted=True)
     assert _create(kube, namespace, body, dry_run=False) == ""
     stored = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", "root"
@@ -148,8 +162,10 @@ def test_an_update_that_leaves_the_spec_alone_passes_after_the_level_was_lowered
     kube: client.ApiClient, namespace: str, admission: None
 ) -> None:
     _label_namespace(kube, namespace, "privileged")
+    _wait_admission(kube, namespace, _sandbox("probe", hostNetwork=True), admitted=True)
     assert _create(kube, namespace, _sandbox("hn", hostNetwork=True), dry_run=False) == ""
     _label_namespace(kube, namespace, None)
+    _wait_admission(kube, namespace, _sandbox("probe", hostNetwork=True), admitted=False)
     api = client.CustomObjectsApi(kube)
     api.patch_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", "hn", {"metadata": {"labels": {"a": "b"}}}

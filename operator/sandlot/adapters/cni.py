@@ -611,18 +611,58 @@ class SandboxNetwork:
                 f"over {self.timeout:g}s"
             )
         try:
-            result = self.runner.add(
-                config,
-                container_id=attachment.container_id,
-                netns=attachment.netns_path,
-                ifname=attachment.ifname,
-                args=cni_args(args),
-            )
+            result = self._add_with_one_retry(config, attachment, cni_args(args))
         finally:
             self._add_lock.release()
         if result.primary_ip(attachment.ifname) is None:
             raise CniError(f"CNI network {config.name} gave {attachment.container_id} no address")
         return result
+
+    def _add_with_one_retry(
+        self, config: NetworkConfigList, attachment: Attachment, args: str
+    ) -> CniResult:
+        """ADD; after a plugin error, DEL what it left and ADD once more.
+
+        The first ADD on a node creates the bridge, and the bridge plugin of
+        containernetworking-plugins 1.1 can then fail with "could not set bridge's
+        mac: invalid argument" (a new bridge has no address until a port joins); the
+        same ADD succeeds once the bridge exists. A timeout is not retried: the
+        budget is spent."""
+
+        def add() -> CniResult:
+            return self.runner.add(
+                config,
+                container_id=attachment.container_id,
+                netns=attachment.netns_path,
+                ifname=attachment.ifname,
+                args=args,
+            )
+
+        try:
+            return add()
+        except CniTimeout:
+            raise
+        except CniError as first:
+            log.warning(
+                "container %s: CNI ADD failed (%s); cleaning up and trying once more",
+                attachment.container_id,
+                first,
+            )
+            try:
+                self.runner.delete(
+                    config,
+                    container_id=attachment.container_id,
+                    netns=attachment.netns_path,
+                    ifname=attachment.ifname,
+                    args=args,
+                )
+            except CniError as cleanup:
+                log.warning(
+                    "container %s: DEL before the retry failed: %s",
+                    attachment.container_id,
+                    cleanup,
+                )
+            return add()
 
     def detach(self, attachment: Attachment, args: Mapping[str, str] | None = None) -> None:
         """DEL (with the namespace when it still exists, without when it is gone, as
