@@ -96,6 +96,23 @@ def _wait_admission(
     )
 
 
+def _remove_policy(kube: client.ApiClient) -> None:
+    adm = client.AdmissionregistrationV1Api(kube)
+    with contextlib.suppress(client.ApiException):
+        adm.delete_validating_admission_policy_binding(POLICY_NAME)
+    with contextlib.suppress(client.ApiException):
+        adm.delete_validating_admission_policy(POLICY_NAME)
+
+
+@pytest.fixture
+def no_admission_policy(kube: client.ApiClient, namespace: str) -> None:
+    """No admission policy (a chart test on this control plane may have installed
+    it): confirmed by a dry-run privileged Sandbox being admitted."""
+    _remove_policy(kube)
+    probe = _sandbox(f"probe-{uuid.uuid4().hex[:6]}", securityContext={"privileged": True})
+    _wait_admission(kube, namespace, probe, admitted=True)
+
+
 @pytest.fixture
 def admission(kube: client.ApiClient, namespace: str) -> Iterator[None]:
     """The policy and binding installed; gone (and seen gone) after the test.
@@ -108,6 +125,7 @@ def admission(kube: client.ApiClient, namespace: str) -> Iterator[None]:
     adm = client.AdmissionregistrationV1Api(kube)
     policy, binding = admission_policy()
     probe = _sandbox(f"probe-{uuid.uuid4().hex[:6]}", securityContext={"privileged": True})
+    _remove_policy(kube)  # a chart test on this control plane may have installed it
     adm.create_validating_admission_policy(policy)
     adm.create_validating_admission_policy_binding(binding)
     try:
@@ -537,7 +555,7 @@ def test_process_over_its_memory_limit_is_killed_and_the_sandbox_stops_oom_kille
 
 @pytest.mark.containerd
 def test_agent_refuses_a_privileged_sandbox_the_admission_policy_never_saw(
-    kube: client.ApiClient, namespace: str, agent: Agent
+    kube: client.ApiClient, namespace: str, no_admission_policy: None, agent: Agent
 ) -> None:
     # No admission policy is installed here: the agent is the last line.
     _schedule(kube, namespace, "sneaky", agent.node, securityContext={"privileged": True})
