@@ -53,24 +53,32 @@ def binaries_dir(build_timeout: float = 3000.0) -> Path:
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / "kube-apiserver").exists() and (Path(assets) / "etcd").exists():
         return Path(assets)
-    env = dict(os.environ, KUBE_VERSION=KUBE_VERSION, ETCD_VERSION=ETCD_VERSION)
+    return _run_build(
+        BUILD_SCRIPT,
+        "the control-plane binaries",
+        build_timeout,
+        KUBE_VERSION=KUBE_VERSION,
+        ETCD_VERSION=ETCD_VERSION,
+    )
+
+
+def _run_build(script: Path, what: str, timeout: float, **env: str) -> Path:
+    """Run a build script (it prints the directory or binary it produced, cached by
+    version), bounded by ``timeout``; a failure raises with the script's stderr."""
     try:
         proc = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)],
-            env=env,
+            ["bash", str(script)],
+            env=dict(os.environ, **env),
             capture_output=True,
             text=True,
-            timeout=build_timeout,
+            timeout=timeout,
             check=False,
         )
     except subprocess.TimeoutExpired as e:
-        raise ControlPlaneError(
-            f"building the control-plane binaries took over {build_timeout:.0f}s"
-        ) from e
+        raise ControlPlaneError(f"building {what} took over {timeout:.0f}s") from e
     if proc.returncode != 0:
         raise ControlPlaneError(
-            f"building the control-plane binaries failed (exit {proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}"
+            f"building {what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
         )
     return Path(proc.stdout.strip().splitlines()[-1])
 
@@ -87,23 +95,7 @@ def helm_path(build_timeout: float = 1800.0) -> Path:
     (``build-helm.sh``) and cached by version."""
     if os.environ.get("HELM"):
         return Path(os.environ["HELM"])
-    env = dict(os.environ, HELM_VERSION=HELM_VERSION)
-    try:
-        proc = subprocess.run(
-            ["bash", str(HELM_BUILD_SCRIPT)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=build_timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ControlPlaneError(f"building helm took over {build_timeout:.0f}s") from e
-    if proc.returncode != 0:
-        raise ControlPlaneError(
-            f"building helm failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return _run_build(HELM_BUILD_SCRIPT, "helm", build_timeout, HELM_VERSION=HELM_VERSION)
 
 
 @dataclass
