@@ -27,10 +27,10 @@ from sandlot.adapters.objects import Leases
 from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, TaskState
 from sandlot.agent.main import Agent
-from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.policy.agentsweep import SANDBOX_LABEL
+from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 
@@ -97,25 +97,17 @@ def make_agent(
     agents: list[Agent] = []
 
     def make(**overrides: Any) -> Agent:
-        values: dict[str, Any] = {
-            "node_name": node,
-            "namespace": namespace,
-            "containerd_address": containerd.address,
-            "containerd_namespace": ctr_ns,
-            "containerd_root": str(containerd.root),
-            "kill_wait": f"{KILL_WAIT}s",
-            "call_timeout": f"{CALL_TIMEOUT}s",
-            "stop_grace": "2s",
-            "reap_interval": "1s",
-            "sync_interval": "0.3s",
-            "lease_duration": "10s",
-            "renew_interval": "1s",
-            "metrics_port": 0,
-            "node_address": "10.1.2.3",
-            "log_dir": str(tmp_path / "logs"),
-        }
-        values.update(overrides)
-        agent = Agent(AgentSettings(**values), kube, registry=CollectorRegistry())
+        settings = agent_settings(
+            node=node,
+            namespace=namespace,
+            containerd=containerd,
+            ctr_ns=ctr_ns,
+            log_dir=tmp_path / "logs",
+            kill_wait=f"{KILL_WAIT}s",
+            call_timeout=f"{CALL_TIMEOUT}s",
+            **overrides,
+        )
+        agent = Agent(settings, kube, registry=CollectorRegistry())
         agents.append(agent)
         return agent
 

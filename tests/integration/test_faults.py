@@ -21,9 +21,9 @@ from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.agent.main import Agent
-from sandlot.agent.settings import AgentSettings
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
+from tests.support.agents import agent_settings
 from tests.support.containerd import start_private_containerd, unavailable_reason
 from tests.support.operator import Fleet, OperatorProcess
 from tests.support.wait import wait_for
@@ -160,22 +160,8 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
     build_image_archive(archive, image)
     import_archive(ctrd.address, ns, archive, timeout=60)
     node = f"node-{uuid.uuid4().hex[:6]}"
-    settings = AgentSettings(
-        node_name=node,
-        namespace=namespace,
-        containerd_address=ctrd.address,
-        containerd_namespace=ns,
-        containerd_root=str(ctrd.root),
-        kill_wait="2s",
-        call_timeout="2s",
-        stop_grace="2s",
-        reap_interval="1s",
-        sync_interval="0.3s",
-        lease_duration="10s",
-        renew_interval="1s",
-        metrics_port=0,
-        node_address="10.1.2.3",
-        log_dir=str(tmp_path / "logs"),
+    settings = agent_settings(
+        node=node, namespace=namespace, containerd=ctrd, ctr_ns=ns, log_dir=tmp_path / "logs"
     )
     agent = Agent(settings, kube, registry=CollectorRegistry())
     objs: Any = client.CustomObjectsApi(kube)

@@ -36,12 +36,12 @@ from sandlot.adapters.nodeguard import bounding_capabilities
 from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, ImageConfig, RuntimeError_
 from sandlot.agent.main import Agent, build_oci_spec
-from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.admission import LEVEL_LABEL, POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.podsecurity import check
+from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 
@@ -473,22 +473,15 @@ def agent(
     ctr_ns = f"iso-{uuid.uuid4().hex[:8]}"
     import_archive(containerd.address, ctr_ns, agent_archive, timeout=60)
     node = f"node-{uuid.uuid4().hex[:8]}"
-    settings = AgentSettings(
-        node_name=node,
+    settings = agent_settings(
+        node=node,
         namespace=namespace,
-        containerd_address=containerd.address,
-        containerd_namespace=ctr_ns,
-        containerd_root=str(containerd.root),
-        kill_wait="2s",
+        containerd=containerd,
+        ctr_ns=ctr_ns,
+        log_dir=tmp_path / "logs",
         call_timeout="3s",
         stop_grace="1s",
         reap_interval="0.5s",
-        sync_interval="0.3s",
-        lease_duration="10s",
-        renew_interval="1s",
-        metrics_port=0,
-        node_address="10.1.2.3",
-        log_dir=str(tmp_path / "logs"),
     )
     instance = Agent(settings, kube, registry=CollectorRegistry())
     assert instance.start()
