@@ -1,8 +1,10 @@
 """Shared fixtures: the real control plane (tests/support/kube.py) and the real
-containerd (tests/support/containerd_fixtures.py)."""
+containerd (tests/support/containerd_fixtures.py); under SANDLOT_REQUIRE_REAL=1 a
+skip fails the run (tests/support/strict_skips.py)."""
 
 pytest_plugins = [
     "tests.support.kube",
     "tests.support.containerd_fixtures",
     "tests.support.operator",
+    "tests.support.strict_skips",
 ]
