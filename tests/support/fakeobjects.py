@@ -104,6 +104,10 @@ class FakeObjects:
         self.sandboxes[f"{namespace}/{name}"] = body
         return copy.deepcopy(body)
 
+    def touch(self, body: dict[str, Any]) -> None:
+        """A change made behind the controllers' back gets a new resourceVersion."""
+        body["metadata"]["resourceVersion"] = self._next_rv()
+
     def phase(self, key: str) -> str | None:
         body = self.sandboxes.get(key)
         return None if body is None else body["status"].get("phase")
