@@ -60,7 +60,9 @@ class World:
     def sandboxes(self, node: str, n: int) -> list[str]:
         keys = []
         for i in range(n):
-            self.objects.add_sandbox("ns", f"{node}-sb{i}", self.created, node=node, phase="Running")
+            self.objects.add_sandbox(
+                "ns", f"{node}-sb{i}", self.created, node=node, phase="Running"
+            )
             keys.append(f"ns/{node}-sb{i}")
         return keys
 

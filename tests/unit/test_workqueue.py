@@ -15,7 +15,7 @@ from tests.support.clock import FakeClock
 class Recorder:
     """A reconcile that records its calls and answers from a script."""
 
-    def __init__(self, answers: dict[str, list[float | None | Exception]] | None = None) -> None:
+    def __init__(self, answers: dict[str, list[float | Exception | None]] | None = None) -> None:
         self.calls: list[str] = []
         self.answers = answers or {}
 

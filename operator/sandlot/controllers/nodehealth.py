@@ -59,6 +59,7 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, 
 RETRY_AFTER_FAILURE = 2.0
 FLEET_REUSE = 1.0  # seconds a fleet summary is reused across passes
 
+
 def _resource_version(body: Mapping[str, Any]) -> str | None:
     rv = (body.get("metadata") or {}).get("resourceVersion")
     return str(rv) if rv is not None else None

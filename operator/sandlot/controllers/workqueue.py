@@ -135,7 +135,7 @@ class WorkQueue:
 
     def backoff(self, failures: int) -> float:
         """The delay before retry number ``failures`` (1, 2, ...): doubling, capped."""
-        return min(self.backoff_start * 2 ** max(failures - 1, 0), self.backoff_cap)
+        return min(self.backoff_start * 2.0 ** max(failures - 1, 0), self.backoff_cap)
 
     # -- running ---------------------------------------------------------------------
 
