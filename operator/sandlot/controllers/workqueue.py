@@ -163,10 +163,11 @@ class WorkQueue:
         return key
 
     async def _process(self, key: str) -> None:
-        started = time.perf_counter()
+        started: float | None = None
         try:
             if not self.is_leader():
                 return  # a standby drops work; the next leader adds everything again
+            started = time.perf_counter()
             try:
                 requeue_after = await self.reconcile(key)
             except Exception:
@@ -184,7 +185,7 @@ class WorkQueue:
             if key in self._queued:
                 self._ready.append(key)  # added while it ran: once more, now
                 self._wake.set()
-            if self.observe is not None:
+            if self.observe is not None and started is not None:
                 self.observe(time.perf_counter() - started)
 
     async def run_until_idle(self) -> int:
