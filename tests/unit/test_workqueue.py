@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sandlot.controllers.workqueue import WorkQueue
+from sandlot.controllers.workqueue import WorkQueue, earliest
 from tests.support.clock import FakeClock
 
 
@@ -254,3 +254,12 @@ def test_call_threadsafe_runs_on_the_loop_thread() -> None:
 
     loop_thread, ran_on = run(scenario())  # type: ignore[misc]
     assert ran_on is loop_thread
+
+
+@pytest.mark.parametrize(
+    ("delays", "expected"),
+    [((2.0, 300.0), 2.0), ((None, 5.0), 5.0), ((None, None), None), ((0.0, None), 0.0)],
+    ids=["the_soonest_wins", "none_is_no_request", "nothing_asked", "zero_is_a_request"],
+)
+def test_earliest_requeue(delays: tuple[float | None, ...], expected: float | None) -> None:
+    assert earliest(*delays) == expected

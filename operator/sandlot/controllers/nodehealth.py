@@ -11,9 +11,8 @@ end), which the queue keeps exactly: a mark lands at its deadline, not on a tick
 A partial marking is retried ``RETRY_AFTER_FAILURE`` seconds later; the queue
 keeps the earliest deadline, so a later one never pushes that retry back.
 
-Only the elected leader acts; standbys keep their caches warm and drop work.
-Leadership is checked again before every write, so a pass that loses it midway
-stops writing.
+Only the elected leader acts (standbys keep their caches warm and drop work),
+and it checks again before every write: a pass that loses the Lease stops.
 
 A resourceVersion is opaque: the node cache compares them only for equality.
 After our own status write the cache holds the answer, and watch events of
@@ -36,7 +35,7 @@ from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
-from sandlot.controllers.workqueue import WorkQueue
+from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.disruption import FleetSummary, GuardSettings, summarize_fleet
 from sandlot.policy.nodehealth import (
@@ -256,7 +255,7 @@ class NodeHealthController:
         if patch is not None and not await self._write(name, patch):
             return None
         self._events(decision, body)
-        return _earliest(retry, self._next_wake(decision, view, lease, now))
+        return earliest(retry, self._next_wake(decision, view, lease, now))
 
     async def _write(self, name: str, patch: dict[str, Any]) -> bool:
         """Write the node's status if still the leader; False when not."""
@@ -443,8 +442,3 @@ class NodeHealthController:
         if decision.phase is NodePhase.READY:
             wake = lease_expiry(lease, view.created_at)  # notice NotReady at the moment it happens
         return None if wake is None else (wake - now).total_seconds()
-
-
-def _earliest(*delays: float | None) -> float | None:
-    given = [d for d in delays if d is not None]
-    return min(given) if given else None

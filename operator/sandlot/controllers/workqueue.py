@@ -40,6 +40,12 @@ log = logging.getLogger(__name__)
 Reconcile = Callable[[str], Awaitable[float | None]]
 
 
+def earliest(*delays: float | None) -> float | None:
+    """The soonest of several requeue delays a reconcile has (None: no requeue)."""
+    given = [d for d in delays if d is not None]
+    return min(given) if given else None
+
+
 class WorkQueue:
     def __init__(
         self,
