@@ -22,10 +22,8 @@ from sandlot.policy.nodehealth import (
     StatusPatch,
     decide,
     decide_deleted,
-    grace_deadline,
     lease_expiry,
     observed_phase,
-    time_left,
 )
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -533,12 +531,17 @@ def test_lease_expiry(lease: LeaseView | None, expected: datetime) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tracking", "settings", "expected"),
+    ("lease", "tracking", "settings", "expected"),
     [
-        (tracked(NOW), SETTINGS, NOW + GRACE),
-        (tracked(NOW), NodeHealthSettings(grace_period=s(30)), NOW + s(30)),
-        (UNTRACKED, SETTINGS, None),
-        (None, SETTINGS, None),
+        (lease_expired(s(10)), tracked(NOW - s(10)), SETTINGS, NOW - s(10) + GRACE),
+        (
+            lease_expired(s(10)),
+            tracked(NOW - s(10)),
+            NodeHealthSettings(grace_period=s(30)),
+            NOW - s(10) + s(30),
+        ),
+        (FRESH, UNTRACKED, SETTINGS, None),
+        (FRESH, None, SETTINGS, None),
     ],
     ids=[
         "deadline_is_unhealthy_since_plus_default_grace",
@@ -547,19 +550,15 @@ def test_lease_expiry(lease: LeaseView | None, expected: datetime) -> None:
         "missing_tracking_has_no_deadline",
     ],
 )
-def test_grace_deadline(
-    tracking: NodeHealthTracking | None, settings: NodeHealthSettings, expected: datetime | None
+def test_decision_deadline(
+    lease: LeaseView,
+    tracking: NodeHealthTracking | None,
+    settings: NodeHealthSettings,
+    expected: datetime | None,
 ) -> None:
-    assert grace_deadline(tracking, settings) == expected
-
-
-@pytest.mark.parametrize(
-    ("deadline", "expected"),
-    [(NOW + s(42.5), s(42.5)), (NOW, s(0)), (NOW - s(10), s(0))],
-    ids=["time_left_until_a_future_deadline", "no_time_left_at_the_deadline", "never_negative"],
-)
-def test_time_left(deadline: datetime, expected: timedelta) -> None:
-    assert time_left(NOW, deadline) == expected
+    d = decide(node(), lease, tracking, NOW, CALM, GUARD, settings)
+    assert d.deadline == expected
+    assert d.wake_at == expected
 
 
 def test_deleted_node_marks_its_sandboxes_dead_and_clears_the_latch() -> None:

@@ -72,9 +72,6 @@ class LeaderElector:
             self._release()
         self._set_leader(False)
 
-    def wait_for_leadership(self, timeout: float) -> bool:
-        return self.is_leader.wait(timeout)
-
     # -- loop -----------------------------------------------------------------------
 
     def _run(self) -> None:

@@ -121,6 +121,39 @@ def patch_pool_status(
         raise
 
 
+class WorkloadApi:
+    """The calls the scheduler and the pool controller make, as one object.
+
+    The controllers take this instead of the module functions so a unit test can
+    hand them an in-memory one with the same answers.
+    """
+
+    def __init__(self, objects: Objects) -> None:
+        self.objects = objects
+
+    def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.objects.get_sandbox(namespace, name)
+
+    def bind(self, namespace: str, name: str, node: str, resource_version: str) -> BindResult:
+        return bind_sandbox(self.objects, namespace, name, node, resource_version)
+
+    def write_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        return write_sandbox_status(self.objects, namespace, name, status, resource_version)
+
+    def create_sandbox(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return create_sandbox(self.objects, namespace, body)
+
+    def delete_sandbox(self, namespace: str, name: str, uid: str) -> bool:
+        return delete_sandbox(self.objects, namespace, name, uid)
+
+    def patch_pool_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return patch_pool_status(self.objects, namespace, name, status)
+
+
 # -- Service and EndpointSlices ------------------------------------------------------
 
 

@@ -48,6 +48,11 @@ class Condition(Model):
     last_transition_time: datetime | None = Field(
         default=None, description="When the condition last changed status (RFC 3339)."
     )
+    observed_generation: int | None = Field(
+        default=None,
+        ge=0,
+        description="The object's metadata.generation the condition was set from.",
+    )
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,24 @@
 """The node-health controller: from lease-based READY to marking a lost node's
 sandboxes Dead, after a grace period that protects the agent-restart path.
 
-Decisions come from ``sandlot.policy.nodehealth`` (pure); this module feeds it
+Decisions come from ``sandlot.policy.nodehealth`` (pure); ``reconcile`` feeds it
 from memory and does what it says. Nodes come from kopf's SandboxNode events and
 Leases from a namespaced watch, so a pass costs no read at all; a handled dead
 node costs nothing (the policy returns no patch and no marking). Work runs
-through a queue keyed by node name, fed by kopf's resync timer, by every change,
-and by a wake-up scheduled at the exact next deadline (lease expiry or grace
-end), so a mark lands within about a second of its deadline, not on a tick.
+through the shared ``WorkQueue`` keyed by node name, fed by kopf's resync timer,
+by every change, and by the deadline each pass returns (lease expiry or grace
+end), which the queue keeps exactly: a mark lands at its deadline, not on a tick.
+A partial marking is retried ``RETRY_AFTER_FAILURE`` seconds later; the queue
+keeps the earliest deadline, so a later one never pushes that retry back.
 
-Only the elected leader acts; standbys keep their caches warm and drop work.
+Only the elected leader acts (standbys keep their caches warm and drop work),
+and it checks again before every write: a pass that loses the Lease stops.
+
+A resourceVersion is opaque: the node cache compares them only for equality.
+After our own status write the cache holds the answer, and watch events of
+that node are ignored until the one carrying the answer's resourceVersion
+arrives (a watch delivers one object's events in order, so those in between are
+older); a listing (kopf's event type None) is always taken.
 """
 
 from __future__ import annotations
@@ -19,14 +28,15 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
-from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.controllers.workqueue import WorkQueue, earliest
+from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.disruption import FleetSummary, GuardSettings, summarize_fleet
 from sandlot.policy.nodehealth import (
     Decision,
@@ -38,6 +48,7 @@ from sandlot.policy.nodehealth import (
     decide_deleted,
     lease_expiry,
     observed_phase,
+    ready_conditions,
 )
 
 log = logging.getLogger(__name__)
@@ -48,52 +59,28 @@ RETRY_AFTER_FAILURE = 2.0
 FLEET_REUSE = 1.0  # seconds a fleet summary is reused across passes
 
 
-def ready_condition(
-    phase: NodePhase, current: tuple[Condition, ...], now: datetime
-) -> tuple[Condition, ...] | None:
-    """The conditions with ``Ready`` matching ``phase``; None when already so."""
-    table: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
-        NodePhase.READY: ("True", "LeaseRenewed", "The node's agent renews its lease."),
-        NodePhase.NOT_READY: ("False", "LeaseExpired", "The node's agent lease has expired."),
-        NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
-    }
-    status, reason, message = table[phase]
-    existing = next((c for c in current if c.type == "Ready"), None)
-    if existing is not None and existing.status == status and existing.reason == reason:
-        return None
-    others = tuple(c for c in current if c.type != "Ready")
-    return (
-        Condition(
-            type="Ready", status=status, reason=reason, message=message, last_transition_time=now
-        ),
-        *others,
-    )
-
-
-def _older(body: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
-    """Whether ``body`` is an older version than ``than`` (etcd's numeric resourceVersions)."""
-    if than is None:
-        return False
-    try:
-        return int(body["metadata"]["resourceVersion"]) < int(than["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return False
+def _resource_version(body: Mapping[str, Any]) -> str | None:
+    rv = (body.get("metadata") or {}).get("resourceVersion")
+    return str(rv) if rv is not None else None
 
 
 def _node_view(body: Mapping[str, Any]) -> tuple[NodeView, NodeHealthTracking]:
     meta = body["metadata"]
     status = body.get("status") or {}
     created = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
-    conditions = tuple(Condition.model_validate(c) for c in status.get("conditions") or [])
     view = NodeView(
         name=meta["name"],
         unschedulable=bool((body.get("spec") or {}).get("unschedulable", False)),
         created_at=created,
         phase=status.get("phase"),
-        conditions=conditions,
+        conditions=parse_conditions(status.get("conditions")),
     )
     tracking = NodeHealthTracking.model_validate(status.get("health") or {})
     return view, tracking
+
+
+class NotLeader(RuntimeError):
+    """Leadership was lost in the middle of a pass; the new leader redoes it."""
 
 
 class NodeHealthController:
@@ -106,6 +93,7 @@ class NodeHealthController:
         is_leader: Callable[[], bool],
         post_event: EventPoster,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.objects = objects
@@ -122,10 +110,16 @@ class NodeHealthController:
         )
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.leases: dict[str, LeaseView] = {}
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
-        self._wakeups: dict[str, asyncio.TimerHandle] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.queue = WorkQueue(
+            "node",
+            self.reconcile,
+            is_leader=is_leader,
+            clock=queue_clock,
+            backoff_start=RETRY_AFTER_FAILURE,
+            observe=metrics.reconcile_seconds.observe,
+        )
+        self._echo: dict[str, str] = {}  # node -> resourceVersion of our write, until seen
+        self._writing: dict[str, set[str]] = {}  # node -> versions delivered during a write
         self._hold_reported = False
         self._fleet: tuple[datetime, FleetSummary] | None = None
         # Since when the lease view has been continuous (None: not synced yet).
@@ -135,20 +129,31 @@ class NodeHealthController:
     # -- inputs (called from kopf handlers and the lease watch) ----------------------
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.queue.bind_loop(loop)
 
-    def on_node(self, event_type: str, body: Mapping[str, Any]) -> None:
+    def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A SandboxNode watch event (``event_type`` None: from a listing)."""
         name = body["metadata"]["name"]
         if event_type == "DELETED":
             self.nodes.pop(name, None)
             self._created.pop(name, None)
+            self._echo.pop(name, None)
             self._fleet = None
-            self._cancel_wakeup(name)
+            self.queue.forget(name)
             return
-        if _older(body, self.nodes.get(name)):
-            return  # a stale event arriving after our own write: keep the newer copy
+        rv = _resource_version(body)
+        if name in self._writing and rv is not None:
+            self._writing[name].add(rv)
+        awaited = self._echo.get(name)
+        if awaited is not None and event_type is not None:
+            if rv == awaited:  # our own write coming back: nothing new to decide
+                del self._echo[name]
+                self.nodes[name] = body
+            return  # otherwise delivered before it: older than what we hold
+        else:
+            self._echo.pop(name, None)  # a listing is current
         self.nodes[name] = body
-        self.enqueue(name)
+        self.queue.add(name)
 
     def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
         """Called from the lease watch thread."""
@@ -156,11 +161,7 @@ class NodeHealthController:
             view = None
         else:
             view = LeaseView(renew_time=lease.renew_time, duration_seconds=lease.duration_seconds)
-        loop = self._loop
-        if loop is None:
-            self._apply_lease(lease.name, view)
-        else:
-            loop.call_soon_threadsafe(self._apply_lease, lease.name, view)
+        self.queue.call_threadsafe(self._apply_lease, lease.name, view)
 
     def _apply_lease(self, name: str, view: LeaseView | None) -> None:
         if view is None:
@@ -168,14 +169,11 @@ class NodeHealthController:
         else:
             self.leases[name] = view
         if name in self.nodes:
-            self.enqueue(name)
+            self.queue.add(name)
 
     def on_view_restored(self) -> None:
         """The lease watch listed afresh after a start or a failure (watch thread)."""
-        if self._loop is None:
-            self._restored()
-        else:
-            self._loop.call_soon_threadsafe(self._restored)
+        self.queue.call_threadsafe(self._restored)
 
     def _restored(self) -> None:
         self.view_since = self.clock()
@@ -184,33 +182,13 @@ class NodeHealthController:
         self.enqueue_all()
 
     def enqueue(self, name: str) -> None:
-        if name not in self._queued:
-            self._queued.add(name)
-            self._queue.put_nowait(name)
+        self.queue.add(name)
 
     def enqueue_all(self) -> None:
-        for name in list(self.nodes):
-            self.enqueue(name)
-
-    # -- the worker ---------------------------------------------------------------
+        self.queue.add_all(list(self.nodes))
 
     async def run(self) -> None:
-        self.bind_loop(asyncio.get_running_loop())
-        while True:
-            name = await self._queue.get()
-            self._queued.discard(name)
-            if not self.is_leader():
-                continue
-            started = time.perf_counter()
-            try:
-                await self.reconcile(name)
-            except Exception:
-                log.exception(
-                    "node %s: reconcile failed; retrying in %.0fs", name, RETRY_AFTER_FAILURE
-                )
-                self._schedule(name, RETRY_AFTER_FAILURE)
-            finally:
-                self.metrics.reconcile_seconds.observe(time.perf_counter() - started)
+        await self.queue.run()
 
     def fleet(self, now: datetime) -> FleetSummary:
         """Every node's observed phase at ``now``, summarized for the guard.
@@ -239,15 +217,17 @@ class NodeHealthController:
         self._fleet = (now, summary)
         return summary
 
-    async def reconcile(self, name: str) -> Decision | None:
+    # -- the reconcile ----------------------------------------------------------------
+
+    async def reconcile(self, name: str) -> float | None:
+        """One pass over node ``name``; returns the seconds until it is due again."""
         body = self.nodes.get(name)
         if body is None or self.view_since is None:
             return None  # before the first lease list every node would look NotReady
         now = self.clock()
         view, tracking = _node_view(body)
         lease = self.leases.get(name)
-        fleet = self.fleet(now)
-        decision = decide(view, lease, tracking, now, fleet, self.guard, self.policy)
+        decision = decide(view, lease, tracking, now, self.fleet(now), self.guard, self.policy)
         self._report_hold(decision, body)
         settle = self._settled_at(lease)
         if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and now < settle:
@@ -255,22 +235,47 @@ class NodeHealthController:
             # network outage): agents renew as soon as they can reach the API server
             # again, so give them one lease duration before a stale lease kills a node.
             log.info("node %s: grace over, but waiting until %s for renewals", name, settle)
-            if decision.patch is not None:
-                await asyncio.to_thread(self.objects.patch_node_status, name, decision.patch.wire())
-            self._schedule(name, (settle - now).total_seconds() + 0.01)
-            return decision
+            if decision.patch is not None and not await self._write(name, decision.patch.wire()):
+                return None
+            return (settle - now).total_seconds()
 
         patch = decision.patch.wire() if decision.patch is not None else None
+        retry: float | None = None
         if decision.marks_dead:
-            patch = await self._mark(name, body, decision, now) or patch
+            try:
+                latched = await self._mark(name, body, decision, now)
+            except NotLeader as e:
+                log.info("%s", e)
+                return None
+            if latched is None:
+                retry = RETRY_AFTER_FAILURE  # the latch stays unset; mark the rest soon
+            else:
+                patch = latched
         patch = self._with_ready(patch, decision, view, now)
-        if patch is not None:
-            written = await asyncio.to_thread(self.objects.patch_node_status, name, patch)
-            if not _older(written, self.nodes.get(name)):
-                self.nodes[name] = written
+        if patch is not None and not await self._write(name, patch):
+            return None
         self._events(decision, body)
-        self._schedule_next(name, decision, view, lease, now)
-        return decision
+        return earliest(retry, self._next_wake(decision, view, lease, now))
+
+    async def _write(self, name: str, patch: dict[str, Any]) -> bool:
+        """Write the node's status if still the leader; False when not."""
+        if not self.is_leader():
+            log.info("node %s: no longer the leader; status not written", name)
+            return False
+        self._writing[name] = set()
+        try:
+            written = await asyncio.to_thread(self.objects.patch_node_status, name, patch)
+        finally:
+            delivered = self._writing.pop(name, set())
+        rv = _resource_version(written)
+        if rv is not None and rv not in delivered and name in self.nodes:
+            self.nodes[name] = written
+            self._echo[name] = rv
+        return True
+
+    def _post(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        if self.is_leader():
+            self.post_event(body, type_, reason, message)
 
     def _settled_at(self, lease: LeaseView | None) -> datetime:
         assert self.view_since is not None
@@ -300,6 +305,8 @@ class NodeHealthController:
 
     async def _list_and_mark(self, name: str, decision: Decision, now: datetime) -> MarkResult:
         sandboxes = await asyncio.to_thread(self.objects.list_node_sandboxes, name)
+        if not self.is_leader():
+            raise NotLeader(f"node {name}: leadership lost before marking; nothing marked")
         # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
         live = [
             sb
@@ -333,7 +340,7 @@ class NodeHealthController:
     ) -> dict[str, Any] | None:
         if decision.kind is DecisionKind.REAP:
             self.metrics.grace_expirations.inc()
-            self.post_event(
+            self._post(
                 body,
                 "Warning",
                 "GraceExpired",
@@ -351,17 +358,16 @@ class NodeHealthController:
                 len(result.failed),
                 "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items())[:5]),
             )
-            self.post_event(
+            self._post(
                 body,
                 "Warning",
                 "MarkingFailed",
                 (f"{len(result.failed)} sandboxes could not be marked Dead; retrying"),
             )
-            self._schedule(name, RETRY_AFTER_FAILURE)
             return None
         count = len(result.marked)
         log.info("node %s: marked %d sandboxes Dead (%s)", name, count, decision.reason)
-        self.post_event(
+        self._post(
             body,
             "Warning",
             "SandboxesMarkedDead",
@@ -381,8 +387,8 @@ class NodeHealthController:
             return patch
         base = view.conditions
         if patch is not None and "conditions" in patch:
-            base = tuple(Condition.model_validate(c) for c in patch["conditions"])
-        updated = ready_condition(decision.phase, base, now)
+            base = parse_conditions(patch["conditions"])
+        updated = ready_conditions(decision.phase, base, now)
         if updated is None:
             return patch
         patch = dict(patch or {"phase": str(decision.phase)})
@@ -391,7 +397,7 @@ class NodeHealthController:
 
     def _events(self, decision: Decision, body: Mapping[str, Any]) -> None:
         if decision.kind is DecisionKind.START_TRACKING:
-            self.post_event(
+            self._post(
                 body,
                 "Warning",
                 "NodeNotReady",
@@ -401,7 +407,7 @@ class NodeHealthController:
                 ),
             )
         elif decision.recovered:
-            self.post_event(body, "Normal", "NodeRecovered", "the agent renews its lease again")
+            self._post(body, "Normal", "NodeRecovered", "the agent renews its lease again")
 
     def _report_hold(self, decision: Decision, body: Mapping[str, Any]) -> None:
         self.metrics.hold_active.set(1 if decision.guard_active else 0)
@@ -410,7 +416,7 @@ class NodeHealthController:
             and decision.patch is not None
             and decision.patch.conditions
         ):
-            self.post_event(
+            self._post(
                 body,
                 "Warning",
                 "MassFailureHold",
@@ -428,32 +434,11 @@ class NodeHealthController:
 
     # -- wake-ups -------------------------------------------------------------------
 
-    def _schedule_next(
-        self,
-        name: str,
-        decision: Decision,
-        view: NodeView,
-        lease: LeaseView | None,
-        now: datetime,
-    ) -> None:
+    def _next_wake(
+        self, decision: Decision, view: NodeView, lease: LeaseView | None, now: datetime
+    ) -> float | None:
+        """Seconds until the node's next deadline; None leaves it to events and the resync."""
         wake = decision.wake_at
         if decision.phase is NodePhase.READY:
             wake = lease_expiry(lease, view.created_at)  # notice NotReady at the moment it happens
-        if wake is not None:
-            self._schedule(name, max((wake - now).total_seconds(), 0.0) + 0.01)
-        else:
-            self._cancel_wakeup(name)
-
-    def _schedule(self, name: str, delay: float) -> None:
-        self._cancel_wakeup(name)
-        loop = self._loop or asyncio.get_running_loop()
-        self._wakeups[name] = loop.call_later(delay, self._wake, name)
-
-    def _wake(self, name: str) -> None:
-        self._wakeups.pop(name, None)
-        self.enqueue(name)
-
-    def _cancel_wakeup(self, name: str) -> None:
-        handle = self._wakeups.pop(name, None)
-        if handle is not None:
-            handle.cancel()
+        return None if wake is None else (wake - now).total_seconds()

@@ -169,7 +169,7 @@ def build_registry(
     # loop iterates it, and ``enqueue`` would touch an asyncio queue off its loop.
     @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
     async def node_event(body: kopf.Body, **kwargs: Any) -> None:
-        nodehealth.on_node(kwargs.get("type") or "MODIFIED", body)
+        nodehealth.on_node(kwargs.get("type"), body)
 
     @kopf.timer(
         GROUP,

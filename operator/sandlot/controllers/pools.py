@@ -18,8 +18,15 @@ Members are the sandboxes labelled with the pool's name *and* controlled by its
 uid: a stranger wearing the label is not adopted, and a pool re-created under
 the same name does not inherit its predecessor's members.
 
-Work goes through one queue keyed by pool, fed by pool events, member events and
-a periodic resync; only the leader acts.
+Work goes through a ``WorkQueue`` keyed by pool, fed by pool events, member
+events and a periodic resync; only the leader acts. A pass with failed writes is
+due again ``RETRY_AFTER_ERROR`` seconds later; one that raises is retried with
+the queue's per-key backoff.
+
+The pool cache takes watch events as they come (a watch delivers one object's
+events in order; the operator never writes a pool's spec, so no spec can go
+back) and keeps its own status write's answer only while nothing newer has
+arrived; resourceVersions are compared for equality only.
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import Objects
-from sandlot.adapters.workloads import create_sandbox, delete_sandbox, patch_pool_status
+from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, POOL_LABEL, VERSION
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.pools import Member, PoolPlan, plan_pool
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,7 @@ log = logging.getLogger(__name__)
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 
 RETRY_AFTER_ERROR = 2.0
+RETRY_CAP = 60.0
 WRITE_CONCURRENCY = 8
 
 
@@ -58,7 +66,7 @@ class PoolState:
     name: str
     uid: str
     generation: int
-    resource_version: int
+    resource_version: str
     deleting: bool
     replicas: int
     history_limit: int
@@ -88,7 +96,7 @@ def pool_state(body: Mapping[str, Any]) -> PoolState:
         name=meta["name"],
         uid=meta.get("uid", ""),
         generation=int(meta.get("generation") or 0),
-        resource_version=int(meta.get("resourceVersion") or 0),
+        resource_version=str(meta.get("resourceVersion") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         replicas=int(spec.get("replicas", 1)),
         history_limit=int(spec.get("historyLimit", 10)),
@@ -151,7 +159,7 @@ def desired_status(pool: PoolState, plan: PoolPlan) -> dict[str, Any]:
 class PoolController:
     def __init__(
         self,
-        objects: Objects,
+        api: WorkloadApi,
         cache: SandboxCache,
         router: Router,
         metrics: WorkloadMetrics,
@@ -159,8 +167,9 @@ class PoolController:
         is_leader: Callable[[], bool],
         post_event: EventPoster,
         resync_interval: timedelta = timedelta(seconds=30),
+        queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.objects = objects
+        self.api = api
         self.cache = cache
         self.router = router
         self.metrics = metrics
@@ -168,8 +177,15 @@ class PoolController:
         self.post_event = post_event
         self.resync_interval = resync_interval.total_seconds()
         self.pools: dict[str, PoolState] = {}
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
+        self.queue = WorkQueue(
+            "pool",
+            self.reconcile,
+            is_leader=is_leader,
+            clock=queue_clock,
+            backoff_start=RETRY_AFTER_ERROR,
+            backoff_cap=RETRY_CAP,
+            observe=metrics.pool_reconcile_seconds.observe,
+        )
         self._writes = asyncio.Semaphore(WRITE_CONCURRENCY)
         cache.listeners.append(self.on_sandbox)
 
@@ -179,14 +195,8 @@ class PoolController:
         state = pool_state(body)
         if event_type == "DELETED":
             self.pools.pop(state.key, None)
+            self.queue.forget(state.key)
             self.router.forget(state.key)  # the garbage collector removes what it owned
-            return
-        old = self.pools.get(state.key)
-        if (
-            old is not None
-            and old.uid == state.uid
-            and old.resource_version > state.resource_version
-        ):
             return
         self.pools[state.key] = state
         self.enqueue(state.key)
@@ -197,13 +207,10 @@ class PoolController:
                 self.enqueue(rec.pool_key)
 
     def enqueue(self, key: str) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        self.queue.add(key)
 
     def enqueue_all(self) -> None:
-        for key in list(self.pools):
-            self.enqueue(key)
+        self.queue.add_all(list(self.pools))
 
     def on_leadership(self) -> None:
         self.router.reset()
@@ -214,19 +221,7 @@ class PoolController:
     async def run(self) -> None:
         resync = asyncio.create_task(self._resync(), name="pool-resync")
         try:
-            while True:
-                key = await self._queue.get()
-                self._queued.discard(key)
-                if not self.is_leader():
-                    continue
-                started = time.perf_counter()
-                try:
-                    await self.reconcile(key)
-                except Exception:
-                    log.exception("pool %s: reconcile failed; retrying", key)
-                    asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR, self.enqueue, key)
-                finally:
-                    self.metrics.pool_reconcile_seconds.observe(time.perf_counter() - started)
+            await self.queue.run()
         finally:
             resync.cancel()
 
@@ -239,7 +234,8 @@ class PoolController:
     def members(self, pool: PoolState) -> list[SandboxRecord]:
         return [m for m in self.cache.members(pool.key) if m.owner_uid == pool.uid]
 
-    async def reconcile(self, key: str) -> PoolPlan | None:
+    async def reconcile(self, key: str) -> float | None:
+        """One pass over pool ``key``; seconds until it is due again (after failed writes)."""
         pool = self.pools.get(key)
         if pool is None:
             return None
@@ -251,18 +247,14 @@ class PoolController:
         by_name = {m.name: m for m in members}
         failures = await self._write(pool, plan, by_name)
         status = desired_status(pool, plan)
-        if any(pool.status.get(k) != v for k, v in status.items()):
+        if any(pool.status.get(k) != v for k, v in status.items()) and self.is_leader():
             written = await asyncio.to_thread(
-                patch_pool_status, self.objects, pool.namespace, pool.name, status
+                self.api.patch_pool_status, pool.namespace, pool.name, status
             )
             current = self.pools.get(key)
-            if written is not None and current is not None and current.uid == pool.uid:
-                fresh = pool_state(written)
-                if fresh.resource_version >= current.resource_version:
-                    self.pools[key] = fresh
-        if failures:
-            asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR, self.enqueue, key)
-        return plan
+            if written is not None and current is pool:
+                self.pools[key] = pool_state(written)  # nothing newer arrived meanwhile
+        return RETRY_AFTER_ERROR if failures else None
 
     async def _route(self, pool: PoolState, members: list[SandboxRecord]) -> None:
         try:
@@ -278,9 +270,11 @@ class PoolController:
 
         async def create() -> bool:
             async with self._writes:
+                if not self.is_leader():
+                    return False
                 try:
                     body = await asyncio.to_thread(
-                        create_sandbox, self.objects, pool.namespace, member_body(pool)
+                        self.api.create_sandbox, pool.namespace, member_body(pool)
                     )
                 except Exception as e:
                     log.warning("pool %s: cannot create a member: %s", pool.key, e)
@@ -291,9 +285,11 @@ class PoolController:
 
         async def delete(rec: SandboxRecord, reason: str) -> bool:
             async with self._writes:
+                if not self.is_leader():
+                    return False
                 try:
                     await asyncio.to_thread(
-                        delete_sandbox, self.objects, rec.namespace, rec.name, rec.uid
+                        self.api.delete_sandbox, rec.namespace, rec.name, rec.uid
                     )
                 except Exception as e:
                     log.warning("pool %s: cannot delete %s: %s", pool.key, rec.name, e)

@@ -14,35 +14,40 @@ something may have made room (a node became Ready, was uncordoned or reported
 more capacity; a bound sandbox ended or was deleted). There is no retry timer, so
 a fleet with no room costs nothing while it stays so.
 
-Decisions are made one at a time on one queue (each sees the previous one's
-binding); only the leader binds.
+Decisions are made one at a time by one ``WorkQueue`` worker (each sees the
+previous one's binding), keyed by sandbox; only the leader binds. An API error
+is retried with the queue's per-key backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 
-from sandlot.adapters.objects import LeaseRecord, Objects, parse_time, rfc3339
-from sandlot.adapters.workloads import bind_sandbox, write_sandbox_status
-from sandlot.api.common import GROUP, VERSION
+from sandlot.adapters.objects import LeaseRecord, parse_time
+from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.controllers.workqueue import WorkQueue
+from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.nodehealth import LeaseView, lease_expiry, observed_phase
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
 
 log = logging.getLogger(__name__)
 
 CONDITION = "Scheduled"
-RETRY_AFTER_ERROR = 2.0
+RETRY_AFTER_ERROR = 2.0  # first retry after an API error; doubles up to RETRY_CAP
+RETRY_CAP = 60.0
 MAX_BIND_ATTEMPTS = 3
 
 
@@ -65,36 +70,31 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
     )
 
 
-def scheduled_condition(status: str, reason: str, message: str, now: datetime) -> dict[str, Any]:
-    return {
-        "type": CONDITION,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": rfc3339(now),
-    }
-
-
-def _with_condition(body: Mapping[str, Any], condition: dict[str, Any]) -> list[dict[str, Any]]:
-    others = [
-        c
-        for c in (body.get("status") or {}).get("conditions") or []
-        if c.get("type") != condition["type"]
-    ]
-    return [condition, *others]
+def with_scheduled(
+    body: Mapping[str, Any],
+    status: Literal["True", "False"],
+    reason: str,
+    message: str,
+    now: datetime,
+) -> list[dict[str, Any]]:
+    """The sandbox's conditions with ``Scheduled`` set (the others as they are)."""
+    current = parse_conditions((body.get("status") or {}).get("conditions"))
+    new = Condition(type=CONDITION, status=status, reason=reason, message=message)
+    return wire_conditions(set_condition(current, new, now))
 
 
 class Scheduler:
     def __init__(
         self,
-        objects: Objects,
+        api: WorkloadApi,
         cache: SandboxCache,
         metrics: WorkloadMetrics,
         *,
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.objects = objects
+        self.api = api
         self.cache = cache
         self.metrics = metrics
         self.is_leader = is_leader
@@ -102,15 +102,20 @@ class Scheduler:
         self.nodes: dict[str, NodeInfo] = {}
         self.leases: dict[str, LeaseView] = {}
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
-        self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._queued: set[str] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.queue = WorkQueue(
+            "sandbox",
+            self.reconcile,
+            is_leader=is_leader,
+            clock=queue_clock,
+            backoff_start=RETRY_AFTER_ERROR,
+            backoff_cap=RETRY_CAP,
+        )
         cache.listeners.append(self.on_sandbox)
 
     # -- inputs ---------------------------------------------------------------------
 
     def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.queue.bind_loop(loop)
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -135,10 +140,7 @@ class Scheduler:
             if event_type == "DELETED"
             else LeaseView(renew_time=lease.renew_time, duration_seconds=lease.duration_seconds)
         )
-        if self._loop is None:
-            self._apply_lease(lease.name, view)
-        else:
-            self._loop.call_soon_threadsafe(self._apply_lease, lease.name, view)
+        self.queue.call_threadsafe(self._apply_lease, lease.name, view)
 
     def _apply_lease(self, name: str, view: LeaseView | None) -> None:
         old = self.leases.get(name)
@@ -159,38 +161,33 @@ class Scheduler:
             self.enqueue(new.key)
         elif old is not None:
             self.waiting.pop(old.key, None)
+            if new is None:
+                self.queue.forget(old.key)
         if old is not None and old.holds_slot and (new is None or not new.holds_slot):
             self.retry_waiting()  # a slot was freed
 
     def enqueue(self, key: str) -> None:
-        if key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        self.queue.add(key)
 
     def retry_waiting(self) -> None:
-        for key in list(self.waiting):
-            self.enqueue(key)
+        self.queue.add_all(list(self.waiting))
 
     def enqueue_all(self) -> None:
-        for rec in self.cache:
-            if rec.wants_node:
-                self.enqueue(rec.key)
+        self.queue.add_all([rec.key for rec in self.cache if rec.wants_node])
 
     # -- the worker -----------------------------------------------------------------
 
     async def run(self) -> None:
-        self.bind_loop(asyncio.get_running_loop())
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            if not self.is_leader():
-                continue
-            try:
-                await self.schedule(key)
-            except Exception:
-                log.exception("sandbox %s: scheduling failed; retrying", key)
-                self.metrics.scheduling_attempts.labels(result="error").inc()
-                asyncio.get_running_loop().call_later(RETRY_AFTER_ERROR, self.enqueue, key)
+        await self.queue.run()
+
+    async def reconcile(self, key: str) -> float | None:
+        """Place sandbox ``key`` if it waits for a node; seconds until it is due again."""
+        try:
+            return await self.schedule(key)
+        except Exception:
+            self.metrics.scheduling_attempts.labels(result="error").inc()
+            raise  # the queue retries it with its backoff
+        finally:
             self.metrics.unschedulable.set(len(self.waiting))
 
     def slots(self, now: datetime) -> list[NodeSlot]:
@@ -213,7 +210,7 @@ class Scheduler:
     def choose(self, rec: SandboxRecord, now: datetime) -> Choice:
         return choose_node(SandboxRequest(rec.key, rec.pool_key), self.slots(now), now)
 
-    async def schedule(self, key: str) -> None:
+    async def schedule(self, key: str) -> float | None:
         rec = self.cache.get(key)
         if rec is not None and _prebound_pending(rec) and rec.node not in self.nodes:
             # Bound by its author to a node that does not exist: say so, and wait for
@@ -222,59 +219,58 @@ class Scheduler:
                 f'spec.nodeName names node "{rec.node}", which does not exist; the sandbox '
                 "waits until a SandboxNode of that name registers"
             )
-            await self._report_waiting(rec, "NodeNotFound", message, self.clock())
-            return
+            return await self._report_waiting(rec, "NodeNotFound", message, self.clock())
         if rec is None or not rec.wants_node:
             self.waiting.pop(key, None)
-            return
+            return None
         now = self.clock()
         choice = self.choose(rec, now)
         if choice.node is None:
-            await self._report_unschedulable(rec, choice, now)
-            return
+            self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
+            return await self._report_waiting(rec, "Unschedulable", choice.message, now)
         self.waiting.pop(key, None)
-        await self._bind(rec, choice.node, now)
+        return await self._bind(rec, choice.node, now)
 
-    async def _bind(self, rec: SandboxRecord, node: str, now: datetime) -> None:
+    async def _bind(self, rec: SandboxRecord, node: str, now: datetime) -> float | None:
         rv = str(rec.resource_version)
         for _ in range(MAX_BIND_ATTEMPTS):
-            result = await asyncio.to_thread(
-                bind_sandbox, self.objects, rec.namespace, rec.name, node, rv
-            )
+            if not self.is_leader():
+                return None
+            result = await asyncio.to_thread(self.api.bind, rec.namespace, rec.name, node, rv)
             self.metrics.scheduling_attempts.labels(result=result.outcome).inc()
             if result.outcome == "gone":
-                return
+                return None
             assert result.body is not None
             if result.outcome == "taken":
                 self.cache.upsert(result.body)
-                return
+                return None
             if result.outcome == "conflict":
                 fresh = self.cache.upsert(result.body) or rec
                 if not fresh.wants_node:
-                    return
+                    return None
                 rv = result.body["metadata"]["resourceVersion"]
                 continue
             self.cache.upsert(result.body)
             log.info("sandbox %s bound to node %s", rec.key, node)
             await self._mark_scheduled(result.body, node, now)
-            return
-        self.enqueue(rec.key)  # still conflicting: decide afresh
+            return None
+        return 0.0  # still conflicting: decide afresh
 
     async def _mark_scheduled(self, body: dict[str, Any], node: str, now: datetime) -> None:
-        condition = scheduled_condition("True", "Bound", f"bound to node {node}", now)
         meta = body["metadata"]
         for _ in range(MAX_BIND_ATTEMPTS):
             if (body.get("status") or {}).get("phase", SandboxPhase.PENDING) != (
                 SandboxPhase.PENDING
             ):
                 return  # the agent (or a Dead marking) got there first
+            if not self.is_leader():
+                return
             status = {
                 "phase": SandboxPhase.SCHEDULED,
-                "conditions": _with_condition(body, condition),
+                "conditions": with_scheduled(body, "True", "Bound", f"bound to node {node}", now),
             }
             written = await asyncio.to_thread(
-                write_sandbox_status,
-                self.objects,
+                self.api.write_status,
                 meta["namespace"],
                 meta["name"],
                 status,
@@ -285,48 +281,40 @@ class Scheduler:
                 return
             try:
                 body = await asyncio.to_thread(
-                    self.objects.get_sandbox, meta["namespace"], meta["name"]
+                    self.api.get_sandbox, meta["namespace"], meta["name"]
                 )
             except Exception:
                 return  # gone; or the agent will still run it: Scheduled is a courtesy
         log.warning("sandbox %s/%s: phase Scheduled not written", meta["namespace"], meta["name"])
 
-    async def _report_unschedulable(
-        self, rec: SandboxRecord, choice: Choice, now: datetime
-    ) -> None:
-        self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
-        await self._report_waiting(rec, "Unschedulable", choice.message, now)
-
     async def _report_waiting(
         self, rec: SandboxRecord, reason: str, message: str, now: datetime
-    ) -> None:
+    ) -> float | None:
         if self.waiting.get(rec.key) == message:
-            return
+            return None
         log.info("sandbox %s waits (%s): %s", rec.key, reason, message)
-        condition = scheduled_condition("False", reason, message, now)
         # Read once for an exact merge of the other conditions (a rare write: only
         # when the reason changes).
         try:
-            body = await asyncio.to_thread(self.objects.get_sandbox, rec.namespace, rec.name)
+            body = await asyncio.to_thread(self.api.get_sandbox, rec.namespace, rec.name)
         except Exception:
-            return  # gone (its DELETED event follows) or unreadable: the next event retries
+            return None  # gone (its DELETED event follows) or unreadable: the next event retries
         fresh = self.cache.upsert(body) or rec
-        if not (fresh.wants_node or _prebound_pending(fresh)):
-            return
+        if not (fresh.wants_node or _prebound_pending(fresh)) or not self.is_leader():
+            return None
         written = await asyncio.to_thread(
-            write_sandbox_status,
-            self.objects,
+            self.api.write_status,
             rec.namespace,
             rec.name,
-            {"conditions": _with_condition(body, condition)},
+            {"conditions": with_scheduled(body, "False", reason, message, now)},
             body["metadata"]["resourceVersion"],
         )
-        if written is not None:
-            self.waiting[rec.key] = message
-            self.cache.upsert(written)
-        else:
+        if written is None:
             self.waiting[rec.key] = ""  # changed meanwhile: judge the new version
-            self.enqueue(rec.key)
+            return 0.0
+        self.waiting[rec.key] = message
+        self.cache.upsert(written)
+        return None
 
 
 def _prebound_pending(rec: SandboxRecord) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.objects import LeaseRecord, Objects
+from sandlot.adapters.workloads import WorkloadApi
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import sandboxes as sandboxes_module
 from sandlot.controllers import scheduler as scheduler_module
@@ -46,9 +47,10 @@ class Workloads:
         post_event: EventPoster,
     ) -> Workloads:
         cache = SandboxCache()
-        scheduler = Scheduler(objects, cache, metrics, is_leader=is_leader)
+        api = WorkloadApi(objects)
+        scheduler = Scheduler(api, cache, metrics, is_leader=is_leader)
         pools = PoolController(
-            objects,
+            api,
             cache,
             Router(objects, metrics),
             metrics,

@@ -33,18 +33,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
+from sandlot.policy.conditions import find_condition, remove_condition, set_condition
 from sandlot.policy.disruption import FleetSummary, GuardSettings, guard_active
 
 # Condition set on a NotReady node whose handling the mass-failure guard holds back.
 HOLD_CONDITION_TYPE = "DisruptionGuard"
 HOLD_CONDITION_REASON = "MassFailureSuspected"
+
+# The node's Ready condition for each observed phase: (status, reason, message).
+_READY: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
+    NodePhase.READY: ("True", "LeaseRenewed", "The node's agent renews its lease."),
+    NodePhase.NOT_READY: ("False", "LeaseExpired", "The node's agent lease has expired."),
+    NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
+}
 
 
 # --- inputs -----------------------------------------------------------------------------
@@ -140,20 +148,6 @@ def observed_phase(
     if now < lease_expiry(lease, created_at):
         return NodePhase.READY
     return NodePhase.NOT_READY
-
-
-def grace_deadline(
-    tracking: HealthTracking | None, settings: NodeHealthSettings
-) -> datetime | None:
-    """When an unhealthy node's grace period ends; None when the node is not tracked."""
-    if tracking is None or tracking.unhealthy_since is None:
-        return None
-    return tracking.unhealthy_since + settings.grace_period
-
-
-def time_left(now: datetime, deadline: datetime) -> timedelta:
-    """Time until ``deadline``, never negative: what the controller sleeps before re-deciding."""
-    return max(deadline - now, timedelta(0))
 
 
 # --- decisions --------------------------------------------------------------------------
@@ -413,26 +407,32 @@ def _desired_conditions(
     current: tuple[Condition, ...], hold: bool, now: datetime
 ) -> tuple[Condition, ...] | None:
     """The conditions list with the hold condition set or removed; None when unchanged."""
-    existing = next((c for c in current if c.type == HOLD_CONDITION_TYPE), None)
     if hold:
+        existing = find_condition(current, HOLD_CONDITION_TYPE)
         if existing is not None and existing.status == "True":
-            return None
-        others = tuple(c for c in current if c.type != HOLD_CONDITION_TYPE)
-        return (
-            *others,
-            Condition(
-                type=HOLD_CONDITION_TYPE,
-                status="True",
-                reason=HOLD_CONDITION_REASON,
-                message="Most of the fleet is NotReady at once: the operator is likelier "
-                "cut off than the nodes dead, so no sandbox is marked Dead until the "
-                "fraction drops.",
-                last_transition_time=now,
-            ),
+            return None  # held already: a reworded message is not worth a write
+        held = Condition(
+            type=HOLD_CONDITION_TYPE,
+            status="True",
+            reason=HOLD_CONDITION_REASON,
+            message="Most of the fleet is NotReady at once: the operator is likelier "
+            "cut off than the nodes dead, so no sandbox is marked Dead until the "
+            "fraction drops.",
         )
-    if existing is None:
-        return None
-    return tuple(c for c in current if c.type != HOLD_CONDITION_TYPE)
+        updated = set_condition(current, held, now)
+    else:
+        updated = remove_condition(current, HOLD_CONDITION_TYPE)
+    return None if updated == current else updated
+
+
+def ready_conditions(
+    phase: NodePhase, current: tuple[Condition, ...], now: datetime
+) -> tuple[Condition, ...] | None:
+    """The conditions with ``Ready`` matching ``phase``; None when already so."""
+    status, reason, message = _READY[phase]
+    ready = Condition(type="Ready", status=status, reason=reason, message=message)
+    updated = set_condition(current, ready, now)
+    return None if updated == current else updated
 
 
 def _patch_if_changed(

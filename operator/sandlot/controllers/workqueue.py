@@ -1,0 +1,240 @@
+"""One keyed work queue for every controller, after client-go's rate-limited
+delaying queue (the one controller-runtime gives each reconciler).
+
+A controller is ``async def reconcile(key) -> float | None``: it reads its
+caches, applies what its pure policy decides, and answers how many seconds from
+now it wants to look at the key again (None: only when something changes). The
+queue owns everything around that, so no controller repeats it:
+
+- a key is queued at most once, however often it is added;
+- a key is never reconciled twice at once: added while it runs, it runs once
+  more after, with whatever changed meanwhile;
+- ``add_after`` keeps, per key, the earliest deadline asked for and keeps it
+  exactly, so a grace period's end wakes the key at that moment, not on the next
+  tick, and a short retry is never pushed back by a later deadline;
+- a reconcile that raises is retried after a per-key exponential backoff,
+  reset by the key's next success;
+- work that comes due while this replica is not the leader is dropped: a new
+  leader adds everything again from its warm caches;
+- watch threads hand work over with ``add_threadsafe`` / ``call_threadsafe``.
+
+Time comes from an injected ``clock`` (monotonic seconds). Deadlines wait in a
+heap ordered by due time; the runner sleeps until the first one or until an
+``add`` wakes it. Tests drive the same code with a fake clock: advance it, then
+``await run_until_idle()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Reconcile = Callable[[str], Awaitable[float | None]]
+
+
+def earliest(*delays: float | None) -> float | None:
+    """The soonest of several requeue delays a reconcile has (None: no requeue)."""
+    given = [d for d in delays if d is not None]
+    return min(given) if given else None
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        name: str,
+        reconcile: Reconcile,
+        *,
+        is_leader: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.monotonic,
+        backoff_start: float = 1.0,
+        backoff_cap: float = 60.0,
+        observe: Callable[[float], None] | None = None,
+    ) -> None:
+        if not 0 < backoff_start <= backoff_cap:
+            raise ValueError(
+                f"backoff_start must be > 0 and <= backoff_cap, got {backoff_start} > {backoff_cap}"
+            )
+        self.name = name
+        self.reconcile = reconcile
+        self.is_leader = is_leader
+        self.clock = clock
+        self.backoff_start = backoff_start
+        self.backoff_cap = backoff_cap
+        self.observe = observe
+        self._ready: deque[str] = deque()
+        self._queued: set[str] = set()  # in _ready, or waiting for its run to finish
+        self._processing: set[str] = set()
+        self._due: dict[str, float] = {}  # key -> earliest deadline asked for
+        self._heap: list[tuple[float, int, str]] = []  # entries not in _due are stale
+        self._seq = itertools.count()
+        self._failures: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- adding work ---------------------------------------------------------------
+
+    def add(self, key: str) -> None:
+        """Queue ``key`` now (once, however often it is added)."""
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        if key not in self._processing:
+            self._ready.append(key)
+        self._wake.set()
+
+    def add_all(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self.add(key)
+
+    def add_after(self, key: str, delay: float) -> None:
+        """Queue ``key`` ``delay`` seconds from now, unless it is due earlier already."""
+        if delay <= 0:
+            self.add(key)
+            return
+        due = self.clock() + delay
+        current = self._due.get(key)
+        if current is not None and current <= due:
+            return
+        self._due[key] = due
+        heapq.heappush(self._heap, (due, next(self._seq), key))
+        self._wake.set()
+
+    def forget(self, key: str) -> None:
+        """The key's object is gone: drop its pending deadline and its backoff."""
+        self._due.pop(key, None)
+        self._failures.pop(key, None)
+
+    # -- from other threads ----------------------------------------------------------
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def call_threadsafe(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the queue's loop (directly when no loop is bound yet)."""
+        if self._loop is None:
+            fn(*args)
+        else:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def add_threadsafe(self, key: str) -> None:
+        self.call_threadsafe(self.add, key)
+
+    # -- state, for the controllers' metrics and tests --------------------------------
+
+    def __len__(self) -> int:
+        return len(self._ready)
+
+    def due_at(self, key: str) -> float | None:
+        """The pending deadline of ``key`` (clock seconds), if any."""
+        return self._due.get(key)
+
+    def failures(self, key: str) -> int:
+        return self._failures.get(key, 0)
+
+    def backoff(self, failures: int) -> float:
+        """The delay before retry number ``failures`` (1, 2, ...): doubling, capped."""
+        return min(self.backoff_start * 2.0 ** max(failures - 1, 0), self.backoff_cap)
+
+    # -- running ---------------------------------------------------------------------
+
+    def _promote_due(self) -> float | None:
+        """Move due deadlines to the ready queue; returns the next future one."""
+        now = self.clock()
+        while self._heap:
+            due, _, key = self._heap[0]
+            if self._due.get(key) != due:
+                heapq.heappop(self._heap)  # replaced by an earlier one, or forgotten
+                continue
+            if due > now:
+                return due
+            heapq.heappop(self._heap)
+            del self._due[key]
+            self.add(key)
+        return None
+
+    def _take(self) -> str | None:
+        if not self._ready:
+            return None
+        key = self._ready.popleft()
+        self._queued.discard(key)
+        self._processing.add(key)
+        return key
+
+    async def _process(self, key: str) -> None:
+        started: float | None = None
+        try:
+            if not self.is_leader():
+                return  # a standby drops work; the next leader adds everything again
+            started = time.perf_counter()
+            try:
+                requeue_after = await self.reconcile(key)
+            except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = self.backoff(failures)
+                log.exception("%s %s: reconcile failed; retrying in %.1fs", self.name, key, delay)
+                self.add_after(key, delay)
+                return
+            self._failures.pop(key, None)
+            if requeue_after is not None:
+                self.add_after(key, requeue_after)
+        finally:
+            self._processing.discard(key)
+            if key in self._queued:
+                self._ready.append(key)  # added while it ran: once more, now
+                self._wake.set()
+            if self.observe is not None and started is not None:
+                self.observe(time.perf_counter() - started)
+
+    async def run_until_idle(self) -> int:
+        """Reconcile every key due by the clock's now, one at a time; returns how many.
+
+        The step a test takes after moving its fake clock; keys a reconcile asks to
+        see again later stay in the heap. Keys already running elsewhere wait.
+        """
+        done = 0
+        self._promote_due()
+        while (key := self._take()) is not None:
+            await self._process(key)
+            done += 1
+            self._promote_due()
+        return done
+
+    async def run(self, workers: int = 1) -> None:
+        """Reconcile forever, ``workers`` keys at a time (never one key twice at once)."""
+        self.bind_loop(asyncio.get_running_loop())
+        tasks = [
+            asyncio.create_task(self._worker(), name=f"{self.name}-{i}") for i in range(workers)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _worker(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            next_due = self._promote_due()
+            key = self._take()
+            if key is not None:
+                await self._process(key)
+                continue
+            self._wake.clear()
+            timer = None
+            if next_due is not None:
+                timer = loop.call_later(max(next_due - self.clock(), 0.0), self._wake.set)
+            try:
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()

@@ -1,0 +1,26 @@
+"""A fake clock for controller tests: one moment, read as a datetime (what the
+policies take) and as monotonic seconds (what the work queue schedules on)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+
+class FakeClock:
+    def __init__(self, start: datetime = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)) -> None:
+        self.start = start
+        self.elapsed = 0.0
+
+    def now(self) -> datetime:
+        return self.start + timedelta(seconds=self.elapsed)
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.elapsed
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back ({seconds}s)")
+        self.elapsed += seconds
+
+    def advance_to(self, moment: datetime) -> None:
+        self.advance((moment - self.now()).total_seconds())

@@ -1,0 +1,232 @@
+"""An in-memory stand-in for the operator's API boundary, for controller unit tests.
+
+It implements the part of ``sandlot.adapters.objects.Objects`` and
+``sandlot.adapters.workloads.WorkloadApi`` the controllers call, with the API
+server's answers the controllers rely on: a resourceVersion per write (opaque
+strings), 409 on a stale precondition, 404 when gone, JSON merge patches of
+status. What it claims is only what those adapters promise; the API server's
+own semantics are tested against the real one in ``tests/integration``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from kubernetes.client.rest import ApiException
+
+from sandlot.adapters.objects import rfc3339
+from sandlot.adapters.workloads import BindResult
+from sandlot.api.common import API_VERSION
+
+
+def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """RFC 7386: nulls remove, objects merge, everything else replaces."""
+    out = dict(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_patch(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class FakeObjects:
+    def __init__(self, clock: Callable[[], datetime]) -> None:
+        self.now = clock
+        self.nodes: dict[str, dict[str, Any]] = {}
+        self.sandboxes: dict[str, dict[str, Any]] = {}  # "ns/name" -> body
+        self.pools: dict[str, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []  # (verb, key), in order
+        self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
+        self.before_write: Callable[[str, str], None] | None = None
+        self.on_list: Callable[[str], None] | None = None
+        self._rv = itertools.count(100)
+        self._uid = itertools.count(1)
+        self._names = itertools.count(1)
+        self._lock = threading.Lock()  # mark_dead writes from a thread pool
+
+    # -- building the world -----------------------------------------------------------
+
+    def _next_rv(self) -> str:
+        return str(next(self._rv))
+
+    def add_node(self, name: str, created: datetime, **spec: Any) -> dict[str, Any]:
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxNode",
+            "metadata": {
+                "name": name,
+                "uid": f"uid-{next(self._uid)}",
+                "resourceVersion": self._next_rv(),
+                "creationTimestamp": rfc3339(created),
+            },
+            "spec": dict(spec),
+            "status": {},
+        }
+        self.nodes[name] = body
+        return copy.deepcopy(body)
+
+    def add_sandbox(
+        self,
+        namespace: str,
+        name: str,
+        created: datetime,
+        *,
+        node: str | None = None,
+        phase: str = "Pending",
+        labels: Mapping[str, str] | None = None,
+        owner_uid: str | None = None,
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"uid-{next(self._uid)}",
+            "resourceVersion": self._next_rv(),
+            "creationTimestamp": rfc3339(created),
+            "labels": dict(labels or {}),
+        }
+        if owner_uid is not None:
+            meta["ownerReferences"] = [{"uid": owner_uid, "controller": True}]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "Sandbox",
+            "metadata": meta,
+            "spec": {"nodeName": node} if node else {},
+            "status": {"phase": phase},
+        }
+        self.sandboxes[f"{namespace}/{name}"] = body
+        return copy.deepcopy(body)
+
+    def touch(self, body: dict[str, Any]) -> None:
+        """A change made behind the controllers' back gets a new resourceVersion."""
+        body["metadata"]["resourceVersion"] = self._next_rv()
+
+    def phase(self, key: str) -> str | None:
+        body = self.sandboxes.get(key)
+        return None if body is None else body["status"].get("phase")
+
+    def _write(self, verb: str, key: str) -> None:
+        if self.before_write is not None:
+            self.before_write(verb, key)
+        status = self.failing.get(key)
+        if status is not None:
+            raise ApiException(status=status, reason="injected failure")
+        self.writes.append((verb, key))
+
+    def _sandbox(self, namespace: str, name: str) -> dict[str, Any]:
+        body = self.sandboxes.get(f"{namespace}/{name}")
+        if body is None:
+            raise ApiException(status=404, reason="Not Found")
+        return body
+
+    # -- Objects -------------------------------------------------------------------
+
+    def list_node_sandboxes(self, node: str) -> list[dict[str, Any]]:
+        if self.on_list is not None:
+            self.on_list(node)
+        with self._lock:
+            return [
+                copy.deepcopy(b)
+                for b in self.sandboxes.values()
+                if b["spec"].get("nodeName") == node
+            ]
+
+    def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._sandbox(namespace, name))
+
+    def patch_sandbox_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]:
+        with self._lock:
+            self._write("patch-status", f"{namespace}/{name}")
+            body = self._sandbox(namespace, name)
+            if resource_version is not None and body["metadata"]["resourceVersion"] != str(
+                resource_version
+            ):
+                raise ApiException(status=409, reason="Conflict")
+            body["status"] = merge_patch(body["status"], status)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(body)
+
+    def patch_node_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            self._write("patch-node-status", name)
+            body = self.nodes[name]
+            body["status"] = merge_patch(body["status"], status)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(body)
+
+    # -- WorkloadApi -------------------------------------------------------------------
+
+    def bind(self, namespace: str, name: str, node: str, resource_version: str) -> BindResult:
+        with self._lock:
+            self._write("bind", f"{namespace}/{name}")
+            body = self.sandboxes.get(f"{namespace}/{name}")
+            if body is None:
+                return BindResult("gone")
+            if body["metadata"]["resourceVersion"] != resource_version:
+                outcome = "taken" if body["spec"].get("nodeName") else "conflict"
+                return BindResult(outcome, copy.deepcopy(body))  # type: ignore[arg-type]
+            body["spec"]["nodeName"] = node
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return BindResult("bound", copy.deepcopy(body))
+
+    def write_status(
+        self, namespace: str, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> dict[str, Any] | None:
+        try:
+            return self.patch_sandbox_status(namespace, name, status, resource_version)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return None
+            raise
+
+    def create_sandbox(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        meta = body["metadata"]
+        name = meta.get("name") or f"{meta['generateName']}{next(self._names):05d}"
+        with self._lock:
+            self._write("create", f"{namespace}/{name}")
+        owner = next(iter(meta.get("ownerReferences") or []), None)
+        created = self.add_sandbox(
+            namespace,
+            name,
+            self.now(),
+            labels=meta.get("labels"),
+            owner_uid=owner["uid"] if owner else None,
+        )
+        self.sandboxes[f"{namespace}/{name}"]["spec"] = dict(body.get("spec") or {})
+        created["spec"] = dict(body.get("spec") or {})
+        return created
+
+    def delete_sandbox(self, namespace: str, name: str, uid: str) -> bool:
+        with self._lock:
+            self._write("delete", f"{namespace}/{name}")
+            body = self.sandboxes.get(f"{namespace}/{name}")
+            if body is None or body["metadata"]["uid"] != uid:
+                return False
+            del self.sandboxes[f"{namespace}/{name}"]
+            return True
+
+    def patch_pool_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        with self._lock:
+            self._write("patch-pool-status", f"{namespace}/{name}")
+            body = self.pools.get(f"{namespace}/{name}")
+            if body is None:
+                return None
+            body["status"] = merge_patch(body.get("status") or {}, status)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(body)

@@ -1,0 +1,248 @@
+"""The node-health reconcile over a fake Objects and a fake clock: what it writes, when."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.objects import LeaseRecord
+from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.nodehealth import RETRY_AFTER_FAILURE, NodeHealthController
+from sandlot.controllers.settings import OperatorSettings
+from tests.support.clock import FakeClock
+from tests.support.fakeobjects import FakeObjects
+
+GRACE = 300.0
+LEASE = 10
+
+
+class World:
+    """One controller, its fake API and clock, and what it posted."""
+
+    def __init__(self, nodes: int = 1) -> None:
+        self.clock = FakeClock()
+        self.objects = FakeObjects(self.clock.now)
+        self.leader = True
+        self.events: list[tuple[str, str]] = []  # (node, reason)
+        self.delivered: dict[str, str] = {}  # node -> resourceVersion last delivered
+        self.ctl = NodeHealthController(
+            OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+            self.objects,  # type: ignore[arg-type]
+            OperatorMetrics(CollectorRegistry()),
+            is_leader=lambda: self.leader,
+            post_event=self.post,
+            clock=self.clock.now,
+            queue_clock=self.clock.monotonic,
+        )
+        self.created = self.clock.now() - timedelta(hours=1)
+        for i in range(1, nodes + 1):
+            self.ctl.on_node(None, self.objects.add_node(f"n{i}", self.created))
+            self.renew(f"n{i}")
+        self.ctl.on_view_restored()
+
+    def post(self, body: Any, type_: str, reason: str, message: str) -> None:
+        self.events.append((body["metadata"]["name"], reason))
+
+    def renew(self, node: str, at: datetime | None = None) -> None:
+        record = LeaseRecord(
+            name=node,
+            holder=node,
+            renew_time=at or self.clock.now(),
+            duration_seconds=LEASE,
+            resource_version="1",
+        )
+        self.ctl.on_lease("MODIFIED", record)
+
+    def sandboxes(self, node: str, n: int) -> list[str]:
+        keys = []
+        for i in range(n):
+            self.objects.add_sandbox(
+                "ns", f"{node}-sb{i}", self.created, node=node, phase="Running"
+            )
+            keys.append(f"ns/{node}-sb{i}")
+        return keys
+
+    def step(self) -> int:
+        """Run what is due, then deliver the watch event of every node that changed."""
+        done = asyncio.run(self.ctl.queue.run_until_idle())
+        for name, body in self.objects.nodes.items():
+            rv = body["metadata"]["resourceVersion"]
+            if self.delivered.get(name) != rv:
+                self.delivered[name] = rv
+                self.ctl.on_node("MODIFIED", dict(body))
+        return done
+
+    def health(self, node: str) -> dict[str, Any]:
+        return dict(self.objects.nodes[node]["status"].get("health") or {})
+
+    def due_in(self, node: str) -> float | None:
+        due = self.ctl.queue.due_at(node)
+        return None if due is None else due - self.clock.monotonic()
+
+
+def lost(world: World, node: str = "n1") -> None:
+    """The node's agent stops renewing: its lease expires LEASE seconds from now."""
+    world.renew(node)
+    world.step()
+    world.clock.advance(LEASE)
+    world.step()  # the wake-up at the lease's expiry: tracking starts
+    assert world.health(node).get("unhealthySince"), "tracking did not start at the expiry"
+
+
+def test_a_ready_node_is_due_again_at_its_lease_expiry_exactly() -> None:
+    w = World()
+    w.renew("n1")
+    w.step()
+    assert w.due_in("n1") == LEASE
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
+
+
+def test_grace_expiry_marks_at_the_exact_deadline_and_not_a_tick_before() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 2)
+    lost(w)
+    assert w.due_in("n1") == GRACE, "the reconcile asks for the grace end, to the second"
+    w.clock.advance(GRACE - 0.5)
+    w.ctl.enqueue("n1")  # kopf's resync timer ticks just before the deadline
+    w.step()
+    assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
+    assert w.due_in("n1") == 0.5
+    w.clock.advance(0.5)
+    w.step()
+    assert [w.objects.phase(k) for k in keys] == ["Dead", "Dead"]
+    assert w.health("n1")["handledCount"] == 2
+    assert ("n1", "GraceExpired") in w.events
+    writes = len(w.objects.writes)
+    w.clock.advance(60)
+    w.ctl.enqueue_all()
+    w.step()
+    assert len(w.objects.writes) == writes, "a handled node costs no write"
+
+
+def test_a_partial_marking_leaves_the_latch_unset_and_is_retried_after_its_backoff() -> None:
+    w = World()
+    good, bad = w.sandboxes("n1", 2)
+    w.objects.failing[bad] = 500
+    lost(w)
+    w.clock.advance(GRACE)
+    w.step()
+    assert (w.objects.phase(good), w.objects.phase(bad)) == ("Dead", "Running")
+    assert "handledAt" not in w.health("n1")
+    assert ("n1", "MarkingFailed") in w.events
+    assert w.due_in("n1") == RETRY_AFTER_FAILURE
+    w.ctl.queue.add_after("n1", GRACE)  # a later deadline does not push the retry back
+    assert w.due_in("n1") == RETRY_AFTER_FAILURE
+    del w.objects.failing[bad]
+    w.clock.advance(RETRY_AFTER_FAILURE - 0.5)
+    w.step()
+    assert w.objects.phase(bad) == "Running"
+    w.clock.advance(0.5)
+    w.step()
+    assert w.objects.phase(bad) == "Dead"
+    assert w.health("n1")["handledAt"]
+
+
+@pytest.mark.parametrize(
+    ("lose_on", "sandboxes_marked"),
+    [("list", 0), ("first-mark", 3)],
+    ids=["lost_while_listing_marks_nothing", "lost_while_marking_writes_no_node_status"],
+)
+def test_leadership_lost_in_the_middle_of_a_pass_stops_writing(
+    lose_on: str, sandboxes_marked: int
+) -> None:
+    w = World()
+    keys = w.sandboxes("n1", 3)
+    lost(w)
+    w.clock.advance(GRACE)
+    writes_before = len(w.objects.writes)
+    events_before = len(w.events)
+
+    def lose(*_: object) -> None:
+        w.leader = False
+
+    if lose_on == "list":
+        w.objects.on_list = lose
+    else:
+        w.objects.before_write = lose
+    w.step()
+    marked = [k for k in keys if w.objects.phase(k) == "Dead"]
+    assert len(marked) == sandboxes_marked
+    after = w.objects.writes[writes_before:]
+    assert [v for v, _ in after if v == "patch-node-status"] == [], "wrote node status"
+    assert "handledAt" not in w.health("n1")
+    assert w.events[events_before:] == [("n1", "GraceExpired")], "an event after the loss"
+    assert w.ctl.queue.due_at("n1") is None, "a standby leaves the retry to the new leader"
+
+
+def test_the_mass_failure_guard_holds_then_lifts_and_the_held_nodes_are_reaped() -> None:
+    w = World(nodes=4)
+    keys = {n: w.sandboxes(n, 1)[0] for n in ("n1", "n2", "n3", "n4")}
+    for n in ("n1", "n2", "n3", "n4"):
+        w.renew(n)
+    w.step()
+    w.clock.advance(LEASE)
+    w.renew("n4")
+    w.step()  # n1..n3 NotReady: 3 of 4, over the threshold
+    w.clock.advance(GRACE)
+    w.renew("n4")
+    w.ctl.enqueue_all()
+    w.step()
+    assert {n: w.objects.phase(k) for n, k in keys.items()} == dict.fromkeys(keys, "Running")
+    held = [
+        c["type"]
+        for c in w.objects.nodes["n1"]["status"].get("conditions", [])
+        if c["status"] == "True"
+    ]
+    assert "DisruptionGuard" in held
+    assert ("n1", "MassFailureHold") in w.events
+    w.step()
+    assert len(w.ctl.queue) == 0, "nothing may be left queued before the guard lifts"
+
+    w.clock.advance(2)  # past the fleet summary's reuse
+    w.renew("n2")
+    w.renew("n3")  # two come back: 1 of 4 NotReady, the guard lifts
+    w.step()
+    assert w.objects.phase(keys["n1"]) == "Dead", "the held node was not re-enqueued"
+    assert [w.objects.phase(keys[n]) for n in ("n2", "n3", "n4")] == ["Running"] * 3
+    conditions = w.objects.nodes["n1"]["status"].get("conditions", [])
+    assert "DisruptionGuard" not in [c["type"] for c in conditions]
+
+
+def test_a_stale_watch_event_after_our_write_does_not_undo_it() -> None:
+    w = World()
+    w.sandboxes("n1", 1)
+    lost(w)
+    stale = {**w.objects.nodes["n1"], "status": {}}  # an event from before our write
+    stale["metadata"] = {**stale["metadata"], "resourceVersion": "1"}
+    w.clock.advance(GRACE)
+    w.ctl.queue.add("n1")
+    asyncio.run(w.ctl.queue.run_until_idle())  # marks and latches; its echo is not here yet
+    w.ctl.on_node("MODIFIED", stale)
+    assert w.ctl.nodes["n1"]["status"]["health"]["handledAt"], "a stale event replaced ours"
+    writes = len(w.objects.writes)
+    asyncio.run(w.ctl.queue.run_until_idle())
+    assert len(w.objects.writes) == writes, "the stale event led to a second marking"
+    echo = dict(w.objects.nodes["n1"])
+    w.ctl.on_node("MODIFIED", echo)
+    assert w.ctl.nodes["n1"] == echo
+    w.ctl.on_node(None, stale)  # a listing is always taken
+    assert w.ctl.nodes["n1"] is stale
+
+
+def test_the_ready_condition_keeps_its_time_when_only_the_reason_changes() -> None:
+    w = World()
+    lost(w)
+    ready = next(c for c in w.objects.nodes["n1"]["status"]["conditions"] if c["type"] == "Ready")
+    since = ready["lastTransitionTime"]
+    assert ready["status"] == "False"
+    w.clock.advance(30)
+    w.objects.nodes["n1"]["spec"]["unschedulable"] = True  # sandlot drain
+    w.objects.nodes["n1"]["metadata"]["resourceVersion"] = "drained"
+    w.ctl.on_node("MODIFIED", dict(w.objects.nodes["n1"]))
+    w.step()
+    ready = next(c for c in w.objects.nodes["n1"]["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["reason"], ready["lastTransitionTime"]) == ("Drained", since)

@@ -1,0 +1,82 @@
+"""The scheduler's reconcile over a fake API and a fake clock: binds, waits, retries."""
+
+from __future__ import annotations
+
+from sandlot.controllers.scheduler import RETRY_AFTER_ERROR
+from tests.support.workloads import WorkloadWorld
+
+
+def test_a_pending_sandbox_is_bound_and_marked_scheduled() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=2)
+    key = w.sandbox("s1")
+    w.step()
+    assert w.bound(key) == "a"
+    assert w.objects.phase(key) == "Scheduled"
+    scheduled = w.condition(key, "Scheduled")
+    assert scheduled is not None
+    assert (scheduled["status"], scheduled["reason"]) == ("True", "Bound")
+    assert w.cache.node_load["a"] == 1
+
+
+def test_capacity_is_respected_and_a_waiting_sandbox_is_bound_when_room_appears() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=1)
+    first, second = w.sandbox("s1"), w.sandbox("s2")
+    w.step()
+    assert (w.bound(first), w.bound(second)) == ("a", None)
+    waiting = w.condition(second, "Scheduled")
+    assert waiting is not None
+    assert (waiting["status"], waiting["reason"]) == ("False", "Unschedulable")
+    assert w.scheduler.waiting.keys() == {second}
+    assert w.scheduler.queue.due_at(second) is None, "no retry timer while nothing changes"
+
+    w.clock.advance(30)
+    w.capacity("a", 2)
+    w.step()
+    assert w.bound(second) == "a"
+    bound = w.condition(second, "Scheduled")
+    assert bound is not None
+    assert bound["status"] == "True"
+    assert bound["lastTransitionTime"] != waiting["lastTransitionTime"], "status changed"
+    assert not w.scheduler.waiting
+
+
+def test_a_new_reason_for_still_waiting_keeps_the_transition_time() -> None:
+    w = WorkloadWorld()
+    key = w.sandbox("s1")
+    w.step()  # no nodes at all
+    before = w.condition(key, "Scheduled")
+    assert before is not None
+    w.clock.advance(30)
+    w.node("a", capacity=0)  # a node, but full: another message, same status
+    w.step()
+    after = w.condition(key, "Scheduled")
+    assert after is not None
+    assert after["message"] != before["message"]
+    assert after["lastTransitionTime"] == before["lastTransitionTime"]
+
+
+def test_an_api_error_is_retried_with_backoff_then_binds() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=1)
+    key = w.sandbox("s1")
+    w.objects.failing[key] = 500
+    w.step()
+    assert w.bound(key) is None
+    assert w.scheduler.queue.due_at(key) == w.clock.monotonic() + RETRY_AFTER_ERROR
+    del w.objects.failing[key]
+    w.clock.advance(RETRY_AFTER_ERROR)
+    w.step()
+    assert w.bound(key) == "a"
+    assert w.scheduler.queue.failures(key) == 0
+
+
+def test_a_standby_binds_nothing() -> None:
+    w = WorkloadWorld()
+    w.leader = False
+    w.node("a", capacity=1)
+    key = w.sandbox("s1")
+    w.step()
+    assert w.bound(key) is None
+    assert w.objects.writes == []

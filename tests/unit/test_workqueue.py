@@ -1,0 +1,265 @@
+"""The controllers' work queue, driven by a fake clock: no sleeps, no wall-clock waits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from sandlot.controllers.workqueue import WorkQueue, earliest
+from tests.support.clock import FakeClock
+
+
+class Recorder:
+    """A reconcile that records its calls and answers from a script."""
+
+    def __init__(self, answers: dict[str, list[float | Exception | None]] | None = None) -> None:
+        self.calls: list[str] = []
+        self.answers = answers or {}
+
+    async def __call__(self, key: str) -> float | None:
+        self.calls.append(key)
+        script = self.answers.get(key)
+        answer = script.pop(0) if script else None
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def make(
+    reconcile: Callable[[str], object],
+    clock: FakeClock,
+    *,
+    leader: Callable[[], bool] = lambda: True,
+    start: float = 1.0,
+    cap: float = 8.0,
+) -> WorkQueue:
+    return WorkQueue(
+        "test",
+        reconcile,  # type: ignore[arg-type]
+        is_leader=leader,
+        clock=clock.monotonic,
+        backoff_start=start,
+        backoff_cap=cap,
+    )
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_a_key_added_many_times_is_reconciled_once() -> None:
+    rec = Recorder()
+    q = make(rec, FakeClock())
+    for _ in range(5):
+        q.add("a")
+    q.add_all(["b", "a", "b"])
+    assert len(q) == 2
+    assert run(q.run_until_idle()) == 2
+    assert rec.calls == ["a", "b"]
+
+
+def test_add_after_wakes_at_the_exact_deadline_and_not_before() -> None:
+    clock = FakeClock()
+    rec = Recorder()
+    q = make(rec, clock)
+    q.add_after("a", 30.0)
+    clock.advance(29.999)
+    run(q.run_until_idle())
+    assert rec.calls == []
+    clock.advance(0.001)
+    run(q.run_until_idle())
+    assert rec.calls == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "due"),
+    [(30.0, 2.0, 2.0), (2.0, 30.0, 2.0), (5.0, 5.0, 5.0)],
+    ids=["an_earlier_deadline_replaces_a_later_one", "a_later_one_is_ignored", "equal_is_one"],
+)
+def test_add_after_keeps_the_earliest_deadline(first: float, second: float, due: float) -> None:
+    clock = FakeClock()
+    rec = Recorder()
+    q = make(rec, clock)
+    q.add_after("a", first)
+    q.add_after("a", second)
+    assert q.due_at("a") == clock.monotonic() + due
+    clock.advance(due)
+    run(q.run_until_idle())
+    assert rec.calls == ["a"]
+    clock.advance(60.0)
+    run(q.run_until_idle())
+    assert rec.calls == ["a"], "the replaced deadline must not fire as well"
+
+
+@pytest.mark.parametrize("delay", [0.0, -10.0], ids=["zero", "already_past"])
+def test_a_deadline_not_in_the_future_is_due_now(delay: float) -> None:
+    rec = Recorder()
+    q = make(rec, FakeClock())
+    q.add_after("a", delay)
+    run(q.run_until_idle())
+    assert rec.calls == ["a"]
+
+
+def test_the_requeue_after_a_reconcile_returns_is_kept_exactly() -> None:
+    clock = FakeClock()
+    rec = Recorder({"a": [12.5, None]})
+    q = make(rec, clock)
+    q.add("a")
+    run(q.run_until_idle())
+    assert q.due_at("a") == clock.monotonic() + 12.5
+    clock.advance(12.5)
+    run(q.run_until_idle())
+    assert rec.calls == ["a", "a"]
+    assert q.due_at("a") is None
+
+
+def test_forget_drops_the_pending_deadline() -> None:
+    clock = FakeClock()
+    rec = Recorder()
+    q = make(rec, clock)
+    q.add_after("a", 5.0)
+    q.forget("a")
+    clock.advance(10.0)
+    assert run(q.run_until_idle()) == 0
+
+
+def test_a_key_is_never_processed_twice_at_once_and_readds_run_once_after() -> None:
+    running: list[str] = []
+    overlap: list[str] = []
+    calls: list[str] = []
+    release = asyncio.Event()
+
+    async def reconcile(key: str) -> float | None:
+        if key in running:
+            overlap.append(key)
+        running.append(key)
+        calls.append(key)
+        if len(calls) == 1:
+            await release.wait()
+        running.remove(key)
+        return None
+
+    async def scenario() -> None:
+        q = make(reconcile, FakeClock())
+        q.add("a")
+        first = asyncio.create_task(q.run_until_idle())
+        while not running:  # let the first step start "a"
+            await asyncio.sleep(0)
+        q.add("a")
+        q.add("a")
+        assert await q.run_until_idle() == 0, "a second step must not take a running key"
+        release.set()
+        await asyncio.wait_for(first, timeout=5)
+
+    run(scenario())
+    assert calls == ["a", "a"]
+    assert overlap == []
+
+
+def test_failures_back_off_exponentially_up_to_the_cap_and_success_resets() -> None:
+    clock = FakeClock()
+    boom = RuntimeError("boom")
+    rec = Recorder({"a": [boom, boom, boom, boom, boom, None, boom]})
+    q = make(rec, clock, start=1.0, cap=8.0)
+    q.add("a")
+    delays = []
+    for _ in range(5):
+        run(q.run_until_idle())
+        due = q.due_at("a")
+        assert due is not None
+        delays.append(due - clock.monotonic())
+        clock.advance(delays[-1])
+    assert delays == [1.0, 2.0, 4.0, 8.0, 8.0]
+    run(q.run_until_idle())  # the sixth call succeeds
+    assert q.failures("a") == 0
+    assert q.due_at("a") is None
+    q.add("a")
+    run(q.run_until_idle())  # fails again: back to the first step
+    assert q.due_at("a") == clock.monotonic() + 1.0
+
+
+def test_backoff_settings_are_validated() -> None:
+    with pytest.raises(ValueError, match="backoff_start"):
+        WorkQueue("test", Recorder(), backoff_start=10.0, backoff_cap=1.0)
+
+
+def test_work_dequeued_while_not_the_leader_is_dropped() -> None:
+    clock = FakeClock()
+    leader = [False]
+    rec = Recorder()
+    q = make(rec, clock, leader=lambda: leader[0])
+    q.add("a")
+    q.add_after("b", 5.0)
+    clock.advance(5.0)
+    assert run(q.run_until_idle()) == 2
+    assert rec.calls == []
+    leader[0] = True
+    assert run(q.run_until_idle()) == 0, "dropped work does not come back by itself"
+    q.add_all(["a", "b"])
+    run(q.run_until_idle())
+    assert rec.calls == ["a", "b"]
+
+
+def test_watch_threads_hand_keys_to_the_running_queue() -> None:
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        async def reconcile(key: str) -> float | None:
+            seen.append(key)
+            if len(seen) == 3:
+                done.set()
+            return None
+
+        q = make(reconcile, FakeClock())
+        runner = asyncio.create_task(q.run())
+        await asyncio.sleep(0)  # the runner binds its loop and waits
+        threads = [
+            threading.Thread(target=q.add_threadsafe, args=(k,), name=f"watch-{k}")
+            for k in ("a", "b", "c")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(5)
+        try:
+            await asyncio.wait_for(done.wait(), timeout=5)
+        finally:
+            runner.cancel()
+        return seen
+
+    assert sorted(run(scenario())) == ["a", "b", "c"]  # type: ignore[arg-type]
+
+
+def test_call_threadsafe_runs_on_the_loop_thread() -> None:
+    async def scenario() -> tuple[threading.Thread, threading.Thread]:
+        loop_thread = threading.current_thread()
+        ran_on: list[threading.Thread] = []
+        done = asyncio.Event()
+        q = make(Recorder(), FakeClock())
+        q.bind_loop(asyncio.get_running_loop())
+
+        def note() -> None:
+            ran_on.append(threading.current_thread())
+            done.set()
+
+        t = threading.Thread(target=q.call_threadsafe, args=(note,), name="watch")
+        t.start()
+        t.join(5)
+        await asyncio.wait_for(done.wait(), timeout=5)
+        return loop_thread, ran_on[0]
+
+    loop_thread, ran_on = run(scenario())  # type: ignore[misc]
+    assert ran_on is loop_thread
+
+
+@pytest.mark.parametrize(
+    ("delays", "expected"),
+    [((2.0, 300.0), 2.0), ((None, 5.0), 5.0), ((None, None), None), ((0.0, None), 0.0)],
+    ids=["the_soonest_wins", "none_is_no_request", "nothing_asked", "zero_is_a_request"],
+)
+def test_earliest_requeue(delays: tuple[float | None, ...], expected: float | None) -> None:
+    assert earliest(*delays) == expected
