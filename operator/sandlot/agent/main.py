@@ -35,7 +35,7 @@ import signal as signals
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
@@ -59,13 +59,6 @@ from sandlot.adapters.cni import (
     join_netns,
     load_config,
 )
-from sandlot.adapters.containerd.ocispec import (
-    ALL_CAPABILITIES,
-    DEFAULT_CAPABILITIES,
-    DEFAULT_PIDS_LIMIT,
-    cgroups_path_for,
-    default_spec,
-)
 from sandlot.adapters.nodeguard import (
     bounding_capabilities,
     namespace_labels,
@@ -76,7 +69,6 @@ from sandlot.adapters.objects import Leases, Objects, parse_time, rfc3339
 from sandlot.adapters.runtime import (
     ContainerInfo,
     ContainerSpec,
-    ImageConfig,
     NotFound,
     Runtime,
     RuntimeError_,
@@ -90,7 +82,7 @@ from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.settings import AgentSettings, NetworkMode
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
-from sandlot.api.admission import Level, cap_name, level_of
+from sandlot.api.admission import Level, level_of
 from sandlot.api.sandbox import (
     REASON_OOM_KILLED,
     REASON_POLICY_VIOLATION,
@@ -100,6 +92,12 @@ from sandlot.api.sandbox import (
 )
 from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL, SweepAction
 from sandlot.policy.imagegc import DiskUsage, pass_for_request
+from sandlot.policy.ocispec import (
+    ALL_CAPABILITIES,
+    RunAsRootRefused,
+    build_oci_spec,
+    cgroups_path_for,
+)
 from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
@@ -141,108 +139,6 @@ def detect_address() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
-
-
-def _user(spec: SandboxSpec, config: ImageConfig) -> tuple[int, int]:
-    ctx = spec.security_context
-    uid = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
-    gid = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
-    if uid is None and config.user:
-        name, _, group = config.user.partition(":")
-        if name.isdigit():
-            uid = int(name)
-        if group.isdigit() and gid is None:
-            gid = int(group)
-    return (uid or 0, gid if gid is not None else 0)
-
-
-_MEMORY_UNITS = {
-    "": 1,
-    "k": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
-
-def _memory_bytes(quantity: str) -> int:
-    digits = quantity.rstrip("kMGTi")
-    return int(digits) * _MEMORY_UNITS[quantity[len(digits) :]]
-
-
-def _cpu_quota(quantity: str, period: int = 100_000) -> int:
-    cores = int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-    return max(1000, int(cores * period))
-
-
-class RunAsRootRefused(ValueError):
-    """``runAsNonRoot`` is set and the process would run as UID 0."""
-
-
-def _capabilities(spec: SandboxSpec, node_capabilities: Sequence[str]) -> list[str]:
-    ctx = spec.security_context
-    adds = list(ctx.capabilities.add) if ctx and ctx.capabilities else []
-    if (ctx and ctx.privileged) or any(cap_name(c) == "ALL" for c in adds):
-        return list(node_capabilities)
-    return list(dict.fromkeys([*DEFAULT_CAPABILITIES, *(f"CAP_{cap_name(c)}" for c in adds)]))
-
-
-def build_oci_spec(
-    name: str,
-    spec: SandboxSpec,
-    config: ImageConfig,
-    *,
-    hostname: str,
-    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
-    limit_swap: bool = False,
-    node_capabilities: Sequence[str] = ALL_CAPABILITIES,
-) -> dict[str, Any]:
-    """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
-    security context, on top of ``default_spec``'s safe defaults.
-
-    ``limit_swap`` sets memory+swap to the memory limit (no swap beyond it); only
-    where the node's kernel accounts swap, since runc refuses it on cgroup v1
-    otherwise. ``node_capabilities`` is what ``privileged`` (or adding ``ALL``)
-    grants: every capability the node's runtime can hand out. Raises ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and
-    ``ValueError`` for a spec that cannot run at all.
-    """
-    args = list(spec.command) or [*config.entrypoint, *config.cmd]
-    if not args:
-        raise ValueError(f"image {spec.image} has no entrypoint or cmd and spec.command is empty")
-    env = [*config.env, *(f"{e.name}={e.value}" for e in spec.env)]
-    ctx = spec.security_context
-    user = _user(spec, config)
-    if ctx and ctx.run_as_non_root and user[0] == 0:
-        source = "spec.securityContext.runAsUser" if ctx.run_as_user == 0 else "the image"
-        raise RunAsRootRefused(
-            f"spec.securityContext.runAsNonRoot is true but the process would run as UID 0 "
-            f"(from {source}): set spec.securityContext.runAsUser to a non-zero UID"
-        )
-    oci = default_spec(
-        args,
-        env,
-        config.working_dir,
-        host_network=spec.host_network,
-        hostname=hostname[:63],
-        user=user,
-        cgroups_path=cgroups_path_for(name),
-        capabilities=_capabilities(spec, node_capabilities),
-        privileged=bool(ctx and ctx.privileged),
-        readonly_root=bool(ctx and ctx.read_only_root_filesystem),
-        pids_limit=pids_limit,
-    )
-    limits = spec.resources.limits if spec.resources else None
-    resources = oci["linux"]["resources"]
-    if limits and limits.memory:
-        memory = _memory_bytes(limits.memory)
-        resources["memory"] = {"limit": memory, **({"swap": memory} if limit_swap else {})}
-    if limits and limits.cpu:
-        resources["cpu"] = {"quota": _cpu_quota(limits.cpu), "period": 100_000}
-    return oci
 
 
 class Agent:
