@@ -47,7 +47,7 @@ MIN_CFS_QUOTA_US = 1_000
 
 def parse_quantity(text: str) -> Decimal:
     """The exact value of a Kubernetes quantity; ``ValueError`` naming ``text`` otherwise."""
-    match = _QUANTITY.fullmatch(text.strip()) if isinstance(text, str) else None
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a Kubernetes quantity (like 512Mi, 1.5Gi, 100m)")
     number = Decimal(match["number"])
