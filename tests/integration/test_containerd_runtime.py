@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.ocispec import default_spec
 from sandlot.adapters.runtime import (
     ContainerSpec,
     NotFound,
@@ -25,6 +24,7 @@ from sandlot.adapters.runtime import (
     RuntimeTimeout,
     TaskState,
 )
+from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 

@@ -26,7 +26,6 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.ocispec import default_spec
 from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.runtime import ContainerInfo, ContainerSpec, RuntimeError_
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
@@ -36,6 +35,7 @@ from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.cli.main import main as sandlot_main
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
+from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd
 from tests.support.image_sets import build_image_set, import_image_set
 from tests.support.operator import Fleet

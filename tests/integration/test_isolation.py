@@ -26,20 +26,22 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.ocispec import (
-    ALL_CAPABILITIES,
-    DEFAULT_CAPABILITIES,
-    capability_mask,
-    cgroups_path_for,
-)
 from sandlot.adapters.nodeguard import bounding_capabilities
 from sandlot.adapters.ociarchive import build_image_archive, import_archive
-from sandlot.adapters.runtime import ContainerSpec, ImageConfig, RuntimeError_
-from sandlot.agent.main import Agent, build_oci_spec
+from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
+from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.admission import LEVEL_LABEL, POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.ocispec import (
+    ALL_CAPABILITIES,
+    DEFAULT_CAPABILITIES,
+    ImageConfig,
+    build_oci_spec,
+    capability_mask,
+    cgroups_path_for,
+)
 from sandlot.policy.podsecurity import check
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd

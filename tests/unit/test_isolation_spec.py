@@ -11,18 +11,19 @@ from typing import Any
 
 import pytest
 
-from sandlot.adapters.containerd.ocispec import (
+from sandlot.adapters.nodeguard import bounding_capabilities, oom_kills, swap_accounted
+from sandlot.api.admission import BASELINE_ADDABLE, CHART_TEMPLATE, chart_template
+from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.ocispec import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
     MASKED_PATHS,
     READONLY_PATHS,
+    ImageConfig,
+    RunAsRootRefused,
+    build_oci_spec,
     capability_mask,
 )
-from sandlot.adapters.nodeguard import bounding_capabilities, oom_kills, swap_accounted
-from sandlot.adapters.runtime import ImageConfig
-from sandlot.agent.main import RunAsRootRefused, build_oci_spec
-from sandlot.api.admission import BASELINE_ADDABLE, CHART_TEMPLATE, chart_template
-from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.seccomp import default_profile, denied_syscalls
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,14 @@ No bridge, veth or address is made here: the plugins do that work.
 
 Trade-offs, all in favour of never leaking or hanging:
 
-- **Bounded**: one CNI operation (ADD, DEL, CHECK of a whole chain) has one time
-  budget; every plugin run gets what is left of it as a subprocess timeout, so a
-  plugin that hangs costs at most the budget, never the agent.
+- **Bounded**: one CNI operation (ADD or DEL of a whole chain) has one time
+  budget (``adapters.deadline``); every plugin run gets what is left of it as a
+  subprocess timeout, so a plugin that hangs costs at most the budget, never the
+  agent.
+- **No CHECK**: CHECK needs the ADD result as ``prevResult``, which nothing keeps
+  across an agent restart (the labels hold only what DEL needs), and a re-adopted
+  sandbox is never torn down for a failed check anyway; a plugin that lost a
+  sandbox's interface shows up in the sandbox itself, not here.
 - **DEL is tolerant**: it runs every plugin of the chain in reverse order even when
   one fails (so the IPAM plugin still releases the address when, say, a port-map
   plugin errs), then reports the first failure. It needs no cached ADD result:
@@ -39,11 +44,12 @@ import logging
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from sandlot.adapters.deadline import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -309,19 +315,6 @@ def join_netns(oci_spec: dict[str, Any], netns_path: str) -> dict[str, Any]:
 # ------------------------------------------------------------------ running plugins
 
 
-class _Budget:
-    def __init__(self, seconds: float, what: str) -> None:
-        self.seconds = seconds
-        self.what = what
-        self.deadline = time.monotonic() + seconds
-
-    def left(self, step: str) -> float:
-        remaining = self.deadline - time.monotonic()
-        if remaining <= 0:
-            raise CniTimeout(f"{self.what}: {step}: no time left of {self.seconds:g}s")
-        return remaining
-
-
 def split_path_list(dirs: str | Sequence[str]) -> tuple[str, ...]:
     parts = dirs.split(":") if isinstance(dirs, str) else list(dirs)
     return tuple(p for p in parts if p)
@@ -353,7 +346,7 @@ class CniRunner:
         plugin: Mapping[str, Any],
         stdin: Mapping[str, Any],
         env: Mapping[str, str],
-        budget: _Budget,
+        budget: Deadline,
     ) -> dict[str, Any] | None:
         kind = str(plugin["type"])
         binary = self.find_plugin(kind)
@@ -361,7 +354,7 @@ class CniRunner:
         environ.update(env)
         environ["CNI_COMMAND"] = command
         environ["CNI_PATH"] = ":".join(self.bin_dirs)
-        timeout = budget.left(f"{kind} {command}")
+        timeout = budget.remaining(f"{kind} {command}")
         try:
             proc = subprocess.run(
                 [binary],
@@ -414,31 +407,14 @@ class CniRunner:
         args: str = "",
     ) -> CniResult:
         """ADD through the chain in order, each plugin getting the previous result."""
-        budget = _Budget(self.timeout, f"CNI ADD {config.name} for {container_id}")
+        budget = Deadline(
+            self.timeout, what=f"CNI ADD {config.name} for {container_id}", expired=CniTimeout
+        )
         env = self._env(container_id, netns, ifname, args)
         result: dict[str, Any] | None = None
         for plugin in config.plugins:
             result = self._exec("ADD", plugin, plugin_stdin(config, plugin, result), env, budget)
         return parse_result(result or {})
-
-    def check(
-        self,
-        config: NetworkConfigList,
-        prev_result: Mapping[str, Any],
-        *,
-        container_id: str,
-        netns: str,
-        ifname: str = DEFAULT_IFNAME,
-        args: str = "",
-    ) -> None:
-        """CHECK through the chain (0.4.0 and later; a no-op before, or with
-        ``disableCheck``): raises ``CniError`` when the plugins find it broken."""
-        if config.disable_check or config.cni_version.startswith(("0.1.", "0.2.", "0.3.")):
-            return
-        budget = _Budget(self.timeout, f"CNI CHECK {config.name} for {container_id}")
-        env = self._env(container_id, netns, ifname, args)
-        for plugin in config.plugins:
-            self._exec("CHECK", plugin, plugin_stdin(config, plugin, prev_result), env, budget)
 
     def delete(
         self,
@@ -452,7 +428,9 @@ class CniRunner:
     ) -> None:
         """DEL through the chain in reverse; every plugin runs even after a failure,
         and the first failure is raised at the end."""
-        budget = _Budget(self.timeout, f"CNI DEL {config.name} for {container_id}")
+        budget = Deadline(
+            self.timeout, what=f"CNI DEL {config.name} for {container_id}", expired=CniTimeout
+        )
         env = self._env(container_id, netns, ifname, args)
         first: CniError | None = None
         for plugin in reversed(config.plugins):

@@ -2,9 +2,9 @@
 
 Status is only ever written through the status subresource. Where a write must
 not clobber a concurrent one (marking a sandbox Dead, the agent's phase changes),
-it carries the object's resourceVersion and handles 409 by re-reading: an
-object already in a terminal phase is done, anything else is retried with the
-new version. Partial success is reported as such, never as success.
+it carries the object's resourceVersion and handles 409 by re-reading
+(``statuswrite``): an object already in a terminal phase is done, anything else is
+retried with the new version. Partial success is reported as such, never as success.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.sandbox import SandboxPhase
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def dead_status(reason: str, message: str, now: datetime) -> dict[str, Any]:
     """The status fields a Dead marking writes: phase, reason, message, a condition."""
     stamp = rfc3339(now)
     return {
-        "phase": "Dead",
+        "phase": SandboxPhase.DEAD.value,
         "reason": reason,
         "message": message,
         "finishedAt": stamp,
@@ -149,50 +150,30 @@ def mark_dead(
 ) -> MarkResult:
     """Set each non-terminal sandbox to Dead, with its resourceVersion as precondition.
 
-    Only status is sent (phase, reason, message, a condition), never spec. A 409
-    re-reads the sandbox: terminal already -> done; otherwise retry with the new
-    resourceVersion, up to ``max_attempts``.
+    Only status is sent (phase, reason, message, a condition), never spec, through
+    ``statuswrite.write_status``: a sandbox found terminal, deleted or replaced (new
+    uid, other node) after a 409 counts as already terminal; one still conflicting
+    after ``max_attempts``, or failing otherwise, is reported in ``failed``.
     """
     status = dead_status(reason, message, now)
     result = MarkResult()
 
-    def one(sb: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    def one(sb: Mapping[str, Any]) -> tuple[str, WriteResult]:
         meta = sb["metadata"]
-        ns, name = meta["namespace"], meta["name"]
-        key = f"{ns}/{name}"
-        rv: str | None = meta.get("resourceVersion")
-        current = sb
-        for _ in range(max_attempts):
-            if (current.get("status") or {}).get("phase") in TERMINAL_PHASES:
-                return key, "terminal", None
-            try:
-                objects.patch_sandbox_status(ns, name, status, resource_version=rv)
-                return key, "marked", None
-            except ApiException as e:
-                if e.status == 404:
-                    return key, "terminal", None  # deleted meanwhile: nothing left to mark
-                if e.status != 409:
-                    return key, "failed", f"{e.status} {e.reason}"
-            try:
-                current = objects.get_sandbox(ns, name)
-            except ApiException as e:
-                if e.status == 404:
-                    return key, "terminal", None
-                return key, "failed", f"re-read after conflict: {e.status} {e.reason}"
-            rv = current["metadata"]["resourceVersion"]
-        return key, "failed", f"still conflicting after {max_attempts} attempts"
+        key = f"{meta['namespace']}/{meta['name']}"
+        return key, write_status(objects, sb, status, max_attempts=max_attempts)
 
     items = list(sandboxes)
     if not items:
         return result
     with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
-        for key, outcome, error in pool.map(one, items):
-            if outcome == "marked":
+        for key, written in pool.map(one, items):
+            if written.outcome is WriteOutcome.WRITTEN:
                 result.marked.append(key)
-            elif outcome == "terminal":
+            elif written.outcome in (WriteOutcome.SKIPPED, WriteOutcome.GONE):
                 result.already_terminal.append(key)
             else:
-                result.failed[key] = error or "unknown error"
+                result.failed[key] = written.detail or written.outcome.value
     return result
 
 

@@ -9,11 +9,14 @@ method takes ``timeout`` (seconds) and raises ``RuntimeTimeout`` when it passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
+
+# The image's run settings are read here and consumed by the pure spec builder.
+from sandlot.policy.ocispec import ImageConfig as ImageConfig
 
 
 class RuntimeError_(Exception):
@@ -73,17 +76,6 @@ class ImageRecord:
     updated_at: datetime
     labels: Mapping[str, str] = field(default_factory=dict)
     target_digest: str = ""
-
-
-@dataclass(frozen=True)
-class ImageConfig:
-    """What the OCI image config says about how to run it."""
-
-    entrypoint: Sequence[str] = ()
-    cmd: Sequence[str] = ()
-    env: Sequence[str] = ()
-    working_dir: str = ""
-    user: str = ""
 
 
 @dataclass(frozen=True)

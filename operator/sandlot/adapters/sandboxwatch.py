@@ -112,9 +112,6 @@ class WatchCache:
         with self._lock:
             return self._objects.get(key)
 
-    def wait_synced(self, timeout: float) -> bool:
-        return self.synced.wait(timeout)
-
     # -- lifecycle
 
     def start(self) -> None:

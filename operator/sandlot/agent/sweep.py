@@ -17,6 +17,7 @@ from typing import Any
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskInfo, TaskState
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.teardown import Release, TeardownResult, teardown_many
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.agentsweep import (
     ContainerView,
     SandboxView,
@@ -36,7 +37,7 @@ def sandbox_view(obj: Mapping[str, Any]) -> SandboxView:
     return SandboxView(
         key=f"{meta.get('namespace')}/{meta.get('name')}",
         node_name=spec.get("nodeName"),
-        phase=status.get("phase") or "Pending",
+        phase=SandboxPhase(status.get("phase") or SandboxPhase.PENDING),
         container_id=status.get("containerID") or status.get("containerId"),
     )
 

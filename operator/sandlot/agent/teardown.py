@@ -90,6 +90,89 @@ def _key(container: ContainerInfo | str) -> tuple[str, str]:
     return container, container
 
 
+@dataclass
+class _TaskEnd:
+    exit_status: ExitStatus | None = None
+    timed_out: bool = False
+    """No exit came within kill_wait."""
+    gone: bool = True
+    """The task is deleted (or never existed): the container may go."""
+
+
+def _end_task(
+    runtime: Runtime,
+    container_id: str,
+    steps: _Steps,
+    *,
+    signal: int,
+    kill_wait: float,
+    call_timeout: float,
+) -> _TaskEnd:
+    """Kill, wait at most ``kill_wait`` for the exit, delete the task."""
+    end = _TaskEnd()
+    has_task = True
+    try:
+        runtime.kill_task(container_id, signal, timeout=call_timeout)
+    except NotFound:
+        # No task, or its process already finished: containerd says so with NotFound.
+        task = steps.call("get task", lambda: runtime.get_task(container_id, timeout=call_timeout))
+        has_task = task is not None
+    except RuntimeTimeout as exc:
+        log.warning("container %s: kill got no answer: %s", container_id, exc)
+    except RuntimeError_ as exc:
+        log.info("container %s: kill failed (%s); waiting for its exit anyway", container_id, exc)
+    if not has_task:
+        return end
+    try:
+        end.exit_status = runtime.wait_task(container_id, timeout=kill_wait)
+    except NotFound:
+        pass
+    except RuntimeTimeout:
+        end.timed_out = True
+        log.warning(
+            "container %s: no exit within kill wait of %gs (dead or wedged shim?); "
+            "deleting it anyway",
+            container_id,
+            kill_wait,
+        )
+    except RuntimeError_ as exc:
+        steps.errors.append(f"wait: {exc}")
+    failures = len(steps.errors)
+    deleted = steps.call(
+        "delete task", lambda: runtime.delete_task(container_id, timeout=call_timeout)
+    )
+    if isinstance(deleted, ExitStatus) and end.exit_status is None:
+        end.exit_status = deleted
+    end.gone = len(steps.errors) == failures
+    return end
+
+
+def _remove(
+    runtime: Runtime,
+    container: ContainerInfo | str,
+    steps: _Steps,
+    *,
+    call_timeout: float,
+    release: Release | None,
+) -> None:
+    """Release the network, then delete the container and its snapshot."""
+    container_id, snapshot_key = _key(container)
+    if release is not None:
+        try:
+            release(container)
+        except Exception as exc:
+            # Keep the record: its labels say what to release on the next pass.
+            steps.errors.append(f"release network: {exc}: container kept for the next pass")
+            return
+    steps.call(
+        "delete container",
+        lambda: runtime.delete_container(container_id, timeout=call_timeout),
+    )
+    steps.call(
+        "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
+    )
+
+
 def teardown(
     runtime: Runtime,
     container: ContainerInfo | str,
@@ -103,70 +186,20 @@ def teardown(
     """Kill, wait at most ``kill_wait`` for the exit, then delete task, ``release`` the
     network, delete container and snapshot."""
     began = time.monotonic()
-    container_id, snapshot_key = _key(container)
+    container_id, _ = _key(container)
     steps = _Steps(container_id)
-    exit_status: ExitStatus | None = None
-    timed_out = False
-
-    has_task = True
-    try:
-        runtime.kill_task(container_id, signal, timeout=call_timeout)
-    except NotFound:
-        # No task, or its process already finished: containerd says so with NotFound.
-        task = steps.call("get task", lambda: runtime.get_task(container_id, timeout=call_timeout))
-        has_task = task is not None
-    except RuntimeTimeout as exc:
-        log.warning("container %s: kill got no answer: %s", container_id, exc)
-    except RuntimeError_ as exc:
-        log.info("container %s: kill failed (%s); waiting for its exit anyway", container_id, exc)
-
-    if has_task:
-        try:
-            exit_status = runtime.wait_task(container_id, timeout=kill_wait)
-        except NotFound:
-            pass
-        except RuntimeTimeout:
-            timed_out = True
-            log.warning(
-                "container %s: no exit within kill wait of %gs (dead or wedged shim?); "
-                "deleting it anyway",
-                container_id,
-                kill_wait,
-            )
-        except RuntimeError_ as exc:
-            steps.errors.append(f"wait: {exc}")
-        failures = len(steps.errors)
-        deleted = steps.call(
-            "delete task", lambda: runtime.delete_task(container_id, timeout=call_timeout)
-        )
-        if isinstance(deleted, ExitStatus) and exit_status is None:
-            exit_status = deleted
-        task_gone = len(steps.errors) == failures
+    end = _end_task(
+        runtime, container_id, steps, signal=signal, kill_wait=kill_wait, call_timeout=call_timeout
+    )
+    if end.gone:
+        _remove(runtime, container, steps, call_timeout=call_timeout, release=release)
     else:
-        task_gone = True
-    released = True
-    if task_gone and release is not None:
-        try:
-            release(container)
-        except Exception as exc:
-            # Keep the record: its labels say what to release on the next pass.
-            steps.errors.append(f"release network: {exc}: container kept for the next pass")
-            released = False
-    if task_gone and released:
-        steps.call(
-            "delete container",
-            lambda: runtime.delete_container(container_id, timeout=call_timeout),
-        )
-        steps.call(
-            "remove snapshot", lambda: runtime.remove_snapshot(snapshot_key, timeout=call_timeout)
-        )
-    elif not task_gone:
         # containerd would drop the record of a container whose task still lives, and the
         # task (shim and process) would then be invisible to every later sweep. Keeping the
         # record leaves it an orphan that the next sweep tears down once the shim answers.
         steps.errors.append("task still present: container kept for the next sweep")
 
-    if timed_out:
+    if end.timed_out:
         outcome = TeardownOutcome.KILL_WAIT_TIMEOUT
     elif steps.errors:
         outcome = TeardownOutcome.ERROR
@@ -177,7 +210,7 @@ def teardown(
     result = TeardownResult(
         container_id,
         outcome,
-        exit_status=exit_status,
+        exit_status=end.exit_status,
         errors=tuple(steps.errors),
         elapsed=time.monotonic() - began,
     )

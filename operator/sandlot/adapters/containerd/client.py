@@ -25,7 +25,6 @@ import copy
 import hashlib
 import json
 import platform
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2, timestamp_pb2
 
+from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ContainerInfo,
     ContainerSpec,
@@ -120,20 +120,6 @@ def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _Budget:
-    """One deadline shared by the RPCs of a method."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self._deadline = time.monotonic() + timeout
-
-    def remaining(self, what: str) -> float:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise RuntimeTimeout(f"{what}: deadline of {self.timeout:g}s passed")
-        return left
-
-
 def _translate(exc: grpc.RpcError, what: str, timeout: float) -> RuntimeError_:
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
@@ -208,7 +194,7 @@ class ContainerdRuntime:
             raise _translate(exc, f"{what}: read {digest}", timeout) from exc
         return b"".join(chunks)
 
-    def _read_json(self, digest: str, budget: _Budget, what: str) -> dict[str, Any]:
+    def _read_json(self, digest: str, budget: Deadline, what: str) -> dict[str, Any]:
         data = self._read_blob(digest, timeout=budget.remaining(what), what=what)
         try:
             parsed = json.loads(data)
@@ -219,7 +205,7 @@ class ContainerdRuntime:
         return parsed
 
     def _platform_manifest(
-        self, image: str, descriptor: Mapping[str, Any], budget: _Budget
+        self, image: str, descriptor: Mapping[str, Any], budget: Deadline
     ) -> dict[str, Any]:
         """The image manifest for linux/this architecture, resolving an index if needed."""
         what = f"image {image}"
@@ -234,7 +220,7 @@ class ContainerdRuntime:
                 return self._platform_manifest(image, entry, budget)
         raise NotFound(f"{what}: no linux/{arch} manifest in its index")
 
-    def _image_target(self, image: str, budget: _Budget) -> Any:
+    def _image_target(self, image: str, budget: Deadline) -> Any:
         what = f"Images.Get {image}"
         try:
             response = self._call(
@@ -247,7 +233,7 @@ class ContainerdRuntime:
             raise NotFound(f"image {image} not found in namespace {self.namespace}") from exc
         return response.image.target
 
-    def _image_config_json(self, image: str, budget: _Budget) -> dict[str, Any]:
+    def _image_config_json(self, image: str, budget: Deadline) -> dict[str, Any]:
         target = self._image_target(image, budget)
         manifest = self._platform_manifest(
             image, {"digest": target.digest, "mediaType": target.media_type}, budget
@@ -293,7 +279,10 @@ class ContainerdRuntime:
         return _task_info(response.process)
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:
-        config = self._image_config_json(image, _Budget(timeout)).get("config") or {}
+        config = (
+            self._image_config_json(image, Deadline(timeout, expired=RuntimeTimeout)).get("config")
+            or {}
+        )
         return ImageConfig(
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
@@ -303,7 +292,7 @@ class ContainerdRuntime:
         )
 
     def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo:
-        budget = _Budget(timeout)
+        budget = Deadline(timeout, expired=RuntimeTimeout)
         config = self._image_config_json(spec.image, budget)
         diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
         if not diff_ids:
@@ -360,7 +349,7 @@ class ContainerdRuntime:
             self._delete_lease(lease, budget)
         return _container_info(response.container)
 
-    def _create_lease(self, lease_id: str, budget: _Budget) -> str:
+    def _create_lease(self, lease_id: str, budget: Deadline) -> str:
         what = f"Leases.Create {lease_id}"
         expires = datetime.now(UTC) + CREATE_LEASE_TTL
         try:
@@ -377,7 +366,7 @@ class ContainerdRuntime:
                 raise
         return lease_id
 
-    def _delete_lease(self, lease_id: str, budget: _Budget) -> None:
+    def _delete_lease(self, lease_id: str, budget: Deadline) -> None:
         # Best effort: an expired lease is collected by containerd anyway.
         with contextlib.suppress(RuntimeError_):
             self._call(
@@ -387,12 +376,12 @@ class ContainerdRuntime:
                 what=f"Leases.Delete {lease_id}",
             )
 
-    def _remove_snapshot_quietly(self, key: str, budget: _Budget) -> None:
+    def _remove_snapshot_quietly(self, key: str, budget: Deadline) -> None:
         with contextlib.suppress(RuntimeError_):
             self.remove_snapshot(key, timeout=budget.remaining(f"Snapshots.Remove {key}"))
 
     def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
-        budget = _Budget(timeout)
+        budget = Deadline(timeout, expired=RuntimeTimeout)
         what = f"Containers.Get {container_id}"
         container = self._call(
             self._containers.Get,
@@ -499,7 +488,7 @@ class ContainerdRuntime:
         return keys
 
     def list_images(self, *, timeout: float) -> list[ImageRecord]:
-        budget = _Budget(timeout)
+        budget = Deadline(timeout, expired=RuntimeTimeout)
         what = "Images.List"
         response = self._call(
             self._images.List,
@@ -530,13 +519,13 @@ class ContainerdRuntime:
             )
         return records
 
-    def _content_size(self, image: str, descriptor: Mapping[str, Any], budget: _Budget) -> int:
+    def _content_size(self, image: str, descriptor: Mapping[str, Any], budget: Deadline) -> int:
         """Bytes of the distinct blobs an image references that are in the content store."""
         blobs = self._referenced_blobs(image, descriptor, budget)
         return sum(blobs.values()) if blobs is not None else 0
 
     def _referenced_blobs(
-        self, image: str, descriptor: Mapping[str, Any], budget: _Budget
+        self, image: str, descriptor: Mapping[str, Any], budget: Deadline
     ) -> dict[str, int] | None:
         """Digest -> size of a manifest or index and all it references; None if it is absent.
 

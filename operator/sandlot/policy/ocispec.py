@@ -1,11 +1,15 @@
-"""A default OCI runtime spec for a Linux sandbox container, as a plain dict.
+"""The OCI runtime spec of a sandbox container, as a plain dict: pure, so every
+default and every field a Sandbox sets is tested without a runtime.
 
-It starts from what containerd's own client would produce (the same mounts,
+``default_spec`` starts from what containerd's own client would produce (the same mounts,
 namespaces, masked and read-only paths) and hardens it: a smaller capability
 baseline, a seccomp profile, a pids limit. A pure function, so every default is
 tested and documented in one place (docs/isolation.md).
 The containerd adapter adds only ``root.path``; everything else comes from here
-or from the caller's changes to the returned dict.
+or from the caller's changes to the returned dict. ``build_oci_spec`` puts a
+Sandbox's spec (command, env, user, limits, security context) and its image's
+config on top; what runc and the kernel make of it is claimed against the real
+ones in tests/integration/test_isolation.py.
 
 Works on cgroup v1 and v2: runc interprets ``cgroupsPath`` for either.
 """
@@ -13,8 +17,12 @@ Works on cgroup v1 and v2: runc interprets ``cgroupsPath`` for either.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from sandlot.api.admission import cap_name
+from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.quantity import CFS_PERIOD_US, cpu_quota, memory_bytes
 from sandlot.policy.seccomp import default_profile
 
 OCI_VERSION = "1.0.2"
@@ -236,3 +244,100 @@ def default_spec(
         "mounts": _mounts(privileged=privileged),
         "linux": linux,
     }
+
+
+# ------------------------------------------------------------------ a Sandbox's spec
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What the OCI image config says about how to run it."""
+
+    entrypoint: Sequence[str] = ()
+    cmd: Sequence[str] = ()
+    env: Sequence[str] = ()
+    working_dir: str = ""
+    user: str = ""
+
+
+class RunAsRootRefused(ValueError):
+    """``runAsNonRoot`` is set and the process would run as UID 0."""
+
+
+def process_user(spec: SandboxSpec, config: ImageConfig) -> tuple[int, int]:
+    """(uid, gid): the security context's, else the image's numeric ``user``, else root."""
+    ctx = spec.security_context
+    uid = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
+    gid = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
+    if uid is None and config.user:
+        name, _, group = config.user.partition(":")
+        if name.isdigit():
+            uid = int(name)
+        if group.isdigit() and gid is None:
+            gid = int(group)
+    return (uid or 0, gid if gid is not None else 0)
+
+
+def sandbox_capabilities(spec: SandboxSpec, node_capabilities: Sequence[str]) -> list[str]:
+    """The baseline plus ``capabilities.add``; every capability of the node when
+    ``privileged`` or when ``ALL`` is added."""
+    ctx = spec.security_context
+    adds = list(ctx.capabilities.add) if ctx and ctx.capabilities else []
+    if (ctx and ctx.privileged) or any(cap_name(c) == "ALL" for c in adds):
+        return list(node_capabilities)
+    return list(dict.fromkeys([*DEFAULT_CAPABILITIES, *(f"CAP_{cap_name(c)}" for c in adds)]))
+
+
+def build_oci_spec(
+    name: str,
+    spec: SandboxSpec,
+    config: ImageConfig,
+    *,
+    hostname: str,
+    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    limit_swap: bool = False,
+    node_capabilities: Sequence[str] = ALL_CAPABILITIES,
+) -> dict[str, Any]:
+    """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
+    security context, on top of ``default_spec``'s safe defaults.
+
+    ``limit_swap`` sets memory+swap to the memory limit (no swap beyond it); only
+    where the node's kernel accounts swap, since runc refuses it on cgroup v1
+    otherwise. ``node_capabilities`` is what ``privileged`` (or adding ``ALL``)
+    grants: every capability the node's runtime can hand out. Raises
+    ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and ``ValueError`` for a
+    spec that cannot run at all (no command, a limit that is not a quantity).
+    """
+    args = list(spec.command) or [*config.entrypoint, *config.cmd]
+    if not args:
+        raise ValueError(f"image {spec.image} has no entrypoint or cmd and spec.command is empty")
+    env = [*config.env, *(f"{e.name}={e.value}" for e in spec.env)]
+    ctx = spec.security_context
+    user = process_user(spec, config)
+    if ctx and ctx.run_as_non_root and user[0] == 0:
+        source = "spec.securityContext.runAsUser" if ctx.run_as_user == 0 else "the image"
+        raise RunAsRootRefused(
+            f"spec.securityContext.runAsNonRoot is true but the process would run as UID 0 "
+            f"(from {source}): set spec.securityContext.runAsUser to a non-zero UID"
+        )
+    oci = default_spec(
+        args,
+        env,
+        config.working_dir,
+        host_network=spec.host_network,
+        hostname=hostname[:63],
+        user=user,
+        cgroups_path=cgroups_path_for(name),
+        capabilities=sandbox_capabilities(spec, node_capabilities),
+        privileged=bool(ctx and ctx.privileged),
+        readonly_root=bool(ctx and ctx.read_only_root_filesystem),
+        pids_limit=pids_limit,
+    )
+    limits = spec.resources.limits if spec.resources else None
+    resources = oci["linux"]["resources"]
+    if limits and limits.memory:
+        memory = memory_bytes(limits.memory)
+        resources["memory"] = {"limit": memory, **({"swap": memory} if limit_swap else {})}
+    if limits and limits.cpu:
+        resources["cpu"] = {"quota": cpu_quota(limits.cpu), "period": CFS_PERIOD_US}
+    return oci

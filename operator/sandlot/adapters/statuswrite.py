@@ -1,0 +1,150 @@
+"""One guarded way to write a Sandbox's status, for the agent and the operator alike.
+
+Every phase change is a merge-patch of the status subresource carrying the
+resourceVersion it was decided on, so a concurrent write is never clobbered. A 409
+re-reads the Sandbox and decides again on what is there now:
+
+- **gone**: it was deleted (404), or the name now holds another object: a new
+  ``metadata.uid`` (deleted and created again) or a ``spec.nodeName`` other than
+  the node the write was meant for. Writing to that object would end a sandbox
+  nobody asked about.
+- **skipped**: it is terminal already (the API server would refuse to leave that
+  phase anyway), or in a phase the write must not overwrite (``allowed_from``).
+- otherwise the write is retried with the new resourceVersion, up to
+  ``max_attempts``; **conflicted** when they run out, **failed** on any other error
+  (an API error or no answer at all: reported, never raised, so a caller ending
+  many sandboxes learns which ones are left).
+
+A resourceVersion is opaque: it is sent back as read and never compared as a number.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from kubernetes.client.rest import ApiException
+
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 5
+
+
+class SandboxStatusApi(Protocol):
+    """What a status write needs of ``adapters.objects.Objects``."""
+
+    def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def patch_sandbox_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> dict[str, Any]: ...
+
+
+class WriteOutcome(StrEnum):
+    WRITTEN = "written"
+    GONE = "gone"
+    """Deleted, or the name now holds another Sandbox (new uid, other node)."""
+    SKIPPED = "skipped"
+    """Terminal already, or in a phase this write must not overwrite."""
+    CONFLICTED = "conflicted"
+    """Still 409 after every attempt."""
+    FAILED = "failed"
+    """Any other API error (``detail`` says which)."""
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    outcome: WriteOutcome
+    detail: str = ""
+
+
+def phase_of(obj: Mapping[str, Any]) -> SandboxPhase:
+    """The Sandbox's ``status.phase``; Pending before anything wrote one."""
+    return SandboxPhase((obj.get("status") or {}).get("phase") or SandboxPhase.PENDING)
+
+
+def _node_of(obj: Mapping[str, Any]) -> str | None:
+    return (obj.get("spec") or {}).get("nodeName")
+
+
+def _refusal(obj: Mapping[str, Any], allowed_from: Collection[SandboxPhase] | None) -> bool:
+    phase = phase_of(obj)
+    return phase in TERMINAL_PHASES or (allowed_from is not None and phase not in allowed_from)
+
+
+def _another_object(current: Mapping[str, Any], uid: str | None, node: str | None) -> bool:
+    if uid is not None and current["metadata"].get("uid") != uid:
+        return True
+    return node is not None and _node_of(current) != node
+
+
+def _status(exc: Exception) -> int | None:
+    return exc.status if isinstance(exc, ApiException) else None
+
+
+def _describe(exc: Exception) -> str:
+    # An API error by its code and reason; a transport error (no answer) by its text.
+    return f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
+
+
+def write_status(
+    objects: SandboxStatusApi,
+    obj: Mapping[str, Any],
+    status: Mapping[str, Any],
+    *,
+    node: str | None = None,
+    allowed_from: Collection[SandboxPhase] | None = None,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> WriteResult:
+    """Write ``status`` onto the Sandbox ``obj`` was read as, guarded by its
+    resourceVersion (see the module's docstring for the outcomes).
+
+    ``node`` is the node the Sandbox must still be bound to (default: the one ``obj``
+    names). ``allowed_from`` limits the phases the write may replace.
+    """
+    meta = obj["metadata"]
+    ns, name = meta["namespace"], meta["name"]
+    uid: str | None = meta.get("uid")
+    node = node if node is not None else _node_of(obj)
+    current: Mapping[str, Any] = obj
+    for _ in range(max_attempts):
+        if _refusal(current, allowed_from):
+            return WriteResult(WriteOutcome.SKIPPED, f"phase {phase_of(current)}")
+        try:
+            objects.patch_sandbox_status(
+                ns, name, status, resource_version=current["metadata"].get("resourceVersion")
+            )
+            return WriteResult(WriteOutcome.WRITTEN)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return WriteResult(WriteOutcome.GONE, "deleted")
+            if _status(exc) != 409:
+                return WriteResult(WriteOutcome.FAILED, _describe(exc))
+        try:
+            current = objects.get_sandbox(ns, name)
+        except Exception as exc:
+            if _status(exc) == 404:
+                return WriteResult(WriteOutcome.GONE, "deleted")
+            return WriteResult(WriteOutcome.FAILED, f"re-read after conflict: {_describe(exc)}")
+        if _another_object(current, uid, node):
+            return WriteResult(WriteOutcome.GONE, "replaced by another Sandbox of that name")
+    return WriteResult(WriteOutcome.CONFLICTED, f"still conflicting after {max_attempts} attempts")
+
+
+__all__ = [
+    "MAX_ATTEMPTS",
+    "SandboxStatusApi",
+    "WriteOutcome",
+    "WriteResult",
+    "phase_of",
+    "write_status",
+]

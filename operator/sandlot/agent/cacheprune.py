@@ -1,0 +1,90 @@
+"""Image GC passes and CachePrune answers: run what ``policy.agentprune`` says is
+this node's to answer, record the GC state on the SandboxNode, write the result.
+
+Requests come from a watch (``adapters.sandboxwatch.cache_prunes``); until its
+first LIST the map is empty, which is not "no requests", so nothing is answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from sandlot.adapters.agentapi import patch_cacheprune_result
+from sandlot.adapters.objects import Objects, rfc3339
+from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.imagegc import GcResult, ImageCollector
+from sandlot.policy.agentprune import (
+    PruneAnswer,
+    PruneRequest,
+    answers_to_remember,
+    prunes_to_answer,
+)
+
+log = logging.getLogger(__name__)
+
+
+class CacheUpkeep:
+    """The automatic GC pass and CachePrune answers of one node."""
+
+    def __init__(
+        self,
+        objects: Objects,
+        node: str,
+        prune_watch: WatchCache,
+        collector: Callable[[], ImageCollector | None],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.objects = objects
+        self.node = node
+        self.prune_watch = prune_watch
+        self._collector = collector
+        self._clock = clock
+        # The watch shows an answer only once its event is back: until then this set
+        # keeps a request from running twice. Bounded by the requests that exist.
+        self.answered: set[str] = set()
+
+    def record_gc(self, result: GcResult) -> None:
+        if not result.ran:
+            return
+        try:
+            self.objects.patch_node_status(self.node, {"gc": result.to_node_gc_status().wire()})
+        except Exception as exc:
+            log.warning("cannot record GC state in SandboxNode %s: %s", self.node, exc)
+
+    def gc_once(self) -> None:
+        collector = self._collector()
+        if collector is None:
+            return
+        self.record_gc(collector.run_automatic())
+
+    def prune_once(self) -> int:
+        """Answer CachePrune requests for this node that it has not answered yet."""
+        collector = self._collector()
+        if collector is None or not self.prune_watch.synced.is_set():
+            return 0
+        requests = [PruneRequest.from_object(r) for r in self.prune_watch.items()]
+        self.answered = answers_to_remember(self.answered, requests)
+        due = prunes_to_answer(requests, self.node, self.answered)
+        for answer in due:
+            log.info("CachePrune %s: running the %s pass", answer.name, answer.pass_kind)
+            body = self._answer(collector, answer)
+            patch_cacheprune_result(self.objects, answer.name, self.node, body)
+            self.answered.add(answer.uid)
+        return len(due)
+
+    def _answer(self, collector: ImageCollector, answer: PruneAnswer) -> dict[str, Any]:
+        if answer.error is not None:
+            return {
+                "pass": answer.pass_kind,
+                "error": answer.error,
+                "completedAt": rfc3339(self._clock()),
+            }
+        result = collector.run(answer.pass_kind)
+        self.record_gc(result)
+        return result.to_prune_result(self._clock()).wire()
+
+
+__all__ = ["CacheUpkeep"]

@@ -1,0 +1,136 @@
+"""The agent's threads: loops that run a step, and the pool that runs sandbox work.
+
+- ``spawn``: a step every ``interval`` (the reaper, the image collector).
+- ``spawn_woken``: a step when woken by a watch, at most once per ``shortest`` and
+  at least once per ``longest`` (the sync, CachePrune answers); what arrives during
+  a pass shares the next one, so a burst of events costs one pass.
+- ``WorkPool``: sandbox work on a bounded pool, at most one item per key in flight;
+  the end of any item wakes the sync (it skipped that key meanwhile, and the work
+  may need a follow-up).
+
+A step that raises is logged and the loop goes on; nothing here ever stops a loop
+but the stop event.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+log = logging.getLogger(__name__)
+
+
+class Loops:
+    """The agent's loop threads, all ended by one stop event."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.threads: list[threading.Thread] = []
+
+    def _start(self, name: str, loop: Callable[[], None]) -> None:
+        thread = threading.Thread(target=loop, name=name, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def spawn(self, name: str, step: Callable[[], object], interval: float) -> None:
+        def loop() -> None:
+            while not self.stop.is_set():
+                try:
+                    step()
+                except Exception:
+                    log.exception("%s pass failed", name)
+                if self.stop.wait(interval):
+                    return
+
+        self._start(name, loop)
+
+    def spawn_woken(
+        self,
+        name: str,
+        step: Callable[[], object],
+        wake: threading.Event,
+        *,
+        shortest: float,
+        longest: float,
+    ) -> None:
+        """Run ``step`` when ``wake`` is set, at most once per ``shortest`` seconds and
+        at least once per ``longest``. A pass that fails runs again after ``shortest``."""
+
+        def loop() -> None:
+            last: float | None = None
+            while not self.stop.is_set():
+                if last is not None:
+                    wake.wait(max(0.0, last + longest - time.monotonic()))
+                    pause = last + shortest - time.monotonic()
+                    if self.stop.is_set() or (pause > 0 and self.stop.wait(pause)):
+                        return
+                # Cleared before the pass: a change arriving during it wakes the next.
+                wake.clear()
+                last = time.monotonic()
+                try:
+                    step()
+                except Exception:
+                    log.exception("%s pass failed", name)
+                    wake.set()
+
+        self._start(name, loop)
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout=timeout)
+
+
+class WorkPool:
+    """Sandbox work on ``workers`` threads, one item per key at a time."""
+
+    def __init__(self, workers: int, stop: threading.Event, done: threading.Event) -> None:
+        self._stop = stop
+        self._done = done
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox")
+
+    def in_flight(self) -> frozenset[str]:
+        """The keys with work running now (a snapshot)."""
+        with self._lock:
+            return frozenset(self._busy)
+
+    def busy(self, key: str) -> bool:
+        with self._lock:
+            return key in self._busy
+
+    def submit(self, key: str, work: Callable[[], object]) -> bool:
+        """Run ``work`` unless ``key`` already has work in flight or the agent stops."""
+        with self._lock:
+            if key in self._busy or self._stop.is_set():
+                return False
+            self._busy.add(key)
+
+        def run() -> None:
+            try:
+                work()
+            except Exception:
+                log.exception("sandbox %s: work failed", key)
+            finally:
+                with self._lock:
+                    self._busy.discard(key)
+                # Passes skipped this key while it was busy, and what the work did
+                # (or failed to do) may need a follow-up: look again.
+                self._done.set()
+
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # pool shut down
+            with self._lock:
+                self._busy.discard(key)
+            return False
+        return True
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+__all__ = ["Loops", "WorkPool"]

@@ -1,0 +1,399 @@
+"""The work items the sync hands to the pool: start, stop, fence and tear down.
+
+Each runs on a pool thread for one sandbox at a time (``loops.WorkPool``) and is
+I/O only: what to do was decided by ``policy.agentsync``; how a spec becomes an
+OCI spec by ``policy.ocispec``; which namespace level applies by
+``policy.podsecurity``. A start either ends Running (written with the
+resourceVersion it was decided on) or Failed with a reason naming the step that
+failed, and leaves no container behind when its Running could not be written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandlot.adapters.agentapi import is_not_found
+from sandlot.adapters.cni import Attachment, CniError, join_netns
+from sandlot.adapters.nodeguard import namespace_labels
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    ContainerSpec,
+    NotFound,
+    Runtime,
+    RuntimeError_,
+    TaskInfo,
+)
+from sandlot.adapters.statuswrite import WriteOutcome, phase_of
+from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.network import Networking
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
+from sandlot.agent.teardown import TeardownResult, stop, teardown
+from sandlot.api.admission import Level, level_of
+from sandlot.api.sandbox import (
+    REASON_POLICY_VIOLATION,
+    REASON_RUN_AS_ROOT,
+    SandboxPhase,
+    SandboxSpec,
+)
+from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
+from sandlot.policy.podsecurity import Violation, check, describe
+
+log = logging.getLogger(__name__)
+
+REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
+
+
+def container_id_for(uid: str) -> str:
+    """The container of a Sandbox is named after its uid: unique, and stable across restarts."""
+    return f"sb-{uid}"
+
+
+class StartFailed(Exception):
+    """A start step failed: the Sandbox ends Failed with ``reason``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A start that passed every check: what to create."""
+
+    container_id: str
+    image: str
+    oci: dict[str, Any]
+    labels: dict[str, str]
+    log_path: str
+    attachment: Attachment | None
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What a start needs to know of its node, probed once at start-up."""
+
+    address: str
+    limit_swap: bool
+    node_capabilities: tuple[str, ...]
+
+
+class SandboxWork:
+    """This node's sandbox operations; ``rt`` gives the connected runtime."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        objects: Objects,
+        rt: Callable[[], Runtime],
+        networking: Networking,
+        status: StatusWriter,
+        metrics: AgentMetrics,
+        facts: NodeFacts,
+        touch_image: Callable[[str], None],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.settings = settings
+        self.node = settings.node_name
+        self.objects = objects
+        self._rt = rt
+        self.networking = networking
+        self.status = status
+        self.metrics = metrics
+        self.facts = facts
+        self._touch_image = touch_image
+        self._clock = clock
+        self.kill_wait = settings.kill_wait.total_seconds()
+        self.call_timeout = settings.call_timeout.total_seconds()
+
+    # ------------------------------------------------------------ teardown and stop
+
+    def count_teardown(self, result: TeardownResult) -> None:
+        self.metrics.teardowns.labels(result.outcome.value).inc()
+
+    def teardown(
+        self, container: ContainerInfo | str, *, release_patience: float = -1
+    ) -> TeardownResult:
+        return teardown(
+            self._rt(),
+            container,
+            kill_wait=self.kill_wait,
+            call_timeout=self.call_timeout,
+            on_done=self.count_teardown,
+            release=partial(self.networking.release, patience=release_patience),
+        )
+
+    def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult:
+        return stop(
+            self._rt(),
+            container,
+            stop_grace=grace,
+            kill_wait=self.kill_wait,
+            call_timeout=self.call_timeout,
+            on_done=self.count_teardown,
+            release=self.networking.release,
+        )
+
+    def _grace(self, sb: Mapping[str, Any]) -> float:
+        seconds = (sb.get("spec") or {}).get("terminationGracePeriodSeconds")
+        return float(seconds) if seconds is not None else self.settings.stop_grace.total_seconds()
+
+    def teardown_unstarted(self, key: str, container: ContainerInfo) -> None:
+        """Tear down the container of a sandbox the watch shows unstarted (a start that
+        failed half-way), once a fresh read agrees.
+
+        The watched view lags the agent's own writes by an event's trip: a start that
+        wrote Running just before this pass still looks Scheduled with a container,
+        and must not be torn down for it. Rare (only a container beside an unstarted
+        sandbox), so the extra read costs nothing when idle.
+        """
+        ns, name = key.split("/", 1)
+        try:
+            current = self.objects.get_sandbox(ns, name)
+        except Exception as exc:
+            if is_not_found(exc):
+                self.stop_deleted(key, container)
+            else:
+                log.warning("sandbox %s: cannot re-read it before a teardown: %s", key, exc)
+            return
+        if phase_of(current) in UNSTARTED_PHASES:
+            self.teardown(container)
+        # Otherwise the watch is behind: its event wakes a pass that sees the truth.
+
+    def stop_deleted(self, key: str, container: ContainerInfo) -> None:
+        log.info("sandbox %s is gone: stopping container %s", key, container.id)
+        self._graceful_stop(container, self.settings.stop_grace.total_seconds())
+
+    def refuse_drained(self, sb: Mapping[str, Any], reason: str) -> None:
+        self.status.end(
+            sb,
+            SandboxPhase.STOPPED,
+            reason,
+            f"node {self.node} is drained",
+            allowed_from=UNSTARTED_PHASES,
+        )
+
+    def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
+        key = sandbox_key(sb)
+        log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)
+        result = self._graceful_stop(container, self._grace(sb))
+        code = result.exit_status.code if result.exit_status else None
+        try:
+            current = self.objects.get_sandbox(*key.split("/", 1))
+        except Exception:
+            return  # deleted meanwhile: nothing to record
+        self.status.end(current, SandboxPhase.STOPPED, reason, f"stopped on node {self.node}", code)
+
+    def end_lost(self, key: str) -> None:
+        ns, name = key.split("/", 1)
+        try:
+            obj = self.objects.get_sandbox(ns, name)
+        except Exception as exc:
+            log.warning("sandbox %s: cannot read it to end it: %s", key, exc)
+            return
+        log.warning("sandbox %s was Running here but its container is gone", key)
+        self.status.end(
+            obj,
+            SandboxPhase.STOPPED,
+            REASON_CONTAINER_LOST,
+            f"container gone from node {self.node}",
+            allowed_from=frozenset({SandboxPhase.RUNNING}),
+        )
+
+    # ------------------------------------------------------------ start
+
+    def start_sandbox(self, sb: Mapping[str, Any]) -> None:
+        try:
+            prepared = self._prepare(sb)
+            if prepared is None:
+                return  # the namespace's level is unknown: the next sync asks again
+            created = self._create(prepared)
+            if created is None:
+                return  # a leftover of that name was torn down: the next sync starts it
+            ip = self._attach(prepared, created)
+            task = self._run(prepared, created)
+        except StartFailed as exc:
+            self.fail(sb, exc.reason, str(exc))
+            return
+        self._touch_image(prepared.image)
+        self._record_running(sb, prepared, created, task, ip)
+
+    def _record_running(
+        self,
+        sb: Mapping[str, Any],
+        prepared: _Prepared,
+        created: ContainerInfo,
+        task: TaskInfo,
+        ip: str,
+    ) -> None:
+        key, container_id = sandbox_key(sb), prepared.container_id
+        status = running(self.node, container_id, task.pid, ip, self._clock())
+        outcome = self.status.write(sb, status, allowed_from=UNSTARTED_PHASES)
+        if outcome is WriteOutcome.WRITTEN:
+            log.info("sandbox %s running: container %s pid %d", key, container_id, task.pid)
+        else:
+            log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
+            self.teardown(created)
+
+    def _checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
+        """The spec, validated and within the namespace's level; None if the level is unknown."""
+        try:
+            spec = SandboxSpec.model_validate(sb.get("spec") or {})
+        except ValidationError as exc:
+            raise StartFailed("InvalidSpec", f"spec rejected by the agent: {exc}") from None
+        violations = self._policy_violations(sb, spec)
+        if violations is None:
+            return None
+        if violations:
+            raise StartFailed(REASON_POLICY_VIOLATION, describe(violations))
+        return spec
+
+    def _prepare(self, sb: Mapping[str, Any]) -> _Prepared | None:
+        spec = self._checked_spec(sb)
+        if spec is None:
+            return None
+        meta = sb["metadata"]
+        image = str((sb.get("spec") or {}).get("image", ""))
+        container_id = container_id_for(meta["uid"])
+        try:
+            config = self._rt().image_config(image, timeout=self.call_timeout)
+        except NotFound as exc:
+            raise StartFailed(
+                "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
+            ) from None
+        except RuntimeError_ as exc:
+            raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
+        try:
+            oci = build_oci_spec(
+                container_id,
+                spec,
+                config,
+                hostname=meta["name"],
+                pids_limit=self.settings.pids_limit or None,
+                limit_swap=self.facts.limit_swap,
+                node_capabilities=self.facts.node_capabilities,
+            )
+        except RunAsRootRefused as exc:
+            raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except ValueError as exc:
+            raise StartFailed("InvalidSpec", str(exc)) from None
+        attachment = self._plan_network(container_id, spec, oci)
+        labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
+        if attachment is not None:
+            labels.update(attachment.labels())
+        return _Prepared(container_id, image, oci, labels, self._log_path(meta), attachment)
+
+    def _plan_network(
+        self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
+    ) -> Attachment | None:
+        if not self.networking.enabled or spec.host_network:
+            return None
+        try:
+            attachment = self.networking.plan(container_id)
+        except CniError as exc:
+            raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+        join_netns(oci, attachment.netns_path)
+        return attachment
+
+    def _log_path(self, meta: Mapping[str, Any]) -> str:
+        if not self.settings.log_dir:
+            return ""
+        directory = Path(self.settings.log_dir)
+        with contextlib.suppress(OSError):
+            directory.mkdir(parents=True, exist_ok=True)
+        return str(directory / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log")
+
+    def _create(self, prepared: _Prepared) -> ContainerInfo | None:
+        image, container_id = prepared.image, prepared.container_id
+        try:
+            return self._rt().create_container(
+                ContainerSpec(
+                    id=container_id,
+                    image=image,
+                    oci_spec=prepared.oci,
+                    labels=prepared.labels,
+                    log_path=prepared.log_path,
+                ),
+                timeout=self.call_timeout,
+            )
+        except NotFound as exc:
+            raise StartFailed(
+                "ImageNotFound", f"image {image} is not usable on node {self.node}: {exc}"
+            ) from None
+        except RuntimeError_ as exc:
+            if exc.code == "already_exists":
+                key = prepared.labels[SANDBOX_LABEL]
+                log.warning("sandbox %s: container %s exists: tearing it down", key, container_id)
+                self.teardown(container_id)
+                return None
+            raise StartFailed(
+                "CreateFailed", f"cannot create a container from image {image}: {exc}"
+            ) from None
+
+    def _attach(self, prepared: _Prepared, created: ContainerInfo) -> str:
+        """The sandbox's address: its CNI one, attached before the task starts (the
+        sandbox never runs without it), or the node's."""
+        if prepared.attachment is None:
+            return self.facts.address
+        try:
+            result = self.networking.attach(prepared.attachment, prepared.labels)
+        except CniError as exc:
+            # One DEL for what a partial chain made; plugins undo their own failed
+            # ADD, and a configuration that cannot ADD cannot DEL either.
+            self.teardown(created, release_patience=0)
+            raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+        return result.primary_ip(prepared.attachment.ifname) or self.facts.address
+
+    def _run(self, prepared: _Prepared, created: ContainerInfo) -> TaskInfo:
+        container_id = prepared.container_id
+        try:
+            return self._rt().start_task(
+                container_id, log_path=prepared.log_path, timeout=self.call_timeout
+            )
+        except RuntimeError_ as exc:
+            self.teardown(created)
+            raise StartFailed(
+                "StartFailed", f"container {container_id} did not start: {exc}"
+            ) from None
+
+    def _policy_violations(
+        self, sb: Mapping[str, Any], spec: SandboxSpec
+    ) -> list[Violation] | None:
+        """The rules of the namespace's level this spec breaks; None if the level is unknown.
+
+        Defence in depth behind the admission policy. A spec that fits
+        ``restricted`` fits every level, so its namespace is not even read.
+        """
+        ns = sb["metadata"]["namespace"]
+        if not check(spec, Level.RESTRICTED, ns):
+            return []
+        try:
+            labels = namespace_labels(self.objects.api, ns)
+        except Exception as exc:
+            log.warning(
+                "sandbox %s: cannot read namespace %s for its policy level: %s",
+                sandbox_key(sb),
+                ns,
+                exc,
+            )
+            return None
+        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
+
+    def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
+        log.warning("sandbox %s failed: %s: %s", sandbox_key(sb), reason, message)
+        self.status.end(sb, SandboxPhase.FAILED, reason, message)
+
+
+__all__ = ["NodeFacts", "SandboxWork", "StartFailed", "container_id_for"]

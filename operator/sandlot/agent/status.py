@@ -1,0 +1,104 @@
+"""The status bodies the agent writes and the one way it writes them.
+
+Every write goes through ``adapters.statuswrite.write_status`` bound to this node:
+carrying the resourceVersion the decision was made on, and never onto a Sandbox
+that became terminal, was deleted, or was replaced by another of the same name
+(new uid, other node) meanwhile. The caller learns which from the outcome: a start
+whose Running was not written tears its container down.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
+from typing import Any
+
+from sandlot.adapters.objects import Objects, rfc3339
+from sandlot.adapters.statuswrite import WriteOutcome, write_status
+from sandlot.api.sandbox import SandboxPhase
+
+log = logging.getLogger(__name__)
+
+REASON_STARTED = "Started"
+REASON_DRAINED = "Drained"
+REASON_CONTAINER_LOST = "ContainerLost"
+
+
+def sandbox_key(obj: Mapping[str, Any]) -> str:
+    meta = obj["metadata"]
+    return f"{meta['namespace']}/{meta['name']}"
+
+
+def ended(
+    phase: SandboxPhase, reason: str, message: str, exit_code: int | None, now: datetime
+) -> dict[str, Any]:
+    """A terminal status: phase, reason, message, ``finishedAt``, the exit code if known."""
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "reason": reason,
+        "message": message,
+        "finishedAt": rfc3339(now),
+    }
+    if exit_code is not None:
+        status["exitCode"] = exit_code
+    return status
+
+
+def running(node: str, container_id: str, pid: int, ip: str, now: datetime) -> dict[str, Any]:
+    """The status a started sandbox gets: where it runs and since when."""
+    return {
+        "phase": SandboxPhase.RUNNING.value,
+        "reason": REASON_STARTED,
+        "message": f"running on node {node}",
+        "containerId": container_id,
+        "pid": pid,
+        "ip": ip,
+        "startedAt": rfc3339(now),
+    }
+
+
+class StatusWriter:
+    """Status writes for this node's Sandboxes, with their outcome logged once here."""
+
+    def __init__(self, objects: Objects, node: str, clock: Callable[[], datetime]) -> None:
+        self.objects = objects
+        self.node = node
+        self.clock = clock
+
+    def write(
+        self,
+        obj: Mapping[str, Any],
+        status: Mapping[str, Any],
+        *,
+        allowed_from: Collection[SandboxPhase] | None = None,
+    ) -> WriteOutcome:
+        result = write_status(self.objects, obj, status, node=self.node, allowed_from=allowed_from)
+        if result.outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
+            log.warning("sandbox %s: status write failed: %s", sandbox_key(obj), result.detail)
+        return result.outcome
+
+    def end(
+        self,
+        obj: Mapping[str, Any],
+        phase: SandboxPhase,
+        reason: str,
+        message: str,
+        exit_code: int | None = None,
+        *,
+        allowed_from: Collection[SandboxPhase] | None = None,
+    ) -> WriteOutcome:
+        """End ``obj`` in ``phase`` (timestamped now)."""
+        body = ended(phase, reason, message, exit_code, self.clock())
+        return self.write(obj, body, allowed_from=allowed_from)
+
+
+__all__ = [
+    "REASON_CONTAINER_LOST",
+    "REASON_DRAINED",
+    "REASON_STARTED",
+    "StatusWriter",
+    "ended",
+    "running",
+    "sandbox_key",
+]

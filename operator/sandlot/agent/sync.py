@@ -1,0 +1,120 @@
+"""The sync pass: read the views, ask ``policy.agentsync.plan_sync``, submit its actions.
+
+Nothing is decided here. The Sandboxes and the node come from their watches (an
+idle node costs the API server no request); the containers from containerd,
+listed after the Sandboxes: a Sandbox seen Running had its container created
+before its status said so, so the listing that follows has it. The keys with work
+in flight are taken before either, so work finishing mid-pass (a start that just
+wrote Running) is never judged on the stale view of it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from sandlot.adapters.runtime import ContainerInfo, Runtime
+from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.loops import WorkPool
+from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.sandboxes import SandboxWork
+from sandlot.agent.status import REASON_DRAINED
+from sandlot.policy.agentsweep import ContainerView
+from sandlot.policy.agentsync import Action, ActionKind, SandboxState, phase_counts, plan_sync
+
+log = logging.getLogger(__name__)
+
+
+def unschedulable(node: Mapping[str, Any] | None) -> bool:
+    return bool(((node or {}).get("spec") or {}).get("unschedulable"))
+
+
+class SandboxSync:
+    """One pass per call of ``sync_once``; the loop that calls it is ``loops``'s."""
+
+    def __init__(
+        self,
+        node: str,
+        sandbox_watch: WatchCache,
+        node_watch: WatchCache,
+        rt: Callable[[], Runtime],
+        pool: WorkPool,
+        work: SandboxWork,
+        metrics: AgentMetrics,
+        call_timeout: float,
+    ) -> None:
+        self.node = node
+        self.sandbox_watch = sandbox_watch
+        self.node_watch = node_watch
+        self._rt = rt
+        self.pool = pool
+        self.work = work
+        self.metrics = metrics
+        self.call_timeout = call_timeout
+
+    def sync_once(self) -> None:
+        if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
+            return  # no listing yet: an empty map is not "no sandboxes" (their LIST wakes us)
+        in_flight = self.pool.in_flight()
+        bodies: dict[str, tuple[SandboxState, Mapping[str, Any]]] = {}
+        for obj in self.sandbox_watch.items():
+            state = SandboxState.from_object(obj)
+            bodies[state.key] = (state, obj)
+        drained = unschedulable(self.node_watch.get(self.node))
+        containers = self._rt().list_containers(timeout=self.call_timeout)
+        by_id = {c.id: c for c in containers}
+        states = [state for state, _ in bodies.values()]
+        for phase, count in phase_counts(states).items():
+            self.metrics.sandboxes.labels(phase.value).set(count)
+        actions = plan_sync(
+            states,
+            [ContainerView(c.id, c.labels) for c in containers],
+            drained=drained,
+            in_flight=in_flight,
+        )
+        for action in actions:
+            body = bodies[action.key][1] if action.key in bodies else None
+            container = by_id[action.container_id] if action.container_id else None
+            self._submit(action, body, container)
+
+    def _submit(
+        self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None
+    ) -> None:
+        work = self._work_for(action, sb, container)
+        if work is None:  # the plan names only what it was given: a bug, not a state
+            log.error("sandbox %s: action %s lacks its Sandbox or container", action.key, action)
+            return
+        if self.pool.submit(action.key, work) and action.kind is ActionKind.FENCE:
+            log.warning(
+                "sandbox %s was marked Dead: tearing down container %s",
+                action.key,
+                action.container_id,
+            )
+            self.metrics.fenced.inc()
+
+    def _work_for(
+        self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None
+    ) -> Callable[[], object] | None:
+        work, kind, key = self.work, action.kind, action.key
+        if kind is ActionKind.START and sb is not None:
+            return partial(work.start_sandbox, sb)
+        if kind is ActionKind.REFUSE_DRAINED and sb is not None:
+            return partial(work.refuse_drained, sb, REASON_DRAINED)
+        if kind is ActionKind.END_LOST:
+            return partial(work.end_lost, key)
+        if container is None:
+            return None
+        if kind is ActionKind.TEARDOWN_UNSTARTED:
+            return partial(work.teardown_unstarted, key, container)
+        if kind is ActionKind.STOP_DRAINED and sb is not None:
+            return partial(work.stop_sandbox, sb, container, REASON_DRAINED)
+        if kind is ActionKind.STOP_DELETED:
+            return partial(work.stop_deleted, key, container)
+        if kind in (ActionKind.FENCE, ActionKind.CLEANUP):
+            return partial(work.teardown, container)
+        return None
+
+
+__all__ = ["SandboxSync", "unschedulable"]

@@ -1,0 +1,68 @@
+"""How a sandbox ends when its task exited on its own: a pure decision for the reaper.
+
+The reaper tears down a container whose task provably stopped, then ends its
+Sandbox with the exit code. Which end depends on how far the sandbox got and on
+the kernel's OOM counter of its cgroup (read before the teardown removed it):
+
+- OOM-killed: ``OOMKilled``; Stopped if it was Running, Failed if it never got there.
+- Running: ``Stopped``/``Exited`` (a process that ends is a sandbox that ends).
+- not yet Running: ``Failed``/``ExitedBeforeRunning`` (it exited before its start
+  was recorded, so it never served).
+- nothing when the Sandbox is terminal already (its end is written), unreadable,
+  or records another container (this one was a leftover, not the sandbox's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandlot.api.sandbox import REASON_OOM_KILLED, TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.agentsync import SandboxState
+
+REASON_EXITED = "Exited"
+REASON_EXITED_BEFORE_RUNNING = "ExitedBeforeRunning"
+
+
+@dataclass(frozen=True)
+class SandboxEnd:
+    """The terminal status to write."""
+
+    phase: SandboxPhase
+    reason: str
+    message: str
+    exit_code: int | None
+
+
+def decide_reap(
+    sandbox: SandboxState | None,
+    container_id: str,
+    exit_code: int | None,
+    oom_kills: int | None,
+) -> SandboxEnd | None:
+    """The end of ``sandbox`` whose container ``container_id`` exited with ``exit_code``
+    (None: unknown); ``oom_kills`` is its cgroup's OOM-kill count (None: unreadable)."""
+    if sandbox is None or sandbox.phase in TERMINAL_PHASES:
+        return None
+    if sandbox.container_id not in (None, container_id):
+        return None
+    running = sandbox.phase is SandboxPhase.RUNNING
+    if oom_kills:
+        return SandboxEnd(
+            SandboxPhase.STOPPED if running else SandboxPhase.FAILED,
+            REASON_OOM_KILLED,
+            f"killed by the kernel for exceeding its memory limit (exit code {exit_code})",
+            exit_code,
+        )
+    if running:
+        return SandboxEnd(
+            SandboxPhase.STOPPED, REASON_EXITED, f"exited with code {exit_code}", exit_code
+        )
+    return SandboxEnd(
+        SandboxPhase.FAILED,
+        REASON_EXITED_BEFORE_RUNNING,
+        f"exited with code {exit_code}",
+        exit_code,
+    )
+
+
+__all__ = ["REASON_EXITED", "REASON_EXITED_BEFORE_RUNNING", "SandboxEnd", "decide_reap"]

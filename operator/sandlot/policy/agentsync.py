@@ -1,0 +1,149 @@
+"""What the agent's sync pass does about each sandbox and container: a pure decision.
+
+A pass compares this node's Sandboxes (their phases, as last seen) with the
+containers containerd has, and turns every difference into one action:
+
+==========================  ==========================  =======================
+Sandbox                     container                   action
+==========================  ==========================  =======================
+Pending/Scheduled           none, node not drained      start
+Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
+Pending/Scheduled           present                     teardown-unstarted
+Running                     present                     none (adopted)
+Running                     present, node drained       stop (Stopped/Drained)
+Running, had a container    none                        end-lost (ContainerLost)
+Dead                        present                     fence (tear down, counted)
+Stopped/Failed              present                     cleanup (tear down)
+no Sandbox                  labelled with its key       stop-deleted
+==========================  ==========================  =======================
+
+A key with work in flight gets nothing: one sandbox never has two operations at
+once, and the views of it are stale (a start that wrote Running a moment ago is
+still seen Scheduled beside its new container, and must not be torn down for it).
+The pass after that work ends looks again. A container without a sandbox label
+is none of the sync's business: the start-up sweep removed those.
+
+``teardown-unstarted`` re-reads the Sandbox before acting (the watched view lags
+the agent's own writes); that read is I/O and stays in the agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+
+UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
+    {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}
+)
+
+
+class ActionKind(StrEnum):
+    START = "start"
+    REFUSE_DRAINED = "refuse-drained"
+    TEARDOWN_UNSTARTED = "teardown-unstarted"
+    STOP_DRAINED = "stop-drained"
+    END_LOST = "end-lost"
+    FENCE = "fence"
+    CLEANUP = "cleanup"
+    STOP_DELETED = "stop-deleted"
+
+
+@dataclass(frozen=True)
+class SandboxState:
+    """What the sync reads of a Sandbox bound to this node."""
+
+    key: str
+    """"namespace/name"."""
+    phase: SandboxPhase
+    container_id: str | None = None
+    """``status.containerId``: set once a start reached Running."""
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
+        meta = obj["metadata"]
+        status = obj.get("status") or {}
+        return cls(
+            key=f"{meta['namespace']}/{meta['name']}",
+            phase=SandboxPhase(status.get("phase") or SandboxPhase.PENDING),
+            container_id=status.get("containerId") or None,
+        )
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    key: str
+    """The Sandbox's "namespace/name" (also the container's label)."""
+    container_id: str | None = None
+    """The container acted on; None for start, refuse-drained and end-lost."""
+
+
+def containers_by_key(containers: Iterable[ContainerView]) -> dict[str, ContainerView]:
+    """Labelled containers by their Sandbox's key (unlabelled ones are left out)."""
+    return {c.labels[SANDBOX_LABEL]: c for c in containers if c.labels.get(SANDBOX_LABEL)}
+
+
+def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: bool) -> Action | None:
+    cid = container.id if container is not None else None
+    if sb.phase in UNSTARTED_PHASES:
+        if cid is not None:
+            return Action(ActionKind.TEARDOWN_UNSTARTED, sb.key, cid)
+        return Action(ActionKind.REFUSE_DRAINED if drained else ActionKind.START, sb.key)
+    if sb.phase is SandboxPhase.RUNNING:
+        if cid is None:
+            return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
+        return Action(ActionKind.STOP_DRAINED, sb.key, cid) if drained else None
+    if cid is None:
+        return None
+    if sb.phase is SandboxPhase.DEAD:
+        return Action(ActionKind.FENCE, sb.key, cid)
+    return Action(ActionKind.CLEANUP, sb.key, cid)
+
+
+def plan_sync(
+    sandboxes: Sequence[SandboxState],
+    containers: Sequence[ContainerView],
+    *,
+    drained: bool,
+    in_flight: Collection[str],
+) -> list[Action]:
+    """One action per difference, Sandboxes first (in the order given), then the
+    containers whose Sandbox is gone. ``drained``: the node is unschedulable.
+    ``in_flight``: keys with work running; they get nothing this pass."""
+    by_key = containers_by_key(containers)
+    actions: list[Action] = []
+    for sb in sandboxes:
+        if sb.key in in_flight:
+            continue
+        action = _for_sandbox(sb, by_key.get(sb.key), drained)
+        if action is not None:
+            actions.append(action)
+    seen = {sb.key for sb in sandboxes}
+    for key, container in by_key.items():
+        if key not in seen and key not in in_flight:
+            actions.append(Action(ActionKind.STOP_DELETED, key, container.id))
+    return actions
+
+
+def phase_counts(sandboxes: Iterable[SandboxState]) -> dict[SandboxPhase, int]:
+    """Sandboxes per phase, every phase present (a gauge must fall back to 0)."""
+    counts = dict.fromkeys(SandboxPhase, 0)
+    for sb in sandboxes:
+        counts[sb.phase] += 1
+    return counts
+
+
+__all__ = [
+    "UNSTARTED_PHASES",
+    "Action",
+    "ActionKind",
+    "SandboxState",
+    "containers_by_key",
+    "phase_counts",
+    "plan_sync",
+]

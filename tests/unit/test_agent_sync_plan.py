@@ -1,0 +1,174 @@
+"""The agent's sync table: every row of ``policy.agentsync.plan_sync``, as data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsync import (
+    Action,
+    ActionKind,
+    SandboxState,
+    containers_by_key,
+    phase_counts,
+    plan_sync,
+)
+
+KEY = "ns/box"
+CID = "sb-uid-1"
+
+P = SandboxPhase
+
+
+def container(key: str = KEY, cid: str = CID) -> ContainerView:
+    return ContainerView(cid, {SANDBOX_LABEL: key})
+
+
+def sandbox(phase: SandboxPhase, key: str = KEY, container_id: str | None = None) -> SandboxState:
+    return SandboxState(key, phase, container_id)
+
+
+@dataclass(frozen=True)
+class Row:
+    sandboxes: list[SandboxState]
+    containers: list[ContainerView]
+    expected: list[Action]
+    drained: bool = False
+    in_flight: frozenset[str] = field(default_factory=frozenset)
+
+
+ROWS: dict[str, Row] = {
+    "adopt-running-with-its-container-does-nothing": Row(
+        [sandbox(P.RUNNING, container_id=CID)], [container()], []
+    ),
+    "fence-dead-with-container": Row(
+        [sandbox(P.DEAD, container_id=CID)],
+        [container()],
+        [Action(ActionKind.FENCE, KEY, CID)],
+    ),
+    "dead-without-container-does-nothing": Row([sandbox(P.DEAD)], [], []),
+    "start-scheduled": Row([sandbox(P.SCHEDULED)], [], [Action(ActionKind.START, KEY)]),
+    "start-pending-bound-to-this-node": Row(
+        [sandbox(P.PENDING)], [], [Action(ActionKind.START, KEY)]
+    ),
+    "scheduled-with-leftover-container-tears-it-down": Row(
+        [sandbox(P.SCHEDULED)],
+        [container()],
+        [Action(ActionKind.TEARDOWN_UNSTARTED, KEY, CID)],
+    ),
+    "stop-deleted-container-without-sandbox": Row(
+        [], [container()], [Action(ActionKind.STOP_DELETED, KEY, CID)]
+    ),
+    "drain-stops-running": Row(
+        [sandbox(P.RUNNING, container_id=CID)],
+        [container()],
+        [Action(ActionKind.STOP_DRAINED, KEY, CID)],
+        drained=True,
+    ),
+    "drain-refuses-scheduled": Row(
+        [sandbox(P.SCHEDULED)], [], [Action(ActionKind.REFUSE_DRAINED, KEY)], drained=True
+    ),
+    "drain-still-tears-down-leftover-of-scheduled": Row(
+        [sandbox(P.SCHEDULED)],
+        [container()],
+        [Action(ActionKind.TEARDOWN_UNSTARTED, KEY, CID)],
+        drained=True,
+    ),
+    "running-whose-container-is-gone-ends-lost": Row(
+        [sandbox(P.RUNNING, container_id=CID)], [], [Action(ActionKind.END_LOST, KEY)]
+    ),
+    "running-that-never-recorded-a-container-is-left": Row([sandbox(P.RUNNING)], [], []),
+    "orphan-without-sandbox-label-is-not-the-syncs": Row(
+        [], [ContainerView("stray", {"other": "label"})], []
+    ),
+    "key-in-flight-is-skipped": Row([sandbox(P.SCHEDULED)], [], [], in_flight=frozenset({KEY})),
+    "start-finishing-during-pass-is-never-torn-down": Row(
+        [sandbox(P.SCHEDULED)], [container()], [], in_flight=frozenset({KEY})
+    ),
+    "deleted-while-in-flight-is-not-stopped-twice": Row(
+        [], [container()], [], in_flight=frozenset({KEY})
+    ),
+    "stopped-with-container-is-cleaned-up": Row(
+        [sandbox(P.STOPPED, container_id=CID)],
+        [container()],
+        [Action(ActionKind.CLEANUP, KEY, CID)],
+    ),
+    "failed-with-container-is-cleaned-up": Row(
+        [sandbox(P.FAILED)], [container()], [Action(ActionKind.CLEANUP, KEY, CID)]
+    ),
+    "terminal-without-container-does-nothing": Row(
+        [sandbox(P.STOPPED), sandbox(P.FAILED, key="ns/other")], [], []
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
+def test_plan_sync_row(row: Row) -> None:
+    got = plan_sync(row.sandboxes, row.containers, drained=row.drained, in_flight=row.in_flight)
+    assert got == row.expected
+
+
+def test_sandboxes_come_first_in_their_order_then_deleted_containers() -> None:
+    sandboxes = [sandbox(P.SCHEDULED, key="ns/b"), sandbox(P.DEAD, key="ns/a")]
+    containers = [container("ns/gone", "c-gone"), container("ns/a", "c-a")]
+    got = plan_sync(sandboxes, containers, drained=False, in_flight=())
+    assert [(a.kind, a.key) for a in got] == [
+        (ActionKind.START, "ns/b"),
+        (ActionKind.FENCE, "ns/a"),
+        (ActionKind.STOP_DELETED, "ns/gone"),
+    ]
+
+
+def test_in_flight_key_is_skipped_while_others_proceed() -> None:
+    got = plan_sync(
+        [sandbox(P.SCHEDULED, key="ns/busy"), sandbox(P.SCHEDULED, key="ns/free")],
+        [],
+        drained=False,
+        in_flight={"ns/busy"},
+    )
+    assert got == [Action(ActionKind.START, "ns/free")]
+
+
+def test_unlabelled_containers_are_not_keyed() -> None:
+    by_key = containers_by_key([container(), ContainerView("stray", {})])
+    assert list(by_key) == [KEY]
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (
+            {"metadata": {"namespace": "ns", "name": "box"}},
+            SandboxState(KEY, P.PENDING, None),
+        ),
+        (
+            {
+                "metadata": {"namespace": "ns", "name": "box"},
+                "status": {"phase": "Running", "containerId": CID},
+            },
+            SandboxState(KEY, P.RUNNING, CID),
+        ),
+        (
+            {"metadata": {"namespace": "ns", "name": "box"}, "status": {"phase": "Dead"}},
+            SandboxState(KEY, P.DEAD, None),
+        ),
+    ],
+    ids=["no-status-is-pending", "running-with-container", "dead"],
+)
+def test_sandbox_state_reads_the_object(body: dict[str, object], expected: SandboxState) -> None:
+    assert SandboxState.from_object(body) == expected
+
+
+def test_phase_counts_name_every_phase_so_gauges_fall_to_zero() -> None:
+    counts = phase_counts([sandbox(P.RUNNING), sandbox(P.RUNNING, key="ns/2"), sandbox(P.DEAD)])
+    assert counts == {
+        P.PENDING: 0,
+        P.SCHEDULED: 0,
+        P.RUNNING: 2,
+        P.STOPPED: 0,
+        P.FAILED: 0,
+        P.DEAD: 1,
+    }
