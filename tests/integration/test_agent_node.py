@@ -29,7 +29,7 @@ from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
-from sandlot.policy.agentsweep import SANDBOX_LABEL
+from sandlot.api.keys import SANDBOX_LABEL
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for

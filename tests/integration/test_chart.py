@@ -38,7 +38,8 @@ from sandlot.agent.imagegc import GcMetrics
 from sandlot.agent.main import Agent
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
-from sandlot.api.common import GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
 from sandlot.cli.main import main as sandlot_main
 from sandlot.cli.options import env_name, settings_from
 from sandlot.controllers.metrics import OperatorMetrics

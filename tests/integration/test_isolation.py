@@ -37,8 +37,9 @@ from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, ImageConfig, RuntimeError_
 from sandlot.agent.main import Agent, build_oci_spec
 from sandlot.agent.teardown import teardown_many
-from sandlot.api.admission import LEVEL_LABEL, POLICY_NAME, Level, admission_policy
+from sandlot.api.admission import POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.podsecurity import check
 from tests.support.agents import agent_settings

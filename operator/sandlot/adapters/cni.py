@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandlot.api.keys import IFNAME_LABEL, NETNS_LABEL, NETWORK_LABEL
+
 log = logging.getLogger(__name__)
 
 CONFIG_SUFFIXES = (".conflist", ".conf", ".json")
@@ -52,12 +54,6 @@ NETNS_DIR = "/run/netns"
 NETNS_PREFIX = "sandlot-"
 DEFAULT_IFNAME = "eth0"
 
-NETNS_LABEL = "sandlot.dev/netns"
-"""Container label: path of the sandbox's network namespace (empty: none made)."""
-NETWORK_LABEL = "sandlot.dev/cni-network"
-"""Container label: ``name`` of the CNI network configuration it was attached to."""
-IFNAME_LABEL = "sandlot.dev/cni-ifname"
-"""Container label: the interface name given to CNI (``CNI_IFNAME``)."""
 
 # Well-known CNI error codes (spec, "Error"); 100+ are plugin-specific.
 ERROR_CODES = {

@@ -19,8 +19,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sandlot.api.common import GROUP, VERSION
-from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.common import GROUP, READY_CONDITION, VERSION
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,6 @@ SANDBOXES = "sandboxes"
 NODES = "sandboxnodes"
 POOLS = "sandboxpools"
 CACHEPRUNES = "cacheprunes"
-
-AGENT_LEASE_LABEL = "sandlot.dev/agent-lease"
 
 
 def rfc3339(moment: datetime) -> str:
@@ -121,13 +119,13 @@ def dead_status(reason: str, message: str, now: datetime) -> dict[str, Any]:
     """The status fields a Dead marking writes: phase, reason, message, a condition."""
     stamp = rfc3339(now)
     return {
-        "phase": "Dead",
+        "phase": SandboxPhase.DEAD,
         "reason": reason,
         "message": message,
         "finishedAt": stamp,
         "conditions": [
             {
-                "type": "Ready",
+                "type": READY_CONDITION,
                 "status": "False",
                 "reason": reason,
                 "message": message,

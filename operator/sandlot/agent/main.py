@@ -91,6 +91,7 @@ from sandlot.agent.settings import AgentSettings, NetworkMode
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import TeardownResult, stop, teardown
 from sandlot.api.admission import Level, cap_name, level_of
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import (
     REASON_OOM_KILLED,
     REASON_POLICY_VIOLATION,
@@ -98,7 +99,7 @@ from sandlot.api.sandbox import (
     TERMINAL_PHASES,
     SandboxSpec,
 )
-from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL, SweepAction
+from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage, pass_for_request
 from sandlot.policy.podsecurity import Violation, check, describe
 

@@ -9,12 +9,22 @@ by node name, so each agent merge-patches its own entry without racing the other
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
 from sandlot.api.common import CrdInfo, Model, PrinterColumn, Resource
 from sandlot.api.node import HeldBackBytes
+
+
+class CachePrunePhase(StrEnum):
+    """``status.phase`` of a CachePrune (the values ``CachePruneStatus.phase`` allows)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
 
 
 class CachePruneSpec(Model):

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from sandlot.adapters.cacheprune import CachePruneError, CachePrunes
-from sandlot.api.cacheprune import CachePrune, NodePruneResult
+from sandlot.api.cacheprune import CachePrune, CachePrunePhase, NodePruneResult
 from sandlot.api.settings import parse_duration
 
 POLL_SECONDS = 0.5
@@ -140,7 +140,7 @@ def clear_containerd(
 def _targets(request: CachePrune, wanted: Sequence[str]) -> list[str] | None:
     """The nodes to wait for; None while "every node" is not resolved yet."""
     status = request.status
-    if status is not None and status.phase != "Pending":
+    if status is not None and status.phase != CachePrunePhase.PENDING:
         return list(status.targets)
     if wanted:
         return list(wanted)

@@ -22,9 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
-from sandlot.api.common import Condition
+from sandlot.api.common import READY_CONDITION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import REASON_NODE_LOST, TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.policy.disruption import FleetSummary, GuardSettings, summarize_fleet
@@ -58,13 +58,17 @@ def ready_condition(
         NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
     }
     status, reason, message = table[phase]
-    existing = next((c for c in current if c.type == "Ready"), None)
+    existing = next((c for c in current if c.type == READY_CONDITION), None)
     if existing is not None and existing.status == status and existing.reason == reason:
         return None
-    others = tuple(c for c in current if c.type != "Ready")
+    others = tuple(c for c in current if c.type != READY_CONDITION)
     return (
         Condition(
-            type="Ready", status=status, reason=reason, message=message, last_transition_time=now
+            type=READY_CONDITION,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=now,
         ),
         *others,
     )
@@ -306,7 +310,7 @@ class NodeHealthController:
             for sb in sandboxes
             if (sb.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
         ]
-        reason = decision.reason or "NodeLost"
+        reason = decision.reason or REASON_NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
             f"({self.policy.grace_period.total_seconds():g}s) ended",

@@ -28,6 +28,11 @@ from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import LeaseRecord, Objects, post_event
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.crdgen import KINDS
+from sandlot.api.keys import (
+    KOPF_ANNOTATION_PREFIX,
+    LAST_HANDLED_CONFIGURATION_KEY,
+    NODE_HEALTH_FINALIZER,
+)
 from sandlot.controllers import cacheprune
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
@@ -148,11 +153,13 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=GROUP, key="last-handled-configuration"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=KOPF_ANNOTATION_PREFIX
         )
-        settings.persistence.finalizer = f"{GROUP}/node-health"
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
+        )
+        settings.persistence.finalizer = NODE_HEALTH_FINALIZER
         settings.posting.level = logging.WARNING
         # kopf logs every handler run at INFO: one line per watch event of every
         # sandbox would cost more than the handlers themselves.

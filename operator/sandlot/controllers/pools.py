@@ -36,7 +36,8 @@ import kopf
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import create_sandbox, delete_sandbox, patch_pool_status
-from sandlot.api.common import API_VERSION, GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord

@@ -20,9 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-SANDBOX_LABEL = "sandlot.dev/sandbox"
-"""Container label: "namespace/name" of the Sandbox the container runs."""
-SANDBOX_UID_LABEL = "sandlot.dev/sandbox-uid"
+from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.api.sandbox import SandboxPhase
 
 
 class SweepAction(StrEnum):
@@ -73,13 +72,13 @@ def classify_container(
             f"Sandbox {key} is bound to node {sandbox.node_name}",
             key,
         )
-    if sandbox.phase == "Dead":
+    if sandbox.phase == SandboxPhase.DEAD:
         return SweepDecision(container.id, SweepAction.FENCE, f"Sandbox {key} is Dead", key)
-    if sandbox.phase in ("Stopped", "Failed"):
+    if sandbox.phase in (SandboxPhase.STOPPED, SandboxPhase.FAILED):
         return SweepDecision(
             container.id, SweepAction.ORPHAN, f"Sandbox {key} is {sandbox.phase}", key
         )
-    if sandbox.phase != "Running":
+    if sandbox.phase != SandboxPhase.RUNNING:
         return SweepDecision(
             container.id,
             SweepAction.ORPHAN,
@@ -111,5 +110,5 @@ def lost_sandboxes(
     return [
         s
         for s in sandboxes
-        if s.node_name == node_name and s.phase == "Running" and s.key not in adopted
+        if s.node_name == node_name and s.phase == SandboxPhase.RUNNING and s.key not in adopted
     ]

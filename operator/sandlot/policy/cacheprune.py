@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from sandlot.api.cacheprune import CachePrunePhase
 from sandlot.api.node import NodePhase
 from sandlot.policy.imagegc import PassKind, pass_for_request
 
@@ -114,7 +115,7 @@ def decide(
     (it need only hold the targets without a result once targets are resolved).
     A request still ``Pending`` (or without a phase) has not been resolved yet.
     """
-    resolved = current_phase not in (None, "Pending")
+    resolved = current_phase not in (None, CachePrunePhase.PENDING)
     targets = tuple(current_targets) if resolved else resolve_targets(spec_nodes, nodes)
     errors: dict[str, str] = {}
     for target in targets:
@@ -127,7 +128,9 @@ def decide(
     return PruneDecision(targets, errors, phase, pass_for_request(all_))
 
 
-TERMINAL_PRUNE_PHASES: frozenset[str] = frozenset({"Complete", "Failed"})
+TERMINAL_PRUNE_PHASES: frozenset[str] = frozenset(
+    {CachePrunePhase.COMPLETE, CachePrunePhase.FAILED}
+)
 
 
 __all__ = [

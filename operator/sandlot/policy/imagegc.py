@@ -34,8 +34,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal, Protocol
 
-LAST_USED_LABEL = "sandlot.dev/last-used"
-"""Label on an image record: RFC 3339 time a sandbox last started from it."""
+from sandlot.api.keys import LAST_USED_LABEL
 
 PassKind = Literal["watermark", "forced"]
 
@@ -409,7 +408,6 @@ def should_skip_automatic(exhausted_until: datetime | None, now: datetime) -> bo
 
 
 __all__ = [
-    "LAST_USED_LABEL",
     "Classification",
     "DiskUsage",
     "GcPlan",
