@@ -33,7 +33,6 @@ from sandlot.adapters.containerd.ocispec import (
     cgroups_path_for,
 )
 from sandlot.adapters.nodeguard import bounding_capabilities
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, ImageConfig, RuntimeError_
 from sandlot.agent.main import Agent, build_oci_spec
 from sandlot.agent.teardown import teardown_many
@@ -41,6 +40,7 @@ from sandlot.api.admission import POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.podsecurity import check
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd
@@ -597,7 +597,7 @@ def test_chart_template_renders_the_policy_the_tests_install(level: str) -> None
 
     import yaml
 
-    from sandlot.adapters.controlplane import helm_path
+    from sandlot.devtools.controlplane import helm_path
     from tests.support.kube import repo_root
 
     proc = subprocess.run(
