@@ -5,7 +5,9 @@ the command being run is imported: ``sandlot agent`` on a node loads the agent
 and its settings, never the operator's controllers or the development tools,
 and ``sandlot operator`` never loads the agent. Only a bare ``sandlot`` or
 ``sandlot --help`` (which lists every command) imports them all. This module
-parses arguments and turns known errors into one clear line and exit code 2.
+parses arguments and turns the user's bad input (``UsageError``, settings
+refused by their model included) into one clear line and exit code 2; any other
+exception, a ``ValueError`` from deep inside included, keeps its traceback.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
+
+from sandlot.cli.options import UsageError
 
 # Command name -> the module whose ``register(sub)`` adds it.
 COMMANDS: dict[str, str] = {
@@ -29,10 +33,6 @@ COMMANDS: dict[str, str] = {
     "status": "sandlot.cli.status",
     "uncordon": "sandlot.cli.nodes",
 }
-
-
-class UsageError(Exception):
-    """Bad input from the command line or environment; printed as one line."""
 
 
 def command_in(argv: Sequence[str]) -> str | None:
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError) as e:
+    except UsageError as e:  # the user's input: one line; anything else keeps its traceback
         print(f"sandlot: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
