@@ -19,7 +19,7 @@ from sandlot.api.node import HeldBackBytes
 
 
 class CachePrunePhase(StrEnum):
-    """``status.phase`` of a CachePrune (the values ``CachePruneStatus.phase`` allows)."""
+    """``status.phase`` of a CachePrune."""
 
     PENDING = "Pending"
     RUNNING = "Running"
@@ -55,8 +55,8 @@ class NodePruneResult(Model):
 
 
 class CachePruneStatus(Model):
-    phase: Literal["Pending", "Running", "Complete", "Failed"] = Field(
-        default="Pending",
+    phase: CachePrunePhase = Field(
+        default=CachePrunePhase.PENDING,
         description="Complete when every targeted node reported without error; Failed when "
         "any reported an error.",
     )
