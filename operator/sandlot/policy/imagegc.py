@@ -277,10 +277,6 @@ class GcPlan:
     def planned_bytes(self) -> int:
         return sum(r.size for r in self.evict)
 
-    @property
-    def held_back_total(self) -> int:
-        return sum(self.held_back.values())
-
 
 def bytes_to_free(usage: DiskUsage, thresholds: GcThresholds) -> int:
     """Bytes to free to reach both the low percent and the free-space target.
