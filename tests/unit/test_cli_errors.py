@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sandlot.api.errors import UsageError
 from sandlot.cli.main import main
-from sandlot.cli.options import UsageError
 
 
 @pytest.mark.parametrize(
@@ -59,10 +59,23 @@ def test_a_bad_duration_flag_is_refused_while_parsing(
     assert "'soon' is not a duration" in capsys.readouterr().err
 
 
-def test_a_settings_error_is_a_usage_error() -> None:
+def test_an_unreadable_kubeconfig_is_an_error_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "kubeconfig"
+    bad.write_text("apiVersion: v1\nclusters: [this is: not valid\n")
+    assert main(["status", "--kubeconfig", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sandlot: error: cannot load Kubernetes configuration from {bad}")
+    assert "Traceback" not in err, err  # the YAML parser's own message may span lines
+
+
+def test_the_projects_input_errors_are_usage_errors_and_nothing_else_is() -> None:
+    from sandlot.adapters.kube import ConfigError
     from sandlot.cli.options import SettingsError
 
     assert issubclass(SettingsError, UsageError)
+    assert issubclass(ConfigError, UsageError)
     assert not issubclass(UsageError, ValueError), "a library's ValueError is not bad input"
 
 

@@ -23,8 +23,9 @@ from typing import Any, TextIO
 
 from sandlot.adapters.cacheprune import CachePruneError, CachePrunes
 from sandlot.api.cacheprune import CachePrune, CachePrunePhase, NodePruneResult
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
-from sandlot.cli.options import UsageError, duration
+from sandlot.cli.options import duration
 
 POLL_SECONDS = 0.5
 EXIT_OK = 0

@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli.options import UsageError
+from sandlot.api.errors import UsageError
 
 # Command name -> the module whose ``register(sub)`` adds it.
 COMMANDS: dict[str, str] = {

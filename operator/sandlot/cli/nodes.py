@@ -17,8 +17,9 @@ from typing import Any
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.nodes import NodeNotFound, live_sandboxes, set_unschedulable
 from sandlot.adapters.objects import Objects
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
-from sandlot.cli.options import UsageError, duration
+from sandlot.cli.options import duration
 
 POLL_INTERVAL = 1.0
 SHOWN = 10

@@ -17,16 +17,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
 
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "SANDLOT_"
-
-
-class UsageError(Exception):
-    """Bad input on the command line or in the environment. ``sandlot`` prints it
-    as one line and exits 2; any other exception keeps its traceback."""
 
 
 class SettingsError(UsageError):

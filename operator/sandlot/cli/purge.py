@@ -37,8 +37,9 @@ from typing import Any
 from sandlot.adapters import purge
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import NODES, Objects
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
-from sandlot.cli.options import UsageError, duration
+from sandlot.cli.options import duration
 from sandlot.policy.purge import awaiting_stop, live_agents
 
 POLL_INTERVAL = 1.0
