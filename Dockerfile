@@ -21,7 +21,7 @@ RUN python -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "pr
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.adapters.containerd.gen_stubs \
+RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.devtools.gen_stubs \
       --source debian --force \
  && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py
 RUN python -m venv /opt/sandlot \

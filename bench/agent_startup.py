@@ -31,14 +31,14 @@ from tests.support.containerd import (
 )
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.kube import apply_crds, load_api_client
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.ocispec import default_spec
 
 IMAGE = "docker.io/sandlot/bench-busybox:1"

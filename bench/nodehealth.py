@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubernetes import client
 from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes
 
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.objects import parse_time
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane
 
 CONCURRENCY = 16
 GRACE = 3.0

@@ -37,10 +37,11 @@ import yaml
 from kubernetes import client
 from tests.support.wait import wait_for
 
-from sandlot.adapters.controlplane import helm_path, kubectl_path
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.ociarchive import build_image_archive
-from sandlot.api.common import GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
+from sandlot.devtools.controlplane import helm_path, kubectl_path
+from sandlot.devtools.ociarchive import build_image_archive
 
 HOW = "run `make e2e` on a machine with Docker and kind"
 

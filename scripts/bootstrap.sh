@@ -43,8 +43,8 @@ if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
 fi
 
 log "containerd API stubs"
-.venv/bin/python -m sandlot.adapters.containerd.gen_stubs >&2
+.venv/bin/python -m sandlot.devtools.gen_stubs >&2
 
 log "control-plane binaries (kube-apiserver, etcd, kubectl; built once, then cached)"
-bash operator/sandlot/adapters/controlplane/build-control-plane.sh >/dev/null
-log "helm (built once, then cached)"; bash operator/sandlot/adapters/controlplane/build-helm.sh >/dev/null
+bash operator/sandlot/devtools/controlplane/build-control-plane.sh >/dev/null
+log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null

@@ -23,12 +23,12 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Leases
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
-from sandlot.policy.agentsweep import SANDBOX_LABEL
+from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.ocispec import default_spec
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process

@@ -21,15 +21,15 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.kube import RequestCounter, apply_crds, load_api_client, resource_of
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 

@@ -31,18 +31,19 @@ import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.controlplane import ControlPlane, helm_path, kubeconfig_dict, kubectl_path
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.agent.imagegc import GcMetrics
 from sandlot.agent.main import Agent
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
-from sandlot.api.common import GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
 from sandlot.cli.main import main as sandlot_main
 from sandlot.cli.options import env_name, settings_from
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.devtools.controlplane import ControlPlane, helm_path, kubeconfig_dict, kubectl_path
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.containerd import PrivateContainerd
 from tests.support.kube import Kubectl, repo_root
 from tests.support.operator import Fleet, OperatorProcess, wipe_nodes

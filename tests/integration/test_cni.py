@@ -30,12 +30,12 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.cni import NETNS_DIR, Attachment, SandboxNetwork
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.containerd import PrivateContainerd
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for

@@ -17,12 +17,12 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.kube import apply_crds, load_api_client
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.agent.main import Agent
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.agents import agent_settings
 from tests.support.containerd import start_private_containerd, unavailable_reason
 from tests.support.operator import Fleet, OperatorProcess

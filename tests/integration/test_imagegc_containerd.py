@@ -26,7 +26,6 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.runtime import ContainerInfo, ContainerSpec, RuntimeError_
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
@@ -34,6 +33,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.cli.main import main as sandlot_main
+from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
 from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd

@@ -27,13 +27,14 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.nodeguard import bounding_capabilities
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
-from sandlot.api.admission import LEVEL_LABEL, POLICY_NAME, Level, admission_policy
+from sandlot.api.admission import POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.ocispec import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
@@ -598,7 +599,7 @@ def test_chart_template_renders_the_policy_the_tests_install(level: str) -> None
 
     import yaml
 
-    from sandlot.adapters.controlplane import helm_path
+    from sandlot.devtools.controlplane import helm_path
     from tests.support.kube import repo_root
 
     proc = subprocess.run(

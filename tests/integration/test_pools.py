@@ -25,13 +25,13 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Leases
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
 from sandlot.adapters.runtime import RuntimeError_, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.cli.main import main as sandlot_main
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.containerd import PrivateContainerd
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for

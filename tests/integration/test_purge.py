@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.controlplane import ControlPlane
-from sandlot.adapters.objects import AGENT_LEASE_LABEL
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import AGENT_LEASE_LABEL, NODE_HEALTH_FINALIZER
 from sandlot.cli.main import main
+from sandlot.devtools.controlplane import ControlPlane
 from tests.support.operator import Fleet, wipe_nodes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-FINALIZER = f"{GROUP}/node-health"
+FINALIZER = NODE_HEALTH_FINALIZER
 
 
 def purge(plane: ControlPlane, lease_namespace: str, *args: str) -> int:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.controlplane import ControlPlane
 from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.controlplane import ControlPlane
 from tests.support.operator import Fleet
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sandlot.adapters.containerd.local import PrivateContainerd
 from sandlot.agent.settings import AgentSettings
+from sandlot.devtools.containerd import PrivateContainerd
 
 
 def agent_settings(

@@ -1,7 +1,7 @@
 """A private containerd for tests and the shim faults they inject: the package's
-own ``sandlot.adapters.containerd.local`` (the demo uses it too)."""
+own ``sandlot.devtools.containerd`` (the demo uses it too)."""
 
-from sandlot.adapters.containerd.local import (
+from sandlot.devtools.containerd import (
     NAMESPACE,
     REQUIRED_BINARIES,
     SHIM_BINARY,

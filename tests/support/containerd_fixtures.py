@@ -31,7 +31,7 @@ def containerd() -> Iterator[PrivateContainerd]:
     if reason is not None:
         print(f"skipping containerd tests: {reason}")
         pytest.skip(reason)
-    from sandlot.adapters.containerd.gen_stubs import generate
+    from sandlot.devtools.gen_stubs import generate
 
     generate()  # a no-op when the stubs are current
     instance = start_private_containerd()
@@ -54,7 +54,7 @@ def image_factory(
     The options are ``build_image_archive``'s (``salt``, ``filler_bytes``,
     ``as_index``, ``extra_files``, ...).
     """
-    from sandlot.adapters.ociarchive import build_image_archive, import_archive
+    from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
     directory = tmp_path_factory.mktemp("images")
 

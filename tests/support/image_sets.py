@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from sandlot.adapters.ociarchive import build_image_archive, import_archive
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
 
 def build_image_set(dest: Path, names: Sequence[str], *, filler_bytes: int = 0) -> Path:

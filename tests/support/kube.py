@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.controlplane import ControlPlane, kubectl_path
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane, kubectl_path
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 

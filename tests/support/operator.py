@@ -20,9 +20,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sandlot.adapters.controlplane import ControlPlane, free_port
-from sandlot.adapters.objects import AGENT_LEASE_LABEL, Leases
+from sandlot.adapters.objects import Leases
 from sandlot.api import GROUP, VERSION
+from sandlot.api.keys import AGENT_LEASE_LABEL
+from sandlot.devtools.controlplane import ControlPlane, free_port
 from tests.support.wait import wait_for
 
 

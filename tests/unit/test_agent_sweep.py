@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sweep import readopt, sweep_orphans
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.agentsweep import (
-    SANDBOX_LABEL,
     ContainerView,
     SandboxView,
     SweepAction,

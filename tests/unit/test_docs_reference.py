@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.cli.docsgen import render_docs
+from sandlot.devtools.docsgen import render_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = "regenerate with `sandlot gen docs` and commit the result"

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.runtime import ContainerInfo, ImageRecord, NotFound, RuntimeError_
 from sandlot.agent.imagegc import GcMetrics, GcOutcome, ImageCollector, disk_usage_of
-from sandlot.policy.imagegc import LAST_USED_LABEL, DiskUsage, GcThresholds, HoldReason
+from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 GIB = 1 << 30

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.runtime import ImageRecord
+from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.policy.imagegc import (
-    LAST_USED_LABEL,
     DiskUsage,
     GcPlan,
     GcThresholds,

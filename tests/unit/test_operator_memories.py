@@ -9,8 +9,8 @@ from typing import Any
 import kopf
 import pytest
 
+from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.api.common import API_VERSION, GROUP, VERSION
-from sandlot.controllers.operator import WatchOnlyMemories, watch_only_kinds
 
 
 async def _noop(**_: Any) -> None:

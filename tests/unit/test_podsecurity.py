@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from sandlot.api.admission import LEVEL_LABEL, Level, level_of
+from sandlot.api.admission import Level, level_of
+from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.podsecurity import check, describe
 

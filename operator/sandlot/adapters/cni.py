@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.adapters.deadline import Deadline
+from sandlot.api.keys import IFNAME_LABEL, NETNS_LABEL, NETWORK_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +59,6 @@ NETNS_DIR = "/run/netns"
 NETNS_PREFIX = "sandlot-"
 DEFAULT_IFNAME = "eth0"
 
-NETNS_LABEL = "sandlot.dev/netns"
-"""Container label: path of the sandbox's network namespace (empty: none made)."""
-NETWORK_LABEL = "sandlot.dev/cni-network"
-"""Container label: ``name`` of the CNI network configuration it was attached to."""
-IFNAME_LABEL = "sandlot.dev/cni-ifname"
-"""Container label: the interface name given to CNI (``CNI_IFNAME``)."""
 
 # Well-known CNI error codes (spec, "Error"); 100+ are plugin-specific.
 ERROR_CODES = {

@@ -17,7 +17,8 @@ from typing import Any
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from sandlot.adapters.objects import AGENT_LEASE_LABEL, LeaseRecord, _lease_record
+from sandlot.adapters.objects import LeaseRecord, _lease_record
+from sandlot.api.keys import AGENT_LEASE_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,12 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from sandlot.api.errors import UsageError
+
 __all__ = ["ApiException", "RequestCounter", "apply_crds", "load_api_client"]
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError):
     """The kubeconfig (or in-cluster config) cannot be used; the message says why."""
 
 

@@ -20,7 +20,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, READY_CONDITION, VERSION
 from sandlot.api.sandbox import SandboxPhase
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,6 @@ SANDBOXES = "sandboxes"
 NODES = "sandboxnodes"
 POOLS = "sandboxpools"
 CACHEPRUNES = "cacheprunes"
-
-AGENT_LEASE_LABEL = "sandlot.dev/agent-lease"
 
 
 def rfc3339(moment: datetime) -> str:
@@ -128,7 +126,7 @@ def dead_status(reason: str, message: str, now: datetime) -> dict[str, Any]:
         "finishedAt": stamp,
         "conditions": [
             {
-                "type": "Ready",
+                "type": READY_CONDITION,
                 "status": "False",
                 "reason": reason,
                 "message": message,

@@ -13,7 +13,6 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.objects import (
-    AGENT_LEASE_LABEL,
     CACHEPRUNES,
     NODES,
     POOLS,
@@ -21,6 +20,7 @@ from sandlot.adapters.objects import (
     Objects,
 )
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.nodehealth import LeaseView
 from sandlot.policy.purge import SandboxRef
 

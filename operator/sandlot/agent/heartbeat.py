@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sandlot.adapters.agentapi import ensure_node
-from sandlot.adapters.objects import AGENT_LEASE_LABEL, LeaseRecord, Leases, Objects
+from sandlot.adapters.objects import LeaseRecord, Leases, Objects
+from sandlot.api.keys import AGENT_LEASE_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sandlot.adapters.runtime import NotFound, Runtime
 from sandlot.api.cacheprune import NodePruneResult
+from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.node import HeldBackBytes, NodeGcStatus
 from sandlot.policy import imagegc as gcpolicy
 from sandlot.policy.imagegc import (
-    LAST_USED_LABEL,
     DiskUsage,
     GcPlan,
     GcThresholds,

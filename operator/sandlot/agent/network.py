@@ -23,7 +23,7 @@ from sandlot.adapters.cni import (
 )
 from sandlot.adapters.runtime import ContainerInfo
 from sandlot.agent.settings import AgentSettings, NetworkMode
-from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from sandlot.agent.loops import WorkPool
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import StatusWriter
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.agentreap import decide_reap
-from sandlot.policy.agentsweep import SANDBOX_LABEL
 from sandlot.policy.agentsync import SandboxState
 from sandlot.policy.ocispec import cgroups_path_for
 

@@ -40,13 +40,13 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import TeardownResult, stop, teardown
 from sandlot.api.admission import Level, level_of
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import (
     REASON_POLICY_VIOLATION,
     REASON_RUN_AS_ROOT,
     SandboxPhase,
     SandboxSpec,
 )
-from sandlot.policy.agentsweep import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
 from sandlot.policy.podsecurity import Violation, check, describe

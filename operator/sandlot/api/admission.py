@@ -29,7 +29,8 @@ from typing import Any
 
 import yaml
 
-LEVEL_LABEL = "sandlot.dev/enforce"
+from sandlot.api.keys import APP_NAME, APP_NAME_LABEL, LEVEL_LABEL
+
 POLICY_NAME = "sandlot-sandbox-security"
 CHART_TEMPLATE = "charts/sandlot/templates/admission-policy.yaml"
 
@@ -138,7 +139,7 @@ def admission_policy(default_level: str = DEFAULT_LEVEL.value) -> list[dict[str,
     policy: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "sandlot"}},
+        "metadata": {"name": POLICY_NAME, "labels": {APP_NAME_LABEL: APP_NAME}},
         "spec": {
             "failurePolicy": "Fail",
             "matchConstraints": {
@@ -212,7 +213,7 @@ def admission_policy(default_level: str = DEFAULT_LEVEL.value) -> list[dict[str,
     binding: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY_NAME, "labels": {"app.kubernetes.io/name": "sandlot"}},
+        "metadata": {"name": POLICY_NAME, "labels": {APP_NAME_LABEL: APP_NAME}},
         "spec": {"policyName": POLICY_NAME, "validationActions": ["Deny"]},
     }
     return [policy, binding]

@@ -9,12 +9,22 @@ by node name, so each agent merge-patches its own entry without racing the other
 from __future__ import annotations
 
 from datetime import datetime
+from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
 from sandlot.api.common import CrdInfo, Model, PrinterColumn, Resource
 from sandlot.api.node import HeldBackBytes
+
+
+class CachePrunePhase(StrEnum):
+    """``status.phase`` of a CachePrune."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    COMPLETE = "Complete"
+    FAILED = "Failed"
 
 
 class CachePruneSpec(Model):
@@ -45,8 +55,8 @@ class NodePruneResult(Model):
 
 
 class CachePruneStatus(Model):
-    phase: Literal["Pending", "Running", "Complete", "Failed"] = Field(
-        default="Pending",
+    phase: CachePrunePhase = Field(
+        default=CachePrunePhase.PENDING,
         description="Complete when every targeted node reported without error; Failed when "
         "any reported an error.",
     )

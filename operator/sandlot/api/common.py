@@ -14,9 +14,8 @@ GROUP = "sandlot.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
-# Label every sandlot-managed object carries; pool members also carry POOL_LABEL.
-POOL_LABEL = "sandlot.dev/pool"
-NODE_LABEL = "sandlot.dev/node"
+READY_CONDITION = "Ready"
+"""Condition type on SandboxNodes and Sandboxes: whether the object serves now."""
 
 
 class Model(BaseModel):

@@ -22,8 +22,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 from sandlot.adapters.cacheprune import CachePruneError, CachePrunes
-from sandlot.api.cacheprune import CachePrune, NodePruneResult
+from sandlot.api.cacheprune import CachePrune, CachePrunePhase, NodePruneResult
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
+from sandlot.cli.options import duration
 
 POLL_SECONDS = 0.5
 EXIT_OK = 0
@@ -59,6 +61,7 @@ def register(sub: Any) -> None:
     ctrd.add_argument(
         "--timeout",
         default="120s",
+        type=duration,
         help="how long to wait for the nodes' results (e.g. 120s, 5m) [default 120s]",
     )
     ctrd.add_argument(
@@ -70,7 +73,7 @@ def register(sub: Any) -> None:
 def run_clear(args: argparse.Namespace) -> int:
     timeout = parse_duration(args.timeout).total_seconds()
     if timeout <= 0:
-        raise ValueError(f"--timeout must be positive, got {args.timeout!r}")
+        raise UsageError(f"--timeout must be positive, got {args.timeout!r}")
     try:
         with CachePrunes.connect(args.kubeconfig) as prunes:
             return clear_containerd(prunes, all_=args.all_, nodes=args.nodes, timeout=timeout)
@@ -140,7 +143,7 @@ def clear_containerd(
 def _targets(request: CachePrune, wanted: Sequence[str]) -> list[str] | None:
     """The nodes to wait for; None while "every node" is not resolved yet."""
     status = request.status
-    if status is not None and status.phase != "Pending":
+    if status is not None and status.phase != CachePrunePhase.PENDING:
         return list(status.targets)
     if wanted:
         return list(wanted)

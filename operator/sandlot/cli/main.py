@@ -1,44 +1,64 @@
 """The ``sandlot`` command (also installed as ``kubectl-sandlot``).
 
-Subcommands are registered by the modules that own them; this module only
-parses arguments and turns known errors into one clear line and exit code 2.
+Subcommands are registered by the modules that own them, and only the module of
+the command being run is imported: ``sandlot agent`` on a node loads the agent
+and its settings, never the operator's controllers or the development tools,
+and ``sandlot operator`` never loads the agent. Only a bare ``sandlot`` or
+``sandlot --help`` (which lists every command) imports them all. This module
+parses arguments and turns the user's bad input (``UsageError``, settings
+refused by their model included) into one clear line and exit code 2; any other
+exception, a ``ValueError`` from deep inside included, keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
-from sandlot.cli import agent_cmd, cache, demo, dev, gen, nodes, operator_cmd, purge, status
+from sandlot.api.errors import UsageError
+
+# Command name -> the module whose ``register(sub)`` adds it.
+COMMANDS: dict[str, str] = {
+    "agent": "sandlot.cli.agent_cmd",
+    "cache": "sandlot.cli.cache",
+    "demo": "sandlot.cli.demo",
+    "dev": "sandlot.cli.dev",
+    "gen": "sandlot.cli.gen",
+    "drain": "sandlot.cli.nodes",
+    "operator": "sandlot.cli.operator_cmd",
+    "purge": "sandlot.cli.purge",
+    "status": "sandlot.cli.status",
+    "uncordon": "sandlot.cli.nodes",
+}
 
 
-class UsageError(Exception):
-    """Bad input from the command line or environment; printed as one line."""
+def command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the
+    top-level options take no values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv``: only the named command's module is imported, or
+    every module when ``argv`` names no known command (for the full help)."""
     parser = argparse.ArgumentParser(
         prog="sandlot",
         description="Sandboxes on Kubernetes that survive the fleet's failures.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    agent_cmd.register(sub)
-    cache.register(sub)
-    demo.register(sub)
-    dev.register(sub)
-    gen.register(sub)
-    nodes.register(sub)
-    operator_cmd.register(sub)
-    purge.register(sub)
-    status.register(sub)
+    chosen = COMMANDS.get(command_in(sys.argv[1:] if argv is None else argv) or "")
+    modules = [chosen] if chosen else list(dict.fromkeys(COMMANDS.values()))
+    for module in modules:
+        importlib.import_module(module).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -46,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError) as e:
+    except UsageError as e:  # the user's input: one line; anything else keeps its traceback
         print(f"sandlot: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -17,7 +17,9 @@ from typing import Any
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.nodes import NodeNotFound, live_sandboxes, set_unschedulable
 from sandlot.adapters.objects import Objects
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
+from sandlot.cli.options import duration
 
 POLL_INTERVAL = 1.0
 SHOWN = 10
@@ -32,10 +34,16 @@ def register(sub: Any) -> None:
     )
     drain.add_argument("node", metavar="NODE", help="SandboxNode name")
     drain.add_argument(
-        "--timeout", default="5m", help="how long to wait for the node to empty (default 5m)"
+        "--timeout",
+        default="5m",
+        type=duration,
+        help="how long to wait for the node to empty (default 5m)",
     )
     drain.add_argument(
-        "--progress-every", default="10s", help="repeat the progress line this often (10s)"
+        "--progress-every",
+        default="10s",
+        type=duration,
+        help="repeat the progress line this often (10s)",
     )
     drain.add_argument("--kubeconfig", default=None, help="kubeconfig file")
     drain.set_defaults(func=run_drain)
@@ -62,7 +70,7 @@ def run_drain(args: argparse.Namespace) -> int:
         try:
             set_unschedulable(objects, args.node, True)
         except NodeNotFound as e:
-            raise ValueError(str(e)) from e
+            raise UsageError(str(e)) from e
         print(f"node {args.node} cordoned (spec.unschedulable=true)", flush=True)
         deadline = time.monotonic() + timeout
         last_count: int | None = None
@@ -94,7 +102,7 @@ def run_uncordon(args: argparse.Namespace) -> int:
     try:
         set_unschedulable(objects, args.node, False)
     except NodeNotFound as e:
-        raise ValueError(str(e)) from e
+        raise UsageError(str(e)) from e
     finally:
         objects.api.close()
     print(f"node {args.node} uncordoned", flush=True)

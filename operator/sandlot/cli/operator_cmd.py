@@ -7,7 +7,6 @@ import argparse
 from typing import Any
 
 from sandlot.cli.options import add_settings_flags, settings_from
-from sandlot.controllers.operator import run_blocking
 from sandlot.controllers.settings import OperatorSettings
 
 
@@ -25,6 +24,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sandlot.controllers.operator import run_blocking
+
     settings = settings_from(OperatorSettings, args)
     run_blocking(settings, kubeconfig=args.kubeconfig)
     return 0

@@ -17,13 +17,26 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from sandlot.api.errors import UsageError
+from sandlot.api.settings import parse_duration
+
 M = TypeVar("M", bound=BaseModel)
 
 ENV_PREFIX = "SANDLOT_"
 
 
-class SettingsError(ValueError):
-    pass
+class SettingsError(UsageError):
+    """A setting its model refused, with one message per bad setting."""
+
+
+def duration(value: str) -> str:
+    """argparse ``type`` of a duration flag: a bad value is refused while parsing
+    (usage line, exit 2); a good one is kept as written, for messages."""
+    try:
+        parse_duration(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
 
 
 def flag_name(field: str) -> str:

@@ -37,7 +37,9 @@ from typing import Any
 from sandlot.adapters import purge
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import NODES, Objects
+from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
+from sandlot.cli.options import duration
 from sandlot.policy.purge import awaiting_stop, live_agents
 
 POLL_INTERVAL = 1.0
@@ -63,9 +65,14 @@ def register(sub: Any) -> None:
     p.add_argument("--workloads", action="store_true", help="pools, sandboxes, CachePrunes")
     p.add_argument("--nodes", action="store_true", help="SandboxNodes and node Leases")
     p.add_argument("--yes", action="store_true", help="confirm: this deletes cluster-wide")
-    p.add_argument("--wait", default="120s", help="how long to wait for it to finish (120s)")
     p.add_argument(
-        "--progress-every", default="10s", help="repeat the progress line this often (10s)"
+        "--wait", default="120s", type=duration, help="how long to wait for it to finish (120s)"
+    )
+    p.add_argument(
+        "--progress-every",
+        default="10s",
+        type=duration,
+        help="repeat the progress line this often (10s)",
     )
     p.add_argument(
         "--namespace",
@@ -198,7 +205,7 @@ def purge_nodes(
 
 def run_purge(args: argparse.Namespace) -> int:
     if not (args.workloads or args.nodes):
-        raise ValueError("say what to purge: --workloads, --nodes, or both")
+        raise UsageError("say what to purge: --workloads, --nodes, or both")
     if not args.yes:
         what = " and ".join(
             w
@@ -208,7 +215,7 @@ def run_purge(args: argparse.Namespace) -> int:
             )
             if on
         )
-        raise ValueError(f"purge deletes {what} in the cluster; add --yes to confirm")
+        raise UsageError(f"purge deletes {what} in the cluster; add --yes to confirm")
     wait_s = parse_duration(args.wait).total_seconds()
     progress = Progress(parse_duration(args.progress_every).total_seconds())
     deadline = time.monotonic() + wait_s

@@ -24,6 +24,7 @@ from typing import Any
 from sandlot.adapters.fleetview import read_fleet
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import parse_time
+from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 
 UNBOUND = "<none>"
@@ -118,7 +119,7 @@ def node_rows(
         )
         capacity = (status.get("capacity") or {}).get("sandboxes")
         phase = status.get("phase") or "-"
-        if (node.get("spec") or {}).get("unschedulable") and phase != "Disabled":
+        if (node.get("spec") or {}).get("unschedulable") and phase != NodePhase.DISABLED:
             phase += ",Unschedulable"
         rows.append(
             [

@@ -27,7 +27,7 @@ import kopf
 
 from sandlot.adapters.cacheprune import CachePrunes, Conflict, agent_lease_expiries
 from sandlot.adapters.objects import Objects
-from sandlot.api.cacheprune import CachePrune, CachePruneStatus, NodePruneResult
+from sandlot.api.cacheprune import CachePrune, CachePrunePhase, CachePruneStatus, NodePruneResult
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.node import NodePhase
 from sandlot.policy.cacheprune import TERMINAL_PRUNE_PHASES, NodeReach, PruneDecision, decide
@@ -122,7 +122,7 @@ class CachePruneController:
             stored_phase = (raw.get("status") or {}).get("phase")
             results = {node: r.error for node, r in status.results.items()}
             now = self.clock()
-            resolved = stored_phase not in (None, "Pending")
+            resolved = stored_phase not in (None, CachePrunePhase.PENDING)
             waiting = [t for t in status.targets if t not in results]
             nodes: dict[str, NodeReach] = {}
             if not resolved or waiting:

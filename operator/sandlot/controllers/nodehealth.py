@@ -32,7 +32,7 @@ from typing import Any
 
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
 from sandlot.api.node import NodeHealthTracking, NodePhase
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import REASON_NODE_LOST, TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
@@ -313,7 +313,7 @@ class NodeHealthController:
             for sb in sandboxes
             if (sb.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
         ]
-        reason = decision.reason or "NodeLost"
+        reason = decision.reason or REASON_NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
             f"({self.policy.grace_period.total_seconds():g}s) ended",

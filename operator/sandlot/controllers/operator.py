@@ -13,21 +13,24 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
-from kopf._cogs.structs.ephemera import AnyMemo
-from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from sandlot.adapters.informer import LeaseInformer
+from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import RequestCounter, connection_params, load_api_client, resource_of
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import LeaseRecord, Objects, post_event
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.crdgen import KINDS
+from sandlot.api.keys import (
+    KOPF_ANNOTATION_PREFIX,
+    LAST_HANDLED_CONFIGURATION_KEY,
+    NODE_HEALTH_FINALIZER,
+)
 from sandlot.controllers import cacheprune
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
@@ -72,65 +75,6 @@ def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str
     return post
 
 
-class WatchOnlyMemories(ResourceMemories):
-    """kopf's per-object memories, minus the objects nothing but ``on.event`` watches.
-
-    kopf keeps a record for every object it has seen until that object's DELETED
-    event: a memo, an error throttler, index and daemon bookkeeping, about 1 KB
-    each, 10 MB at 10,000 sandboxes. Only timers, daemons, change handlers and
-    indexes ever read it again; a kind watched by ``on.event`` alone gets a fresh
-    record per event instead (kopf's own "ephemeral" memory, which it uses for
-    admission requests), and nothing is kept. ``watch_only_kinds`` decides which
-    kinds qualify from the registry itself, so a timer added to one of them later
-    takes it off the list instead of breaking.
-    """
-
-    def __init__(self, kinds: Collection[str]) -> None:
-        super().__init__()
-        self.kinds = frozenset(kinds)
-
-    async def recall(
-        self,
-        raw_body: kopf.RawBody,
-        *,
-        memobase: AnyMemo | None = None,
-        noticed_by_listing: bool = False,
-        ephemeral: bool = False,
-    ) -> ResourceMemory:
-        if raw_body.get("kind") in self.kinds and str(raw_body.get("apiVersion", "")).startswith(
-            f"{GROUP}/"
-        ):
-            ephemeral = True
-        return await super().recall(
-            raw_body,
-            memobase=memobase,
-            noticed_by_listing=noticed_by_listing,
-            ephemeral=ephemeral,
-        )
-
-
-def watch_only_kinds(registry: kopf.OperatorRegistry) -> frozenset[str]:
-    """Our kinds that ``on.event`` handlers watch and no handler of any other sort does."""
-    others = (registry._indexing, registry._spawning, registry._changing, registry._webhooks)
-    kinds = set()
-    for model in KINDS:
-        crd = model.crd
-        resource = kopf.Resource(
-            GROUP,
-            VERSION,
-            crd.plural,
-            kind=crd.kind,
-            singular=crd.singular,
-            shortcuts=frozenset(crd.short_names),
-            namespaced=crd.scope == "Namespaced",
-        )
-        if registry._watching.has_handlers(resource) and not any(
-            r.has_handlers(resource) for r in others
-        ):
-            kinds.add(crd.kind)
-    return frozenset(kinds)
-
-
 def build_registry(
     connection: dict[str, Any],
     settings: OperatorSettings,
@@ -148,11 +92,13 @@ def build_registry(
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=GROUP, key="last-handled-configuration"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix=KOPF_ANNOTATION_PREFIX
         )
-        settings.persistence.finalizer = f"{GROUP}/node-health"
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
+        )
+        settings.persistence.finalizer = NODE_HEALTH_FINALIZER
         settings.posting.level = logging.WARNING
         # kopf logs every handler run at INFO: one line per watch event of every
         # sandbox would cost more than the handlers themselves.

@@ -42,7 +42,8 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import API_VERSION, GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord

@@ -37,7 +37,10 @@ from sandlot.adapters.workloads import (
     get_service,
     list_endpoint_slices,
 )
-from sandlot.api.common import API_VERSION, GROUP, POOL_LABEL
+from sandlot.api.common import API_VERSION
+from sandlot.api.keys import ENDPOINTSLICE_MANAGED_BY_LABEL as MANAGED_BY_LABEL
+from sandlot.api.keys import ENDPOINTSLICE_MANAGER as MANAGED_BY
+from sandlot.api.keys import POOL_LABEL, SERVICE_NAME_LABEL
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxRecord
@@ -45,9 +48,6 @@ from sandlot.controllers.sandboxes import SandboxRecord
 log = logging.getLogger(__name__)
 
 MAX_ENDPOINTS = 100
-SERVICE_NAME_LABEL = "kubernetes.io/service-name"
-MANAGED_BY_LABEL = "endpointslice.kubernetes.io/managed-by"
-MANAGED_BY = GROUP
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.objects import parse_time
-from sandlot.api.common import GROUP, POOL_LABEL, VERSION
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 
 log = logging.getLogger(__name__)

@@ -20,11 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import SandboxPhase
-
-SANDBOX_LABEL = "sandlot.dev/sandbox"
-"""Container label: "namespace/name" of the Sandbox the container runs."""
-SANDBOX_UID_LABEL = "sandlot.dev/sandbox-uid"
 
 
 class SweepAction(StrEnum):

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import SandboxPhase
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 
 UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
     {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}

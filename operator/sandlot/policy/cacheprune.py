@@ -23,12 +23,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
 
+from sandlot.api.cacheprune import CachePrunePhase
 from sandlot.api.node import NodePhase
 from sandlot.policy.imagegc import PassKind, pass_for_request
-
-PrunePhase = Literal["Pending", "Running", "Complete", "Failed"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class PruneDecision:
     targets: tuple[str, ...]
     errors: Mapping[str, str] = field(default_factory=dict)
     """Results to write now: node -> why its agent cannot answer."""
-    phase: PrunePhase = "Running"
+    phase: CachePrunePhase = CachePrunePhase.RUNNING
     pass_kind: PassKind = "watermark"
     """The pass the request asks for (written into the error results: the pass that
     would have run)."""
@@ -86,15 +84,17 @@ def unreachable_reason(name: str, node: NodeReach | None, now: datetime) -> str 
     return f'node "{name}" is NotReady: its agent is not running ({expired})'
 
 
-def prune_phase(targets: Iterable[str], errors_by_node: Mapping[str, str | None]) -> PrunePhase:
+def prune_phase(
+    targets: Iterable[str], errors_by_node: Mapping[str, str | None]
+) -> CachePrunePhase:
     """Running while a target has no result; then Failed if any result has an error,
     else Complete. ``errors_by_node`` holds one entry per result written (None: no error)."""
     wanted = tuple(targets)
     if any(t not in errors_by_node for t in wanted):
-        return "Running"
+        return CachePrunePhase.RUNNING
     if any(errors_by_node[t] for t in wanted):
-        return "Failed"
-    return "Complete"
+        return CachePrunePhase.FAILED
+    return CachePrunePhase.COMPLETE
 
 
 def decide(
@@ -114,7 +114,7 @@ def decide(
     (it need only hold the targets without a result once targets are resolved).
     A request still ``Pending`` (or without a phase) has not been resolved yet.
     """
-    resolved = current_phase not in (None, "Pending")
+    resolved = current_phase not in (None, CachePrunePhase.PENDING)
     targets = tuple(current_targets) if resolved else resolve_targets(spec_nodes, nodes)
     errors: dict[str, str] = {}
     for target in targets:
@@ -127,14 +127,15 @@ def decide(
     return PruneDecision(targets, errors, phase, pass_for_request(all_))
 
 
-TERMINAL_PRUNE_PHASES: frozenset[str] = frozenset({"Complete", "Failed"})
+TERMINAL_PRUNE_PHASES: frozenset[str] = frozenset(
+    {CachePrunePhase.COMPLETE, CachePrunePhase.FAILED}
+)
 
 
 __all__ = [
     "TERMINAL_PRUNE_PHASES",
     "NodeReach",
     "PruneDecision",
-    "PrunePhase",
     "decide",
     "prune_phase",
     "resolve_targets",

@@ -34,8 +34,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Literal, Protocol
 
-LAST_USED_LABEL = "sandlot.dev/last-used"
-"""Label on an image record: RFC 3339 time a sandbox last started from it."""
+from sandlot.api.keys import LAST_USED_LABEL
 
 PassKind = Literal["watermark", "forced"]
 
@@ -278,10 +277,6 @@ class GcPlan:
     def planned_bytes(self) -> int:
         return sum(r.size for r in self.evict)
 
-    @property
-    def held_back_total(self) -> int:
-        return sum(self.held_back.values())
-
 
 def bytes_to_free(usage: DiskUsage, thresholds: GcThresholds) -> int:
     """Bytes to free to reach both the low percent and the free-space target.
@@ -409,7 +404,6 @@ def should_skip_automatic(exhausted_until: datetime | None, now: datetime) -> bo
 
 
 __all__ = [
-    "LAST_USED_LABEL",
     "Classification",
     "DiskUsage",
     "GcPlan",

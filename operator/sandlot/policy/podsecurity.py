@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandlot.api.admission import BASELINE_ADDABLE, LEVEL_LABEL, Level, addable, cap_name
+from sandlot.api.admission import BASELINE_ADDABLE, Level, addable, cap_name
+from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
 
 

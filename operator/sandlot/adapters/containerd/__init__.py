@@ -1,9 +1,9 @@
 """containerd adapter: the agent's ``Runtime`` over containerd's gRPC API.
 
 The gRPC stubs live in ``gen/``, generated at setup time by
-``python -m sandlot.adapters.containerd.gen_stubs``; importing ``client`` fails
+``python -m sandlot.devtools.gen_stubs``; importing ``client`` fails
 with that instruction when they are missing. The names below load lazily so the
-generator itself can run before the stubs exist.
+package imports before the stubs exist.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the setup step
     raise ImportError(
         "containerd gRPC stubs are not generated; run "
-        "`python -m sandlot.adapters.containerd.gen_stubs` (see its docstring)"
+        "`python -m sandlot.devtools.gen_stubs` (see its docstring)"
     ) from exc
 
 DEFAULT_RUNTIME = "io.containerd.runc.v2"

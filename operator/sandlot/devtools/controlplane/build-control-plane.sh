@@ -4,7 +4,7 @@
 # with this machine's Go toolchain. Results are cached by version outside the
 # repository, so a second run builds nothing.
 #
-#   hack/build-control-plane.sh            # prints the directory holding the binaries
+#   build-control-plane.sh                 # prints the directory holding the binaries
 #
 # KUBE_VERSION / ETCD_VERSION pick the releases; SANDLOT_CACHE_DIR the cache root.
 set -euo pipefail

@@ -1,0 +1,95 @@
+"""Every label, annotation and finalizer key sandlot writes or selects on.
+
+These strings are part of the API as much as the CRD fields are: they sit on
+objects in etcd and on containers and images in containerd, outlive any one
+release, and other programs (``kubectl -l``, a CNI plugin's logs, the chart)
+read them. Keeping them in one module makes the whole vocabulary reviewable at
+once and a rename a one-line change that every reader follows.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sandlot.api.common import GROUP
+
+# --- Kubernetes object labels -------------------------------------------------
+
+POOL_LABEL: Final = f"{GROUP}/pool"
+"""Sandbox and Service label: name of the SandboxPool that owns the object."""
+
+LEVEL_LABEL: Final = f"{GROUP}/enforce"
+"""Namespace label: the sandbox policy level (``privileged``, ``baseline``,
+``restricted``) enforced on Sandboxes in that namespace."""
+
+AGENT_LEASE_LABEL: Final = f"{GROUP}/agent-lease"
+"""Lease label (value ``"true"``): the Lease is a node agent's heartbeat."""
+
+APP_NAME_LABEL: Final = "app.kubernetes.io/name"
+"""Recommended Kubernetes label naming the application an object belongs to."""
+
+APP_NAME: Final = "sandlot"
+"""Value of ``APP_NAME_LABEL`` on the objects sandlot creates cluster-wide."""
+
+SERVICE_NAME_LABEL: Final = "kubernetes.io/service-name"
+"""EndpointSlice label (Kubernetes' own): the Service the slice belongs to."""
+
+ENDPOINTSLICE_MANAGED_BY_LABEL: Final = "endpointslice.kubernetes.io/managed-by"
+"""EndpointSlice label (Kubernetes' own): the controller owning the slice, so the
+built-in EndpointSlice controller leaves sandlot's slices alone."""
+
+ENDPOINTSLICE_MANAGER: Final = GROUP
+"""Value of ``ENDPOINTSLICE_MANAGED_BY_LABEL`` on the slices sandlot writes."""
+
+# --- containerd container and image labels -------------------------------------
+
+SANDBOX_LABEL: Final = f"{GROUP}/sandbox"
+"""Container label: "namespace/name" of the Sandbox the container runs."""
+
+SANDBOX_UID_LABEL: Final = f"{GROUP}/sandbox-uid"
+"""Container label: metadata.uid of that Sandbox (a recreated one differs)."""
+
+NETNS_LABEL: Final = f"{GROUP}/netns"
+"""Container label: path of the sandbox's network namespace (empty: none made)."""
+
+NETWORK_LABEL: Final = f"{GROUP}/cni-network"
+"""Container label: ``name`` of the CNI network configuration it was attached to."""
+
+IFNAME_LABEL: Final = f"{GROUP}/cni-ifname"
+"""Container label: the interface name given to CNI (``CNI_IFNAME``)."""
+
+LAST_USED_LABEL: Final = f"{GROUP}/last-used"
+"""Image label: RFC 3339 time a sandbox last started from the image."""
+
+# --- kopf's bookkeeping on SandboxNodes ------------------------------------------
+
+KOPF_ANNOTATION_PREFIX: Final = GROUP
+"""Prefix of the annotations kopf keeps its handler progress in
+(``sandlot.dev/<handler-id>``), instead of in sandlot's status."""
+
+LAST_HANDLED_CONFIGURATION_KEY: Final = "last-handled-configuration"
+"""Annotation name (under ``KOPF_ANNOTATION_PREFIX``) holding kopf's diff base."""
+
+NODE_HEALTH_FINALIZER: Final = f"{GROUP}/node-health"
+"""Finalizer on every SandboxNode: its deletion waits until the operator has
+marked the node's sandboxes Dead."""
+
+__all__ = [
+    "AGENT_LEASE_LABEL",
+    "APP_NAME",
+    "APP_NAME_LABEL",
+    "ENDPOINTSLICE_MANAGED_BY_LABEL",
+    "ENDPOINTSLICE_MANAGER",
+    "IFNAME_LABEL",
+    "KOPF_ANNOTATION_PREFIX",
+    "LAST_HANDLED_CONFIGURATION_KEY",
+    "LAST_USED_LABEL",
+    "LEVEL_LABEL",
+    "NETNS_LABEL",
+    "NETWORK_LABEL",
+    "NODE_HEALTH_FINALIZER",
+    "POOL_LABEL",
+    "SANDBOX_LABEL",
+    "SANDBOX_UID_LABEL",
+    "SERVICE_NAME_LABEL",
+]

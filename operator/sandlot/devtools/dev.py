@@ -1,0 +1,58 @@
+"""``sandlot dev up|down``: a local control plane (etcd + kube-apiserver) with the
+CRDs applied, in the background, for trying sandlot on one machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane, kubectl_path, stop_detached
+
+
+def start_local(workdir: Path) -> ControlPlane:
+    """Start a detached control plane under ``workdir`` and apply the CRDs."""
+    workdir = workdir.resolve()
+    if (workdir / "state.json").exists():
+        stop_detached(workdir)
+    plane = ControlPlane(workdir=workdir)
+    plane.start(detach=True)
+    (workdir / "state.json").write_text(json.dumps(plane.state()))
+    api = load_api_client(str(plane.kubeconfig))
+    try:
+        apply_crds(api, [crd_for(k) for k in KINDS])
+    finally:
+        api.close()
+    return plane
+
+
+def up(directory: str) -> int:
+    """Start the control plane under ``directory`` and say how to use it."""
+    workdir = Path(directory)
+    print(f"starting etcd and kube-apiserver under {workdir.resolve()} ...", flush=True)
+    plane = start_local(workdir)
+    kubectl = kubectl_path()
+    print(f"control plane up at {plane.url}; CRDs applied.")
+    print("next:")
+    print(f"  export KUBECONFIG={plane.kubeconfig}")
+    print(f"  {kubectl} get sandboxes -A")
+    print(f"  {kubectl} api-resources --categories=sandlot")
+    print(f"stop it with: sandlot dev down --dir {directory}")
+    return 0
+
+
+def down(directory: str) -> int:
+    """Stop what ``up`` (or ``sandlot demo --keep``) left running under ``directory``."""
+    workdir = Path(directory).resolve()
+    state_file = workdir / "state.json"
+    state = json.loads(state_file.read_text()) if state_file.exists() else {}
+    stopped = stop_detached(workdir)
+    if "containerd" in state:  # left by `sandlot demo --keep`: its shims and containers too
+        from sandlot.devtools.containerd import PrivateContainerd
+
+        ctrd = PrivateContainerd(Path(state["containerd"]["root"]))
+        ctrd.stop()
+        ctrd.remove()
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0

@@ -1,0 +1,48 @@
+"""Write the files generated from the code: the CRDs (from the API models), the
+chart's admission policy (from ``sandlot.api.admission``) and the settings and
+metrics references (``sandlot.devtools.docsgen``). Each has one source, and a
+test fails when a committed copy has drifted from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandlot.api.admission import CHART_TEMPLATE, chart_template
+from sandlot.api.crdgen import CRD_DIRS, render_crds
+from sandlot.devtools.docsgen import render_docs
+
+
+def write_crds(root: Path) -> list[Path]:
+    """Write every CRD into each of ``CRD_DIRS``, removing ones no model renders."""
+    written = []
+    rendered = render_crds()
+    for d in CRD_DIRS:
+        target = root / d
+        target.mkdir(parents=True, exist_ok=True)
+        for stale in target.glob("sandlot.dev_*.yaml"):
+            if stale.name not in rendered:
+                stale.unlink()
+        for name, text in rendered.items():
+            path = target / name
+            path.write_text(text)
+            written.append(path)
+    return written
+
+
+def write_admission(root: Path) -> list[Path]:
+    """Write the chart's admission policy template."""
+    path = root / CHART_TEMPLATE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(chart_template())
+    return [path]
+
+
+def write_docs(root: Path) -> list[Path]:
+    """Write docs/settings.md and docs/metrics.md."""
+    written = []
+    for name, text in render_docs(root).items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        written.append(path)
+    return written
