@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from pydantic import ValidationError
 
 from sandlot.api.node import NodePhase
 from sandlot.policy.disruption import (
+    FleetMember,
     FleetSummary,
     GuardSettings,
     guard_active,
@@ -15,6 +18,8 @@ from sandlot.policy.disruption import (
 
 R, N, D = NodePhase.READY, NodePhase.NOT_READY, NodePhase.DISABLED
 DEFAULT = GuardSettings()
+NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
+WINDOW = DEFAULT.window
 
 
 @pytest.mark.parametrize(
@@ -70,7 +75,7 @@ def test_guard_threshold(total: int, not_ready: int, expected: bool) -> None:
 def test_fleet_summary_excludes_disabled_nodes(
     phases: list[NodePhase | str], expected_summary: FleetSummary, expected_active: bool
 ) -> None:
-    summary = summarize_fleet(phases)
+    summary = summarize_fleet([FleetMember(p) for p in phases], NOW, WINDOW)
     assert summary == expected_summary
     assert guard_active(summary, DEFAULT) is expected_active
 
@@ -100,13 +105,33 @@ def test_guard_follows_its_settings(
     assert guard_active(fleet, guard) is expected
 
 
+def _summary(phases: list[NodePhase]) -> FleetSummary:
+    return summarize_fleet([FleetMember(p) for p in phases], NOW, WINDOW)
+
+
 def test_hold_lifts_when_the_not_ready_fraction_drops() -> None:
     fleet = [N, N, N, N, R, R, R, R, R, R]  # 0.4
-    assert not guard_active(summarize_fleet(fleet), DEFAULT)
+    assert not guard_active(_summary(fleet), DEFAULT)
     fleet[4:6] = [N, N]  # 0.6: the operator is likelier cut off
-    assert guard_active(summarize_fleet(fleet), DEFAULT)
+    assert guard_active(_summary(fleet), DEFAULT)
     fleet[0] = R  # 0.5: back under the threshold
-    assert not guard_active(summarize_fleet(fleet), DEFAULT)
+    assert not guard_active(_summary(fleet), DEFAULT)
+
+
+def test_nodes_handled_long_ago_leave_both_sides_so_a_new_failure_is_not_held() -> None:
+    # Five nodes dead and handled 20 minutes ago, five healthy, one newly lost: counting
+    # the past outage would make 6/11 NotReady and hold the new failure forever.
+    stale = [FleetMember(N, handled_at=NOW - timedelta(minutes=20)) for _ in range(5)]
+    healthy = [FleetMember(R) for _ in range(5)]
+    lost = [FleetMember(N)]
+    assert summarize_fleet(stale + healthy + lost, NOW, WINDOW) == FleetSummary(6, 1)
+    assert not guard_active(summarize_fleet(stale + healthy + lost, NOW, WINDOW), DEFAULT)
+    # Handled within the window they are the present outage and still count.
+    recent = [FleetMember(N, handled_at=NOW - timedelta(minutes=5)) for _ in range(5)]
+    assert guard_active(summarize_fleet(recent + healthy + lost, NOW, WINDOW), DEFAULT)
+    # Exactly at the window's edge a node still counts.
+    edge = [FleetMember(N, handled_at=NOW - WINDOW) for _ in range(5)]
+    assert summarize_fleet(edge + healthy + lost, NOW, WINDOW) == FleetSummary(11, 6)
 
 
 @pytest.mark.parametrize(

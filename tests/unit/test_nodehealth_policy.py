@@ -9,21 +9,18 @@ import pytest
 from pydantic import ValidationError
 
 from sandlot.api.common import Condition
-from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
 from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
 from sandlot.policy.disruption import FleetSummary, GuardSettings
 from sandlot.policy.nodehealth import (
     HOLD_CONDITION_TYPE,
     Decision,
     DecisionKind,
-    LeaseView,
     NodeHealthSettings,
     NodeView,
     StatusPatch,
     decide,
     decide_deleted,
-    lease_expiry,
-    observed_phase,
 )
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -35,6 +32,7 @@ GUARD = GuardSettings()
 CALM = FleetSummary(total_not_disabled=10, not_ready=1)
 OUTAGE = FleetSummary(total_not_disabled=10, not_ready=8)
 LONG_AGO = NOW - timedelta(hours=1)
+UNSEEN = SETTINGS.unseen_lease_duration
 
 R, N, D = NodePhase.READY, NodePhase.NOT_READY, NodePhase.DISABLED
 HOLD_TRUE = Condition(
@@ -50,9 +48,9 @@ def s(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def lease_expired(ago: timedelta, duration: int = 60) -> LeaseView:
+def lease_expired(ago: timedelta, duration: int = 60) -> ObservedRenewal:
     """A Lease whose last renewal ran out ``ago`` before NOW (negative: still valid)."""
-    return LeaseView(renew_time=NOW - ago - s(duration), duration_seconds=duration)
+    return ObservedRenewal(observed_at=NOW - ago - s(duration), lease_duration_seconds=duration)
 
 
 FRESH = lease_expired(-s(50))
@@ -69,13 +67,13 @@ def node(
     *,
     unschedulable: bool = False,
     phase: NodePhase | None = N,
-    created_at: datetime = CREATED,
+    first_seen: datetime = CREATED,
     conditions: tuple[Condition, ...] = (),
 ) -> NodeView:
     return NodeView(
         name="n1",
         unschedulable=unschedulable,
-        created_at=created_at,
+        first_seen=first_seen,
         phase=phase,
         conditions=conditions,
     )
@@ -85,7 +83,7 @@ def node(
 class Row:
     id: str
     node: NodeView
-    lease: LeaseView | None
+    lease: ObservedRenewal | None
     tracking: NodeHealthTracking | None
     kind: DecisionKind
     fleet: FleetSummary = CALM
@@ -232,8 +230,8 @@ ROWS = [
         conditions=(HOLD_CONDITION_TYPE,),
     ),
     Row(
-        "disabled_node_without_a_lease_is_abandoned_drain_timeout_after_creation",
-        node(unschedulable=True, phase=D, created_at=NOW - DRAIN),
+        "disabled_node_never_renewed_is_abandoned_drain_timeout_after_its_unseen_lease",
+        node(unschedulable=True, phase=D, first_seen=NOW - DRAIN - UNSEEN),
         None,
         UNTRACKED,
         DecisionKind.DRAIN_ABANDONED,
@@ -269,8 +267,8 @@ ROWS = [
         since=NOW - GRACE - s(60),
     ),
     Row(
-        "node_without_a_lease_is_not_ready_from_its_creation",
-        node(phase=None, created_at=NOW - s(100)),
+        "node_never_renewed_is_not_ready_a_lease_duration_after_first_seen",
+        node(phase=None, first_seen=NOW - s(100) - UNSEEN),
         None,
         None,
         DecisionKind.START_TRACKING,
@@ -278,8 +276,8 @@ ROWS = [
         wake_at=NOW - s(100) + GRACE,
     ),
     Row(
-        "node_without_a_lease_is_reaped_a_grace_after_its_creation",
-        node(created_at=NOW - GRACE),
+        "node_never_renewed_is_reaped_a_lease_duration_and_grace_after_first_seen",
+        node(first_seen=NOW - GRACE - UNSEEN),
         None,
         tracked(NOW - GRACE),
         DecisionKind.REAP,
@@ -289,13 +287,11 @@ ROWS = [
         was=(True, False),
     ),
     Row(
-        "lease_never_renewed_counts_like_no_lease",
-        node(created_at=NOW - s(10)),
-        LeaseView(renew_time=None, duration_seconds=60),
+        "node_first_seen_within_a_lease_duration_is_ready",
+        node(first_seen=NOW - s(10)),
+        None,
         UNTRACKED,
-        DecisionKind.START_TRACKING,
-        since=NOW - s(10),
-        wake_at=NOW - s(10) + GRACE,
+        DecisionKind.CLEAR,
     ),
     # NotReady, within grace ----------------------------------------------------------------
     Row(
@@ -483,54 +479,6 @@ def test_decide(row: Row) -> None:
 
 
 @pytest.mark.parametrize(
-    ("unschedulable", "lease", "created_at", "expected"),
-    [
-        (False, FRESH, CREATED, R),
-        (False, lease_expired(s(0)), CREATED, N),
-        (False, lease_expired(s(1)), CREATED, N),
-        (True, FRESH, CREATED, D),
-        (True, lease_expired(s(3600)), CREATED, D),
-        (False, None, NOW - s(1), N),
-        (False, None, NOW + s(1), R),
-        (False, LeaseView(renew_time=NOW, duration_seconds=0), CREATED, N),
-    ],
-    ids=[
-        "ready_while_now_is_before_renew_time_plus_duration",
-        "not_ready_at_exactly_renew_time_plus_duration",
-        "not_ready_after_expiry",
-        "unschedulable_is_disabled_even_with_a_fresh_lease",
-        "unschedulable_is_disabled_with_an_expired_lease",
-        "no_lease_is_not_ready_from_creation",
-        "no_lease_is_ready_only_before_its_creation_time",
-        "zero_duration_lease_is_never_ready",
-    ],
-)
-def test_observed_phase(
-    unschedulable: bool, lease: LeaseView | None, created_at: datetime, expected: NodePhase
-) -> None:
-    assert observed_phase(unschedulable, lease, created_at, NOW) is expected
-
-
-@pytest.mark.parametrize(
-    ("lease", "expected"),
-    [
-        (LeaseView(renew_time=NOW, duration_seconds=60), NOW + s(60)),
-        (LeaseView(renew_time=NOW, duration_seconds=15), NOW + s(15)),
-        (LeaseView(renew_time=None, duration_seconds=60), CREATED),
-        (None, CREATED),
-    ],
-    ids=[
-        "renew_time_plus_duration",
-        "uses_the_leases_own_duration",
-        "never_renewed_lease_expires_at_creation",
-        "missing_lease_expires_at_creation",
-    ],
-)
-def test_lease_expiry(lease: LeaseView | None, expected: datetime) -> None:
-    assert lease_expiry(lease, CREATED) == expected
-
-
-@pytest.mark.parametrize(
     ("lease", "tracking", "settings", "expected"),
     [
         (lease_expired(s(10)), tracked(NOW - s(10)), SETTINGS, NOW - s(10) + GRACE),
@@ -551,7 +499,7 @@ def test_lease_expiry(lease: LeaseView | None, expected: datetime) -> None:
     ],
 )
 def test_decision_deadline(
-    lease: LeaseView,
+    lease: ObservedRenewal,
     tracking: NodeHealthTracking | None,
     settings: NodeHealthSettings,
     expected: datetime | None,
@@ -584,7 +532,9 @@ def _reap() -> Decision:
 def test_latch_after_full_success_records_time_and_count_and_keeps_the_episode() -> None:
     latched = _reap().latched(NOW, 3)
     assert latched.phase == N
-    assert latched.health == tracked(NOW - GRACE, NOW, 3)
+    assert latched.health == tracked(NOW - GRACE, NOW, 3).model_copy(
+        update={"last_renewal": lease_expired(GRACE)}
+    )
     # The hold condition's removal rides along, so success costs a single write.
     assert latched.conditions is not None
     assert [c.type for c in latched.conditions] == ["AgentConnected"]
@@ -619,7 +569,12 @@ def test_status_patch_clears_tracking_with_explicit_nulls() -> None:
     assert d.patch is not None
     assert d.patch.wire() == {
         "phase": "Ready",
-        "health": {"unhealthySince": None, "handledAt": None, "handledCount": None},
+        "health": {
+            "unhealthySince": None,
+            "lastRenewal": None,
+            "handledAt": None,
+            "handledCount": None,
+        },
     }
 
 
@@ -633,7 +588,7 @@ def test_status_patch_sends_conditions_whole_only_when_they_change() -> None:
 # --- sequences: several passes, status carried between them as the controller would --------
 
 
-def _run(passes: list[tuple[datetime, LeaseView | None, FleetSummary, bool]]) -> list[Decision]:
+def _run(passes: list[tuple[datetime, ObservedRenewal | None, FleetSummary, bool]]) -> list[Decision]:
     """Decide at each (now, lease, fleet, unschedulable), writing patches and latches back."""
     tracking: NodeHealthTracking = UNTRACKED
     phase: NodePhase | None = None
@@ -656,8 +611,8 @@ def _run(passes: list[tuple[datetime, LeaseView | None, FleetSummary, bool]]) ->
 
 def test_recover_after_handled_clears_the_latch_and_a_new_failure_gets_a_new_grace() -> None:
     t0 = NOW
-    died = LeaseView(renew_time=t0 - s(60), duration_seconds=60)  # expired at t0
-    back = LeaseView(renew_time=t0 + s(1000), duration_seconds=60)  # expires t0+1060
+    died = ObservedRenewal(observed_at=t0 - s(60), lease_duration_seconds=60)  # expired at t0
+    back = ObservedRenewal(observed_at=t0 + s(1000), lease_duration_seconds=60)  # expires t0+1060
     kinds = [
         d.kind
         for d in _run(
@@ -684,7 +639,7 @@ def test_recover_after_handled_clears_the_latch_and_a_new_failure_gets_a_new_gra
 
 
 def test_grace_keeps_counting_during_a_hold_so_the_lift_reaps_at_once() -> None:
-    died = LeaseView(renew_time=NOW - s(60), duration_seconds=60)  # expired at NOW
+    died = ObservedRenewal(observed_at=NOW - s(60), lease_duration_seconds=60)  # expired at NOW
     decisions = _run(
         [
             (NOW + s(10), died, OUTAGE, False),
@@ -709,7 +664,7 @@ def test_grace_keeps_counting_during_a_hold_so_the_lift_reaps_at_once() -> None:
 
 
 def test_disabled_clears_the_latch_and_an_uncordoned_dead_node_keeps_its_real_expiry() -> None:
-    died = LeaseView(renew_time=NOW - s(60), duration_seconds=60)  # expired at NOW
+    died = ObservedRenewal(observed_at=NOW - s(60), lease_duration_seconds=60)  # expired at NOW
     decisions = _run(
         [
             (NOW + GRACE, died, CALM, False),
@@ -766,14 +721,14 @@ def test_decide_refuses_a_naive_now() -> None:
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: LeaseView(renew_time=NOW.replace(tzinfo=None), duration_seconds=60),
-        lambda: LeaseView(renew_time=NOW, duration_seconds=-1),
-        lambda: node(created_at=CREATED.replace(tzinfo=None)),
+        lambda: ObservedRenewal(observed_at=NOW.replace(tzinfo=None), lease_duration_seconds=60),
+        lambda: ObservedRenewal(observed_at=NOW, lease_duration_seconds=-1),
+        lambda: node(first_seen=CREATED.replace(tzinfo=None)),
     ],
     ids=[
-        "lease_refuses_a_naive_renew_time",
-        "lease_refuses_a_negative_duration",
-        "node_refuses_a_naive_creation_time",
+        "renewal_refuses_a_naive_observed_at",
+        "renewal_refuses_a_negative_duration",
+        "node_refuses_a_naive_first_seen",
     ],
 )
 def test_inputs_refuse_bad_values(build) -> None:  # type: ignore[no-untyped-def]

@@ -16,12 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sandlot.api.common import Condition
-from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
 from sandlot.policy.disruption import FleetSummary, GuardSettings
 from sandlot.policy.nodehealth import (
     Decision,
     DecisionKind,
-    LeaseView,
     NodeHealthSettings,
     NodeView,
     decide,
@@ -70,8 +69,9 @@ def histories(draw: st.DrawFn, *, lossy: bool, drains: bool, holds: bool):  # ty
     node_settings = NodeHealthSettings(
         grace_period=timedelta(seconds=draw(st.integers(min_value=1, max_value=600))),
         drain_timeout=timedelta(seconds=draw(st.integers(min_value=1, max_value=900))),
+        unseen_lease_duration=timedelta(seconds=duration),
     )
-    created_at = T0 - timedelta(seconds=draw(st.integers(min_value=0, max_value=1000)))
+    first_seen = T0 - timedelta(seconds=draw(st.integers(min_value=0, max_value=1000)))
     has_lease = draw(st.booleans())
     history = draw(st.lists(steps, min_size=1, max_size=60))
     history = [
@@ -85,13 +85,13 @@ def histories(draw: st.DrawFn, *, lossy: bool, drains: bool, holds: bool):  # ty
         )
         for s in history
     ]
-    return duration, node_settings, created_at, has_lease, history
+    return duration, node_settings, first_seen, has_lease, history
 
 
 def simulate(
     duration: int,
     node_settings: NodeHealthSettings,
-    created_at: datetime,
+    first_seen: datetime,
     has_lease: bool,
     history: list[Step],
 ) -> list[Pass]:
@@ -108,11 +108,17 @@ def simulate(
             renew_time, has_lease, renewed = now, True, True
         if not step.observe:
             continue
-        lease = LeaseView(renew_time, duration) if has_lease else None
-        node = NodeView("n1", step.unschedulable, created_at, phase, conditions)
+        renewal = (
+            ObservedRenewal(observed_at=renew_time, lease_duration_seconds=duration)
+            if has_lease and renew_time is not None
+            else None
+        )
+        node = NodeView("n1", step.unschedulable, first_seen, phase, conditions)
         fleet = OUTAGE if step.held else CALM
-        d = decide(node, lease, tracking, now, fleet, GUARD, node_settings)
-        last_valid = created_at if renew_time is None else renew_time + timedelta(seconds=duration)
+        d = decide(node, renewal, tracking, now, fleet, GUARD, node_settings)
+        last_valid = (first_seen if renew_time is None else renew_time) + timedelta(
+            seconds=duration
+        )
         passes.append(Pass(now, d, last_valid, renewed, step.unschedulable, step.held))
         renewed = False
         latches = d.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED)
@@ -127,8 +133,8 @@ def simulate(
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=True, drains=True, holds=True))
 def test_never_reaps_a_node_whose_lease_was_valid_within_the_grace_window(history) -> None:  # type: ignore[no-untyped-def]
-    duration, node_settings, created_at, has_lease, steps_ = history
-    for p in simulate(duration, node_settings, created_at, has_lease, steps_):
+    duration, node_settings, first_seen, has_lease, steps_ = history
+    for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         # The lease was valid up to (not including) last_valid; nothing is marked Dead
         # unless that moment lies a whole grace (or drain timeout) before now.
         if p.decision.kind is DecisionKind.REAP:
@@ -142,23 +148,23 @@ def test_never_reaps_a_node_whose_lease_was_valid_within_the_grace_window(histor
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=True, drains=True, holds=True))
 def test_unhealthy_since_is_a_lease_expiry_never_the_time_of_notice(history) -> None:  # type: ignore[no-untyped-def]
-    duration, node_settings, created_at, has_lease, steps_ = history
-    for p in simulate(duration, node_settings, created_at, has_lease, steps_):
+    duration, node_settings, first_seen, has_lease, steps_ = history
+    for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         since = p.decision.unhealthy_since
         if since is None:
             continue
         assert since <= p.now
         if p.decision.kind in (DecisionKind.START_TRACKING, DecisionKind.REAP):
-            # Tracking only ever records the current lease expiry (or creation).
-            assert since in (p.last_valid, created_at)
+            # Tracking only ever records the current expiry of the last observed renewal.
+            assert since == p.last_valid
 
 
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=False, drains=True, holds=True))
 def test_a_dead_node_is_reaped_once_per_episode_then_costs_nothing(history) -> None:  # type: ignore[no-untyped-def]
-    duration, node_settings, created_at, has_lease, steps_ = history
+    duration, node_settings, first_seen, has_lease, steps_ = history
     reaped = was_disabled = False
-    for p in simulate(duration, node_settings, created_at, has_lease, steps_):
+    for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         d = p.decision
         if p.renewed_since_last_pass or d.kind in (DecisionKind.CLEAR, DecisionKind.CLEAR_DISABLED):
             reaped = False
@@ -179,9 +185,9 @@ def test_a_dead_node_is_reaped_once_per_episode_then_costs_nothing(history) -> N
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=False, drains=False, holds=True))
 def test_once_the_grace_is_over_and_the_guard_lifts_the_node_is_reaped(history) -> None:  # type: ignore[no-untyped-def]
-    duration, node_settings, created_at, has_lease, steps_ = history
+    duration, node_settings, first_seen, has_lease, steps_ = history
     reaped = False
-    for p in simulate(duration, node_settings, created_at, has_lease, steps_):
+    for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         d = p.decision
         if p.renewed_since_last_pass:
             reaped = False

@@ -8,10 +8,10 @@ operator restart or a leader change neither restarts nor forgets a grace period.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import AwareDatetime, ConfigDict, Field
 
 from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
 
@@ -36,11 +36,51 @@ class NodeCapacity(Model):
     )
 
 
+class ObservedRenewal(Model):
+    """A renewal of a node's Lease as the operator saw it, timed on the operator's clock.
+
+    ``renewTime`` and ``holderIdentity`` identify the renewal and are compared only for
+    change: they are stamped by the agent's clock, which may be skewed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    renew_time: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The Lease's spec.renewTime as written by the agent (compared for "
+        "change only, never with a clock).",
+    )
+    holder_identity: str | None = Field(
+        default=None, max_length=256, description="The Lease's spec.holderIdentity."
+    )
+    observed_at: AwareDatetime = Field(
+        description="When the operator first saw this renewal, on its own clock."
+    )
+    lease_duration_seconds: int = Field(
+        ge=0, description="The Lease's spec.leaseDurationSeconds at that renewal."
+    )
+
+    @property
+    def expires_at(self) -> datetime:
+        """When this renewal stops proving the node alive: observedAt + duration."""
+        return self.observed_at + timedelta(seconds=self.lease_duration_seconds)
+
+    def same_renewal(self, renew_time: str | None, holder: str | None) -> bool:
+        return (self.renew_time, self.holder_identity) == (renew_time, holder)
+
+
 class NodeHealthTracking(Model):
     unhealthy_since: datetime | None = Field(
         default=None,
-        description="When the node's lease expired (renewTime + leaseDurationSeconds), "
-        "not when the operator noticed. The grace period counts from here.",
+        description="When the node stopped being Ready: the last renewal the operator "
+        "observed plus its lease duration, on the operator's clock (not when the operator "
+        "noticed). The grace period counts from here.",
+    )
+    last_renewal: ObservedRenewal | None = Field(
+        default=None,
+        description="The last renewal observed before this episode began; a restarted or "
+        "new leader that finds the Lease unchanged keeps the episode and its deadline.",
     )
     handled_at: datetime | None = Field(
         default=None,

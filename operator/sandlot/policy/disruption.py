@@ -14,13 +14,16 @@ endpoint is recoverable; a fleet-wide teardown is not.
 
 Disabled (drained) nodes are left out of the count on both sides: their leases
 are expected to stop, and counting them would make a large drain look like an
-outage.
+outage. So are nodes handled (their sandboxes marked Dead) longer ago than the
+guard's ``window``: they are the past, not the present outage, and a fleet that
+keeps a few long-dead nodes around must not have its guard hold forever.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -71,13 +74,35 @@ class GuardSettings(BaseModel):
         description="Fewest not-Disabled nodes for which the guard applies at all: in a "
         "smaller fleet one lost node is already a large fraction.",
     )
+    window: timedelta = Field(
+        default=timedelta(minutes=10),
+        gt=timedelta(0),
+        description="Nodes handled longer ago than this are left out of both sides of "
+        "the fraction: they are the past, not the present outage.",
+    )
 
 
-def summarize_fleet(phases: Iterable[NodePhase | str]) -> FleetSummary:
-    """Count a fleet's observed node phases (one per SandboxNode) for the guard."""
+@dataclass(frozen=True)
+class FleetMember:
+    """One SandboxNode as the guard counts it."""
+
+    phase: NodePhase | str
+    """Its observed phase now."""
+    handled_at: datetime | None = None
+    """When its sandboxes were all marked Dead (the handled latch); None if not handled."""
+
+
+def summarize_fleet(
+    members: Iterable[FleetMember], now: datetime, window: timedelta
+) -> FleetSummary:
+    """Count a fleet's nodes for the guard: Disabled ones and those handled longer
+    than ``window`` before ``now`` are left out of both sides."""
     total = not_ready = 0
-    for phase in phases:
+    for member in members:
+        phase = member.phase
         if phase == NodePhase.DISABLED:
+            continue
+        if member.handled_at is not None and now - member.handled_at > window:
             continue
         total += 1
         if phase == NodePhase.NOT_READY:

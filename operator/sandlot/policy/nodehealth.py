@@ -18,9 +18,9 @@ Drained (Disabled) nodes are left to the drain, with one exception: a drained no
 whose lease has been expired for longer than ``drain_timeout`` is a drain that
 died with its node, and its leftovers are marked Dead (reason ``DrainAbandoned``).
 
-``renewTime`` is stamped by the agent's clock and compared with the operator's
-``now``, as the kubelet's node leases are: clock skew between them lengthens or
-shortens the grace by the skew, which a 300 s grace absorbs for any NTP-synced fleet.
+Liveness is judged on the operator's clock only (``sandlot.policy.liveness``): the
+controller passes the last renewal it *observed*, timed when it saw the Lease change,
+never the agent's ``renewTime`` stamp, so a skewed node clock moves nothing.
 
 Everything the controller persists lives in the node's status, so an operator
 restart or a leader change neither restarts nor forgets a grace period. Nothing
@@ -38,10 +38,11 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.api.common import Condition
-from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
 from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
 from sandlot.policy.conditions import find_condition, remove_condition, set_condition
 from sandlot.policy.disruption import FleetSummary, GuardSettings, guard_active
+from sandlot.policy.liveness import lease_expiry, observed_phase
 
 # Condition set on a NotReady node whose handling the mass-failure guard holds back.
 HOLD_CONDITION_TYPE = "DisruptionGuard"
@@ -59,40 +60,22 @@ _READY: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
 
 
 @dataclass(frozen=True)
-class LeaseView:
-    """The part of a node's ``coordination.k8s.io/v1`` Lease that liveness depends on.
-
-    The controller passes ``None`` instead of a LeaseView when the Lease does not exist.
-    """
-
-    renew_time: datetime | None
-    """``spec.renewTime`` (timezone-aware); None when the Lease was never renewed."""
-    duration_seconds: int
-    """``spec.leaseDurationSeconds``: how long one renewal keeps the node Ready."""
-
-    def __post_init__(self) -> None:
-        if self.duration_seconds < 0:
-            raise ValueError(f"duration_seconds must be >= 0, got {self.duration_seconds}")
-        if self.renew_time is not None:
-            _require_aware("renew_time", self.renew_time)
-
-
-@dataclass(frozen=True)
 class NodeView:
     """What the controller read of one SandboxNode."""
 
     name: str
     unschedulable: bool
     """``spec.unschedulable`` (set by ``sandlot drain``)."""
-    created_at: datetime
-    """``metadata.creationTimestamp``: when a node without a Lease became NotReady."""
+    first_seen: datetime
+    """When the operator first saw the node (``liveness.first_seen_at``): a node without
+    an observed renewal is Ready until ``unseen_lease_duration`` after it."""
     phase: NodePhase | str | None = None
     """``status.phase`` as currently stored; None when the node has no status yet."""
     conditions: tuple[Condition, ...] = ()
     """``status.conditions`` as currently stored."""
 
     def __post_init__(self) -> None:
-        _require_aware("created_at", self.created_at)
+        _require_aware("first_seen", self.first_seen)
 
 
 class HealthTracking(Protocol):
@@ -104,6 +87,8 @@ class HealthTracking(Protocol):
     def handled_at(self) -> datetime | None: ...
     @property
     def handled_count(self) -> int | None: ...
+    @property
+    def last_renewal(self) -> ObservedRenewal | None: ...
 
 
 class NodeHealthSettings(BaseModel):
@@ -117,37 +102,18 @@ class NodeHealthSettings(BaseModel):
         description="How long a NotReady node's sandboxes are left alone, counted from "
         "its lease's expiry, before they are marked Dead.",
     )
+    unseen_lease_duration: timedelta = Field(
+        default=timedelta(seconds=60),
+        gt=timedelta(0),
+        description="How long a node whose Lease was never seen counts as Ready after the "
+        "operator first saw it (the agents' leaseDurationSeconds).",
+    )
     drain_timeout: timedelta = Field(
         default=timedelta(minutes=10),
         gt=timedelta(0),
         description="How long a drained node's lease may stay expired before its "
         "remaining sandboxes are marked Dead (DrainAbandoned).",
     )
-
-
-# --- liveness ---------------------------------------------------------------------------
-
-
-def lease_expiry(lease: LeaseView | None, created_at: datetime) -> datetime:
-    """The moment the node stops (or stopped) being Ready: renewTime + duration.
-
-    A node with no Lease, or a Lease never renewed, never proved it was alive, so it
-    has been NotReady since its creation.
-    """
-    if lease is None or lease.renew_time is None:
-        return created_at
-    return lease.renew_time + timedelta(seconds=lease.duration_seconds)
-
-
-def observed_phase(
-    unschedulable: bool, lease: LeaseView | None, created_at: datetime, now: datetime
-) -> NodePhase:
-    """Disabled when drained; Ready iff ``now < renewTime + duration``; else NotReady."""
-    if unschedulable:
-        return NodePhase.DISABLED
-    if now < lease_expiry(lease, created_at):
-        return NodePhase.READY
-    return NodePhase.NOT_READY
 
 
 # --- decisions --------------------------------------------------------------------------
@@ -263,7 +229,7 @@ class Decision:
 
 def decide(
     node: NodeView,
-    lease: LeaseView | None,
+    renewal: ObservedRenewal | None,
     tracking: HealthTracking | None,
     now: datetime,
     fleet: FleetSummary,
@@ -272,6 +238,8 @@ def decide(
 ) -> Decision:
     """Decide what the node-health controller does for ``node`` at ``now``.
 
+    ``renewal`` is the last renewal of the node's Lease the operator observed
+    (``liveness.observe_renewal``; None when it never saw one);
     ``tracking`` is the node's stored ``status.health`` (None when it has none);
     ``fleet`` counts every SandboxNode's observed phase, this one included.
 
@@ -286,8 +254,9 @@ def decide(
     was_tracking = stored.unhealthy_since is not None
     was_handled = stored.handled_at is not None
     held = guard_active(fleet, guard)
-    phase = observed_phase(node.unschedulable, lease, node.created_at, now)
-    expiry = lease_expiry(lease, node.created_at)
+    unseen = settings.unseen_lease_duration
+    phase = observed_phase(node.unschedulable, renewal, node.first_seen, unseen, now)
+    expiry = lease_expiry(renewal, node.first_seen, unseen)
 
     def make(
         kind: DecisionKind,
@@ -324,7 +293,7 @@ def decide(
             return make(
                 DecisionKind.CLEAR_DISABLED, NodeHealthTracking(), deadline=abandon_at, wake_at=wake
             )
-        episode = _episode(stored, expiry)
+        episode = _episode(stored, expiry, renewal)
         if episode.handled_at is not None:
             return make(DecisionKind.HANDLED, episode, deadline=abandon_at)
         if held:
@@ -336,7 +305,7 @@ def decide(
             deadline=abandon_at,
         )
 
-    episode = _episode(stored, expiry)
+    episode = _episode(stored, expiry, renewal)
     assert episode.unhealthy_since is not None
     deadline = episode.unhealthy_since + settings.grace_period
     if episode.handled_at is not None:
@@ -384,22 +353,26 @@ def _snapshot(tracking: HealthTracking | None) -> NodeHealthTracking:
         return NodeHealthTracking()
     return NodeHealthTracking(
         unhealthy_since=tracking.unhealthy_since,
+        last_renewal=tracking.last_renewal,
         handled_at=tracking.handled_at,
         handled_count=tracking.handled_count,
     )
 
 
-def _episode(stored: NodeHealthTracking, expiry: datetime) -> NodeHealthTracking:
+def _episode(
+    stored: NodeHealthTracking, expiry: datetime, renewal: ObservedRenewal | None
+) -> NodeHealthTracking:
     """The tracking of the node's current unhealthy episode.
 
-    A lease that expires later than the recorded unhealthySince was renewed since:
-    the node was Ready in between, even if no pass saw it, so a new episode starts
-    with a fresh grace period and no latch. An earlier expiry (the Lease was deleted,
-    so the node falls back to its creation time) does not move the recorded moment
-    back: that would shorten a grace period already under way.
+    A new episode records the renewal it began after, so a restarted or new leader
+    that finds the Lease unchanged keeps its deadline. A renewal observed later than
+    the recorded unhealthySince means the node was Ready in between, even if no pass
+    saw it: a new episode starts with a fresh grace period and no latch. An earlier
+    expiry never moves the recorded moment back: that would shorten a grace period
+    already under way.
     """
     if stored.unhealthy_since is None or expiry > stored.unhealthy_since:
-        return NodeHealthTracking(unhealthy_since=expiry)
+        return NodeHealthTracking(unhealthy_since=expiry, last_renewal=renewal)
     return stored
 
 

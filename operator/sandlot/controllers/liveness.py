@@ -1,0 +1,149 @@
+"""The operator's one view of node liveness, shared by node health and the scheduler.
+
+It is fed by the agents' Lease watch and keeps, per node, the last renewal it
+observed, timed on the operator's own clock (``sandlot.policy.liveness``), and
+when the view itself was last established and last heard from. The node-health
+controller reaps from it and the scheduler places from it, so the two can never
+disagree about which nodes are alive.
+
+Thread-safety: the watch thread calls ``on_lease``, ``heard`` and ``restored``;
+the event loop reads. Every method takes the one lock; none does I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
+from sandlot.policy.liveness import (
+    LeaseView,
+    LeaseViewState,
+    first_seen_at,
+    lease_expiry,
+    observe_renewal,
+    observed_phase,
+    reap_blocked_until,
+)
+
+
+class LivenessView:
+    def __init__(
+        self,
+        clock: Callable[[], datetime],
+        *,
+        unseen_duration: timedelta,
+        staleness_bound: timedelta,
+    ) -> None:
+        self.clock = clock
+        self.unseen_duration = unseen_duration
+        self.staleness_bound = staleness_bound
+        self._lock = threading.Lock()
+        self._leases: dict[str, LeaseView] = {}
+        self._renewals: dict[str, ObservedRenewal] = {}
+        # A Lease met with no earlier observation (after a start or failover): when it
+        # was met. It is resolved against the renewal the node's status records, which
+        # the first query brings, so an unchanged Lease keeps its recorded deadline.
+        self._unresolved: dict[str, datetime] = {}
+        self._first_seen: dict[str, datetime] = {}
+        self._since: datetime | None = None
+        self._last_heard: datetime | None = None
+
+    # -- inputs (watch thread) -------------------------------------------------------
+
+    def on_lease(self, name: str, lease: LeaseView | None) -> bool:
+        """Record a Lease as read (None: deleted); True when it is a new renewal."""
+        now = self.clock()
+        with self._lock:
+            self._last_heard = now
+            if lease is None:
+                # Not a renewal and not a death: the last observed renewal still counts.
+                self._leases.pop(name, None)
+                return False
+            self._leases[name] = lease
+            previous = self._renewals.get(name)
+            if previous is None:
+                if name not in self._unresolved:
+                    self._unresolved[name] = now
+                    return True
+                return False
+            observed = observe_renewal(previous, lease, None, now)
+            if observed is previous:
+                return False
+            assert observed is not None
+            self._renewals[name] = observed
+            return True
+
+    def heard(self) -> None:
+        """The watch proved alive without an event (a clean re-watch, a bookmark)."""
+        now = self.clock()
+        with self._lock:
+            self._last_heard = now
+
+    def restored(self) -> None:
+        """A full list re-established the view (after a start or any gap)."""
+        now = self.clock()
+        with self._lock:
+            self._since = now
+            self._last_heard = now
+
+    def forget(self, name: str) -> None:
+        """The SandboxNode is gone."""
+        with self._lock:
+            self._leases.pop(name, None)
+            self._renewals.pop(name, None)
+            self._unresolved.pop(name, None)
+            self._first_seen.pop(name, None)
+
+    # -- queries (event loop) ------------------------------------------------------
+
+    def renewal(self, name: str, tracking: NodeHealthTracking) -> ObservedRenewal | None:
+        """The last renewal of ``name``'s Lease observed, resolved against ``tracking``."""
+        with self._lock:
+            met = self._unresolved.pop(name, None)
+            if met is not None:
+                resolved = observe_renewal(None, self._leases.get(name), tracking.last_renewal, met)
+                if resolved is not None:
+                    self._renewals[name] = resolved
+            found = self._renewals.get(name)
+            if found is None and name not in self._first_seen:
+                self._first_seen[name] = first_seen_at(tracking, self.clock(), self.unseen_duration)
+            return found if found is not None else tracking.last_renewal
+
+    def first_seen(self, name: str) -> datetime:
+        with self._lock:
+            return self._first_seen.setdefault(name, self.clock())
+
+    def phase(
+        self, name: str, unschedulable: bool, tracking: NodeHealthTracking, now: datetime
+    ) -> NodePhase:
+        renewal = self.renewal(name, tracking)
+        return observed_phase(
+            unschedulable, renewal, self.first_seen(name), self.unseen_duration, now
+        )
+
+    def expiry(self, name: str, tracking: NodeHealthTracking) -> datetime:
+        renewal = self.renewal(name, tracking)
+        return lease_expiry(renewal, self.first_seen(name), self.unseen_duration)
+
+    def lease_duration(self, name: str) -> timedelta:
+        with self._lock:
+            lease = self._leases.get(name)
+            renewal = self._renewals.get(name)
+        if lease is not None:
+            return timedelta(seconds=lease.duration_seconds)
+        if renewal is not None:
+            return timedelta(seconds=renewal.lease_duration_seconds)
+        return self.unseen_duration
+
+    @property
+    def established(self) -> bool:
+        with self._lock:
+            return self._since is not None
+
+    def reap_blocked_until(self, name: str, now: datetime) -> datetime | None:
+        """When marking ``name``'s sandboxes may go ahead; None when it may now."""
+        with self._lock:
+            state = LeaseViewState(since=self._since, last_heard=self._last_heard)
+        return reap_blocked_until(state, self.lease_duration(name), self.staleness_bound, now)
