@@ -119,20 +119,23 @@ def test_hold_lifts_when_the_not_ready_fraction_drops() -> None:
 
 
 def test_nodes_handled_long_ago_leave_both_sides_so_a_new_failure_is_not_held() -> None:
-    # Five nodes dead and handled 20 minutes ago, five healthy, one newly lost: counting
-    # the past outage would make 6/11 NotReady and hold the new failure forever.
-    stale = [FleetMember(N, handled_at=NOW - timedelta(minutes=20)) for _ in range(5)]
-    healthy = [FleetMember(R) for _ in range(5)]
+    # Six nodes dead and handled 20 minutes ago, four healthy, one newly lost: counting
+    # the past outage would make 7/11 NotReady and hold the new failure forever.
+    healthy = [FleetMember(R) for _ in range(4)]
     lost = [FleetMember(N)]
-    assert summarize_fleet(stale + healthy + lost, NOW, WINDOW) == FleetSummary(6, 1)
-    assert not guard_active(summarize_fleet(stale + healthy + lost, NOW, WINDOW), DEFAULT)
-    # Handled within the window they are the present outage and still count.
-    recent = [FleetMember(N, handled_at=NOW - timedelta(minutes=5)) for _ in range(5)]
-    assert guard_active(summarize_fleet(recent + healthy + lost, NOW, WINDOW), DEFAULT)
-    # Exactly at the window's edge a node still counts.
-    edge = [FleetMember(N, handled_at=NOW - WINDOW) for _ in range(5)]
-    assert summarize_fleet(edge + healthy + lost, NOW, WINDOW) == FleetSummary(11, 6)
 
+    def handled(ago: timedelta) -> list[FleetMember]:
+        return [FleetMember(N, handled_at=NOW - ago) for _ in range(6)]
+
+    stale = summarize_fleet(handled(timedelta(minutes=20)) + healthy + lost, NOW, WINDOW)
+    assert stale == FleetSummary(5, 1)
+    assert not guard_active(stale, DEFAULT)
+    # Handled within the window they are the present outage and still count.
+    recent = summarize_fleet(handled(timedelta(minutes=5)) + healthy + lost, NOW, WINDOW)
+    assert recent == FleetSummary(11, 7)
+    assert guard_active(recent, DEFAULT)
+    # Exactly at the window's edge a node still counts.
+    assert summarize_fleet(handled(WINDOW) + healthy + lost, NOW, WINDOW) == FleetSummary(11, 7)
 
 @pytest.mark.parametrize(
     ("kwargs", "field"),
