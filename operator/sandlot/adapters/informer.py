@@ -1,5 +1,6 @@
 """A minimal informer for the agents' node Leases: list, then watch from the list's
-resourceVersion, and start over on any error (with a capped backoff).
+resourceVersion, resume each watch from the last event seen, and list again only
+after an error or a 410 (with a capped backoff).
 
 The operator keeps every node's Lease in memory from this stream, so judging a
 node READY costs no request per pass, and a handled dead node costs none at all.
@@ -33,8 +34,9 @@ class LeaseInformer:
         on_event: LeaseCallback,
         *,
         label_selector: str = f"{AGENT_LEASE_LABEL}=true",
-        watch_timeout: int = 300,
+        watch_timeout: int = 20,
         on_view_restored: Callable[[], None] | None = None,
+        on_heard: Callable[[], None] | None = None,
     ) -> None:
         self.api: Any = client.CoordinationV1Api(api)
         self.namespace = namespace
@@ -44,8 +46,17 @@ class LeaseInformer:
         # a gap). The node-health controller waits a lease duration after it before
         # it reaps, so leases the agents renew once the API server is back count.
         self.on_view_restored = on_view_restored
+        # Called whenever the stream proves alive (an event, a watch that ended on
+        # time). The server ends each watch after ``watch_timeout`` and the client gives
+        # up reading half that again later, so a connection that died silently is
+        # noticed within 1.5 x ``watch_timeout``, not at a default read timeout of
+        # minutes: whoever reaps from this view must not trust it longer than that.
+        self.on_heard = on_heard
         self.label_selector = label_selector
+        if watch_timeout < 1:
+            raise ValueError(f"watch_timeout must be at least 1 s, got {watch_timeout}")
         self.watch_timeout = watch_timeout
+        self.read_timeout = watch_timeout + max(1, watch_timeout // 2)
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._watch: watch.Watch | None = None
@@ -63,47 +74,74 @@ class LeaseInformer:
     def _run(self) -> None:
         backoff = 0.5
         gap = True
+        known: set[str] = set()
         while not self._stop.is_set():
             try:
-                listed = self.api.list_namespaced_lease(
-                    self.namespace, label_selector=self.label_selector, _request_timeout=30
-                )
-                names = set()
-                for item in listed.items:
-                    record = _lease_record(item)
-                    names.add(record.name)
-                    self.on_event("SYNC", record)
-                self.synced.set()
-                if gap and self.on_view_restored is not None:
-                    self.on_view_restored()
+                version = self._list(known, restored=gap)
                 gap = False
-                self._watch = watch.Watch()
-                for event in self._watch.stream(
-                    self.api.list_namespaced_lease,
-                    self.namespace,
-                    label_selector=self.label_selector,
-                    resource_version=listed.metadata.resource_version,
-                    timeout_seconds=self.watch_timeout,
-                    _request_timeout=self.watch_timeout + 30,
-                ):
-                    if self._stop.is_set():
-                        return
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        break  # typically 410 Gone: list again
-                    self.on_event(event["type"], _lease_record(obj))
+                # Watch from the list, then from the last event seen, until the server
+                # says the version is too old (list again) or the stream breaks.
+                while version is not None and not self._stop.is_set():
+                    version = self._watch_once(version, known)
                 backoff = 0.5
-            except (ApiException, OSError, ValueError) as e:
+            except Exception as e:  # ApiException, OSError, urllib3 protocol errors...
                 gap = True
                 if self._stop.is_set():
                     return
-                log.warning("lease watch failed (%s); listing again in %.1fs", e, backoff)
+                log.warning(
+                    "lease watch failed (%s: %s); listing again in %.1fs",
+                    type(e).__name__,
+                    e,
+                    backoff,
+                )
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
-            except Exception as e:  # urllib3 protocol errors and the like
-                gap = True
-                if self._stop.is_set():
-                    return
-                log.warning("lease watch broke (%s: %s); listing again", type(e).__name__, e)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 10.0)
+
+    def _list(self, known: set[str], *, restored: bool) -> str:
+        listed = self.api.list_namespaced_lease(
+            self.namespace, label_selector=self.label_selector, _request_timeout=30
+        )
+        names = set()
+        for item in listed.items:
+            record = _lease_record(item)
+            names.add(record.name)
+            self.on_event("SYNC", record)
+        for gone in known - names:  # deleted while no watch was there to say so
+            self.on_event("DELETED", LeaseRecord(gone, None, None, 0, ""))
+        known.clear()
+        known.update(names)
+        self.synced.set()
+        if restored and self.on_view_restored is not None:
+            self.on_view_restored()
+        self._heard()
+        return str(listed.metadata.resource_version)
+
+    def _watch_once(self, version: str, known: set[str]) -> str | None:
+        """One watch from ``version``; the version to resume from, or None to list again."""
+        self._watch = watch.Watch()
+        for event in self._watch.stream(
+            self.api.list_namespaced_lease,
+            self.namespace,
+            label_selector=self.label_selector,
+            resource_version=version,
+            timeout_seconds=self.watch_timeout,
+            _request_timeout=self.read_timeout,
+        ):
+            if self._stop.is_set():
+                return None
+            if event["type"] == "ERROR":
+                return None  # typically 410 Gone: list again
+            record = _lease_record(event["object"])
+            if event["type"] == "DELETED":
+                known.discard(record.name)
+            else:
+                known.add(record.name)
+            version = record.resource_version or version
+            self.on_event(event["type"], record)
+            self._heard()
+        self._heard()  # ended on time: the server was there to end it
+        return version
+
+    def _heard(self) -> None:
+        if self.on_heard is not None:
+            self.on_heard()

@@ -37,6 +37,22 @@ class OperatorSettings(SettingsModel):
     min_nodes_for_guard: int = Field(
         default=3, ge=1, description="Fewest not-Disabled nodes for which the guard applies."
     )
+    guard_window: Duration = Field(
+        default=timedelta(minutes=10),
+        description="Nodes handled (sandboxes marked Dead) longer ago than this are left out "
+        "of both sides of the mass-failure guard's fraction: the past, not the present outage.",
+    )
+    agent_lease_duration: Duration = Field(
+        default=timedelta(seconds=60),
+        description="How long a SandboxNode whose Lease the operator never saw counts as "
+        "Ready after the operator first saw it; set it to the agents' lease duration.",
+    )
+    lease_view_max_age: Duration = Field(
+        default=timedelta(seconds=45),
+        description="No view of the agents' Leases older than this is used to mark "
+        "sandboxes Dead: a lease watch that died silently is noticed and replaced within "
+        "it. Must stay well below the agents' lease duration plus the grace period.",
+    )
     resync_interval: Duration = Field(
         default=timedelta(seconds=30),
         description="Timer interval re-evaluating every node; deadlines are also met exactly.",
@@ -74,9 +90,24 @@ class OperatorSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check_durations(self) -> OperatorSettings:
-        for name in ("grace_period", "drain_timeout", "resync_interval", "leader_retry_period"):
+        for name in (
+            "grace_period",
+            "drain_timeout",
+            "resync_interval",
+            "leader_retry_period",
+            "guard_window",
+            "agent_lease_duration",
+            "lease_view_max_age",
+        ):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
+        if self.lease_view_max_age < timedelta(seconds=2):
+            raise ValueError("lease_view_max_age must be at least 2s")
+        if self.lease_view_max_age >= self.grace_period + self.agent_lease_duration:
+            raise ValueError(
+                "lease_view_max_age must be below grace_period + agent_lease_duration: "
+                "a view that old could reap a node whose renewals it never saw"
+            )
         if not (self.leader_retry_period < self.leader_renew_deadline < self.leader_lease_duration):
             raise ValueError(
                 "leader_retry_period < leader_renew_deadline < leader_lease_duration must hold"
