@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import yaml
@@ -19,11 +20,67 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.api.errors import UsageError
 
-__all__ = ["ApiException", "RequestCounter", "apply_crds", "load_api_client"]
+__all__ = [
+    "ApiException",
+    "NotLeader",
+    "RequestCounter",
+    "WriteFence",
+    "apply_crds",
+    "load_api_client",
+]
 
 
 class ConfigError(UsageError):
     """The kubeconfig (or in-cluster config) cannot be used; the message says why."""
+
+
+class NotLeader(RuntimeError):
+    """A write was refused before it was sent: this replica is not (or no longer) the leader."""
+
+
+MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class WriteFence:
+    """Lets a write through only while ``allowed()`` holds; knows how many are in flight.
+
+    Every mutating request of a fenced ApiClient asks first, so a replica that lost
+    its leadership (or cannot prove it still has it) stops writing at the next
+    request, whatever loop or thread sends it: node health, scheduler, pools,
+    routing and Events alike. ``close`` refuses everything from then on and waits
+    for the writes already sent, so the leader Lease is released only once nothing
+    of this replica can still land.
+    """
+
+    def __init__(self, allowed: Callable[[], bool]) -> None:
+        self.allowed = allowed
+        self._cond = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
+
+    @contextmanager
+    def permit(self, what: str) -> Iterator[None]:
+        with self._cond:
+            if self._closed or not self.allowed():
+                raise NotLeader(f"not the leader: refused {what}")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    @property
+    def in_flight(self) -> int:
+        with self._cond:
+            return self._in_flight
+
+    def close(self, timeout: float) -> bool:
+        """Refuse every write from now on; True once none is in flight (within ``timeout``)."""
+        with self._cond:
+            self._closed = True
+            return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
 
 
 class RequestCounter:
@@ -67,11 +124,14 @@ def load_api_client(
     counter: RequestCounter | None = None,
     pool_size: int = 32,
     request_timeout: tuple[float, float] | float = (5.0, 30.0),
+    fence: WriteFence | None = None,
+    user_agent: str | None = None,
 ) -> client.ApiClient:
     """An ApiClient from ``kubeconfig`` (or $KUBECONFIG / ~/.kube/config), else in-cluster.
 
     A malformed or missing kubeconfig raises ``ConfigError`` naming the file and
-    the problem instead of a traceback deep in the client.
+    the problem instead of a traceback deep in the client. With ``fence``, every
+    mutating request asks it first and raises ``NotLeader`` when refused.
     """
     cfg = client.Configuration()
     try:
@@ -94,6 +154,8 @@ def load_api_client(
         raise ConfigError(f"cannot load Kubernetes configuration from {where}: {e}") from e
     cfg.connection_pool_maxsize = pool_size
     api = client.ApiClient(cfg)
+    if user_agent:
+        api.user_agent = user_agent
     original = api.rest_client.request
 
     def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
@@ -101,6 +163,11 @@ def load_api_client(
         # DEFAULT_REQUEST_TIMEOUT (a hung API server must not stall a loop forever).
         if kwargs.get("_request_timeout") is None:
             kwargs["_request_timeout"] = request_timeout
+        if fence is not None and method.upper() in MUTATING_METHODS:
+            with fence.permit(f"{method.upper()} {url.split('?', 1)[0]}"):
+                if counter is not None:
+                    counter.record(method, url)
+                return original(method, url, *args, **kwargs)
         if counter is not None:
             counter.record(method, url)
         return original(method, url, *args, **kwargs)

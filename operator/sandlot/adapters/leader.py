@@ -9,6 +9,16 @@ clock, never by comparing with the holder's timestamps, so clock skew does not
 matter); a holder that cannot renew within ``renew_deadline`` steps down before
 anyone else may take over. A holder that stops cleanly releases the Lease so a
 standby takes over at its next retry.
+
+Leadership is a fact about time, not a flag: ``leading()`` is true only while the
+last successful renewal was *sent* less than ``renew_deadline`` ago on this
+replica's monotonic clock. A standby cannot take over before ``lease_duration``
+after it saw that renewal land, which is later still, so a replica that was frozen
+(SIGSTOP, a long GC pause, a VM migration) or cut off knows it is no longer leading
+the moment it runs again, before its election thread has noticed anything. Pair it
+with ``adapters.kube.WriteFence`` and no write of a deposed leader is ever sent.
+Give the elector an ApiClient whose request timeout is below ``renew_deadline``, so
+one hung call cannot hold the loop past it.
 """
 
 from __future__ import annotations
@@ -72,6 +82,10 @@ class LeaderElector:
             self._release()
         self._set_leader(False)
 
+    def leading(self) -> bool:
+        """Whether this replica may act now: it holds the Lease and renewed it in time."""
+        return self.is_leader.is_set() and self.clock() - self._last_renew < self.renew_deadline
+
     # -- loop -----------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -94,6 +108,7 @@ class LeaderElector:
         duration = max(1, round(self.lease_duration))
         record = self.leases.get(self.name)
         if record is None:
+            sent = self.clock()
             try:
                 self.leases.create(
                     self.name, holder=self.identity, duration_seconds=duration, now=now
@@ -102,7 +117,7 @@ class LeaderElector:
                 if e.status == 409:
                     return  # somebody else created it first
                 raise
-            self._renewed(acquired=True)
+            self._renewed(acquired=True, sent=sent)
             return
         self._observe(record)
         if record.holder == self.identity:
@@ -116,6 +131,9 @@ class LeaderElector:
             self._set_leader(False)  # someone else holds it now
 
     def _update(self, record: LeaseRecord, duration: int, now: datetime, *, acquired: bool) -> None:
+        # Timed before it is sent: the standby times the same renewal after it landed,
+        # so this replica's deadline always falls before the standby may take over.
+        sent = self.clock()
         try:
             self.leases.update(
                 record,
@@ -129,7 +147,7 @@ class LeaderElector:
             if e.status == 409:
                 return  # lost the race; observe again next round
             raise
-        self._renewed(acquired=acquired)
+        self._renewed(acquired=acquired, sent=sent)
 
     def _observe(self, record: LeaseRecord) -> None:
         key = (record.holder, record.renew_time, record.resource_version)
@@ -137,8 +155,8 @@ class LeaderElector:
             self._observed = key
             self._observed_at = self.clock()
 
-    def _renewed(self, *, acquired: bool) -> None:
-        self._last_renew = self.clock()
+    def _renewed(self, *, acquired: bool, sent: float) -> None:
+        self._last_renew = sent
         if acquired:
             log.info("leader election: %s acquired %s", self.identity, self.name)
         self._set_leader(True)
