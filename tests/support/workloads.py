@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.objects import LeaseRecord, rfc3339
 from sandlot.api.common import API_VERSION
+from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.routing import Router
@@ -31,6 +32,11 @@ class WorkloadWorld:
         self.leader = True
         self.events: list[tuple[str, str]] = []  # (object name, reason)
         self.metrics = WorkloadMetrics(CollectorRegistry())
+        self.liveness = LivenessView(
+            self.clock.now,
+            unseen_duration=timedelta(seconds=LEASE),
+            staleness_bound=timedelta(seconds=LEASE),
+        )
         self.scheduler = Scheduler(
             self.objects,  # type: ignore[arg-type]
             self.cache,
@@ -38,6 +44,7 @@ class WorkloadWorld:
             is_leader=lambda: self.leader,
             clock=self.clock.now,
             queue_clock=self.clock.monotonic,
+            liveness=self.liveness,
         )
         self.pools = PoolController(
             self.objects,  # type: ignore[arg-type]
@@ -70,7 +77,7 @@ class WorkloadWorld:
         self.scheduler.on_node("MODIFIED", copy.deepcopy(body))
 
     def renew(self, name: str) -> None:
-        self.scheduler.on_lease(
+        self.liveness.on_lease_record(
             "MODIFIED",
             LeaseRecord(
                 name=name,

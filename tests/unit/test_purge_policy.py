@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.policy.nodehealth import LeaseView
+from sandlot.policy.purge import AgentLease
 from sandlot.policy.purge import SandboxRef, awaiting_stop, live_agents
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
@@ -33,7 +33,7 @@ def test_an_agent_is_live_while_its_lease_is_unexpired(
     renewed_ago: timedelta | None, duration: int, live: bool
 ) -> None:
     renew = None if renewed_ago is None else NOW - renewed_ago
-    got = live_agents({"n1": LeaseView(renew_time=renew, duration_seconds=duration)}, NOW)
+    got = live_agents({"n1": AgentLease(renew_time=renew, duration_seconds=duration)}, NOW)
     assert ("n1" in got) is live
 
 

@@ -97,7 +97,7 @@ class LeaseInformer:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
 
-    def _list(self, known: set[str], *, restored: bool) -> str:
+    def _list(self, known: set[str], *, restored: bool) -> str | None:
         listed = self.api.list_namespaced_lease(
             self.namespace, label_selector=self.label_selector, _request_timeout=30
         )
@@ -114,7 +114,7 @@ class LeaseInformer:
         if restored and self.on_view_restored is not None:
             self.on_view_restored()
         self._heard()
-        return str(listed.metadata.resource_version)
+        return str(listed.metadata.resource_version or "") or None
 
     def _watch_once(self, version: str, known: set[str]) -> str | None:
         """One watch from ``version``; the version to resume from, or None to list again."""

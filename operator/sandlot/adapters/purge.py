@@ -21,8 +21,7 @@ from sandlot.adapters.objects import (
 )
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
-from sandlot.policy.nodehealth import LeaseView
-from sandlot.policy.purge import SandboxRef
+from sandlot.policy.purge import AgentLease, SandboxRef
 
 WORKLOADS = (POOLS, SANDBOXES, CACHEPRUNES)
 """Deleted in this order: a pool deleted first no longer replaces its members."""
@@ -121,13 +120,13 @@ def cordon_all(objects: Objects) -> list[str]:
     return patched
 
 
-def agent_leases(objects: Objects, namespace: str) -> dict[str, LeaseView]:
+def agent_leases(objects: Objects, namespace: str) -> dict[str, AgentLease]:
     """The agents' node Leases in sandlot's namespace, by node name."""
     out = objects.coordination.list_namespaced_lease(
         namespace, label_selector=f"{AGENT_LEASE_LABEL}=true"
     )
     return {
-        lease.metadata.name: LeaseView(
+        lease.metadata.name: AgentLease(
             renew_time=lease.spec.renew_time,
             duration_seconds=int(lease.spec.lease_duration_seconds or 0),
         )

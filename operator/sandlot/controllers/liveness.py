@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+from sandlot.adapters.objects import LeaseRecord
 from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
 from sandlot.policy.liveness import (
     LeaseView,
@@ -49,31 +50,59 @@ class LivenessView:
         self._first_seen: dict[str, datetime] = {}
         self._since: datetime | None = None
         self._last_heard: datetime | None = None
+        self._listeners: list[Callable[[str], None]] = []
 
     # -- inputs (watch thread) -------------------------------------------------------
 
+    def subscribe(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(node)`` (on the watch thread) when a renewal revives a node:
+        one whose last observed renewal had expired, or that had none. A routine
+        renewal of a live node calls nothing: its next deadline is simply later."""
+        self._listeners.append(callback)
+
+    def on_lease_record(self, event_type: str, record: LeaseRecord) -> bool:
+        """A Lease watch event; True when it revived the node."""
+        if event_type == "DELETED":
+            return self.on_lease(record.name, None)
+        renew = record.renew_time.isoformat() if record.renew_time is not None else None
+        return self.on_lease(record.name, LeaseView(renew, record.holder, record.duration_seconds))
+
     def on_lease(self, name: str, lease: LeaseView | None) -> bool:
-        """Record a Lease as read (None: deleted); True when it is a new renewal."""
+        """Record a Lease as read (None: deleted); True when the renewal revived the node."""
         now = self.clock()
         with self._lock:
-            self._last_heard = now
-            if lease is None:
-                # Not a renewal and not a death: the last observed renewal still counts.
-                self._leases.pop(name, None)
+            revived = self._observe(name, lease, now)
+        if revived:
+            for callback in self._listeners:
+                callback(name)
+        return revived
+
+    def _observe(self, name: str, lease: LeaseView | None, now: datetime) -> bool:
+        self._last_heard = now
+        if lease is None:
+            # Not a renewal and not a death: the last observed renewal still counts.
+            self._leases.pop(name, None)
+            return False
+        before = self._leases.get(name)
+        self._leases[name] = lease
+        previous = self._renewals.get(name)
+        if previous is None:
+            if lease.renew_time is None:
                 return False
-            self._leases[name] = lease
-            previous = self._renewals.get(name)
-            if previous is None:
-                if name not in self._unresolved:
-                    self._unresolved[name] = now
-                    return True
+            if name in self._unresolved:
+                if before is not None and (before.renew_time, before.holder) != (
+                    lease.renew_time,
+                    lease.holder,
+                ):
+                    self._unresolved[name] = now  # renewed again: timed by the latest change
                 return False
-            observed = observe_renewal(previous, lease, None, now)
-            if observed is previous:
-                return False
-            assert observed is not None
-            self._renewals[name] = observed
+            self._unresolved[name] = now
             return True
+        observed = observe_renewal(previous, lease, None, now)
+        if observed is previous or observed is None:
+            return False
+        self._renewals[name] = observed
+        return previous.expires_at <= now
 
     def heard(self) -> None:
         """The watch proved alive without an event (a clean re-watch, a bookmark)."""

@@ -27,27 +27,25 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
-from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead, parse_time
+from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import REASON_NODE_LOST, TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
-from sandlot.policy.disruption import FleetSummary, GuardSettings, summarize_fleet
+from sandlot.controllers.liveness import LivenessView
+from sandlot.policy.disruption import FleetMember, FleetSummary, GuardSettings, summarize_fleet
 from sandlot.policy.nodehealth import (
     Decision,
     DecisionKind,
-    LeaseView,
     NodeHealthSettings,
     NodeView,
     decide,
     decide_deleted,
-    lease_expiry,
-    observed_phase,
     ready_conditions,
 )
 
@@ -64,19 +62,23 @@ def _resource_version(body: Mapping[str, Any]) -> str | None:
     return str(rv) if rv is not None else None
 
 
-def _node_view(body: Mapping[str, Any]) -> tuple[NodeView, NodeHealthTracking]:
-    meta = body["metadata"]
+def _tracking(body: Mapping[str, Any]) -> NodeHealthTracking:
+    return NodeHealthTracking.model_validate((body.get("status") or {}).get("health") or {})
+
+
+def _unschedulable(body: Mapping[str, Any]) -> bool:
+    return bool((body.get("spec") or {}).get("unschedulable", False))
+
+
+def _node_view(body: Mapping[str, Any], first_seen: datetime) -> NodeView:
     status = body.get("status") or {}
-    created = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
-    view = NodeView(
-        name=meta["name"],
-        unschedulable=bool((body.get("spec") or {}).get("unschedulable", False)),
-        created_at=created,
+    return NodeView(
+        name=body["metadata"]["name"],
+        unschedulable=_unschedulable(body),
+        first_seen=first_seen,
         phase=status.get("phase"),
         conditions=parse_conditions(status.get("conditions")),
     )
-    tracking = NodeHealthTracking.model_validate(status.get("health") or {})
-    return view, tracking
 
 
 class NotLeader(RuntimeError):
@@ -94,6 +96,7 @@ class NodeHealthController:
         post_event: EventPoster,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         queue_clock: Callable[[], float] = time.monotonic,
+        liveness: LivenessView | None = None,
     ) -> None:
         self.settings = settings
         self.objects = objects
@@ -102,14 +105,23 @@ class NodeHealthController:
         self.post_event = post_event
         self.clock = clock
         self.policy = NodeHealthSettings(
-            grace_period=settings.grace_period, drain_timeout=settings.drain_timeout
+            grace_period=settings.grace_period,
+            drain_timeout=settings.drain_timeout,
+            unseen_lease_duration=settings.agent_lease_duration,
         )
         self.guard = GuardSettings(
             disruption_threshold=settings.disruption_threshold,
             min_nodes=settings.min_nodes_for_guard,
+            window=settings.guard_window,
+        )
+        # Liveness (observed renewals, on this clock) is shared with the scheduler.
+        self.liveness = liveness or LivenessView(
+            clock,
+            unseen_duration=settings.agent_lease_duration,
+            staleness_bound=settings.lease_view_max_age,
         )
         self.nodes: dict[str, Mapping[str, Any]] = {}
-        self.leases: dict[str, LeaseView] = {}
+        self.tracking: dict[str, NodeHealthTracking] = {}
         self.queue = WorkQueue(
             "node",
             self.reconcile,
@@ -118,13 +130,11 @@ class NodeHealthController:
             backoff_start=RETRY_AFTER_FAILURE,
             observe=metrics.reconcile_seconds.observe,
         )
+        self.liveness.subscribe(lambda name: self.queue.call_threadsafe(self._revived, name))
         self._echo: dict[str, str] = {}  # node -> resourceVersion of our write, until seen
         self._writing: dict[str, set[str]] = {}  # node -> versions delivered during a write
         self._hold_reported = False
         self._fleet: tuple[datetime, FleetSummary] | None = None
-        # Since when the lease view has been continuous (None: not synced yet).
-        self.view_since: datetime | None = None
-        self._created: dict[str, datetime] = {}
 
     # -- inputs (called from kopf handlers and the lease watch) ----------------------
 
@@ -136,7 +146,8 @@ class NodeHealthController:
         name = body["metadata"]["name"]
         if event_type == "DELETED":
             self.nodes.pop(name, None)
-            self._created.pop(name, None)
+            self.tracking.pop(name, None)
+            self.liveness.forget(name)
             self._echo.pop(name, None)
             self._fleet = None
             self.queue.forget(name)
@@ -148,35 +159,37 @@ class NodeHealthController:
         if awaited is not None and event_type is not None:
             if rv == awaited:  # our own write coming back: nothing new to decide
                 del self._echo[name]
-                self.nodes[name] = body
+                self._keep(name, body)
             return  # otherwise delivered before it: older than what we hold
         else:
             self._echo.pop(name, None)  # a listing is current
-        self.nodes[name] = body
+        self._keep(name, body)
         self.queue.add(name)
 
-    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
-        """Called from the lease watch thread."""
-        if event_type == "DELETED":
-            view = None
-        else:
-            view = LeaseView(renew_time=lease.renew_time, duration_seconds=lease.duration_seconds)
-        self.queue.call_threadsafe(self._apply_lease, lease.name, view)
+    def _keep(self, name: str, body: Mapping[str, Any]) -> None:
+        self.nodes[name] = body
+        self.tracking[name] = _tracking(body)
 
-    def _apply_lease(self, name: str, view: LeaseView | None) -> None:
-        if view is None:
-            self.leases.pop(name, None)
-        else:
-            self.leases[name] = view
+    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
+        """A Lease watch event (watch thread). Only a renewal that revives a node
+        enqueues it; a live node's routine renewal only moves its next deadline,
+        which its pass at the old one finds."""
+        self.liveness.on_lease_record(event_type, lease)
+
+    def _revived(self, name: str) -> None:
         if name in self.nodes:
             self.queue.add(name)
 
+    def on_heard(self) -> None:
+        """The lease watch proved alive without news (watch thread)."""
+        self.liveness.heard()
+
     def on_view_restored(self) -> None:
         """The lease watch listed afresh after a start or a failure (watch thread)."""
+        self.liveness.restored()
         self.queue.call_threadsafe(self._restored)
 
     def _restored(self) -> None:
-        self.view_since = self.clock()
         self._fleet = None
         log.info("lease view (re)established; reaping waits one lease duration for renewals")
         self.enqueue_all()
@@ -199,21 +212,16 @@ class NodeHealthController:
         """
         if self._fleet is not None and abs((now - self._fleet[0]).total_seconds()) < FLEET_REUSE:
             return self._fleet[1]
-        phases = []
+        members = []
         counts = dict.fromkeys(NodePhase, 0)
         for name, body in self.nodes.items():
-            meta = body["metadata"]
-            created = self._created.get(name)
-            if created is None:
-                created = parse_time(meta.get("creationTimestamp")) or now
-                self._created[name] = created
-            unschedulable = bool((body.get("spec") or {}).get("unschedulable", False))
-            phase = observed_phase(unschedulable, self.leases.get(name), created, now)
+            tracking = self.tracking[name]
+            phase = self.liveness.phase(name, _unschedulable(body), tracking, now)
             counts[phase] += 1
-            phases.append(phase)
+            members.append(FleetMember(phase, tracking.handled_at))
         for phase, n in counts.items():
             self.metrics.nodes.labels(phase=str(phase)).set(n)
-        summary = summarize_fleet(phases)
+        summary = summarize_fleet(members, now, self.guard.window)
         self._fleet = (now, summary)
         return summary
 
@@ -222,22 +230,24 @@ class NodeHealthController:
     async def reconcile(self, name: str) -> float | None:
         """One pass over node ``name``; returns the seconds until it is due again."""
         body = self.nodes.get(name)
-        if body is None or self.view_since is None:
+        if body is None or not self.liveness.established:
             return None  # before the first lease list every node would look NotReady
         now = self.clock()
-        view, tracking = _node_view(body)
-        lease = self.leases.get(name)
-        decision = decide(view, lease, tracking, now, self.fleet(now), self.guard, self.policy)
+        tracking = self.tracking[name]
+        renewal = self.liveness.renewal(name, tracking)
+        view = _node_view(body, self.liveness.first_seen(name))
+        decision = decide(view, renewal, tracking, now, self.fleet(now), self.guard, self.policy)
         self._report_hold(decision, body)
-        settle = self._settled_at(lease)
-        if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and now < settle:
-            # The view of the leases was interrupted (operator start, API server or
-            # network outage): agents renew as soon as they can reach the API server
-            # again, so give them one lease duration before a stale lease kills a node.
-            log.info("node %s: grace over, but waiting until %s for renewals", name, settle)
+        blocked = self.liveness.reap_blocked_until(name, now)
+        if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and blocked:
+            # The view of the Leases is too young (just re-listed after a start or an
+            # outage: agents renew as soon as they reach the API server again, give them
+            # one lease duration) or too old (a watch that died silently) to reap from.
+            log.info("node %s: grace over, but the lease view allows no reaping before %s",
+                     name, blocked)  # fmt: skip
             if decision.patch is not None and not await self._write(name, decision.patch.wire()):
                 return None
-            return (settle - now).total_seconds()
+            return max((blocked - now).total_seconds(), 0.0)
 
         patch = decision.patch.wire() if decision.patch is not None else None
         retry: float | None = None
@@ -255,7 +265,7 @@ class NodeHealthController:
         if patch is not None and not await self._write(name, patch):
             return None
         self._events(decision, body)
-        return earliest(retry, self._next_wake(decision, view, lease, now))
+        return earliest(retry, self._next_wake(name, decision, tracking, now))
 
     async def _write(self, name: str, patch: dict[str, Any]) -> bool:
         """Write the node's status if still the leader; False when not."""
@@ -269,7 +279,7 @@ class NodeHealthController:
             delivered = self._writing.pop(name, set())
         rv = _resource_version(written)
         if rv is not None and rv not in delivered and name in self.nodes:
-            self.nodes[name] = written
+            self._keep(name, written)
             self._echo[name] = rv
         return True
 
@@ -277,14 +287,9 @@ class NodeHealthController:
         if self.is_leader():
             self.post_event(body, type_, reason, message)
 
-    def _settled_at(self, lease: LeaseView | None) -> datetime:
-        assert self.view_since is not None
-        return self.view_since + timedelta(seconds=lease.duration_seconds if lease else 0)
-
     async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
         """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""
-        _, tracking = _node_view(body)
-        decision = decide_deleted(tracking)
+        decision = decide_deleted(_tracking(body))
         now = self.clock()
         result = await self._mark_all(name, decision, now)
         if not result.complete:
@@ -435,10 +440,11 @@ class NodeHealthController:
     # -- wake-ups -------------------------------------------------------------------
 
     def _next_wake(
-        self, decision: Decision, view: NodeView, lease: LeaseView | None, now: datetime
+        self, name: str, decision: Decision, tracking: NodeHealthTracking, now: datetime
     ) -> float | None:
         """Seconds until the node's next deadline; None leaves it to events and the resync."""
         wake = decision.wake_at
         if decision.phase is NodePhase.READY:
-            wake = lease_expiry(lease, view.created_at)  # notice NotReady at the moment it happens
+            # Notice NotReady at the moment it happens.
+            wake = self.liveness.expiry(name, tracking)
         return None if wake is None else (wake - now).total_seconds()

@@ -21,10 +21,17 @@ import kopf
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from sandlot.adapters.informer import LeaseInformer
+import sandlot
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
-from sandlot.adapters.kube import RequestCounter, connection_params, load_api_client, resource_of
+from sandlot.adapters.kube import (
+    RequestCounter,
+    WriteFence,
+    connection_params,
+    load_api_client,
+    resource_of,
+)
 from sandlot.adapters.leader import LeaderElector
-from sandlot.adapters.objects import LeaseRecord, Objects, post_event
+from sandlot.adapters.objects import Objects, post_event
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
@@ -38,6 +45,10 @@ from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workloads import Workloads
 
 log = logging.getLogger(__name__)
+
+# How long a stopping leader waits for its writes in flight before it gives up
+# releasing the Lease early (it then expires by itself).
+SHUTDOWN_DRAIN_SECONDS = 5.0
 
 
 class _CountingMetrics(RequestCounter):
@@ -87,7 +98,7 @@ def build_registry(
         workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
 
     def leading() -> bool:
-        return elector is None or elector.is_leader.is_set()
+        return elector is None or elector.leading()
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -151,8 +162,18 @@ async def run(
     ready_flag: asyncio.Event | None = None,
 ) -> None:
     metrics = OperatorMetrics(registry)
-    api = load_api_client(kubeconfig, counter=_CountingMetrics(metrics))
     identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    agent = f"sandlot-operator/{sandlot.__version__} ({identity})"
+    elector: LeaderElector | None = None
+
+    def leading() -> bool:
+        return elector is None or elector.leading()
+
+    # Every write of this replica passes the fence: none is sent unless it leads now.
+    fence = WriteFence(leading)
+    api = load_api_client(
+        kubeconfig, counter=_CountingMetrics(metrics), fence=fence, user_agent=agent
+    )
     loop = asyncio.get_running_loop()
     nodehealth: NodeHealthController
     workloads: Workloads
@@ -164,9 +185,18 @@ async def run(
             loop.call_soon_threadsafe(nodehealth.enqueue_all)
             loop.call_soon_threadsafe(workloads.on_leadership, True)
 
+    # The elector's own client: unfenced (it must write the Lease to lead at all),
+    # and every call bounded well below the renew deadline.
+    renew_deadline = settings.leader_renew_deadline.total_seconds()
+    election_api = load_api_client(
+        kubeconfig,
+        pool_size=2,
+        request_timeout=(min(2.0, renew_deadline / 4), renew_deadline / 2),
+        user_agent=agent,
+    )
     elector = (
         LeaderElector(
-            api,
+            election_api,
             namespace=settings.namespace,
             name=settings.leader_lease_name,
             identity=identity,
@@ -183,7 +213,7 @@ async def run(
         settings,
         objects,
         metrics,
-        is_leader=lambda: elector is None or elector.is_leader.is_set(),
+        is_leader=leading,
         post_event=event_poster(objects),
     )
     nodehealth.bind_loop(loop)
@@ -191,17 +221,18 @@ async def run(
         settings,
         objects,
         WorkloadMetrics(registry),
-        is_leader=lambda: elector is None or elector.is_leader.is_set(),
+        is_leader=leading,
         post_event=event_poster(objects),
+        liveness=nodehealth.liveness,
     )
     workloads.scheduler.bind_loop(loop)
-
-    def on_lease(event_type: str, lease: LeaseRecord) -> None:
-        nodehealth.on_lease(event_type, lease)
-        workloads.on_lease(event_type, lease)
-
     informer = LeaseInformer(
-        api, settings.namespace, on_lease, on_view_restored=nodehealth.on_view_restored
+        api,
+        settings.namespace,
+        nodehealth.on_lease,
+        on_view_restored=nodehealth.on_view_restored,
+        on_heard=nodehealth.on_heard,
+        watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
     if settings.metrics_port:
         start_http_server(settings.metrics_port, registry=registry)
@@ -227,10 +258,17 @@ async def run(
         worker.cancel()
         workers.cancel()
         await asyncio.gather(worker, workers, return_exceptions=True)
+        # Passes may still write from their threads: refuse every new write, wait for
+        # those already sent, and only then let a standby take over. Writes that do not
+        # end in time keep the Lease held; it expires by itself.
+        drained = await asyncio.to_thread(fence.close, SHUTDOWN_DRAIN_SECONDS)
+        if not drained:
+            log.warning("writes still in flight at shutdown; the leader Lease is left to expire")
         if elector is not None:
-            await asyncio.to_thread(elector.stop)
+            await asyncio.to_thread(elector.stop, drained)
         await asyncio.to_thread(informer.stop)
         api.close()
+        election_api.close()
 
 
 def run_blocking(settings: OperatorSettings, kubeconfig: str | None = None) -> None:

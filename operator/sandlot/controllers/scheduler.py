@@ -31,16 +31,15 @@ from typing import Any, Literal
 
 import kopf
 
-from sandlot.adapters.objects import LeaseRecord, parse_time
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import GROUP, VERSION, Condition
-from sandlot.api.node import NodePhase
+from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
-from sandlot.policy.nodehealth import LeaseView, lease_expiry, observed_phase
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ class NodeInfo:
     name: str
     unschedulable: bool
     capacity: int
-    created_at: datetime
+    tracking: NodeHealthTracking
 
 
 def _node_info(body: Mapping[str, Any]) -> NodeInfo:
@@ -66,7 +65,7 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
         name=meta["name"],
         unschedulable=bool((body.get("spec") or {}).get("unschedulable", False)),
         capacity=int((status.get("capacity") or {}).get("sandboxes") or 0),
-        created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
+        tracking=NodeHealthTracking.model_validate(status.get("health") or {}),
     )
 
 
@@ -93,6 +92,7 @@ class Scheduler:
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         queue_clock: Callable[[], float] = time.monotonic,
+        liveness: LivenessView,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -100,7 +100,8 @@ class Scheduler:
         self.is_leader = is_leader
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
-        self.leases: dict[str, LeaseView] = {}
+        # The node-health controller's view of liveness: both judge READY alike.
+        self.liveness = liveness
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
         self.queue = WorkQueue(
             "sandbox",
@@ -111,6 +112,8 @@ class Scheduler:
             backoff_cap=RETRY_CAP,
         )
         cache.listeners.append(self.on_sandbox)
+        # Only a node coming back to life makes room; a routine renewal does not.
+        self.liveness.subscribe(lambda name: self.queue.call_threadsafe(self._revived, name))
 
     # -- inputs ---------------------------------------------------------------------
 
@@ -133,27 +136,8 @@ class Scheduler:
         ):
             self.retry_waiting()
 
-    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
-        """Called from the lease watch thread."""
-        view = (
-            None
-            if event_type == "DELETED"
-            else LeaseView(renew_time=lease.renew_time, duration_seconds=lease.duration_seconds)
-        )
-        self.queue.call_threadsafe(self._apply_lease, lease.name, view)
-
-    def _apply_lease(self, name: str, view: LeaseView | None) -> None:
-        old = self.leases.get(name)
-        if view is None:
-            self.leases.pop(name, None)
-            return
-        self.leases[name] = view
-        node = self.nodes.get(name)
-        if node is None:
-            return
-        now = self.clock()
-        # Only a node coming back to life makes room; a routine renewal does not.
-        if now >= lease_expiry(old, node.created_at) and now < lease_expiry(view, node.created_at):
+    def _revived(self, name: str) -> None:
+        if name in self.nodes:
             self.retry_waiting()
 
     def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
@@ -193,16 +177,15 @@ class Scheduler:
     def slots(self, now: datetime) -> list[NodeSlot]:
         slots = []
         for node in self.nodes.values():
-            lease = self.leases.get(node.name)
             slots.append(
                 NodeSlot(
                     name=node.name,
-                    phase=observed_phase(node.unschedulable, lease, node.created_at, now),
+                    phase=self.liveness.phase(node.name, node.unschedulable, node.tracking, now),
                     unschedulable=node.unschedulable,
                     capacity=node.capacity,
                     sandboxes=self.cache.node_load.get(node.name, 0),
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
-                    ready_until=lease_expiry(lease, node.created_at),
+                    ready_until=self.liveness.expiry(node.name, node.tracking),
                 )
             )
         return slots

@@ -15,11 +15,12 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import LeaseRecord, Objects
+from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import sandboxes as sandboxes_module
 from sandlot.controllers import scheduler as scheduler_module
+from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.routing import Router
@@ -45,10 +46,11 @@ class Workloads:
         *,
         is_leader: Callable[[], bool],
         post_event: EventPoster,
+        liveness: LivenessView,
     ) -> Workloads:
         cache = SandboxCache()
         api = WorkloadApi(objects)
-        scheduler = Scheduler(api, cache, metrics, is_leader=is_leader)
+        scheduler = Scheduler(api, cache, metrics, is_leader=is_leader, liveness=liveness)
         pools = PoolController(
             api,
             cache,
@@ -64,9 +66,6 @@ class Workloads:
         sandboxes_module.register(registry, self.cache)
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
-
-    def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
-        self.scheduler.on_lease(event_type, lease)
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop: a new leader re-judges everything from its warm caches."""

@@ -20,7 +20,22 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sandlot.api.sandbox import TERMINAL_PHASES
-from sandlot.policy.nodehealth import LeaseView
+
+
+@dataclass(frozen=True)
+class AgentLease:
+    """An agent's node Lease as purge reads it once.
+
+    Purge is a one-shot command that waits for agents to stop their sandboxes, so it
+    judges their Leases against its own clock at the moment it reads them; the
+    operator's observed-renewal view is not available to it. A skewed agent clock
+    can only make purge wait for an agent that is gone (until its timeout) or delete
+    a sandbox whose agent is alive without waiting for the stop (its container is
+    then an orphan the agent's sweep removes).
+    """
+
+    renew_time: datetime | None
+    duration_seconds: int
 
 
 @dataclass(frozen=True)
@@ -35,7 +50,7 @@ class SandboxRef:
     """``status.phase``; None before anything wrote a status."""
 
 
-def live_agents(leases: Mapping[str, LeaseView], now: datetime) -> frozenset[str]:
+def live_agents(leases: Mapping[str, AgentLease], now: datetime) -> frozenset[str]:
     """Nodes whose agent's Lease is unexpired at ``now`` (the Lease is named after the node)."""
     return frozenset(
         name
