@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import LeaseRecord
+from sandlot.adapters.objects import LeaseRecord, parse_time
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import RETRY_AFTER_FAILURE, NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
@@ -29,6 +29,7 @@ class World:
         self.leader = True
         self.events: list[tuple[str, str]] = []  # (node, reason)
         self.delivered: dict[str, str] = {}  # node -> resourceVersion last delivered
+        self.silent = False  # the lease watch died silently: nothing is heard
         self.ctl = NodeHealthController(
             OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
             self.objects,  # type: ignore[arg-type]
@@ -67,7 +68,12 @@ class World:
         return keys
 
     def step(self) -> int:
-        """Run what is due, then deliver the watch event of every node that changed."""
+        """Run what is due, then deliver the watch event of every node that changed.
+
+        The lease watch is alive throughout (it is heard at every step), unless a test
+        says otherwise with ``silent``."""
+        if not self.silent:
+            self.ctl.on_heard()
         done = asyncio.run(self.ctl.queue.run_until_idle())
         for name, body in self.objects.nodes.items():
             rv = body["metadata"]["resourceVersion"]
@@ -219,6 +225,7 @@ def test_a_stale_watch_event_after_our_write_does_not_undo_it() -> None:
     stale = {**w.objects.nodes["n1"], "status": {}}  # an event from before our write
     stale["metadata"] = {**stale["metadata"], "resourceVersion": "1"}
     w.clock.advance(GRACE)
+    w.ctl.on_heard()
     w.ctl.queue.add("n1")
     asyncio.run(w.ctl.queue.run_until_idle())  # marks and latches; its echo is not here yet
     w.ctl.on_node("MODIFIED", stale)
@@ -246,3 +253,120 @@ def test_the_ready_condition_keeps_its_time_when_only_the_reason_changes() -> No
     w.step()
     ready = next(c for c in w.objects.nodes["n1"]["status"]["conditions"] if c["type"] == "Ready")
     assert (ready["reason"], ready["lastTransitionTime"]) == ("Drained", since)
+
+
+# -- liveness on the operator's own clock ---------------------------------------------
+
+
+def renew_stamped(world: World, node: str, skew: timedelta) -> None:
+    """The agent renews with a clock ``skew`` off the operator's."""
+    world.renew(node, at=world.clock.now() + skew)
+
+
+@pytest.mark.parametrize(
+    "skew", [timedelta(minutes=-10), timedelta(minutes=-6)], ids=["10_min_slow", "6_min_slow"]
+)
+def test_an_agent_with_a_slow_clock_that_renews_stays_ready_past_grace(skew: timedelta) -> None:
+    w = World()
+    keys = w.sandboxes("n1", 2)
+    for _ in range(int((GRACE + 2 * LEASE) / 5)):
+        renew_stamped(w, "n1", skew)
+        w.step()
+        w.clock.advance(5)
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
+    assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
+    assert "unhealthySince" not in w.health("n1") or w.health("n1")["unhealthySince"] is None
+
+
+def test_an_agent_with_a_fast_clock_that_stops_is_not_ready_a_lease_after_its_last_renewal() -> (
+    None
+):
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    renew_stamped(w, "n1", timedelta(minutes=10))
+    w.step()
+    stopped = w.clock.now()
+    w.clock.advance(LEASE - 0.5)
+    w.step()
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
+    w.clock.advance(0.5)
+    w.step()
+    assert w.objects.nodes["n1"]["status"]["phase"] == "NotReady"
+    assert parse_time(w.health("n1")["unhealthySince"]) == stopped + timedelta(seconds=LEASE)
+    w.clock.advance(GRACE)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Dead"
+
+
+def test_a_deleted_lease_is_neither_a_renewal_nor_a_death() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    w.renew("n1")
+    w.step()
+    w.ctl.on_lease("DELETED", LeaseRecord("n1", None, None, 0, ""))
+    w.step()
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
+    w.clock.advance(3)
+    w.renew("n1")  # the agent recreates it: a renewal
+    w.step()
+    w.clock.advance(LEASE - 1)
+    w.step()
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready", "the recreated Lease counts"
+    assert w.objects.phase(keys[0]) == "Running"
+
+
+def test_a_new_leader_finding_the_lease_unchanged_keeps_the_recorded_deadline() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    last = w.clock.now()
+    w.renew("n1", at=last)
+    w.step()
+    w.clock.advance(LEASE)
+    w.step()
+    since = w.health("n1")["unhealthySince"]
+    assert w.health("n1")["lastRenewal"]["renewTime"] == last.isoformat()
+    w.clock.advance(GRACE / 2)
+    # A new leader: nothing in memory; the node's status and the unchanged Lease.
+    new = World.__new__(World)
+    new.__dict__.update(w.__dict__)
+    new.ctl = NodeHealthController(
+        OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+        w.objects,  # type: ignore[arg-type]
+        OperatorMetrics(CollectorRegistry()),
+        is_leader=lambda: True,
+        post_event=w.post,
+        clock=w.clock.now,
+        queue_clock=w.clock.monotonic,
+    )
+    new.delivered = {}
+    new.ctl.on_node(None, dict(w.objects.nodes["n1"]))
+    new.renew("n1", at=last)  # the listing shows the same renewal
+    new.ctl.on_view_restored()
+    new.step()
+    assert new.health("n1")["unhealthySince"] == since, "the episode started over"
+    assert new.due_in("n1") == pytest.approx(GRACE / 2)
+    new.clock.advance(GRACE / 2)
+    new.step()
+    assert new.objects.phase(keys[0]) == "Dead"
+
+
+def test_a_silent_lease_watch_blocks_reaping_until_a_fresh_view_has_waited_a_lease() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    lost(w)
+    w.silent = True  # the watch died without a word
+    w.clock.advance(GRACE)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running", "reaped from a view nobody heard from"
+    w.clock.advance(30)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running"
+    # The watch is replaced: a fresh list re-establishes the view; agents get one lease.
+    w.silent = False
+    w.ctl.on_view_restored()
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running"
+    assert w.due_in("n1") == pytest.approx(LEASE)
+    w.clock.advance(LEASE)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Dead"
