@@ -137,6 +137,7 @@ def test_nodes_handled_long_ago_leave_both_sides_so_a_new_failure_is_not_held() 
     # Exactly at the window's edge a node still counts.
     assert summarize_fleet(handled(WINDOW) + healthy + lost, NOW, WINDOW) == FleetSummary(11, 7)
 
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -588,7 +588,9 @@ def test_status_patch_sends_conditions_whole_only_when_they_change() -> None:
 # --- sequences: several passes, status carried between them as the controller would --------
 
 
-def _run(passes: list[tuple[datetime, ObservedRenewal | None, FleetSummary, bool]]) -> list[Decision]:
+def _run(
+    passes: list[tuple[datetime, ObservedRenewal | None, FleetSummary, bool]],
+) -> list[Decision]:
     """Decide at each (now, lease, fleet, unschedulable), writing patches and latches back."""
     tracking: NodeHealthTracking = UNTRACKED
     phase: NodePhase | None = None

@@ -6,8 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.policy.purge import AgentLease
-from sandlot.policy.purge import SandboxRef, awaiting_stop, live_agents
+from sandlot.policy.purge import AgentLease, SandboxRef, awaiting_stop, live_agents
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 

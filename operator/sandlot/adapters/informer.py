@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.objects import LeaseRecord, _lease_record
 from sandlot.api.keys import AGENT_LEASE_LABEL

@@ -37,7 +37,6 @@ from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
-from sandlot.controllers.liveness import LivenessView
 from sandlot.policy.disruption import FleetMember, FleetSummary, GuardSettings, summarize_fleet
 from sandlot.policy.nodehealth import (
     Decision,

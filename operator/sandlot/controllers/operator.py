@@ -20,7 +20,6 @@ from typing import Any
 import kopf
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
-from sandlot.adapters.informer import LeaseInformer
 import sandlot
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (

@@ -77,7 +77,9 @@ def observe_renewal(
     )
 
 
-def first_seen_at(tracking: NodeHealthTracking, now: datetime, unseen_duration: timedelta) -> datetime:
+def first_seen_at(
+    tracking: NodeHealthTracking, now: datetime, unseen_duration: timedelta
+) -> datetime:
     """When the operator counts a node without any observed renewal as first seen.
 
     ``now`` for a node it meets for the first time, unless the node's status records
