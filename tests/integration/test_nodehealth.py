@@ -58,7 +58,12 @@ def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, o
 
     node = fleet.get_node(n1)
     health = node["status"]["health"]
-    assert parse_time(health["unhealthySince"]) == deadline - timedelta(seconds=3), (
+    # The expiry of the last renewal the operator observed, on its own clock: the
+    # moment it saw that renewal (just after it was written), plus the lease.
+    since = parse_time(health["unhealthySince"])
+    assert since is not None
+    expiry = deadline - timedelta(seconds=3)
+    assert expiry <= since < expiry + timedelta(seconds=1), (
         "unhealthySince must be the lease's expiry, not when it was noticed"
     )
     assert health["handledCount"] == 3
@@ -95,10 +100,7 @@ def test_node_that_renews_within_grace_keeps_every_sandbox(fleet, operators):
         assert fleet.phase("keep") == "Running"
         time.sleep(0.2)
     assert fleet.phase("keep") == "Running"
-    assert fleet.health(n1) in (
-        {},
-        {"unhealthySince": None, "handledAt": None, "handledCount": None},
-    )
+    assert not any(fleet.health(n1).values()), "tracking left behind after recovery"
 
 
 def test_disabled_node_is_never_reaped(fleet, operators):

@@ -12,7 +12,7 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +111,11 @@ class OperatorProcess:
 
 
 class AgentLease:
-    """Renews a node's Lease like an agent does, until paused or stopped."""
+    """Renews a node's Lease like an agent does, until paused or stopped.
+
+    ``skew`` is how far the agent's clock is off: its renewTime stamps are that far
+    from the real time, as a node with a drifting clock writes them.
+    """
 
     def __init__(
         self,
@@ -120,9 +124,10 @@ class AgentLease:
         node: str,
         duration: int = 2,
         every: float = 0.5,
+        skew: timedelta = timedelta(0),
     ) -> None:
         self.leases = Leases(api, namespace)
-        self.node, self.duration, self.every = node, duration, every
+        self.node, self.duration, self.every, self.skew = node, duration, every, skew
         self._stop = threading.Event()
         self._running = threading.Event()
         self._lock = threading.Lock()  # held while a renewal is in flight
@@ -132,7 +137,7 @@ class AgentLease:
         self.resume()
 
     def renew(self) -> datetime:
-        now = datetime.now(UTC)
+        now = datetime.now(UTC) + self.skew
         record = self.leases.get(self.node)
         if record is None:
             self.leases.create(
@@ -205,8 +210,8 @@ class Fleet:
         self.nodes.append(full)
         return full
 
-    def lease(self, node: str, duration: int = 2) -> AgentLease:
-        al = AgentLease(self.api, self.lease_namespace, node, duration=duration)
+    def lease(self, node: str, duration: int = 2, skew: timedelta = timedelta(0)) -> AgentLease:
+        al = AgentLease(self.api, self.lease_namespace, node, duration=duration, skew=skew)
         self.leases.append(al)
         return al
 
