@@ -33,6 +33,7 @@ from typing import Any
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import REASON_NODE_LOST, TERMINAL_PHASES, SandboxPhase
+from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest

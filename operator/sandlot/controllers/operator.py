@@ -21,6 +21,7 @@ import kopf
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 import sandlot
+from sandlot.adapters.informer import LeaseInformer
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
     RequestCounter,
