@@ -4,14 +4,18 @@ clocks are skewed either way, and a Lease deleted under a healthy node. Real
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from kubernetes import client
 
+from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import parse_time
-from tests.support.operator import Fleet
+from tests.support.kube import start_private_plane
+from tests.support.operator import Fleet, OperatorProcess
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -96,3 +100,41 @@ def test_deleting_a_healthy_nodes_lease_marks_nothing_dead(
         "a deleted Lease was taken for a death",
     )
     assert node_phase(fleet, n1) == "Ready"
+
+
+def test_a_frozen_api_server_longer_than_the_view_bound_marks_nothing_dead(tmp_path):
+    """SIGSTOP keeps every connection open and silent: a watch that is never told it
+    died. One node (fewer than the mass-failure guard counts), so only the lease
+    view's own staleness bound can save it."""
+    plane = start_private_plane(tmp_path / "cp", namespaces=("work", "sandlot-system"))
+    api = load_api_client(str(plane.kubeconfig), pool_size=8)
+    fleet = Fleet(api, "work", "sandlot-system")
+    op = None
+    try:
+        n1 = fleet.node("n1")
+        fleet.lease(n1, LEASE)  # keeps trying through the outage, as an agent does
+        fleet.sandbox("kept", n1, "Running")
+        op = OperatorProcess(plane, tmp_path, "sandlot-system", *FAST,
+                             "--lease-view-max-age", "4s")  # fmt: skip
+        op.wait_metrics()
+        wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=20, what="node Ready")
+        apiserver = plane.pids()["kube-apiserver"]
+        os.kill(apiserver, signal.SIGSTOP)
+        try:
+            time.sleep(4 * 3)  # three bounds, and lease + grace twice over
+        finally:
+            os.kill(apiserver, signal.SIGCONT)
+        wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=30,
+                 what="the node Ready again once the views recovered")  # fmt: skip
+        hold(
+            LEASE + GRACE + 2,
+            lambda: fleet.phase("kept") == "Running",
+            "the operator reaped from a view frozen with the API server",
+        )
+        assert op.proc.poll() is None, f"the operator died:\n{op.log()}"
+    finally:
+        if op is not None:
+            op.stop()
+        fleet.cleanup()
+        api.close()
+        plane.stop()

@@ -56,6 +56,8 @@ def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, o
     assert fleet.get("stopped")["status"] == {"phase": "Stopped", "reason": "Exited", "exitCode": 0}
     assert fleet.get("failed")["status"]["reason"] == "ImageNotFound"
 
+    # The latch is written after the last mark lands.
+    wait_for(lambda: fleet.health(n1).get("handledAt"), timeout=10, what="the latch set")
     node = fleet.get_node(n1)
     health = node["status"]["health"]
     # The expiry of the last renewal the operator observed, on its own clock: the
@@ -146,6 +148,36 @@ def test_marking_retries_a_conflict_and_respects_a_terminal_reread(kube, fleet):
     assert fleet.get("raced")["status"]["reason"] == "Exited", "a terminal sandbox was overwritten"
 
 
+def test_marking_dead_keeps_every_other_condition(kube, fleet):
+    n1 = fleet.node("n1")
+    fleet.sandbox("sb", n1, None)
+    earlier = "2030-01-01T00:00:00Z"
+    fleet.set_phase(
+        "sb",
+        "Running",
+        conditions=[
+            {"type": "Scheduled", "status": "True", "reason": "Bound",
+             "message": "bound to n1", "lastTransitionTime": earlier},
+            {"type": "Ready", "status": "True", "reason": "Started",
+             "message": "running", "lastTransitionTime": earlier},
+            {"type": "example.com/Probe", "status": "True", "reason": "Healthy",
+             "message": "another controller's", "lastTransitionTime": earlier},
+        ],
+    )  # fmt: skip
+    objects = Objects(kube)
+    now = datetime.now(UTC).replace(microsecond=0)
+    result = mark_dead(objects, objects.list_node_sandboxes(n1), reason="NodeLost",
+                       message="test", now=now)  # fmt: skip
+    assert result.marked == [f"{fleet.namespace}/sb"], result
+    conditions = {c["type"]: c for c in fleet.get("sb")["status"]["conditions"]}
+    assert set(conditions) == {"Scheduled", "Ready", "example.com/Probe"}, conditions
+    assert conditions["Scheduled"]["reason"] == "Bound"
+    assert conditions["example.com/Probe"]["lastTransitionTime"] == earlier
+    ready = conditions["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "NodeLost")
+    assert parse_time(ready["lastTransitionTime"]) == now
+
+
 @pytest.fixture
 def deny_status_of_labelled(kube):
     """A ValidatingAdmissionPolicy refusing status writes to sandboxes labelled
@@ -217,7 +249,9 @@ def test_a_failed_mark_leaves_the_latch_unset_and_the_next_pass_finishes(
             return e.status == 422 or e.status == 403
 
     wait_for(refused, timeout=20, what="the admission policy to refuse status writes")
-    op = operators(*FAST)
+    # The default resync (30 s): the retry must come from the failure's own backoff
+    # (2 s), not from the next resync.
+    op = operators("--grace-period", "3s")
     wait_for(
         lambda: fleet.get_node(n1).get("status", {}).get("phase") == "Ready",
         timeout=15,
@@ -241,7 +275,11 @@ def test_a_failed_mark_leaves_the_latch_unset_and_the_next_pass_finishes(
         "stuck",
         {"metadata": {"labels": {"sandlot.test/deny-status": None}}},
     )
-    wait_for(lambda: fleet.phase("stuck") == "Dead", timeout=20, what="the retry to finish")
+    wait_for(
+        lambda: fleet.phase("stuck") == "Dead",
+        timeout=10,
+        what="the retry to finish within its backoff, well before the 30 s resync",
+    )
     wait_for(lambda: fleet.health(n1).get("handledAt"), timeout=10, what="latch set")
     assert fleet.get("ok")["status"]["reason"] == "NodeLost"
 

@@ -35,6 +35,26 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         plane.stop()
 
 
+def start_private_plane(
+    workdir: Path, *, extra_flags: list[str] | None = None, namespaces: tuple[str, ...] = ()
+) -> ControlPlane:
+    """A control plane of one test's own (for tests that stop, freeze or audit it),
+    with sandlot's CRDs and ``namespaces`` created. The caller stops it."""
+    plane = ControlPlane(workdir=workdir, extra_apiserver_flags=list(extra_flags or []))
+    plane.start()
+    try:
+        api = load_api_client(str(plane.kubeconfig))
+        apply_crds(api, [crd_for(k) for k in KINDS])
+        core = client.CoreV1Api(api)
+        for ns in namespaces:
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        api.close()
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> Iterator[client.ApiClient]:
     api = load_api_client(str(control_plane.kubeconfig))

@@ -20,8 +20,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
-from sandlot.api.common import GROUP, READY_CONDITION, VERSION
+from sandlot.api.common import GROUP, READY_CONDITION, VERSION, Condition
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 
 log = logging.getLogger(__name__)
 
@@ -116,23 +117,24 @@ class MarkResult:
         return not self.failed
 
 
-def dead_status(reason: str, message: str, now: datetime) -> dict[str, Any]:
-    """The status fields a Dead marking writes: phase, reason, message, a condition."""
+def dead_status(
+    reason: str, message: str, now: datetime, current: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The status fields a Dead marking writes: phase, reason, message, and its Ready
+    condition merged by type into ``current``'s conditions (Kubernetes condition
+    semantics: every other controller's condition is kept, and Ready's
+    lastTransitionTime moves only if its status changes)."""
     stamp = rfc3339(now)
+    existing = parse_conditions(((current or {}).get("status") or {}).get("conditions"))
+    ready = Condition(
+        type=READY_CONDITION, status="False", reason=reason, message=message
+    )
     return {
         "phase": SandboxPhase.DEAD.value,
         "reason": reason,
         "message": message,
         "finishedAt": stamp,
-        "conditions": [
-            {
-                "type": READY_CONDITION,
-                "status": "False",
-                "reason": reason,
-                "message": message,
-                "lastTransitionTime": stamp,
-            }
-        ],
+        "conditions": wire_conditions(set_condition(existing, ready, now)),
     }
 
 
@@ -148,18 +150,21 @@ def mark_dead(
 ) -> MarkResult:
     """Set each non-terminal sandbox to Dead, with its resourceVersion as precondition.
 
-    Only status is sent (phase, reason, message, a condition), never spec, through
+    Only status is sent (phase, reason, message, its condition merged into the
+    others), never spec, through
     ``statuswrite.write_status``: a sandbox found terminal, deleted or replaced (new
     uid, other node) after a 409 counts as already terminal; one still conflicting
     after ``max_attempts``, or failing otherwise, is reported in ``failed``.
     """
-    status = dead_status(reason, message, now)
     result = MarkResult()
+
+    def status_for(current: Mapping[str, Any]) -> dict[str, Any]:
+        return dead_status(reason, message, now, current)
 
     def one(sb: Mapping[str, Any]) -> tuple[str, WriteResult]:
         meta = sb["metadata"]
         key = f"{meta['namespace']}/{meta['name']}"
-        return key, write_status(objects, sb, status, max_attempts=max_attempts)
+        return key, write_status(objects, sb, status_for, max_attempts=max_attempts)
 
     items = list(sandboxes)
     if not items:

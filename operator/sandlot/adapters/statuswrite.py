@@ -21,7 +21,7 @@ A resourceVersion is opaque: it is sent back as read and never compared as a num
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -96,10 +96,14 @@ def _describe(exc: Exception) -> str:
     return f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
 
 
+StatusFor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
+"""The status to write, computed from the Sandbox as last read (to merge into it)."""
+
+
 def write_status(
     objects: SandboxStatusApi,
     obj: Mapping[str, Any],
-    status: Mapping[str, Any],
+    status: Mapping[str, Any] | StatusFor,
     *,
     node: str | None = None,
     allowed_from: Collection[SandboxPhase] | None = None,
@@ -109,7 +113,10 @@ def write_status(
     resourceVersion (see the module's docstring for the outcomes).
 
     ``node`` is the node the Sandbox must still be bound to (default: the one ``obj``
-    names). ``allowed_from`` limits the phases the write may replace.
+    names). ``allowed_from`` limits the phases the write may replace. ``status`` may
+    be a function of the Sandbox as last read, for fields merged into what is there
+    (a merge patch replaces a list such as ``conditions`` whole): it is computed
+    again after every re-read, and the resourceVersion guards the result.
     """
     meta = obj["metadata"]
     ns, name = meta["namespace"], meta["name"]
@@ -120,8 +127,9 @@ def write_status(
         if _refusal(current, allowed_from):
             return WriteResult(WriteOutcome.SKIPPED, f"phase {phase_of(current)}")
         try:
+            body = status(current) if callable(status) else status
             objects.patch_sandbox_status(
-                ns, name, status, resource_version=current["metadata"].get("resourceVersion")
+                ns, name, body, resource_version=current["metadata"].get("resourceVersion")
             )
             return WriteResult(WriteOutcome.WRITTEN)
         except Exception as exc:

@@ -1,0 +1,151 @@
+"""Only the leader writes, and it stops before anyone else can start: a leader frozen
+(SIGSTOP) in the middle of marking a lost node's sandboxes Dead, a standby that
+takes over and finishes, then the old leader let go. The API server's own audit
+log counts every write by who sent it (each replica's User-Agent names it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandlot.adapters.kube import load_api_client
+from sandlot.devtools.controlplane import ControlPlane
+from tests.support.kube import start_private_plane
+from tests.support.operator import Fleet, OperatorProcess
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete"]
+  resources:
+  - group: "sandlot.dev"
+- level: None
+"""
+
+SANDBOXES = 400
+
+
+@pytest.fixture
+def audited_plane(tmp_path: Path) -> Iterator[ControlPlane]:
+    policy = tmp_path / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    plane = start_private_plane(
+        tmp_path / "cp",
+        extra_flags=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={tmp_path / 'audit.log'}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+        ],
+        namespaces=("work", "sandlot-system"),
+    )
+    yield plane
+    plane.stop()
+
+
+def audited_writes(log: Path) -> list[dict[str, Any]]:
+    """Every write to a sandlot object the API server answered, in arrival order."""
+    events = []
+    for line in log.read_text().splitlines():
+        event = json.loads(line)
+        if event.get("stage") == "ResponseComplete":
+            events.append(event)
+    return sorted(events, key=lambda e: e["requestReceivedTimestamp"])
+
+
+def sent_by(event: dict[str, Any], op: OperatorProcess) -> bool:
+    return f"({op.identity})" in event.get("userAgent", "")
+
+
+def received(event: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+
+
+def test_a_frozen_leader_mid_marking_writes_nothing_once_its_successor_has(
+    audited_plane: ControlPlane, tmp_path: Path
+):
+    api = load_api_client(str(audited_plane.kubeconfig), pool_size=32)
+    fleet = Fleet(api, "work", "sandlot-system")
+    lost = fleet.node("lost")
+    lease = fleet.lease(lost, duration=2)
+    names = [fleet.sandbox(f"s{i}", lost, "Running") for i in range(SANDBOXES)]
+    flags = ("--grace-period", "2s", "--resync-interval", "1s", "--mark-concurrency", "1")
+    old = OperatorProcess(audited_plane, tmp_path, "sandlot-system", *flags)
+    new: OperatorProcess | None = None
+    frozen = False
+    try:
+        old.wait_metrics()
+        wait_for(old.is_leader, timeout=30, what="the first operator to lead")
+        new = OperatorProcess(audited_plane, tmp_path, "sandlot-system", *flags)
+        new.wait_metrics()
+        wait_for(
+            lambda: fleet.get_node(lost).get("status", {}).get("phase") == "Ready",
+            timeout=20,
+            what="the node Ready first",
+        )
+        lease.pause()
+        lease.stop()
+        # Freeze the leader once its marking is under way, with most marks still to go.
+        wait_for(
+            lambda: old.metric("sandlot_operator_sandboxes_marked_dead_total") > 0,
+            timeout=30,
+            interval=0.005,
+            what="the leader to begin marking",
+        )
+        os.kill(old.proc.pid, signal.SIGSTOP)
+        frozen = True
+        dead_when_frozen = sum(fleet.phase(n) == "Dead" for n in names)
+        assert 0 < dead_when_frozen < SANDBOXES, (
+            f"the leader was frozen with {dead_when_frozen} of {SANDBOXES} marked: not mid-marking"
+        )
+        successor = new
+        wait_for(successor.is_leader, timeout=40, what="the standby to take over")
+        wait_for(
+            lambda: all(fleet.phase(n) == "Dead" for n in names),
+            timeout=90,
+            interval=0.5,
+            what="the new leader to finish marking",
+        )
+        # Let the old leader go: its in-flight pass and its queue wake up with it.
+        os.kill(old.proc.pid, signal.SIGCONT)
+        frozen = False
+        wait_for(lambda: not old.is_leader(), timeout=20, what="the old leader to step down")
+        wait_for(lambda: fleet.health(lost).get("handledAt"), timeout=30, what="the latch set")
+
+        writes = audited_writes(tmp_path / "audit.log")
+        by_old = [e for e in writes if sent_by(e, old)]
+        by_new = [e for e in writes if sent_by(e, successor)]
+        assert by_old, "the old leader never wrote: the test froze nothing"
+        assert by_new, "the new leader never wrote"
+        first_new = received(by_new[0])
+        late = [
+            (e["requestReceivedTimestamp"], e["verb"], e["objectRef"].get("name"))
+            for e in by_old
+            if received(e) >= first_new
+        ]
+        assert not late, (
+            f"{len(late)} writes of the old leader reached the API server after its "
+            f"successor's first ({first_new.isoformat()}): {late[:5]}\n{old.log()}"
+        )
+        assert old.proc.poll() is None, f"the old leader died:\n{old.log()}"
+    finally:
+        if frozen:
+            os.kill(old.proc.pid, signal.SIGCONT)
+        old.stop()
+        if new is not None:
+            new.stop()
+        fleet.cleanup()
+        api.close()
