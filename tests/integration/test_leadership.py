@@ -98,9 +98,10 @@ def test_a_frozen_leader_mid_marking_writes_nothing_once_its_successor_has(
         )
         lease.pause()
         lease.stop()
-        # Freeze the leader once its marking is under way, with most marks still to go.
+        # Freeze the leader once its marking is under way, with most marks still to go:
+        # it marks in list order (by name), one at a time, so s0 goes first.
         wait_for(
-            lambda: old.metric("sandlot_operator_sandboxes_marked_dead_total") > 0,
+            lambda: fleet.phase(names[0]) == "Dead",
             timeout=30,
             interval=0.005,
             what="the leader to begin marking",

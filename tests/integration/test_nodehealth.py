@@ -402,6 +402,35 @@ def test_mass_failure_guard_holds_then_resumes(fleet, operators):
     assert op.metric("sandlot_operator_mass_failure_hold") == 0
 
 
+def test_nodes_handled_long_ago_do_not_hold_the_guard_over_a_new_failure(fleet, operators):
+    # Six nodes lost and handled an hour ago (their status says so; no Lease), four
+    # healthy, one newly lost. Counted, the past outage would be 7/11 NotReady and
+    # hold the new failure forever; outside the guard window it is 1/5.
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    for i in range(6):
+        stale = fleet.node(f"old{i}")
+        fleet.objs.patch_cluster_custom_object_status(
+            "sandlot.dev", "v1alpha1", "sandboxnodes", stale,
+            {"status": {"phase": "NotReady", "health": {
+                "unhealthySince": hour_ago, "handledAt": hour_ago, "handledCount": 0}}},
+        )  # fmt: skip
+    healthy = [fleet.node(f"ok{i}") for i in range(4)]
+    for n in healthy:
+        fleet.lease(n)
+    lost = fleet.node("lost")
+    lease = fleet.lease(lost)
+    fleet.sandbox("gone", lost, "Running")
+    op = operators(*FAST, "--guard-window", "10m")
+    wait_for(
+        lambda: fleet.get_node(lost).get("status", {}).get("phase") == "Ready",
+        timeout=15,
+        what="the node Ready first",
+    )
+    lease.pause()
+    wait_for(lambda: fleet.phase("gone") == "Dead", timeout=20, what="the new failure reaped")
+    assert op.metric("sandlot_operator_mass_failure_hold") == 0
+
+
 def test_deleting_a_node_marks_its_sandboxes_dead(fleet, operators):
     n1 = fleet.node("n1")
     fleet.lease(n1)
