@@ -104,26 +104,31 @@ def test_deleting_a_healthy_nodes_lease_marks_nothing_dead(
 
 def test_a_frozen_api_server_longer_than_the_view_bound_marks_nothing_dead(tmp_path):
     """SIGSTOP keeps every connection open and silent: a watch that is never told it
-    died. One node (fewer than the mass-failure guard counts), so only the lease
-    view's own staleness bound can save it."""
+    died. The agent is cut off as long and renews a moment after the API server is
+    back (within one lease), as agents whose next renewal is due do. One node (fewer
+    than the mass-failure guard counts), so only the lease view's own bounds can save
+    it: the operator must not reap from the view it had before the freeze."""
     plane = start_private_plane(tmp_path / "cp", namespaces=("work", "sandlot-system"))
     api = load_api_client(str(plane.kubeconfig), pool_size=8)
     fleet = Fleet(api, "work", "sandlot-system")
     op = None
     try:
         n1 = fleet.node("n1")
-        fleet.lease(n1, LEASE)  # keeps trying through the outage, as an agent does
+        lease = fleet.lease(n1, LEASE)
         fleet.sandbox("kept", n1, "Running")
         op = OperatorProcess(plane, tmp_path, "sandlot-system", *FAST,
                              "--lease-view-max-age", "4s")  # fmt: skip
         op.wait_metrics()
         wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=20, what="node Ready")
         apiserver = plane.pids()["kube-apiserver"]
+        lease.pause()  # the agent is cut off with it
         os.kill(apiserver, signal.SIGSTOP)
         try:
-            time.sleep(4 * 3)  # three bounds, and lease + grace twice over
+            time.sleep(4 * 3)  # three view bounds, and lease + grace twice over
         finally:
             os.kill(apiserver, signal.SIGCONT)
+        time.sleep(LEASE * 0.75)
+        lease.resume()
         wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=30,
                  what="the node Ready again once the views recovered")  # fmt: skip
         hold(
@@ -131,6 +136,7 @@ def test_a_frozen_api_server_longer_than_the_view_bound_marks_nothing_dead(tmp_p
             lambda: fleet.phase("kept") == "Running",
             "the operator reaped from a view frozen with the API server",
         )
+        assert fleet.phase("kept") == "Running"
         assert op.proc.poll() is None, f"the operator died:\n{op.log()}"
     finally:
         if op is not None:
