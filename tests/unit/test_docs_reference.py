@@ -38,3 +38,20 @@ def test_every_documented_setting_exists_in_the_code():
     real = {env_name(f) for m in (AgentSettings, OperatorSettings) for f in m.model_fields}
     assert documented <= real, f"documented but gone from the code: {sorted(documented - real)}"
     assert real <= documented, f"in the code but not documented: {sorted(real - documented)}"
+
+
+def architecture_paths() -> list[str]:
+    """Every ``sandlot/...py`` path docs/architecture.md names (with or without
+    the leading ``operator/``), relative to ``operator/``."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    return sorted(set(re.findall(r"(?<![\w/.])(?:operator/)?(sandlot/[\w/]+\.py)\b", text)))
+
+
+def test_the_architecture_map_names_code():
+    named = architecture_paths()
+    assert len(named) >= 20, f"docs/architecture.md names too few modules to be a map: {named}"
+
+
+def test_every_module_the_architecture_map_names_exists():
+    missing = [p for p in architecture_paths() if not (ROOT / "operator" / p).is_file()]
+    assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"

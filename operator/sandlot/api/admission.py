@@ -106,6 +106,89 @@ def _refusal(field: str, level: str) -> str:
     )
 
 
+_SECURITY_CONTEXT = "object.spec.?securityContext"
+
+
+def _level_expression(default_level: str) -> str:
+    """CEL for the namespace's level: its label when it names a level, the default
+    without the label, the unknown level for any other value."""
+    known = "['privileged', 'baseline', 'restricted']"
+    label = f"'{LEVEL_LABEL}'"
+    return (
+        f"!has(namespaceObject.metadata.labels) || !({label} in namespaceObject.metadata.labels)"
+        f" ? '{default_level}'"
+        f" : namespaceObject.metadata.labels[{label}] in {known}"
+        f" ? namespaceObject.metadata.labels[{label}] : '{UNKNOWN_LEVEL.value}'"
+    )
+
+
+def _policy_variables(default_level: str) -> list[dict[str, str]]:
+    """The level, the capabilities it allows, and the added ones it refuses."""
+    adds = f"{_SECURITY_CONTEXT}.?capabilities.?add.orValue([])"
+    return [
+        {"name": "level", "expression": _level_expression(default_level)},
+        {
+            "name": "allowedCaps",
+            "expression": f"variables.level == 'restricted' ? {_cel_list(RESTRICTED_ADDABLE)}"
+            f" : {_cel_list(BASELINE_ADDABLE)}",
+        },
+        {
+            "name": "refusedCaps",
+            "expression": f"{adds}.filter(c, !(c.upperAscii() in variables.allowedCaps))",
+        },
+    ]
+
+
+def _capabilities_message() -> str:
+    """The refusal of added capabilities names the lowest level that allows them all."""
+    return (
+        "'spec.securityContext.capabilities.add: ' + variables.refusedCaps.join(', ') + "
+        "' not allowed in namespace ' + namespaceObject.metadata.name + ' (level ' + "
+        "variables.level + '): label the namespace "
+        f"{LEVEL_LABEL}=' + "
+        f"(variables.refusedCaps.all(c, c.upperAscii() in {_cel_list(BASELINE_ADDABLE)}) "
+        "? 'baseline' : 'privileged') + "
+        "' to allow them'"
+    )
+
+
+def _policy_validations() -> list[dict[str, str]]:
+    """One validation per rule of the levels, each with a message naming the fix."""
+    sc = _SECURITY_CONTEXT
+    return [
+        {
+            "expression": f"variables.level == 'privileged' || !{sc}.?privileged.orValue(false)",
+            "messageExpression": _refusal("spec.securityContext.privileged", "privileged"),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "variables.level == 'privileged' || "
+            "!object.spec.?hostNetwork.orValue(false)",
+            "messageExpression": _refusal("spec.hostNetwork", "privileged"),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": "variables.level == 'privileged' || size(variables.refusedCaps) == 0",
+            "messageExpression": _capabilities_message(),
+            "reason": "Forbidden",
+        },
+        {
+            "expression": f"variables.level != 'restricted' || {sc}.?runAsNonRoot.orValue(false)",
+            "messageExpression": "'spec.securityContext.runAsNonRoot must be true in "
+            "namespace ' + namespaceObject.metadata.name + ' (level restricted): set "
+            f"it, or label the namespace {LEVEL_LABEL}=baseline'",
+            "reason": "Forbidden",
+        },
+        {
+            "expression": f"variables.level != 'restricted' || {sc}.?runAsUser.orValue(1) != 0",
+            "messageExpression": "'spec.securityContext.runAsUser: 0 is not allowed "
+            "in namespace ' + namespaceObject.metadata.name + ' (level restricted): "
+            f"label the namespace {LEVEL_LABEL}=baseline to allow it'",
+            "reason": "Forbidden",
+        },
+    ]
+
+
 def admission_policy(default_level: str = DEFAULT_LEVEL.value) -> list[dict[str, Any]]:
     """The ValidatingAdmissionPolicy and its binding, as plain objects.
 
@@ -115,27 +198,6 @@ def admission_policy(default_level: str = DEFAULT_LEVEL.value) -> list[dict[str,
     """
     if default_level != _TEMPLATE_LEVEL:
         Level(default_level)
-    known = "['privileged', 'baseline', 'restricted']"
-    label = f"'{LEVEL_LABEL}'"
-    level_expr = (
-        f"!has(namespaceObject.metadata.labels) || !({label} in namespaceObject.metadata.labels)"
-        f" ? '{default_level}'"
-        f" : namespaceObject.metadata.labels[{label}] in {known}"
-        f" ? namespaceObject.metadata.labels[{label}] : '{UNKNOWN_LEVEL.value}'"
-    )
-    sc = "object.spec.?securityContext"
-    adds = f"{sc}.?capabilities.?add.orValue([])"
-    baseline_caps = _cel_list(BASELINE_ADDABLE)
-    restricted_caps = _cel_list(RESTRICTED_ADDABLE)
-    caps_msg = (
-        "'spec.securityContext.capabilities.add: ' + variables.refusedCaps.join(', ') + "
-        "' not allowed in namespace ' + namespaceObject.metadata.name + ' (level ' + "
-        "variables.level + '): label the namespace "
-        f"{LEVEL_LABEL}=' + "
-        f"(variables.refusedCaps.all(c, c.upperAscii() in {baseline_caps}) "
-        "? 'baseline' : 'privileged') + "
-        "' to allow them'"
-    )
     policy: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -160,54 +222,8 @@ def admission_policy(default_level: str = DEFAULT_LEVEL.value) -> list[dict[str,
                     "expression": "request.operation == 'CREATE' || oldObject.spec != object.spec",
                 }
             ],
-            "variables": [
-                {"name": "level", "expression": level_expr},
-                {
-                    "name": "allowedCaps",
-                    "expression": f"variables.level == 'restricted' ? {restricted_caps}"
-                    f" : {baseline_caps}",
-                },
-                {
-                    "name": "refusedCaps",
-                    "expression": f"{adds}.filter(c, !(c.upperAscii() in variables.allowedCaps))",
-                },
-            ],
-            "validations": [
-                {
-                    "expression": f"variables.level == 'privileged' || "
-                    f"!{sc}.?privileged.orValue(false)",
-                    "messageExpression": _refusal("spec.securityContext.privileged", "privileged"),
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.level == 'privileged' || "
-                    "!object.spec.?hostNetwork.orValue(false)",
-                    "messageExpression": _refusal("spec.hostNetwork", "privileged"),
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.level == 'privileged' || "
-                    "size(variables.refusedCaps) == 0",
-                    "messageExpression": caps_msg,
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.level != 'restricted' || "
-                    f"{sc}.?runAsNonRoot.orValue(false)",
-                    "messageExpression": "'spec.securityContext.runAsNonRoot must be true in "
-                    "namespace ' + namespaceObject.metadata.name + ' (level restricted): set "
-                    f"it, or label the namespace {LEVEL_LABEL}=baseline'",
-                    "reason": "Forbidden",
-                },
-                {
-                    "expression": "variables.level != 'restricted' || "
-                    f"{sc}.?runAsUser.orValue(1) != 0",
-                    "messageExpression": "'spec.securityContext.runAsUser: 0 is not allowed "
-                    "in namespace ' + namespaceObject.metadata.name + ' (level restricted): "
-                    f"label the namespace {LEVEL_LABEL}=baseline to allow it'",
-                    "reason": "Forbidden",
-                },
-            ],
+            "variables": _policy_variables(default_level),
+            "validations": _policy_validations(),
         },
     }
     binding: dict[str, Any] = {

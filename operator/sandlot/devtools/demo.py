@@ -242,6 +242,22 @@ class Demo:
     # -- the story -------------------------------------------------------------------
 
     def run(self) -> None:
+        self.start_cluster()
+        self.start_programs()
+        self.create_pool()
+        self.kill_agent_of_demo_1()
+        self.restart_agent_of_demo_1()
+        self.clear_caches()
+
+    def running_count(self) -> int:
+        return sum(
+            1
+            for s in self.sandboxes()
+            if (s.get("status") or {}).get("phase") == SandboxPhase.RUNNING
+        )
+
+    def start_cluster(self) -> None:
+        """The control plane, the demo's namespaces, containerd and the image."""
         self.say("starting a local control plane (etcd + kube-apiserver) with sandlot's CRDs")
         start_local(self.workdir)
         self.kc("create", "namespace", "sandlot-system")
@@ -256,6 +272,8 @@ class Demo:
         for node in NODES:
             import_archive(self.containerd.address, f"sandlot-{node}", archive, timeout=60)
 
+    def start_programs(self) -> None:
+        """The operator and both agents, until both nodes are Ready."""
         self.say(f"starting the operator (grace period {GRACE}) and two agents (lease {LEASE})")
         self.spawn(
             "operator",
@@ -282,25 +300,18 @@ class Demo:
         )
         print(self.kc("get", "snode"))
 
+    def create_pool(self) -> None:
         self.say("creating a pool of 4 sandboxes behind the Service 'web'")
         print(POOL)
         self.kc("apply", "-f", "-", stdin=POOL)
-        self.wait(
-            "4 sandboxes Running",
-            lambda: (
-                sum(
-                    1
-                    for s in self.sandboxes()
-                    if (s.get("status") or {}).get("phase") == SandboxPhase.RUNNING
-                )
-                == 4
-            ),
-        )
+        self.wait("4 sandboxes Running", lambda: self.running_count() == 4)
         print(
             self.kc("get", "endpointslices", "-n", "demo", "-l", "kubernetes.io/service-name=web")
         )
         self.fetch_pages()
 
+    def kill_agent_of_demo_1(self) -> None:
+        """SIGKILL demo-1's agent; its sandboxes go Dead and are replaced on demo-2."""
         lost = [
             s["metadata"]["name"] for s in self.sandboxes() if s["spec"].get("nodeName") == "demo-1"
         ]
@@ -323,17 +334,7 @@ class Demo:
             f"{len(lost)} sandboxes Dead {time.monotonic() - t0:.1f}s after the kill "
             f"(lease {LEASE} + grace {GRACE}); replacements are being scheduled on demo-2"
         )
-        self.wait(
-            "4 live sandboxes again",
-            lambda: (
-                sum(
-                    1
-                    for s in self.sandboxes()
-                    if (s.get("status") or {}).get("phase") == SandboxPhase.RUNNING
-                )
-                == 4
-            ),
-        )
+        self.wait("4 live sandboxes again", lambda: self.running_count() == 4)
         print(
             self.kc(
                 "get",
@@ -349,6 +350,9 @@ class Demo:
         self.fetch_pages()
         print(self.kc("get", "snode"))
 
+    def restart_agent_of_demo_1(self) -> None:
+        """The restarted agent finds its sandboxes Dead and tears their containers down."""
+        assert self.containerd is not None
         self.say(
             "restarting demo-1's agent: it finds its sandboxes Dead and tears their containers down"
         )
@@ -370,6 +374,7 @@ class Demo:
         ).stdout
         print(f"$ ctr -n sandlot-demo-1 tasks ls\n{tasks.rstrip() or '(no tasks)'}")
 
+    def clear_caches(self) -> None:
         self.say("sandlot cache clear containerd --all")
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         subprocess.run(

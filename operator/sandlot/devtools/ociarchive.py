@@ -164,6 +164,38 @@ def build_image_archive(
     """
     if not busybox.is_file():
         raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
+    layers = _image_layers(busybox, extra_files, filler_bytes, salt)
+    blobs: dict[str, bytes] = {}
+    layer_descriptors, diff_ids = _store_layers(blobs, layers, compress)
+    plat = host_platform()
+    image_config = {
+        "Entrypoint": list(entrypoint) or None,
+        "Cmd": list(cmd) or None,
+        "Env": list(env),
+        "WorkingDir": working_dir,
+    }
+    config = _store(blobs, _config_blob(plat, image_config, diff_ids))
+    manifest = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": _descriptor(MEDIA_CONFIG, config),
+            "layers": layer_descriptors,
+        }
+    )
+    top = _descriptor(MEDIA_MANIFEST, _store(blobs, manifest))
+    if as_index:
+        top = _descriptor(MEDIA_INDEX, _store(blobs, _platform_index(top, manifest, plat)))
+    index = _layout_index(top, name, None if as_index else plat)
+    _write_archive(dest, blobs, index)
+    size = sum(len(b) for b in blobs.values())
+    return ImageArchive(dest, name, str(top["digest"]), size)
+
+
+def _image_layers(
+    busybox: Path, extra_files: Mapping[str, bytes] | None, filler_bytes: int, salt: str
+) -> list[bytes]:
+    """The busybox layer, and a second one when there are files, a salt or a filler."""
     layers = [_busybox_layer(busybox)]
     files = {path.lstrip("/"): data for path, data in (extra_files or {}).items()}
     if salt:
@@ -172,82 +204,86 @@ def build_image_archive(
         files["filler"] = bytes(filler_bytes)
     if files:
         layers.append(_files_layer(files))
+    return layers
 
-    blobs: dict[str, bytes] = {}
-    layer_descriptors = []
+
+def _store(blobs: dict[str, bytes], data: bytes) -> bytes:
+    blobs[_digest(data)] = data
+    return data
+
+
+def _descriptor(media_type: str, data: bytes) -> dict[str, object]:
+    return {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
+
+
+def _store_layers(
+    blobs: dict[str, bytes], layers: Sequence[bytes], compress: bool
+) -> tuple[list[dict[str, object]], list[str]]:
+    """Each layer as a blob (gzipped with ``compress``): its descriptors and diff IDs."""
+    descriptors = []
     diff_ids = []
     for layer in layers:
         diff_ids.append(_digest(layer))
-        blob = gzip.compress(layer, mtime=0) if compress else layer
-        blobs[_digest(blob)] = blob
-        layer_descriptors.append(
-            {
-                "mediaType": MEDIA_LAYER_GZIP if compress else MEDIA_LAYER,
-                "digest": _digest(blob),
-                "size": len(blob),
-            }
-        )
+        blob = _store(blobs, gzip.compress(layer, mtime=0) if compress else layer)
+        descriptors.append(_descriptor(MEDIA_LAYER_GZIP if compress else MEDIA_LAYER, blob))
+    return descriptors, diff_ids
 
-    plat = host_platform()
-    config = _canonical(
+
+def _config_blob(
+    plat: Mapping[str, str], image_config: Mapping[str, object], diff_ids: Sequence[str]
+) -> bytes:
+    return _canonical(
         {
             **plat,
             "created": "1970-01-01T00:00:00Z",
-            "config": {
-                "Entrypoint": list(entrypoint) or None,
-                "Cmd": list(cmd) or None,
-                "Env": list(env),
-                "WorkingDir": working_dir,
-            },
-            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+            "config": dict(image_config),
+            "rootfs": {"type": "layers", "diff_ids": list(diff_ids)},
         }
     )
-    blobs[_digest(config)] = config
-    manifest = _canonical(
+
+
+def _platform_index(top: Mapping[str, object], manifest: bytes, plat: Mapping[str, str]) -> bytes:
+    """A multi-platform index: this platform's manifest, and another platform's entry
+    whose content the archive does not hold."""
+    other = {"architecture": "s390x" if plat["architecture"] != "s390x" else "amd64"}
+    return _canonical(
         {
             "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": {"mediaType": MEDIA_CONFIG, "digest": _digest(config), "size": len(config)},
-            "layers": layer_descriptors,
+            "mediaType": MEDIA_INDEX,
+            "manifests": [
+                {**top, "platform": plat},
+                {
+                    "mediaType": MEDIA_MANIFEST,
+                    "digest": _digest(b"absent " + manifest),
+                    "size": len(manifest),
+                    "platform": {**other, "os": "linux"},
+                },
+            ],
         }
     )
-    blobs[_digest(manifest)] = manifest
-    top = {"mediaType": MEDIA_MANIFEST, "digest": _digest(manifest), "size": len(manifest)}
-    if as_index:
-        other = {"architecture": "s390x" if plat["architecture"] != "s390x" else "amd64"}
-        image_index = _canonical(
-            {
-                "schemaVersion": 2,
-                "mediaType": MEDIA_INDEX,
-                "manifests": [
-                    {**top, "platform": plat},
-                    {
-                        "mediaType": MEDIA_MANIFEST,
-                        "digest": _digest(b"absent " + manifest),
-                        "size": len(manifest),
-                        "platform": {**other, "os": "linux"},
-                    },
-                ],
-            }
-        )
-        blobs[_digest(image_index)] = image_index
-        top = {"mediaType": MEDIA_INDEX, "digest": _digest(image_index), "size": len(image_index)}
+
+
+def _layout_index(top: Mapping[str, object], name: str, plat: Mapping[str, str] | None) -> bytes:
+    """The archive's ``index.json``: the image's target, named for ``ctr`` to import."""
     tag = name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else "latest"
-    index = _canonical(
+    return _canonical(
         {
             "schemaVersion": 2,
             "mediaType": MEDIA_INDEX,
             "manifests": [
                 {
                     **top,
-                    **({} if as_index else {"platform": plat}),
+                    **({} if plat is None else {"platform": plat}),
                     "annotations": {ANNOTATION_IMAGE_NAME: name, ANNOTATION_REF_NAME: tag},
                 }
             ],
         }
     )
-    layout = _canonical({"imageLayoutVersion": "1.0.0"})
 
+
+def _write_archive(dest: Path, blobs: Mapping[str, bytes], index: bytes) -> None:
+    """The OCI layout as a tar, written whole and then renamed into place."""
+    layout = _canonical({"imageLayoutVersion": "1.0.0"})
     entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_tar_entry("blobs", kind=tarfile.DIRTYPE, mode=0o755), None),
         (_tar_entry("blobs/sha256", kind=tarfile.DIRTYPE, mode=0o755), None),
@@ -262,8 +298,6 @@ def build_image_archive(
     tmp = dest.with_name(dest.name + ".tmp")
     tmp.write_bytes(_tar(entries))
     tmp.replace(dest)
-    size = sum(len(b) for b in blobs.values())
-    return ImageArchive(dest, name, str(top["digest"]), size)
 
 
 def import_archive(
