@@ -21,7 +21,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,45 +41,32 @@ from sandlot.cli.main import main as sandlot_main
 from sandlot.cli.options import env_name, settings_from
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
-from sandlot.devtools.controlplane import ControlPlane, helm_path, kubeconfig_dict, kubectl_path
+from sandlot.devtools.controlplane import ControlPlane, helm_path, kubectl_path
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from tests.support.chart import (
+    CHART,
+    Installed,
+    apply,
+    by_kind,
+    can_i,
+    hook_of,
+    render,
+    run_helm,
+    sa_kubeconfig,
+)
 from tests.support.containerd import PrivateContainerd
-from tests.support.kube import Kubectl, repo_root
+from tests.support.kube import Kubectl
 from tests.support.operator import Fleet, OperatorProcess, wipe_nodes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-CHART = repo_root() / "charts" / "sandlot"
 FORBIDDEN = re.compile(r"forbidden|\b403\b|not enough permissions", re.IGNORECASE)
 
 
 @pytest.fixture(scope="session")
 def helm() -> Path:
     return helm_path()
-
-
-def run_helm(helm: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [str(helm), *args], capture_output=True, text=True, timeout=120, check=False
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stderr}")
-    return proc
-
-
-def render(helm: Path, *args: str, release: str = "sl", namespace: str = "sandlot-system"):
-    out = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, *args).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [d for d in docs if d["kind"] == kind]
-
-
-def hook_of(doc: dict[str, Any]) -> str | None:
-    """The doc's helm hook (pre-delete, ...); None for what `helm install` creates."""
-    return ((doc["metadata"].get("annotations") or {}).get("helm.sh/hook")) or None
 
 
 def container_env(workload: dict[str, Any]) -> dict[str, Any]:
@@ -286,23 +272,6 @@ def test_bad_values_are_refused_naming_the_value(
 # ------------------------------------------------------------ on the real API server
 
 
-@dataclass
-class Installed:
-    release: str
-    namespace: str
-    docs: list[dict[str, Any]]
-
-    def service_account(self, component: str) -> str:
-        return f"{self.release}-sandlot-{component}"
-
-
-def _apply(kubectl: Kubectl, docs: list[dict[str, Any]], *extra: str) -> str:
-    stream = yaml.safe_dump_all(docs)
-    return kubectl(
-        "apply", "--server-side", "--field-manager=helm", *extra, "-f", "-", stdin=stream
-    ).stdout
-
-
 @pytest.fixture(scope="module")
 def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[Installed]:
     """The chart's objects (defaults plus the dashboard) in a fresh release namespace."""
@@ -322,7 +291,7 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
         namespace=namespace,
     )
     docs = [d for d in docs if not hook_of(d)]  # helm creates hooks only when they run
-    _apply(kubectl, docs)
+    apply(kubectl, docs)
     yield Installed(release, namespace, docs)
     # Cluster-scoped objects (RBAC, admission policies) outlive the namespace: delete
     # every rendered object by name.
@@ -334,7 +303,7 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
 
 def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl: Kubectl) -> None:
     # Applied by the fixture; applying again with a server dry run re-validates each one.
-    out = _apply(kubectl, installed.docs, "--dry-run=server")
+    out = apply(kubectl, installed.docs, "--dry-run=server")
     for doc in installed.docs:
         assert f"/{doc['metadata']['name']} serverside-applied" in out, (doc["kind"], out)
     got = kubectl(
@@ -343,39 +312,6 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
     for doc in installed.docs:
         if doc["metadata"].get("namespace"):
             assert doc["metadata"]["name"] in got, f"{doc['kind']} {doc['metadata']['name']}"
-
-
-def sa_kubeconfig(
-    kube: client.ApiClient, plane: ControlPlane, installed: Installed, component: str, path: Path
-) -> Path:
-    """A kubeconfig holding a token the API server issued for the component's ServiceAccount."""
-    name = installed.service_account(component)
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-    )
-    token = (
-        client.CoreV1Api(kube)
-        .create_namespaced_service_account_token(name, installed.namespace, request)
-        .status.token
-    )
-    user = f"system:serviceaccount:{installed.namespace}:{name}"
-    path.write_text(
-        yaml.safe_dump(kubeconfig_dict(plane.url, str(plane.ca_file), user, token=token))
-    )
-    path.chmod(0o600)
-    return path
-
-
-def can_i(kubeconfig: Path, *args: str) -> bool:
-    proc = subprocess.run(
-        [str(kubectl_path()), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert proc.stdout.strip() in ("yes", "no"), proc.stderr
-    return proc.stdout.strip() == "yes"
 
 
 @pytest.mark.parametrize(
@@ -743,7 +679,7 @@ def test_uninstall_hooks_purge_with_exactly_their_own_rbac(
     assert not [d for d in off if hook_of(d)]
 
     rbac = [d for d in hooks if d["kind"] != "Job"]
-    _apply(kubectl, rbac)
+    apply(kubectl, rbac)
     installed = Installed(release, lease_namespace, rbac)
     try:
         pre = sa_kubeconfig(kube, control_plane, installed, "pre-delete", tmp_path / "pre")

@@ -168,7 +168,7 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
     resource = "request.resource.resource"
     obj = "variables.obj"
     prefix = f"'{ids.fullname}-agent-writes: rule "
-    who = f"' node ' + {node} + ' "
+    who = f" node ' + {node} + ' "
     results = "object.?status.?results.orValue({})"
     old_results = "oldObject.?status.?results.orValue({})"
     variables = [
@@ -179,7 +179,10 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             f"request.userInfo.extra['{NODE_NAME_CLAIM}'][0] : ''",
         },
         {"name": "obj", "expression": "request.operation == 'DELETE' ? oldObject : object"},
-        {"name": "status", "expression": "request.subResource == 'status'"},
+        {
+            "name": "status",
+            "expression": "has(request.subResource) && request.subResource == 'status'",
+        },
         {"name": "isEvent", "expression": f"{resource} == 'events'"},
         {
             "name": "about",
