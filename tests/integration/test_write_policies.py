@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.workloads import ServiceChanged, get_service, write_service
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import (
     ENDPOINTSLICE_MANAGED_BY_LABEL,
@@ -32,6 +35,8 @@ from sandlot.api.keys import (
     SERVICE_MANAGER,
 )
 from sandlot.api.writepolicy import CHART_TEMPLATE, Identities, write_policies
+from sandlot.controllers.metrics import WorkloadMetrics
+from sandlot.controllers.routing import PoolRef, Router, ServiceTaken, desired_service
 from sandlot.devtools.controlplane import ControlPlane, helm_path
 from tests.support.chart import Installed, apply, hook_of, render, sa_kubeconfig
 from tests.support.kube import Kubectl
@@ -86,6 +91,7 @@ def release(
         operator_service_account=f"{name}-sandlot-operator",
         leader_lease=lease,
     )
+
     def key(doc: dict[str, Any]) -> tuple[str, str]:
         return doc["kind"], doc["metadata"]["name"]
 
@@ -398,12 +404,16 @@ def test_operator_writes_only_services_labelled_as_sandlots(
         _refused(lambda: core.create_namespaced_service(namespace, _service("plain", {})), rule)
         core.create_namespaced_service(namespace, _service("ours", ours))
         admin.create_namespaced_service(namespace, _service("theirs", {"team": "web"}))
-        adopt = {"metadata": {"labels": ours}}
-        _refused(lambda: core.patch_namespaced_service("theirs", namespace, adopt), rule)
+
+        def relabel(name: str, labels: dict[str, str]) -> Any:
+            svc = core.read_namespaced_service(name, namespace)
+            svc.metadata.labels = labels
+            return core.replace_namespaced_service(name, namespace, svc)
+
+        _refused(lambda: relabel("theirs", {"team": "web", **ours}), rule)
         _refused(lambda: core.delete_namespaced_service("theirs", namespace), rule)
-        drop = {"metadata": {"labels": {SERVICE_MANAGED_BY_LABEL: None}}}
-        _refused(lambda: core.patch_namespaced_service("ours", namespace, drop), rule)
-        core.patch_namespaced_service("ours", namespace, {"metadata": {"labels": {"x": "y"}}})
+        _refused(lambda: relabel("ours", {}), rule)
+        relabel("ours", {**ours, "x": "y"})
         core.delete_namespaced_service("ours", namespace)
         assert admin.read_namespaced_service("theirs", namespace).metadata.labels == {"team": "web"}
     finally:
@@ -434,3 +444,76 @@ def test_operator_writes_only_endpointslices_labelled_as_sandlots(
         discovery.delete_namespaced_endpoint_slice("ours", namespace)
     finally:
         api.close()
+
+
+# -------------------------------------------- the operator's Service: judged and written at once
+
+
+@pytest.fixture
+def routing(release: Release, kube: client.ApiClient, namespace: str) -> Iterator[Routing]:
+    """The operator's Router with the operator's own token, for a pool that exists."""
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "SandboxPool",
+        "metadata": {"name": "web"},
+        "spec": {"replicas": 0, "template": {"spec": {"image": "sandlot.test/b:1"}}},
+    }
+    objs: Any = client.CustomObjectsApi(kube)
+    pool = objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxpools", body)
+    api = release.api("operator")
+    objects = Objects(api)
+    yield Routing(
+        objects,
+        Router(objects, WorkloadMetrics(CollectorRegistry())),
+        PoolRef(namespace, "web", pool["metadata"]["uid"], "web", ({"containerPort": 8080},)),
+        client.CoreV1Api(kube),
+    )
+    api.close()
+
+
+@dataclass
+class Routing:
+    objects: Objects
+    router: Router
+    pool: PoolRef
+    admin: client.CoreV1Api
+
+    def service(self) -> Any:
+        return self.admin.read_namespaced_service("web", self.pool.namespace)
+
+
+def test_a_service_made_after_the_read_is_never_written_over(routing: Routing) -> None:
+    ns = routing.pool.namespace
+    routing.admin.create_namespaced_service(ns, _service("web", {"team": "web"}))
+    with pytest.raises(ServiceChanged):  # the read had found nothing: create only
+        write_service(routing.objects, ns, desired_service(routing.pool), None)
+    with pytest.raises(ServiceTaken):
+        routing.router.sync(routing.pool, [])
+    svc = routing.service()
+    assert svc.metadata.labels == {"team": "web"} and not svc.metadata.owner_references
+
+
+def test_a_service_replaced_after_the_read_is_never_written_over(routing: Routing) -> None:
+    ns = routing.pool.namespace
+    assert routing.router.sync(routing.pool, [])
+    seen = get_service(routing.objects, ns, "web")
+    assert seen is not None and seen["metadata"]["labels"][SERVICE_MANAGED_BY_LABEL]
+    routing.admin.delete_namespaced_service("web", ns)
+    routing.admin.create_namespaced_service(ns, _service("web", {"team": "web"}))
+    with pytest.raises(ServiceChanged):  # judged the pool's at seen's version: stale now
+        write_service(routing.objects, ns, desired_service(routing.pool), seen)
+    assert routing.service().metadata.labels == {"team": "web"}
+
+
+def test_a_changed_service_of_the_pool_is_judged_again_and_written(routing: Routing) -> None:
+    ns = routing.pool.namespace
+    assert routing.router.sync(routing.pool, [])
+    note = {"metadata": {"annotations": {"example.test/note": "kept"}}}
+    routing.admin.patch_namespaced_service("web", ns, note)
+    two = ({"containerPort": 8080, "name": "http"}, {"containerPort": 9090, "name": "admin"})
+    routing.router.sync(replace(routing.pool, ports=two), [])
+    svc = routing.service()
+    assert sorted(p.port for p in svc.spec.ports) == [8080, 9090]
+    assert svc.metadata.annotations["example.test/note"] == "kept"
+    routing.router.sync(routing.pool, [])  # a port the pool dropped goes
+    assert [p.port for p in routing.service().spec.ports] == [8080]
