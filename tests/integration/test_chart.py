@@ -244,6 +244,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         ({"agent": {"teardownConcurrency": "eight"}}, "agent.teardownConcurrency"),
         ({"agent": {"containerdAddress": "run/containerd.sock"}}, "agent.containerdAddress"),
         ({"admissionPolicy": {"defaultLevel": "lax"}}, "admissionPolicy.defaultLevel"),
+        ({"agent": {"cni": {"mount": True}}}, "agent.privileged"),
     ],
     ids=[
         "duration-without-unit-syntax",
@@ -256,6 +257,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "concurrency-not-a-number",
         "relative-socket-path",
         "unknown-policy-level",
+        "cni-mount-without-privileged",
     ],
 )
 def test_bad_values_are_refused_naming_the_value(
@@ -279,10 +281,11 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     release, namespace = f"sl{suffix}", f"sandlot-{suffix}"
     core = client.CoreV1Api(kube)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
-    # The admission policy is cluster-wide: installed here it would refuse the
+    # The sandbox admission policy is cluster-wide: installed here it would refuse the
     # hostNetwork and privileged sandboxes other tests on this control plane create.
     # tests/integration/test_isolation.py installs the same objects (drift-tested
-    # against the template) and exercises them.
+    # against the template) and exercises them. The write policies stay: they bind
+    # only this release's identities (and SandboxNodes named like its leader Lease).
     docs = render(
         helm,
         "--set",
@@ -358,6 +361,65 @@ def test_service_accounts_hold_least_privilege(
 ) -> None:
     config = sa_kubeconfig(kube, control_plane, installed, component, tmp_path / "kubeconfig")
     assert can_i(config, *args) is allowed, f"{component} can-i {' '.join(args)}"
+
+
+# Each identity's whole reach, as `kubectl auth can-i --list --as` reports it: a
+# verb added to the chart without a reason shows up here. The self-review APIs every
+# authenticated user has (system:basic-user) and non-resource URLs are left out.
+AGENT_REACH = {
+    "sandboxnodes.sandlot.dev": "create get list watch",
+    "sandboxnodes.sandlot.dev/status": "patch",
+    "sandboxes.sandlot.dev": "get list watch",
+    "sandboxes.sandlot.dev/status": "patch",
+    "cacheprunes.sandlot.dev": "get list watch",
+    "cacheprunes.sandlot.dev/status": "patch",
+    "namespaces": "get",
+    "events": "create",
+    "leases.coordination.k8s.io": "create get update",
+}
+OPERATOR_REACH = {
+    "sandboxnodes.sandlot.dev": "get list patch watch",
+    "sandboxnodes.sandlot.dev/status": "get patch",
+    "sandboxes.sandlot.dev": "create delete get list patch watch",
+    "sandboxes.sandlot.dev/status": "get patch",
+    "sandboxpools.sandlot.dev": "get list watch",
+    "sandboxpools.sandlot.dev/status": "get patch",
+    "sandboxpools.sandlot.dev/scale": "get",
+    "sandboxpools.sandlot.dev/finalizers": "update",
+    "cacheprunes.sandlot.dev": "get list watch",
+    "cacheprunes.sandlot.dev/status": "get patch",
+    "services": "create delete get update",
+    "endpointslices.discovery.k8s.io": "create delete list patch",
+    "events": "create",
+    "customresourcedefinitions.apiextensions.k8s.io": "get list watch",
+    "leases.coordination.k8s.io": "create get list update watch",
+}
+ROW = re.compile(r"^(\S+)\s+\[[^]]*\]\s+\[[^]]*\]\s+\[([^]]*)\]\s*$")
+
+
+def reach(kubectl: Kubectl, user: str, namespace: str) -> dict[str, str]:
+    out = kubectl("auth", "can-i", "--list", f"--as={user}", "-n", namespace).stdout
+    verbs: dict[str, set[str]] = {}
+    for line in out.splitlines()[1:]:
+        match = ROW.match(line)
+        if match and not match.group(1).startswith("selfsubject"):
+            verbs.setdefault(match.group(1), set()).update(match.group(2).split())
+    return {resource: " ".join(sorted(v)) for resource, v in verbs.items()}
+
+
+@pytest.mark.parametrize(
+    ("component", "wanted"),
+    [("agent", AGENT_REACH), ("operator", OPERATOR_REACH)],
+    ids=["agent", "operator"],
+)
+def test_each_identity_reaches_exactly_what_the_chart_says(
+    installed: Installed, kubectl: Kubectl, component: str, wanted: dict[str, str]
+) -> None:
+    user = f"system:serviceaccount:{installed.namespace}:{installed.service_account(component)}"
+    assert reach(kubectl, user, installed.namespace) == wanted
+    # Elsewhere only the cluster-wide part: no Lease outside the release namespace.
+    elsewhere = reach(kubectl, user, "default")
+    assert "leases.coordination.k8s.io" not in elsewhere, elsewhere
 
 
 def test_operator_reaps_a_lost_node_with_its_service_account_only(
@@ -453,13 +515,16 @@ def test_agent_and_operator_run_the_node_story_with_their_service_accounts(
     a CachePrune is answered; the agent stops, its node is reaped after the grace
     and the member leaves the EndpointSlice; the agent comes back, tears the Dead
     member's container down and runs its replacement. Both programs hold only
-    their own ServiceAccount's token."""
+    their own ServiceAccount's token, the agent's bound to a Pod on its node as a
+    DaemonSet pod's is, under the chart's write policies."""
     caplog.set_level(logging.INFO, logger="sandlot")
     wipe_nodes(kube)
     node = f"chart-{uuid.uuid4().hex[:6]}"
     objs: Any = client.CustomObjectsApi(kube)
     discovery = client.DiscoveryV1Api(kube)
-    agent_config = sa_kubeconfig(kube, control_plane, installed, "agent", tmp_path / "a.kubeconfig")
+    agent_config = sa_kubeconfig(
+        kube, control_plane, installed, "agent", tmp_path / "a.kubeconfig", node=node
+    )
     op_config = sa_kubeconfig(kube, control_plane, installed, "operator", tmp_path / "o.kubeconfig")
     agent_api = load_api_client(str(agent_config))
     agents: list[Agent] = []
@@ -650,7 +715,9 @@ def test_uninstall_hooks_purge_with_exactly_their_own_rbac(
     assert set(jobs) == {"pre-delete", "post-delete"}
     for phase, job in jobs.items():
         notes = job["metadata"]["annotations"]
-        assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        assert notes["helm.sh/hook-delete-policy"] == (
+            "before-hook-creation,hook-succeeded,hook-failed"
+        ), "a failed hook Job must not linger into the next install"
         assert job["spec"]["activeDeadlineSeconds"] == 180 and job["spec"]["backoffLimit"] == 1
         pod = job["spec"]["template"]["spec"]
         (c,) = pod["containers"]
