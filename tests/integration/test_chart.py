@@ -371,7 +371,7 @@ AGENT_REACH = {
     "sandboxnodes.sandlot.dev/status": "patch",
     "sandboxes.sandlot.dev": "get list watch",
     "sandboxes.sandlot.dev/status": "patch",
-    "cacheprunes.sandlot.dev": "get list watch",
+    "cacheprunes.sandlot.dev": "list watch",
     "cacheprunes.sandlot.dev/status": "patch",
     "namespaces": "get",
     "events": "create",
