@@ -224,6 +224,30 @@ def test_agent_writes_only_its_own_sandboxnode_status(nodes: Nodes) -> None:
     assert "address" not in (got.get("status") or {})
 
 
+def test_agent_leaves_the_operators_fields_of_its_node_status_alone(nodes: Nodes) -> None:
+    _node(nodes.agent, nodes.a)
+    operator_status = {
+        "phase": "Ready",
+        "health": {"unhealthySince": None},
+        "conditions": [{"type": "Ready", "status": "True", "reason": "LeaseRenewed"}],
+    }
+    nodes.admin.patch_cluster_custom_object_status(
+        GROUP, VERSION, "sandboxnodes", nodes.a, {"status": operator_status}
+    )
+
+    def patch(status: dict[str, Any]) -> Any:
+        return nodes.agent.patch_cluster_custom_object_status(
+            GROUP, VERSION, "sandboxnodes", nodes.a, {"status": status}
+        )
+
+    rule = "agent-node-status-not-operators"
+    _refused(lambda: patch({"phase": "NotReady"}), rule)
+    _refused(lambda: patch({"health": {"handledAt": _stamp(), "handledCount": 3}}), rule)
+    _refused(lambda: patch({"conditions": []}), rule)
+    got = patch({"address": "10.1.2.3", "gc": {"recordsRemoved": 1}})
+    assert got["status"]["address"] == "10.1.2.3" and got["status"]["phase"] == "Ready"
+
+
 def test_agent_creates_and_renews_only_its_own_lease(release: Release, nodes: Nodes) -> None:
     ns = nodes.namespace
     leases = client.CoordinationV1Api(nodes.agent_api)

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from sandlot.api.cacheprune import CachePruneStatus
+from sandlot.api.node import SandboxNodeStatus
 from sandlot.api.writepolicy import (
     CHART_TEMPLATE,
+    NODE_STATUS_OF_THE_OPERATOR,
     Identities,
     agent_policy,
     chart_template,
@@ -58,3 +60,9 @@ def test_cacheprune_rule_keeps_every_operator_field_of_the_status() -> None:
     assert operator_fields
     for field in operator_fields:
         assert f"object.?status.?{field}.orValue(" in rule["expression"], field
+
+
+def test_node_status_kept_from_the_agent_is_the_operators_and_not_what_it_registers() -> None:
+    assert set(NODE_STATUS_OF_THE_OPERATOR) <= set(SandboxNodeStatus.model_fields)
+    registered = {"capacity", "address", "agent_version", "containerd_version", "gc"}
+    assert not registered & set(NODE_STATUS_OF_THE_OPERATOR)

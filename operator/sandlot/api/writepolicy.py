@@ -11,6 +11,8 @@ a ValidatingAdmissionPolicy can hold each agent to its own node:
 
 - ``agent-bound-token``: a write without the node-name claim is refused;
 - ``agent-own-sandboxnode``: it creates its own SandboxNode and writes its status;
+- ``agent-node-status-not-operators``: but not the status fields the operator's
+  node-health controller owns (phase, conditions, health tracking);
 - ``agent-not-leader-lease`` / ``agent-own-lease``: its own node Lease in sandlot's
   namespace, held by itself; never the leader Lease, never another node's;
 - ``agent-sandbox-status-on-its-node``: status only, of Sandboxes whose
@@ -41,11 +43,12 @@ test fails when the committed template has drifted.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel
 
 from sandlot.api.cacheprune import CachePruneStatus
 from sandlot.api.common import GROUP
@@ -57,6 +60,7 @@ from sandlot.api.keys import (
     SERVICE_MANAGED_BY_LABEL,
     SERVICE_MANAGER,
 )
+from sandlot.api.node import SandboxNodeStatus
 
 CHART_TEMPLATE = "charts/sandlot/templates/write-policies.yaml"
 NODE_NAME_CLAIM = "authentication.kubernetes.io/node-name"
@@ -130,7 +134,8 @@ def _policy(
     return [policy, binding]
 
 
-def _cel_literal(value: object) -> str:
+def _cel_literal(value: object) -> str | None:
+    """``value`` as a CEL literal; None for values with none (objects)."""
     if isinstance(value, str):
         return f"'{value}'"
     if isinstance(value, bool):
@@ -139,27 +144,35 @@ def _cel_literal(value: object) -> str:
         return "[]"
     if isinstance(value, int):
         return str(value)
-    raise ValueError(f"no CEL literal for default {value!r}")
+    return None
 
 
-def _alias(name: str, info: FieldInfo) -> str:
-    return info.alias or name
-
-
-def _cacheprune_fields_kept() -> str:
-    """Every CachePrune status field but ``results`` is the operator's: unchanged,
-    read with the CRD's default so a status the agent's patch creates compares equal."""
+def _status_kept(model: type[BaseModel], fields: Iterable[str]) -> str:
+    """CEL: the update leaves these status fields of ``model`` as they were. A field
+    with a scalar or list default is read with it, so a status the agent's patch
+    creates (and the API server defaults) compares equal to an absent one."""
     checks = []
-    for name, info in CachePruneStatus.model_fields.items():
-        if name == "results":
-            continue
-        field = _alias(name, info)
+    for name in fields:
+        info = model.model_fields[name]
+        field = info.alias or name
         default = _cel_literal(info.get_default(call_default_factory=True))
-        checks.append(
-            f"object.?status.?{field}.orValue({default}) == "
-            f"oldObject.?status.?{field}.orValue({default})"
-        )
+        if default is None:
+            checks.append(f"object.?status.?{field} == oldObject.?status.?{field}")
+        else:
+            checks.append(
+                f"object.?status.?{field}.orValue({default}) == "
+                f"oldObject.?status.?{field}.orValue({default})"
+            )
     return " && ".join(checks)
+
+
+NODE_STATUS_OF_THE_OPERATOR = ("phase", "conditions", "health")
+"""SandboxNode status fields the node-health controller owns; its agent keeps off them."""
+
+CACHEPRUNE_STATUS_OF_THE_OPERATOR = tuple(
+    n for n in CachePruneStatus.model_fields if n != "results"
+)
+"""CachePrune status fields the operator owns: all but the per-node ``results``."""
 
 
 def agent_policy(ids: Identities) -> list[dict[str, Any]]:
@@ -210,6 +223,13 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             f"{resource} + (variables.status ? '/status ' : ' ') + {obj}.metadata.name",
         ),
         _validation(
+            f"{resource} != 'sandboxnodes' || !variables.status || request.operation != 'UPDATE' "
+            f"|| ({_status_kept(SandboxNodeStatus, NODE_STATUS_OF_THE_OPERATOR)})",
+            f"{prefix}agent-node-status-not-operators:{who}may not change status."
+            f"{', status.'.join(NODE_STATUS_OF_THE_OPERATOR)} of its SandboxNode: the "
+            "operator owns them'",
+        ),
+        _validation(
             f"{resource} != 'leases' || {obj}.metadata.name != '{ids.leader_lease}'",
             f"{prefix}agent-not-leader-lease: the Lease {ids.namespace}/{ids.leader_lease} "
             "is the operator leader election Lease; no agent writes it'",
@@ -238,7 +258,7 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             f"&& {results}.all(k, k == {node} || k in {old_results} && "
             f"{old_results}[k] == {results}[k]) && "
             f"{old_results}.all(k, k == {node} || k in {results}) && "
-            f"{_cacheprune_fields_kept()})",
+            f"{_status_kept(CachePruneStatus, CACHEPRUNE_STATUS_OF_THE_OPERATOR)})",
             f"{prefix}agent-cacheprune-own-entry:{who}may change only status.results.' + "
             f"{node} + ' of a CachePrune, not ' + request.operation.lowerAscii() + ' ' + "
             f"{resource} + (variables.status ? '/status ' : ' ') + {obj}.metadata.name + "
