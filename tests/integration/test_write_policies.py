@@ -541,3 +541,13 @@ def test_a_changed_service_of_the_pool_is_judged_again_and_written(routing: Rout
     assert svc.metadata.annotations["example.test/note"] == "kept"
     routing.router.sync(routing.pool, [])  # a port the pool dropped goes
     assert [p.port for p in routing.service().spec.ports] == [8080]
+
+
+def test_write_policies_render_only_when_enabled() -> None:
+    def names(*args: str) -> set[str]:
+        docs = render(helm_path(), *args)
+        return {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
+
+    wanted = {"sl-sandlot-agent-writes", "sl-sandlot-operator-writes", "sl-sandlot-node-names"}
+    assert wanted <= names()
+    assert not wanted & names("--set", "writePolicies.enabled=false")
