@@ -181,6 +181,10 @@ def nodes(release: Release, kube: client.ApiClient, namespace: str) -> Iterator[
         a, b, objs, client.CustomObjectsApi(agent_api), agent_api, release.ids.namespace, namespace
     )
     agent_api.close()
+    for sb in objs.list_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes")["items"]:
+        objs.delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", sb["metadata"]["name"]
+        )
     for name in (a, b):
         for plural in ("sandboxnodes", "cacheprunes"):
             try:
