@@ -175,16 +175,17 @@ CACHEPRUNE_STATUS_OF_THE_OPERATOR = tuple(
 """CachePrune status fields the operator owns: all but the per-node ``results``."""
 
 
-def agent_policy(ids: Identities) -> list[dict[str, Any]]:
-    """The agent's node boundary: a policy matching only the agent's identity."""
-    node = "variables.node"
-    resource = "request.resource.resource"
-    obj = "variables.obj"
-    prefix = f"'{ids.fullname}-agent-writes: rule "
-    who = f" node ' + {node} + ' "
-    results = "object.?status.?results.orValue({})"
-    old_results = "oldObject.?status.?results.orValue({})"
-    variables = [
+# CEL spelled once: the agent's node, the resource written, the object written
+# (the old one for a DELETE), and " node <N> " inside a message string.
+_NODE = "variables.node"
+_RESOURCE = "request.resource.resource"
+_OBJ = "variables.obj"
+_WHO = f" node ' + {_NODE} + ' "
+
+
+def _agent_variables() -> list[dict[str, Any]]:
+    resource, obj = _RESOURCE, _OBJ
+    return [
         {
             "name": "node",
             "expression": f"'{NODE_NAME_CLAIM}' in request.userInfo.extra && "
@@ -208,7 +209,13 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             f"{obj}.?source.?host.orValue('') : {obj}.?reportingInstance.orValue('')",
         },
     ]
-    validations = [
+
+
+def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
+    """Rules on the node's own objects: its SandboxNode and its Lease."""
+    node, resource, obj, who = _NODE, _RESOURCE, _OBJ, _WHO
+    prefix = f"'{ids.fullname}-agent-writes: rule "
+    return [
         _validation(
             f"{node} != ''",
             f"{prefix}agent-bound-token: the token carries no {NODE_NAME_CLAIM} claim; "
@@ -243,6 +250,16 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             f"request.operation.lowerAscii() + ' ' + request.namespace + '/' + "
             f"{obj}.metadata.name",
         ),
+    ]
+
+
+def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
+    """Rules on what runs on the node: Sandbox status, CachePrune results, Events."""
+    node, resource, obj, who = _NODE, _RESOURCE, _OBJ, _WHO
+    prefix = f"'{ids.fullname}-agent-writes: rule "
+    results = "object.?status.?results.orValue({})"
+    old_results = "oldObject.?status.?results.orValue({})"
+    return [
         _validation(
             f"{resource} != 'sandboxes' || (request.operation == 'UPDATE' && variables.status "
             f"&& oldObject.spec.?nodeName.orValue('') == {node} && "
@@ -274,6 +291,10 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             "(variables.reporter == '' ? 'no node' : variables.reporter)",
         ),
     ]
+
+
+def agent_policy(ids: Identities) -> list[dict[str, Any]]:
+    """The agent's node boundary: a policy matching only the agent's identity."""
     rules = [
         _rule(
             GROUP,
@@ -291,9 +312,9 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
     return _policy(
         f"{ids.fullname}-agent-writes",
         rules,
-        validations,
+        [*_agent_node_rules(ids), *_agent_workload_rules(ids)],
         user=ids.agent_user,
-        variables=variables,
+        variables=_agent_variables(),
     )
 
 
