@@ -6,7 +6,10 @@ resourceVersion: of two schedulers (or two passes of one) that read the same
 version, exactly one wins; the other gets a 409, re-reads, and finds it bound.
 Service and EndpointSlice are written with server-side apply under one field
 manager, so a write of an unchanged object changes nothing on the server, and
-the slice's ``endpoints`` (an atomic list) is replaced whole.
+the slice's ``endpoints`` (an atomic list) is replaced whole. A Service is only
+ever created (never written over one that appeared meanwhile) or replaced with
+the resourceVersion its ownership was judged on, so the check and the write are
+one step (``write_service``).
 """
 
 from __future__ import annotations
@@ -167,15 +170,50 @@ def get_service(objects: Objects, namespace: str, name: str) -> dict[str, Any] |
     return dict(objects.api.sanitize_for_serialization(svc))
 
 
-def apply_service(objects: Objects, namespace: str, body: Mapping[str, Any]) -> None:
-    client.CoreV1Api(objects.api).patch_namespaced_service(
-        body["metadata"]["name"],
-        namespace,
-        dict(body),
-        field_manager=FIELD_MANAGER,
-        force=True,
-        _content_type=APPLY,
-    )
+class ServiceChanged(Exception):
+    """The Service appeared, changed or was replaced since it was read: read it again
+    and judge anew whose it is."""
+
+
+def write_service(
+    objects: Objects,
+    namespace: str,
+    body: Mapping[str, Any],
+    seen: Mapping[str, Any] | None,
+) -> None:
+    """Write the Service as judged on ``seen``, the read that found it absent (None:
+    create only) or found it the pool's (replace, with ``seen``'s resourceVersion as
+    precondition). Raises ``ServiceChanged`` when the server holds anything else.
+
+    A replace, not an apply: the object is whole, so a port the pool dropped goes,
+    whichever manager wrote it; fields the server allocated (clusterIP) and others'
+    labels and annotations are kept from ``seen``."""
+    core: Any = client.CoreV1Api(objects.api)
+    name = body["metadata"]["name"]
+    try:
+        if seen is None:
+            core.create_namespaced_service(namespace, dict(body), field_manager=FIELD_MANAGER)
+        else:
+            core.replace_namespaced_service(
+                name, namespace, service_replacement(seen, body), field_manager=FIELD_MANAGER
+            )
+    except ApiException as e:
+        # 409: created meanwhile (create) or a newer version (replace); 404: deleted since.
+        if e.status in (404, 409):
+            raise ServiceChanged(f"Service {namespace}/{name} changed since it was read") from e
+        raise
+
+
+def service_replacement(seen: Mapping[str, Any], body: Mapping[str, Any]) -> dict[str, Any]:
+    """``seen`` with ``body``'s labels, owner and spec laid over it (``seen``'s
+    resourceVersion kept: the precondition)."""
+    want = body["metadata"]
+    meta = {k: v for k, v in seen["metadata"].items() if k != "managedFields"}
+    meta["labels"] = {**(meta.get("labels") or {}), **(want.get("labels") or {})}
+    meta["ownerReferences"] = want["ownerReferences"]
+    spec = {k: v for k, v in (seen.get("spec") or {}).items() if k != "ports"}
+    spec.update(body["spec"])
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
 def delete_service(objects: Objects, namespace: str, name: str) -> None:

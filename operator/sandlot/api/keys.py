@@ -41,6 +41,15 @@ built-in EndpointSlice controller leaves sandlot's slices alone."""
 ENDPOINTSLICE_MANAGER: Final = GROUP
 """Value of ``ENDPOINTSLICE_MANAGED_BY_LABEL`` on the slices sandlot writes."""
 
+SERVICE_MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+"""Service label (Kubernetes' recommended one): the tool managing the object. The
+operator writes only Services carrying it with ``SERVICE_MANAGER`` (an admission
+policy holds it to that), so a Service someone else made is never taken over."""
+
+SERVICE_MANAGER: Final = GROUP
+"""Value of ``SERVICE_MANAGED_BY_LABEL`` on the Services sandlot writes (the chart's
+own objects say ``Helm``)."""
+
 # --- containerd container and image labels -------------------------------------
 
 SANDBOX_LABEL: Final = f"{GROUP}/sandbox"
@@ -91,5 +100,7 @@ __all__ = [
     "POOL_LABEL",
     "SANDBOX_LABEL",
     "SANDBOX_UID_LABEL",
+    "SERVICE_MANAGED_BY_LABEL",
+    "SERVICE_MANAGER",
     "SERVICE_NAME_LABEL",
 ]

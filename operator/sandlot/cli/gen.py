@@ -7,11 +7,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sandlot.api.admission import CHART_TEMPLATE
+from sandlot.api import admission, writepolicy
 
 WHAT = {
     "crds": "write the CRD YAML into crds/ and the chart",
-    "admission": f"write the admission policy template into {CHART_TEMPLATE}",
+    "admission": f"write the admission policy templates into {admission.CHART_TEMPLATE} "
+    f"and {writepolicy.CHART_TEMPLATE}",
     "docs": "write docs/settings.md and docs/metrics.md",
 }
 

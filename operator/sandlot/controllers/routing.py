@@ -30,17 +30,23 @@ from typing import Any
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import (
+    ServiceChanged,
     apply_endpoint_slice,
-    apply_service,
     delete_endpoint_slice,
     delete_service,
     get_service,
     list_endpoint_slices,
+    write_service,
 )
 from sandlot.api.common import API_VERSION
 from sandlot.api.keys import ENDPOINTSLICE_MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from sandlot.api.keys import ENDPOINTSLICE_MANAGER as MANAGED_BY
-from sandlot.api.keys import POOL_LABEL, SERVICE_NAME_LABEL
+from sandlot.api.keys import (
+    POOL_LABEL,
+    SERVICE_MANAGED_BY_LABEL,
+    SERVICE_MANAGER,
+    SERVICE_NAME_LABEL,
+)
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxRecord
@@ -105,7 +111,7 @@ def desired_service(pool: PoolRef) -> dict[str, Any]:
         "metadata": {
             "name": pool.service_name,
             "namespace": pool.namespace,
-            "labels": {POOL_LABEL: pool.name},
+            "labels": {POOL_LABEL: pool.name, SERVICE_MANAGED_BY_LABEL: SERVICE_MANAGER},
             "ownerReferences": [pool.owner_reference()],
         },
         "spec": spec,
@@ -206,6 +212,15 @@ class ServiceTaken(Exception):
     """A Service of the pool's serviceName exists and belongs to something else."""
 
 
+SERVICE_WRITE_ATTEMPTS = 3
+
+
+def owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether ``obj`` carries an ownerReference to the object with ``uid``."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(o.get("uid") == uid for o in owners)
+
+
 class Router:
     """Writes a pool's Service and EndpointSlices; synchronous (run it off the loop)."""
 
@@ -234,7 +249,7 @@ class Router:
         service = desired_service(pool)
         service_print = _fingerprint(service)
         if applied.service != service_print:
-            apply_service(self.objects, pool.namespace, service)
+            self._write_service(pool, service)
             applied.service = service_print
             wrote = True
         wanted = desired_slices(pool, members)
@@ -254,16 +269,30 @@ class Router:
             wrote = True
         return wrote
 
-    def _first_sync(self, pool: PoolRef) -> _Applied:
+    def _write_service(self, pool: PoolRef, service: Mapping[str, Any]) -> None:
+        """Judge whose the Service is and write it as one step: the write is
+        conditional on exactly what was judged (``write_service``). A Service that
+        changed in between is judged again, a few times at most."""
         assert pool.service_name
-        existing = get_service(self.objects, pool.namespace, pool.service_name)
-        if existing is not None:
-            owners = (existing.get("metadata") or {}).get("ownerReferences") or []
-            if not any(o.get("uid") == pool.uid for o in owners):
+        for _ in range(SERVICE_WRITE_ATTEMPTS):
+            existing = get_service(self.objects, pool.namespace, pool.service_name)
+            if existing is not None and not owned_by(existing, pool.uid):
                 raise ServiceTaken(
                     f"Service {pool.namespace}/{pool.service_name} exists and is not owned "
                     f"by SandboxPool {pool.name}; not touching it"
                 )
+            try:
+                write_service(self.objects, pool.namespace, service, existing)
+                return
+            except ServiceChanged as e:
+                log.info("pool %s: %s; reading it again", pool.key, e)
+        raise ServiceChanged(
+            f"Service {pool.namespace}/{pool.service_name} kept changing over "
+            f"{SERVICE_WRITE_ATTEMPTS} attempts to write it"
+        )
+
+    def _first_sync(self, pool: PoolRef) -> _Applied:
+        assert pool.service_name
         applied = _Applied(service_name=pool.service_name)
         selector = f"{SERVICE_NAME_LABEL}={pool.service_name},{MANAGED_BY_LABEL}={MANAGED_BY}"
         for name in list_endpoint_slices(self.objects, pool.namespace, selector):

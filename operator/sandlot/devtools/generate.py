@@ -1,5 +1,6 @@
 """Write the files generated from the code: the CRDs (from the API models), the
-chart's admission policy (from ``sandlot.api.admission``) and the settings and
+chart's admission policies (from ``sandlot.api.admission`` and
+``sandlot.api.writepolicy``) and the settings and
 metrics references (``sandlot.devtools.docsgen``). Each has one source, and a
 test fails when a committed copy has drifted from it."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandlot.api.admission import CHART_TEMPLATE, chart_template
+from sandlot.api import admission, writepolicy
 from sandlot.api.crdgen import CRD_DIRS, render_crds
 from sandlot.devtools.docsgen import render_docs
 
@@ -30,11 +31,14 @@ def write_crds(root: Path) -> list[Path]:
 
 
 def write_admission(root: Path) -> list[Path]:
-    """Write the chart's admission policy template."""
-    path = root / CHART_TEMPLATE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(chart_template())
-    return [path]
+    """Write the chart's admission policy templates."""
+    written = []
+    for module in (admission, writepolicy):
+        path = root / module.CHART_TEMPLATE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(module.chart_template())
+        written.append(path)
+    return written
 
 
 def write_docs(root: Path) -> list[Path]:
