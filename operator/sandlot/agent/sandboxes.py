@@ -219,6 +219,9 @@ class SandboxWork:
             prepared = self._prepare(sb)
             if prepared is None:
                 return  # the namespace's level is unknown: the next sync asks again
+            # Before the container exists nothing else protects its image from the
+            # collector: the fresh last-used label makes it too young (minAge) to go.
+            self._touch_image(prepared.image)
             created = self._create(prepared)
             if created is None:
                 return  # a leftover of that name was torn down: the next sync starts it
@@ -227,7 +230,6 @@ class SandboxWork:
         except StartFailed as exc:
             self.fail(sb, exc.reason, str(exc))
             return
-        self._touch_image(prepared.image)
         self._record_running(sb, prepared, created, task, ip)
 
     def _record_running(
