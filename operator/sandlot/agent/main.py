@@ -51,7 +51,7 @@ from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
-from sandlot.agent.loops import Loops, WorkPool
+from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.network import Networking
 from sandlot.agent.reaper import Reaper
@@ -60,6 +60,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
+from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.ocispec import ALL_CAPABILITIES
@@ -139,7 +140,9 @@ class Agent:
     def _wire(self, settings: AgentSettings) -> None:
         """The parts the loops run, each handed only what it uses."""
         self.loops = Loops(self._stop)
-        self.pool = WorkPool(settings.teardown_concurrency, self._stop, self._sync_wake)
+        self.pool = SandboxPools(
+            settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
+        )
         self.networking = Networking(
             settings, lambda: self._rt.list_containers(timeout=self.call_timeout)
         )
@@ -161,6 +164,7 @@ class Agent:
             facts,
             self._touch_image,
             self._clock,
+            cancel=self._stop,
         )
         self.sync = SandboxSync(
             self.node,
