@@ -132,9 +132,12 @@ class Agent:
         # once the node is READY, each wakes its loop on a change that matters.
         self._sync_wake = threading.Event()
         self._prune_wake = threading.Event()
-        self.sandbox_watch = node_sandboxes(api, self.node, on_change=self._sandbox_changed)
-        self.node_watch = own_node(api, self.node, on_change=self._node_changed)
-        self.prune_watch = cache_prunes(api, on_change=self._prune_changed)
+        watched = {"watch_timeout": max(1, round(settings.watch_timeout.total_seconds()))}
+        self.sandbox_watch = node_sandboxes(
+            api, self.node, on_change=self._sandbox_changed, **watched
+        )
+        self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
+        self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
