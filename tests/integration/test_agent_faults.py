@@ -253,6 +253,7 @@ def test_agent_killed_and_restarted_within_grace_keeps_every_sandbox(
         "--grace-period", f"{GRACE}s",
         "--resync-interval", "1s",
         "--agent-lease-duration", "3s",
+        "--lease-view-max-age", "10s",
     )  # fmt: skip
     first = AgentProcess(tmp_path, args, 1)
     second: AgentProcess | None = None
