@@ -22,16 +22,17 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Objects, parse_time
-from sandlot.adapters.runtime import RuntimeError_, TaskState
+from sandlot.adapters.runtime import ContainerSpec, NotFound, RuntimeError_, TaskState
 from sandlot.adapters.sandboxwatch import cache_prunes
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
-from sandlot.agent.teardown import teardown_many
+from sandlot.agent.teardown import TeardownOutcome, teardown, teardown_many
 from sandlot.api.common import GROUP, VERSION
-from sandlot.devtools.containerd import PrivateContainerd
+from sandlot.devtools.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
+from sandlot.policy.ocispec import default_spec
 from tests.support.agent import FakeRuntime
 from tests.support.agents import agent_settings
 from tests.support.wait import wait_for
@@ -252,6 +253,46 @@ def test_image_is_marked_used_before_its_container_is_created(
     record = next(r for r in rt.list_images(timeout=10) if r.name == IMAGE)
     stamped = parse_time(record.labels.get("sandlot.dev/last-used"))
     assert stamped is not None and stamped >= began, f"label not fresh: {record.labels}"
+
+
+# ---------------------------------------------------------------- task lookup fails
+
+
+class KillSaysGone:
+    """The real runtime, except that kill answers "process already finished": the
+    moment a task exits just as its shim stops answering. Every other call is real."""
+
+    def __init__(self, inner: ContainerdRuntime) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
+        raise NotFound(f"task {container_id}: process already finished")
+
+
+@pytest.mark.containerd
+def test_teardown_keeps_a_container_whose_task_lookup_fails_on_a_wedged_shim(
+    containerd: PrivateContainerd, rt: ContainerdRuntime
+) -> None:
+    cid = f"wedged-{uuid.uuid4().hex[:8]}"  # a shim is found by its container's id
+    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname="wedged")
+    rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
+    pid = rt.start_task(cid, log_path="", timeout=10).pid
+    shim = find_shim_pid(containerd.address, cid, pid)
+    with stopped_process(shim):
+        with pytest.raises(RuntimeError_):  # the adapter never answers "no task" on a guess
+            rt.get_task(cid, timeout=1)
+        result = teardown(KillSaysGone(rt), cid, kill_wait=1, call_timeout=1)
+        assert cid in {c.id for c in rt.list_containers(timeout=5)}, (
+            "the container record was deleted while its task may be alive"
+        )
+    assert result.outcome is TeardownOutcome.ERROR and any(
+        "get task" in e for e in result.errors
+    ), result
+    task = rt.get_task(cid, timeout=5)
+    assert task is not None and task.pid == pid, "the task was touched"
 
 
 # ---------------------------------------------------------------- long graceful stops
