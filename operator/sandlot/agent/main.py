@@ -11,7 +11,8 @@ bounded work, and each a thin shell over a pure decision:
 
 - **sync** (``sync``, deciding with ``policy.agentsync``): start Scheduled
   sandboxes, stop deleted or drained ones, tear down fenced ones, on a bounded
-  worker pool, one operation per sandbox at a time. The Sandboxes (server-side
+  worker pool (graceful stops beside it, ``workpools``), one operation per
+  sandbox at a time. The Sandboxes (server-side
   field selector), the node's SandboxNode and the CachePrune requests are kept in
   memory by list + watch (``adapters.sandboxwatch``), so an idle node costs the
   API server no request: a change wakes a pass (at most one per
