@@ -46,7 +46,7 @@ from sandlot.adapters.runtime import (
 
 log = logging.getLogger(__name__)
 
-GRACE_SLICE = 2.0
+GRACE_SLICE = 5.0
 """Longest single wait of a graceful stop: how soon a stopping agent lets go of it."""
 
 Release = Callable[[ContainerInfo | str], object]
