@@ -219,20 +219,12 @@ class AgentProcess:
         self._log.close()
 
 
-GRACE = 20
-
-
-def test_agent_killed_and_restarted_within_grace_keeps_every_sandbox(
-    own_plane: ControlPlane,
-    containerd: PrivateContainerd,
-    ctr_ns: str,
-    tmp_path: Path,
-) -> None:
-    api = load_api_client(str(own_plane.kubeconfig))
-    objs: Any = client.CustomObjectsApi(api)
-    node = f"node-{uuid.uuid4().hex[:6]}"
-    args = [
-        "--kubeconfig", str(own_plane.kubeconfig),
+def _agent_args(
+    plane: ControlPlane, containerd: PrivateContainerd, ctr_ns: str, node: str, workdir: Path
+) -> list[str]:
+    """Flags of a ``sandlot agent`` with a 3 s lease and short bounds."""
+    return [
+        "--kubeconfig", str(plane.kubeconfig),
         "--node-name", node,
         "--namespace", "sandlot-system",
         "--containerd-address", containerd.address,
@@ -246,8 +238,23 @@ def test_agent_killed_and_restarted_within_grace_keeps_every_sandbox(
         "--call-timeout", "2s",
         "--metrics-port", "0",
         "--node-address", "10.1.2.3",
-        "--log-dir", str(tmp_path / "logs"),
+        "--log-dir", str(workdir / "logs"),
     ]  # fmt: skip
+
+
+GRACE = 20
+
+
+def test_agent_killed_and_restarted_within_grace_keeps_every_sandbox(
+    own_plane: ControlPlane,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+    tmp_path: Path,
+) -> None:
+    api = load_api_client(str(own_plane.kubeconfig))
+    objs: Any = client.CustomObjectsApi(api)
+    node = f"node-{uuid.uuid4().hex[:6]}"
+    args = _agent_args(own_plane, containerd, ctr_ns, node, tmp_path)
     op = OperatorProcess(
         own_plane, tmp_path, "sandlot-system",
         "--grace-period", f"{GRACE}s",
