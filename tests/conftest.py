@@ -6,5 +6,6 @@ pytest_plugins = [
     "tests.support.kube",
     "tests.support.containerd_fixtures",
     "tests.support.operator",
+    "tests.support.faultplane",
     "tests.support.strict_skips",
 ]

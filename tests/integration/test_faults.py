@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,9 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.kube import load_api_client
 from sandlot.agent.main import Agent
 from sandlot.api import GROUP, VERSION
-from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.agents import agent_settings
@@ -31,24 +30,85 @@ from tests.support.wait import wait_for
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def own_plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    """A control plane of the test's own: these tests stop parts of it."""
-    plane = ControlPlane(workdir=tmp_path / "cp")
-    plane.start()
-    api = load_api_client(str(plane.kubeconfig))
-    apply_crds(api, [crd_for(k) for k in KINDS])
-    core = client.CoreV1Api(api)
-    for ns in ("work", "sandlot-system"):
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    api.close()
-    yield plane
-    plane.stop()
-
-
 def _fleet(plane: ControlPlane) -> tuple[client.ApiClient, Fleet]:
     api = load_api_client(str(plane.kubeconfig), pool_size=32)
     return api, Fleet(api, "work", "sandlot-system")
+
+
+HOLD_LABEL = "faults.sandlot.test/hold"
+
+
+def _hold_dead_marks(api: client.ApiClient, fleet: Fleet, probe_node: str) -> Callable[[], None]:
+    """Make the API server refuse ``Dead`` for sandboxes labelled ``HOLD_LABEL`` (a
+    ValidatingAdmissionPolicy), so a marking pass stops part-way for as long as the
+    test wants; returns what removes the policy. Waits until a probe is refused."""
+    adm: Any = client.AdmissionregistrationV1Api(api)
+    name = f"hold-dead-{fleet.prefix}"
+    adm.create_validating_admission_policy(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [GROUP],
+                            "apiVersions": ["*"],
+                            "operations": ["UPDATE"],
+                            "resources": ["sandboxes/status"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": f"!has(object.metadata.labels) || !('{HOLD_LABEL}' in "
+                        "object.metadata.labels) || !has(object.status.phase) || "
+                        "object.status.phase != 'Dead'",
+                        "message": "held Dead mark (fault test)",
+                    }
+                ],
+            },
+        }
+    )
+    adm.create_validating_admission_policy_binding(
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "validationActions": ["Deny"]},
+        }
+    )
+    attempt = iter(range(10_000))
+
+    def refused() -> bool:
+        probe = fleet.sandbox(f"probe{next(attempt)}", probe_node, "Running")
+        _label(fleet, probe)
+        try:
+            fleet.set_phase(probe, "Dead")
+        except client.ApiException as exc:
+            return exc.status in (403, 422)
+        return False  # not in force yet: this probe is spent, try a fresh one
+
+    wait_for(refused, timeout=30, interval=0.2, what="the hold policy to refuse a Dead mark")
+
+    def remove() -> None:
+        adm.delete_validating_admission_policy_binding(name)
+        adm.delete_validating_admission_policy(name)
+
+    return remove
+
+
+def _label(fleet: Fleet, name: str) -> None:
+    fleet.objs.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "sandboxes",
+        name,
+        {"metadata": {"labels": {HOLD_LABEL: "true"}}},
+    )
 
 
 def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_path: Path):
@@ -57,7 +117,11 @@ def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_pat
     lost_lease = fleet.lease(lost, duration=2)
     fleet.lease(healthy, duration=15)
     lost_names = [fleet.sandbox(f"l{i}", lost, "Running") for i in range(150)]
+    held = lost_names[::15]
+    for name in held:
+        _label(fleet, name)
     healthy_names = [fleet.sandbox(f"h{i}", healthy, "Running") for i in range(10)]
+    release = _hold_dead_marks(api, fleet, healthy)
     op = OperatorProcess(
         own_plane,
         tmp_path,
@@ -78,22 +142,31 @@ def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_pat
         )
         lost_lease.pause()
         lost_lease.stop()
-        # Stop etcd once the marking has begun.
+        # The marking runs until only the held sandboxes are left, and stays there.
+        free = len(lost_names) - len(held)
         wait_for(
-            lambda: op.metric("sandlot_operator_sandboxes_marked_dead_total") > 0,
-            timeout=30,
-            interval=0.01,
-            what="marking to begin",
+            lambda: op.metric("sandlot_operator_sandboxes_marked_dead_total") >= free,
+            timeout=60,
+            interval=0.1,
+            what=f"the {free} sandboxes not held marked Dead",
         )
-        own_plane.stop_etcd()
+        assert [fleet.phase(n) for n in held] == ["Running"] * len(held), (
+            "a held sandbox was marked: the fault below would not hit mid-marking"
+        )
+        assert not fleet.health(lost).get("handledAt"), "latch set on a partial marking"
+        own_plane.stop_etcd()  # marking is in progress: the held ones are retried
         time.sleep(3)
         own_plane.restart_etcd()
+        wait_for(lambda: fleet.phase(held[0]) is not None, timeout=30, what="the API server back")
+        assert not fleet.health(lost).get("handledAt"), "latch set while marks were failing"
+        release()
 
         def all_dead() -> bool:
             return all(fleet.phase(n) == "Dead" for n in lost_names)
 
         wait_for(all_dead, timeout=90, interval=0.5, what="every sandbox of the lost node Dead")
         wait_for(lambda: fleet.health(lost).get("handledAt"), timeout=30, what="latch set")
+        assert op.metric("sandlot_operator_sandboxes_marked_dead_total") >= len(lost_names)
         assert all(fleet.phase(n) == "Running" for n in healthy_names), (
             "a sandbox on the healthy node was touched"
         )
@@ -108,12 +181,22 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
     own_plane: ControlPlane, tmp_path: Path
 ):
     api, fleet = _fleet(own_plane)
-    nodes = [fleet.node(f"n{i}") for i in range(3)]
+    # Fewer nodes than the guard needs: the mass-failure guard is off, and only the
+    # liveness judgement (observed renewals, a view restored after the outage) holds.
+    nodes = [fleet.node(f"n{i}") for i in range(2)]
     for n in nodes:
         fleet.lease(n, duration=2)
     names = [fleet.sandbox(f"s{i}", n, "Running") for i, n in enumerate(nodes)]
     op = OperatorProcess(
-        own_plane, tmp_path, "sandlot-system", "--grace-period", "2s", "--resync-interval", "1s"
+        own_plane,
+        tmp_path,
+        "sandlot-system",
+        "--grace-period",
+        "2s",
+        "--resync-interval",
+        "1s",
+        "--min-nodes-for-guard",
+        "3",
     )
     try:
         op.wait_metrics()
@@ -127,8 +210,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         time.sleep(2 + 2 + 2)  # longer than lease + grace: every lease looks expired
         own_plane.restart_apiserver()
         # The agents renew again as soon as the API server is back (AgentLease keeps
-        # trying); the operator must judge READY from those renewals, and the guard
-        # holds while the whole fleet looks lost.
+        # trying); the operator must judge READY from those renewals.
         for n in nodes:
             wait_for(
                 lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
@@ -136,7 +218,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
                 what=f"{n} Ready again",
             )
         time.sleep(3)
-        assert [fleet.phase(n) for n in names] == ["Running"] * 3, (
+        assert [fleet.phase(n) for n in names] == ["Running"] * len(names), (
             f"the operator marked sandboxes Dead because of its own outage:\n{op.log()}"
         )
         assert op.proc.poll() is None

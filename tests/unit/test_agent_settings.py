@@ -6,6 +6,7 @@ import argparse
 
 import pytest
 
+from sandlot.adapters.sandboxwatch import liveness_bound, read_timeout_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.cli import agent_cmd
 from sandlot.cli.options import SettingsError, settings_from
@@ -27,6 +28,9 @@ def test_defaults() -> None:
     assert s.kill_wait.total_seconds() == 10
     assert s.teardown_bound == 30
     assert s.gc_thresholds.high_percent == 85
+    # A silently dead watch is noticed within the bound, far below lease + grace (360 s).
+    assert s.watch_timeout.total_seconds() == 30
+    assert liveness_bound(30) == 48 < 60 + 300
 
 
 def test_flags_and_environment() -> None:
@@ -50,6 +54,8 @@ def test_flags_and_environment() -> None:
         (("--node", "n1", "--kill-wait", "soon"), "--kill-wait"),
         (("--node", "n1", "--teardown-concurrency", "0"), "--teardown-concurrency"),
         (("--node", "n1", "--gc-min-free", "10", "--gc-target-free", "5"), "gc_target_free"),
+        (("--node", "n1", "--watch-timeout", "300s"), "watch_timeout"),
+        (("--node", "n1", "--watch-timeout", "500ms"), "watch_timeout"),
     ],
     ids=[
         "node-required",
@@ -59,8 +65,17 @@ def test_flags_and_environment() -> None:
         "kill-wait-is-a-duration",
         "concurrency-at-least-one",
         "target-free-above-min-free",
+        "watch-timeout-far-below-the-reap-horizon",
+        "watch-timeout-at-least-a-second",
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: tuple[str, ...], named: str) -> None:
     with pytest.raises(SettingsError, match=named):
         settings_from(AgentSettings, _parse(*argv), environ={})
+
+
+@pytest.mark.parametrize("watch_timeout", [1, 3, 30, 120], ids=["1s", "3s", "30s", "120s"])
+def test_watch_read_timeout_is_beyond_the_longest_server_timeout(watch_timeout: int) -> None:
+    longest_server_timeout = watch_timeout + max(1, watch_timeout // 10)
+    assert read_timeout_for(watch_timeout) > longest_server_timeout
+    assert liveness_bound(watch_timeout) <= 1.6 * watch_timeout + 2

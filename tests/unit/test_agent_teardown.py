@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sandlot.adapters.runtime import TaskState
+from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout, TaskInfo, TaskState
 from sandlot.agent.teardown import TeardownOutcome, stop, teardown, teardown_many
 from tests.support.agent import FakeRuntime
 
@@ -125,3 +125,47 @@ def test_stop_sends_sigterm_then_tears_down() -> None:
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(ValueError, match="concurrency"):
         teardown_many(FakeRuntime(), ["x"], kill_wait=1, call_timeout=1, concurrency=0)
+
+
+class _LookupFails(FakeRuntime):
+    """Kill says "no such process" but the task lookup fails (a shim that stopped
+    answering between the two calls, containerd busy): the task may be alive."""
+
+    def __init__(self, error: RuntimeError_) -> None:
+        super().__init__()
+        self.error = error
+
+    def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
+        self._record("kill_task", container_id)
+        raise NotFound(f"task {container_id}: process already finished")
+
+    def get_task(self, container_id: str, *, timeout: float) -> TaskInfo | None:
+        self._record("get_task", container_id)
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [RuntimeTimeout("Tasks.Get c1: no answer"), RuntimeError_("Tasks.Get c1: UNAVAILABLE")],
+    ids=["lookup-times-out", "lookup-errs"],
+)
+def test_failed_task_lookup_counts_as_a_live_task_and_keeps_the_container(
+    error: RuntimeError_,
+) -> None:
+    rt = _LookupFails(error)
+    rt.add("c1")
+    result = teardown(rt, "c1", kill_wait=KILL_WAIT, call_timeout=CALL)
+    assert ("get_task", "c1") in rt.calls, "the lookup under test was never made"
+    assert "c1" in rt.containers, "a container whose task may be alive was deleted"
+    assert "c1" in rt.snapshots
+    assert ("delete_container", "c1") not in rt.calls
+    assert result.outcome is TeardownOutcome.ERROR
+    assert any("get task" in e for e in result.errors), result.errors
+
+
+def test_task_lookup_saying_none_lets_the_container_go() -> None:
+    rt = FakeRuntime()
+    rt.add("c1", state=None)  # no task at all: kill answers NotFound, the lookup None
+    result = teardown(rt, "c1", kill_wait=KILL_WAIT, call_timeout=CALL)
+    assert "c1" not in rt.containers
+    assert result.outcome is TeardownOutcome.CLEAN

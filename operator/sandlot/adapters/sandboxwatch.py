@@ -21,7 +21,13 @@ Trade-offs:
   backoff; the map is swapped whole when that LIST returns, never emptied on the
   way, so a reader never mistakes a reconnect for "every sandbox was deleted".
 - Every call is bounded: the LIST by ``_request_timeout``, the watch by
-  ``timeout_seconds`` on the server and a read timeout just beyond it.
+  ``timeout_seconds`` on the server and a client read timeout half that again
+  beyond it. A watch whose connection died silently (a peer gone without a FIN, a
+  dropped NAT entry, an API server that was frozen) sends nothing, not even its
+  end: the read timeout is what notices it, so ``watch_timeout`` bounds how stale
+  the agent's view can get (``liveness_bound``), and it is kept well below the
+  operator's lease + grace so the agent hears of a fence, a deletion or a new
+  sandbox long before anything could be reaped for the silence.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from sandlot.api.common import GROUP, VERSION
 log = logging.getLogger(__name__)
 
 LIST_TIMEOUT = 30.0
-WATCH_TIMEOUT = 300
+WATCH_TIMEOUT = 30
 BACKOFF_START = 0.5
 BACKOFF_CAP = 30.0
 # A stream that ends this soon without an event is treated as a failure, so a server
@@ -59,6 +65,21 @@ def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def _jitter(watch_timeout: int) -> int:
+    """Most a watch's server timeout is stretched, so a fleet's watches do not end in step."""
+    return max(1, watch_timeout // 10)
+
+
+def read_timeout_for(watch_timeout: int) -> int:
+    """The client's read timeout of a watch: beyond the longest server timeout."""
+    return watch_timeout + _jitter(watch_timeout) + max(1, watch_timeout // 2)
+
+
+def liveness_bound(watch_timeout: int) -> float:
+    """Longest time a silently dead watch goes unnoticed (then a LIST starts over)."""
+    return float(read_timeout_for(watch_timeout))
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:
@@ -91,7 +112,10 @@ class WatchCache:
         self.field_selector = field_selector
         self.on_change = on_change
         self.name = name or plural
+        if watch_timeout < 1:
+            raise ValueError(f"watch_timeout must be at least 1 s, got {watch_timeout}")
         self.watch_timeout = watch_timeout
+        self.read_timeout = read_timeout_for(watch_timeout)
         self.list_timeout = list_timeout
         self.synced = threading.Event()
         self.lists = 0  # LISTs that filled the map (the first one, then one per restart)
@@ -169,7 +193,7 @@ class WatchCache:
     def _stream(self, resource_version: str) -> tuple[str, int]:
         """Watch from ``resource_version`` until the server ends the stream; returns
         the last resourceVersion seen and the number of events."""
-        timeout = self.watch_timeout + random.randint(0, max(1, self.watch_timeout // 10))
+        timeout = self.watch_timeout + random.randint(0, _jitter(self.watch_timeout))
         self._watch = watch.Watch()
         events = 0
         for event in self._watch.stream(
@@ -180,7 +204,7 @@ class WatchCache:
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout,
-            _request_timeout=(LIST_TIMEOUT, timeout + 30),
+            _request_timeout=(LIST_TIMEOUT, self.read_timeout),
             **self._kwargs(),
         ):
             if self._stop.is_set():

@@ -3,6 +3,11 @@ this node's to answer, record the GC state on the SandboxNode, write the result.
 
 Requests come from a watch (``adapters.sandboxwatch.cache_prunes``); until its
 first LIST the map is empty, which is not "no requests", so nothing is answered.
+
+The GC state goes to the SandboxNode as a JSON merge patch, which keeps every
+field it does not name: a backoff that cleared is written as an explicit null,
+or the old ``exhaustedUntil`` would stay and a restarted agent, which restores it
+at start, would mute its automatic passes again until that time.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ from sandlot.policy.agentprune import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def gc_status_patch(result: GcResult) -> dict[str, Any]:
+    """``SandboxNode.status`` merge patch for a pass: ``exhaustedUntil`` null when unset."""
+    gc = result.to_node_gc_status().wire()
+    gc.setdefault("exhaustedUntil", None)
+    return {"gc": gc}
 
 
 class CacheUpkeep:
@@ -50,7 +62,7 @@ class CacheUpkeep:
         if not result.ran:
             return
         try:
-            self.objects.patch_node_status(self.node, {"gc": result.to_node_gc_status().wire()})
+            self.objects.patch_node_status(self.node, gc_status_patch(result))
         except Exception as exc:
             log.warning("cannot record GC state in SandboxNode %s: %s", self.node, exc)
 
@@ -87,4 +99,4 @@ class CacheUpkeep:
         return result.to_prune_result(self._clock()).wire()
 
 
-__all__ = ["CacheUpkeep"]
+__all__ = ["CacheUpkeep", "gc_status_patch"]

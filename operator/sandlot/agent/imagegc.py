@@ -29,6 +29,7 @@ from enum import StrEnum
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from sandlot.adapters.runtime import NotFound, Runtime
+from sandlot.agent.imagetouch import TouchLog
 from sandlot.api.cacheprune import NodePruneResult
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.node import HeldBackBytes, NodeGcStatus
@@ -222,6 +223,7 @@ class ImageCollector:
         self._metrics = metrics or GcMetrics(CollectorRegistry())
         self._exhausted_until = exhausted_until
         self._lock = threading.Lock()
+        self._touches = TouchLog()
         self.last_result: GcResult | None = None
 
     @property
@@ -254,7 +256,10 @@ class ImageCollector:
         """
         stamp = (now or self._clock()).astimezone(UTC).isoformat().replace("+00:00", "Z")
         try:
-            self._runtime.set_image_labels(name, {LAST_USED_LABEL: stamp}, timeout=self._timeout)
+            with self._touches.touching(name):
+                self._runtime.set_image_labels(
+                    name, {LAST_USED_LABEL: stamp}, timeout=self._timeout
+                )
         except Exception as exc:
             log.warning("image gc: could not mark image %s used: %s", name, exc)
             return False
@@ -299,6 +304,7 @@ class ImageCollector:
             return result
 
     def _pass(self, kind: PassKind, now: datetime) -> GcResult:
+        mark = self._touches.mark()
         try:
             containers = self._runtime.list_containers(timeout=self._timeout)
         except Exception as exc:
@@ -323,6 +329,9 @@ class ImageCollector:
         gone: list[str] = []
         failures: list[str] = []
         for record in plan.evict:
+            if self._touches.since(record.name, mark):
+                log.info("image gc: %s kept: a sandbox is starting from it", record.name)
+                continue
             try:
                 self._runtime.delete_image(record.name, timeout=self._timeout)
             except NotFound:
@@ -347,6 +356,7 @@ class ImageCollector:
             after = None
             errors.append(f"cannot measure disk usage after the deletes: {exc}")
 
+        self._touches.forget(mark)
         deleted = set(removed) | set(gone)
         previous = self._exhausted_until
         if after is not None:

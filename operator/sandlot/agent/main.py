@@ -11,7 +11,8 @@ bounded work, and each a thin shell over a pure decision:
 
 - **sync** (``sync``, deciding with ``policy.agentsync``): start Scheduled
   sandboxes, stop deleted or drained ones, tear down fenced ones, on a bounded
-  worker pool, one operation per sandbox at a time. The Sandboxes (server-side
+  worker pool (graceful stops beside it, ``workpools``), one operation per
+  sandbox at a time. The Sandboxes (server-side
   field selector), the node's SandboxNode and the CachePrune requests are kept in
   memory by list + watch (``adapters.sandboxwatch``), so an idle node costs the
   API server no request: a change wakes a pass (at most one per
@@ -51,7 +52,7 @@ from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
-from sandlot.agent.loops import Loops, WorkPool
+from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.network import Networking
 from sandlot.agent.reaper import Reaper
@@ -60,6 +61,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
+from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.ocispec import ALL_CAPABILITIES
@@ -131,15 +133,20 @@ class Agent:
         # once the node is READY, each wakes its loop on a change that matters.
         self._sync_wake = threading.Event()
         self._prune_wake = threading.Event()
-        self.sandbox_watch = node_sandboxes(api, self.node, on_change=self._sandbox_changed)
-        self.node_watch = own_node(api, self.node, on_change=self._node_changed)
-        self.prune_watch = cache_prunes(api, on_change=self._prune_changed)
+        watched = {"watch_timeout": max(1, round(settings.watch_timeout.total_seconds()))}
+        self.sandbox_watch = node_sandboxes(
+            api, self.node, on_change=self._sandbox_changed, **watched
+        )
+        self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
+        self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
         """The parts the loops run, each handed only what it uses."""
         self.loops = Loops(self._stop)
-        self.pool = WorkPool(settings.teardown_concurrency, self._stop, self._sync_wake)
+        self.pool = SandboxPools(
+            settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
+        )
         self.networking = Networking(
             settings, lambda: self._rt.list_containers(timeout=self.call_timeout)
         )
@@ -161,6 +168,7 @@ class Agent:
             facts,
             self._touch_image,
             self._clock,
+            cancel=self._stop,
         )
         self.sync = SandboxSync(
             self.node,

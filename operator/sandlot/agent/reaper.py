@@ -15,10 +15,10 @@ from functools import partial
 from sandlot.adapters.nodeguard import oom_kills
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskInfo, TaskState
-from sandlot.agent.loops import WorkPool
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import StatusWriter
+from sandlot.agent.workpools import SandboxPools
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.agentreap import decide_reap
 from sandlot.policy.agentsync import SandboxState
@@ -32,7 +32,7 @@ class Reaper:
         self,
         objects: Objects,
         rt: Callable[[], Runtime],
-        pool: WorkPool,
+        pool: SandboxPools,
         work: SandboxWork,
         status: StatusWriter,
         metrics: AgentMetrics,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,7 +39,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
-from sandlot.agent.teardown import TeardownResult, stop, teardown
+from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.api.admission import Level, level_of
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import (
@@ -104,6 +105,7 @@ class SandboxWork:
         facts: NodeFacts,
         touch_image: Callable[[str], None],
         clock: Callable[[], datetime],
+        cancel: threading.Event | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -115,6 +117,7 @@ class SandboxWork:
         self.facts = facts
         self._touch_image = touch_image
         self._clock = clock
+        self._cancel = cancel
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
 
@@ -135,16 +138,23 @@ class SandboxWork:
             release=partial(self.networking.release, patience=release_patience),
         )
 
-    def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult:
-        return stop(
-            self._rt(),
-            container,
-            stop_grace=grace,
-            kill_wait=self.kill_wait,
-            call_timeout=self.call_timeout,
-            on_done=self.count_teardown,
-            release=self.networking.release,
-        )
+    def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult | None:
+        """The stop; None when the agent stopped during the grace (the next agent
+        finds the sandbox as it was and stops it again)."""
+        try:
+            return stop(
+                self._rt(),
+                container,
+                stop_grace=grace,
+                kill_wait=self.kill_wait,
+                call_timeout=self.call_timeout,
+                on_done=self.count_teardown,
+                release=self.networking.release,
+                cancel=self._cancel,
+            )
+        except StopInterrupted:
+            log.info("container %s: agent stopping; its graceful stop is left", container)
+            return None
 
     def _grace(self, sb: Mapping[str, Any]) -> float:
         seconds = (sb.get("spec") or {}).get("terminationGracePeriodSeconds")
@@ -189,6 +199,8 @@ class SandboxWork:
         key = sandbox_key(sb)
         log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)
         result = self._graceful_stop(container, self._grace(sb))
+        if result is None:
+            return
         code = result.exit_status.code if result.exit_status else None
         try:
             current = self.objects.get_sandbox(*key.split("/", 1))
@@ -219,6 +231,9 @@ class SandboxWork:
             prepared = self._prepare(sb)
             if prepared is None:
                 return  # the namespace's level is unknown: the next sync asks again
+            # Before the container exists nothing else protects its image from the
+            # collector: the fresh last-used label makes it too young (minAge) to go.
+            self._touch_image(prepared.image)
             created = self._create(prepared)
             if created is None:
                 return  # a leftover of that name was torn down: the next sync starts it
@@ -227,7 +242,6 @@ class SandboxWork:
         except StartFailed as exc:
             self.fail(sb, exc.reason, str(exc))
             return
-        self._touch_image(prepared.image)
         self._record_running(sb, prepared, created, task, ip)
 
     def _record_running(

@@ -102,6 +102,13 @@ class AgentSettings(SettingsModel):
         "full sync re-runs from the watched objects (no API request) against "
         "containerd's containers, and unanswered CachePrune requests are looked at again.",
     )
+    watch_timeout: Duration = Field(
+        default=timedelta(seconds=30),
+        description="Server-side timeout of each watch of the node's Sandboxes, its "
+        "SandboxNode and CachePrune requests; the client gives up reading half that "
+        "again later, so a watch that died silently is noticed (and the view listed "
+        "again) within about 1.6 times this, well below the operator's lease + grace.",
+    )
     teardown_concurrency: int = Field(
         default=8, ge=1, le=256, description="Teardowns (and starts) running at once."
     )
@@ -216,6 +223,11 @@ class AgentSettings(SettingsModel):
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
+        if not timedelta(seconds=1) <= self.watch_timeout <= timedelta(seconds=120):
+            raise ValueError(
+                f"watch_timeout ({self.watch_timeout.total_seconds():g}s) must be between "
+                "1s and 120s: a dead watch must be noticed well before a node is reaped"
+            )
         if self.stop_grace < timedelta(0):
             raise ValueError("stop_grace must be >= 0")
         if self.gc_min_age < timedelta(0):

@@ -17,14 +17,17 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.agent.loops import WorkPool
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
+from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, phase_counts, plan_sync
 
 log = logging.getLogger(__name__)
+
+GRACEFUL = frozenset({ActionKind.STOP_DRAINED, ActionKind.STOP_DELETED})
+"""Actions that wait out a grace period: they run outside the bounded pool."""
 
 
 def unschedulable(node: Mapping[str, Any] | None) -> bool:
@@ -40,7 +43,7 @@ class SandboxSync:
         sandbox_watch: WatchCache,
         node_watch: WatchCache,
         rt: Callable[[], Runtime],
-        pool: WorkPool,
+        pool: SandboxPools,
         work: SandboxWork,
         metrics: AgentMetrics,
         call_timeout: float,
@@ -86,7 +89,8 @@ class SandboxSync:
         if work is None:  # the plan names only what it was given: a bug, not a state
             log.error("sandbox %s: action %s lacks its Sandbox or container", action.key, action)
             return
-        if self.pool.submit(action.key, work) and action.kind is ActionKind.FENCE:
+        submitted = self.pool.submit(action.key, work, graceful=action.kind in GRACEFUL)
+        if submitted and action.kind is ActionKind.FENCE:
             log.warning(
                 "sandbox %s was marked Dead: tearing down container %s",
                 action.key,

@@ -7,8 +7,8 @@ shim kept the whole node out of service. Here the exit wait is capped by
 ``kill_wait`` and every other containerd call by ``call_timeout``; when the exit
 does not come, a warning names the container and the teardown goes on (delete
 task, container, snapshot, each with its own deadline). A ``NotFound`` at any step
-means that step's work is already done. A task that cannot be deleted keeps its
-container record, so the container stays visible to the next sweep instead of
+means that step's work is already done. A task that cannot be deleted, or whose presence
+cannot be told (its lookup failed), keeps its container record, so the container stays visible to the next sweep instead of
 leaving a shim and process nobody can find.
 
 A sandbox with its own network (CNI) is detached by the ``release`` hook once its
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import signal as signals
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,9 @@ from sandlot.adapters.runtime import (
 )
 
 log = logging.getLogger(__name__)
+
+GRACE_SLICE = 5.0
+"""Longest single wait of a graceful stop: how soon a stopping agent lets go of it."""
 
 Release = Callable[[ContainerInfo | str], object]
 """Frees what a container holds outside containerd (its network); raises on failure."""
@@ -115,8 +119,15 @@ def _end_task(
         runtime.kill_task(container_id, signal, timeout=call_timeout)
     except NotFound:
         # No task, or its process already finished: containerd says so with NotFound.
-        task = steps.call("get task", lambda: runtime.get_task(container_id, timeout=call_timeout))
-        has_task = task is not None
+        # Only a clean answer of "no task" lets the container go: a lookup that fails
+        # (a wedged shim, containerd busy) counts as a task that may be alive.
+        try:
+            has_task = runtime.get_task(container_id, timeout=call_timeout) is not None
+        except RuntimeError_ as exc:
+            log.warning("container %s: cannot tell whether its task lives: %s", container_id, exc)
+            steps.errors.append(f"get task: {exc}")
+            end.gone = False
+            return end
     except RuntimeTimeout as exc:
         log.warning("container %s: kill got no answer: %s", container_id, exc)
     except RuntimeError_ as exc:
@@ -219,6 +230,32 @@ def teardown(
     return result
 
 
+class StopInterrupted(Exception):
+    """The agent is stopping: a graceful stop was left to the next agent."""
+
+
+def _wait_graceful(
+    runtime: Runtime,
+    container_id: str,
+    stop_grace: float,
+    cancel: threading.Event | None,
+) -> ExitStatus | None:
+    """Wait up to ``stop_grace`` for the exit, in slices so ``cancel`` ends it early
+    (a grace can be an hour; the agent's own shutdown must not wait for it)."""
+    deadline = time.monotonic() + stop_grace
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise StopInterrupted(container_id)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RuntimeTimeout(f"no exit within {stop_grace:g}s of SIGTERM")
+        try:
+            return runtime.wait_task(container_id, timeout=min(left, GRACE_SLICE))
+        except RuntimeTimeout:
+            if time.monotonic() >= deadline:
+                raise
+
+
 def stop(
     runtime: Runtime,
     container: ContainerInfo | str,
@@ -228,14 +265,19 @@ def stop(
     call_timeout: float,
     on_done: Callable[[TeardownResult], object] | None = None,
     release: Release | None = None,
+    cancel: threading.Event | None = None,
 ) -> TeardownResult:
-    """SIGTERM, up to ``stop_grace`` for the exit, then the bounded teardown (SIGKILL)."""
+    """SIGTERM, up to ``stop_grace`` for the exit, then the bounded teardown (SIGKILL).
+
+    Raises ``StopInterrupted`` when ``cancel`` is set during the grace: the task got
+    its SIGTERM and is left running for the next agent, which stops it again.
+    """
     container_id, _ = _key(container)
     graceful: ExitStatus | None = None
     try:
         runtime.kill_task(container_id, signals.SIGTERM, timeout=call_timeout)
         if stop_grace > 0:
-            graceful = runtime.wait_task(container_id, timeout=stop_grace)
+            graceful = _wait_graceful(runtime, container_id, stop_grace, cancel)
     except NotFound:
         pass
     except RuntimeTimeout:

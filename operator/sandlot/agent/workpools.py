@@ -1,0 +1,57 @@
+"""Two pools for sandbox work, one key at a time across both.
+
+Starts, fences, cleanups and reaps are bounded (every containerd call has a
+deadline) and share the ``teardown_concurrency`` pool. A graceful stop is not: it
+waits out the sandbox's ``terminationGracePeriodSeconds``, up to an hour. Run on
+the same pool, a handful of sandboxes ignoring SIGTERM would hold every worker for
+that long, and no start or fence could run on the node meanwhile. So graceful
+stops run on a pool of their own, sized by the node's capacity (every sandbox it
+holds may be draining at once); their threads mostly wait on a task's exit.
+
+A key never has work in both pools at once: the check and the submit happen under
+one lock, and every submit of the agent goes through here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from sandlot.agent.loops import WorkPool
+
+
+class SandboxPools:
+    """The bounded pool and the graceful-stop pool, seen as one ``WorkPool``."""
+
+    def __init__(
+        self,
+        workers: int,
+        stop_workers: int,
+        stop: threading.Event,
+        done: threading.Event,
+    ) -> None:
+        self.bounded = WorkPool(workers, stop, done)
+        self.graceful = WorkPool(max(1, stop_workers), stop, done)
+        self._lock = threading.Lock()
+
+    def in_flight(self) -> frozenset[str]:
+        return self.bounded.in_flight() | self.graceful.in_flight()
+
+    def busy(self, key: str) -> bool:
+        return self.bounded.busy(key) or self.graceful.busy(key)
+
+    def submit(self, key: str, work: Callable[[], object], *, graceful: bool = False) -> bool:
+        """Run ``work`` on the pool it belongs to, unless ``key`` has work in either."""
+        target, other = (self.graceful, self.bounded) if graceful else (self.bounded, self.graceful)
+        with self._lock:
+            if other.busy(key):
+                return False
+            return target.submit(key, work)
+
+    def shutdown(self) -> None:
+        # Graceful stops see the stop event within a slice of their wait and let go.
+        self.graceful.shutdown()
+        self.bounded.shutdown()
+
+
+__all__ = ["SandboxPools"]

@@ -1,0 +1,96 @@
+"""A TCP relay that can make its connections die silently.
+
+A watch whose connection dies without a FIN or RST (a peer that vanished, a
+dropped NAT or load-balancer entry, a host that froze and came back behind a new
+address) gets nothing: no event, no end, no error. Only a read timeout notices.
+``sever_silently`` does exactly that to every connection open at that moment:
+they stay open on both sides and every byte sent on them is dropped. Connections
+made afterwards are relayed normally, as a client that reconnects finds a working
+path again. The bytes are TLS and are never looked at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class SeveringRelay:
+    """Relays 127.0.0.1:``port`` to ``target_port``; start with ``start()``."""
+
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._generation = 0
+        self._severed_below = 0
+        self._sockets: list[socket.socket] = []
+        self._closed = threading.Event()
+
+    def start(self) -> SeveringRelay:
+        threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
+        return self
+
+    def sever_silently(self) -> int:
+        """Every connection made so far goes silent; returns how many were made."""
+        with self._lock:
+            self._severed_below = self._generation
+        return self._generation
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _silent(self, generation: int) -> bool:
+        with self._lock:
+            return generation < self._severed_below
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                generation = self._generation
+                self._generation += 1
+                self._sockets += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, generation), daemon=True
+                ).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+        while not self._closed.is_set():
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if self._silent(generation):
+                if not data:
+                    return  # the far side closed; this side never hears of it
+                continue  # dropped: the connection is a black hole
+            if not data:
+                with contextlib.suppress(OSError):
+                    dst.shutdown(socket.SHUT_WR)
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+
+__all__ = ["SeveringRelay"]
