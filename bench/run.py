@@ -70,20 +70,10 @@ def main() -> int:
             }
         )
 
-    text = run([str(HERE / "gc_forced.py")], timeout=1800)
-    m = re.search(r"ratio forced/ctr: ([\d.]+)", text)
-    if m:
-        value = float(m.group(1))
-        detail = re.search(r"(forced pass[^\n]*)", text)
-        rows.append(
-            {
-                "benchmark": "forced GC pass, 300 images / ctr images rm loop",
-                "value": value,
-                "target": "<= 1.2",
-                "ok": value <= 1.2,
-                "detail": detail.group(1) if detail else "",
-            }
-        )
+    gc = out.with_name("gc_forced.json")
+    run([str(HERE / "gc_forced.py"), "--json", str(gc)], timeout=1800)
+    if gc.exists():
+        rows += json.loads(gc.read_text())
 
     width = max(len(str(r["benchmark"])) for r in rows) if rows else 10
     print()
@@ -91,7 +81,7 @@ def main() -> int:
     for r in rows:
         print(
             f"{r['benchmark']!s:<{width}}  {float(r['value']):>9.4g}  {r['target']!s:<28} "
-            f"{'yes' if r['ok'] else 'NO'}"
+            f"{'ok' if r['ok'] else 'MISSED'}"
         )
     for r in rows:
         print(f"  - {r['benchmark']}: {r['detail']}")
