@@ -70,6 +70,11 @@ def main() -> int:
             }
         )
 
+    start = out.with_name("start_latency.json")
+    run([str(HERE / "start_latency.py"), "--json", str(start)], timeout=1800)
+    if start.exists():
+        rows += json.loads(start.read_text())
+
     gc = out.with_name("gc_forced.json")
     run([str(HERE / "gc_forced.py"), "--json", str(gc)], timeout=1800)
     if gc.exists():
