@@ -211,8 +211,16 @@ def main() -> int:
     parser.add_argument(
         "--sync-burst", type=int, default=None, help="the agent's sync_burst (default: its own)"
     )
+    parser.add_argument(
+        "--sync-interval", default=None, help="the agent's sync_interval (default: its own)"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    pacing: dict[str, Any] = {}
+    if args.sync_burst is not None:
+        pacing["sync_burst"] = args.sync_burst
+    if args.sync_interval is not None:
+        pacing["sync_interval"] = args.sync_interval
 
     work = Path(tempfile.mkdtemp(prefix="sl-bench-start-"))
     containerd = start_private_containerd()
@@ -246,7 +254,7 @@ def main() -> int:
             node_address="127.0.0.1",
             network_mode="host-address",
             gc_disabled=True,
-            **({} if args.sync_burst is None else {"sync_burst": args.sync_burst}),
+            **pacing,
         )
         agent = Agent(settings, api, registry=CollectorRegistry())
         assert agent.start(), "the agent did not start"

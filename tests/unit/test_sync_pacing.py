@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sandlot.agent.settings import AgentSettings
 from sandlot.policy.syncpacing import (
     Pacing,
     PassBudget,
@@ -140,3 +141,20 @@ def test_woken_loop_schedule(changes: list[float], expected: list[float]) -> Non
 def test_bad_pacing_is_refused_naming_the_field(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         Pacing(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        ({}, Pacing(interval=0.2, burst=5, longest=30.0)),
+        (
+            {"sync_interval": "2s", "sync_burst": 1, "resync_interval": "1m"},
+            Pacing(interval=2.0, burst=1, longest=60.0),
+        ),
+    ],
+    ids=["defaults_allow_five_passes_a_second", "burst_of_one_is_one_pass_per_interval"],
+)
+def test_agent_settings_give_sync_burst_passes_per_sync_interval(
+    settings: dict[str, object], expected: Pacing
+) -> None:
+    assert AgentSettings(node_name="n1", **settings).sync_pacing == expected  # type: ignore[arg-type]

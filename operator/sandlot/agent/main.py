@@ -14,8 +14,8 @@ bounded work, and each a thin shell over a pure decision:
   worker pool, one operation per sandbox at a time. The Sandboxes (server-side
   field selector), the node's SandboxNode and the CachePrune requests are kept in
   memory by list + watch (``adapters.sandboxwatch``), so an idle node costs the
-  API server no request: a change wakes a pass (at once while the
-  ``sync_burst`` allows, then one per ``sync_interval``; ``policy.syncpacing``),
+  API server no request: a change wakes a pass (at once while at most
+  ``sync_burst`` passes per ``sync_interval`` allow; ``policy.syncpacing``),
   the end of any sandbox's work wakes one, and a pass runs every
   ``resync_interval`` regardless, from memory.
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks

@@ -93,17 +93,18 @@ class AgentSettings(SettingsModel):
     )
     sync_interval: Duration = Field(
         default=timedelta(seconds=1),
-        description="Sustained rate of sync passes, one per this time: changes to the "
-        "node's Sandboxes, its SandboxNode and CachePrune requests arrive by watch and "
-        "wake a pass, at once while sync_burst allows; beyond it, changes arriving "
-        "within this time share one pass.",
+        description="Window of the sync passes' rate limit: at most sync_burst passes in "
+        "any such window. Changes to the node's Sandboxes, its SandboxNode and CachePrune "
+        "requests arrive by watch and wake a pass at once while the limit allows; beyond "
+        "it, changes share passes.",
     )
     sync_burst: int = Field(
-        default=10,
+        default=5,
         ge=1,
         le=1000,
-        description="Sync passes that may run back to back after a quiet time, each "
-        "as soon as a change arrives; one is earned back every sync_interval.",
+        description="Sync passes allowed per sync_interval, back to back after a quiet "
+        "time (each as soon as a change arrives); one is earned back every "
+        "sync_interval / sync_burst.",
     )
     resync_interval: Duration = Field(
         default=timedelta(seconds=30),
@@ -265,7 +266,7 @@ class AgentSettings(SettingsModel):
     @property
     def sync_pacing(self) -> Pacing:
         return Pacing(
-            interval=self.sync_interval.total_seconds(),
+            interval=self.sync_interval.total_seconds() / self.sync_burst,
             burst=self.sync_burst,
             longest=self.resync_interval.total_seconds(),
         )
