@@ -3,8 +3,8 @@
     .venv/bin/python bench/run.py [--quick]
 
 ``--quick`` skips the 10,000-sandbox memory run and shortens the churn run from
-30 to 3 minutes. The agent and GC benchmarks need root (they run containers on a
-private containerd).
+30 to 3 minutes. The agent start-up, start-latency and GC benchmarks need root
+(they run containers on a private containerd).
 """
 
 from __future__ import annotations

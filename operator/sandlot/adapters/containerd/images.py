@@ -9,9 +9,9 @@ A delete removes the record only. containerd can collect the content and
 snapshots the record held in the same call (``sync``), but that runs a whole
 garbage collection per image: a pass over hundreds of images then spends almost
 all its time collecting. So deletes never ask for it, and ``collect_garbage``
-runs one collection for the whole pass: it deletes a lease made for the purpose
-with ``sync``, which makes containerd collect before it answers, whatever became
-unreferenced and by whichever delete.
+collects once for the whole pass: it deletes a lease made for the purpose with
+``sync``, which makes containerd collect before it answers whatever became
+unreferenced, by whichever delete.
 """
 
 from __future__ import annotations
