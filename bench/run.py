@@ -3,8 +3,8 @@
     .venv/bin/python bench/run.py [--quick]
 
 ``--quick`` skips the 10,000-sandbox memory run and shortens the churn run from
-30 to 3 minutes. The agent and GC benchmarks need root (they run containers on a
-private containerd).
+30 to 3 minutes. The agent start-up, start-latency and GC benchmarks need root
+(they run containers on a private containerd).
 """
 
 from __future__ import annotations
@@ -70,20 +70,15 @@ def main() -> int:
             }
         )
 
-    text = run([str(HERE / "gc_forced.py")], timeout=1800)
-    m = re.search(r"ratio forced/ctr: ([\d.]+)", text)
-    if m:
-        value = float(m.group(1))
-        detail = re.search(r"(forced pass[^\n]*)", text)
-        rows.append(
-            {
-                "benchmark": "forced GC pass, 300 images / ctr images rm loop",
-                "value": value,
-                "target": "<= 1.2",
-                "ok": value <= 1.2,
-                "detail": detail.group(1) if detail else "",
-            }
-        )
+    start = out.with_name("start_latency.json")
+    run([str(HERE / "start_latency.py"), "--json", str(start)], timeout=1800)
+    if start.exists():
+        rows += json.loads(start.read_text())
+
+    gc = out.with_name("gc_forced.json")
+    run([str(HERE / "gc_forced.py"), "--json", str(gc)], timeout=1800)
+    if gc.exists():
+        rows += json.loads(gc.read_text())
 
     width = max(len(str(r["benchmark"])) for r in rows) if rows else 10
     print()
@@ -91,7 +86,7 @@ def main() -> int:
     for r in rows:
         print(
             f"{r['benchmark']!s:<{width}}  {float(r['value']):>9.4g}  {r['target']!s:<28} "
-            f"{'yes' if r['ok'] else 'NO'}"
+            f"{'ok' if r['ok'] else 'MISSED'}"
         )
     for r in rows:
         print(f"  - {r['benchmark']}: {r['detail']}")

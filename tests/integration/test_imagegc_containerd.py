@@ -13,6 +13,7 @@ that image's bytes.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -26,7 +27,13 @@ from kubernetes.client.rest import ApiException
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.runtime import ContainerInfo, ContainerSpec, RuntimeError_
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    ContainerSpec,
+    ImageRecord,
+    RuntimeError_,
+    TaskState,
+)
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
@@ -37,7 +44,7 @@ from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
 from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd
-from tests.support.image_sets import build_image_set, import_image_set
+from tests.support.image_sets import allocated_bytes, build_image_set, import_image_set
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
 
@@ -179,6 +186,68 @@ def test_on_an_unpressured_node_watermark_removes_nothing_and_forced_removes_eve
     assert set(forced.removed) == set(IMAGES) - {*IN_USE, PINNED}
     assert stored(rt) == {*IN_USE, PINNED}
     assert forced.bytes_freed > 0
+
+
+CONTENT_STORE = "io.containerd.content.v1.content"
+SNAPSHOTTER = "io.containerd.snapshotter.v1.overlayfs"
+
+
+def blob_file(containerd: PrivateContainerd, digest: str) -> Path:
+    algorithm, hexdigest = digest.split(":", 1)
+    return containerd.root / CONTENT_STORE / "blobs" / algorithm / hexdigest
+
+
+def blobs_of(containerd: PrivateContainerd, record: ImageRecord) -> set[str]:
+    """The digests an image references, read from its manifest in the content store on disk."""
+    manifest = json.loads(blob_file(containerd, record.target_digest).read_bytes())
+    return {
+        record.target_digest,
+        manifest["config"]["digest"],
+        *(layer["digest"] for layer in manifest["layers"]),
+    }
+
+
+class ContainerdDisk:
+    """Usage measured on disk: the bytes allocated under containerd's content store and
+    snapshotter, on a filesystem of ``total`` bytes (far from full)."""
+
+    def __init__(self, containerd: PrivateContainerd, total: int) -> None:
+        self.dirs = [containerd.root / CONTENT_STORE, containerd.root / SNAPSHOTTER]
+        self.total = total
+
+    def __call__(self) -> DiskUsage:
+        return DiskUsage(self.total, sum(allocated_bytes(d) for d in self.dirs))
+
+
+def test_forced_pass_frees_the_space_on_disk_and_keeps_every_protected_image(
+    rt: ContainerdRuntime, containerd: PrivateContainerd
+) -> None:
+    ids = run_containers(rt, IN_USE)
+    records = {r.name: r for r in rt.list_images(timeout=10)}
+    protected = {*IN_USE, PINNED}
+    kept = set().union(*(blobs_of(containerd, records[n]) for n in protected))
+    doomed = set().union(
+        *(blobs_of(containerd, r) for n, r in records.items() if n not in protected)
+    )
+    doomed -= kept  # the shared base layer stays: protected images use it
+    assert doomed and all(blob_file(containerd, d).is_file() for d in doomed | kept)  # premise
+    doomed_bytes = sum(blob_file(containerd, d).stat().st_blocks * 512 for d in doomed)
+    collector = ImageCollector(
+        rt, ContainerdDisk(containerd, total=1 << 40), NO_AGE, pinned=[PINNED], call_timeout=10
+    )
+
+    result = collector.run_forced(now=datetime.now(UTC))
+
+    assert result.outcome is GcOutcome.OK and result.error is None
+    assert set(result.removed) == set(IMAGES) - protected
+    assert stored(rt) == protected
+    assert [d for d in doomed if blob_file(containerd, d).exists()] == [], (
+        "the pass returned before containerd collected the deleted images' content"
+    )
+    assert all(blob_file(containerd, d).is_file() for d in kept)
+    assert result.bytes_freed >= doomed_bytes  # measured on disk after the collection
+    running = {t.container_id for t in rt.list_tasks(timeout=10) if t.state is TaskState.RUNNING}
+    assert running >= set(ids)
 
 
 class ContainerListingFails:

@@ -152,6 +152,9 @@ class FakeRuntime:
     def delete_image(self, name: str, *, timeout: float) -> None:
         raise NotFound(name)
 
+    def collect_garbage(self, *, timeout: float) -> None:
+        return None
+
     def set_image_labels(self, name: str, labels: Mapping[str, str], *, timeout: float) -> None:
         return None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import tarfile
 import tempfile
 from collections.abc import Sequence
@@ -59,8 +60,20 @@ def _add(tar: tarfile.TarFile, path: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def allocated_bytes(path: Path) -> int:
+    """Bytes allocated to the files under ``path``, measured on disk (what ``du`` counts)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:  # removed while walking
+                continue
+    return total
+
+
 def import_image_set(address: str, namespace: str, archive: Path, *, timeout: float = 120) -> None:
     import_archive(address, namespace, archive, timeout=timeout)
 
 
-__all__ = ["build_image_set", "import_image_set"]
+__all__ = ["allocated_bytes", "build_image_set", "import_image_set"]

@@ -22,12 +22,19 @@ TOTAL = 100 * GIB
 
 
 class FakeRuntime:
-    """The image and container half of the ``Runtime`` protocol, in memory."""
+    """The image and container half of the ``Runtime`` protocol, in memory.
+
+    As in containerd, a delete removes the record while its bytes stay on disk
+    (``uncollected``) until ``collect_garbage``.
+    """
 
     def __init__(self, images: list[ImageRecord], containers: list[ContainerInfo]) -> None:
         self.images = {i.name: i for i in images}
         self.containers = containers
         self.deleted: list[str] = []
+        self.uncollected = 0
+        self.collections = 0
+        self.fail_collect: Exception | None = None
         self.fail_list_containers: Exception | None = None
         self.fail_delete: dict[str, Exception] = {}
         self.timeouts: list[float] = []
@@ -48,8 +55,15 @@ class FakeRuntime:
             raise self.fail_delete[name]
         if name not in self.images:
             raise NotFound(name)
-        del self.images[name]
+        self.uncollected += self.images.pop(name).size
         self.deleted.append(name)
+
+    def collect_garbage(self, *, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        self.collections += 1
+        if self.fail_collect:
+            raise self.fail_collect
+        self.uncollected = 0
 
     def set_image_labels(self, name: str, labels: Mapping[str, str], *, timeout: float) -> None:
         if name not in self.images:
@@ -71,7 +85,8 @@ class FakeDisk:
 
     def __call__(self) -> DiskUsage:
         self.calls += 1
-        used = self.non_image + sum(i.size for i in self.runtime.images.values())
+        used = self.non_image + self.runtime.uncollected
+        used += sum(i.size for i in self.runtime.images.values())
         return DiskUsage(TOTAL, used)
 
 
@@ -195,6 +210,35 @@ def test_one_failed_delete_is_recorded_and_the_pass_goes_on() -> None:
     assert result.outcome is GcOutcome.ERROR
     assert result.error is not None and "old:a: content busy" in result.error
     assert result.records_removed == 2
+
+
+def test_pass_collects_garbage_once_after_its_deletes_so_the_freed_bytes_are_measured() -> None:
+    runtime = store()
+    c, _ = collector(runtime, UNPRESSURED)
+    result = c.run_forced(NOW)
+    assert runtime.collections == 1
+    assert runtime.uncollected == 0
+    assert result.bytes_freed == 3 * GIB and result.error is None
+
+
+def test_pass_that_removed_nothing_asks_for_no_collection() -> None:
+    runtime = FakeRuntime([img("agent:pinned")], [])
+    c, _ = collector(runtime, UNPRESSURED)
+    result = c.run_forced(NOW)
+    assert result.outcome is GcOutcome.NOTHING_TO_DO
+    assert runtime.collections == 0
+
+
+def test_failed_collection_is_an_error_and_bytes_freed_stay_what_the_disk_shows() -> None:
+    runtime = store()
+    runtime.fail_collect = RuntimeError_("Leases.Delete: no answer within 3s")
+    c, _ = collector(runtime, UNPRESSURED)
+    result = c.run_forced(NOW)
+    assert set(runtime.deleted) == UNPROTECTED and result.records_removed == 3
+    assert result.outcome is GcOutcome.ERROR
+    assert result.error is not None and "garbage collection failed" in result.error
+    assert "no answer within 3s" in result.error
+    assert result.bytes_freed == 0  # the records are gone, their bytes are not yet
 
 
 def test_image_already_gone_is_not_a_failure() -> None:

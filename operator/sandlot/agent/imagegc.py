@@ -4,9 +4,11 @@ It wires the pure policy in ``sandlot.policy.imagegc`` to the ``Runtime``
 boundary. The protected set is built from the images of *every* existing
 container, so a pass whose container listing fails aborts with nothing deleted:
 proceeding against an empty protected set would evict images under running
-sandboxes. Deletes are synchronous and one failure does not stop the pass; the
-bytes freed are measured on the filesystem afterwards, never only estimated from
-image sizes (images share layers, so sizes over-count).
+sandboxes. One failed delete does not stop the pass. Deletes remove records only;
+the pass then asks containerd for one garbage collection and waits for it (a
+collection per delete would cost the pass nearly all its time), so the bytes
+freed, measured on the filesystem after it, are really free. They are never only
+estimated from image sizes (images share layers, so sizes over-count).
 
 The forced pass (an operator's ``--all``) forces the policy, not the safety. It
 ignores the exhausted backoff (that failsafe stops the agent's own timer from
@@ -342,6 +344,15 @@ class ImageCollector:
                 removed.append(record.name)
 
         errors: list[str] = []
+        if removed:
+            # One collection for every delete of the pass, before the disk is measured.
+            try:
+                self._runtime.collect_garbage(timeout=self._timeout)
+            except Exception as exc:
+                errors.append(
+                    f"removed {len(removed)} images but containerd's garbage collection "
+                    f"failed, so their space may not be free yet: {exc}"
+                )
         if failures:
             shown = "; ".join(failures[:_MAX_ERRORS_SHOWN])
             more = len(failures) - _MAX_ERRORS_SHOWN

@@ -1,9 +1,9 @@
 """The agent's threads: loops that run a step, and the pool that runs sandbox work.
 
 - ``spawn``: a step every ``interval`` (the reaper, the image collector).
-- ``spawn_woken``: a step when woken by a watch, at most once per ``shortest`` and
-  at least once per ``longest`` (the sync, CachePrune answers); what arrives during
-  a pass shares the next one, so a burst of events costs one pass.
+- ``spawn_woken``: a step when woken by a watch (the sync, CachePrune answers),
+  paced by ``policy.syncpacing``: a lone change runs a pass at once, a burst
+  shares passes at a bounded rate, and a pass runs at least once per ``longest``.
 - ``WorkPool``: sandbox work on a bounded pool, at most one item per key in flight;
   the end of any item wakes the sync (it skipped that key meanwhile, and the work
   may need a follow-up).
@@ -19,6 +19,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+from sandlot.policy import syncpacing
+from sandlot.policy.syncpacing import Pacing
 
 log = logging.getLogger(__name__)
 
@@ -52,28 +55,31 @@ class Loops:
         name: str,
         step: Callable[[], object],
         wake: threading.Event,
-        *,
-        shortest: float,
-        longest: float,
+        pacing: Pacing,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """Run ``step`` when ``wake`` is set, at most once per ``shortest`` seconds and
-        at least once per ``longest``. A pass that fails runs again after ``shortest``."""
+        """Run ``step`` when ``wake`` is set, as ``policy.syncpacing`` allows: at once
+        while its bucket holds a pass, at least once per ``pacing.longest``. A pass
+        that fails runs again one ``pacing.interval`` later."""
 
         def loop() -> None:
-            last: float | None = None
+            budget = syncpacing.full_budget(pacing, clock())
             while not self.stop.is_set():
-                if last is not None:
-                    wake.wait(max(0.0, last + longest - time.monotonic()))
-                    pause = last + shortest - time.monotonic()
-                    if self.stop.is_set() or (pause > 0 and self.stop.wait(pause)):
-                        return
+                now = clock()
+                woken = wake.is_set()
+                due = syncpacing.next_pass_at(budget, pacing, now, woken=woken)
+                if due > now:
+                    # Woken: only a stop ends the wait early. Idle: a wake-up does too.
+                    (self.stop if woken else wake).wait(due - now)
+                    continue
                 # Cleared before the pass: a change arriving during it wakes the next.
                 wake.clear()
-                last = time.monotonic()
+                budget = syncpacing.take_pass(budget, pacing, now)
                 try:
                     step()
                 except Exception:
                     log.exception("%s pass failed", name)
+                    budget = syncpacing.fail_pass(budget, clock())
                     wake.set()
 
         self._start(name, loop)

@@ -15,9 +15,10 @@ bounded work, and each a thin shell over a pure decision:
   sandbox at a time. The Sandboxes (server-side
   field selector), the node's SandboxNode and the CachePrune requests are kept in
   memory by list + watch (``adapters.sandboxwatch``), so an idle node costs the
-  API server no request: a change wakes a pass (at most one per
-  ``sync_interval``), the end of any sandbox's work wakes one, and a pass runs
-  every ``resync_interval`` regardless, from memory.
+  API server no request: a change wakes a pass (at once while at most
+  ``sync_burst`` passes per ``sync_interval`` allow; ``policy.syncpacing``),
+  the end of any sandbox's work wakes one, and a pass runs every
+  ``resync_interval`` regardless, from memory.
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks
   that have provably exited are torn down and their Sandbox ended with the exit
   code. A running task is never touched.
@@ -304,14 +305,11 @@ class Agent:
         )
         for watched in self._watches:
             watched.start()
-        woken = {
-            "shortest": settings.sync_interval.total_seconds(),
-            "longest": settings.resync_interval.total_seconds(),
-        }
-        self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, **woken)
+        pacing = settings.sync_pacing
+        self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, pacing)
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
-        self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, **woken)
+        self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
     def run_forever(self) -> int:
         try:

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 from sandlot.api.admission import Level
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
+from sandlot.policy.syncpacing import Pacing
 
 
 class NetworkMode(StrEnum):
@@ -92,9 +93,18 @@ class AgentSettings(SettingsModel):
     )
     sync_interval: Duration = Field(
         default=timedelta(seconds=1),
-        description="Shortest time between two sync passes: changes to the node's "
-        "Sandboxes, its SandboxNode and CachePrune requests arrive by watch and wake a "
-        "pass, and those arriving within this time share one.",
+        description="Window of the sync passes' rate limit: at most sync_burst passes in "
+        "any such window. Changes to the node's Sandboxes, its SandboxNode and CachePrune "
+        "requests arrive by watch and wake a pass at once while the limit allows; beyond "
+        "it, changes share passes.",
+    )
+    sync_burst: int = Field(
+        default=5,
+        ge=1,
+        le=1000,
+        description="Sync passes allowed per sync_interval, back to back after a quiet "
+        "time (each as soon as a change arrives); one is earned back every "
+        "sync_interval / sync_burst.",
     )
     resync_interval: Duration = Field(
         default=timedelta(seconds=30),
@@ -263,6 +273,14 @@ class AgentSettings(SettingsModel):
             min_age=self.gc_min_age,
             interval=self.gc_interval,
             exhausted_backoff=self.gc_exhausted_backoff,
+        )
+
+    @property
+    def sync_pacing(self) -> Pacing:
+        return Pacing(
+            interval=self.sync_interval.total_seconds() / self.sync_burst,
+            burst=self.sync_burst,
+            longest=self.resync_interval.total_seconds(),
         )
 
     @property

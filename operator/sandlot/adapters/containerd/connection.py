@@ -1,0 +1,174 @@
+"""One channel to containerd, and the deadline and error rules every call follows.
+
+A wedged shim makes containerd calls about its task hang forever; the agent must
+never hang with it. So every RPC made through ``Connection.call`` carries
+``timeout=`` (a gRPC deadline). gRPC status codes become the ``Runtime``
+exceptions: ``DEADLINE_EXCEEDED`` is ``RuntimeTimeout``, ``NOT_FOUND`` is
+``NotFound``, anything else is ``RuntimeError_`` naming the call and the
+container or image it was about.
+
+The namespace travels as the ``containerd-namespace`` metadata header on each
+call, as containerd expects; a call made under a lease adds ``containerd-lease``.
+Leases live here because both halves of the runtime use them: a container's
+snapshot is prepared under one, and a garbage collection is asked for by
+deleting one synchronously.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from sandlot.adapters.deadline import Deadline
+from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
+
+try:
+    from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2, leases_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.version.v1 import version_pb2_grpc
+except ImportError as exc:  # pragma: no cover - depends on the setup step
+    raise ImportError(
+        "containerd gRPC stubs are not generated; run "
+        "`python -m sandlot.devtools.gen_stubs` (see its docstring)"
+    ) from exc
+
+NAMESPACE_HEADER = "containerd-namespace"
+LEASE_HEADER = "containerd-lease"
+GC_EXPIRE_LABEL = "containerd.io/gc.expire"
+
+T = TypeVar("T")
+
+
+def to_datetime(ts: timestamp_pb2.Timestamp) -> datetime | None:
+    if ts.seconds == 0 and ts.nanos == 0:
+        return None
+    return ts.ToDatetime(tzinfo=UTC)
+
+
+def rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def translate(exc: grpc.RpcError, what: str, timeout: float) -> RuntimeError_:
+    code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
+    # containerd propagates the deadline to its shim call and may answer first, with
+    # the Go context's error wrapped as UNKNOWN ("context deadline exceeded").
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
+        code == grpc.StatusCode.UNKNOWN and "context deadline exceeded" in details
+    ):
+        return RuntimeTimeout(f"{what}: no answer from containerd within {timeout:g}s")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return NotFound(f"{what}: not found ({details})")
+    return RuntimeError_(f"{what}: {code.name} ({details})", code=code.name.lower())
+
+
+class Connection:
+    """The channel, the namespace header and one stub per containerd service."""
+
+    def __init__(self, address: str, namespace: str) -> None:
+        self.address = address
+        self.namespace = namespace
+        target = address if "://" in address or address.startswith("unix:") else f"unix://{address}"
+        self._channel = grpc.insecure_channel(
+            target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        self._metadata: tuple[tuple[str, str], ...] = ((NAMESPACE_HEADER, namespace),)
+        self.version = version_pb2_grpc.VersionStub(self._channel)
+        self.containers = containers_pb2_grpc.ContainersStub(self._channel)
+        self.tasks = tasks_pb2_grpc.TasksStub(self._channel)
+        self.images = images_pb2_grpc.ImagesStub(self._channel)
+        self.content = content_pb2_grpc.ContentStub(self._channel)
+        self.snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
+        self.leases = leases_pb2_grpc.LeasesStub(self._channel)
+
+    def call(
+        self,
+        method: Callable[..., T],
+        request: Any,
+        *,
+        timeout: float,
+        what: str,
+        lease: str = "",
+    ) -> T:
+        metadata = self._metadata + (((LEASE_HEADER, lease),) if lease else ())
+        try:
+            return method(request, timeout=timeout, metadata=metadata)
+        except grpc.RpcError as exc:
+            raise translate(exc, what, timeout) from exc
+
+    def stream(
+        self, method: Callable[..., Iterable[T]], request: Any, *, timeout: float, what: str
+    ) -> list[T]:
+        """Every response of a server-streaming call, under one deadline."""
+        try:
+            return list(method(request, timeout=timeout, metadata=self._metadata))
+        except grpc.RpcError as exc:
+            raise translate(exc, what, timeout) from exc
+
+    def read_blob(self, digest: str, *, timeout: float, what: str) -> bytes:
+        responses = self.stream(
+            self.content.Read,
+            content_pb2.ReadContentRequest(digest=digest),
+            timeout=timeout,
+            what=f"{what}: read {digest}",
+        )
+        return b"".join(r.data for r in responses)
+
+    def read_json(self, digest: str, budget: Deadline, what: str) -> dict[str, Any]:
+        data = self.read_blob(digest, timeout=budget.remaining(what), what=what)
+        try:
+            parsed = json.loads(data)
+        except ValueError as exc:
+            raise RuntimeError_(f"{what}: blob {digest} is not JSON", code="invalid") from exc
+        if not isinstance(parsed, dict):
+            raise RuntimeError_(f"{what}: blob {digest} is not a JSON object", code="invalid")
+        return parsed
+
+    def create_lease(self, lease_id: str, ttl: timedelta, budget: Deadline) -> str:
+        """A lease that containerd's GC drops by itself ``ttl`` from now, should we crash."""
+        what = f"Leases.Create {lease_id}"
+        expires = datetime.now(UTC) + ttl
+        try:
+            self.call(
+                self.leases.Create,
+                leases_pb2.CreateRequest(id=lease_id, labels={GC_EXPIRE_LABEL: rfc3339(expires)}),
+                timeout=budget.remaining(what),
+                what=what,
+            )
+        except RuntimeError_ as exc:
+            if exc.code != "already_exists":  # left by an attempt that crashed: reuse it
+                raise
+        return lease_id
+
+    def delete_lease(self, lease_id: str, *, timeout: float, sync: bool = False) -> None:
+        """Delete a lease; with ``sync``, containerd collects garbage before it answers."""
+        self.call(
+            self.leases.Delete,
+            leases_pb2.DeleteRequest(id=lease_id, sync=sync),
+            timeout=timeout,
+            what=f"Leases.Delete {lease_id}" + (" (sync)" if sync else ""),
+        )
+
+    def delete_lease_quietly(self, lease_id: str, budget: Deadline) -> None:
+        # Best effort: an expired lease is collected by containerd anyway.
+        with contextlib.suppress(RuntimeError_):
+            self.delete_lease(
+                lease_id, timeout=max(budget.remaining(f"Leases.Delete {lease_id}"), 0.0)
+            )
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+__all__ = ["Connection", "rfc3339", "to_datetime", "translate"]

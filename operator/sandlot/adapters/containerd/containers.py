@@ -1,0 +1,299 @@
+"""Containers, tasks and snapshots over containerd's gRPC API.
+
+Creating a container mirrors what containerd's Go client does, minus what the
+agent does not use: resolve the image to its config (picking this platform's
+manifest from an index), prepare a snapshot from the chain ID of its layers
+under a short-lived lease (so a concurrent image delete cannot collect the
+snapshot before the container record holds it), then create the record with
+the caller's OCI spec and the ``rootfs`` root added. A method that makes several
+RPCs spends one budget across all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from google.protobuf import any_pb2
+
+from sandlot.adapters.containerd.connection import Connection, to_datetime
+from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
+from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2
+from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
+from sandlot.adapters.containerd.gen.types.task import task_pb2
+from sandlot.adapters.containerd.images import Images
+from sandlot.adapters.deadline import Deadline
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    ContainerSpec,
+    ExitStatus,
+    NotFound,
+    RuntimeError_,
+    RuntimeTimeout,
+    TaskInfo,
+    TaskState,
+)
+
+DEFAULT_RUNTIME = "io.containerd.runc.v2"
+DEFAULT_SNAPSHOTTER = "overlayfs"
+SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
+# A create lease outlives a crashed agent by this much, then containerd's GC drops it.
+CREATE_LEASE_TTL = timedelta(hours=1)
+
+_TASK_STATES = {
+    task_pb2.UNKNOWN: TaskState.UNKNOWN,
+    task_pb2.CREATED: TaskState.CREATED,
+    task_pb2.RUNNING: TaskState.RUNNING,
+    task_pb2.STOPPED: TaskState.STOPPED,
+    task_pb2.PAUSED: TaskState.PAUSED,
+    task_pb2.PAUSING: TaskState.PAUSING,
+}
+
+
+def chain_id(diff_ids: Sequence[str]) -> str:
+    """The identity of a stack of layers, as the snapshotter names its committed snapshots."""
+    if not diff_ids:
+        raise ValueError("an image without layers has no chain ID")
+    chain = diff_ids[0]
+    for diff_id in diff_ids[1:]:
+        chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
+    return chain
+
+
+class Containers:
+    """The container, task and snapshot half of the ``Runtime``, on one ``Connection``."""
+
+    def __init__(
+        self, conn: Connection, images: Images, *, snapshotter: str, runtime_name: str
+    ) -> None:
+        self._conn = conn
+        self._images = images
+        self.snapshotter = snapshotter
+        self.runtime_name = runtime_name
+
+    # -- listings ------------------------------------------------------------------
+
+    def list_containers(self, *, timeout: float) -> list[ContainerInfo]:
+        response = self._conn.call(
+            self._conn.containers.List,
+            containers_pb2.ListContainersRequest(),
+            timeout=timeout,
+            what="Containers.List",
+        )
+        return [_container_info(c) for c in response.containers]
+
+    def list_tasks(self, *, timeout: float) -> list[TaskInfo]:
+        response = self._conn.call(
+            self._conn.tasks.List, tasks_pb2.ListTasksRequest(), timeout=timeout, what="Tasks.List"
+        )
+        return [_task_info(p) for p in response.tasks]
+
+    def get_task(self, container_id: str, *, timeout: float) -> TaskInfo | None:
+        try:
+            response = self._conn.call(
+                self._conn.tasks.Get,
+                tasks_pb2.GetRequest(container_id=container_id),
+                timeout=timeout,
+                what=f"Tasks.Get {container_id}",
+            )
+        except NotFound:
+            return None
+        return _task_info(response.process)
+
+    def list_snapshots(self, *, timeout: float) -> list[str]:
+        """Keys of the snapshots of this snapshotter (teardown checks and orphan sweeps)."""
+        responses = self._conn.stream(
+            self._conn.snapshots.List,
+            snapshots_pb2.ListSnapshotsRequest(snapshotter=self.snapshotter),
+            timeout=timeout,
+            what=f"Snapshots.List ({self.snapshotter})",
+        )
+        return [info.name for response in responses for info in response.info]
+
+    # -- create and start ----------------------------------------------------------
+
+    def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo:
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        config = self._images.config_json(spec.image, budget)
+        diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+        if not diff_ids:
+            raise RuntimeError_(f"image {spec.image}: config lists no layers", code="invalid")
+        parent = chain_id(diff_ids)
+
+        oci_spec = copy.deepcopy(dict(spec.oci_spec))
+        root = dict(oci_spec.get("root") or {})
+        root["path"] = "rootfs"
+        oci_spec["root"] = root
+
+        lease = self._conn.create_lease(f"sandlot-create-{spec.id}", CREATE_LEASE_TTL, budget)
+        try:
+            what = f"Snapshots.Prepare {spec.id} from image {spec.image}"
+            try:
+                self._conn.call(
+                    self._conn.snapshots.Prepare,
+                    snapshots_pb2.PrepareSnapshotRequest(
+                        snapshotter=self.snapshotter, key=spec.id, parent=parent
+                    ),
+                    timeout=budget.remaining(what),
+                    what=what,
+                    lease=lease,
+                )
+            except NotFound as exc:
+                raise NotFound(
+                    f"image {spec.image} is not unpacked for snapshotter {self.snapshotter} "
+                    f"(no snapshot {parent})"
+                ) from exc
+            container = containers_pb2.Container(
+                id=spec.id,
+                image=spec.image,
+                labels=dict(spec.labels),
+                runtime=containers_pb2.Container.Runtime(name=self.runtime_name),
+                spec=any_pb2.Any(
+                    type_url=SPEC_TYPE_URL, value=json.dumps(oci_spec).encode("utf-8")
+                ),
+                snapshotter=self.snapshotter,
+                snapshot_key=spec.id,
+            )
+            what = f"Containers.Create {spec.id}"
+            try:
+                response = self._conn.call(
+                    self._conn.containers.Create,
+                    containers_pb2.CreateContainerRequest(container=container),
+                    timeout=budget.remaining(what),
+                    what=what,
+                    lease=lease,
+                )
+            except RuntimeError_:
+                self._remove_snapshot_quietly(spec.id, budget)
+                raise
+        finally:
+            self._conn.delete_lease_quietly(lease, budget)
+        return _container_info(response.container)
+
+    def _remove_snapshot_quietly(self, key: str, budget: Deadline) -> None:
+        with contextlib.suppress(RuntimeError_):
+            self.remove_snapshot(key, timeout=budget.remaining(f"Snapshots.Remove {key}"))
+
+    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        what = f"Containers.Get {container_id}"
+        container = self._conn.call(
+            self._conn.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=budget.remaining(what),
+            what=what,
+        ).container
+        what = f"Snapshots.Mounts {container.snapshot_key} for container {container_id}"
+        mounts = self._conn.call(
+            self._conn.snapshots.Mounts,
+            snapshots_pb2.MountsRequest(
+                snapshotter=container.snapshotter or self.snapshotter,
+                key=container.snapshot_key,
+            ),
+            timeout=budget.remaining(what),
+            what=what,
+        ).mounts
+        # The runc shim opens file:// URIs itself (append mode), and shares one
+        # file when stdout and stderr name the same one.
+        uri = f"file://{log_path}" if log_path else ""
+        what = f"Tasks.Create {container_id}"
+        self._conn.call(
+            self._conn.tasks.Create,
+            tasks_pb2.CreateTaskRequest(
+                container_id=container_id, rootfs=mounts, stdout=uri, stderr=uri
+            ),
+            timeout=budget.remaining(what),
+            what=what,
+        )
+        what = f"Tasks.Start {container_id}"
+        try:
+            started = self._conn.call(
+                self._conn.tasks.Start,
+                tasks_pb2.StartRequest(container_id=container_id),
+                timeout=budget.remaining(what),
+                what=what,
+            )
+        except RuntimeError_:
+            # A created task that never ran would otherwise hold the container.
+            with contextlib.suppress(RuntimeError_):
+                self.delete_task(container_id, timeout=budget.remaining("Tasks.Delete"))
+            raise
+        return TaskInfo(container_id=container_id, pid=started.pid, state=TaskState.RUNNING)
+
+    # -- stop and remove -----------------------------------------------------------
+
+    def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
+        self._conn.call(
+            self._conn.tasks.Kill,
+            tasks_pb2.KillRequest(container_id=container_id, signal=signal),
+            timeout=timeout,
+            what=f"Tasks.Kill {container_id} signal {signal}",
+        )
+
+    def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
+        response = self._conn.call(
+            self._conn.tasks.Wait,
+            tasks_pb2.WaitRequest(container_id=container_id),
+            timeout=timeout,
+            what=f"Tasks.Wait {container_id}",
+        )
+        return ExitStatus(code=response.exit_status, exited_at=to_datetime(response.exited_at))
+
+    def delete_task(self, container_id: str, *, timeout: float) -> ExitStatus | None:
+        """Delete a stopped task; its exit status, or None if it never exited (never ran)."""
+        response = self._conn.call(
+            self._conn.tasks.Delete,
+            tasks_pb2.DeleteTaskRequest(container_id=container_id),
+            timeout=timeout,
+            what=f"Tasks.Delete {container_id}",
+        )
+        exited_at = to_datetime(response.exited_at)
+        if exited_at is None:
+            return None
+        return ExitStatus(code=response.exit_status, exited_at=exited_at)
+
+    def delete_container(self, container_id: str, *, timeout: float) -> None:
+        self._conn.call(
+            self._conn.containers.Delete,
+            containers_pb2.DeleteContainerRequest(id=container_id),
+            timeout=timeout,
+            what=f"Containers.Delete {container_id}",
+        )
+
+    def remove_snapshot(self, key: str, *, timeout: float) -> None:
+        self._conn.call(
+            self._conn.snapshots.Remove,
+            snapshots_pb2.RemoveSnapshotRequest(snapshotter=self.snapshotter, key=key),
+            timeout=timeout,
+            what=f"Snapshots.Remove {key} ({self.snapshotter})",
+        )
+
+
+def _container_info(container: Any) -> ContainerInfo:
+    return ContainerInfo(
+        id=container.id,
+        image=container.image,
+        labels=dict(container.labels),
+        snapshot_key=container.snapshot_key,
+        created_at=to_datetime(container.created_at),
+    )
+
+
+def _task_info(process: Any) -> TaskInfo:
+    state = _TASK_STATES.get(process.status, TaskState.UNKNOWN)
+    stopped = state == TaskState.STOPPED
+    return TaskInfo(
+        container_id=process.container_id or process.id,
+        pid=process.pid,
+        state=state,
+        exit_status=process.exit_status if stopped else None,
+        exited_at=to_datetime(process.exited_at) if stopped else None,
+    )
+
+
+__all__ = ["DEFAULT_RUNTIME", "DEFAULT_SNAPSHOTTER", "Containers", "chain_id"]
