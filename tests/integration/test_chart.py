@@ -31,9 +31,8 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.agent.imagegc import GcMetrics
 from sandlot.agent.main import Agent
-from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL

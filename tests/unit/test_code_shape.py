@@ -26,13 +26,6 @@ MARKER_WITHIN = 20
 # A reason is a phrase, not a token: at least this many words after the marker.
 MIN_REASON_WORDS = 4
 
-# module path (relative to operator/) -> why it may exceed MAX_MODULE_LINES
-SIZE_EXEMPT: dict[str, str] = {
-    "sandlot/adapters/containerd/client.py": (
-        "being split separately into smaller modules; the exemption goes with that split"
-    ),
-}
-
 # "module path:qualified name" -> why it may exceed MAX_FUNCTION_LINES without a marker
 LENGTH_EXEMPT: dict[str, str] = {
     "sandlot/controllers/operator.py:run": (
@@ -98,7 +91,7 @@ def test_no_module_is_over_the_size_limit():
     offenders = []
     for path in source_modules():
         lines = line_count(path.read_text())
-        if lines > MAX_MODULE_LINES and relative(path) not in SIZE_EXEMPT:
+        if lines > MAX_MODULE_LINES:
             offenders.append(f"{relative(path)} ({lines} lines)")
     assert not offenders, (
         f"modules over {MAX_MODULE_LINES} lines; split them by job: {', '.join(offenders)}"
@@ -115,16 +108,6 @@ def test_every_long_function_says_why_it_stays_long():
         f"functions over {MAX_FUNCTION_LINES} lines without a '{LONG_MARKER} <reason>' comment "
         f"in their first {MARKER_WITHIN} lines; split them into named steps or say why: "
         + ", ".join(offenders)
-    )
-
-
-@pytest.mark.parametrize("module", sorted(SIZE_EXEMPT))
-def test_a_size_exemption_is_still_needed(module):
-    path = ROOT / "operator" / module
-    assert path.exists(), f"{module} is gone: remove its entry from SIZE_EXEMPT"
-    lines = line_count(path.read_text())
-    assert lines > MAX_MODULE_LINES, (
-        f"{module} has {lines} lines now, within the limit: remove its entry from SIZE_EXEMPT"
     )
 
 

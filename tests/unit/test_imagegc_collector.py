@@ -12,7 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.runtime import ContainerInfo, ImageRecord, NotFound, RuntimeError_
-from sandlot.agent.imagegc import GcMetrics, GcOutcome, ImageCollector, disk_usage_of
+from sandlot.agent.imagegc import GcOutcome, ImageCollector, disk_usage_of
+from sandlot.agent.metrics import GcMetrics
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason
 

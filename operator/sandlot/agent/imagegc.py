@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.runtime import NotFound, Runtime
 from sandlot.agent.imagetouch import TouchLog
+from sandlot.agent.metrics import GcMetrics
 from sandlot.api.cacheprune import NodePruneResult
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.node import HeldBackBytes, NodeGcStatus
@@ -131,51 +132,6 @@ class GcResult:
             disk_usage_percent=round(self.usage_after.percent, 2) if self.usage_after else None,
             exhausted_until=self.exhausted_until,
         )
-
-
-class GcMetrics:
-    """The collector's Prometheus metrics, registered on the registry given."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.passes = Counter(
-            "sandlot_agent_gc_passes_total",
-            "Image GC passes, by pass kind and outcome.",
-            ["kind", "outcome"],
-            registry=registry,
-        )
-        self.records_removed = Counter(
-            "sandlot_agent_gc_records_removed_total",
-            "Image records removed by GC.",
-            ["kind"],
-            registry=registry,
-        )
-        self.bytes_freed = Counter(
-            "sandlot_agent_gc_bytes_freed_total",
-            "Bytes freed by image GC, measured on containerd's filesystem.",
-            ["kind"],
-            registry=registry,
-        )
-        self.held_back = Gauge(
-            "sandlot_agent_gc_held_back_bytes",
-            "Bytes of images the last GC pass kept, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.backoff_active = Gauge(
-            "sandlot_agent_gc_backoff_active",
-            "1 while automatic GC passes are skipped by the exhausted backoff.",
-            registry=registry,
-        )
-        self.disk_usage_ratio = Gauge(
-            "sandlot_agent_disk_usage_ratio",
-            "Used fraction of the filesystem holding containerd's root.",
-            registry=registry,
-        )
-        for reason in HoldReason:
-            self.held_back.labels(reason.value)
-        for kind in ("watermark", "forced"):
-            self.records_removed.labels(kind)
-            self.bytes_freed.labels(kind)
 
 
 def disk_usage_of(path: str) -> DiskUsage:
@@ -327,22 +283,7 @@ class ImageCollector:
         )
         plan = gcpolicy.plan_pass(kind, records, protected, before, self.thresholds, now)
 
-        removed: list[str] = []
-        gone: list[str] = []
-        failures: list[str] = []
-        for record in plan.evict:
-            if self._touches.since(record.name, mark):
-                log.info("image gc: %s kept: a sandbox is starting from it", record.name)
-                continue
-            try:
-                self._runtime.delete_image(record.name, timeout=self._timeout)
-            except NotFound:
-                gone.append(record.name)  # deleted by someone else meanwhile: not a failure
-            except Exception as exc:
-                failures.append(f"{record.name}: {exc}")
-            else:
-                removed.append(record.name)
-
+        removed, gone, failures = self._evict(plan, mark)
         errors: list[str] = []
         if removed:
             # One collection for every delete of the pass, before the disk is measured.
@@ -396,6 +337,25 @@ class ImageCollector:
             error="; ".join(errors) or None,
             finished_at=self._clock(),
         )
+
+    def _evict(self, plan: GcPlan, mark: int) -> tuple[list[str], list[str], list[str]]:
+        """Delete the plan's records: (removed, gone meanwhile, failures)."""
+        removed: list[str] = []
+        gone: list[str] = []
+        failures: list[str] = []
+        for record in plan.evict:
+            if self._touches.since(record.name, mark):
+                log.info("image gc: %s kept: a sandbox is starting from it", record.name)
+                continue
+            try:
+                self._runtime.delete_image(record.name, timeout=self._timeout)
+            except NotFound:
+                gone.append(record.name)  # deleted by someone else meanwhile: not a failure
+            except Exception as exc:
+                failures.append(f"{record.name}: {exc}")
+            else:
+                removed.append(record.name)
+        return removed, gone, failures
 
     def _record(self, result: GcResult) -> None:
         m = self._metrics
@@ -451,7 +411,6 @@ def _log_line(r: GcResult) -> str:
 
 
 __all__ = [
-    "GcMetrics",
     "GcOutcome",
     "GcResult",
     "ImageCollector",

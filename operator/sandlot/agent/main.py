@@ -52,9 +52,9 @@ from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.heartbeat import Heartbeat
-from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
+from sandlot.agent.imagegc import ImageCollector, disk_usage_of
 from sandlot.agent.loops import Loops
-from sandlot.agent.metrics import AgentMetrics, timed_runtime
+from sandlot.agent.metrics import AgentMetrics, GcMetrics, timed_runtime
 from sandlot.agent.network import Networking
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for

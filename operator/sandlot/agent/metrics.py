@@ -11,6 +11,7 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sandlot.adapters.runtime import Runtime
+from sandlot.policy.imagegc import HoldReason
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -99,3 +100,48 @@ class TimedRuntime:
 
 def timed_runtime(inner: Runtime, metrics: AgentMetrics) -> Runtime:
     return cast(Runtime, TimedRuntime(inner, metrics))
+
+
+class GcMetrics:
+    """The collector's Prometheus metrics, registered on the registry given."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.passes = Counter(
+            "sandlot_agent_gc_passes_total",
+            "Image GC passes, by pass kind and outcome.",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.records_removed = Counter(
+            "sandlot_agent_gc_records_removed_total",
+            "Image records removed by GC.",
+            ["kind"],
+            registry=registry,
+        )
+        self.bytes_freed = Counter(
+            "sandlot_agent_gc_bytes_freed_total",
+            "Bytes freed by image GC, measured on containerd's filesystem.",
+            ["kind"],
+            registry=registry,
+        )
+        self.held_back = Gauge(
+            "sandlot_agent_gc_held_back_bytes",
+            "Bytes of images the last GC pass kept, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.backoff_active = Gauge(
+            "sandlot_agent_gc_backoff_active",
+            "1 while automatic GC passes are skipped by the exhausted backoff.",
+            registry=registry,
+        )
+        self.disk_usage_ratio = Gauge(
+            "sandlot_agent_disk_usage_ratio",
+            "Used fraction of the filesystem holding containerd's root.",
+            registry=registry,
+        )
+        for reason in HoldReason:
+            self.held_back.labels(reason.value)
+        for kind in ("watermark", "forced"):
+            self.records_removed.labels(kind)
+            self.bytes_freed.labels(kind)

@@ -19,8 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from sandlot.agent.imagegc import GcMetrics
-from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.cli.options import env_name, flag_name
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
