@@ -48,12 +48,14 @@ from sandlot.api.sandbox import (
     SandboxSpec,
 )
 from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.imageuser import UnknownImageUser
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
 from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
 
 REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
+REASON_IMAGE_USER = "ImageUserNotFound"
 
 
 def container_id_for(uid: str) -> str:
@@ -287,6 +289,8 @@ class SandboxWork:
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except UnknownImageUser as exc:
+            raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
         except ValueError as exc:
             raise StartFailed("InvalidSpec", str(exc)) from None
         attachment = self._plan_network(container_id, spec, oci)

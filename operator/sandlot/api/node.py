@@ -13,7 +13,16 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
-from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    MAX_CONDITIONS,
+    MAX_NAME,
+    MAX_WORD,
+    Condition,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
 
 
 class NodePhase(StrEnum):
@@ -102,10 +111,14 @@ class HeldBackBytes(Model):
 class NodeGcStatus(Model):
     last_pass_time: datetime | None = Field(default=None, description="When the last pass ended.")
     last_pass_kind: str | None = Field(
-        default=None, description="`watermark` (automatic or on request) or `forced`."
+        default=None,
+        max_length=MAX_WORD,
+        description="`watermark` (automatic or on request) or `forced`.",
     )
     last_pass_outcome: str | None = Field(
-        default=None, description="`ok`, `nothing-to-do`, `exhausted`, `aborted` or `error`."
+        default=None,
+        max_length=MAX_WORD,
+        description="`ok`, `nothing-to-do`, `exhausted`, `aborted` or `error`.",
     )
     records_removed: int = Field(default=0, description="Records the last pass removed.")
     bytes_freed: int = Field(
@@ -137,14 +150,22 @@ class SandboxNodeStatus(Model):
         default_factory=NodeCapacity, description="What the node accepts (written by its agent)."
     )
     sandboxes: int = Field(default=0, description="Non-terminal sandboxes on the node.")
-    address: str | None = Field(default=None, description="The node's address.")
-    agent_version: str | None = Field(default=None, description="Version of its agent.")
-    containerd_version: str | None = Field(default=None, description="Version of its containerd.")
+    address: str | None = Field(
+        default=None, max_length=MAX_NAME, description="The node's address."
+    )
+    agent_version: str | None = Field(
+        default=None, max_length=MAX_WORD, description="Version of its agent."
+    )
+    containerd_version: str | None = Field(
+        default=None, max_length=MAX_WORD, description="Version of its containerd."
+    )
     health: NodeHealthTracking = Field(
         default_factory=NodeHealthTracking, description="Node-health controller tracking."
     )
     gc: NodeGcStatus = Field(default_factory=NodeGcStatus, description="Image GC state.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
+    )
 
 
 class SandboxNode(Resource):

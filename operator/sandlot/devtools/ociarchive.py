@@ -102,14 +102,15 @@ def _parents(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _files_layer(files: Mapping[str, bytes]) -> bytes:
+def _files_layer(files: Mapping[str, bytes], executables: frozenset[str] = frozenset()) -> bytes:
     directories = sorted({d for path in files for d in _parents(path)})
     entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_tar_entry(d, kind=tarfile.DIRTYPE, mode=0o755), None) for d in directories
     ]
     for path in sorted(files):
         data = files[path]
-        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
+        mode = 0o755 if path in executables else 0o644
+        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=mode), data))
     return _tar(entries)
 
 
@@ -147,6 +148,8 @@ def build_image_archive(
     env: Sequence[str] = ("PATH=/usr/bin:/bin",),
     working_dir: str = "/",
     extra_files: Mapping[str, bytes] | None = None,
+    executable_files: Mapping[str, bytes] | None = None,
+    user: str = "",
     filler_bytes: int = 0,
     salt: str = "",
     compress: bool = False,
@@ -154,7 +157,8 @@ def build_image_archive(
 ) -> ImageArchive:
     """Write an OCI image archive for ``name`` (e.g. ``docker.io/sandlot/busybox:1``) to ``dest``.
 
-    ``extra_files``, ``filler_bytes`` and ``salt`` go into a second layer: a
+    ``extra_files`` (mode 0644), ``executable_files`` (0755), ``filler_bytes`` and
+    ``salt`` go into a second layer: a
     ``salt`` alone makes an image distinct, ``filler_bytes`` makes it that much
     bigger (the filler is ``/filler``, zeros).
 
@@ -166,12 +170,14 @@ def build_image_archive(
         raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
     layers = [_busybox_layer(busybox)]
     files = {path.lstrip("/"): data for path, data in (extra_files or {}).items()}
+    executables = frozenset(path.lstrip("/") for path in executable_files or {})
+    files.update({path.lstrip("/"): data for path, data in (executable_files or {}).items()})
     if salt:
         files[".sandlot-salt"] = salt.encode()
     if filler_bytes:
         files["filler"] = bytes(filler_bytes)
     if files:
-        layers.append(_files_layer(files))
+        layers.append(_files_layer(files, executables))
 
     blobs: dict[str, bytes] = {}
     layer_descriptors = []
@@ -198,6 +204,7 @@ def build_image_archive(
                 "Cmd": list(cmd) or None,
                 "Env": list(env),
                 "WorkingDir": working_dir,
+                **({"User": user} if user else {}),
             },
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }

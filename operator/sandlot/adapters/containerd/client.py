@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import any_pb2, empty_pb2, field_mask_pb2, timestamp_pb2
 
+from sandlot.adapters.containerd.imagefiles import read_image_files
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -45,6 +46,7 @@ from sandlot.adapters.runtime import (
     TaskInfo,
     TaskState,
 )
+from sandlot.policy.imageuser import needs_lookup
 
 try:
     from sandlot.adapters.containerd.gen.services.containers.v1 import (
@@ -279,17 +281,32 @@ class ContainerdRuntime:
         return _task_info(response.process)
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:
-        config = (
-            self._image_config_json(image, Deadline(timeout, expired=RuntimeTimeout)).get("config")
-            or {}
-        )
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        config = self._image_config_json(image, budget).get("config") or {}
+        user = str(config.get("User") or "")
+        files = self._image_files(image, budget) if needs_lookup(user) else {}
         return ImageConfig(
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
             env=tuple(config.get("Env") or ()),
             working_dir=str(config.get("WorkingDir") or ""),
-            user=str(config.get("User") or ""),
+            user=user,
+            passwd=files.get("/etc/passwd", ""),
+            group=files.get("/etc/group", ""),
         )
+
+    def _image_files(self, image: str, budget: Deadline) -> dict[str, str]:
+        """The image's /etc/passwd and /etc/group, for a ``USER`` given by name."""
+        target = self._image_target(image, budget)
+        manifest = self._platform_manifest(
+            image, {"digest": target.digest, "mediaType": target.media_type}, budget
+        )
+        what = f"image {image} layers"
+
+        def read(digest: str) -> bytes:
+            return self._read_blob(digest, timeout=budget.remaining(what), what=what)
+
+        return read_image_files(manifest.get("layers") or [], read, ("/etc/passwd", "/etc/group"))
 
     def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo:
         budget = Deadline(timeout, expired=RuntimeTimeout)
