@@ -211,9 +211,10 @@ def test_seccomp_refuses_clone_with_any_namespace_flag_and_clone3_with_enosys() 
     assert clone["action"] == "SCMP_ACT_ALLOW"
     (arg,) = clone["args"]
     assert arg == {"index": 0, "op": "SCMP_CMP_MASKED_EQ", "value": NAMESPACE_MASK, "valueTwo": 0}
-    assert sum(
-        [0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000]
-    ) == NAMESPACE_MASK
+    assert (
+        sum([0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000])
+        == NAMESPACE_MASK
+    )
     (clone3,) = [r for r in rules if r["names"] == ["clone3"]]
     assert clone3["action"] == "SCMP_ACT_ERRNO" and clone3["errnoRet"] == 38
 

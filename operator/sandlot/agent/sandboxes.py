@@ -5,7 +5,11 @@ I/O only: what to do was decided by ``policy.agentsync``; how a spec becomes an
 OCI spec by ``policy.ocispec``; which namespace level applies by
 ``policy.podsecurity``. A start either ends Running (written with the
 resourceVersion it was decided on) or Failed with a reason naming the step that
-failed, and leaves no container behind when its Running could not be written.
+failed. A Running write the API server could not take now (429, 5xx, no answer)
+keeps the container that just started: the body is kept and written again by a
+later pass, instead of tearing down a healthy sandbox over a busy API server. A
+write refused for good, or onto a Sandbox that was deleted or ended meanwhile,
+leaves no container behind.
 """
 
 from __future__ import annotations
@@ -119,6 +123,9 @@ class SandboxWork:
         self._clock = clock
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
+        # Running bodies not yet written, by key: (container id, status). Only the
+        # work item of that key touches its entry (one operation per key at a time).
+        self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------ teardown and stop
 
@@ -171,10 +178,16 @@ class SandboxWork:
                 log.warning("sandbox %s: cannot re-read it before a teardown: %s", key, exc)
             return
         if phase_of(current) in UNSTARTED_PHASES:
+            pending = self._unrecorded.get(key)
+            same_sandbox = container.labels.get(SANDBOX_UID_LABEL) == current["metadata"]["uid"]
+            if pending is not None and pending[0] == container.id and same_sandbox:
+                self._write_running(current, container, pending[1])
+                return
             self.teardown(container)
         # Otherwise the watch is behind: its event wakes a pass that sees the truth.
 
     def stop_deleted(self, key: str, container: ContainerInfo) -> None:
+        self._unrecorded.pop(key, None)
         log.info("sandbox %s is gone: stopping container %s", key, container.id)
         self._graceful_stop(container, self.settings.stop_grace.total_seconds())
 
@@ -240,14 +253,25 @@ class SandboxWork:
         task: TaskInfo,
         ip: str,
     ) -> None:
-        key, container_id = sandbox_key(sb), prepared.container_id
-        status = running(self.node, container_id, task.pid, ip, self._clock())
+        status = running(self.node, prepared.container_id, task.pid, ip, self._clock())
+        self._write_running(sb, created, status)
+
+    def _write_running(
+        self, sb: Mapping[str, Any], container: ContainerInfo, status: dict[str, Any]
+    ) -> None:
+        key = sandbox_key(sb)
         outcome = self.status.write(sb, status, allowed_from=UNSTARTED_PHASES)
         if outcome is WriteOutcome.WRITTEN:
-            log.info("sandbox %s running: container %s pid %d", key, container_id, task.pid)
+            self._unrecorded.pop(key, None)
+            log.info("sandbox %s running: container %s pid %s", key, container.id, status["pid"])
+        elif outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
+            # The API server is busy or racing: the sandbox runs; a later pass writes it.
+            self._unrecorded[key] = (container.id, status)
+            log.info("sandbox %s: Running not written (%s): kept for a later pass", key, outcome)
         else:
+            self._unrecorded.pop(key, None)
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
-            self.teardown(created)
+            self.teardown(container)
 
     def _checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
         """The spec, validated and within the namespace's level; None if the level is unknown."""

@@ -57,11 +57,16 @@ class SandboxSync:
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
             return  # no listing yet: an empty map is not "no sandboxes" (their LIST wakes us)
-        in_flight = self.pool.in_flight()
+        in_flight = set(self.pool.in_flight())
         bodies: dict[str, tuple[SandboxState, Mapping[str, Any]]] = {}
         for obj in self.sandbox_watch.items():
             state = SandboxState.from_object(obj)
             bodies[state.key] = (state, obj)
+        # Sandboxes whose last status write failed wait out their back-off.
+        versions = {
+            k: str(o["metadata"].get("resourceVersion") or "") for k, (_, o) in bodies.items()
+        }
+        in_flight |= self.work.status.held(versions)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self._rt().list_containers(timeout=self.call_timeout)
         by_id = {c.id: c for c in containers}
