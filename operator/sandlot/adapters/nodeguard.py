@@ -8,6 +8,8 @@
   after its task exited and before the teardown removes the cgroup.
 - ``bounding_capabilities``: what ``privileged`` can be given is the node's
   bounding set (runc fails to start a container asking for more).
+- ``apparmor_profiles``: whether the kernel has AppArmor enabled, and which
+  profiles it has loaded (``/sys/kernel/security/apparmor/profiles``).
 - ``swap_accounted``: on cgroup v1 runc refuses a memory+swap limit when the
   kernel does not account swap; on v2 it ignores it. Probed once per agent.
 """
@@ -54,6 +56,22 @@ def oom_kills(root: str | Path, cgroups_path: str) -> int | None:
         except OSError:
             continue
     return None
+
+
+def apparmor_profiles(sys_root: str | Path = "/sys") -> frozenset[str] | None:
+    """Loaded AppArmor profile names; None when the kernel has AppArmor off or absent."""
+    root = Path(sys_root)
+    try:
+        enabled = (root / "module/apparmor/parameters/enabled").read_text().strip()
+    except OSError:
+        return None
+    if enabled != "Y":
+        return None
+    try:
+        text = (root / "kernel/security/apparmor/profiles").read_text()
+    except OSError:
+        return frozenset()  # enabled, but securityfs is not visible: nothing provably loaded
+    return frozenset(line.rsplit(" (", 1)[0] for line in text.splitlines() if line.strip())
 
 
 def swap_accounted(root: str | Path) -> bool:

@@ -33,6 +33,7 @@ This module only wires those parts together and runs the start-up in its order.
 from __future__ import annotations
 
 import logging
+import platform
 import signal as signals
 import socket
 import threading
@@ -44,7 +45,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 import sandlot
-from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
+from sandlot.adapters.nodeguard import apparmor_profiles, bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
@@ -62,7 +63,9 @@ from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage
+from sandlot.policy.nodesecurity import NodeSecurity
 from sandlot.policy.ocispec import ALL_CAPABILITIES
+from sandlot.policy.seccomp import kernel_version
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +153,7 @@ class Agent:
             # containerd and runc run with the node's bounding set, as does this agent
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
+            security=NodeSecurity(apparmor_profiles(), kernel_version(platform.release())),
         )
         self.work = SandboxWork(
             settings,

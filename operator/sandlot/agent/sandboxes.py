@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -53,6 +53,12 @@ from sandlot.api.sandbox import (
 )
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.imageuser import UnknownImageUser
+from sandlot.policy.nodesecurity import (
+    IsolationUnavailable,
+    NodeSecurity,
+    apparmor_profile,
+    check_user_namespace,
+)
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
 from sandlot.policy.podsecurity import Violation, check, describe
 
@@ -94,6 +100,7 @@ class NodeFacts:
     address: str
     limit_swap: bool
     node_capabilities: tuple[str, ...]
+    security: NodeSecurity = field(default_factory=NodeSecurity)
 
 
 class SandboxWork:
@@ -301,7 +308,12 @@ class SandboxWork:
             ) from None
         except RuntimeError_ as exc:
             raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
+        privileged = bool(spec.security_context and spec.security_context.privileged)
         try:
+            check_user_namespace(self.facts.security, spec.host_users)
+            profile = apparmor_profile(
+                self.facts.security, self.settings.apparmor_profile, privileged=privileged
+            )
             oci = build_oci_spec(
                 container_id,
                 spec,
@@ -310,9 +322,12 @@ class SandboxWork:
                 pids_limit=self.settings.pids_limit or None,
                 limit_swap=self.facts.limit_swap,
                 node_capabilities=self.facts.node_capabilities,
+                apparmor_profile=profile,
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except IsolationUnavailable as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
         except UnknownImageUser as exc:
             raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
         except ValueError as exc:

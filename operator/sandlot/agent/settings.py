@@ -180,6 +180,13 @@ class AgentSettings(SettingsModel):
         description="Most processes (and threads) one sandbox may have; 0 = no limit. "
         "Stops a fork bomb from taking the node's PID space.",
     )
+    apparmor_profile: str = Field(
+        default="cri-containerd.apparmor.d",
+        max_length=256,
+        description="AppArmor profile of every unprivileged sandbox on a node whose "
+        "kernel has AppArmor enabled (containerd's CRI default profile name); a sandbox "
+        "fails to start when it is not loaded. Empty: no profile.",
+    )
     default_policy_level: Level = Field(
         default=Level.BASELINE,
         description="Policy level (privileged, baseline, restricted) of a namespace "

@@ -193,6 +193,13 @@ class SandboxSpec(Model):
         "the safe defaults: own namespaces, the capability baseline, no new privileges, "
         "the seccomp profile, masked kernel paths and a pids limit (docs/isolation.md).",
     )
+    host_users: bool | None = Field(
+        default=None,
+        description="false asks for a user namespace: root in the sandbox is an "
+        "unprivileged user on the node. Needs idmapped mounts on the node; an agent "
+        "that cannot give it ends the sandbox Failed (UserNamespacesUnsupported) rather "
+        "than run it with the node's users.",
+    )
     termination_grace_period_seconds: int | None = Field(
         default=None,
         ge=0,

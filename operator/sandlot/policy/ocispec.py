@@ -310,6 +310,7 @@ def build_oci_spec(
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     limit_swap: bool = False,
     node_capabilities: Sequence[str] = ALL_CAPABILITIES,
+    apparmor_profile: str | None = None,
 ) -> dict[str, Any]:
     """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
     security context, on top of ``default_spec``'s safe defaults.
@@ -347,6 +348,8 @@ def build_oci_spec(
         readonly_root=bool(ctx and ctx.read_only_root_filesystem),
         pids_limit=pids_limit,
     )
+    if apparmor_profile:
+        oci["process"]["apparmorProfile"] = apparmor_profile
     limits = spec.resources.limits if spec.resources else None
     resources = oci["linux"]["resources"]
     if limits and limits.memory:

@@ -1,5 +1,9 @@
-"""When the API server will not take the agent's status write, claimed against the
+"""What the agent refuses, and what it does when it is refused, claimed against the
 real kube-apiserver and containerd:
+
+- a sandbox asking for isolation the node cannot give (``hostUsers: false``
+  without idmapped mounts in this agent; an AppArmor profile that is not loaded)
+  ends Failed with a reason naming it, and no container is created;
 
 - refused for good (a 4xx other than 409; here a ValidatingAdmissionPolicy denies
   the write with 422): the agent does not start the sandbox again and write again
@@ -29,6 +33,7 @@ from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING, REASON_USER_NAMESPACES
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
@@ -298,3 +303,62 @@ def test_a_running_write_failing_with_5xx_keeps_the_started_container(
         assert status["pid"] == task.pid
     finally:
         rt.close()
+
+
+def test_host_users_false_is_refused_with_a_reason_not_run_with_host_users(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    _create(kube, namespace, "userns", agent.node, "none", hostUsers=False, command=["sleep", "30"])
+
+    def ended() -> dict[str, Any] | None:
+        status = _get(kube, namespace, "userns").get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    status = wait_for(ended, timeout=30, what="the agent to decide on hostUsers: false")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == REASON_USER_NAMESPACES, status
+    assert "spec.hostUsers: false" in status["message"], status
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    try:
+        assert rt.list_containers(timeout=5) == [], "a container was created anyway"
+    finally:
+        rt.close()
+
+
+def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    """Where the kernel has AppArmor, the sandbox runs confined by the configured
+    profile (or fails, naming it, when the profile is not loaded). Where it has
+    none, the agent must have detected that and the sandbox runs unconfined."""
+    enabled = Path("/sys/module/apparmor/parameters/enabled")
+    kernel_has_apparmor = enabled.exists() and enabled.read_text().strip() == "Y"
+    loaded = agent.work.facts.security.apparmor_profiles
+    assert (loaded is not None) is kernel_has_apparmor, "the agent misdetected AppArmor"
+    _create(kube, namespace, "aa", agent.node, "none", command=["sleep", "30"])
+
+    def decided() -> dict[str, Any] | None:
+        status = _get(kube, namespace, "aa").get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    status = wait_for(decided, timeout=30, what="the agent to start the sandbox")
+    wanted = agent.settings.apparmor_profile
+    if not kernel_has_apparmor:
+        print("AppArmor assertion skipped: this host's kernel has no AppArmor enabled")
+        assert status["phase"] == "Running", status
+        return
+    if wanted not in (loaded or ()):
+        assert status["phase"] == "Failed", status
+        assert status["reason"] == REASON_APPARMOR_MISSING and wanted in status["message"]
+        return
+    assert status["phase"] == "Running", status
+    label = Path(f"/proc/{status['pid']}/attr/current").read_text().strip()
+    assert label.startswith(wanted), label
