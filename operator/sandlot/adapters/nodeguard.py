@@ -31,6 +31,23 @@ def namespace_labels(api: client.ApiClient, name: str) -> dict[str, str]:
     return dict(ns.metadata.labels or {})
 
 
+def namespace_annotations(api: client.ApiClient, name: str) -> dict[str, str]:
+    """The annotations of Namespace ``name`` (raises the API's exception when unreadable)."""
+    ns: Any = client.CoreV1Api(api).read_namespace(name, _request_timeout=CALL_TIMEOUT)
+    return dict(ns.metadata.annotations or {})
+
+
+def node_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """The node's memory (MemTotal), or None when unreadable."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def cgroup_v2(root: str | Path) -> bool:
     return (Path(root) / "cgroup.controllers").exists()
 

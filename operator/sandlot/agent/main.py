@@ -50,6 +50,7 @@ from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
+from sandlot.agent.capacity import capacity_status, node_capacity
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
 from sandlot.agent.loops import Loops, WorkPool
@@ -154,6 +155,7 @@ class Agent:
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
             security=NodeSecurity(apparmor_profiles(), kernel_version(platform.release())),
+            capacity=node_capacity(settings),
         )
         self.work = SandboxWork(
             settings,
@@ -397,7 +399,7 @@ class Agent:
 
     def _register_node(self) -> None:
         status = {
-            "capacity": {"sandboxes": self.settings.capacity},
+            "capacity": capacity_status(self.work.facts.capacity),
             "address": self.address,
             "agentVersion": sandlot.__version__,
             "containerdVersion": self.containerd_version,

@@ -23,11 +23,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from sandlot.adapters.agentapi import is_not_found
 from sandlot.adapters.cni import Attachment, CniError, join_netns
-from sandlot.adapters.nodeguard import namespace_labels
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -40,19 +37,20 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
+from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import TeardownResult, stop, teardown
-from sandlot.api.admission import Level, level_of
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import (
-    REASON_POLICY_VIOLATION,
     REASON_RUN_AS_ROOT,
     SandboxPhase,
     SandboxSpec,
 )
 from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.capacity import Capacity
 from sandlot.policy.imageuser import UnknownImageUser
+from sandlot.policy.limits import pids_limit, with_defaults
 from sandlot.policy.nodesecurity import (
     IsolationUnavailable,
     NodeSecurity,
@@ -60,7 +58,6 @@ from sandlot.policy.nodesecurity import (
     check_user_namespace,
 )
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
-from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +68,6 @@ REASON_IMAGE_USER = "ImageUserNotFound"
 def container_id_for(uid: str) -> str:
     """The container of a Sandbox is named after its uid: unique, and stable across restarts."""
     return f"sb-{uid}"
-
-
-class StartFailed(Exception):
-    """A start step failed: the Sandbox ends Failed with ``reason``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -101,6 +90,7 @@ class NodeFacts:
     limit_swap: bool
     node_capabilities: tuple[str, ...]
     security: NodeSecurity = field(default_factory=NodeSecurity)
+    capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
 
 
 class SandboxWork:
@@ -128,6 +118,7 @@ class SandboxWork:
         self.facts = facts
         self._touch_image = touch_image
         self._clock = clock
+        self.rules = NamespaceRules(settings, objects)
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
         # Running bodies not yet written, by key: (container id, status). Only the
@@ -280,23 +271,12 @@ class SandboxWork:
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
             self.teardown(container)
 
-    def _checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
-        """The spec, validated and within the namespace's level; None if the level is unknown."""
-        try:
-            spec = SandboxSpec.model_validate(sb.get("spec") or {})
-        except ValidationError as exc:
-            raise StartFailed("InvalidSpec", f"spec rejected by the agent: {exc}") from None
-        violations = self._policy_violations(sb, spec)
-        if violations is None:
-            return None
-        if violations:
-            raise StartFailed(REASON_POLICY_VIOLATION, describe(violations))
-        return spec
-
     def _prepare(self, sb: Mapping[str, Any]) -> _Prepared | None:
-        spec = self._checked_spec(sb)
-        if spec is None:
+        checked = self.rules.checked_spec(sb)
+        defaults = self.rules.defaults(sb) if checked is not None else None
+        if checked is None or defaults is None:
             return None
+        spec = with_defaults(checked, defaults)
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
@@ -319,10 +299,11 @@ class SandboxWork:
                 spec,
                 config,
                 hostname=meta["name"],
-                pids_limit=self.settings.pids_limit or None,
+                pids_limit=pids_limit(defaults),
                 limit_swap=self.facts.limit_swap,
                 node_capabilities=self.facts.node_capabilities,
                 apparmor_profile=profile,
+                cgroup_parent=self.settings.cgroup_parent,
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
@@ -410,29 +391,6 @@ class SandboxWork:
             raise StartFailed(
                 "StartFailed", f"container {container_id} did not start: {exc}"
             ) from None
-
-    def _policy_violations(
-        self, sb: Mapping[str, Any], spec: SandboxSpec
-    ) -> list[Violation] | None:
-        """The rules of the namespace's level this spec breaks; None if the level is unknown.
-
-        Defence in depth behind the admission policy. A spec that fits
-        ``restricted`` fits every level, so its namespace is not even read.
-        """
-        ns = sb["metadata"]["namespace"]
-        if not check(spec, Level.RESTRICTED, ns):
-            return []
-        try:
-            labels = namespace_labels(self.objects.api, ns)
-        except Exception as exc:
-            log.warning(
-                "sandbox %s: cannot read namespace %s for its policy level: %s",
-                sandbox_key(sb),
-                ns,
-                exc,
-            )
-            return None
-        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
 
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
         log.warning("sandbox %s failed: %s: %s", sandbox_key(sb), reason, message)

@@ -19,6 +19,8 @@ from pydantic import Field, model_validator
 from sandlot.api.admission import Level
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
+from sandlot.policy.limits import DefaultLimits
+from sandlot.policy.quantity import parse_quantity
 
 
 class NetworkMode(StrEnum):
@@ -108,6 +110,18 @@ class AgentSettings(SettingsModel):
     capacity: int = Field(
         default=110, ge=0, description="Non-terminal sandboxes this node accepts."
     )
+    capacity_memory: str = Field(
+        default="",
+        max_length=64,
+        description="Sum of the sandboxes' memory limits this node accepts (a quantity); "
+        "empty: the node's memory. The agent refuses a sandbox beyond it (OverCapacity).",
+    )
+    capacity_cpu: str = Field(
+        default="",
+        max_length=64,
+        description="Sum of the sandboxes' CPU limits this node accepts (a quantity); "
+        "empty: the node's CPU count. The agent refuses a sandbox beyond it (OverCapacity).",
+    )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (0 = off)."
     )
@@ -180,6 +194,26 @@ class AgentSettings(SettingsModel):
         description="Most processes (and threads) one sandbox may have; 0 = no limit. "
         "Stops a fork bomb from taking the node's PID space.",
     )
+    default_memory_limit: str = Field(
+        default="1Gi",
+        max_length=64,
+        description="Memory limit of a sandbox that sets none (a quantity; a namespace's "
+        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+    )
+    default_cpu_limit: str = Field(
+        default="1",
+        max_length=64,
+        description="CPU limit of a sandbox that sets none (a quantity; a namespace's "
+        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+    )
+    cgroup_parent: str = Field(
+        default="/sandlot",
+        pattern=r"^/[A-Za-z0-9._/-]*$",
+        max_length=256,
+        description="Parent cgroup of every sandbox's cgroup. Reserve it from the kubelet "
+        "(systemReserved/kubeReserved, or a slice it does not manage) so the kubelet "
+        "accounts the sandboxes and never evicts the agent for their usage.",
+    )
     apparmor_profile: str = Field(
         default="cri-containerd.apparmor.d",
         max_length=256,
@@ -246,7 +280,21 @@ class AgentSettings(SettingsModel):
                 f"gc_target_free ({self.gc_target_free}) must be >= gc_min_free "
                 f"({self.gc_min_free}) or 0 (off)"
             )
+        for name in (
+            "default_memory_limit",
+            "default_cpu_limit",
+            "capacity_memory",
+            "capacity_cpu",
+        ):
+            value = getattr(self, name)
+            if value and parse_quantity(value) <= 0:
+                raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
         return self
+
+    @property
+    def default_limits(self) -> DefaultLimits:
+        """The limits of a sandbox that sets none, before its namespace's say."""
+        return DefaultLimits(self.default_memory_limit, self.default_cpu_limit, self.pids_limit)
 
     @property
     def gc_thresholds(self) -> GcThresholds:

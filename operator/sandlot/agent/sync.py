@@ -17,12 +17,21 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.capacity import refusals
 from sandlot.agent.loops import WorkPool
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.policy.agentsweep import ContainerView
-from sandlot.policy.agentsync import Action, ActionKind, SandboxState, phase_counts, plan_sync
+from sandlot.policy.agentsync import (
+    Action,
+    ActionKind,
+    SandboxState,
+    containers_by_key,
+    phase_counts,
+    plan_sync,
+)
+from sandlot.policy.capacity import REASON_OVER_CAPACITY
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +88,22 @@ class SandboxSync:
             drained=drained,
             in_flight=in_flight,
         )
+        full = refusals(
+            self.node,
+            bodies,
+            set(containers_by_key(ContainerView(c.id, c.labels) for c in containers)),
+            [a.key for a in actions if a.kind is ActionKind.START],
+            self.work.settings,
+            self.work.facts.capacity,
+        )
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
+            if action.key in full and action.kind is ActionKind.START and body is not None:
+                self.pool.submit(
+                    action.key,
+                    partial(self.work.fail, body, REASON_OVER_CAPACITY, full[action.key]),
+                )
+                continue
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
 

@@ -43,6 +43,18 @@ class NodeCapacity(Model):
     sandboxes: int = Field(
         default=0, ge=0, description="How many non-terminal sandboxes the node accepts."
     )
+    memory: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Sum of the sandboxes' memory limits the node accepts (bytes, as a "
+        "quantity): the agent's setting, else the node's memory.",
+    )
+    cpu: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Sum of the sandboxes' CPU limits the node accepts (a quantity): the "
+        "agent's setting, else the node's CPU count.",
+    )
 
 
 class ObservedRenewal(Model):

@@ -99,9 +99,9 @@ ALL_CAPABILITIES = tuple(
 DEFAULT_PIDS_LIMIT = 1024
 
 
-def cgroups_path_for(name: str) -> str:
+def cgroups_path_for(name: str, parent: str = CGROUP_PARENT) -> str:
     """The cgroup (relative to each hierarchy's root) of the container ``name``."""
-    return f"{CGROUP_PARENT}/{name}"
+    return f"{parent.rstrip('/')}/{name}"
 
 
 def capability_mask(names: Sequence[str]) -> int:
@@ -311,6 +311,7 @@ def build_oci_spec(
     limit_swap: bool = False,
     node_capabilities: Sequence[str] = ALL_CAPABILITIES,
     apparmor_profile: str | None = None,
+    cgroup_parent: str = CGROUP_PARENT,
 ) -> dict[str, Any]:
     """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
     security context, on top of ``default_spec``'s safe defaults.
@@ -342,7 +343,7 @@ def build_oci_spec(
         hostname=hostname[:63],
         user=(user.uid, user.gid),
         additional_gids=user.additional_gids,
-        cgroups_path=cgroups_path_for(name),
+        cgroups_path=cgroups_path_for(name, cgroup_parent),
         capabilities=sandbox_capabilities(spec, node_capabilities),
         privileged=bool(ctx and ctx.privileged),
         readonly_root=bool(ctx and ctx.read_only_root_filesystem),

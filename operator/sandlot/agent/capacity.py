@@ -1,0 +1,73 @@
+"""The node's capacity, from the agent's settings or, where they leave it open, the
+node itself (its memory and CPU count); and the sandboxes a sync pass must refuse
+for it (``policy.capacity``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sandlot.adapters.nodeguard import node_memory_bytes
+from sandlot.agent.settings import AgentSettings
+from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.policy.agentsync import UNSTARTED_PHASES, SandboxState
+from sandlot.policy.capacity import Capacity, Usage, cpu_millis, over_capacity, usage_of
+from sandlot.policy.quantity import memory_bytes
+
+
+def node_capacity(settings: AgentSettings) -> Capacity:
+    memory = (
+        memory_bytes(settings.capacity_memory) if settings.capacity_memory else node_memory_bytes()
+    )
+    cpus = cpu_millis(settings.capacity_cpu) if settings.capacity_cpu else (os.cpu_count() or 0)
+    if not settings.capacity_cpu:
+        cpus *= 1000
+    return Capacity(settings.capacity, memory, cpus or None)
+
+
+def capacity_status(capacity: Capacity) -> dict[str, Any]:
+    """``status.capacity`` of the SandboxNode."""
+    status: dict[str, Any] = {"sandboxes": capacity.sandboxes}
+    if capacity.memory is not None:
+        status["memory"] = str(capacity.memory)
+    if capacity.cpu_millis is not None:
+        status["cpu"] = f"{capacity.cpu_millis}m"
+    return status
+
+
+def _usage(obj: Mapping[str, Any], key: str, settings: AgentSettings) -> Usage:
+    limits = ((obj.get("spec") or {}).get("resources") or {}).get("limits") or {}
+    created = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+    return usage_of(
+        key,
+        limits.get("memory") or settings.default_memory_limit,
+        limits.get("cpu") or settings.default_cpu_limit,
+        created,
+    )
+
+
+def refusals(
+    node: str,
+    bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
+    with_container: set[str],
+    starting: Sequence[str],
+    settings: AgentSettings,
+    capacity: Capacity,
+) -> dict[str, str]:
+    """``{key: message}`` of the sandboxes about to start that do not fit.
+
+    Counted as started: Running ones and unstarted ones with a container (a start
+    under way). Each is counted with its own limits or the agent's defaults."""
+    started = [
+        _usage(obj, key, settings)
+        for key, (state, obj) in bodies.items()
+        if state.phase not in TERMINAL_PHASES
+        and (state.phase not in UNSTARTED_PHASES or key in with_container)
+        and key not in starting
+    ]
+    waiting = [_usage(bodies[key][1], key, settings) for key in starting if key in bodies]
+    return over_capacity(node, started, waiting, capacity)
+
+
+__all__ = ["capacity_status", "node_capacity", "refusals"]
