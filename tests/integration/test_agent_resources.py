@@ -208,3 +208,28 @@ def test_the_node_reports_its_memory_and_cpu_capacity(
     assert cap["cpu"] == "3000m"
     meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
     assert int(cap["memory"]) == int(meminfo[1]) * 1024
+
+
+def test_sandbox_logs_rotate_at_the_cap_and_go_with_the_sandbox(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    cap = 64 * 1024
+    agent = start_agent(log_max_bytes=cap, log_interval="0.2s")
+    script = "while true; do echo 0123456789abcdef0123456789abcdef; busybox usleep 200; done"
+    uid = _create(kube, namespace, "chatty", agent.node, command=["sh", "-c", script])
+    assert _decided(kube, namespace, "chatty")["phase"] == "Running"
+    directory = Path(agent.settings.log_dir)
+    (current,) = [p for p in directory.iterdir() if p.name.endswith(f"_{uid}.log")]
+    rotated = current.with_name(current.name + ".1")
+    wait_for(rotated.exists, timeout=60, what=f"{current.name} to be rotated past {cap} bytes")
+    assert rotated.stat().st_size > cap
+    # The writer carries on in the truncated file: it grows again from a small size.
+    wait_for(lambda: current.stat().st_size > 0, timeout=20, what="output after the rotation")
+    client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", "chatty"
+    )
+    wait_for(
+        lambda: not current.exists() and not rotated.exists(),
+        timeout=60,
+        what="the sandbox's log files to be removed after its teardown",
+    )

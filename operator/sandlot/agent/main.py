@@ -53,6 +53,7 @@ from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import capacity_status, node_capacity
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
+from sandlot.agent.logs import SandboxLogs
 from sandlot.agent.loops import Loops, WorkPool
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.network import Networking
@@ -309,6 +310,10 @@ class Agent:
         self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, **woken)
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
+        logs = SandboxLogs(
+            settings.log_dir, settings.log_max_bytes, lambda: self._rt, self.call_timeout
+        )
+        self.loops.spawn("logs", logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, **woken)
 
     def run_forever(self) -> int:

@@ -206,6 +206,16 @@ class AgentSettings(SettingsModel):
         description="CPU limit of a sandbox that sets none (a quantity; a namespace's "
         "sandlot.dev/default-limits annotation overrides it). Empty: none.",
     )
+    log_max_bytes: int = Field(
+        default=10 * 2**20,
+        ge=0,
+        description="Size at which a sandbox's stdout/stderr file is rotated (one previous "
+        "generation kept); 0: never. Files of torn-down sandboxes are removed.",
+    )
+    log_interval: Duration = Field(
+        default=timedelta(seconds=10),
+        description="How often the sandbox log files are checked for size and orphans.",
+    )
     cgroup_parent: str = Field(
         default="/sandlot",
         pattern=r"^/[A-Za-z0-9._/-]*$",
@@ -251,6 +261,7 @@ class AgentSettings(SettingsModel):
             "reap_interval",
             "sync_interval",
             "resync_interval",
+            "log_interval",
             "gc_interval",
             "gc_exhausted_backoff",
             "cni_timeout",
