@@ -1,6 +1,8 @@
 """What the agent refuses, and what it does when it is refused, claimed against the
 real kube-apiserver and containerd:
 
+- a sandbox whose ``spec.nodeName`` was set by hand onto a node with a taint it
+  does not tolerate ends Failed (PlacementRefused); one that tolerates it runs;
 - a sandbox asking for isolation the node cannot give (``hostUsers: false``
   without idmapped mounts in this agent; an AppArmor profile that is not loaded)
   ends Failed with a reason naming it, and no container is created;
@@ -32,6 +34,7 @@ from sandlot.adapters.runtime import RuntimeError_, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING, REASON_USER_NAMESPACES
 from tests.support.agents import agent_settings
@@ -362,3 +365,34 @@ def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
     assert status["phase"] == "Running", status
     label = Path(f"/proc/{status['pid']}/attr/current").read_text().strip()
     assert label.startswith(wanted), label
+
+
+def test_a_hand_set_node_name_onto_a_tainted_node_is_refused_unless_tolerated(
+    kube: client.ApiClient, namespace: str, agent: Agent
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    taint = {"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}
+    api.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", agent.node, {"spec": {"taints": [taint]}}
+    )
+    wait_for(
+        lambda: ((agent.node_watch.get(agent.node) or {}).get("spec") or {}).get("taints"),
+        timeout=20,
+        what="the agent to see its node's taint",
+    )
+    _create(kube, namespace, "intruder", agent.node, "none", command=["sleep", "30"])
+    tolerated = [{"key": CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    _create(
+        kube, namespace, "guest", agent.node, "none", command=["sleep", "30"], tolerations=tolerated
+    )
+
+    def decided(name: str) -> dict[str, Any] | None:
+        status = _get(kube, namespace, name).get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    refused = wait_for(lambda: decided("intruder"), timeout=30, what="the intruder's end")
+    assert refused["phase"] == "Failed", refused
+    assert refused["reason"] == "PlacementRefused", refused
+    assert f"untolerated taint {{{CONTROL_PLANE_TAINT}:NoSchedule}}" in refused["message"]
+    admitted = wait_for(lambda: decided("guest"), timeout=30, what="the guest to start")
+    assert admitted["phase"] == "Running", admitted

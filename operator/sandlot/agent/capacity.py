@@ -13,6 +13,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsync import UNSTARTED_PHASES, SandboxState
 from sandlot.policy.capacity import Capacity, Usage, cpu_millis, over_capacity, usage_of
+from sandlot.policy.placement import Placement, misfit, taints_of
 from sandlot.policy.quantity import memory_bytes
 
 
@@ -70,4 +71,29 @@ def refusals(
     return over_capacity(node, started, waiting, capacity)
 
 
-__all__ = ["capacity_status", "node_capacity", "refusals"]
+def misplaced(
+    node: str,
+    node_body: Mapping[str, Any] | None,
+    bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
+    starting: Sequence[str],
+) -> dict[str, str]:
+    """``{key: message}`` of the sandboxes about to start whose placement this node
+    does not satisfy (a hand-set ``spec.nodeName`` skips the scheduler, not this)."""
+    labels = dict(((node_body or {}).get("metadata") or {}).get("labels") or {})
+    taints = taints_of(node_body or {})
+    refused = {}
+    for key in starting:
+        if key not in bodies:
+            continue
+        try:
+            placement = Placement.from_body(bodies[key][1].get("spec") or {})
+        except ValueError as exc:
+            refused[key] = f"its placement cannot be read: {exc}"
+            continue
+        why = misfit(placement, labels, taints)
+        if why is not None:
+            refused[key] = f"spec.nodeName is {node}, which this sandbox may not run on: {why}"
+    return refused
+
+
+__all__ = ["capacity_status", "misplaced", "node_capacity", "refusals"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.agent.capacity import refusals
+from sandlot.agent.capacity import misplaced, refusals
 from sandlot.agent.loops import WorkPool
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
@@ -32,6 +32,8 @@ from sandlot.policy.agentsync import (
     plan_sync,
 )
 from sandlot.policy.capacity import REASON_OVER_CAPACITY
+
+REASON_PLACEMENT = "PlacementRefused"
 
 log = logging.getLogger(__name__)
 
@@ -88,21 +90,27 @@ class SandboxSync:
             drained=drained,
             in_flight=in_flight,
         )
+        starting = [a.key for a in actions if a.kind is ActionKind.START]
+        refused = {
+            key: (REASON_PLACEMENT, why)
+            for key, why in misplaced(
+                self.node, self.node_watch.get(self.node), bodies, starting
+            ).items()
+        }
         full = refusals(
             self.node,
             bodies,
             set(containers_by_key(ContainerView(c.id, c.labels) for c in containers)),
-            [a.key for a in actions if a.kind is ActionKind.START],
+            [k for k in starting if k not in refused],
             self.work.settings,
             self.work.facts.capacity,
         )
+        refused.update({key: (REASON_OVER_CAPACITY, why) for key, why in full.items()})
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
-            if action.key in full and action.kind is ActionKind.START and body is not None:
-                self.pool.submit(
-                    action.key,
-                    partial(self.work.fail, body, REASON_OVER_CAPACITY, full[action.key]),
-                )
+            if action.key in refused and action.kind is ActionKind.START and body is not None:
+                reason, why = refused[action.key]
+                self.pool.submit(action.key, partial(self.work.fail, body, reason, why))
                 continue
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)

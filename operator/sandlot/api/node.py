@@ -23,6 +23,7 @@ from sandlot.api.common import (
     PrinterColumn,
     Resource,
 )
+from sandlot.api.placement import Taints
 
 
 class NodePhase(StrEnum):
@@ -36,6 +37,12 @@ class SandboxNodeSpec(Model):
         default=False,
         description="Set by `sandlot drain`: no new sandboxes go here and the agent stops "
         "the node's sandboxes gracefully. The node's phase becomes Disabled.",
+    )
+    taints: Taints = Field(
+        default_factory=list,
+        description="Taints set by hand (as `kubectl taint` on a Node): sandboxes that do "
+        "not tolerate a NoSchedule or NoExecute taint are not placed here, and its agent "
+        "refuses them when their nodeName was set by hand.",
     )
 
 
@@ -162,6 +169,11 @@ class SandboxNodeStatus(Model):
         default_factory=NodeCapacity, description="What the node accepts (written by its agent)."
     )
     sandboxes: int = Field(default=0, description="Non-terminal sandboxes on the node.")
+    node_taints: Taints = Field(
+        default_factory=list,
+        description="The taints of the Kubernetes Node of the same name, mirrored by the "
+        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`).",
+    )
     address: str | None = Field(
         default=None, max_length=MAX_NAME, description="The node's address."
     )

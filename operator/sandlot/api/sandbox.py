@@ -32,6 +32,7 @@ from sandlot.api.common import (
     PrinterColumn,
     Resource,
 )
+from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 
 
 class SandboxPhase(StrEnum):
@@ -192,6 +193,18 @@ class SandboxSpec(Model):
         description="Security settings, modelled on the Pod's. Without them a sandbox gets "
         "the safe defaults: own namespaces, the capability baseline, no new privileges, "
         "the seccomp profile, masked kernel paths and a pids limit (docs/isolation.md).",
+    )
+    tolerations: Tolerations = Field(
+        default_factory=list,
+        description="Taints of SandboxNodes this sandbox tolerates (as a Pod's).",
+    )
+    node_selector: NodeLabels = Field(
+        default_factory=dict,
+        description="Labels the SandboxNode must have (as a Pod's nodeSelector).",
+    )
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Required node affinity over the SandboxNodes' labels (as a Pod's).",
     )
     host_users: bool | None = Field(
         default=None,
