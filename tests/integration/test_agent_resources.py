@@ -28,6 +28,7 @@ from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
+from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.capacity import REASON_OVER_CAPACITY
 from sandlot.policy.ocispec import cgroups_path_for
@@ -61,11 +62,11 @@ def start_agent(
 ) -> Iterator[StartAgent]:
     started: list[tuple[Agent, str]] = []
 
-    def start(**overrides: Any) -> Agent:
+    def start(node: str = "", **overrides: Any) -> Agent:
         ctr_ns = f"rs-{uuid.uuid4().hex[:8]}"
         import_archive(containerd.address, ctr_ns, archive, timeout=60)
         settings = agent_settings(
-            node=f"node-{uuid.uuid4().hex[:8]}",
+            node=node or f"node-{uuid.uuid4().hex[:8]}",
             namespace=namespace,
             containerd=containerd,
             ctr_ns=ctr_ns,
@@ -233,3 +234,30 @@ def test_sandbox_logs_rotate_at_the_cap_and_go_with_the_sandbox(
         timeout=60,
         what="the sandbox's log files to be removed after its teardown",
     )
+
+
+def test_a_control_plane_nodes_taint_is_mirrored_onto_its_sandbox_node(
+    kube: client.ApiClient, start_agent: StartAgent
+) -> None:
+    name = f"cp-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube)
+    core.create_node(
+        {
+            "metadata": {"name": name},
+            "spec": {"taints": [{"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}]},
+        }
+    )
+    try:
+        agent = start_agent(node=name)
+
+        def taints() -> list[dict[str, Any]] | None:
+            node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+                GROUP, VERSION, "sandboxnodes", agent.node
+            )
+            return (node.get("status") or {}).get("nodeTaints")
+
+        mirrored = wait_for(taints, timeout=20, what="the Node's taints on the SandboxNode")
+        assert mirrored == [{"key": CONTROL_PLANE_TAINT, "value": "", "effect": "NoSchedule"}]
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)

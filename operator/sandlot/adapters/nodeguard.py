@@ -37,6 +37,20 @@ def namespace_annotations(api: client.ApiClient, name: str) -> dict[str, str]:
     return dict(ns.metadata.annotations or {})
 
 
+def kubernetes_node_taints(api: client.ApiClient, name: str) -> list[dict[str, str]] | None:
+    """The taints of the Kubernetes Node ``name``; None when it cannot be read (no such
+    Node, or no ``get`` on ``nodes``)."""
+    try:
+        node: Any = client.CoreV1Api(api).read_node(name, _request_timeout=CALL_TIMEOUT)
+    except Exception:
+        return None
+    return [
+        {"key": t.key, "value": t.value or "", "effect": t.effect}
+        for t in (node.spec.taints or [])
+        if t.key and t.effect
+    ]
+
+
 def node_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
     """The node's memory (MemTotal), or None when unreadable."""
     try:

@@ -1,20 +1,51 @@
-"""The node's capacity, from the agent's settings or, where they leave it open, the
-node itself (its memory and CPU count); and the sandboxes a sync pass must refuse
-for it (``policy.capacity``)."""
+"""What the agent probes of its node once, and what the sync pass refuses for it:
+its capacity (the settings', else the node's memory and CPU count; over it,
+``policy.capacity``), its kernel's security facts (AppArmor, version), the taints
+of its Kubernetes Node, and a hand-placed sandbox its taints or labels do not
+admit (``policy.placement``)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sandlot.adapters.nodeguard import node_memory_bytes
+from sandlot.adapters.nodeguard import (
+    apparmor_profiles,
+    kubernetes_node_taints,
+    node_memory_bytes,
+)
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsync import UNSTARTED_PHASES, SandboxState
 from sandlot.policy.capacity import Capacity, Usage, cpu_millis, over_capacity, usage_of
+from sandlot.policy.nodesecurity import NodeSecurity
 from sandlot.policy.placement import Placement, misfit, taints_of
 from sandlot.policy.quantity import memory_bytes
+from sandlot.policy.seccomp import kernel_version
+
+log = logging.getLogger(__name__)
+
+CONDITION_TAINTS = "node.kubernetes.io/"
+
+
+def node_security() -> NodeSecurity:
+    return NodeSecurity(apparmor_profiles(), kernel_version(platform.release()))
+
+
+def mirrored_taints(api: Any, node: str) -> dict[str, Any]:
+    """``status.nodeTaints``: the Kubernetes Node's taints (a control-plane node's
+    keeps sandboxes off it); nothing when that Node cannot be read. The node
+    lifecycle's condition taints (``node.kubernetes.io/...``: not-ready, pressure)
+    are left out: they are the kubelet's health, and sandlot judges a node's health
+    by its agent's Lease."""
+    taints = kubernetes_node_taints(api, node)
+    if taints is None:
+        log.info("node %s: Kubernetes Node not readable: its taints are not mirrored", node)
+        return {}
+    return {"nodeTaints": [t for t in taints if not t["key"].startswith(CONDITION_TAINTS)]}
 
 
 def node_capacity(settings: AgentSettings) -> Capacity:
@@ -96,4 +127,11 @@ def misplaced(
     return refused
 
 
-__all__ = ["capacity_status", "misplaced", "node_capacity", "refusals"]
+__all__ = [
+    "capacity_status",
+    "mirrored_taints",
+    "misplaced",
+    "node_capacity",
+    "node_security",
+    "refusals",
+]

@@ -33,7 +33,6 @@ This module only wires those parts together and runs the start-up in its order.
 from __future__ import annotations
 
 import logging
-import platform
 import signal as signals
 import socket
 import threading
@@ -45,12 +44,12 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 
 import sandlot
-from sandlot.adapters.nodeguard import apparmor_profiles, bounding_capabilities, swap_accounted
+from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
-from sandlot.agent.capacity import capacity_status, node_capacity
+from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
 from sandlot.agent.logs import SandboxLogs
@@ -65,9 +64,7 @@ from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage
-from sandlot.policy.nodesecurity import NodeSecurity
 from sandlot.policy.ocispec import ALL_CAPABILITIES
-from sandlot.policy.seccomp import kernel_version
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +152,7 @@ class Agent:
             # containerd and runc run with the node's bounding set, as does this agent
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
-            security=NodeSecurity(apparmor_profiles(), kernel_version(platform.release())),
+            security=node_security(),
             capacity=node_capacity(settings),
         )
         self.work = SandboxWork(
@@ -405,6 +402,7 @@ class Agent:
     def _register_node(self) -> None:
         status = {
             "capacity": capacity_status(self.work.facts.capacity),
+            **mirrored_taints(self.objects.api, self.node),
             "address": self.address,
             "agentVersion": sandlot.__version__,
             "containerdVersion": self.containerd_version,
