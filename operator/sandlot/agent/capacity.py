@@ -7,7 +7,6 @@ admit (``policy.placement``)."""
 from __future__ import annotations
 
 import logging
-import os
 import platform
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -49,13 +48,15 @@ def mirrored_taints(api: Any, node: str) -> dict[str, Any]:
 
 
 def node_capacity(settings: AgentSettings) -> Capacity:
+    """Memory defaults to the node's: it is incompressible, a sum of limits beyond it
+    is an OOM waiting to happen. CPU is compressible and its limits are caps, not
+    reservations (Kubernetes lets them exceed allocatable too), so the sum of CPU
+    limits is bounded only when ``capacity_cpu`` says so."""
     memory = (
         memory_bytes(settings.capacity_memory) if settings.capacity_memory else node_memory_bytes()
     )
-    cpus = cpu_millis(settings.capacity_cpu) if settings.capacity_cpu else (os.cpu_count() or 0)
-    if not settings.capacity_cpu:
-        cpus *= 1000
-    return Capacity(settings.capacity, memory, cpus or None)
+    cpus = cpu_millis(settings.capacity_cpu) if settings.capacity_cpu else None
+    return Capacity(settings.capacity, memory, cpus)
 
 
 def capacity_status(capacity: Capacity) -> dict[str, Any]:

@@ -120,7 +120,8 @@ class AgentSettings(SettingsModel):
         default="",
         max_length=64,
         description="Sum of the sandboxes' CPU limits this node accepts (a quantity); "
-        "empty: the node's CPU count. The agent refuses a sandbox beyond it (OverCapacity).",
+        "the agent refuses a sandbox beyond it (OverCapacity). Empty: not bounded (CPU "
+        "is compressible; limits may exceed the node's CPUs, as in Kubernetes).",
     )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (0 = off)."

@@ -59,8 +59,8 @@ class NodeCapacity(Model):
     cpu: str | None = Field(
         default=None,
         max_length=64,
-        description="Sum of the sandboxes' CPU limits the node accepts (a quantity): the "
-        "agent's setting, else the node's CPU count.",
+        description="Sum of the sandboxes' CPU limits the node accepts (a quantity), when "
+        "the agent's setting bounds it.",
     )
 
 

@@ -8,8 +8,8 @@ already (or whose container exists) are counted first; the waiting ones are
 admitted oldest first, each only if it fits beside everything admitted before it.
 The others are refused with a reason naming the full dimension.
 
-Memory and CPU capacity default to the node's own memory and CPU count when the
-agent's settings leave them empty.
+Memory capacity defaults to the node's own memory when the agent's settings leave
+it empty; CPU, compressible, is bounded only when configured.
 """
 
 from __future__ import annotations
