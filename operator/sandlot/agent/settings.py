@@ -196,7 +196,7 @@ class AgentSettings(SettingsModel):
         "Stops a fork bomb from taking the node's PID space.",
     )
     default_memory_limit: str = Field(
-        default="1Gi",
+        default="256Mi",
         max_length=64,
         description="Memory limit of a sandbox that sets none (a quantity; a namespace's "
         "sandlot.dev/default-limits annotation overrides it). Empty: none.",
