@@ -24,7 +24,14 @@ from sandlot.policy.ocispec import (
     build_oci_spec,
     capability_mask,
 )
-from sandlot.policy.seccomp import default_profile, denied_syscalls
+from sandlot.policy.seccomp import (
+    ALLOWED,
+    BY_CAPABILITY,
+    NAMESPACE_MASK,
+    allowed_syscalls,
+    default_profile,
+    kernel_version,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,7 +53,7 @@ def test_default_sandbox_gets_own_namespaces_baseline_caps_and_no_new_privileges
     caps = oci["process"]["capabilities"]
     assert caps == {k: list(DEFAULT_CAPABILITIES) for k in ("bounding", "effective", "permitted")}
     assert oci["process"]["noNewPrivileges"] is True
-    assert oci["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert oci["linux"]["seccomp"]["defaultAction"] == "SCMP_ACT_ERRNO"
     assert oci["linux"]["maskedPaths"] == list(MASKED_PATHS)
     assert oci["linux"]["readonlyPaths"] == list(READONLY_PATHS)
     assert oci["linux"]["resources"]["pids"] == {"limit": 1024}
@@ -147,6 +154,10 @@ def test_pids_limit_can_be_turned_off() -> None:
 
 
 # ------------------------------------------------------------------ seccomp data
+# The profile's effect is claimed against runc and the kernel in
+# tests/integration/test_isolation_defaults.py; these pin the data.
+
+BASELINE_PROFILE = default_profile(DEFAULT_CAPABILITIES, "x86_64", (6, 8))
 
 
 @pytest.mark.parametrize(
@@ -180,30 +191,32 @@ def test_pids_limit_can_be_turned_off() -> None:
         "clock_settime",
         "open_by_handle_at",
         "io_uring_setup",
+        "personality",
+        "socket",
+        "mbind",
+        "userfaultfd",
     ],
 )
 def test_seccomp_refuses_with_eperm(syscall: str) -> None:
-    (rule,) = [r for r in default_profile("x86_64")["syscalls"] if syscall in r["names"]]
-    assert rule["action"] == "SCMP_ACT_ERRNO" and rule["errnoRet"] == 1 and "args" not in rule
+    # An allow-list: refused means allowed by no rule without arguments, and the
+    # default action answers EPERM.
+    assert BASELINE_PROFILE["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert BASELINE_PROFILE["defaultErrnoRet"] == 1
+    assert syscall not in allowed_syscalls(BASELINE_PROFILE)
 
 
 def test_seccomp_refuses_clone_with_any_namespace_flag_and_clone3_with_enosys() -> None:
-    rules = default_profile("x86_64")["syscalls"]
-    clone_flags = {r["args"][0]["value"] for r in rules if r["names"] == ["clone"]}
-    assert clone_flags == {
-        0x20000,
-        0x2000000,
-        0x4000000,
-        0x8000000,
-        0x10000000,
-        0x20000000,
-        0x40000000,
-    }
-    assert all(
-        r["args"][0]["valueTwo"] == r["args"][0]["value"] for r in rules if r["names"] == ["clone"]
+    rules = BASELINE_PROFILE["syscalls"]
+    (clone,) = [r for r in rules if r["names"] == ["clone"]]
+    assert clone["action"] == "SCMP_ACT_ALLOW"
+    (arg,) = clone["args"]
+    assert arg == {"index": 0, "op": "SCMP_CMP_MASKED_EQ", "value": NAMESPACE_MASK, "valueTwo": 0}
+    assert (
+        sum([0x20000, 0x2000000, 0x4000000, 0x8000000, 0x10000000, 0x20000000, 0x40000000])
+        == NAMESPACE_MASK
     )
     (clone3,) = [r for r in rules if r["names"] == ["clone3"]]
-    assert clone3["errnoRet"] == 38
+    assert clone3["action"] == "SCMP_ACT_ERRNO" and clone3["errnoRet"] == 38
 
 
 @pytest.mark.parametrize(
@@ -215,14 +228,97 @@ def test_seccomp_refuses_clone_with_any_namespace_flag_and_clone3_with_enosys() 
     ids=["amd64 with its compat ABIs", "arm64 with arm"],
 )
 def test_seccomp_covers_compat_architectures(machine: str, arches: list[str]) -> None:
-    assert default_profile(machine)["architectures"] == arches
+    assert default_profile((), machine)["architectures"] == arches
 
 
-def test_denied_list_has_no_duplicates_and_allows_ordinary_calls() -> None:
-    denied = denied_syscalls()
-    assert len(denied) == len(set(denied))
-    for ordinary in ("read", "write", "execve", "clone", "openat", "socket", "chroot"):
-        assert ordinary not in denied
+def test_allow_list_has_no_duplicates_and_allows_ordinary_calls() -> None:
+    assert len(ALLOWED) == len(set(ALLOWED))
+    allowed = allowed_syscalls(BASELINE_PROFILE)
+    for ordinary in ("read", "write", "execve", "openat", "chroot", "arch_prctl", "wait4"):
+        assert ordinary in allowed
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [(0x0, True), (0x8, True), (0xFFFFFFFF, True), (0x0040000, False), (0x0400000, False)],
+    ids=["PER_LINUX", "PER_LINUX32", "query", "ADDR_NO_RANDOMIZE", "READ_IMPLIES_EXEC"],
+)
+def test_personality_only_with_the_values_containerd_allows(value: int, allowed: bool) -> None:
+    values = {
+        r["args"][0]["value"] for r in BASELINE_PROFILE["syscalls"] if r["names"] == ["personality"]
+    }
+    assert (value in values) is allowed
+
+
+def test_socket_allowed_for_every_family_but_alg_and_vsock() -> None:
+    rules = [r for r in BASELINE_PROFILE["syscalls"] if r["names"] == ["socket"]]
+
+    def passes(family: int) -> bool:
+        ops = {"SCMP_CMP_LT": family.__lt__, "SCMP_CMP_EQ": family.__eq__}
+        ops["SCMP_CMP_GT"] = family.__gt__
+        return any(ops[r["args"][0]["op"]](r["args"][0]["value"]) for r in rules)
+
+    assert [f for f in range(0, 46) if not passes(f)] == [38, 40]
+
+
+@pytest.mark.parametrize(
+    ("capability", "opens", "withheld"),
+    [
+        ("CAP_SYS_TIME", {"settimeofday", "clock_settime"}, False),
+        ("CAP_SYS_PTRACE", {"ptrace", "process_vm_readv", "kcmp"}, False),
+        ("CAP_SYS_NICE", {"mbind", "set_mempolicy"}, False),
+        ("CAP_DAC_READ_SEARCH", {"open_by_handle_at"}, False),
+        ("CAP_SYS_ADMIN", {"mount", "unshare", "setns", "bpf"}, True),
+        ("CAP_SYS_MODULE", {"init_module", "finit_module"}, True),
+    ],
+    ids=["sys_time", "sys_ptrace", "sys_nice", "dac_read_search", "sys_admin", "sys_module"],
+)
+def test_capability_opens_its_syscalls_as_containerd_does_except_the_withheld(
+    capability: str, opens: set[str], withheld: bool
+) -> None:
+    assert opens <= set(BY_CAPABILITY[capability])  # transcribed from containerd
+    profile = default_profile([*DEFAULT_CAPABILITIES, capability], "x86_64", (6, 8))
+    assert (opens <= allowed_syscalls(profile)) is not withheld
+    assert not opens & allowed_syscalls(BASELINE_PROFILE)
+
+
+def test_sys_admin_withheld_keeps_the_clone_flag_rule() -> None:
+    profile = default_profile([*DEFAULT_CAPABILITIES, "CAP_SYS_ADMIN"], "x86_64")
+    assert any(r["names"] == ["clone"] and r.get("args") for r in profile["syscalls"])
+    assert "clone" not in allowed_syscalls(profile)
+
+
+@pytest.mark.parametrize(
+    ("release", "version"),
+    [("6.8.0-45-generic", (6, 8)), ("4.19.0", (4, 19)), ("5.10+", (5, 10)), ("weird", None)],
+    ids=["ubuntu", "plain", "plus suffix", "unparsable"],
+)
+def test_kernel_version(release: str, version: tuple[int, int] | None) -> None:
+    assert kernel_version(release) == version
+
+
+def test_masked_and_read_only_paths_are_containerds() -> None:
+    # containerd's pkg/oci populateDefaultUnixSpec, in its order.
+    assert MASKED_PATHS == (
+        "/proc/acpi",
+        "/proc/asound",
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/latency_stats",
+        "/proc/timer_list",
+        "/proc/timer_stats",
+        "/proc/sched_debug",
+        "/sys/firmware",
+        "/sys/devices/virtual/powercap",
+        "/proc/scsi",
+    )
+    assert READONLY_PATHS == (
+        "/proc/bus",
+        "/proc/fs",
+        "/proc/irq",
+        "/proc/sys",
+        "/proc/sysrq-trigger",
+    )
 
 
 # ------------------------------------------------------------------ node reads (files)

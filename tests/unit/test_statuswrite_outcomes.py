@@ -55,7 +55,17 @@ class FakeObjects:
 
 def api(status: int) -> ApiException:
     return ApiException(
-        status=status, reason={404: "Not Found", 409: "Conflict", 500: "Boom"}[status]
+        status=status,
+        reason={
+            400: "Bad Request",
+            403: "Forbidden",
+            404: "Not Found",
+            409: "Conflict",
+            422: "Unprocessable Entity",
+            429: "Too Many Requests",
+            500: "Boom",
+            503: "Service Unavailable",
+        }[status],
     )
 
 
@@ -79,6 +89,11 @@ CASES = {
     "terminal-on-reread-is-skipped": ([api(409)], [body("Stopped")], WriteOutcome.SKIPPED, ["a1"]),
     "dead-on-reread-is-skipped": ([api(409)], [body("Dead")], WriteOutcome.SKIPPED, ["a1"]),
     "other-api-error-fails": ([api(500)], [], WriteOutcome.FAILED, ["a1"]),
+    "unavailable-fails": ([api(503)], [], WriteOutcome.FAILED, ["a1"]),
+    "too-many-requests-fails-transiently": ([api(429)], [], WriteOutcome.FAILED, ["a1"]),
+    "invalid-is-refused": ([api(422)], [], WriteOutcome.REFUSED, ["a1"]),
+    "forbidden-is-refused": ([api(403)], [], WriteOutcome.REFUSED, ["a1"]),
+    "bad-request-is-refused": ([api(400)], [], WriteOutcome.REFUSED, ["a1"]),
     "no-answer-fails-without-raising": (
         [ConnectionError("reset")],
         [],

@@ -8,6 +8,8 @@
   after its task exited and before the teardown removes the cgroup.
 - ``bounding_capabilities``: what ``privileged`` can be given is the node's
   bounding set (runc fails to start a container asking for more).
+- ``apparmor_profiles``: whether the kernel has AppArmor enabled, and which
+  profiles it has loaded (``/sys/kernel/security/apparmor/profiles``).
 - ``swap_accounted``: on cgroup v1 runc refuses a memory+swap limit when the
   kernel does not account swap; on v2 it ignores it. Probed once per agent.
 """
@@ -27,6 +29,37 @@ def namespace_labels(api: client.ApiClient, name: str) -> dict[str, str]:
     """The labels of Namespace ``name`` (raises the API's exception when unreadable)."""
     ns: Any = client.CoreV1Api(api).read_namespace(name, _request_timeout=CALL_TIMEOUT)
     return dict(ns.metadata.labels or {})
+
+
+def namespace_annotations(api: client.ApiClient, name: str) -> dict[str, str]:
+    """The annotations of Namespace ``name`` (raises the API's exception when unreadable)."""
+    ns: Any = client.CoreV1Api(api).read_namespace(name, _request_timeout=CALL_TIMEOUT)
+    return dict(ns.metadata.annotations or {})
+
+
+def kubernetes_node_taints(api: client.ApiClient, name: str) -> list[dict[str, str]] | None:
+    """The taints of the Kubernetes Node ``name``; None when it cannot be read (no such
+    Node, or no ``get`` on ``nodes``)."""
+    try:
+        node: Any = client.CoreV1Api(api).read_node(name, _request_timeout=CALL_TIMEOUT)
+    except Exception:
+        return None
+    return [
+        {"key": t.key, "value": t.value or "", "effect": t.effect}
+        for t in (node.spec.taints or [])
+        if t.key and t.effect
+    ]
+
+
+def node_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
+    """The node's memory (MemTotal), or None when unreadable."""
+    try:
+        for line in Path(meminfo).read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def cgroup_v2(root: str | Path) -> bool:
@@ -54,6 +87,22 @@ def oom_kills(root: str | Path, cgroups_path: str) -> int | None:
         except OSError:
             continue
     return None
+
+
+def apparmor_profiles(sys_root: str | Path = "/sys") -> frozenset[str] | None:
+    """Loaded AppArmor profile names; None when the kernel has AppArmor off or absent."""
+    root = Path(sys_root)
+    try:
+        enabled = (root / "module/apparmor/parameters/enabled").read_text().strip()
+    except OSError:
+        return None
+    if enabled != "Y":
+        return None
+    try:
+        text = (root / "kernel/security/apparmor/profiles").read_text()
+    except OSError:
+        return frozenset()  # enabled, but securityfs is not visible: nothing provably loaded
+    return frozenset(line.rsplit(" (", 1)[0] for line in text.splitlines() if line.strip())
 
 
 def swap_accounted(root: str | Path) -> bool:

@@ -11,9 +11,11 @@ re-reads the Sandbox and decides again on what is there now:
 - **skipped**: it is terminal already (the API server would refuse to leave that
   phase anyway), or in a phase the write must not overwrite (``allowed_from``).
 - otherwise the write is retried with the new resourceVersion, up to
-  ``max_attempts``; **conflicted** when they run out, **failed** on any other error
-  (an API error or no answer at all: reported, never raised, so a caller ending
-  many sandboxes learns which ones are left).
+  ``max_attempts``; **conflicted** when they run out; **refused** when the API
+  server answered with a 4xx other than 404/409 (invalid, forbidden, too large:
+  the same write cannot succeed, so it must not be retried at once); **failed** on
+  anything else (429, 5xx, no answer at all). Reported, never raised, so a caller
+  ending many sandboxes learns which ones are left.
 
 A resourceVersion is opaque: it is sent back as read and never compared as a number.
 """
@@ -57,8 +59,10 @@ class WriteOutcome(StrEnum):
     """Terminal already, or in a phase this write must not overwrite."""
     CONFLICTED = "conflicted"
     """Still 409 after every attempt."""
+    REFUSED = "refused"
+    """The API server refused this write for good (a 4xx other than 404, 409, 429)."""
     FAILED = "failed"
-    """Any other API error (``detail`` says which)."""
+    """A transient failure: 429, 5xx or no answer (``detail`` says which)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,11 @@ def _another_object(current: Mapping[str, Any], uid: str | None, node: str | Non
 
 def _status(exc: Exception) -> int | None:
     return exc.status if isinstance(exc, ApiException) else None
+
+
+def _refused(exc: Exception) -> bool:
+    code = _status(exc)
+    return code is not None and 400 <= code < 500 and code not in (404, 409, 429)
 
 
 def _describe(exc: Exception) -> str:
@@ -135,6 +144,8 @@ def write_status(
         except Exception as exc:
             if _status(exc) == 404:
                 return WriteResult(WriteOutcome.GONE, "deleted")
+            if _refused(exc):
+                return WriteResult(WriteOutcome.REFUSED, _describe(exc))
             if _status(exc) != 409:
                 return WriteResult(WriteOutcome.FAILED, _describe(exc))
         try:

@@ -51,8 +51,10 @@ from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.cacheprune import CacheUpkeep
+from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
+from sandlot.agent.logs import SandboxLogs
 from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, GcMetrics, timed_runtime
 from sandlot.agent.network import Networking
@@ -158,6 +160,8 @@ class Agent:
             # containerd and runc run with the node's bounding set, as does this agent
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
+            security=node_security(),
+            capacity=node_capacity(settings),
         )
         self.work = SandboxWork(
             settings,
@@ -309,6 +313,10 @@ class Agent:
         self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, pacing)
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
+        logs = SandboxLogs(
+            settings.log_dir, settings.log_max_bytes, lambda: self._rt, self.call_timeout
+        )
+        self.loops.spawn("logs", logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
     def run_forever(self) -> int:
@@ -399,7 +407,8 @@ class Agent:
 
     def _register_node(self) -> None:
         status = {
-            "capacity": {"sandboxes": self.settings.capacity},
+            "capacity": capacity_status(self.work.facts.capacity),
+            **mirrored_taints(self.objects.api, self.node),
             "address": self.address,
             "agentVersion": sandlot.__version__,
             "containerdVersion": self.containerd_version,

@@ -68,7 +68,8 @@ class Reaper:
 
     def _oom_kills(self, container_id: str) -> int | None:
         try:
-            return oom_kills(self.cgroup_root, cgroups_path_for(container_id))
+            parent = self.work.settings.cgroup_parent
+            return oom_kills(self.cgroup_root, cgroups_path_for(container_id, parent))
         except Exception as exc:  # a guess about the reason must never stop the reaper
             log.warning("cannot read the OOM counter of %s: %s", container_id, exc)
             return None

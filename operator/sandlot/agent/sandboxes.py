@@ -5,7 +5,11 @@ I/O only: what to do was decided by ``policy.agentsync``; how a spec becomes an
 OCI spec by ``policy.ocispec``; which namespace level applies by
 ``policy.podsecurity``. A start either ends Running (written with the
 resourceVersion it was decided on) or Failed with a reason naming the step that
-failed, and leaves no container behind when its Running could not be written.
+failed. A Running write the API server could not take now (429, 5xx, no answer)
+keeps the container that just started: the body is kept and written again by a
+later pass, instead of tearing down a healthy sandbox over a busy API server. A
+write refused for good, or onto a Sandbox that was deleted or ended meanwhile,
+leaves no container behind.
 """
 
 from __future__ import annotations
@@ -14,17 +18,14 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from sandlot.adapters.agentapi import is_not_found
 from sandlot.adapters.cni import Attachment, CniError, join_netns
-from sandlot.adapters.nodeguard import namespace_labels
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -37,37 +38,37 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
+from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
-from sandlot.api.admission import Level, level_of
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import (
-    REASON_POLICY_VIOLATION,
     REASON_RUN_AS_ROOT,
     SandboxPhase,
     SandboxSpec,
 )
 from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.capacity import Capacity
+from sandlot.policy.imageuser import UnknownImageUser
+from sandlot.policy.limits import pids_limit, with_defaults
+from sandlot.policy.nodesecurity import (
+    IsolationUnavailable,
+    NodeSecurity,
+    apparmor_profile,
+    check_user_namespace,
+)
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
-from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
 
 REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
+REASON_IMAGE_USER = "ImageUserNotFound"
 
 
 def container_id_for(uid: str) -> str:
     """The container of a Sandbox is named after its uid: unique, and stable across restarts."""
     return f"sb-{uid}"
-
-
-class StartFailed(Exception):
-    """A start step failed: the Sandbox ends Failed with ``reason``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,8 @@ class NodeFacts:
     address: str
     limit_swap: bool
     node_capabilities: tuple[str, ...]
+    security: NodeSecurity = field(default_factory=NodeSecurity)
+    capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
 
 
 class SandboxWork:
@@ -118,8 +121,12 @@ class SandboxWork:
         self._touch_image = touch_image
         self._clock = clock
         self._cancel = cancel
+        self.rules = NamespaceRules(settings, objects)
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
+        # Running bodies not yet written, by key: (container id, status). Only the
+        # work item of that key touches its entry (one operation per key at a time).
+        self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
 
     # ------------------------------------------------------------ teardown and stop
 
@@ -179,10 +186,16 @@ class SandboxWork:
                 log.warning("sandbox %s: cannot re-read it before a teardown: %s", key, exc)
             return
         if phase_of(current) in UNSTARTED_PHASES:
+            pending = self._unrecorded.get(key)
+            same_sandbox = container.labels.get(SANDBOX_UID_LABEL) == current["metadata"]["uid"]
+            if pending is not None and pending[0] == container.id and same_sandbox:
+                self._write_running(current, container, pending[1])
+                return
             self.teardown(container)
         # Otherwise the watch is behind: its event wakes a pass that sees the truth.
 
     def stop_deleted(self, key: str, container: ContainerInfo) -> None:
+        self._unrecorded.pop(key, None)
         log.info("sandbox %s is gone: stopping container %s", key, container.id)
         self._graceful_stop(container, self.settings.stop_grace.total_seconds())
 
@@ -252,32 +265,32 @@ class SandboxWork:
         task: TaskInfo,
         ip: str,
     ) -> None:
-        key, container_id = sandbox_key(sb), prepared.container_id
-        status = running(self.node, container_id, task.pid, ip, self._clock())
+        status = running(self.node, prepared.container_id, task.pid, ip, self._clock())
+        self._write_running(sb, created, status)
+
+    def _write_running(
+        self, sb: Mapping[str, Any], container: ContainerInfo, status: dict[str, Any]
+    ) -> None:
+        key = sandbox_key(sb)
         outcome = self.status.write(sb, status, allowed_from=UNSTARTED_PHASES)
         if outcome is WriteOutcome.WRITTEN:
-            log.info("sandbox %s running: container %s pid %d", key, container_id, task.pid)
+            self._unrecorded.pop(key, None)
+            log.info("sandbox %s running: container %s pid %s", key, container.id, status["pid"])
+        elif outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
+            # The API server is busy or racing: the sandbox runs; a later pass writes it.
+            self._unrecorded[key] = (container.id, status)
+            log.info("sandbox %s: Running not written (%s): kept for a later pass", key, outcome)
         else:
+            self._unrecorded.pop(key, None)
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
-            self.teardown(created)
-
-    def _checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
-        """The spec, validated and within the namespace's level; None if the level is unknown."""
-        try:
-            spec = SandboxSpec.model_validate(sb.get("spec") or {})
-        except ValidationError as exc:
-            raise StartFailed("InvalidSpec", f"spec rejected by the agent: {exc}") from None
-        violations = self._policy_violations(sb, spec)
-        if violations is None:
-            return None
-        if violations:
-            raise StartFailed(REASON_POLICY_VIOLATION, describe(violations))
-        return spec
+            self.teardown(container)
 
     def _prepare(self, sb: Mapping[str, Any]) -> _Prepared | None:
-        spec = self._checked_spec(sb)
-        if spec is None:
+        checked = self.rules.checked_spec(sb)
+        defaults = self.rules.defaults(sb) if checked is not None else None
+        if checked is None or defaults is None:
             return None
+        spec = with_defaults(checked, defaults)
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
@@ -289,18 +302,29 @@ class SandboxWork:
             ) from None
         except RuntimeError_ as exc:
             raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
+        privileged = bool(spec.security_context and spec.security_context.privileged)
         try:
+            check_user_namespace(self.facts.security, spec.host_users)
+            profile = apparmor_profile(
+                self.facts.security, self.settings.apparmor_profile, privileged=privileged
+            )
             oci = build_oci_spec(
                 container_id,
                 spec,
                 config,
                 hostname=meta["name"],
-                pids_limit=self.settings.pids_limit or None,
+                pids_limit=pids_limit(defaults),
                 limit_swap=self.facts.limit_swap,
                 node_capabilities=self.facts.node_capabilities,
+                apparmor_profile=profile,
+                cgroup_parent=self.settings.cgroup_parent,
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except IsolationUnavailable as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
+        except UnknownImageUser as exc:
+            raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
         except ValueError as exc:
             raise StartFailed("InvalidSpec", str(exc)) from None
         attachment = self._plan_network(container_id, spec, oci)
@@ -381,29 +405,6 @@ class SandboxWork:
             raise StartFailed(
                 "StartFailed", f"container {container_id} did not start: {exc}"
             ) from None
-
-    def _policy_violations(
-        self, sb: Mapping[str, Any], spec: SandboxSpec
-    ) -> list[Violation] | None:
-        """The rules of the namespace's level this spec breaks; None if the level is unknown.
-
-        Defence in depth behind the admission policy. A spec that fits
-        ``restricted`` fits every level, so its namespace is not even read.
-        """
-        ns = sb["metadata"]["namespace"]
-        if not check(spec, Level.RESTRICTED, ns):
-            return []
-        try:
-            labels = namespace_labels(self.objects.api, ns)
-        except Exception as exc:
-            log.warning(
-                "sandbox %s: cannot read namespace %s for its policy level: %s",
-                sandbox_key(sb),
-                ns,
-                exc,
-            )
-            return None
-        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
 
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
         log.warning("sandbox %s failed: %s: %s", sandbox_key(sb), reason, message)

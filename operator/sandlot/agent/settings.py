@@ -19,6 +19,8 @@ from pydantic import Field, model_validator
 from sandlot.api.admission import Level
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
+from sandlot.policy.limits import DefaultLimits
+from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
 
 
@@ -125,6 +127,19 @@ class AgentSettings(SettingsModel):
     capacity: int = Field(
         default=110, ge=0, description="Non-terminal sandboxes this node accepts."
     )
+    capacity_memory: str = Field(
+        default="",
+        max_length=64,
+        description="Sum of the sandboxes' memory limits this node accepts (a quantity); "
+        "empty: the node's memory. The agent refuses a sandbox beyond it (OverCapacity).",
+    )
+    capacity_cpu: str = Field(
+        default="",
+        max_length=64,
+        description="Sum of the sandboxes' CPU limits this node accepts (a quantity); "
+        "the agent refuses a sandbox beyond it (OverCapacity). Empty: not bounded (CPU "
+        "is compressible; limits may exceed the node's CPUs, as in Kubernetes).",
+    )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics (0 = off)."
     )
@@ -197,6 +212,43 @@ class AgentSettings(SettingsModel):
         description="Most processes (and threads) one sandbox may have; 0 = no limit. "
         "Stops a fork bomb from taking the node's PID space.",
     )
+    default_memory_limit: str = Field(
+        default="256Mi",
+        max_length=64,
+        description="Memory limit of a sandbox that sets none (a quantity; a namespace's "
+        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+    )
+    default_cpu_limit: str = Field(
+        default="1",
+        max_length=64,
+        description="CPU limit of a sandbox that sets none (a quantity; a namespace's "
+        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+    )
+    log_max_bytes: int = Field(
+        default=10 * 2**20,
+        ge=0,
+        description="Size at which a sandbox's stdout/stderr file is rotated (one previous "
+        "generation kept); 0: never. Files of torn-down sandboxes are removed.",
+    )
+    log_interval: Duration = Field(
+        default=timedelta(seconds=10),
+        description="How often the sandbox log files are checked for size and orphans.",
+    )
+    cgroup_parent: str = Field(
+        default="/sandlot",
+        pattern=r"^/[A-Za-z0-9._/-]*$",
+        max_length=256,
+        description="Parent cgroup of every sandbox's cgroup. Reserve it from the kubelet "
+        "(systemReserved/kubeReserved, or a slice it does not manage) so the kubelet "
+        "accounts the sandboxes and never evicts the agent for their usage.",
+    )
+    apparmor_profile: str = Field(
+        default="cri-containerd.apparmor.d",
+        max_length=256,
+        description="AppArmor profile of every unprivileged sandbox on a node whose "
+        "kernel has AppArmor enabled (containerd's CRI default profile name); a sandbox "
+        "fails to start when it is not loaded. Empty: no profile.",
+    )
     default_policy_level: Level = Field(
         default=Level.BASELINE,
         description="Policy level (privileged, baseline, restricted) of a namespace "
@@ -227,6 +279,7 @@ class AgentSettings(SettingsModel):
             "reap_interval",
             "sync_interval",
             "resync_interval",
+            "log_interval",
             "gc_interval",
             "gc_exhausted_backoff",
             "cni_timeout",
@@ -261,7 +314,21 @@ class AgentSettings(SettingsModel):
                 f"gc_target_free ({self.gc_target_free}) must be >= gc_min_free "
                 f"({self.gc_min_free}) or 0 (off)"
             )
+        for name in (
+            "default_memory_limit",
+            "default_cpu_limit",
+            "capacity_memory",
+            "capacity_cpu",
+        ):
+            value = getattr(self, name)
+            if value and parse_quantity(value) <= 0:
+                raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
         return self
+
+    @property
+    def default_limits(self) -> DefaultLimits:
+        """The limits of a sandbox that sets none, before its namespace's say."""
+        return DefaultLimits(self.default_memory_limit, self.default_cpu_limit, self.pids_limit)
 
     @property
     def gc_thresholds(self) -> GcThresholds:

@@ -3,13 +3,17 @@
 Every write goes through ``adapters.statuswrite.write_status`` bound to this node:
 carrying the resourceVersion the decision was made on, and never onto a Sandbox
 that became terminal, was deleted, or was replaced by another of the same name
-(new uid, other node) meanwhile. The caller learns which from the outcome: a start
-whose Running was not written tears its container down.
+(new uid, other node) meanwhile. The caller learns which from the outcome.
+
+A write that failed holds its Sandbox back from the sync for a while
+(``policy.writebackoff``): a refused write is not retried, with a start before
+it, on every pass.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
@@ -17,6 +21,7 @@ from typing import Any
 from sandlot.adapters.objects import Objects, rfc3339
 from sandlot.adapters.statuswrite import WriteOutcome, write_status
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +70,35 @@ class StatusWriter:
         self.objects = objects
         self.node = node
         self.clock = clock
+        self._holds: dict[str, Hold] = {}
+        self._lock = threading.Lock()
+
+    def held(self, resource_versions: Mapping[str, str]) -> set[str]:
+        """The keys (of ``{key: resourceVersion}``) the sync leaves alone now."""
+        now = self.clock()
+        with self._lock:
+            return {
+                key
+                for key, version in resource_versions.items()
+                if is_held(self._holds.get(key), version, now)
+            }
+
+    def _note(self, obj: Mapping[str, Any], outcome: WriteOutcome) -> None:
+        key = sandbox_key(obj)
+        with self._lock:
+            if outcome in (WriteOutcome.REFUSED, WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
+                version = str(obj["metadata"].get("resourceVersion") or "")
+                refused = outcome is WriteOutcome.REFUSED
+                hold = next_hold(self._holds.get(key), version, self.clock(), refused=refused)
+                self._holds[key] = hold
+                log.warning(
+                    "sandbox %s: left alone until %s after %d failed status write(s)",
+                    key,
+                    hold.until.isoformat(),
+                    hold.failures,
+                )
+            else:
+                self._holds.pop(key, None)
 
     def write(
         self,
@@ -74,8 +108,11 @@ class StatusWriter:
         allowed_from: Collection[SandboxPhase] | None = None,
     ) -> WriteOutcome:
         result = write_status(self.objects, obj, status, node=self.node, allowed_from=allowed_from)
-        if result.outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
-            log.warning("sandbox %s: status write failed: %s", sandbox_key(obj), result.detail)
+        if result.outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED, WriteOutcome.REFUSED):
+            log.warning(
+                "sandbox %s: status write %s: %s", sandbox_key(obj), result.outcome, result.detail
+            )
+        self._note(obj, result.outcome)
         return result.outcome
 
     def end(

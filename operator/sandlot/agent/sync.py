@@ -17,12 +17,23 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.capacity import misplaced, refusals
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.agentsweep import ContainerView
-from sandlot.policy.agentsync import Action, ActionKind, SandboxState, phase_counts, plan_sync
+from sandlot.policy.agentsync import (
+    Action,
+    ActionKind,
+    SandboxState,
+    containers_by_key,
+    phase_counts,
+    plan_sync,
+)
+from sandlot.policy.capacity import REASON_OVER_CAPACITY
+
+REASON_PLACEMENT = "PlacementRefused"
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +71,16 @@ class SandboxSync:
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
             return  # no listing yet: an empty map is not "no sandboxes" (their LIST wakes us)
-        in_flight = self.pool.in_flight()
+        in_flight = set(self.pool.in_flight())
         bodies: dict[str, tuple[SandboxState, Mapping[str, Any]]] = {}
         for obj in self.sandbox_watch.items():
             state = SandboxState.from_object(obj)
             bodies[state.key] = (state, obj)
+        # Sandboxes whose last status write failed wait out their back-off.
+        versions = {
+            k: str(o["metadata"].get("resourceVersion") or "") for k, (_, o) in bodies.items()
+        }
+        in_flight |= self.work.status.held(versions)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self._rt().list_containers(timeout=self.call_timeout)
         by_id = {c.id: c for c in containers}
@@ -77,8 +93,28 @@ class SandboxSync:
             drained=drained,
             in_flight=in_flight,
         )
+        starting = [a.key for a in actions if a.kind is ActionKind.START]
+        refused = {
+            key: (REASON_PLACEMENT, why)
+            for key, why in misplaced(
+                self.node, self.node_watch.get(self.node), bodies, starting
+            ).items()
+        }
+        full = refusals(
+            self.node,
+            bodies,
+            set(containers_by_key(ContainerView(c.id, c.labels) for c in containers)),
+            [k for k in starting if k not in refused],
+            self.work.settings,
+            self.work.facts.capacity,
+        )
+        refused.update({key: (REASON_OVER_CAPACITY, why) for key, why in full.items()})
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
+            if action.key in refused and action.kind is ActionKind.START and body is not None:
+                reason, why = refused[action.key]
+                self.pool.submit(action.key, partial(self.work.fail, body, reason, why))
+                continue
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
 

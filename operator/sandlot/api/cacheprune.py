@@ -10,11 +10,19 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from sandlot.api.common import CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    MAX_MESSAGE,
+    MAX_NAME,
+    MAX_NODES,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
 from sandlot.api.node import HeldBackBytes
 
 
@@ -36,8 +44,10 @@ class CachePruneSpec(Model):
         description="Run the forced pass: evict every image that is not in use, pinned or "
         "a live job's, whatever the disk usage. Without it the watermark pass runs now.",
     )
-    nodes: list[str] = Field(
-        default_factory=list, description="Nodes to prune; empty means every SandboxNode."
+    nodes: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field(
+        default_factory=list,
+        max_length=MAX_NODES,
+        description="Nodes to prune; empty means every SandboxNode.",
     )
 
 
@@ -50,7 +60,9 @@ class NodePruneResult(Model):
     held_back: HeldBackBytes = Field(
         default_factory=HeldBackBytes, description="What the pass kept, by reason."
     )
-    error: str | None = Field(default=None, description="Why the pass failed or did not run.")
+    error: str | None = Field(
+        default=None, max_length=MAX_MESSAGE, description="Why the pass failed or did not run."
+    )
     completed_at: datetime | None = Field(default=None, description="When the result was written.")
 
 
@@ -60,9 +72,11 @@ class CachePruneStatus(Model):
         description="Complete when every targeted node reported without error; Failed when "
         "any reported an error.",
     )
-    targets: list[str] = Field(default_factory=list, description="Nodes the request covers.")
+    targets: list[Annotated[str, Field(max_length=MAX_NAME)]] = Field(
+        default_factory=list, max_length=MAX_NODES, description="Nodes the request covers."
+    )
     results: dict[str, NodePruneResult] = Field(
-        default_factory=dict, description="Result per node name."
+        default_factory=dict, max_length=MAX_NODES, description="Result per node name."
     )
 
 

@@ -14,6 +14,32 @@ GROUP = "sandlot.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
+# Size limits on every string, list and map of the CRDs: bad input fails closed at
+# the API server, cheaply, and CEL rules get a bounded cost. Kubernetes' own limits
+# where it has one (names, metav1.Condition).
+MAX_NAME = 253
+"""An object or node name (a DNS subdomain)."""
+MAX_DNS_LABEL = 63
+MAX_WORD = 1024
+"""A CamelCase reason, a condition type, a capability name, a short token."""
+MAX_MESSAGE = 32768
+"""A human-readable message (metav1.Condition's limit)."""
+MAX_IMAGE = 1024
+"""An image reference."""
+MAX_ARG = 16384
+"""One argument of a command line."""
+MAX_ARGS = 256
+MAX_ENV = 256
+MAX_ENV_VALUE = 32768
+MAX_PORTS = 64
+MAX_CAPABILITIES = 64
+MAX_CONDITIONS = 32
+MAX_NODES = 5000
+"""Nodes named in one object (a CachePrune's targets and results)."""
+MAX_ENTRIES = 64
+"""Entries of a map (labels, annotations) or a list of scheduling terms."""
+MAX_QUANTITY = 64
+
 READY_CONDITION = "Ready"
 """Condition type on SandboxNodes and Sandboxes: whether the object serves now."""
 
@@ -36,14 +62,20 @@ class Model(BaseModel):
 class Condition(Model):
     """A Kubernetes-style condition (same shape as metav1.Condition)."""
 
-    type: str = Field(description="Type of the condition, in CamelCase (for example `Ready`).")
+    type: str = Field(
+        max_length=316, description="Type of the condition, in CamelCase (for example `Ready`)."
+    )
     status: Literal["True", "False", "Unknown"] = Field(
         description="Status of the condition: True, False or Unknown."
     )
     reason: str = Field(
-        default="", description="One CamelCase word saying why the condition is as it is."
+        default="",
+        max_length=MAX_WORD,
+        description="One CamelCase word saying why the condition is as it is.",
     )
-    message: str = Field(default="", description="A human-readable explanation.")
+    message: str = Field(
+        default="", max_length=MAX_MESSAGE, description="A human-readable explanation."
+    )
     last_transition_time: datetime | None = Field(
         default=None, description="When the condition last changed status (RFC 3339)."
     )

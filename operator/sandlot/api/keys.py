@@ -25,6 +25,10 @@ LEVEL_LABEL: Final = f"{GROUP}/enforce"
 AGENT_LEASE_LABEL: Final = f"{GROUP}/agent-lease"
 """Lease label (value ``"true"``): the Lease is a node agent's heartbeat."""
 
+DEFAULT_LIMITS_ANNOTATION: Final = f"{GROUP}/default-limits"
+"""Namespace annotation: the limits of its Sandboxes that set none, as
+``memory=512Mi,cpu=500m,pids=256`` (any subset); the agent's settings fill the rest."""
+
 APP_NAME_LABEL: Final = "app.kubernetes.io/name"
 """Recommended Kubernetes label naming the application an object belongs to."""
 
@@ -87,6 +91,7 @@ __all__ = [
     "AGENT_LEASE_LABEL",
     "APP_NAME",
     "APP_NAME_LABEL",
+    "DEFAULT_LIMITS_ANNOTATION",
     "ENDPOINTSLICE_MANAGED_BY_LABEL",
     "ENDPOINTSLICE_MANAGER",
     "IFNAME_LABEL",

@@ -13,7 +13,17 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
-from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    MAX_CONDITIONS,
+    MAX_NAME,
+    MAX_WORD,
+    Condition,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
+from sandlot.api.placement import Taints
 
 
 class NodePhase(StrEnum):
@@ -28,11 +38,29 @@ class SandboxNodeSpec(Model):
         description="Set by `sandlot drain`: no new sandboxes go here and the agent stops "
         "the node's sandboxes gracefully. The node's phase becomes Disabled.",
     )
+    taints: Taints = Field(
+        default_factory=list,
+        description="Taints set by hand (as `kubectl taint` on a Node): sandboxes that do "
+        "not tolerate a NoSchedule or NoExecute taint are not placed here, and its agent "
+        "refuses them when their nodeName was set by hand.",
+    )
 
 
 class NodeCapacity(Model):
     sandboxes: int = Field(
         default=0, ge=0, description="How many non-terminal sandboxes the node accepts."
+    )
+    memory: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Sum of the sandboxes' memory limits the node accepts (bytes, as a "
+        "quantity): the agent's setting, else the node's memory.",
+    )
+    cpu: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Sum of the sandboxes' CPU limits the node accepts (a quantity), when "
+        "the agent's setting bounds it.",
     )
 
 
@@ -102,10 +130,14 @@ class HeldBackBytes(Model):
 class NodeGcStatus(Model):
     last_pass_time: datetime | None = Field(default=None, description="When the last pass ended.")
     last_pass_kind: str | None = Field(
-        default=None, description="`watermark` (automatic or on request) or `forced`."
+        default=None,
+        max_length=MAX_WORD,
+        description="`watermark` (automatic or on request) or `forced`.",
     )
     last_pass_outcome: str | None = Field(
-        default=None, description="`ok`, `nothing-to-do`, `exhausted`, `aborted` or `error`."
+        default=None,
+        max_length=MAX_WORD,
+        description="`ok`, `nothing-to-do`, `exhausted`, `aborted` or `error`.",
     )
     records_removed: int = Field(default=0, description="Records the last pass removed.")
     bytes_freed: int = Field(
@@ -137,14 +169,27 @@ class SandboxNodeStatus(Model):
         default_factory=NodeCapacity, description="What the node accepts (written by its agent)."
     )
     sandboxes: int = Field(default=0, description="Non-terminal sandboxes on the node.")
-    address: str | None = Field(default=None, description="The node's address.")
-    agent_version: str | None = Field(default=None, description="Version of its agent.")
-    containerd_version: str | None = Field(default=None, description="Version of its containerd.")
+    node_taints: Taints = Field(
+        default_factory=list,
+        description="The taints of the Kubernetes Node of the same name, mirrored by the "
+        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`).",
+    )
+    address: str | None = Field(
+        default=None, max_length=MAX_NAME, description="The node's address."
+    )
+    agent_version: str | None = Field(
+        default=None, max_length=MAX_WORD, description="Version of its agent."
+    )
+    containerd_version: str | None = Field(
+        default=None, max_length=MAX_WORD, description="Version of its containerd."
+    )
     health: NodeHealthTracking = Field(
         default_factory=NodeHealthTracking, description="Node-health controller tracking."
     )
     gc: NodeGcStatus = Field(default_factory=NodeGcStatus, description="Image GC state.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
+    )
 
 
 class SandboxNode(Resource):

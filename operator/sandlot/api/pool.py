@@ -6,16 +6,30 @@ Shaped like a Deployment: ``spec.template`` has ``metadata`` and a Sandbox
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
-from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    MAX_CONDITIONS,
+    MAX_DNS_LABEL,
+    MAX_ENTRIES,
+    MAX_MESSAGE,
+    Condition,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
 from sandlot.api.sandbox import SandboxSpec
 
 
 class TemplateMetadata(Model):
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels of each member.")
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Annotations of each member."
+    labels: dict[str, Annotated[str, Field(max_length=MAX_DNS_LABEL)]] = Field(
+        default_factory=dict, max_length=MAX_ENTRIES, description="Labels of each member."
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=MAX_MESSAGE)]] = Field(
+        default_factory=dict, max_length=MAX_ENTRIES, description="Annotations of each member."
     )
 
 
@@ -48,9 +62,15 @@ class SandboxPoolStatus(Model):
     running: int = Field(default=0, description="Members Running.")
     pending: int = Field(default=0, description="Members Pending or Scheduled.")
     dead: int = Field(default=0, description="Terminal members still kept (Dead/Stopped/Failed).")
-    selector: str = Field(default="", description="Label selector of the members (for scale).")
+    selector: str = Field(
+        default="",
+        max_length=MAX_MESSAGE,
+        description="Label selector of the members (for scale).",
+    )
     observed_generation: int | None = Field(default=None, description="Generation seen.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
+    )
 
 
 class SandboxPool(Resource):

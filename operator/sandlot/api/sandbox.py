@@ -9,11 +9,30 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
-from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    MAX_ARG,
+    MAX_ARGS,
+    MAX_CAPABILITIES,
+    MAX_CONDITIONS,
+    MAX_ENV,
+    MAX_ENV_VALUE,
+    MAX_IMAGE,
+    MAX_MESSAGE,
+    MAX_NAME,
+    MAX_PORTS,
+    MAX_QUANTITY,
+    MAX_WORD,
+    Condition,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
+from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 
 
 class SandboxPhase(StrEnum):
@@ -40,11 +59,18 @@ REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"
 
 _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
+# A non-negative Kubernetes quantity, the grammar sandlot.policy.quantity parses:
+# a decimal number, then a binary or decimal suffix or a decimal exponent.
+QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
+Arg = Annotated[str, Field(max_length=MAX_ARG)]
+CapabilityName = Annotated[str, Field(max_length=64)]
 
 
 class EnvVar(Model):
-    name: str = Field(min_length=1, description="Name of the environment variable.")
-    value: str = Field(default="", description="Its value.")
+    name: str = Field(
+        min_length=1, max_length=MAX_WORD, description="Name of the environment variable."
+    )
+    value: str = Field(default="", max_length=MAX_ENV_VALUE, description="Its value.")
 
 
 class SandboxPort(Model):
@@ -61,13 +87,15 @@ class SandboxPort(Model):
 class ResourceLimits(Model):
     memory: str | None = Field(
         default=None,
-        pattern=r"^[0-9]+(Ki|Mi|Gi|Ti|k|M|G|T)?$",
+        max_length=MAX_QUANTITY,
+        pattern=QUANTITY_PATTERN,
         description="Memory limit as a Kubernetes quantity (`256Mi`, `1Gi`); a process "
         "over it is killed by the kernel's OOM killer.",
     )
     cpu: str | None = Field(
         default=None,
-        pattern=r"^([0-9]+m|[0-9]+(\.[0-9]+)?)$",
+        max_length=MAX_QUANTITY,
+        pattern=QUANTITY_PATTERN,
         description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS quota.",
     )
 
@@ -79,8 +107,9 @@ class SandboxResources(Model):
 
 
 class Capabilities(Model):
-    add: list[str] = Field(
+    add: list[CapabilityName] = Field(
         default_factory=list,
+        max_length=MAX_CAPABILITIES,
         description="Linux capabilities added to the sandbox's baseline set (CHOWN, "
         "DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID, SETUID, NET_BIND_SERVICE, SYS_CHROOT). "
         "Names with or without `CAP_`, any case (`NET_ADMIN`, `cap_net_raw`); `ALL` means "
@@ -129,21 +158,26 @@ class SecurityContext(Model):
 class SandboxSpec(Model):
     image: str = Field(
         min_length=1,
+        max_length=MAX_IMAGE,
         description="Image reference in the node's containerd store (for example "
         "`docker.io/library/busybox:1.36`).",
     )
-    command: list[str] = Field(
+    command: list[Arg] = Field(
+        max_length=MAX_ARGS,
         default_factory=list,
         description="Argv of the sandbox's process; empty means the image's entrypoint and cmd.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Environment variables.")
+    env: list[EnvVar] = Field(
+        default_factory=list, max_length=MAX_ENV, description="Environment variables."
+    )
     ports: list[SandboxPort] = Field(
         default_factory=list,
+        max_length=MAX_PORTS,
         description="Ports the sandbox serves, published to its pool's Service.",
     )
     node_name: str | None = Field(
         default=None,
-        max_length=253,
+        max_length=MAX_NAME,
         description="The SandboxNode this sandbox runs on. Set by the scheduler when "
         "empty; immutable once set. Selectable: `--field-selector spec.nodeName=N`.",
     )
@@ -159,6 +193,25 @@ class SandboxSpec(Model):
         description="Security settings, modelled on the Pod's. Without them a sandbox gets "
         "the safe defaults: own namespaces, the capability baseline, no new privileges, "
         "the seccomp profile, masked kernel paths and a pids limit (docs/isolation.md).",
+    )
+    tolerations: Tolerations = Field(
+        default_factory=list,
+        description="Taints of SandboxNodes this sandbox tolerates (as a Pod's).",
+    )
+    node_selector: NodeLabels = Field(
+        default_factory=dict,
+        description="Labels the SandboxNode must have (as a Pod's nodeSelector).",
+    )
+    affinity: Affinity | None = Field(
+        default=None,
+        description="Required node affinity over the SandboxNodes' labels (as a Pod's).",
+    )
+    host_users: bool | None = Field(
+        default=None,
+        description="false asks for a user namespace: root in the sandbox is an "
+        "unprivileged user on the node. Needs idmapped mounts on the node; an agent "
+        "that cannot give it ends the sandbox Failed (UserNamespacesUnsupported) rather "
+        "than run it with the node's users.",
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,
@@ -177,16 +230,25 @@ class SandboxStatus(Model):
     )
     reason: str | None = Field(
         default=None,
+        max_length=MAX_WORD,
         description="One CamelCase word for the last phase change (NodeLost, Exited, ...).",
     )
-    message: str | None = Field(default=None, description="Human-readable detail.")
-    container_id: str | None = Field(default=None, description="containerd container id.")
+    message: str | None = Field(
+        default=None, max_length=MAX_MESSAGE, description="Human-readable detail."
+    )
+    container_id: str | None = Field(
+        default=None, max_length=MAX_NAME, description="containerd container id."
+    )
     pid: int | None = Field(default=None, description="Host PID of the sandbox's process.")
-    ip: str | None = Field(default=None, description="Address the sandbox is reachable at.")
+    ip: str | None = Field(
+        default=None, max_length=64, description="Address the sandbox is reachable at."
+    )
     started_at: datetime | None = Field(default=None, description="When the process started.")
     finished_at: datetime | None = Field(default=None, description="When it ended.")
     exit_code: int | None = Field(default=None, description="Exit status, once it exited.")
-    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
+    )
 
 
 class Sandbox(Resource):

@@ -32,6 +32,7 @@ from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class SandboxRecord:
     created_at: datetime
     finished_at: datetime | None
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
+    placement: Placement | None = None  # None: no tolerations, selector or affinity
 
     @property
     def key(self) -> str:
@@ -117,7 +119,15 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
         finished_at=parse_time(status.get("finishedAt")),
         conditions=_conditions(status),
+        placement=_placement(spec),
     )
+
+
+def _placement(spec: Mapping[str, Any]) -> Placement | None:
+    try:
+        return Placement.from_body(spec)
+    except ValueError:
+        return None  # the API server validated it; a stale shape must not stop the cache
 
 
 Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old, new)

@@ -34,12 +34,14 @@ import kopf
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.api.placement import Taint
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
+from sandlot.policy.placement import taints_of
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class NodeInfo:
     unschedulable: bool
     capacity: int
     tracking: NodeHealthTracking
+    labels: Mapping[str, str]
+    taints: tuple[Taint, ...]
 
 
 def _node_info(body: Mapping[str, Any]) -> NodeInfo:
@@ -66,6 +70,8 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
         unschedulable=bool((body.get("spec") or {}).get("unschedulable", False)),
         capacity=int((status.get("capacity") or {}).get("sandboxes") or 0),
         tracking=NodeHealthTracking.model_validate(status.get("health") or {}),
+        labels=dict(meta.get("labels") or {}),
+        taints=taints_of(body),
     )
 
 
@@ -186,12 +192,15 @@ class Scheduler:
                     sandboxes=self.cache.node_load.get(node.name, 0),
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
                     ready_until=self.liveness.expiry(node.name, node.tracking),
+                    labels=node.labels,
+                    taints=node.taints,
                 )
             )
         return slots
 
     def choose(self, rec: SandboxRecord, now: datetime) -> Choice:
-        return choose_node(SandboxRequest(rec.key, rec.pool_key), self.slots(now), now)
+        request = SandboxRequest(rec.key, rec.pool_key, rec.placement)
+        return choose_node(request, self.slots(now), now)
 
     async def schedule(self, key: str) -> float | None:
         rec = self.cache.get(key)

@@ -102,14 +102,15 @@ def _parents(path: str) -> list[str]:
     return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
-def _files_layer(files: Mapping[str, bytes]) -> bytes:
+def _files_layer(files: Mapping[str, bytes], executables: frozenset[str] = frozenset()) -> bytes:
     directories = sorted({d for path in files for d in _parents(path)})
     entries: list[tuple[tarfile.TarInfo, bytes | None]] = [
         (_tar_entry(d, kind=tarfile.DIRTYPE, mode=0o755), None) for d in directories
     ]
     for path in sorted(files):
         data = files[path]
-        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
+        mode = 0o755 if path in executables else 0o644
+        entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=mode), data))
     return _tar(entries)
 
 
@@ -147,6 +148,8 @@ def build_image_archive(
     env: Sequence[str] = ("PATH=/usr/bin:/bin",),
     working_dir: str = "/",
     extra_files: Mapping[str, bytes] | None = None,
+    executable_files: Mapping[str, bytes] | None = None,
+    user: str = "",
     filler_bytes: int = 0,
     salt: str = "",
     compress: bool = False,
@@ -154,7 +157,8 @@ def build_image_archive(
 ) -> ImageArchive:
     """Write an OCI image archive for ``name`` (e.g. ``docker.io/sandlot/busybox:1``) to ``dest``.
 
-    ``extra_files``, ``filler_bytes`` and ``salt`` go into a second layer: a
+    ``extra_files`` (mode 0644), ``executable_files`` (0755), ``filler_bytes`` and
+    ``salt`` go into a second layer: a
     ``salt`` alone makes an image distinct, ``filler_bytes`` makes it that much
     bigger (the filler is ``/filler``, zeros).
 
@@ -164,7 +168,7 @@ def build_image_archive(
     """
     if not busybox.is_file():
         raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
-    layers = _image_layers(busybox, extra_files, filler_bytes, salt)
+    layers = _image_layers(busybox, extra_files, executable_files, filler_bytes, salt)
     blobs: dict[str, bytes] = {}
     layer_descriptors, diff_ids = _store_layers(blobs, layers, compress)
     plat = host_platform()
@@ -173,6 +177,7 @@ def build_image_archive(
         "Cmd": list(cmd) or None,
         "Env": list(env),
         "WorkingDir": working_dir,
+        **({"User": user} if user else {}),
     }
     config = _store(blobs, _config_blob(plat, image_config, diff_ids))
     manifest = _canonical(
@@ -193,17 +198,23 @@ def build_image_archive(
 
 
 def _image_layers(
-    busybox: Path, extra_files: Mapping[str, bytes] | None, filler_bytes: int, salt: str
+    busybox: Path,
+    extra_files: Mapping[str, bytes] | None,
+    executable_files: Mapping[str, bytes] | None,
+    filler_bytes: int,
+    salt: str,
 ) -> list[bytes]:
     """The busybox layer, and a second one when there are files, a salt or a filler."""
     layers = [_busybox_layer(busybox)]
     files = {path.lstrip("/"): data for path, data in (extra_files or {}).items()}
+    executables = frozenset(path.lstrip("/") for path in executable_files or {})
+    files.update({path.lstrip("/"): data for path, data in (executable_files or {}).items()})
     if salt:
         files[".sandlot-salt"] = salt.encode()
     if filler_bytes:
         files["filler"] = bytes(filler_bytes)
     if files:
-        layers.append(_files_layer(files))
+        layers.append(_files_layer(files, executables))
     return layers
 
 

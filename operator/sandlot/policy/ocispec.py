@@ -22,6 +22,7 @@ from typing import Any
 
 from sandlot.api.admission import cap_name
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.imageuser import ResolvedUser, resolve_user
 from sandlot.policy.quantity import CFS_PERIOD_US, cpu_quota, memory_bytes
 from sandlot.policy.seccomp import default_profile
 
@@ -98,9 +99,9 @@ ALL_CAPABILITIES = tuple(
 DEFAULT_PIDS_LIMIT = 1024
 
 
-def cgroups_path_for(name: str) -> str:
+def cgroups_path_for(name: str, parent: str = CGROUP_PARENT) -> str:
     """The cgroup (relative to each hierarchy's root) of the container ``name``."""
-    return f"{CGROUP_PARENT}/{name}"
+    return f"{parent.rstrip('/')}/{name}"
 
 
 def capability_mask(names: Sequence[str]) -> int:
@@ -108,6 +109,7 @@ def capability_mask(names: Sequence[str]) -> int:
     return sum(1 << ALL_CAPABILITIES.index(n) for n in set(names))
 
 
+# containerd's (and the kubelet's) default masked and read-only paths, in its order.
 MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
@@ -117,8 +119,9 @@ MASKED_PATHS = (
     "/proc/timer_list",
     "/proc/timer_stats",
     "/proc/sched_debug",
-    "/proc/scsi",
     "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+    "/proc/scsi",
 )
 READONLY_PATHS = (
     "/proc/bus",
@@ -184,6 +187,7 @@ def default_spec(
     host_network: bool,
     hostname: str,
     user: tuple[int, int] = (0, 0),
+    additional_gids: Sequence[int] = (),
     cgroups_path: str | None = None,
     capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
     privileged: bool = False,
@@ -226,12 +230,16 @@ def default_spec(
     if not privileged:
         linux["maskedPaths"] = list(MASKED_PATHS)
         linux["readonlyPaths"] = list(READONLY_PATHS)
-        linux["seccomp"] = default_profile()
+        linux["seccomp"] = default_profile(caps)
     return {
         "ociVersion": OCI_VERSION,
         "process": {
             "terminal": False,
-            "user": {"uid": uid, "gid": gid},
+            "user": {
+                "uid": uid,
+                "gid": gid,
+                **({"additionalGids": list(additional_gids)} if additional_gids else {}),
+            },
             "args": list(args),
             "env": environment,
             "cwd": cwd or "/",
@@ -258,24 +266,29 @@ class ImageConfig:
     env: Sequence[str] = ()
     working_dir: str = ""
     user: str = ""
+    # The image's /etc/passwd and /etc/group, read only when ``user`` names a user
+    # or group (``imageuser.needs_lookup``).
+    passwd: str = ""
+    group: str = ""
 
 
 class RunAsRootRefused(ValueError):
     """``runAsNonRoot`` is set and the process would run as UID 0."""
 
 
-def process_user(spec: SandboxSpec, config: ImageConfig) -> tuple[int, int]:
-    """(uid, gid): the security context's, else the image's numeric ``user``, else root."""
+def process_user(spec: SandboxSpec, config: ImageConfig) -> ResolvedUser:
+    """The security context's UID/GID, else the image's ``user`` resolved through its
+    own ``/etc/passwd`` and ``/etc/group``, else root. Raises ``UnknownImageUser``."""
     ctx = spec.security_context
     uid = ctx.run_as_user if ctx and ctx.run_as_user is not None else None
     gid = ctx.run_as_group if ctx and ctx.run_as_group is not None else None
     if uid is None and config.user:
-        name, _, group = config.user.partition(":")
-        if name.isdigit():
-            uid = int(name)
-        if group.isdigit() and gid is None:
-            gid = int(group)
-    return (uid or 0, gid if gid is not None else 0)
+        image = resolve_user(config.user, config.passwd, config.group)
+        return ResolvedUser(image.uid, image.gid if gid is None else gid, image.additional_gids)
+    group = config.user.partition(":")[2]
+    if gid is None and group.isdigit():
+        gid = int(group)
+    return ResolvedUser(uid or 0, gid if gid is not None else 0)
 
 
 def sandbox_capabilities(spec: SandboxSpec, node_capabilities: Sequence[str]) -> list[str]:
@@ -297,6 +310,8 @@ def build_oci_spec(
     pids_limit: int | None = DEFAULT_PIDS_LIMIT,
     limit_swap: bool = False,
     node_capabilities: Sequence[str] = ALL_CAPABILITIES,
+    apparmor_profile: str | None = None,
+    cgroup_parent: str = CGROUP_PARENT,
 ) -> dict[str, Any]:
     """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
     security context, on top of ``default_spec``'s safe defaults.
@@ -314,7 +329,7 @@ def build_oci_spec(
     env = [*config.env, *(f"{e.name}={e.value}" for e in spec.env)]
     ctx = spec.security_context
     user = process_user(spec, config)
-    if ctx and ctx.run_as_non_root and user[0] == 0:
+    if ctx and ctx.run_as_non_root and user.uid == 0:
         source = "spec.securityContext.runAsUser" if ctx.run_as_user == 0 else "the image"
         raise RunAsRootRefused(
             f"spec.securityContext.runAsNonRoot is true but the process would run as UID 0 "
@@ -326,13 +341,16 @@ def build_oci_spec(
         config.working_dir,
         host_network=spec.host_network,
         hostname=hostname[:63],
-        user=user,
-        cgroups_path=cgroups_path_for(name),
+        user=(user.uid, user.gid),
+        additional_gids=user.additional_gids,
+        cgroups_path=cgroups_path_for(name, cgroup_parent),
         capabilities=sandbox_capabilities(spec, node_capabilities),
         privileged=bool(ctx and ctx.privileged),
         readonly_root=bool(ctx and ctx.read_only_root_filesystem),
         pids_limit=pids_limit,
     )
+    if apparmor_profile:
+        oci["process"]["apparmorProfile"] = apparmor_profile
     limits = spec.resources.limits if spec.resources else None
     resources = oci["linux"]["resources"]
     if limits and limits.memory:

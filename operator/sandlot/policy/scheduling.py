@@ -21,6 +21,8 @@ from datetime import datetime
 from enum import StrEnum
 
 from sandlot.api.node import NodePhase
+from sandlot.api.placement import Taint
+from sandlot.policy.placement import Placement, misfit
 
 
 class Unschedulable(StrEnum):
@@ -30,6 +32,7 @@ class Unschedulable(StrEnum):
     ALL_DISABLED = "AllNodesDisabled"
     NO_READY_NODE = "NoReadyNode"
     ALL_AT_CAPACITY = "AllNodesAtCapacity"
+    NO_MATCHING_NODE = "NoMatchingNode"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class NodeSlot:
     sandboxes: int
     pool_members: Mapping[str, int] = field(default_factory=dict)
     ready_until: datetime | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
 
     def ready(self, now: datetime) -> bool:
         if self.unschedulable or self.phase != NodePhase.READY:
@@ -67,6 +72,7 @@ class SandboxRequest:
 
     key: str
     pool: str | None = None
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True)
@@ -88,30 +94,39 @@ def _spread_key(slot: NodeSlot, pool: str | None) -> tuple[int, float, int, str]
 
 def choose_node(sandbox: SandboxRequest, nodes: Sequence[NodeSlot], now: datetime) -> Choice:
     """The node ``sandbox`` should be bound to, or None and why none fits."""
-    fits = [n for n in nodes if n.ready(now) and n.free > 0]
+    allowed = [n for n in nodes if misfit(sandbox.placement, n.labels, n.taints) is None]
+    fits = [n for n in allowed if n.ready(now) and n.free > 0]
     if fits:
         best = min(fits, key=lambda n: _spread_key(n, sandbox.pool))
         return Choice(node=best.name)
-    return _why_not(nodes, now)
+    return _why_not(allowed, now, total=len(nodes))
 
 
-def _why_not(nodes: Sequence[NodeSlot], now: datetime) -> Choice:
-    total = len(nodes)
+def _why_not(nodes: Sequence[NodeSlot], now: datetime, *, total: int) -> Choice:
+    """Why none of ``nodes`` (those the sandbox's placement allows, of ``total``) fits."""
+    excluded = total - len(nodes)
     if total == 0:
         return Choice(
             None, Unschedulable.NO_NODES, "0/0 nodes are available: no SandboxNode exists"
         )
     disabled = sum(1 for n in nodes if n.unschedulable)
     ready = [n for n in nodes if n.ready(now)]
-    not_ready = total - disabled - len(ready)
+    not_ready = len(nodes) - disabled - len(ready)
     full = len(ready)  # every Ready node is full, or one would have fitted
     parts = [
         f"{count} {what}"
-        for count, what in ((not_ready, "NotReady"), (disabled, "Disabled"), (full, "at capacity"))
+        for count, what in (
+            (excluded, "untolerated taint or node selector/affinity mismatch"),
+            (not_ready, "NotReady"),
+            (disabled, "Disabled"),
+            (full, "at capacity"),
+        )
         if count
     ]
     message = f"0/{total} nodes are available: {', '.join(parts)}"
-    if disabled == total:
+    if not nodes:
+        return Choice(None, Unschedulable.NO_MATCHING_NODE, message)
+    if disabled == len(nodes):
         return Choice(None, Unschedulable.ALL_DISABLED, message)
     if not ready:
         return Choice(None, Unschedulable.NO_READY_NODE, message)

@@ -26,6 +26,7 @@ from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.connection import Connection, to_datetime
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
+from sandlot.adapters.containerd.imagefiles import read_image_files
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ImageConfig,
@@ -34,6 +35,7 @@ from sandlot.adapters.runtime import (
     RuntimeError_,
     RuntimeTimeout,
 )
+from sandlot.policy.imageuser import needs_lookup
 
 INDEX_MEDIA_TYPES = frozenset(
     {
@@ -103,15 +105,32 @@ class Images:
         return self._conn.read_json(str(config["digest"]), budget, f"image {image} config")
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:
-        config = self.config_json(image, Deadline(timeout, expired=RuntimeTimeout)).get("config")
-        config = config or {}
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        config = self.config_json(image, budget).get("config") or {}
+        user = str(config.get("User") or "")
+        files = self._image_files(image, budget) if needs_lookup(user) else {}
         return ImageConfig(
             entrypoint=tuple(config.get("Entrypoint") or ()),
             cmd=tuple(config.get("Cmd") or ()),
             env=tuple(config.get("Env") or ()),
             working_dir=str(config.get("WorkingDir") or ""),
-            user=str(config.get("User") or ""),
+            user=user,
+            passwd=files.get("/etc/passwd", ""),
+            group=files.get("/etc/group", ""),
         )
+
+    def _image_files(self, image: str, budget: Deadline) -> dict[str, str]:
+        """The image's /etc/passwd and /etc/group, for a ``USER`` given by name."""
+        target = self._target(image, budget)
+        manifest = self._platform_manifest(
+            image, {"digest": target.digest, "mediaType": target.media_type}, budget
+        )
+        what = f"image {image} layers"
+
+        def read(digest: str) -> bytes:
+            return self._conn.read_blob(digest, timeout=budget.remaining(what), what=what)
+
+        return read_image_files(manifest.get("layers") or [], read, ("/etc/passwd", "/etc/group"))
 
     # -- records -------------------------------------------------------------------
 

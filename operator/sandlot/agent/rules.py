@@ -1,0 +1,99 @@
+"""A Sandbox against its namespace's rules, read when it starts: the policy level
+(``sandlot.dev/enforce``) and the default limits (``sandlot.dev/default-limits``).
+
+Defence in depth behind the admission policy, and the one place a namespace's
+defaults meet the agent's. A namespace that cannot be read now makes the start
+wait for the next sync; a bad annotation fails the start naming it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandlot.adapters.nodeguard import namespace_annotations, namespace_labels
+from sandlot.adapters.objects import Objects
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.status import sandbox_key
+from sandlot.api.admission import Level, level_of
+from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
+from sandlot.api.sandbox import REASON_POLICY_VIOLATION, SandboxSpec
+from sandlot.policy.limits import DefaultLimits, merge, parse_defaults
+from sandlot.policy.podsecurity import Violation, check, describe
+
+log = logging.getLogger(__name__)
+
+REASON_INVALID_DEFAULTS = "InvalidDefaultLimits"
+
+
+class StartFailed(Exception):
+    """A start step failed: the Sandbox ends Failed with ``reason``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class NamespaceRules:
+    def __init__(self, settings: AgentSettings, objects: Objects) -> None:
+        self.settings = settings
+        self.objects = objects
+
+    def checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
+        """The spec, validated and within the namespace's level; None if the level is unknown."""
+        try:
+            spec = SandboxSpec.model_validate(sb.get("spec") or {})
+        except ValidationError as exc:
+            raise StartFailed("InvalidSpec", f"spec rejected by the agent: {exc}") from None
+        violations = self._policy_violations(sb, spec)
+        if violations is None:
+            return None
+        if violations:
+            raise StartFailed(REASON_POLICY_VIOLATION, describe(violations))
+        return spec
+
+    def defaults(self, sb: Mapping[str, Any]) -> DefaultLimits | None:
+        """The agent's default limits under the namespace's annotation; None when the
+        namespace cannot be read now (the next sync asks again)."""
+        ns = sb["metadata"]["namespace"]
+        try:
+            text = namespace_annotations(self.objects.api, ns).get(DEFAULT_LIMITS_ANNOTATION, "")
+        except Exception as exc:
+            log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
+            return None
+        try:
+            return merge(self.settings.default_limits, parse_defaults(text))
+        except ValueError as exc:
+            raise StartFailed(
+                REASON_INVALID_DEFAULTS,
+                f"namespace {ns} annotation {DEFAULT_LIMITS_ANNOTATION}: {exc}",
+            ) from None
+
+    def _policy_violations(
+        self, sb: Mapping[str, Any], spec: SandboxSpec
+    ) -> list[Violation] | None:
+        """The rules of the namespace's level this spec breaks; None if the level is unknown.
+
+        Defence in depth behind the admission policy. A spec that fits
+        ``restricted`` fits every level, so its namespace is not even read.
+        """
+        ns = sb["metadata"]["namespace"]
+        if not check(spec, Level.RESTRICTED, ns):
+            return []
+        try:
+            labels = namespace_labels(self.objects.api, ns)
+        except Exception as exc:
+            log.warning(
+                "sandbox %s: cannot read namespace %s for its policy level: %s",
+                sandbox_key(sb),
+                ns,
+                exc,
+            )
+            return None
+        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
+
+
+__all__ = ["REASON_INVALID_DEFAULTS", "NamespaceRules", "StartFailed"]

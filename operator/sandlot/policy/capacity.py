@@ -1,0 +1,91 @@
+"""Which of a node's waiting sandboxes would take it beyond its capacity: pure.
+
+The scheduler places by free slots, but a Sandbox may arrive with ``spec.nodeName``
+set by hand, bypassing it; the agent is the last line. A node's capacity has three
+dimensions: sandboxes, memory and CPU (the sum of the sandboxes' limits, each
+sandbox counted with its own limits or the agent's defaults). Sandboxes that run
+already (or whose container exists) are counted first; the waiting ones are
+admitted oldest first, each only if it fits beside everything admitted before it.
+The others are refused with a reason naming the full dimension.
+
+Memory capacity defaults to the node's own memory when the agent's settings leave
+it empty; CPU, compressible, is bounded only when configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sandlot.policy.quantity import memory_bytes, parse_quantity
+
+REASON_OVER_CAPACITY = "OverCapacity"
+
+
+@dataclass(frozen=True)
+class Capacity:
+    sandboxes: int
+    memory: int | None = None
+    """Bytes; None: not limited."""
+    cpu_millis: int | None = None
+    """Thousandths of a CPU; None: not limited."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    key: str
+    memory: int
+    """Bytes of its memory limit (0: none)."""
+    cpu_millis: int
+    created: str = ""
+    """``metadata.creationTimestamp`` (RFC 3339 sorts as text)."""
+
+
+def cpu_millis(text: str) -> int:
+    return int(parse_quantity(text) * 1000) if text else 0
+
+
+def usage_of(key: str, memory: str, cpu: str, created: str = "") -> Usage:
+    return Usage(key, memory_bytes(memory) if memory else 0, cpu_millis(cpu), created)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f}Gi"
+
+
+def over_capacity(
+    node: str, started: Sequence[Usage], waiting: Sequence[Usage], capacity: Capacity
+) -> dict[str, str]:
+    """``{key: message}`` for each waiting sandbox that does not fit."""
+    count = len(started)
+    memory = sum(u.memory for u in started)
+    cpu = sum(u.cpu_millis for u in started)
+    refused: dict[str, str] = {}
+    for u in sorted(waiting, key=lambda u: (u.created, u.key)):
+        if count + 1 > capacity.sandboxes:
+            why = f"{count} sandboxes run or start there (capacity {capacity.sandboxes})"
+        elif capacity.memory is not None and memory + u.memory > capacity.memory:
+            why = (
+                f"its memory limit {_gib(u.memory)} does not fit: {_gib(memory)} of "
+                f"{_gib(capacity.memory)} taken"
+            )
+        elif capacity.cpu_millis is not None and cpu + u.cpu_millis > capacity.cpu_millis:
+            why = (
+                f"its CPU limit {u.cpu_millis}m does not fit: {cpu}m of "
+                f"{capacity.cpu_millis}m taken"
+            )
+        else:
+            count, memory, cpu = count + 1, memory + u.memory, cpu + u.cpu_millis
+            continue
+        refused[u.key] = f"node {node} is full: {why}"
+    return refused
+
+
+__all__ = [
+    "REASON_OVER_CAPACITY",
+    "Capacity",
+    "Usage",
+    "cpu_millis",
+    "over_capacity",
+    "usage_of",
+]

@@ -1,0 +1,398 @@
+"""What the agent refuses, and what it does when it is refused, claimed against the
+real kube-apiserver and containerd:
+
+- a sandbox whose ``spec.nodeName`` was set by hand onto a node with a taint it
+  does not tolerate ends Failed (PlacementRefused); one that tolerates it runs;
+- a sandbox asking for isolation the node cannot give (``hostUsers: false``
+  without idmapped mounts in this agent; an AppArmor profile that is not loaded)
+  ends Failed with a reason naming it, and no container is created;
+
+- refused for good (a 4xx other than 409; here a ValidatingAdmissionPolicy denies
+  the write with 422): the agent does not start the sandbox again and write again
+  every sync pass, it backs off;
+- failing with a 5xx (here an admission webhook that cannot be reached, which the
+  API server answers with 500): the container that just started is kept, and its
+  Running is written once the API server takes it again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.runtime import RuntimeError_, TaskState
+from sandlot.agent.main import Agent
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.placement import CONTROL_PLANE_TAINT
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING, REASON_USER_NAMESPACES
+from tests.support.agents import agent_settings
+from tests.support.containerd import PrivateContainerd
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.containerd]
+
+IMAGE = "docker.io/sandlot/status-busybox:test"
+DENY_LABEL = "sandlot-test/deny-status"
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("status-images") / "busybox.tar"
+    build_image_archive(path, IMAGE)
+    return path
+
+
+@pytest.fixture
+def ctr_ns(containerd: PrivateContainerd, archive: Path) -> Iterator[str]:
+    name = f"st-{uuid.uuid4().hex[:8]}"
+    import_archive(containerd.address, name, archive, timeout=60)
+    yield name
+    rt = ContainerdRuntime(containerd.address, name)
+    try:
+        ids = [c.id for c in rt.list_containers(timeout=10)]
+        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
+    except RuntimeError_:
+        pass
+    finally:
+        rt.close()
+
+
+@pytest.fixture
+def agent(
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+    tmp_path: Path,
+) -> Iterator[Agent]:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    settings = agent_settings(
+        node=node,
+        namespace=namespace,
+        containerd=containerd,
+        ctr_ns=ctr_ns,
+        log_dir=tmp_path / "logs",
+        sync_interval="1s",
+    )
+    instance = Agent(settings, kube, registry=CollectorRegistry())
+    assert instance.start()
+    try:
+        yield instance
+    finally:
+        instance.shutdown()
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(kube).delete_cluster_custom_object(
+                GROUP, VERSION, "sandboxnodes", node
+            )
+
+
+def _create(
+    kube: client.ApiClient, namespace: str, name: str, node: str, mark: str, **spec: Any
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Sandbox",
+        "metadata": {"name": name, "labels": {DENY_LABEL: mark}},
+        "spec": {"image": IMAGE, "nodeName": node, **spec},
+    }
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
+    )
+
+
+def _get(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return dict(
+        client.CustomObjectsApi(kube).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", name
+        )
+    )
+
+
+def _status_write_refused(
+    kube: client.ApiClient, namespace: str, name: str, phase: str = "Failed"
+) -> str | None:
+    try:
+        client.CustomObjectsApi(kube).patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            name,
+            {"status": {"phase": phase, "message": "probe"}},
+            dry_run="All",
+        )
+    except client.ApiException as exc:
+        return f"{exc.status}"
+    return None
+
+
+@contextlib.contextmanager
+def _deny_failed_status(kube: client.ApiClient, mark: str) -> Iterator[None]:
+    """A ValidatingAdmissionPolicy refusing (422) a Failed status on Sandboxes with
+    the mark."""
+    adm = client.AdmissionregistrationV1Api(kube)
+    name = f"deny-failed-{mark}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["UPDATE"],
+                        "resources": ["sandboxes/status"],
+                    }
+                ],
+                "objectSelector": {"matchLabels": {DENY_LABEL: mark}},
+            },
+            "validations": [
+                {
+                    "expression": "!has(object.status) || !has(object.status.phase) "
+                    "|| object.status.phase != 'Failed'",
+                    "message": "Failed is not accepted for this test sandbox",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    adm.create_validating_admission_policy(policy)
+    adm.create_validating_admission_policy_binding(binding)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(client.ApiException):
+            adm.delete_validating_admission_policy_binding(name)
+        with contextlib.suppress(client.ApiException):
+            adm.delete_validating_admission_policy(name)
+
+
+def test_a_refused_failure_write_is_not_retried_every_pass(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    mark = uuid.uuid4().hex[:8]
+    with _deny_failed_status(kube, mark):
+        # The policy takes effect asynchronously: a marked probe's dry run says when.
+        probe = f"probe-{mark}"
+        _create(kube, namespace, probe, f"nowhere-{mark}", mark)
+        wait_for(
+            lambda: _status_write_refused(kube, namespace, probe) == "422",
+            timeout=30,
+            interval=0.2,
+            what="the admission policy to refuse a Failed status",
+        )
+        caplog.set_level(logging.WARNING, logger="sandlot.agent.sandboxes")
+        # The image is not on the node: every start ends in a Failed write, refused.
+        _create(kube, namespace, "nope", agent.node, mark, image="docker.io/sandlot/absent:1")
+        starts = lambda: sum(  # noqa: E731
+            "sandbox " + namespace + "/nope failed: ImageNotFound" in r.getMessage()
+            for r in caplog.records
+        )
+        wait_for(lambda: starts() >= 1, timeout=30, what="the agent to try the sandbox")
+        time.sleep(6)  # six sync intervals: a hot retry would have made about six tries
+        assert starts() <= 2, f"{starts()} tries in 6s: the refused write is retried hot"
+        assert (_get(kube, namespace, "nope").get("status") or {}).get("phase") == "Scheduled"
+
+
+@contextlib.contextmanager
+def _status_webhook_down(kube: client.ApiClient, mark: str) -> Iterator[None]:
+    """An admission webhook nobody answers, failurePolicy Fail, on the marked
+    Sandboxes' status writes that say Running: the API server answers them with 500."""
+    adm = client.AdmissionregistrationV1Api(kube)
+    name = f"down-{mark}.sandlot.test"
+    body = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [
+            {
+                "name": name,
+                "clientConfig": {"url": "https://127.0.0.1:1/validate"},
+                "rules": [
+                    {
+                        "apiGroups": [GROUP],
+                        "apiVersions": [VERSION],
+                        "operations": ["UPDATE"],
+                        "resources": ["sandboxes/status"],
+                    }
+                ],
+                "objectSelector": {"matchLabels": {DENY_LABEL: mark}},
+                "matchConditions": [
+                    {
+                        "name": "running",
+                        "expression": "has(object.status) && has(object.status.phase) "
+                        "&& object.status.phase == 'Running'",
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }
+        ],
+    }
+    adm.create_validating_webhook_configuration(body)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(client.ApiException):
+            adm.delete_validating_webhook_configuration(name)
+
+
+def test_a_running_write_failing_with_5xx_keeps_the_started_container(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    mark = uuid.uuid4().hex[:8]
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    try:
+        with _status_webhook_down(kube, mark):
+            probe = f"probe-{mark}"
+            _create(kube, namespace, probe, f"nowhere-{mark}", mark)
+            wait_for(
+                lambda: _status_write_refused(kube, namespace, probe, "Running") == "500",
+                timeout=30,
+                interval=0.2,
+                what="the unreachable webhook to fail status writes with 500",
+            )
+            _create(kube, namespace, "busy", agent.node, mark, command=["sleep", "300"])
+            task = wait_for(
+                lambda: next(
+                    (t for t in rt.list_tasks(timeout=5) if t.state is TaskState.RUNNING), None
+                ),
+                timeout=30,
+                what="the sandbox's task to run",
+            )
+            time.sleep(4)  # several passes, each seeing it Scheduled beside its container
+            still = rt.get_task(task.container_id, timeout=5)
+            assert still is not None and still.state is TaskState.RUNNING, still
+            assert still.pid == task.pid, "the container was replaced"
+            assert _get(kube, namespace, "busy")["status"]["phase"] == "Scheduled"
+
+        def running() -> dict[str, Any] | None:
+            status = _get(kube, namespace, "busy").get("status") or {}
+            return status if status.get("phase") == "Running" else None
+
+        status = wait_for(running, timeout=45, what="Running written once the API server takes it")
+        assert status["containerId"] == task.container_id
+        assert status["pid"] == task.pid
+    finally:
+        rt.close()
+
+
+def test_host_users_false_is_refused_with_a_reason_not_run_with_host_users(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    _create(kube, namespace, "userns", agent.node, "none", hostUsers=False, command=["sleep", "30"])
+
+    def ended() -> dict[str, Any] | None:
+        status = _get(kube, namespace, "userns").get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    status = wait_for(ended, timeout=30, what="the agent to decide on hostUsers: false")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == REASON_USER_NAMESPACES, status
+    assert "spec.hostUsers: false" in status["message"], status
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    try:
+        assert rt.list_containers(timeout=5) == [], "a container was created anyway"
+    finally:
+        rt.close()
+
+
+def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
+    kube: client.ApiClient,
+    namespace: str,
+    agent: Agent,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    """Where the kernel has AppArmor, the sandbox runs confined by the configured
+    profile (or fails, naming it, when the profile is not loaded). Where it has
+    none, the agent must have detected that and the sandbox runs unconfined."""
+    enabled = Path("/sys/module/apparmor/parameters/enabled")
+    kernel_has_apparmor = enabled.exists() and enabled.read_text().strip() == "Y"
+    loaded = agent.work.facts.security.apparmor_profiles
+    assert (loaded is not None) is kernel_has_apparmor, "the agent misdetected AppArmor"
+    _create(kube, namespace, "aa", agent.node, "none", command=["sleep", "30"])
+
+    def decided() -> dict[str, Any] | None:
+        status = _get(kube, namespace, "aa").get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    status = wait_for(decided, timeout=30, what="the agent to start the sandbox")
+    wanted = agent.settings.apparmor_profile
+    if not kernel_has_apparmor:
+        print("AppArmor assertion skipped: this host's kernel has no AppArmor enabled")
+        assert status["phase"] == "Running", status
+        return
+    if wanted not in (loaded or ()):
+        assert status["phase"] == "Failed", status
+        assert status["reason"] == REASON_APPARMOR_MISSING and wanted in status["message"]
+        return
+    assert status["phase"] == "Running", status
+    label = Path(f"/proc/{status['pid']}/attr/current").read_text().strip()
+    assert label.startswith(wanted), label
+
+
+def test_a_hand_set_node_name_onto_a_tainted_node_is_refused_unless_tolerated(
+    kube: client.ApiClient, namespace: str, agent: Agent
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    taint = {"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}
+    api.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", agent.node, {"spec": {"taints": [taint]}}
+    )
+    wait_for(
+        lambda: ((agent.node_watch.get(agent.node) or {}).get("spec") or {}).get("taints"),
+        timeout=20,
+        what="the agent to see its node's taint",
+    )
+    _create(kube, namespace, "intruder", agent.node, "none", command=["sleep", "30"])
+    tolerated = [{"key": CONTROL_PLANE_TAINT, "operator": "Exists", "effect": "NoSchedule"}]
+    _create(
+        kube, namespace, "guest", agent.node, "none", command=["sleep", "30"], tolerations=tolerated
+    )
+
+    def decided(name: str) -> dict[str, Any] | None:
+        status = _get(kube, namespace, name).get("status") or {}
+        return status if status.get("phase") in ("Failed", "Running") else None
+
+    refused = wait_for(lambda: decided("intruder"), timeout=30, what="the intruder's end")
+    assert refused["phase"] == "Failed", refused
+    assert refused["reason"] == "PlacementRefused", refused
+    assert f"untolerated taint {{{CONTROL_PLANE_TAINT}:NoSchedule}}" in refused["message"]
+    admitted = wait_for(lambda: decided("guest"), timeout=30, what="the guest to start")
+    assert admitted["phase"] == "Running", admitted

@@ -1,0 +1,263 @@
+"""A tenant gets nothing beyond its sandbox, claimed against the real API server,
+containerd and the kernel's cgroups:
+
+- a sandbox that sets no limits runs with the agent's default memory, CPU and pids
+  limits, or its namespace's (``sandlot.dev/default-limits``), in a cgroup under
+  the configured parent;
+- a sandbox whose ``spec.nodeName`` was set by hand onto a full node is refused by
+  the agent (Failed, OverCapacity), never started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.nodeguard import cgroup_v2
+from sandlot.adapters.runtime import RuntimeError_
+from sandlot.agent.main import Agent
+from sandlot.agent.sandboxes import container_id_for
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
+from sandlot.api.placement import CONTROL_PLANE_TAINT
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.policy.capacity import REASON_OVER_CAPACITY
+from sandlot.policy.ocispec import cgroups_path_for
+from tests.support.agents import agent_settings
+from tests.support.containerd import PrivateContainerd
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.containerd]
+
+IMAGE = "docker.io/sandlot/resources-busybox:test"
+CGROUP = Path("/sys/fs/cgroup")
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("resource-images") / "busybox.tar"
+    build_image_archive(path, IMAGE)
+    return path
+
+
+StartAgent = Callable[..., Agent]
+
+
+@pytest.fixture
+def start_agent(
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    archive: Path,
+    tmp_path: Path,
+) -> Iterator[StartAgent]:
+    started: list[tuple[Agent, str]] = []
+
+    def start(node: str = "", **overrides: Any) -> Agent:
+        ctr_ns = f"rs-{uuid.uuid4().hex[:8]}"
+        import_archive(containerd.address, ctr_ns, archive, timeout=60)
+        settings = agent_settings(
+            node=node or f"node-{uuid.uuid4().hex[:8]}",
+            namespace=namespace,
+            containerd=containerd,
+            ctr_ns=ctr_ns,
+            log_dir=tmp_path / "logs",
+            **overrides,
+        )
+        agent = Agent(settings, kube, registry=CollectorRegistry())
+        assert agent.start()
+        started.append((agent, ctr_ns))
+        return agent
+
+    yield start
+    for agent, ctr_ns in started:
+        agent.shutdown()
+        rt = ContainerdRuntime(containerd.address, ctr_ns)
+        try:
+            ids = [c.id for c in rt.list_containers(timeout=10)]
+            teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
+        except RuntimeError_:
+            pass
+        finally:
+            rt.close()
+        with contextlib.suppress(client.ApiException):
+            client.CustomObjectsApi(kube).delete_cluster_custom_object(
+                GROUP, VERSION, "sandboxnodes", agent.node
+            )
+
+
+def _create(kube: client.ApiClient, namespace: str, name: str, node: str, **spec: Any) -> str:
+    api = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": IMAGE, "nodeName": node, "command": ["sleep", "300"], **spec},
+    }
+    created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
+    )
+    return str(created["metadata"]["uid"])
+
+
+def _decided(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", name
+        )
+        status = dict(sb.get("status") or {})
+        return status if status.get("phase") in ("Running", "Failed", "Stopped") else None
+
+    return wait_for(probe, timeout=30, what=f"sandbox {name} to run or fail")
+
+
+def _cgroup_limits(path: str) -> tuple[str, str, str]:
+    """(memory bytes, CPU quota per 100ms period, pids) of a container's cgroup."""
+    rel = path.lstrip("/")
+    if cgroup_v2(CGROUP):
+        return (
+            (CGROUP / rel / "memory.max").read_text().strip(),
+            (CGROUP / rel / "cpu.max").read_text().split()[0],
+            (CGROUP / rel / "pids.max").read_text().strip(),
+        )
+    return (
+        (CGROUP / "memory" / rel / "memory.limit_in_bytes").read_text().strip(),
+        (CGROUP / "cpu" / rel / "cpu.cfs_quota_us").read_text().strip(),
+        (CGROUP / "pids" / rel / "pids.max").read_text().strip(),
+    )
+
+
+def test_a_sandbox_without_limits_gets_the_defaults_under_the_configured_parent(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    parent = f"/sandlot-test-{uuid.uuid4().hex[:6]}"
+    agent = start_agent(
+        default_memory_limit="96Mi", default_cpu_limit="300m", pids_limit=77, cgroup_parent=parent
+    )
+    uid = _create(kube, namespace, "plain", agent.node)
+    status = _decided(kube, namespace, "plain")
+    assert status["phase"] == "Running", status
+    path = cgroups_path_for(container_id_for(uid), parent)
+    assert _cgroup_limits(path) == (str(96 * 2**20), "30000", "77")
+
+
+def test_a_namespace_annotation_overrides_the_agent_defaults(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    client.CoreV1Api(kube).patch_namespace(
+        namespace,
+        {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: "memory=48Mi,pids=33"}}},
+    )
+    agent = start_agent(default_memory_limit="96Mi", default_cpu_limit="300m")
+    uid = _create(kube, namespace, "ns-default", agent.node)
+    status = _decided(kube, namespace, "ns-default")
+    assert status["phase"] == "Running", status
+    path = cgroups_path_for(container_id_for(uid), agent.settings.cgroup_parent)
+    assert _cgroup_limits(path) == (str(48 * 2**20), "30000", "33")
+
+
+def test_a_bad_namespace_annotation_fails_the_start_naming_it(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    client.CoreV1Api(kube).patch_namespace(
+        namespace, {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: "memory=lots"}}}
+    )
+    agent = start_agent()
+    _create(kube, namespace, "bad-default", agent.node)
+    status = _decided(kube, namespace, "bad-default")
+    assert status["phase"] == "Failed", status
+    assert DEFAULT_LIMITS_ANNOTATION in status["message"] and "lots" in status["message"]
+
+
+def test_a_hand_placed_sandbox_beyond_capacity_is_refused(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    agent = start_agent(capacity_memory="100Mi", default_memory_limit="64Mi")
+    _create(kube, namespace, "first", agent.node)
+    assert _decided(kube, namespace, "first")["phase"] == "Running"
+    _create(kube, namespace, "second", agent.node)
+    status = _decided(kube, namespace, "second")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == REASON_OVER_CAPACITY, status
+    assert f"node {agent.node} is full" in status["message"], status
+    assert "memory limit" in status["message"], status
+
+
+def test_the_node_reports_its_memory_and_cpu_capacity(
+    kube: client.ApiClient, start_agent: StartAgent
+) -> None:
+    agent = start_agent(capacity_cpu="3")
+
+    def capacity() -> dict[str, Any] | None:
+        node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+            GROUP, VERSION, "sandboxnodes", agent.node
+        )
+        cap = dict((node.get("status") or {}).get("capacity") or {})
+        return cap if "cpu" in cap else None
+
+    cap = wait_for(capacity, timeout=20, what="the SandboxNode's capacity")
+    assert cap["cpu"] == "3000m"
+    meminfo = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()
+    assert int(cap["memory"]) == int(meminfo[1]) * 1024
+
+
+def test_sandbox_logs_rotate_at_the_cap_and_go_with_the_sandbox(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    cap = 64 * 1024
+    agent = start_agent(log_max_bytes=cap, log_interval="0.2s")
+    script = "while true; do echo 0123456789abcdef0123456789abcdef; busybox usleep 200; done"
+    uid = _create(kube, namespace, "chatty", agent.node, command=["sh", "-c", script])
+    assert _decided(kube, namespace, "chatty")["phase"] == "Running"
+    directory = Path(agent.settings.log_dir)
+    (current,) = [p for p in directory.iterdir() if p.name.endswith(f"_{uid}.log")]
+    rotated = current.with_name(current.name + ".1")
+    wait_for(rotated.exists, timeout=60, what=f"{current.name} to be rotated past {cap} bytes")
+    assert rotated.stat().st_size > cap
+    # The writer carries on in the truncated file: it grows again from a small size.
+    wait_for(lambda: current.stat().st_size > 0, timeout=20, what="output after the rotation")
+    client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", "chatty"
+    )
+    wait_for(
+        lambda: not current.exists() and not rotated.exists(),
+        timeout=60,
+        what="the sandbox's log files to be removed after its teardown",
+    )
+
+
+def test_a_control_plane_nodes_taint_is_mirrored_onto_its_sandbox_node(
+    kube: client.ApiClient, start_agent: StartAgent
+) -> None:
+    name = f"cp-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube)
+    core.create_node(
+        {
+            "metadata": {"name": name},
+            "spec": {"taints": [{"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}]},
+        }
+    )
+    try:
+        agent = start_agent(node=name)
+
+        def taints() -> list[dict[str, Any]] | None:
+            node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+                GROUP, VERSION, "sandboxnodes", agent.node
+            )
+            return (node.get("status") or {}).get("nodeTaints")
+
+        mirrored = wait_for(taints, timeout=20, what="the Node's taints on the SandboxNode")
+        assert mirrored == [{"key": CONTROL_PLANE_TAINT, "value": "", "effect": "NoSchedule"}]
+    finally:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(name)

@@ -1,0 +1,87 @@
+"""The scheduler honours taints and tolerations and node selectors, claimed with a
+real ``sandlot operator`` against the real API server: a control-plane-tainted
+SandboxNode gets no sandbox unless it tolerates the taint, and a node selector
+narrows the choice to the nodes it names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sandlot.api import GROUP, VERSION
+from sandlot.api.placement import CONTROL_PLANE_TAINT
+from tests.support.operator import Fleet, OperatorProcess
+from tests.support.wait import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _ready_node(fleet: Fleet, name: str, *, labels: dict[str, str], taints: list[dict]) -> str:
+    node = fleet.node(name)
+    fleet.objs.patch_cluster_custom_object(
+        GROUP,
+        VERSION,
+        "sandboxnodes",
+        node,
+        {"metadata": {"labels": labels}, "spec": {"taints": taints}},
+    )
+    fleet.objs.patch_cluster_custom_object_status(
+        GROUP, VERSION, "sandboxnodes", node, {"status": {"capacity": {"sandboxes": 10}}}
+    )
+    fleet.lease(node, duration=30)
+    return node
+
+
+def _pending(fleet: Fleet, name: str, **spec: Any) -> None:
+    fleet.objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "sandboxes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"image": "example.test/busybox:1", **spec},
+        },
+    )
+
+
+def _bound(fleet: Fleet, name: str) -> str:
+    return wait_for(
+        lambda: (fleet.get(name).get("spec") or {}).get("nodeName"),
+        timeout=30,
+        what=f"sandbox {name} to be bound",
+    )
+
+
+def test_scheduler_honours_taints_tolerations_and_node_selectors(
+    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+) -> None:
+    taint = {"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}
+    cp = _ready_node(fleet, "cp", labels={"role": "control-plane"}, taints=[taint])
+    worker = _ready_node(fleet, "worker", labels={"role": "worker"}, taints=[])
+    operators("--resync-interval", "1s")
+
+    for i in range(3):
+        _pending(fleet, f"plain-{i}")
+    assert {_bound(fleet, f"plain-{i}") for i in range(3)} == {worker}
+
+    tolerations = [{"key": CONTROL_PLANE_TAINT, "operator": "Exists"}]
+    _pending(fleet, "on-cp", tolerations=tolerations, nodeSelector={"role": "control-plane"})
+    assert _bound(fleet, "on-cp") == cp
+
+    _pending(fleet, "nowhere", nodeSelector={"role": "gpu"})
+
+    def waiting() -> str | None:
+        sb = fleet.get("nowhere")
+        conditions = (sb.get("status") or {}).get("conditions") or []
+        messages = [c.get("message", "") for c in conditions]
+        return next((m for m in messages if "nodes are available" in m), None)
+
+    message = wait_for(waiting, timeout=30, what="the unplaceable sandbox to say why")
+    assert "2 untolerated taint or node selector/affinity mismatch" in message, message
+    assert not (fleet.get("nowhere").get("spec") or {}).get("nodeName")

@@ -1,0 +1,116 @@
+"""Every sandbox gets limits (its own, its namespace's, the agent's), and a node
+refuses what does not fit, oldest first."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
+from sandlot.policy.limits import DefaultLimits, merge, parse_defaults, pids_limit, with_defaults
+
+AGENT = DefaultLimits("1Gi", "1", 1024)
+GI = 2**30
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("", DefaultLimits()),
+        ("memory=512Mi", DefaultLimits(memory="512Mi")),
+        ("cpu=500m, pids=256", DefaultLimits(cpu="500m", pids=256)),
+        ("pids=64,memory=1.5Gi,cpu=2", DefaultLimits("1.5Gi", "2", 64)),
+    ],
+    ids=["empty", "memory", "cpu and pids with a space", "all, any order"],
+)
+def test_parse_namespace_defaults(text: str, parsed: DefaultLimits) -> None:
+    assert parse_defaults(text) == parsed
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("memory", "'memory' is not one of"),
+        ("disk=1Gi", "'disk=1Gi' is not one of"),
+        ("memory=lots", "not a Kubernetes quantity"),
+        ("cpu=0", "not a positive quantity"),
+        ("pids=many", "not a whole number"),
+    ],
+    ids=["no value", "unknown key", "not a quantity", "zero", "pids not a number"],
+)
+def test_bad_namespace_defaults_name_the_part(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        parse_defaults(text)
+
+
+@pytest.mark.parametrize(
+    ("spec_limits", "namespace", "memory", "cpu", "pids"),
+    [
+        ({}, "", "1Gi", "1", 1024),
+        ({}, "memory=256Mi,pids=100", "256Mi", "1", 100),
+        ({"memory": "64Mi"}, "memory=256Mi,cpu=2", "64Mi", "2", 1024),
+        ({"memory": "64Mi", "cpu": "250m"}, "memory=256Mi,cpu=2", "64Mi", "250m", 1024),
+    ],
+    ids=["agent defaults", "namespace overrides", "own memory wins", "own limits win"],
+)
+def test_every_sandbox_gets_limits(
+    spec_limits: dict[str, str], namespace: str, memory: str, cpu: str, pids: int
+) -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "i", "command": ["sh"], "resources": {"limits": spec_limits}}
+    )
+    defaults = merge(AGENT, parse_defaults(namespace))
+    limits = with_defaults(spec, defaults).resources
+    assert limits is not None
+    assert (limits.limits.memory, limits.limits.cpu) == (memory, cpu)
+    assert pids_limit(defaults) == pids
+
+
+def test_a_spec_without_resources_gets_them() -> None:
+    spec = SandboxSpec.model_validate({"image": "i", "command": ["sh"]})
+    assert spec.resources is None
+    filled = with_defaults(spec, AGENT)
+    assert filled.resources is not None and filled.resources.limits.memory == "1Gi"
+    assert filled.command == ["sh"]
+
+
+def u(key: str, memory_gi: float, cpu: int = 0, created: str = "") -> Usage:
+    return Usage(key, int(memory_gi * GI), cpu, created)
+
+
+@pytest.mark.parametrize(
+    ("started", "waiting", "capacity", "refused"),
+    [
+        ([], [u("a", 1)], Capacity(2, 4 * GI, 4000), {}),
+        ([u("r", 1), u("s", 1)], [u("a", 1)], Capacity(2), {"a": "2 sandboxes"}),
+        ([u("r", 3)], [u("a", 2)], Capacity(10, 4 * GI), {"a": "memory limit 2.00Gi"}),
+        ([u("r", 0, 3000)], [u("a", 0, 1500)], Capacity(10, None, 4000), {"a": "CPU limit"}),
+        (
+            [],
+            [u("new", 3, created="2026-01-02"), u("old", 3, created="2026-01-01")],
+            Capacity(10, 4 * GI),
+            {"new": "memory"},
+        ),
+        ([], [u("a", 2), u("b", 3), u("c", 1)], Capacity(10, 4 * GI), {"b": "memory"}),
+    ],
+    ids=[
+        "fits",
+        "sandbox count",
+        "memory",
+        "cpu",
+        "oldest first",
+        "a smaller later one still fits",
+    ],
+)
+def test_over_capacity(
+    started: list[Usage], waiting: list[Usage], capacity: Capacity, refused: dict[str, str]
+) -> None:
+    result = over_capacity("n1", started, waiting, capacity)
+    assert set(result) == set(refused)
+    for key, words in refused.items():
+        assert result[key].startswith("node n1 is full: ") and words in result[key]
+
+
+def test_usage_of_quantities() -> None:
+    assert usage_of("k", "512Ki", "250m") == Usage("k", 512 * 1024, 250)
+    assert usage_of("k", "", "") == Usage("k", 0, 0)
