@@ -41,13 +41,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 import sandlot
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
+from sandlot.adapters.startup import require_namespace, serve_metrics
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
@@ -57,7 +58,7 @@ from sandlot.agent.network import Networking
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter
+from sandlot.agent.status import NodeSandboxCount, StatusWriter
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.policy.agentsweep import SweepAction
@@ -171,6 +172,7 @@ class Agent:
             self.work,
             self.metrics,
             self.call_timeout,
+            report_count=NodeSandboxCount(self.objects, self.node).report,
         )
         self.reaper = Reaper(
             self.objects,
@@ -239,9 +241,7 @@ class Agent:
         """The ordered start-up; True once the node is READY and the loops run."""
         began = time.monotonic()
         if self.settings.metrics_port:
-            self._metrics_server, _ = start_http_server(
-                self.settings.metrics_port, registry=self.registry
-            )
+            self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.
@@ -308,7 +308,7 @@ class Agent:
     def run_forever(self) -> int:
         try:
             if not self.start():
-                return 1
+                return 0 if self.stopping else 1  # asked to stop during start-up: clean
             self._stop.wait()
             return 0
         finally:
@@ -412,19 +412,29 @@ class Agent:
         return parse_time(gc.get("exhaustedUntil"))
 
 
-def run(settings: AgentSettings, kubeconfig: str | None = None) -> int:
-    """Run the agent until SIGTERM/SIGINT (sandboxes keep running after it exits)."""
+def run(
+    settings: AgentSettings,
+    kubeconfig: str | None = None,
+    *,
+    on_signal: Callable[[], None] | None = None,
+) -> int:
+    """Run the agent until SIGTERM/SIGINT (sandboxes keep running after it exits);
+    ``on_signal`` is called on the first signal (the CLI arms its exit watchdog)."""
     from sandlot.adapters.kube import load_api_client
 
     api = load_api_client(kubeconfig)
+    require_namespace(api, settings.namespace)
     agent = Agent(settings, api)
 
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down (sandboxes keep running)", signum)
+    def on_stop_signal(signum: int, _frame: object) -> None:
+        if not agent.stopping:
+            log.info("signal %d: shutting down (sandboxes keep running)", signum)
+            if on_signal is not None:
+                on_signal()
         agent.request_stop()
 
     for sig in (signals.SIGTERM, signals.SIGINT):
-        signals.signal(sig, on_signal)
+        signals.signal(sig, on_stop_signal)
     try:
         return agent.run_forever()
     finally:

@@ -22,7 +22,14 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.policy.agentsweep import ContainerView
-from sandlot.policy.agentsync import Action, ActionKind, SandboxState, phase_counts, plan_sync
+from sandlot.policy.agentsync import (
+    Action,
+    ActionKind,
+    SandboxState,
+    live_count,
+    phase_counts,
+    plan_sync,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ class SandboxSync:
         work: SandboxWork,
         metrics: AgentMetrics,
         call_timeout: float,
+        report_count: Callable[[int], None] = lambda _count: None,
     ) -> None:
         self.node = node
         self.sandbox_watch = sandbox_watch
@@ -53,6 +61,7 @@ class SandboxSync:
         self.work = work
         self.metrics = metrics
         self.call_timeout = call_timeout
+        self.report_count = report_count
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -68,6 +77,7 @@ class SandboxSync:
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():
             self.metrics.sandboxes.labels(phase.value).set(count)
+        self.report_count(live_count(states))
         actions = plan_sync(
             states,
             [ContainerView(c.id, c.labels) for c in containers],
