@@ -122,7 +122,9 @@ class SandboxSync:
             return partial(work.stop_sandbox, sb, container, REASON_DRAINED)
         if kind is ActionKind.STOP_DELETED:
             return partial(work.stop_deleted, key, container)
-        if kind in (ActionKind.FENCE, ActionKind.CLEANUP):
+        if kind is ActionKind.CLEANUP and sb is not None:
+            return partial(work.stop_ended, sb, container)
+        if kind in (ActionKind.FENCE, ActionKind.CLEANUP):  # Dead: fenced at once
             return partial(work.teardown, container)
         return None
 

@@ -32,6 +32,7 @@ from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.lifetimes import deadline_of
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class SandboxRecord:
     created_at: datetime
     finished_at: datetime | None
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
+    deadline: datetime | None = None  # where its lifetime ends (policy.lifetimes)
 
     @property
     def key(self) -> str:
@@ -104,6 +106,8 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         rv = int(meta.get("resourceVersion") or 0)
     except ValueError:
         rv = 0
+    created_at = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+    pool_label = (meta.get("labels") or {}).get(POOL_LABEL)
     return SandboxRecord(
         namespace=sys.intern(meta["namespace"]),
         name=meta["name"],
@@ -111,12 +115,22 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         resource_version=rv,
         phase=sys.intern(str(status.get("phase") or SandboxPhase.PENDING)),
         node=_shared(spec.get("nodeName")),
-        pool=_shared((meta.get("labels") or {}).get(POOL_LABEL)),
+        pool=_shared(pool_label),
         owner_uid=_shared(owner.get("uid")) if owner else None,
         ip=status.get("ip"),
-        created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
+        created_at=created_at,
         finished_at=parse_time(status.get("finishedAt")),
         conditions=_conditions(status),
+        deadline=_deadline(spec, created_at),
+    )
+
+
+def _deadline(spec: Mapping[str, Any], created_at: datetime) -> datetime | None:
+    seconds = spec.get("activeDeadlineSeconds")
+    return deadline_of(
+        parse_time(spec.get("shutdownTime")),
+        int(seconds) if seconds is not None else None,
+        created_at,
     )
 
 

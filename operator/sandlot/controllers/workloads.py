@@ -1,5 +1,6 @@
 """The controllers that place and keep sandboxes, bundled for the operator program:
-the sandbox cache they share, the scheduler, the pool controller and its router.
+the sandbox cache they share, the scheduler, the pool controller and its router,
+and the lifetime controller.
 
 ``operator.run`` builds one ``Workloads``, feeds it the agents' Lease events,
 tells it about leadership, and runs its workers; ``register`` adds its kopf
@@ -20,6 +21,7 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import sandboxes as sandboxes_module
 from sandlot.controllers import scheduler as scheduler_module
+from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
@@ -36,6 +38,7 @@ class Workloads:
     cache: SandboxCache
     scheduler: Scheduler
     pools: PoolController
+    lifetimes: LifetimeController
 
     @classmethod
     def build(
@@ -60,7 +63,8 @@ class Workloads:
             post_event=post_event,
             resync_interval=settings.resync_interval,
         )
-        return cls(cache, scheduler, pools)
+        lifetimes = LifetimeController(api, cache, is_leader=is_leader)
+        return cls(cache, scheduler, pools, lifetimes)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         sandboxes_module.register(registry, self.cache)
@@ -72,7 +76,8 @@ class Workloads:
         if leader:
             self.scheduler.enqueue_all()
             self.pools.on_leadership()
+            self.lifetimes.enqueue_all()
 
     async def run(self) -> None:
         self.scheduler.bind_loop(asyncio.get_running_loop())
-        await asyncio.gather(self.scheduler.run(), self.pools.run())
+        await asyncio.gather(self.scheduler.run(), self.pools.run(), self.lifetimes.run())
