@@ -27,6 +27,7 @@ KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePru
 CRD_DIRS = ("crds", "charts/sandlot/crds")
 
 _DROP_KEYS = {"title"}
+INT_OR_STRING = "x-kubernetes-int-or-string"
 
 
 class SchemaError(ValueError):
@@ -45,6 +46,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         merged = copy.deepcopy(defs[ref])
         merged.update(node)  # description / default at the use site win
         node = merged
+    if node.get(INT_OR_STRING):
+        # Kubernetes' int-or-string (maxSurge: 1 or "25%"): no type, the marker instead.
+        node.pop("anyOf", None)
+        return {k: v for k, v in node.items() if k not in _DROP_KEYS}
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:

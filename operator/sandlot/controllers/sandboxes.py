@@ -33,6 +33,7 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.lifetimes import deadline_of
+from sandlot.policy.pools import spec_hash
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ class SandboxRecord:
     finished_at: datetime | None
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
     deadline: datetime | None = None  # where its lifetime ends (policy.lifetimes)
+    spec_hash: str | None = None  # pool members only: compared with the template's
+    reason: str | None = None
+    exit_code: int | None = None
 
     @property
     def key(self) -> str:
@@ -122,6 +126,9 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         finished_at=parse_time(status.get("finishedAt")),
         conditions=_conditions(status),
         deadline=_deadline(spec, created_at),
+        spec_hash=spec_hash(spec) if pool_label else None,
+        reason=_shared(status.get("reason")),
+        exit_code=status.get("exitCode"),
     )
 
 
