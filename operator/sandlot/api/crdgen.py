@@ -16,12 +16,13 @@ from typing import Any
 import yaml
 
 from sandlot.api.cacheprune import CachePrune
+from sandlot.api.claim import SandboxClaim
 from sandlot.api.common import GROUP, VERSION, Resource
 from sandlot.api.node import SandboxNode
 from sandlot.api.pool import SandboxPool
 from sandlot.api.sandbox import Sandbox
 
-KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePrune)
+KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePrune, SandboxClaim)
 
 # Where generated CRDs go, relative to the repository root.
 CRD_DIRS = ("crds", "charts/sandlot/crds")

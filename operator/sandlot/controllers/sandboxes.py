@@ -30,7 +30,7 @@ import kopf
 
 from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import POOL_LABEL
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.lifetimes import deadline_of
 from sandlot.policy.pools import spec_hash
@@ -56,6 +56,7 @@ class SandboxRecord:
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
     deadline: datetime | None = None  # where its lifetime ends (policy.lifetimes)
     spec_hash: str | None = None  # pool members only: compared with the template's
+    claim: str | None = None  # the sandlot.dev/claim label: the SandboxClaim it is bound to
     reason: str | None = None
     exit_code: int | None = None
 
@@ -127,6 +128,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         conditions=_conditions(status),
         deadline=_deadline(spec, created_at),
         spec_hash=spec_hash(spec) if pool_label else None,
+        claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
     )
@@ -148,6 +150,7 @@ class SandboxCache:
     def __init__(self) -> None:
         self.records: dict[str, SandboxRecord] = {}
         self._by_pool: dict[str, set[str]] = {}
+        self._by_claim: dict[str, set[str]] = {}  # "namespace/claim" -> sandbox keys
         self.node_load: Counter[str] = Counter()  # node -> non-terminal bound sandboxes
         self.node_pool_load: dict[str, Counter[str]] = {}  # node -> pool key -> count
         self._deleted: dict[str, float] = {}  # uid -> when this operator deleted it
@@ -160,6 +163,10 @@ class SandboxCache:
 
     def members(self, pool_key: str) -> list[SandboxRecord]:
         return [self.records[k] for k in self._by_pool.get(pool_key, ())]
+
+    def claimed(self, namespace: str, claim: str) -> list[SandboxRecord]:
+        """The sandboxes labelled as bound to SandboxClaim ``namespace/claim``."""
+        return [self.records[k] for k in self._by_claim.get(f"{namespace}/{claim}", ())]
 
     def __iter__(self) -> Iterator[SandboxRecord]:
         return iter(list(self.records.values()))
@@ -213,12 +220,20 @@ class SandboxCache:
     def _index(self, rec: SandboxRecord) -> None:
         if rec.pool_key:
             self._by_pool.setdefault(rec.pool_key, set()).add(rec.key)
+        if rec.claim:
+            self._by_claim.setdefault(f"{rec.namespace}/{rec.claim}", set()).add(rec.key)
         if rec.holds_slot and rec.node:
             self.node_load[rec.node] += 1
             if rec.pool_key:
                 self.node_pool_load.setdefault(rec.node, Counter())[rec.pool_key] += 1
 
     def _unindex(self, rec: SandboxRecord) -> None:
+        if rec.claim:
+            claimed = self._by_claim.get(f"{rec.namespace}/{rec.claim}")
+            if claimed is not None:
+                claimed.discard(rec.key)
+                if not claimed:
+                    del self._by_claim[f"{rec.namespace}/{rec.claim}"]
         if rec.pool_key:
             keys = self._by_pool.get(rec.pool_key)
             if keys is not None:
