@@ -156,6 +156,14 @@ def build_registry(
     return registry
 
 
+async def _cancel_on(stop: asyncio.Event, *tasks: asyncio.Task[None]) -> None:
+    """Cancel ``tasks`` as soon as ``stop`` is set, beside kopf's own stop: kopf waits
+    up to 5 s for every task it did not start (the workers' sub-tasks) to end."""
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+
+
 async def run(
     settings: OperatorSettings,
     *,
@@ -251,14 +259,7 @@ async def run(
     workers = asyncio.create_task(workloads.run(), name="workloads")
     stop = stop_flag or asyncio.Event()
 
-    async def stop_workers() -> None:
-        # At once, beside kopf's own stop: kopf waits up to 5 s for every task it
-        # did not start (the workers' sub-tasks) before it returns.
-        await stop.wait()
-        worker.cancel()
-        workers.cancel()
-
-    stopper = asyncio.create_task(stop_workers(), name="stop-workers")
+    stopper = asyncio.create_task(_cancel_on(stop, worker, workers), name="stop-workers")
     # Let the workers start their queues' tasks before kopf notes which tasks exist:
     # at its stop kopf waits 5 s for any task started after it (a SIGTERM that kopf's
     # own handler takes, before ours are back, would wait that long for them).
