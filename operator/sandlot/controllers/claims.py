@@ -13,7 +13,9 @@ the next member. A restart finds a sandbox already labelled for a claim and only
 writes the status that was missing.
 
 Claims waiting for a member are woken by their pool's member events; nothing
-polls. Only the leader writes.
+polls. Only the leader writes. The claim's two writes run on threads of their own:
+on the shared default executor they would queue behind the pool's replacement
+creates that the binding itself sets off, and a claim is what a user waits on.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 
@@ -38,10 +41,12 @@ from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.claims import Candidate, ClaimAction, decide_claim
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RETRY_AFTER_ERROR = 0.5
 RETRY_CAP = 30.0
 MAX_BIND_ATTEMPTS = 3
+CLAIM_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,7 @@ class ClaimController:
         self.claims: dict[str, ClaimState] = {}
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
+        self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
         self.queue = WorkQueue(
             "claim",
             self.reconcile,
@@ -138,7 +144,7 @@ class ClaimController:
 
     async def _delete(self, rec: SandboxRecord) -> None:
         """The claim is gone: so is its sandbox (uid precondition)."""
-        await asyncio.to_thread(self.api.delete_sandbox, rec.namespace, rec.name, rec.uid)
+        await self._call(self.api.delete_sandbox, rec.namespace, rec.name, rec.uid)
         self.cache.forget(rec.key, rec.uid)
         log.info("claim %s deleted: deleted its sandbox %s", rec.claim, rec.key)
 
@@ -222,6 +228,9 @@ class ClaimController:
                 return None
         return RETRY_AFTER_ERROR  # lost every race: try again soon
 
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
     async def _take(self, claim: ClaimState, rec: SandboxRecord) -> SandboxRecord | None:
         metadata = {
             "labels": {
@@ -231,7 +240,7 @@ class ClaimController:
             },
             "ownerReferences": [claim.owner_reference()],
         }
-        body = await asyncio.to_thread(
+        body = await self._call(
             self.api.take_sandbox, rec.namespace, rec.name, str(rec.resource_version), metadata
         )
         if body is None:
@@ -240,9 +249,7 @@ class ClaimController:
         return self.cache.upsert(body)
 
     async def _write_status(self, claim: ClaimState, status: dict[str, Any]) -> None:
-        written = await asyncio.to_thread(
-            self.api.patch_claim_status, claim.namespace, claim.name, status
-        )
+        written = await self._call(self.api.patch_claim_status, claim.namespace, claim.name, status)
         if written is not None and self.claims.get(claim.key) is claim:
             self.claims[claim.key] = claim_state(written)
 
