@@ -51,6 +51,12 @@ class FirstSeen:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
+        try:
+            self._stream()
+        except Exception as e:  # the control plane going away at the end
+            print(f"{self.plural} watch ended: {type(e).__name__}", flush=True)
+
+    def _stream(self) -> None:
         for event in self._watch.stream(
             self.bench.objs.list_namespaced_custom_object,
             GROUP,
