@@ -55,6 +55,11 @@ def main() -> int:
     if churn.exists():
         rows += json.loads(churn.read_text())
 
+    claims = out.with_name("claims.json")
+    run([str(HERE / "claims.py"), "--json", str(claims)], timeout=1800)
+    if claims.exists():
+        rows += json.loads(claims.read_text())
+
     text = run([str(HERE / "agent_startup.py")], timeout=1800)
     m = re.search(r"ratio start-up / bound = ([\d.]+)", text)
     detail = re.search(r"(start-up[^\n]*)", text)

@@ -47,4 +47,6 @@ log "containerd API stubs"
 
 log "control-plane binaries (kube-apiserver, etcd, kubectl; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-control-plane.sh >/dev/null
+log "kube-controller-manager (garbage collector and namespace controller; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/null
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null

@@ -401,6 +401,26 @@ def test_sandboxnode_status_is_registered(
     assert status["containerdVersion"] and status["agentVersion"]
 
 
+def test_sandboxnode_counts_its_non_terminal_sandboxes_for_kubectl(
+    make_agent: AgentFactory, kube: client.ApiClient, namespace: str, node: str, kubectl
+) -> None:
+    agent = make_agent()
+    assert agent.start()
+    for name in ("one", "two", "three"):
+        create_sandbox(kube, namespace, name, node)
+    for name in ("one", "two", "three"):
+        wait_phase(kube, namespace, name, "Running")
+    _custom(kube).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", "three", {"status": {"phase": "Stopped"}}
+    )
+
+    def shown() -> str | None:
+        out = kubectl("get", "snode", node, "--no-headers").stdout.split()
+        return out[2] if out[2] == "2" else None  # NAME PHASE SANDBOXES AGE
+
+    wait_for(shown, timeout=15, what=f"kubectl get snode {node} to show 2 sandboxes")
+
+
 def test_cacheprune_all_runs_the_forced_pass_and_records_it(
     make_agent: AgentFactory, kube: client.ApiClient, node: str, rt
 ) -> None:

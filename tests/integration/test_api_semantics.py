@@ -42,13 +42,14 @@ def test_crds_are_served_with_short_names_and_category(kubectl):
     assert sorted(out) == sorted(
         [
             "cacheprunes.sandlot.dev",
+            "sandboxclaims.sandlot.dev",
             "sandboxes.sandlot.dev",
             "sandboxnodes.sandlot.dev",
             "sandboxpools.sandlot.dev",
         ]
     )
     wide = kubectl("api-resources", "--api-group=sandlot.dev").stdout
-    assert " sb " in wide and " snode " in wide and " sbpool " in wide
+    assert " sb " in wide and " snode " in wide and " sbpool " in wide and " sbclaim " in wide
 
 
 @pytest.mark.parametrize(
@@ -93,8 +94,18 @@ def test_kubectl_get_sandboxes_prints_the_spec_columns(objs, namespace, kubectl)
     assert lines[1].split()[:4] == ["web-1", "Dead", "n1", "10.9.0.7"]
 
     wide = kubectl("get", "sb", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "NODE", "IP", "AGE", "POOL", "REASON"]
-    assert wide[1].split()[-2:] == ["web", "NodeLost"]
+    assert wide[0].split() == [
+        "NAME",
+        "PHASE",
+        "NODE",
+        "IP",
+        "AGE",
+        "POOL",
+        "REASON",
+        "SHUTDOWN-TIME",
+        "ACTIVE-DEADLINE",
+    ]
+    assert wide[1].split()[5:] == ["web", "NodeLost"]  # no lifetime: blank columns
 
 
 def test_kubectl_get_snode_prints_the_spec_columns(kube, kubectl):

@@ -106,7 +106,22 @@ def agent_leases(kube: client.ApiClient, namespace: str) -> list[str]:
     return [lease.metadata.name for lease in out.items]
 
 
-WORKLOAD_KINDS = ("sandboxpools", "sandboxes", "cacheprunes")
+WORKLOAD_KINDS = ("sandboxclaims", "sandboxpools", "sandboxes", "cacheprunes")
+
+
+def claim(fleet: Fleet, name: str, pool_name: str) -> None:
+    fleet.objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "sandboxclaims",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxClaim",
+            "metadata": {"name": name},
+            "spec": {"poolName": pool_name},
+        },
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -128,6 +143,7 @@ def test_workloads_then_nodes_leave_no_object_of_any_kind(
         with_finalizer(fleet, node)
     agent = fleet.lease(live)
     pool(fleet, "web")
+    claim(fleet, "mine", "web")
     fleet.sandbox("done", live, "Stopped")  # its agent already tore it down
     fleet.sandbox("stranded", lost, "Running")  # no agent left to wait for
     unscheduled_sandbox(fleet, "pending")

@@ -43,6 +43,7 @@ class FakeObjects:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.sandboxes: dict[str, dict[str, Any]] = {}  # "ns/name" -> body
         self.pools: dict[str, dict[str, Any]] = {}
+        self.claims: dict[str, dict[str, Any]] = {}
         self.writes: list[tuple[str, str]] = []  # (verb, key), in order
         self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
         self.before_write: Callable[[str, str], None] | None = None
@@ -225,6 +226,30 @@ class FakeObjects:
         with self._lock:
             self._write("patch-pool-status", f"{namespace}/{name}")
             body = self.pools.get(f"{namespace}/{name}")
+            if body is None:
+                return None
+            body["status"] = merge_patch(body.get("status") or {}, status)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(body)
+
+    def take_sandbox(
+        self, namespace: str, name: str, resource_version: str, metadata: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        with self._lock:
+            self._write("take", f"{namespace}/{name}")
+            body = self.sandboxes.get(f"{namespace}/{name}")
+            if body is None or body["metadata"]["resourceVersion"] != resource_version:
+                return None
+            body["metadata"] = merge_patch(body["metadata"], metadata)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return copy.deepcopy(body)
+
+    def patch_claim_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        with self._lock:
+            self._write("patch-claim-status", f"{namespace}/{name}")
+            body = self.claims.get(f"{namespace}/{name}")
             if body is None:
                 return None
             body["status"] = merge_patch(body.get("status") or {}, status)

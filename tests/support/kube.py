@@ -24,7 +24,9 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    plane = ControlPlane(workdir=tmp_path_factory.mktemp("controlplane"))
+    # With kube-controller-manager's garbage collector and namespace controller, as a
+    # cluster has them: deleting an owner or a namespace ends what it owned.
+    plane = ControlPlane(workdir=tmp_path_factory.mktemp("controlplane"), controller_manager=True)
     plane.start()
     try:
         api = load_api_client(str(plane.kubeconfig))

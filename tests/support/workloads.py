@@ -56,6 +56,7 @@ class WorkloadWorld:
                 (body["metadata"]["name"], reason)
             ),
             queue_clock=self.clock.monotonic,
+            clock=self.clock.now,
         )
         self.created = self.clock.now() - timedelta(hours=1)
         self._delivered: dict[str, str] = {}

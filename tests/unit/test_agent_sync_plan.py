@@ -13,6 +13,7 @@ from sandlot.policy.agentsync import (
     ActionKind,
     SandboxState,
     containers_by_key,
+    live_count,
     phase_counts,
     plan_sync,
 )
@@ -172,3 +173,18 @@ def test_phase_counts_name_every_phase_so_gauges_fall_to_zero() -> None:
         P.FAILED: 0,
         P.DEAD: 1,
     }
+
+
+@pytest.mark.parametrize(
+    ("phases", "expected"),
+    [
+        ((), 0),
+        (("Pending", "Scheduled", "Running"), 3),
+        (("Running", "Stopped", "Failed", "Dead"), 1),
+        (("Stopped", "Dead"), 0),
+    ],
+    ids=["none", "every_live_phase_counts", "terminal_ones_do_not", "only_terminal"],
+)
+def test_live_count_is_the_non_terminal_sandboxes(phases: tuple[str, ...], expected: int) -> None:
+    states = [SandboxState(f"ns/s{i}", SandboxPhase(p)) for i, p in enumerate(phases)]
+    assert live_count(states) == expected

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 from sandlot.controllers.pools import RETRY_AFTER_ERROR
@@ -85,3 +86,75 @@ def test_a_standby_creates_nothing() -> None:
 def _refuse(verb: str) -> None:
     if verb == "create":
         raise RuntimeError("injected create failure")
+
+
+def _run_bound_members(w: WorkloadWorld, pool: str) -> None:
+    """Agents start what was bound: Scheduled members become Running."""
+    for key in w.members(pool):
+        body = w.objects.sandboxes[key]
+        if body["status"].get("phase") == "Scheduled":
+            body["status"]["phase"] = "Running"
+            w.objects.touch(body)
+
+
+def _change_template(w: WorkloadWorld, pool: str, image: str) -> None:
+    body = w.objects.pools[pool]
+    body["spec"]["template"]["spec"]["image"] = image
+    body["metadata"]["generation"] += 1
+    w.objects.touch(body)
+    w.pools.on_pool("MODIFIED", copy.deepcopy(body))
+
+
+def test_a_template_change_rolls_the_members_within_surge_and_unavailable() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=10)
+    pool = w.pool("web", replicas=4)
+    w.step()
+    _run_bound_members(w, pool)
+    w.step()
+    assert w.objects.pools[pool]["status"]["updatedReplicas"] == 4
+
+    _change_template(w, pool, "registry.example/app:2")
+    seen_live, seen_running = [], []
+    for _ in range(15):
+        w.step()
+        live = [
+            k for k in w.members(pool) if w.objects.phase(k) not in ("Dead", "Stopped", "Failed")
+        ]
+        seen_live.append(len(live))
+        seen_running.append(sum(1 for k in live if w.objects.phase(k) == "Running"))
+        _run_bound_members(w, pool)
+    w.step()
+    status = w.objects.pools[pool]["status"]
+    assert (status["updatedReplicas"], status["readyReplicas"], status["running"]) == (4, 4, 4)
+    images = {w.objects.sandboxes[k]["spec"]["image"] for k in w.members(pool)}
+    assert images == {"registry.example/app:2"}
+    assert max(seen_live) <= 5, f"above replicas + maxSurge: {seen_live}"
+    assert min(seen_running) >= 3, f"below replicas - maxUnavailable: {seen_running}"
+
+
+def test_members_that_keep_failing_back_off_with_an_event_and_a_status() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=10)
+    pool = w.pool("web", replicas=1)
+    w.step()
+    first = w.members(pool)[0]
+    w.end(first, "Failed")
+    w.step()
+    status = w.objects.pools[pool]["status"]
+    assert status["failedInARow"] == 1 and status["backoffUntil"]
+    assert len(w.members(pool)) == 1, "no replacement during the back-off"
+    assert ("web", "BackOff") in w.events
+    due = w.pools.queue.due_at(pool)
+    assert due is not None and due == w.clock.monotonic() + 10
+
+    w.clock.advance(10)
+    w.step()
+    assert len(w.members(pool)) == 2, "replaced once the back-off is over"
+    second = next(k for k in w.members(pool) if k != first)
+    w.end(second, "Failed")
+    w.step()
+    status = w.objects.pools[pool]["status"]
+    assert status["failedInARow"] == 2
+    assert w.pools.queue.due_at(pool) == w.clock.monotonic() + 20, "the wait doubles"
+    assert [r for _, r in w.events].count("BackOff") == 2

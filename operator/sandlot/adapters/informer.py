@@ -18,6 +18,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from sandlot.adapters.objects import LeaseRecord, _lease_record
+from sandlot.adapters.startup import api_error_line
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class LeaseInformer:
                 log.warning(
                     "lease watch failed (%s: %s); listing again in %.1fs",
                     type(e).__name__,
-                    e,
+                    api_error_line(e),
                     backoff,
                 )
                 self._stop.wait(backoff)

@@ -33,6 +33,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.objects import LeaseRecord, Leases
+from sandlot.adapters.startup import api_error_line
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class LeaderElector:
             try:
                 self._try_acquire_or_renew()
             except Exception as e:  # an API outage must not kill the elector
-                log.warning("leader election: %s", e)
+                log.warning("leader election: %s", api_error_line(e))
             if self.is_leader.is_set() and self.clock() - self._last_renew > self.renew_deadline:
                 log.error(
                     "leader election: could not renew %s for %.0fs; stepping down",
@@ -168,7 +169,7 @@ class LeaderElector:
                 self.leases.update(record, holder=None, duration_seconds=1, renew_time=None)
                 log.info("leader election: %s released %s", self.identity, self.name)
         except Exception as e:
-            log.warning("leader election: release failed: %s", e)
+            log.warning("leader election: release failed: %s", api_error_line(e))
 
     def _set_leader(self, value: bool) -> None:
         if value == self.is_leader.is_set():

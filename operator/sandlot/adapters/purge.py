@@ -19,12 +19,14 @@ from sandlot.adapters.objects import (
     SANDBOXES,
     Objects,
 )
+from sandlot.adapters.workloads import CLAIMS
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.purge import AgentLease, SandboxRef
 
-WORKLOADS = (POOLS, SANDBOXES, CACHEPRUNES)
-"""Deleted in this order: a pool deleted first no longer replaces its members."""
+WORKLOADS = (CLAIMS, POOLS, SANDBOXES, CACHEPRUNES)
+"""Deleted in this order: a pool deleted first no longer replaces its members
+(nor a claim's, which leave their pool)."""
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,18 @@ def delete_sandbox(objects: Objects, namespace: str, name: str, uid: str) -> boo
         raise
 
 
+def read_pool(objects: Objects, namespace: str, name: str) -> dict[str, Any] | None:
+    """The SandboxPool, or None when there is none of that name."""
+    try:
+        return dict(
+            objects.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOLS, name)
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
 def patch_pool_status(
     objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
 ) -> dict[str, Any] | None:
@@ -116,6 +128,46 @@ def patch_pool_status(
         return dict(
             objects.custom.patch_namespaced_custom_object_status(
                 GROUP, VERSION, namespace, POOLS, name, {"status": dict(status)}
+            )
+        )
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+CLAIMS = "sandboxclaims"
+
+
+def take_sandbox(
+    objects: Objects,
+    namespace: str,
+    name: str,
+    resource_version: str,
+    metadata: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """Merge ``metadata`` (labels, ownerReferences) into the sandbox if it is still at
+    ``resource_version``; None when it changed meanwhile or is gone."""
+    patch = {"metadata": {**metadata, "resourceVersion": resource_version}}
+    try:
+        return dict(
+            objects.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, SANDBOXES, name, patch
+            )
+        )
+    except ApiException as e:
+        if e.status in (404, 409):
+            return None
+        raise
+
+
+def patch_claim_status(
+    objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    try:
+        return dict(
+            objects.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, CLAIMS, name, {"status": dict(status)}
             )
         )
     except ApiException as e:
@@ -155,6 +207,16 @@ class WorkloadApi:
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         return patch_pool_status(self.objects, namespace, name, status)
+
+    def take_sandbox(
+        self, namespace: str, name: str, resource_version: str, metadata: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return take_sandbox(self.objects, namespace, name, resource_version, metadata)
+
+    def patch_claim_status(
+        self, namespace: str, name: str, status: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        return patch_claim_status(self.objects, namespace, name, status)
 
 
 # -- Service and EndpointSlices ------------------------------------------------------

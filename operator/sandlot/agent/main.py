@@ -35,7 +35,6 @@ This module only wires those parts together and runs the start-up in its order.
 from __future__ import annotations
 
 import logging
-import signal as signals
 import socket
 import threading
 import time
@@ -43,13 +42,14 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 import sandlot
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
+from sandlot.adapters.startup import serve_metrics
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
 from sandlot.agent.heartbeat import Heartbeat
@@ -61,7 +61,7 @@ from sandlot.agent.network import Networking
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter
+from sandlot.agent.status import NodeSandboxCount, StatusWriter
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.agent.workpools import SandboxPools
@@ -184,6 +184,7 @@ class Agent:
             self.work,
             self.metrics,
             self.call_timeout,
+            report_count=NodeSandboxCount(self.objects, self.node).report,
         )
         self.reaper = Reaper(
             self.objects,
@@ -252,9 +253,7 @@ class Agent:
         """The ordered start-up; True once the node is READY and the loops run."""
         began = time.monotonic()
         if self.settings.metrics_port:
-            self._metrics_server, _ = start_http_server(
-                self.settings.metrics_port, registry=self.registry
-            )
+            self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.
@@ -322,7 +321,7 @@ class Agent:
     def run_forever(self) -> int:
         try:
             if not self.start():
-                return 1
+                return 0 if self.stopping else 1  # asked to stop during start-up: clean
             self._stop.wait()
             return 0
         finally:
@@ -427,23 +426,4 @@ class Agent:
         return parse_time(gc.get("exhaustedUntil"))
 
 
-def run(settings: AgentSettings, kubeconfig: str | None = None) -> int:
-    """Run the agent until SIGTERM/SIGINT (sandboxes keep running after it exits)."""
-    from sandlot.adapters.kube import load_api_client
-
-    api = load_api_client(kubeconfig)
-    agent = Agent(settings, api)
-
-    def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: shutting down (sandboxes keep running)", signum)
-        agent.request_stop()
-
-    for sig in (signals.SIGTERM, signals.SIGINT):
-        signals.signal(sig, on_signal)
-    try:
-        return agent.run_forever()
-    finally:
-        api.close()
-
-
-__all__ = ["Agent", "container_id_for", "detect_address", "run"]
+__all__ = ["Agent", "container_id_for", "detect_address"]

@@ -221,6 +221,12 @@ class SandboxWork:
             return  # deleted meanwhile: nothing to record
         self.status.end(current, SandboxPhase.STOPPED, reason, f"stopped on node {self.node}", code)
 
+    def stop_ended(self, sb: Mapping[str, Any], container: ContainerInfo) -> None:
+        """A sandbox something else ended (its lifetime, a user) while its container
+        runs: SIGTERM and its grace, then the teardown; its status stays as written."""
+        log.info("sandbox %s has ended: stopping container %s", sandbox_key(sb), container.id)
+        self._graceful_stop(container, self._grace(sb))
+
     def end_lost(self, key: str) -> None:
         ns, name = key.split("/", 1)
         try:

@@ -130,10 +130,33 @@ class StatusWriter:
         return self.write(obj, body, allowed_from=allowed_from)
 
 
+class NodeSandboxCount:
+    """Keeps ``status.sandboxes`` of this node's SandboxNode equal to what the sync
+    counted: one patch when the count changes, none otherwise; a failed patch is
+    tried again at the next pass."""
+
+    def __init__(self, objects: Objects, node: str) -> None:
+        self.objects = objects
+        self.node = node
+        self.written: int | None = None
+
+    def report(self, count: int) -> None:
+        if count == self.written:
+            return
+        try:
+            self.objects.patch_node_status(self.node, {"sandboxes": count})
+        except Exception as e:
+            log.warning("node %s: cannot write status.sandboxes=%d: %s", self.node, count, e)
+            self.written = None
+            return
+        self.written = count
+
+
 __all__ = [
     "REASON_CONTAINER_LOST",
     "REASON_DRAINED",
     "REASON_STARTED",
+    "NodeSandboxCount",
     "StatusWriter",
     "ended",
     "running",

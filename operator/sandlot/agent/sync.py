@@ -28,6 +28,7 @@ from sandlot.policy.agentsync import (
     ActionKind,
     SandboxState,
     containers_by_key,
+    live_count,
     phase_counts,
     plan_sync,
 )
@@ -58,6 +59,7 @@ class SandboxSync:
         work: SandboxWork,
         metrics: AgentMetrics,
         call_timeout: float,
+        report_count: Callable[[int], None] = lambda _count: None,
     ) -> None:
         self.node = node
         self.sandbox_watch = sandbox_watch
@@ -67,6 +69,7 @@ class SandboxSync:
         self.work = work
         self.metrics = metrics
         self.call_timeout = call_timeout
+        self.report_count = report_count
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -87,6 +90,7 @@ class SandboxSync:
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():
             self.metrics.sandboxes.labels(phase.value).set(count)
+        self.report_count(live_count(states))
         actions = plan_sync(
             states,
             [ContainerView(c.id, c.labels) for c in containers],
@@ -152,7 +156,9 @@ class SandboxSync:
             return partial(work.stop_sandbox, sb, container, REASON_DRAINED)
         if kind is ActionKind.STOP_DELETED:
             return partial(work.stop_deleted, key, container)
-        if kind in (ActionKind.FENCE, ActionKind.CLEANUP):
+        if kind is ActionKind.CLEANUP and sb is not None:
+            return partial(work.stop_ended, sb, container)
+        if kind in (ActionKind.FENCE, ActionKind.CLEANUP):  # Dead: fenced at once
             return partial(work.teardown, container)
         return None
 

@@ -16,17 +16,19 @@ from typing import Any
 import yaml
 
 from sandlot.api.cacheprune import CachePrune
+from sandlot.api.claim import SandboxClaim
 from sandlot.api.common import GROUP, VERSION, Resource
 from sandlot.api.node import SandboxNode
 from sandlot.api.pool import SandboxPool
 from sandlot.api.sandbox import Sandbox
 
-KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePrune)
+KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePrune, SandboxClaim)
 
 # Where generated CRDs go, relative to the repository root.
 CRD_DIRS = ("crds", "charts/sandlot/crds")
 
 _DROP_KEYS = {"title"}
+INT_OR_STRING = "x-kubernetes-int-or-string"
 
 
 class SchemaError(ValueError):
@@ -45,6 +47,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         merged = copy.deepcopy(defs[ref])
         merged.update(node)  # description / default at the use site win
         node = merged
+    if node.get(INT_OR_STRING):
+        # Kubernetes' int-or-string (maxSurge: 1 or "25%"): no type, the marker instead.
+        node.pop("anyOf", None)
+        return {k: v for k, v in node.items() if k not in _DROP_KEYS}
     if "anyOf" in node:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         if len(options) != 1:

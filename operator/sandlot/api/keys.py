@@ -18,6 +18,12 @@ from sandlot.api.common import GROUP
 POOL_LABEL: Final = f"{GROUP}/pool"
 """Sandbox and Service label: name of the SandboxPool that owns the object."""
 
+CLAIM_LABEL: Final = f"{GROUP}/claim"
+"""Sandbox label: name of the SandboxClaim the sandbox is bound to (it left its pool)."""
+
+CLAIMED_FROM_LABEL: Final = f"{GROUP}/claimed-from"
+"""Sandbox label: the SandboxPool a claimed sandbox was taken from."""
+
 LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
@@ -91,6 +97,8 @@ __all__ = [
     "AGENT_LEASE_LABEL",
     "APP_NAME",
     "APP_NAME_LABEL",
+    "CLAIMED_FROM_LABEL",
+    "CLAIM_LABEL",
     "DEFAULT_LIMITS_ANNOTATION",
     "ENDPOINTSLICE_MANAGED_BY_LABEL",
     "ENDPOINTSLICE_MANAGER",

@@ -6,9 +6,12 @@ Shaped like a Deployment: ``spec.template`` has ``metadata`` and a Sandbox
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic.json_schema import JsonDict
 
 from sandlot.api.common import (
     MAX_CONDITIONS,
@@ -40,6 +43,50 @@ class SandboxTemplate(Model):
     spec: SandboxSpec = Field(description="Sandbox spec of each member.")
 
 
+_COUNT_OR_PERCENT: JsonDict = {
+    "x-kubernetes-int-or-string": True,
+    "x-kubernetes-validations": [
+        {
+            "rule": "type(self) == int ? self >= 0 : self.matches('^[0-9]+%$')",
+            "message": "a count (1) or a percentage of replicas ('25%')",
+        }
+    ],
+}
+
+
+class RollingUpdate(Model):
+    max_surge: int | str = Field(
+        default="25%",
+        json_schema_extra=_COUNT_OR_PERCENT,
+        description="Members above `replicas` a rollout may add: a count or a percentage "
+        "of replicas, rounded up.",
+    )
+    max_unavailable: int | str = Field(
+        default="25%",
+        json_schema_extra=_COUNT_OR_PERCENT,
+        description="Members below `replicas` that may be not Running during a rollout: a "
+        "count or a percentage of replicas, rounded down.",
+    )
+
+    @field_validator("max_surge", "max_unavailable")
+    @classmethod
+    def _count_or_percent(cls, value: int | str) -> int | str:
+        if isinstance(value, int):
+            if value < 0:
+                raise ValueError("must be >= 0")
+            return value
+        if not re.fullmatch(r"[0-9]+%", value):
+            raise ValueError("a count (1) or a percentage of replicas ('25%')")
+        return value
+
+
+class PoolStrategy(Model):
+    rolling_update: RollingUpdate = Field(
+        default_factory=RollingUpdate,
+        description="How a template change replaces members (as a Deployment's RollingUpdate).",
+    )
+
+
 class SandboxPoolSpec(Model):
     replicas: int = Field(default=1, ge=0, description="How many live members to keep.")
     template: SandboxTemplate = Field(description="What each member looks like.")
@@ -55,6 +102,11 @@ class SandboxPoolSpec(Model):
         ge=0,
         description="Terminal members kept for inspection before they are deleted.",
     )
+    strategy: PoolStrategy = Field(
+        default_factory=PoolStrategy,
+        description="How members are replaced when the template changes: each member whose "
+        "spec differs from the template is replaced, within maxSurge and maxUnavailable.",
+    )
 
 
 class SandboxPoolStatus(Model):
@@ -62,6 +114,18 @@ class SandboxPoolStatus(Model):
     running: int = Field(default=0, description="Members Running.")
     pending: int = Field(default=0, description="Members Pending or Scheduled.")
     dead: int = Field(default=0, description="Terminal members still kept (Dead/Stopped/Failed).")
+    updated_replicas: int = Field(
+        default=0, description="Live members whose spec is the current template."
+    )
+    ready_replicas: int = Field(default=0, description="Members Running.")
+    failed_in_a_row: int = Field(
+        default=0,
+        description="Members that failed one after another (Failed, or a non-zero exit); "
+        "replacements back off while it is above zero.",
+    )
+    backoff_until: datetime | None = Field(
+        default=None, description="Replacements wait until then (members keep failing)."
+    )
     selector: str = Field(
         default="",
         max_length=MAX_MESSAGE,
@@ -83,10 +147,12 @@ class SandboxPool(Resource):
         columns=(
             PrinterColumn("Desired", ".spec.replicas", "integer"),
             PrinterColumn("Running", ".status.running", "integer"),
+            PrinterColumn("Up-To-Date", ".status.updatedReplicas", "integer"),
             PrinterColumn("Pending", ".status.pending", "integer"),
             PrinterColumn("Dead", ".status.dead", "integer"),
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
             PrinterColumn("Service", ".spec.serviceName", priority=1),
+            PrinterColumn("Backoff-Until", ".status.backoffUntil", priority=1),
         ),
         scale={
             "specReplicasPath": ".spec.replicas",

@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from sandlot.api.common import (
     MAX_ARG,
@@ -220,6 +220,18 @@ class SandboxSpec(Model):
         description="Seconds between SIGTERM and SIGKILL when the sandbox is stopped "
         "(default: the agent's stop grace).",
     )
+    shutdown_time: AwareDatetime | None = Field(
+        default=None,
+        description="When the sandbox ends (RFC 3339, for example `2030-01-02T15:04:05Z`): "
+        "at that second, on the operator's clock, it becomes Stopped with reason "
+        "DeadlineExceeded and its container is stopped.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds the sandbox may live, counted from its creation; then it ends "
+        "as with shutdownTime. With both set, the earlier wins.",
+    )
 
 
 class SandboxStatus(Model):
@@ -265,6 +277,8 @@ class Sandbox(Resource):
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Reason", ".status.reason", priority=1),
+            PrinterColumn("Shutdown-Time", ".spec.shutdownTime", priority=1),
+            PrinterColumn("Active-Deadline", ".spec.activeDeadlineSeconds", "integer", priority=1),
         ),
         selectable_fields=(".spec.nodeName",),
         validations={

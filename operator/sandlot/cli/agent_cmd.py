@@ -30,7 +30,9 @@ def register(sub: Any) -> None:
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    from sandlot.agent.main import run
+    from sandlot.agent.runner import run
+    from sandlot.cli.process import ExitWatchdog, exit_now
 
     settings = settings_from(AgentSettings, args)
-    return run(settings, kubeconfig=args.kubeconfig)
+    watchdog = ExitWatchdog()
+    exit_now(run(settings, kubeconfig=args.kubeconfig, on_signal=watchdog.arm))

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "gen": "sandlot.cli.gen",
     "drain": "sandlot.cli.nodes",
     "operator": "sandlot.cli.operator_cmd",
+    "pool": "sandlot.cli.pools",
     "purge": "sandlot.cli.purge",
     "status": "sandlot.cli.status",
     "uncordon": "sandlot.cli.nodes",

@@ -24,8 +24,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sandlot.cli.process import ExitWatchdog, exit_now
     from sandlot.controllers.operator import run_blocking
 
     settings = settings_from(OperatorSettings, args)
-    run_blocking(settings, kubeconfig=args.kubeconfig)
-    return 0
+    watchdog = ExitWatchdog()
+    run_blocking(settings, kubeconfig=args.kubeconfig, on_signal=watchdog.arm)
+    exit_now(0)

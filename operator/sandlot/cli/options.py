@@ -55,9 +55,12 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
     """One flag per field; values stay strings until the model validates them."""
     for name, field in model.model_fields.items():
         help_text = (field.description or "").replace("%", "%%")
-        default = field.get_default(call_default_factory=True)
-        shown = default if not isinstance(default, list | tuple) or default else "none"
-        help_text += f" [env {env_name(name)}; default {_show(shown)}]"
+        if field.is_required():
+            help_text += f" [env {env_name(name)}; required]"
+        else:
+            default = field.get_default(call_default_factory=True)
+            shown = default if not isinstance(default, list | tuple) or default else "none"
+            help_text += f" [env {env_name(name)}; default {_show(shown)}]"
         if _is_list(field.annotation):
             parser.add_argument(
                 flag_name(name), dest=name, action="append", default=None, help=help_text

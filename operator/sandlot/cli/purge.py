@@ -45,6 +45,7 @@ from sandlot.policy.purge import awaiting_stop, live_agents
 POLL_INTERVAL = 1.0
 SHOWN = 10
 KIND_NAMES = {
+    "sandboxclaims": "SandboxClaims",
     "sandboxpools": "SandboxPools",
     "sandboxes": "Sandboxes",
     "cacheprunes": "CachePrunes",

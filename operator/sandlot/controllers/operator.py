@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
 from sandlot.adapters.informer import LeaseInformer
@@ -32,6 +32,7 @@ from sandlot.adapters.kube import (
 )
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
+from sandlot.adapters.startup import require_namespace, serve_metrics
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 # How long a stopping leader waits for its writes in flight before it gives up
 # releasing the Lease early (it then expires by itself).
 SHUTDOWN_DRAIN_SECONDS = 5.0
+# Loop turns the workers need to create their sub-tasks (workloads -> queue -> workers).
+STARTUP_YIELDS = 4
 
 
 class _CountingMetrics(RequestCounter):
@@ -153,6 +156,14 @@ def build_registry(
     return registry
 
 
+async def _cancel_on(stop: asyncio.Event, *tasks: asyncio.Task[None]) -> None:
+    """Cancel ``tasks`` as soon as ``stop`` is set, beside kopf's own stop: kopf waits
+    up to 5 s for every task it did not start (the workers' sub-tasks) to end."""
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+
+
 async def run(
     settings: OperatorSettings,
     *,
@@ -173,6 +184,11 @@ async def run(
     fence = WriteFence(leading)
     api = load_api_client(
         kubeconfig, counter=_CountingMetrics(metrics), fence=fence, user_agent=agent
+    )
+    # A missing namespace would leave the elector retrying forever, leader never.
+    await asyncio.to_thread(require_namespace, api, settings.namespace)
+    metrics_server = (
+        serve_metrics(settings.metrics_port, registry) if settings.metrics_port else None
     )
     loop = asyncio.get_running_loop()
     nodehealth: NodeHealthController
@@ -234,8 +250,6 @@ async def run(
         on_heard=nodehealth.on_heard,
         watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, registry=registry)
     informer.start()
     if elector is not None:
         elector.start()
@@ -244,6 +258,13 @@ async def run(
     worker = asyncio.create_task(nodehealth.run(), name="node-health")
     workers = asyncio.create_task(workloads.run(), name="workloads")
     stop = stop_flag or asyncio.Event()
+
+    stopper = asyncio.create_task(_cancel_on(stop, worker, workers), name="stop-workers")
+    # Let the workers start their queues' tasks before kopf notes which tasks exist:
+    # at its stop kopf waits 5 s for any task started after it (a SIGTERM that kopf's
+    # own handler takes, before ours are back, would wait that long for them).
+    for _ in range(STARTUP_YIELDS):
+        await asyncio.sleep(0)
     kopf_registry = build_registry(connection_params(api), settings, nodehealth, elector, workloads)
     try:
         await kopf.operator(
@@ -257,7 +278,8 @@ async def run(
     finally:
         worker.cancel()
         workers.cancel()
-        await asyncio.gather(worker, workers, return_exceptions=True)
+        stopper.cancel()
+        await asyncio.gather(worker, workers, stopper, return_exceptions=True)
         # Passes may still write from their threads: refuse every new write, wait for
         # those already sent, and only then let a standby take over. Writes that do not
         # end in time keep the Lease held; it expires by itself.
@@ -267,20 +289,65 @@ async def run(
         if elector is not None:
             await asyncio.to_thread(elector.stop, drained)
         await asyncio.to_thread(informer.stop)
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
         api.close()
         election_api.close()
 
 
-def run_blocking(settings: OperatorSettings, kubeconfig: str | None = None) -> None:
-    """Run until SIGINT/SIGTERM; a clean stop releases the leader Lease."""
+def run_blocking(
+    settings: OperatorSettings,
+    kubeconfig: str | None = None,
+    *,
+    on_signal: Callable[[], None] | None = None,
+) -> None:
+    """Run until SIGINT/SIGTERM; a clean stop releases the leader Lease.
+
+    ``on_signal`` is called on the first signal (the CLI arms its exit watchdog).
+    The loop is closed without waiting for threads still blocked in a request:
+    ``asyncio.run`` would join the default executor without a bound.
+    """
     import signal
 
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await run(settings, kubeconfig=kubeconfig, stop_flag=stop)
-
     assert threading.current_thread() is threading.main_thread()
-    asyncio.run(main())
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    stop = asyncio.Event()
+
+    def stopping() -> None:
+        if on_signal is not None and not stop.is_set():
+            on_signal()
+        stop.set()
+
+    def take_signals() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopping)
+
+    async def main() -> None:
+        ready = asyncio.Event()
+
+        async def take_signals_back() -> None:
+            # kopf installs its own handlers while it starts (they stop kopf alone);
+            # once it is up, ours stop everything at once and arm the watchdog.
+            await ready.wait()
+            take_signals()
+
+        retake = asyncio.create_task(take_signals_back(), name="signals")
+        try:
+            await run(settings, kubeconfig=kubeconfig, stop_flag=stop, ready_flag=ready)
+        finally:
+            retake.cancel()
+
+    take_signals()
+    try:
+        loop.run_until_complete(main())
+    finally:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=SHUTDOWN_DRAIN_SECONDS))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        asyncio.set_event_loop(None)
+        loop.close()  # its executor is shut down without waiting for blocked threads

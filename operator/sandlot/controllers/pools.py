@@ -35,20 +35,29 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import kopf
 
+from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
-from sandlot.controllers.workqueue import WorkQueue
-from sandlot.policy.pools import Member, PoolPlan, plan_pool
+from sandlot.controllers.workqueue import WorkQueue, earliest
+from sandlot.policy.pools import (
+    Backoff,
+    Member,
+    PoolDecision,
+    PoolPlan,
+    Rollout,
+    decide_pool,
+    spec_hash,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +66,7 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 RETRY_AFTER_ERROR = 2.0
 RETRY_CAP = 60.0
 WRITE_CONCURRENCY = 8
+BACKOFF = Backoff()
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class PoolState:
     template: Mapping[str, Any]
     status: Mapping[str, Any]
     body_ref: Mapping[str, Any]  # apiVersion/kind/metadata for Events
+    rollout: Rollout = field(default_factory=Rollout)
+    template_hash: str = ""
 
     @property
     def key(self) -> str:
@@ -104,6 +116,8 @@ def pool_state(body: Mapping[str, Any]) -> PoolState:
         service_name=spec.get("serviceName") or None,
         template=dict(spec.get("template") or {}),
         status=dict(body.get("status") or {}),
+        rollout=_rollout(spec),
+        template_hash=spec_hash((spec.get("template") or {}).get("spec") or {}),
         body_ref={
             "apiVersion": body.get("apiVersion", API_VERSION),
             "kind": body.get("kind", "SandboxPool"),
@@ -114,6 +128,15 @@ def pool_state(body: Mapping[str, Any]) -> PoolState:
                 "resourceVersion": meta.get("resourceVersion"),
             },
         },
+    )
+
+
+def _rollout(spec: Mapping[str, Any]) -> Rollout:
+    rolling = (spec.get("strategy") or {}).get("rollingUpdate") or {}
+    defaults = Rollout()
+    return Rollout(
+        max_surge=rolling.get("maxSurge", defaults.max_surge),
+        max_unavailable=rolling.get("maxUnavailable", defaults.max_unavailable),
     )
 
 
@@ -136,25 +159,38 @@ def member_body(pool: PoolState) -> dict[str, Any]:
     }
 
 
-def _member(rec: SandboxRecord) -> Member:
+def _member(rec: SandboxRecord, template_hash: str) -> Member:
     return Member(
         name=rec.name,
         phase=rec.phase,
         bound=rec.node is not None,
         created_at=rec.created_at,
         finished_at=rec.finished_at,
+        current=rec.spec_hash == template_hash,
+        reason=rec.reason,
+        exit_code=rec.exit_code,
     )
 
 
-def desired_status(pool: PoolState, plan: PoolPlan) -> dict[str, Any]:
+def desired_status(pool: PoolState, decision: PoolDecision) -> dict[str, Any]:
+    plan = decision.plan
+    until = decision.backoff_until
     return {
         "replicas": pool.replicas,
         "running": plan.running,
         "pending": plan.pending,
         "dead": plan.terminal,
+        "updatedReplicas": decision.updated,
+        "readyReplicas": decision.ready,
+        "failedInARow": decision.failures,
+        "backoffUntil": rfc3339(until) if until is not None else None,
         "selector": pool.selector,
         "observedGeneration": pool.generation,
     }
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
 
 
 class PoolController:
@@ -169,6 +205,7 @@ class PoolController:
         post_event: EventPoster,
         resync_interval: timedelta = timedelta(seconds=30),
         queue_clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], datetime] = _utcnow,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -176,6 +213,7 @@ class PoolController:
         self.metrics = metrics
         self.is_leader = is_leader
         self.post_event = post_event
+        self.clock = clock
         self.resync_interval = resync_interval.total_seconds()
         self.pools: dict[str, PoolState] = {}
         self.queue = WorkQueue(
@@ -244,10 +282,19 @@ class PoolController:
         await self._route(pool, members)
         if pool.deleting:
             return None
-        plan = plan_pool(pool.replicas, pool.history_limit, (_member(m) for m in members))
+        now = self.clock()
+        decision = decide_pool(
+            pool.replicas,
+            pool.history_limit,
+            (_member(m, pool.template_hash) for m in members),
+            rollout=pool.rollout,
+            backoff=BACKOFF,
+            now=now,
+        )
         by_name = {m.name: m for m in members}
-        failures = await self._write(pool, plan, by_name)
-        status = desired_status(pool, plan)
+        failures = await self._write(pool, decision.plan, by_name)
+        status = desired_status(pool, decision)
+        self._note_backoff(pool, decision)
         if any(pool.status.get(k) != v for k, v in status.items()) and self.is_leader():
             written = await asyncio.to_thread(
                 self.api.patch_pool_status, pool.namespace, pool.name, status
@@ -255,7 +302,25 @@ class PoolController:
             current = self.pools.get(key)
             if written is not None and current is pool:
                 self.pools[key] = pool_state(written)  # nothing newer arrived meanwhile
-        return RETRY_AFTER_ERROR if failures else None
+        backoff_left = (
+            (decision.backoff_until - now).total_seconds()
+            if decision.backoff_until is not None
+            else None
+        )
+        return earliest(RETRY_AFTER_ERROR if failures else None, backoff_left)
+
+    def _note_backoff(self, pool: PoolState, decision: PoolDecision) -> None:
+        """One Event per new failure while backing off (the status says it too)."""
+        if decision.backoff_until is None:
+            return
+        if pool.status.get("failedInARow") == decision.failures:
+            return
+        message = (
+            f"{decision.failures} members failed in a row; replacements back off until "
+            f"{rfc3339(decision.backoff_until)}"
+        )
+        log.warning("pool %s: %s", pool.key, message)
+        self.post_event(pool.body_ref, "Warning", "BackOff", message)
 
     async def _route(self, pool: PoolState, members: list[SandboxRecord]) -> None:
         try:
@@ -300,7 +365,12 @@ class PoolController:
             return True
 
         jobs = [create() for _ in range(plan.create)]
-        jobs += [delete(by_name[n], "surplus") for n in plan.delete]
+        jobs += [
+            delete(
+                by_name[n], "surplus" if by_name[n].spec_hash == pool.template_hash else "rollout"
+            )
+            for n in plan.delete
+        ]
         jobs += [delete(by_name[n], "history") for n in plan.collect]
         if not jobs:
             return 0

@@ -30,9 +30,11 @@ import kopf
 
 from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import POOL_LABEL
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.lifetimes import deadline_of
 from sandlot.policy.placement import Placement
+from sandlot.policy.pools import spec_hash
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,11 @@ class SandboxRecord:
     finished_at: datetime | None
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
     placement: Placement | None = None  # None: no tolerations, selector or affinity
+    deadline: datetime | None = None  # where its lifetime ends (policy.lifetimes)
+    spec_hash: str | None = None  # pool members only: compared with the template's
+    claim: str | None = None  # the sandlot.dev/claim label: the SandboxClaim it is bound to
+    reason: str | None = None
+    exit_code: int | None = None
 
     @property
     def key(self) -> str:
@@ -106,6 +113,8 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         rv = int(meta.get("resourceVersion") or 0)
     except ValueError:
         rv = 0
+    created_at = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
+    pool_label = (meta.get("labels") or {}).get(POOL_LABEL)
     return SandboxRecord(
         namespace=sys.intern(meta["namespace"]),
         name=meta["name"],
@@ -113,13 +122,27 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         resource_version=rv,
         phase=sys.intern(str(status.get("phase") or SandboxPhase.PENDING)),
         node=_shared(spec.get("nodeName")),
-        pool=_shared((meta.get("labels") or {}).get(POOL_LABEL)),
+        pool=_shared(pool_label),
         owner_uid=_shared(owner.get("uid")) if owner else None,
         ip=status.get("ip"),
-        created_at=parse_time(meta.get("creationTimestamp")) or datetime.now(UTC),
+        created_at=created_at,
         finished_at=parse_time(status.get("finishedAt")),
         conditions=_conditions(status),
         placement=_placement(spec),
+        deadline=_deadline(spec, created_at),
+        spec_hash=spec_hash(spec) if pool_label else None,
+        claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
+        reason=_shared(status.get("reason")),
+        exit_code=status.get("exitCode"),
+    )
+
+
+def _deadline(spec: Mapping[str, Any], created_at: datetime) -> datetime | None:
+    seconds = spec.get("activeDeadlineSeconds")
+    return deadline_of(
+        parse_time(spec.get("shutdownTime")),
+        int(seconds) if seconds is not None else None,
+        created_at,
     )
 
 
@@ -137,6 +160,7 @@ class SandboxCache:
     def __init__(self) -> None:
         self.records: dict[str, SandboxRecord] = {}
         self._by_pool: dict[str, set[str]] = {}
+        self._by_claim: dict[str, set[str]] = {}  # "namespace/claim" -> sandbox keys
         self.node_load: Counter[str] = Counter()  # node -> non-terminal bound sandboxes
         self.node_pool_load: dict[str, Counter[str]] = {}  # node -> pool key -> count
         self._deleted: dict[str, float] = {}  # uid -> when this operator deleted it
@@ -149,6 +173,10 @@ class SandboxCache:
 
     def members(self, pool_key: str) -> list[SandboxRecord]:
         return [self.records[k] for k in self._by_pool.get(pool_key, ())]
+
+    def claimed(self, namespace: str, claim: str) -> list[SandboxRecord]:
+        """The sandboxes labelled as bound to SandboxClaim ``namespace/claim``."""
+        return [self.records[k] for k in self._by_claim.get(f"{namespace}/{claim}", ())]
 
     def __iter__(self) -> Iterator[SandboxRecord]:
         return iter(list(self.records.values()))
@@ -202,12 +230,20 @@ class SandboxCache:
     def _index(self, rec: SandboxRecord) -> None:
         if rec.pool_key:
             self._by_pool.setdefault(rec.pool_key, set()).add(rec.key)
+        if rec.claim:
+            self._by_claim.setdefault(f"{rec.namespace}/{rec.claim}", set()).add(rec.key)
         if rec.holds_slot and rec.node:
             self.node_load[rec.node] += 1
             if rec.pool_key:
                 self.node_pool_load.setdefault(rec.node, Counter())[rec.pool_key] += 1
 
     def _unindex(self, rec: SandboxRecord) -> None:
+        if rec.claim:
+            claimed = self._by_claim.get(f"{rec.namespace}/{rec.claim}")
+            if claimed is not None:
+                claimed.discard(rec.key)
+                if not claimed:
+                    del self._by_claim[f"{rec.namespace}/{rec.claim}"]
         if rec.pool_key:
             keys = self._by_pool.get(rec.pool_key)
             if keys is not None:

@@ -1,5 +1,6 @@
 """The controllers that place and keep sandboxes, bundled for the operator program:
-the sandbox cache they share, the scheduler, the pool controller and its router.
+the sandbox cache they share, the scheduler, the pool controller and its router,
+the lifetime controller and the claim controller.
 
 ``operator.run`` builds one ``Workloads``, feeds it the agents' Lease events,
 tells it about leadership, and runs its workers; ``register`` adds its kopf
@@ -17,9 +18,12 @@ import kopf
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
+from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import sandboxes as sandboxes_module
 from sandlot.controllers import scheduler as scheduler_module
+from sandlot.controllers.claims import ClaimController
+from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
@@ -36,6 +40,8 @@ class Workloads:
     cache: SandboxCache
     scheduler: Scheduler
     pools: PoolController
+    lifetimes: LifetimeController
+    claims: ClaimController
 
     @classmethod
     def build(
@@ -60,19 +66,26 @@ class Workloads:
             post_event=post_event,
             resync_interval=settings.resync_interval,
         )
-        return cls(cache, scheduler, pools)
+        lifetimes = LifetimeController(api, cache, is_leader=is_leader)
+        claims = ClaimController(api, cache, pools, is_leader=is_leader)
+        return cls(cache, scheduler, pools, lifetimes, claims)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         sandboxes_module.register(registry, self.cache)
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
+        claims_module.register(registry, self.claims)
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop: a new leader re-judges everything from its warm caches."""
         if leader:
             self.scheduler.enqueue_all()
             self.pools.on_leadership()
+            self.lifetimes.enqueue_all()
+            self.claims.enqueue_all()
 
     async def run(self) -> None:
         self.scheduler.bind_loop(asyncio.get_running_loop())
-        await asyncio.gather(self.scheduler.run(), self.pools.run())
+        await asyncio.gather(
+            self.scheduler.run(), self.pools.run(), self.lifetimes.run(), self.claims.run()
+        )

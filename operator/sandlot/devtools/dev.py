@@ -1,4 +1,5 @@
-"""``sandlot dev up|down``: a local control plane (etcd + kube-apiserver) with the
+"""``sandlot dev up|down``: a local control plane (etcd, kube-apiserver and
+kube-controller-manager's garbage collector and namespace controller) with the
 CRDs applied, in the background, for trying sandlot on one machine."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ def start_local(workdir: Path) -> ControlPlane:
     workdir = workdir.resolve()
     if (workdir / "state.json").exists():
         stop_detached(workdir)
-    plane = ControlPlane(workdir=workdir)
+    plane = ControlPlane(workdir=workdir, controller_manager=True)
     plane.start(detach=True)
     (workdir / "state.json").write_text(json.dumps(plane.state()))
     api = load_api_client(str(plane.kubeconfig))
@@ -30,7 +31,10 @@ def start_local(workdir: Path) -> ControlPlane:
 def up(directory: str) -> int:
     """Start the control plane under ``directory`` and say how to use it."""
     workdir = Path(directory)
-    print(f"starting etcd and kube-apiserver under {workdir.resolve()} ...", flush=True)
+    print(
+        f"starting etcd, kube-apiserver and kube-controller-manager under {workdir.resolve()} ...",
+        flush=True,
+    )
     plane = start_local(workdir)
     kubectl = kubectl_path()
     print(f"control plane up at {plane.url}; CRDs applied.")

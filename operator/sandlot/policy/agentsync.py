@@ -35,7 +35,7 @@ from enum import StrEnum
 from typing import Any
 
 from sandlot.api.keys import SANDBOX_LABEL
-from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
 
 UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
@@ -139,12 +139,18 @@ def phase_counts(sandboxes: Iterable[SandboxState]) -> dict[SandboxPhase, int]:
     return counts
 
 
+def live_count(sandboxes: Iterable[SandboxState]) -> int:
+    """The node's non-terminal sandboxes: its SandboxNode's ``status.sandboxes``."""
+    return sum(1 for sb in sandboxes if sb.phase not in TERMINAL_PHASES)
+
+
 __all__ = [
     "UNSTARTED_PHASES",
     "Action",
     "ActionKind",
     "SandboxState",
     "containers_by_key",
+    "live_count",
     "phase_counts",
     "plan_sync",
 ]

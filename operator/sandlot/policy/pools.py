@@ -7,15 +7,36 @@ ReplicaSet's does: the members that cost least to lose first (unbound Pending,
 then Scheduled, then Running), and the newest of those first, because older
 members have proved they run. Terminal members are kept for inspection up to
 ``history_limit`` and collected oldest first beyond it.
+
+**Rolling.** A member whose spec differs from the pool's template (``current``
+false) is replaced the way a Deployment's RollingUpdate does it: at most
+``replicas + maxSurge`` live members at once, and old members are deleted only
+while at least ``replicas - maxUnavailable`` stay Running (Kubernetes' own count:
+every live member, minus that floor, minus the new ones not Running yet).
+Percentages round up for the surge and down for the unavailable, as Kubernetes
+does; both zero would deadlock, so the surge is then one.
+
+**Back-off.** Members that keep failing (Failed, or Stopped by a crash: a
+non-zero exit) are not replaced at once, over and over: after ``n`` failures in a
+row (newest first, broken by a member that ended well or a newer member that
+runs) replacements wait ``start * 2^(n-1)`` seconds (capped) from the last
+failure, as the kubelet's CrashLoopBackOff does. Those failed members are kept
+past the history limit while they count, so the back-off survives a restart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import REASON_OOM_KILLED, TERMINAL_PHASES, SandboxPhase
+
+REASON_EXITED = "Exited"
+CRASH_REASONS: frozenset[str] = frozenset({REASON_EXITED, REASON_OOM_KILLED})
 
 
 @dataclass(frozen=True)
@@ -25,20 +46,83 @@ class Member:
     bound: bool
     created_at: datetime
     finished_at: datetime | None = None
+    current: bool = True
+    """Its spec is the pool's template as it is now."""
+    reason: str | None = None
+    exit_code: int | None = None
 
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
 
+    @property
+    def failed(self) -> bool:
+        """Ended by a fault of its own: could not start, or crashed."""
+        if self.phase == SandboxPhase.FAILED:
+            return True
+        return (
+            self.phase == SandboxPhase.STOPPED
+            and self.reason in CRASH_REASONS
+            and self.exit_code not in (None, 0)
+        )
+
 
 @dataclass(frozen=True)
 class PoolPlan:
     create: int
-    delete: tuple[str, ...]  # surplus live members, in deletion order
+    delete: tuple[str, ...]  # surplus (or replaced) live members, in deletion order
     collect: tuple[str, ...]  # terminal members beyond the history limit
     running: int
     pending: int
     terminal: int
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """``maxSurge`` / ``maxUnavailable``: a count, or a percentage of replicas (``"25%"``)."""
+
+    max_surge: int | str = "25%"
+    max_unavailable: int | str = "25%"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    start: timedelta = timedelta(seconds=10)
+    cap: timedelta = timedelta(minutes=5)
+    kept: int = 6
+    """Failed members kept beyond the history limit while they count (2^5 x 10 s > cap)."""
+
+
+@dataclass(frozen=True)
+class PoolDecision:
+    plan: PoolPlan
+    updated: int
+    """Live members from the current template, after the plan."""
+    ready: int
+    """Running members kept."""
+    failures: int = 0
+    """Members that failed in a row, newest first."""
+    backoff_until: datetime | None = None
+    """Replacements wait until then (None: no back-off in force)."""
+
+
+def spec_hash(spec: Mapping[str, object]) -> str:
+    """A short digest of a Sandbox spec without its ``nodeName`` (the scheduler's):
+    a member whose digest equals its pool template's is current."""
+    rest = {k: v for k, v in spec.items() if k != "nodeName"}
+    text = json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def scaled(value: int | str, replicas: int, *, round_up: bool) -> int:
+    """An int-or-percent setting as a member count."""
+    if isinstance(value, int):
+        return max(value, 0)
+    text = value.strip()
+    if text.endswith("%"):
+        exact = replicas * float(text[:-1]) / 100
+        return math.ceil(exact) if round_up else math.floor(exact)
+    return max(int(text), 0)
 
 
 def _surplus_rank(m: Member) -> int:
@@ -49,27 +133,163 @@ def _surplus_rank(m: Member) -> int:
     return 2
 
 
-def plan_pool(replicas: int, history_limit: int, members: Iterable[Member]) -> PoolPlan:
+def _cheapest_first(members: Iterable[Member]) -> list[Member]:
+    # Newest first within a rank: sort by age descending, then stable-sort by rank.
+    by_newest = sorted(members, key=lambda m: (m.created_at, m.name), reverse=True)
+    return sorted(by_newest, key=_surplus_rank)
+
+
+def failure_chain(members: list[Member]) -> list[Member]:
+    """The failed members in a row, newest first; a newer member that runs breaks it."""
+    ended = sorted(
+        (m for m in members if m.terminal and m.finished_at is not None),
+        key=lambda m: (m.finished_at, m.name),
+        reverse=True,
+    )
+    chain: list[Member] = []
+    for m in ended:
+        if not m.failed:
+            break
+        chain.append(m)
+    if chain:
+        last = chain[0].finished_at
+        assert last is not None
+        if any(m.phase == SandboxPhase.RUNNING and m.created_at >= last for m in members):
+            return []
+    return chain
+
+
+def _backoff_until(chain: list[Member], backoff: Backoff) -> datetime | None:
+    if not chain:
+        return None
+    delay: timedelta = min(backoff.start * 2 ** (len(chain) - 1), backoff.cap)
+    last = chain[0].finished_at
+    assert last is not None
+    until: datetime = last + delay
+    return until
+
+
+def _roll(replicas: int, live: list[Member], rollout: Rollout) -> tuple[int, list[Member]]:
+    """How many to create and which live members to delete (old or surplus)."""
+    new = [m for m in live if m.current]
+    old = [m for m in live if not m.current]
+    if not old:
+        surplus = _cheapest_first(new)[: max(len(new) - replicas, 0)]
+        return max(replicas - len(new), 0), surplus
+    surge = scaled(rollout.max_surge, replicas, round_up=True)
+    unavailable = scaled(rollout.max_unavailable, replicas, round_up=False)
+    if surge == 0 and unavailable == 0:
+        surge = 1
+    room = replicas + surge - len(live)
+    create = max(min(replicas - len(new), room), 0)
+    new_unready = sum(1 for m in new if m.phase != SandboxPhase.RUNNING)
+    can_remove = len(live) - (replicas - unavailable) - new_unready
+    old_out = _cheapest_first(old)[: max(min(can_remove, len(old)), 0)]
+    new_out = _cheapest_first(new)[: max(len(new) - replicas, 0)]
+    return create, old_out + new_out
+
+
+def decide_pool(
+    replicas: int,
+    history_limit: int,
+    members: Iterable[Member],
+    *,
+    rollout: Rollout | None = None,
+    backoff: Backoff | None = None,
+    now: datetime | None = None,
+) -> PoolDecision:
+    """The plan, with rolling (``rollout``) and failure back-off (``backoff`` at ``now``)."""
     everyone = list(members)
     live = [m for m in everyone if not m.terminal]
     terminal = [m for m in everyone if m.terminal]
+    create, delete = _roll(replicas, live, rollout or Rollout())
 
-    # Newest first within a rank: sort by age descending, then stable-sort by rank.
-    by_newest = sorted(live, key=lambda m: (m.created_at, m.name), reverse=True)
-    surplus = sorted(by_newest, key=_surplus_rank)[: max(len(live) - replicas, 0)]
-    create = max(replicas - len(live), 0)
+    chain = failure_chain(everyone) if backoff is not None else []
+    until = _backoff_until(chain, backoff) if backoff is not None else None
+    if until is not None and now is not None and now < until:
+        create = 0  # wait out the back-off; the pool is not gone, only patient
+    elif until is not None and now is not None:
+        until = None
+    kept_failures = {m.name for m in chain[: backoff.kept]} if backoff is not None else set()
 
     oldest_first = sorted(terminal, key=lambda m: (m.finished_at or m.created_at, m.name))
-    collect = oldest_first[: max(len(terminal) - history_limit, 0)]
+    collectable = [m for m in oldest_first if m.name not in kept_failures]
+    collect = collectable[: max(len(terminal) - history_limit, 0)]
 
-    gone = {m.name for m in surplus}
+    gone = {m.name for m in delete}
     kept = [m for m in live if m.name not in gone]
     running = sum(1 for m in kept if m.phase == SandboxPhase.RUNNING)
-    return PoolPlan(
+    plan = PoolPlan(
         create=create,
-        delete=tuple(m.name for m in surplus),
+        delete=tuple(m.name for m in delete),
         collect=tuple(m.name for m in collect),
         running=running,
         pending=len(kept) - running + create,
         terminal=len(terminal) - len(collect),
     )
+    updated = sum(1 for m in kept if m.current) + create
+    return PoolDecision(plan, updated, running, len(chain), until)
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    done: bool
+    message: str
+
+
+def rollout_progress(
+    name: str, generation: int, replicas: int, status: Mapping[str, object]
+) -> RolloutProgress:
+    """Where a pool's rollout stands, as ``kubectl rollout status`` words it: done once
+    the controller has seen this generation and every member is current and Running
+    with no old one left."""
+
+    def count(key: str) -> int:
+        value = status.get(key)
+        return value if isinstance(value, int) else 0
+
+    observed = status.get("observedGeneration")
+    if not isinstance(observed, int) or observed < generation:
+        return RolloutProgress(False, f'Waiting for pool "{name}" spec update to be observed...')
+    updated, ready = count("updatedReplicas"), count("readyReplicas")
+    live = count("running") + count("pending")
+    if updated < replicas:
+        return RolloutProgress(
+            False,
+            f'Waiting for pool "{name}" rollout to finish: {updated} out of {replicas} new '
+            "members have been created...",
+        )
+    if live > replicas:
+        return RolloutProgress(
+            False,
+            f'Waiting for pool "{name}" rollout to finish: {live - replicas} old members '
+            "are pending termination...",
+        )
+    if ready < replicas:
+        return RolloutProgress(
+            False,
+            f'Waiting for pool "{name}" rollout to finish: {ready} of {replicas} updated '
+            "members are Running...",
+        )
+    return RolloutProgress(True, f'pool "{name}" successfully rolled out')
+
+
+def plan_pool(replicas: int, history_limit: int, members: Iterable[Member]) -> PoolPlan:
+    """The plan of a pool whose members all match its template, without back-off."""
+    return decide_pool(replicas, history_limit, members).plan
+
+
+__all__ = [
+    "Backoff",
+    "Member",
+    "PoolDecision",
+    "PoolPlan",
+    "Rollout",
+    "RolloutProgress",
+    "decide_pool",
+    "failure_chain",
+    "plan_pool",
+    "rollout_progress",
+    "scaled",
+    "spec_hash",
+]

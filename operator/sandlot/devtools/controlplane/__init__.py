@@ -1,5 +1,6 @@
-"""A real Kubernetes control plane (etcd + kube-apiserver) on loopback, for tests
-and ``sandlot dev up``.
+"""A real Kubernetes control plane (etcd + kube-apiserver, and optionally
+kube-controller-manager's garbage collector and namespace controller) on
+loopback, for tests and ``sandlot dev up``.
 
 It follows envtest's recipe: binaries from ``KUBEBUILDER_ASSETS`` when a user has
 them, otherwise built from their Go modules once and cached by version; free
@@ -27,6 +28,10 @@ import yaml
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
+KCM_BUILD_SCRIPT = Path(__file__).with_name("build-controller-manager.sh")
+# What a local cluster needs of kube-controller-manager: ownerReference garbage
+# collection and namespace deletion (pools' sandboxes, a namespace's objects).
+KCM_CONTROLLERS = "garbagecollector,namespace"
 HELM_VERSION = os.environ.get("HELM_VERSION", "3.22.0")
 KUBE_VERSION = os.environ.get("KUBE_VERSION", "1.36.3")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.16")
@@ -83,6 +88,21 @@ def _run_build(script: Path, what: str, timeout: float, **env: str) -> Path:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def controller_manager_path(build_timeout: float = 3000.0) -> Path:
+    """kube-controller-manager: from ``KUBEBUILDER_ASSETS`` when it holds one, else
+    built once from the same Kubernetes module and release as kube-apiserver."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and (Path(assets) / "kube-controller-manager").exists():
+        return Path(assets) / "kube-controller-manager"
+    return _run_build(
+        KCM_BUILD_SCRIPT,
+        "kube-controller-manager",
+        build_timeout,
+        KUBE_VERSION=KUBE_VERSION,
+        ETCD_VERSION=ETCD_VERSION,
+    )
+
+
 def kubectl_path() -> Path:
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     if assets and (Path(assets) / "kubectl").exists():
@@ -106,6 +126,7 @@ class ControlPlane:
     bin_dir: Path | None = None
     start_timeout: float = 90.0
     extra_apiserver_flags: list[str] = field(default_factory=list)
+    controller_manager: bool = False
     etcd_port: int = 0
     apiserver_port: int = 0
     etcd_peer_port: int = 0
@@ -146,13 +167,15 @@ class ControlPlane:
             self.start_etcd(detach)
             self._start_apiserver(detach)
             self.wait_ready()
+            self._write_kubeconfig()
+            if self.controller_manager:
+                self._start_controller_manager(detach)
         except BaseException:
             self.stop()
             raise
-        self._write_kubeconfig()
 
     def stop(self, timeout: float = 15.0) -> None:
-        for name in ("kube-apiserver", "etcd"):
+        for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _terminate(proc, timeout)
@@ -243,6 +266,22 @@ class ControlPlane:
                 "--enable-priority-and-fairness=false",
                 "--v=0",
                 *self.extra_apiserver_flags,
+            ],
+            detach,
+        )
+
+    def _start_controller_manager(self, detach: bool) -> None:
+        binary = controller_manager_path()
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(binary),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--controllers={KCM_CONTROLLERS}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--concurrent-gc-syncs=5",
+                "--v=0",
             ],
             detach,
         )

@@ -1,0 +1,76 @@
+"""SandboxClaim: a request for one ready sandbox from a pool, bound at once.
+
+A claim names a SandboxPool in its namespace; the operator binds it to one of the
+pool's Running members (a warm sandbox: no image pull, no start), which leaves the
+pool (its ``sandlot.dev/pool`` label gives way to ``sandlot.dev/claim``, and the
+claim becomes its owner), so the pool starts a replacement. The claim's status
+names the sandbox and its address. Deleting the claim deletes its sandbox.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import Field
+
+from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+
+
+class ClaimPhase(StrEnum):
+    PENDING = "Pending"
+    BOUND = "Bound"
+    LOST = "Lost"
+
+
+class SandboxClaimSpec(Model):
+    pool_name: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The SandboxPool (in the claim's namespace) to take a Running member from.",
+    )
+
+
+class SandboxClaimStatus(Model):
+    phase: ClaimPhase = Field(
+        default=ClaimPhase.PENDING,
+        description="Pending (no Running member yet), Bound, or Lost (its sandbox ended or "
+        "was deleted).",
+    )
+    sandbox_name: str | None = Field(default=None, description="The sandbox bound to the claim.")
+    address: str | None = Field(default=None, description="The sandbox's IP address.")
+    node_name: str | None = Field(default=None, description="The node it runs on.")
+    bound_at: datetime | None = Field(default=None, description="When the claim was bound.")
+    message: str | None = Field(default=None, description="Why it waits, or what was lost.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+
+
+class SandboxClaim(Resource):
+    crd = CrdInfo(
+        kind="SandboxClaim",
+        plural="sandboxclaims",
+        singular="sandboxclaim",
+        scope="Namespaced",
+        short_names=("sbclaim",),
+        columns=(
+            PrinterColumn("Pool", ".spec.poolName"),
+            PrinterColumn("Phase", ".status.phase"),
+            PrinterColumn("Sandbox", ".status.sandboxName"),
+            PrinterColumn("Address", ".status.address"),
+            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            PrinterColumn("Node", ".status.nodeName", priority=1),
+        ),
+        validations={
+            "spec": [
+                {
+                    "rule": "self.poolName == oldSelf.poolName",
+                    "message": "spec.poolName is immutable",
+                    "reason": "FieldValueForbidden",
+                }
+            ]
+        },
+    )
+
+    kind: str = "SandboxClaim"
+    spec: SandboxClaimSpec
+    status: SandboxClaimStatus | None = None

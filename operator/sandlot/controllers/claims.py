@@ -1,0 +1,260 @@
+"""The SandboxClaim controller: binds each claim to a Running member of its pool.
+
+Decisions are ``policy.claims.decide_claim`` over memory: the claims' last events,
+the pools' (the pool controller's cache) and the sandbox cache. Binding is one
+write to the chosen sandbox, guarded by the resourceVersion it was chosen at: its
+``sandlot.dev/pool`` label is removed (it leaves the pool, whose controller starts
+a replacement at once from the same cache event), ``sandlot.dev/claim`` and
+``sandlot.dev/claimed-from`` are set, and the claim becomes its controlling owner
+(Kubernetes' garbage collector deletes it with the claim; this controller also
+deletes it on the claim's DELETED event, so a control plane without a collector
+behaves the same). The claim's status follows. A lost race (409) re-decides with
+the next member. A restart finds a sandbox already labelled for a claim and only
+writes the status that was missing.
+
+Claims waiting for a member are woken by their pool's member events; nothing
+polls. Only the leader writes. The claim's two writes run on threads of their own:
+on the shared default executor they would queue behind the pool's replacement
+creates that the binding itself sets off, and a claim is what a user waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import kopf
+
+from sandlot.adapters.objects import rfc3339
+from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.controllers.pools import PoolController
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.controllers.workqueue import WorkQueue
+from sandlot.policy.claims import Candidate, ClaimAction, decide_claim
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+RETRY_AFTER_ERROR = 0.5
+RETRY_CAP = 30.0
+MAX_BIND_ATTEMPTS = 3
+CLAIM_THREADS = 2
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    namespace: str
+    name: str
+    uid: str
+    pool_name: str
+    status: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pool_key(self) -> str:
+        return f"{self.namespace}/{self.pool_name}"
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxClaim",
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": False,
+        }
+
+
+def claim_state(body: Mapping[str, Any]) -> ClaimState:
+    meta = body["metadata"]
+    return ClaimState(
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid=meta.get("uid", ""),
+        pool_name=(body.get("spec") or {}).get("poolName", ""),
+        status=dict(body.get("status") or {}),
+    )
+
+
+def _candidate(rec: SandboxRecord) -> Candidate:
+    return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node)
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class ClaimController:
+    def __init__(
+        self,
+        api: WorkloadApi,
+        cache: SandboxCache,
+        pools: PoolController,
+        *,
+        is_leader: Callable[[], bool],
+        clock: Callable[[], datetime] = _utcnow,
+        queue_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.pools = pools
+        self.is_leader = is_leader
+        self.clock = clock
+        self.claims: dict[str, ClaimState] = {}
+        self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
+        self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
+        self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
+        self.queue = WorkQueue(
+            "claim",
+            self.reconcile,
+            is_leader=is_leader,
+            clock=queue_clock,
+            backoff_start=RETRY_AFTER_ERROR,
+            backoff_cap=RETRY_CAP,
+        )
+        cache.listeners.append(self.on_sandbox)
+
+    # -- inputs ---------------------------------------------------------------------
+
+    def on_claim(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        state = claim_state(body)
+        if event_type == "DELETED":
+            self.claims.pop(state.key, None)
+            self._waiting.get(state.pool_key, set()).discard(state.key)
+            bound = self.bound(state)
+            if bound is not None:
+                self._released[state.key] = bound
+                self.queue.add(state.key)
+            else:
+                self.queue.forget(state.key)
+            return
+        self.claims[state.key] = state
+        self.queue.add(state.key)
+
+    async def _delete(self, rec: SandboxRecord) -> None:
+        """The claim is gone: so is its sandbox (uid precondition)."""
+        await self._call(self.api.delete_sandbox, rec.namespace, rec.name, rec.uid)
+        self.cache.forget(rec.key, rec.uid)
+        log.info("claim %s deleted: deleted its sandbox %s", rec.claim, rec.key)
+
+    def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
+        for rec in (old, new):
+            if rec is None:
+                continue
+            if rec.claim is not None:
+                key = f"{rec.namespace}/{rec.claim}"
+                if key in self.claims:
+                    self.queue.add(key)
+            elif rec.phase == "Running" and rec.pool_key in self._waiting:
+                self.queue.add_all(list(self._waiting[rec.pool_key]))
+
+    def enqueue_all(self) -> None:
+        self.queue.add_all(list(self.claims))
+
+    async def run(self) -> None:
+        await self.queue.run()
+
+    # -- the worker -----------------------------------------------------------------
+
+    def bound(self, claim: ClaimState) -> SandboxRecord | None:
+        name = claim.status.get("sandboxName")
+        rec = self.cache.get(f"{claim.namespace}/{name}") if name else None
+        if rec is not None and rec.claim == claim.name and rec.owner_uid == claim.uid:
+            return rec
+        for rec in self.cache.claimed(claim.namespace, claim.name):
+            if rec.owner_uid == claim.uid:
+                return rec
+        return None
+
+    def members(self, claim: ClaimState) -> tuple[bool, list[SandboxRecord]]:
+        pool = self.pools.pools.get(claim.pool_key)
+        if pool is None or pool.deleting:
+            return False, []
+        return True, self.pools.members(pool)
+
+    async def reconcile(self, key: str) -> float | None:
+        released = self._released.pop(key, None)
+        if released is not None:
+            await self._delete(released)
+        claim = self.claims.get(key)
+        if claim is None:
+            return None
+        for _ in range(MAX_BIND_ATTEMPTS):
+            bound = self.bound(claim)
+            exists, members = self.members(claim)
+            decision = decide_claim(
+                claim.status,
+                _candidate(bound) if bound is not None else None,
+                exists,
+                [_candidate(m) for m in members],
+                claim.pool_name,
+            )
+            waiting = self._waiting.setdefault(claim.pool_key, set())
+            waiting.discard(key)
+            if decision.action is ClaimAction.NONE:
+                if bound is None and claim.status.get("phase") in (None, "Pending"):
+                    waiting.add(key)
+                return None
+            if not self.is_leader():
+                return None
+            if decision.action is ClaimAction.STATUS:
+                if decision.status.get("phase") == "Pending":
+                    waiting.add(key)
+                await self._write_status(claim, dict(decision.status))
+                return None
+            by_name = {m.name: m for m in members}
+            taken = await self._take(claim, by_name[decision.sandbox or ""])
+            if taken is not None:
+                status = {
+                    "phase": "Bound",
+                    "sandboxName": taken.name,
+                    "address": taken.ip,
+                    "nodeName": taken.node,
+                    "boundAt": rfc3339(self.clock()),
+                    "message": None,
+                }
+                await self._write_status(claim, status)
+                return None
+        return RETRY_AFTER_ERROR  # lost every race: try again soon
+
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
+
+    async def _take(self, claim: ClaimState, rec: SandboxRecord) -> SandboxRecord | None:
+        metadata = {
+            "labels": {
+                POOL_LABEL: None,
+                CLAIM_LABEL: claim.name,
+                CLAIMED_FROM_LABEL: claim.pool_name,
+            },
+            "ownerReferences": [claim.owner_reference()],
+        }
+        body = await self._call(
+            self.api.take_sandbox, rec.namespace, rec.name, str(rec.resource_version), metadata
+        )
+        if body is None:
+            return None  # taken, changed or deleted meanwhile: the next member
+        log.info("claim %s: bound to %s", claim.key, rec.name)
+        return self.cache.upsert(body)
+
+    async def _write_status(self, claim: ClaimState, status: dict[str, Any]) -> None:
+        written = await self._call(self.api.patch_claim_status, claim.namespace, claim.name, status)
+        if written is not None and self.claims.get(claim.key) is claim:
+            self.claims[claim.key] = claim_state(written)
+
+
+def register(registry: kopf.OperatorRegistry, claims: ClaimController) -> None:
+    @kopf.on.event(GROUP, VERSION, "sandboxclaims", registry=registry)
+    async def claim_event(body: kopf.Body, **kwargs: Any) -> None:
+        claims.on_claim(kwargs.get("type"), body)

@@ -1,0 +1,105 @@
+"""Ends sandboxes whose lifetime is over: ``Stopped``, reason ``DeadlineExceeded``.
+
+The deadline of each sandbox is in its cache record (``policy.lifetimes``); the
+decision is ``policy.lifetimes.decide_lifetime`` on the operator's clock. A
+sandbox with a deadline ahead is put back on the work queue for exactly that
+moment (``reconcile`` answers the seconds left), so it ends at that second
+without a poll. The write is a status patch with the resourceVersion it was
+decided on: a sandbox that changed meanwhile comes back through its watch event
+and is judged again, a terminal one is left alone (the API server would refuse
+it anyway). The node's agent sees the terminal phase beside a live container and
+stops it, as it does for any sandbox ended while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from sandlot.adapters.objects import rfc3339
+from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.controllers.workqueue import WorkQueue
+from sandlot.policy.lifetimes import REASON_DEADLINE_EXCEEDED, decide_lifetime
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_ERROR = 1.0
+RETRY_CAP = 30.0
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class LifetimeController:
+    def __init__(
+        self,
+        api: WorkloadApi,
+        cache: SandboxCache,
+        *,
+        is_leader: Callable[[], bool],
+        clock: Callable[[], datetime] = _utcnow,
+        queue_clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.cache = cache
+        self.is_leader = is_leader
+        self.clock = clock
+        self.expired = 0
+        self.queue = WorkQueue(
+            "lifetime",
+            self.reconcile,
+            is_leader=is_leader,
+            clock=queue_clock,
+            backoff_start=RETRY_AFTER_ERROR,
+            backoff_cap=RETRY_CAP,
+        )
+        cache.listeners.append(self.on_sandbox)
+
+    def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
+        if new is None:
+            if old is not None:
+                self.queue.forget(old.key)
+            return
+        if new.deadline is not None and not new.terminal:
+            self.queue.add(new.key)
+
+    def enqueue_all(self) -> None:
+        self.queue.add_all(r.key for r in self.cache if r.deadline is not None and not r.terminal)
+
+    async def run(self) -> None:
+        await self.queue.run()
+
+    async def reconcile(self, key: str) -> float | None:
+        rec = self.cache.get(key)
+        if rec is None:
+            return None
+        now = self.clock()
+        decision = decide_lifetime(rec.phase, rec.deadline, now)
+        if not decision.expire:
+            return decision.wait_seconds
+        if not self.is_leader():
+            return None
+        status = {
+            "phase": SandboxPhase.STOPPED.value,
+            "reason": REASON_DEADLINE_EXCEEDED,
+            "message": decision.message,
+            "finishedAt": rfc3339(now),
+        }
+        written = await asyncio.to_thread(
+            self.api.write_status, rec.namespace, rec.name, status, str(rec.resource_version)
+        )
+        if written is None:
+            return None  # changed or gone meanwhile: its watch event brings it back
+        self.expired += 1
+        log.info("sandbox %s: %s; Stopped (%s)", key, decision.message, REASON_DEADLINE_EXCEEDED)
+        self.cache.upsert(written)
+        return None
+
+
+__all__ = ["LifetimeController"]

@@ -1,0 +1,103 @@
+"""What to do about a SandboxClaim now: a pure decision.
+
+A claim is bound to one Running member of its pool, the one that has been warm
+longest (it has proved it runs); the binding itself is one write to the sandbox
+(guarded by its resourceVersion, so two claims never take the same one), then the
+claim's status says where it is. A claim whose sandbox ended or went away is
+``Lost``: it is not bound again (its user may hold state in the lost one; they
+delete the claim and make a new one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+
+from sandlot.api.claim import ClaimPhase
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A sandbox as the claim controller sees it: a pool member, or the claim's own."""
+
+    name: str
+    phase: str
+    created_at: datetime
+    ip: str | None = None
+    node: str | None = None
+
+
+class ClaimAction(StrEnum):
+    NONE = "none"
+    BIND = "bind"
+    STATUS = "status"
+
+
+@dataclass(frozen=True)
+class ClaimDecision:
+    action: ClaimAction
+    sandbox: str | None = None
+    """The member to bind (BIND)."""
+    status: Mapping[str, object] = field(default_factory=dict)
+    """The claim's status to write (STATUS), without timestamps."""
+
+
+def _differs(current: Mapping[str, object], wanted: Mapping[str, object]) -> bool:
+    return any(current.get(k) != v for k, v in wanted.items())
+
+
+def decide_claim(
+    status: Mapping[str, object],
+    bound: Candidate | None,
+    pool_exists: bool,
+    members: Iterable[Candidate],
+    pool_name: str,
+) -> ClaimDecision:
+    """``status``: the claim's current status; ``bound``: the sandbox bound to it, if
+    any; ``members``: the pool's members (any phase)."""
+    if bound is not None:
+        if bound.phase in TERMINAL_PHASES:
+            wanted: dict[str, object] = {
+                "phase": ClaimPhase.LOST.value,
+                "sandboxName": bound.name,
+                "message": f"sandbox {bound.name} ended {bound.phase}",
+            }
+        else:
+            wanted = {
+                "phase": ClaimPhase.BOUND.value,
+                "sandboxName": bound.name,
+                "address": bound.ip,
+                "nodeName": bound.node,
+            }
+        if _differs(status, wanted):
+            return ClaimDecision(ClaimAction.STATUS, status=wanted)
+        return ClaimDecision(ClaimAction.NONE)
+    if status.get("phase") in (ClaimPhase.BOUND.value, ClaimPhase.LOST.value):
+        wanted = {
+            "phase": ClaimPhase.LOST.value,
+            "message": f"sandbox {status.get('sandboxName')} was deleted",
+        }
+        if _differs(status, wanted):
+            return ClaimDecision(ClaimAction.STATUS, status=wanted)
+        return ClaimDecision(ClaimAction.NONE)
+    running = sorted(
+        (m for m in members if m.phase == SandboxPhase.RUNNING),
+        key=lambda m: (m.created_at, m.name),
+    )
+    if running:
+        return ClaimDecision(ClaimAction.BIND, sandbox=running[0].name)
+    message = (
+        f"no Running member in pool {pool_name} yet"
+        if pool_exists
+        else f"pool {pool_name} does not exist"
+    )
+    wanted = {"phase": ClaimPhase.PENDING.value, "message": message}
+    if _differs(status, wanted):
+        return ClaimDecision(ClaimAction.STATUS, status=wanted)
+    return ClaimDecision(ClaimAction.NONE)
+
+
+__all__ = ["Candidate", "ClaimAction", "ClaimDecision", "decide_claim"]

@@ -1,0 +1,112 @@
+"""SandboxClaims end to end: a real operator binds a claim at once to a warm
+(Running) member of a pool served by a real agent; the member leaves the pool,
+which replaces it; deleting the claim deletes its sandbox and container."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandlot.api.common import GROUP, VERSION
+from tests.integration.test_pools import (  # the pool tests' cluster of real agents
+    Cluster,
+    Start,
+    cluster,
+    pool_archive,
+    start_operator,
+)
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+
+__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
+
+
+def create_claim(c: Cluster, name: str, pool: str) -> None:
+    c.objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        c.namespace,
+        "sandboxclaims",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxClaim",
+            "metadata": {"name": name},
+            "spec": {"poolName": pool},
+        },
+    )
+
+
+def claim_status(c: Cluster, name: str) -> dict[str, Any]:
+    body = c.objs.get_namespaced_custom_object(GROUP, VERSION, c.namespace, "sandboxclaims", name)
+    return dict(body.get("status") or {})
+
+
+def test_claim_is_bound_to_a_warm_member_which_the_pool_replaces(
+    cluster: Cluster, operators: Start, kubectl
+) -> None:
+    node = cluster.add_node("a", capacity=10)
+    start_operator(cluster, operators)
+    cluster.create_pool("warm", 2)
+    warm = {m["metadata"]["name"]: m for m in cluster.wait_running("warm", 2)}
+
+    create_claim(cluster, "mine", "warm")
+    status = wait_for(
+        lambda: (s := claim_status(cluster, "mine")).get("phase") == "Bound" and s,
+        timeout=10,
+        what="claim mine to be Bound",
+    )
+    name = status["sandboxName"]
+    assert name in warm, "bound to a member that was already Running"
+    sandbox = cluster.objs.get_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, "sandboxes", name
+    )
+    assert status["address"] == sandbox["status"]["ip"] and status["nodeName"] == node.name
+    labels = sandbox["metadata"]["labels"]
+    assert "sandlot.dev/pool" not in labels
+    assert (labels["sandlot.dev/claim"], labels["sandlot.dev/claimed-from"]) == ("mine", "warm")
+    assert sandbox["status"]["phase"] == "Running"
+    container = sandbox["status"]["containerId"]
+
+    replaced = cluster.wait_running("warm", 2)
+    assert name not in {m["metadata"]["name"] for m in replaced}
+    out = kubectl("get", "sbclaim", "mine", "-n", cluster.namespace, "--no-headers").stdout
+    assert out.split()[:4] == ["mine", "warm", "Bound", name], out
+
+    cluster.objs.delete_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, "sandboxclaims", "mine"
+    )
+
+    def sandbox_gone() -> bool:
+        left = cluster.objs.list_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, "sandboxes", field_selector=f"metadata.name={name}"
+        )["items"]
+        return not left
+
+    wait_for(sandbox_gone, timeout=15, what=f"sandbox {name} to go with its claim")
+    wait_for(
+        lambda: container not in node.containers(),
+        timeout=20,
+        what=f"container {container} to be stopped",
+    )
+
+
+def test_claim_on_a_pool_without_running_members_waits_saying_why(
+    cluster: Cluster, operators: Start
+) -> None:
+    cluster.add_node("a", capacity=10)
+    start_operator(cluster, operators)
+    create_claim(cluster, "early", "nopool")
+    status = wait_for(
+        lambda: (s := claim_status(cluster, "early")).get("phase") == "Pending" and s,
+        timeout=10,
+        what="claim early to say it waits",
+    )
+    assert status["message"] == "pool nopool does not exist"
+    cluster.create_pool("nopool", 1)
+    wait_for(
+        lambda: claim_status(cluster, "early").get("phase") == "Bound",
+        timeout=40,
+        what="claim early to be bound once its pool has a Running member",
+    )

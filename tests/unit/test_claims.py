@@ -1,0 +1,207 @@
+"""SandboxClaims: the pure decision (table), and the controller binding a claim to a
+warm pool member over the fake API, with the pool replacing what it gave away."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sandlot.adapters.objects import rfc3339
+from sandlot.api.common import API_VERSION
+from sandlot.controllers.claims import ClaimController
+from sandlot.policy.claims import Candidate, ClaimAction, ClaimDecision, decide_claim
+from tests.support.workloads import WorkloadWorld
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+
+def c(name: str, phase: str = "Running", age: int = 0, ip: str | None = "10.0.0.1") -> Candidate:
+    return Candidate(name, phase, T0 + timedelta(seconds=age), ip, "n1")
+
+
+ROWS: dict[str, tuple[dict[str, Any], Candidate | None, bool, list[Candidate], ClaimDecision]] = {
+    "binds_the_member_warm_longest": (
+        {},
+        None,
+        True,
+        [c("young", age=9), c("old", age=1), c("pending", "Pending", age=0)],
+        ClaimDecision(ClaimAction.BIND, sandbox="old"),
+    ),
+    "waits_without_a_running_member": (
+        {},
+        None,
+        True,
+        [c("p", "Scheduled")],
+        ClaimDecision(
+            ClaimAction.STATUS,
+            status={"phase": "Pending", "message": "no Running member in pool web yet"},
+        ),
+    ),
+    "says_so_when_the_pool_is_missing": (
+        {"phase": "Pending"},
+        None,
+        False,
+        [],
+        ClaimDecision(
+            ClaimAction.STATUS, status={"phase": "Pending", "message": "pool web does not exist"}
+        ),
+    ),
+    "a_bound_claim_writes_its_status_once": (
+        {},
+        c("old"),
+        True,
+        [],
+        ClaimDecision(
+            ClaimAction.STATUS,
+            status={
+                "phase": "Bound",
+                "sandboxName": "old",
+                "address": "10.0.0.1",
+                "nodeName": "n1",
+            },
+        ),
+    ),
+    "then_nothing": (
+        {"phase": "Bound", "sandboxName": "old", "address": "10.0.0.1", "nodeName": "n1"},
+        c("old"),
+        True,
+        [c("other")],
+        ClaimDecision(ClaimAction.NONE),
+    ),
+    "its_sandbox_ended_is_lost_not_rebound": (
+        {"phase": "Bound", "sandboxName": "old"},
+        c("old", "Dead"),
+        True,
+        [c("other")],
+        ClaimDecision(
+            ClaimAction.STATUS,
+            status={"phase": "Lost", "sandboxName": "old", "message": "sandbox old ended Dead"},
+        ),
+    ),
+    "its_sandbox_deleted_is_lost": (
+        {"phase": "Bound", "sandboxName": "old"},
+        None,
+        True,
+        [c("other")],
+        ClaimDecision(
+            ClaimAction.STATUS, status={"phase": "Lost", "message": "sandbox old was deleted"}
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
+def test_decide_claim(row: tuple[Any, ...]) -> None:
+    status, bound, exists, members, expected = row
+    assert decide_claim(status, bound, exists, members, "web") == expected
+
+
+class ClaimWorld(WorkloadWorld):
+    def __init__(self) -> None:
+        super().__init__()
+        self.claims = ClaimController(
+            self.objects,  # type: ignore[arg-type]
+            self.cache,
+            self.pools,
+            is_leader=lambda: self.leader,
+            clock=self.clock.now,
+            queue_clock=self.clock.monotonic,
+        )
+
+    def claim(self, name: str, pool: str, namespace: str = "ns") -> str:
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxClaim",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "uid": f"claim-uid-{name}",
+                "resourceVersion": "c1",
+                "creationTimestamp": rfc3339(self.clock.now()),
+            },
+            "spec": {"poolName": pool},
+            "status": {},
+        }
+        self.objects.claims[f"{namespace}/{name}"] = body
+        self.claims.on_claim(None, copy.deepcopy(body))
+        return f"{namespace}/{name}"
+
+    def run_members(self) -> None:
+        for body in self.objects.sandboxes.values():
+            if body["status"].get("phase") == "Scheduled":
+                body["status"].update(phase="Running", ip="10.0.0.7")
+                self.objects.touch(body)
+
+    def step(self) -> None:
+        for _ in range(5):
+            super().step()
+            asyncio.run(self.claims.queue.run_until_idle())
+        super().step()
+
+
+def test_a_claim_is_bound_to_a_running_member_which_leaves_the_pool_and_is_replaced() -> None:
+    w = ClaimWorld()
+    w.node("a", capacity=10)
+    pool = w.pool("web", replicas=2)
+    w.step()
+    w.run_members()
+    w.step()
+    before = set(w.members(pool))
+
+    claim = w.claim("mine", "web")
+    w.step()
+    status = w.objects.claims[claim]["status"]
+    assert status["phase"] == "Bound" and status["address"] == "10.0.0.7", status
+    taken = f"ns/{status['sandboxName']}"
+    assert taken in before
+    meta = w.objects.sandboxes[taken]["metadata"]
+    assert "sandlot.dev/pool" not in meta["labels"]
+    assert meta["labels"]["sandlot.dev/claim"] == "mine"
+    assert meta["labels"]["sandlot.dev/claimed-from"] == "web"
+    assert meta["ownerReferences"] == [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "SandboxClaim",
+            "name": "mine",
+            "uid": "claim-uid-mine",
+            "controller": True,
+            "blockOwnerDeletion": False,
+        }
+    ]
+    assert taken not in w.members(pool)
+    assert len(w.members(pool)) == 2, "the pool replaced the member it gave away"
+
+
+def test_a_claim_waits_for_a_running_member_and_is_woken_by_it() -> None:
+    w = ClaimWorld()
+    w.node("a", capacity=10)
+    w.pool("web", replicas=1)
+    claim = w.claim("mine", "web")
+    w.step()
+    assert w.objects.claims[claim]["status"]["phase"] == "Pending"
+    w.run_members()
+    w.step()
+    assert w.objects.claims[claim]["status"]["phase"] == "Bound"
+
+
+def test_two_claims_never_share_a_member_and_deleting_one_deletes_its_sandbox() -> None:
+    w = ClaimWorld()
+    w.node("a", capacity=10)
+    w.pool("web", replicas=2)
+    w.step()
+    w.run_members()
+    w.step()
+    first, second = w.claim("one", "web"), w.claim("two", "web")
+    w.step()
+    names = {w.objects.claims[k]["status"]["sandboxName"] for k in (first, second)}
+    assert len(names) == 2
+
+    gone = f"ns/{w.objects.claims[first]['status']['sandboxName']}"
+    body = w.objects.claims.pop(first)
+    w.claims.on_claim("DELETED", copy.deepcopy(body))
+    w.step()
+    assert gone not in w.objects.sandboxes
