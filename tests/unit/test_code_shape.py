@@ -29,11 +29,9 @@ MIN_REASON_WORDS = 4
 # "module path:qualified name" -> why it may exceed MAX_FUNCTION_LINES without a marker
 LENGTH_EXEMPT: dict[str, str] = {
     "sandlot/controllers/operator.py:run": (
-        "being reshaped separately together with the operator's start-up; "
-        "the exemption goes with that change"
-    ),
-    "sandlot/policy/nodehealth.py:decide": (
-        "being reshaped separately together with node health; the exemption goes with that change"
+        "the operator's whole wiring in start-up order (clients, write fence, elector, "
+        "controllers, lease informer, kopf, shutdown); splitting it into named steps is "
+        "open work, and this entry fails the moment it is done"
     ),
 }
 

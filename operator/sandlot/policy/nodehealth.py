@@ -236,6 +236,7 @@ def decide(
     guard: GuardSettings,
     settings: NodeHealthSettings | None = None,
 ) -> Decision:
+    # Long on purpose: it is SPEC section 3's table, one branch per row, read top down.
     """Decide what the node-health controller does for ``node`` at ``now``.
 
     ``renewal`` is the last renewal of the node's Lease the operator observed
