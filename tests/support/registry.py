@@ -35,7 +35,7 @@ import pytest
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
 AUTH_USER = "puller"
-AUTH_PASSWORD = "s3cret"  # noqa: S105 - a test registry's own credential
+AUTH_PASSWORD = "s3cret"
 
 
 def unavailable_reason() -> str | None:
@@ -94,9 +94,7 @@ class Registry:
         ]
         if self.users:
             htpasswd = self.root / "htpasswd"
-            htpasswd.write_text(
-                "".join(_htpasswd_line(u, p) + "\n" for u, p in self.users.items())
-            )
+            htpasswd.write_text("".join(_htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             lines += ["auth:", "  htpasswd:", "    realm: sandlot-test", f"    path: {htpasswd}"]
         config = self.root / "config.yml"
         config.write_text("\n".join(lines) + "\n")

@@ -126,9 +126,7 @@ def dead_status(
     lastTransitionTime moves only if its status changes)."""
     stamp = rfc3339(now)
     existing = parse_conditions(((current or {}).get("status") or {}).get("conditions"))
-    ready = Condition(
-        type=READY_CONDITION, status="False", reason=reason, message=message
-    )
+    ready = Condition(type=READY_CONDITION, status="False", reason=reason, message=message)
     return {
         "phase": SandboxPhase.DEAD.value,
         "reason": reason,

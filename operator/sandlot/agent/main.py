@@ -54,6 +54,7 @@ from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
 from sandlot.agent.loops import Loops, WorkPool
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.network import Networking
+from sandlot.agent.pullgate import build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
@@ -96,6 +97,7 @@ class Agent:
         registry: CollectorRegistry | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        pulls: bool | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -105,6 +107,8 @@ class Agent:
         self.metrics = AgentMetrics(self.registry)
         self.gc_metrics = GcMetrics(self.registry)
         self._runtime_factory = runtime_factory or self._containerd
+        # Pulls need containerd itself: off by default beside a runtime given by a test.
+        self._pulls = runtime_factory is None if pulls is None else pulls
         self._disk_usage = disk_usage or (lambda: disk_usage_of(settings.containerd_root))
         self._clock = clock
         self.address = settings.node_address or detect_address()
@@ -151,6 +155,14 @@ class Agent:
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
         )
+        gate = (
+            build_image_gate(
+                settings, self.objects.api, self.status, self._sync_wake, self.registry, self._clock
+            )
+            if self._pulls
+            else None
+        )
+        self.image_gate, self._close_pulls = gate or (None, lambda: None)
         self.work = SandboxWork(
             settings,
             self.objects,
@@ -161,6 +173,7 @@ class Agent:
             facts,
             self._touch_image,
             self._clock,
+            image_gate=self.image_gate,
         )
         self.sync = SandboxSync(
             self.node,
@@ -293,6 +306,7 @@ class Agent:
             disabled=settings.gc_disabled,
             metrics=self.gc_metrics,
             exhausted_until=self._restored_exhausted_until(),
+            starting=self.image_gate.pulls.starting if self.image_gate else frozenset,
         )
         for watched in self._watches:
             watched.start()
@@ -324,6 +338,7 @@ class Agent:
             watched.stop()
         self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
         self.pool.shutdown()
+        self._close_pulls()
         if self.runtime is not None:
             self.runtime.close()
         if self._metrics_server is not None:

@@ -36,6 +36,7 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
+from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import TeardownResult, stop, teardown
@@ -104,6 +105,7 @@ class SandboxWork:
         facts: NodeFacts,
         touch_image: Callable[[str], None],
         clock: Callable[[], datetime],
+        image_gate: ImageGate | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -115,6 +117,7 @@ class SandboxWork:
         self.facts = facts
         self._touch_image = touch_image
         self._clock = clock
+        self.image_gate = image_gate
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
 
@@ -215,10 +218,16 @@ class SandboxWork:
     # ------------------------------------------------------------ start
 
     def start_sandbox(self, sb: Mapping[str, Any]) -> None:
+        image = str((sb.get("spec") or {}).get("image", ""))
+        # Held from the image check to the container: the collector must not evict it.
+        with self.image_gate.pulls.hold(image) if self.image_gate else contextlib.nullcontext():
+            self._start(sb)
+
+    def _start(self, sb: Mapping[str, Any]) -> None:
         try:
             prepared = self._prepare(sb)
             if prepared is None:
-                return  # the namespace's level is unknown: the next sync asks again
+                return  # level unknown, or the image on its way: the next sync goes on
             created = self._create(prepared)
             if created is None:
                 return  # a leftover of that name was torn down: the next sync starts it
@@ -264,6 +273,13 @@ class SandboxWork:
         spec = self._checked_spec(sb)
         if spec is None:
             return None
+        if self.image_gate is not None:
+            try:
+                self.image_gate.check(sb, spec)
+            except ImageNotReady:
+                return None
+            except PullRefused as exc:
+                raise StartFailed(exc.reason, str(exc)) from None
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])

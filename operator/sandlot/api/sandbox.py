@@ -38,6 +38,9 @@ REASON_DRAIN_ABANDONED = "DrainAbandoned"
 REASON_POLICY_VIOLATION = "PolicyViolation"
 REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"
+# Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
+REASON_PULLING = "Pulling"
+REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 
 _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
 
@@ -45,6 +48,17 @@ _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
 class EnvVar(Model):
     name: str = Field(min_length=1, description="Name of the environment variable.")
     value: str = Field(default="", description="Its value.")
+
+
+class LocalObjectReference(Model):
+    name: str = Field(
+        min_length=1, max_length=253, description="Name of an object in the same namespace."
+    )
+
+
+class ImagePullProgress(Model):
+    bytes: int = Field(default=0, ge=0, description="Bytes of the image on the node so far.")
+    total_bytes: int = Field(default=0, ge=0, description="Bytes of the image's config and layers.")
 
 
 class SandboxPort(Model):
@@ -132,6 +146,19 @@ class SandboxSpec(Model):
         description="Image reference in the node's containerd store (for example "
         "`docker.io/library/busybox:1.36`).",
     )
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="When the agent pulls the image, with the kubelet's meaning: "
+        "`IfNotPresent` only when the node lacks it, `Always` resolves the reference "
+        "again at every start (a moved tag is pulled), `Never` uses only what the node has.",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Secrets of type kubernetes.io/dockerconfigjson in the sandbox's "
+        "namespace with credentials for its image's registry. The operator hands them "
+        "to the agent of the sandbox's node only (docs/isolation.md).",
+    )
     command: list[str] = Field(
         default_factory=list,
         description="Argv of the sandbox's process; empty means the image's entrypoint and cmd.",
@@ -186,6 +213,9 @@ class SandboxStatus(Model):
     started_at: datetime | None = Field(default=None, description="When the process started.")
     finished_at: datetime | None = Field(default=None, description="When it ended.")
     exit_code: int | None = Field(default=None, description="Exit status, once it exited.")
+    image_pull: ImagePullProgress | None = Field(
+        default=None, description="Progress of the image pull while the reason is Pulling."
+    )
     conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from sandlot.agent.imagegc import GcMetrics
 from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.pullmetrics import PullMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.cli.options import env_name, flag_name
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
@@ -159,7 +160,7 @@ def registered_metrics() -> list[tuple[str, str, str, list[str], str]]:
     out = []
     for program, classes in (
         ("operator", (OperatorMetrics, WorkloadMetrics)),
-        ("agent", (AgentMetrics, GcMetrics)),
+        ("agent", (AgentMetrics, GcMetrics, PullMetrics)),
     ):
         registry = CollectorRegistry()
         for cls in classes:

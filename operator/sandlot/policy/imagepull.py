@@ -159,15 +159,15 @@ def decide_pull(
 
 __all__ = [
     "FINAL_ATTEMPTS",
+    "REASON_BACK_OFF",
+    "REASON_ERR_IMAGE_PULL",
+    "REASON_NEVER_PULL",
+    "REASON_PULLING",
     "FailureKind",
     "PullAction",
     "PullDecision",
     "PullHistory",
     "PullPolicy",
-    "REASON_BACK_OFF",
-    "REASON_ERR_IMAGE_PULL",
-    "REASON_NEVER_PULL",
-    "REASON_PULLING",
     "decide_pull",
     "pull_backoff",
 ]

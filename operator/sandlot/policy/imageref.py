@@ -55,8 +55,10 @@ class ImageReference:
 
     @property
     def loopback(self) -> bool:
-        host = self.registry.rsplit(":", 1)[0] if not self.registry.startswith("[") else (
-            self.registry.split("]", 1)[0] + "]"
+        host = (
+            self.registry.rsplit(":", 1)[0]
+            if not self.registry.startswith("[")
+            else (self.registry.split("]", 1)[0] + "]")
         )
         return host in LOOPBACK_HOSTS
 

@@ -229,7 +229,9 @@ class ContainerdPuller:
             counter.add(len(config_bytes), fetched=True)
             diff_ids = list((json.loads(config_bytes).get("rootfs") or {}).get("diff_ids") or [])
             if len(diff_ids) != len(layers):
-                raise RegistryError(f"{ref.name}: config lists {len(diff_ids)} layers, manifest {len(layers)}")
+                raise RegistryError(
+                    f"{ref.name}: config lists {len(diff_ids)} layers, manifest {len(layers)}"
+                )
             for layer, diff_id in zip(layers, diff_ids, strict=True):
                 self._ensure_blob(
                     client, layer, {"containerd.io/uncompressed": diff_id}, budget, lease, counter
@@ -242,7 +244,11 @@ class ContainerdPuller:
                 manifest_labels[f"containerd.io/gc.ref.content.l.{i}"] = layer["digest"]
             manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
             manifest_size = len(manifest_bytes)
-            this = {"digest": manifest_digest, "size": manifest_size, "mediaType": manifest.get("mediaType") or top_type}
+            this = {
+                "digest": manifest_digest,
+                "size": manifest_size,
+                "mediaType": manifest.get("mediaType") or top_type,
+            }
             self._write(this, [manifest_bytes], manifest_labels, budget, lease)
             target = this
             if index_bytes is not None and manifest_desc is not None:
@@ -267,7 +273,9 @@ class ContainerdPuller:
             plat = entry.get("platform") or {}
             if plat.get("os") == "linux" and plat.get("architecture") == arch:
                 return dict(entry)
-        raise RegistryError(f"{ref.name}: no linux/{arch} manifest in its index", FailureKind.NOT_FOUND)
+        raise RegistryError(
+            f"{ref.name}: no linux/{arch} manifest in its index", FailureKind.NOT_FOUND
+        )
 
     def _small_blob(
         self, client: RegistryClient, desc: Mapping[str, Any], *, manifest: bool = False
@@ -284,7 +292,10 @@ class ContainerdPuller:
     def _info(self, digest: str, budget: Deadline) -> Any | None:
         try:
             return self._call(
-                self._content.Info, content_pb2.InfoRequest(digest=digest), budget, f"Content.Info {digest}"
+                self._content.Info,
+                content_pb2.InfoRequest(digest=digest),
+                budget,
+                f"Content.Info {digest}",
             ).info
         except NotFound:
             return None
@@ -360,7 +371,11 @@ class ContainerdPuller:
                 )
                 return
             yield content_pb2.WriteContentRequest(
-                action=content_pb2.COMMIT, ref=ref, total=size, offset=offset, expected=digest,
+                action=content_pb2.COMMIT,
+                ref=ref,
+                total=size,
+                offset=offset,
+                expected=digest,
                 labels=dict(labels),
             )
 
@@ -368,7 +383,7 @@ class ContainerdPuller:
         timeout = budget.remaining(what)
         try:
             for _ in self._content.Write(
-                requests(), timeout=timeout, metadata=self._metadata + ((LEASE_HEADER, lease),)
+                requests(), timeout=timeout, metadata=(*self._metadata, (LEASE_HEADER, lease))
             ):
                 pass
         except grpc.RpcError as exc:
@@ -384,7 +399,9 @@ class ContainerdPuller:
             self._label(digest, labels, budget)
         if failure:
             with contextlib.suppress(grpc.RpcError):
-                self._content.Abort(content_pb2.AbortRequest(ref=ref), timeout=5, metadata=self._metadata)
+                self._content.Abort(
+                    content_pb2.AbortRequest(ref=ref), timeout=5, metadata=self._metadata
+                )
             raise failure[0]
 
     # ------------------------------------------------------------ snapshots
@@ -423,7 +440,9 @@ class ContainerdPuller:
         key = f"extract-{uuid.uuid4().hex[:12]} {chain}"
         mounts = self._call(
             self._snapshots.Prepare,
-            snapshots_pb2.PrepareSnapshotRequest(snapshotter=self.snapshotter, key=key, parent=parent),
+            snapshots_pb2.PrepareSnapshotRequest(
+                snapshotter=self.snapshotter, key=key, parent=parent
+            ),
             budget,
             f"Snapshots.Prepare {key}",
             lease,
@@ -443,7 +462,9 @@ class ContainerdPuller:
             try:
                 self._call(
                     self._snapshots.Commit,
-                    snapshots_pb2.CommitSnapshotRequest(snapshotter=self.snapshotter, name=chain, key=key),
+                    snapshots_pb2.CommitSnapshotRequest(
+                        snapshotter=self.snapshotter, name=chain, key=key
+                    ),
                     budget,
                     f"Snapshots.Commit {chain}",
                     lease,
@@ -474,7 +495,10 @@ class ContainerdPuller:
         image = images_pb2.Image(name=name, target=_descriptor(target), labels=dict(labels))
         try:
             self._call(
-                self._images.Create, images_pb2.CreateImageRequest(image=image), budget, f"Images.Create {name}"
+                self._images.Create,
+                images_pb2.CreateImageRequest(image=image),
+                budget,
+                f"Images.Create {name}",
             )
         except RuntimeError_ as exc:
             if exc.code != "already_exists":
@@ -482,7 +506,9 @@ class ContainerdPuller:
             paths = ["target", *(f"labels.{k}" for k in labels)]
             self._call(
                 self._images.Update,
-                images_pb2.UpdateImageRequest(image=image, update_mask=field_mask_pb2.FieldMask(paths=paths)),
+                images_pb2.UpdateImageRequest(
+                    image=image, update_mask=field_mask_pb2.FieldMask(paths=paths)
+                ),
                 budget,
                 f"Images.Update {name}",
             )
@@ -492,7 +518,9 @@ class ContainerdPuller:
         expires = datetime.now(UTC) + PULL_LEASE_TTL
         self._call(
             self._leases.Create,
-            leases_pb2.CreateRequest(id=lease, labels={"containerd.io/gc.expire": _rfc3339(expires)}),
+            leases_pb2.CreateRequest(
+                id=lease, labels={"containerd.io/gc.expire": _rfc3339(expires)}
+            ),
             budget,
             f"Leases.Create {lease}",
         )
@@ -501,7 +529,9 @@ class ContainerdPuller:
     def _delete_lease(self, lease: str) -> None:
         # Best effort: an expired lease is collected by containerd anyway.
         with contextlib.suppress(grpc.RpcError):
-            self._leases.Delete(leases_pb2.DeleteRequest(id=lease), timeout=10, metadata=self._metadata)
+            self._leases.Delete(
+                leases_pb2.DeleteRequest(id=lease), timeout=10, metadata=self._metadata
+            )
 
 
 class _Unprepared(Exception):

@@ -1,0 +1,116 @@
+"""Brokered registry credentials: the Secret per node that carries the pull secrets
+of that node's sandboxes, and the only one its agent may read (docs/isolation.md).
+
+The operator, which may read Secrets, writes ``sandlot-pull-<node>`` in its own
+namespace with one key per pull secret (``<namespace>.<name>``: that Secret's
+``.dockerconfigjson``), and a Role and RoleBinding that let only the node's agent
+identity (the ServiceAccount ``sandlot-agent-<node>``) ``get`` that one Secret.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+DOCKERCONFIG_TYPE = "kubernetes.io/dockerconfigjson"
+DOCKERCONFIG_KEY = ".dockerconfigjson"
+
+
+def brokered_secret_name(node: str) -> str:
+    return f"sandlot-pull-{node}"
+
+
+def node_identity(node: str) -> str:
+    """The ServiceAccount (in the operator's namespace) that may read the node's Secret."""
+    return f"sandlot-agent-{node}"
+
+
+def read_brokered(api: Any, namespace: str, node: str) -> dict[str, str] | None:
+    """The node's brokered Secret's data; None when it is absent or not readable."""
+    try:
+        secret = client.CoreV1Api(api).read_namespaced_secret(brokered_secret_name(node), namespace)
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            if exc.status == 403:
+                log.warning("brokered pull secret of node %s is not readable: %s", node, exc.reason)
+            return None
+        raise
+    return dict(secret.data or {})
+
+
+def read_pull_secret(api: Any, namespace: str, name: str) -> str | None:
+    """A tenant's dockerconfigjson Secret's document (base64), or None when it is
+    missing or of another type (the operator's read)."""
+    try:
+        secret = client.CoreV1Api(api).read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    if secret.type != DOCKERCONFIG_TYPE:
+        log.warning("pull secret %s/%s is of type %s: ignored", namespace, name, secret.type)
+        return None
+    return (secret.data or {}).get(DOCKERCONFIG_KEY)
+
+
+def write_brokered(api: Any, namespace: str, node: str, data: Mapping[str, str]) -> None:
+    """Make the node's brokered Secret hold exactly ``data``, and its access rule."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    name = brokered_secret_name(node)
+    labels = {"app.kubernetes.io/managed-by": "sandlot", "sandlot.dev/node": node}
+    body = client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name, labels=labels), type="Opaque", data=dict(data)
+    )
+    _apply(
+        lambda: core.create_namespaced_secret(namespace, body),
+        lambda: core.replace_namespaced_secret(name, namespace, body),
+    )
+    role = client.V1Role(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        rules=[
+            client.V1PolicyRule(
+                api_groups=[""], resources=["secrets"], resource_names=[name], verbs=["get"]
+            )
+        ],
+    )
+    _apply(
+        lambda: rbac.create_namespaced_role(namespace, role),
+        lambda: rbac.replace_namespaced_role(name, namespace, role),
+    )
+    binding = client.V1RoleBinding(
+        metadata=client.V1ObjectMeta(name=name, labels=labels),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name=name),
+        subjects=[
+            client.RbacV1Subject(
+                kind="ServiceAccount", name=node_identity(node), namespace=namespace
+            )
+        ],
+    )
+    _apply(
+        lambda: rbac.create_namespaced_role_binding(namespace, binding),
+        lambda: rbac.replace_namespaced_role_binding(name, namespace, binding),
+    )
+
+
+def _apply(create: Any, replace: Any) -> None:
+    try:
+        create()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        replace()
+
+
+__all__ = [
+    "brokered_secret_name",
+    "node_identity",
+    "read_brokered",
+    "read_pull_secret",
+    "write_brokered",
+]
