@@ -21,9 +21,8 @@ from prometheus_client import CollectorRegistry
 from urllib3.exceptions import ProtocolError
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.pullsecrets import write_brokered
+from sandlot.adapters.pullsecrets import brokered_key, write_brokered
 from sandlot.adapters.runtime import RuntimeError_
-from sandlot.agent.credentials import brokered_key
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many

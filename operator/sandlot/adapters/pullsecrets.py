@@ -26,6 +26,11 @@ def brokered_secret_name(node: str) -> str:
     return f"sandlot-pull-{node}"
 
 
+def brokered_key(namespace: str, name: str) -> str:
+    """The key of a sandbox's pull secret in its node's brokered Secret."""
+    return f"{namespace}.{name}"
+
+
 def node_identity(node: str) -> str:
     """The ServiceAccount (in the operator's namespace) that may read the node's Secret."""
     return f"sandlot-agent-{node}"
@@ -64,6 +69,14 @@ def write_brokered(api: Any, namespace: str, node: str, data: Mapping[str, str])
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     name = brokered_secret_name(node)
     labels = {"app.kubernetes.io/managed-by": "sandlot", "sandlot.dev/node": node}
+    account = client.V1ServiceAccount(
+        metadata=client.V1ObjectMeta(name=node_identity(node), labels=labels),
+        automount_service_account_token=False,
+    )
+    _apply(
+        lambda: core.create_namespaced_service_account(namespace, account),
+        lambda: None,  # exists: nothing of it changes
+    )
     body = client.V1Secret(
         metadata=client.V1ObjectMeta(name=name, labels=labels), type="Opaque", data=dict(data)
     )
@@ -107,7 +120,20 @@ def _apply(create: Any, replace: Any) -> None:
         replace()
 
 
+def brokered_data(api: Any, namespace: str, node: str) -> dict[str, str] | None:
+    """The node's brokered Secret's data as the operator reads it; None when absent."""
+    try:
+        secret = client.CoreV1Api(api).read_namespaced_secret(brokered_secret_name(node), namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    return dict(secret.data or {})
+
+
 __all__ = [
+    "brokered_data",
+    "brokered_key",
     "brokered_secret_name",
     "node_identity",
     "read_brokered",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sandlot.adapters.pullsecrets import brokered_key
 from sandlot.adapters.registry import Credential
 from sandlot.policy.imageref import ImageReference
 from sandlot.policy.registryauth import credential_for
@@ -27,11 +28,6 @@ log = logging.getLogger(__name__)
 
 BrokeredSecret = Callable[[], Mapping[str, str] | None]
 """The data of this node's brokered Secret (base64 values), or None if absent."""
-
-
-def brokered_key(namespace: str, name: str) -> str:
-    """The key of a sandbox's pull secret in its node's brokered Secret."""
-    return f"{namespace}.{name}"
 
 
 def _document(raw: bytes | str, what: str) -> dict[str, Any] | None:
@@ -85,4 +81,4 @@ class Credentials:
         return Credential(*found) if found else None
 
 
-__all__ = ["BrokeredSecret", "Credentials", "brokered_key"]
+__all__ = ["BrokeredSecret", "Credentials"]

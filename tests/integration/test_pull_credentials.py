@@ -1,0 +1,145 @@
+"""Pull credentials brokered per node, against the real API server and its RBAC: the
+operator copies each node's sandboxes' pull secrets into that node's Secret, and
+node A's agent identity can read its own Secret but not node B's, nor any tenant's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.pullsecrets import (
+    brokered_key,
+    brokered_secret_name,
+    node_identity,
+    read_brokered,
+)
+from sandlot.api.common import GROUP, VERSION
+from sandlot.controllers.pullcredentials import broker_node
+from sandlot.devtools.controlplane import ControlPlane
+
+pytestmark = [pytest.mark.integration]
+
+
+def _dockerconfig(host: str, user: str) -> bytes:
+    auth = base64.b64encode(f"{user}:pw".encode()).decode()
+    return json.dumps({"auths": {host: {"auth": auth}}}).encode()
+
+
+def _pull_secret(kube: client.ApiClient, namespace: str, name: str, user: str) -> None:
+    client.CoreV1Api(kube).create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name),
+            type="kubernetes.io/dockerconfigjson",
+            data={".dockerconfigjson": base64.b64encode(_dockerconfig("reg.io", user)).decode()},
+        ),
+    )
+
+
+def _sandbox(kube: client.ApiClient, namespace: str, name: str, node: str, secret: str) -> None:
+    client.CustomObjectsApi(kube).create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "sandboxes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {
+                "image": "reg.io/a:1",
+                "nodeName": node,
+                "imagePullSecrets": [{"name": secret}],
+            },
+        },
+    )
+
+
+@pytest.fixture
+def system_ns(kube: client.ApiClient) -> Iterator[str]:
+    name = f"sys-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+def _as_node(
+    kube: client.ApiClient, plane: ControlPlane, namespace: str, node: str
+) -> client.ApiClient:
+    """A client holding a token the API server issued for the node's agent identity."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
+    )
+    token = (
+        client.CoreV1Api(kube)
+        .create_namespaced_service_account_token(node_identity(node), namespace, request)
+        .status.token
+    )
+    config = client.Configuration(host=plane.url)
+    config.ssl_ca_cert = str(plane.ca_file)
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(config)
+
+
+def test_node_identity_reads_only_its_own_brokered_credentials(
+    kube: client.ApiClient, control_plane: ControlPlane, namespace: str, system_ns: str
+) -> None:
+    node_a, node_b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
+    _pull_secret(kube, namespace, "cred-a", "user-a")
+    _pull_secret(kube, namespace, "cred-b", "user-b")
+    _pull_secret(kube, namespace, "cred-unused", "user-c")
+    _sandbox(kube, namespace, "on-a", node_a, "cred-a")
+    _sandbox(kube, namespace, "on-b", node_b, "cred-b")
+    objects = Objects(kube)
+
+    assert broker_node(objects, system_ns, node_a)
+    assert broker_node(objects, system_ns, node_b)
+    assert not broker_node(objects, system_ns, node_a), "an unchanged node is rewritten"
+
+    as_a = _as_node(kube, control_plane, system_ns, node_a)
+    try:
+        own = read_brokered(as_a, system_ns, node_a)
+        assert own is not None and set(own) == {brokered_key(namespace, "cred-a")}
+        assert json.loads(base64.b64decode(own[brokered_key(namespace, "cred-a")])) == json.loads(
+            _dockerconfig("reg.io", "user-a")
+        )
+        core = client.CoreV1Api(as_a)
+        for read in (
+            lambda: core.read_namespaced_secret(brokered_secret_name(node_b), system_ns),
+            lambda: core.read_namespaced_secret("cred-a", namespace),
+            lambda: core.list_namespaced_secret(system_ns),
+            lambda: core.list_secret_for_all_namespaces(),
+        ):
+            with pytest.raises(ApiException) as refused:
+                read()
+            assert refused.value.status == 403
+        # What the agent's reader makes of a Secret it may not read: nothing.
+        assert read_brokered(as_a, system_ns, node_b) is None
+    finally:
+        as_a.close()
+
+
+def test_a_terminal_sandbox_no_longer_brings_its_credential(
+    kube: client.ApiClient, namespace: str, system_ns: str
+) -> None:
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    _pull_secret(kube, namespace, "cred", "user")
+    _sandbox(kube, namespace, "done", node, "cred")
+    objects = Objects(kube)
+    broker_node(objects, system_ns, node)
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", "done", {"status": {"phase": "Failed"}}
+    )
+
+    assert broker_node(objects, system_ns, node)
+
+    assert read_brokered(kube, system_ns, node) == {}
