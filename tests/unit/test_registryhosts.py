@@ -57,7 +57,7 @@ def test_default_directory_serves_registries_without_their_own(tmp_path: Path) -
 def test_unreadable_hosts_file_names_itself(tmp_path: Path) -> None:
     (tmp_path / "quay.io").mkdir()
     (tmp_path / "quay.io" / "hosts.toml").write_text("server = [unclosed\n")
-    with pytest.raises(HostsConfigError, match="quay.io/hosts.toml"):
+    with pytest.raises(HostsConfigError, match=r"quay\.io/hosts\.toml"):
         endpoints_for(parse_reference("quay.io/a/b"), str(tmp_path))
 
 

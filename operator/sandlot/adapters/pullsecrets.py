@@ -9,6 +9,7 @@ identity (the ServiceAccount ``sandlot-agent-<node>``) ``get`` that one Secret.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -34,6 +35,47 @@ def brokered_key(namespace: str, name: str) -> str:
 def node_identity(node: str) -> str:
     """The ServiceAccount (in the operator's namespace) that may read the node's Secret."""
     return f"sandlot-agent-{node}"
+
+
+class NodeIdentity:
+    """An API client acting as the node's identity, from a token the API server issues.
+
+    The agent's own ServiceAccount is shared by every node and may read no Secret;
+    it may ask for a token of ``sandlot-agent-<node>``, and an admission policy lets
+    it do so only for the node named in its own pod-bound token. Tokens are
+    short-lived and renewed before they expire.
+    """
+
+    def __init__(self, api: Any, namespace: str, node: str, lifetime: int = 600) -> None:
+        self._api, self.namespace, self.node, self.lifetime = api, namespace, node, lifetime
+        self._client: Any = None
+        self._expires = 0.0
+
+    def client(self) -> Any:
+        import time
+
+        if self._client is None or time.monotonic() > self._expires:
+            request = client.AuthenticationV1TokenRequest(
+                spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=self.lifetime)
+            )
+            token = (
+                client.CoreV1Api(self._api)
+                .create_namespaced_service_account_token(
+                    node_identity(self.node), self.namespace, request
+                )
+                .status.token
+            )
+            config = copy.copy(self._api.configuration)
+            config.api_key = {"authorization": f"Bearer {token}"}
+            config.api_key_prefix = {}
+            config.username = config.password = None
+            config.cert_file = config.key_file = None
+            config.refresh_api_key_hook = None
+            if self._client is not None:
+                self._client.close()
+            self._client = client.ApiClient(config)
+            self._expires = time.monotonic() + self.lifetime / 2
+        return self._client
 
 
 def read_brokered(api: Any, namespace: str, node: str) -> dict[str, str] | None:
@@ -132,6 +174,7 @@ def brokered_data(api: Any, namespace: str, node: str) -> dict[str, str] | None:
 
 
 __all__ = [
+    "NodeIdentity",
     "brokered_data",
     "brokered_key",
     "brokered_secret_name",

@@ -132,7 +132,7 @@ def build_image_gate(
     """The gate over a containerd puller from the agent's settings, and its closer;
     credentials come from this node's brokered Secret and the node-wide default."""
     from sandlot.adapters.containerd.pull import ContainerdPuller
-    from sandlot.adapters.pullsecrets import read_brokered
+    from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
     from sandlot.adapters.registryhosts import endpoints_for
     from sandlot.agent.credentials import Credentials
     from sandlot.agent.pullmetrics import PullMetrics
@@ -157,10 +157,16 @@ def build_image_gate(
         PullMetrics(metrics_registry),
         clock,
     )
-    credentials = Credentials(
-        lambda: read_brokered(api, settings.namespace, settings.node_name),
-        settings.registry_auth_file,
-    )
+    identity = NodeIdentity(api, settings.namespace, settings.node_name)
+
+    def brokered() -> Mapping[str, str] | None:
+        try:
+            return read_brokered(identity.client(), settings.namespace, settings.node_name)
+        except Exception as exc:  # no identity yet (no brokered secret): the default only
+            log.info("no brokered pull credentials for this node: %s", exc)
+            return None
+
+    credentials = Credentials(brokered, settings.registry_auth_file)
 
     def close() -> None:
         pulls.close()
