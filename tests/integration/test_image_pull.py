@@ -7,19 +7,26 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.containerd.pull import ContainerdPuller
 from sandlot.adapters.registry import Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
+from sandlot.agent.imagegc import ImageCollector
+from sandlot.agent.pullmetrics import PullMetrics
+from sandlot.agent.pulls import ImagePulls, PullOptions
 from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
 from sandlot.policy.ocispec import default_spec
@@ -208,3 +215,44 @@ def test_pull_deadline_bounds_a_pull_whose_stall_timeout_is_longer(
         slow.close()
     assert "deadline of 2s passed" in str(caught.value)
     assert elapsed < 2.0 + SLACK, f"a 2 s pull deadline took {elapsed:.1f}s"
+
+
+def test_collector_never_evicts_an_image_a_start_holds(
+    containerd: PrivateContainerd, registry: Registry, push_image: Any
+) -> None:
+    """A forced pass (it evicts every unprotected image, pressure or not) while a
+    start holds the image it pulled, before any container exists: the image stays.
+    Once the start lets go, the same pass takes it. Its own containerd namespace:
+    a forced pass takes everything unprotected."""
+    pushed = push_image(registry, "pull/held:1", salt="held")
+    namespace = f"held-{uuid.uuid4().hex[:8]}"
+    rt = ContainerdRuntime(containerd.address, namespace)
+    puller = ContainerdPuller(containerd.address, namespace)
+    pulls = ImagePulls(
+        lambda: puller,
+        lambda ref: [Endpoint(f"http://{ref.registry}")],
+        PullOptions(deadline=60, call_timeout=10),
+        threading.Event(),
+        PullMetrics(CollectorRegistry()),
+        lambda: datetime.now(UTC),
+    )
+    collector = ImageCollector(
+        rt,
+        lambda: DiskUsage(total_bytes=100, used_bytes=10),
+        GcThresholds(min_age=timedelta(0)),
+        call_timeout=10,
+        starting=pulls.starting,
+    )
+    try:
+        with pulls.hold(pushed.name):
+            _pull(puller, pushed.name)
+            held = collector.run_forced(now=datetime.now(UTC))
+            assert pushed.name not in held.removed
+            assert puller.has_image(pushed.name, timeout=10)
+        released = collector.run_forced(now=datetime.now(UTC))
+        assert pushed.name in released.removed
+        assert not puller.has_image(pushed.name, timeout=10)
+    finally:
+        pulls.close()
+        puller.close()
+        rt.close()
