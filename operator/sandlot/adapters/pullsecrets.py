@@ -58,13 +58,12 @@ class NodeIdentity:
             request = client.AuthenticationV1TokenRequest(
                 spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=self.lifetime)
             )
-            token = (
-                client.CoreV1Api(self._api)
-                .create_namespaced_service_account_token(
-                    node_identity(self.node), self.namespace, request
-                )
-                .status.token
+            answer = client.CoreV1Api(self._api).create_namespaced_service_account_token(
+                node_identity(self.node), self.namespace, request
             )
+            token = answer.status.token if answer.status is not None else None
+            if not token:
+                raise RuntimeError(f"no token issued for {node_identity(self.node)}")
             config = copy.copy(self._api.configuration)
             config.api_key = {"authorization": f"Bearer {token}"}
             config.api_key_prefix = {}
@@ -88,7 +87,7 @@ def read_brokered(api: Any, namespace: str, node: str) -> dict[str, str] | None:
                 log.warning("brokered pull secret of node %s is not readable: %s", node, exc.reason)
             return None
         raise
-    return dict(secret.data or {})
+    return {k: str(v) for k, v in (secret.data or {}).items()}
 
 
 def read_pull_secret(api: Any, namespace: str, name: str) -> str | None:
@@ -103,7 +102,8 @@ def read_pull_secret(api: Any, namespace: str, name: str) -> str | None:
     if secret.type != DOCKERCONFIG_TYPE:
         log.warning("pull secret %s/%s is of type %s: ignored", namespace, name, secret.type)
         return None
-    return (secret.data or {}).get(DOCKERCONFIG_KEY)
+    document = (secret.data or {}).get(DOCKERCONFIG_KEY)
+    return str(document) if document is not None else None
 
 
 def write_brokered(api: Any, namespace: str, node: str, data: Mapping[str, str]) -> None:
@@ -170,7 +170,7 @@ def brokered_data(api: Any, namespace: str, node: str) -> dict[str, str] | None:
         if exc.status == 404:
             return None
         raise
-    return dict(secret.data or {})
+    return {k: str(v) for k, v in (secret.data or {}).items()}
 
 
 __all__ = [

@@ -54,7 +54,7 @@ from sandlot.agent.imagegc import GcMetrics, ImageCollector, disk_usage_of
 from sandlot.agent.loops import Loops, WorkPool
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.network import Networking
-from sandlot.agent.pullgate import build_image_gate
+from sandlot.agent.pullgate import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
@@ -155,14 +155,12 @@ class Agent:
             # (a privileged pod): `privileged` grants exactly that set.
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
         )
-        gate = (
-            build_image_gate(
+        self.image_gate: ImageGate | None = None
+        self._close_pulls: Callable[[], None] = lambda: None
+        if self._pulls:  # the image step of a start: pulls, their status and back-off
+            self.image_gate, self._close_pulls = build_image_gate(
                 settings, self.objects.api, self.status, self._sync_wake, self.registry, self._clock
             )
-            if self._pulls
-            else None
-        )
-        self.image_gate, self._close_pulls = gate or (None, lambda: None)
         self.work = SandboxWork(
             settings,
             self.objects,

@@ -13,7 +13,7 @@ written when the brokered data is already right, and only the leader writes.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -31,7 +31,7 @@ from sandlot.api.sandbox import TERMINAL_PHASES
 log = logging.getLogger(__name__)
 
 
-def wanted_secrets(sandboxes: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
+def wanted_secrets(sandboxes: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     """(namespace, name) of the pull secrets of the non-terminal sandboxes, once each."""
     seen: dict[tuple[str, str], None] = {}
     for sb in sandboxes:

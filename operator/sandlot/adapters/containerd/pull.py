@@ -30,7 +30,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -40,32 +40,20 @@ import grpc
 from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.client import (
-    DEFAULT_SNAPSHOTTER,
     INDEX_MEDIA_TYPES,
-    LEASE_HEADER,
-    NAMESPACE_HEADER,
-    _translate,
     chain_id,
     host_architecture,
 )
-from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
-from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2, diff_pb2_grpc
-from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2, images_pb2_grpc
-from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2, leases_pb2_grpc
-from sandlot.adapters.containerd.gen.services.snapshots.v1 import (
-    snapshots_pb2,
-    snapshots_pb2_grpc,
-)
-from sandlot.adapters.containerd.gen.types import descriptor_pb2
+from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
+from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
+from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
-from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import ImageReference
 
 PULL_LEASE_TTL = timedelta(hours=1)
-Progress = Callable[[int, int], None]
-"""``progress(bytes_done, bytes_total)``, called as bytes arrive."""
 
 
 class PullMethod(StrEnum):
@@ -95,74 +83,12 @@ class PullResult:
     seconds: float
 
 
-def _descriptor(d: Mapping[str, Any]) -> descriptor_pb2.Descriptor:
-    return descriptor_pb2.Descriptor(
-        media_type=str(d.get("mediaType", "")), digest=str(d["digest"]), size=int(d["size"])
-    )
-
-
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class _Counter:
-    def __init__(self, total: int, progress: Progress | None) -> None:
-        self.total, self.done, self.fetched = total, 0, 0
-        self._progress = progress
-
-    def add(self, n: int, *, fetched: bool) -> None:
-        self.done += n
-        if fetched:
-            self.fetched += n
-        if self._progress is not None:
-            self._progress(self.done, self.total)
-
-
-class ContainerdPuller:
+class ContainerdPuller(PullSteps):
     """Pulls into one containerd namespace; one gRPC channel, shared by its pulls."""
-
-    def __init__(
-        self,
-        address: str,
-        namespace: str,
-        *,
-        snapshotter: str = DEFAULT_SNAPSHOTTER,
-        connect_timeout: float = 10.0,
-        stall_timeout: float = 30.0,
-    ) -> None:
-        self.namespace = namespace
-        self.snapshotter = snapshotter
-        self.connect_timeout = connect_timeout
-        self.stall_timeout = stall_timeout
-        target = address if "://" in address or address.startswith("unix:") else f"unix://{address}"
-        self._channel = grpc.insecure_channel(target)
-        self._metadata: tuple[tuple[str, str], ...] = ((NAMESPACE_HEADER, namespace),)
-        self._content = content_pb2_grpc.ContentStub(self._channel)
-        self._images = images_pb2_grpc.ImagesStub(self._channel)
-        self._snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
-        self._diff = diff_pb2_grpc.DiffStub(self._channel)
-        self._leases = leases_pb2_grpc.LeasesStub(self._channel)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    # ------------------------------------------------------------ plumbing
-
-    def _call(self, method: Any, request: Any, budget: Deadline, what: str, lease: str = "") -> Any:
-        timeout = budget.remaining(what)
-        metadata = self._metadata + (((LEASE_HEADER, lease),) if lease else ())
-        try:
-            return method(request, timeout=timeout, metadata=metadata)
-        except grpc.RpcError as exc:
-            raise _translate(exc, what, timeout) from exc
-
-    def has_image(self, name: str, *, timeout: float) -> bool:
-        budget = Deadline(timeout, expired=RuntimeTimeout)
-        try:
-            self._call(self._images.Get, images_pb2.GetImageRequest(name=name), budget, name)
-        except NotFound:
-            return False
-        return True
 
     # ------------------------------------------------------------ the pull
 
@@ -222,7 +148,7 @@ class ContainerdPuller:
             manifest_bytes = self._small_blob(client, manifest_desc, manifest=True)
         manifest = json.loads(manifest_bytes)
         config_desc, layers = manifest["config"], list(manifest.get("layers") or [])
-        counter = _Counter(int(config_desc["size"]) + sum(int(x["size"]) for x in layers), progress)
+        counter = Counter(int(config_desc["size"]) + sum(int(x["size"]) for x in layers), progress)
         lease = self._create_lease(budget)
         try:
             config_bytes = self._small_blob(client, config_desc)
@@ -287,212 +213,12 @@ class ContainerdPuller:
             raise RegistryError(f"blob {digest}: the registry sent content of digest {got}")
         return data
 
-    # ------------------------------------------------------------ content
-
-    def _info(self, digest: str, budget: Deadline) -> Any | None:
-        try:
-            return self._call(
-                self._content.Info,
-                content_pb2.InfoRequest(digest=digest),
-                budget,
-                f"Content.Info {digest}",
-            ).info
-        except NotFound:
-            return None
-
-    def _ensure_blob(
-        self,
-        client: RegistryClient,
-        desc: Mapping[str, Any],
-        labels: Mapping[str, str],
-        budget: Deadline,
-        lease: str,
-        counter: _Counter,
-    ) -> None:
-        if self._info(str(desc["digest"]), budget) is not None:
-            self._label(str(desc["digest"]), labels, budget)
-            counter.add(int(desc["size"]), fetched=False)
-            return
-
-        def counted() -> Iterator[bytes]:
-            for chunk in client.blob(str(desc["digest"])):
-                counter.add(len(chunk), fetched=True)
-                yield chunk
-
-        self._write(desc, counted(), labels, budget, lease)
-
-    def _label(self, digest: str, labels: Mapping[str, str], budget: Deadline) -> None:
-        self._call(
-            self._content.Update,
-            content_pb2.UpdateRequest(
-                info=content_pb2.Info(digest=digest, labels=dict(labels)),
-                update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{k}" for k in labels]),
-            ),
-            budget,
-            f"Content.Update labels of {digest}",
-        )
-
-    def _write(
-        self,
-        desc: Mapping[str, Any],
-        chunks: Iterable[bytes],
-        labels: Mapping[str, str],
-        budget: Deadline,
-        lease: str,
-    ) -> None:
-        """Stream ``chunks`` into the content store as ``desc``; digest and size checked."""
-        digest, size = str(desc["digest"]), int(desc["size"])
-        if self._info(digest, budget) is not None:
-            self._label(digest, labels, budget)
-            return
-        ref = f"sandlot-pull-{digest}-{uuid.uuid4().hex[:8]}"
-        failure: list[BaseException] = []
-
-        def requests() -> Iterator[Any]:
-            yield content_pb2.WriteContentRequest(
-                action=content_pb2.STAT, ref=ref, total=size, expected=digest
-            )
-            hasher, offset = hashlib.sha256(), 0
-            try:
-                for chunk in chunks:
-                    hasher.update(chunk)
-                    yield content_pb2.WriteContentRequest(
-                        action=content_pb2.WRITE, ref=ref, offset=offset, data=chunk
-                    )
-                    offset += len(chunk)
-                    budget.remaining(f"write {digest}")
-            except BaseException as exc:  # surfaces below, after the stream is closed
-                failure.append(exc)
-                return
-            got = "sha256:" + hasher.hexdigest()
-            if got != digest or offset != size:
-                failure.append(
-                    RegistryError(f"blob {digest}: got {offset} bytes of digest {got}, want {size}")
-                )
-                return
-            yield content_pb2.WriteContentRequest(
-                action=content_pb2.COMMIT,
-                ref=ref,
-                total=size,
-                offset=offset,
-                expected=digest,
-                labels=dict(labels),
-            )
-
-        what = f"Content.Write {digest}"
-        timeout = budget.remaining(what)
-        try:
-            for _ in self._content.Write(
-                requests(), timeout=timeout, metadata=(*self._metadata, (LEASE_HEADER, lease))
-            ):
-                pass
-        except grpc.RpcError as exc:
-            if failure:
-                raise failure[0] from None
-            error = _translate(exc, what, timeout)
-            if isinstance(error, RuntimeTimeout):
-                raise RuntimeTimeout(
-                    f"{budget.what}: {what}: deadline of {budget.seconds:g}s passed"
-                ) from exc
-            if error.code != "already_exists":  # a concurrent pull committed it first
-                raise error from exc
-            self._label(digest, labels, budget)
-        if failure:
-            with contextlib.suppress(grpc.RpcError):
-                self._content.Abort(
-                    content_pb2.AbortRequest(ref=ref), timeout=5, metadata=self._metadata
-                )
-            raise failure[0]
-
-    # ------------------------------------------------------------ snapshots
-
-    def _unpack(
-        self, layers: list[Mapping[str, Any]], diff_ids: list[str], budget: Deadline, lease: str
-    ) -> None:
-        parent = ""
-        for i, layer in enumerate(layers):
-            chain = chain_id(diff_ids[: i + 1])
-            if not self._snapshot_exists(chain, budget):
-                self._apply_layer(layer, diff_ids[i], chain, parent, budget, lease)
-            parent = chain
-
-    def _snapshot_exists(self, key: str, budget: Deadline) -> bool:
-        try:
-            self._call(
-                self._snapshots.Stat,
-                snapshots_pb2.StatSnapshotRequest(snapshotter=self.snapshotter, key=key),
-                budget,
-                f"Snapshots.Stat {key}",
-            )
-        except NotFound:
-            return False
-        return True
-
-    def _apply_layer(
-        self,
-        layer: Mapping[str, Any],
-        diff_id: str,
-        chain: str,
-        parent: str,
-        budget: Deadline,
-        lease: str,
-    ) -> None:
-        key = f"extract-{uuid.uuid4().hex[:12]} {chain}"
-        mounts = self._call(
-            self._snapshots.Prepare,
-            snapshots_pb2.PrepareSnapshotRequest(
-                snapshotter=self.snapshotter, key=key, parent=parent
-            ),
-            budget,
-            f"Snapshots.Prepare {key}",
-            lease,
-        ).mounts
-        try:
-            applied = self._call(
-                self._diff.Apply,
-                diff_pb2.ApplyRequest(diff=_descriptor(layer), mounts=mounts),
-                budget,
-                f"Diff.Apply {layer['digest']}",
-                lease,
-            ).applied
-            if applied.digest != diff_id:
-                raise RegistryError(
-                    f"layer {layer['digest']} unpacks to {applied.digest}, config says {diff_id}"
-                )
-            try:
-                self._call(
-                    self._snapshots.Commit,
-                    snapshots_pb2.CommitSnapshotRequest(
-                        snapshotter=self.snapshotter, name=chain, key=key
-                    ),
-                    budget,
-                    f"Snapshots.Commit {chain}",
-                    lease,
-                )
-            except RuntimeError_ as exc:
-                if exc.code != "already_exists":  # unpacked meanwhile by another pull
-                    raise
-                raise _Unprepared from None
-        except _Unprepared:
-            self._remove_quietly(key)
-        except BaseException:
-            self._remove_quietly(key)
-            raise
-
-    def _remove_quietly(self, key: str) -> None:
-        with contextlib.suppress(grpc.RpcError):
-            self._snapshots.Remove(
-                snapshots_pb2.RemoveSnapshotRequest(snapshotter=self.snapshotter, key=key),
-                timeout=10,
-                metadata=self._metadata,
-            )
-
     # ------------------------------------------------------------ image record and lease
 
     def _put_image(
         self, name: str, target: Mapping[str, Any], labels: Mapping[str, str], budget: Deadline
     ) -> None:
-        image = images_pb2.Image(name=name, target=_descriptor(target), labels=dict(labels))
+        image = images_pb2.Image(name=name, target=descriptor(target), labels=dict(labels))
         try:
             self._call(
                 self._images.Create,
@@ -532,10 +258,6 @@ class ContainerdPuller:
             self._leases.Delete(
                 leases_pb2.DeleteRequest(id=lease), timeout=10, metadata=self._metadata
             )
-
-
-class _Unprepared(Exception):
-    """The layer's snapshot exists already: drop the one prepared for it."""
 
 
 __all__ = [
