@@ -143,8 +143,8 @@ class SecurityContext(Model):
 class SandboxSpec(Model):
     image: str = Field(
         min_length=1,
-        description="Image reference in the node's containerd store (for example "
-        "`docker.io/library/busybox:1.36`).",
+        description="Image reference (for example `docker.io/library/busybox:1.36`); "
+        "the node's agent pulls it as imagePullPolicy says.",
     )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
         default="IfNotPresent",
