@@ -26,11 +26,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.containerd import start_private_containerd
-from tests.support.registry import start_registry, unavailable_reason
 
 from sandlot.adapters.containerd.pull import ContainerdPuller
 from sandlot.adapters.registry import Endpoint
 from sandlot.devtools.ociarchive import build_image_archive
+from sandlot.devtools.registry import start_registry, unavailable_reason
 from sandlot.policy.imageref import parse_reference
 
 TARGET_RATIO = 1.2

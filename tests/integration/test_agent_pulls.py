@@ -307,7 +307,8 @@ def test_never_with_a_missing_image_fails_without_a_pull(
     create_sandbox(kube, namespace, "never", node, pushed.name, imagePullPolicy="Never")
 
     status = wait_phase(kube, namespace, "never", "Failed")
-    assert status["reason"] == "ErrImageNeverPull"
+    assert status["reason"] == "ImageNotFound"
+    assert "imagePullPolicy is Never" in status["message"]
     assert sum(pulls(agent, o) for o in ("success", "not_found", "unauthorized", "transient")) == 0
 
 

@@ -59,13 +59,13 @@ def _failed(n: int, kind: FailureKind, at: datetime = T0) -> PullHistory:
             "Pulling",
         ),
         (PullPolicy.NEVER, True, PullHistory(), PullAction.RUN, ""),
-        (PullPolicy.NEVER, False, PullHistory(), PullAction.FAIL, "ErrImageNeverPull"),
+        (PullPolicy.NEVER, False, PullHistory(), PullAction.FAIL, "ImageNotFound"),
         (
             PullPolicy.NEVER,
             False,
             _failed(5, FailureKind.NOT_FOUND),
             PullAction.FAIL,
-            "ErrImageNeverPull",
+            "ImageNotFound",
         ),
         (
             PullPolicy.IF_NOT_PRESENT,

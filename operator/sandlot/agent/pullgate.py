@@ -6,7 +6,8 @@ It applies ``ImagePulls.decide`` and says so in the sandbox's status, which stay
 far, or ``ImagePullBackOff`` with the registry's own message and when the next
 try is. A status is written only when what it says changed, so a sync pass that
 finds nothing new costs the API server nothing. A decision to fail raises
-``StartFailed``: the sandbox ends ``Failed`` (``ErrImagePull``, ``ErrImageNeverPull``).
+``PullRefused``: the sandbox ends ``Failed`` (``ErrImagePull``, or ``ImageNotFound``
+under ``Never``).
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ FINAL_KINDS: frozenset[FailureKind] = frozenset({FailureKind.NOT_FOUND, FailureK
 REASON_PULLING = "Pulling"
 REASON_ERR_IMAGE_PULL = "ErrImagePull"
 REASON_BACK_OFF = "ImagePullBackOff"
-REASON_NEVER_PULL = "ErrImageNeverPull"
+# The agent's reason for an image that is not on the node (the kubelet says
+# ErrImageNeverPull): under Never, that is all there is to say.
+REASON_NEVER_PULL = "ImageNotFound"
 
 BACKOFF_BASE = timedelta(seconds=10)
 BACKOFF_CAP = timedelta(minutes=5)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Mapping
@@ -37,7 +38,7 @@ from enum import StrEnum
 from typing import Any
 
 import grpc
-from google.protobuf import field_mask_pb2
+from google.protobuf import empty_pb2, field_mask_pb2
 
 from sandlot.adapters.containerd.client import (
     INDEX_MEDIA_TYPES,
@@ -46,12 +47,15 @@ from sandlot.adapters.containerd.client import (
 )
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
+from sandlot.adapters.containerd.gen.services.version.v1 import version_pb2_grpc
 from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import ImageReference
+
+log = logging.getLogger(__name__)
 
 PULL_LEASE_TTL = timedelta(hours=1)
 
@@ -90,7 +94,20 @@ def _rfc3339(moment: datetime) -> str:
 class ContainerdPuller(PullSteps):
     """Pulls into one containerd namespace; one gRPC channel, shared by its pulls."""
 
+    def __init__(self, address: str, namespace: str, **options: Any) -> None:
+        super().__init__(address, namespace, **options)
+        self._version = version_pb2_grpc.VersionStub(self._channel)
+        self._method: PullMethod | None = None
+
     # ------------------------------------------------------------ the pull
+
+    def method(self, budget: Deadline) -> PullMethod:
+        """How this daemon's pulls are done, asked once (its version)."""
+        if self._method is None:
+            response = self._call(self._version.Version, empty_pb2.Empty(), budget, "Version")
+            self._method = pull_method(str(response.version))
+            log.info("containerd %s: %s pulls", response.version, self._method)
+        return self._method
 
     def pull(
         self,
@@ -107,6 +124,9 @@ class ContainerdPuller(PullSteps):
         (mirrors first, the registry itself last)."""
         budget = Deadline(deadline, what=f"pull {name}", expired=RuntimeTimeout)
         started = time.monotonic()
+        method = self.method(budget)
+        if method is not PullMethod.CLIENT_SIDE:  # the seam for a server-side pull
+            raise RuntimeError_(f"pull {name}: the {method} path is not driven by this agent")
         last: RegistryError | None = None
         for endpoint in endpoints:
             client = RegistryClient(
