@@ -92,10 +92,20 @@ def read_brokered(api: Any, namespace: str, node: str) -> dict[str, str] | None:
 
 def read_pull_secret(api: Any, namespace: str, name: str) -> str | None:
     """A tenant's dockerconfigjson Secret's document (base64), or None when it is
-    missing or of another type (the operator's read)."""
+    missing, of another type, or in a namespace that did not let the operator read
+    its pull secrets (the operator's read)."""
     try:
         secret = client.CoreV1Api(api).read_namespaced_secret(name, namespace)
     except ApiException as exc:
+        if exc.status == 403:
+            log.warning(
+                "pull secret %s/%s: namespace %s does not let sandlot read its pull secrets "
+                "(operator.pullSecretNamespaces, docs/isolation.md)",
+                namespace,
+                name,
+                namespace,
+            )
+            return None
         if exc.status == 404:
             return None
         raise

@@ -13,12 +13,17 @@ under ``Never``).
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from sandlot.adapters.registry import Credential
 from sandlot.agent.pulls import ImagePulls
+from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
@@ -26,6 +31,8 @@ from sandlot.policy.imagepull import PullAction, PullPolicy
 from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
 
 log = logging.getLogger(__name__)
+
+PROGRESS_WRITE_SECONDS = 2.0
 
 CredentialLookup = Callable[[Mapping[str, Any], ImageReference], Credential | None]
 
@@ -62,6 +69,9 @@ class ImageGate:
         self.pulls = pulls
         self.status = status
         self._credentials = credentials
+        # Progress alone is written at most every PROGRESS_WRITE_SECONDS per sandbox:
+        # each write comes back as a watch event that wakes another pass.
+        self._progress_written: dict[str, float] = {}
 
     def check(self, sb: Mapping[str, Any], spec: SandboxSpec) -> None:
         """Return when the image may be used now; else raise ``ImageNotReady`` (after
@@ -110,6 +120,14 @@ class ImageGate:
             and current.get("imagePull") == progress
         ):
             return
+        key, now = sandbox_key(sb), time.monotonic()
+        recent = now - self._progress_written.get(key, 0.0) < PROGRESS_WRITE_SECONDS
+        if current.get("reason") == reason and progress is not None and recent:
+            return
+        self._progress_written[key] = now
+        if len(self._progress_written) > 4096:  # forget the long-finished ones
+            cutoff = now - 60 * PROGRESS_WRITE_SECONDS
+            self._progress_written = {k: t for k, t in self._progress_written.items() if t > cutoff}
         body = {
             "phase": SandboxPhase.SCHEDULED.value,
             "reason": reason,
@@ -123,11 +141,11 @@ __all__ = ["CredentialLookup", "ImageGate", "ImageNotReady", "PullRefused"]
 
 
 def build_image_gate(
-    settings: Any,
+    settings: AgentSettings,
     api: Any,
     status: StatusWriter,
-    wake: Any,
-    metrics_registry: Any,
+    wake: threading.Event,
+    metrics_registry: CollectorRegistry,
     clock: Callable[[], datetime],
 ) -> tuple[ImageGate, Callable[[], None]]:
     """The gate over a containerd puller from the agent's settings, and its closer;

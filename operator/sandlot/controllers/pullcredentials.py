@@ -67,11 +67,23 @@ def register(
         spec = body.get("spec") or {}
         return bool(spec.get("imagePullSecrets") and spec.get("nodeName"))
 
+    # What each sandbox last brought to its node: its status writes (progress,
+    # phases) change nothing of it and cost no request here.
+    brought: dict[str, tuple[str, tuple[str, ...], bool]] = {}
+
     # A plain function: kopf runs it in a thread, so its requests block no handler.
     @kopf.on.event(GROUP, VERSION, "sandboxes", when=wants_credentials, registry=registry)
-    def sandbox_with_secrets(body: kopf.Body, **_: Any) -> None:
-        if leading():
-            broker_node(objects, namespace, str(body["spec"]["nodeName"]))
+    def sandbox_with_secrets(body: kopf.Body, **kwargs: Any) -> None:
+        uid = str(body["metadata"]["uid"])
+        if kwargs.get("type") == "DELETED":
+            brought.pop(uid, None)
+        node = str(body["spec"]["nodeName"])
+        secrets = tuple(str(r.get("name")) for r in body["spec"]["imagePullSecrets"])
+        signature = (node, secrets, (body.get("status") or {}).get("phase") in TERMINAL_PHASES)
+        if not leading() or brought.get(uid) == signature:
+            return
+        broker_node(objects, namespace, node)
+        brought[uid] = signature
 
 
 __all__ = ["broker_node", "register", "wanted_secrets"]
