@@ -198,7 +198,12 @@ def test_public_image_is_pulled_then_runs_and_the_status_told_so(
 
     status = wait_phase(kube, namespace, "public", "Running")
     assert status.get("imagePull") is None
-    reasons = status_log.reasons("public")
+    # The watch may deliver the Running event a moment after the read saw it.
+    reasons = wait_for(
+        lambda: (r := status_log.reasons("public")) and "Started" in r and r,
+        timeout=10,
+        what="the watch to see the Running status",
+    )
     assert "Pulling" in reasons and reasons.index("Pulling") < reasons.index("Started"), reasons
     assert pulls(agent, "success") == 1
     fetched = agent.registry.get_sample_value("sandlot_agent_image_pull_bytes_total") or 0
@@ -268,7 +273,11 @@ def test_protected_image_with_a_pull_secret_brokered_to_the_node(
     assert status["reason"] == reason
     if phase == "Failed":
         assert "UNAUTHORIZED" in status["message"]
-        assert "ImagePullBackOff" in status_log.reasons("private")
+        wait_for(
+            lambda: "ImagePullBackOff" in status_log.reasons("private"),
+            timeout=10,
+            what="the watch to have seen ImagePullBackOff",
+        )
         assert pulls(agent, "unauthorized") == 3  # then the back-off policy said: fail
 
 
@@ -289,7 +298,11 @@ def test_missing_tag_backs_off_then_fails_with_the_registry_message(
     status = wait_phase(kube, namespace, "absent", "Failed")
     assert status["reason"] == "ErrImagePull"
     assert "MANIFEST_UNKNOWN" in status["message"]
-    assert "ImagePullBackOff" in status_log.reasons("absent")
+    wait_for(
+        lambda: "ImagePullBackOff" in status_log.reasons("absent"),
+        timeout=10,
+        what="the watch to have seen ImagePullBackOff",
+    )
     assert pulls(agent, "not_found") == 3
 
 
