@@ -272,3 +272,20 @@ def test_an_agent_gets_the_token_of_its_own_node_identity_only(
         admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
         admission.delete_validating_admission_policy(name)
         core.delete_node(node_a)
+
+
+def test_running_operator_brokers_a_new_sandboxs_secret_to_its_node(
+    kube: client.ApiClient, namespace: str, lease_namespace: str, operators: Any
+) -> None:
+    operators("--resync-interval", "2s")
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    _pull_secret(kube, namespace, "regcred", "tenant")
+    _sandbox(kube, namespace, "wants-cred", node, "regcred")
+
+    data = wait_for(
+        lambda: read_brokered(kube, lease_namespace, node),
+        timeout=60,
+        what=f"the operator to broker {namespace}/regcred to node {node}",
+    )
+
+    assert set(data) == {brokered_key(namespace, "regcred")}
