@@ -256,3 +256,34 @@ def test_collector_never_evicts_an_image_a_start_holds(
         pulls.close()
         puller.close()
         rt.close()
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [None, Credential(AUTH_USER, AUTH_PASSWORD)],
+    ids=["anonymous-token", "token-for-a-credential"],
+)
+def test_bearer_token_registry_pulls_with_a_token_from_its_realm(
+    puller: ContainerdPuller,
+    token_registry: Registry,
+    push_image: Any,
+    credential: Credential | None,
+) -> None:
+    pushed = push_image(token_registry, "pull/token:1", salt="token")
+    issued = token_registry.token_server.issued if token_registry.token_server else 0
+
+    result = _pull(puller, pushed.name, credential=credential)
+
+    assert result.digest == pushed.manifest_digest
+    assert token_registry.token_server is not None
+    assert token_registry.token_server.issued > issued  # the registry's challenge was answered
+
+
+def test_bearer_token_realm_refusing_the_credential_is_unauthorized(
+    puller: ContainerdPuller, token_registry: Registry, push_image: Any
+) -> None:
+    pushed = push_image(token_registry, "pull/token-refused:1", salt="token-refused")
+    with pytest.raises(RegistryError) as caught:
+        _pull(puller, pushed.name, credential=Credential(AUTH_USER, "wrong"))
+    assert caught.value.kind is FailureKind.UNAUTHORIZED
+    assert "wrong credential" in str(caught.value)

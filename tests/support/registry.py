@@ -52,6 +52,26 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     yield from _registry_fixture(tmp_path_factory, {AUTH_USER: AUTH_PASSWORD})
 
 
+@pytest.fixture(scope="session")
+def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
+    """A registry behind bearer-token auth (a token server on loopback signs the
+    tokens the registry verifies); ``puller``/``s3cret`` may pull and push,
+    anonymous clients may pull."""
+    from sandlot.devtools.tokenauth import TokenServer
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    root = tmp_path_factory.mktemp("token-registry")
+    tokens = TokenServer(root / "tokens", {AUTH_USER: AUTH_PASSWORD}, anonymous_pull=True)
+    registry = start_registry(root, users={AUTH_USER: AUTH_PASSWORD}, token_server=tokens)
+    try:
+        yield registry
+    finally:
+        registry.stop()
+        tokens.close()
+
+
 PushImage = Callable[..., Any]
 
 
@@ -83,6 +103,7 @@ __all__ = [
     "push_image",
     "registry",
     "start_registry",
+    "token_registry",
 ]
 
 

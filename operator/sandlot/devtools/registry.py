@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.devtools.tokenauth import TokenServer
+
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
 
@@ -52,6 +54,8 @@ class Registry:
     root: Path
     port: int
     users: dict[str, str] = field(default_factory=dict)
+    token_server: TokenServer | None = None
+    """Bearer-token auth by this server instead of htpasswd (``users`` are its users)."""
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -80,7 +84,9 @@ class Registry:
             "http:",
             f"  addr: {self.host}",
         ]
-        if self.users:
+        if self.token_server is not None:
+            lines += self.token_server.registry_config()
+        elif self.users:
             htpasswd = self.root / "htpasswd"
             htpasswd.write_text("".join(_htpasswd_line(u, p) + "\n" for u, p in self.users.items()))
             lines += ["auth:", "  htpasswd:", "    realm: sandlot-test", f"    path: {htpasswd}"]
@@ -161,11 +167,15 @@ class Registry:
             self.process.wait(timeout=grace)
 
 
-def start_registry(root: Path, *, users: dict[str, str] | None = None) -> Registry:
+def start_registry(
+    root: Path, *, users: dict[str, str] | None = None, token_server: TokenServer | None = None
+) -> Registry:
     """A registry on a random loopback port; a port taken meanwhile is retried."""
     last: Exception | None = None
     for _ in range(3):
-        registry = Registry(root=root, port=free_port(), users=dict(users or {}))
+        registry = Registry(
+            root=root, port=free_port(), users=dict(users or {}), token_server=token_server
+        )
         try:
             registry.start()
             return registry
