@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,7 +18,9 @@ from sandlot.policy.imagepull import (
 from tests.support.clock import FakeClock
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-CREATED = T0 - timedelta(minutes=1)
+# Pull number 1 succeeded: the sandbox joined it, or asked only after it ended.
+DONE_FOR_IT = PullHistory(succeeded_at=T0, started=1, succeeded_pull=1)
+DONE_BEFORE = PullHistory(succeeded_at=T0, started=1, succeeded_pull=1, failures=0)
 
 
 @pytest.mark.parametrize(
@@ -50,14 +53,8 @@ def _failed(n: int, kind: FailureKind, at: datetime = T0) -> PullHistory:
         (PullPolicy.IF_NOT_PRESENT, True, PullHistory(), PullAction.RUN, ""),
         (PullPolicy.IF_NOT_PRESENT, False, PullHistory(), PullAction.PULL, "Pulling"),
         (PullPolicy.ALWAYS, True, PullHistory(), PullAction.PULL, "Pulling"),
-        (PullPolicy.ALWAYS, True, PullHistory(succeeded_at=T0), PullAction.RUN, ""),
-        (
-            PullPolicy.ALWAYS,
-            True,
-            PullHistory(succeeded_at=CREATED - timedelta(seconds=1)),
-            PullAction.PULL,
-            "Pulling",
-        ),
+        (PullPolicy.ALWAYS, True, DONE_FOR_IT, PullAction.RUN, ""),
+        (PullPolicy.ALWAYS, True, DONE_BEFORE, PullAction.PULL, "Pulling"),
         (PullPolicy.NEVER, True, PullHistory(), PullAction.RUN, ""),
         (PullPolicy.NEVER, False, PullHistory(), PullAction.FAIL, "ImageNotFound"),
         (
@@ -80,8 +77,8 @@ def _failed(n: int, kind: FailureKind, at: datetime = T0) -> PullHistory:
         "if-not-present-present-runs",
         "if-not-present-absent-pulls",
         "always-pulls-though-present",
-        "always-shares-a-pull-done-since-creation",
-        "always-ignores-a-pull-older-than-the-sandbox",
+        "always-runs-after-the-pull-it-joined",
+        "always-ignores-a-pull-it-did-not-join",
         "never-present-runs",
         "never-absent-fails",
         "never-never-pulls-even-after-failures",
@@ -92,7 +89,8 @@ def _failed(n: int, kind: FailureKind, at: datetime = T0) -> PullHistory:
 def test_policy_decides_like_the_kubelet(
     policy: PullPolicy, present: bool, history: PullHistory, action: PullAction, reason: str
 ) -> None:
-    decision = decide_pull(policy, present=present, history=history, wanted_since=CREATED, now=T0)
+    joined = 1 if history is DONE_FOR_IT else None
+    decision = decide_pull(policy, present=present, history=history, joined=joined, now=T0)
     assert (decision.action, decision.reason) == (action, reason)
 
 
@@ -105,7 +103,7 @@ def test_failed_pull_backs_off_then_retries_at_the_exact_moment() -> None:
             PullPolicy.IF_NOT_PRESENT,
             present=False,
             history=history,
-            wanted_since=CREATED,
+            joined=None,
             now=clock.now(),
         )
 
@@ -146,13 +144,27 @@ def test_only_final_failures_in_a_row_end_the_sandbox(
     for kind in kinds:
         history = history.failed(kind, "msg", T0)
     decision = decide_pull(
-        PullPolicy.IF_NOT_PRESENT, present=False, history=history, wanted_since=CREATED, now=T0
+        PullPolicy.IF_NOT_PRESENT, present=False, history=history, joined=None, now=T0
     )
     assert decision.action is action
     if action is PullAction.FAIL:
         assert decision.reason == "ErrImagePull"
 
 
+def test_a_later_pull_in_flight_is_waited_for_and_an_older_success_does_not_count() -> None:
+    history = PullHistory(started=2, succeeded_pull=1, in_flight=True)
+    assert (
+        decide_pull(PullPolicy.ALWAYS, present=True, history=history, joined=2, now=T0).action
+        is PullAction.WAIT
+    )
+    done = PullHistory(started=2, succeeded_pull=1)  # pull 2 failed: pull 1 is not ours
+    assert (
+        decide_pull(PullPolicy.ALWAYS, present=True, history=done, joined=2, now=T0).action
+        is PullAction.PULL
+    )
+
+
 def test_success_clears_the_failures() -> None:
-    history = _failed(4, FailureKind.TRANSIENT).succeeded(T0)
+    history = replace(_failed(4, FailureKind.TRANSIENT), started=5).succeeded(T0)
     assert (history.failures, history.final_failures, history.succeeded_at) == (0, 0, T0)
+    assert history.succeeded_pull == history.started == 5

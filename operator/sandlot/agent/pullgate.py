@@ -49,15 +49,6 @@ class PullRefused(Exception):
         self.reason = reason
 
 
-def _created(sb: Mapping[str, Any]) -> datetime:
-    stamp = (sb.get("metadata") or {}).get("creationTimestamp")
-    if isinstance(stamp, datetime):
-        return stamp
-    if isinstance(stamp, str) and stamp:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-    return datetime.fromtimestamp(0, UTC)
-
-
 def _rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -72,12 +63,18 @@ class ImageGate:
         # Progress alone is written at most every PROGRESS_WRITE_SECONDS per sandbox:
         # each write comes back as a watch event that wakes another pass.
         self._progress_written: dict[str, float] = {}
+        # The pull each waiting sandbox (by uid) started or joined, for Always.
+        self._joined: dict[str, int] = {}
 
     def check(self, sb: Mapping[str, Any], spec: SandboxSpec) -> None:
         """Return when the image may be used now; else raise ``ImageNotReady`` (after
         saying why in the status) or ``PullRefused``."""
-        image = spec.image
-        decision = self.pulls.decide(image, PullPolicy(spec.image_pull_policy), _created(sb))
+        image, uid = spec.image, str(sb["metadata"]["uid"])
+        decision = self.pulls.decide(
+            image, PullPolicy(spec.image_pull_policy), self._joined.get(uid)
+        )
+        if decision.action in (PullAction.RUN, PullAction.FAIL):
+            self._joined.pop(uid, None)
         if decision.action is PullAction.RUN:
             return
         if decision.action is PullAction.FAIL:
@@ -87,10 +84,11 @@ class ImageGate:
                 ref = parse_reference(image)
             except InvalidReference as exc:
                 raise PullRefused("InvalidImageName", str(exc)) from None
-            if self.pulls.start(image, self._credentials(sb, ref)):
-                log.info("sandbox %s: pulling image %s", sandbox_key(sb), image)
+            self._joined[uid] = self.pulls.start(image, self._credentials(sb, ref))
+            log.info("sandbox %s: pulling image %s", sandbox_key(sb), image)
             self._report_pulling(sb, image)
         elif decision.action is PullAction.WAIT:
+            self._joined.setdefault(uid, self.pulls.history(image).started)
             self._report_pulling(sb, image)
         elif decision.retry_at is not None:
             self.pulls.wake_at(decision.retry_at)

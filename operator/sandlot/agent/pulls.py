@@ -112,7 +112,7 @@ class ImagePulls:
         with self._lock:
             return self._progress.get(image, (0, 0))
 
-    def decide(self, image: str, policy: PullPolicy, wanted_since: datetime) -> PullDecision:
+    def decide(self, image: str, policy: PullPolicy, joined: int | None) -> PullDecision:
         """The decision for a start of ``image``; asks containerd whether it is present
         only when the policy needs to know."""
         history = self.history(image)
@@ -123,7 +123,7 @@ class ImagePulls:
             policy,
             present=present,
             history=history,
-            wanted_since=wanted_since,
+            joined=joined,
             now=self._clock(),
             base=self.options.backoff,
             cap=self.options.max_backoff,
@@ -157,21 +157,22 @@ class ImagePulls:
 
     # ------------------------------------------------------------ the pull
 
-    def start(self, image: str, credential: Credential | None) -> bool:
-        """Start pulling ``image`` unless a pull of it is in flight; True if started."""
+    def start(self, image: str, credential: Credential | None) -> int:
+        """Start pulling ``image`` unless a pull of it is in flight; the number of the
+        pull the caller waits for (the one started, or the one in flight)."""
         with self._lock:
             history = self._history.get(image, PullHistory())
             if history.in_flight:
-                return False
-            self._history[image] = replace(history, in_flight=True)
+                return history.started
+            number = history.started + 1
+            self._history[image] = replace(history, in_flight=True, started=number)
             self._progress[image] = (0, 0)
             self._holds[image] += 1
         try:
             self._pool.submit(self._run, image, credential)
         except RuntimeError:  # shut down
-            self._finish(image, None)
-            return False
-        return True
+            self._finish(image, (FailureKind.TRANSIENT, "the agent is stopping"))
+        return number
 
     def _run(self, image: str, credential: Credential | None) -> None:
         started = time.monotonic()

@@ -81,6 +81,10 @@ class PullHistory:
     succeeded_at: datetime | None = None
     """When the last pull of this image succeeded."""
     in_flight: bool = False
+    started: int = 0
+    """Pulls of this image started so far: the number of the latest one."""
+    succeeded_pull: int = 0
+    """The number of the last pull that succeeded (0: none)."""
 
     def failed(self, kind: FailureKind, message: str, now: datetime) -> PullHistory:
         final = self.final_failures + 1 if kind in FINAL_KINDS else 0
@@ -91,10 +95,12 @@ class PullHistory:
             last_message=message,
             final_failures=final,
             succeeded_at=self.succeeded_at,
+            started=self.started,
+            succeeded_pull=self.succeeded_pull,
         )
 
     def succeeded(self, now: datetime) -> PullHistory:
-        return PullHistory(succeeded_at=now)
+        return PullHistory(succeeded_at=now, started=self.started, succeeded_pull=self.started)
 
 
 class PullAction(StrEnum):
@@ -123,7 +129,7 @@ def decide_pull(
     *,
     present: bool,
     history: PullHistory,
-    wanted_since: datetime,
+    joined: int | None,
     now: datetime,
     final_attempts: int = FINAL_ATTEMPTS,
     base: timedelta = BACKOFF_BASE,
@@ -131,9 +137,10 @@ def decide_pull(
 ) -> PullDecision:
     """What a start does about its image.
 
-    ``present``: the node has the image. ``wanted_since``: when the sandbox was
-    created; under ``Always`` a pull that succeeded since then counts as its pull
-    (sandboxes of one image share one).
+    ``present``: the node has the image. ``joined``: the number of the pull this
+    sandbox started or joined, if any; under ``Always`` only a pull it started or
+    joined counts as its pull (sandboxes of one image share one), never one that
+    finished before it asked (a creation time, in whole seconds, cannot tell).
     """
     if history.in_flight:
         return PullDecision(PullAction.WAIT, REASON_PULLING)
@@ -145,7 +152,7 @@ def decide_pull(
             REASON_NEVER_PULL,
             "the image is not on the node and imagePullPolicy is Never",
         )
-    pulled_for_it = history.succeeded_at is not None and history.succeeded_at >= wanted_since
+    pulled_for_it = joined is not None and history.succeeded_pull >= joined
     if present and (policy is PullPolicy.IF_NOT_PRESENT or pulled_for_it):
         return PullDecision(PullAction.RUN)
     if history.failures and history.last_failed_at is not None:
