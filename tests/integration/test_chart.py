@@ -387,6 +387,8 @@ OPERATOR_REACH = {
     "sandboxpools.sandlot.dev/finalizers": "update",
     "cacheprunes.sandlot.dev": "get list watch",
     "cacheprunes.sandlot.dev/status": "get patch",
+    "sandboxclaims.sandlot.dev": "get list watch",
+    "sandboxclaims.sandlot.dev/status": "get patch",
     "services": "create delete get update",
     "endpointslices.discovery.k8s.io": "create delete list patch",
     "events": "create",
