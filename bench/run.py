@@ -85,6 +85,21 @@ def main() -> int:
     if gc.exists():
         rows += json.loads(gc.read_text())
 
+    text = run([str(HERE / "pull.py")], timeout=1800)
+    m = re.search(r"ratio sandlot/ctr: ([\d.]+)", text)
+    if m:
+        value = float(m.group(1))
+        detail = re.search(r"(pull of [^\n]*)", text)
+        rows.append(
+            {
+                "benchmark": "image pull, 64 MiB / ctr images pull --plain-http",
+                "value": value,
+                "target": "<= 1.2",
+                "ok": value <= 1.2,
+                "detail": detail.group(1) if detail else "",
+            }
+        )
+
     width = max(len(str(r["benchmark"])) for r in rows) if rows else 10
     print()
     print(f"{'benchmark':<{width}}  {'value':>9}  {'target':<28} ok")

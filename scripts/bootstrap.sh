@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything sandlot's commands need on a fresh machine, and nothing twice:
 #   - OS packages (as root on Debian/Ubuntu): containerd, runc, busybox-static
-#     (test images), containerd's API definitions (stubs), CNI plugins, openssl;
+#     (test images), containerd's API definitions (stubs), CNI plugins, openssl,
+#     docker-registry and skopeo (a real registry on loopback for pull tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
 #   - Python stubs for containerd's gRPC API, generated from its .proto files;
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version).
@@ -11,7 +12,8 @@ cd "$(dirname "$0")/.."
 log() { echo "bootstrap: $*" >&2; }
 
 os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
-             golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl)
+             golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
+             docker-registry skopeo)
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${os_packages[@]}"; do

@@ -5,6 +5,7 @@ skip fails the run (tests/support/strict_skips.py)."""
 pytest_plugins = [
     "tests.support.kube",
     "tests.support.containerd_fixtures",
+    "tests.support.registry",
     "tests.support.operator",
     "tests.support.faultplane",
     "tests.support.strict_skips",

@@ -129,12 +129,18 @@ def create_sandbox(
     command: list[str] | None = None,
     image: str = IMAGE,
     phase: str = "Scheduled",
+    pull_policy: str = "IfNotPresent",
 ) -> dict[str, Any]:
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
         "metadata": {"name": name},
-        "spec": {"image": image, "command": command or SLEEPER, "nodeName": node},
+        "spec": {
+            "image": image,
+            "command": command or SLEEPER,
+            "nodeName": node,
+            "imagePullPolicy": pull_policy,
+        },
     }
     api = _custom(kube)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
@@ -368,7 +374,8 @@ def test_missing_image_fails_the_sandbox_naming_the_image(
     agent = make_agent()
     assert agent.start()
     image = "docker.io/sandlot/not-on-this-node:9"
-    create_sandbox(kube, namespace, "noimage", node, image=image)
+    # Not on the node and not to be pulled (pulls have tests of their own).
+    create_sandbox(kube, namespace, "noimage", node, image=image, pull_policy="Never")
     status = wait_phase(kube, namespace, "noimage", "Failed")["status"]
     assert status["reason"] == "ImageNotFound"
     assert image in status["message"]

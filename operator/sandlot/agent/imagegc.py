@@ -166,6 +166,7 @@ class ImageCollector:
         disabled: bool = False,
         metrics: GcMetrics | None = None,
         exhausted_until: datetime | None = None,
+        starting: Callable[[], Iterable[str]] = frozenset,
     ) -> None:
         if call_timeout <= 0:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout}")
@@ -180,6 +181,8 @@ class ImageCollector:
         # A private registry unless one is given: never the process-wide default by accident.
         self._metrics = metrics or GcMetrics(CollectorRegistry())
         self._exhausted_until = exhausted_until
+        # Images being pulled or started from: in use before any container holds them.
+        self._starting = starting
         self._lock = threading.Lock()
         self._touches = TouchLog()
         self.last_result: GcResult | None = None
@@ -263,6 +266,9 @@ class ImageCollector:
 
     def _pass(self, kind: PassKind, now: datetime) -> GcResult:
         mark = self._touches.mark()
+        # Read before and after the containers: a start that ends between the two
+        # reads has its container in the listing or its image in one of the reads.
+        starting = set(self._starting())
         try:
             containers = self._runtime.list_containers(timeout=self._timeout)
         except Exception as exc:
@@ -276,8 +282,9 @@ class ImageCollector:
         except Exception as exc:
             raise _Abort(f"{kind} pass aborted: cannot measure disk usage: {exc}") from exc
 
+        starting |= set(self._starting())
         protected = ProtectedSet(
-            in_use_images=frozenset(c.image for c in containers if c.image),
+            in_use_images=frozenset(c.image for c in containers if c.image) | starting,
             pinned=self.pinned,
             live_job_prefixes=self.live_job_prefixes,
         )

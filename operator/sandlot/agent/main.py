@@ -58,6 +58,7 @@ from sandlot.agent.logs import SandboxLogs
 from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, GcMetrics, timed_runtime
 from sandlot.agent.network import Networking
+from sandlot.agent.pullgate import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
@@ -101,6 +102,7 @@ class Agent:
         registry: CollectorRegistry | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
         clock: Callable[[], datetime] = _utcnow,
+        pulls: bool | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -110,6 +112,8 @@ class Agent:
         self.metrics = AgentMetrics(self.registry)
         self.gc_metrics = GcMetrics(self.registry)
         self._runtime_factory = runtime_factory or self._containerd
+        # Pulls need containerd itself: off by default beside a runtime given by a test.
+        self._pulls = runtime_factory is None if pulls is None else pulls
         self._disk_usage = disk_usage or (lambda: disk_usage_of(settings.containerd_root))
         self._clock = clock
         self.address = settings.node_address or detect_address()
@@ -163,6 +167,12 @@ class Agent:
             security=node_security(),
             capacity=node_capacity(settings),
         )
+        self.image_gate: ImageGate | None = None
+        self._close_pulls: Callable[[], None] = lambda: None
+        if self._pulls:  # the image step of a start: pulls, their status and back-off
+            self.image_gate, self._close_pulls = build_image_gate(
+                settings, self.objects.api, self.status, self._sync_wake, self.registry, self._clock
+            )
         self.work = SandboxWork(
             settings,
             self.objects,
@@ -174,6 +184,7 @@ class Agent:
             self._touch_image,
             self._clock,
             cancel=self._stop,
+            image_gate=self.image_gate,
         )
         self.sync = SandboxSync(
             self.node,
@@ -305,6 +316,7 @@ class Agent:
             disabled=settings.gc_disabled,
             metrics=self.gc_metrics,
             exhausted_until=self._restored_exhausted_until(),
+            starting=self.image_gate.pulls.starting if self.image_gate else frozenset,
         )
         for watched in self._watches:
             watched.start()
@@ -337,6 +349,7 @@ class Agent:
             watched.stop()
         self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
         self.pool.shutdown()
+        self._close_pulls()
         if self.runtime is not None:
             self.runtime.close()
         if self._metrics_server is not None:

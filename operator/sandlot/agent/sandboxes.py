@@ -38,6 +38,7 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
+from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
@@ -109,6 +110,7 @@ class SandboxWork:
         touch_image: Callable[[str], None],
         clock: Callable[[], datetime],
         cancel: threading.Event | None = None,
+        image_gate: ImageGate | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -122,6 +124,7 @@ class SandboxWork:
         self._clock = clock
         self._cancel = cancel
         self.rules = NamespaceRules(settings, objects)
+        self.image_gate = image_gate
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
         # Running bodies not yet written, by key: (container id, status). Only the
@@ -246,10 +249,16 @@ class SandboxWork:
     # ------------------------------------------------------------ start
 
     def start_sandbox(self, sb: Mapping[str, Any]) -> None:
+        image = str((sb.get("spec") or {}).get("image", ""))
+        # Held from the image check to the container: the collector must not evict it.
+        with self.image_gate.pulls.hold(image) if self.image_gate else contextlib.nullcontext():
+            self._start(sb)
+
+    def _start(self, sb: Mapping[str, Any]) -> None:
         try:
             prepared = self._prepare(sb)
             if prepared is None:
-                return  # the namespace's level is unknown: the next sync asks again
+                return  # level unknown, or the image on its way: the next sync goes on
             # Before the container exists nothing else protects its image from the
             # collector: the fresh last-used label makes it too young (minAge) to go.
             self._touch_image(prepared.image)
@@ -297,6 +306,13 @@ class SandboxWork:
         if checked is None or defaults is None:
             return None
         spec = with_defaults(checked, defaults)
+        if self.image_gate is not None:
+            try:
+                self.image_gate.check(sb, spec)
+            except ImageNotReady:
+                return None
+            except PullRefused as exc:
+                raise StartFailed(exc.reason, str(exc)) from None
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])

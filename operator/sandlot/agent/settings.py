@@ -261,6 +261,42 @@ class AgentSettings(SettingsModel):
         description="Where the node's cgroup filesystem is mounted in the agent (the "
         "host's, v1 or v2): read to tell an out-of-memory kill from other exits.",
     )
+    image_pull_deadline: Duration = Field(
+        default=timedelta(minutes=10),
+        description="Longest an image pull may take in all (resolve, every blob, unpack).",
+    )
+    image_pull_stall_timeout: Duration = Field(
+        default=timedelta(seconds=30),
+        description="A registry read that gets no byte for this long fails the pull "
+        "(a registry that stalls mid-blob), which is then retried after its back-off.",
+    )
+    image_pull_backoff: Duration = Field(
+        default=timedelta(seconds=10),
+        description="Wait after a failed image pull before the next; it doubles with each "
+        "failure in a row (the kubelet's ImagePullBackOff).",
+    )
+    image_pull_max_backoff: Duration = Field(
+        default=timedelta(minutes=5),
+        description="Cap of the doubling wait between image pull retries.",
+    )
+    image_pull_workers: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Image pulls running at once (each image is pulled once however many "
+        "sandboxes want it).",
+    )
+    registry_config_dir: str = Field(
+        default="",
+        description="Directory of per-registry hosts.toml files (containerd's conventions: "
+        "mirrors, private CAs, plain-HTTP registries); empty: none.",
+    )
+    registry_auth_file: str = Field(
+        default="",
+        description="A .dockerconfigjson file with the node-wide default registry "
+        "credentials (used when a sandbox's own pull secrets name no credential for its "
+        "registry); empty: none.",
+    )
     pinned_image: list[str] = Field(
         default_factory=list, description="Images never collected (repeatable)."
     )
@@ -283,6 +319,10 @@ class AgentSettings(SettingsModel):
             "gc_interval",
             "gc_exhausted_backoff",
             "cni_timeout",
+            "image_pull_deadline",
+            "image_pull_stall_timeout",
+            "image_pull_backoff",
+            "image_pull_max_backoff",
         ):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")

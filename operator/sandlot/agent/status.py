@@ -60,6 +60,7 @@ def running(node: str, container_id: str, pid: int, ip: str, now: datetime) -> d
         "pid": pid,
         "ip": ip,
         "startedAt": rfc3339(now),
+        "imagePull": None,  # the pull, if any, is over
     }
 
 

@@ -57,8 +57,13 @@ REASON_DRAIN_ABANDONED = "DrainAbandoned"
 REASON_POLICY_VIOLATION = "PolicyViolation"
 REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"
+# Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
+REASON_PULLING = "Pulling"
+REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
 
 _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
+# Secrets a sandbox may name for its image's registry (as many as a Pod has in practice).
+MAX_PULL_SECRETS = 16
 # A non-negative Kubernetes quantity, the grammar sandlot.policy.quantity parses:
 # a decimal number, then a binary or decimal suffix or a decimal exponent.
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
@@ -71,6 +76,17 @@ class EnvVar(Model):
         min_length=1, max_length=MAX_WORD, description="Name of the environment variable."
     )
     value: str = Field(default="", max_length=MAX_ENV_VALUE, description="Its value.")
+
+
+class LocalObjectReference(Model):
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME, description="Name of an object in the same namespace."
+    )
+
+
+class ImagePullProgress(Model):
+    bytes: int = Field(default=0, ge=0, description="Bytes of the image on the node so far.")
+    total_bytes: int = Field(default=0, ge=0, description="Bytes of the image's config and layers.")
 
 
 class SandboxPort(Model):
@@ -159,8 +175,21 @@ class SandboxSpec(Model):
     image: str = Field(
         min_length=1,
         max_length=MAX_IMAGE,
-        description="Image reference in the node's containerd store (for example "
-        "`docker.io/library/busybox:1.36`).",
+        description="Image reference (for example `docker.io/library/busybox:1.36`); "
+        "the node's agent pulls it as imagePullPolicy says.",
+    )
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent",
+        description="When the agent pulls the image, with the kubelet's meaning: "
+        "`IfNotPresent` only when the node lacks it, `Always` resolves the reference "
+        "again at every start (a moved tag is pulled), `Never` uses only what the node has.",
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description="Secrets of type kubernetes.io/dockerconfigjson in the sandbox's "
+        "namespace with credentials for its image's registry. The operator hands them "
+        "to the agent of the sandbox's node only (docs/isolation.md).",
     )
     command: list[Arg] = Field(
         max_length=MAX_ARGS,
@@ -258,6 +287,9 @@ class SandboxStatus(Model):
     started_at: datetime | None = Field(default=None, description="When the process started.")
     finished_at: datetime | None = Field(default=None, description="When it ended.")
     exit_code: int | None = Field(default=None, description="Exit status, once it exited.")
+    image_pull: ImagePullProgress | None = Field(
+        default=None, description="Progress of the image pull while the reason is Pulling."
+    )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
     )

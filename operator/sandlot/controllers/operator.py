@@ -39,7 +39,7 @@ from sandlot.api.keys import (
     LAST_HANDLED_CONFIGURATION_KEY,
     NODE_HEALTH_FINALIZER,
 )
-from sandlot.controllers import cacheprune
+from sandlot.controllers import cacheprune, pullcredentials
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
@@ -153,6 +153,7 @@ def build_registry(
             raise kopf.TemporaryError(str(e), delay=2) from e
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
+    pullcredentials.register(registry, nodehealth.objects, leading, settings.namespace)
     return registry
 
 

@@ -43,9 +43,11 @@ from sandlot.devtools.containerd import (
 from sandlot.devtools.controlplane import kubectl_path, stop_detached
 from sandlot.devtools.demonet import DemoNetwork
 from sandlot.devtools.dev import start_local
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.devtools.ociarchive import build_image_archive
+from sandlot.devtools.registry import Registry, start_registry
 
-IMAGE = "docker.io/sandlot/demo-busybox:1"
+IMAGE = "sandlot/demo-busybox:1"  # pushed to the demo's own registry, pulled by the agents
+FILLER_BYTES = 24 * 1024 * 1024  # enough that the pull shows in the table
 NODES = ("demo-1", "demo-2")
 LEASE = "4s"
 GRACE = "6s"
@@ -62,7 +64,7 @@ spec:
     metadata:
       labels: {app: web}
     spec:
-      image: docker.io/sandlot/demo-busybox:1
+      image: IMAGE_REF
       command: ["sh", "-c", "mkdir -p /www && echo hello from $(busybox hostname) > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
       ports: [{name: http, containerPort: 8080}]
 """
@@ -75,6 +77,7 @@ class Demo:
         self.kubectl = str(kubectl_path())
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.containerd: PrivateContainerd | None = None
+        self.registry: Registry | None = None
         self.network = DemoNetwork(workdir)
         self.kubeconfig = workdir / "kubeconfig"
         self.started = time.monotonic()
@@ -226,6 +229,8 @@ class Demo:
         if self.containerd is not None:
             self.containerd.stop()
             self.containerd.remove()
+        if self.registry is not None:
+            self.registry.stop()
 
     def state(self) -> dict[str, Any]:
         state_file = self.workdir / "state.json"
@@ -263,14 +268,14 @@ class Demo:
         self.kc("create", "namespace", "sandlot-system")
         self.kc("create", "namespace", "demo")
 
-        self.say(
-            "starting a private containerd and importing a busybox image into each node's namespace"
-        )
+        self.say("starting a private containerd, and a registry on loopback with a busybox image")
         self.containerd = start_private_containerd()
+        self.registry = start_registry(self.workdir / "registry")
         archive = self.workdir / "busybox.tar"
-        build_image_archive(archive, IMAGE)
-        for node in NODES:
-            import_archive(self.containerd.address, f"sandlot-{node}", archive, timeout=60)
+        image = self.registry.ref(IMAGE)
+        filler = {"/filler": os.urandom(FILLER_BYTES)}
+        build_image_archive(archive, image, extra_files=filler, compress=True)
+        self.registry.push(archive, IMAGE)
 
     def start_programs(self) -> None:
         """The operator and both agents, until both nodes are Ready."""
@@ -301,9 +306,11 @@ class Demo:
         print(self.kc("get", "snode"))
 
     def create_pool(self) -> None:
-        self.say("creating a pool of 4 sandboxes behind the Service 'web'")
-        print(POOL)
-        self.kc("apply", "-f", "-", stdin=POOL)
+        assert self.registry is not None, "start_cluster starts the registry first"
+        self.say("creating a pool of 4 sandboxes behind the Service 'web'; each node pulls once")
+        pool = POOL.replace("IMAGE_REF", self.registry.ref(IMAGE))
+        print(pool)
+        self.kc("apply", "-f", "-", stdin=pool)
         self.wait("4 sandboxes Running", lambda: self.running_count() == 4)
         print(
             self.kc("get", "endpointslices", "-n", "demo", "-l", "kubernetes.io/service-name=web")

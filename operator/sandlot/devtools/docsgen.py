@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
+from sandlot.agent.pullmetrics import PullMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.cli.options import env_name, flag_name
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
@@ -158,7 +159,7 @@ def registered_metrics() -> list[tuple[str, str, str, list[str], str]]:
     out = []
     for program, classes in (
         ("operator", (OperatorMetrics, WorkloadMetrics)),
-        ("agent", (AgentMetrics, GcMetrics)),
+        ("agent", (AgentMetrics, GcMetrics, PullMetrics)),
     ):
         registry = CollectorRegistry()
         for cls in classes:

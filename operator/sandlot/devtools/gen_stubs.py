@@ -48,6 +48,7 @@ SERVICES = (
     "services/content/v1/content.proto",
     "services/snapshots/v1/snapshots.proto",
     "services/leases/v1/leases.proto",
+    "services/diff/v1/diff.proto",
 )
 
 PACKAGE_PREFIX = "sandlot/adapters/containerd/gen"

@@ -1,0 +1,285 @@
+"""Pull an image into containerd from a registry, client-side, as containerd 1.6's
+own client does (1.6 has no Transfer service).
+
+Resolve the reference (``adapters.registry``), pick this platform's manifest from
+an index, stream the config and layer blobs into the Content service (``Write``,
+digest and size checked by us while streaming and by containerd on commit), unpack
+the layers for the snapshotter (``Snapshots.Prepare`` on the parent chain ID,
+``Diff.Apply`` of the layer, ``Snapshots.Commit`` as the layer's chain ID), and
+create or move the image record with the collector's last-used label. The create
+path then finds the image exactly as if ``ctr images pull`` had put it there.
+
+Everything happens under one containerd lease that expires by itself, so content
+of a pull that dies half-way is collected by containerd's GC, and nothing is
+collected before the image record holds it. The blobs carry containerd's GC
+reference labels (``containerd.io/gc.ref.*``) so that, once the lease is gone, the
+image keeps its manifest, config, layers and unpacked snapshots alive.
+
+Bounds: one per-pull deadline spent across every call and chunk; a registry read
+that gets no byte within the stall timeout fails at once (see the registry client).
+
+containerd 2.x offers the Transfer service; ``pull_method`` chooses by the daemon's
+version, and today every daemon gets this client-side path (it works on 2.x too,
+through the same services): the seam for a server-side pull is that function.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import grpc
+from google.protobuf import empty_pb2, field_mask_pb2
+
+from sandlot.adapters.containerd.containers import chain_id
+from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
+from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
+from sandlot.adapters.containerd.gen.services.version.v1 import version_pb2_grpc
+from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
+from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
+from sandlot.adapters.deadline import Deadline
+from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.policy.imagepull import FailureKind
+from sandlot.policy.imageref import ImageReference
+
+log = logging.getLogger(__name__)
+
+PULL_LEASE_TTL = timedelta(hours=1)
+
+
+class PullMethod(StrEnum):
+    CLIENT_SIDE = "client-side"
+    TRANSFER = "transfer"
+
+
+def pull_method(daemon_version: str, *, transfer_supported: bool = False) -> PullMethod:
+    """Which path pulls: the Transfer service when the daemon has it (containerd 2.0
+    and later) and this agent can drive it, else the client-side path through the
+    content, snapshot and diff services, which every supported daemon serves."""
+    major = daemon_version.lstrip("v").split(".", 1)[0]
+    if transfer_supported and major.isdigit() and int(major) >= 2:
+        return PullMethod.TRANSFER
+    return PullMethod.CLIENT_SIDE
+
+
+@dataclass(frozen=True)
+class PullResult:
+    name: str
+    digest: str
+    """The record's target: the index or manifest the reference resolved to."""
+    total_bytes: int
+    """Bytes of the config and layers of this platform."""
+    fetched_bytes: int
+    """Of those, the bytes that came over the network (the rest were on the node)."""
+    seconds: float
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ContainerdPuller(PullSteps):
+    """Pulls into one containerd namespace; one gRPC channel, shared by its pulls."""
+
+    def __init__(self, address: str, namespace: str, **options: Any) -> None:
+        super().__init__(address, namespace, **options)
+        self._version = version_pb2_grpc.VersionStub(self._channel)
+        self._method: PullMethod | None = None
+
+    # ------------------------------------------------------------ the pull
+
+    def method(self, budget: Deadline) -> PullMethod:
+        """How this daemon's pulls are done, asked once (its version)."""
+        if self._method is None:
+            response = self._call(self._version.Version, empty_pb2.Empty(), budget, "Version")
+            self._method = pull_method(str(response.version))
+            log.info("containerd %s: %s pulls", response.version, self._method)
+        return self._method
+
+    def pull(
+        self,
+        name: str,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        *,
+        deadline: float,
+        labels: Mapping[str, str],
+        progress: Progress | None = None,
+    ) -> PullResult:
+        """Pull ``ref`` into the record ``name``; the first endpoint that serves it wins
+        (mirrors first, the registry itself last)."""
+        budget = Deadline(deadline, what=f"pull {name}", expired=RuntimeTimeout)
+        started = time.monotonic()
+        method = self.method(budget)
+        if method is not PullMethod.CLIENT_SIDE:  # the seam for a server-side pull
+            raise RuntimeError_(f"pull {name}: the {method} path is not driven by this agent")
+        last: RegistryError | None = None
+        for endpoint in endpoints:
+            client = RegistryClient(
+                endpoint,
+                ref.repository,
+                credential,
+                connect_timeout=min(self.connect_timeout, deadline),
+                stall_timeout=self.stall_timeout,
+                deadline=budget,
+            )
+            try:
+                return self._pull_from(client, name, ref, budget, labels, progress, started)
+            except RegistryError as exc:
+                last = exc
+            finally:
+                client.close()
+        raise last or RegistryError(f"pull {name}: no endpoint to pull from")
+
+    def _pull_from(
+        self,
+        client: RegistryClient,
+        name: str,
+        ref: ImageReference,
+        budget: Deadline,
+        labels: Mapping[str, str],
+        progress: Progress | None,
+        started: float,
+    ) -> PullResult:
+        top_bytes, top_type = client.manifest(ref.reference)
+        top_digest = "sha256:" + hashlib.sha256(top_bytes).hexdigest()
+        if ref.digest and ref.digest != top_digest:
+            raise RegistryError(f"{ref.name}: the registry sent {top_digest}")
+        top = json.loads(top_bytes)
+        top_type = top.get("mediaType") or top_type
+        index_bytes, manifest_bytes, manifest_desc = None, top_bytes, None
+        if top_type in INDEX_MEDIA_TYPES or "manifests" in top:
+            manifest_desc = self._platform_entry(ref, top)
+            index_bytes = top_bytes
+            manifest_bytes = self._small_blob(client, manifest_desc, manifest=True)
+        manifest = json.loads(manifest_bytes)
+        config_desc, layers = manifest["config"], list(manifest.get("layers") or [])
+        counter = Counter(int(config_desc["size"]) + sum(int(x["size"]) for x in layers), progress)
+        lease = self._create_lease(budget)
+        try:
+            config_bytes = self._small_blob(client, config_desc)
+            counter.add(len(config_bytes), fetched=True)
+            diff_ids = list((json.loads(config_bytes).get("rootfs") or {}).get("diff_ids") or [])
+            if len(diff_ids) != len(layers):
+                raise RegistryError(
+                    f"{ref.name}: config lists {len(diff_ids)} layers, manifest {len(layers)}"
+                )
+            for layer, diff_id in zip(layers, diff_ids, strict=True):
+                self._ensure_blob(
+                    client, layer, {"containerd.io/uncompressed": diff_id}, budget, lease, counter
+                )
+            self._unpack(layers, diff_ids, budget, lease)
+            gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": chain_id(diff_ids)}
+            self._write(config_desc, [config_bytes], gc_snapshot, budget, lease)
+            manifest_labels = {"containerd.io/gc.ref.content.config": config_desc["digest"]}
+            for i, layer in enumerate(layers):
+                manifest_labels[f"containerd.io/gc.ref.content.l.{i}"] = layer["digest"]
+            manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+            manifest_size = len(manifest_bytes)
+            this = {
+                "digest": manifest_digest,
+                "size": manifest_size,
+                "mediaType": manifest.get("mediaType") or top_type,
+            }
+            self._write(this, [manifest_bytes], manifest_labels, budget, lease)
+            target = this
+            if index_bytes is not None and manifest_desc is not None:
+                target = {"digest": top_digest, "size": len(index_bytes), "mediaType": top_type}
+                self._write(
+                    target,
+                    [index_bytes],
+                    {"containerd.io/gc.ref.content.m.0": manifest_desc["digest"]},
+                    budget,
+                    lease,
+                )
+            self._put_image(name, target, labels, budget)
+        finally:
+            self._delete_lease(lease)
+        return PullResult(
+            name, str(target["digest"]), counter.total, counter.fetched, time.monotonic() - started
+        )
+
+    def _platform_entry(self, ref: ImageReference, index: Mapping[str, Any]) -> dict[str, Any]:
+        arch = host_architecture()
+        for entry in index.get("manifests") or []:
+            plat = entry.get("platform") or {}
+            if plat.get("os") == "linux" and plat.get("architecture") == arch:
+                return dict(entry)
+        raise RegistryError(
+            f"{ref.name}: no linux/{arch} manifest in its index", FailureKind.NOT_FOUND
+        )
+
+    def _small_blob(
+        self, client: RegistryClient, desc: Mapping[str, Any], *, manifest: bool = False
+    ) -> bytes:
+        digest = str(desc["digest"])
+        data = client.manifest(digest)[0] if manifest else b"".join(client.blob(digest))
+        got = "sha256:" + hashlib.sha256(data).hexdigest()
+        if got != digest:
+            raise RegistryError(f"blob {digest}: the registry sent content of digest {got}")
+        return data
+
+    # ------------------------------------------------------------ image record and lease
+
+    def _put_image(
+        self, name: str, target: Mapping[str, Any], labels: Mapping[str, str], budget: Deadline
+    ) -> None:
+        image = images_pb2.Image(name=name, target=descriptor(target), labels=dict(labels))
+        try:
+            self._call(
+                self._images.Create,
+                images_pb2.CreateImageRequest(image=image),
+                budget,
+                f"Images.Create {name}",
+            )
+        except RuntimeError_ as exc:
+            if exc.code != "already_exists":
+                raise
+            paths = ["target", *(f"labels.{k}" for k in labels)]
+            self._call(
+                self._images.Update,
+                images_pb2.UpdateImageRequest(
+                    image=image, update_mask=field_mask_pb2.FieldMask(paths=paths)
+                ),
+                budget,
+                f"Images.Update {name}",
+            )
+
+    def _create_lease(self, budget: Deadline) -> str:
+        lease = f"sandlot-pull-{uuid.uuid4().hex[:12]}"
+        expires = datetime.now(UTC) + PULL_LEASE_TTL
+        self._call(
+            self._leases.Create,
+            leases_pb2.CreateRequest(
+                id=lease, labels={"containerd.io/gc.expire": _rfc3339(expires)}
+            ),
+            budget,
+            f"Leases.Create {lease}",
+        )
+        return lease
+
+    def _delete_lease(self, lease: str) -> None:
+        # Best effort: an expired lease is collected by containerd anyway.
+        with contextlib.suppress(grpc.RpcError):
+            self._leases.Delete(
+                leases_pb2.DeleteRequest(id=lease), timeout=10, metadata=self._metadata
+            )
+
+
+__all__ = [
+    "ContainerdPuller",
+    "PullMethod",
+    "PullResult",
+    "pull_method",
+]

@@ -1,0 +1,251 @@
+"""A client of a registry's v2 API (the OCI distribution spec), bounded in every read.
+
+Only what a pull needs: the manifest of a reference and the blobs it names,
+streamed. Authentication follows the spec's challenge: an anonymous request
+first; on a 401 whose ``WWW-Authenticate`` says ``Basic``, the credential is sent
+as such; on ``Bearer``, a token is asked from the named realm for
+``repository:<name>:pull`` (with the credential, if any) and sent with the
+retry. The token is kept for the rest of the pull.
+
+Errors keep the registry's own words: the ``errors`` body of the spec
+(``MANIFEST_UNKNOWN: manifest unknown``), sorted into what the pull policy needs
+to know: not found, unauthorized, or something that may pass.
+
+A stall is a read that gets no byte for ``stall_timeout`` seconds (the socket's
+read timeout), so a registry that stops sending mid-blob fails that read within
+the bound instead of holding the pull until its overall deadline.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import urllib3
+from urllib3.exceptions import HTTPError, ReadTimeoutError
+
+from sandlot.adapters.deadline import Deadline
+from sandlot.adapters.runtime import RuntimeTimeout
+from sandlot.policy.imagepull import FailureKind
+
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+CHUNK = 1024 * 1024
+_PARAM = re.compile(r'(\w+)="([^"]*)"')
+
+
+class RegistryError(Exception):
+    """A registry request failed; ``kind`` says whether retrying may help."""
+
+    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Credential:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a registry's API is reached: ``url`` is ``scheme://host[:port]``."""
+
+    url: str
+    ca_file: str | None = None
+    skip_verify: bool = False
+    override_path: bool = False
+    """``url`` already includes the API's path prefix (hosts.toml ``override_path``)."""
+
+    def api(self, path: str) -> str:
+        return f"{self.url.rstrip('/')}{path if self.override_path else '/v2' + path}"
+
+
+def _registry_message(status: int, body: bytes) -> str:
+    """The spec's ``errors`` list as ``CODE: message``, else the status and body start."""
+    try:
+        errors = json.loads(body).get("errors") or []
+        parts = [f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors]
+        if parts:
+            return "; ".join(parts)
+    except (ValueError, AttributeError):
+        pass
+    text = body[:200].decode("utf-8", "replace").strip()
+    return f"HTTP {status}" + (f": {text}" if text else "")
+
+
+def _kind(status: int) -> FailureKind:
+    if status == 404:
+        return FailureKind.NOT_FOUND
+    if status in (401, 403):
+        return FailureKind.UNAUTHORIZED
+    return FailureKind.TRANSIENT
+
+
+class RegistryClient:
+    """Requests to one repository on one endpoint, for the length of one pull."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        repository: str,
+        credential: Credential | None,
+        *,
+        connect_timeout: float,
+        stall_timeout: float,
+        deadline: Deadline,
+    ) -> None:
+        self.endpoint = endpoint
+        self.connect_timeout = connect_timeout
+        self.stall_timeout = stall_timeout
+        self.deadline = deadline
+        self.repository = repository
+        self.credential = credential
+        kwargs: dict[str, object] = {
+            "retries": urllib3.Retry(total=0, redirect=5, raise_on_redirect=True),
+        }
+        if endpoint.url.startswith("https://"):
+            kwargs["cert_reqs"] = "CERT_NONE" if endpoint.skip_verify else "CERT_REQUIRED"
+            if endpoint.ca_file:
+                kwargs["ca_certs"] = endpoint.ca_file
+        self._http = urllib3.PoolManager(num_pools=2, maxsize=4, **kwargs)  # type: ignore[arg-type]
+        self._authorization: str | None = None
+        self._cut_by_deadline = False
+
+    def close(self) -> None:
+        self._http.clear()
+
+    # ------------------------------------------------------------ requests
+
+    def _request(
+        self, path: str, headers: Mapping[str, str], *, stream: bool = False
+    ) -> urllib3.BaseHTTPResponse:
+        url = self.endpoint.api(path)
+        response = self._send(url, headers, stream)
+        if response.status == 401 and self._authorize(response):
+            response.release_conn()
+            response = self._send(url, headers, stream)
+        if response.status >= 400:
+            body = response.read() if stream else bytes(response.data or b"")
+            response.release_conn()
+            what = f"GET {url}"
+            raise RegistryError(
+                f"{what}: {_registry_message(response.status, body)}", _kind(response.status)
+            )
+        return response
+
+    def _timeout(self, what: str) -> urllib3.Timeout:
+        """Each read waits at most the stall timeout, and never past the pull's deadline."""
+        left = self.deadline.remaining(what)
+        self._cut_by_deadline = left < self.stall_timeout
+        return urllib3.Timeout(
+            connect=min(self.connect_timeout, left), read=min(self.stall_timeout, left)
+        )
+
+    def _stalled(self, what: str, exc: Exception) -> RegistryError:
+        if self._cut_by_deadline:  # the deadline, not a stall, cut the read
+            self.deadline.remaining(what)
+            raise RuntimeTimeout(f"{what}: deadline of {self.deadline.seconds:g}s passed")
+        return RegistryError(f"{what}: no bytes for {self.stall_timeout:g}s (stalled): {exc}")
+
+    def _send(self, url: str, headers: Mapping[str, str], stream: bool) -> urllib3.BaseHTTPResponse:
+        all_headers = dict(headers)
+        if self._authorization:
+            all_headers["Authorization"] = self._authorization
+        what = f"GET {url}"
+        try:
+            return self._http.request(
+                "GET",
+                url,
+                headers=all_headers,
+                preload_content=not stream,
+                decode_content=False,
+                timeout=self._timeout(what),
+            )
+        except ReadTimeoutError as exc:
+            raise self._stalled(what, exc) from exc
+        except HTTPError as exc:
+            raise RegistryError(f"{what}: {exc}") from exc
+
+    def _authorize(self, response: urllib3.BaseHTTPResponse) -> bool:
+        """Answer a 401's challenge; False when there is nothing more to try."""
+        challenge = response.headers.get("WWW-Authenticate", "")
+        scheme, _, params_text = challenge.partition(" ")
+        params = dict(_PARAM.findall(params_text))
+        if scheme.lower() == "basic":
+            if self.credential is None or self._authorization is not None:
+                return False
+            pair = f"{self.credential.username}:{self.credential.password}".encode()
+            self._authorization = "Basic " + base64.b64encode(pair).decode()
+            return True
+        if scheme.lower() == "bearer" and "realm" in params:
+            if self._authorization is not None and self._authorization.startswith("Bearer"):
+                return False  # a token was refused: another one would be too
+            self._authorization = "Bearer " + self._token(params)
+            return True
+        return False
+
+    def _token(self, params: Mapping[str, str]) -> str:
+        fields = {"scope": params.get("scope") or f"repository:{self.repository}:pull"}
+        if params.get("service"):
+            fields["service"] = params["service"]
+        headers = {}
+        if self.credential is not None:
+            pair = f"{self.credential.username}:{self.credential.password}".encode()
+            headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        realm = params["realm"]
+        try:
+            response = self._http.request(
+                "GET", realm, fields=fields, headers=headers, timeout=self._timeout(realm)
+            )
+        except HTTPError as exc:
+            raise RegistryError(f"token from {realm}: {exc}") from exc
+        if response.status >= 400:
+            raise RegistryError(
+                f"token from {realm}: {_registry_message(response.status, response.data)}",
+                _kind(response.status),
+            )
+        try:
+            answer = json.loads(response.data)
+            return str(answer.get("token") or answer["access_token"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RegistryError(f"token from {realm}: no token in the answer") from exc
+
+    # ------------------------------------------------------------ the API
+
+    def manifest(self, reference: str) -> tuple[bytes, str]:
+        """The manifest or index named by a tag or digest, and its media type."""
+        response = self._request(
+            f"/{self.repository}/manifests/{reference}", {"Accept": ", ".join(MANIFEST_TYPES)}
+        )
+        media_type = (response.headers.get("Content-Type") or "").split(";", 1)[0].strip()
+        return bytes(response.data), media_type
+
+    def blob(self, digest: str) -> Iterator[bytes]:
+        """The blob's bytes in chunks as they arrive; a stall raises ``RegistryError``."""
+        url = self.endpoint.api(f"/{self.repository}/blobs/{digest}")
+        response = self._request(f"/{self.repository}/blobs/{digest}", {}, stream=True)
+        try:
+            while True:
+                try:
+                    chunk = response.read(CHUNK)
+                except ReadTimeoutError as exc:
+                    raise self._stalled(f"GET {url} (mid-blob)", exc) from exc
+                except HTTPError as exc:
+                    raise RegistryError(f"GET {url}: {exc}") from exc
+                if not chunk:
+                    return
+                yield chunk
+        finally:
+            response.release_conn()
+
+
+__all__ = ["Credential", "Endpoint", "RegistryClient", "RegistryError"]

@@ -1,0 +1,192 @@
+"""The image step of a start: run, pull, report the pull, back off, or fail.
+
+``ImageGate.ready`` is asked by a start before anything else touches the image.
+It applies ``ImagePulls.decide`` and says so in the sandbox's status, which stays
+``Scheduled`` while the image is on its way: reason ``Pulling`` with the bytes so
+far, or ``ImagePullBackOff`` with the registry's own message and when the next
+try is. A status is written only when what it says changed, so a sync pass that
+finds nothing new costs the API server nothing. A decision to fail raises
+``PullRefused``: the sandbox ends ``Failed`` (``ErrImagePull``, or ``ImageNotFound``
+under ``Never``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.registry import Credential
+from sandlot.agent.pulls import ImagePulls
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.status import StatusWriter, sandbox_key
+from sandlot.api.sandbox import SandboxPhase, SandboxSpec
+from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.imagepull import PullAction, PullPolicy
+from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
+
+log = logging.getLogger(__name__)
+
+PROGRESS_WRITE_SECONDS = 2.0
+
+CredentialLookup = Callable[[Mapping[str, Any], ImageReference], Credential | None]
+
+
+class ImageNotReady(Exception):
+    """The image is being pulled or backing off: the start ends here, a later pass goes on."""
+
+
+class PullRefused(Exception):
+    """The pull policy ends the sandbox Failed with ``reason``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _rfc3339(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ImageGate:
+    def __init__(
+        self, pulls: ImagePulls, status: StatusWriter, credentials: CredentialLookup
+    ) -> None:
+        self.pulls = pulls
+        self.status = status
+        self._credentials = credentials
+        # Progress alone is written at most every PROGRESS_WRITE_SECONDS per sandbox:
+        # each write comes back as a watch event that wakes another pass.
+        self._progress_written: dict[str, float] = {}
+        # The pull each waiting sandbox (by uid) started or joined, for Always.
+        self._joined: dict[str, int] = {}
+
+    def check(self, sb: Mapping[str, Any], spec: SandboxSpec) -> None:
+        """Return when the image may be used now; else raise ``ImageNotReady`` (after
+        saying why in the status) or ``PullRefused``."""
+        image, uid = spec.image, str(sb["metadata"]["uid"])
+        decision = self.pulls.decide(
+            image, PullPolicy(spec.image_pull_policy), self._joined.get(uid)
+        )
+        if decision.action in (PullAction.RUN, PullAction.FAIL):
+            self._joined.pop(uid, None)
+        if decision.action is PullAction.RUN:
+            return
+        if decision.action is PullAction.FAIL:
+            raise PullRefused(decision.reason, f"image {image}: {decision.message}")
+        if decision.action is PullAction.PULL:
+            try:
+                ref = parse_reference(image)
+            except InvalidReference as exc:
+                raise PullRefused("InvalidImageName", str(exc)) from None
+            self._joined[uid] = self.pulls.start(image, self._credentials(sb, ref))
+            log.info("sandbox %s: pulling image %s", sandbox_key(sb), image)
+            self._report_pulling(sb, image)
+        elif decision.action is PullAction.WAIT:
+            self._joined.setdefault(uid, self.pulls.history(image).started)
+            self._report_pulling(sb, image)
+        elif decision.retry_at is not None:
+            self.pulls.wake_at(decision.retry_at)
+            message = (
+                f"Back-off pulling image {image} until {_rfc3339(decision.retry_at)}: "
+                f"{decision.message}"
+            )
+            self._report(sb, decision.reason, message, None)
+        raise ImageNotReady(image)
+
+    def _report_pulling(self, sb: Mapping[str, Any], image: str) -> None:
+        done, total = self.pulls.progress(image)
+        message = f"pulling image {image}" + (f": {done} of {total} bytes" if total else "")
+        self._report(sb, "Pulling", message, {"bytes": done, "totalBytes": total})
+
+    def _report(
+        self,
+        sb: Mapping[str, Any],
+        reason: str,
+        message: str,
+        progress: Mapping[str, int] | None,
+    ) -> None:
+        current = sb.get("status") or {}
+        if (
+            current.get("reason") == reason
+            and current.get("message") == message
+            and current.get("imagePull") == progress
+        ):
+            return
+        key, now = sandbox_key(sb), time.monotonic()
+        recent = now - self._progress_written.get(key, 0.0) < PROGRESS_WRITE_SECONDS
+        if current.get("reason") == reason and progress is not None and recent:
+            return
+        self._progress_written[key] = now
+        if len(self._progress_written) > 4096:  # forget the long-finished ones
+            cutoff = now - 60 * PROGRESS_WRITE_SECONDS
+            self._progress_written = {k: t for k, t in self._progress_written.items() if t > cutoff}
+        body = {
+            "phase": SandboxPhase.SCHEDULED.value,
+            "reason": reason,
+            "message": message,
+            "imagePull": dict(progress) if progress is not None else None,
+        }
+        self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
+
+
+__all__ = ["CredentialLookup", "ImageGate", "ImageNotReady", "PullRefused"]
+
+
+def build_image_gate(
+    settings: AgentSettings,
+    api: Any,
+    status: StatusWriter,
+    wake: threading.Event,
+    metrics_registry: CollectorRegistry,
+    clock: Callable[[], datetime],
+) -> tuple[ImageGate, Callable[[], None]]:
+    """The gate over a containerd puller from the agent's settings, and its closer;
+    credentials come from this node's brokered Secret and the node-wide default."""
+    from sandlot.adapters.containerd.pull import ContainerdPuller
+    from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
+    from sandlot.adapters.registryhosts import endpoints_for
+    from sandlot.agent.credentials import Credentials
+    from sandlot.agent.pullmetrics import PullMetrics
+    from sandlot.agent.pulls import PullOptions
+
+    puller = ContainerdPuller(
+        settings.containerd_address,
+        settings.containerd_namespace,
+        stall_timeout=settings.image_pull_stall_timeout.total_seconds(),
+    )
+    pulls = ImagePulls(
+        lambda: puller,
+        lambda ref: endpoints_for(ref, settings.registry_config_dir or None),
+        PullOptions(
+            deadline=settings.image_pull_deadline.total_seconds(),
+            call_timeout=settings.call_timeout.total_seconds(),
+            workers=settings.image_pull_workers,
+            backoff=settings.image_pull_backoff,
+            max_backoff=settings.image_pull_max_backoff,
+        ),
+        wake,
+        PullMetrics(metrics_registry),
+        clock,
+    )
+    identity = NodeIdentity(api, settings.namespace, settings.node_name)
+
+    def brokered() -> Mapping[str, str] | None:
+        try:
+            return read_brokered(identity.client(), settings.namespace, settings.node_name)
+        except Exception as exc:  # no identity yet (no brokered secret): the default only
+            log.info("no brokered pull credentials for this node: %s", exc)
+            return None
+
+    credentials = Credentials(brokered, settings.registry_auth_file)
+
+    def close() -> None:
+        pulls.close()
+        puller.close()
+
+    return ImageGate(pulls, status, credentials.lookup), close

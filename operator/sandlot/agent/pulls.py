@@ -1,0 +1,243 @@
+"""Image pulls on their own threads, one per image however many sandboxes want it.
+
+A start that needs an image asks ``ImagePulls``: the decision is
+``policy.imagepull.decide_pull`` over this image's history; a pull runs on the
+pull pool (never on the sandbox work pool, so a slow registry holds no start,
+stop or teardown, and never the heartbeat) and the start returns at once with
+its sandbox ``Scheduled``/``Pulling``. Progress and the end of a pull wake the
+sync, whose next pass starts the sandbox from the pulled image; a failed pull
+wakes it again when its back-off ends.
+
+Images with a pull or a start in flight are reported by ``starting()``: the
+image collector treats them as in use, so it never evicts an image between its
+pull and the container that will hold it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sandlot.adapters.registry import Credential, Endpoint, RegistryError
+from sandlot.adapters.runtime import RuntimeError_
+from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.policy.imagepull import (
+    BACKOFF_BASE,
+    BACKOFF_CAP,
+    FailureKind,
+    PullDecision,
+    PullHistory,
+    PullPolicy,
+    decide_pull,
+)
+from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
+
+log = logging.getLogger(__name__)
+
+PROGRESS_WAKE_SECONDS = 2.0
+
+
+class Puller(Protocol):
+    """What ``ImagePulls`` needs of a runtime that pulls (``ContainerdPuller``)."""
+
+    def has_image(self, name: str, *, timeout: float) -> bool: ...
+
+    def pull(
+        self,
+        name: str,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        *,
+        deadline: float,
+        labels: Mapping[str, str],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> object: ...
+
+
+class PullMetrics(Protocol):
+    def observe_pull(self, outcome: str, seconds: float, fetched_bytes: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PullOptions:
+    deadline: float
+    """Seconds one pull may take in all."""
+    call_timeout: float
+    """Seconds for the presence check (one containerd call)."""
+    workers: int = 2
+    backoff: timedelta = BACKOFF_BASE
+    """The first wait after a failed pull; it doubles up to ``max_backoff``."""
+    max_backoff: timedelta = BACKOFF_CAP
+
+
+class ImagePulls:
+    def __init__(
+        self,
+        puller: Callable[[], Puller],
+        endpoints: Callable[[ImageReference], list[Endpoint]],
+        options: PullOptions,
+        wake: threading.Event,
+        metrics: PullMetrics,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self._puller = puller
+        self._endpoints = endpoints
+        self.options = options
+        self._wake = wake
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._history: dict[str, PullHistory] = {}
+        self._progress: dict[str, tuple[int, int]] = {}
+        self._holds: Counter[str] = Counter()
+        self._timers: list[threading.Timer] = []
+        self._pool = ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="pull")
+
+    # ------------------------------------------------------------ what starts ask
+
+    def history(self, image: str) -> PullHistory:
+        with self._lock:
+            return self._history.get(image, PullHistory())
+
+    def progress(self, image: str) -> tuple[int, int]:
+        with self._lock:
+            return self._progress.get(image, (0, 0))
+
+    def decide(self, image: str, policy: PullPolicy, joined: int | None) -> PullDecision:
+        """The decision for a start of ``image``; asks containerd whether it is present
+        only when the policy needs to know."""
+        history = self.history(image)
+        present = False
+        if not history.in_flight:
+            present = self._puller().has_image(image, timeout=self.options.call_timeout)
+        return decide_pull(
+            policy,
+            present=present,
+            history=history,
+            joined=joined,
+            now=self._clock(),
+            base=self.options.backoff,
+            cap=self.options.max_backoff,
+        )
+
+    def starting(self) -> frozenset[str]:
+        """Images with a pull or a start in flight: in use, for the image collector."""
+        with self._lock:
+            return frozenset(image for image, n in self._holds.items() if n > 0)
+
+    @contextlib.contextmanager
+    def hold(self, image: str) -> Iterator[None]:
+        with self._lock:
+            self._holds[image] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holds[image] -= 1
+                if self._holds[image] <= 0:
+                    del self._holds[image]
+
+    def wake_at(self, when: datetime) -> None:
+        """Wake the sync at ``when`` (the end of a back-off)."""
+        delay = max((when - self._clock()).total_seconds(), 0.0)
+        timer = threading.Timer(delay, self._wake.set)
+        timer.daemon = True
+        with self._lock:
+            self._timers = [t for t in self._timers if t.is_alive()] + [timer]
+        timer.start()
+
+    # ------------------------------------------------------------ the pull
+
+    def start(self, image: str, credential: Credential | None) -> int:
+        """Start pulling ``image`` unless a pull of it is in flight; the number of the
+        pull the caller waits for (the one started, or the one in flight)."""
+        with self._lock:
+            history = self._history.get(image, PullHistory())
+            if history.in_flight:
+                return history.started
+            number = history.started + 1
+            self._history[image] = replace(history, in_flight=True, started=number)
+            self._progress[image] = (0, 0)
+            self._holds[image] += 1
+        try:
+            self._pool.submit(self._run, image, credential)
+        except RuntimeError:  # shut down
+            self._finish(image, (FailureKind.TRANSIENT, "the agent is stopping"))
+        return number
+
+    def _run(self, image: str, credential: Credential | None) -> None:
+        started = time.monotonic()
+        last_wake = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            with self._lock:
+                self._progress[image] = (done, total)
+            now = time.monotonic()
+            if now - last_wake[0] >= PROGRESS_WAKE_SECONDS:
+                last_wake[0] = now
+                self._wake.set()
+
+        failure: tuple[FailureKind, str] | None = None
+        fetched = 0
+        try:
+            ref = parse_reference(image)
+            result = self._puller().pull(
+                image,
+                ref,
+                self._endpoints(ref),
+                credential,
+                deadline=self.options.deadline,
+                labels={LAST_USED_LABEL: self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")},
+                progress=progress,
+            )
+            fetched = int(getattr(result, "fetched_bytes", 0))
+        except InvalidReference as exc:
+            failure = (FailureKind.NOT_FOUND, str(exc))
+        except RegistryError as exc:
+            failure = (exc.kind, str(exc))
+        except (RuntimeError_, OSError, ValueError) as exc:
+            failure = (FailureKind.TRANSIENT, str(exc))
+        except Exception as exc:  # a bug must not leave the image "in flight" forever
+            log.exception("pull of %s failed unexpectedly", image)
+            failure = (FailureKind.TRANSIENT, f"{type(exc).__name__}: {exc}")
+        seconds = time.monotonic() - started
+        outcome = "success" if failure is None else failure[0].value
+        self._metrics.observe_pull(outcome, seconds, fetched)
+        if failure is None:
+            log.info("pulled %s in %.1fs (%d bytes fetched)", image, seconds, fetched)
+        else:
+            log.warning("pull of %s failed (%s): %s", image, failure[0], failure[1])
+        self._finish(image, failure)
+
+    def _finish(self, image: str, failure: tuple[FailureKind, str] | None) -> None:
+        now = self._clock()
+        with self._lock:
+            history = self._history.get(image, PullHistory())
+            if failure is None:
+                self._history[image] = history.succeeded(now)
+            else:
+                self._history[image] = history.failed(failure[0], failure[1], now)
+            self._progress.pop(image, None)
+            self._holds[image] -= 1
+            if self._holds[image] <= 0:
+                del self._holds[image]
+        self._wake.set()
+
+    def close(self) -> None:
+        with self._lock:
+            timers = list(self._timers)
+        for timer in timers:
+            timer.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["ImagePulls", "PullMetrics", "PullOptions", "Puller"]

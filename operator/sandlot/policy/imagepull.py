@@ -1,0 +1,182 @@
+"""Whether a sandbox's start pulls its image, waits, backs off or fails: a pure decision.
+
+The kubelet's meaning of ``imagePullPolicy``: ``IfNotPresent`` pulls only an image
+the node lacks, ``Always`` resolves the reference again for every start (a moved
+tag is pulled, an unchanged one costs a manifest request), ``Never`` uses only
+what the node has. Failed pulls are retried after an exponential back-off (10 s
+doubling to 5 min, as the kubelet's ``ImagePullBackOff``), so a broken reference
+never makes a hot loop against a registry. A failure the registry calls final (no
+such image, a refused credential) ends the sandbox ``Failed`` once it has
+happened ``final_attempts`` times in a row; anything else (a stall, a registry
+that is down) is retried for as long as the sandbox exists.
+
+The history of pulls is per image and kept in memory by the agent (what the
+kubelet does too): after an agent restart a failing image starts its back-off
+from the beginning, which costs one request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+
+class PullPolicy(StrEnum):
+    IF_NOT_PRESENT = "IfNotPresent"
+    ALWAYS = "Always"
+    NEVER = "Never"
+
+
+class FailureKind(StrEnum):
+    NOT_FOUND = "not_found"
+    """The registry has no such repository, tag or digest."""
+    UNAUTHORIZED = "unauthorized"
+    """The registry refused the credential (or wants one and none was given)."""
+    TRANSIENT = "transient"
+    """Anything that may pass: a stall, a timeout, a registry that is down."""
+
+
+FINAL_KINDS: frozenset[FailureKind] = frozenset({FailureKind.NOT_FOUND, FailureKind.UNAUTHORIZED})
+
+REASON_PULLING = "Pulling"
+REASON_ERR_IMAGE_PULL = "ErrImagePull"
+REASON_BACK_OFF = "ImagePullBackOff"
+# The agent's reason for an image that is not on the node (the kubelet says
+# ErrImageNeverPull): under Never, that is all there is to say.
+REASON_NEVER_PULL = "ImageNotFound"
+
+BACKOFF_BASE = timedelta(seconds=10)
+BACKOFF_CAP = timedelta(minutes=5)
+FINAL_ATTEMPTS = 3
+
+
+def pull_backoff(
+    failures: int, *, base: timedelta = BACKOFF_BASE, cap: timedelta = BACKOFF_CAP
+) -> timedelta:
+    """The wait after ``failures`` consecutive failed pulls: ``base`` doubling, at most
+    ``cap``; none before the first failure."""
+    if failures <= 0:
+        return timedelta(0)
+    # 2**n overflows timedelta long before it matters: stop doubling at the cap.
+    wait = base
+    for _ in range(failures - 1):
+        wait *= 2
+        if wait >= cap:
+            return cap
+    return min(wait, cap)
+
+
+@dataclass(frozen=True)
+class PullHistory:
+    """What the agent remembers of one image's pulls."""
+
+    failures: int = 0
+    """Consecutive failed pulls since the last success."""
+    last_failed_at: datetime | None = None
+    last_kind: FailureKind | None = None
+    last_message: str = ""
+    final_failures: int = 0
+    """Consecutive failures of a final kind (not found, unauthorized)."""
+    succeeded_at: datetime | None = None
+    """When the last pull of this image succeeded."""
+    in_flight: bool = False
+    started: int = 0
+    """Pulls of this image started so far: the number of the latest one."""
+    succeeded_pull: int = 0
+    """The number of the last pull that succeeded (0: none)."""
+
+    def failed(self, kind: FailureKind, message: str, now: datetime) -> PullHistory:
+        final = self.final_failures + 1 if kind in FINAL_KINDS else 0
+        return PullHistory(
+            failures=self.failures + 1,
+            last_failed_at=now,
+            last_kind=kind,
+            last_message=message,
+            final_failures=final,
+            succeeded_at=self.succeeded_at,
+            started=self.started,
+            succeeded_pull=self.succeeded_pull,
+        )
+
+    def succeeded(self, now: datetime) -> PullHistory:
+        return PullHistory(succeeded_at=now, started=self.started, succeeded_pull=self.started)
+
+
+class PullAction(StrEnum):
+    RUN = "run"
+    """Create the container from the image the node has."""
+    PULL = "pull"
+    """Start a pull (status ``Pulling``)."""
+    WAIT = "wait"
+    """A pull of this image is in flight: report its progress."""
+    BACK_OFF = "back-off"
+    """The last pull failed and its back-off has not passed (``ImagePullBackOff``)."""
+    FAIL = "fail"
+    """End the sandbox ``Failed``."""
+
+
+@dataclass(frozen=True)
+class PullDecision:
+    action: PullAction
+    reason: str = ""
+    message: str = ""
+    retry_at: datetime | None = None
+
+
+def decide_pull(
+    policy: PullPolicy,
+    *,
+    present: bool,
+    history: PullHistory,
+    joined: int | None,
+    now: datetime,
+    final_attempts: int = FINAL_ATTEMPTS,
+    base: timedelta = BACKOFF_BASE,
+    cap: timedelta = BACKOFF_CAP,
+) -> PullDecision:
+    """What a start does about its image.
+
+    ``present``: the node has the image. ``joined``: the number of the pull this
+    sandbox started or joined, if any; under ``Always`` only a pull it started or
+    joined counts as its pull (sandboxes of one image share one), never one that
+    finished before it asked (a creation time, in whole seconds, cannot tell).
+    """
+    if history.in_flight:
+        return PullDecision(PullAction.WAIT, REASON_PULLING)
+    if policy is PullPolicy.NEVER:
+        if present:
+            return PullDecision(PullAction.RUN)
+        return PullDecision(
+            PullAction.FAIL,
+            REASON_NEVER_PULL,
+            "the image is not on the node and imagePullPolicy is Never",
+        )
+    pulled_for_it = joined is not None and history.succeeded_pull >= joined
+    if present and (policy is PullPolicy.IF_NOT_PRESENT or pulled_for_it):
+        return PullDecision(PullAction.RUN)
+    if history.failures and history.last_failed_at is not None:
+        if history.final_failures >= final_attempts:
+            return PullDecision(PullAction.FAIL, REASON_ERR_IMAGE_PULL, history.last_message)
+        retry_at = history.last_failed_at + pull_backoff(history.failures, base=base, cap=cap)
+        if now < retry_at:
+            return PullDecision(
+                PullAction.BACK_OFF, REASON_BACK_OFF, history.last_message, retry_at
+            )
+    return PullDecision(PullAction.PULL, REASON_PULLING)
+
+
+__all__ = [
+    "FINAL_ATTEMPTS",
+    "REASON_BACK_OFF",
+    "REASON_ERR_IMAGE_PULL",
+    "REASON_NEVER_PULL",
+    "REASON_PULLING",
+    "FailureKind",
+    "PullAction",
+    "PullDecision",
+    "PullHistory",
+    "PullPolicy",
+    "decide_pull",
+    "pull_backoff",
+]

@@ -1,0 +1,391 @@
+"""The agent pulls its sandboxes' images: a real registry on loopback, the real API
+server and a private containerd, with ``imagePullPolicy``, pull secrets brokered to
+the node, the status story (Pulling -> Running, ImagePullBackOff -> Failed) and
+shared pulls.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from prometheus_client import CollectorRegistry
+from urllib3.exceptions import ProtocolError
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.pullsecrets import brokered_key, write_brokered
+from sandlot.adapters.runtime import RuntimeError_
+from sandlot.agent.main import Agent
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.common import GROUP, VERSION
+from tests.support.containerd import PrivateContainerd
+from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+
+SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
+
+
+@pytest.fixture
+def ctr_ns(containerd: PrivateContainerd) -> Iterator[str]:
+    """An empty containerd namespace: every image a sandbox runs must be pulled."""
+    ns = f"pulls-{uuid.uuid4().hex[:8]}"
+    yield ns
+    rt = ContainerdRuntime(containerd.address, ns)
+    try:
+        ids = [c.id for c in rt.list_containers(timeout=10)]
+        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
+    except RuntimeError_:
+        pass
+    finally:
+        rt.close()
+
+
+AgentFactory = Callable[..., Agent]
+
+
+@pytest.fixture
+def start_agent(
+    containerd: PrivateContainerd, ctr_ns: str, tmp_path: Path
+) -> Iterator[AgentFactory]:
+    agents: list[Agent] = []
+
+    def start(api: client.ApiClient, namespace: str, node: str, **overrides: Any) -> Agent:
+        values: dict[str, Any] = {
+            "node_name": node,
+            "namespace": namespace,
+            "containerd_address": containerd.address,
+            "containerd_namespace": ctr_ns,
+            "containerd_root": str(containerd.root),
+            "kill_wait": "2s",
+            "call_timeout": "3s",
+            "stop_grace": "1s",
+            "sync_interval": "0.2s",
+            "lease_duration": "10s",
+            "renew_interval": "2s",
+            "metrics_port": 0,
+            "node_address": "10.1.2.3",
+            "log_dir": str(tmp_path / "logs"),
+            "image_pull_backoff": "0.5s",
+            "image_pull_max_backoff": "2s",
+            "image_pull_stall_timeout": "1s",
+            "image_pull_deadline": "60s",
+        }
+        values.update(overrides)
+        agent = Agent(AgentSettings(**values), api, registry=CollectorRegistry())
+        agents.append(agent)
+        assert agent.start(), "agent start-up failed"
+        return agent
+
+    yield start
+    for agent in agents:
+        agent.shutdown()
+
+
+class StatusLog:
+    """Every (phase, reason) a Sandbox's status showed, seen by a watch."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.seen: dict[str, list[tuple[str, str]]] = {}
+        self._lock = threading.Lock()
+        self._watch = watch.Watch()
+        self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
+        self._thread.start()
+
+    def _run(self, api: client.ApiClient, namespace: str) -> None:
+        # The namespace's deletion at the test's end cuts the watch: that is its end.
+        with contextlib.suppress(ProtocolError, client.ApiException):
+            self._follow(api, namespace)
+
+    def _follow(self, api: client.ApiClient, namespace: str) -> None:
+        objs = client.CustomObjectsApi(api)
+        for event in self._watch.stream(
+            objs.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            timeout_seconds=120,
+        ):
+            obj = event["object"]
+            status = obj.get("status") or {}
+            entry = (str(status.get("phase", "")), str(status.get("reason", "")))
+            with self._lock:
+                history = self.seen.setdefault(obj["metadata"]["name"], [])
+                if not history or history[-1] != entry:
+                    history.append(entry)
+
+    def reasons(self, name: str) -> list[str]:
+        with self._lock:
+            return [reason for _, reason in self.seen.get(name, [])]
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+@pytest.fixture
+def status_log(kube: client.ApiClient, namespace: str) -> Iterator[StatusLog]:
+    log = StatusLog(kube, namespace)
+    yield log
+    log.stop()
+
+
+def create_sandbox(
+    api: client.ApiClient, namespace: str, name: str, node: str, image: str, **spec: Any
+) -> None:
+    objs = client.CustomObjectsApi(api)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Sandbox",
+        "metadata": {"name": name},
+        "spec": {"image": image, "command": SLEEPER, "nodeName": node, **spec},
+    }
+    objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
+    )
+
+
+def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    sb = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name
+    )
+    return dict(sb.get("status") or {})
+
+
+def wait_phase(
+    api: client.ApiClient, namespace: str, name: str, phase: str, timeout: float = 60
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: (s := status_of(api, namespace, name)).get("phase") == phase and s,
+        timeout=timeout,
+        what=f"sandbox {namespace}/{name} {phase}",
+    )
+
+
+def pulls(agent: Agent, outcome: str) -> float:
+    value = agent.registry.get_sample_value("sandlot_agent_image_pulls_total", {"outcome": outcome})
+    return value or 0.0
+
+
+def node_name() -> str:
+    return f"node-{uuid.uuid4().hex[:8]}"
+
+
+def test_public_image_is_pulled_then_runs_and_the_status_told_so(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+    status_log: StatusLog,
+) -> None:
+    pushed = push_image(registry, "agent/public:1", salt="agent-public", filler_bytes=1 << 20)
+    node = node_name()
+    agent = start_agent(kube, namespace, node)
+
+    create_sandbox(kube, namespace, "public", node, pushed.name)
+
+    status = wait_phase(kube, namespace, "public", "Running")
+    assert status.get("imagePull") is None
+    # The watch may deliver the Running event a moment after the read saw it.
+    reasons = wait_for(
+        lambda: (r := status_log.reasons("public")) and "Started" in r and r,
+        timeout=10,
+        what="the watch to see the Running status",
+    )
+    assert "Pulling" in reasons and reasons.index("Pulling") < reasons.index("Started"), reasons
+    assert pulls(agent, "success") == 1
+    fetched = agent.registry.get_sample_value("sandlot_agent_image_pull_bytes_total") or 0
+    assert fetched >= 1 << 20
+
+
+def test_two_sandboxes_of_one_image_share_one_pull(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+) -> None:
+    pushed = push_image(registry, "agent/shared:1", salt="agent-shared", filler_bytes=4 << 20)
+    node = node_name()
+    agent = start_agent(kube, namespace, node)
+
+    create_sandbox(kube, namespace, "one", node, pushed.name)
+    create_sandbox(kube, namespace, "two", node, pushed.name)
+
+    wait_phase(kube, namespace, "one", "Running")
+    wait_phase(kube, namespace, "two", "Running")
+    assert pulls(agent, "success") == 1
+
+
+def _dockerconfig(host: str, user: str, password: str) -> str:
+    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+    document = json.dumps({"auths": {host: {"auth": auth}}}).encode()
+    return base64.b64encode(document).decode()
+
+
+@pytest.mark.parametrize(
+    ("password", "phase", "reason"),
+    [(AUTH_PASSWORD, "Running", "Started"), ("wrong", "Failed", "ErrImagePull")],
+    ids=["right-credential", "wrong-credential"],
+)
+def test_protected_image_with_a_pull_secret_brokered_to_the_node(
+    kube: client.ApiClient,
+    namespace: str,
+    auth_registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+    status_log: StatusLog,
+    password: str,
+    phase: str,
+    reason: str,
+) -> None:
+    pushed = push_image(auth_registry, "agent/private:1", salt="agent-private")
+    node = node_name()
+    write_brokered(
+        kube,
+        namespace,
+        node,
+        {
+            brokered_key(namespace, "regcred"): _dockerconfig(
+                auth_registry.host, AUTH_USER, password
+            )
+        },
+    )
+    agent = start_agent(kube, namespace, node)
+
+    create_sandbox(
+        kube, namespace, "private", node, pushed.name, imagePullSecrets=[{"name": "regcred"}]
+    )
+
+    status = wait_phase(kube, namespace, "private", phase)
+    assert status["reason"] == reason
+    if phase == "Failed":
+        assert "UNAUTHORIZED" in status["message"]
+        wait_for(
+            lambda: "ImagePullBackOff" in status_log.reasons("private"),
+            timeout=10,
+            what="the watch to have seen ImagePullBackOff",
+        )
+        assert pulls(agent, "unauthorized") == 3  # then the back-off policy said: fail
+
+
+def test_missing_tag_backs_off_then_fails_with_the_registry_message(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+    status_log: StatusLog,
+) -> None:
+    push_image(registry, "agent/tagged:present", salt="agent-tagged")
+    node = node_name()
+    agent = start_agent(kube, namespace, node)
+
+    create_sandbox(kube, namespace, "absent", node, registry.ref("agent/tagged:absent"))
+
+    status = wait_phase(kube, namespace, "absent", "Failed")
+    assert status["reason"] == "ErrImagePull"
+    assert "MANIFEST_UNKNOWN" in status["message"]
+    wait_for(
+        lambda: "ImagePullBackOff" in status_log.reasons("absent"),
+        timeout=10,
+        what="the watch to have seen ImagePullBackOff",
+    )
+    assert pulls(agent, "not_found") == 3
+
+
+def test_never_with_a_missing_image_fails_without_a_pull(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+) -> None:
+    pushed = push_image(registry, "agent/never:1", salt="agent-never")
+    node = node_name()
+    agent = start_agent(kube, namespace, node)
+
+    create_sandbox(kube, namespace, "never", node, pushed.name, imagePullPolicy="Never")
+
+    status = wait_phase(kube, namespace, "never", "Failed")
+    assert status["reason"] == "ImageNotFound"
+    assert "imagePullPolicy is Never" in status["message"]
+    assert sum(pulls(agent, o) for o in ("success", "not_found", "unauthorized", "transient")) == 0
+
+
+def test_always_pulls_a_moved_tag_and_if_not_present_does_not(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+) -> None:
+    first = push_image(registry, "agent/moving:v", salt="agent-moving-1")
+    node = node_name()
+    agent = start_agent(kube, namespace, node)
+    create_sandbox(kube, namespace, "first", node, first.name)
+    wait_phase(kube, namespace, "first", "Running")
+
+    moved = push_image(registry, "agent/moving:v", salt="agent-moving-2")
+    create_sandbox(kube, namespace, "lazy", node, moved.name)  # IfNotPresent: no pull
+    wait_phase(kube, namespace, "lazy", "Running")
+    assert pulls(agent, "success") == 1
+    create_sandbox(kube, namespace, "eager", node, moved.name, imagePullPolicy="Always")
+    wait_phase(kube, namespace, "eager", "Running")
+
+    assert pulls(agent, "success") == 2
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    try:
+        record = next(r for r in rt.list_images(timeout=10) if r.name == moved.name)
+    finally:
+        rt.close()
+    assert record.target_digest == moved.manifest_digest != first.manifest_digest
+
+
+def test_stalling_registry_backs_off_and_the_sandbox_stays_scheduled(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    push_image: Any,
+    start_agent: AgentFactory,
+    tmp_path: Path,
+) -> None:
+    pushed = push_image(registry, "agent/stall:1", salt="agent-stall", filler_bytes=4 << 20)
+    proxy = StallingProxy(registry.port, stall_after=256 * 1024)
+    hosts = tmp_path / "hosts" / pushed.name.split("/", 1)[0]
+    hosts.mkdir(parents=True)
+    # The node's hosts.toml sends this registry's pulls through the stalling proxy.
+    (hosts / "hosts.toml").write_text(f'server = "http://{proxy.host}"\n')
+    node = node_name()
+    try:
+        agent = start_agent(kube, namespace, node, registry_config_dir=str(tmp_path / "hosts"))
+        create_sandbox(kube, namespace, "stalled", node, pushed.name)
+
+        status = wait_for(
+            lambda: (
+                (s := status_of(kube, namespace, "stalled")).get("reason") == "ImagePullBackOff"
+                and s
+            ),
+            timeout=30,
+            what="sandbox stalled in ImagePullBackOff",
+        )
+        assert status["phase"] == "Scheduled"
+        assert "stalled" in status["message"]
+        wait_for(lambda: pulls(agent, "transient") >= 2, timeout=30, what="a retried pull")
+        assert status_of(kube, namespace, "stalled")["phase"] == "Scheduled"
+    finally:
+        proxy.close()
