@@ -375,6 +375,8 @@ AGENT_REACH = {
     "namespaces": "get",
     "events": "create",
     "leases.coordination.k8s.io": "create get update",
+    # A token of its node's identity only (agent-identity-policy.yaml refuses others).
+    "serviceaccounts/token": "create",
 }
 OPERATOR_REACH = {
     "sandboxnodes.sandlot.dev": "get list patch watch",
@@ -394,6 +396,11 @@ OPERATOR_REACH = {
     "events": "create",
     "customresourcedefinitions.apiextensions.k8s.io": "get list watch",
     "leases.coordination.k8s.io": "create get list update watch",
+    # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding.
+    "secrets": "create update",
+    "serviceaccounts": "create",
+    "roles.rbac.authorization.k8s.io": "create update",
+    "rolebindings.rbac.authorization.k8s.io": "create update",
 }
 ROW = re.compile(r"^(\S+)\s+\[[^]]*\]\s+\[[^]]*\]\s+\[([^]]*)\]\s*$")
 
