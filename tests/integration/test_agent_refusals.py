@@ -207,8 +207,17 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
             what="the admission policy to refuse a Failed status",
         )
         caplog.set_level(logging.WARNING, logger="sandlot.agent.sandboxes")
-        # The image is not on the node: every start ends in a Failed write, refused.
-        _create(kube, namespace, "nope", agent.node, mark, image="docker.io/sandlot/absent:1")
+        # The image is not on the node and not to be pulled: every start ends in a
+        # Failed write, refused.
+        _create(
+            kube,
+            namespace,
+            "nope",
+            agent.node,
+            mark,
+            image="docker.io/sandlot/absent:1",
+            imagePullPolicy="Never",
+        )
         starts = lambda: sum(  # noqa: E731
             "sandbox " + namespace + "/nope failed: ImageNotFound" in r.getMessage()
             for r in caplog.records
