@@ -89,7 +89,9 @@ def test_members_that_keep_failing_back_off_in_status_and_an_event(
     cluster.add_node("a", capacity=10)
     start_operator(cluster, operators)
     cluster.create_pool("broken", 1)
-    patch_template(cluster, "broken", {"image": "docker.io/sandlot/not-there:1"})
+    patch_template(
+        cluster, "broken", {"image": "docker.io/sandlot/not-there:1", "imagePullPolicy": "Never"}
+    )
 
     def backing_off() -> dict[str, Any] | None:
         status = cluster.pool("broken").get("status") or {}
