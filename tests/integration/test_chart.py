@@ -283,12 +283,15 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     # The sandbox admission policy is cluster-wide: installed here it would refuse the
     # hostNetwork and privileged sandboxes other tests on this control plane create.
     # tests/integration/test_isolation.py installs the same objects (drift-tested
-    # against the template) and exercises them. The write policies stay: they bind
-    # only this release's identities (and SandboxNodes named like its leader Lease).
+    # against the template) and exercises them; the placement policy, cluster-wide
+    # too, has tests/integration/test_placement_admission.py. The write policies
+    # stay: they bind only this release's identities (and SandboxNodes named like
+    # its leader Lease).
     docs = render(
         helm,
         "--set",
-        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false",
+        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,"
+        "placementPolicy.enabled=false",
         release=release,
         namespace=namespace,
     )

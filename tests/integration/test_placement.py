@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.api import GROUP, VERSION
+from sandlot.api.keys import TAINTED_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from tests.support.operator import Fleet, OperatorProcess
 from tests.support.wait import wait_for
@@ -85,3 +86,32 @@ def test_scheduler_honours_taints_tolerations_and_node_selectors(
     message = wait_for(waiting, timeout=30, what="the unplaceable sandbox to say why")
     assert "2 untolerated taint or node selector/affinity mismatch" in message, message
     assert not (fleet.get("nowhere").get("spec") or {}).get("nodeName")
+
+
+def test_operator_labels_the_nodes_with_blocking_taints_for_the_admission_policy(
+    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+) -> None:
+    taint = {"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}
+    cp = _ready_node(fleet, "cp", labels={}, taints=[taint])
+    soft = _ready_node(
+        fleet, "soft", labels={}, taints=[{"key": "spot", "effect": "PreferNoSchedule"}]
+    )
+    mirrored = _ready_node(fleet, "mirrored", labels={}, taints=[])
+    fleet.objs.patch_cluster_custom_object_status(
+        GROUP, VERSION, "sandboxnodes", mirrored, {"status": {"nodeTaints": [taint]}}
+    )
+    operators("--resync-interval", "1s")
+
+    def labelled() -> set[str]:
+        return {
+            name
+            for name in (cp, soft, mirrored)
+            if (fleet.get_node(name)["metadata"].get("labels") or {}).get(TAINTED_LABEL) == "true"
+        }
+
+    wait_for(lambda: labelled() == {cp, mirrored}, timeout=30, what="tainted nodes labelled")
+    fleet.objs.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", cp, {"spec": {"taints": []}}
+    )
+    wait_for(lambda: labelled() == {mirrored}, timeout=30, what="the untainted node's label gone")
+    assert TAINTED_LABEL not in (fleet.get_node(cp)["metadata"].get("labels") or {})

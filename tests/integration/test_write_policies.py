@@ -79,7 +79,8 @@ def release(
     docs = render(
         helm_path(),
         "--set",
-        f"admissionPolicy.enabled=false,operator.leaderElection.leaseName={lease}",
+        "admissionPolicy.enabled=false,placementPolicy.enabled=false,"
+        f"operator.leaderElection.leaseName={lease}",
         release=name,
         namespace=namespace,
     )
@@ -100,7 +101,8 @@ def release(
     only = render(
         helm_path(),
         "--set",
-        f"admissionPolicy.enabled=false,operator.leaderElection.leaseName={lease}",
+        "admissionPolicy.enabled=false,placementPolicy.enabled=false,"
+        f"operator.leaderElection.leaseName={lease}",
         "--show-only",
         template,
         release=name,

@@ -100,6 +100,20 @@ class Objects:
             )
         )
 
+    def patch_node_labels(
+        self, name: str, labels: Mapping[str, str | None], resource_version: str
+    ) -> bool:
+        """Set (or, with None, remove) labels of a SandboxNode as of the version read;
+        False when it changed since (409: its next event decides again) or is gone."""
+        body = {"metadata": {"resourceVersion": resource_version, "labels": dict(labels)}}
+        try:
+            self.custom.patch_cluster_custom_object(GROUP, VERSION, NODES, name, body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise
+        return True
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.custom.list_cluster_custom_object(GROUP, VERSION, NODES).get("items", []))
 

@@ -28,6 +28,11 @@ LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
 
+TAINTED_LABEL: Final = f"{GROUP}/tainted"
+"""SandboxNode label (value ``"true"``), kept by the operator: the node has a
+NoSchedule or NoExecute taint (its own or its Kubernetes Node's). The placement
+admission policy evaluates only the nodes that carry it."""
+
 AGENT_LEASE_LABEL: Final = f"{GROUP}/agent-lease"
 """Lease label (value ``"true"``): the Lease is a node agent's heartbeat."""
 
@@ -116,4 +121,5 @@ __all__ = [
     "SERVICE_MANAGED_BY_LABEL",
     "SERVICE_MANAGER",
     "SERVICE_NAME_LABEL",
+    "TAINTED_LABEL",
 ]

@@ -7,12 +7,12 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sandlot.api import admission, writepolicy
+from sandlot.api import admission, placementpolicy, writepolicy
 
 WHAT = {
     "crds": "write the CRD YAML into crds/ and the chart",
-    "admission": f"write the admission policy templates into {admission.CHART_TEMPLATE} "
-    f"and {writepolicy.CHART_TEMPLATE}",
+    "admission": f"write the admission policy templates into {admission.CHART_TEMPLATE}, "
+    f"{writepolicy.CHART_TEMPLATE} and {placementpolicy.CHART_TEMPLATE}",
     "docs": "write docs/settings.md and docs/metrics.md",
 }
 

@@ -39,7 +39,7 @@ from sandlot.api.keys import (
     LAST_HANDLED_CONFIGURATION_KEY,
     NODE_HEALTH_FINALIZER,
 )
-from sandlot.controllers import cacheprune, pullcredentials
+from sandlot.controllers import cacheprune, pullcredentials, taintlabels
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
@@ -154,6 +154,9 @@ def build_registry(
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
     pullcredentials.register(registry, nodehealth.objects, leading, settings.namespace)
+    taintlabels.register(
+        registry, nodehealth.objects, leading, settings.resync_interval.total_seconds()
+    )
     return registry
 
 
