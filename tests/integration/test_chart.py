@@ -12,6 +12,7 @@ finishes; both fail here.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import logging
@@ -290,8 +291,7 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     docs = render(
         helm,
         "--set",
-        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,"
-        "placementPolicy.enabled=false",
+        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false",
         release=release,
         namespace=namespace,
     )
@@ -329,8 +329,14 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
         ("agent", ("patch", "sandboxnodes.sandlot.dev"), False),
         ("agent", ("delete", "sandboxnodes.sandlot.dev"), False),
         ("agent", ("get", "secrets", "-A"), False),
+        ("agent", ("get", "nodes"), True),
+        ("agent", ("list", "nodes"), False),
+        ("agent", ("watch", "nodes"), False),
+        ("agent", ("patch", "nodes"), False),
         ("agent", ("list", "leases.coordination.k8s.io", "-n", "default"), False),
         ("operator", ("get", "secrets", "-A"), False),
+        ("operator", ("list", "secrets", "-A"), False),
+        ("operator", ("get", "nodes"), False),
         ("operator", ("create", "pods", "-A"), False),
         ("operator", ("update", "leases.coordination.k8s.io", "-n", "default"), False),
         ("operator", ("delete", "sandboxnodes.sandlot.dev"), False),
@@ -344,8 +350,14 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
         "agent-cannot-change-node-spec",
         "agent-cannot-delete-nodes",
         "agent-cannot-read-secrets",
+        "agent-reads-its-nodes-taints",
+        "agent-cannot-list-nodes",
+        "agent-cannot-watch-nodes",
+        "agent-cannot-write-nodes",
         "agent-leases-only-in-release-namespace",
         "operator-cannot-read-secrets",
+        "operator-cannot-list-secrets",
+        "operator-reads-no-nodes",
         "operator-cannot-create-pods",
         "operator-leases-only-in-release-namespace",
         "operator-cannot-delete-nodes",
@@ -376,6 +388,8 @@ AGENT_REACH = {
     "cacheprunes.sandlot.dev": "list watch",
     "cacheprunes.sandlot.dev/status": "patch",
     "namespaces": "get",
+    # Its Kubernetes Node's taints, mirrored at registration.
+    "nodes": "get",
     "events": "create",
     "leases.coordination.k8s.io": "create get update",
     # A token of its node's identity only (agent-identity-policy.yaml refuses others).
@@ -400,7 +414,7 @@ OPERATOR_REACH = {
     "customresourcedefinitions.apiextensions.k8s.io": "get list watch",
     "leases.coordination.k8s.io": "create get list update watch",
     # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding.
-    "secrets": "create update",
+    "secrets": "create get update",
     "serviceaccounts": "create",
     "roles.rbac.authorization.k8s.io": "create update",
     "rolebindings.rbac.authorization.k8s.io": "create update",
@@ -431,6 +445,115 @@ def test_each_identity_reaches_exactly_what_the_chart_says(
     # Elsewhere only the cluster-wide part: no Lease outside the release namespace.
     elsewhere = reach(kubectl, user, "default")
     assert "leases.coordination.k8s.io" not in elsewhere, elsewhere
+
+
+def test_agent_mirrors_its_nodes_taints_with_its_service_account_only(
+    installed: Installed, kube: client.ApiClient, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    from sandlot.agent.capacity import mirrored_taints
+
+    node = f"cp-{uuid.uuid4().hex[:8]}"
+    core = client.CoreV1Api(kube)
+    taint = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
+    core.create_node({"metadata": {"name": node}, "spec": {"taints": [taint]}})
+    config = sa_kubeconfig(
+        kube, control_plane, installed, "agent", tmp_path / "agent.kubeconfig", node=node
+    )
+    agent_api = load_api_client(str(config))
+    try:
+        assert mirrored_taints(agent_api, node) == {"nodeTaints": [{**taint, "value": ""}]}, (
+            "the chart's agent identity cannot read its Kubernetes Node"
+        )
+    finally:
+        agent_api.close()
+        core.delete_node(node)
+
+
+def test_operator_brokers_pull_credentials_with_its_service_account_only(
+    installed: Installed,
+    kube: client.ApiClient,
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The broker reads a node's Secret before it rewrites it: with the chart's RBAC
+    alone it creates, re-reads, and rewrites it, and reads no Secret beyond that."""
+    from sandlot.adapters.objects import Objects
+    from sandlot.adapters.pullsecrets import brokered_data, brokered_key
+    from sandlot.controllers.pullcredentials import broker_node
+
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    # The tenant namespace's admin lets the operator read its pull secrets.
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "sandlot-pull-secrets"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{installed.release}-sandlot-pull-secrets",
+            },
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": installed.service_account("operator"),
+                    "namespace": installed.namespace,
+                }
+            ],
+        },
+    )
+    for name in ("cred-1", "cred-2"):
+        document = base64.b64encode(json.dumps({"auths": {"reg.io": {}}, "n": name}).encode())
+        core.create_namespaced_secret(
+            namespace,
+            {
+                "metadata": {"name": name},
+                "type": "kubernetes.io/dockerconfigjson",
+                "data": {".dockerconfigjson": document.decode()},
+            },
+        )
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    objs: Any = client.CustomObjectsApi(kube)
+
+    def sandbox(name: str, secret: str) -> None:
+        objs.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Sandbox",
+                "metadata": {"name": name},
+                "spec": {
+                    "image": "reg.io/a:1",
+                    "nodeName": node,
+                    "imagePullSecrets": [{"name": secret}],
+                },
+            },
+        )
+
+    config = sa_kubeconfig(kube, control_plane, installed, "operator", tmp_path / "op.kubeconfig")
+    operator_api = load_api_client(str(config))
+    try:
+        objects = Objects(operator_api)
+        sandbox("first", "cred-1")
+        assert broker_node(objects, installed.namespace, node)
+        assert not broker_node(objects, installed.namespace, node), "unchanged, yet rewritten"
+        sandbox("second", "cred-2")
+        assert broker_node(objects, installed.namespace, node)
+        stored = brokered_data(kube, installed.namespace, node) or {}
+        assert set(stored) == {brokered_key(namespace, "cred-1"), brokered_key(namespace, "cred-2")}
+    finally:
+        operator_api.close()
+    # Secrets elsewhere stay out of its reach: the grant is `get` in its own namespace.
+    for args in (
+        ("get", "secrets", "-n", installed.namespace),
+        ("list", "secrets", "-n", installed.namespace),
+        ("watch", "secrets", "-n", installed.namespace),
+        ("get", "secrets", "-n", "default"),
+    ):
+        assert can_i(config, *args) is (args[0] == "get" and args[3] == installed.namespace), args
 
 
 def test_operator_reaps_a_lost_node_with_its_service_account_only(
