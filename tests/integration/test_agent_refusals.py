@@ -3,9 +3,10 @@ real kube-apiserver and containerd:
 
 - a sandbox whose ``spec.nodeName`` was set by hand onto a node with a taint it
   does not tolerate ends Failed (PlacementRefused); one that tolerates it runs;
-- a sandbox asking for isolation the node cannot give (``hostUsers: false``
-  without idmapped mounts in this agent; an AppArmor profile that is not loaded)
-  ends Failed with a reason naming it, and no container is created;
+- a sandbox asking for isolation the node cannot give (an AppArmor profile that
+  is not loaded) ends Failed with a reason naming it, and no container is
+  created; one asking for a user namespace (``hostUsers: false``), which this
+  node gives, runs in a host ID range of its own;
 
 - refused for good (a 4xx other than 409; here a ValidatingAdmissionPolicy denies
   the write with 422): the agent does not start the sandbox again and write again
@@ -34,9 +35,11 @@ from sandlot.adapters.runtime import RuntimeError_, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import USERNS_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING, REASON_USER_NAMESPACES
+from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING
+from sandlot.policy.userns import IdRange
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
@@ -317,28 +320,39 @@ def test_a_running_write_failing_with_5xx_keeps_the_started_container(
         rt.close()
 
 
-def test_host_users_false_is_refused_with_a_reason_not_run_with_host_users(
+def test_host_users_false_runs_each_sandbox_in_a_host_id_range_of_its_own(
     kube: client.ApiClient,
     namespace: str,
     agent: Agent,
     containerd: PrivateContainerd,
     ctr_ns: str,
 ) -> None:
-    _create(kube, namespace, "userns", agent.node, "none", hostUsers=False, command=["sleep", "30"])
+    names = ("userns-a", "userns-b")
+    for name in names:
+        _create(kube, namespace, name, agent.node, "none", hostUsers=False, command=["sleep", "60"])
 
-    def ended() -> dict[str, Any] | None:
-        status = _get(kube, namespace, "userns").get("status") or {}
-        return status if status.get("phase") in ("Failed", "Running") else None
+    def running(name: str) -> dict[str, Any] | None:
+        status = _get(kube, namespace, name).get("status") or {}
+        assert status.get("phase") != "Failed", status
+        return status if status.get("phase") == "Running" else None
 
-    status = wait_for(ended, timeout=30, what="the agent to decide on hostUsers: false")
-    assert status["phase"] == "Failed", status
-    assert status["reason"] == REASON_USER_NAMESPACES, status
-    assert "spec.hostUsers: false" in status["message"], status
+    statuses = [
+        wait_for(lambda n=n: running(n), timeout=60, what=f"{n} to run in a user namespace")
+        for n in names
+    ]
     rt = ContainerdRuntime(containerd.address, ctr_ns)
     try:
-        assert rt.list_containers(timeout=5) == [], "a container was created anyway"
+        labels = {c.id: c.labels.get(USERNS_LABEL) for c in rt.list_containers(timeout=5)}
     finally:
         rt.close()
+    first, second = (IdRange.from_label(labels[s["containerId"]] or "") for s in statuses)
+    assert first is not None and second is not None, labels
+    assert not first.overlaps(second), (first, second)
+    for status, ids in zip(statuses, (first, second), strict=True):
+        uid_map = Path(f"/proc/{status['pid']}/uid_map").read_text().split()
+        assert uid_map == ["0", str(ids.first), str(ids.size)], uid_map
+        host_uid = Path(f"/proc/{status['pid']}/status").read_text().split("Uid:")[1].split()[0]
+        assert host_uid == str(ids.first), "root inside is not the range's first host ID"
 
 
 def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(

@@ -1,5 +1,6 @@
-"""AppArmor where the node has it, user namespaces refused with the reason, from
-facts probed once (the probing of /sys is tested on files laid out like it)."""
+"""AppArmor where the node has it, user namespaces refused with the reason where
+the kernel allows none, from facts probed once (the probing of /sys and /proc is
+tested on files laid out like it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.adapters.nodeguard import apparmor_profiles
+from sandlot.adapters.nodeguard import apparmor_profiles, user_namespaces_allowed
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.nodesecurity import (
     REASON_APPARMOR_MISSING,
@@ -55,22 +56,36 @@ def test_profile_reaches_the_oci_spec() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("host_users", "kernel", "words"),
-    [
-        (False, (5, 4), "kernel (5.4) has no idmapped overlay mounts"),
-        (False, None, "kernel (unknown)"),
-        (False, (6, 8), "does not map a sandbox's root filesystem"),
-    ],
-    ids=["old kernel", "unknown kernel", "new kernel"],
-)
-def test_host_users_false_is_refused_naming_why(
-    host_users: bool, kernel: tuple[int, int] | None, words: str
-) -> None:
+def test_host_users_false_is_refused_where_the_kernel_allows_no_user_namespaces() -> None:
     with pytest.raises(IsolationUnavailable, match=r"spec\.hostUsers: false") as refused:
-        check_user_namespace(NodeSecurity(kernel=kernel), host_users)
+        check_user_namespace(NodeSecurity(kernel=(6, 8), user_namespaces=False), False)
     assert refused.value.reason == REASON_USER_NAMESPACES
-    assert words in str(refused.value)
+    assert "user.max_user_namespaces is 0" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "allowed"),
+    [((6, 18), True), ((5, 4), True), (None, None)],
+    ids=["new kernel", "old kernel, no idmapped mounts needed", "unknown"],
+)
+def test_host_users_false_passes_where_user_namespaces_may_exist(
+    kernel: tuple[int, int] | None, allowed: bool | None
+) -> None:
+    check_user_namespace(NodeSecurity(kernel=kernel, user_namespaces=allowed), False)
+
+
+@pytest.mark.parametrize(
+    ("content", "allowed"),
+    [("15000\n", True), ("0\n", False), ("junk", None), (None, None)],
+    ids=["allowed", "zero", "unreadable value", "absent"],
+)
+def test_user_namespace_sysctl_is_read(
+    tmp_path: Path, content: str | None, allowed: bool | None
+) -> None:
+    sysctl = tmp_path / "max_user_namespaces"
+    if content is not None:
+        sysctl.write_text(content)
+    assert user_namespaces_allowed(sysctl) is allowed
 
 
 @pytest.mark.parametrize("host_users", [None, True], ids=["unset", "true"])

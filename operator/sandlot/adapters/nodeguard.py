@@ -51,6 +51,16 @@ def kubernetes_node_taints(api: client.ApiClient, name: str) -> list[dict[str, s
     ]
 
 
+def user_namespaces_allowed(
+    sysctl: str | Path = "/proc/sys/user/max_user_namespaces",
+) -> bool | None:
+    """Whether the kernel lets processes make user namespaces; None when unknown."""
+    try:
+        return int(Path(sysctl).read_text().strip()) > 0
+    except (OSError, ValueError):
+        return None
+
+
 def node_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
     """The node's memory (MemTotal), or None when unreadable."""
     try:

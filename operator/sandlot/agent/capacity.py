@@ -15,6 +15,7 @@ from sandlot.adapters.nodeguard import (
     apparmor_profiles,
     kubernetes_node_taints,
     node_memory_bytes,
+    user_namespaces_allowed,
 )
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.sandbox import TERMINAL_PHASES
@@ -31,7 +32,9 @@ CONDITION_TAINTS = "node.kubernetes.io/"
 
 
 def node_security() -> NodeSecurity:
-    return NodeSecurity(apparmor_profiles(), kernel_version(platform.release()))
+    return NodeSecurity(
+        apparmor_profiles(), kernel_version(platform.release()), user_namespaces_allowed()
+    )
 
 
 def mirrored_taints(api: Any, node: str) -> dict[str, Any]:

@@ -43,7 +43,8 @@ from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
-from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.agent.userns import UserRanges
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.sandbox import (
     REASON_RUN_AS_ROOT,
     SandboxPhase,
@@ -130,6 +131,7 @@ class SandboxWork:
         # Running bodies not yet written, by key: (container id, status). Only the
         # work item of that key touches its entry (one operation per key at a time).
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.user_ranges = UserRanges()
 
     # ------------------------------------------------------------ teardown and stop
 
@@ -270,6 +272,8 @@ class SandboxWork:
         except StartFailed as exc:
             self.fail(sb, exc.reason, str(exc))
             return
+        finally:  # created, or given up: a container label now holds the range, or none
+            self.user_ranges.release(container_id_for(sb["metadata"]["uid"]))
         self._record_running(sb, prepared, created, task, ip)
 
     def _record_running(
@@ -353,6 +357,10 @@ class SandboxWork:
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
         if attachment is not None:
             labels.update(attachment.labels())
+        if spec.host_users is False:  # a range of its own, reserved until _start ends
+            oci = self.user_ranges.map(
+                container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
+            )
         return _Prepared(container_id, image, oci, labels, self._log_path(meta), attachment)
 
     def _plan_network(
@@ -386,7 +394,10 @@ class SandboxWork:
                     labels=prepared.labels,
                     log_path=prepared.log_path,
                 ),
-                timeout=self.call_timeout,
+                # A user namespace's root filesystem is a copy of the image: a pull's budget.
+                timeout=self.settings.image_pull_deadline.total_seconds()
+                if USERNS_LABEL in prepared.labels
+                else self.call_timeout,
             )
         except NotFound as exc:
             raise StartFailed(

@@ -28,6 +28,11 @@ LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
 
+USERNS_LABEL: Final = f"{GROUP}/userns"
+"""containerd container label: the host IDs of its sandbox's user namespace, as
+``<first>-<size>`` (``hostUsers: false``); the agent reads them back to hand out
+ranges no running sandbox holds."""
+
 TAINTED_LABEL: Final = f"{GROUP}/tainted"
 """SandboxNode label (value ``"true"``), kept by the operator: the node has a
 NoSchedule or NoExecute taint (its own or its Kubernetes Node's). The placement
@@ -122,4 +127,5 @@ __all__ = [
     "SERVICE_MANAGER",
     "SERVICE_NAME_LABEL",
     "TAINTED_LABEL",
+    "USERNS_LABEL",
 ]

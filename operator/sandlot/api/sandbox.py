@@ -238,9 +238,10 @@ class SandboxSpec(Model):
     host_users: bool | None = Field(
         default=None,
         description="false asks for a user namespace: root in the sandbox is an "
-        "unprivileged user on the node. Needs idmapped mounts on the node; an agent "
-        "that cannot give it ends the sandbox Failed (UserNamespacesUnsupported) rather "
-        "than run it with the node's users.",
+        "unprivileged user on the node, from a range of 65536 host IDs of its own, and "
+        "its root filesystem is a copy of the image owned by that range. A node whose "
+        "kernel allows no user namespaces ends the sandbox Failed "
+        "(UserNamespacesUnsupported) rather than run it with the node's users.",
     )
     termination_grace_period_seconds: int | None = Field(
         default=None,

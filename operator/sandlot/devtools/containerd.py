@@ -272,6 +272,9 @@ class PrivateContainerd:
 def start_private_containerd(base: Path | None = None) -> PrivateContainerd:
     """Start a private containerd under a new directory (short: socket paths are limited)."""
     root_dir = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir=base))
+    # Searchable by every user, as containerd's own /run/containerd: a user-namespaced
+    # container's runc sets up its root filesystem as the namespace's (unprivileged) root.
+    root_dir.chmod(0o711)
     instance = PrivateContainerd(root_dir)
     try:
         instance.start()

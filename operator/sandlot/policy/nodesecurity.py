@@ -7,18 +7,16 @@ agent does with it: pure, from facts the agent probes once at start-up.
   closed (runc would refuse it anyway, with a less useful message); the profile
   setting set to ``""`` opts out on purpose. Where the kernel has no AppArmor
   there is nothing to apply, as under containerd.
-- **User namespaces** (``spec.hostUsers: false``): they need the root filesystem
-  mounted through an idmapped mount, which this agent does not set up yet; such a
-  sandbox is refused with a reason that says so and what the kernel offers, never
-  run silently with host users.
+- **User namespaces** (``spec.hostUsers: false``): the sandbox's root is an
+  unprivileged range of host IDs (``policy.userns``) and its root filesystem is
+  owned by that range. A node whose kernel lets no process make a user namespace
+  (``user.max_user_namespaces`` is 0) refuses such a sandbox with a reason, and
+  never runs it with the node's users.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-# Linux 5.12 brought idmapped mounts; overlayfs (the snapshotter's) took them in 5.19.
-IDMAPPED_OVERLAY_KERNEL = (5, 19)
 
 
 class IsolationUnavailable(ValueError):
@@ -41,6 +39,8 @@ class NodeSecurity:
     """Profiles the kernel has loaded; None when the kernel has no AppArmor enabled."""
     kernel: tuple[int, int] | None = None
     """(major, minor) of the node's kernel; None when unknown."""
+    user_namespaces: bool | None = None
+    """Whether the kernel lets a process make user namespaces; None when unknown."""
 
 
 def apparmor_profile(node: NodeSecurity, wanted: str, *, privileged: bool) -> str | None:
@@ -57,18 +57,15 @@ def apparmor_profile(node: NodeSecurity, wanted: str, *, privileged: bool) -> st
 
 
 def check_user_namespace(node: NodeSecurity, host_users: bool | None) -> None:
-    """Raise ``IsolationUnavailable`` for ``hostUsers: false``, naming why."""
-    if host_users is not False:
+    """Raise ``IsolationUnavailable`` for ``hostUsers: false`` on a node whose kernel
+    makes no user namespaces. Unknown is tried: runc's refusal names the cause."""
+    if host_users is not False or node.user_namespaces is not False:
         return
-    if node.kernel is None or node.kernel < IDMAPPED_OVERLAY_KERNEL:
-        kernel = ".".join(map(str, node.kernel)) if node.kernel else "unknown"
-        why = f"the node's kernel ({kernel}) has no idmapped overlay mounts (5.19 or later)"
-    else:
-        why = "this agent does not map a sandbox's root filesystem through an idmapped mount"
     raise IsolationUnavailable(
         REASON_USER_NAMESPACES,
-        f"spec.hostUsers: false asks for a user namespace, but {why}; "
-        "remove hostUsers or run it on a node that supports it",
+        "spec.hostUsers: false asks for a user namespace, but the node's kernel allows "
+        "none (sysctl user.max_user_namespaces is 0); remove hostUsers or run it on a "
+        "node that allows them",
     )
 
 

@@ -31,6 +31,7 @@ from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
 try:
     from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2_grpc
     from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2_grpc
     from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2_grpc
     from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2, leases_pb2_grpc
     from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2_grpc
@@ -91,6 +92,12 @@ class Connection:
         self.content = content_pb2_grpc.ContentStub(self._channel)
         self.snapshots = snapshots_pb2_grpc.SnapshotsStub(self._channel)
         self.leases = leases_pb2_grpc.LeasesStub(self._channel)
+        self.diff = diff_pb2_grpc.DiffStub(self._channel)
+
+    @property
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """The namespace header, for a streaming call made on a stub directly."""
+        return self._metadata
 
     def call(
         self,

@@ -5,8 +5,10 @@ agent does not use: resolve the image to its config (picking this platform's
 manifest from an index), prepare a snapshot from the chain ID of its layers
 under a short-lived lease (so a concurrent image delete cannot collect the
 snapshot before the container record holds it), then create the record with
-the caller's OCI spec and the ``rootfs`` root added. A method that makes several
-RPCs spends one budget across all of them.
+the caller's OCI spec and the ``rootfs`` root added. A spec that maps a user
+namespace gets a snapshot of its own instead, the image's owners shifted into its
+range (``remap``). A method that makes several RPCs spends one budget across all
+of them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import contextlib
 import copy
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +29,7 @@ from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2
 from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
 from sandlot.adapters.containerd.gen.types.task import task_pb2
 from sandlot.adapters.containerd.images import Images
+from sandlot.adapters.containerd.remap import ROOT_DIR, Remapper
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ContainerInfo,
@@ -63,6 +66,15 @@ def chain_id(diff_ids: Sequence[str]) -> str:
     for diff_id in diff_ids[1:]:
         chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
     return chain
+
+
+def mapped_root(oci_spec: Mapping[str, Any]) -> int | None:
+    """The host ID of the container's root when it has a user namespace (its root
+    filesystem must then be owned by it, ``remap``); None without one."""
+    for mapping in (oci_spec.get("linux") or {}).get("uidMappings") or []:
+        if mapping.get("containerID") == 0:
+            return int(mapping["hostID"])
+    return None
 
 
 class Containers:
@@ -126,28 +138,20 @@ class Containers:
         parent = chain_id(diff_ids)
 
         oci_spec = copy.deepcopy(dict(spec.oci_spec))
+        first_id = mapped_root(oci_spec)
         root = dict(oci_spec.get("root") or {})
-        root["path"] = "rootfs"
+        root["path"] = "rootfs" if first_id is None else f"rootfs/{ROOT_DIR}"
         oci_spec["root"] = root
 
         lease = self._conn.create_lease(f"sandlot-create-{spec.id}", CREATE_LEASE_TTL, budget)
         try:
-            what = f"Snapshots.Prepare {spec.id} from image {spec.image}"
-            try:
-                self._conn.call(
-                    self._conn.snapshots.Prepare,
-                    snapshots_pb2.PrepareSnapshotRequest(
-                        snapshotter=self.snapshotter, key=spec.id, parent=parent
-                    ),
-                    timeout=budget.remaining(what),
-                    what=what,
-                    lease=lease,
+            if first_id is None:
+                self._prepare(spec, parent, budget, lease)
+            else:
+                layers = self._images.layers(spec.image, budget)
+                Remapper(self._conn, self.snapshotter).prepare(
+                    spec.id, layers, first_id, budget, lease
                 )
-            except NotFound as exc:
-                raise NotFound(
-                    f"image {spec.image} is not unpacked for snapshotter {self.snapshotter} "
-                    f"(no snapshot {parent})"
-                ) from exc
             container = containers_pb2.Container(
                 id=spec.id,
                 image=spec.image,
@@ -174,6 +178,24 @@ class Containers:
         finally:
             self._conn.delete_lease_quietly(lease, budget)
         return _container_info(response.container)
+
+    def _prepare(self, spec: ContainerSpec, parent: str, budget: Deadline, lease: str) -> None:
+        what = f"Snapshots.Prepare {spec.id} from image {spec.image}"
+        try:
+            self._conn.call(
+                self._conn.snapshots.Prepare,
+                snapshots_pb2.PrepareSnapshotRequest(
+                    snapshotter=self.snapshotter, key=spec.id, parent=parent
+                ),
+                timeout=budget.remaining(what),
+                what=what,
+                lease=lease,
+            )
+        except NotFound as exc:
+            raise NotFound(
+                f"image {spec.image} is not unpacked for snapshotter {self.snapshotter} "
+                f"(no snapshot {parent})"
+            ) from exc
 
     def _remove_snapshot_quietly(self, key: str, budget: Deadline) -> None:
         with contextlib.suppress(RuntimeError_):
@@ -296,4 +318,10 @@ def _task_info(process: Any) -> TaskInfo:
     )
 
 
-__all__ = ["DEFAULT_RUNTIME", "DEFAULT_SNAPSHOTTER", "Containers", "chain_id"]
+__all__ = [
+    "DEFAULT_RUNTIME",
+    "DEFAULT_SNAPSHOTTER",
+    "Containers",
+    "chain_id",
+    "mapped_root",
+]

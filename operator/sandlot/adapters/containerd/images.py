@@ -93,6 +93,14 @@ class Images:
             raise NotFound(f"image {image} not found in namespace {self._conn.namespace}") from exc
         return response.image.target
 
+    def layers(self, image: str, budget: Deadline) -> list[dict[str, Any]]:
+        """The descriptors of the image's layers (this platform's manifest), base first."""
+        target = self._target(image, budget)
+        manifest = self._platform_manifest(
+            image, {"digest": target.digest, "mediaType": target.media_type}, budget
+        )
+        return list(manifest.get("layers") or [])
+
     def config_json(self, image: str, budget: Deadline) -> dict[str, Any]:
         """The image's config blob (``config``, ``rootfs`` and the rest), parsed."""
         target = self._target(image, budget)
