@@ -95,3 +95,14 @@ def test_two_ranges_never_share_an_owner(
     ]
     owners = [os.stat(f"/proc/{pid}/root/etc/motd").st_uid for pid in pids]
     assert owners == [first.first, second.first], owners
+
+
+def test_teardown_removes_the_sandboxs_own_root_filesystem(
+    runtime: ContainerdRuntime, image: str, tmp_path: Path
+) -> None:
+    started: list[str] = []
+    _run(runtime, image, IdRange(1 << 24), "sleep 30", tmp_path / "out.log", started)
+    assert started[0] in runtime.list_snapshots(timeout=5)
+    result = teardown_many(runtime, started, kill_wait=3, call_timeout=5, concurrency=1)
+    assert started[0] not in runtime.list_snapshots(timeout=5), result
+    assert started[0] not in {c.id for c in runtime.list_containers(timeout=5)}
