@@ -24,8 +24,10 @@ from kubernetes.client.exceptions import ApiException
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import TAINTED_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT, Taint, Toleration
-from sandlot.api.placementpolicy import RULE, placement_policy
+from sandlot.api.placementpolicy import CHART_TEMPLATE, RULE, placement_policy
+from sandlot.devtools.controlplane import helm_path
 from sandlot.policy.placement import untolerated
+from tests.support.chart import render
 from tests.support.kube import Kubectl
 from tests.support.wait import wait_for
 
@@ -228,3 +230,11 @@ def test_an_update_that_keeps_the_node_passes_after_the_node_was_tainted(
         fleet.objs.patch_cluster_custom_object(
             GROUP, VERSION, "sandboxnodes", name, {"spec": {"taints": []}}
         )
+
+
+def test_chart_renders_the_policy_these_tests_install_and_only_when_enabled() -> None:
+    template = CHART_TEMPLATE.removeprefix("charts/sandlot/")
+    rendered = render(helm_path(), "--show-only", template, release="sl")
+    assert rendered == placement_policy("sl-sandlot")
+    off = render(helm_path(), "--set", "placementPolicy.enabled=false", release="sl")
+    assert not [d for d in off if d["metadata"]["name"] == "sl-sandlot-placement"]
