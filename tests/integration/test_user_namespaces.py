@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from sandlot.adapters.cni import join_netns
+from sandlot.adapters.cni.netns import Netns
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerSpec, TaskState
 from sandlot.agent.teardown import teardown_many
@@ -37,7 +39,13 @@ def started(runtime: ContainerdRuntime) -> Iterator[list[str]]:
 
 
 def _run(
-    runtime: ContainerdRuntime, image: str, ids: IdRange, script: str, log: Path, started: list[str]
+    runtime: ContainerdRuntime,
+    image: str,
+    ids: IdRange,
+    script: str,
+    log: Path,
+    started: list[str],
+    netns: str | None = None,
 ) -> int:
     container_id = f"userns-{uuid.uuid4().hex[:10]}"
     started.append(container_id)
@@ -45,7 +53,10 @@ def _run(
         {"image": image, "command": ["sh", "-c", script], "hostUsers": False}
     )
     config: ImageConfig = runtime.image_config(image, timeout=10)
-    oci = with_user_namespace(build_oci_spec(container_id, spec, config, hostname="u"), ids)
+    oci = build_oci_spec(container_id, spec, config, hostname="u")
+    if netns is not None:
+        join_netns(oci, netns)
+    oci = with_user_namespace(oci, ids)
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=30)
     return runtime.start_task(container_id, log_path=str(log), timeout=10).pid
 
@@ -106,3 +117,29 @@ def test_teardown_removes_the_sandboxs_own_root_filesystem(
     result = teardown_many(runtime, started, kill_wait=3, call_timeout=5, concurrency=1)
     assert started[0] not in runtime.list_snapshots(timeout=5), result
     assert started[0] not in {c.id for c in runtime.list_containers(timeout=5)}
+
+
+def test_a_network_namespace_made_outside_is_joined_with_the_nodes_sys_read_only(
+    runtime: ContainerdRuntime, image: str, tmp_path: Path, started: list[str]
+) -> None:
+    """As a CNI-attached sandbox: its network namespace belongs to the node's user
+    namespace, where the sandbox may not mount a sysfs."""
+    netns = Netns(timeout=10)
+    name = f"sl-userns-{uuid.uuid4().hex[:8]}"
+    path = netns.create(name)
+    try:
+        log = tmp_path / "out.log"
+        script = "cat /proc/self/uid_map; touch /sys/x 2>&1 || echo read-only; echo done; sleep 30"
+        pid = _run(runtime, image, IdRange(1 << 24), script, log, started, netns=path)
+        text = wait_for(
+            lambda: log.exists() and "done" in log.read_text() and log.read_text(),
+            timeout=20,
+            what="the sandbox's report",
+        )
+        assert text.split()[:3] == ["0", str(1 << 24), "65536"], text
+        assert "read-only" in text, text
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(path).st_ino
+    finally:
+        teardown_many(runtime, list(started), kill_wait=3, call_timeout=5, concurrency=4)
+        started.clear()
+        netns.delete(name)
