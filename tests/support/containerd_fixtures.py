@@ -66,6 +66,11 @@ def containerd(request: pytest.FixtureRequest) -> Iterator[PrivateContainerd]:
     try:
         yield instance
     finally:
+        if instance.process is not None and instance.process.poll() is not None:
+            print(  # a daemon that died mid-session explains the failures after it
+                f"containerd {line} had exited with {instance.process.returncode}:\n"
+                + instance.log_tail(120)
+            )
         instance.stop()
         instance.remove()
 
