@@ -23,8 +23,12 @@ from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
 from tests.integration.test_image_pull import SLACK, _pull, _run
-from tests.support.containerd import PrivateContainerd
-from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
+from tests.support.containerd import (
+    PrivateContainerd,
+    start_private_containerd,
+    unavailable_reason,
+)
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2, LINE_OS
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
@@ -181,3 +185,48 @@ def test_pull_deadline_bounds_a_pull_whose_stall_timeout_is_longer(
         slow.close()
     assert "deadline of 2s passed" in str(caught.value)
     assert elapsed < 2.0 + SLACK, f"a 2 s pull deadline took {elapsed:.1f}s"
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [(LINE_2, LINE_OS), (LINE_OS, LINE_2)],
+    ids=["2.x-replaced-by-1.6", "1.6-replaced-by-2.x"],
+)
+def test_a_daemon_replaced_on_the_same_socket_is_asked_again(
+    first: str,
+    then: str,
+    registry: Registry,
+    push_image: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A node's containerd upgraded or downgraded under a running agent. A pull
+    that meets a daemon without the Transfer service pulls client-side at once and
+    the puller asks again; a daemon that gained the service keeps being served
+    client-side, which it serves too."""
+    for line in (first, then):
+        reason = unavailable_reason(line)
+        if reason is not None:
+            pytest.skip(reason)
+    pushed = push_image(registry, f"pull/path-replaced-{first}:1", salt=f"replaced-{first}")
+    daemon = start_private_containerd(line=first)
+    puller = ContainerdPuller(daemon.address, daemon.namespace, stall_timeout=5.0)
+    try:
+        expected_first = PullMethod.TRANSFER if first == LINE_2 else PullMethod.CLIENT_SIDE
+        assert _method(puller, pushed.name) == expected_first
+        daemon.stop()
+        daemon.remove()
+        daemon = PrivateContainerd(daemon.root_dir, line=then)
+        daemon.root_dir.mkdir()
+        daemon.start()
+
+        result = _pull(puller, pushed.name)
+
+        assert result.digest == pushed.manifest_digest
+        expected_then = PullMethod.TRANSFER if then == LINE_2 else PullMethod.CLIENT_SIDE
+        if then == LINE_OS:  # the failed Transfer call made the puller ask again
+            assert _method(puller, pushed.name) == expected_then
+        assert puller.has_image(pushed.name, timeout=10)
+    finally:
+        puller.close()
+        daemon.stop()
+        daemon.remove()

@@ -48,7 +48,7 @@ from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
 from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
 from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
-from sandlot.adapters.containerd.transfer import TransferPull
+from sandlot.adapters.containerd.transfer import TransferNotOffered, TransferPull
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.registryhosts import endpoints_for
@@ -149,9 +149,13 @@ class ContainerdPuller(PullSteps):
         budget = Deadline(deadline, what=f"pull {name}", expired=RuntimeTimeout)
         started = time.monotonic()
         if self.method(ref, endpoints, budget) is PullMethod.TRANSFER:
-            return self._pull_by_transfer(
-                name, ref, endpoints[0], credential, budget, labels, progress
-            )
+            try:
+                return self._pull_by_transfer(
+                    name, ref, endpoints[0], credential, budget, labels, progress
+                )
+            except TransferNotOffered as exc:
+                log.info("%s; asking the daemon again, pulling client-side now", exc)
+                self._offered = None
         last: RegistryError | None = None
         for endpoint in endpoints:
             client = RegistryClient(

@@ -35,7 +35,7 @@ import grpc
 from google.protobuf import any_pb2
 from google.protobuf.message import Message
 
-from sandlot.adapters.containerd.connection import NAMESPACE_HEADER
+from sandlot.adapters.containerd.connection import NAMESPACE_HEADER, translate
 from sandlot.adapters.containerd.gen.services.streaming.v1 import (
     streaming_pb2,
     streaming_pb2_grpc,
@@ -54,7 +54,7 @@ from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architect
 from sandlot.adapters.containerd.pullsteps import Progress
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, RegistryError
-from sandlot.adapters.runtime import RuntimeTimeout
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.policy.imagepull import FailureKind
 
 # Blobs that are not counted: the index and manifests (the client-side path counts
@@ -68,6 +68,9 @@ _MANIFEST_TYPES = INDEX_MEDIA_TYPES | {
 _FETCH_EVENTS = frozenset({"waiting", "downloading", "complete", "extracting", "extracted"})
 _PRESENT_EVENT = "already exists"
 _WATCH_PERIOD = 0.2  # seconds between looks at the progress clock, while the call runs
+_NO_ANSWER = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED}
+)
 _DRAIN_SECONDS = 5.0  # at most, for the progress events sent before the call returned
 
 
@@ -142,6 +145,10 @@ class _Tracker:
             return time.monotonic() - self.moved
 
 
+class TransferNotOffered(RuntimeError_):
+    """The daemon no longer serves the Transfer service (it was replaced)."""
+
+
 def failure(exc: grpc.RpcError, what: str) -> RegistryError:
     """The daemon's refusal as a registry failure of the right kind."""
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
@@ -176,7 +183,8 @@ class TransferPull:
     def offered(self, timeout: float) -> bool:
         """Whether the daemon serves the Transfer service: a request naming no known
         source is refused by a daemon that has it, and answered "unknown service"
-        (UNIMPLEMENTED) by one that does not."""
+        (UNIMPLEMENTED) by one that does not. No answer at all is no answer: it
+        raises, and the question is asked again next time."""
         nothing = any_pb2.Any(type_url="sandlot.probe.None")
         try:
             self._transfer.Transfer(
@@ -185,11 +193,11 @@ class TransferPull:
                 metadata=self._metadata,
             )
         except grpc.RpcError as exc:
+            if _unknown_service(exc):
+                return False
             code = exc.code() if isinstance(exc, grpc.Call) else None
-            details = (exc.details() if isinstance(exc, grpc.Call) else "") or ""
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise RuntimeTimeout(f"Transfer probe: no answer within {timeout:g}s") from exc
-            return not (code == grpc.StatusCode.UNIMPLEMENTED and "unknown service" in details)
+            if code in _NO_ANSWER:
+                raise translate(exc, "Transfer probe", timeout) from exc
         return True
 
     def pull(
@@ -217,6 +225,8 @@ class TransferPull:
                     threads.append(_daemon(self._answer, creds, credential))
                     resolver.auth_stream = creds.id
             except grpc.RpcError as exc:
+                if _unknown_service(exc):
+                    raise TransferNotOffered(f"{what}: {exc.details()}") from exc
                 raise failure(exc, f"{what}: open a stream") from exc
             follower = _daemon(self._follow, watch, tracker)
             threads.append(follower)
@@ -273,6 +283,8 @@ class TransferPull:
         try:
             call.result()
         except grpc.RpcError as exc:
+            if _unknown_service(exc):  # the daemon was replaced by one without it
+                raise TransferNotOffered(f"{what}: {exc.details()}") from exc
             code = exc.code() if isinstance(exc, grpc.Call) else None
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise RuntimeTimeout(
@@ -305,6 +317,12 @@ class TransferPull:
             return
 
 
+def _unknown_service(exc: grpc.RpcError) -> bool:
+    if not isinstance(exc, grpc.Call) or exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+        return False
+    return "unknown service" in (exc.details() or "")
+
+
 def _parse(message: any_pb2.Any, into: Message) -> bool:
     """Fill ``into`` from ``message`` if it holds that type (bare or prefixed URL)."""
     if message.type_url.rsplit("/", 1)[-1] != into.DESCRIPTOR.full_name:
@@ -319,4 +337,4 @@ def _daemon(target: Any, *args: Any) -> threading.Thread:
     return thread
 
 
-__all__ = ["TransferPull", "failure", "pack"]
+__all__ = ["TransferNotOffered", "TransferPull", "failure", "pack"]
