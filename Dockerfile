@@ -4,8 +4,9 @@
 #   docker build -t sandlot:dev .
 #
 # The builder generates the containerd gRPC stubs from the .proto files Debian
-# ships (golang-github-containerd-containerd-dev, plus gogo.proto), the same
-# generator and source the development setup uses, and installs the package with
+# ships (golang-github-containerd-containerd-dev, plus gogo.proto; the Transfer
+# service's files, newer than Debian's, from operator/sandlot/devtools/
+# containerd_protos), the same generator and source the development setup uses, and installs the package with
 # them into a virtualenv that the final stage copies alone: no compiler, no
 # grpcio-tools, no .proto files in the image.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -23,7 +24,8 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.devtools.gen_stubs \
       --source debian --force \
- && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py
+ && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py \
+ && test -f operator/sandlot/adapters/containerd/gen/services/transfer/v1/transfer_pb2_grpc.py
 RUN python -m venv /opt/sandlot \
  && /opt/sandlot/bin/pip install --upgrade pip \
  && /opt/sandlot/bin/pip install . \

@@ -5,7 +5,9 @@
 #     docker-registry and skopeo (a real registry on loopback for pull tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
 #   - Python stubs for containerd's gRPC API, generated from its .proto files;
-#   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version).
+#   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
+#   - containerd 2.x built from its Go module (cached by version): the containerd
+#     tests run against it as well as against the OS package's 1.6.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -52,3 +54,5 @@ bash operator/sandlot/devtools/controlplane/build-control-plane.sh >/dev/null
 log "kube-controller-manager (garbage collector and namespace controller; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/null
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null
+log "containerd 2.x (the second containerd line the tests run on; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-containerd.sh >/dev/null

@@ -1,7 +1,8 @@
 """The agent pulls its sandboxes' images: a real registry on loopback, the real API
 server and a private containerd, with ``imagePullPolicy``, pull secrets brokered to
 the node, the status story (Pulling -> Running, ImagePullBackOff -> Failed) and
-shared pulls.
+shared pulls. The public and shared pulls run on containerd 2.x too, where the
+daemon's Transfer service does the pull.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from tests.support.containerd import PrivateContainerd
+from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
 from tests.support.wait import wait_for
 
@@ -182,6 +184,7 @@ def node_name() -> str:
     return f"node-{uuid.uuid4().hex[:8]}"
 
 
+@EVERY_CONTAINERD
 def test_public_image_is_pulled_then_runs_and_the_status_told_so(
     kube: client.ApiClient,
     namespace: str,
@@ -210,6 +213,7 @@ def test_public_image_is_pulled_then_runs_and_the_status_told_so(
     assert fetched >= 1 << 20
 
 
+@EVERY_CONTAINERD
 def test_two_sandboxes_of_one_image_share_one_pull(
     kube: client.ApiClient,
     namespace: str,

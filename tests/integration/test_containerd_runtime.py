@@ -26,9 +26,10 @@ from sandlot.adapters.runtime import (
 )
 from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_OS
 from tests.support.wait import wait_for
 
-pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
 
 ImageFactory = Callable[..., str]  # see tests.support.containerd_fixtures.image_factory
 
@@ -84,8 +85,11 @@ def _log_contains(path: Path, text: str) -> bool:
         return False
 
 
-def test_version_names_the_daemon(runtime: ContainerdRuntime) -> None:
-    assert runtime.version(timeout=5).startswith("1.")
+def test_version_names_the_daemon(
+    runtime: ContainerdRuntime, containerd: PrivateContainerd
+) -> None:
+    version = runtime.version(timeout=5)
+    assert version.lstrip("v").startswith(f"{containerd.line}."), version
 
 
 def test_imported_image_is_listed_with_its_content_size(
@@ -172,12 +176,16 @@ def test_wedged_shim_kill_times_out_and_listing_still_answers(
         kill_elapsed = time.monotonic() - began
         assert kill_elapsed < 2 + SLACK, f"kill_task took {kill_elapsed:.2f}s with timeout 2"
 
-        # containerd gives up on a silent shim after about 2 s and reports UNKNOWN.
+        # containerd gives up on a silent shim after about 2 s: 1.6 reports the task
+        # UNKNOWN, 2.x leaves it out of the list. Never STOPPED, the state the
+        # reaper acts on (a container without a listed task is left alone too).
         began = time.monotonic()
         tasks = {t.container_id: t for t in runtime.list_tasks(timeout=10)}
         list_elapsed = time.monotonic() - began
-        assert container_id in tasks
-        assert tasks[container_id].state in (TaskState.UNKNOWN, TaskState.RUNNING)
+        if containerd.line == LINE_OS:
+            assert container_id in tasks
+        if container_id in tasks:
+            assert tasks[container_id].state in (TaskState.UNKNOWN, TaskState.RUNNING)
         print(f"wedged kill bounded at {kill_elapsed:.2f}s; list_tasks took {list_elapsed:.2f}s")
 
 

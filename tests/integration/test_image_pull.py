@@ -1,6 +1,8 @@
 """The client-side pull against a real registry (docker-registry on loopback, images
-pushed with skopeo) into a real containerd 1.6: content, unpack, record, and the
-failures a registry gives (a refused credential, a missing tag, a stall mid-blob).
+pushed with skopeo) into a real containerd, on every containerd line (2.x serves
+the client-side path too; the choice of path is ``test_image_pull_transfer.py``'s):
+content, unpack, record, and the failures a registry gives (a refused credential,
+a missing tag, a stall mid-blob).
 """
 
 from __future__ import annotations
@@ -31,16 +33,19 @@ from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
 from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd
+from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
 
-pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
 
 SLACK = 3.0  # seconds beyond a bound allowed for a busy machine
 
 
 @pytest.fixture
 def puller(containerd: PrivateContainerd) -> Iterator[ContainerdPuller]:
-    p = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=2.0)
+    p = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=2.0, transfer=False
+    )
     try:
         yield p
     finally:

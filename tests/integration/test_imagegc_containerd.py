@@ -44,6 +44,7 @@ from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
 from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import PrivateContainerd
+from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.image_sets import allocated_bytes, build_image_set, import_image_set
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
@@ -136,6 +137,7 @@ def sizes(rt: ContainerdRuntime) -> dict[str, int]:
 NO_AGE = GcThresholds(high_percent=85, low_percent=80, min_age=timedelta(0))
 
 
+@EVERY_CONTAINERD
 def test_watermark_pass_evicts_least_recently_used_unprotected_images_down_to_low_mark(
     rt: ContainerdRuntime,
 ) -> None:
@@ -166,6 +168,7 @@ def test_watermark_pass_evicts_least_recently_used_unprotected_images_down_to_lo
     assert result.held_back[HoldReason.PINNED] == before[PINNED]
 
 
+@EVERY_CONTAINERD
 def test_on_an_unpressured_node_watermark_removes_nothing_and_forced_removes_every_unprotected(
     rt: ContainerdRuntime,
 ) -> None:
@@ -219,6 +222,7 @@ class ContainerdDisk:
         return DiskUsage(self.total, sum(allocated_bytes(d) for d in self.dirs))
 
 
+@EVERY_CONTAINERD
 def test_forced_pass_frees_the_space_on_disk_and_keeps_every_protected_image(
     rt: ContainerdRuntime, containerd: PrivateContainerd
 ) -> None:
@@ -270,6 +274,7 @@ class ContainerListingFails:
 
 
 @pytest.mark.parametrize("kind", ["forced", "watermark"])
+@EVERY_CONTAINERD
 def test_pass_aborts_with_nothing_deleted_when_containers_cannot_be_listed(
     rt: ContainerdRuntime, kind: str, tmp_path: Path
 ) -> None:

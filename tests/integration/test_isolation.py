@@ -46,6 +46,7 @@ from sandlot.policy.ocispec import (
 from sandlot.policy.podsecurity import check
 from tests.support.agents import agent_settings
 from tests.support.containerd import PrivateContainerd
+from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -309,6 +310,7 @@ def _status_field(output: str, name: str) -> str:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_mount_fails_even_with_sys_admin_added(run_sandbox: Run) -> None:
     for spec in ({}, {"securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}):
         code, out = run_sandbox("mkdir -p /tmp/m && busybox mount -t tmpfs none /tmp/m", **spec)
@@ -318,6 +320,7 @@ def test_mount_fails_even_with_sys_admin_added(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_loading_a_kernel_module_fails_even_with_sys_module_added(run_sandbox: Run) -> None:
     for spec in ({}, {"securityContext": {"capabilities": {"add": ["SYS_MODULE"]}}}):
         code, out = run_sandbox("echo junk > /tmp/x.ko; busybox insmod /tmp/x.ko", **spec)
@@ -326,6 +329,7 @@ def test_loading_a_kernel_module_fails_even_with_sys_module_added(run_sandbox: R
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_new_user_namespace_is_refused(run_sandbox: Run) -> None:
     code, out = run_sandbox("busybox unshare -U -r id -u")
     assert code != 0, out
@@ -333,6 +337,7 @@ def test_new_user_namespace_is_refused(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_host_processes_are_not_visible(run_sandbox: Run) -> None:
     code, out = run_sandbox("ps -o pid,comm")
     assert code == 0, out
@@ -342,6 +347,7 @@ def test_host_processes_are_not_visible(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_capabilities_are_the_baseline_with_no_new_privileges_and_seccomp(
     run_sandbox: Run,
 ) -> None:
@@ -356,6 +362,7 @@ def test_capabilities_are_the_baseline_with_no_new_privileges_and_seccomp(
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_added_capability_joins_the_baseline(run_sandbox: Run) -> None:
     code, out = run_sandbox(
         "cat /proc/self/status", securityContext={"capabilities": {"add": ["net_raw"]}}
@@ -366,6 +373,7 @@ def test_added_capability_joins_the_baseline(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_privileged_sandbox_gets_every_capability_and_no_seccomp(run_sandbox: Run) -> None:
     code, out = run_sandbox("cat /proc/self/status", securityContext={"privileged": True})
     assert code == 0, out
@@ -374,6 +382,7 @@ def test_privileged_sandbox_gets_every_capability_and_no_seccomp(run_sandbox: Ru
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_non_root_user_has_no_effective_capabilities(run_sandbox: Run) -> None:
     code, out = run_sandbox(
         "id -u; id -g; cat /proc/self/status",
@@ -385,6 +394,7 @@ def test_non_root_user_has_no_effective_capabilities(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_read_only_root_refuses_writes_when_asked_for(run_sandbox: Run) -> None:
     code, out = run_sandbox("touch /written", securityContext={"readOnlyRootFilesystem": True})
     assert code != 0 and "Read-only file system" in out, out
@@ -393,6 +403,7 @@ def test_read_only_root_refuses_writes_when_asked_for(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_kernel_paths_are_masked_or_read_only(run_sandbox: Run) -> None:
     # Masked files read as empty (a /dev/null bind); on the node they are not.
     masked = [p for p in ("/proc/timer_list", "/proc/keys") if Path(p).exists()]
@@ -409,6 +420,7 @@ def test_kernel_paths_are_masked_or_read_only(run_sandbox: Run) -> None:
 
 
 @pytest.mark.containerd
+@EVERY_CONTAINERD
 def test_pids_limit_stops_a_fork_bomb(run_sandbox: Run) -> None:
     code, out = run_sandbox(
         "(for i in $(busybox seq 1 30); do sleep 5 & done); echo done", pids_limit=10

@@ -2,7 +2,11 @@
 ``pytest_plugins = ["tests.support.containerd_fixtures"]``.
 
 - ``containerd`` (session): a private containerd (``.address``, ``.root``,
-  ``.namespace``); skipped with the reason when not root or not installed.
+  ``.namespace``, ``.line``); skipped with the reason when not root or not
+  installed. Every test that uses it is parametrized by release line: 1.6 (the
+  OS package) alone, or every line (1.6 and 2.x) for tests marked
+  ``EVERY_CONTAINERD`` (``pytest.mark.containerd_lines``). pytest orders the
+  tests so that each line's daemon starts once per worker.
 - ``busybox_image`` (session): the name of a busybox image imported into it.
 - ``image_factory`` (session): builds and imports distinct images on demand.
 - ``runtime`` (function): a ``ContainerdRuntime`` on it, closed after the test.
@@ -23,21 +27,50 @@ from tests.support.containerd import (
 )
 
 BUSYBOX_IMAGE = "docker.io/sandlot/busybox:test"
+LINE_OS, LINE_2 = "1.6", "2"
+EVERY_CONTAINERD = pytest.mark.containerd_lines(LINE_OS, LINE_2)
+"""Runs the marked tests (or module, as ``pytestmark``) on every release line."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "containerd_lines(*lines): the containerd release lines a test runs on"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "containerd" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("containerd_lines")
+    lines = tuple(marker.args) if marker is not None else (LINE_OS,)
+    metafunc.parametrize(
+        "containerd",
+        lines,
+        indirect=True,
+        scope="session",
+        ids=[f"containerd{line}" for line in lines],
+    )
 
 
 @pytest.fixture(scope="session")
-def containerd() -> Iterator[PrivateContainerd]:
-    reason = unavailable_reason()
+def containerd(request: pytest.FixtureRequest) -> Iterator[PrivateContainerd]:
+    line = str(getattr(request, "param", LINE_OS))
+    reason = unavailable_reason(line)
     if reason is not None:
-        print(f"skipping containerd tests: {reason}")
+        print(f"skipping containerd {line} tests: {reason}")
         pytest.skip(reason)
     from sandlot.devtools.gen_stubs import generate
 
     generate()  # a no-op when the stubs are current
-    instance = start_private_containerd()
+    instance = start_private_containerd(line=line)
     try:
         yield instance
     finally:
+        if instance.process is not None and instance.process.poll() is not None:
+            print(  # a daemon that died mid-session explains the failures after it
+                f"containerd {line} had exited with {instance.process.returncode}:\n"
+                + instance.log_tail(120)
+            )
         instance.stop()
         instance.remove()
 
@@ -61,7 +94,9 @@ def image_factory(
     def make(name: str, **options: Any) -> str:
         archive = directory / (name.replace("/", "_").replace(":", "_") + ".tar")
         build_image_archive(Path(archive), name, **options)
-        import_archive(containerd.address, containerd.namespace, archive, timeout=60)
+        import_archive(
+            containerd.address, containerd.namespace, archive, timeout=60, ctr=containerd.ctr
+        )
         return name
 
     return make

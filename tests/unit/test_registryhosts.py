@@ -62,17 +62,22 @@ def test_unreadable_hosts_file_names_itself(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "transfer_supported", "method"),
+    ("transfer_offered", "agent_hosts", "method"),
     [
-        ("1.6.20~ds1", False, "client-side"),
-        ("1.6.20~ds1", True, "client-side"),
-        ("v2.4.2", False, "client-side"),
-        ("v2.4.2", True, "transfer"),
+        (False, False, "client-side"),
+        (False, True, "client-side"),
+        (True, True, "client-side"),
+        (True, False, "transfer"),
     ],
-    ids=["1.6", "1.6-even-if-supported", "2.x-until-supported", "2.x-transfer"],
+    ids=[
+        "1.6-no-transfer-service",
+        "1.6-with-mirrors",
+        "2.x-with-mirrors-or-private-ca",
+        "2.x-registry-itself",
+    ],
 )
 def test_pull_path_is_chosen_by_what_the_daemon_offers(
-    version: str, transfer_supported: bool, method: str
+    transfer_offered: bool, agent_hosts: bool, method: str
 ) -> None:
     pull = pytest.importorskip("sandlot.adapters.containerd.pull")
-    assert pull.pull_method(version, transfer_supported=transfer_supported) == method
+    assert pull.pull_method(transfer_offered=transfer_offered, agent_hosts=agent_hosts) == method

@@ -1,7 +1,10 @@
 """A private containerd (tests, benchmarks and the local demo), and the shim
 faults tests inject into it.
 
-Each instance has its own root, state, gRPC and ttrpc sockets under a temporary
+Two release lines run: 1.6 from the OS package (``containerd`` on PATH) and 2.x,
+built from its Go module by ``controlplane/build-containerd.sh`` into the cache
+directory (with its own runc v2 shim and ``ctr``; runc is the OS package's). Each
+instance has its own root, state, gRPC and ttrpc sockets under a temporary
 directory (CRI disabled), so tests never touch a node's containerd. Stopping it
 also removes what containerd itself would leave behind when stopped: shims of
 this instance (and their containers), and mounts under its directory.
@@ -29,11 +32,44 @@ SHIM_BINARY = "containerd-shim-runc-v2"
 REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
 NAMESPACE = "sandlot-test"
 
+LINE_OS = "1.6"
+"""The release line of the OS package: binaries from PATH."""
+LINE_2 = "2"
+"""containerd 2.x, built from its module and cached (``build-containerd.sh``)."""
+LINES = (LINE_OS, LINE_2)
+CONTAINERD2_VERSION = os.environ.get("CONTAINERD2_VERSION", "2.4.2")
+_CACHE_BINARIES = ("containerd", "ctr", SHIM_BINARY)
 
-def unavailable_reason() -> str | None:
-    """Why a private containerd cannot run here, or None if it can."""
+
+def containerd2_bin_dir() -> Path:
+    """Where ``build-containerd.sh`` installs containerd 2.x (same cache rules)."""
+    cache = os.environ.get("SANDLOT_CACHE_DIR") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sandlot"
+    )
+    return Path(cache) / "containerd" / f"v{CONTAINERD2_VERSION}" / "bin"
+
+
+def bin_dir_for(line: str) -> Path | None:
+    """The directory of ``line``'s binaries, or None for those on PATH."""
+    if line not in LINES:
+        raise ValueError(f"unknown containerd line {line!r} (known: {', '.join(LINES)})")
+    return containerd2_bin_dir() if line == LINE_2 else None
+
+
+def unavailable_reason(line: str = LINE_OS) -> str | None:
+    """Why a private containerd of ``line`` cannot run here, or None if it can."""
     if os.geteuid() != 0:
         return "containerd tests need root (running containers)"
+    bin_dir = bin_dir_for(line)
+    if bin_dir is not None:
+        absent = [b for b in _CACHE_BINARIES if not (bin_dir / b).is_file()]
+        if absent:
+            return (
+                f"containerd {CONTAINERD2_VERSION} is not built in {bin_dir} "
+                "(make setup builds it: operator/sandlot/devtools/controlplane/"
+                "build-containerd.sh)"
+            )
+        return None if shutil.which("runc") else "containerd tests need runc on PATH"
     missing = [b for b in REQUIRED_BINARIES if shutil.which(b) is None]
     if missing:
         return f"containerd tests need {', '.join(missing)} on PATH"
@@ -139,6 +175,7 @@ class PrivateContainerd:
     root_dir: Path
     process: subprocess.Popen[bytes] | None = None
     namespace: str = NAMESPACE
+    line: str = LINE_OS
     _log: object = field(default=None, repr=False)
 
     @property
@@ -162,15 +199,41 @@ class PrivateContainerd:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         return ""
 
+    @property
+    def bin_dir(self) -> Path | None:
+        return bin_dir_for(self.line)
+
+    @property
+    def ctr(self) -> str:
+        """The ``ctr`` of this instance's release line."""
+        return str(self.bin_dir / "ctr") if self.bin_dir is not None else "ctr"
+
+    def _environment(self) -> dict[str, str]:
+        # containerd finds its shim on PATH: 2.x's own shim goes first.
+        env = dict(os.environ)
+        if self.bin_dir is not None:
+            env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
+
     def write_config(self) -> Path:
+        # 2.x reads config version 3, where the CRI plugin is split in three.
+        version, cri = (
+            (
+                "3",
+                '"io.containerd.grpc.v1.cri", "io.containerd.cri.v1.images", '
+                '"io.containerd.cri.v1.runtime"',
+            )
+            if self.line == LINE_2
+            else ("2", '"io.containerd.grpc.v1.cri"')
+        )
         config = self.root_dir / "config.toml"
         config.write_text(
             "\n".join(
                 [
-                    "version = 2",
+                    f"version = {version}",
                     f'root = "{self.root}"',
                     f'state = "{self.state}"',
-                    'disabled_plugins = ["io.containerd.grpc.v1.cri"]',
+                    f"disabled_plugins = [{cri}]",
                     "",
                     "[grpc]",
                     f'  address = "{self.address}"',
@@ -187,11 +250,13 @@ class PrivateContainerd:
         config = self.write_config()
         log = self.log_path.open("wb")
         self._log = log
+        binary = str(self.bin_dir / "containerd") if self.bin_dir is not None else "containerd"
         self.process = subprocess.Popen(
-            ["containerd", "--config", str(config), "--log-level", "info"],
+            [binary, "--config", str(config), "--log-level", "info"],
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            env=self._environment(),
         )
         self._wait_ready(ready_timeout)
 
@@ -269,13 +334,15 @@ class PrivateContainerd:
         self.remove()
 
 
-def start_private_containerd(base: Path | None = None) -> PrivateContainerd:
-    """Start a private containerd under a new directory (short: socket paths are limited)."""
+def start_private_containerd(base: Path | None = None, line: str = LINE_OS) -> PrivateContainerd:
+    """Start a private containerd of release ``line`` under a new directory (short:
+    socket paths are limited)."""
+    bin_dir_for(line)  # refuses an unknown line before anything is created
     root_dir = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir=base))
     # Searchable by every user, as containerd's own /run/containerd: a user-namespaced
     # container's runc sets up its root filesystem as the namespace's (unprivileged) root.
     root_dir.chmod(0o711)
-    instance = PrivateContainerd(root_dir)
+    instance = PrivateContainerd(root_dir, line=line)
     try:
         instance.start()
     except BaseException:

@@ -10,6 +10,11 @@ never committed, so there is exactly one source for them. Two sources are known:
 - ``debian``: the files shipped by ``golang-github-containerd-containerd-dev``
   plus ``gogo.proto`` from ``golang-github-gogo-protobuf-dev``.
 
+The Transfer and Streaming services (which containerd 2.x pulls through) are not
+in Debian's 1.6 files: ``containerd_protos/`` next to this module holds them,
+copied from the Go module, and a file is taken from there only when the source
+lacks it.
+
 The files are copied into a staging tree under the import prefix
 ``sandlot/adapters/containerd/gen/`` (their ``import`` lines rewritten to match)
 so that the generated modules import each other as
@@ -49,14 +54,21 @@ SERVICES = (
     "services/snapshots/v1/snapshots.proto",
     "services/leases/v1/leases.proto",
     "services/diff/v1/diff.proto",
+    "services/transfer/v1/transfer.proto",
+    "services/streaming/v1/streaming.proto",
+    # Carried inside the Transfer service's Any fields, so imported by no service.
+    "types/transfer/registry.proto",
+    "types/transfer/imagestore.proto",
+    "types/transfer/progress.proto",
 )
+VENDORED_API_ROOT = Path(__file__).resolve().parent / "containerd_protos"
 
 PACKAGE_PREFIX = "sandlot/adapters/containerd/gen"
 API_IMPORT_PREFIX = GO_MODULE + "/"
 GOGO_IMPORT = "gogoproto/gogo.proto"
 STAMP_NAME = ".stamp.json"
 # Bumped when the generation procedure changes, so old trees are regenerated.
-GENERATOR_REVISION = 1
+GENERATOR_REVISION = 2
 
 # The runtime imports the stubs from the adapter package, so they are written there.
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "adapters" / "containerd" / "gen"
@@ -166,6 +178,8 @@ def _stage(source: ProtoSource, staging: Path) -> list[str]:
             text = source.gogo_proto.read_text()
         else:
             path = source.api_root / rel
+            if not path.is_file() and (VENDORED_API_ROOT / rel).is_file():
+                path = VENDORED_API_ROOT / rel
             if not path.is_file():
                 raise StubSourceMissing(f"{source.name} source lacks {rel} (under {path.parent})")
             text = path.read_text()

@@ -236,16 +236,28 @@ class Images:
             )
 
     def set_image_labels(self, name: str, labels: Mapping[str, str], *, timeout: float) -> None:
-        """Set the given labels, keeping the others; an empty value removes that label."""
+        """Set the given labels, keeping the others; an empty value removes that label.
+
+        The update carries the record's current target although the mask names only
+        labels: containerd 2.x decodes the whole image before applying the mask, and
+        an image without a target crashes it (1.6 ignored the missing field).
+        """
         if not labels:
             return
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        current = self._conn.call(
+            self._conn.images.Get,
+            images_pb2.GetImageRequest(name=name),
+            timeout=budget.remaining(f"Images.Get {name}"),
+            what=f"Images.Get {name}",
+        ).image
         self._conn.call(
             self._conn.images.Update,
             images_pb2.UpdateImageRequest(
-                image=images_pb2.Image(name=name, labels=dict(labels)),
+                image=images_pb2.Image(name=name, target=current.target, labels=dict(labels)),
                 update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{k}" for k in labels]),
             ),
-            timeout=timeout,
+            timeout=budget.remaining(f"Images.Update labels of {name}"),
             what=f"Images.Update labels of {name}",
         )
 

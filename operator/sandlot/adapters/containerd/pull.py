@@ -1,4 +1,5 @@
-"""Pull an image into containerd from a registry, client-side, as containerd 1.6's
+"""Pull an image into containerd from a registry: through the daemon's Transfer
+service where it has one (``transfer.py``), else client-side, as containerd 1.6's
 own client does (1.6 has no Transfer service).
 
 Resolve the reference (``adapters.registry``), pick this platform's manifest from
@@ -18,9 +19,11 @@ image keeps its manifest, config, layers and unpacked snapshots alive.
 Bounds: one per-pull deadline spent across every call and chunk; a registry read
 that gets no byte within the stall timeout fails at once (see the registry client).
 
-containerd 2.x offers the Transfer service; ``pull_method`` chooses by the daemon's
-version, and today every daemon gets this client-side path (it works on 2.x too,
-through the same services): the seam for a server-side pull is that function.
+``pull_method`` chooses: the Transfer service when the daemon offers it (asked
+once per puller) and the pull needs none of the agent's own registry-host
+settings (mirrors, private CAs, skip-verify from the agent's ``hosts.toml``
+directory, which containerd would read from its own filesystem instead); else
+this client-side path, which every supported daemon serves (2.x included).
 """
 
 from __future__ import annotations
@@ -38,16 +41,17 @@ from enum import StrEnum
 from typing import Any
 
 import grpc
-from google.protobuf import empty_pb2, field_mask_pb2
+from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.containers import chain_id
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
-from sandlot.adapters.containerd.gen.services.version.v1 import version_pb2_grpc
 from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
 from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
+from sandlot.adapters.containerd.transfer import TransferNotOffered, TransferPull
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
+from sandlot.adapters.registryhosts import endpoints_for
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import ImageReference
@@ -62,12 +66,13 @@ class PullMethod(StrEnum):
     TRANSFER = "transfer"
 
 
-def pull_method(daemon_version: str, *, transfer_supported: bool = False) -> PullMethod:
-    """Which path pulls: the Transfer service when the daemon has it (containerd 2.0
-    and later) and this agent can drive it, else the client-side path through the
-    content, snapshot and diff services, which every supported daemon serves."""
-    major = daemon_version.lstrip("v").split(".", 1)[0]
-    if transfer_supported and major.isdigit() and int(major) >= 2:
+def pull_method(*, transfer_offered: bool, agent_hosts: bool) -> PullMethod:
+    """Which path pulls: the Transfer service when the daemon offers it (containerd
+    2.x) and the pull goes to the registry itself with no setting of the agent's
+    ``hosts.toml`` directory (``agent_hosts``: a mirror, a private CA, skip-verify,
+    which the daemon would not see); else the client-side path through the content,
+    snapshot and diff services, which every supported daemon serves."""
+    if transfer_offered and not agent_hosts:
         return PullMethod.TRANSFER
     return PullMethod.CLIENT_SIDE
 
@@ -91,20 +96,42 @@ def _rfc3339(moment: datetime) -> str:
 class ContainerdPuller(PullSteps):
     """Pulls into one containerd namespace; one gRPC channel, shared by its pulls."""
 
-    def __init__(self, address: str, namespace: str, **options: Any) -> None:
+    def __init__(
+        self, address: str, namespace: str, *, transfer: bool = True, **options: Any
+    ) -> None:
+        """``transfer=False`` keeps every pull client-side, whatever the daemon offers."""
         super().__init__(address, namespace, **options)
-        self._version = version_pb2_grpc.VersionStub(self._channel)
-        self._method: PullMethod | None = None
+        self._transfer = TransferPull(
+            self._channel,
+            namespace,
+            snapshotter=self.snapshotter,
+            stall_timeout=self.stall_timeout,
+        )
+        self._use_transfer = transfer
+        self._offered: bool | None = None
 
     # ------------------------------------------------------------ the pull
 
-    def method(self, budget: Deadline) -> PullMethod:
-        """How this daemon's pulls are done, asked once (its version)."""
-        if self._method is None:
-            response = self._call(self._version.Version, empty_pb2.Empty(), budget, "Version")
-            self._method = pull_method(str(response.version))
-            log.info("containerd %s: %s pulls", response.version, self._method)
-        return self._method
+    def transfer_offered(self, budget: Deadline) -> bool:
+        """Whether the daemon serves the Transfer service, asked once."""
+        if not self._use_transfer:
+            return False
+        if self._offered is None:
+            self._offered = self._transfer.offered(budget.remaining("Transfer probe"))
+            log.info(
+                "containerd %s the Transfer service",
+                "offers" if self._offered else "does not offer",
+            )
+        return self._offered
+
+    def method(
+        self, ref: ImageReference, endpoints: list[Endpoint], budget: Deadline
+    ) -> PullMethod:
+        """How this pull is done (see ``pull_method``)."""
+        return pull_method(
+            transfer_offered=self.transfer_offered(budget),
+            agent_hosts=endpoints != endpoints_for(ref, None),
+        )
 
     def pull(
         self,
@@ -121,9 +148,14 @@ class ContainerdPuller(PullSteps):
         (mirrors first, the registry itself last)."""
         budget = Deadline(deadline, what=f"pull {name}", expired=RuntimeTimeout)
         started = time.monotonic()
-        method = self.method(budget)
-        if method is not PullMethod.CLIENT_SIDE:  # the seam for a server-side pull
-            raise RuntimeError_(f"pull {name}: the {method} path is not driven by this agent")
+        if self.method(ref, endpoints, budget) is PullMethod.TRANSFER:
+            try:
+                return self._pull_by_transfer(
+                    name, ref, endpoints[0], credential, budget, labels, progress
+                )
+            except TransferNotOffered as exc:
+                log.info("%s; asking the daemon again, pulling client-side now", exc)
+                self._offered = None
         last: RegistryError | None = None
         for endpoint in endpoints:
             client = RegistryClient(
@@ -141,6 +173,30 @@ class ContainerdPuller(PullSteps):
             finally:
                 client.close()
         raise last or RegistryError(f"pull {name}: no endpoint to pull from")
+
+    def _pull_by_transfer(
+        self,
+        name: str,
+        ref: ImageReference,
+        endpoint: Endpoint,
+        credential: Credential | None,
+        budget: Deadline,
+        labels: Mapping[str, str],
+        progress: Progress | None,
+    ) -> PullResult:
+        started = time.monotonic()
+        # containerd's resolver wants a tag or a digest: an unqualified name means latest.
+        reference = ref.name if ref.tag or ref.digest else f"{ref.name}:latest"
+        scheme = endpoint.url.split("://", 1)[0]
+        total, fetched = self._transfer.pull(
+            name, reference, scheme, credential, budget, labels, progress
+        )
+        image = self._call(
+            self._images.Get, images_pb2.GetImageRequest(name=name), budget, f"Images.Get {name}"
+        ).image
+        return PullResult(
+            name, str(image.target.digest), total, fetched, time.monotonic() - started
+        )
 
     def _pull_from(
         self,
