@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "dev": "sandlot.cli.dev",
     "gen": "sandlot.cli.gen",
     "drain": "sandlot.cli.nodes",
+    "exec": "sandlot.cli.streams",
+    "logs": "sandlot.cli.streams",
     "operator": "sandlot.cli.operator_cmd",
     "pool": "sandlot.cli.pools",
     "purge": "sandlot.cli.purge",
