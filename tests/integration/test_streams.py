@@ -1,7 +1,7 @@
 """``sandlot logs`` and ``sandlot exec`` end to end: the CLI, the real API server's
 pods/proxy, the agent's stream server and the real containerd.
 
-The agent's stream server listens on an address of a dummy interface this module
+The agent's stream server listens on an address of an interface this module
 creates (the API server proxies only to a global-unicast pod IP), recorded as the
 IP of the agent's stand-in Pod, as ``sandlot dev`` and the demo do. Callers are
 ServiceAccounts with real tokens and real RBAC: one may read logs and exec, one may
@@ -11,7 +11,6 @@ only reach the proxy. The CLI runs as a subprocess with the caller's kubeconfig.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import pty
 import select
@@ -36,7 +35,7 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.controlplane import ControlPlane, free_port, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane, free_port, kubeconfig_dict, kubectl_path
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.streamnet import StreamAddress, can_create
 from tests.integration.test_agent_node import _cleanup_namespace, create_sandbox, wait_phase
@@ -52,7 +51,7 @@ CLI_TIMEOUT = 60
 @pytest.fixture(scope="module")
 def stream_address() -> Iterator[StreamAddress]:
     if not can_create():
-        pytest.skip("creating the stream address's dummy interface needs root")
+        pytest.skip("creating the stream address's interface needs root")
     with StreamAddress() as address:
         yield address
 
@@ -163,7 +162,7 @@ def users(
     control_plane: ControlPlane,
     places: tuple[str, str],
     tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, Path]:
+) -> Iterator[dict[str, Path]]:
     """``operator-person`` may read logs and exec; ``onlooker`` may only reach the proxy."""
     system, tenant = places
     workdir = tmp_path_factory.mktemp("users")
@@ -172,14 +171,38 @@ def users(
         configs[user] = _user_kubeconfig(kube, control_plane, tenant, user, workdir)
         _grant(kube, system, f"{user}-proxy", PROXY, (tenant, user))
         _grant(kube, tenant, f"{user}-sandboxes", rules, (tenant, user))
-    return configs
+    rbac = client.RbacAuthorizationV1Api(kube)
+    nodes = f"read-sandboxnodes-{tenant}"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": nodes},
+            "rules": [{"apiGroups": [GROUP], "resources": ["sandboxnodes"], "verbs": ["get"]}],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": nodes},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": nodes,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "namespace": tenant, "name": user} for user in configs
+            ],
+        }
+    )
+    yield configs
+    rbac.delete_cluster_role_binding(nodes)
+    rbac.delete_cluster_role(nodes)
 
 
 def sandlot(
-    *args: str, kubeconfig: Path, timeout: float = CLI_TIMEOUT
+    command: str, *args: str, kubeconfig: Path, timeout: float = CLI_TIMEOUT
 ) -> subprocess.CompletedProcess[str]:
+    """``sandlot COMMAND --kubeconfig FILE ARGS...`` (before any ``--`` of exec)."""
     return subprocess.run(
-        [sys.executable, "-m", "sandlot.cli.main", *args, "--kubeconfig", str(kubeconfig)],
+        [sys.executable, "-m", "sandlot.cli.main", command, "--kubeconfig", str(kubeconfig), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -364,6 +387,7 @@ def test_exec_it_runs_an_interactive_shell_in_a_terminal_that_resizes(
     )
     os.close(terminal)
     try:
+        _read_until(controller, b"/ # ", timeout=30)  # the shell's prompt: it reads lines now
         os.write(controller, b"echo sum=$((40+2))\n")
         _read_until(controller, b"sum=42", timeout=30)
         os.write(controller, b"busybox stty size\n")
@@ -410,7 +434,7 @@ def test_a_user_without_the_verb_gets_403_naming_what_it_may_not_do(
     assert logs.returncode == 1 and "log refused (403)" in logs.stderr
     assert "secret" not in logs.stdout
     can_i = subprocess.run(
-        ["kubectl", "auth", "can-i", "exec", "sandboxes", "-n", tenant],
+        [str(kubectl_path()), "auth", "can-i", "exec", "sandboxes", "-n", tenant],
         capture_output=True,
         text=True,
         env=dict(os.environ, KUBECONFIG=str(users["onlooker"])),
@@ -432,14 +456,13 @@ def test_the_api_server_strips_authorization_so_the_token_travels_in_its_own_hea
     _running(kube, agent, tenant, "bare", "sleep 1000")
     api = load_api_client(str(users["operator-person"]))
     try:
-        token = api.configuration.get_api_key_with_prefix("authorization")
+        token = api.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
         host = api.configuration.host.removeprefix("https://")
-        path = json.loads(json.dumps(agent.settings.stream_port))
-        url = f"wss://{host}/api/v1/namespaces/{system}/pods/{agent.settings.stream_pod}:{path}/proxy/sandboxes/{tenant}/bare/exec?command=true"
+        url = f"wss://{host}/api/v1/namespaces/{system}/pods/{agent.settings.stream_pod}:{agent.settings.stream_port}/proxy/sandboxes/{tenant}/bare/exec?command=true"
         with pytest.raises(websocket.WebSocketBadStatusException) as refused:
             websocket.create_connection(
                 url,
-                header=[f"Authorization: {token}"],
+                header=[f"Authorization: {token}", "X-Sandlot-Stream-Options: command=true"],
                 subprotocols=["v5.channel.k8s.io"],
                 sslopt={"ca_certs": api.configuration.ssl_ca_cert},
                 http_no_proxy=["*"],

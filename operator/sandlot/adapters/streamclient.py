@@ -23,7 +23,7 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
-from sandlot.policy.streams import STREAM_TOKEN_HEADER, SUBPROTOCOL
+from sandlot.policy.streams import STREAM_OPTIONS_HEADER, STREAM_TOKEN_HEADER, SUBPROTOCOL
 
 CONNECT_TIMEOUT = 30.0
 
@@ -69,9 +69,13 @@ def find_target(api: client.ApiClient, namespace: str, name: str) -> Target:
     return Target(namespace, name, node, phase, path)
 
 
+def is_forbidden(exc: BaseException) -> bool:
+    return isinstance(exc, ApiException) and exc.status in (401, 403)
+
+
 def bearer_of(api: client.ApiClient) -> str:
     cfg = api.configuration
-    value = cfg.get_api_key_with_prefix("authorization") or ""
+    value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization") or ""
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise UsageError(
@@ -138,13 +142,17 @@ class Stream:
         self._ws.close(timeout=2)
 
 
-def open_stream(api: client.ApiClient, path: str) -> Stream:
+def open_stream(api: client.ApiClient, path: str, options: str = "") -> Stream:
     """A connected WebSocket to ``path`` on the API server; ``StreamRefused`` on an
     HTTP answer instead of the upgrade."""
     cfg = api.configuration
     token = bearer_of(api)
     url = "ws" + cfg.host.removeprefix("http") + path
-    headers = [f"Authorization: Bearer {token}", f"{STREAM_TOKEN_HEADER}: Bearer {token}"]
+    headers = [
+        f"Authorization: Bearer {token}",
+        f"{STREAM_TOKEN_HEADER}: Bearer {token}",
+        f"{STREAM_OPTIONS_HEADER}: {options}",
+    ]
     try:
         ws = websocket.create_connection(
             url,
@@ -162,4 +170,12 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
     return Stream(ws)
 
 
-__all__ = ["Stream", "StreamRefused", "Target", "bearer_of", "find_target", "open_stream"]
+__all__ = [
+    "Stream",
+    "StreamRefused",
+    "Target",
+    "bearer_of",
+    "find_target",
+    "is_forbidden",
+    "open_stream",
+]

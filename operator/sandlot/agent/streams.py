@@ -33,6 +33,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.policy.streams import (
     EXEC,
     STATUS,
+    STREAM_OPTIONS_HEADER,
     STREAM_TOKEN_HEADER,
     SUBPROTOCOL,
     StreamRequest,
@@ -117,7 +118,9 @@ class StreamServer:
 
     def _admit(self, connection: ServerConnection, request: Any) -> Any:
         try:
-            asked = parse_stream_request(request.path)
+            asked = parse_stream_request(
+                request.path, request.headers.get(STREAM_OPTIONS_HEADER, "")
+            )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
         token = bearer_token(request.headers.get(STREAM_TOKEN_HEADER))
@@ -140,7 +143,7 @@ class StreamServer:
         refusal = self._sandbox_refusal(asked)
         if refusal is not None:
             return connection.respond(*refusal)
-        log.info("stream accepted: %s", access.message)
+        log.info("stream accepted: %s (%s)", access.message, request.path)
         return None
 
     def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
@@ -169,7 +172,9 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
-        asked = parse_stream_request(connection.request.path)  # type: ignore[union-attr]
+        request = connection.request
+        assert request is not None, "a session starts after its request was admitted"
+        asked = parse_stream_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
         key = f"{asked.namespace}/{asked.name}"
         sandbox = self._sandbox(key) or {}
         if asked.kind == EXEC:

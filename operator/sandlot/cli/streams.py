@@ -21,7 +21,14 @@ import threading
 from typing import Any
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.streamclient import Stream, StreamRefused, find_target, open_stream
+from sandlot.adapters.startup import api_error_line
+from sandlot.adapters.streamclient import (
+    Stream,
+    StreamRefused,
+    find_target,
+    is_forbidden,
+    open_stream,
+)
 from sandlot.api.errors import UsageError
 from sandlot.policy.streams import (
     EXEC,
@@ -71,7 +78,7 @@ def register(sub: Any) -> None:
     exe.add_argument("-i", "--stdin", action="store_true", help="pass stdin to the command")
     exe.add_argument("-t", "--tty", action="store_true", help="run the command in a terminal")
     exe.add_argument("--kubeconfig", default=None, help="kubeconfig file")
-    exe.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD", help="the command")
+    exe.add_argument("command", nargs="*", metavar="CMD", help="the command, after --")
     exe.set_defaults(func=run_exec)
 
 
@@ -84,9 +91,7 @@ def log_request(args: argparse.Namespace) -> StreamRequest:
 
 
 def exec_request(args: argparse.Namespace) -> StreamRequest:
-    command = list(args.command)
-    if command[:1] == ["--"]:
-        command = command[1:]
+    command = [*args.command, *(getattr(args, "trailing", None) or [])]
     if not command:
         raise UsageError("exec needs a command: sandlot exec SANDBOX -- CMD [ARG...]")
     return StreamRequest(
@@ -98,9 +103,15 @@ def _connect(args: argparse.Namespace, request: StreamRequest) -> Stream | int:
     api = load_api_client(args.kubeconfig)
     try:
         target = find_target(api, request.namespace, request.name)
-        return open_stream(api, target.stream_path + stream_path(request))
+        path, options = stream_path(request)
+        return open_stream(api, target.stream_path + path, options)
     except StreamRefused as e:
         print(f"sandlot: {request.kind} refused ({e.status}): {e.message}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        if not is_forbidden(e):
+            raise
+        print(f"sandlot: {request.kind} refused: {api_error_line(e)}", file=sys.stderr)
         return 1
     finally:
         api.close()

@@ -2,7 +2,7 @@
 
 The API server proxies only to a pod IP that is global unicast (never loopback
 or link-local), and the local agents are plain processes on this host. So the
-dev tooling adds a dummy interface of its own with one private address
+dev tooling adds an interface of its own (a bridge without ports) with one private address
 (10.239.0.0/16, chosen at random so that concurrent runs do not meet), binds
 the agents' stream servers to it, and records a stand-in Pod per agent with
 that IP (``adapters.agentpods``). Nothing outside this host can reach it.
@@ -23,7 +23,7 @@ def _ip(*args: str) -> None:
 
 
 class StreamAddress:
-    """A dummy interface with one private address; ``create()``, then ``remove()``."""
+    """An interface (a bridge without ports) with one private address; ``create()``, then ``remove()``."""
 
     def __init__(self) -> None:
         token = uuid.uuid4().bytes
@@ -31,7 +31,7 @@ class StreamAddress:
         self.ip = f"10.239.{token[4]}.{1 + token[5] % 254}"
 
     def create(self) -> StreamAddress:
-        _ip("link", "add", self.link, "type", "dummy")
+        _ip("link", "add", self.link, "type", "bridge")
         try:
             _ip("addr", "add", f"{self.ip}/32", "dev", self.link)
             _ip("link", "set", self.link, "up")

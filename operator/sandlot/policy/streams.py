@@ -32,6 +32,9 @@ from sandlot.api.common import GROUP
 
 SUBPROTOCOL = "v5.channel.k8s.io"
 STREAM_TOKEN_HEADER = "X-Sandlot-Authorization"
+# The request's options (a URL query) travel in a header: the API server's proxy
+# forwards an upgrade request to the pod without the URL's query.
+STREAM_OPTIONS_HEADER = "X-Sandlot-Stream-Options"
 
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
@@ -54,16 +57,18 @@ class StreamRequest:
     stdin: bool = False
 
 
-def parse_stream_request(target: str) -> StreamRequest:
-    """``/sandboxes/<ns>/<name>/log?follow=1&tail=10`` or
-    ``/sandboxes/<ns>/<name>/exec?command=sh&command=-c&tty=1&stdin=1``."""
+def parse_stream_request(target: str, options: str = "") -> StreamRequest:
+    """The request of path ``/sandboxes/<ns>/<name>/log`` or ``.../exec`` with
+    ``options`` (the ``STREAM_OPTIONS_HEADER``, a URL query: ``follow=true&tail=10``
+    or ``command=sh&command=-c&tty=true&stdin=true``). A query on the path itself is
+    ignored: the API server's proxy drops it from upgrade requests."""
     url = urlsplit(target)
     parts = [p for p in url.path.split("/") if p]
     if len(parts) != 4 or parts[0] != "sandboxes" or parts[3] not in (LOG, EXEC):
         raise StreamRequestError(
             f"unknown path {url.path!r}: expected /sandboxes/NAMESPACE/NAME/log or .../exec"
         )
-    query = parse_qs(url.query)
+    query = parse_qs(options)
     flags = {k: (v[-1].lower() in ("1", "true", "yes")) for k, v in query.items()}
     _, namespace, name, kind = parts
     if kind == LOG:
@@ -89,8 +94,8 @@ def parse_stream_request(target: str) -> StreamRequest:
     )
 
 
-def stream_path(request: StreamRequest) -> str:
-    """The agent's path and query for ``request``: ``parse_stream_request``'s inverse."""
+def stream_path(request: StreamRequest) -> tuple[str, str]:
+    """The agent's path and options header for ``request``: ``parse_stream_request``'s inverse."""
     base = f"/sandboxes/{request.namespace}/{request.name}/{request.kind}"
     query: list[tuple[str, str]] = []
     if request.kind == LOG:
@@ -104,7 +109,7 @@ def stream_path(request: StreamRequest) -> str:
             query.append(("tty", "true"))
         if request.stdin:
             query.append(("stdin", "true"))
-    return base + ("?" + urlencode(query) if query else "")
+    return base, urlencode(query)
 
 
 def proxy_path(namespace: str, pod: str, port: int) -> str:
@@ -318,6 +323,7 @@ __all__ = [
     "STDERR",
     "STDIN",
     "STDOUT",
+    "STREAM_OPTIONS_HEADER",
     "STREAM_TOKEN_HEADER",
     "SUBPROTOCOL",
     "Access",
