@@ -267,7 +267,6 @@ class Agent:
         began = time.monotonic()
         if self.settings.metrics_port:
             self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
-        # logs and exec (answering 404 until the sandbox watch has listed): a busy port fails here
         self.streams = start_streams(
             self.settings, self.objects.api, self.sandbox_watch, self._stop
         )

@@ -236,7 +236,9 @@ class StreamServer:
 def start_streams(
     settings: AgentSettings, api: Any, sandboxes: WatchCache, stop: threading.Event
 ) -> StreamServer | None:
-    """The stream server of ``settings``, listening; None when it is off."""
+    """The stream server of ``settings``, listening; None when it is off. Started
+    first in the start-up, so a busy port fails it at once; until the sandbox watch
+    has listed, every sandbox is answered as not on this node (404)."""
     if not settings.stream_port:
         return None
     server = StreamServer(
