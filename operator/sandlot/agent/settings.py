@@ -250,7 +250,6 @@ class AgentSettings(SettingsModel):
     stream_pod: str = Field(
         default="",
         max_length=253,
-        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
         description="The Pod, in the agent's namespace, whose IP is this agent's stream "
         "server: its own pod in a cluster; on the local control plane a stand-in Pod "
         "the dev tooling keeps. Empty: logs and exec are not offered.",
