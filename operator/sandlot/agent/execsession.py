@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -101,9 +102,19 @@ class ExecSession:
         reader = threading.Thread(target=self._read_client, args=(process,), daemon=True)
         for thread in (*pumps, reader):
             thread.start()
+        began = time.monotonic()
         code = self._wait_exit(process)
+        exited = time.monotonic()
         for pump in pumps:
             pump.join(DRAIN_WAIT)
+        log.info(
+            "exec %s in %s: exit %s after %.2fs, output drained in %.2fs",
+            process.exec_id,
+            self.container_id,
+            code,
+            exited - began,
+            time.monotonic() - exited,
+        )
         if code is None:
             self._finish(error_status("the command was ended: the client or the agent went away"))
         else:

@@ -50,6 +50,7 @@ from sandlot.policy.streams import (
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1 << 20
+CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
 
 class StreamServer:
@@ -95,6 +96,7 @@ class StreamServer:
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,
                 max_size=MAX_MESSAGE,
+                close_timeout=CLOSE_TIMEOUT,
             )
         except OSError as e:
             why = (
