@@ -338,6 +338,21 @@ def test_exec_prints_the_commands_output_and_exits_with_its_code(
         kubeconfig=kubeconfig,
     )
     assert (failed.returncode, failed.stdout, failed.stderr) == (7, "", "oops\n")
+    # The same as a kubectl plugin (kubectl-sandlot beside this interpreter).
+    plugin = subprocess.run(
+        [str(kubectl_path()), "sandlot", "exec", "shell", "-n", tenant, "--", "sh", "-c", "exit 4"],
+        env=dict(
+            os.environ,
+            KUBECONFIG=str(kubeconfig),
+            PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert plugin.returncode == 4, plugin.stderr
     _delete(kube, tenant, "shell")
 
 
