@@ -11,6 +11,7 @@ sandbox's output and runs a command in it, through the API server like any user.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections.abc import Callable
@@ -78,7 +79,7 @@ def sandlot(kubeconfig: Path, *args: str) -> str:
         timeout=CLI_TIMEOUT,
         check=False,
     )
-    print(f"$ sandlot {' '.join(args)}", flush=True)
+    print(f"$ sandlot {shlex.join(args)}", flush=True)
     print((proc.stdout + proc.stderr).rstrip() + f"\n(exit {proc.returncode})", flush=True)
     if proc.returncode not in (0, 3):
         raise RuntimeError(f"sandlot {' '.join(args)} exited {proc.returncode}")
