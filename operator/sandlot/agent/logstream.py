@@ -5,9 +5,8 @@ stderr interleaved as written. ``--tail N`` starts at the N-th line from the
 end; ``--follow`` keeps reading as the file grows, and ends when the sandbox is
 no longer Running here (after the last bytes are sent), when the file is removed
 at teardown, when the client goes away or when the agent stops. A rotation
-(copy, then truncate in place) is noticed as the file shrinking below what was
-sent: the rest of the copied generation (``.log.1``) is sent first, then the
-truncated file from its start. Waiting for more is a bounded receive on the
+(copy to a new ``.log.1``, then truncate in place) is noticed as a new ``.log.1``:
+the rest of that copy is sent first, then the truncated file from its start. Waiting for more is a bounded receive on the
 connection, so a client that left is noticed within one wait.
 """
 
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sandlot.policy.sandboxlogs import ROTATED_SUFFIX
+from sandlot.policy.sandboxlogs import LOG_SUFFIX, ROTATED_SUFFIX
 from sandlot.policy.streams import STDOUT, encode_frame, tail_offset
 
 CHUNK = 32 * 1024
@@ -63,6 +62,15 @@ def _send_range(
     return position
 
 
+def _generation(rotated: Path) -> tuple[int, int] | None:
+    """The identity of the rotated file: each rotation replaces it by a new one."""
+    try:
+        info = rotated.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size
+
+
 def stream_log(
     path: Path,
     *,
@@ -75,6 +83,8 @@ def stream_log(
 ) -> None:
     """Send the log at ``path``. ``wait(seconds)`` waits on the connection and raises
     ``ClientGone`` once it closed; ``running()`` says whether the sandbox still runs here."""
+    rotated = path.with_name(path.name + ROTATED_SUFFIX.removeprefix(LOG_SUFFIX))
+    generation = _generation(rotated)
     with path.open("rb") as handle:
         position = _send_range(handle, start_offset(handle, tail), None, send)
         while follow and not stopping():
@@ -83,10 +93,16 @@ def stream_log(
                 size = path.stat().st_size
             except FileNotFoundError:
                 return  # removed at teardown: the sandbox is gone
-            if size < position:  # rotated: the rest of this generation is in .log.1
-                rotated = path.with_name(path.name + ROTATED_SUFFIX.removeprefix(".log"))
+            current = _generation(rotated)
+            if current != generation and current is not None:
+                if size >= current[1] and size >= position:
+                    wait(FOLLOW_WAIT)  # copied but not truncated yet: look again
+                    continue
+                # Rotated: the rest of the old generation is in the copy.
                 with contextlib.suppress(OSError), rotated.open("rb") as old:
                     _send_range(old, position, None, send)
+                generation, position = current, 0
+            elif size < position:  # truncated without a copy: start over
                 position = 0
             reached = _send_range(handle, position, None, send)
             if reached == position:
