@@ -288,3 +288,31 @@ def test_the_api_server_strips_authorization_so_the_token_travels_in_its_own_hea
     assert refused.value.status_code == 401
     assert b"X-Sandlot-Authorization" in (refused.value.resp_body or b"")
     delete_sandbox(kube, tenant, "bare")
+
+
+def test_a_busy_stream_port_is_one_line_naming_the_settings() -> None:
+    import socket
+    import threading
+
+    from sandlot.adapters.startup import StartupError
+    from sandlot.agent.streams import StreamServer
+
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        server = StreamServer(
+            None,
+            "node-x",
+            bind="127.0.0.1",
+            port=port,
+            sandbox=lambda _key: None,
+            log_dir="",
+            execs=None,
+            call_timeout=1.0,
+            stop=threading.Event(),
+        )
+        with pytest.raises(StartupError) as refused:
+            server.start()
+    message = str(refused.value)
+    assert "--stream-port / SANDLOT_STREAM_PORT" in message
+    assert f"127.0.0.1:{port}: cannot listen: address already in use" in message
+    assert "\n" not in message
