@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.support.operator",
     "tests.support.faultplane",
     "tests.support.strict_skips",
+    "tests.support.streams",
 ]

@@ -394,6 +394,9 @@ AGENT_REACH = {
     "leases.coordination.k8s.io": "create get update",
     # A token of its node's identity only (agent-identity-policy.yaml refuses others).
     "serviceaccounts/token": "create",
+    # sandlot logs / exec: the caller's token and access reviewed, nothing stored.
+    "tokenreviews.authentication.k8s.io": "create",
+    "subjectaccessreviews.authorization.k8s.io": "create",
 }
 OPERATOR_REACH = {
     "sandboxnodes.sandlot.dev": "get list patch watch",

@@ -63,6 +63,7 @@ from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
+from sandlot.agent.streams import StreamServer, start_streams, stream_status
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.agent.workpools import SandboxPools
@@ -136,6 +137,7 @@ class Agent:
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._metrics_server: Any = None
+        self.streams: StreamServer | None = None
         # What the sync and the CachePrune handling read instead of listing: started
         # once the node is READY, each wakes its loop on a change that matters.
         self._sync_wake = threading.Event()
@@ -265,6 +267,9 @@ class Agent:
         began = time.monotonic()
         if self.settings.metrics_port:
             self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
+        self.streams = start_streams(
+            self.settings, self.objects.api, self.sandbox_watch, self._stop
+        )
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.
@@ -345,6 +350,8 @@ class Agent:
         self._sync_wake.set()
         self._prune_wake.set()
         self.heartbeat.stop()
+        if self.streams is not None:
+            self.streams.shutdown()
         for watched in self._watches:
             watched.stop()
         self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
@@ -422,6 +429,7 @@ class Agent:
             "capacity": capacity_status(self.work.facts.capacity),
             **mirrored_taints(self.objects.api, self.node),
             "address": self.address,
+            **stream_status(self.settings),
             "agentVersion": sandlot.__version__,
             "containerdVersion": self.containerd_version,
         }

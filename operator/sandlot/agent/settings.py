@@ -234,6 +234,26 @@ class AgentSettings(SettingsModel):
         default=timedelta(seconds=10),
         description="How often the sandbox log files are checked for size and orphans.",
     )
+    stream_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="Port of the stream server behind `sandlot logs` and `sandlot exec`, "
+        "reached only through the API server's pods/proxy of stream_pod; 0: off.",
+    )
+    stream_bind: str = Field(
+        default="",
+        max_length=253,
+        description="Address the stream server listens on (empty: every address). The API "
+        "server proxies only to a pod IP that is not loopback or link-local.",
+    )
+    stream_pod: str = Field(
+        default="",
+        max_length=253,
+        description="The Pod, in the agent's namespace, whose IP is this agent's stream "
+        "server: its own pod in a cluster; on the local control plane a stand-in Pod "
+        "the dev tooling keeps. Empty: logs and exec are not offered.",
+    )
     cgroup_parent: str = Field(
         default="/sandlot",
         pattern=r"^/[A-Za-z0-9._/-]*$",

@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "dev": "sandlot.cli.dev",
     "gen": "sandlot.cli.gen",
     "drain": "sandlot.cli.nodes",
+    "exec": "sandlot.cli.streams",
+    "logs": "sandlot.cli.streams",
     "operator": "sandlot.cli.operator_cmd",
     "pool": "sandlot.cli.pools",
     "purge": "sandlot.cli.purge",
@@ -58,9 +60,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def split_trailing(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    """``argv`` before its first ``--``, and what follows it untouched (``sandlot exec
+    SB -- CMD -x``); argparse's own ``--`` does not reach a subcommand's arguments."""
+    words = list(argv)
+    if "--" not in words:
+        return words, None
+    cut = words.index("--")
+    return words[:cut], words[cut + 1 :]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    words, trailing = split_trailing(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words)
+    args = parser.parse_args(words)
+    args.trailing = trailing
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -7,8 +7,11 @@ then kills the agent of ``demo-1`` outright, leaving its containers running. It
 prints ``kubectl get sandboxes`` whenever it changes: after the lease expires and
 the (short) grace period ends, the lost node's sandboxes go Dead, leave the
 EndpointSlice, and replacements run on ``demo-2``. The restarted agent tears the
-dead sandboxes' containers down instead of re-adopting them. Last,
-``sandlot cache clear containerd --all`` prunes both nodes.
+dead sandboxes' containers down instead of re-adopting them. A ``SandboxClaim``
+then takes one of the pool's sandboxes, and ``sandlot logs`` / ``sandlot exec``
+read its output and run commands in it through the API server
+(``demostreams``). Last, ``sandlot cache clear containerd --all`` prunes both
+nodes.
 
 Sandboxes get their own addresses through CNI, as on a cluster: the demo writes a
 bridge + host-local network (bridge ``sldemo0``, 10.88.0.0/24) under its directory
@@ -42,6 +45,7 @@ from sandlot.devtools.containerd import (
 )
 from sandlot.devtools.controlplane import kubectl_path, stop_detached
 from sandlot.devtools.demonet import DemoNetwork
+from sandlot.devtools.demostreams import DemoStreams, claim_and_stream
 from sandlot.devtools.dev import start_local
 from sandlot.devtools.ociarchive import build_image_archive
 from sandlot.devtools.registry import Registry, start_registry
@@ -65,7 +69,7 @@ spec:
       labels: {app: web}
     spec:
       image: IMAGE_REF
-      command: ["sh", "-c", "mkdir -p /www && echo hello from $(busybox hostname) > /www/index.html && exec busybox httpd -f -p 8080 -h /www"]
+      command: ["sh", "-c", "mkdir -p /www && echo hello from $(busybox hostname) > /www/index.html && echo web: serving /www on :8080 as $(busybox hostname) && exec busybox httpd -f -vv -p 8080 -h /www"]
       ports: [{name: http, containerPort: 8080}]
 """
 
@@ -80,6 +84,7 @@ class Demo:
         self.registry: Registry | None = None
         self.network = DemoNetwork(workdir)
         self.kubeconfig = workdir / "kubeconfig"
+        self.streams = DemoStreams(self.kubeconfig, NODES)
         self.started = time.monotonic()
         self._last_table = ""
 
@@ -213,6 +218,7 @@ class Demo:
             "--gc-min-age",
             "0s",
             *self.network.agent_flags(),
+            *self.streams.agent_flags(node),
         )
 
     def stop_all(self) -> None:
@@ -226,6 +232,7 @@ class Demo:
                 proc.kill()
         if self.containerd is not None:
             self.network.release(self.containerd.address, NODES)
+        self.streams.remove()
         if self.containerd is not None:
             self.containerd.stop()
             self.containerd.remove()
@@ -236,6 +243,7 @@ class Demo:
         state_file = self.workdir / "state.json"
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         state.setdefault("pids", {}).update({n: p.pid for n, p in self.procs.items()})
+        state["streamLink"] = self.streams.address.link
         if self.containerd is not None:
             state["pids"]["containerd"] = self.containerd.process.pid  # type: ignore[union-attr]
             state["containerd"] = {
@@ -252,6 +260,8 @@ class Demo:
         self.create_pool()
         self.kill_agent_of_demo_1()
         self.restart_agent_of_demo_1()
+        self.say("claiming a sandbox of the pool, then its logs and a command in it")
+        claim_and_stream(self.kc, self.kubeconfig, self.wait)
         self.clear_caches()
 
     def running_count(self) -> int:
@@ -267,6 +277,7 @@ class Demo:
         start_local(self.workdir)
         self.kc("create", "namespace", "sandlot-system")
         self.kc("create", "namespace", "demo")
+        self.streams.create()  # the address the API server proxies logs and exec to
 
         self.say("starting a private containerd, and a registry on loopback with a busybox image")
         self.containerd = start_private_containerd()

@@ -5,6 +5,7 @@ CRDs applied, in the background, for trying sandlot on one machine."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from sandlot.adapters.kube import apply_crds, load_api_client
@@ -58,5 +59,7 @@ def down(directory: str) -> int:
         ctrd = PrivateContainerd(Path(state["containerd"]["root"]))
         ctrd.stop()
         ctrd.remove()
+    if "streamLink" in state:  # the demo's stream address
+        subprocess.run(["ip", "link", "del", state["streamLink"]], capture_output=True, timeout=30)
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0

@@ -1,0 +1,183 @@
+"""``sandlot exec``: one command in a sandbox's container, over one connection.
+
+Three threads per session, none of them unbounded: the caller's thread waits for
+the exit (one ``Tasks.Wait`` of ``WAIT_SLICE`` at a time, so a client that left
+or an agent that stops is noticed between them, and the process killed), one
+reader takes the client's frames (stdin, resize, close of stdin) and one pump
+per output FIFO sends stdout and stderr. After the exit the pumps drain to EOF
+(the shim closes its ends once it copied everything), then the exit status goes
+on the status channel and the connection closes; the exec's process record and
+FIFOs are removed whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sandlot.adapters.containerd.execs import ExecProcess, Execs
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.policy.streams import (
+    CLOSE,
+    RESIZE,
+    STATUS,
+    STDERR,
+    STDIN,
+    STDOUT,
+    StreamRequest,
+    decode_frame,
+    encode_frame,
+    error_status,
+    exit_status,
+    parse_resize,
+)
+
+log = logging.getLogger(__name__)
+
+WAIT_SLICE = 1.0  # seconds of one Tasks.Wait before looking at the client and the agent
+DRAIN_WAIT = 5.0  # seconds the output pumps get to reach EOF after the exit
+RECV_WAIT = 0.5
+
+
+class ExecSession:
+    """Runs ``request`` in ``container_id`` for ``connection`` (a websockets sync
+    server connection). ``run()`` returns when the command and the stream ended."""
+
+    def __init__(
+        self,
+        connection: Any,
+        execs: Execs,
+        container_id: str,
+        request: StreamRequest,
+        *,
+        call_timeout: float,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.connection = connection
+        self.execs = execs
+        self.container_id = container_id
+        self.request = request
+        self.call_timeout = call_timeout
+        self.stopping = stopping
+        self._send_lock = threading.Lock()
+        self._gone = threading.Event()
+
+    def send(self, message: bytes) -> None:
+        with self._send_lock:
+            self.connection.send(message)
+
+    def run(self) -> None:
+        exec_id = f"exec-{uuid.uuid4().hex[:12]}"
+        try:
+            process = self.execs.start(
+                self.container_id,
+                exec_id,
+                self.request.command,
+                tty=self.request.tty,
+                stdin=self.request.stdin,
+                timeout=self.call_timeout,
+            )
+        except RuntimeError_ as exc:
+            self._finish(error_status(f"cannot run {self.request.command[0]!r}: {exc}"))
+            return
+        try:
+            self._serve(process)
+        finally:
+            process.release()
+            with contextlib.suppress(RuntimeError_):
+                self.execs.delete(self.container_id, exec_id, timeout=self.call_timeout)
+
+    def _serve(self, process: ExecProcess) -> None:
+        pumps = [
+            threading.Thread(target=self._pump, args=(fd, channel), daemon=True)
+            for fd, channel in ((process.stdout, STDOUT), (process.stderr, STDERR))
+            if fd is not None
+        ]
+        reader = threading.Thread(target=self._read_client, args=(process,), daemon=True)
+        for thread in (*pumps, reader):
+            thread.start()
+        began = time.monotonic()
+        code = self._wait_exit(process)
+        exited = time.monotonic()
+        for pump in pumps:
+            pump.join(DRAIN_WAIT)
+        log.info(
+            "exec %s in %s: exit %s after %.2fs, output drained in %.2fs",
+            process.exec_id,
+            self.container_id,
+            code,
+            exited - began,
+            time.monotonic() - exited,
+        )
+        if code is None:
+            self._finish(error_status("the command was ended: the client or the agent went away"))
+        else:
+            self._finish(exit_status(code))
+
+    def _wait_exit(self, process: ExecProcess) -> int | None:
+        """The exit code; None when the client left or the agent stops first (killed then)."""
+        while True:
+            try:
+                return self.execs.wait(process, timeout=WAIT_SLICE)
+            except RuntimeTimeout:
+                pass
+            except RuntimeError_ as exc:
+                log.warning(
+                    "exec %s in %s: wait failed: %s", process.exec_id, self.container_id, exc
+                )
+                return None
+            if self._gone.is_set() or self.stopping():
+                with contextlib.suppress(RuntimeError_):
+                    self.execs.kill(process, timeout=self.call_timeout)
+                with contextlib.suppress(RuntimeError_):
+                    self.execs.wait(process, timeout=self.call_timeout)
+                return None
+
+    def _pump(self, fd: int, channel: int) -> None:
+        try:
+            while data := os.read(fd, 32 * 1024):
+                self.send(encode_frame(channel, data))
+        except Exception as exc:  # a closed connection or FIFO ends the pump either way
+            log.debug("exec output pump %d ended: %s", channel, exc)
+
+    def _read_client(self, process: ExecProcess) -> None:
+        try:
+            while True:
+                try:
+                    message = self.connection.recv(timeout=RECV_WAIT)
+                except TimeoutError:
+                    continue
+                if isinstance(message, str):
+                    message = message.encode()
+                try:
+                    self._on_frame(process, *decode_frame(message))
+                except (ValueError, RuntimeError_) as exc:  # one bad frame, not the session
+                    log.info("exec %s: frame refused: %s", process.exec_id, exc)
+        except Exception as exc:  # ConnectionClosed or a broken frame: the client is done
+            log.debug("exec %s: client stream ended: %s", process.exec_id, exc)
+        finally:
+            self._gone.set()
+
+    def _on_frame(self, process: ExecProcess, channel: int, data: bytes) -> None:
+        if channel == STDIN and process.stdin is not None and "stdin" not in process.closed:
+            os.write(process.stdin, data)
+        elif channel == RESIZE and self.request.tty:
+            width, height = parse_resize(data)
+            self.execs.resize(process, width, height, timeout=self.call_timeout)
+        elif channel == CLOSE and data[:1] == bytes([STDIN]) and process.stdin is not None:
+            self.execs.close_stdin(process, timeout=self.call_timeout)
+
+    def _finish(self, status: bytes) -> None:
+        with contextlib.suppress(Exception):
+            self.send(encode_frame(STATUS, status))
+        with contextlib.suppress(Exception):
+            self.connection.close()
+
+
+__all__ = ["ExecSession"]

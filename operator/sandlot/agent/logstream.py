@@ -1,0 +1,115 @@
+"""``sandlot logs``: a sandbox's output file sent on the stdout channel.
+
+The file is the one the shim appends to (``policy.sandboxlogs``): stdout and
+stderr interleaved as written. ``--tail N`` starts at the N-th line from the
+end; ``--follow`` keeps reading as the file grows, and ends when the sandbox is
+no longer Running here (after the last bytes are sent), when the file is removed
+at teardown, when the client goes away or when the agent stops. A rotation
+(copy to a new ``.log.1``, then truncate in place) is noticed as a new ``.log.1``:
+the rest of that copy is sent first, then the truncated file from its start. Waiting for more is a bounded receive on the
+connection, so a client that left is noticed within one wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sandlot.policy.sandboxlogs import LOG_SUFFIX, ROTATED_SUFFIX
+from sandlot.policy.streams import STDOUT, encode_frame, tail_offset
+
+CHUNK = 32 * 1024
+TAIL_WINDOW = 64 * 1024
+FOLLOW_WAIT = 0.25  # seconds between looks at a followed file that did not grow
+
+
+class ClientGone(Exception):
+    """The connection closed while a log was being sent."""
+
+
+def start_offset(handle: BinaryIO, lines: int | None) -> int:
+    """Where the last ``lines`` lines of the open file begin (0 for the whole file)."""
+    size = os.fstat(handle.fileno()).st_size
+    if lines is None:
+        return 0
+    window = TAIL_WINDOW
+    while True:
+        begin = max(0, size - window)
+        handle.seek(begin)
+        data = handle.read(size - begin)
+        offset = tail_offset(data, size, lines)
+        if offset > begin or begin == 0:
+            return offset
+        window *= 4
+
+
+def _send_range(
+    handle: BinaryIO, start: int, end: int | None, send: Callable[[bytes], None]
+) -> int:
+    """Send bytes ``start``..``end`` (None: the current end); the offset reached."""
+    handle.seek(start)
+    position = start
+    while end is None or position < end:
+        want = CHUNK if end is None else min(CHUNK, end - position)
+        data = handle.read(want)
+        if not data:
+            break
+        send(encode_frame(STDOUT, data))
+        position += len(data)
+    return position
+
+
+def _generation(rotated: Path) -> tuple[int, int] | None:
+    """The identity of the rotated file: each rotation replaces it by a new one."""
+    try:
+        info = rotated.stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_size
+
+
+def stream_log(
+    path: Path,
+    *,
+    tail: int | None,
+    follow: bool,
+    running: Callable[[], bool],
+    send: Callable[[bytes], None],
+    wait: Callable[[float], Any],
+    stopping: Callable[[], bool],
+) -> None:
+    """Send the log at ``path``. ``wait(seconds)`` waits on the connection and raises
+    ``ClientGone`` once it closed; ``running()`` says whether the sandbox still runs here."""
+    rotated = path.with_name(path.name + ROTATED_SUFFIX.removeprefix(LOG_SUFFIX))
+    generation = _generation(rotated)
+    with path.open("rb") as handle:
+        position = _send_range(handle, start_offset(handle, tail), None, send)
+        while follow and not stopping():
+            was_running = running()
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:
+                return  # removed at teardown: the sandbox is gone
+            current = _generation(rotated)
+            if current != generation and current is not None:
+                if size >= current[1] and size >= position:
+                    wait(FOLLOW_WAIT)  # copied but not truncated yet: look again
+                    continue
+                # Rotated: the rest of the old generation is in the copy.
+                with contextlib.suppress(OSError), rotated.open("rb") as old:
+                    _send_range(old, position, None, send)
+                generation, position = current, 0
+            elif size < position:  # truncated without a copy: start over
+                position = 0
+            reached = _send_range(handle, position, None, send)
+            if reached == position:
+                if not was_running:
+                    return  # it had ended before this last read found nothing more
+                wait(FOLLOW_WAIT)
+            position = reached
+
+
+__all__ = ["ClientGone", "start_offset", "stream_log"]

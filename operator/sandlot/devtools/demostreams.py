@@ -1,0 +1,110 @@
+"""The demo's claim, ``sandlot logs`` and ``sandlot exec``.
+
+The local agents are plain processes, so the demo gives their stream servers
+what a cluster gives the agent pods: an address the API server will proxy to
+(``streamnet``: an interface of the demo's own with a private address) and a
+stand-in Pod per agent carrying it (``adapters.agentpods``). Then a
+``SandboxClaim`` takes a Running member of the pool, and the CLI reads that
+sandbox's output and runs a command in it, through the API server like any user.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from sandlot.adapters.agentpods import publish_agent_pod
+from sandlot.adapters.kube import load_api_client
+from sandlot.devtools.controlplane import free_port
+from sandlot.devtools.streamnet import StreamAddress
+
+AGENT_NAMESPACE = "sandlot-system"
+CLI_TIMEOUT = 180  # seconds; a loaded machine takes long just to start the interpreter
+CLAIM = """\
+apiVersion: sandlot.dev/v1alpha1
+kind: SandboxClaim
+metadata:
+  name: mine
+  namespace: demo
+spec:
+  poolName: web
+"""
+
+
+class DemoStreams:
+    """The stream address of the demo's agents, their ports and stand-in Pods."""
+
+    def __init__(self, kubeconfig: Path, nodes: tuple[str, ...]) -> None:
+        self.kubeconfig = kubeconfig
+        self.address = StreamAddress()
+        self.ports = {node: free_port() for node in nodes}
+
+    def create(self) -> None:
+        self.address.create()
+
+    def remove(self) -> None:
+        self.address.remove()
+
+    @staticmethod
+    def pod(node: str) -> str:
+        return f"sandlot-agent-{node}"
+
+    def agent_flags(self, node: str) -> list[str]:
+        """The agent's stream flags; its stand-in Pod is recorded first."""
+        api = load_api_client(str(self.kubeconfig))
+        try:
+            publish_agent_pod(
+                api, AGENT_NAMESPACE, self.pod(node), self.address.ip, self.ports[node]
+            )
+        finally:
+            api.close()
+        return [
+            *("--stream-port", str(self.ports[node])),
+            *("--stream-bind", self.address.ip),
+            *("--stream-pod", self.pod(node)),
+        ]
+
+
+def sandlot(kubeconfig: Path, *args: str) -> str:
+    """Run the CLI as a user would, printing the command and what it printed."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandlot.cli.main", *args],
+        env=dict(os.environ, KUBECONFIG=str(kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT,
+        check=False,
+    )
+    print(f"$ sandlot {shlex.join(args)}", flush=True)
+    print((proc.stdout + proc.stderr).rstrip() + f"\n(exit {proc.returncode})", flush=True)
+    if proc.returncode not in (0, 3):
+        raise RuntimeError(f"sandlot {' '.join(args)} exited {proc.returncode}")
+    return proc.stdout
+
+
+def claim_and_stream(
+    kc: Callable[..., str], kubeconfig: Path, wait: Callable[[str, Callable[[], bool]], None]
+) -> None:
+    """Claim a member of the pool, then read its logs and run commands in it."""
+    kc("apply", "-f", "-", stdin=CLAIM)
+    wait(
+        "the claim Bound",
+        lambda: (
+            kc("get", "sbclaim", "mine", "-n", "demo", "-o", "jsonpath={.status.phase}") == "Bound"
+        ),
+    )
+    print(kc("get", "sbclaim", "-n", "demo", "-o", "wide"), flush=True)
+    name = kc("get", "sbclaim", "mine", "-n", "demo", "-o", "jsonpath={.status.sandboxName}")
+    sandlot(kubeconfig, "logs", name, "-n", "demo", "--tail", "5")
+    sandlot(
+        kubeconfig, "exec", name, "-n", "demo", "--", "sh", "-c", "hostname; cat /www/index.html"
+    )
+    sandlot(kubeconfig, "exec", name, "-n", "demo", "--", "sh", "-c", "echo exiting 3 >&2; exit 3")
+    kc("delete", "sbclaim", "mine", "-n", "demo", "--wait=false")
+
+
+__all__ = ["DemoStreams", "claim_and_stream"]

@@ -1,0 +1,224 @@
+"""Fixtures for ``sandlot logs`` / ``sandlot exec`` tests: a real agent whose stream
+server the real API server proxies to, and ServiceAccount callers with real RBAC.
+
+The agent's stream server listens on an address of an interface these fixtures
+create (the API server proxies only to a global-unicast pod IP), recorded as the
+IP of the agent's stand-in Pod, as ``sandlot dev`` and the demo do. One caller
+may read logs and exec, one may only reach the proxy.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
+from sandlot.agent.main import Agent
+from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.containerd import PrivateContainerd
+from sandlot.devtools.controlplane import ControlPlane, free_port, kubeconfig_dict
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.devtools.streamnet import StreamAddress, can_create
+from tests.support.agents import agent_settings
+from tests.support.wait import wait_for
+
+IMAGE = "docker.io/sandlot/agent-busybox:test"
+CLI_TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def stream_address() -> Iterator[StreamAddress]:
+    if not can_create():
+        pytest.skip("creating the stream address's interface needs root")
+    with StreamAddress() as address:
+        yield address
+
+
+def _create_namespace(kube: client.ApiClient, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    client.CoreV1Api(kube).create_namespace({"metadata": {"name": name}})
+    return name
+
+
+@pytest.fixture(scope="module")
+def places(kube: client.ApiClient) -> Iterator[tuple[str, str]]:
+    """(the agent's namespace, the tenant's namespace)."""
+    system, tenant = _create_namespace(kube, "sys"), _create_namespace(kube, "tenant")
+    yield system, tenant
+    for name in (system, tenant):
+        client.CoreV1Api(kube).delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def agent(
+    kube: client.ApiClient,
+    containerd: PrivateContainerd,
+    places: tuple[str, str],
+    stream_address: StreamAddress,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Agent]:
+    from tests.integration.test_agent_node import _cleanup_namespace
+
+    system, _ = places
+    workdir = tmp_path_factory.mktemp("streams")
+    ctr_ns = f"streams-{uuid.uuid4().hex[:8]}"
+    archive = workdir / "busybox.tar"
+    build_image_archive(archive, IMAGE)
+    import_archive(containerd.address, ctr_ns, archive, timeout=60)
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    pod = f"sandlot-agent-{node}"
+    publish_agent_pod(kube, system, pod, stream_address.ip, port)
+    settings = agent_settings(
+        node=node,
+        namespace=system,
+        containerd=containerd,
+        ctr_ns=ctr_ns,
+        log_dir=workdir / "logs",
+        stream_port=port,
+        stream_bind=stream_address.ip,
+        stream_pod=pod,
+        log_interval="0.2s",
+    )
+    started = Agent(settings, kube, registry=CollectorRegistry())
+    try:
+        assert started.start(), "the agent did not start"
+        yield started
+    finally:
+        started.shutdown()
+        remove_agent_pod(kube, system, pod)
+        _cleanup_namespace(containerd.address, ctr_ns)
+
+
+def _user_kubeconfig(
+    kube: client.ApiClient,
+    plane: ControlPlane,
+    namespace: str,
+    user: str,
+    workdir: Path,
+) -> Path:
+    core = client.CoreV1Api(kube)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": user}})
+    token = core.create_namespaced_service_account_token(
+        user, namespace, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    path = workdir / f"{user}.kubeconfig"
+    path.write_text(
+        yaml.safe_dump(kubeconfig_dict(plane.url, str(plane.ca_file), user, token=token))
+    )
+    return path
+
+
+def _grant(
+    kube: client.ApiClient,
+    namespace: str,
+    name: str,
+    rules: list[dict[str, Any]],
+    subject: tuple[str, str],
+) -> None:
+    rbac = client.RbacAuthorizationV1Api(kube)
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "namespace": subject[0], "name": subject[1]}],
+        },
+    )
+
+
+PROXY = [{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]}]
+STREAMS = [
+    {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get", "exec"]},
+    {"apiGroups": [GROUP], "resources": ["sandboxes/log"], "verbs": ["get"]},
+]
+READ_ONLY = [{"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get"]}]
+
+
+@pytest.fixture(scope="module")
+def users(
+    kube: client.ApiClient,
+    control_plane: ControlPlane,
+    places: tuple[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Path]]:
+    """``operator-person`` may read logs and exec; ``onlooker`` may only reach the proxy."""
+    system, tenant = places
+    workdir = tmp_path_factory.mktemp("users")
+    configs = {}
+    for user, rules in (("operator-person", STREAMS), ("onlooker", READ_ONLY)):
+        configs[user] = _user_kubeconfig(kube, control_plane, tenant, user, workdir)
+        _grant(kube, system, f"{user}-proxy", PROXY, (tenant, user))
+        _grant(kube, tenant, f"{user}-sandboxes", rules, (tenant, user))
+    rbac = client.RbacAuthorizationV1Api(kube)
+    nodes = f"read-sandboxnodes-{tenant}"
+    rbac.create_cluster_role(
+        {
+            "metadata": {"name": nodes},
+            "rules": [{"apiGroups": [GROUP], "resources": ["sandboxnodes"], "verbs": ["get"]}],
+        }
+    )
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": nodes},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": nodes,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "namespace": tenant, "name": user} for user in configs
+            ],
+        }
+    )
+    yield configs
+    rbac.delete_cluster_role_binding(nodes)
+    rbac.delete_cluster_role(nodes)
+
+
+def sandlot(
+    command: str, *args: str, kubeconfig: Path, timeout: float = CLI_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """``sandlot COMMAND --kubeconfig FILE ARGS...`` (before any ``--`` of exec)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sandlot.cli.main", command, "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def running_sandbox(
+    kube: client.ApiClient, agent: Agent, namespace: str, name: str, script: str
+) -> dict[str, Any]:
+    from tests.integration.test_agent_node import create_sandbox, wait_phase
+
+    create_sandbox(kube, namespace, name, agent.node, command=["sh", "-c", script])
+    sandbox = wait_phase(kube, namespace, name, "Running", timeout=30)
+    wait_for(
+        lambda: (
+            (agent.sandbox_watch.get(f"{namespace}/{name}") or {}).get("status", {}).get("phase")
+            == "Running"
+        ),
+        timeout=10,
+        what="the agent's watch to see the sandbox Running",
+    )
+    return sandbox
+
+
+def delete_sandbox(kube: client.ApiClient, namespace: str, name: str) -> None:
+    client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name
+    )

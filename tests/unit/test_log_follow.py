@@ -1,0 +1,97 @@
+"""``sandlot logs -f`` on the agent: a followed file that grows, rotates and ends.
+
+Real files in a temporary directory; the connection is two callables (``send``
+collects frames, ``wait`` stands for a bounded receive and acts on the file), so
+nothing here sleeps.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sandlot.agent.logstream import ClientGone, stream_log
+from sandlot.policy.streams import STDOUT, decode_frame
+
+
+def _follow(path: Path, steps: list[Callable[[], None]], tail: int | None = None) -> bytes:
+    """Follow ``path``; each wait runs the next step; the sandbox ends after the last."""
+    sent: list[bytes] = []
+    pending = list(steps)
+
+    def wait(_seconds: float) -> None:
+        if pending:
+            pending.pop(0)()
+
+    stream_log(
+        path,
+        tail=tail,
+        follow=True,
+        running=lambda: bool(pending),
+        send=sent.append,
+        wait=wait,
+        stopping=lambda: False,
+    )
+    frames = [decode_frame(m) for m in sent]
+    assert {channel for channel, _ in frames} <= {STDOUT}
+    return b"".join(data for _, data in frames)
+
+
+def test_follow_sends_what_is_appended_until_the_sandbox_ends(tmp_path: Path) -> None:
+    log = tmp_path / "ns_box_uid.log"
+    log.write_bytes(b"one\n")
+
+    def append(data: bytes) -> Callable[[], None]:
+        return lambda: log.open("ab").write(data) and None
+
+    assert _follow(log, [append(b"two\n"), append(b"three\n")]) == b"one\ntwo\nthree\n"
+
+
+def test_a_rotation_sends_the_rest_of_the_old_generation_then_the_new_file(tmp_path: Path) -> None:
+    log = tmp_path / "ns_box_uid.log"
+    log.write_bytes(b"one\n")
+
+    def rotate_with_unsent_bytes() -> None:
+        with log.open("ab") as handle:
+            handle.write(b"two\n")  # written after the last read, before the copy
+        shutil.copyfile(log, tmp_path / "ns_box_uid.log.1")
+        with log.open("r+b") as handle:
+            handle.truncate(0)
+        log.write_bytes(b"three\n")
+
+    assert _follow(log, [rotate_with_unsent_bytes]) == b"one\ntwo\nthree\n"
+
+
+def test_tail_then_follow_starts_at_the_last_lines(tmp_path: Path) -> None:
+    log = tmp_path / "ns_box_uid.log"
+    log.write_bytes(b"a\nb\nc\n")
+    assert _follow(log, [lambda: log.open("ab").write(b"d\n") and None], tail=1) == b"c\nd\n"
+
+
+def test_the_file_removed_at_teardown_ends_the_follow(tmp_path: Path) -> None:
+    log = tmp_path / "ns_box_uid.log"
+    log.write_bytes(b"one\n")
+    steps = [log.unlink, lambda: None]  # still "running" when the file is found gone
+    assert _follow(log, steps) == b"one\n"
+
+
+def test_a_client_that_left_ends_the_follow(tmp_path: Path) -> None:
+    log = tmp_path / "ns_box_uid.log"
+    log.write_bytes(b"one\n")
+
+    def gone(_seconds: float) -> None:
+        raise ClientGone("closed")
+
+    with pytest.raises(ClientGone):
+        stream_log(
+            log,
+            tail=None,
+            follow=True,
+            running=lambda: True,
+            send=lambda _m: None,
+            wait=gone,
+            stopping=lambda: False,
+        )
