@@ -90,7 +90,8 @@ def test_public_image_pulls_with_progress_unpacked_labelled_and_runs(
     assert result.total_bytes > 2 * 1024 * 1024  # config and layers, the filler's among them
     assert seen, "no progress was reported"
     assert seen[-1][0] == seen[-1][1] == result.total_bytes
-    assert result.fetched_bytes == result.total_bytes  # nothing was on the node
+    # The filler layer is new to the node; the busybox one may be there already.
+    assert 2 * 1024 * 1024 <= result.fetched_bytes <= result.total_bytes
     record = next(r for r in runtime.list_images(timeout=10) if r.name == pushed.name)
     assert record.target_digest == pushed.manifest_digest
     assert record.labels[LAST_USED_LABEL] == "2026-01-01T00:00:00Z"
