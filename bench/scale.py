@@ -84,7 +84,7 @@ class Scale:
         self.plane = start_private_plane(work / "cp", extra_flags=flags, namespaces=(NS, LEASE_NS))
         self.op_kubeconfig = operator_kubeconfig(self.plane, work / "operator.kubeconfig")
         self.kubeconfig = str(self.plane.kubeconfig)
-        self.api = load_api_client(self.kubeconfig, pool_size=32)
+        self.api = load_api_client(self.kubeconfig, pool_size=32, request_timeout=(30.0, 120.0))
         self.objs: Any = client.CustomObjectsApi(self.api)
         self.requests = OperatorRequests(work / "cp" / "audit.log")
         self.rows: list[dict[str, Any]] = []

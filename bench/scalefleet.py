@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import LeaseRecord, Leases
@@ -52,7 +53,7 @@ class LeaseRenewer:
     """Renews many node Leases from one process, each every ``every`` seconds."""
 
     def __init__(self, kubeconfig: str, namespace: str, every: float, duration: int) -> None:
-        self.api = load_api_client(kubeconfig, pool_size=16)
+        self.api = load_api_client(kubeconfig, pool_size=16, request_timeout=(30.0, 120.0))
         self.leases = Leases(self.api, namespace)
         self.every, self.duration = every, duration
         self.records: dict[str, LeaseRecord] = {}
@@ -210,7 +211,9 @@ class Agents:
 
 
 def _objects(kubeconfig: str) -> Any:
-    return client.CustomObjectsApi(load_api_client(kubeconfig, pool_size=16))
+    return client.CustomObjectsApi(
+        load_api_client(kubeconfig, pool_size=16, request_timeout=(30.0, 120.0))
+    )
 
 
 def create_nodes(kubeconfig: str, names: list[str]) -> None:
@@ -235,6 +238,22 @@ def _create_chunk(job: tuple[str, str, list[tuple[str, str]]]) -> int:
     objs = _objects(kubeconfig)
 
     def one(item: tuple[str, str]) -> None:
+        # A loaded API server times some requests out: try again (a create that
+        # landed before its answer was lost is a 409 the second time).
+        for attempt in range(6):
+            try:
+                return create_one(item)
+            except ApiException as e:
+                if e.status == 409 and attempt:
+                    return create_one(item, status_only=True)
+                if attempt == 5:
+                    raise
+            except Exception:
+                if attempt == 5:
+                    raise
+            time.sleep(0.5 * (attempt + 1))
+
+    def create_one(item: tuple[str, str], status_only: bool = False) -> None:
         name, node = item
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -242,9 +261,10 @@ def _create_chunk(job: tuple[str, str, list[tuple[str, str]]]) -> int:
             "metadata": {"name": name},
             "spec": {"image": IMAGE, "nodeName": node},
         }
-        objs.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "sandboxes", body, _preload_content=False
-        )
+        if not status_only:
+            objs.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "sandboxes", body, _preload_content=False
+            )
         objs.patch_namespaced_custom_object_status(
             GROUP,
             VERSION,
