@@ -159,6 +159,7 @@ class Scale:
         placed = [(f"s-{n}-{i}", n) for n in self.nodes for i in range(per)]
         for name, node in placed:
             self.placed[node].append(name)
+        self.m = self.figures["sandboxes"] = len(placed)  # M rounded down to N's multiple
         took = create_sandboxes(self.kubeconfig, NS, placed)
         self.figures["create_seconds"] = took
         print(f"  {len(placed)} Running sandboxes in {took:.1f}s "
