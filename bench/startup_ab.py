@@ -46,6 +46,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for tree in args.trees:
                 os.environ["PYTHONPATH"] = str(tree.resolve())
+                scale.figures.pop("peak_kb", None)
                 op = scale.start()
                 f = scale.figures
                 time.sleep(5)
