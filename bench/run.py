@@ -3,7 +3,8 @@
     .venv/bin/python bench/run.py [--quick]
 
 ``--quick`` skips the 10,000-sandbox memory run and shortens the churn run from
-30 to 3 minutes. The agent start-up, start-latency and GC benchmarks need root
+30 to 3 minutes. The scale run (``bench/scale.py``) uses 15,000 sandboxes over 500
+nodes; ``--full`` makes it 150,000 over 5,000. The agent start-up, start-latency and GC benchmarks need root
 (they run containers on a private containerd).
 """
 
@@ -37,6 +38,11 @@ def main() -> int:
         "--quick",
         action="store_true",
         help="skip the 10,000-sandbox memory run and shorten the churn run to 3 minutes",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="run the scale benchmark at 150,000 sandboxes over 5,000 nodes (hours)",
     )
     args = parser.parse_args()
     rows: list[dict[str, object]] = []
@@ -84,6 +90,14 @@ def main() -> int:
     run([str(HERE / "gc_forced.py"), "--json", str(gc)], timeout=1800)
     if gc.exists():
         rows += json.loads(gc.read_text())
+
+    scale = out.with_name("scale.json")
+    scale_args = [str(HERE / "scale.py"), "--json", str(scale)]
+    if args.full:
+        scale_args.append("--full")
+    run(scale_args, timeout=4 * 3600 if args.full else 3600)
+    if scale.exists():
+        rows += json.loads(scale.read_text())
 
     text = run([str(HERE / "pull.py")], timeout=1800)
     m = re.search(r"ratio sandlot/ctr: ([\d.]+)", text)

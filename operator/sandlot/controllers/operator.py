@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 # How long a stopping leader waits for its writes in flight before it gives up
 # releasing the Lease early (it then expires by itself).
 SHUTDOWN_DRAIN_SECONDS = 5.0
+# kopf's start-up listing page, and how long it keeps an object's worker after its
+# last event (see ``configure``).
+LIST_PAGE = 500
+WORKER_IDLE_SECONDS = 0.1
 # Loop turns the workers need to create their sub-tasks (workloads -> queue -> workers).
 STARTUP_YIELDS = 4
 
@@ -119,6 +123,13 @@ def build_registry(
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         settings.watching.server_timeout = 300
         settings.networking.request_timeout = 60
+        # kopf lists a kind in one response by default: at start-up every existing
+        # sandbox's body is held at once, as text and parsed, beside the worker kopf
+        # starts per object and keeps until its events have stopped for 5 s. Listing
+        # in pages, and letting a worker go once its queue is empty (every handler of
+        # ours is an event handler, done at once), bounds the start-up peak by a page.
+        settings.watching.chunk_size = LIST_PAGE
+        settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

@@ -1,0 +1,394 @@
+"""Scale of one operator replica: N nodes, M sandboxes, the real operator.
+
+A private control plane; N SandboxNodes whose Leases one process renews (as N
+agents would, no containerd); M Running Sandboxes spread evenly over them; the real
+``sandlot operator`` as a subprocess. Every figure is a ratio or a per-unit figure
+measured in this one run:
+
+1. start-up on M existing sandboxes: time from the process's start to its first
+   node decision and to every node's, peak RSS (VmHWM);
+2. steady RSS per sandbox and per node (fresh operators: empty, nodes only (the
+   second one, which finds the nodes' status written), the whole fleet), idle CPU over one resync interval, and the operator's API
+   requests per second at rest beyond its watches and leader-lease renewals (the
+   API server's audit log of the operator's own user, so kopf's requests count too);
+3. reaction: one node of M/N sandboxes stops renewing -> the last Dead seen on a
+   watch, minus its deadline (renewal + lease duration + grace); 10 % of the nodes
+   at once, the mass-failure guard off and then on -> the last node's decision and
+   the last mark, after their deadlines;
+4. marking at the API server's limit, ``--mark-runs`` paired runs: one node of
+   ``--mark-sandboxes`` lost; deadline -> last Dead, over the time a bare client
+   takes to patch the same sandboxes' status on the same API server right after.
+
+    .venv/bin/python bench/scale.py                 # M=15,000 / N=500 (make bench)
+    .venv/bin/python bench/scale.py --full          # M=150,000 / N=5,000
+    .venv/bin/python bench/scale.py --sandboxes 1000 --nodes 50 --mark-runs 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client
+from tests.support.kube import start_private_plane
+from tests.support.operator import OperatorProcess
+
+from bench.nodehealth import cpu_seconds, rss_kb, settle
+from bench.scalefleet import (
+    Agents,
+    DeadWatch,
+    OperatorRequests,
+    bare_patch_seconds,
+    create_nodes,
+    create_sandboxes,
+    operator_identity,
+    operator_kubeconfig,
+)
+from bench.scaleplot import write_plot
+from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.objects import parse_time
+from sandlot.api import GROUP, VERSION
+
+NS = "scale"
+LEASE_NS = "sandlot-system"
+GRACE = 5.0
+RESYNC = 30.0
+MARK_CONCURRENCY = 16
+FIRST_DECISION = "sandlot_operator_node_reconcile_duration_seconds_count"
+
+
+def peak_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+class Scale:
+    def __init__(self, work: Path, nodes: int, sandboxes: int, renew_every: float) -> None:
+        self.work = work
+        self.n, self.m = nodes, sandboxes
+        self.every = renew_every
+        self.duration = max(round(3 * renew_every), 2)
+        flags = operator_identity(work / "cp")
+        self.plane = start_private_plane(work / "cp", extra_flags=flags, namespaces=(NS, LEASE_NS))
+        self.op_kubeconfig = operator_kubeconfig(self.plane, work / "operator.kubeconfig")
+        self.kubeconfig = str(self.plane.kubeconfig)
+        self.api = load_api_client(self.kubeconfig, pool_size=32, request_timeout=(30.0, 120.0))
+        self.objs: Any = client.CustomObjectsApi(self.api)
+        self.requests = OperatorRequests(work / "cp" / "audit.log")
+        self.rows: list[dict[str, Any]] = []
+        self.figures: dict[str, float] = {"nodes": nodes, "sandboxes": sandboxes}
+        self.nodes = [f"n{i:05d}" for i in range(nodes)]
+        self.agents: Agents | None = None
+        self.watch: DeadWatch | None = None
+        self.placed: dict[str, list[str]] = {n: [] for n in self.nodes}
+        self.lost: set[str] = set()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        if self.agents is not None:
+            self.agents.stop()
+        self.api.close()
+        self.plane.stop()
+
+    def row(self, name: str, value: float, target: str, ok: bool, detail: str) -> None:
+        self.rows.append(
+            {"benchmark": name, "value": round(value, 4), "target": target, "ok": ok,
+             "detail": detail}
+        )  # fmt: skip
+        verdict = "ok" if ok else "MISSED"
+        print(f"  {name}: {value:.4g} (target {target}) {verdict} - {detail}", flush=True)
+
+    def operator(self, *flags: str) -> OperatorProcess:
+        lease_view = min(45.0, (self.duration + GRACE) / 2)
+        return OperatorProcess(
+            self.plane,
+            self.work,
+            LEASE_NS,
+            "--grace-period", f"{GRACE:g}s",
+            "--agent-lease-duration", f"{self.duration}s",
+            "--lease-view-max-age", f"{lease_view:g}s",
+            "--resync-interval", f"{RESYNC:g}s",
+            "--mark-concurrency", str(MARK_CONCURRENCY),
+            *flags,
+            kubeconfig=self.op_kubeconfig,
+        )  # fmt: skip
+
+    # -- memory ---------------------------------------------------------------------
+
+    def baseline(self) -> None:
+        """RSS of a fresh operator on an empty cluster, then on the nodes alone."""
+        op = self.operator()
+        try:
+            op.wait_metrics(120)
+            settle(op.proc.pid, timeout=600)
+            self.figures["rss_empty_kb"] = rss_kb(op.proc.pid)
+        finally:
+            op.stop()
+        started = time.monotonic()
+        create_nodes(self.kubeconfig, self.nodes)
+        self.agents = Agents(self.kubeconfig, LEASE_NS, self.nodes, self.work, self.every,
+                             self.duration)  # fmt: skip
+        print(f"  {self.n} nodes and leases in {time.monotonic() - started:.1f}s", flush=True)
+        # The first operator on the nodes writes each one's status once (threads,
+        # arenas, buffers it keeps); the second finds them written, as every later
+        # start does, and is the one measured.
+        for _ in range(2):
+            op = self.operator()
+            try:
+                op.wait_metrics(120)
+                settle(op.proc.pid, timeout=600)
+                self.figures["rss_nodes_kb"] = rss_kb(op.proc.pid)
+            finally:
+                op.stop()
+
+    def populate(self) -> None:
+        per = self.m // self.n
+        placed = [(f"s-{n}-{i}", n) for n in self.nodes for i in range(per)]
+        for name, node in placed:
+            self.placed[node].append(name)
+        self.m = self.figures["sandboxes"] = len(placed)  # M rounded down to N's multiple
+        took = create_sandboxes(self.kubeconfig, NS, placed)
+        self.figures["create_seconds"] = took
+        print(f"  {len(placed)} Running sandboxes in {took:.1f}s "
+              f"({2 * len(placed) / took:.0f} requests/s)", flush=True)  # fmt: skip
+
+    # -- start-up and rest ----------------------------------------------------------
+
+    def start(self, *flags: str) -> OperatorProcess:
+        began = time.monotonic()
+        op = self.operator(*flags)
+        first = every = None
+        deadline = began + 1800
+        while every is None and time.monotonic() < deadline:
+            if op.proc.poll() is not None:
+                raise RuntimeError(f"operator exited {op.proc.returncode}:\n{op.log()}")
+            try:
+                count = op.metric(FIRST_DECISION)
+            except OSError:
+                count = 0.0
+            now = time.monotonic()
+            if count > 0 and first is None:
+                first = now - began
+            if count >= self.n:
+                every = now - began
+            time.sleep(0.05)
+        if first is None or every is None:
+            raise TimeoutError(f"operator decided on {count:.0f} of {self.n} nodes in 1800s")
+        settle(op.proc.pid, timeout=1800)
+        settled = time.monotonic() - began
+        if "peak_kb" not in self.figures:  # the start-up measured is the first one
+            self.figures.update(first_decision_s=first, all_decisions_s=every, settled_s=settled)
+            self.figures["peak_kb"] = peak_kb(op.proc.pid)
+        return op
+
+    def startup(self) -> OperatorProcess:
+        print(f"start-up on {self.m} sandboxes over {self.n} nodes", flush=True)
+        op = self.start("--min-nodes-for-guard", str(10**6))  # guard off
+        f = self.figures
+        peak_mb = f["peak_kb"] / 1024
+        self.row("start-up: first node decision (s)", f["first_decision_s"], "report", True,
+                 f"every node decided after {f['all_decisions_s']:.1f}s, CPU quiet after "
+                 f"{f['settled_s']:.1f}s")  # fmt: skip
+        self.row(f"start-up peak RSS (MB), {self.m} sandboxes", peak_mb * 1.048576,
+                 "< 500 (at 150k)", peak_mb * 1.048576 < 500,
+                 "VmHWM of the operator process")  # fmt: skip
+        return op
+
+    def rest(self, op: OperatorProcess) -> None:
+        pid = op.proc.pid
+        rss = rss_kb(pid)
+        f = self.figures
+        f["rss_full_kb"] = rss
+        per_node = (f["rss_nodes_kb"] - f["rss_empty_kb"]) / self.n
+        per_sb = (rss - f["rss_nodes_kb"]) / self.m
+        f.update(per_node_kb=per_node, per_sandbox_kb=per_sb)
+        cpu0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
+        time.sleep(RESYNC)  # one resync interval: every node's timer fires once
+        cpu1, t1, w1 = cpu_seconds(pid), time.monotonic(), time.time()
+        time.sleep(2)  # the audit log is written in batches, a second apart
+        window = t1 - t0
+        seen = self.requests.read(w0, w1)
+        # Beyond the watches and lease renewals (the leader election's, one replica's).
+        renewals = sum(v for k, v in seen.items() if k[1] == "leases")
+        rest = {k: v for k, v in seen.items() if k[1] != "leases"}
+        beyond = sum(rest.values())
+        per_s = beyond / window
+        per_1000 = per_s / (self.n / 1000)
+        idle = (cpu1 - cpu0) / window
+        f.update(idle_cpu=idle, rest_rps=per_s, rest_rps_per_1000_nodes=per_1000)
+        self.row("steady RSS per sandbox (KB)", per_sb, "< 3", per_sb < 3,
+                 f"RSS {f['rss_empty_kb'] / 1024:.0f} MiB empty, {f['rss_nodes_kb'] / 1024:.0f} "
+                 f"MiB with {self.n} nodes, {rss / 1024:.0f} MiB with {self.m} sandboxes")  # fmt: skip
+        self.row("steady RSS per node (KB)", per_node, "report", True,
+                 f"({f['rss_nodes_kb']} - {f['rss_empty_kb']}) KB / {self.n} nodes")  # fmt: skip
+        self.row("idle CPU (cores)", idle, "< 0.05", idle < 0.05,
+                 f"over {window:.0f}s (one resync interval), nothing changing")  # fmt: skip
+        detail = ", ".join(f"{v} {k[0]} {k[1]}" for k, v in sorted(rest.items()) if v > 0)
+        self.row("API requests/s at rest per 1,000 nodes", per_1000, "< 1", per_1000 < 1,
+                 f"the operator's requests in {window:.0f}s (audit log): {beyond} beyond "
+                 f"watches and its {renewals} leader-lease requests: {detail or 'none'}")  # fmt: skip
+
+    # -- reaction -------------------------------------------------------------------
+
+    def lose(self, nodes: list[str]) -> tuple[dict[str, datetime], dict[str, float]]:
+        """Stop renewing ``nodes``; wait until their sandboxes are seen Dead.
+        Returns each node's deadline and each sandbox's Dead time (epoch seconds)."""
+        assert self.agents is not None and self.watch is not None
+        self.lost.update(nodes)
+        last = self.agents.pause(nodes)
+        grace = timedelta(seconds=self.duration + GRACE)
+        deadlines = {n: t + grace for n, t in last.items()}
+        names = [s for n in nodes for s in self.placed[n]]
+        seen = self.watch.wait(names, timeout=self.duration + GRACE + 120 + len(names) / 10)
+        return deadlines, seen
+
+    def recover(self, nodes: list[str]) -> None:
+        assert self.agents is not None
+        self.agents.command("resume", nodes)
+
+    def handled_at(self, node: str) -> datetime:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            body = self.objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node)
+            handled = ((body.get("status") or {}).get("health") or {}).get("handledAt")
+            if handled:
+                t = parse_time(handled)
+                assert t is not None
+                return t
+            time.sleep(0.1)
+        raise TimeoutError(f"node {node} never recorded handledAt")
+
+    def fresh_nodes(self, count: int) -> list[str]:
+        free = [n for n in self.nodes if n not in self.lost]
+        step = max(len(free) // count, 1)
+        return free[::step][:count]
+
+    def reaction_one(self) -> None:
+        (node,) = self.fresh_nodes(1)
+        deadlines, seen = self.lose([node])
+        late = max(seen.values()) - deadlines[node].timestamp()
+        decided = (self.handled_at(node) - deadlines[node]).total_seconds()
+        self.figures["react_one_s"] = late
+        self.row(f"one node of {len(seen)} lost: last Dead - deadline (s)", late, "< 1",
+                 late < 1, f"decision {decided:.3f}s after the deadline (lease "
+                 f"{self.duration}s + grace {GRACE:g}s)")  # fmt: skip
+        self.recover([node])
+
+    def reaction_many(self, guard: str) -> None:
+        lost = self.fresh_nodes(max(self.n // 10, 1))
+        deadlines, seen = self.lose(lost)
+        decisions = [(self.handled_at(n) - deadlines[n]).total_seconds() for n in lost]
+        node_of = {s: n for n in lost for s in self.placed[n]}
+        late = [t - deadlines[node_of[s]].timestamp() for s, t in seen.items()]
+        self.figures[f"react_10pct_{guard}_decision_s"] = max(decisions)
+        self.figures[f"react_10pct_{guard}_last_mark_s"] = max(late)
+        self.row(f"10% of nodes lost, guard {guard}: last mark - its deadline (s)", max(late),
+                 "report", True, f"{len(lost)} nodes, {len(seen)} sandboxes; decisions "
+                 f"{min(decisions):.3f}..{max(decisions):.3f}s after their deadlines")  # fmt: skip
+        self.recover(lost)
+
+    # -- marking at the API server's limit --------------------------------------------
+
+    def marking(self, runs: int, count: int) -> None:
+        print(f"marking at the limit: {runs} paired runs of 1 node x {count} sandboxes",
+              flush=True)  # fmt: skip
+        assert self.agents is not None
+        ratios, throughputs = [], []
+        for run in range(runs):
+            node = f"mark-{run}"
+            create_nodes(self.kubeconfig, [node])
+            self.agents.command("add", [node])
+            names = [f"m{run}-{i}" for i in range(count)]
+            self.placed[node] = names
+            create_sandboxes(self.kubeconfig, NS, [(s, node) for s in names], processes=2)
+            time.sleep(self.duration)  # the node is seen Ready, and its fresh sandboxes
+            deadlines, seen = self.lose([node])
+            took = max(seen.values()) - deadlines[node].timestamp()
+            first = min(seen.values()) - deadlines[node].timestamp()
+            bare = self.bare_seconds(names)
+            ratios.append(took / bare)
+            throughputs.append((count / (max(seen.values()) - min(seen.values()))) / (count / bare))
+            print(f"    run {run}: deadline -> last Dead {took:.3f}s (first {first:.3f}s), "
+                  f"bare {bare:.3f}s, ratio {took / bare:.3f}", flush=True)  # fmt: skip
+        med = statistics.median(ratios)
+        self.figures.update(mark_ratio=med, mark_throughput=statistics.median(throughputs))
+        self.row(f"deadline -> last mark of {count} / (N / bare rate), median of {runs}", med,
+                 "<= 1.1", med <= 1.1, "runs " + ", ".join(f"{r:.2f}" for r in ratios))  # fmt: skip
+        worst = min(throughputs)
+        self.row("marking throughput operator / bare, worst run", worst, ">= 0.8",
+                 worst >= 0.8, "runs " + ", ".join(f"{r:.2f}" for r in throughputs))  # fmt: skip
+
+    def bare_seconds(self, names: list[str]) -> float:
+        """Status patches of the same sandboxes by a bare client (a process of its
+        own, the operator's concurrency) on the same API server while the operator
+        watches: both pay the same watch fan-out."""
+        return bare_patch_seconds(self.kubeconfig, NS, names, MARK_CONCURRENCY)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="M=150,000 / N=5,000")
+    parser.add_argument("--sandboxes", type=int, default=15_000)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--mark-runs", type=int, default=5)
+    parser.add_argument("--mark-sandboxes", type=int, default=1000)
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--figures", type=Path, help="append this run's figures (JSON lines)")
+    parser.add_argument("--plot", type=Path, help="write the SVG plot of --figures here")
+    args = parser.parse_args()
+    if args.full:
+        args.sandboxes, args.nodes = 150_000, 5_000
+    # Renewals at 100/s at most: what this machine's API server takes beside the rest.
+    every = max(5.0, args.nodes / 100)
+    started = time.monotonic()
+    scale = Scale(Path(tempfile.mkdtemp(prefix="sl-scale-")), args.nodes, args.sandboxes, every)
+    try:
+        print(f"scale: {args.sandboxes} sandboxes over {args.nodes} nodes, leases renewed "
+              f"every {every:g}s for {scale.duration}s", flush=True)  # fmt: skip
+        scale.baseline()
+        scale.populate()
+        op = scale.startup()
+        scale.watch = DeadWatch(scale.api, NS)
+        try:
+            scale.rest(op)
+            scale.reaction_one()
+            scale.reaction_many("off")
+        finally:
+            op.stop()
+        op = scale.start()  # the guard at its defaults
+        try:
+            scale.reaction_many("on")
+            if args.mark_runs:
+                scale.marking(args.mark_runs, args.mark_sandboxes)
+        finally:
+            op.stop()
+    finally:
+        scale.close()
+    scale.figures["run_seconds"] = time.monotonic() - started
+    print(f"scale run took {scale.figures['run_seconds']:.0f}s", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(scale.rows, indent=2))
+    if args.figures:
+        with args.figures.open("a") as out:
+            out.write(json.dumps(scale.figures) + "\n")
+        if args.plot:
+            write_plot(args.figures, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,452 @@
+"""The fleet of the scale benchmark: many SandboxNodes, their agents' Leases renewed
+by one process, many Sandboxes created fast, and what the bench reads back.
+
+- ``python -m bench.scalefleet agents ...`` renews N node Leases the way N agents
+  would (one PUT per renewal, spread evenly over the renew interval) and takes
+  commands on stdin: ``pause NAME...`` stops renewing those Leases and answers one
+  JSON line with each one's last renewTime; ``resume NAME...`` starts again;
+  ``add NAME...`` creates and renews more; ``count`` answers the renewals sent.
+- ``create_sandboxes`` spreads M Running Sandboxes over the nodes with several
+  processes of concurrent clients (create, then status through the status
+  subresource), reading no answer bodies.
+- ``ApiServerRequests`` reads ``apiserver_request_total`` from the API server's own
+  metrics endpoint, by verb and resource, so the operator's requests are counted
+  whatever client library sent them (kopf's included).
+- ``DeadWatch`` times, from a watch, the moment each Sandbox is seen Dead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.objects import LeaseRecord, Leases
+from sandlot.api import GROUP, VERSION
+from sandlot.api.keys import AGENT_LEASE_LABEL
+from sandlot.devtools.controlplane import ADMIN_USER, kubeconfig_dict
+
+IMAGE = "example.test/busybox:1"
+
+
+# -- the agents' Leases ---------------------------------------------------------------
+
+
+class LeaseRenewer:
+    """Renews many node Leases from one process, each every ``every`` seconds."""
+
+    def __init__(self, kubeconfig: str, namespace: str, every: float, duration: int) -> None:
+        self.api = load_api_client(kubeconfig, pool_size=16, request_timeout=(30.0, 120.0))
+        self.leases = Leases(self.api, namespace)
+        self.every, self.duration = every, duration
+        self.records: dict[str, LeaseRecord] = {}
+        self.last: dict[str, datetime] = {}
+        self.due: dict[str, float] = {}
+        self.paused: set[str] = set()
+        self.renewals = 0
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(8)
+
+    def add(self, names: list[str]) -> None:
+        now = datetime.now(UTC)
+        start = time.monotonic()
+
+        def create(name: str) -> None:
+            record = self.leases.get(name)
+            if record is None:
+                record = self.leases.create(
+                    name,
+                    holder=name,
+                    duration_seconds=self.duration,
+                    now=now,
+                    labels={AGENT_LEASE_LABEL: "true"},
+                )
+            with self.lock:
+                self.records[name], self.last[name] = record, now
+
+        list(self.pool.map(create, names))
+        with self.lock:
+            for i, name in enumerate(names):  # spread the renewals over the interval
+                self.due[name] = start + self.every * (i / max(len(names), 1))
+
+    def renew(self, name: str) -> None:
+        with self.lock:
+            if name in self.paused:
+                return
+            record = self.records[name]
+        now = datetime.now(UTC)
+        try:
+            record = self.leases.update(
+                record,
+                holder=name,
+                duration_seconds=self.duration,
+                renew_time=now,
+                labels={AGENT_LEASE_LABEL: "true"},
+            )
+        except Exception:  # a conflict or an API server away: re-read next time
+            fresh = self.leases.get(name)
+            if fresh is not None:
+                with self.lock:
+                    self.records[name] = fresh
+            return
+        with self.lock:  # paused while in flight: its renewal still counts
+            self.records[name], self.last[name] = record, now
+            self.renewals += 1
+
+    def loop(self, stop: threading.Event) -> None:
+        while not stop.wait(0.05):
+            now = time.monotonic()
+            with self.lock:
+                ready = [n for n, t in self.due.items() if t <= now and n not in self.paused]
+                for n in ready:
+                    self.due[n] = now + self.every
+            for n in ready:
+                self.pool.submit(self.renew, n)
+
+    def pause(self, names: list[str]) -> dict[str, str]:
+        with self.lock:
+            self.paused.update(names)
+        # A renewal already in flight lands before the answer: wait for the pool.
+        self.pool.submit(lambda: None).result()
+        time.sleep(0.2)
+        with self.lock:
+            return {n: self.last[n].isoformat() for n in names}
+
+
+def run_agents(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--every", type=float, required=True)
+    parser.add_argument("--duration", type=int, required=True)
+    parser.add_argument("--nodes", required=True, help="a file with one node name a line")
+    args = parser.parse_args(argv)
+    renewer = LeaseRenewer(args.kubeconfig, args.namespace, args.every, args.duration)
+    renewer.add(Path(args.nodes).read_text().split())
+    stop = threading.Event()
+    threading.Thread(target=renewer.loop, args=(stop,), daemon=True).start()
+    print(json.dumps({"ready": len(renewer.records)}), flush=True)
+    for line in sys.stdin:
+        verb, *names = line.split()
+        if verb == "pause":
+            print(json.dumps({"paused": renewer.pause(names)}), flush=True)
+        elif verb == "resume":
+            with renewer.lock:
+                renewer.paused.difference_update(names)
+            print(json.dumps({"resumed": len(names)}), flush=True)
+        elif verb == "add":
+            renewer.add(names)
+            print(json.dumps({"added": len(names)}), flush=True)
+        elif verb == "count":
+            print(json.dumps({"renewals": renewer.renewals}), flush=True)
+    stop.set()
+    return 0
+
+
+class Agents:
+    """The ``agents`` process, driven from the bench."""
+
+    def __init__(self, kubeconfig: str, namespace: str, nodes: list[str], work: Path,
+                 every: float, duration: int) -> None:  # fmt: skip
+        listing = work / "agent-nodes.txt"
+        listing.write_text("\n".join(nodes))
+        argv = [sys.executable, "-m", "bench.scalefleet", "agents", "--kubeconfig", kubeconfig,
+                "--namespace", namespace, "--every", str(every), "--duration", str(duration),
+                "--nodes", str(listing)]  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        self.answer()
+
+    def answer(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the agents process ended ({self.proc.poll()})")
+        return dict(json.loads(line))
+
+    def command(self, verb: str, names: list[str] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(" ".join([verb, *names]) + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def pause(self, names: list[str]) -> dict[str, datetime]:
+        return {
+            n: datetime.fromisoformat(t) for n, t in self.command("pause", names)["paused"].items()
+        }
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# -- creating the fleet ---------------------------------------------------------------
+
+
+def _objects(kubeconfig: str) -> Any:
+    return client.CustomObjectsApi(
+        load_api_client(kubeconfig, pool_size=16, request_timeout=(30.0, 120.0))
+    )
+
+
+def create_nodes(kubeconfig: str, names: list[str]) -> None:
+    objs = _objects(kubeconfig)
+
+    def one(name: str) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxNode",
+            "metadata": {"name": name},
+        }
+        objs.create_cluster_custom_object(
+            GROUP, VERSION, "sandboxnodes", body, _preload_content=False
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(one, names))
+
+
+def _create_chunk(job: tuple[str, str, list[tuple[str, str]]]) -> int:
+    kubeconfig, namespace, items = job
+    objs = _objects(kubeconfig)
+
+    def one(item: tuple[str, str]) -> None:
+        # A loaded API server times some requests out: try again (a create that
+        # landed before its answer was lost is a 409 the second time).
+        for attempt in range(6):
+            try:
+                return create_one(item)
+            except ApiException as e:
+                if e.status == 409 and attempt:
+                    return create_one(item, status_only=True)
+                if attempt == 5:
+                    raise
+            except Exception:
+                if attempt == 5:
+                    raise
+            time.sleep(0.5 * (attempt + 1))
+
+    def create_one(item: tuple[str, str], status_only: bool = False) -> None:
+        name, node = item
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": name},
+            "spec": {"image": IMAGE, "nodeName": node},
+        }
+        if not status_only:
+            objs.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "sandboxes", body, _preload_content=False
+            )
+        objs.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            name,
+            {"status": {"phase": "Running", "ip": "10.0.0.1"}},
+            _preload_content=False,
+        )
+
+    with ThreadPoolExecutor(12) as pool:
+        list(pool.map(one, items))
+    return len(items)
+
+
+def create_sandboxes(
+    kubeconfig: str, namespace: str, placed: list[tuple[str, str]], processes: int = 3
+) -> float:
+    """Create every (name, node) Sandbox Running; returns the seconds it took."""
+    started = time.monotonic()
+    chunk = 500
+    jobs = [(kubeconfig, namespace, placed[i : i + chunk]) for i in range(0, len(placed), chunk)]
+    with get_context("spawn").Pool(processes) as pool:
+        for _ in pool.imap_unordered(_create_chunk, jobs):
+            pass
+    return time.monotonic() - started
+
+
+def _bare_patches(job: tuple[str, str, list[str], int]) -> float:
+    kubeconfig, namespace, names, concurrency = job
+    objs = _objects(kubeconfig)
+
+    def patch(name: str) -> None:
+        objs.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, "sandboxes", name, {"status": {"message": "bare patch"}}
+        )
+
+    def read(name: str) -> None:
+        objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", name)
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        # Its connections opened first: the operator's are warm too.
+        list(pool.map(read, names[:concurrency]))
+        start = time.perf_counter()
+        list(pool.map(patch, names))
+        return time.perf_counter() - start
+
+
+def bare_patch_seconds(
+    kubeconfig: str, namespace: str, names: list[str], concurrency: int
+) -> float:
+    """Seconds a bare client (a process of its own, ``concurrency`` threads, nothing
+    else to do) takes to patch the status of ``names``."""
+    with get_context("spawn").Pool(1) as pool:
+        return float(pool.apply(_bare_patches, ((kubeconfig, namespace, names, concurrency),)))
+
+
+# -- reading back ---------------------------------------------------------------------
+
+OPERATOR_USER = "scale-operator"
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived, ResponseStarted]
+rules:
+- level: Metadata
+  users: [{OPERATOR_USER}]
+- level: None
+"""
+
+
+def operator_identity(workdir: Path, server_ca: tuple[str, str] | None = None) -> list[str]:
+    """Before the control plane starts: a token of the operator's own (so the API
+    server's audit log tells its requests apart, whatever library sent them) and an
+    audit policy that logs that user's requests alone. Returns the API server flags."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    admin, operator = os.urandom(24).hex(), os.urandom(24).hex()
+    (workdir / "tokens.csv").write_text(
+        f'{admin},{ADMIN_USER},{ADMIN_USER},"system:masters"\n'
+        f'{operator},{OPERATOR_USER},{OPERATOR_USER},"system:masters"\n'
+    )
+    (workdir / "tokens.csv").chmod(0o600)
+    (workdir / "operator.token").write_text(operator)
+    (workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    return [
+        f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
+        f"--audit-log-path={workdir / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-mode=batch",
+        "--audit-log-batch-max-wait=1s",
+    ]
+
+
+def operator_kubeconfig(plane: Any, target: Path) -> Path:
+    token = (plane.workdir / "operator.token").read_text()
+    target.write_text(
+        yaml.safe_dump(kubeconfig_dict(plane.url, str(plane.ca_file), OPERATOR_USER, token=token))
+    )
+    return target
+
+
+class OperatorRequests:
+    """The operator's requests as the API server's audit log saw them, by verb and
+    resource (watches are one record each, at their end: left out)."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def read(self, since: float, until: float) -> Counter[tuple[str, str]]:
+        counts: Counter[tuple[str, str]] = Counter()
+        if not self.log.exists():
+            return counts
+        for line in self.log.read_text().splitlines():
+            event = json.loads(line)
+            if event.get("verb") == "watch":
+                continue
+            t = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00"))
+            if not since <= t.timestamp() < until:
+                continue
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource") or event.get("requestURI", "-").split("?")[0]
+            if ref.get("subresource"):
+                resource += "/" + ref["subresource"]
+            counts[(event["verb"], resource)] += 1
+        return counts
+
+
+class DeadWatch:
+    """Watches Sandboxes from now on; records when each is first seen Dead."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.objs: Any = client.CustomObjectsApi(api)
+        self.namespace = namespace
+        self.dead: dict[str, float] = {}
+        self.lock = threading.Lock()
+        self._watch = watch.Watch()
+        rv = self.objs.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", limit=1
+        )["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
+        self._thread.start()
+
+    def _run(self, rv: str) -> None:
+        while True:
+            try:
+                for event in self._watch.stream(
+                    self.objs.list_namespaced_custom_object,
+                    GROUP,
+                    VERSION,
+                    self.namespace,
+                    "sandboxes",
+                    resource_version=rv,
+                    timeout_seconds=3600,
+                ):
+                    obj = event["object"]
+                    rv = obj["metadata"]["resourceVersion"]
+                    if (obj.get("status") or {}).get("phase") == "Dead":
+                        with self.lock:
+                            self.dead.setdefault(obj["metadata"]["name"], time.time())
+                return
+            except Exception as e:  # the control plane stopped, or the watch expired
+                if "410" in str(e) or self._watch._stop:
+                    return
+                time.sleep(0.2)
+
+    def wait(self, names: list[str], timeout: float) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                seen = {n: self.dead[n] for n in names if n in self.dead}
+            if len(seen) == len(names):
+                return seen
+            time.sleep(0.05)
+        raise TimeoutError(
+            f"{len(names) - len(seen)} of {len(names)} sandboxes not seen Dead within "
+            f"{timeout:.0f}s"
+        )
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["agents"]:
+        sys.exit(run_agents(sys.argv[2:]))
+    sys.exit(f"usage: {sys.argv[0]} agents --kubeconfig K --namespace NS ...")
