@@ -9,9 +9,8 @@ by one process, many Sandboxes created fast, and what the bench reads back.
 - ``create_sandboxes`` spreads M Running Sandboxes over the nodes with several
   processes of concurrent clients (create, then status through the status
   subresource), reading no answer bodies.
-- ``ApiServerRequests`` reads ``apiserver_request_total`` from the API server's own
-  metrics endpoint, by verb and resource, so the operator's requests are counted
-  whatever client library sent them (kopf's included).
+- ``OperatorRequests`` counts the operator's requests in the API server's audit
+  log (the operator has a user of its own), so kopf's requests count too.
 - ``DeadWatch`` times, from a watch, the moment each Sandbox is seen Dead.
 """
 
