@@ -6,12 +6,10 @@ by one process, many Sandboxes created fast, and what the bench reads back.
   commands on stdin: ``pause NAME...`` stops renewing those Leases and answers one
   JSON line with each one's last renewTime; ``resume NAME...`` starts again;
   ``add NAME...`` creates and renews more; ``count`` answers the renewals sent.
-- ``create_sandboxes`` spreads M Running Sandboxes over the nodes with several
-  processes of concurrent clients (create, then status through the status
-  subresource), reading no answer bodies.
-- ``ApiServerRequests`` reads ``apiserver_request_total`` from the API server's own
-  metrics endpoint, by verb and resource, so the operator's requests are counted
-  whatever client library sent them (kopf's included).
+- ``create_sandboxes`` spreads M Running Sandboxes over the nodes from several
+  processes of concurrent clients (create, then the status subresource).
+- ``OperatorRequests`` counts the operator's requests in the API server's audit
+  log (the operator has a user of its own), so kopf's requests count too.
 - ``DeadWatch`` times, from a watch, the moment each Sandbox is seen Dead.
 """
 

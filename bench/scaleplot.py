@@ -17,7 +17,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str, float]]]] = [
                        ("rss_full_kb", "steady RSS", 1 / 1024)]),
     ("CPU", "cores", [("idle_cpu", "idle CPU", 1.0)]),
     ("reaction", "s after deadline", [("react_one_s", "one node lost", 1.0),
-                                      ("react_10pct_on_last_mark_s", "10% lost, last mark",
+                                      ("react_10pct_off_last_mark_s", "10% lost, last mark",
                                        1.0)]),
 ]  # fmt: skip
 COLOURS = ("#1f77b4", "#d62728", "#2ca02c")
