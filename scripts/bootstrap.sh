@@ -5,7 +5,9 @@
 #     docker-registry and skopeo (a real registry on loopback for pull tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
 #   - Python stubs for containerd's gRPC API, generated from its .proto files;
-#   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version).
+#   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
+#   - kubelet and kube-scheduler from the same module, and the local cluster's images
+#     (pause, and sandlot from the Dockerfile's recipe with debootstrap), cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,7 +15,7 @@ log() { echo "bootstrap: $*" >&2; }
 
 os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
              golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
-             docker-registry skopeo)
+             docker-registry skopeo debootstrap gcc libc6-dev)
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${os_packages[@]}"; do
@@ -52,3 +54,7 @@ bash operator/sandlot/devtools/controlplane/build-control-plane.sh >/dev/null
 log "kube-controller-manager (garbage collector and namespace controller; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/null
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null
+log "kubelet and kube-scheduler (the local cluster's nodes; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-node.sh >/dev/null
+log "local cluster images (pause; sandlot from the Dockerfile's recipe; cached by their inputs)"
+.venv/bin/python -m sandlot.devtools.cluster.images >&2
