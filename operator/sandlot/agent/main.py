@@ -49,9 +49,9 @@ from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
-from sandlot.adapters.startup import serve_metrics
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
+from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
 from sandlot.agent.logs import SandboxLogs
@@ -264,7 +264,9 @@ class Agent:
         """The ordered start-up; True once the node is READY and the loops run."""
         began = time.monotonic()
         if self.settings.metrics_port:
-            self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
+            self._metrics_server = serve_agent_health(
+                self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
+            )
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.
