@@ -220,24 +220,21 @@ def build_layers_archive(
 
 
 def directory_layer(root: Path, *, only: Sequence[str] = ()) -> bytes:
-    """A layer holding the tree under ``root`` (or only its subtrees ``only``), owners
-    and modes kept, times zeroed, entries sorted: the same tree gives the same layer."""
+    """A layer holding the tree under ``root`` (or only its subtrees ``only``), owners,
+    modes and times kept (Python's bytecode caches are valid only for their source's
+    mtime), entries sorted."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         tops = [root / p for p in only] if only else sorted(root.iterdir())
         for parent in sorted({d for p in only for d in _parents(p.strip("/") + "/x")} - {""}):
             if parent != "" and (root / parent).is_dir() and parent not in only:
-                tar.add(root / parent, arcname=parent, recursive=False, filter=_zero_time)
+                tar.add(root / parent, arcname=parent, recursive=False)
         for top in tops:
-            for path in [top, *sorted(top.rglob("*"))] if top.is_dir() else [top]:
+            tree = top.is_dir() and not top.is_symlink()  # /bin -> usr/bin is a link
+            for path in [top, *sorted(top.rglob("*"))] if tree else [top]:
                 arcname = str(path.relative_to(root))
-                tar.add(path, arcname=arcname, recursive=False, filter=_zero_time)
+                tar.add(path, arcname=arcname, recursive=False)
     return buf.getvalue()
-
-
-def _zero_time(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.mtime = 0
-    return info
 
 
 def _image_layers(

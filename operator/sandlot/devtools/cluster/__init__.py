@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,12 +118,23 @@ class LocalCluster:
             self.nodes.append(node)
         self._save_state()
         for node in self.nodes:
-            self.start_node(node, [pause_archive, *self.images])
+            self.start_node(node)
         self._save_state()
+        # Imports (hundreds of MB) run on all nodes at once.
+        with ThreadPoolExecutor(max_workers=len(self.nodes)) as pool:
+            for done in [
+                pool.submit(self.import_images, node, [pause_archive, *self.images])
+                for node in self.nodes
+            ]:
+                done.result()
         self.wait_nodes_ready()
 
-    def start_node(self, node: Node, archives: list[Path] | None = None) -> None:
-        """Boot ``node`` (again), importing ``archives`` once its containerd answers."""
+    def import_images(self, node: Node, archives: list[Path]) -> None:
+        for archive in archives:
+            import_archive(node.containerd_address, IMAGE_NAMESPACE, archive, timeout=600)
+
+    def start_node(self, node: Node) -> None:
+        """Boot ``node`` (again); returns once its containerd's socket is there."""
         node.start()
         deadline = time.monotonic() + 60
         while not Path(node.containerd_address).exists():
@@ -134,8 +146,6 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"node {node.name}: containerd did not start within 60s")
             time.sleep(0.1)
-        for archive in archives or []:
-            import_archive(node.containerd_address, IMAGE_NAMESPACE, archive, timeout=300)
 
     def wait_nodes_ready(self, names: list[str] | None = None) -> None:
         from kubernetes import client

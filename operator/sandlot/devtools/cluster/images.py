@@ -139,10 +139,20 @@ def base_layer() -> Path:
     layer = out / "layer.tar"
     if layer.exists():
         return layer
+    rootfs = out / "rootfs"
+    if not (out / "rootfs.done").exists():
+        _bootstrap(rootfs)
+        (out / "rootfs.done").write_text(RECIPE.suite)
+    tmp = layer.with_suffix(".tmp")
+    tmp.write_bytes(directory_layer(rootfs))
+    tmp.replace(layer)
+    return layer
+
+
+def _bootstrap(rootfs: Path) -> None:
     if shutil.which("debootstrap") is None:
         raise RuntimeError("debootstrap is not installed (OS package debootstrap)")
-    shutil.rmtree(out, ignore_errors=True)
-    rootfs = out / "rootfs"
+    shutil.rmtree(rootfs.parent, ignore_errors=True)
     rootfs.mkdir(parents=True)
     _run(
         ["debootstrap", "--variant=minbase", f"--include={','.join(RECIPE.packages)}",
@@ -156,10 +166,6 @@ def base_layer() -> Path:
         for child in (rootfs / leftover).glob("*"):
             if child.is_file() and child.name != "lock":
                 child.unlink()
-    tmp = layer.with_suffix(".tmp")
-    tmp.write_bytes(directory_layer(rootfs))
-    tmp.replace(layer)
-    return layer
 
 
 def _dependencies(root: Path) -> list[str]:

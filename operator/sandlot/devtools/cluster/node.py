@@ -278,3 +278,34 @@ class Node:
             ):
                 with contextlib.suppress(OSError):
                     os.rmdir(dirpath)
+
+    def containerd_pids(self) -> list[int]:
+        return [p for p in self.processes() if _argv0(p) == "containerd"]
+
+    def stop_containerd(self) -> None:
+        """Kill the node's containerd alone (its shims and containers keep running)."""
+        for pid in self.containerd_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def start_containerd(self) -> subprocess.Popen[bytes]:
+        """Start containerd again inside the node's namespaces (the kubelet's)."""
+        kubelet = next(p for p in self.processes() if _argv0(p) == "kubelet")
+        log = (self.directory / "containerd.log").open("ab")
+        proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{self.net.netns(self.index)}",
+             f"--mount=/proc/{kubelet}/ns/mnt", "containerd",
+             "--config", str(self.directory / "containerd.toml")],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        return proc
+
+
+def _argv0(pid: int) -> str:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return os.path.basename(raw.split(b"\0", 1)[0].decode(errors="replace"))

@@ -11,6 +11,7 @@ real ServiceAccount tokens work; an admin identity (static token, group
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -372,13 +373,19 @@ def stop_detached(workdir: Path, timeout: float = 15.0) -> list[str]:
     for name, pid in state.get("pids", {}).items():
         try:
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
+        except ProcessLookupError:  # not a group leader (started attached): the process
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.1)
         if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         stopped.append(name)
     state_file.unlink()
     return stopped
