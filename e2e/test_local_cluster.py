@@ -71,12 +71,11 @@ pytestmark = [pytest.mark.xdist_group("local-cluster"), pytest.mark.timeout(1800
 IMAGE_NAME = "sandlot.local/sandlot:e2e"
 # Probes tightened so that the probe scenarios see the kubelet act within seconds.
 PROBE = {"periodSeconds": 3, "timeoutSeconds": 2, "failureThreshold": 3}
-LIVENESS = {**PROBE, "failureThreshold": 5, "initialDelaySeconds": 30}
 LOCAL_VALUES = merged(
     VALUES,
     {
-        "operator": {"leaseViewMaxAge": "15s", "livenessProbe": LIVENESS, "readinessProbe": PROBE},
-        "agent": {"livenessProbe": LIVENESS, "readinessProbe": PROBE},
+        "operator": {"leaseViewMaxAge": "15s", "livenessProbe": PROBE, "readinessProbe": PROBE},
+        "agent": {"livenessProbe": PROBE, "readinessProbe": PROBE},
     },
 )
 

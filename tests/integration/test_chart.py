@@ -134,6 +134,7 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert op["readinessProbe"]["httpGet"]["port"] == "metrics"
     # Liveness and readiness are different checks (sandlot.policy.probes).
     assert op["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert op["startupProbe"]["httpGet"]["path"] == "/livez"
     assert op["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert op["resources"]["requests"] and op["args"] == ["operator"]
     assert op["resources"]["requests"]["ephemeral-storage"]
@@ -147,6 +148,7 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert agent["securityContext"]["privileged"] is False
     assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert agent["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert agent["startupProbe"]["httpGet"]["path"] == "/livez"
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert agent["resources"]["requests"]["ephemeral-storage"]
     assert agent["resources"]["limits"]["ephemeral-storage"]
