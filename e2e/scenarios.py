@@ -118,6 +118,10 @@ class Cluster(ABC):
         """IDs of the containers in the agents' containerd namespace on ``node``."""
 
     @abstractmethod
+    def import_sandbox_image(self, node: str) -> None:
+        """Put the sandboxes' image into the agents' containerd namespace on ``node``."""
+
+    @abstractmethod
     def ip_allocations(self, node: str) -> set[str]:
         """Addresses the node's CNI IPAM holds."""
 
@@ -235,6 +239,8 @@ def a_stopped_workers_sandboxes_go_dead_and_are_replaced(c: Cluster) -> dict[str
         if sb["spec"].get("nodeName") == lost and phase(sb) == "Running"
     }
     assert on_lost, f"no Running member on {lost}"
+    listed = c.containers(lost)
+    assert set(on_lost.values()) <= listed, f"{lost} lists {listed}, not {on_lost}"
     c.stop_node(lost)
     try:
 
@@ -289,6 +295,9 @@ def cache_clear_reports_per_node(c: Cluster) -> None:
     out = c.sandlot("cache", "clear", "containerd", "--all", "--timeout", "3m")
     for node in c.workers:
         assert node in out, out
+    # The prune removed the sandbox image where nothing ran it; nothing is pulled here.
+    for node in c.workers:
+        c.import_sandbox_image(node)
 
 
 def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: Path) -> None:
@@ -323,11 +332,27 @@ def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: 
     assert_chart_pods_ready(c)
 
 
+def pool_running(c: Cluster, timeout: float = 180) -> None:
+    """Wait until the pool has its 4 members Running again (after a disruption)."""
+    wait_for(
+        lambda: len([sb for sb in c.sandboxes() if phase(sb) == "Running"]) == 4,
+        timeout=timeout,
+        what="the pool's 4 members Running",
+        interval=2,
+    )
+
+
 def helm_uninstall_leaves_nothing(c: Cluster, allocations_before: dict[str, set[str]]) -> None:
+    pool_running(c)
     manifest = c.helm("get", "manifest", RELEASE, "--namespace", NAMESPACE)
     hooks = c.helm("get", "hooks", RELEASE, "--namespace", NAMESPACE)
     released = [d for d in yaml.safe_load_all(manifest + "\n---\n" + hooks) if d]
-    assert any(c.containers(node) for node in c.workers), "no sandbox left to purge"
+    assert any(c.containers(node) for node in c.workers), "no sandbox left to purge: " + str(
+        [
+            (sb["metadata"]["name"], sb["spec"].get("nodeName"), sb.get("status"))
+            for sb in c.sandboxes()
+        ]
+    )
     # Nothing deleted by hand: the hooks do it all.
     c.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", "--timeout", "5m")
 

@@ -85,6 +85,20 @@ class KindCluster(Cluster):
             run("docker", "exec", node, "ctr", "-n", "sandlot", "containers", "ls", "-q").split()
         )
 
+    def import_sandbox_image(self, node: str) -> None:
+        run("docker", "cp", str(SANDBOX_ARCHIVE[0]), f"{node}:/tmp/sandbox-image.tar")
+        run(
+            "docker",
+            "exec",
+            node,
+            "ctr",
+            "-n",
+            "sandlot",
+            "images",
+            "import",
+            "/tmp/sandbox-image.tar",
+        )
+
     def ip_allocations(self, node: str) -> set[str]:
         out = run(
             "docker", "exec", node, "sh", "-c",
@@ -108,24 +122,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
         run("kind", "load", "docker-image", IMAGE, "--name", name)
         nodes = run("kind", "get", "nodes", "--name", name).split()
         workers = sorted(n for n in nodes if "control-plane" not in n)
-        archive = work / "busybox.tar"
-        build_image_archive(archive, SANDBOX_IMAGE)
-        for node in workers:  # the agent runs images present in its containerd namespace
-            run("docker", "cp", str(archive), f"{node}:/tmp/sandbox-image.tar")
-            run(
-                "docker",
-                "exec",
-                node,
-                "ctr",
-                "-n",
-                "sandlot",
-                "images",
-                "import",
-                "/tmp/sandbox-image.tar",
-            )
+        SANDBOX_ARCHIVE.append(work / "busybox.tar")
+        build_image_archive(SANDBOX_ARCHIVE[0], SANDBOX_IMAGE)
         api = load_api_client(str(kubeconfig))
         image = {"repository": "sandlot", "tag": "e2e", "pullPolicy": "Never"}
         c = KindCluster(kubeconfig, workers, api, image)
+        for node in workers:  # the agent runs images present in its containerd namespace
+            c.import_sandbox_image(node)
         ALLOCATIONS.update({n: c.ip_allocations(n) for n in workers})
         install(c, work / "values.yaml", KIND_VALUES)
         VALUES_FILE.append(work / "values.yaml")
@@ -138,6 +141,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
 
 ALLOCATIONS: dict[str, set[str]] = {}
 VALUES_FILE: list[Path] = []
+SANDBOX_ARCHIVE: list[Path] = []
 # What the stop scenario left for the restart scenario (they run in order).
 FENCED: dict[str, Any] = {"node": "", "containers": set()}
 

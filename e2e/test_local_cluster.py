@@ -43,6 +43,7 @@ from e2e.scenarios import (
     helm_upgrade_rolls_both_programs_keeping_sandboxes,
     install,
     merged,
+    pool_running,
 )
 from sandlot.adapters.kube import load_api_client
 from sandlot.devtools.cluster import LocalCluster
@@ -70,18 +71,20 @@ pytestmark = [pytest.mark.xdist_group("local-cluster"), pytest.mark.timeout(1800
 
 IMAGE_NAME = "sandlot.local/sandlot:e2e"
 # Probes tightened so that the probe scenarios see the kubelet act within seconds.
-PROBE = {"periodSeconds": 3, "timeoutSeconds": 2, "failureThreshold": 3}
+PROBE = {"periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 3}
+LIVENESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 4}
 LOCAL_VALUES = merged(
     VALUES,
     {
-        "operator": {"leaseViewMaxAge": "15s", "livenessProbe": PROBE, "readinessProbe": PROBE},
-        "agent": {"livenessProbe": PROBE, "readinessProbe": PROBE},
+        "operator": {"leaseViewMaxAge": "15s", "livenessProbe": LIVENESS, "readinessProbe": PROBE},
+        "agent": {"livenessProbe": LIVENESS, "readinessProbe": PROBE},
     },
 )
 
 
 class LocalKubeletCluster(Cluster):
     local: LocalCluster
+    sandbox_archive: Path
 
     def stop_node(self, name: str) -> None:
         self.local.node(name).stop()
@@ -96,6 +99,9 @@ class LocalKubeletCluster(Cluster):
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
         return set(out.stdout.split())
+
+    def import_sandbox_image(self, node: str) -> None:
+        import_archive(self.local.node(node).containerd_address, "sandlot", self.sandbox_archive)
 
     def ip_allocations(self, node: str) -> set[str]:
         networks = self.local.node(node).directory / "var/lib/cni/networks"
@@ -127,13 +133,13 @@ def cluster(
     try:
         local.start(pause_archive(), PAUSE_IMAGE)
         busybox = build_image_archive(work / "busybox.tar", SANDBOX_IMAGE)
-        for node in local.nodes:  # the agent runs images present in its containerd namespace
-            import_archive(node.containerd_address, "sandlot", busybox.path)
         api = load_api_client(str(local.kubeconfig))
         repository, tag = IMAGE_NAME.rsplit(":", 1)
         image = {"repository": repository, "tag": tag, "pullPolicy": "Never"}
         c = LocalKubeletCluster(local.kubeconfig, [n.name for n in local.nodes], api, image)
-        c.local = local
+        c.local, c.sandbox_archive = local, busybox.path
+        for name in c.workers:  # the agent runs images present in its containerd namespace
+            c.import_sandbox_image(name)
         ALLOCATIONS.update({n: c.ip_allocations(n) for n in c.workers})
         VALUES_FILE.append(work / "values.yaml")
         install(c, VALUES_FILE[0], LOCAL_VALUES)
@@ -261,6 +267,9 @@ def _kubelet_restarts(c: LocalKubeletCluster, pod: Any, why: str) -> None:
             os.kill(pid, signal.SIGCONT)
     c.expected_restarts[pod.metadata.name] = _restarts(_fresh(c, pod))
     wait_for(lambda: _ready(_fresh(c, pod)), timeout=120, what=f"{pod.metadata.name} Ready again")
+    # A frozen agent stops renewing its Lease: with the test's short lease and grace
+    # its sandboxes may go Dead meanwhile; the pool replaces them.
+    pool_running(c)
 
 
 def test_agent_readiness_fails_while_containerd_is_down(cluster: LocalKubeletCluster) -> None:
@@ -280,12 +289,20 @@ def test_agent_readiness_fails_while_containerd_is_down(cluster: LocalKubeletClu
     wait_for(lambda: _ready(_fresh(cluster, pod)), timeout=90, what="the agent Ready again")
     assert _restarts(_fresh(cluster, pod)) == _restarts(pod), "readiness must not restart it"
     assert_chart_pods_ready(cluster)
+    pool_running(cluster)
 
 
 def test_operator_readiness_fails_while_cut_off_from_the_api_server(
     cluster: LocalKubeletCluster,
 ) -> None:
-    pod = _pod(cluster, "operator")
+    # The standby: cutting the leader off would also stop the pool's reconciliation
+    # until a takeover, which is not what this probe is about.
+    lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(
+        "sandlot-operator", NAMESPACE
+    )
+    leader = lease.spec.holder_identity
+    pod = next(p for p in cluster.chart_pods() if p.metadata.name != leader and
+               (p.metadata.labels or {}).get("app.kubernetes.io/component") == "operator")  # fmt: skip
     node = cluster.local.node(pod.spec.node_name)
     netns = node.net.netns(node.index)
     rule = ["FORWARD", "-s", pod.status.pod_ip, "-d", node.net.api_address, "-j", "DROP"]
