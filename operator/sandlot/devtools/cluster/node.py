@@ -265,19 +265,27 @@ class Node:
                 self.process.wait(timeout=5)
             self.process = None
 
-    def remove_cgroups(self) -> None:
-        """Remove the kubelet's cgroup trees (empty once the node is stopped)."""
+    def remove_cgroups(self, timeout: float = 15.0) -> None:
+        """Remove the kubelet's cgroup trees. A cgroup is busy until its killed tasks
+        are reaped (by init, once their shim is gone): retried until ``timeout``."""
         if not CGROUP_MOUNTS.is_dir():
             return
-        for controller in CGROUP_MOUNTS.iterdir():
-            top = controller / self.cgroup_root.lstrip("/")
-            if not top.is_dir():
-                continue
-            for dirpath, _dirs, _files in sorted(
-                os.walk(top), key=lambda w: w[0].count("/"), reverse=True
-            ):
-                with contextlib.suppress(OSError):
-                    os.rmdir(dirpath)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = [
+                c / self.cgroup_root.lstrip("/")
+                for c in CGROUP_MOUNTS.iterdir()
+                if (c / self.cgroup_root.lstrip("/")).is_dir()
+            ]
+            if not left or time.monotonic() > deadline:
+                return
+            for top in left:
+                for dirpath, _dirs, _files in sorted(
+                    os.walk(top), key=lambda w: w[0].count("/"), reverse=True
+                ):
+                    with contextlib.suppress(OSError):
+                        os.rmdir(dirpath)
+            time.sleep(0.2)
 
     def containerd_pids(self) -> list[int]:
         return [p for p in self.processes() if _argv0(p) == "containerd"]
