@@ -3,22 +3,28 @@
 #
 #   docker build -t sandlot:dev .
 #
+# The same recipe builds without a Docker engine (sandlot.devtools.cluster.images,
+# RECIPE; `sandlot dev cluster up` and the cluster tests use it): Debian bookworm
+# with the packages and the user below, and /opt/sandlot, a virtualenv made by that
+# Debian's python3 with the package installed by pip. tests/unit/test_image_recipe.py
+# fails when the two recipes drift apart.
+#
 # The builder generates the containerd gRPC stubs from the .proto files Debian
 # ships (golang-github-containerd-containerd-dev, plus gogo.proto; the Transfer
-# service's files, newer than Debian's, from operator/sandlot/devtools/
-# containerd_protos), the same generator and source the development setup uses, and installs the package with
-# them into a virtualenv that the final stage copies alone: no compiler, no
+# service's files, newer than Debian's, from
+# operator/sandlot/devtools/containerd_protos), the same generator and source the
+# development setup uses, and installs the package with them into a virtualenv that the final stage copies alone: no compiler, no
 # grpcio-tools, no .proto files in the image.
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG DEBIAN_IMAGE=debian:bookworm-slim
 
-FROM ${PYTHON_IMAGE} AS build
+FROM ${DEBIAN_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
- && apt-get install -y --no-install-recommends \
+ && apt-get install -y --no-install-recommends python3 python3-venv iproute2 \
       golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev \
  && rm -rf /var/lib/apt/lists/*
 # grpcio-tools lives in its own virtualenv: it is needed to generate, never to run.
-RUN python -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "protobuf>=7.36"
+RUN python3 -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "protobuf>=7.36"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
@@ -26,29 +32,28 @@ RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.devtools.gen_stubs \
       --source debian --force \
  && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py \
  && test -f operator/sandlot/adapters/containerd/gen/services/transfer/v1/transfer_pb2_grpc.py
-RUN python -m venv /opt/sandlot \
- && /opt/sandlot/bin/pip install --upgrade pip \
+RUN python3 -m venv /opt/sandlot \
  && /opt/sandlot/bin/pip install . \
  && /opt/sandlot/bin/python -c "import sandlot.adapters.containerd.client" \
  && /opt/sandlot/bin/sandlot --help >/dev/null
 
-FROM ${PYTHON_IMAGE}
+FROM ${DEBIAN_IMAGE}
 LABEL org.opencontainers.image.title="sandlot" \
       org.opencontainers.image.description="sandlot operator and node agent" \
       org.opencontainers.image.licenses="Apache-2.0"
-ENV PATH=/opt/sandlot/bin:$PATH \
+ENV PATH=/opt/sandlot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-COPY --from=build /opt/sandlot /opt/sandlot
-# iproute2: the agent creates each sandbox's network namespace with `ip netns`
-# before it runs the node's CNI plugins (mounted from the node).
+# python3 runs the virtualenv (python3-venv made it); iproute2: the agent creates
+# each sandbox's network namespace with `ip netns` before it runs the node's CNI
+# plugins (mounted from the node).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iproute2 \
+ && apt-get install -y --no-install-recommends python3 python3-venv iproute2 \
  && rm -rf /var/lib/apt/lists/*
 # The chart's operator pod runs as this user (65532) with a read-only root filesystem.
 RUN groupadd --system --gid 65532 sandlot \
- && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin sandlot
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin sandlot
+COPY --from=build /opt/sandlot /opt/sandlot
 USER 65532:65532
 ENTRYPOINT ["sandlot"]
 CMD ["--help"]

@@ -8,6 +8,8 @@
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
 #   - containerd 2.x built from its Go module (cached by version): the containerd
 #     tests run against it as well as against the OS package's 1.6.
+#   - kubelet and kube-scheduler from the same module, and the local cluster's images
+#     (pause, and sandlot from the Dockerfile's recipe with debootstrap), cached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,7 +17,7 @@ log() { echo "bootstrap: $*" >&2; }
 
 os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
              golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
-             docker-registry skopeo)
+             docker-registry skopeo debootstrap gcc libc6-dev)
 missing=()
 if command -v dpkg-query >/dev/null; then
   for p in "${os_packages[@]}"; do
@@ -56,3 +58,7 @@ bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/nu
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null
 log "containerd 2.x (the second containerd line the tests run on; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-containerd.sh >/dev/null
+log "kubelet and kube-scheduler (the local cluster's nodes; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-node.sh >/dev/null
+log "local cluster images (pause; sandlot from the Dockerfile's recipe; cached by their inputs)"
+.venv/bin/python -m sandlot.devtools.cluster.images >&2

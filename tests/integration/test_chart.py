@@ -94,6 +94,27 @@ def test_helm_lint_strict_passes(helm: Path) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
+def test_the_network_policy_lets_only_the_metrics_port_in(helm: Path) -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    docs = render(
+        helm,
+        "--set", "metrics.networkPolicy.enabled=true",
+        "--set-json", f"metrics.networkPolicy.from=[{json.dumps(peer)}]",
+    )  # fmt: skip
+    policies = {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]: p
+        for p in by_kind(docs, "NetworkPolicy")
+    }
+    assert set(policies) == {"operator", "agent"}
+    for component, policy in policies.items():
+        spec = policy["spec"]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+        assert spec["policyTypes"] == ["Ingress"]
+        (rule,) = spec["ingress"]
+        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+        assert rule["from"] == [peer]
+
+
 def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) -> None:
     docs = [d for d in render(helm) if not hook_of(d)]
     kinds = sorted(d["kind"] for d in docs)
@@ -112,7 +133,13 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["privileged"] is False
     assert op["livenessProbe"]["httpGet"]["port"] == "metrics"
     assert op["readinessProbe"]["httpGet"]["port"] == "metrics"
+    # Liveness and readiness are different checks (sandlot.policy.probes).
+    assert op["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert op["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert op["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert op["resources"]["requests"] and op["args"] == ["operator"]
+    assert op["resources"]["requests"]["ephemeral-storage"]
+    assert op["resources"]["limits"]["ephemeral-storage"]
 
     (ds,) = by_kind(docs, "DaemonSet")
     pod = ds["spec"]["template"]["spec"]
@@ -121,6 +148,12 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert {"operator": "Exists"} in pod["tolerations"], "the agent must tolerate every taint"
     assert agent["securityContext"]["privileged"] is False
     assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert agent["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert agent["resources"]["requests"]["ephemeral-storage"]
+    assert agent["resources"]["limits"]["ephemeral-storage"]
+    assert not by_kind(docs, "NetworkPolicy"), "the NetworkPolicy is optional"
     env = container_env(ds)
     assert env["SANDLOT_NODE_NAME"] == "<spec.nodeName>"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}

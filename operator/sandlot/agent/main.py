@@ -11,23 +11,21 @@ bounded work, and each a thin shell over a pure decision:
 
 - **sync** (``sync``, deciding with ``policy.agentsync``): start Scheduled
   sandboxes, stop deleted or drained ones, tear down fenced ones, on a bounded
-  worker pool (graceful stops beside it, ``workpools``), one operation per
-  sandbox at a time. The Sandboxes (server-side
-  field selector), the node's SandboxNode and the CachePrune requests are kept in
-  memory by list + watch (``adapters.sandboxwatch``), so an idle node costs the
-  API server no request: a change wakes a pass (at once while at most
-  ``sync_burst`` passes per ``sync_interval`` allow; ``policy.syncpacing``),
-  the end of any sandbox's work wakes one, and a pass runs every
-  ``resync_interval`` regardless, from memory.
+  worker pool (graceful stops beside it, ``workpools``), one operation per sandbox
+  at a time. The Sandboxes (server-side field selector), the node's SandboxNode and
+  the CachePrune requests are kept in memory by list + watch
+  (``adapters.sandboxwatch``), so an idle node costs the API server no request: a
+  change wakes a pass (at once while at most ``sync_burst`` passes per
+  ``sync_interval`` allow; ``policy.syncpacing``), the end of any sandbox's work
+  wakes one, and a pass runs every ``resync_interval`` regardless, from memory.
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks
   that have provably exited are torn down and their Sandbox ended with the exit
   code. A running task is never touched.
-- **image GC** (every ``gc_interval``) and **CachePrune** requests (``cacheprune``,
-  ``policy.agentprune``; woken by their watch, like the sync).
+- **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
-Status is written through ``adapters.statuswrite`` (``status``): with the
-object's resourceVersion, and a Sandbox found terminal, gone or replaced meanwhile
-is never resurrected (its container is torn down instead).
+Status is written through ``adapters.statuswrite`` (``status``): with the object's
+resourceVersion; a Sandbox found terminal, gone or replaced meanwhile is never
+resurrected (its container is torn down instead).
 
 This module only wires those parts together and runs the start-up in its order.
 """
@@ -49,9 +47,9 @@ from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Leases, Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
-from sandlot.adapters.startup import serve_metrics
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
+from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
 from sandlot.agent.logs import SandboxLogs
@@ -266,7 +264,9 @@ class Agent:
         """The ordered start-up; True once the node is READY and the loops run."""
         began = time.monotonic()
         if self.settings.metrics_port:
-            self._metrics_server = serve_metrics(self.settings.metrics_port, self.registry)
+            self._metrics_server = serve_agent_health(
+                self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
+            )
         self.streams = start_streams(
             self.settings, self.objects.api, self.sandbox_watch, self._stop
         )

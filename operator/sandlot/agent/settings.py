@@ -141,7 +141,7 @@ class AgentSettings(SettingsModel):
         "is compressible; limits may exceed the node's CPUs, as in Kubernetes).",
     )
     metrics_port: int = Field(
-        default=9090, ge=0, le=65535, description="Port of /metrics (0 = off)."
+        default=9090, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     node_address: str = Field(
         default="",

@@ -27,6 +27,7 @@ from sandlot.policy.liveness import (
     observed_phase,
     reap_blocked_until,
 )
+from sandlot.policy.probes import Probe, operator_ready
 
 
 class LivenessView:
@@ -176,3 +177,10 @@ class LivenessView:
         with self._lock:
             state = LeaseViewState(since=self._since, last_heard=self._last_heard)
         return reap_blocked_until(state, self.lease_duration(name), self.staleness_bound, now)
+
+    def readiness(self, started: bool) -> Probe:
+        """The operator's readiness probe (``sandlot.policy.probes.operator_ready``):
+        called from the HTTP thread, hence under the lock like the watch's inputs."""
+        with self._lock:
+            state = LeaseViewState(since=self._since, last_heard=self._last_heard)
+        return operator_ready(started, state, self.clock(), self.staleness_bound)

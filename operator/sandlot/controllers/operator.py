@@ -21,6 +21,7 @@ import kopf
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
+from sandlot.adapters.health import serve_health
 from sandlot.adapters.informer import LeaseInformer
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
@@ -32,7 +33,7 @@ from sandlot.adapters.kube import (
 )
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
-from sandlot.adapters.startup import require_namespace, serve_metrics
+from sandlot.adapters.startup import require_namespace
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
@@ -42,6 +43,7 @@ from sandlot.api.keys import (
 from sandlot.controllers import cacheprune, pullcredentials, taintlabels
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
+from sandlot.controllers.probes import LoopTicker
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workloads import Workloads
 
@@ -202,12 +204,21 @@ async def run(
     )
     # A missing namespace would leave the elector retrying forever, leader never.
     await asyncio.to_thread(require_namespace, api, settings.namespace)
-    metrics_server = (
-        serve_metrics(settings.metrics_port, registry) if settings.metrics_port else None
-    )
     loop = asyncio.get_running_loop()
     nodehealth: NodeHealthController
     workloads: Workloads
+    started = ready_flag or asyncio.Event()
+    ticker = LoopTicker()
+    metrics_server = (
+        serve_health(
+            settings.metrics_port,
+            registry,
+            live=ticker.probe,
+            ready=lambda: nodehealth.liveness.readiness(started.is_set()),
+        )
+        if settings.metrics_port
+        else None
+    )
 
     def on_leadership(leader: bool) -> None:
         metrics.is_leader.set(1 if leader else 0)
@@ -272,9 +283,10 @@ async def run(
         metrics.is_leader.set(1)
     worker = asyncio.create_task(nodehealth.run(), name="node-health")
     workers = asyncio.create_task(workloads.run(), name="workloads")
+    ticking = asyncio.create_task(ticker.run(), name="liveness-ticker")
     stop = stop_flag or asyncio.Event()
 
-    stopper = asyncio.create_task(_cancel_on(stop, worker, workers), name="stop-workers")
+    stopper = asyncio.create_task(_cancel_on(stop, worker, workers, ticking), name="stop-workers")
     # Let the workers start their queues' tasks before kopf notes which tasks exist:
     # at its stop kopf waits 5 s for any task started after it (a SIGTERM that kopf's
     # own handler takes, before ours are back, would wait that long for them).
@@ -288,9 +300,10 @@ async def run(
             clusterwide=True,
             standalone=True,
             stop_flag=stop,
-            ready_flag=ready_flag,
+            ready_flag=started,
         )
     finally:
+        ticking.cancel()
         worker.cancel()
         workers.cancel()
         stopper.cancel()

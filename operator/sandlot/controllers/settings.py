@@ -64,7 +64,7 @@ class OperatorSettings(SettingsModel):
         description="Concurrent status writes when marking sandboxes Dead.",
     )
     metrics_port: int = Field(
-        default=8080, ge=0, le=65535, description="Port of /metrics and /healthz (0 = off)."
+        default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     leader_election: bool = Field(
         default=True, description="Elect one active replica through a Lease; standbys wait."

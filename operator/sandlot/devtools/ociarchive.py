@@ -197,6 +197,46 @@ def build_image_archive(
     return ImageArchive(dest, name, str(top["digest"]), size)
 
 
+def build_layers_archive(
+    dest: Path, name: str, layers: Sequence[bytes], image_config: Mapping[str, object]
+) -> ImageArchive:
+    """Write an OCI image archive of ``layers`` (uncompressed tars, bottom first) with
+    ``image_config`` (``Entrypoint``, ``Cmd``, ``Env``, ``User``, ...) to ``dest``."""
+    blobs: dict[str, bytes] = {}
+    layer_descriptors, diff_ids = _store_layers(blobs, layers, False)
+    plat = host_platform()
+    config = _store(blobs, _config_blob(plat, image_config, diff_ids))
+    manifest = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": _descriptor(MEDIA_CONFIG, config),
+            "layers": layer_descriptors,
+        }
+    )
+    top = _descriptor(MEDIA_MANIFEST, _store(blobs, manifest))
+    _write_archive(dest, blobs, _layout_index(top, name, plat))
+    return ImageArchive(dest, name, str(top["digest"]), sum(len(b) for b in blobs.values()))
+
+
+def directory_layer(root: Path, *, only: Sequence[str] = ()) -> bytes:
+    """A layer holding the tree under ``root`` (or only its subtrees ``only``), owners,
+    modes and times kept (Python's bytecode caches are valid only for their source's
+    mtime), entries sorted."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tops = [root / p for p in only] if only else sorted(root.iterdir())
+        for parent in sorted({d for p in only for d in _parents(p.strip("/") + "/x")} - {""}):
+            if parent != "" and (root / parent).is_dir() and parent not in only:
+                tar.add(root / parent, arcname=parent, recursive=False)
+        for top in tops:
+            tree = top.is_dir() and not top.is_symlink()  # /bin -> usr/bin is a link
+            for path in [top, *sorted(top.rglob("*"))] if tree else [top]:
+                arcname = str(path.relative_to(root))
+                tar.add(path, arcname=arcname, recursive=False)
+    return buf.getvalue()
+
+
 def _image_layers(
     busybox: Path,
     extra_files: Mapping[str, bytes] | None,

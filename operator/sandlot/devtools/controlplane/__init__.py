@@ -11,6 +11,7 @@ real ServiceAccount tokens work; an admin identity (static token, group
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,6 +128,13 @@ class ControlPlane:
     start_timeout: float = 90.0
     extra_apiserver_flags: list[str] = field(default_factory=list)
     controller_manager: bool = False
+    # A cluster with kubelets serves on an address its nodes reach (``address``) and
+    # runs more of kube-controller-manager (``kcm_controllers``, ``extra_kcm_flags``).
+    address: str = "127.0.0.1"
+    authorization_mode: str = "RBAC"
+    disabled_admission_plugins: str = "ServiceAccount"
+    kcm_controllers: str = KCM_CONTROLLERS
+    extra_kcm_flags: list[str] = field(default_factory=list)
     etcd_port: int = 0
     apiserver_port: int = 0
     etcd_peer_port: int = 0
@@ -135,7 +143,7 @@ class ControlPlane:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.address}:{self.apiserver_port}"
 
     @property
     def kubeconfig(self) -> Path:
@@ -252,17 +260,17 @@ class ControlPlane:
                 str(self.bin_dir / "kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
                 f"--cert-dir={certs}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.apiserver_port}",
-                "--authorization-mode=RBAC",
+                f"--authorization-mode={self.authorization_mode}",
                 f"--token-auth-file={self.workdir / 'tokens.csv'}",
                 f"--service-account-key-file={certs / 'sa.pub'}",
                 f"--service-account-signing-key-file={certs / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
+                f"--disable-admission-plugins={self.disabled_admission_plugins}",
                 "--enable-priority-and-fairness=false",
                 "--v=0",
                 *self.extra_apiserver_flags,
@@ -277,11 +285,12 @@ class ControlPlane:
             [
                 str(binary),
                 f"--kubeconfig={self.kubeconfig}",
-                f"--controllers={KCM_CONTROLLERS}",
+                f"--controllers={self.kcm_controllers}",
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--concurrent-gc-syncs=5",
                 "--v=0",
+                *self.extra_kcm_flags,
             ],
             detach,
         )
@@ -364,13 +373,19 @@ def stop_detached(workdir: Path, timeout: float = 15.0) -> list[str]:
     for name, pid in state.get("pids", {}).items():
         try:
             os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            continue
+        except ProcessLookupError:  # not a group leader (started attached): the process
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and _alive(pid):
             time.sleep(0.1)
         if _alive(pid):
-            os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         stopped.append(name)
     state_file.unlink()
     return stopped

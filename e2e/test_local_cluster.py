@@ -1,0 +1,338 @@
+"""sandlot on the local kubelet cluster (``sandlot.devtools.cluster``): a control
+plane with kube-controller-manager and kube-scheduler, two nodes each running its
+own containerd (the OS package, CRI on) and kubelet in namespaces of their own,
+the sandlot image built here from the Dockerfile's recipe and imported, the chart
+installed by helm. The scenarios of e2e/scenarios.py run in order on one cluster
+(one xdist group), a node stopped by killing everything it runs (containerd,
+kubelet, agent, sandboxes) and booted again.
+
+Runs in ``make test``: everything it needs is built by ``make setup`` and cached
+(kubelet and kube-scheduler by version, the images by a hash of their inputs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from tests.support.wait import wait_for
+
+from e2e.scenarios import (
+    NAMESPACE,
+    ROOT,
+    SANDBOX_IMAGE,
+    VALUES,
+    Cluster,
+    a_pool_spreads_over_the_workers,
+    a_stopped_workers_sandboxes_go_dead_and_are_replaced,
+    assert_chart_pods_ready,
+    cache_clear_reports_per_node,
+    helm_uninstall_leaves_nothing,
+    helm_upgrade_rolls_both_programs_keeping_sandboxes,
+    install,
+    merged,
+    pool_running,
+)
+from sandlot.adapters.kube import load_api_client
+from sandlot.devtools.cluster import LocalCluster
+from sandlot.devtools.cluster.images import PAUSE_IMAGE, RECIPE, pause_archive, sandlot_archive
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+
+NEEDED = ("containerd", "runc", "ctr", "nsenter", "unshare", "ip", "gcc", "debootstrap")
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "the local cluster needs root (network and mount namespaces, containers)"
+    missing = [b for b in NEEDED if shutil.which(b) is None]
+    if missing:
+        return f"the local cluster needs {', '.join(missing)} (run `make setup` as root)"
+    return None
+
+
+REASON = _unavailable()
+if REASON is not None:
+    pytest.skip(REASON, allow_module_level=True)
+
+# The first test also builds (or finds cached) the images and boots the cluster.
+pytestmark = [pytest.mark.xdist_group("local-cluster"), pytest.mark.timeout(1800)]
+
+IMAGE_NAME = "sandlot.local/sandlot:e2e"
+# Probes tightened so that the probe scenarios see the kubelet act within seconds.
+PROBE = {"periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 3}
+LIVENESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 4}
+LOCAL_VALUES = merged(
+    VALUES,
+    {
+        "operator": {"leaseViewMaxAge": "15s", "livenessProbe": LIVENESS, "readinessProbe": PROBE},
+        "agent": {"livenessProbe": LIVENESS, "readinessProbe": PROBE},
+    },
+)
+
+
+class LocalKubeletCluster(Cluster):
+    local: LocalCluster
+    sandbox_archive: Path
+
+    def stop_node(self, name: str) -> None:
+        self.local.node(name).stop()
+
+    def start_node(self, name: str) -> None:
+        self.local.start_node(self.local.node(name))  # images stay in its containerd
+
+    def containers(self, node: str) -> set[str]:
+        address = self.local.node(node).containerd_address
+        out = subprocess.run(
+            ["ctr", "--address", address, "-n", "sandlot", "containers", "ls", "-q"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return set(out.stdout.split())
+
+    def import_sandbox_image(self, node: str) -> None:
+        import_archive(self.local.node(node).containerd_address, "sandlot", self.sandbox_archive)
+
+    def ip_allocations(self, node: str) -> set[str]:
+        networks = self.local.node(node).directory / "var/lib/cni/networks"
+        return {
+            f"{net.name}/{f.name}"
+            for net in (networks.glob("*") if networks.is_dir() else [])
+            for f in net.iterdir()
+            if f.name[:1].isdigit()
+        }
+
+
+ALLOCATIONS: dict[str, set[str]] = {}
+VALUES_FILE: list[Path] = []
+FENCED: dict[str, Any] = {"node": "", "containers": set()}
+
+
+@pytest.fixture(scope="module")
+def image_archive() -> Path:
+    return sandlot_archive(ROOT, IMAGE_NAME)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, image_archive: Path
+) -> Iterator[LocalKubeletCluster]:
+    work = tmp_path_factory.mktemp("cluster")
+    local = LocalCluster(work / "c", node_count=2, images=[image_archive])
+    api = None
+    try:
+        local.start(pause_archive(), PAUSE_IMAGE)
+        busybox = build_image_archive(work / "busybox.tar", SANDBOX_IMAGE)
+        api = load_api_client(str(local.kubeconfig))
+        repository, tag = IMAGE_NAME.rsplit(":", 1)
+        image = {"repository": repository, "tag": tag, "pullPolicy": "Never"}
+        c = LocalKubeletCluster(local.kubeconfig, [n.name for n in local.nodes], api, image)
+        c.local, c.sandbox_archive = local, busybox.path
+        for name in c.workers:  # the agent runs images present in its containerd namespace
+            c.import_sandbox_image(name)
+        ALLOCATIONS.update({n: c.ip_allocations(n) for n in c.workers})
+        VALUES_FILE.append(work / "values.yaml")
+        install(c, VALUES_FILE[0], LOCAL_VALUES)
+        yield c
+    finally:
+        if api is not None:
+            api.close()
+        local.stop()
+
+
+def _layer_names(archive: Path, index: int) -> list[str]:
+    """The paths in the image's layer ``index`` (0: the bottom one)."""
+    with tarfile.open(archive) as outer:
+
+        def blob(digest: str) -> bytes:
+            member = outer.extractfile("blobs/sha256/" + digest.split(":", 1)[1])
+            assert member is not None
+            return member.read()
+
+        top = json.loads(outer.extractfile("index.json").read())["manifests"][0]  # type: ignore[union-attr]
+        manifest = json.loads(blob(top["digest"]))
+        layer = blob(manifest["layers"][index]["digest"])
+    with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
+        return tar.getnames()
+
+
+def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Path) -> None:
+    """The recipe's /opt/sandlot: the package's modules as in the source tree, and
+    every dependency pyproject.toml names, installed (the Dockerfile's ``pip install .``)."""
+    names = _layer_names(image_archive, 1)
+    assert all(n == "opt" or n.startswith(RECIPE.venv.lstrip("/")) for n in names), names[:5]
+    site = next(n for n in names if n.endswith("site-packages/sandlot")).rsplit("/", 1)[0]
+    shipped = {
+        n[len(site) + 1 :] for n in names if n.startswith(f"{site}/sandlot/") and n.endswith(".py")
+    }
+    source = {
+        p.relative_to(ROOT / "operator").as_posix()
+        for p in (ROOT / "operator" / "sandlot").rglob("*.py")
+        if "/containerd/gen/" not in p.as_posix()
+    }
+    assert source <= shipped, sorted(source - shipped)[:10]
+    dists = {
+        n.split("/")[-1].split("-")[0].lower().replace("_", "-")
+        for n in names
+        if n.endswith(".dist-info")
+    }
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    for requirement in wanted:
+        dist = requirement.split(">")[0].split("<")[0].split("=")[0].strip().lower()
+        assert dist in dists, f"{dist} not installed in {RECIPE.venv} ({sorted(dists)})"
+
+
+def test_a_pool_spreads_over_the_nodes(cluster: LocalKubeletCluster) -> None:
+    a_pool_spreads_over_the_workers(cluster)
+
+
+def test_a_stopped_nodes_sandboxes_go_dead_and_are_replaced(cluster: LocalKubeletCluster) -> None:
+    FENCED.update(a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster))
+
+
+def test_the_restarted_nodes_agent_tears_down_the_dead_containers(
+    cluster: LocalKubeletCluster,
+) -> None:
+    from e2e.scenarios import the_restarted_workers_agent_tears_down_the_dead_containers
+
+    the_restarted_workers_agent_tears_down_the_dead_containers(cluster, FENCED)
+
+
+def test_cache_clear_reports_per_node(cluster: LocalKubeletCluster) -> None:
+    cache_clear_reports_per_node(cluster)
+
+
+def test_helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster: LocalKubeletCluster) -> None:
+    helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster, VALUES_FILE[0])
+
+
+def _pod(c: LocalKubeletCluster, component: str, node: str | None = None) -> Any:
+    pods = [
+        p for p in c.chart_pods()
+        if (p.metadata.labels or {}).get("app.kubernetes.io/component") == component
+        and (node is None or p.spec.node_name == node)
+        and p.status.phase == "Running" and not p.metadata.deletion_timestamp
+    ]  # fmt: skip
+    assert pods, f"no running {component} pod" + (f" on {node}" if node else "")
+    return pods[0]
+
+
+def _fresh(c: LocalKubeletCluster, pod: Any) -> Any:
+    return client.CoreV1Api(c.api).read_namespaced_pod(pod.metadata.name, NAMESPACE)
+
+
+def _ready(pod: Any) -> bool:
+    return any(x.type == "Ready" and x.status == "True" for x in pod.status.conditions or [])
+
+
+def _restarts(pod: Any) -> int:
+    return sum(s.restart_count for s in pod.status.container_statuses or [])
+
+
+def _program_pid(c: LocalKubeletCluster, node: str, program: str) -> int:
+    """The pid (on this host) of ``sandlot <program>`` running on ``node``."""
+    for pid in c.local.node(node).processes():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if program.encode() in argv and any(a.endswith(b"/sandlot") for a in argv):
+                return pid
+    raise AssertionError(f"no `sandlot {program}` process on {node}")
+
+
+def _kubelet_restarts(c: LocalKubeletCluster, pod: Any, why: str) -> None:
+    """Freeze the pod's program (a stuck process): the kubelet's liveness probe
+    fails and it restarts the container; the pod is Ready again after."""
+    before = _restarts(pod)
+    pid = _program_pid(c, pod.spec.node_name, pod.spec.containers[0].args[0])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(
+            lambda: _restarts(_fresh(c, pod)) > before,
+            timeout=120,
+            what=f"the kubelet restarting {pod.metadata.name} ({why})",
+            interval=1,
+        )
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    c.expected_restarts[pod.metadata.name] = _restarts(_fresh(c, pod))
+    wait_for(lambda: _ready(_fresh(c, pod)), timeout=120, what=f"{pod.metadata.name} Ready again")
+    # A frozen agent stops renewing its Lease: with the test's short lease and grace
+    # its sandboxes may go Dead meanwhile; the pool replaces them.
+    pool_running(c)
+
+
+def test_agent_readiness_fails_while_containerd_is_down(cluster: LocalKubeletCluster) -> None:
+    node = cluster.local.node(cluster.workers[-1])
+    pod = _pod(cluster, "agent", node.name)
+    assert _ready(pod)
+    node.stop_containerd()
+    try:
+        wait_for(
+            lambda: not _ready(_fresh(cluster, pod)),
+            timeout=60,
+            what=f"the kubelet marking {pod.metadata.name} not Ready (containerd down)",
+            interval=1,
+        )
+    finally:
+        node.start_containerd()
+    wait_for(lambda: _ready(_fresh(cluster, pod)), timeout=90, what="the agent Ready again")
+    assert _restarts(_fresh(cluster, pod)) == _restarts(pod), "readiness must not restart it"
+    assert_chart_pods_ready(cluster)
+    pool_running(cluster)
+
+
+def test_operator_readiness_fails_while_cut_off_from_the_api_server(
+    cluster: LocalKubeletCluster,
+) -> None:
+    # The standby: cutting the leader off would also stop the pool's reconciliation
+    # until a takeover, which is not what this probe is about.
+    lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(
+        "sandlot-operator", NAMESPACE
+    )
+    leader = lease.spec.holder_identity
+    pod = next(p for p in cluster.chart_pods() if p.metadata.name != leader and
+               (p.metadata.labels or {}).get("app.kubernetes.io/component") == "operator")  # fmt: skip
+    node = cluster.local.node(pod.spec.node_name)
+    netns = node.net.netns(node.index)
+    rule = ["FORWARD", "-s", pod.status.pod_ip, "-d", node.net.api_address, "-j", "DROP"]
+    subprocess.run(["ip", "netns", "exec", netns, "iptables", "-I", *rule], check=True, timeout=30)
+    try:
+        wait_for(
+            lambda: not _ready(_fresh(cluster, pod)),
+            timeout=120,
+            what=f"the kubelet marking {pod.metadata.name} not Ready (API server unreachable)",
+            interval=1,
+        )
+    finally:
+        subprocess.run(
+            ["ip", "netns", "exec", netns, "iptables", "-D", *rule], check=True, timeout=30
+        )
+    wait_for(lambda: _ready(_fresh(cluster, pod)), timeout=180, what="the operator Ready again")
+    assert _restarts(_fresh(cluster, pod)) == _restarts(pod), "readiness must not restart it"
+
+
+def test_a_stuck_agent_is_restarted_by_its_liveness_probe(cluster: LocalKubeletCluster) -> None:
+    _kubelet_restarts(cluster, _pod(cluster, "agent", cluster.workers[-1]), "agent stuck")
+    assert_chart_pods_ready(cluster)
+
+
+def test_a_stuck_operator_is_restarted_by_its_liveness_probe(
+    cluster: LocalKubeletCluster,
+) -> None:
+    _kubelet_restarts(cluster, _pod(cluster, "operator"), "operator stuck")
+    assert_chart_pods_ready(cluster)
+
+
+def test_helm_uninstall_leaves_nothing_behind(cluster: LocalKubeletCluster) -> None:
+    helm_uninstall_leaves_nothing(cluster, ALLOCATIONS)

@@ -1,0 +1,275 @@
+"""The images the local cluster runs, built here and cached by a hash of their
+inputs (a warm run rebuilds nothing; nothing is ever pulled by a node):
+
+- the pause image: a few lines of C, ``gcc -static``;
+- the sandlot image, from the Dockerfile's recipe without a Docker engine
+  (``RECIPE``): a Debian rootfs from ``debootstrap`` with the same packages and the
+  same user (layer 1), and ``/opt/sandlot``, a virtualenv with the package and its
+  dependencies installed by pip from wheels built here (layer 2); entrypoint,
+  command, environment and user as the Dockerfile says.
+  tests/unit/test_image_recipe.py keeps the Dockerfile and ``RECIPE`` in step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandlot.devtools.ociarchive import build_layers_archive, directory_layer
+
+
+@dataclass(frozen=True)
+class ImageRecipe:
+    suite: str
+    packages: tuple[str, ...]
+    user_commands: tuple[str, ...]
+    user: str
+    entrypoint: tuple[str, ...]
+    cmd: tuple[str, ...]
+    env: tuple[str, ...]
+    venv: str
+
+
+RECIPE = ImageRecipe(
+    suite="bookworm",
+    packages=("python3", "python3-venv", "iproute2"),
+    user_commands=(
+        "groupadd --system --gid 65532 sandlot",
+        "useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent"
+        " --shell /usr/sbin/nologin sandlot",
+    ),
+    user="65532:65532",
+    entrypoint=("sandlot",),
+    cmd=("--help",),
+    env=(
+        "PATH=/opt/sandlot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "PYTHONUNBUFFERED=1",
+    ),
+    venv="/opt/sandlot",
+)
+DEBIAN_MIRROR = os.environ.get("SANDLOT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PAUSE_IMAGE = "sandlot.local/pause:1"
+PAUSE_SOURCE = """\
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void quit(int sig) { (void)sig; _exit(0); }
+static void reap(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+int main(void) {
+  signal(SIGINT, quit);
+  signal(SIGTERM, quit);
+  signal(SIGCHLD, reap);
+  for (;;) pause();
+}
+"""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("SANDLOT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sandlot"
+    )
+    return Path(root) / "images"
+
+
+def _hash(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def _run(argv: list[str], what: str, timeout: float, **kw: object) -> None:
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **kw,  # type: ignore[call-overload]
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{what} took over {timeout:.0f}s") from exc
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def pause_archive() -> Path:
+    """The pause image's archive (built once per source)."""
+    dest = cache_dir() / f"pause-{_hash(PAUSE_SOURCE, PAUSE_IMAGE)}.tar"
+    if dest.exists():
+        return dest
+    with tempfile.TemporaryDirectory(prefix="sl-pause-") as work:
+        src, binary = Path(work) / "pause.c", Path(work) / "pause"
+        src.write_text(PAUSE_SOURCE)
+        _run(["gcc", "-static", "-Os", "-o", str(binary), str(src)], "gcc -static pause.c", 120)
+        import io
+        import tarfile
+
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            info = tarfile.TarInfo("pause")
+            data = binary.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o755, 0
+            tar.addfile(info, io.BytesIO(data))
+        build_layers_archive(
+            dest, PAUSE_IMAGE, [buf.getvalue()], {"Entrypoint": ["/pause"], "User": "65535"}
+        )
+    return dest
+
+
+def _recipe_key() -> str:
+    return _hash(json.dumps(RECIPE.__dict__, sort_keys=True), DEBIAN_MIRROR)
+
+
+def base_layer() -> Path:
+    """Layer 1: ``debootstrap --variant=minbase`` with the recipe's packages and user."""
+    out = cache_dir() / f"base-{_recipe_key()}"
+    layer = out / "layer.tar"
+    if layer.exists():
+        return layer
+    rootfs = out / "rootfs"
+    if not (out / "rootfs.done").exists():
+        _bootstrap(rootfs)
+        (out / "rootfs.done").write_text(RECIPE.suite)
+    tmp = layer.with_suffix(".tmp")
+    tmp.write_bytes(directory_layer(rootfs))
+    tmp.replace(layer)
+    return layer
+
+
+def _bootstrap(rootfs: Path) -> None:
+    if shutil.which("debootstrap") is None:
+        raise RuntimeError("debootstrap is not installed (OS package debootstrap)")
+    shutil.rmtree(rootfs.parent, ignore_errors=True)
+    rootfs.mkdir(parents=True)
+    _run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(RECIPE.packages)}",
+         RECIPE.suite, str(rootfs), DEBIAN_MIRROR],
+        "debootstrap", 1800,
+    )  # fmt: skip
+    for command in RECIPE.user_commands:
+        _run(["chroot", str(rootfs), "sh", "-c", command], command, 60)
+    # As the Dockerfile's apt-get lines leave it: no package lists, no apt cache.
+    for leftover in ("var/lib/apt/lists", "var/cache/apt/archives"):
+        for child in (rootfs / leftover).glob("*"):
+            if child.is_file() and child.name != "lock":
+                child.unlink()
+
+
+def _dependencies(root: Path) -> list[str]:
+    project = tomllib.loads((root / "pyproject.toml").read_text())
+    build = project["build-system"]["requires"]
+    return [*build, "wheel", *project["project"]["dependencies"]]
+
+
+def wheelhouse(root: Path) -> Path:
+    """Wheels of the package's dependencies and build requirements (pip, online, once)."""
+    deps = _dependencies(root)
+    out = cache_dir() / f"wheels-{_hash(*deps, sys.version)}"
+    if (out / ".done").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(out), *deps], "pip wheel", 1800)
+    (out / ".done").write_text("\n".join(deps))
+    return out
+
+
+def _source_files(root: Path) -> Iterable[Path]:
+    yield root / "pyproject.toml"
+    yield root / "README.md"
+    for path in sorted((root / "operator").rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and "__pycache__" not in rel and "/containerd/gen/" not in rel:
+            yield path
+
+
+def sandlot_archive(root: Path, name: str) -> Path:
+    """The sandlot image's archive for the source tree at ``root`` (cached by content)."""
+    layer1 = base_layer()
+    wheels = wheelhouse(root)
+    h = hashlib.sha256(layer1.parent.name.encode() + wheels.name.encode() + name.encode())
+    for path in _source_files(root):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    dest = cache_dir() / f"sandlot-{h.hexdigest()[:16]}.tar"
+    if dest.exists():
+        return dest
+    with tempfile.TemporaryDirectory(prefix="sl-image-", dir=cache_dir()) as work:
+        layer2 = _venv_layer(root, layer1.parent / "rootfs", wheels, Path(work))
+        config = {
+            "Entrypoint": list(RECIPE.entrypoint),
+            "Cmd": list(RECIPE.cmd),
+            "Env": list(RECIPE.env),
+            "User": RECIPE.user,
+            "WorkingDir": "/",
+        }
+        build_layers_archive(dest, name, [layer1.read_bytes(), layer2], config)
+    for old in cache_dir().glob("sandlot-*.tar"):
+        if old != dest:
+            old.unlink(missing_ok=True)
+    return dest
+
+
+def _venv_layer(root: Path, rootfs: Path, wheels: Path, work: Path) -> bytes:
+    """Layer 2: the recipe's virtualenv, made in the rootfs (an overlay, in a mount
+    namespace of its own) and taken from the overlay's upper directory."""
+    staging = work / "src"
+    for path in _source_files(root):
+        target = staging / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    gen = staging / "operator/sandlot/adapters/containerd/gen"
+    _run(
+        [sys.executable, "-m", "sandlot.devtools.gen_stubs", "--source", "debian",
+         "--force", "--out", str(gen)],
+        "containerd stubs (debian source)", 300, env=dict(os.environ, PYTHONPATH=str(staging / "operator")),
+    )  # fmt: skip
+    own = work / "own"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
+         "--find-links", str(wheels), "-w", str(own), str(staging)],
+        "pip wheel sandlot", 600,
+    )  # fmt: skip
+    upper, scratch, merged = work / "upper", work / "scratch", work / "merged"
+    for d in (upper, scratch, merged):
+        d.mkdir()
+    script = f"""set -eu
+mount -t overlay overlay -o lowerdir={rootfs},upperdir={upper},workdir={scratch} {merged}
+mkdir -p {merged}/wheels/deps {merged}/wheels/own
+mount --bind {wheels} {merged}/wheels/deps
+mount --bind {own} {merged}/wheels/own
+mount -t proc proc {merged}/proc
+chroot {merged} /usr/bin/python3 -m venv {RECIPE.venv}
+chroot {merged} env PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 {RECIPE.venv}/bin/pip \
+  install -q --no-index --find-links /wheels/deps --find-links /wheels/own sandlot
+chroot {merged} {RECIPE.venv}/bin/python -c "import sandlot.adapters.containerd.client"
+chroot {merged} {RECIPE.venv}/bin/sandlot --help >/dev/null
+"""
+    _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+         "virtualenv layer", 900)  # fmt: skip
+    return directory_layer(upper, only=[RECIPE.venv.lstrip("/")])
+
+
+def main() -> int:
+    """Build (or find cached) every image the local cluster imports."""
+    from sandlot.devtools.cluster.commands import IMAGE, repo_root
+
+    print(f"pause image: {pause_archive()}")
+    print(f"sandlot image: {sandlot_archive(repo_root(), IMAGE)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
