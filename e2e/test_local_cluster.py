@@ -47,6 +47,7 @@ from e2e.scenarios import (
 )
 from sandlot.adapters.kube import load_api_client
 from sandlot.devtools.cluster import LocalCluster
+from sandlot.devtools.cluster.commands import IMAGE as CLUSTER_IMAGE
 from sandlot.devtools.cluster.images import PAUSE_IMAGE, RECIPE, pause_archive, sandlot_archive
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
@@ -69,7 +70,8 @@ if REASON is not None:
 # The first test also builds (or finds cached) the images and boots the cluster.
 pytestmark = [pytest.mark.xdist_group("local-cluster"), pytest.mark.timeout(1800)]
 
-IMAGE_NAME = "sandlot.local/sandlot:e2e"
+# The name `make setup` builds it under, so a test run reuses that archive.
+IMAGE_NAME = CLUSTER_IMAGE
 # Probes tightened so that the probe scenarios see the kubelet act within seconds.
 PROBE = {"periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 3}
 LIVENESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 4}

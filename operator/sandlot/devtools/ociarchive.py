@@ -19,7 +19,9 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import platform
+import secrets
 import subprocess
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -346,9 +348,14 @@ def _write_archive(dest: Path, blobs: Mapping[str, bytes], index: bytes) -> None
     for path, data in (("oci-layout", layout), ("index.json", index)):
         entries.append((_tar_entry(path, kind=tarfile.REGTYPE, size=len(data), mode=0o644), data))
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.name + ".tmp")
-    tmp.write_bytes(_tar(entries))
-    tmp.replace(dest)
+    # A name of this writer's own: two processes building the same archive at once
+    # (same inputs, same bytes) each rename a whole file into place; none sees half.
+    tmp = dest.with_name(f"{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        tmp.write_bytes(_tar(entries))
+        tmp.replace(dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def import_archive(
