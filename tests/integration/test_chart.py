@@ -61,7 +61,8 @@ from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
-FORBIDDEN = re.compile(r"forbidden|\b403\b|not enough permissions", re.IGNORECASE)
+# 403 as a status, never the milliseconds of a log line's timestamp (",403").
+FORBIDDEN = re.compile(r"forbidden|(?<![,.:])\b403\b|not enough permissions", re.IGNORECASE)
 
 
 @pytest.fixture(scope="session")

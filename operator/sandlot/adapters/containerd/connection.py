@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -60,13 +61,19 @@ def rfc3339(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def translate(exc: grpc.RpcError, what: str, timeout: float) -> RuntimeError_:
+def translate(
+    exc: grpc.RpcError, what: str, timeout: float, elapsed: float | None = None
+) -> RuntimeError_:
     code = exc.code() if isinstance(exc, grpc.Call) else grpc.StatusCode.UNKNOWN
     details = (exc.details() if isinstance(exc, grpc.Call) else None) or str(exc)
     # containerd propagates the deadline to its shim call and may answer first, with
-    # the Go context's error wrapped as UNKNOWN ("context deadline exceeded").
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED or (
-        code == grpc.StatusCode.UNKNOWN and "context deadline exceeded" in details
+    # the Go context's error wrapped as UNKNOWN ("context deadline exceeded"); 2.x's
+    # server may instead reset the stream (CANCELLED) as the deadline passes.
+    ran_out = elapsed is not None and elapsed >= timeout
+    if (
+        code == grpc.StatusCode.DEADLINE_EXCEEDED
+        or (code == grpc.StatusCode.UNKNOWN and "context deadline exceeded" in details)
+        or (code == grpc.StatusCode.CANCELLED and ran_out)
     ):
         return RuntimeTimeout(f"{what}: no answer from containerd within {timeout:g}s")
     if code == grpc.StatusCode.NOT_FOUND:
@@ -109,19 +116,21 @@ class Connection:
         lease: str = "",
     ) -> T:
         metadata = self._metadata + (((LEASE_HEADER, lease),) if lease else ())
+        began = time.monotonic()
         try:
             return method(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
-            raise translate(exc, what, timeout) from exc
+            raise translate(exc, what, timeout, time.monotonic() - began) from exc
 
     def stream(
         self, method: Callable[..., Iterable[T]], request: Any, *, timeout: float, what: str
     ) -> list[T]:
         """Every response of a server-streaming call, under one deadline."""
+        began = time.monotonic()
         try:
             return list(method(request, timeout=timeout, metadata=self._metadata))
         except grpc.RpcError as exc:
-            raise translate(exc, what, timeout) from exc
+            raise translate(exc, what, timeout, time.monotonic() - began) from exc
 
     def read_blob(self, digest: str, *, timeout: float, what: str) -> bytes:
         responses = self.stream(
