@@ -4,7 +4,6 @@ same as ``/livez``, its older name)."""
 
 from __future__ import annotations
 
-import errno
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from sandlot.adapters.startup import StartupError, setting_name
+from sandlot.adapters.startup import cannot_listen, setting_name
 from sandlot.policy.probes import Probe
 
 Check = Callable[[], Probe]
@@ -56,8 +55,7 @@ def serve_health(
     try:
         server = ThreadingHTTPServer(("", port), Handler)
     except OSError as e:
-        why = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        raise StartupError(f"{setting_name(field)} {port}: cannot listen: {why}") from None
+        raise cannot_listen(setting_name(field), port, e) from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="health", daemon=True).start()
     return server

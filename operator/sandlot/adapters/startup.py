@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import errno
 import json
-from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from prometheus_client import CollectorRegistry, start_http_server
 
 from sandlot.api.errors import UsageError
 
@@ -30,14 +28,11 @@ def setting_name(field: str) -> str:
     return f"--{field.replace('_', '-')} / SANDLOT_{field.upper()}"
 
 
-def serve_metrics(port: int, registry: CollectorRegistry, *, field: str = "metrics_port") -> Any:
-    """Serve ``registry`` on ``port``; a port that cannot be bound is a ``StartupError``."""
-    try:
-        server, _thread = start_http_server(port, registry=registry)
-    except OSError as e:
-        why = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-        raise StartupError(f"{setting_name(field)} {port}: cannot listen: {why}") from None
-    return server
+def cannot_listen(settings: str, where: object, e: OSError) -> StartupError:
+    """The error for a listening socket that cannot be had: the settings behind it,
+    where it was asked to listen, and why not."""
+    why = "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
+    return StartupError(f"{settings} {where}: cannot listen: {why}")
 
 
 def api_error_line(e: BaseException) -> str:
@@ -68,4 +63,4 @@ def require_namespace(api: client.ApiClient, namespace: str, *, field: str = "na
         return
 
 
-__all__ = ["StartupError", "api_error_line", "require_namespace", "serve_metrics", "setting_name"]
+__all__ = ["StartupError", "api_error_line", "cannot_listen", "require_namespace", "setting_name"]

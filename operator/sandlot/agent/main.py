@@ -27,7 +27,8 @@ Status is written through ``adapters.statuswrite`` (``status``): with the object
 resourceVersion; a Sandbox found terminal, gone or replaced meanwhile is never
 resurrected (its container is torn down instead).
 
-This module only wires those parts together and runs the start-up in its order.
+This module only wires those parts together and runs the start-up in its order
+(the steps themselves are in ``bringup``).
 """
 
 from __future__ import annotations
@@ -42,37 +43,39 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-import sandlot
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
-from sandlot.adapters.objects import Leases, Objects, parse_time
-from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
+from sandlot.adapters.objects import Leases, Objects
+from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
+from sandlot.agent.bringup import (
+    connect_containerd,
+    readopt_survivors,
+    registration,
+    restored_exhausted_until,
+    sweep_with_retry,
+)
 from sandlot.agent.cacheprune import CacheUpkeep
-from sandlot.agent.capacity import capacity_status, mirrored_taints, node_capacity, node_security
+from sandlot.agent.capacity import node_capacity, node_security
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
 from sandlot.agent.logs import SandboxLogs
 from sandlot.agent.loops import Loops
-from sandlot.agent.metrics import AgentMetrics, GcMetrics, timed_runtime
+from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
-from sandlot.agent.streams import StreamServer, start_streams, stream_status
-from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
+from sandlot.agent.streams import StreamServer, start_streams
+from sandlot.agent.sweep import SweepReport
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.agent.workpools import SandboxPools
-from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
-
-CONNECT_BACKOFF_START = 0.5
-CONNECT_BACKOFF_CAP = 30.0
 
 
 def _utcnow() -> datetime:
@@ -117,7 +120,6 @@ class Agent:
         self._clock = clock
         self.address = settings.node_address or detect_address()
         self.call_timeout = settings.call_timeout.total_seconds()
-        self.kill_wait = settings.kill_wait.total_seconds()
 
         self.runtime: Runtime | None = None
         self.collector: ImageCollector | None = None
@@ -229,36 +231,13 @@ class Agent:
 
     def connect(self) -> bool:
         """Connect to containerd, retrying with a capped backoff until it answers or stop."""
-        delay = CONNECT_BACKOFF_START
-        attempt = 0
-        while not self._stop.is_set():
-            attempt += 1
-            runtime = self._runtime_factory()
-            try:
-                self.containerd_version = runtime.version(timeout=self.call_timeout)
-            except RuntimeError_ as exc:
-                runtime.close()
-                self.metrics.containerd_up.set(0)
-                log.error(
-                    "containerd unreachable at %s (attempt %d): %s; retrying in %.1fs",
-                    self.settings.containerd_address,
-                    attempt,
-                    exc,
-                    delay,
-                )
-                self._stop.wait(delay)
-                delay = min(delay * 2, CONNECT_BACKOFF_CAP)
-                continue
-            self.metrics.containerd_up.set(1)
-            self.runtime = timed_runtime(runtime, self.metrics)
-            log.info(
-                "connected to containerd %s at %s (namespace %s)",
-                self.containerd_version,
-                self.settings.containerd_address,
-                self.settings.containerd_namespace,
-            )
-            return True
-        return False
+        connected = connect_containerd(
+            self._runtime_factory, self.settings, self.metrics, self._stop
+        )
+        if connected is None:
+            return False
+        self.runtime, self.containerd_version = connected
+        return True
 
     def start(self) -> bool:
         """The ordered start-up; True once the node is READY and the loops run."""
@@ -273,11 +252,18 @@ class Agent:
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.
-        report = self._sweep_with_retry(self._rt)
+        report = sweep_with_retry(
+            self._rt,
+            self.objects,
+            self.settings,
+            self.metrics,
+            self._stop,
+            self.networking.release,
+        )
         if report is None:
             return False
         self.sweep_report = report
-        self._readopt(report)
+        readopt_survivors(self._rt, report, self.metrics, self.call_timeout, self.work.end_lost)
 
         # Heartbeat: the SandboxNode and the Lease.
         self._register_node()
@@ -295,18 +281,6 @@ class Agent:
         self._start_work()
         return True
 
-    def _readopt(self, report: SweepReport) -> None:
-        tasks: list[TaskInfo] = []
-        if any(d.action is SweepAction.ADOPT for d in report.decisions):
-            # Only for the log: with a wedged shim on the node this listing is slow.
-            try:
-                tasks = self._rt.list_tasks(timeout=self.call_timeout)
-            except RuntimeError_ as exc:
-                log.warning("cannot list tasks for re-adoption: %s", exc)
-        readopt(report, tasks, metrics=self.metrics)
-        for lost in report.lost:
-            self.work.end_lost(lost.key)
-
     def _start_work(self) -> None:
         """Sandboxes, then the reaper, the image collector and CachePrune requests."""
         settings = self.settings
@@ -320,7 +294,7 @@ class Agent:
             call_timeout=self.call_timeout,
             disabled=settings.gc_disabled,
             metrics=self.gc_metrics,
-            exhausted_until=self._restored_exhausted_until(),
+            exhausted_until=restored_exhausted_until(self.objects, self.node),
             starting=self.image_gate.pulls.starting if self.image_gate else frozenset,
         )
         for watched in self._watches:
@@ -397,54 +371,18 @@ class Agent:
     def _prune_changed(self, _event: str, _old: object, _new: object) -> None:
         self._prune_wake.set()
 
-    # ------------------------------------------------------------ start-up steps
-
-    def _sweep_with_retry(self, rt: Runtime) -> SweepReport | None:
-        """List containers and this node's Sandboxes, then sweep; listings are retried."""
-        delay = CONNECT_BACKOFF_START
-        while not self._stop.is_set():
-            try:
-                containers = rt.list_containers(timeout=self.call_timeout)
-                sandboxes = self.objects.list_node_sandboxes(self.node)
-            except Exception as exc:
-                log.error("start-up sweep cannot list (retrying in %.1fs): %s", delay, exc)
-                self._stop.wait(delay)
-                delay = min(delay * 2, CONNECT_BACKOFF_CAP)
-                continue
-            return sweep_orphans(
-                rt,
-                containers,
-                sandboxes,
-                self.node,
-                kill_wait=self.kill_wait,
-                call_timeout=self.call_timeout,
-                concurrency=self.settings.teardown_concurrency,
-                metrics=self.metrics,
-                release=self.networking.release,
-            )
-        return None
-
     def _register_node(self) -> None:
-        status = {
-            "capacity": capacity_status(self.work.facts.capacity),
-            **mirrored_taints(self.objects.api, self.node),
-            "address": self.address,
-            **stream_status(self.settings),
-            "agentVersion": sandlot.__version__,
-            "containerdVersion": self.containerd_version,
-        }
+        status = registration(
+            self.objects,
+            self.settings,
+            self.work.facts.capacity,
+            self.address,
+            self.containerd_version,
+        )
         try:
             self.heartbeat.register(status)
         except Exception as exc:
             log.warning("cannot register SandboxNode %s: %s", self.node, exc)
-
-    def _restored_exhausted_until(self) -> datetime | None:
-        try:
-            node = self.objects.get_node(self.node) or {}
-        except Exception:
-            return None
-        gc = (node.get("status") or {}).get("gc") or {}
-        return parse_time(gc.get("exhaustedUntil"))
 
 
 __all__ = ["Agent", "container_id_for", "detect_address"]

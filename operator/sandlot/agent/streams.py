@@ -13,7 +13,6 @@ connection has a thread of its own; the agent stopping ends them within a wait.
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -25,7 +24,7 @@ from websockets.sync.server import Server, ServerConnection, serve
 from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.reviews import review_access, review_token
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.adapters.startup import StartupError, api_error_line, setting_name
+from sandlot.adapters.startup import api_error_line, cannot_listen, setting_name
 from sandlot.agent.execsession import ExecSession
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
@@ -99,14 +98,9 @@ class StreamServer:
                 close_timeout=CLOSE_TIMEOUT,
             )
         except OSError as e:
-            why = (
-                "address already in use" if e.errno == errno.EADDRINUSE else (e.strerror or str(e))
-            )
+            settings = f"{setting_name('stream_port')} / {setting_name('stream_bind')}"
             where = f"{self.bind or '*'}:{self.requested_port}"
-            raise StartupError(
-                f"{setting_name('stream_port')} / {setting_name('stream_bind')} {where}: "
-                f"cannot listen: {why}"
-            ) from None
+            raise cannot_listen(settings, where, e) from None
         threading.Thread(target=self._server.serve_forever, name="streams", daemon=True).start()
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 

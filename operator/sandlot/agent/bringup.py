@@ -1,0 +1,165 @@
+"""The agent's steps before its node says it is alive (SPEC section 4): reach
+containerd, sweep orphans, re-adopt survivors, register the SandboxNode.
+
+Reaching containerd and listing what to sweep are retried with a capped, doubling
+backoff until they answer or the agent is asked to stop: a node whose containerd
+or API server is not up yet waits (and says so) instead of crash-looping, and a
+stop request ends the wait at once. The sweep itself is bounded (``sweep``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import sandlot
+from sandlot.adapters.objects import Objects, parse_time
+from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
+from sandlot.agent.capacity import capacity_status, mirrored_taints
+from sandlot.agent.metrics import AgentMetrics, timed_runtime
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.streams import stream_status
+from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
+from sandlot.agent.teardown import Release
+from sandlot.policy.agentsweep import SweepAction
+from sandlot.policy.capacity import Capacity
+
+log = logging.getLogger(__name__)
+
+CONNECT_BACKOFF_START = 0.5
+CONNECT_BACKOFF_CAP = 30.0
+
+
+class Backoff:
+    """Waits that double from ``CONNECT_BACKOFF_START`` up to ``CONNECT_BACKOFF_CAP``,
+    each cut short by ``stop``."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.delay = CONNECT_BACKOFF_START
+
+    def wait(self) -> None:
+        self.stop.wait(self.delay)
+        self.delay = min(self.delay * 2, CONNECT_BACKOFF_CAP)
+
+
+def connect_containerd(
+    factory: Callable[[], Runtime],
+    settings: AgentSettings,
+    metrics: AgentMetrics,
+    stop: threading.Event,
+) -> tuple[Runtime, str] | None:
+    """The runtime (timed) and containerd's version once it answers; None on stop."""
+    call_timeout = settings.call_timeout.total_seconds()
+    backoff = Backoff(stop)
+    attempt = 0
+    while not stop.is_set():
+        attempt += 1
+        runtime = factory()
+        try:
+            version = runtime.version(timeout=call_timeout)
+        except RuntimeError_ as exc:
+            runtime.close()
+            metrics.containerd_up.set(0)
+            log.error(
+                "containerd unreachable at %s (attempt %d): %s; retrying in %.1fs",
+                settings.containerd_address,
+                attempt,
+                exc,
+                backoff.delay,
+            )
+            backoff.wait()
+            continue
+        metrics.containerd_up.set(1)
+        log.info(
+            "connected to containerd %s at %s (namespace %s)",
+            version,
+            settings.containerd_address,
+            settings.containerd_namespace,
+        )
+        return timed_runtime(runtime, metrics), version
+    return None
+
+
+def sweep_with_retry(
+    rt: Runtime,
+    objects: Objects,
+    settings: AgentSettings,
+    metrics: AgentMetrics,
+    stop: threading.Event,
+    release: Release,
+) -> SweepReport | None:
+    """List containers and this node's Sandboxes, then sweep; listings are retried."""
+    call_timeout = settings.call_timeout.total_seconds()
+    backoff = Backoff(stop)
+    while not stop.is_set():
+        try:
+            containers = rt.list_containers(timeout=call_timeout)
+            sandboxes = objects.list_node_sandboxes(settings.node_name)
+        except Exception as exc:
+            log.error("start-up sweep cannot list (retrying in %.1fs): %s", backoff.delay, exc)
+            backoff.wait()
+            continue
+        return sweep_orphans(
+            rt,
+            containers,
+            sandboxes,
+            settings.node_name,
+            kill_wait=settings.kill_wait.total_seconds(),
+            call_timeout=call_timeout,
+            concurrency=settings.teardown_concurrency,
+            metrics=metrics,
+            release=release,
+        )
+    return None
+
+
+def readopt_survivors(
+    rt: Runtime,
+    report: SweepReport,
+    metrics: AgentMetrics,
+    call_timeout: float,
+    end_lost: Callable[[str], None],
+) -> None:
+    """Keep the kept containers; end the Sandboxes whose container is gone."""
+    tasks: list[TaskInfo] = []
+    if any(d.action is SweepAction.ADOPT for d in report.decisions):
+        # Only for the log: with a wedged shim on the node this listing is slow.
+        try:
+            tasks = rt.list_tasks(timeout=call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("cannot list tasks for re-adoption: %s", exc)
+    readopt(report, tasks, metrics=metrics)
+    for lost in report.lost:
+        end_lost(lost.key)
+
+
+def registration(
+    objects: Objects,
+    settings: AgentSettings,
+    capacity: Capacity,
+    address: str,
+    containerd_version: str,
+) -> dict[str, Any]:
+    """The SandboxNode status the agent registers with: what the node offers and runs."""
+    return {
+        "capacity": capacity_status(capacity),
+        **mirrored_taints(objects.api, settings.node_name),
+        "address": address,
+        **stream_status(settings),
+        "agentVersion": sandlot.__version__,
+        "containerdVersion": containerd_version,
+    }
+
+
+def restored_exhausted_until(objects: Objects, node: str) -> datetime | None:
+    """The image collector's armed backoff, as the node's status last recorded it."""
+    try:
+        found = objects.get_node(node) or {}
+    except Exception:
+        return None
+    gc = (found.get("status") or {}).get("gc") or {}
+    return parse_time(gc.get("exhaustedUntil"))
