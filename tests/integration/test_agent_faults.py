@@ -26,14 +26,12 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import parse_time
-from sandlot.adapters.runtime import RuntimeError_
 from sandlot.adapters.sandboxwatch import liveness_bound
 from sandlot.agent.main import Agent
-from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from tests.support import agents
 from tests.support.agents import agent_settings
 from tests.support.netfault import SeveringRelay
 from tests.support.operator import OperatorProcess
@@ -48,24 +46,13 @@ NS = "work"
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("agent-faults") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd, archive: Path) -> Iterator[str]:
-    ns = f"faults-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, ns, archive, timeout=60)
-    yield ns
-    rt = ContainerdRuntime(containerd.address, ns)
-    try:
-        ids = [c.id for c in rt.list_containers(timeout=10)]
-        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    with agents.containerd_namespace(containerd, "faults", archive) as ns:
+        yield ns
 
 
 def _create(objs: Any, name: str, node: str) -> None:

@@ -9,6 +9,7 @@ with short bounds; every wait here has a deadline and says what it waited for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -19,18 +20,16 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Leases
-from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, TaskState
+from sandlot.adapters.runtime import ContainerSpec, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SANDBOX_LABEL
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.ocispec import default_spec
-from tests.support.agents import agent_settings
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from tests.support.wait import wait_for
 
@@ -46,28 +45,13 @@ SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
 
 @pytest.fixture(scope="module")
 def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("agent-images") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
-
-
-def _cleanup_namespace(address: str, ns: str) -> None:
-    rt = ContainerdRuntime(address, ns)
-    try:
-        ids = [c.id for c in rt.list_containers(timeout=10)]
-        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    ns = f"agent-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, ns, busybox_archive, timeout=60)
-    yield ns
-    _cleanup_namespace(containerd.address, ns)
+    with agents.containerd_namespace(containerd, "agent", busybox_archive) as ns:
+        yield ns
 
 
 @pytest.fixture
@@ -94,26 +78,9 @@ def make_agent(
     node: str,
     tmp_path: Path,
 ) -> Iterator[AgentFactory]:
-    agents: list[Agent] = []
-
-    def make(**overrides: Any) -> Agent:
-        settings = agent_settings(
-            node=node,
-            namespace=namespace,
-            containerd=containerd,
-            ctr_ns=ctr_ns,
-            log_dir=tmp_path / "logs",
-            kill_wait=f"{KILL_WAIT}s",
-            call_timeout=f"{CALL_TIMEOUT}s",
-            **overrides,
-        )
-        agent = Agent(settings, kube, registry=CollectorRegistry())
-        agents.append(agent)
-        return agent
-
-    yield make
-    for agent in agents:
-        agent.shutdown()
+    defaults = {"kill_wait": f"{KILL_WAIT}s", "call_timeout": f"{CALL_TIMEOUT}s"}
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs", **defaults) as fleet:
+        yield functools.partial(fleet.make, kube, namespace, node)
 
 
 def _custom(kube: client.ApiClient) -> Any:

@@ -18,16 +18,14 @@ from typing import Any
 
 import pytest
 from kubernetes import client, watch
-from prometheus_client import CollectorRegistry
 from urllib3.exceptions import ProtocolError
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.pullsecrets import brokered_key, write_brokered
-from sandlot.adapters.runtime import RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
@@ -38,19 +36,26 @@ pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
 
 
+# Beside agent_settings: a slower heartbeat and graceful stop, the reaper at its
+# default, and pull back-offs short enough for a test.
+AGENT_DEFAULTS: dict[str, Any] = {
+    "call_timeout": "3s",
+    "stop_grace": "1s",
+    "sync_interval": "0.2s",
+    "renew_interval": "2s",
+    "reap_interval": AgentSettings.model_fields["reap_interval"].default,
+    "image_pull_backoff": "0.5s",
+    "image_pull_max_backoff": "2s",
+    "image_pull_stall_timeout": "1s",
+    "image_pull_deadline": "60s",
+}
+
+
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd) -> Iterator[str]:
     """An empty containerd namespace: every image a sandbox runs must be pulled."""
-    ns = f"pulls-{uuid.uuid4().hex[:8]}"
-    yield ns
-    rt = ContainerdRuntime(containerd.address, ns)
-    try:
-        ids = [c.id for c in rt.list_containers(timeout=10)]
-        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    with agents.containerd_namespace(containerd, "pulls") as ns:
+        yield ns
 
 
 AgentFactory = Callable[..., Agent]
@@ -60,38 +65,8 @@ AgentFactory = Callable[..., Agent]
 def start_agent(
     containerd: PrivateContainerd, ctr_ns: str, tmp_path: Path
 ) -> Iterator[AgentFactory]:
-    agents: list[Agent] = []
-
-    def start(api: client.ApiClient, namespace: str, node: str, **overrides: Any) -> Agent:
-        values: dict[str, Any] = {
-            "node_name": node,
-            "namespace": namespace,
-            "containerd_address": containerd.address,
-            "containerd_namespace": ctr_ns,
-            "containerd_root": str(containerd.root),
-            "kill_wait": "2s",
-            "call_timeout": "3s",
-            "stop_grace": "1s",
-            "sync_interval": "0.2s",
-            "lease_duration": "10s",
-            "renew_interval": "2s",
-            "metrics_port": 0,
-            "node_address": "10.1.2.3",
-            "log_dir": str(tmp_path / "logs"),
-            "image_pull_backoff": "0.5s",
-            "image_pull_max_backoff": "2s",
-            "image_pull_stall_timeout": "1s",
-            "image_pull_deadline": "60s",
-        }
-        values.update(overrides)
-        agent = Agent(AgentSettings(**values), api, registry=CollectorRegistry())
-        agents.append(agent)
-        assert agent.start(), "agent start-up failed"
-        return agent
-
-    yield start
-    for agent in agents:
-        agent.shutdown()
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs", **AGENT_DEFAULTS) as fleet:
+        yield fleet.start
 
 
 class StatusLog:

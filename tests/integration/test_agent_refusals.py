@@ -28,19 +28,16 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.runtime import RuntimeError_, TaskState
+from sandlot.adapters.runtime import TaskState
 from sandlot.agent.main import Agent
-from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import USERNS_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING
 from sandlot.policy.userns import IdRange
-from tests.support.agents import agent_settings
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 
@@ -52,24 +49,13 @@ DENY_LABEL = "sandlot-test/deny-status"
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("status-images") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd, archive: Path) -> Iterator[str]:
-    name = f"st-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, name, archive, timeout=60)
-    yield name
-    rt = ContainerdRuntime(containerd.address, name)
-    try:
-        ids = [c.id for c in rt.list_containers(timeout=10)]
-        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    with agents.containerd_namespace(containerd, "st", archive) as ns:
+        yield ns
 
 
 @pytest.fixture
@@ -81,24 +67,9 @@ def agent(
     tmp_path: Path,
 ) -> Iterator[Agent]:
     node = f"node-{uuid.uuid4().hex[:8]}"
-    settings = agent_settings(
-        node=node,
-        namespace=namespace,
-        containerd=containerd,
-        ctr_ns=ctr_ns,
-        log_dir=tmp_path / "logs",
-        sync_interval="1s",
-    )
-    instance = Agent(settings, kube, registry=CollectorRegistry())
-    assert instance.start()
-    try:
-        yield instance
-    finally:
-        instance.shutdown()
-        with contextlib.suppress(client.ApiException):
-            client.CustomObjectsApi(kube).delete_cluster_custom_object(
-                GROUP, VERSION, "sandboxnodes", node
-            )
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs") as fleet:
+        yield fleet.start(kube, namespace, node, sync_interval="1s")
+    agents.delete_node(kube, node)
 
 
 def _create(

@@ -18,21 +18,16 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.nodeguard import cgroup_v2
-from sandlot.adapters.runtime import RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.sandboxes import container_id_for
-from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.placement import CONTROL_PLANE_TAINT
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.capacity import REASON_OVER_CAPACITY
 from sandlot.policy.ocispec import cgroups_path_for
-from tests.support.agents import agent_settings
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 
@@ -44,9 +39,7 @@ CGROUP = Path("/sys/fs/cgroup")
 
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("resource-images") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 StartAgent = Callable[..., Agent]
@@ -60,39 +53,18 @@ def start_agent(
     archive: Path,
     tmp_path: Path,
 ) -> Iterator[StartAgent]:
-    started: list[tuple[Agent, str]] = []
+    """Each agent on a node and a containerd namespace of its own."""
+    with contextlib.ExitStack() as stack:
 
-    def start(node: str = "", **overrides: Any) -> Agent:
-        ctr_ns = f"rs-{uuid.uuid4().hex[:8]}"
-        import_archive(containerd.address, ctr_ns, archive, timeout=60)
-        settings = agent_settings(
-            node=node or f"node-{uuid.uuid4().hex[:8]}",
-            namespace=namespace,
-            containerd=containerd,
-            ctr_ns=ctr_ns,
-            log_dir=tmp_path / "logs",
-            **overrides,
-        )
-        agent = Agent(settings, kube, registry=CollectorRegistry())
-        assert agent.start()
-        started.append((agent, ctr_ns))
-        return agent
+        def start(node: str = "", **overrides: Any) -> Agent:
+            # Unwound in reverse: the agent stops, its namespace is cleared, its node goes.
+            node = node or f"node-{uuid.uuid4().hex[:8]}"
+            stack.callback(agents.delete_node, kube, node)
+            ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "rs", archive))
+            fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs"))
+            return fleet.start(kube, namespace, node, **overrides)
 
-    yield start
-    for agent, ctr_ns in started:
-        agent.shutdown()
-        rt = ContainerdRuntime(containerd.address, ctr_ns)
-        try:
-            ids = [c.id for c in rt.list_containers(timeout=10)]
-            teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-        except RuntimeError_:
-            pass
-        finally:
-            rt.close()
-        with contextlib.suppress(client.ApiException):
-            client.CustomObjectsApi(kube).delete_cluster_custom_object(
-                GROUP, VERSION, "sandboxnodes", agent.node
-            )
+        yield start
 
 
 def _create(kube: client.ApiClient, namespace: str, name: str, node: str, **spec: Any) -> str:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,7 +19,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Objects, parse_time
@@ -33,14 +33,13 @@ from sandlot.adapters.sandboxwatch import cache_prunes
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
-from sandlot.agent.teardown import TeardownOutcome, teardown, teardown_many
+from sandlot.agent.teardown import TeardownOutcome, teardown
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd, find_shim_pid, stopped_process
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.ocispec import default_spec
+from tests.support import agents
 from tests.support.agent import FakeRuntime
-from tests.support.agents import agent_settings
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -115,24 +114,13 @@ def test_cleared_gc_backoff_leaves_the_sandboxnode_and_is_not_restored(
 
 @pytest.fixture(scope="module")
 def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("safety-images") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    ns = f"safety-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, ns, busybox_archive, timeout=60)
-    yield ns
-    rt = ContainerdRuntime(containerd.address, ns)
-    try:
-        ids = [c.id for c in rt.list_containers(timeout=10)]
-        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    with agents.containerd_namespace(containerd, "safety", busybox_archive) as ns:
+        yield ns
 
 
 @pytest.fixture
@@ -156,24 +144,8 @@ def make_agent(
     node: str,
     tmp_path: Path,
 ) -> Iterator[Callable[..., Agent]]:
-    agents: list[Agent] = []
-
-    def make(runtime_factory: Any = None, **overrides: Any) -> Agent:
-        settings = agent_settings(
-            node=node,
-            namespace=namespace,
-            containerd=containerd,
-            ctr_ns=ctr_ns,
-            log_dir=tmp_path / "logs",
-            **overrides,
-        )
-        agent = Agent(settings, kube, registry=CollectorRegistry(), runtime_factory=runtime_factory)
-        agents.append(agent)
-        return agent
-
-    yield make
-    for agent in agents:
-        agent.shutdown()
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs") as fleet:
+        yield functools.partial(fleet.make, kube, namespace, node)
 
 
 def create_sandbox(

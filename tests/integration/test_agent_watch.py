@@ -18,18 +18,15 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import RequestCounter, apply_crds, load_api_client, resource_of
-from sandlot.adapters.runtime import RuntimeError_
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 
@@ -40,31 +37,23 @@ SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
 WATCHED = ("sandboxes", "sandboxnodes", "cacheprunes")
 
 
+# Beside agent_settings: a slower heartbeat and graceful stop, the reaper at its default.
+AGENT_DEFAULTS: dict[str, Any] = {
+    "stop_grace": "1s",
+    "renew_interval": "2s",
+    "reap_interval": AgentSettings.model_fields["reap_interval"].default,
+}
+
+
 @pytest.fixture(scope="module")
 def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("watch-images") / "busybox.tar"
-    build_image_archive(path, IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, IMAGE)
 
 
 @pytest.fixture
 def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    ns = f"watch-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, ns, busybox_archive, timeout=60)
-    yield ns
-    rt = ContainerdRuntime(containerd.address, ns)
-    try:
-        teardown_many(
-            rt,
-            [c.id for c in rt.list_containers(timeout=10)],
-            kill_wait=3,
-            call_timeout=3,
-            concurrency=8,
-        )
-    except RuntimeError_:
-        pass
-    finally:
-        rt.close()
+    with agents.containerd_namespace(containerd, "watch", busybox_archive) as ns:
+        yield ns
 
 
 AgentFactory = Callable[..., Agent]
@@ -74,34 +63,8 @@ AgentFactory = Callable[..., Agent]
 def start_agent(
     containerd: PrivateContainerd, ctr_ns: str, tmp_path: Path
 ) -> Iterator[AgentFactory]:
-    agents: list[Agent] = []
-
-    def start(api: client.ApiClient, namespace: str, node: str, **overrides: Any) -> Agent:
-        values: dict[str, Any] = {
-            "node_name": node,
-            "namespace": namespace,
-            "containerd_address": containerd.address,
-            "containerd_namespace": ctr_ns,
-            "containerd_root": str(containerd.root),
-            "kill_wait": "2s",
-            "call_timeout": "2s",
-            "stop_grace": "1s",
-            "sync_interval": "0.3s",
-            "lease_duration": "10s",
-            "renew_interval": "2s",
-            "metrics_port": 0,
-            "node_address": "10.1.2.3",
-            "log_dir": str(tmp_path / "logs"),
-        }
-        values.update(overrides)
-        agent = Agent(AgentSettings(**values), api, registry=CollectorRegistry())
-        agents.append(agent)
-        assert agent.start(), "agent start-up failed"
-        return agent
-
-    yield start
-    for agent in agents:
-        agent.shutdown()
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs", **AGENT_DEFAULTS) as fleet:
+        yield fleet.start
 
 
 def _objs(api: client.ApiClient) -> Any:

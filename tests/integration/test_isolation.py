@@ -23,18 +23,16 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.nodeguard import bounding_capabilities
-from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
+from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.admission import POLICY_NAME, Level, admission_policy
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import LEVEL_LABEL
 from sandlot.api.sandbox import SandboxSpec
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.policy.ocispec import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
@@ -44,7 +42,7 @@ from sandlot.policy.ocispec import (
     cgroups_path_for,
 )
 from sandlot.policy.podsecurity import check
-from tests.support.agents import agent_settings
+from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
@@ -471,9 +469,7 @@ AGENT_IMAGE = "docker.io/sandlot/isolation-busybox:test"
 
 @pytest.fixture(scope="module")
 def agent_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("isolation-images") / "busybox.tar"
-    build_image_archive(path, AGENT_IMAGE)
-    return path
+    return agents.busybox_archive(tmp_path_factory, AGENT_IMAGE)
 
 
 @pytest.fixture
@@ -485,37 +481,15 @@ def agent(
     tmp_path: Path,
 ) -> Iterator[Agent]:
     """A started agent on its own node name and containerd namespace."""
-    ctr_ns = f"iso-{uuid.uuid4().hex[:8]}"
-    import_archive(containerd.address, ctr_ns, agent_archive, timeout=60)
     node = f"node-{uuid.uuid4().hex[:8]}"
-    settings = agent_settings(
-        node=node,
-        namespace=namespace,
-        containerd=containerd,
-        ctr_ns=ctr_ns,
-        log_dir=tmp_path / "logs",
-        call_timeout="3s",
-        stop_grace="1s",
-        reap_interval="0.5s",
-    )
-    instance = Agent(settings, kube, registry=CollectorRegistry())
-    assert instance.start()
-    try:
-        yield instance
-    finally:
-        instance.shutdown()
-        rt = ContainerdRuntime(containerd.address, ctr_ns)
-        try:
-            ids = [c.id for c in rt.list_containers(timeout=10)]
-            teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
-        except RuntimeError_:
-            pass
-        finally:
-            rt.close()
-        with contextlib.suppress(client.ApiException):
-            client.CustomObjectsApi(kube).delete_cluster_custom_object(
-                GROUP, VERSION, "sandboxnodes", node
-            )
+    with (
+        agents.containerd_namespace(containerd, "iso", agent_archive) as ctr_ns,
+        agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs") as fleet,
+    ):
+        yield fleet.start(
+            kube, namespace, node, call_timeout="3s", stop_grace="1s", reap_interval="0.5s"
+        )
+    agents.delete_node(kube, node)
 
 
 def _schedule(kube: client.ApiClient, namespace: str, name: str, node: str, **spec: Any) -> None:

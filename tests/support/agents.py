@@ -1,13 +1,28 @@
-"""Settings for a real agent in tests: a private containerd, short durations, no
-metrics port. Tests pass only what differs from these."""
+"""Real agents in tests: their settings (a private containerd, short durations, no
+metrics port; tests pass only what differs), the containerd namespace each runs
+in (an image imported, every container torn down after), and the agents a test
+starts, all shut down at its end."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.runtime import Runtime, RuntimeError_
+from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
 
 def agent_settings(
@@ -38,3 +53,104 @@ def agent_settings(
     }
     values.update(overrides)
     return AgentSettings(**values)
+
+
+def busybox_archive(tmp_path_factory: pytest.TempPathFactory, image: str) -> Path:
+    """An OCI archive of busybox named ``image``, built once per calling fixture."""
+    path = tmp_path_factory.mktemp("agent-images") / "busybox.tar"
+    build_image_archive(path, image)
+    return path
+
+
+def clear_namespace(containerd: PrivateContainerd, ctr_ns: str) -> None:
+    """Tear down every container left in ``ctr_ns`` (each call bounded)."""
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    try:
+        ids = [c.id for c in rt.list_containers(timeout=10)]
+        teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
+    except RuntimeError_:
+        pass
+    finally:
+        rt.close()
+
+
+@contextlib.contextmanager
+def containerd_namespace(
+    containerd: PrivateContainerd, prefix: str, archive: Path | None = None
+) -> Iterator[str]:
+    """A fresh containerd namespace (with ``archive`` imported, if given), cleared after."""
+    ns = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    if archive is not None:
+        import_archive(containerd.address, ns, archive, timeout=60)
+    try:
+        yield ns
+    finally:
+        clear_namespace(containerd, ns)
+
+
+class AgentFleet:
+    """The agents one test makes on one containerd namespace; ``close`` shuts every
+    one down (their sandboxes keep running until the namespace is cleared).
+
+    ``defaults`` are the module's settings over ``agent_settings``; a call's own
+    overrides win over both."""
+
+    def __init__(
+        self, containerd: PrivateContainerd, ctr_ns: str, log_dir: Path, **defaults: Any
+    ) -> None:
+        self.containerd = containerd
+        self.ctr_ns = ctr_ns
+        self.log_dir = log_dir
+        self.defaults = defaults
+        self.agents: list[Agent] = []
+
+    def make(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        node: str,
+        *,
+        runtime_factory: Callable[[], Runtime] | None = None,
+        **overrides: Any,
+    ) -> Agent:
+        """An agent, not yet started."""
+        settings = agent_settings(
+            node=node,
+            namespace=namespace,
+            containerd=self.containerd,
+            ctr_ns=self.ctr_ns,
+            log_dir=self.log_dir,
+            **{**self.defaults, **overrides},
+        )
+        agent = Agent(settings, api, registry=CollectorRegistry(), runtime_factory=runtime_factory)
+        self.agents.append(agent)
+        return agent
+
+    def start(self, api: client.ApiClient, namespace: str, node: str, **overrides: Any) -> Agent:
+        """An agent whose start-up finished: its node is READY."""
+        agent = self.make(api, namespace, node, **overrides)
+        assert agent.start(), "agent start-up failed"
+        return agent
+
+    def close(self) -> None:
+        for agent in self.agents:
+            agent.shutdown()
+
+
+@contextlib.contextmanager
+def agent_fleet(
+    containerd: PrivateContainerd, ctr_ns: str, log_dir: Path, **defaults: Any
+) -> Iterator[AgentFleet]:
+    fleet = AgentFleet(containerd, ctr_ns, log_dir, **defaults)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def delete_node(api: client.ApiClient, node: str) -> None:
+    """Remove the SandboxNode an agent registered (already gone is fine)."""
+    with contextlib.suppress(client.ApiException):
+        client.CustomObjectsApi(api).delete_cluster_custom_object(
+            GROUP, VERSION, "sandboxnodes", node
+        )
