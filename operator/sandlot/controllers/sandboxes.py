@@ -8,10 +8,12 @@ decisions read (the strings many records share, such as namespace, phase, node
 and pool, once for all of them), and the per-node counts are kept up to date on
 every change instead of being recounted.
 
-Controllers that write a sandbox put the API server's answer here at once
-(``upsert``, ``forget``), so the next decision already sees it; the watch event
-that follows carries the same or a newer resourceVersion and changes nothing
-else. A sandbox this operator deleted is remembered (by uid) until its DELETED
+Controllers that write or read a sandbox put the API server's answer here at once
+(``upsert``, ``forget``), so the next decision already sees it. resourceVersions
+are compared for equality only: until the watch delivers the answer's own version,
+what it delivers is older and is dropped (``policy.freshness``, which bounds that
+wait), and an answer whose version the watch already went past is dropped as
+stale. A sandbox this operator deleted is remembered (by uid) until its DELETED
 event, so a late MODIFIED event of it cannot bring it back.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,6 +34,7 @@ from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
 from sandlot.policy.lifetimes import deadline_of
 from sandlot.policy.placement import Placement
 from sandlot.policy.pools import spec_hash
@@ -39,6 +42,13 @@ from sandlot.policy.pools import spec_hash
 log = logging.getLogger(__name__)
 
 TOMBSTONE_TTL = 600.0
+# How long the watch may lag behind a write before its events are believed again.
+WATCH_LAG = 10.0
+# The versions the watch delivered lately, per sandbox: the last few of the sandboxes
+# that changed last. An answer about one of them that arrives after the watch went
+# past it is recognised as stale; beyond this memory the WATCH_LAG bound still holds.
+PASSED_VERSIONS = 4
+PASSED_KEYS = 4096
 
 
 @dataclass(slots=True)
@@ -46,7 +56,7 @@ class SandboxRecord:
     namespace: str
     name: str
     uid: str
-    resource_version: int
+    resource_version: str  # opaque: compared for equality only
     phase: str
     node: str | None
     pool: str | None  # the sandlot.dev/pool label
@@ -109,17 +119,13 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     status = body.get("status") or {}
     spec = body.get("spec") or {}
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
-    try:
-        rv = int(meta.get("resourceVersion") or 0)
-    except ValueError:
-        rv = 0
     created_at = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
     pool_label = (meta.get("labels") or {}).get(POOL_LABEL)
     return SandboxRecord(
         namespace=sys.intern(meta["namespace"]),
         name=meta["name"],
         uid=meta.get("uid", ""),
-        resource_version=rv,
+        resource_version=str(meta.get("resourceVersion") or ""),
         phase=sys.intern(str(status.get("phase") or SandboxPhase.PENDING)),
         node=_shared(spec.get("nodeName")),
         pool=_shared(pool_label),
@@ -157,7 +163,13 @@ Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old,
 
 
 class SandboxCache:
-    def __init__(self) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, watch_lag: float = WATCH_LAG
+    ) -> None:
+        self._clock = clock
+        self._watch_lag = watch_lag
+        self._awaited: dict[str, Awaited] = {}  # key -> an answer the watch has not delivered
+        self._passed: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # key -> versions
         self.records: dict[str, SandboxRecord] = {}
         self._by_pool: dict[str, set[str]] = {}
         self._by_claim: dict[str, set[str]] = {}  # "namespace/claim" -> sandbox keys
@@ -190,25 +202,73 @@ class SandboxCache:
         """A watch event (kopf passes None as the type for the initial listing)."""
         if event_type == "DELETED":
             meta = body["metadata"]
+            key = f"{meta['namespace']}/{meta['name']}"
             self._deleted.pop(meta.get("uid", ""), None)
-            self._remove(f"{meta['namespace']}/{meta['name']}", meta.get("uid"))
+            self._remove(key, meta.get("uid"))
             return
-        self.upsert(body)
+        new = record_of(body)
+        if new.uid in self._deleted:
+            return
+        old = self.records.get(new.key)
+        if old is None or old.uid != new.uid:  # another object: nothing held is about it
+            self._awaited.pop(new.key, None)
+            self._passed.pop(new.key, None)
+            self._pass(new.key, new.resource_version)
+            self._replace(old, new)
+            return
+        self._pass(new.key, new.resource_version)
+        held = old.resource_version
+        self._apply(
+            old,
+            new,
+            judge_event(self._awaited.get(new.key), new.resource_version, held, self._clock()),
+        )
 
     def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
-        """Take ``body`` unless an equal or newer version is already here."""
+        """Take the API server's answer about a sandbox (a write's result or a read),
+        unless the view already holds it or the watch went past it; returns the view."""
         new = record_of(body)
         if new.uid in self._deleted:
             return None
         old = self.records.get(new.key)
-        if old is not None and old.uid == new.uid and old.resource_version >= new.resource_version:
+        if old is None or old.uid != new.uid:
+            self._passed.pop(new.key, None)
+            self._replace(old, new)
+            self._awaited[new.key] = Awaited(new.resource_version, self._clock() + self._watch_lag)
+            return new
+        judgement = judge_answer(
+            old.resource_version,
+            self._passed.get(new.key, ()),
+            new.resource_version,
+            self._awaited.get(new.key),
+            self._clock(),
+            watch_lag=self._watch_lag,
+        )
+        return self._apply(old, new, judgement)
+
+    def _apply(self, old: SandboxRecord, new: SandboxRecord, judgement: Judgement) -> SandboxRecord:
+        if judgement.awaited is None:
+            self._awaited.pop(new.key, None)
+        else:
+            self._awaited[new.key] = judgement.awaited
+        if not judgement.take:
             return old
+        self._replace(old, new)
+        return new
+
+    def _replace(self, old: SandboxRecord | None, new: SandboxRecord) -> None:
         if old is not None:
             self._unindex(old)
         self.records[new.key] = new
         self._index(new)
         self._notify(old, new)
-        return new
+
+    def _pass(self, key: str, version: str) -> None:
+        """Remember that the watch delivered ``version`` of ``key``."""
+        seen = self._passed.pop(key, ())
+        self._passed[key] = (*seen, version)[-PASSED_VERSIONS:]
+        if len(self._passed) > PASSED_KEYS:
+            self._passed.popitem(last=False)
 
     def forget(self, key: str, uid: str) -> None:
         """This operator deleted ``key``: drop it now and ignore its late events."""
@@ -224,6 +284,8 @@ class SandboxCache:
         if old is None or (uid and old.uid != uid):
             return
         del self.records[key]
+        self._awaited.pop(key, None)
+        self._passed.pop(key, None)
         self._unindex(old)
         self._notify(old, None)
 
