@@ -56,21 +56,8 @@ def ctr_ns(containerd: PrivateContainerd, archive: Path) -> Iterator[str]:
 
 
 def _create(objs: Any, name: str, node: str) -> None:
-    objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        NS,
-        "sandboxes",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"image": IMAGE, "nodeName": node, "command": SLEEPER},
-        },
-    )
-    objs.patch_namespaced_custom_object_status(
-        GROUP, VERSION, NS, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    spec = {"image": IMAGE, "command": SLEEPER}
+    agents.schedule_sandbox(objs.api_client, NS, name, node, spec)
 
 
 def _status(objs: Any, name: str) -> dict[str, Any]:

@@ -120,17 +120,8 @@ def status_log(kube: client.ApiClient, namespace: str) -> Iterator[StatusLog]:
 def create_sandbox(
     api: client.ApiClient, namespace: str, name: str, node: str, image: str, **spec: Any
 ) -> None:
-    objs = client.CustomObjectsApi(api)
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {"image": image, "command": SLEEPER, "nodeName": node, **spec},
-    }
-    objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
-    objs.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    spec = {"image": image, "command": SLEEPER, **spec}
+    agents.schedule_sandbox(api, namespace, name, node, spec)
 
 
 def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -75,17 +75,8 @@ def agent(
 def _create(
     kube: client.ApiClient, namespace: str, name: str, node: str, mark: str, **spec: Any
 ) -> None:
-    api = client.CustomObjectsApi(kube)
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Sandbox",
-        "metadata": {"name": name, "labels": {DENY_LABEL: mark}},
-        "spec": {"image": IMAGE, "nodeName": node, **spec},
-    }
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
-    api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    spec = {"image": IMAGE, **spec}
+    agents.schedule_sandbox(kube, namespace, name, node, spec, labels={DENY_LABEL: mark})
 
 
 def _get(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

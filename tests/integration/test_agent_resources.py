@@ -68,17 +68,8 @@ def start_agent(
 
 
 def _create(kube: client.ApiClient, namespace: str, name: str, node: str, **spec: Any) -> str:
-    api = client.CustomObjectsApi(kube)
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {"image": IMAGE, "nodeName": node, "command": ["sleep", "300"], **spec},
-    }
-    created = api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
-    api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    spec = {"image": IMAGE, "command": ["sleep", "300"], **spec}
+    created = agents.schedule_sandbox(kube, namespace, name, node, spec)
     return str(created["metadata"]["uid"])
 
 

@@ -156,17 +156,8 @@ def create_sandbox(
     command: list[str],
     **spec: Any,
 ) -> None:
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "Sandbox",
-        "metadata": {"name": name},
-        "spec": {"image": IMAGE, "command": command, "nodeName": node, **spec},
-    }
-    api = _custom(kube)
-    api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
-    api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    spec = {"image": IMAGE, "command": command, **spec}
+    agents.schedule_sandbox(kube, namespace, name, node, spec)
 
 
 def status_of(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -20,11 +20,10 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.kube import RequestCounter, apply_crds, load_api_client, resource_of
+from sandlot.adapters.kube import RequestCounter, load_api_client, resource_of
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
@@ -72,22 +71,7 @@ def _objs(api: client.ApiClient) -> Any:
 
 
 def create_sandbox(api: client.ApiClient, namespace: str, name: str, node: str) -> None:
-    objs = _objs(api)
-    objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        namespace,
-        "sandboxes",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "Sandbox",
-            "metadata": {"name": name},
-            "spec": {"image": IMAGE, "command": SLEEPER, "nodeName": node},
-        },
-    )
-    objs.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    agents.schedule_sandbox(api, namespace, name, node, {"image": IMAGE, "command": SLEEPER})
 
 
 def phase_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
@@ -214,21 +198,6 @@ def test_sandbox_marked_dead_while_running_is_torn_down_from_its_event(
     )
     assert (phase_of(kube, namespace, "fenced") or {}).get("phase") == "Dead"
     assert agent.registry.get_sample_value("sandlot_agent_fenced_total") == 1.0
-
-
-@pytest.fixture
-def own_plane(tmp_path: Path) -> Iterator[ControlPlane]:
-    """A control plane of the test's own: its API server is restarted."""
-    plane = ControlPlane(workdir=tmp_path / "cp")
-    plane.start()
-    api = load_api_client(str(plane.kubeconfig))
-    apply_crds(api, [crd_for(k) for k in KINDS])
-    core = client.CoreV1Api(api)
-    for ns in ("work", "sandlot-system"):
-        core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    api.close()
-    yield plane
-    plane.stop()
 
 
 def test_watch_broken_by_an_api_server_restart_lists_again_and_sees_what_changed(

@@ -43,6 +43,7 @@ from sandlot.cli.main import main as sandlot_main
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
 from sandlot.policy.ocispec import default_spec
+from tests.support.agents import schedule_sandbox
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.image_sets import allocated_bytes, build_image_set, import_image_set
@@ -381,32 +382,8 @@ def gc_agent(
 
 
 def run_sandboxes(kube: client.ApiClient, namespace: str, node: str, images: list[str]) -> None:
-    api = _custom(kube)
     for i, image in enumerate(images):
-        name = f"user-{i}"
-        api.create_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            "sandboxes",
-            {
-                "apiVersion": f"{GROUP}/{VERSION}",
-                "kind": "Sandbox",
-                "metadata": {"name": name},
-                "spec": {"image": image, "command": SLEEPER, "nodeName": node},
-            },
-        )
-        api.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-        )
-
-    def all_running() -> bool:
-        items = api.list_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes")["items"]
-        return sum((sb.get("status") or {}).get("phase") == "Running" for sb in items) == len(
-            images
-        )
-
-    wait_for(all_running, timeout=30, what=f"{len(images)} sandboxes Running on {node}")
+        schedule_sandbox(kube, namespace, f"user-{i}", node, {"image": image, "command": SLEEPER})
 
 
 def clear(control_plane: ControlPlane, *args: str) -> int:

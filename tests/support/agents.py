@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +154,33 @@ def delete_node(api: client.ApiClient, node: str) -> None:
         client.CustomObjectsApi(api).delete_cluster_custom_object(
             GROUP, VERSION, "sandboxnodes", node
         )
+
+
+def schedule_sandbox(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    node: str,
+    spec: Mapping[str, Any],
+    *,
+    labels: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Create Sandbox ``name`` bound to ``node`` and mark it Scheduled, as the
+    scheduler would: what an agent picks up. Returns the created object."""
+    objs = client.CustomObjectsApi(api)
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Sandbox",
+        "metadata": metadata,
+        "spec": {"nodeName": node, **spec},
+    }
+    created: dict[str, Any] = objs.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", body
+    )
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
+    )
+    return created
