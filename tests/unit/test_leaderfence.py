@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.rest import RESTResponse
+from urllib3 import HTTPResponse
 
 from sandlot.adapters.kube import (
     NotLeader,
@@ -43,13 +43,13 @@ def test_committed_leader_fence_template_matches_the_policy() -> None:
     )
 
 
-def test_the_binding_takes_the_leader_lease_and_denies_without_it() -> None:
+def test_the_binding_takes_the_leader_lease_and_stands_aside_without_it() -> None:
     policy, binding = leader_fence_policy(IDS)
     assert policy["spec"]["paramKind"] == {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease"}
     assert binding["spec"]["paramRef"] == {
         "name": "leader",
         "namespace": "ns",
-        "parameterNotFoundAction": "Deny",
+        "parameterNotFoundAction": "Allow",
     }
     (condition,) = policy["spec"]["matchConditions"]
     assert condition["expression"] == f"request.userInfo.username == '{IDS.operator_user}'"
@@ -90,24 +90,24 @@ def test_only_the_holder_rule_is_a_handover_refusal(message: str, expected: bool
 
 
 class Server:
-    """Answers ``send()`` with the given outcomes in order (an exception is raised)."""
+    """Answers ``send()`` with the given responses in order, as the REST client
+    returns them (an error response is not raised until the API reads it)."""
 
-    def __init__(self, *outcomes: Any) -> None:
-        self.outcomes = list(outcomes)
+    def __init__(self, *responses: RESTResponse) -> None:
+        self.responses = list(responses)
         self.sent = 0
 
-    def __call__(self) -> Any:
+    def __call__(self) -> RESTResponse:
         self.sent += 1
-        outcome = self.outcomes.pop(0)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        return self.responses.pop(0)
 
 
-def refusal(message: str = HOLDER_REFUSAL, status: int = 403) -> ApiException:
-    e = ApiException(status=status, reason="Forbidden")
-    e.body = json.dumps({"kind": "Status", "message": message})
-    return e
+def response(message: str = HOLDER_REFUSAL, status: int = 403) -> RESTResponse:
+    body = json.dumps({"kind": "Status", "message": message}).encode()
+    return RESTResponse(HTTPResponse(body=body, status=status, preload_content=True))
+
+
+OK = 200
 
 
 def through(server: Server, leading: list[bool], counter: RequestCounter, waits: list[float]):
@@ -118,36 +118,40 @@ def through(server: Server, leading: list[bool], counter: RequestCounter, waits:
 
 
 def test_a_leader_refused_at_the_handover_resends_until_admitted() -> None:
-    server, counter, waits = Server(refusal(), refusal(), "ok"), RequestCounter(), []
-    assert through(server, [True], counter, waits) == "ok"
+    admitted = response("{}", status=OK)
+    server, counter, waits = Server(response(), response(), admitted), RequestCounter(), []
+    assert through(server, [True], counter, waits) is admitted
     assert (server.sent, waits) == (3, [0.05, 0.1])
     assert counter.fenced[("PATCH", "/x")] == 2
 
 
 def test_a_deposed_leader_refused_by_the_server_does_not_resend() -> None:
-    server, counter, waits = Server(refusal(), "ok"), RequestCounter(), []
+    server, counter, waits = Server(response(), response("{}", status=OK)), RequestCounter(), []
     with pytest.raises(ServerFenced) as info:
         through(server, [False], counter, waits)
     assert isinstance(info.value, NotLeader)
+    assert f"rule {HOLDER_RULE}" in str(info.value)
     assert (server.sent, waits) == (1, [])
     assert counter.fenced[("PATCH", "/x")] == 1
 
 
 def test_a_refusal_that_outlasts_every_wait_is_raised() -> None:
-    server, counter, waits = Server(refusal(), refusal(), refusal()), RequestCounter(), []
+    server, counter, waits = Server(response(), response(), response()), RequestCounter(), []
     with pytest.raises(ServerFenced):
         through(server, [True], counter, waits)
     assert (server.sent, waits) == (3, [0.05, 0.1])
 
 
 @pytest.mark.parametrize(
-    "error",
-    [refusal("sl-sandlot-operator-writes: rule operator-managed-services: x"), refusal(status=409)],
-    ids=["another-403", "conflict"],
+    "answer",
+    [
+        response("sl-sandlot-operator-writes: rule operator-managed-services: x"),
+        response(status=409),
+        response("{}", status=OK),
+    ],
+    ids=["another-403", "conflict", "admitted"],
 )
-def test_other_errors_pass_through_unchanged(error: ApiException) -> None:
-    server, counter, waits = Server(error), RequestCounter(), []
-    with pytest.raises(ApiException) as info:
-        through(server, [True], counter, waits)
-    assert info.value is error
+def test_other_answers_pass_through_unchanged(answer: RESTResponse) -> None:
+    server, counter, waits = Server(answer), RequestCounter(), []
+    assert through(server, [True], counter, waits) is answer
     assert (server.sent, waits, sum(counter.fenced.values())) == (1, [], 0)

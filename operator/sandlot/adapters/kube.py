@@ -220,20 +220,24 @@ def _through_server_fence(
     sleep: Callable[[float], None] = time.sleep,
 ) -> Any:
     """``send()``; a refusal by the server's leader fence is resent after a short wait
-    while this replica still leads by its own clock, else raised as ``ServerFenced``."""
+    while this replica still leads by its own clock, else raised as ``ServerFenced``.
+    The REST client returns an error response as it came (the generated API raises
+    ``ApiException`` later, when it reads it), so the refusal is read here."""
     for delay in (*delays, None):
-        try:
-            return send()
-        except ApiException as e:
-            if e.status != 403 or not refused_as_non_holder(str(e.body)):
-                raise
-            if counter is not None:
-                counter.record_fenced(method, url)
-            if delay is None or not fence.open():
-                log.warning("leader fence: the API server refused %s: %s", what, e.body)
-                raise ServerFenced(f"the API server's leader fence refused {what}") from e
-            log.info("leader fence: %s refused while leading; resending in %.2fs", what, delay)
-            sleep(delay)
+        response = send()
+        if getattr(response, "status", None) != 403:
+            return response
+        body = response.read()
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+        if not refused_as_non_holder(text):
+            return response
+        if counter is not None:
+            counter.record_fenced(method, url)
+        if delay is None or not fence.open():
+            log.warning("leader fence: the API server refused %s: %s", what, text)
+            raise ServerFenced(f"the API server's leader fence refused {what}: {text}")
+        log.info("leader fence: %s refused while leading; resending in %.2fs", what, delay)
+        sleep(delay)
     raise AssertionError("unreachable: the last delay is None")
 
 

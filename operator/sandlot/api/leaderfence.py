@@ -19,7 +19,15 @@ name is ``spec.holderIdentity`` of the Lease:
 
 - ``operator-bound-token``: a write without the pod-name claim is refused;
 - ``leader-lease-holder``: a write from any pod but the Lease's holder is refused;
-- no Lease at all: nobody leads, the binding denies (``parameterNotFoundAction``).
+- no Lease at all: the binding stands aside (``parameterNotFoundAction: Allow``).
+  Deny would be worse than no fence: the API server resolves a binding's parameter
+  before it evaluates the policy's match conditions, so a missing Lease would
+  refuse every identity's writes of the matched kinds, cluster-wide (tenants'
+  Sandboxes, everyone's Services) from the install until the first election, and
+  whenever the Lease is deleted. Nothing leads without the Lease either: a replica
+  leads only once its create or update of the Lease has landed, and from then on
+  the Lease names it and the fence engages against everyone else. A Lease deleted
+  under its holder leaves that holder in the position of an expired Lease (below).
 
 What it covers: the writes only the leader sends (Sandboxes and their status, the
 status of SandboxNodes, SandboxPools, SandboxClaims and CachePrunes, the Services
@@ -139,7 +147,7 @@ def leader_fence_policy(ids: Identities) -> list[dict[str, Any]]:
     binding["spec"]["paramRef"] = {
         "name": ids.leader_lease,
         "namespace": ids.namespace,
-        "parameterNotFoundAction": "Deny",
+        "parameterNotFoundAction": "Allow",
     }
     return objects
 
