@@ -36,7 +36,7 @@ from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.leaderfence import CHART_TEMPLATE, HOLDER_RULE, leader_fence_policy
 from sandlot.api.writepolicy import Identities
-from sandlot.devtools.controlplane import ControlPlane, helm_path, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane, helm_path
 from tests.support.chart import Installed, apply, hook_of, render, sa_kubeconfig
 from tests.support.kube import Kubectl
 from tests.support.wait import wait_for
@@ -67,47 +67,9 @@ class Release:
         """An API client of the operator replica ``pod``: a token bound to a Pod of
         that name (created at its first client), as the kubelet mounts into the
         operator's container."""
-        core = client.CoreV1Api(self.kube)
-        sa = self.installed.service_account("operator")
-        try:
-            uid = core.read_namespaced_pod(pod, self.ids.namespace).metadata.uid
-        except ApiException as e:
-            assert e.status == 404, e
-            uid = None
-        pod_uid = (
-            uid
-            or core.create_namespaced_pod(
-                self.ids.namespace,
-                {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "metadata": {"name": pod},
-                    "spec": {
-                        "serviceAccountName": sa,
-                        "automountServiceAccountToken": False,
-                        "containers": [{"name": "operator", "image": "sandlot.test/none:1"}],
-                    },
-                },
-            ).metadata.uid
-        )
-        spec = client.V1TokenRequestSpec(
-            audiences=[],
-            expiration_seconds=3600,
-            bound_object_ref=client.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=pod, uid=pod_uid
-            ),
-        )
-        token = core.create_namespaced_service_account_token(
-            sa, self.ids.namespace, client.AuthenticationV1TokenRequest(spec=spec)
-        ).status.token
         path = self.workdir / f"{pod}.kubeconfig"
-        user = self.ids.operator_user
-        path.write_text(
-            yaml.safe_dump(
-                kubeconfig_dict(self.plane.url, str(self.plane.ca_file), user, token=token)
-            )
-        )
-        path.chmod(0o600)
+        if not path.exists():
+            sa_kubeconfig(self.kube, self.plane, self.installed, "operator", path, pod_name=pod)
         return load_api_client(str(path), fence=fence, counter=counter)
 
     def hold(self, holder: str | None) -> None:
