@@ -37,8 +37,16 @@ from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.leaderfence import CHART_TEMPLATE, HOLDER_RULE, leader_fence_policy
 from sandlot.api.writepolicy import Identities
 from sandlot.devtools.controlplane import ControlPlane, helm_path
-from tests.support.chart import Installed, apply, hook_of, render, sa_kubeconfig
+from tests.support.chart import (
+    Installed,
+    apply,
+    hook_of,
+    operator_replica,
+    render,
+    sa_kubeconfig,
+)
 from tests.support.kube import Kubectl
+from tests.support.operator import Fleet, OperatorProcess, wipe_nodes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -423,3 +431,80 @@ def test_a_leader_paused_between_its_fence_and_its_send_is_refused_by_the_server
     assert to_live(old_counter.fenced) == 1
     for api in (old_api, new_api, old_election, new_election):
         api.close()
+
+
+FAST_ELECTION = (
+    "--grace-period",
+    "2s",
+    "--resync-interval",
+    "1s",
+    "--leader-lease-duration",
+    "3s",
+    "--leader-renew-deadline",
+    "2s",
+    "--leader-retry-period",
+    "0.5s",
+)
+
+
+def test_a_standby_that_takes_over_from_a_killed_leader_marks_through_the_fence(
+    release: Release, tmp_path: Path
+) -> None:
+    """Two ``sandlot operator`` processes as the chart runs them (pod-bound tokens,
+    identities their pods' names): the leader is killed, the standby takes the Lease
+    and its markings are admitted, its first writes resent if the API server's copy
+    of the Lease still named the dead leader."""
+    wipe_nodes(release.kube)
+    release.hold(None)
+    fleet = Fleet(release.kube, release.tenant, release.ids.namespace)
+    ops: list[OperatorProcess] = []
+
+    def operator() -> OperatorProcess:
+        config, identity = operator_replica(
+            release.kube, release.plane, release.installed, tmp_path
+        )
+        op = OperatorProcess(
+            release.plane,
+            tmp_path,
+            release.ids.namespace,
+            *FAST_ELECTION,
+            "--leader-lease-name",
+            release.lease,
+            kubeconfig=config,
+            identity=identity,
+        )
+        ops.append(op)
+        op.wait_metrics()
+        return op
+
+    try:
+        node = fleet.node("n1")
+        lease = fleet.lease(node)
+        fleet.sandbox("first", node, "Running")
+        leader = operator()
+        wait_for(leader.is_leader, timeout=30, what="the first operator to lead")
+        standby = operator()
+        wait_for(
+            lambda: fleet.get_node(node).get("status", {}).get("phase") == "Ready",
+            timeout=30,
+            what="the node Ready under the first leader",
+        )
+        leader.kill()  # no release: the standby waits out the Lease
+        wait_for(standby.is_leader, timeout=30, what="the standby to take over")
+        held = Leases(release.kube, release.ids.namespace).get(release.lease)
+        assert held is not None and held.holder == standby.identity, held
+        lease.pause()
+        wait_for(
+            lambda: fleet.phase("first") == "Dead",
+            timeout=40,
+            what="the new leader to mark the lost node's sandbox Dead",
+        )
+        assert fleet.get("first")["status"]["reason"] == "NodeLost"
+        assert (
+            "ServerFenced" not in standby.log()
+            and "leader fence: the API server refused" not in (standby.log())
+        ), standby.log()
+    finally:
+        for op in ops:
+            op.stop()
+        fleet.cleanup()
