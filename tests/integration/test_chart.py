@@ -321,13 +321,16 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     # tests/integration/test_isolation.py installs the same objects (drift-tested
     # against the template) and exercises them; the placement policy, cluster-wide
     # too, has tests/integration/test_placement_admission.py. The write policies
-    # and the leader fence stay: they bind only this release's identities (and
-    # SandboxNodes named like its leader Lease), so its operator runs as the chart
-    # runs it (``operator_replica``).
+    # stay: they bind only this release's identities (and SandboxNodes named like
+    # its leader Lease); its operator runs as the chart runs it (``operator_replica``).
+    # The leader fence has tests of its own (tests/support/leaderfence.py): on this
+    # API server a fence created after another was deleted does not take effect, so
+    # only one is ever created per control plane.
     docs = render(
         helm,
         "--set",
-        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false",
+        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false,"
+        "writePolicies.leaderFence=false",
         release=release,
         namespace=namespace,
     )
