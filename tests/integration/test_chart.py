@@ -50,6 +50,7 @@ from tests.support.chart import (
     by_kind,
     can_i,
     hook_of,
+    operator_replica,
     render,
     run_helm,
     sa_kubeconfig,
@@ -321,11 +322,15 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     # against the template) and exercises them; the placement policy, cluster-wide
     # too, has tests/integration/test_placement_admission.py. The write policies
     # stay: they bind only this release's identities (and SandboxNodes named like
-    # its leader Lease).
+    # its leader Lease); its operator runs as the chart runs it (``operator_replica``).
+    # The leader fence has tests of its own (tests/support/leaderfence.py): on this
+    # API server a fence created after another was deleted does not take effect, so
+    # only one is ever created per control plane.
     docs = render(
         helm,
         "--set",
-        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false",
+        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false,"
+        "writePolicies.leaderFence=false",
         release=release,
         namespace=namespace,
     )
@@ -602,7 +607,7 @@ def test_operator_reaps_a_lost_node_with_its_service_account_only(
 ) -> None:
     wipe_nodes(kube)
     fleet = Fleet(kube, namespace, installed.namespace)
-    config = sa_kubeconfig(kube, control_plane, installed, "operator", tmp_path / "op.kubeconfig")
+    config, identity = operator_replica(kube, control_plane, installed, tmp_path)
     op = OperatorProcess(
         control_plane,
         tmp_path,
@@ -612,6 +617,7 @@ def test_operator_reaps_a_lost_node_with_its_service_account_only(
         "--resync-interval",
         "1s",
         kubeconfig=config,
+        identity=identity,
     )
     try:
         op.wait_metrics()
@@ -696,7 +702,7 @@ def test_agent_and_operator_run_the_node_story_with_their_service_accounts(
     agent_config = sa_kubeconfig(
         kube, control_plane, installed, "agent", tmp_path / "a.kubeconfig", node=node
     )
-    op_config = sa_kubeconfig(kube, control_plane, installed, "operator", tmp_path / "o.kubeconfig")
+    op_config, op_identity = operator_replica(kube, control_plane, installed, tmp_path)
     agent_api = load_api_client(str(agent_config))
     agents: list[Agent] = []
 
@@ -747,6 +753,7 @@ def test_agent_and_operator_run_the_node_story_with_their_service_accounts(
         "--resync-interval",
         "1s",
         kubeconfig=op_config,
+        identity=op_identity,
     )
     prune = f"prune-{uuid.uuid4().hex[:6]}"
     try:

@@ -76,11 +76,13 @@ def release(
     name, namespace, lease = f"wp{suffix}", f"wp-{suffix}", f"leader-{suffix}"
     core = client.CoreV1Api(kube)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    # The leader fence has tests of its own (tests/support/leaderfence.py), one per
+    # control plane: a fence created after another was deleted does not take effect.
     docs = render(
         helm_path(),
         "--set",
         "admissionPolicy.enabled=false,placementPolicy.enabled=false,"
-        f"operator.leaderElection.leaseName={lease}",
+        f"writePolicies.leaderFence=false,operator.leaderElection.leaseName={lease}",
         release=name,
         namespace=namespace,
     )

@@ -60,27 +60,34 @@ class Installed:
 
 
 def sa_token(
-    kube: client.ApiClient, installed: Installed, component: str, node: str | None = None
+    kube: client.ApiClient,
+    installed: Installed,
+    component: str,
+    node: str | None = None,
+    pod_name: str | None = None,
 ) -> str:
-    """A token the API server issued for the component's ServiceAccount; with ``node``,
-    bound to a Pod of that ServiceAccount on that node (no kubelet runs it: the Pod
-    object is what the token is bound to, and what puts the node into it)."""
+    """A token the API server issued for the component's ServiceAccount; with ``node``
+    or ``pod_name``, bound to a Pod of that ServiceAccount (on that node, of that
+    name): no kubelet runs it, the Pod object is what the token is bound to, and
+    what puts the node and the pod's name into it."""
     name = installed.service_account(component)
     core = client.CoreV1Api(kube)
     spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
-    if node is not None:
+    if node is not None or pod_name is not None:
+        pod_spec: dict[str, Any] = {
+            "serviceAccountName": name,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": component, "image": "sandlot.test/none:1"}],
+        }
+        if node is not None:
+            pod_spec["nodeName"] = node
         pod = core.create_namespaced_pod(
             installed.namespace,
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": f"{component}-{node}-{uuid.uuid4().hex[:6]}"[:63]},
-                "spec": {
-                    "serviceAccountName": name,
-                    "automountServiceAccountToken": False,
-                    "nodeName": node,
-                    "containers": [{"name": component, "image": "sandlot.test/none:1"}],
-                },
+                "metadata": {"name": pod_name or f"{component}-{node}-{uuid.uuid4().hex[:6]}"[:63]},
+                "spec": pod_spec,
             },
         )
         spec.bound_object_ref = client.V1BoundObjectReference(
@@ -101,15 +108,27 @@ def sa_kubeconfig(
     component: str,
     path: Path,
     node: str | None = None,
+    pod_name: str | None = None,
 ) -> Path:
     """A kubeconfig holding ``sa_token(...)``."""
-    token = sa_token(kube, installed, component, node)
+    token = sa_token(kube, installed, component, node, pod_name)
     user = f"system:serviceaccount:{installed.namespace}:{installed.service_account(component)}"
     path.write_text(
         yaml.safe_dump(kubeconfig_dict(plane.url, str(plane.ca_file), user, token=token))
     )
     path.chmod(0o600)
     return path
+
+
+def operator_replica(
+    kube: client.ApiClient, plane: ControlPlane, installed: Installed, workdir: Path
+) -> tuple[Path, str]:
+    """A kubeconfig and a leader-election identity for an operator replica as the
+    chart runs one: its token bound to its pod, its identity that pod's name (the
+    leader fence admits only the pod the leader Lease names)."""
+    identity = f"op-{uuid.uuid4().hex[:6]}"
+    path = workdir / f"{identity}.kubeconfig"
+    return sa_kubeconfig(kube, plane, installed, "operator", path, pod_name=identity), identity
 
 
 def can_i(kubeconfig: Path, *args: str) -> bool:

@@ -35,9 +35,10 @@ class OperatorProcess:
         namespace: str,
         *flags: str,
         kubeconfig: Path | None = None,
+        identity: str | None = None,
     ) -> None:
         self.port = free_port()
-        self.identity = f"op-{uuid.uuid4().hex[:6]}"
+        self.identity = identity or f"op-{uuid.uuid4().hex[:6]}"
         self.log_path = workdir / f"{self.identity}.log"
         argv = [
             sys.executable,

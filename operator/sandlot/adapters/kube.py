@@ -7,6 +7,7 @@ helpers in ``sandlot.adapters.objects``; nothing else imports ``kubernetes``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -19,15 +20,20 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from sandlot.api.errors import UsageError
+from sandlot.api.leaderfence import refused_as_non_holder
 
 __all__ = [
     "ApiException",
     "NotLeader",
     "RequestCounter",
+    "ServerFenced",
     "WriteFence",
     "apply_crds",
     "load_api_client",
 ]
+
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(UsageError):
@@ -38,7 +44,18 @@ class NotLeader(RuntimeError):
     """A write was refused before it was sent: this replica is not (or no longer) the leader."""
 
 
+class ServerFenced(NotLeader):
+    """The API server's leader fence (``sandlot.api.leaderfence``) refused a write:
+    it sees another holder of the leader Lease. Retryable: right after a takeover
+    the server's copy of the Lease may still name the previous holder."""
+
+
 MUTATING_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# Waits before resending a write the server's leader fence refused while this replica
+# still leads by its own clock: the API server's informer trails a takeover by
+# milliseconds, so the new leader's first writes can be refused. Bounded (about 1.5 s
+# in all) and only while the client fence allows, so a deposed leader never retries.
+FENCE_RETRY_DELAYS = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 class WriteFence:
@@ -71,6 +88,11 @@ class WriteFence:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
+    def open(self) -> bool:
+        """Whether a write asked for now would be let through."""
+        with self._cond:
+            return not self._closed and self.allowed()
+
     @property
     def in_flight(self) -> int:
         with self._cond:
@@ -89,11 +111,18 @@ class RequestCounter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.calls: Counter[tuple[str, str]] = Counter()
+        self.fenced: Counter[tuple[str, str]] = Counter()
 
     def record(self, method: str, url: str) -> None:
         path = url.split("?", 1)[0]
         with self._lock:
             self.calls[(method.upper(), path)] += 1
+
+    def record_fenced(self, method: str, url: str) -> None:
+        """A write the API server's leader fence refused."""
+        path = url.split("?", 1)[0]
+        with self._lock:
+            self.fenced[(method.upper(), path)] += 1
 
     def total(self) -> int:
         with self._lock:
@@ -163,17 +192,53 @@ def load_api_client(
         # DEFAULT_REQUEST_TIMEOUT (a hung API server must not stall a loop forever).
         if kwargs.get("_request_timeout") is None:
             kwargs["_request_timeout"] = request_timeout
+
+        def send() -> Any:
+            if counter is not None:
+                counter.record(method, url)
+            return original(method, url, *args, **kwargs)
+
         if fence is not None and method.upper() in MUTATING_METHODS:
-            with fence.permit(f"{method.upper()} {url.split('?', 1)[0]}"):
-                if counter is not None:
-                    counter.record(method, url)
-                return original(method, url, *args, **kwargs)
-        if counter is not None:
-            counter.record(method, url)
-        return original(method, url, *args, **kwargs)
+            what = f"{method.upper()} {url.split('?', 1)[0]}"
+            with fence.permit(what):
+                return _through_server_fence(fence, send, what, counter, method, url)
+        return send()
 
     api.rest_client.request = bounded  # type: ignore[method-assign]
     return api
+
+
+def _through_server_fence(
+    fence: WriteFence,
+    send: Callable[[], Any],
+    what: str,
+    counter: RequestCounter | None,
+    method: str,
+    url: str,
+    *,
+    delays: tuple[float, ...] = FENCE_RETRY_DELAYS,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """``send()``; a refusal by the server's leader fence is resent after a short wait
+    while this replica still leads by its own clock, else raised as ``ServerFenced``.
+    The REST client returns an error response as it came (the generated API raises
+    ``ApiException`` later, when it reads it), so the refusal is read here."""
+    for delay in (*delays, None):
+        response = send()
+        if getattr(response, "status", None) != 403:
+            return response
+        body = response.read()
+        text = body.decode("utf-8", "replace") if isinstance(body, bytes) else str(body)
+        if not refused_as_non_holder(text):
+            return response
+        if counter is not None:
+            counter.record_fenced(method, url)
+        if delay is None or not fence.open():
+            log.warning("leader fence: the API server refused %s: %s", what, text)
+            raise ServerFenced(f"the API server's leader fence refused {what}: {text}")
+        log.info("leader fence: %s refused while leading; resending in %.2fs", what, delay)
+        sleep(delay)
+    raise AssertionError("unreachable: the last delay is None")
 
 
 def apply_crds(

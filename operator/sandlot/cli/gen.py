@@ -7,12 +7,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from sandlot.api import admission, placementpolicy, writepolicy
+from sandlot.api import admission, leaderfence, placementpolicy, writepolicy
 
 WHAT = {
     "crds": "write the CRD YAML into crds/ and the chart",
     "admission": f"write the admission policy templates into {admission.CHART_TEMPLATE}, "
-    f"{writepolicy.CHART_TEMPLATE} and {placementpolicy.CHART_TEMPLATE}",
+    f"{writepolicy.CHART_TEMPLATE}, {leaderfence.CHART_TEMPLATE} and "
+    f"{placementpolicy.CHART_TEMPLATE}",
     "docs": "write docs/settings.md and docs/metrics.md",
 }
 

@@ -59,6 +59,14 @@ class OperatorMetrics:
             ["verb", "resource"],
             registry=registry,
         )
+        self.writes_fenced = Counter(
+            "sandlot_operator_writes_fenced_total",
+            "Writes the API server's leader fence refused because it saw another holder of "
+            "the leader Lease (resent while this replica still leads: right after a "
+            "takeover the server's copy of the Lease may trail), by resource.",
+            ["resource"],
+            registry=registry,
+        )
 
 
 class WorkloadMetrics:

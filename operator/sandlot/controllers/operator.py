@@ -71,6 +71,10 @@ class _CountingMetrics(RequestCounter):
         super().record(method, url)
         self.metrics.api_requests.labels(verb=method.upper(), resource=resource_of(url)).inc()
 
+    def record_fenced(self, method: str, url: str) -> None:
+        super().record_fenced(method, url)
+        self.metrics.writes_fenced.labels(resource=resource_of(url)).inc()
+
 
 def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str], None]:
     """Post Events off the event loop, best effort: a pass never fails on an Event."""

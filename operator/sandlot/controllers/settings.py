@@ -85,7 +85,10 @@ class OperatorSettings(SettingsModel):
         default=timedelta(seconds=2), description="How often replicas try to acquire or renew."
     )
     identity: str = Field(
-        default="", description="This replica's identity in the Lease (default: host name + pid)."
+        default="",
+        description="This replica's identity in the Lease (default: host name + pid). The "
+        "chart sets it to the pod's name: the leader fence admits writes only from the pod "
+        "whose name the Lease holds.",
     )
 
     @model_validator(mode="after")

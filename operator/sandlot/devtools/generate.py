@@ -1,6 +1,7 @@
 """Write the files generated from the code: the CRDs (from the API models), the
 chart's admission policies (from ``sandlot.api.admission``,
-``sandlot.api.writepolicy`` and ``sandlot.api.placementpolicy``) and the settings and
+``sandlot.api.writepolicy``, ``sandlot.api.leaderfence`` and
+``sandlot.api.placementpolicy``) and the settings and
 metrics references (``sandlot.devtools.docsgen``). Each has one source, and a
 test fails when a committed copy has drifted from it."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandlot.api import admission, placementpolicy, writepolicy
+from sandlot.api import admission, leaderfence, placementpolicy, writepolicy
 from sandlot.api.crdgen import CRD_DIRS, render_crds
 from sandlot.devtools.docsgen import render_docs
 
@@ -33,7 +34,7 @@ def write_crds(root: Path) -> list[Path]:
 def write_admission(root: Path) -> list[Path]:
     """Write the chart's admission policy templates."""
     written = []
-    for module in (admission, writepolicy, placementpolicy):
+    for module in (admission, writepolicy, leaderfence, placementpolicy):
         path = root / module.CHART_TEMPLATE
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(module.chart_template())
