@@ -96,27 +96,6 @@ def test_helm_lint_strict_passes(helm: Path) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
-def test_the_network_policy_lets_only_the_metrics_port_in(helm: Path) -> None:
-    peer = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
-    docs = render(
-        helm,
-        "--set", "metrics.networkPolicy.enabled=true",
-        "--set-json", f"metrics.networkPolicy.from=[{json.dumps(peer)}]",
-    )  # fmt: skip
-    policies = {
-        p["metadata"]["labels"]["app.kubernetes.io/component"]: p
-        for p in by_kind(docs, "NetworkPolicy")
-    }
-    assert set(policies) == {"operator", "agent"}
-    for component, policy in policies.items():
-        spec = policy["spec"]
-        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
-        assert spec["policyTypes"] == ["Ingress"]
-        (rule,) = spec["ingress"]
-        assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
-        assert rule["from"] == [peer]
-
-
 def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) -> None:
     docs = [d for d in render(helm) if not hook_of(d)]
     kinds = sorted(d["kind"] for d in docs)

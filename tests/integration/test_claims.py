@@ -1,6 +1,8 @@
 """SandboxClaims end to end: a real operator binds a claim at once to a warm
 (Running) member of a pool served by a real agent; the member leaves the pool,
-which replaces it; deleting the claim deletes its sandbox and container."""
+which replaces it; deleting the claim deletes its sandbox and container. Deleting
+the pool ends its members and their containers (the garbage collector of the local
+control plane) but not the claimed sandbox, whose deletion makes its claim Lost."""
 
 from __future__ import annotations
 
@@ -110,3 +112,56 @@ def test_claim_on_a_pool_without_running_members_waits_saying_why(
         timeout=40,
         what="claim early to be bound once its pool has a Running member",
     )
+
+
+def test_a_claimed_sandbox_outlives_its_pool_and_its_deletion_makes_the_claim_lost(
+    cluster: Cluster, operators: Start
+) -> None:
+    node = cluster.add_node("a", capacity=10)
+    start_operator(cluster, operators)
+    cluster.create_pool("warm", 2)
+    cluster.wait_running("warm", 2)
+    create_claim(cluster, "mine", "warm")
+    claimed = wait_for(
+        lambda: claim_status(cluster, "mine").get("sandboxName"),
+        timeout=10,
+        what="claim mine to be Bound",
+    )
+    members = cluster.wait_running("warm", 2)  # the replacement too
+    containers = {m["metadata"]["name"]: m["status"]["containerId"] for m in members}
+
+    def sandbox(name: str) -> dict[str, Any] | None:
+        found = cluster.objs.list_namespaced_custom_object(
+            GROUP, VERSION, cluster.namespace, "sandboxes", field_selector=f"metadata.name={name}"
+        )["items"]
+        return found[0] if found else None
+
+    kept = sandbox(claimed)
+    assert kept is not None and kept["status"]["phase"] == "Running"
+    cluster.objs.delete_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, "sandboxpools", "warm"
+    )
+    wait_for(
+        lambda: not any(sandbox(name) for name in containers),
+        timeout=30,
+        what=f"the pool's members {sorted(containers)} to go with it (garbage collector)",
+    )
+    wait_for(
+        lambda: not set(containers.values()) & node.containers(),
+        timeout=30,
+        what="the pool's members' containers to be stopped",
+    )
+    after = sandbox(claimed)
+    assert after is not None and after["status"]["phase"] == "Running", "the claim owns it"
+    assert kept["status"]["containerId"] in node.containers()
+    assert claim_status(cluster, "mine")["phase"] == "Bound"
+
+    cluster.objs.delete_namespaced_custom_object(
+        GROUP, VERSION, cluster.namespace, "sandboxes", claimed
+    )
+    status = wait_for(
+        lambda: (s := claim_status(cluster, "mine")).get("phase") == "Lost" and s,
+        timeout=15,
+        what="claim mine to say its sandbox is lost",
+    )
+    assert status["message"] == f"sandbox {claimed} was deleted"

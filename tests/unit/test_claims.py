@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
-from sandlot.controllers.claims import ClaimController
+from sandlot.controllers.claims import POOL_HOLD_LIMIT, ClaimController
 from sandlot.policy.claims import Candidate, ClaimAction, ClaimDecision, decide_claim
 from tests.support.workloads import WorkloadWorld
 
@@ -205,3 +206,100 @@ def test_two_claims_never_share_a_member_and_deleting_one_deletes_its_sandbox() 
     w.claims.on_claim("DELETED", copy.deepcopy(body))
     w.step()
     assert gone not in w.objects.sandboxes
+
+
+class GatedStatus:
+    """Holds the claim's status write at the fake API until the test lets it go."""
+
+    def __init__(self, world: ClaimWorld) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.write = world.objects.patch_claim_status
+
+        def gated(namespace: str, name: str, status: Any) -> dict[str, Any] | None:
+            self.entered.set()
+            assert self.release.wait(5), "the test never let the status write go"
+            return self.write(namespace, name, status)
+
+        world.objects.patch_claim_status = gated  # type: ignore[method-assign]
+
+
+def warm_world(replicas: int = 2) -> tuple[ClaimWorld, str]:
+    w = ClaimWorld()
+    w.node("a", capacity=10)
+    pool = w.pool("web", replicas=replicas)
+    w.step()
+    w.run_members()
+    w.step()
+    return w, pool
+
+
+def test_the_pool_replaces_a_claimed_member_only_after_the_claims_status_is_written() -> None:
+    w, pool = warm_world()
+    gate = GatedStatus(w)
+    warmed = len(w.objects.writes)
+
+    def since() -> list[str]:
+        return [verb for verb, _ in w.objects.writes[warmed:]]
+
+    async def scenario() -> None:
+        claim = w.claim("mine", "web")
+        binding = asyncio.create_task(w.claims.queue.run_until_idle())
+        assert await asyncio.to_thread(gate.entered.wait, 5), "the claim never took a member"
+        w._deliver()  # the take's watch event: the member left the pool
+        assert len(w.members(pool)) == 1
+        assert await w.pools.queue.run_until_idle() == 0, "the pool waits for the claim"
+        assert since() == ["take"]
+        gate.release.set()
+        await asyncio.wait_for(binding, timeout=5)
+        assert w.objects.claims[claim]["status"]["phase"] == "Bound"
+        await w.pools.queue.run_until_idle()
+
+    asyncio.run(scenario())
+    assert since()[:3] == ["take", "patch-claim-status", "create"], since()
+    assert len(w.members(pool)) == 2, "the pool replaced the member it gave away"
+
+
+def test_a_claim_stuck_writing_its_status_holds_its_pool_back_no_longer_than_the_limit() -> None:
+    w, _ = warm_world()
+    gate = GatedStatus(w)
+    warmed = len(w.objects.writes)
+
+    async def scenario() -> None:
+        w.claim("mine", "web")
+        binding = asyncio.create_task(w.claims.queue.run_until_idle())
+        assert await asyncio.to_thread(gate.entered.wait, 5), "the claim never took a member"
+        w._deliver()
+        w.clock.advance(POOL_HOLD_LIMIT)
+        await w.pools.queue.run_until_idle()
+        created = [verb for verb, _ in w.objects.writes[warmed:] if verb == "create"]
+        assert created == ["create"], "released at the limit, before the claim's status"
+        gate.release.set()
+        await asyncio.wait_for(binding, timeout=5)
+
+    asyncio.run(scenario())
+
+
+def test_a_claim_deleted_while_it_is_being_bound_gives_its_sandbox_back_deleted() -> None:
+    w, pool = warm_world()
+    gate = GatedStatus(w)
+
+    async def scenario() -> str:
+        claim = w.claim("mine", "web")
+        binding = asyncio.create_task(w.claims.queue.run_until_idle())
+        assert await asyncio.to_thread(gate.entered.wait, 5), "the claim never took a member"
+        taken = next(
+            k
+            for k, b in w.objects.sandboxes.items()
+            if b["metadata"]["labels"].get("sandlot.dev/claim") == "mine"
+        )
+        body = w.objects.claims.pop(claim)
+        w.claims.on_claim("DELETED", copy.deepcopy(body))
+        gate.release.set()
+        await asyncio.wait_for(binding, timeout=5)
+        return taken
+
+    taken = asyncio.run(scenario())
+    w.step()
+    assert taken not in w.objects.sandboxes, "the sandbox of a claim deleted mid-bind is deleted"
+    assert len(w.members(pool)) == 2

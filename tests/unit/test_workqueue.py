@@ -159,6 +159,110 @@ def test_a_key_is_never_processed_twice_at_once_and_readds_run_once_after() -> N
     assert overlap == []
 
 
+def test_a_held_key_added_meanwhile_runs_once_when_the_hold_ends() -> None:
+    rec = Recorder()
+    q = make(rec, FakeClock())
+    with q.held("pool", limit=2.0):
+        q.add("pool")
+        q.add("pool")
+        q.add("other")
+        assert run(q.run_until_idle()) == 1, "only the key not held runs"
+    assert rec.calls == ["other"]
+    assert run(q.run_until_idle()) == 1
+    assert rec.calls == ["other", "pool"]
+
+
+def test_a_hold_expires_at_its_limit() -> None:
+    clock = FakeClock()
+    rec = Recorder()
+    q = make(rec, clock)
+    with q.held("pool", limit=2.0):
+        q.add("pool")
+        clock.advance(1.999)
+        assert run(q.run_until_idle()) == 0
+        clock.advance(0.001)
+        assert run(q.run_until_idle()) == 1, "held past its limit: released"
+    assert rec.calls == ["pool"]
+    assert run(q.run_until_idle()) == 0, "the end of an expired hold adds nothing"
+
+
+def test_a_key_stays_held_until_its_last_hold_ends() -> None:
+    rec = Recorder()
+    q = make(rec, FakeClock())
+    with q.held("pool", limit=2.0):
+        with q.held("pool", limit=2.0):
+            q.add("pool")
+        assert run(q.run_until_idle()) == 0
+    assert run(q.run_until_idle()) == 1
+
+
+def test_a_key_already_waiting_is_not_held_back_so_holds_never_starve_it() -> None:
+    rec = Recorder()
+    q = make(rec, FakeClock())
+    q.add("pool")
+    with q.held("pool", limit=2.0):
+        q.add("pool")
+        assert run(q.run_until_idle()) == 1
+    assert run(q.run_until_idle()) == 0, "queued once, run once"
+    assert rec.calls == ["pool"]
+
+
+def test_a_key_added_while_it_runs_during_a_hold_runs_again_after_the_hold() -> None:
+    calls: list[str] = []
+    release = asyncio.Event()
+
+    async def reconcile(key: str) -> float | None:
+        calls.append(key)
+        if len(calls) == 1:
+            await release.wait()
+        return None
+
+    async def scenario() -> None:
+        q = make(reconcile, FakeClock())
+        q.add("pool")
+        first = asyncio.create_task(q.run_until_idle())
+        while not calls:  # let the first step start "pool"
+            await asyncio.sleep(0)
+        with q.held("pool", limit=2.0):
+            q.add("pool")
+            release.set()
+            await asyncio.wait_for(first, timeout=5)
+            assert await q.run_until_idle() == 0, "re-added during the hold: waits for it"
+        assert await q.run_until_idle() == 1
+
+    run(scenario())
+    assert calls == ["pool", "pool"]
+
+
+def test_a_running_queue_wakes_at_a_hold_limit() -> None:
+    clock = FakeClock()
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        done = asyncio.Event()
+
+        async def reconcile(key: str) -> float | None:
+            seen.append(key)
+            done.set()
+            return None
+
+        q = make(reconcile, clock)
+        runner = asyncio.create_task(q.run())
+        for _ in range(3):  # the runner starts and waits: nothing is due
+            await asyncio.sleep(0)
+        hold = q.held("pool", limit=0.0)  # expires at once: the waiting runner must notice
+        hold.__enter__()
+        q.add("pool")
+        try:
+            await asyncio.wait_for(done.wait(), timeout=5)
+        finally:
+            runner.cancel()
+        hold.__exit__(None, None, None)
+        return seen
+
+    assert run(scenario()) == ["pool"]
+
+
 def test_failures_back_off_exponentially_up_to_the_cap_and_success_resets() -> None:
     clock = FakeClock()
     boom = RuntimeError("boom")

@@ -13,9 +13,13 @@ the next member. A restart finds a sandbox already labelled for a claim and only
 writes the status that was missing.
 
 Claims waiting for a member are woken by their pool's member events; nothing
-polls. Only the leader writes. The claim's two writes run on threads of their own:
-on the shared default executor they would queue behind the pool's replacement
-creates that the binding itself sets off, and a claim is what a user waits on.
+polls. Only the leader writes. A claim is what a user waits on, so its two writes
+(take, status) go first: they are one job on threads of their own (on the shared
+default executor they would queue behind other controllers' writes, and between
+two jobs the status would wait for the event loop), and the pool's reaction to the
+member leaving (its replacement) is held until the status is written, at most
+``POOL_HOLD_LIMIT``, instead of competing with it for the API server and this
+process. The replacement starts a few milliseconds later; nothing waits on it.
 """
 
 from __future__ import annotations
@@ -36,9 +40,9 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
 from sandlot.controllers.pools import PoolController
-from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
-from sandlot.policy.claims import Candidate, ClaimAction, decide_claim
+from sandlot.policy.claims import Candidate, ClaimAction, bound_status, decide_claim
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -47,6 +51,7 @@ RETRY_AFTER_ERROR = 0.5
 RETRY_CAP = 30.0
 MAX_BIND_ATTEMPTS = 3
 CLAIM_THREADS = 2
+POOL_HOLD_LIMIT = 2.0  # seconds a binding claim may defer its pool's reaction, at most
 
 
 @dataclass(frozen=True)
@@ -214,24 +219,19 @@ class ClaimController:
                 await self._write_status(claim, dict(decision.status))
                 return None
             by_name = {m.name: m for m in members}
-            taken = await self._take(claim, by_name[decision.sandbox or ""])
-            if taken is not None:
-                status = {
-                    "phase": "Bound",
-                    "sandboxName": taken.name,
-                    "address": taken.ip,
-                    "nodeName": taken.node,
-                    "boundAt": rfc3339(self.clock()),
-                    "message": None,
-                }
-                await self._write_status(claim, status)
+            if await self._bind(claim, by_name[decision.sandbox or ""]):
                 return None
         return RETRY_AFTER_ERROR  # lost every race: try again soon
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)
 
-    async def _take(self, claim: ClaimState, rec: SandboxRecord) -> SandboxRecord | None:
+    async def _bind(self, claim: ClaimState, rec: SandboxRecord) -> bool:
+        """Take ``rec`` for ``claim``, then write the claim's status, as one job on the
+        claim threads: the status is sent the moment the take is answered, instead of
+        after a round through the event loop, which at that moment is busy with the
+        events the take itself sets off (the member leaving, its replacement). False
+        when the member was taken, changed or deleted meanwhile (the next one, then)."""
         metadata = {
             "labels": {
                 POOL_LABEL: None,
@@ -240,16 +240,46 @@ class ClaimController:
             },
             "ownerReferences": [claim.owner_reference()],
         }
-        body = await self._call(
-            self.api.take_sandbox, rec.namespace, rec.name, str(rec.resource_version), metadata
-        )
-        if body is None:
-            return None  # taken, changed or deleted meanwhile: the next member
+        taken: dict[str, Any] | None = None
+
+        def bind() -> dict[str, Any] | None:
+            nonlocal taken
+            taken = self.api.take_sandbox(
+                rec.namespace, rec.name, str(rec.resource_version), metadata
+            )
+            if taken is None:
+                return None
+            status = {
+                **bound_status(_candidate(record_of(taken))),
+                "boundAt": rfc3339(self.clock()),
+                "message": None,
+            }
+            return self.api.patch_claim_status(claim.namespace, claim.name, status)
+
+        try:
+            # The member leaving sets off its pool's replacement (a create, a bind, the
+            # pool's status, the container's start): the pool waits for the claim's
+            # status instead of competing with it for the API server and this process.
+            with self.pools.queue.held(claim.pool_key, POOL_HOLD_LIMIT):
+                written = await self._call(bind)
+        finally:
+            if taken is not None:  # even when the status write failed: it is taken
+                self.cache.upsert(taken)
+        if taken is None:
+            return False
         log.info("claim %s: bound to %s", claim.key, rec.name)
-        return self.cache.upsert(body)
+        self._remember(claim, written)
+        if claim.key not in self.claims:  # deleted while it was being bound
+            self._released[claim.key] = record_of(taken)
+            self.queue.add(claim.key)
+        return True
 
     async def _write_status(self, claim: ClaimState, status: dict[str, Any]) -> None:
         written = await self._call(self.api.patch_claim_status, claim.namespace, claim.name, status)
+        self._remember(claim, written)
+
+    def _remember(self, claim: ClaimState, written: Mapping[str, Any] | None) -> None:
+        """The claim as the API server answered, unless a newer event arrived meanwhile."""
         if written is not None and self.claims.get(claim.key) is claim:
             self.claims[claim.key] = claim_state(written)
 

@@ -16,6 +16,8 @@ queue owns everything around that, so no controller repeats it:
   reset by the key's next success;
 - work that comes due while this replica is not the leader is dropped: a new
   leader adds everything again from its warm caches;
+- ``held`` defers what another controller's urgent writes set off for a key
+  until they are done (a given time at most): it then runs once;
 - watch threads hand work over with ``add_threadsafe`` / ``call_threadsafe``.
 
 Time comes from an injected ``clock`` (monotonic seconds). Deadlines wait in a
@@ -32,7 +34,8 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,7 @@ class WorkQueue:
         self._heap: list[tuple[float, int, str]] = []  # entries not in _due are stale
         self._seq = itertools.count()
         self._failures: dict[str, int] = {}
+        self._holds: dict[str, dict[int, float]] = {}  # key -> {hold: its limit}
         self._wake = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -86,9 +90,13 @@ class WorkQueue:
         if key in self._queued:
             return
         self._queued.add(key)
-        if key not in self._processing:
+        self._make_ready(key)
+
+    def _make_ready(self, key: str) -> None:
+        """Queued ``key`` may start now, unless it runs or is held (they requeue it)."""
+        if key not in self._processing and key not in self._holds:
             self._ready.append(key)
-        self._wake.set()
+            self._wake.set()
 
     def add_all(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -111,6 +119,41 @@ class WorkQueue:
         """The key's object is gone: drop its pending deadline and its backoff."""
         self._due.pop(key, None)
         self._failures.pop(key, None)
+
+    @contextmanager
+    def held(self, key: str, limit: float) -> Iterator[None]:
+        """Defer what the block sets off for ``key`` until it ends, ``limit`` seconds
+        at most: adds meanwhile are kept and start once the last hold ends or expires
+        (its limit wakes the queue like ``add_after``).
+
+        A run already under way goes on, and so does a key already waiting to start:
+        back-to-back holds never starve it.
+        """
+        hold = next(self._seq)
+        self._holds.setdefault(key, {})[hold] = self.clock() + limit
+        self._wake.set()  # the runner's next wake-up includes the limit
+        try:
+            yield
+        finally:
+            self._release(key, hold)
+
+    def _release(self, key: str, hold: int) -> None:
+        holds = self._holds.get(key)
+        if holds is None or holds.pop(hold, None) is None or holds:
+            return
+        del self._holds[key]
+        if key in self._queued and key not in self._ready:  # it may have waited already
+            self._make_ready(key)
+
+    def _expire_holds(self) -> float | None:
+        """Release the holds past their limit; returns the next limit, if any."""
+        now = self.clock()
+        for key, holds in list(self._holds.items()):
+            for hold, until in list(holds.items()):
+                if until <= now:
+                    log.warning("%s %s: held past its limit; released", self.name, key)
+                    self._release(key, hold)
+        return min((u for holds in self._holds.values() for u in holds.values()), default=None)
 
     # -- from other threads ----------------------------------------------------------
 
@@ -146,7 +189,9 @@ class WorkQueue:
     # -- running ---------------------------------------------------------------------
 
     def _promote_due(self) -> float | None:
-        """Move due deadlines to the ready queue; returns the next future one."""
+        """Move due deadlines to the ready queue; returns the next future one (a
+        deadline or a hold's limit)."""
+        next_limit = self._expire_holds() if self._holds else None
         now = self.clock()
         while self._heap:
             due, _, key = self._heap[0]
@@ -154,11 +199,11 @@ class WorkQueue:
                 heapq.heappop(self._heap)  # replaced by an earlier one, or forgotten
                 continue
             if due > now:
-                return due
+                return earliest(due, next_limit)
             heapq.heappop(self._heap)
             del self._due[key]
             self.add(key)
-        return None
+        return next_limit
 
     def _take(self) -> str | None:
         if not self._ready:
@@ -189,8 +234,7 @@ class WorkQueue:
         finally:
             self._processing.discard(key)
             if key in self._queued:
-                self._ready.append(key)  # added while it ran: once more, now
-                self._wake.set()
+                self._make_ready(key)  # added while it ran: once more, now
             if self.observe is not None and started is not None:
                 self.observe(time.perf_counter() - started)
 

@@ -46,7 +46,7 @@ from sandlot.devtools.containerd import (
 from sandlot.devtools.controlplane import kubectl_path, stop_detached
 from sandlot.devtools.demonet import DemoNetwork
 from sandlot.devtools.demostreams import DemoStreams, claim_and_stream
-from sandlot.devtools.dev import start_local
+from sandlot.devtools.dev import reset, start_local
 from sandlot.devtools.ociarchive import build_image_archive
 from sandlot.devtools.registry import Registry, start_registry
 
@@ -421,6 +421,7 @@ def run_demo(directory: str, step_timeout: float, keep: bool) -> int:
         return 2
     workdir = Path(directory).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
+    reset(workdir)  # the story starts from an empty cluster, whatever an earlier run left
     demo = Demo(workdir, step_timeout)
     ok = False
     try:

@@ -5,12 +5,13 @@ CRDs applied, in the background, for trying sandlot on one machine."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.api.crdgen import KINDS, crd_for
-from sandlot.devtools.controlplane import ControlPlane, kubectl_path, stop_detached
+from sandlot.devtools.controlplane import ETCD_DATA, ControlPlane, kubectl_path, stop_detached
 
 
 def start_local(workdir: Path) -> ControlPlane:
@@ -47,9 +48,8 @@ def up(directory: str) -> int:
     return 0
 
 
-def down(directory: str) -> int:
-    """Stop what ``up`` (or ``sandlot demo --keep``) left running under ``directory``."""
-    workdir = Path(directory).resolve()
+def stop_left_over(workdir: Path) -> list[str]:
+    """Stop what ``up`` (or ``sandlot demo --keep``) left running under ``workdir``."""
     state_file = workdir / "state.json"
     state = json.loads(state_file.read_text()) if state_file.exists() else {}
     stopped = stop_detached(workdir)
@@ -61,5 +61,21 @@ def down(directory: str) -> int:
         ctrd.remove()
     if "streamLink" in state:  # the demo's stream address
         subprocess.run(["ip", "link", "del", state["streamLink"]], capture_output=True, timeout=30)
+    return stopped
+
+
+def reset(workdir: Path) -> list[str]:
+    """Stop what an earlier run left under ``workdir`` and drop its cluster's data, so
+    the next control plane there starts empty (a failed or kept demo leaves etcd's
+    data behind: its namespaces, nodes and pools would meet the next run)."""
+    workdir = workdir.resolve()
+    stopped = stop_left_over(workdir)
+    shutil.rmtree(workdir / ETCD_DATA, ignore_errors=True)
+    return stopped
+
+
+def down(directory: str) -> int:
+    """Stop what ``up`` (or ``sandlot demo --keep``) left running under ``directory``."""
+    stopped = stop_left_over(Path(directory).resolve())
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0

@@ -49,6 +49,16 @@ def _differs(current: Mapping[str, object], wanted: Mapping[str, object]) -> boo
     return any(current.get(k) != v for k, v in wanted.items())
 
 
+def bound_status(sandbox: Candidate) -> dict[str, object]:
+    """What a claim bound to ``sandbox`` says (without its timestamp)."""
+    return {
+        "phase": ClaimPhase.BOUND.value,
+        "sandboxName": sandbox.name,
+        "address": sandbox.ip,
+        "nodeName": sandbox.node,
+    }
+
+
 def decide_claim(
     status: Mapping[str, object],
     bound: Candidate | None,
@@ -66,12 +76,7 @@ def decide_claim(
                 "message": f"sandbox {bound.name} ended {bound.phase}",
             }
         else:
-            wanted = {
-                "phase": ClaimPhase.BOUND.value,
-                "sandboxName": bound.name,
-                "address": bound.ip,
-                "nodeName": bound.node,
-            }
+            wanted = bound_status(bound)
         if _differs(status, wanted):
             return ClaimDecision(ClaimAction.STATUS, status=wanted)
         return ClaimDecision(ClaimAction.NONE)
@@ -100,4 +105,4 @@ def decide_claim(
     return ClaimDecision(ClaimAction.NONE)
 
 
-__all__ = ["Candidate", "ClaimAction", "ClaimDecision", "decide_claim"]
+__all__ = ["Candidate", "ClaimAction", "ClaimDecision", "bound_status", "decide_claim"]

@@ -119,6 +119,9 @@ def helm_path(build_timeout: float = 1800.0) -> Path:
     return _run_build(HELM_BUILD_SCRIPT, "helm", build_timeout, HELM_VERSION=HELM_VERSION)
 
 
+ETCD_DATA = "etcd"  # etcd's data directory, under the workdir
+
+
 @dataclass
 class ControlPlane:
     """etcd + kube-apiserver under ``workdir``; ``start()``/``stop()`` or a context manager."""
@@ -218,7 +221,7 @@ class ControlPlane:
             [
                 str(self.bin_dir / "etcd"),
                 "--name=sandlot-test",
-                f"--data-dir={self.workdir / 'etcd'}",
+                f"--data-dir={self.workdir / ETCD_DATA}",
                 f"--listen-client-urls={self.etcd_url}",
                 f"--advertise-client-urls={self.etcd_url}",
                 f"--listen-peer-urls=http://127.0.0.1:{peer}",
