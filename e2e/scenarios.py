@@ -269,7 +269,9 @@ def the_restarted_workers_agent_tears_down_the_dead_containers(
     c: Cluster, fenced: dict[str, Any]
 ) -> None:
     node, containers = fenced["node"], fenced["containers"]
-    assert node, "the previous scenario did not run"
+    assert node, (
+        f"the stopped-node scenario did not complete: {fenced.get('why', 'it did not run')}"
+    )
     wait_for(
         lambda: node in ready_nodes(c),
         timeout=300,
@@ -332,12 +334,21 @@ def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: 
     assert_chart_pods_ready(c)
 
 
-def pool_running(c: Cluster, timeout: float = 180) -> None:
-    """Wait until the pool has its 4 members Running again (after a disruption)."""
+def pool_running(c: Cluster, timeout: float = 180, replicas: int = 4) -> None:
+    """Wait until the pool has its members Running again (after a disruption)."""
+
+    def running() -> bool:
+        members = c.sandboxes()
+        seen = sorted(
+            (sb["metadata"]["name"], sb["spec"].get("nodeName"), phase(sb)) for sb in members
+        )
+        assert len([sb for sb in members if phase(sb) == "Running"]) == replicas, seen
+        return True
+
     wait_for(
-        lambda: len([sb for sb in c.sandboxes() if phase(sb) == "Running"]) == 4,
+        running,
         timeout=timeout,
-        what="the pool's 4 members Running",
+        what=f"the pool's {replicas} members Running",
         interval=2,
     )
 
