@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import tarfile
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,7 @@ from e2e.scenarios import (
     ROOT,
     SANDBOX_IMAGE,
     VALUES,
+    WORKLOADS,
     Cluster,
     a_pool_spreads_over_the_workers,
     a_stopped_workers_sandboxes_go_dead_and_are_replaced,
@@ -46,6 +48,7 @@ from e2e.scenarios import (
     pool_running,
 )
 from sandlot.adapters.kube import load_api_client
+from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.cluster import LocalCluster
 from sandlot.devtools.cluster.commands import IMAGE as CLUSTER_IMAGE
 from sandlot.devtools.cluster.images import PAUSE_IMAGE, RECIPE, pause_archive, sandlot_archive
@@ -75,6 +78,10 @@ IMAGE_NAME = CLUSTER_IMAGE
 # Probes tightened so that the probe scenarios see the kubelet act within seconds.
 PROBE = {"periodSeconds": 3, "timeoutSeconds": 3, "failureThreshold": 3}
 LIVENESS = {"periodSeconds": 5, "timeoutSeconds": 3, "failureThreshold": 4}
+LEADER_LEASE = "sandlot-operator"
+# A standby takes over within the leader Lease's duration plus one retry period
+# (the chart's 12 s and 2 s), here with room for a loaded machine's API server.
+TAKEOVER_S = 12 + 2 + 16
 LOCAL_VALUES = merged(
     VALUES,
     {
@@ -117,7 +124,12 @@ class LocalKubeletCluster(Cluster):
 
 ALLOCATIONS: dict[str, set[str]] = {}
 VALUES_FILE: list[Path] = []
-FENCED: dict[str, Any] = {"node": "", "containers": set()}
+# What the stopped-node scenario leaves for the next one, or why it did not.
+FENCED: dict[str, Any] = {
+    "node": "",
+    "containers": set(),
+    "why": f"it did not run in this test process ({os.getpid()})",
+}
 
 
 @pytest.fixture(scope="module")
@@ -199,7 +211,11 @@ def test_a_pool_spreads_over_the_nodes(cluster: LocalKubeletCluster) -> None:
 
 
 def test_a_stopped_nodes_sandboxes_go_dead_and_are_replaced(cluster: LocalKubeletCluster) -> None:
-    FENCED.update(a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster))
+    try:
+        FENCED.update(a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster))
+    except BaseException as e:
+        FENCED["why"] = f"it failed: {type(e).__name__}: {e}"
+        raise
 
 
 def test_the_restarted_nodes_agent_tears_down_the_dead_containers(
@@ -294,34 +310,93 @@ def test_agent_readiness_fails_while_containerd_is_down(cluster: LocalKubeletClu
     pool_running(cluster)
 
 
-def test_operator_readiness_fails_while_cut_off_from_the_api_server(
-    cluster: LocalKubeletCluster,
-) -> None:
-    # The standby: cutting the leader off would also stop the pool's reconciliation
-    # until a takeover, which is not what this probe is about.
-    lease = client.CoordinationV1Api(cluster.api).read_namespaced_lease(
-        "sandlot-operator", NAMESPACE
-    )
-    leader = lease.spec.holder_identity
-    pod = next(p for p in cluster.chart_pods() if p.metadata.name != leader and
-               (p.metadata.labels or {}).get("app.kubernetes.io/component") == "operator")  # fmt: skip
-    node = cluster.local.node(pod.spec.node_name)
+@contextlib.contextmanager
+def _cut_off(c: LocalKubeletCluster, pod: Any) -> Iterator[None]:
+    """Drop every packet from ``pod`` to the API server (no reset: a silent network
+    loss, as when a node's link goes), on the pod's node, until the block ends."""
+    node = c.local.node(pod.spec.node_name)
     netns = node.net.netns(node.index)
     rule = ["FORWARD", "-s", pod.status.pod_ip, "-d", node.net.api_address, "-j", "DROP"]
     subprocess.run(["ip", "netns", "exec", netns, "iptables", "-I", *rule], check=True, timeout=30)
     try:
+        yield
+    finally:
+        subprocess.run(
+            ["ip", "netns", "exec", netns, "iptables", "-D", *rule], check=True, timeout=30
+        )
+
+
+def _leader(c: LocalKubeletCluster) -> str:
+    lease = client.CoordinationV1Api(c.api).read_namespaced_lease(LEADER_LEASE, NAMESPACE)
+    return str(lease.spec.holder_identity)
+
+
+def _operator_pod(c: LocalKubeletCluster, *, leader: bool) -> Any:
+    holder = _leader(c)
+    return next(
+        p for p in c.chart_pods()
+        if (p.metadata.name == holder) == leader
+        and (p.metadata.labels or {}).get("app.kubernetes.io/component") == "operator"
+    )  # fmt: skip
+
+
+def test_operator_readiness_fails_while_cut_off_from_the_api_server(
+    cluster: LocalKubeletCluster,
+) -> None:
+    # The standby: what its readiness says, without a takeover (the next test cuts
+    # the leader off).
+    pod = _operator_pod(cluster, leader=False)
+    with _cut_off(cluster, pod):
         wait_for(
             lambda: not _ready(_fresh(cluster, pod)),
             timeout=120,
             what=f"the kubelet marking {pod.metadata.name} not Ready (API server unreachable)",
             interval=1,
         )
-    finally:
-        subprocess.run(
-            ["ip", "netns", "exec", netns, "iptables", "-D", *rule], check=True, timeout=30
-        )
     wait_for(lambda: _ready(_fresh(cluster, pod)), timeout=180, what="the operator Ready again")
     assert _restarts(_fresh(cluster, pod)) == _restarts(pod), "readiness must not restart it"
+
+
+def _scale_pool(c: LocalKubeletCluster, replicas: int) -> None:
+    c.objs.patch_namespaced_custom_object(
+        GROUP, VERSION, WORKLOADS, "sandboxpools", "web", {"spec": {"replicas": replicas}}
+    )
+
+
+def test_a_leader_cut_off_from_the_api_server_is_replaced_and_the_pool_reconciled(
+    cluster: LocalKubeletCluster,
+) -> None:
+    """The leader loses the network silently: the standby takes the Lease within
+    the election's bounds and reconciles the pool while the old leader is still cut
+    off; once the cut ends, the old leader rejoins as a standby without a restart
+    and reconciliation goes on."""
+    pool_running(cluster)
+    pod = _operator_pod(cluster, leader=True)
+    old = pod.metadata.name
+    with _cut_off(cluster, pod):
+        start = time.monotonic()
+        wait_for(
+            lambda: _leader(cluster) != old,
+            timeout=TAKEOVER_S,
+            what=f"the standby taking the leader Lease from {old} (cut off)",
+            interval=0.5,
+        )
+        print(f"takeover after {time.monotonic() - start:.1f}s")
+        _scale_pool(cluster, 5)
+        pool_running(cluster, replicas=5)
+        wait_for(
+            lambda: not _ready(_fresh(cluster, pod)),
+            timeout=120,
+            what=f"the kubelet marking {old} not Ready (API server unreachable)",
+            interval=1,
+        )
+    new = _leader(cluster)
+    wait_for(lambda: _ready(_fresh(cluster, pod)), timeout=180, what=f"{old} Ready again")
+    assert _leader(cluster) == new, "the old leader took the Lease back from a live leader"
+    assert _restarts(_fresh(cluster, pod)) == _restarts(pod), "the cut must not restart it"
+    _scale_pool(cluster, 4)
+    pool_running(cluster)
+    assert_chart_pods_ready(cluster)
 
 
 def test_a_stuck_agent_is_restarted_by_its_liveness_probe(cluster: LocalKubeletCluster) -> None:
