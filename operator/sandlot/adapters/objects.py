@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import GROUP, READY_CONDITION, VERSION, Condition
 from sandlot.api.sandbox import SandboxPhase
@@ -52,6 +53,7 @@ class Objects:
         # Built here, not on the first Event: importing CoreV1Api costs ~20 MiB and
         # ~0.5 s of CPU, which would otherwise land inside the first node-health pass.
         self.core: Any = client.CoreV1Api(api)
+        self.patcher = MergePatcher(api)  # the status writes' lean path
 
     # -- sandboxes --------------------------------------------------------------
 
@@ -77,11 +79,8 @@ class Objects:
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        return dict(
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, SANDBOXES, name, body
-            )
-        )
+        path = ("apis", GROUP, VERSION, "namespaces", namespace, SANDBOXES, name, "status")
+        return self.patcher.patch(*path, body=body)
 
     # -- nodes ------------------------------------------------------------------
 
