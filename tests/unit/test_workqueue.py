@@ -367,3 +367,77 @@ def test_call_threadsafe_runs_on_the_loop_thread() -> None:
 )
 def test_earliest_requeue(delays: tuple[float | None, ...], expected: float | None) -> None:
     assert earliest(*delays) == expected
+
+
+def test_workers_reconcile_different_keys_at_once_up_to_their_number() -> None:
+    async def scenario() -> tuple[int, list[str]]:
+        running: set[str] = set()
+        peak = 0
+        finished: list[str] = []
+        release = asyncio.Event()
+        all_done = asyncio.Event()
+
+        async def reconcile(key: str) -> float | None:
+            nonlocal peak
+            running.add(key)
+            peak = max(peak, len(running))
+            if len(running) == 3:
+                release.set()  # three keys are in at once: let them all go
+            await asyncio.wait_for(release.wait(), timeout=5)
+            running.discard(key)
+            finished.append(key)
+            if len(finished) == 5:
+                all_done.set()
+            return None
+
+        q = make(reconcile, FakeClock())
+        q.add_all(["a", "b", "c", "d", "e"])
+        runner = asyncio.create_task(q.run(workers=3))
+        try:
+            await asyncio.wait_for(all_done.wait(), timeout=5)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        return peak, finished
+
+    peak, finished = run(scenario())  # type: ignore[misc]
+    assert peak == 3, "three workers must hold three keys at once, and never more"
+    assert sorted(finished) == ["a", "b", "c", "d", "e"]
+
+
+def test_workers_never_reconcile_one_key_twice_at_once() -> None:
+    async def scenario() -> tuple[int, int]:
+        inside = 0
+        overlap = 0
+        calls = 0
+        second_done = asyncio.Event()
+        entered = asyncio.Event()
+        q: WorkQueue
+
+        async def reconcile(key: str) -> float | None:
+            nonlocal inside, overlap, calls
+            calls += 1
+            inside += 1
+            overlap = max(overlap, inside)
+            if calls == 1:
+                entered.set()
+                q.add(key)  # changed while it runs: it must run once more, after
+                for _ in range(5):
+                    await asyncio.sleep(0)  # let the other workers look for work
+            inside -= 1
+            if calls == 2:
+                second_done.set()
+            return None
+
+        q = make(reconcile, FakeClock())
+        q.add("a")
+        runner = asyncio.create_task(q.run(workers=4))
+        try:
+            await asyncio.wait_for(second_done.wait(), timeout=5)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        return overlap, calls
+
+    overlap, calls = run(scenario())  # type: ignore[misc]
+    assert (overlap, calls) == (1, 2)

@@ -17,7 +17,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from sandlot.adapters.objects import LeaseRecord, _lease_record
+from sandlot.adapters.objects import LeaseRecord, _lease_record, lease_record_of
 from sandlot.adapters.startup import api_error_line
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
@@ -126,12 +126,13 @@ class LeaseInformer:
             resource_version=version,
             timeout_seconds=self.watch_timeout,
             _request_timeout=self.read_timeout,
+            deserialize=False,  # JSON dicts: the generated models cost a core at scale
         ):
             if self._stop.is_set():
                 return None
             if event["type"] == "ERROR":
                 return None  # typically 410 Gone: list again
-            record = _lease_record(event["object"])
+            record = lease_record_of(event["object"])
             if event["type"] == "DELETED":
                 known.discard(record.name)
             else:

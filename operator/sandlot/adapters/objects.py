@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import GROUP, READY_CONDITION, VERSION, Condition
 from sandlot.api.sandbox import SandboxPhase
@@ -52,6 +53,7 @@ class Objects:
         # Built here, not on the first Event: importing CoreV1Api costs ~20 MiB and
         # ~0.5 s of CPU, which would otherwise land inside the first node-health pass.
         self.core: Any = client.CoreV1Api(api)
+        self.patcher = MergePatcher(api)  # the status writes' lean path
 
     # -- sandboxes --------------------------------------------------------------
 
@@ -77,11 +79,8 @@ class Objects:
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version is not None:
             body["metadata"] = {"resourceVersion": resource_version}
-        return dict(
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, SANDBOXES, name, body
-            )
-        )
+        path = ("apis", GROUP, VERSION, "namespaces", namespace, SANDBOXES, name, "status")
+        return self.patcher.patch(*path, body=body)
 
     # -- nodes ------------------------------------------------------------------
 
@@ -130,6 +129,15 @@ class MarkResult:
     def complete(self) -> bool:
         return not self.failed
 
+    def record(self, key: str, written: WriteResult) -> None:
+        """Count one sandbox's write: marked, already terminal (or gone), or failed."""
+        if written.outcome is WriteOutcome.WRITTEN:
+            self.marked.append(key)
+        elif written.outcome in (WriteOutcome.SKIPPED, WriteOutcome.GONE):
+            self.already_terminal.append(key)
+        else:
+            self.failed[key] = written.detail or written.outcome.value
+
 
 def dead_status(
     reason: str, message: str, now: datetime, current: Mapping[str, Any] | None = None
@@ -150,6 +158,29 @@ def dead_status(
     }
 
 
+def mark_one(
+    objects: Objects,
+    sandbox: Mapping[str, Any],
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    max_attempts: int = 5,
+) -> tuple[str, WriteResult]:
+    """Set one sandbox to Dead through ``statuswrite.write_status``; its key and outcome.
+
+    Only status is sent (phase, reason, message, its condition merged into the
+    others), never spec, with the resourceVersion it was read at as precondition.
+    """
+    meta = sandbox["metadata"]
+
+    def status_for(current: Mapping[str, Any]) -> dict[str, Any]:
+        return dead_status(reason, message, now, current)
+
+    written = write_status(objects, sandbox, status_for, max_attempts=max_attempts)
+    return f"{meta['namespace']}/{meta['name']}", written
+
+
 def mark_dead(
     objects: Objects,
     sandboxes: Iterable[Mapping[str, Any]],
@@ -160,35 +191,24 @@ def mark_dead(
     concurrency: int = 16,
     max_attempts: int = 5,
 ) -> MarkResult:
-    """Set each non-terminal sandbox to Dead, with its resourceVersion as precondition.
+    """Set each non-terminal sandbox to Dead (``mark_one``), ``concurrency`` at a time.
 
-    Only status is sent (phase, reason, message, its condition merged into the
-    others), never spec, through
-    ``statuswrite.write_status``: a sandbox found terminal, deleted or replaced (new
-    uid, other node) after a 409 counts as already terminal; one still conflicting
-    after ``max_attempts``, or failing otherwise, is reported in ``failed``.
+    A sandbox found terminal, deleted or replaced (new uid, other node) after a 409
+    counts as already terminal; one still conflicting after ``max_attempts``, or
+    failing otherwise, is reported in ``failed``.
     """
     result = MarkResult()
-
-    def status_for(current: Mapping[str, Any]) -> dict[str, Any]:
-        return dead_status(reason, message, now, current)
-
-    def one(sb: Mapping[str, Any]) -> tuple[str, WriteResult]:
-        meta = sb["metadata"]
-        key = f"{meta['namespace']}/{meta['name']}"
-        return key, write_status(objects, sb, status_for, max_attempts=max_attempts)
-
     items = list(sandboxes)
     if not items:
         return result
+
+    def one(sb: Mapping[str, Any]) -> tuple[str, WriteResult]:
+        return mark_one(objects, sb, reason=reason, message=message, now=now,
+                        max_attempts=max_attempts)  # fmt: skip
+
     with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
         for key, written in pool.map(one, items):
-            if written.outcome is WriteOutcome.WRITTEN:
-                result.marked.append(key)
-            elif written.outcome in (WriteOutcome.SKIPPED, WriteOutcome.GONE):
-                result.already_terminal.append(key)
-            else:
-                result.failed[key] = written.detail or written.outcome.value
+            result.record(key, written)
     return result
 
 
@@ -216,6 +236,21 @@ def _lease_record(obj: Any) -> LeaseRecord:
         resource_version=obj.metadata.resource_version,
         transitions=int(spec.lease_transitions or 0),
         acquire_time=spec.acquire_time,
+    )
+
+
+def lease_record_of(raw: Mapping[str, Any]) -> LeaseRecord:
+    """A Lease as the API server sends it (JSON), without the generated models: a
+    watch of 5,000 agents' Leases carries hundreds of these a second."""
+    meta, spec = raw.get("metadata") or {}, raw.get("spec") or {}
+    return LeaseRecord(
+        name=meta["name"],
+        holder=spec.get("holderIdentity"),
+        renew_time=parse_time(spec.get("renewTime")),
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+        resource_version=str(meta.get("resourceVersion") or ""),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        acquire_time=parse_time(spec.get("acquireTime")),
     )
 
 

@@ -30,10 +30,11 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects, mark_dead
+from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
-from sandlot.api.sandbox import REASON_NODE_LOST, TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import REASON_NODE_LOST
 from sandlot.controllers.liveness import LivenessView
+from sandlot.controllers.marking import Marker, NotLeader
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
@@ -81,10 +82,6 @@ def _node_view(body: Mapping[str, Any], first_seen: datetime) -> NodeView:
     )
 
 
-class NotLeader(RuntimeError):
-    """Leadership was lost in the middle of a pass; the new leader redoes it."""
-
-
 class NodeHealthController:
     def __init__(
         self,
@@ -119,6 +116,9 @@ class NodeHealthController:
             clock,
             unseen_duration=settings.agent_lease_duration,
             staleness_bound=settings.lease_view_max_age,
+        )
+        self.marker = Marker(
+            objects, metrics, concurrency=settings.mark_concurrency, is_leader=is_leader
         )
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.tracking: dict[str, NodeHealthTracking] = {}
@@ -201,7 +201,9 @@ class NodeHealthController:
         self.queue.add_all(list(self.nodes))
 
     async def run(self) -> None:
-        await self.queue.run()
+        # Up to mark_concurrency nodes' passes at once: nodes lost together are
+        # decided together, their writes bounded by the marker's shared pool.
+        await self.queue.run(workers=self.settings.mark_concurrency)
 
     def fleet(self, now: datetime) -> FleetSummary:
         """Every node's observed phase at ``now``, summarized for the guard.
@@ -302,22 +304,6 @@ class NodeHealthController:
     # -- acting -------------------------------------------------------------------
 
     async def _mark_all(self, name: str, decision: Decision, now: datetime) -> MarkResult:
-        started = time.perf_counter()
-        try:
-            return await self._list_and_mark(name, decision, now)
-        finally:
-            self.metrics.mark_seconds.observe(time.perf_counter() - started)
-
-    async def _list_and_mark(self, name: str, decision: Decision, now: datetime) -> MarkResult:
-        sandboxes = await asyncio.to_thread(self.objects.list_node_sandboxes, name)
-        if not self.is_leader():
-            raise NotLeader(f"node {name}: leadership lost before marking; nothing marked")
-        # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
-        live = [
-            sb
-            for sb in sandboxes
-            if (sb.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
-        ]
         reason = decision.reason or REASON_NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
@@ -326,19 +312,7 @@ class NodeHealthController:
             f"expired for over {self.policy.drain_timeout.total_seconds():g}s",
             DecisionKind.DELETED: f"SandboxNode {name} was deleted",
         }.get(decision.kind, reason)
-        result = await asyncio.to_thread(
-            mark_dead,
-            self.objects,
-            live,
-            reason=reason,
-            message=message,
-            now=now,
-            concurrency=self.settings.mark_concurrency,
-        )
-        self.metrics.marked_dead.labels(reason=reason).inc(len(result.marked))
-        if result.failed:
-            self.metrics.mark_failures.inc(len(result.failed))
-        return result
+        return await self.marker.mark_node(name, reason, message, now)
 
     async def _mark(
         self, name: str, body: Mapping[str, Any], decision: Decision, now: datetime

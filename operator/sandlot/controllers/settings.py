@@ -61,7 +61,8 @@ class OperatorSettings(SettingsModel):
         default=16,
         ge=1,
         le=256,
-        description="Concurrent status writes when marking sandboxes Dead.",
+        description="Concurrent status writes when marking sandboxes Dead, shared by every "
+        "node marked at once; also the most nodes whose passes run at once.",
     )
     metrics_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
