@@ -66,7 +66,7 @@ def agent(
     stream_address: StreamAddress,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Agent]:
-    from tests.integration.test_agent_node import _cleanup_namespace
+    from tests.support.agents import clear_namespace
 
     system, _ = places
     workdir = tmp_path_factory.mktemp("streams")
@@ -96,7 +96,7 @@ def agent(
     finally:
         started.shutdown()
         remove_agent_pod(kube, system, pod)
-        _cleanup_namespace(containerd.address, ctr_ns)
+        clear_namespace(containerd, ctr_ns)
 
 
 def _user_kubeconfig(
