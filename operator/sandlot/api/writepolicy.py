@@ -86,7 +86,7 @@ class Identities:
         return f"system:serviceaccount:{self.namespace}:{self.operator_service_account}"
 
 
-def _rule(group: str, *resources: str) -> dict[str, Any]:
+def resource_rule(group: str, *resources: str) -> dict[str, Any]:
     return {
         "apiGroups": [group],
         "apiVersions": ["*"],
@@ -95,7 +95,7 @@ def _rule(group: str, *resources: str) -> dict[str, Any]:
     }
 
 
-def _validation(expression: str, message: str) -> dict[str, Any]:
+def cel_validation(expression: str, message: str) -> dict[str, Any]:
     return {"expression": expression, "messageExpression": message, "reason": "Forbidden"}
 
 
@@ -103,7 +103,7 @@ def _metadata(name: str) -> dict[str, Any]:
     return {"name": name, "labels": {APP_NAME_LABEL: APP_NAME}}
 
 
-def _policy(
+def policy_objects(
     name: str,
     rules: list[dict[str, Any]],
     validations: list[dict[str, Any]],
@@ -216,12 +216,12 @@ def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
     node, resource, obj, who = _NODE, _RESOURCE, _OBJ, _WHO
     prefix = f"'{ids.fullname}-agent-writes: rule "
     return [
-        _validation(
+        cel_validation(
             f"{node} != ''",
             f"{prefix}agent-bound-token: the token carries no {NODE_NAME_CLAIM} claim; "
             "the agent must use a ServiceAccount token bound to its pod'",
         ),
-        _validation(
+        cel_validation(
             f"{resource} != 'sandboxnodes' || ({obj}.metadata.name == {node} && "
             "(request.operation == 'CREATE' && !variables.status || "
             "request.operation == 'UPDATE' && variables.status))",
@@ -229,19 +229,19 @@ def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
             f"' and write its status only, not ' + request.operation.lowerAscii() + ' ' + "
             f"{resource} + (variables.status ? '/status ' : ' ') + {obj}.metadata.name",
         ),
-        _validation(
+        cel_validation(
             f"{resource} != 'sandboxnodes' || !variables.status || request.operation != 'UPDATE' "
             f"|| ({_status_kept(SandboxNodeStatus, NODE_STATUS_OF_THE_OPERATOR)})",
             f"{prefix}agent-node-status-not-operators:{who}may not change status."
             f"{', status.'.join(NODE_STATUS_OF_THE_OPERATOR)} of its SandboxNode: the "
             "operator owns them'",
         ),
-        _validation(
+        cel_validation(
             f"{resource} != 'leases' || {obj}.metadata.name != '{ids.leader_lease}'",
             f"{prefix}agent-not-leader-lease: the Lease {ids.namespace}/{ids.leader_lease} "
             "is the operator leader election Lease; no agent writes it'",
         ),
-        _validation(
+        cel_validation(
             f"{resource} != 'leases' || (request.operation != 'DELETE' && "
             f"request.namespace == '{ids.namespace}' && {obj}.metadata.name == {node} && "
             f"{obj}.spec.?holderIdentity.orValue('') == {node})",
@@ -260,7 +260,7 @@ def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
     results = "object.?status.?results.orValue({})"
     old_results = "oldObject.?status.?results.orValue({})"
     return [
-        _validation(
+        cel_validation(
             f"{resource} != 'sandboxes' || (request.operation == 'UPDATE' && variables.status "
             f"&& oldObject.spec.?nodeName.orValue('') == {node} && "
             f"object.spec.?nodeName.orValue('') == {node})",
@@ -270,7 +270,7 @@ def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
             f"{obj}.metadata.name + (variables.status ? ' status' : '') + ' (spec.nodeName ' "
             f"+ {obj}.spec.?nodeName.orValue('unset') + ')'",
         ),
-        _validation(
+        cel_validation(
             f"{resource} != 'cacheprunes' || (request.operation == 'UPDATE' && variables.status "
             f"&& {results}.all(k, k == {node} || k in {old_results} && "
             f"{old_results}[k] == {results}[k]) && "
@@ -281,7 +281,7 @@ def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
             f"{resource} + (variables.status ? '/status ' : ' ') + {obj}.metadata.name + "
             "' beyond it'",
         ),
-        _validation(
+        cel_validation(
             f"!variables.isEvent || (variables.about.kind == 'SandboxNode' && "
             f"variables.about.name == {node}) || (variables.about.kind == 'Sandbox' && "
             f"variables.reporter == {node})",
@@ -296,7 +296,7 @@ def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
 def agent_policy(ids: Identities) -> list[dict[str, Any]]:
     """The agent's node boundary: a policy matching only the agent's identity."""
     rules = [
-        _rule(
+        resource_rule(
             GROUP,
             "sandboxnodes",
             "sandboxnodes/status",
@@ -305,11 +305,11 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             "cacheprunes",
             "cacheprunes/status",
         ),
-        _rule("coordination.k8s.io", "leases"),
-        _rule("", "events"),
-        _rule("events.k8s.io", "events"),
+        resource_rule("coordination.k8s.io", "leases"),
+        resource_rule("", "events"),
+        resource_rule("events.k8s.io", "events"),
     ]
-    return _policy(
+    return policy_objects(
         f"{ids.fullname}-agent-writes",
         rules,
         [*_agent_node_rules(ids), *_agent_workload_rules(ids)],
@@ -321,7 +321,7 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
 def _managed(label: str, value: str, rule: str, kind: str, ids: Identities) -> dict[str, Any]:
     has_new = f"object.metadata.?labels[?'{label}'].orValue('') == '{value}'"
     had_old = f"oldObject.metadata.?labels[?'{label}'].orValue('') == '{value}'"
-    return _validation(
+    return cel_validation(
         f"(request.operation == 'CREATE' || {had_old}) && "
         f"(request.operation == 'DELETE' || {has_new})",
         f"'{ids.fullname}-operator-writes: rule {rule}: the operator writes only {kind} "
@@ -345,9 +345,9 @@ def operator_policy(ids: Identities) -> list[dict[str, Any]]:
     )
     services["expression"] = f"!({is_service}) || ({services['expression']})"
     slices["expression"] = f"{is_service} || ({slices['expression']})"
-    return _policy(
+    return policy_objects(
         f"{ids.fullname}-operator-writes",
-        [_rule("", "services"), _rule("discovery.k8s.io", "endpointslices")],
+        [resource_rule("", "services"), resource_rule("discovery.k8s.io", "endpointslices")],
         [services, slices],
         user=ids.operator_user,
     )
@@ -355,12 +355,12 @@ def operator_policy(ids: Identities) -> list[dict[str, Any]]:
 
 def node_name_policy(ids: Identities) -> list[dict[str, Any]]:
     """No SandboxNode may share its name with the leader Lease (for every identity)."""
-    rule = {**_rule(GROUP, "sandboxnodes"), "operations": ["CREATE"]}
-    return _policy(
+    rule = {**resource_rule(GROUP, "sandboxnodes"), "operations": ["CREATE"]}
+    return policy_objects(
         f"{ids.fullname}-node-names",
         [rule],
         [
-            _validation(
+            cel_validation(
                 f"object.metadata.name != '{ids.leader_lease}'",
                 f"'{ids.fullname}-node-names: rule node-name-not-leader-lease: SandboxNode "
                 f"{ids.leader_lease} would share its node Lease with the operator leader "
@@ -376,7 +376,7 @@ def write_policies(ids: Identities) -> list[dict[str, Any]]:
     return [*agent_policy(ids), *operator_policy(ids), *node_name_policy(ids)]
 
 
-_PLACEHOLDERS = Identities(
+PLACEHOLDERS = Identities(
     fullname="@@FULLNAME@@",
     namespace="@@NAMESPACE@@",
     agent_service_account="@@AGENT_SA@@",
@@ -392,15 +392,20 @@ _HELM = {
 }
 
 
+def helm_body(objects: list[dict[str, Any]]) -> str:
+    """``objects`` (built for ``PLACEHOLDERS``) as YAML documents with the release's
+    Helm expressions in place of the placeholder names."""
+    body = "---\n".join(yaml.safe_dump(obj, sort_keys=False, width=1000) for obj in objects)
+    for placeholder, helm in _HELM.items():
+        body = body.replace(placeholder, helm)
+    return body
+
+
 def chart_template() -> str:
     """The chart's ``templates/write-policies.yaml``: the same objects, with the
     release's names (each a DNS name, checked by Kubernetes or the values schema,
     so none can break out of a CEL string literal)."""
-    body = "---\n".join(
-        yaml.safe_dump(obj, sort_keys=False, width=1000) for obj in write_policies(_PLACEHOLDERS)
-    )
-    for placeholder, helm in _HELM.items():
-        body = body.replace(placeholder, helm)
+    body = helm_body(write_policies(PLACEHOLDERS))
     return (
         "# Generated by `sandlot gen admission` from sandlot/api/writepolicy.py; do not edit.\n"
         "{{- if .Values.writePolicies.enabled }}\n"
