@@ -202,6 +202,10 @@ class Containers:
             self.remove_snapshot(key, timeout=budget.remaining(f"Snapshots.Remove {key}"))
 
     def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
+        """Create the container's task, then start it: two operations of ``timeout``
+        each. Creating spawns the shim and runs ``runc create``, the slow part under
+        load; a start left with what creation did not spend would time out a task
+        that is ready and throw its creation away."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
         what = f"Containers.Get {container_id}"
         container = self._conn.call(
@@ -233,6 +237,7 @@ class Containers:
             what=what,
         )
         what = f"Tasks.Start {container_id}"
+        budget = Deadline(timeout, expired=RuntimeTimeout)
         try:
             started = self._conn.call(
                 self._conn.tasks.Start,
