@@ -176,6 +176,9 @@ class PrivateContainerd:
     process: subprocess.Popen[bytes] | None = None
     namespace: str = NAMESPACE
     line: str = LINE_OS
+    path_prefix: Path | None = None
+    """A directory put first on containerd's PATH (and so its shims'): a ``runc``
+    there is the one the shims run (a wrapper injecting a fault, say)."""
     _log: object = field(default=None, repr=False)
 
     @property
@@ -213,6 +216,8 @@ class PrivateContainerd:
         env = dict(os.environ)
         if self.bin_dir is not None:
             env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        if self.path_prefix is not None:
+            env["PATH"] = f"{self.path_prefix}{os.pathsep}{env.get('PATH', '')}"
         return env
 
     def write_config(self) -> Path:
@@ -334,15 +339,17 @@ class PrivateContainerd:
         self.remove()
 
 
-def start_private_containerd(base: Path | None = None, line: str = LINE_OS) -> PrivateContainerd:
+def start_private_containerd(
+    base: Path | None = None, line: str = LINE_OS, *, path_prefix: Path | None = None
+) -> PrivateContainerd:
     """Start a private containerd of release ``line`` under a new directory (short:
-    socket paths are limited)."""
+    socket paths are limited); ``path_prefix`` goes first on its PATH."""
     bin_dir_for(line)  # refuses an unknown line before anything is created
     root_dir = Path(tempfile.mkdtemp(prefix="sl-ctrd-", dir=base))
     # Searchable by every user, as containerd's own /run/containerd: a user-namespaced
     # container's runc sets up its root filesystem as the namespace's (unprivileged) root.
     root_dir.chmod(0o711)
-    instance = PrivateContainerd(root_dir, line=line)
+    instance = PrivateContainerd(root_dir, line=line, path_prefix=path_prefix)
     try:
         instance.start()
     except BaseException:
