@@ -168,7 +168,7 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     # The sandbox admission policy is cluster-wide: installed here it would refuse the
     # hostNetwork and privileged sandboxes other tests on this control plane create.
-    # tests/integration/test_isolation.py installs the same objects (drift-tested
+    # tests/integration/test_isolation_policy.py installs the same objects (drift-tested
     # against the template) and exercises them; the placement policy, cluster-wide
     # too, has tests/integration/test_placement_admission.py. The write policies
     # stay: they bind only this release's identities (and SandboxNodes named like
