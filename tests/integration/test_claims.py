@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sandlot.api.common import GROUP, VERSION
-from tests.integration.test_pools import (  # the pool tests' cluster of real agents
+from tests.support.pools import (  # the pool tests' cluster of real agents
     Cluster,
     Start,
     cluster,

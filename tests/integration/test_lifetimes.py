@@ -12,7 +12,7 @@ import pytest
 
 from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.api.common import GROUP, VERSION
-from tests.integration.test_pools import (  # the pool tests' cluster of real agents
+from tests.support.pools import (  # the pool tests' cluster of real agents
     IMAGE,
     SLEEPER,
     Cluster,

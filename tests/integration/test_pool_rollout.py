@@ -11,7 +11,7 @@ from kubernetes import client
 
 from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
-from tests.integration.test_pools import (  # the pool tests' cluster of real agents
+from tests.support.pools import (  # the pool tests' cluster of real agents
     Cluster,
     Start,
     cluster,

@@ -1,19 +1,30 @@
 """The Helm chart in tests: render it, apply what it renders, and act as the
 identities it creates (tokens from the TokenRequest API, optionally bound to a
-Pod on a node, as a DaemonSet's pod token is)."""
+Pod on a node, as a DaemonSet's pod token is).
+
+Fixtures, imported by name into a test module: ``helm`` (session), the helm
+binary; ``installed`` (module), the chart's objects in a release namespace of
+the module's own."""
 
 from __future__ import annotations
 
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from kubernetes import client
 
-from sandlot.devtools.controlplane import ControlPlane, kubeconfig_dict, kubectl_path
+from sandlot.devtools.controlplane import (
+    ControlPlane,
+    helm_path,
+    kubeconfig_dict,
+    kubectl_path,
+)
 from tests.support.kube import Kubectl, repo_root
 
 CHART = repo_root() / "charts" / "sandlot"
@@ -141,3 +152,44 @@ def can_i(kubeconfig: Path, *args: str) -> bool:
     )
     assert proc.stdout.strip() in ("yes", "no"), proc.stderr
     return proc.stdout.strip() == "yes"
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    return helm_path()
+
+
+@pytest.fixture(scope="module")
+def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[Installed]:
+    """The chart's objects (defaults plus the dashboard) in a fresh release namespace."""
+    suffix = uuid.uuid4().hex[:6]
+    release, namespace = f"sl{suffix}", f"sandlot-{suffix}"
+    core = client.CoreV1Api(kube)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
+    # The sandbox admission policy is cluster-wide: installed here it would refuse the
+    # hostNetwork and privileged sandboxes other tests on this control plane create.
+    # tests/integration/test_isolation_policy.py installs the same objects (drift-tested
+    # against the template) and exercises them; the placement policy, cluster-wide
+    # too, has tests/integration/test_placement_admission.py. The write policies
+    # stay: they bind only this release's identities (and SandboxNodes named like
+    # its leader Lease); its operator runs as the chart runs it (``operator_replica``).
+    # The leader fence has tests of its own (tests/support/leaderfence.py): on this
+    # API server a fence created after another was deleted does not take effect, so
+    # only one is ever created per control plane.
+    docs = render(
+        helm,
+        "--set",
+        "grafanaDashboard.enabled=true,admissionPolicy.enabled=false,placementPolicy.enabled=false,"
+        "writePolicies.leaderFence=false",
+        release=release,
+        namespace=namespace,
+    )
+    docs = [d for d in docs if not hook_of(d)]  # helm creates hooks only when they run
+    apply(kubectl, docs)
+    yield Installed(release, namespace, docs)
+    # Cluster-scoped objects (RBAC, admission policies) outlive the namespace: delete
+    # every rendered object by name.
+    kubectl(
+        "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=yaml.safe_dump_all(docs)
+    )
+    core.delete_namespace(namespace)

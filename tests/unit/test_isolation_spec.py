@@ -1,7 +1,7 @@
 """The OCI spec a sandbox gets: safe defaults, and the security context honoured.
 
 Pure: the dict ``build_oci_spec`` returns. What runc and the kernel do with it is
-claimed in tests/integration/test_isolation.py.
+claimed in tests/integration/test_isolation_sandbox.py.
 """
 
 from __future__ import annotations

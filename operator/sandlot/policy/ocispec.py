@@ -9,7 +9,7 @@ The containerd adapter adds only ``root.path``; everything else comes from here
 or from the caller's changes to the returned dict. ``build_oci_spec`` puts a
 Sandbox's spec (command, env, user, limits, security context) and its image's
 config on top; what runc and the kernel make of it is claimed against the real
-ones in tests/integration/test_isolation.py.
+ones in tests/integration/test_isolation_sandbox.py.
 
 Works on cgroup v1 and v2: runc interprets ``cgroupsPath`` for either.
 """

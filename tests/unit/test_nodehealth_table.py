@@ -3,80 +3,39 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import pytest
-from pydantic import ValidationError
 
-from sandlot.api.common import Condition
-from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
-from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
-from sandlot.policy.disruption import FleetSummary, GuardSettings
+from sandlot.api.node import NodeHealthTracking, ObservedRenewal
+from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_LOST
+from sandlot.policy.disruption import FleetSummary
 from sandlot.policy.nodehealth import (
     HOLD_CONDITION_TYPE,
-    Decision,
     DecisionKind,
-    NodeHealthSettings,
     NodeView,
-    StatusPatch,
     decide,
-    decide_deleted,
 )
-
-NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
-CREATED = NOW - timedelta(days=1)
-GRACE = timedelta(seconds=300)
-DRAIN = timedelta(minutes=10)
-SETTINGS = NodeHealthSettings()
-GUARD = GuardSettings()
-CALM = FleetSummary(total_not_disabled=10, not_ready=1)
-OUTAGE = FleetSummary(total_not_disabled=10, not_ready=8)
-LONG_AGO = NOW - timedelta(hours=1)
-UNSEEN = SETTINGS.unseen_lease_duration
-
-R, N, D = NodePhase.READY, NodePhase.NOT_READY, NodePhase.DISABLED
-HOLD_TRUE = Condition(
-    type=HOLD_CONDITION_TYPE,
-    status="True",
-    reason="MassFailureSuspected",
-    last_transition_time=LONG_AGO,
+from tests.support.nodehealth import (
+    CALM,
+    DRAIN,
+    FRESH,
+    GRACE,
+    GUARD,
+    HOLD_TRUE,
+    NOW,
+    OTHER,
+    OUTAGE,
+    SETTINGS,
+    UNSEEN,
+    UNTRACKED,
+    D,
+    R,
+    lease_expired,
+    node,
+    s,
+    tracked,
 )
-OTHER = Condition(type="AgentConnected", status="True", reason="Heartbeat")
-
-
-def s(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds)
-
-
-def lease_expired(ago: timedelta, duration: int = 60) -> ObservedRenewal:
-    """A Lease whose last renewal ran out ``ago`` before NOW (negative: still valid)."""
-    return ObservedRenewal(observed_at=NOW - ago - s(duration), lease_duration_seconds=duration)
-
-
-FRESH = lease_expired(-s(50))
-
-
-def tracked(since: datetime | None, handled: datetime | None = None, count: int | None = None):
-    return NodeHealthTracking(unhealthy_since=since, handled_at=handled, handled_count=count)
-
-
-UNTRACKED = NodeHealthTracking()
-
-
-def node(
-    *,
-    unschedulable: bool = False,
-    phase: NodePhase | None = N,
-    first_seen: datetime = CREATED,
-    conditions: tuple[Condition, ...] = (),
-) -> NodeView:
-    return NodeView(
-        name="n1",
-        unschedulable=unschedulable,
-        first_seen=first_seen,
-        phase=phase,
-        conditions=conditions,
-    )
 
 
 @dataclass(frozen=True)
@@ -476,263 +435,3 @@ def test_decide(row: Row) -> None:
     else:
         assert d.patch.conditions is not None
         assert tuple(c.type for c in d.patch.conditions) == row.conditions
-
-
-@pytest.mark.parametrize(
-    ("lease", "tracking", "settings", "expected"),
-    [
-        (lease_expired(s(10)), tracked(NOW - s(10)), SETTINGS, NOW - s(10) + GRACE),
-        (
-            lease_expired(s(10)),
-            tracked(NOW - s(10)),
-            NodeHealthSettings(grace_period=s(30)),
-            NOW - s(10) + s(30),
-        ),
-        (FRESH, UNTRACKED, SETTINGS, None),
-        (FRESH, None, SETTINGS, None),
-    ],
-    ids=[
-        "deadline_is_unhealthy_since_plus_default_grace",
-        "deadline_follows_a_configured_grace",
-        "untracked_node_has_no_deadline",
-        "missing_tracking_has_no_deadline",
-    ],
-)
-def test_decision_deadline(
-    lease: ObservedRenewal,
-    tracking: NodeHealthTracking | None,
-    settings: NodeHealthSettings,
-    expected: datetime | None,
-) -> None:
-    d = decide(node(), lease, tracking, NOW, CALM, GUARD, settings)
-    assert d.deadline == expected
-    assert d.wake_at == expected
-
-
-def test_deleted_node_marks_its_sandboxes_dead_and_clears_the_latch() -> None:
-    d = decide_deleted(tracked(NOW - s(3600), NOW - s(3000), 5))
-    assert d.kind is DecisionKind.DELETED
-    assert d.reason == REASON_NODE_DELETED
-    assert d.marks_dead
-    assert d.tracking == UNTRACKED
-    assert (d.was_tracking, d.was_handled) == (True, True)
-    # The object is gone: there is no status to write.
-    assert d.patch is None
-
-
-def test_deleted_node_is_not_held_by_the_guard() -> None:
-    assert decide_deleted(None).kind is DecisionKind.DELETED
-
-
-def _reap() -> Decision:
-    n = node(conditions=(OTHER, HOLD_TRUE))
-    return decide(n, lease_expired(GRACE), UNTRACKED, NOW, CALM, GUARD, SETTINGS)
-
-
-def test_latch_after_full_success_records_time_and_count_and_keeps_the_episode() -> None:
-    latched = _reap().latched(NOW, 3)
-    assert latched.phase == N
-    assert latched.health == tracked(NOW - GRACE, NOW, 3).model_copy(
-        update={"last_renewal": lease_expired(GRACE)}
-    )
-    # The hold condition's removal rides along, so success costs a single write.
-    assert latched.conditions is not None
-    assert [c.type for c in latched.conditions] == ["AgentConnected"]
-
-
-def test_latch_with_nothing_to_mark_still_latches() -> None:
-    assert _reap().latched(NOW, 0).health.handled_count == 0
-
-
-@pytest.mark.parametrize(
-    "kind_decision",
-    [
-        decide(node(), FRESH, UNTRACKED, NOW, CALM, GUARD),
-        decide(node(), lease_expired(s(10)), UNTRACKED, NOW, CALM, GUARD),
-        decide(node(), lease_expired(GRACE), UNTRACKED, NOW, OUTAGE, GUARD),
-        decide_deleted(None),
-    ],
-    ids=[
-        "clear_sets_no_latch",
-        "start_tracking_sets_no_latch",
-        "hold_sets_no_latch",
-        "deleted_sets_no_latch",
-    ],
-)
-def test_only_reap_and_drain_abandoned_latch(kind_decision: Decision) -> None:
-    with pytest.raises(ValueError, match="sets no latch"):
-        kind_decision.latched(NOW, 1)
-
-
-def test_status_patch_clears_tracking_with_explicit_nulls() -> None:
-    d = decide(node(), FRESH, tracked(NOW - s(400), NOW - s(100), 3), NOW, CALM, GUARD)
-    assert d.patch is not None
-    assert d.patch.wire() == {
-        "phase": "Ready",
-        "health": {
-            "unhealthySince": None,
-            "lastRenewal": None,
-            "handledAt": None,
-            "handledCount": None,
-        },
-    }
-
-
-def test_status_patch_sends_conditions_whole_only_when_they_change() -> None:
-    patch = StatusPatch(phase=N, health=tracked(NOW), conditions=(OTHER,))
-    body = patch.wire()
-    assert body["conditions"] == [OTHER.wire()]
-    assert body["health"]["unhealthySince"] == "2030-01-01T12:00:00Z"
-
-
-# --- sequences: several passes, status carried between them as the controller would --------
-
-
-def _run(
-    passes: list[tuple[datetime, ObservedRenewal | None, FleetSummary, bool]],
-) -> list[Decision]:
-    """Decide at each (now, lease, fleet, unschedulable), writing patches and latches back."""
-    tracking: NodeHealthTracking = UNTRACKED
-    phase: NodePhase | None = None
-    conditions: tuple[Condition, ...] = ()
-    out = []
-    for now, lease, fleet, unschedulable in passes:
-        n = NodeView("n1", unschedulable, CREATED, phase, conditions)
-        d = decide(n, lease, tracking, now, fleet, GUARD, SETTINGS)
-        patch = (
-            d.latched(now, 1)
-            if d.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED)
-            else d.patch
-        )
-        if patch is not None:
-            tracking, phase = patch.health, patch.phase
-            conditions = patch.conditions if patch.conditions is not None else conditions
-        out.append(d)
-    return out
-
-
-def test_recover_after_handled_clears_the_latch_and_a_new_failure_gets_a_new_grace() -> None:
-    t0 = NOW
-    died = ObservedRenewal(observed_at=t0 - s(60), lease_duration_seconds=60)  # expired at t0
-    back = ObservedRenewal(observed_at=t0 + s(1000), lease_duration_seconds=60)  # expires t0+1060
-    kinds = [
-        d.kind
-        for d in _run(
-            [
-                (t0, died, CALM, False),
-                (t0 + GRACE, died, CALM, False),
-                (t0 + GRACE + s(30), died, CALM, False),
-                (t0 + s(1001), back, CALM, False),
-                (t0 + s(1060), back, CALM, False),
-                (t0 + s(1060) + GRACE - s(1), back, CALM, False),
-                (t0 + s(1060) + GRACE, back, CALM, False),
-            ]
-        )
-    ]
-    assert kinds == [
-        DecisionKind.START_TRACKING,
-        DecisionKind.REAP,
-        DecisionKind.HANDLED,
-        DecisionKind.CLEAR,
-        DecisionKind.START_TRACKING,
-        DecisionKind.WAIT,
-        DecisionKind.REAP,
-    ]
-
-
-def test_grace_keeps_counting_during_a_hold_so_the_lift_reaps_at_once() -> None:
-    died = ObservedRenewal(observed_at=NOW - s(60), lease_duration_seconds=60)  # expired at NOW
-    decisions = _run(
-        [
-            (NOW + s(10), died, OUTAGE, False),
-            (NOW + GRACE, died, OUTAGE, False),
-            (NOW + GRACE + s(120), died, OUTAGE, False),
-            (NOW + GRACE + s(121), died, CALM, False),
-            (NOW + GRACE + s(150), died, CALM, False),
-        ]
-    )
-    assert [d.kind for d in decisions] == [
-        DecisionKind.START_TRACKING,
-        DecisionKind.HOLD,
-        DecisionKind.HOLD,
-        DecisionKind.REAP,
-        DecisionKind.HANDLED,
-    ]
-    assert all(d.unhealthy_since == NOW for d in decisions)
-    # The hold wrote its condition once, not on every pass.
-    assert decisions[1].patch is not None
-    assert decisions[2].patch is None
-    assert decisions[4].patch is None
-
-
-def test_disabled_clears_the_latch_and_an_uncordoned_dead_node_keeps_its_real_expiry() -> None:
-    died = ObservedRenewal(observed_at=NOW - s(60), lease_duration_seconds=60)  # expired at NOW
-    decisions = _run(
-        [
-            (NOW + GRACE, died, CALM, False),
-            (NOW + GRACE + s(1), died, CALM, True),
-            (NOW + GRACE + s(2), died, CALM, False),
-        ]
-    )
-    assert [d.kind for d in decisions] == [
-        DecisionKind.REAP,
-        DecisionKind.CLEAR_DISABLED,
-        DecisionKind.REAP,
-    ]
-    assert decisions[1].tracking == UNTRACKED
-    assert decisions[1].was_handled
-    assert decisions[2].unhealthy_since == NOW
-
-
-# --- validation ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "field_name"),
-    [
-        ({"grace_period": 0}, "grace_period"),
-        ({"grace_period": -5}, "grace_period"),
-        ({"drain_timeout": 0}, "drain_timeout"),
-        ({"grace": 300}, "grace"),
-    ],
-    ids=[
-        "refuses_a_zero_grace_period",
-        "refuses_a_negative_grace_period",
-        "refuses_a_zero_drain_timeout",
-        "refuses_an_unknown_setting",
-    ],
-)
-def test_settings_refuse_bad_values_naming_the_field(
-    kwargs: dict[str, int], field_name: str
-) -> None:
-    with pytest.raises(ValidationError, match=field_name):
-        NodeHealthSettings(**kwargs)  # type: ignore[arg-type]
-
-
-def test_settings_defaults_match_the_spec() -> None:
-    assert SETTINGS.grace_period == s(300)
-    assert SETTINGS.drain_timeout == timedelta(minutes=10)
-    assert NodeHealthSettings(grace_period=30).grace_period == s(30)  # type: ignore[arg-type]
-
-
-def test_decide_refuses_a_naive_now() -> None:
-    with pytest.raises(ValueError, match="now must be timezone-aware"):
-        decide(node(), FRESH, UNTRACKED, NOW.replace(tzinfo=None), CALM, GUARD)
-
-
-@pytest.mark.parametrize(
-    "build",
-    [
-        lambda: ObservedRenewal(observed_at=NOW.replace(tzinfo=None), lease_duration_seconds=60),
-        lambda: ObservedRenewal(observed_at=NOW, lease_duration_seconds=-1),
-        lambda: node(first_seen=CREATED.replace(tzinfo=None)),
-    ],
-    ids=[
-        "renewal_refuses_a_naive_observed_at",
-        "renewal_refuses_a_negative_duration",
-        "node_refuses_a_naive_first_seen",
-    ],
-)
-def test_inputs_refuse_bad_values(build) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError):
-        build()

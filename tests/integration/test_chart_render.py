@@ -1,0 +1,276 @@
+"""The Helm chart rendered by the real helm: lint, the objects of the defaults and of
+every optional feature, every setting of both programs a value reaching its
+variable, bad values refused naming the value, and kubectl finding the plugin."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from sandlot.agent.metrics import AgentMetrics, GcMetrics
+from sandlot.agent.settings import AgentSettings
+from sandlot.cli.options import env_name, settings_from
+from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.settings import OperatorSettings
+from sandlot.devtools.controlplane import kubectl_path
+from tests.support.chart import (
+    CHART,
+    by_kind,
+    helm,
+    hook_of,
+    render,
+    run_helm,
+)
+
+__all__ = ["helm"]  # fixtures
+
+pytestmark = pytest.mark.integration
+
+
+def container_env(workload: dict[str, Any]) -> dict[str, Any]:
+    """The container's environment; downward-API values become their field path."""
+    env = {}
+    for item in workload["spec"]["template"]["spec"]["containers"][0]["env"]:
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = "<" + item["valueFrom"]["fieldRef"]["fieldPath"] + ">"
+    return env
+
+
+ALL_ON = (
+    "--set",
+    "metrics.serviceMonitor.enabled=true,prometheusRule.enabled=true,"
+    "grafanaDashboard.enabled=true,agent.cni.mount=true,agent.privileged=true",
+)
+
+
+def test_helm_lint_strict_passes(helm: Path) -> None:
+    proc = run_helm(helm, "lint", "--strict", str(CHART))
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) -> None:
+    docs = [d for d in render(helm) if not hook_of(d)]
+    kinds = sorted(d["kind"] for d in docs)
+    for kind in ("Deployment", "DaemonSet", "PodDisruptionBudget", "ClusterRole", "Role"):
+        assert kind in kinds
+    assert kinds.count("ServiceAccount") == 2 and kinds.count("Service") == 2
+    assert not {"ServiceMonitor", "PrometheusRule", "ConfigMap"} & set(kinds), "optional ones on"
+
+    (deploy,) = by_kind(docs, "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert deploy["spec"]["replicas"] == 2
+    (op,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    sc = op["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["privileged"] is False
+    assert op["livenessProbe"]["httpGet"]["port"] == "metrics"
+    assert op["readinessProbe"]["httpGet"]["port"] == "metrics"
+    # Liveness and readiness are different checks (sandlot.policy.probes).
+    assert op["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert op["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert op["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert op["resources"]["requests"] and op["args"] == ["operator"]
+    assert op["resources"]["requests"]["ephemeral-storage"]
+    assert op["resources"]["limits"]["ephemeral-storage"]
+
+    (ds,) = by_kind(docs, "DaemonSet")
+    pod = ds["spec"]["template"]["spec"]
+    (agent,) = pod["containers"]
+    assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    assert {"operator": "Exists"} in pod["tolerations"], "the agent must tolerate every taint"
+    assert agent["securityContext"]["privileged"] is False
+    assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert agent["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert agent["startupProbe"]["httpGet"]["path"] == "/livez"
+    assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert agent["resources"]["requests"]["ephemeral-storage"]
+    assert agent["resources"]["limits"]["ephemeral-storage"]
+    assert not by_kind(docs, "NetworkPolicy"), "the NetworkPolicy is optional"
+    env = container_env(ds)
+    assert env["SANDLOT_NODE_NAME"] == "<spec.nodeName>"
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert paths == {
+        "containerd-socket": "/run/containerd",
+        "containerd-root": "/var/lib/containerd",
+        "sandbox-logs": "/var/log/sandlot",
+        "host-cgroup": "/sys/fs/cgroup",
+    }
+    mounts = {m["name"]: m for m in agent["volumeMounts"]}
+    assert mounts["containerd-root"]["readOnly"] is True
+    assert mounts["host-cgroup"]["readOnly"] is True
+    assert env["SANDLOT_CGROUP_ROOT"] == mounts["host-cgroup"]["mountPath"]
+
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+
+
+def test_every_setting_of_both_programs_is_a_value_reaching_its_variable(helm: Path) -> None:
+    docs = render(helm)
+    for kind, model in (("Deployment", OperatorSettings), ("DaemonSet", AgentSettings)):
+        env = container_env(by_kind(docs, kind)[0])
+        wanted = {env_name(f) for f in model.model_fields}
+        assert set(env) == wanted, (
+            f"{kind}: missing {wanted - set(env)}, unknown {set(env) - wanted}"
+        )
+
+
+def test_rendered_values_are_accepted_by_the_programs_settings(helm: Path, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "operator": {"gracePeriod": "45s", "disruptionThreshold": 0.4},
+                "agent": {
+                    "killWait": "3s",
+                    "gc": {
+                        "enabled": False,
+                        "highThresholdPercent": 90,
+                        "minFreeBytes": 10 * 1024**3,
+                        "targetFreeBytes": 20 * 1024**3,
+                        "pinnedImages": ["a.test/x:1", "b.test/y:2"],
+                    },
+                },
+            }
+        )
+    )
+    docs = render(helm, "-f", str(values))
+    empty = argparse.Namespace()
+    op = settings_from(
+        OperatorSettings, empty, environ=container_env(by_kind(docs, "Deployment")[0])
+    )
+    assert op.grace_period == timedelta(seconds=45) and op.disruption_threshold == 0.4
+    assert op.namespace == "sandlot-system"
+    agent = settings_from(
+        AgentSettings, empty, environ=container_env(by_kind(docs, "DaemonSet")[0])
+    )
+    assert agent.kill_wait == timedelta(seconds=3) and agent.gc_disabled is True
+    assert agent.gc_high == 90 and agent.gc_min_free == 10 * 1024**3
+    assert agent.gc_target_free == 20 * 1024**3
+    assert agent.pinned_images == ("a.test/x:1", "b.test/y:2", "ghcr.io/sandlot/sandlot:0.1.0")
+
+
+def test_every_optional_feature_renders(helm: Path) -> None:
+    docs = render(helm, *ALL_ON)
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("ServiceMonitor") == 2 and kinds.count("PrometheusRule") == 1
+    (cm,) = by_kind(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["sandlot.json"])
+    titles = {p["title"] for p in dashboard["panels"]}
+    for wanted in ("Nodes by phase", "Sandboxes by phase", "Teardown kill-wait timeouts"):
+        assert wanted in titles
+    (rule,) = by_kind(docs, "PrometheusRule")
+    alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert alerts == [
+        "SandlotMassFailureHoldActive",
+        "SandlotTeardownKillWaitTimeouts",
+        "SandlotImageGcExhausted",
+    ]
+    (ds,) = by_kind(docs, "DaemonSet")
+    assert ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]["privileged"]
+    names = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"]}
+    assert {"cni-conf", "cni-bin"} <= names
+
+
+def _exported_metric_names() -> set[str]:
+    registry = CollectorRegistry()
+    OperatorMetrics(registry)
+    AgentMetrics(registry)
+    GcMetrics(registry)
+    names = set()
+    for family in registry.collect():
+        suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
+        names.update(family.name + s for s in suffixes.get(family.type, [""]))
+    return names
+
+
+def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -> None:
+    docs = render(helm, *ALL_ON)
+    (cm,) = by_kind(docs, "ConfigMap")
+    (rule,) = by_kind(docs, "PrometheusRule")
+    exprs = [
+        t["expr"] for p in json.loads(cm["data"]["sandlot.json"])["panels"] for t in p["targets"]
+    ]
+    exprs += [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    used = {m for e in exprs for m in re.findall(r"\bsandlot_[a-z_]+", e)}
+    assert used and used <= _exported_metric_names(), used - _exported_metric_names()
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"operator": {"gracePeriod": "5 minutes"}}, "operator.gracePeriod"),
+        ({"operator": {"disruptionThreshold": 1.5}}, "operator.disruptionThreshold"),
+        ({"operator": {"replicas": 0}}, "operator.replicas"),
+        ({"operator": {"gracePerod": "3s"}}, "gracePerod"),
+        ({"agent": {"gc": {"highThresholdPercent": 101}}}, "agent.gc.highThresholdPercent"),
+        ({"agent": {"gc": {"lowThresholdPercent": 90}}}, "agent.gc.lowThresholdPercent"),
+        ({"agent": {"renewInterval": "90s"}}, "agent.renewInterval"),
+        ({"agent": {"teardownConcurrency": "eight"}}, "agent.teardownConcurrency"),
+        ({"agent": {"containerdAddress": "run/containerd.sock"}}, "agent.containerdAddress"),
+        ({"admissionPolicy": {"defaultLevel": "lax"}}, "admissionPolicy.defaultLevel"),
+        ({"agent": {"cni": {"mount": True}}}, "agent.privileged"),
+    ],
+    ids=[
+        "duration-without-unit-syntax",
+        "threshold-above-one",
+        "no-operator-replica",
+        "misspelt-setting",
+        "gc-high-above-100",
+        "gc-low-not-below-high",
+        "renew-not-below-lease",
+        "concurrency-not-a-number",
+        "relative-socket-path",
+        "unknown-policy-level",
+        "cni-mount-without-privileged",
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(
+    helm: Path, tmp_path: Path, values: dict[str, Any], named: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(values))
+    proc = run_helm(helm, "template", "sl", str(CHART), "-f", str(path), check=False)
+    assert proc.returncode != 0, f"{values} was accepted"
+    # The schema names a value by its path (/agent/gc/x), the chart's checks by dots.
+    assert named in proc.stderr.replace("/", "."), proc.stderr
+
+
+def test_kubectl_finds_the_sandlot_plugin(tmp_path: Path) -> None:
+    venv_bin = Path(sys.executable).parent
+    assert (venv_bin / "kubectl-sandlot").exists(), f"no kubectl-sandlot in {venv_bin}"
+    env = dict(os.environ, PATH=f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    env["KUBECONFIG"] = str(tmp_path / "none")
+    plugins = subprocess.run(
+        [str(kubectl_path()), "plugin", "list"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert str(venv_bin / "kubectl-sandlot") in plugins.stdout, plugins.stdout + plugins.stderr
+    proc = subprocess.run(
+        [str(kubectl_path()), "sandlot", "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: sandlot" in proc.stdout and "operator" in proc.stdout
