@@ -1,7 +1,8 @@
 """Scale of one operator replica: N nodes, M sandboxes, the real operator.
 
 A private control plane; N SandboxNodes whose Leases one process renews (as N
-agents would, no containerd); M Running Sandboxes spread evenly over them; the real
+agents would, no containerd); M Running Sandboxes spread evenly over them (the API server writes the first, the
+rest are its stored copies loaded into etcd: ``scalefleet.load_sandboxes``); the real
 ``sandlot operator`` as a subprocess. Every figure is a ratio or a per-unit figure
 measured in this one run:
 
@@ -32,6 +33,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -51,6 +53,7 @@ from bench.scalefleet import (
     bare_patch_seconds,
     create_nodes,
     create_sandboxes,
+    load_sandboxes,
     operator_identity,
     operator_kubeconfig,
 )
@@ -65,6 +68,24 @@ GRACE = 5.0
 RESYNC = 30.0
 MARK_CONCURRENCY = 16
 FIRST_DECISION = "sandlot_operator_node_reconcile_duration_seconds_count"
+
+
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every 30 s while the run lasts:
+    every figure here shares 2 cores with the API server and etcd."""
+
+    def __init__(self) -> None:
+        self.low = self.high = os.getloadavg()[0]
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(30):
+            now = os.getloadavg()[0]
+            self.low, self.high = min(self.low, now), max(self.high, now)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def peak_kb(pid: int) -> int:
@@ -160,10 +181,10 @@ class Scale:
         for name, node in placed:
             self.placed[node].append(name)
         self.m = self.figures["sandboxes"] = len(placed)  # M rounded down to N's multiple
-        took = create_sandboxes(self.kubeconfig, NS, placed)
+        took = load_sandboxes(self.plane, NS, placed)
         self.figures["create_seconds"] = took
-        print(f"  {len(placed)} Running sandboxes in {took:.1f}s "
-              f"({2 * len(placed) / took:.0f} requests/s)", flush=True)  # fmt: skip
+        print(f"  {len(placed)} Running sandboxes loaded and listed in {took:.1f}s",
+              flush=True)  # fmt: skip
 
     # -- start-up and rest ----------------------------------------------------------
 
@@ -355,6 +376,8 @@ def main() -> int:
     every = max(5.0, args.nodes / 100)
     started = time.monotonic()
     scale = Scale(Path(tempfile.mkdtemp(prefix="sl-scale-")), args.nodes, args.sandboxes, every)
+    load = LoadSampler()
+    stopped = None
     try:
         print(f"scale: {args.sandboxes} sandboxes over {args.nodes} nodes, leases renewed "
               f"every {every:g}s for {scale.duration}s", flush=True)  # fmt: skip
@@ -375,17 +398,27 @@ def main() -> int:
                 scale.marking(args.mark_runs, args.mark_sandboxes)
         finally:
             op.stop()
+    except BaseException as e:  # what was measured is kept, with why the rest was not
+        stopped = f"{type(e).__name__}: {e}"[:300]
+        raise
     finally:
         scale.close()
-    scale.figures["run_seconds"] = time.monotonic() - started
-    print(f"scale run took {scale.figures['run_seconds']:.0f}s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(scale.rows, indent=2))
-    if args.figures:
-        with args.figures.open("a") as out:
-            out.write(json.dumps(scale.figures) + "\n")
-        if args.plot:
-            write_plot(args.figures, args.plot)
+        load.stop()
+        f = scale.figures
+        f["run_seconds"] = time.monotonic() - started
+        f["load_min"], f["load_max"] = load.low, load.high
+        if stopped:
+            f["stopped"] = stopped
+        print(f"scale run took {f['run_seconds']:.0f}s, load average {load.low:.1f}-"
+              f"{load.high:.1f}" + (f", stopped by {stopped}" if stopped else ""),
+              flush=True)  # fmt: skip
+        if args.json:
+            args.json.write_text(json.dumps(scale.rows, indent=2))
+        if args.figures:
+            with args.figures.open("a") as out:
+                out.write(json.dumps(f) + "\n")
+            if args.plot:
+                write_plot(args.figures, args.plot)
     return 0
 
 
