@@ -213,6 +213,12 @@ class Scale:
         if "peak_kb" not in self.figures:  # the start-up measured is the first one
             self.figures.update(first_decision_s=first, all_decisions_s=every, settled_s=settled)
             self.figures["peak_kb"] = peak_kb(op.proc.pid)
+        else:  # a restart on the same fleet, its nodes' status already written
+            peak = peak_kb(op.proc.pid)
+            self.figures.update(restart_first_decision_s=first, restart_peak_kb=peak)
+            self.row("restart: first node decision (s)", first, "report", True,
+                     f"every node decided after {every:.1f}s, CPU quiet after {settled:.1f}s, "
+                     f"peak RSS {peak / 1024 * 1.048576:.1f} MB")  # fmt: skip
         return op
 
     def startup(self) -> OperatorProcess:
