@@ -1,7 +1,8 @@
 """Scale of one operator replica: N nodes, M sandboxes, the real operator.
 
 A private control plane; N SandboxNodes whose Leases one process renews (as N
-agents would, no containerd); M Running Sandboxes spread evenly over them; the real
+agents would, no containerd); M Running Sandboxes spread evenly over them (the API server writes the first, the
+rest are its stored copies loaded into etcd: ``scalefleet.load_sandboxes``); the real
 ``sandlot operator`` as a subprocess. Every figure is a ratio or a per-unit figure
 measured in this one run:
 
@@ -29,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -51,6 +54,7 @@ from bench.scalefleet import (
     bare_patch_seconds,
     create_nodes,
     create_sandboxes,
+    load_sandboxes,
     operator_identity,
     operator_kubeconfig,
 )
@@ -62,9 +66,28 @@ from sandlot.api import GROUP, VERSION
 NS = "scale"
 LEASE_NS = "sandlot-system"
 GRACE = 5.0
-RESYNC = 30.0
+RESYNC = 30.0  # the chart's default resync interval
+TIMERS_PER_S = 20.0  # node timers a second at most: the interval grows past 600 nodes
 MARK_CONCURRENCY = 16
 FIRST_DECISION = "sandlot_operator_node_reconcile_duration_seconds_count"
+
+
+class LoadSampler:
+    """The machine's 1-minute load average, sampled every 30 s while the run lasts:
+    every figure here shares 2 cores with the API server and etcd."""
+
+    def __init__(self) -> None:
+        self.low = self.high = os.getloadavg()[0]
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(30):
+            now = os.getloadavg()[0]
+            self.low, self.high = min(self.low, now), max(self.high, now)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def peak_kb(pid: int) -> int:
@@ -80,6 +103,9 @@ class Scale:
         self.n, self.m = nodes, sandboxes
         self.every = renew_every
         self.duration = max(round(3 * renew_every), 2)
+        # Deadlines are met by each node's own wake-up; the resync timer is the safety
+        # net, and each tick costs the operator CPU: what to set for a large fleet.
+        self.resync = max(RESYNC, nodes / TIMERS_PER_S)
         flags = operator_identity(work / "cp")
         self.plane = start_private_plane(work / "cp", extra_flags=flags, namespaces=(NS, LEASE_NS))
         self.op_kubeconfig = operator_kubeconfig(self.plane, work / "operator.kubeconfig")
@@ -120,7 +146,7 @@ class Scale:
             "--grace-period", f"{GRACE:g}s",
             "--agent-lease-duration", f"{self.duration}s",
             "--lease-view-max-age", f"{lease_view:g}s",
-            "--resync-interval", f"{RESYNC:g}s",
+            "--resync-interval", f"{self.resync:g}s",
             "--mark-concurrency", str(MARK_CONCURRENCY),
             *flags,
             kubeconfig=self.op_kubeconfig,
@@ -160,10 +186,10 @@ class Scale:
         for name, node in placed:
             self.placed[node].append(name)
         self.m = self.figures["sandboxes"] = len(placed)  # M rounded down to N's multiple
-        took = create_sandboxes(self.kubeconfig, NS, placed)
+        took = load_sandboxes(self.plane, NS, placed)
         self.figures["create_seconds"] = took
-        print(f"  {len(placed)} Running sandboxes in {took:.1f}s "
-              f"({2 * len(placed) / took:.0f} requests/s)", flush=True)  # fmt: skip
+        print(f"  {len(placed)} Running sandboxes loaded and listed in {took:.1f}s",
+              flush=True)  # fmt: skip
 
     # -- start-up and rest ----------------------------------------------------------
 
@@ -192,6 +218,12 @@ class Scale:
         if "peak_kb" not in self.figures:  # the start-up measured is the first one
             self.figures.update(first_decision_s=first, all_decisions_s=every, settled_s=settled)
             self.figures["peak_kb"] = peak_kb(op.proc.pid)
+        else:  # a restart on the same fleet, its nodes' status already written
+            peak = peak_kb(op.proc.pid)
+            self.figures.update(restart_first_decision_s=first, restart_peak_kb=peak)
+            self.row("restart: first node decision (s)", first, "report", True,
+                     f"every node decided after {every:.1f}s, CPU quiet after {settled:.1f}s, "
+                     f"peak RSS {peak / 1024 * 1.048576:.1f} MB")  # fmt: skip
         return op
 
     def startup(self) -> OperatorProcess:
@@ -216,7 +248,7 @@ class Scale:
         per_sb = (rss - f["rss_nodes_kb"]) / self.m
         f.update(per_node_kb=per_node, per_sandbox_kb=per_sb)
         cpu0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
-        time.sleep(RESYNC)  # one resync interval: every node's timer fires once
+        time.sleep(self.resync)  # one resync interval: every node's timer fires once
         cpu1, t1, w1 = cpu_seconds(pid), time.monotonic(), time.time()
         time.sleep(2)  # the audit log is written in batches, a second apart
         window = t1 - t0
@@ -355,9 +387,12 @@ def main() -> int:
     every = max(5.0, args.nodes / 100)
     started = time.monotonic()
     scale = Scale(Path(tempfile.mkdtemp(prefix="sl-scale-")), args.nodes, args.sandboxes, every)
+    load = LoadSampler()
+    stopped = None
     try:
         print(f"scale: {args.sandboxes} sandboxes over {args.nodes} nodes, leases renewed "
-              f"every {every:g}s for {scale.duration}s", flush=True)  # fmt: skip
+              f"every {every:g}s for {scale.duration}s, resync every {scale.resync:g}s",
+              flush=True)  # fmt: skip
         scale.baseline()
         scale.populate()
         op = scale.startup()
@@ -375,20 +410,32 @@ def main() -> int:
                 scale.marking(args.mark_runs, args.mark_sandboxes)
         finally:
             op.stop()
+    except BaseException as e:  # what was measured is kept, with why the rest was not
+        stopped = f"{type(e).__name__}: {e}"[:300]
+        raise
     finally:
         scale.close()
-    scale.figures["run_seconds"] = time.monotonic() - started
-    print(f"scale run took {scale.figures['run_seconds']:.0f}s", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(scale.rows, indent=2))
-    if args.figures:
-        with args.figures.open("a") as out:
-            out.write(json.dumps(scale.figures) + "\n")
-        if args.plot:
-            write_plot(args.figures, args.plot)
+        load.stop()
+        f = scale.figures
+        f["run_seconds"] = time.monotonic() - started
+        f["load_min"], f["load_max"] = load.low, load.high
+        if stopped:
+            f["stopped"] = stopped
+        print(f"scale run took {f['run_seconds']:.0f}s, load average {load.low:.1f}-"
+              f"{load.high:.1f}" + (f", stopped by {stopped}" if stopped else ""),
+              flush=True)  # fmt: skip
+        if args.json:
+            args.json.write_text(json.dumps(scale.rows, indent=2))
+        if args.figures:
+            with args.figures.open("a") as out:
+                out.write(json.dumps(f) + "\n")
+            if args.plot:
+                write_plot(args.figures, args.plot)
     return 0
 
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # Stopped with SIGTERM: unwind, so the control plane stops and the figures are kept.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sys.exit(main())

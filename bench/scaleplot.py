@@ -27,7 +27,7 @@ W, H, PAD = 300, 220, 45
 def _panel(x0: int, title: str, unit: str, runs: list[dict[str, float]],
            series: list[tuple[str, str, float]]) -> list[str]:  # fmt: skip
     xs = [math.log10(r["sandboxes"]) for r in runs]
-    ys = [r.get(k, 0.0) * f for r in runs for k, _, f in series]
+    ys = [r[k] * f for r in runs for k, _, f in series if k in r]
     xlo, xhi = min(xs) - 0.2, max(xs) + 0.2
     yhi = max([*ys, 1e-9]) * 1.15
 
@@ -45,7 +45,8 @@ def _panel(x0: int, title: str, unit: str, runs: list[dict[str, float]],
         out.append(f'<text x="{x}" y="{H - PAD + 14}" font-size="9" text-anchor="middle">'
                    f'{int(r["sandboxes"]):,}/{int(r["nodes"]):,}</text>')  # fmt: skip
     for i, (key, label, factor) in enumerate(series):
-        pts = [px(math.log10(r["sandboxes"]), r.get(key, 0.0) * factor) for r in runs]
+        # A run stopped before this figure has no point here, not a zero.
+        pts = [px(math.log10(r["sandboxes"]), r[key] * factor) for r in runs if key in r]
         colour = COLOURS[i % len(COLOURS)]
         out.append(f'<polyline fill="none" stroke="{colour}" points="'
                    + " ".join(f"{a:.1f},{b:.1f}" for a, b in pts) + '"/>')  # fmt: skip

@@ -370,3 +370,67 @@ def test_a_silent_lease_watch_blocks_reaping_until_a_fresh_view_has_waited_a_lea
     w.clock.advance(LEASE)
     w.step()
     assert w.objects.phase(keys[0]) == "Dead"
+
+
+def counting_fleet_passes(w: World) -> list[int]:
+    """Count the controller's summaries of the fleet (one liveness phase a node each)."""
+    calls = [0]
+    phase = w.ctl.liveness.phase
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return phase(*args, **kwargs)
+
+    w.ctl.liveness.phase = counted  # type: ignore[method-assign]
+    return calls
+
+
+def test_routine_passes_share_one_summary_of_the_fleet_for_ten_seconds() -> None:
+    w = World(nodes=20)
+    calls = counting_fleet_passes(w)
+    w.ctl.enqueue_all()
+    w.step()
+    assert calls[0] == 20, "twenty passes, one summary of twenty nodes"
+    w.clock.advance(5)
+    for i in range(1, 21):
+        w.renew(f"n{i}")
+    w.ctl.enqueue_all()
+    w.step()
+    assert calls[0] == 20, "a summary five seconds old serves passes that guard nothing"
+    w.clock.advance(5)
+    w.ctl.enqueue_all()
+    w.step()
+    assert calls[0] == 40, "at ten seconds it is summarized again"
+
+
+def test_a_pass_the_guard_decides_judges_it_on_a_summary_at_most_a_second_old() -> None:
+    # n1's grace ends at T. Five seconds before, a routine pass summarizes the fleet
+    # with n1 alone NotReady; then seven more agents stop renewing (expired at T - 2).
+    # The summary from T - 5 would let n1 be reaped; the fleet at T is 8 of 10
+    # NotReady, so the guard holds.
+    w = World(nodes=10)
+    keys = w.sandboxes("n1", 2)
+    others = [f"n{i}" for i in range(2, 11)]
+    lost(w)  # n1's lease expired now; its deadline is GRACE from now
+    deadline = w.clock.now() + timedelta(seconds=GRACE)
+    while w.clock.now() < deadline - timedelta(seconds=12):
+        w.clock.advance(4)
+        for node in others:
+            w.renew(node)
+        w.step()
+    w.clock.advance_to(deadline - timedelta(seconds=12))
+    for node in others:
+        w.renew(node)  # n2..n8 renew for the last time: expired at T - 2
+    w.step()
+    w.clock.advance_to(deadline - timedelta(seconds=5))
+    for node in ("n9", "n10"):
+        w.renew(node)
+    calls = counting_fleet_passes(w)
+    w.ctl.enqueue("n9")
+    w.step()
+    assert calls[0] == 10, "the routine pass at T - 5 summarized the fleet"
+    w.clock.advance_to(deadline)
+    w.step()
+    assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
+    assert ("n1", "MassFailureHold") in w.events
+    assert calls[0] == 20, "n1's pass summarized the fleet afresh at its deadline"

@@ -55,7 +55,12 @@ log = logging.getLogger(__name__)
 EventPoster = Callable[[Mapping[str, Any], str, str, str], None]  # body, type, reason, message
 
 RETRY_AFTER_FAILURE = 2.0
-FLEET_REUSE = 1.0  # seconds a fleet summary is reused across passes
+FLEET_REUSE = 1.0  # seconds a summary is reused by a pass that would mark or hold
+FLEET_REUSE_ROUTINE = 10.0  # seconds it is reused by any other pass (nothing to guard)
+# The kinds the guard decides between: a pass ending in one of them would mark, or
+# holds back from marking. Routine passes (the rest, while no guard holds) decide the
+# same on any summary: the guard only ever changes these.
+GUARDED_KINDS = frozenset({DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED, DecisionKind.HOLD})
 
 
 def _resource_version(body: Mapping[str, Any]) -> str | None:
@@ -205,14 +210,15 @@ class NodeHealthController:
         # decided together, their writes bounded by the marker's shared pool.
         await self.queue.run(workers=self.settings.mark_concurrency)
 
-    def fleet(self, now: datetime) -> FleetSummary:
+    def fleet(self, now: datetime, reuse: float = FLEET_REUSE) -> FleetSummary:
         """Every node's observed phase at ``now``, summarized for the guard.
 
-        Reused for up to FLEET_REUSE seconds: a pass over N nodes would otherwise
-        cost O(N) each, O(N^2) per resync of the fleet. A summary a second old
-        cannot move a node's own deadline, only the guard's view of the others.
+        A summary up to ``reuse`` seconds old is reused: a pass over N nodes would
+        otherwise cost O(N) each, O(N^2) per resync of the fleet (at 5,000 nodes
+        that was most of the operator's CPU at rest). An older summary cannot move
+        a node's own deadline, only the guard's view of the others.
         """
-        if self._fleet is not None and abs((now - self._fleet[0]).total_seconds()) < FLEET_REUSE:
+        if self._fleet is not None and abs((now - self._fleet[0]).total_seconds()) < reuse:
             return self._fleet[1]
         members = []
         counts = dict.fromkeys(NodePhase, 0)
@@ -238,7 +244,14 @@ class NodeHealthController:
         tracking = self.tracking[name]
         renewal = self.liveness.renewal(name, tracking)
         view = _node_view(body, self.liveness.first_seen(name))
-        decision = decide(view, renewal, tracking, now, self.fleet(now), self.guard, self.policy)
+        fleet = self.fleet(now, FLEET_REUSE_ROUTINE)
+        decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy)
+        if decision.kind in GUARDED_KINDS or decision.guard_active or self._hold_reported:
+            # The guard decides this pass, or may be lifting: judge it on a summary at
+            # most FLEET_REUSE old (every pass does while the guard holds).
+            fresh = self.fleet(now)
+            if fresh is not fleet:
+                decision = decide(view, renewal, tracking, now, fresh, self.guard, self.policy)
         self._report_hold(decision, body)
         blocked = self.liveness.reap_blocked_until(name, now)
         if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and blocked:
