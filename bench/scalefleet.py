@@ -434,10 +434,19 @@ def _count_listed(plane: Any, namespace: str, want: int, timeout: float) -> int:
     while True:
         count, token = 0, None
         while True:
-            page = objs.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, "sandboxes", limit=5000, _continue=token,
-                _preload_content=False,
-            )  # fmt: skip
+            try:
+                page = objs.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "sandboxes", limit=5000, _continue=token,
+                    _preload_content=False,
+                )  # fmt: skip
+            except ApiException as e:
+                # 504 "Too large resource version": the API server's cache of etcd is
+                # still behind the load; 410: the listing outlived its snapshot.
+                if e.status not in (410, 504) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+                count, token = 0, None
+                continue
             body = json.loads(page.data)
             count += sum(
                 1 for o in body["items"] if (o.get("status") or {}).get("phase") == "Running"
