@@ -137,7 +137,11 @@ def test_sigterm_then_wait_gives_the_exit_status_and_teardown_removes_everything
     deleted = runtime.delete_task(container_id, timeout=5)
     assert deleted is not None and deleted.code == 143
     runtime.delete_container(container_id, timeout=5)
-    runtime.remove_snapshot(container_id, timeout=5)
+    # Unreferenced once its container is gone, the snapshot may already have been
+    # collected by containerd's garbage collector (a mutation count, not this test,
+    # decides when it runs); teardown takes NotFound as done, and so does this.
+    with contextlib.suppress(NotFound):
+        runtime.remove_snapshot(container_id, timeout=5)
 
     assert runtime.get_task(container_id, timeout=5) is None
     assert container_id not in {t.container_id for t in runtime.list_tasks(timeout=5)}
