@@ -434,3 +434,23 @@ def test_a_pass_the_guard_decides_judges_it_on_a_summary_at_most_a_second_old() 
     assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
     assert ("n1", "MassFailureHold") in w.events
     assert calls[0] == 20, "n1's pass summarized the fleet afresh at its deadline"
+
+
+def test_a_failed_lease_watch_blocks_reaping_until_a_list_restores_the_view() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    lost(w)
+    w.clock.advance(GRACE - 1)
+    w.step()
+    w.ctl.on_view_lost()  # the watch fails a second before n1's deadline
+    w.silent = True  # nothing is heard until the list that restores the view
+    w.clock.advance(1)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running", "reaped on a view with a gap"
+    w.clock.advance(5)
+    w.ctl.on_view_restored()
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running", "a restored view waits one lease duration"
+    w.clock.advance(LEASE)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Dead"

@@ -37,6 +37,7 @@ class LeaseInformer:
         watch_timeout: int = 20,
         on_view_restored: Callable[[], None] | None = None,
         on_heard: Callable[[], None] | None = None,
+        on_view_lost: Callable[[], None] | None = None,
     ) -> None:
         self.api: Any = client.CoordinationV1Api(api)
         self.namespace = namespace
@@ -46,6 +47,9 @@ class LeaseInformer:
         # a gap). The node-health controller waits a lease duration after it before
         # it reaps, so leases the agents renew once the API server is back count.
         self.on_view_restored = on_view_restored
+        # Called when the watch or a list fails: the view has a gap from then until
+        # the list that restores it, and nothing may be reaped from it meanwhile.
+        self.on_view_lost = on_view_lost
         # Called whenever the stream proves alive (an event, a watch that ended on
         # time). The server ends each watch after ``watch_timeout`` and the client gives
         # up reading half that again later, so a connection that died silently is
@@ -88,6 +92,8 @@ class LeaseInformer:
                 gap = True
                 if self._stop.is_set():
                     return
+                if self.on_view_lost is not None:
+                    self.on_view_lost()
                 log.warning(
                     "lease watch failed (%s: %s); listing again in %.1fs",
                     type(e).__name__,

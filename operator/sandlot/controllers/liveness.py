@@ -118,6 +118,12 @@ class LivenessView:
             self._since = now
             self._last_heard = now
 
+    def lost(self) -> None:
+        """The watch failed: the view has a gap until a list restores it, so it counts
+        as not heard from (``reap_blocked_until`` blocks marking) until then."""
+        with self._lock:
+            self._last_heard = None
+
     def forget(self, name: str) -> None:
         """The SandboxNode is gone."""
         with self._lock:

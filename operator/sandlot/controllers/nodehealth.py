@@ -189,6 +189,10 @@ class NodeHealthController:
         """The lease watch proved alive without news (watch thread)."""
         self.liveness.heard()
 
+    def on_view_lost(self) -> None:
+        """The lease watch failed (watch thread): no reaping until it is restored."""
+        self.liveness.lost()
+
     def on_view_restored(self) -> None:
         """The lease watch listed afresh after a start or a failure (watch thread)."""
         self.liveness.restored()

@@ -277,6 +277,7 @@ async def run(
         settings.namespace,
         nodehealth.on_lease,
         on_view_restored=nodehealth.on_view_restored,
+        on_view_lost=nodehealth.on_view_lost,
         on_heard=nodehealth.on_heard,
         watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
