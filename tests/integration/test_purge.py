@@ -181,14 +181,22 @@ def test_sandboxes_on_live_nodes_are_deleted_only_once_their_agent_stopped_them(
         ),
         daemon=True,
     )
+    printed: list[str] = []
+
+    def said(text: str) -> bool:
+        printed.append(capsys.readouterr().out)
+        return text in "".join(printed)
+
     worker.start()
     try:
+        # Cordoned, and the purge has looked and found the sandbox still running: only
+        # now does its agent stop it (set earlier, the purge would never have waited).
         wait_for(
-            lambda: fleet.get_node(node)["spec"].get("unschedulable") is True,
+            lambda: said("1 sandboxes still being stopped by the agents of 1 live nodes"),
             timeout=15,
-            what=f"purge to cordon {node}",
+            what="purge to cordon n1 and wait for its agent",
         )
-        # Cordoned, and still waiting: the container may still run.
+        assert fleet.get_node(node)["spec"].get("unschedulable") is True
         assert fleet.phase("run") == "Running"
         fleet.set_phase("run", "Stopped", reason="Drained")  # what the agent writes after teardown
         wait_for(lambda: not worker.is_alive(), timeout=20, what="purge to finish")
@@ -196,9 +204,7 @@ def test_sandboxes_on_live_nodes_are_deleted_only_once_their_agent_stopped_them(
         worker.join(timeout=35)
     assert result == [0]
     assert names(kube, "sandboxes") == []
-    assert (
-        "1 sandboxes still being stopped by the agents of 1 live nodes" in capsys.readouterr().out
-    )
+    assert said("every sandbox on a live node is stopped")
 
 
 def test_a_sandbox_its_agent_never_stops_times_out_named_and_is_kept(
