@@ -23,6 +23,7 @@ measured in this one run:
     .venv/bin/python bench/scale.py                 # M=15,000 / N=500 (make bench)
     .venv/bin/python bench/scale.py --full          # M=150,000 / N=5,000
     .venv/bin/python bench/scale.py --sandboxes 1000 --nodes 50 --mark-runs 1
+    .venv/bin/python bench/scale.py --nodes 5000 --sandboxes 5000 --rest-only
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from bench.nodehealth import cpu_seconds, rss_kb, settle
 from bench.scalefleet import (
     Agents,
     DeadWatch,
+    LeaseReader,
     OperatorRequests,
     bare_patch_seconds,
     create_nodes,
@@ -247,9 +249,19 @@ class Scale:
         per_node = (f["rss_nodes_kb"] - f["rss_empty_kb"]) / self.n
         per_sb = (rss - f["rss_nodes_kb"]) / self.m
         f.update(per_node_kb=per_node, per_sandbox_kb=per_sb)
-        cpu0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
-        time.sleep(self.resync)  # one resync interval: every node's timer fires once
-        cpu1, t1, w1 = cpu_seconds(pid), time.monotonic(), time.time()
+        # The floor beside it: a bare reader of the same Lease watch, same library.
+        reader = LeaseReader(self.kubeconfig, LEASE_NS)
+        try:
+            assert self.agents is not None
+            renewed0 = self.agents.command("count")["renewals"]
+            floor0 = cpu_seconds(reader.proc.pid)
+            cpu0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
+            time.sleep(self.resync)  # one resync interval: every node's timer fires once
+            cpu1, t1, w1 = cpu_seconds(pid), time.monotonic(), time.time()
+            floor1 = cpu_seconds(reader.proc.pid)
+            renewed = self.agents.command("count")["renewals"] - renewed0
+        finally:
+            read = reader.stop()
         time.sleep(2)  # the audit log is written in batches, a second apart
         window = t1 - t0
         seen = self.requests.read(w0, w1)
@@ -260,14 +272,25 @@ class Scale:
         per_s = beyond / window
         per_1000 = per_s / (self.n / 1000)
         idle = (cpu1 - cpu0) / window
-        f.update(idle_cpu=idle, rest_rps=per_s, rest_rps_per_1000_nodes=per_1000)
+        floor = (floor1 - floor0) / window
+        if renewed <= 0 or read <= 0:
+            raise RuntimeError(f"no renewals in the idle window ({renewed} made, {read} read)")
+        f.update(idle_cpu=idle, rest_rps=per_s, rest_rps_per_1000_nodes=per_1000,
+                 idle_floor_cpu=floor, renewals_per_s=renewed / window,
+                 timers_per_s=self.n / self.resync)  # fmt: skip
         self.row("steady RSS per sandbox (KB)", per_sb, "< 3", per_sb < 3,
                  f"RSS {f['rss_empty_kb'] / 1024:.0f} MiB empty, {f['rss_nodes_kb'] / 1024:.0f} "
                  f"MiB with {self.n} nodes, {rss / 1024:.0f} MiB with {self.m} sandboxes")  # fmt: skip
         self.row("steady RSS per node (KB)", per_node, "report", True,
                  f"({f['rss_nodes_kb']} - {f['rss_empty_kb']}) KB / {self.n} nodes")  # fmt: skip
         self.row("idle CPU (cores)", idle, "< 0.05", idle < 0.05,
-                 f"over {window:.0f}s (one resync interval), nothing changing")  # fmt: skip
+                 f"over {window:.0f}s (one resync interval), nothing changing but "
+                 f"{renewed / window:.0f} Lease renewals/s and {self.n / self.resync:.0f} "
+                 f"node timers/s; a bare reader of the same Lease watch: {floor:.3f} cores "
+                 f"({read} events)")  # fmt: skip
+        self.row("idle CPU per Lease renewal (ms)", 1000 * (idle * window) / renewed, "report",
+                 True, f"the operator's CPU at rest over the renewals it read; the bare "
+                 f"reader's: {1000 * (floor * window) / max(read, 1):.3f} ms an event")  # fmt: skip
         detail = ", ".join(f"{v} {k[0]} {k[1]}" for k, v in sorted(rest.items()) if v > 0)
         self.row("API requests/s at rest per 1,000 nodes", per_1000, "< 1", per_1000 < 1,
                  f"the operator's requests in {window:.0f}s (audit log): {beyond} beyond "
@@ -394,6 +417,11 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=500)
     parser.add_argument("--mark-runs", type=int, default=5)
     parser.add_argument("--mark-sandboxes", type=int, default=1000)
+    parser.add_argument(
+        "--rest-only",
+        action="store_true",
+        help="stop after the rest rows (memory, idle CPU, requests at rest)",
+    )
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--figures", type=Path, help="append this run's figures (JSON lines)")
     parser.add_argument("--plot", type=Path, help="write the SVG plot of --figures here")
@@ -416,6 +444,8 @@ def main() -> int:
         scale.watch = DeadWatch(scale.api, NS)
         try:
             scale.rest(op)
+            if args.rest_only:
+                return 0
             scale.reaction_one()
             scale.reaction_many("off")
         finally:

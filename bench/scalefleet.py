@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import heapq
 import http.client
 import json
@@ -612,7 +613,82 @@ class DeadWatch:
         self._watch.stop()
 
 
+def run_lease_reader(argv: list[str]) -> int:
+    """The floor of reading the agents' renewals: the same watch the operator's Lease
+    informer makes (same client library, JSON dicts, same label selector), each
+    event's name and renewTime read, nothing else. Counts events until stdin closes."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--namespace", required=True)
+    args = parser.parse_args(argv)
+    api = load_api_client(args.kubeconfig)
+    leases: Any = client.CoordinationV1Api(api)
+    selector = f"{AGENT_LEASE_LABEL}=true"
+    seen = {"events": 0}
+    stop = threading.Event()
+
+    def read() -> None:
+        version = leases.list_namespaced_lease(
+            args.namespace, label_selector=selector
+        ).metadata.resource_version
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # a watch that ends is resumed
+                for event in watch.Watch().stream(
+                    leases.list_namespaced_lease,
+                    args.namespace,
+                    label_selector=selector,
+                    resource_version=version,
+                    timeout_seconds=60,
+                    deserialize=False,
+                ):
+                    obj = event["object"]
+                    meta = obj["metadata"]
+                    _ = (meta["name"], obj["spec"].get("renewTime"))
+                    version = meta["resourceVersion"]
+                    seen["events"] += 1
+
+    threading.Thread(target=read, daemon=True).start()
+    print(json.dumps({"ready": True}), flush=True)
+    sys.stdin.read()  # until the bench closes it
+    stop.set()
+    print(json.dumps(seen), flush=True)
+    return 0
+
+
+class LeaseReader:
+    """The ``leasereader`` process: its CPU over a window is the floor of the
+    operator's CPU for reading the same renewals."""
+
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
+        argv = [sys.executable, "-m", "bench.scalefleet", "leasereader", "--kubeconfig",
+                kubeconfig, "--namespace", namespace]  # fmt: skip
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        assert self.proc.stdout is not None
+        if not self.proc.stdout.readline():
+            raise RuntimeError(f"the lease reader ended ({self.proc.poll()})")
+
+    def stop(self) -> int:
+        """Stop it; the number of events it read."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.close()
+        try:
+            line = self.proc.stdout.readline()
+            self.proc.wait(10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        return int(json.loads(line)["events"]) if line else 0
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["agents"]:
         sys.exit(run_agents(sys.argv[2:]))
-    sys.exit(f"usage: {sys.argv[0]} agents --kubeconfig K --namespace NS ...")
+    if sys.argv[1:2] == ["leasereader"]:
+        sys.exit(run_lease_reader(sys.argv[2:]))
+    sys.exit(f"usage: {sys.argv[0]} agents|leasereader --kubeconfig K --namespace NS ...")
