@@ -5,6 +5,8 @@ narrows the choice to the nodes it names."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -115,3 +117,38 @@ def test_operator_labels_the_nodes_with_blocking_taints_for_the_admission_policy
     )
     wait_for(lambda: labelled() == {mirrored}, timeout=30, what="the untainted node's label gone")
     assert TAINTED_LABEL not in (fleet.get_node(cp)["metadata"].get("labels") or {})
+
+
+def test_a_new_leader_labels_a_node_tainted_while_it_stood_by(
+    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+) -> None:
+    """The taint arrives while the leader is frozen and the standby may not write: the
+    standby's event handler passes it by, and after the takeover no new event comes.
+    Only the node resync timer, the one timer per node, can label it."""
+    node = _ready_node(fleet, "late", labels={}, taints=[])
+    a, b = operators("--resync-interval", "1s"), operators("--resync-interval", "1s")
+    leader = wait_for(
+        lambda: next((o for o in (a, b) if o.is_leader()), None),
+        timeout=20,
+        what="one operator to lead",
+    )
+    standby = b if leader is a else a
+    wait_for(
+        lambda: fleet.get_node(node).get("status", {}).get("phase") == "Ready",
+        timeout=15,
+        what="node Ready",
+    )
+    os.kill(leader.proc.pid, signal.SIGSTOP)  # frozen: its events wait unread
+    try:
+        taint = {"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}
+        fleet.objs.patch_cluster_custom_object(
+            GROUP, VERSION, "sandboxnodes", node, {"spec": {"taints": [taint]}}
+        )
+    finally:
+        leader.kill()
+    wait_for(standby.is_leader, timeout=30, what="the standby to take over")
+    wait_for(
+        lambda: (fleet.get_node(node)["metadata"].get("labels") or {}).get(TAINTED_LABEL) == "true",
+        timeout=20,
+        what="the node tainted before the takeover labelled by the new leader",
+    )

@@ -155,8 +155,12 @@ def build_registry(
         interval=settings.resync_interval.total_seconds(),
         registry=registry,
     )
-    async def resync(name: str, **_: Any) -> None:
+    async def resync(name: str, body: kopf.Body, **_: Any) -> None:
+        # The one timer per node: kopf's cost grows with timers x nodes, so every
+        # controller that resyncs a node does it here.
         nodehealth.enqueue(name)
+        if leading():
+            await taintlabels.sync(nodehealth.objects, body)
 
     @kopf.on.delete(GROUP, VERSION, "sandboxnodes", registry=registry)
     async def node_deleted(name: str, body: kopf.Body, **_: Any) -> None:
@@ -171,9 +175,7 @@ def build_registry(
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
     pullcredentials.register(registry, nodehealth.objects, leading, settings.namespace)
-    taintlabels.register(
-        registry, nodehealth.objects, leading, settings.resync_interval.total_seconds()
-    )
+    taintlabels.register(registry, nodehealth.objects, leading)
     return registry
 
 

@@ -5,11 +5,18 @@ its SandboxNodes by label, so the label must follow the taints: the admin's
 ``spec.taints`` and the agent's mirrored ``status.nodeTaints``. Each node event
 asks ``policy.placement.tainted_label`` and applies its answer with the
 resourceVersion it was decided on (a 409: a newer event decides again). Only the
-leader writes.
+leader writes. A new leader missed the events of its predecessor's term: the node
+resync timer (``controllers.operator``, one timer per node for every controller)
+calls ``sync`` too.
+
+Both run on the event loop: the decision is pure and almost always "nothing to do",
+so only a write goes to a thread (kopf would run a plain function in its executor
+for every event and every tick, 5,000 thread hand-offs a resync at 5,000 nodes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -35,24 +42,23 @@ def sync_label(objects: Objects, body: Any) -> bool:
     return True
 
 
+async def sync(objects: Objects, body: Any) -> bool:
+    """``sync_label`` decided on the loop, its write (if any) in a thread."""
+    if tainted_label(body) is None:
+        return False
+    return await asyncio.to_thread(sync_label, objects, body)
+
+
 def register(
     registry: kopf.OperatorRegistry,
     objects: Objects,
     leading: Callable[[], bool],
-    resync_seconds: float,
 ) -> None:
-    # Plain functions: kopf runs them in a thread, so their request blocks no handler.
     @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
-    def node_taints(body: kopf.Body, **kwargs: Any) -> None:
+    async def node_taints(body: kopf.Body, **kwargs: Any) -> None:
         if kwargs.get("type") == "DELETED" or not leading():
             return
-        sync_label(objects, body)
-
-    # A new leader missed the events of its predecessor's term: the resync catches up.
-    @kopf.timer(GROUP, VERSION, "sandboxnodes", interval=resync_seconds, registry=registry)
-    def node_taints_resync(body: kopf.Body, **_: Any) -> None:
-        if leading():
-            sync_label(objects, body)
+        await sync(objects, body)
 
 
-__all__ = ["register", "sync_label"]
+__all__ = ["register", "sync", "sync_label"]
