@@ -36,6 +36,7 @@ from sandlot.api.sandbox import REASON_NODE_LOST
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.marking import Marker, NotLeader
 from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.controllers.noderead import NodeRead, node_tracking
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
@@ -66,25 +67,6 @@ GUARDED_KINDS = frozenset({DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED, Deci
 def _resource_version(body: Mapping[str, Any]) -> str | None:
     rv = (body.get("metadata") or {}).get("resourceVersion")
     return str(rv) if rv is not None else None
-
-
-def _tracking(body: Mapping[str, Any]) -> NodeHealthTracking:
-    return NodeHealthTracking.model_validate((body.get("status") or {}).get("health") or {})
-
-
-def _unschedulable(body: Mapping[str, Any]) -> bool:
-    return bool((body.get("spec") or {}).get("unschedulable", False))
-
-
-def _node_view(body: Mapping[str, Any], first_seen: datetime) -> NodeView:
-    status = body.get("status") or {}
-    return NodeView(
-        name=body["metadata"]["name"],
-        unschedulable=_unschedulable(body),
-        first_seen=first_seen,
-        phase=status.get("phase"),
-        conditions=parse_conditions(status.get("conditions")),
-    )
 
 
 class NodeHealthController:
@@ -127,6 +109,7 @@ class NodeHealthController:
         )
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.tracking: dict[str, NodeHealthTracking] = {}
+        self.reads: dict[str, NodeRead] = {}
         self.queue = WorkQueue(
             "node",
             self.reconcile,
@@ -152,6 +135,7 @@ class NodeHealthController:
         if event_type == "DELETED":
             self.nodes.pop(name, None)
             self.tracking.pop(name, None)
+            self.reads.pop(name, None)
             self.liveness.forget(name)
             self._echo.pop(name, None)
             self._fleet = None
@@ -173,7 +157,8 @@ class NodeHealthController:
 
     def _keep(self, name: str, body: Mapping[str, Any]) -> None:
         self.nodes[name] = body
-        self.tracking[name] = _tracking(body)
+        self.tracking[name] = node_tracking(body)
+        self.reads[name] = NodeRead.of(body)
 
     def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
         """A Lease watch event (watch thread). Only a renewal that revives a node
@@ -226,9 +211,9 @@ class NodeHealthController:
             return self._fleet[1]
         members = []
         counts = dict.fromkeys(NodePhase, 0)
-        for name, body in self.nodes.items():
+        for name, read in self.reads.items():
             tracking = self.tracking[name]
-            phase = self.liveness.phase(name, _unschedulable(body), tracking, now)
+            phase = self.liveness.phase(name, read.unschedulable, tracking, now)
             counts[phase] += 1
             members.append(FleetMember(phase, tracking.handled_at))
         for phase, n in counts.items():
@@ -247,7 +232,7 @@ class NodeHealthController:
         now = self.clock()
         tracking = self.tracking[name]
         renewal = self.liveness.renewal(name, tracking)
-        view = _node_view(body, self.liveness.first_seen(name))
+        view = self.reads[name].view(self.liveness.first_seen(name))
         fleet = self.fleet(now, FLEET_REUSE_ROUTINE)
         decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy)
         if decision.kind in GUARDED_KINDS or decision.guard_active or self._hold_reported:
@@ -308,7 +293,7 @@ class NodeHealthController:
 
     async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
         """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""
-        decision = decide_deleted(_tracking(body))
+        decision = decide_deleted(node_tracking(body))
         now = self.clock()
         result = await self._mark_all(name, decision, now)
         if not result.complete:
