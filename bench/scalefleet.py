@@ -175,6 +175,17 @@ def run_agents(argv: list[str]) -> int:
     return 0
 
 
+def spawn(mode: str, *args: str) -> subprocess.Popen[str]:
+    """This module run as a process of its own in ``mode``, talking over its stdin/stdout."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.scalefleet", mode, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+
+
 class Agents:
     """The ``agents`` process, driven from the bench."""
 
@@ -182,16 +193,9 @@ class Agents:
                  every: float, duration: int) -> None:  # fmt: skip
         listing = work / "agent-nodes.txt"
         listing.write_text("\n".join(nodes))
-        argv = [sys.executable, "-m", "bench.scalefleet", "agents", "--kubeconfig", kubeconfig,
-                "--namespace", namespace, "--every", str(every), "--duration", str(duration),
-                "--nodes", str(listing)]  # fmt: skip
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        self.proc = spawn("agents", "--kubeconfig", kubeconfig, "--namespace", namespace,
+                          "--every", str(every), "--duration", str(duration),
+                          "--nodes", str(listing))  # fmt: skip
         self.answer()
 
     def answer(self) -> dict[str, Any]:
@@ -660,15 +664,7 @@ class LeaseReader:
     operator's CPU for reading the same renewals."""
 
     def __init__(self, kubeconfig: str, namespace: str) -> None:
-        argv = [sys.executable, "-m", "bench.scalefleet", "leasereader", "--kubeconfig",
-                kubeconfig, "--namespace", namespace]  # fmt: skip
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        self.proc = spawn("leasereader", "--kubeconfig", kubeconfig, "--namespace", namespace)
         assert self.proc.stdout is not None
         if not self.proc.stdout.readline():
             raise RuntimeError(f"the lease reader ended ({self.proc.poll()})")
