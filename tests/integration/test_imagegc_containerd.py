@@ -107,8 +107,11 @@ class ImageSizedDisk:
 
 def run_containers(rt: ContainerdRuntime, images: list[str]) -> list[str]:
     ids = []
+    # Unique per call: the cgroup path is /sandlot/<hostname>, one per host, and the
+    # same test runs beside itself against another containerd version.
+    run = uuid.uuid4().hex[:6]
     for i, image in enumerate(images):
-        cid = f"gc-user-{i}"
+        cid = f"gc-user-{run}-{i}"
         spec = default_spec(SLEEPER, [], "/", host_network=True, hostname=cid)
         rt.create_container(ContainerSpec(id=cid, image=image, oci_spec=spec), timeout=10)
         rt.start_task(cid, log_path="", timeout=10)
