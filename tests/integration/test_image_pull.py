@@ -77,7 +77,9 @@ def _pull(
 def _run(runtime: ContainerdRuntime, image: str, tmp_path: Path) -> str:
     """Create and start a container from ``image``; its output once it exited."""
     container_id = f"pulled-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(["sh", "-c", "cat /hello"], [], "/", host_network=False, hostname="p")
+    spec = default_spec(
+        ["sh", "-c", "cat /hello"], [], "/", host_network=False, hostname=container_id
+    )
     log_path = tmp_path / f"{container_id}.log"
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10)
     try:
