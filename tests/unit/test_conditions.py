@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodePhase
@@ -122,3 +124,39 @@ def test_ready_conditions_unchanged_is_none() -> None:
     current = ready_conditions(NodePhase.READY, (), NOW)
     assert current is not None
     assert ready_conditions(NodePhase.READY, current, NOW + timedelta(hours=1)) is None
+
+
+def _fresh(phase: NodePhase) -> Condition:
+    """The Ready condition ``phase`` calls for, as first written."""
+    (ready,) = ready_conditions(phase, (), NOW) or ()
+    return ready
+
+
+_PHASES = [p for p in NodePhase if ready_conditions(p, (), NOW)]
+_times = st.one_of(st.none(), st.sampled_from([EARLIER, NOW - timedelta(minutes=5)]))
+_stored_ready = st.builds(
+    Condition,
+    type=st.just("Ready"),
+    status=st.sampled_from(["True", "False", "Unknown"]),
+    reason=st.sampled_from(["LeaseRenewed", "LeaseExpired", "Drained", "NeverRenewed", "Other"]),
+    message=st.one_of(st.sampled_from([_fresh(p).message for p in _PHASES]), st.text(max_size=5)),
+    last_transition_time=_times,
+    observed_generation=st.one_of(st.none(), st.integers(min_value=1, max_value=3)),
+)
+
+
+@given(
+    phase=st.sampled_from(_PHASES),
+    ready=st.one_of(st.none(), _stored_ready),
+    other_first=st.booleans(),
+)
+def test_ready_conditions_answer_what_set_condition_would(
+    phase: NodePhase, ready: Condition | None, other_first: bool
+) -> None:
+    """The routine pass skips building the merged conditions when nothing would change:
+    for any stored Ready condition the answer is the one ``set_condition`` gives."""
+    current = tuple(c for c in ((OTHER, ready) if other_first else (ready, OTHER)) if c)
+    want = _fresh(phase)
+    new = Condition(type="Ready", status=want.status, reason=want.reason, message=want.message)
+    merged = set_condition(current, new, NOW)
+    assert ready_conditions(phase, current, NOW) == (None if merged == current else merged)

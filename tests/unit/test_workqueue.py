@@ -441,3 +441,70 @@ def test_workers_never_reconcile_one_key_twice_at_once() -> None:
 
     overlap, calls = run(scenario())  # type: ignore[misc]
     assert (overlap, calls) == (1, 2)
+
+
+def test_a_key_wakes_one_idle_worker_not_every_one() -> None:
+    async def scenario() -> tuple[int, list[str]]:
+        seen: list[str] = []
+        ran = asyncio.Event()
+
+        async def reconcile(key: str) -> float | None:
+            seen.append(key)
+            ran.set()
+            return None
+
+        q = make(reconcile, FakeClock())
+        runner = asyncio.create_task(q.run(workers=16))
+        for _ in range(3):  # every worker starts and waits: nothing is queued
+            await asyncio.sleep(0)
+        try:
+            for key in ("a", "b", "c", "d"):
+                ran.clear()
+                q.add(key)
+                await asyncio.wait_for(ran.wait(), timeout=5)
+                for _ in range(3):  # let any other woken worker run and wait again
+                    await asyncio.sleep(0)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        return q.wakeups, seen
+
+    wakeups, seen = run(scenario())  # type: ignore[misc]
+    assert seen == ["a", "b", "c", "d"]
+    assert wakeups == 4, f"{wakeups} worker wake-ups for 4 keys added one at a time"
+
+
+def test_a_running_queue_reconciles_a_key_at_its_deadline_once() -> None:
+    clock = FakeClock()
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+        ran = asyncio.Event()
+
+        async def reconcile(key: str) -> float | None:
+            seen.append(key)
+            ran.set()
+            return None
+
+        q = make(reconcile, clock)
+        runner = asyncio.create_task(q.run(workers=4))
+        await asyncio.sleep(0)
+        q.add_after("late", 0.2)
+        q.add_after("soon", 0.05)  # earlier: the queue's timer is moved up for it
+        try:
+            await asyncio.sleep(0.01)
+            assert seen == [], "nothing is due before its deadline"
+            clock.advance(0.05)
+            await asyncio.wait_for(ran.wait(), timeout=5)
+            assert seen == ["soon"]
+            ran.clear()
+            clock.advance(0.15)
+            await asyncio.wait_for(ran.wait(), timeout=5)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
+        return seen
+
+    assert run(scenario()) == ["soon", "late"]

@@ -149,7 +149,10 @@ class LivenessView:
 
     def first_seen(self, name: str) -> datetime:
         with self._lock:
-            return self._first_seen.setdefault(name, self.clock())
+            seen = self._first_seen.get(name)
+            if seen is None:
+                seen = self._first_seen[name] = self.clock()
+            return seen
 
     def phase(
         self, name: str, unschedulable: bool, tracking: NodeHealthTracking, now: datetime

@@ -21,9 +21,11 @@ queue owns everything around that, so no controller repeats it:
 - watch threads hand work over with ``add_threadsafe`` / ``call_threadsafe``.
 
 Time comes from an injected ``clock`` (monotonic seconds). Deadlines wait in a
-heap ordered by due time; the runner sleeps until the first one or until an
-``add`` wakes it. Tests drive the same code with a fake clock: advance it, then
-``await run_until_idle()``.
+heap ordered by due time, behind one loop timer armed for the first of them.
+Idle workers wait each on its own future, and a key made ready wakes one of
+them: a queue with 16 workers costs one wake-up per key, not 16 (each of which
+also armed and cancelled a timer of its own). Tests drive the same code with a
+fake clock: advance it, then ``await run_until_idle()``.
 """
 
 from __future__ import annotations
@@ -80,8 +82,12 @@ class WorkQueue:
         self._seq = itertools.count()
         self._failures: dict[str, int] = {}
         self._holds: dict[str, dict[int, float]] = {}  # key -> {hold: its limit}
-        self._wake = asyncio.Event()
+        self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting for a key
+        self._timer: asyncio.TimerHandle | None = None  # armed for the first deadline
+        self._timer_at: float | None = None
+        self._running = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.wakeups = 0  # idle workers woken (one per key made ready while they wait)
 
     # -- adding work ---------------------------------------------------------------
 
@@ -96,7 +102,16 @@ class WorkQueue:
         """Queued ``key`` may start now, unless it runs or is held (they requeue it)."""
         if key not in self._processing and key not in self._holds:
             self._ready.append(key)
-            self._wake.set()
+            self._wake_one()
+
+    def _wake_one(self) -> None:
+        """Hand the news of a ready key to one idle worker (a busy one finds it when
+        its run ends: a worker looks for work before it waits)."""
+        while self._idle:
+            waiter = self._idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def add_all(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -113,7 +128,7 @@ class WorkQueue:
             return
         self._due[key] = due
         heapq.heappush(self._heap, (due, next(self._seq), key))
-        self._wake.set()
+        self._arm(due)
 
     def forget(self, key: str) -> None:
         """The key's object is gone: drop its pending deadline and its backoff."""
@@ -130,8 +145,9 @@ class WorkQueue:
         back-to-back holds never starve it.
         """
         hold = next(self._seq)
-        self._holds.setdefault(key, {})[hold] = self.clock() + limit
-        self._wake.set()  # the runner's next wake-up includes the limit
+        until = self.clock() + limit
+        self._holds.setdefault(key, {})[hold] = until
+        self._arm(until)  # the queue wakes at the limit
         try:
             yield
         finally:
@@ -213,6 +229,26 @@ class WorkQueue:
         self._processing.add(key)
         return key
 
+    # -- the timer -------------------------------------------------------------------
+
+    def _arm(self, at: float) -> None:
+        """Make sure the running queue wakes by ``at`` (clock seconds)."""
+        if self._running and (self._timer_at is None or at < self._timer_at):
+            self._set_timer(at)
+
+    def _set_timer(self, at: float | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, at
+        if at is not None and self._loop is not None:
+            self._timer = self._loop.call_later(max(at - self.clock(), 0.0), self._on_timer)
+
+    def _on_timer(self) -> None:
+        """A deadline or a hold's limit is due: its keys become ready (each wakes a
+        worker), and the timer is armed again for the next one."""
+        self._timer, self._timer_at = None, None
+        self._set_timer(self._promote_due())
+
     async def _process(self, key: str) -> None:
         started: float | None = None
         try:
@@ -255,12 +291,16 @@ class WorkQueue:
     async def run(self, workers: int = 1) -> None:
         """Reconcile forever, ``workers`` keys at a time (never one key twice at once)."""
         self.bind_loop(asyncio.get_running_loop())
+        self._running = True
+        self._on_timer()  # what came due before the run, and the first deadline's timer
         tasks = [
             asyncio.create_task(self._worker(), name=f"{self.name}-{i}") for i in range(workers)
         ]
         try:
             await asyncio.gather(*tasks)
         finally:
+            self._running = False
+            self._set_timer(None)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -268,17 +308,11 @@ class WorkQueue:
     async def _worker(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            next_due = self._promote_due()
             key = self._take()
             if key is not None:
                 await self._process(key)
                 continue
-            self._wake.clear()
-            timer = None
-            if next_due is not None:
-                timer = loop.call_later(max(next_due - self.clock(), 0.0), self._wake.set)
-            try:
-                await self._wake.wait()
-            finally:
-                if timer is not None:
-                    timer.cancel()
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._idle.append(waiter)  # a cancelled waiter is skipped by ``_wake_one``
+            await waiter
+            self.wakeups += 1

@@ -404,6 +404,13 @@ def ready_conditions(
 ) -> tuple[Condition, ...] | None:
     """The conditions with ``Ready`` matching ``phase``; None when already so."""
     status, reason, message = _READY[phase]
+    held = find_condition(current, "Ready")
+    if (
+        held is not None
+        and (held.status, held.reason, held.message) == (status, reason, message)
+        and held.last_transition_time is not None
+    ):
+        return None  # what set_condition would keep as it is (every routine pass)
     ready = Condition(type="Ready", status=status, reason=reason, message=message)
     updated = set_condition(current, ready, now)
     return None if updated == current else updated
