@@ -49,6 +49,7 @@ from sandlot.policy.nodehealth import (
     decide,
     decide_deleted,
     ready_conditions,
+    ready_until,
 )
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class NodeHealthController:
         self.nodes: dict[str, Mapping[str, Any]] = {}
         self.tracking: dict[str, NodeHealthTracking] = {}
         self.reads: dict[str, NodeRead] = {}
+        # node -> the stored status (its NodeRead) its last full pass found READY with
+        # nothing to write: until its lease ends, a wake-up needs no full pass (see
+        # ``policy.nodehealth.ready_until``). A new body is a new NodeRead.
+        self._steady: dict[str, NodeRead] = {}
         self.queue = WorkQueue(
             "node",
             self.reconcile,
@@ -136,6 +141,7 @@ class NodeHealthController:
             self.nodes.pop(name, None)
             self.tracking.pop(name, None)
             self.reads.pop(name, None)
+            self._steady.pop(name, None)
             self.liveness.forget(name)
             self._echo.pop(name, None)
             self._fleet = None
@@ -189,9 +195,12 @@ class NodeHealthController:
         self.enqueue_all()
 
     def enqueue(self, name: str) -> None:
+        """A full pass over ``name`` (the resync timer's): nothing is taken as steady."""
+        self._steady.pop(name, None)
         self.queue.add(name)
 
     def enqueue_all(self) -> None:
+        self._steady.clear()
         self.queue.add_all(list(self.nodes))
 
     async def run(self) -> None:
@@ -232,7 +241,13 @@ class NodeHealthController:
         now = self.clock()
         tracking = self.tracking[name]
         renewal = self.liveness.renewal(name, tracking)
-        view = self.reads[name].view(self.liveness.first_seen(name))
+        read = self.reads[name]
+        view = read.view(self.liveness.first_seen(name))
+        if self._steady.get(name) is read and not self._hold_reported:
+            until = ready_until(view, renewal, now, self.policy.unseen_lease_duration)
+            if until is not None:
+                return (until - now).total_seconds()  # the same CLEAR, nothing to write
+        self._steady.pop(name, None)
         fleet = self.fleet(now, FLEET_REUSE_ROUTINE)
         decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy)
         if decision.kind in GUARDED_KINDS or decision.guard_active or self._hold_reported:
@@ -268,6 +283,8 @@ class NodeHealthController:
         patch = self._with_ready(patch, decision, view, now)
         if patch is not None and not await self._write(name, patch):
             return None
+        if decision.kind is DecisionKind.CLEAR and patch is None:
+            self._steady[name] = read
         self._events(decision, body)
         return earliest(retry, self._next_wake(name, decision, tracking, now))
 

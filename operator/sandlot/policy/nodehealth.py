@@ -320,6 +320,25 @@ def decide(
     return make(DecisionKind.REAP, episode, reason=REASON_NODE_LOST, deadline=deadline)
 
 
+def ready_until(
+    node: NodeView, renewal: ObservedRenewal | None, now: datetime, unseen_duration: timedelta
+) -> datetime | None:
+    """Until when ``node`` stays READY on ``renewal``; None when it is not READY at ``now``.
+
+    While a node is READY, ``decide`` answers CLEAR with a patch that depends only on
+    the stored status (phase, tracking, conditions), never on the renewal or the
+    time. So once a pass over one stored status decided CLEAR and had nothing to
+    write, every later pass over that same status decides the same until this moment:
+    a routine wake-up at a lease's old expiry, the lease renewed since, needs only it.
+    """
+    _require_aware("now", now)
+    if observed_phase(node.unschedulable, renewal, node.first_seen, unseen_duration, now) is not (
+        NodePhase.READY
+    ):
+        return None
+    return lease_expiry(renewal, node.first_seen, unseen_duration)
+
+
 def decide_deleted(tracking: HealthTracking | None = None) -> Decision:
     """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted).
 
