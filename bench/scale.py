@@ -47,6 +47,7 @@ from kubernetes import client
 from tests.support.kube import start_private_plane
 from tests.support.operator import OperatorProcess
 
+from bench.kopffloor import TimerFloor
 from bench.nodehealth import cpu_seconds, rss_kb, settle
 from bench.scalefleet import (
     Agents,
@@ -263,12 +264,16 @@ class Scale:
         per_node = (f["rss_nodes_kb"] - f["rss_empty_kb"]) / self.n
         per_sb = (rss - f["rss_nodes_kb"]) / self.m
         f.update(per_node_kb=per_node, per_sandbox_kb=per_sb)
-        # The floor beside it: a bare reader of the same Lease watch, same library.
+        # The floors beside it: kopf alone ticking the same timers (started first: its
+        # start-up burst must be over), and a bare reader of the same Lease watch.
+        timers = TimerFloor(self.kubeconfig, self.resync, self.n, timeout=600)
+        settle(timers.proc.pid, timeout=600)
         reader = LeaseReader(self.kubeconfig, LEASE_NS)
         try:
             assert self.agents is not None
             renewed0 = self.agents.command("count")["renewals"]
             floor0 = cpu_seconds(reader.proc.pid)
+            kopf0 = cpu_seconds(timers.proc.pid)
             passes0, spent0 = op.metric(PASSES), op.metric(PASS_SECONDS)
             threads0 = thread_cpu(pid)
             cpu0, t0, w0 = cpu_seconds(pid), time.monotonic(), time.time()
@@ -277,9 +282,11 @@ class Scale:
             threads1 = thread_cpu(pid)
             passes, spent = op.metric(PASSES) - passes0, op.metric(PASS_SECONDS) - spent0
             floor1 = cpu_seconds(reader.proc.pid)
+            kopf1 = cpu_seconds(timers.proc.pid)
             renewed = self.agents.command("count")["renewals"] - renewed0
         finally:
             read = reader.stop()
+            ticked = timers.stop()
         time.sleep(2)  # the audit log is written in batches, a second apart
         window = t1 - t0
         seen = self.requests.read(w0, w1)
@@ -291,10 +298,12 @@ class Scale:
         per_1000 = per_s / (self.n / 1000)
         idle = (cpu1 - cpu0) / window
         floor = (floor1 - floor0) / window
+        kopf_floor = (kopf1 - kopf0) / window
         if renewed <= 0 or read <= 0:
             raise RuntimeError(f"no renewals in the idle window ({renewed} made, {read} read)")
         f.update(idle_cpu=idle, rest_rps=per_s, rest_rps_per_1000_nodes=per_1000,
-                 idle_floor_cpu=floor, renewals_per_s=renewed / window,
+                 idle_floor_cpu=floor, idle_kopf_floor_cpu=kopf_floor,
+                 renewals_per_s=renewed / window,
                  timers_per_s=self.n / self.resync)  # fmt: skip
         self.row("steady RSS per sandbox (KB)", per_sb, "< 3", per_sb < 3,
                  f"RSS {f['rss_empty_kb'] / 1024:.0f} MiB empty, {f['rss_nodes_kb'] / 1024:.0f} "
@@ -306,6 +315,12 @@ class Scale:
                  f"{renewed / window:.0f} Lease renewals/s and {self.n / self.resync:.0f} "
                  f"node timers/s; a bare reader of the same Lease watch: {floor:.3f} cores "
                  f"({read} events)")  # fmt: skip
+        both = floor + kopf_floor
+        self.row("idle CPU floor: Lease reader + kopf timers (cores)", both, "report", True,
+                 f"{floor:.4f} + {kopf_floor:.4f}: the bare reader, and kopf alone ticking "
+                 f"the same {self.n} timers every {self.resync:g}s ({ticked} ticks in all) "
+                 f"with a handler that does nothing; the operator is {idle - both:.4f} "
+                 f"cores above it")  # fmt: skip
         loop_cpu = (threads1.get(pid, 0.0) - threads0.get(pid, 0.0)) / window
         f.update(idle_loop_cpu=loop_cpu, passes_per_s=passes / window)
         self.row("idle CPU of the event loop's thread (cores)", loop_cpu, "report", True,
