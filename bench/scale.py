@@ -70,7 +70,7 @@ NS = "scale"
 LEASE_NS = "sandlot-system"
 GRACE = 5.0
 RESYNC = 30.0  # the chart's default resync interval
-TIMERS_PER_S = 20.0  # node timers a second at most: the interval grows past 600 nodes
+TIMERS_PER_S = 10.0  # node timers a second at most, as docs/capacity.md advises (past 300 nodes)
 MARK_CONCURRENCY = 16
 FIRST_DECISION = PASSES = "sandlot_operator_node_reconcile_duration_seconds_count"
 PASS_SECONDS = "sandlot_operator_node_reconcile_duration_seconds_sum"
