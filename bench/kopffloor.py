@@ -33,11 +33,7 @@ import kopf
 
 from sandlot.adapters.kube import connection_params, load_api_client
 from sandlot.api import GROUP, VERSION
-from sandlot.api.keys import (
-    KOPF_ANNOTATION_PREFIX,
-    LAST_HANDLED_CONFIGURATION_KEY,
-    NODE_HEALTH_FINALIZER,
-)
+from sandlot.controllers.operator import register_kopf
 
 
 def registry_for(
@@ -46,26 +42,7 @@ def registry_for(
     registry = kopf.OperatorRegistry()
     ticks = {"ticks": 0}
 
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        # As sandlot.controllers.operator configures it.
-        settings.peering.standalone = True
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix=KOPF_ANNOTATION_PREFIX
-        )
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
-        )
-        settings.persistence.finalizer = NODE_HEALTH_FINALIZER
-        settings.posting.level = logging.WARNING
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-        settings.watching.server_timeout = 300
-        settings.watching.chunk_size = 500
-        settings.queueing.idle_timeout = 0.1
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(**connection)
+    register_kopf(registry, connection)
 
     @kopf.timer(GROUP, VERSION, "sandboxnodes", interval=interval, registry=registry)
     async def resync(name: str, body: kopf.Body, **_: Any) -> None:

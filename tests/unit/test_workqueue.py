@@ -28,6 +28,19 @@ class Recorder:
         return answer
 
 
+class Signalling:
+    """A reconcile that records each key and sets ``ran`` (a test awaits it)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self.ran = asyncio.Event()
+
+    async def __call__(self, key: str) -> float | None:
+        self.seen.append(key)
+        self.ran.set()
+        return None
+
+
 def make(
     reconcile: Callable[[str], object],
     clock: FakeClock,
@@ -238,14 +251,8 @@ def test_a_running_queue_wakes_at_a_hold_limit() -> None:
     clock = FakeClock()
 
     async def scenario() -> list[str]:
-        seen: list[str] = []
-        done = asyncio.Event()
-
-        async def reconcile(key: str) -> float | None:
-            seen.append(key)
-            done.set()
-            return None
-
+        reconcile = Signalling()
+        seen, done = reconcile.seen, reconcile.ran
         q = make(reconcile, clock)
         runner = asyncio.create_task(q.run())
         for _ in range(3):  # the runner starts and waits: nothing is due
@@ -445,14 +452,8 @@ def test_workers_never_reconcile_one_key_twice_at_once() -> None:
 
 def test_a_key_wakes_one_idle_worker_not_every_one() -> None:
     async def scenario() -> tuple[int, list[str]]:
-        seen: list[str] = []
-        ran = asyncio.Event()
-
-        async def reconcile(key: str) -> float | None:
-            seen.append(key)
-            ran.set()
-            return None
-
+        reconcile = Signalling()
+        seen, ran = reconcile.seen, reconcile.ran
         q = make(reconcile, FakeClock())
         runner = asyncio.create_task(q.run(workers=16))
         for _ in range(3):  # every worker starts and waits: nothing is queued
@@ -478,14 +479,8 @@ def test_a_running_queue_reconciles_a_key_at_its_deadline_once() -> None:
     clock = FakeClock()
 
     async def scenario() -> list[str]:
-        seen: list[str] = []
-        ran = asyncio.Event()
-
-        async def reconcile(key: str) -> float | None:
-            seen.append(key)
-            ran.set()
-            return None
-
+        reconcile = Signalling()
+        seen, ran = reconcile.seen, reconcile.ran
         q = make(reconcile, clock)
         runner = asyncio.create_task(q.run(workers=4))
         await asyncio.sleep(0)

@@ -99,6 +99,43 @@ def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str
     return post
 
 
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf as sandlot runs it (also what ``bench/kopffloor.py`` measures kopf alone with)."""
+    settings.peering.standalone = True
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=KOPF_ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
+    )
+    settings.persistence.finalizer = NODE_HEALTH_FINALIZER
+    settings.posting.level = logging.WARNING
+    # kopf logs every handler run at INFO: one line per watch event of every
+    # sandbox would cost more than the handlers themselves.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    # kopf lists a kind in one response by default: at start-up every existing
+    # sandbox's body is held at once, as text and parsed, beside the worker kopf
+    # starts per object and keeps until its events have stopped for 5 s. Listing
+    # in pages, and letting a worker go once its queue is empty (every handler of
+    # ours is an event handler, done at once), bounds the start-up peak by a page.
+    settings.watching.chunk_size = LIST_PAGE
+    settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
+
+
+def register_kopf(registry: kopf.OperatorRegistry, connection: dict[str, Any]) -> None:
+    """kopf's settings as sandlot runs it, and its login as our own client's user."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(**connection)
+
+
 def build_registry(
     connection: dict[str, Any],
     settings: OperatorSettings,
@@ -113,33 +150,7 @@ def build_registry(
     def leading() -> bool:
         return elector is None or elector.leading()
 
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.standalone = True
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-            prefix=KOPF_ANNOTATION_PREFIX
-        )
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-            prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
-        )
-        settings.persistence.finalizer = NODE_HEALTH_FINALIZER
-        settings.posting.level = logging.WARNING
-        # kopf logs every handler run at INFO: one line per watch event of every
-        # sandbox would cost more than the handlers themselves.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-        settings.watching.server_timeout = 300
-        settings.networking.request_timeout = 60
-        # kopf lists a kind in one response by default: at start-up every existing
-        # sandbox's body is held at once, as text and parsed, beside the worker kopf
-        # starts per object and keeps until its events have stopped for 5 s. Listing
-        # in pages, and letting a worker go once its queue is empty (every handler of
-        # ours is an event handler, done at once), bounds the start-up peak by a page.
-        settings.watching.chunk_size = LIST_PAGE
-        settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(**connection)
+    register_kopf(registry, connection)
 
     # Both handlers are coroutines on purpose: kopf runs a plain function in a
     # thread, where ``on_node`` would change the node cache while a pass on the
