@@ -8,6 +8,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from sandlot.adapters.objects import Objects
 from sandlot.api import GROUP, VERSION
 
 pytestmark = pytest.mark.integration
@@ -156,6 +157,24 @@ def test_field_selector_on_node_name_filters_server_side(objs, namespace, kubect
             GROUP, VERSION, namespace, "sandboxes", field_selector="spec.image=x"
         )
     assert err.value.status == 400
+
+
+def test_a_nodes_sandboxes_come_in_pages_selected_by_the_server(kube, objs, namespace):
+    node, other = f"pages-{namespace}", f"other-{namespace}"
+    mine = {f"s{i}" for i in range(5)}
+    for name in sorted(mine):
+        create(objs, namespace, sandbox(name, nodeName=node))
+    create(objs, namespace, sandbox("elsewhere", nodeName=other))
+
+    pages, token = [], None
+    for _ in range(len(mine) + 1):  # bounded: one more request than sandboxes
+        page, token = Objects(kube).node_sandboxes_page(node, 2, token)
+        pages.append(sorted(i["metadata"]["name"] for i in page))
+        if token is None:
+            break
+    assert token is None, f"still paging after {len(pages)} pages: {pages}"
+    assert [len(p) for p in pages] == [2, 2, 1]
+    assert {name for p in pages for name in p} == mine
 
 
 @pytest.mark.parametrize("terminal", ["Dead", "Stopped", "Failed"])

@@ -41,7 +41,9 @@ class ListingBarrier(Objects):
         self.broken: list[str] = []
         self._lock = threading.Lock()
 
-    def list_node_sandboxes(self, node: str) -> list[dict[str, Any]]:
+    def node_sandboxes_page(
+        self, node: str, limit: int, token: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
         with self._lock:
             first = node not in self.met and node not in self.broken
         if first:
@@ -52,7 +54,7 @@ class ListingBarrier(Objects):
             except threading.BrokenBarrierError:
                 with self._lock:
                     self.broken.append(node)
-        return super().list_node_sandboxes(node)
+        return super().node_sandboxes_page(node, limit, token)
 
 
 def test_nodes_lost_at_once_are_marked_in_parallel(kube: client.ApiClient, fleet: Fleet) -> None:

@@ -40,9 +40,10 @@ def test_drain_moves_members_off_the_node_and_none_goes_dead(
     assert len(on_a) == 2
 
     assert cluster.sandlot("drain", a.name, "--timeout", "60s") == 0
+    # Whether a progress line comes first is a race between the CLI's first listing
+    # and the agent stopping its members (the next test shows the line itself).
     out = capsys.readouterr().out
-    assert f"sandboxes still on {a.name}" in out, out
-    assert f"node {a.name} drained" in out
+    assert f"node {a.name} drained" in out, out
 
     members = {m["metadata"]["name"]: m for m in cluster.members("api")}
     for name in on_a:

@@ -47,7 +47,8 @@ class FakeObjects:
         self.writes: list[tuple[str, str]] = []  # (verb, key), in order
         self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
         self.before_write: Callable[[str, str], None] | None = None
-        self.on_list: Callable[[str], None] | None = None
+        self.on_list: Callable[[str], None] | None = None  # each listing, each page
+        self.pages: list[tuple[str, int]] = []  # (node, items) per page listed
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
         self._names = itertools.count(1)
@@ -138,6 +139,25 @@ class FakeObjects:
                 for b in self.sandboxes.values()
                 if b["spec"].get("nodeName") == node
             ]
+
+    def node_sandboxes_page(
+        self, node: str, limit: int, token: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """Pages in name order; the token is the last name of the page before."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if self.on_list is not None:
+            self.on_list(node)
+        with self._lock:
+            keys = sorted(
+                k
+                for k, b in self.sandboxes.items()
+                if b["spec"].get("nodeName") == node and (token is None or k > token)
+            )
+            page = keys[:limit]
+            self.pages.append((node, len(page)))
+            more = page[-1] if len(keys) > limit else None
+            return [copy.deepcopy(self.sandboxes[k]) for k in page], more
 
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:

@@ -64,6 +64,18 @@ class Objects:
         )
         return list(out.get("items", []))
 
+    def node_sandboxes_page(
+        self, node: str, limit: int, token: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page of at most ``limit`` of ``node``'s sandboxes, selected by the server
+        (spec.nodeName), after the page ``token`` names; with the next page's token,
+        None after the last page."""
+        extra = {"_continue": token} if token else {}
+        out = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, SANDBOXES, field_selector=f"spec.nodeName={node}", limit=limit, **extra
+        )
+        return list(out.get("items", [])), (out.get("metadata") or {}).get("continue") or None
+
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(
             self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.informer import LeaseInformer
+from sandlot.adapters.informer import LeaseInformer, SandboxInformer
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
     RequestCounter,
@@ -44,6 +44,7 @@ from sandlot.controllers import cacheprune, pullcredentials, taintlabels
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
+from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workloads import Workloads
 
@@ -185,7 +186,6 @@ def build_registry(
             raise kopf.TemporaryError(str(e), delay=2) from e
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
-    pullcredentials.register(registry, nodehealth.objects, leading, settings.namespace)
     taintlabels.register(registry, nodehealth.objects, leading)
     return registry
 
@@ -243,6 +243,7 @@ async def run(
         if leader:
             loop.call_soon_threadsafe(nodehealth.enqueue_all)
             loop.call_soon_threadsafe(workloads.on_leadership, True)
+        loop.call_soon_threadsafe(broker.on_leadership, leader)
 
     # The elector's own client: unfenced (it must write the Lease to lead at all),
     # and every call bounded well below the renew deadline.
@@ -295,6 +296,12 @@ async def run(
         watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
     informer.start()
+    # Every Sandbox through one lean watch of its own, not kopf's per-object
+    # machinery (adapters.informer): the cache, and the pull-secret broker.
+    broker = pullcredentials.PullCredentialBroker(objects, leading, settings.namespace)
+    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
+    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    sandbox_informer.start()
     if elector is not None:
         elector.start()
     else:
@@ -334,7 +341,11 @@ async def run(
             log.warning("writes still in flight at shutdown; the leader Lease is left to expire")
         if elector is not None:
             await asyncio.to_thread(elector.stop, drained)
-        await asyncio.to_thread(informer.stop)
+        feed.close()
+        broker.close()
+        await asyncio.gather(
+            asyncio.to_thread(informer.stop), asyncio.to_thread(sandbox_informer.stop)
+        )
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()

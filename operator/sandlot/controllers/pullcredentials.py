@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
-
-import kopf
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.pullsecrets import (
@@ -25,7 +24,6 @@ from sandlot.adapters.pullsecrets import (
     read_pull_secret,
     write_brokered,
 )
-from sandlot.api.common import GROUP, VERSION
 from sandlot.api.sandbox import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
@@ -60,30 +58,71 @@ def broker_node(objects: Objects, namespace: str, node: str) -> bool:
     return True
 
 
-def register(
-    registry: kopf.OperatorRegistry, objects: Objects, leading: Callable[[], bool], namespace: str
-) -> None:
-    def wants_credentials(body: kopf.Body, **_: Any) -> bool:
+class PullCredentialBroker:
+    """A sandbox-feed listener (on the event loop): a sandbox with pull secrets and a
+    node re-brokers that node, on a thread of its own, so no request blocks the loop.
+
+    Every replica follows the feed; only the leader brokers. The feed lists every
+    sandbox as soon as a replica starts, usually before it leads, so what it saw
+    while standing by is kept (``wanted``) and brokered when it becomes the leader.
+    """
+
+    def __init__(self, objects: Objects, leading: Callable[[], bool], namespace: str) -> None:
+        self.objects = objects
+        self.leading = leading
+        self.namespace = namespace
+        # What each sandbox with pull secrets brings to its node (node, secrets,
+        # terminal); its status writes (progress, phases) change nothing of it.
+        self.wanted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
+        # What this leader brokered for each: the same signature costs no request.
+        self.brought: dict[str, tuple[str, tuple[str, ...], bool]] = {}
+        self._broker = ThreadPoolExecutor(1, thread_name_prefix="pull-credentials")
+
+    def on_sandbox(self, event_type: str, body: Mapping[str, Any]) -> None:
         spec = body.get("spec") or {}
-        return bool(spec.get("imagePullSecrets") and spec.get("nodeName"))
-
-    # What each sandbox last brought to its node: its status writes (progress,
-    # phases) change nothing of it and cost no request here.
-    brought: dict[str, tuple[str, tuple[str, ...], bool]] = {}
-
-    # A plain function: kopf runs it in a thread, so its requests block no handler.
-    @kopf.on.event(GROUP, VERSION, "sandboxes", when=wants_credentials, registry=registry)
-    def sandbox_with_secrets(body: kopf.Body, **kwargs: Any) -> None:
-        uid = str(body["metadata"]["uid"])
-        if kwargs.get("type") == "DELETED":
-            brought.pop(uid, None)
-        node = str(body["spec"]["nodeName"])
-        secrets = tuple(str(r.get("name")) for r in body["spec"]["imagePullSecrets"])
-        signature = (node, secrets, (body.get("status") or {}).get("phase") in TERMINAL_PHASES)
-        if not leading() or brought.get(uid) == signature:
+        if not (spec.get("imagePullSecrets") and spec.get("nodeName")):
             return
-        broker_node(objects, namespace, node)
-        brought[uid] = signature
+        uid = str(body["metadata"]["uid"])
+        node = str(spec["nodeName"])
+        secrets = tuple(str(r.get("name")) for r in spec["imagePullSecrets"])
+        signature = (node, secrets, (body.get("status") or {}).get("phase") in TERMINAL_PHASES)
+        if event_type == "DELETED":
+            self.wanted.pop(uid, None)
+            self.brought.pop(uid, None)
+        else:
+            self.wanted[uid] = signature
+        if not self.leading() or self.brought.get(uid) == signature:
+            return
+        self.brought[uid] = signature  # one request per change, even before it is answered
+        self._broker.submit(self._rebroker, [node], [uid])
+
+    def on_leadership(self, leader: bool) -> None:
+        """On the loop. A new leader brokers every node it saw a sandbox want
+        credentials for; what it brokered as an earlier leader may be stale."""
+        self.brought.clear()
+        if not leader:
+            return
+        nodes = sorted({signature[0] for signature in self.wanted.values()})
+        self.brought.update(self.wanted)
+        if nodes:
+            self._broker.submit(self._rebroker, nodes, list(self.wanted))
+
+    def close(self) -> None:
+        self._broker.shutdown(wait=False, cancel_futures=True)
+
+    def _rebroker(self, nodes: list[str], uids: list[str]) -> None:
+        failed = []
+        for node in nodes:
+            try:
+                broker_node(self.objects, self.namespace, node)
+            except Exception as e:
+                log.warning("pull secrets not brokered to node %s: %s", node, e)
+                failed.append(node)
+        if failed:  # the next event of each of these sandboxes tries again
+            for uid in uids:
+                signature = self.brought.get(uid)
+                if signature is not None and signature[0] in failed:
+                    self.brought.pop(uid, None)
 
 
-__all__ = ["broker_node", "register", "wanted_secrets"]
+__all__ = ["PullCredentialBroker", "broker_node", "wanted_secrets"]

@@ -28,10 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
-
 from sandlot.adapters.objects import parse_time
-from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
@@ -199,7 +196,7 @@ class SandboxCache:
     # -- feeding ------------------------------------------------------------------
 
     def on_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """A watch event (kopf passes None as the type for the initial listing)."""
+        """A watch event, or SYNC for an object of a list."""
         if event_type == "DELETED":
             meta = body["metadata"]
             key = f"{meta['namespace']}/{meta['name']}"
@@ -223,6 +220,14 @@ class SandboxCache:
             new,
             judge_event(self._awaited.get(new.key), new.resource_version, held, self._clock()),
         )
+
+    def retain(self, keys: set[str]) -> None:
+        """A complete list held exactly ``keys``: drop every other record (deleted
+        while the watch was away, so no DELETED event came), but not one this
+        operator just wrote that the watch has yet to deliver (created after the
+        list was taken)."""
+        for key in [k for k in self.records if k not in keys and k not in self._awaited]:
+            self._remove(key, None)
 
     def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
         """Take the API server's answer about a sandbox (a write's result or a read),
@@ -331,15 +336,3 @@ class SandboxCache:
                 listener(old, new)
             except Exception:
                 log.exception("sandbox cache listener failed")
-
-
-def register(registry: kopf.OperatorRegistry, cache: SandboxCache) -> None:
-    """One watch of every Sandbox feeds the cache; the controllers listen to it.
-
-    ``on.event`` observes without writing anything to the objects (no annotations,
-    no finalizers), which matters at 10,000 sandboxes.
-    """
-
-    @kopf.on.event(GROUP, VERSION, "sandboxes", registry=registry)
-    async def sandbox_event(body: kopf.Body, **kwargs: Any) -> None:
-        cache.on_event(kwargs.get("type"), body)

@@ -20,7 +20,6 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
-from sandlot.controllers import sandboxes as sandboxes_module
 from sandlot.controllers import scheduler as scheduler_module
 from sandlot.controllers.claims import ClaimController
 from sandlot.controllers.lifetimes import LifetimeController
@@ -71,7 +70,6 @@ class Workloads:
         return cls(cache, scheduler, pools, lifetimes, claims)
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
-        sandboxes_module.register(registry, self.cache)
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
         claims_module.register(registry, self.claims)

@@ -1,0 +1,98 @@
+"""Marking a node's sandboxes page by page: each page's marks go out while the next
+page is listed, and a listing that stops part-way leaves the latch unset."""
+
+from __future__ import annotations
+
+import threading
+
+from kubernetes.client.rest import ApiException
+
+from sandlot.controllers.marking import MAX_PAGE
+from tests.unit.test_nodehealth_controller import GRACE, World, lost
+
+WAIT = 10.0  # seconds a listing waits for a mark from the page before it
+
+
+def test_a_node_larger_than_a_page_is_listed_in_growing_pages_and_marked_whole() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 100)
+    lost(w)
+    w.clock.advance(GRACE)
+    w.step()
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
+    assert w.health("n1")["handledCount"] == 100
+    first = 2 * w.ctl.settings.mark_concurrency
+    assert w.objects.pages == [("n1", first), ("n1", 2 * first), ("n1", 100 - 3 * first)]
+    assert 2 * first <= MAX_PAGE
+
+
+def test_the_first_pages_marks_are_written_before_the_next_page_is_listed() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 3 * w.ctl.settings.mark_concurrency)
+    lost(w)
+    w.clock.advance(GRACE)
+    written = threading.Event()
+    listings: list[bool] = []  # per page: had a mark been written when it was listed?
+
+    def on_write(verb: str, key: str) -> None:
+        if verb == "patch-status":
+            written.set()
+
+    def on_list(node: str) -> None:
+        if listings:  # the second page waits, bounded, for a mark from the first
+            listings.append(written.wait(WAIT))
+        else:
+            listings.append(written.is_set())
+
+    w.objects.before_write = on_write
+    w.objects.on_list = on_list
+    w.step()
+    assert listings == [False, True], (
+        f"the second page was listed before any of the first page's marks was written "
+        f"(waited {WAIT:.0f}s): the listing ran ahead of the marks"
+    )
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * len(keys)
+
+
+def test_leadership_lost_between_pages_stops_after_the_marks_already_sent() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 100)
+    lost(w)
+    w.clock.advance(GRACE)
+    first = 2 * w.ctl.settings.mark_concurrency
+
+    def lose_on_the_second_page(node: str) -> None:
+        if len(w.objects.pages) == 1:
+            w.leader = False
+
+    w.objects.on_list = lose_on_the_second_page
+    w.step()
+    assert len(w.objects.pages) == 2, "it went on listing after losing the leadership"
+    assert sum(w.objects.phase(k) == "Dead" for k in keys) == first
+    assert "handledAt" not in w.health("n1")
+
+
+def test_a_listing_that_fails_part_way_leaves_the_latch_unset_and_the_retry_marks_the_rest() -> (
+    None
+):
+    w = World()
+    keys = w.sandboxes("n1", 100)
+    lost(w)
+    w.clock.advance(GRACE)
+    first = 2 * w.ctl.settings.mark_concurrency
+
+    def fail_the_second_page(node: str) -> None:
+        if len(w.objects.pages) == 1:
+            raise ApiException(status=500, reason="injected listing failure")
+
+    w.objects.on_list = fail_the_second_page
+    w.step()
+    assert sum(w.objects.phase(k) == "Dead" for k in keys) == first
+    assert "handledAt" not in w.health("n1")
+    retry = w.due_in("n1")
+    assert retry is not None, "a failed listing was not retried"
+    w.objects.on_list = None
+    w.clock.advance(retry)
+    w.step()
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
+    assert w.health("n1")["handledAt"]

@@ -1,0 +1,89 @@
+"""Which sandbox events re-broker a node's pull secrets, and when: only the leader
+brokers, and what a replica saw while standing by is brokered when it leads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sandlot.controllers import pullcredentials
+from sandlot.controllers.pullcredentials import PullCredentialBroker
+
+
+def body(uid: str, node: str, *secrets: str, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "t", "name": uid},
+        "spec": {"nodeName": node, "imagePullSecrets": [{"name": s} for s in secrets]},
+        "status": {"phase": phase},
+    }
+
+
+class Leading:
+    def __init__(self, value: bool) -> None:
+        self.value = value
+
+    def __call__(self) -> bool:
+        return self.value
+
+
+@pytest.fixture
+def brokered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    nodes: list[str] = []
+
+    def broker_node(objects: Any, namespace: str, node: str) -> bool:
+        nodes.append(node)
+        return True
+
+    monkeypatch.setattr(pullcredentials, "broker_node", broker_node)
+    return nodes
+
+
+def settle(broker: PullCredentialBroker) -> None:
+    """Wait (bounded by the executor's own join) for what was submitted to run."""
+    broker._broker.shutdown(wait=True)
+
+
+def test_a_standby_brokers_nothing_then_brokers_what_it_saw_once_it_leads(
+    brokered: list[str],
+) -> None:
+    leading = Leading(False)
+    broker = PullCredentialBroker(object(), leading, "sandlot-system")  # type: ignore[arg-type]
+    broker.on_sandbox("SYNC", body("a", "n1", "regcred"))
+    broker.on_sandbox("SYNC", body("b", "n2", "regcred"))
+    broker.on_sandbox("SYNC", body("c", "n1", "other"))
+    assert brokered == [], "a standby brokered pull secrets"
+
+    leading.value = True
+    broker.on_leadership(True)
+    settle(broker)
+    assert brokered == ["n1", "n2"], "a new leader did not broker each node it saw once"
+
+
+def test_the_leader_brokers_on_a_change_of_what_a_sandbox_brings_not_on_its_status(
+    brokered: list[str],
+) -> None:
+    broker = PullCredentialBroker(object(), Leading(True), "sandlot-system")  # type: ignore[arg-type]
+    broker.on_sandbox("ADDED", body("a", "n1", "regcred", phase="Scheduled"))
+    broker.on_sandbox("MODIFIED", body("a", "n1", "regcred", phase="Running"))  # same signature
+    broker.on_sandbox("MODIFIED", body("a", "n1", "regcred", phase="Stopped"))  # now terminal
+    broker.on_sandbox("MODIFIED", body("x", "n3"))  # no pull secrets: not this broker's
+    broker.on_sandbox("DELETED", body("a", "n1", "regcred", phase="Stopped"))
+    settle(broker)
+    assert brokered == ["n1", "n1", "n1"]
+    assert broker.wanted == {}, "a deleted sandbox is still wanted"
+
+
+def test_a_lost_leadership_forgets_what_was_brokered_so_the_next_one_brokers_again(
+    brokered: list[str],
+) -> None:
+    leading = Leading(True)
+    broker = PullCredentialBroker(object(), leading, "sandlot-system")  # type: ignore[arg-type]
+    broker.on_sandbox("ADDED", body("a", "n1", "regcred"))
+    leading.value = False
+    broker.on_leadership(False)
+    broker.on_sandbox("MODIFIED", body("a", "n1", "regcred"))
+    leading.value = True
+    broker.on_leadership(True)
+    settle(broker)
+    assert brokered == ["n1", "n1"]
