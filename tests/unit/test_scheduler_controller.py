@@ -80,3 +80,24 @@ def test_a_standby_binds_nothing() -> None:
     w.step()
     assert w.bound(key) is None
     assert w.objects.writes == []
+
+
+def test_a_new_leader_judges_sandboxes_it_saw_as_a_standby_bound_ones_included() -> None:
+    # The sandbox feed lists every sandbox as soon as a replica starts, usually before
+    # it leads; a standby's queue drops them, so taking the lead must add them all.
+    w = WorkloadWorld()
+    w.leader = False
+    w.node("a", capacity=2)
+    free = w.sandbox("free")
+    body = w.objects.add_sandbox("ns", "prebound", w.clock.now(), node="ghost")
+    w.cache.on_event("SYNC", body)
+    w.step()
+    assert w.objects.writes == [], "a standby wrote"
+
+    w.leader = True
+    w.scheduler.enqueue_all()
+    w.step()
+    assert w.bound(free) == "a"
+    waiting = w.condition("ns/prebound", "Scheduled")
+    assert waiting is not None, "the sandbox bound to a missing node was never judged"
+    assert (waiting["status"], waiting["reason"]) == ("False", "NodeNotFound")

@@ -163,7 +163,12 @@ class Scheduler:
         self.queue.add_all(list(self.waiting))
 
     def enqueue_all(self) -> None:
-        self.queue.add_all([rec.key for rec in self.cache if rec.wants_node])
+        """Everything ``on_sandbox`` would add: a new leader's queue starts empty (a
+        standby's drops its work), and the sandbox feed delivered most sandboxes
+        before this replica led."""
+        self.queue.add_all(
+            [rec.key for rec in self.cache if rec.wants_node or _prebound_pending(rec)]
+        )
 
     # -- the worker -----------------------------------------------------------------
 
