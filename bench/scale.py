@@ -29,6 +29,7 @@ measured in this one run:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -51,10 +52,11 @@ from bench.kopffloor import TimerFloor
 from bench.nodehealth import cpu_seconds, rss_kb, settle
 from bench.scalefleet import (
     Agents,
+    BarePatches,
     DeadWatch,
     LeaseReader,
     OperatorRequests,
-    bare_patch_seconds,
+    bare_patches,
     create_nodes,
     create_sandboxes,
     load_sandboxes,
@@ -92,6 +94,54 @@ class LoadSampler:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+APISERVER = "kube-apiserver"
+CPU_SAMPLE = 0.02  # seconds between a CpuTrace's samples
+
+
+class CpuTrace:
+    """Samples the CPU seconds of named processes every ``CPU_SAMPLE`` seconds on a
+    thread, so the CPU of a window known only afterwards (deadline -> last mark
+    seen) can be read back: each window is widened to the samples around it, by at
+    most one sample at each end."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-trace", daemon=True)
+
+    def __enter__(self) -> CpuTrace:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _sample(self) -> None:
+        cpu = {}
+        for name, pid in self.pids.items():
+            with contextlib.suppress(OSError):
+                cpu[name] = cpu_seconds(pid)
+        self.samples.append((time.time(), cpu))
+
+    def _run(self) -> None:
+        while not self._stop.wait(CPU_SAMPLE):
+            self._sample()
+
+    def spent(self, began: float, ended: float) -> dict[str, float]:
+        """CPU seconds of each process from ``began`` to ``ended`` (epoch seconds),
+        waiting (bounded) for the sample after ``ended``."""
+        deadline = time.monotonic() + 5
+        while self.samples[-1][0] < ended and time.monotonic() < deadline:
+            time.sleep(CPU_SAMPLE)
+        before = [c for t, c in self.samples if t <= began] or [self.samples[0][1]]
+        after = [c for t, c in self.samples if t >= ended] or [self.samples[-1][1]]
+        first, last = before[-1], after[0]
+        return {name: last[name] - first[name] for name in first if name in last}
 
 
 def thread_cpu(pid: int) -> dict[int, float]:
@@ -413,11 +463,13 @@ class Scale:
 
     # -- marking at the API server's limit --------------------------------------------
 
-    def marking(self, runs: int, count: int) -> None:
+    def marking(self, runs: int, count: int, op: OperatorProcess) -> None:
         print(f"marking at the limit: {runs} paired runs of 1 node x {count} sandboxes",
               flush=True)  # fmt: skip
         assert self.agents is not None
         ratios, throughputs = [], []
+        pids = {"operator": op.proc.pid, **self.plane.pids()}
+        spent: dict[str, list[float]] = {"operator": [], "bare": [], "api_op": [], "api_bare": []}
         for run in range(runs):
             node = f"mark-{run}"
             create_nodes(self.kubeconfig, [node])
@@ -426,14 +478,27 @@ class Scale:
             self.placed[node] = names
             create_sandboxes(self.kubeconfig, NS, [(s, node) for s in names], processes=2)
             time.sleep(self.duration)  # the node is seen Ready, and its fresh sandboxes
-            deadlines, seen = self.lose([node])
-            took = max(seen.values()) - deadlines[node].timestamp()
-            first = min(seen.values()) - deadlines[node].timestamp()
-            bare = self.bare_seconds(names)
+            with CpuTrace(pids) as trace:
+                deadlines, seen = self.lose([node])
+                start = deadlines[node].timestamp()
+                marked = trace.spent(start, max(seen.values()))
+                patched = self.bare_patches(names)
+                bare_run = trace.spent(patched.began, patched.ended)
+            took = max(seen.values()) - start
+            first = min(seen.values()) - start
+            bare = patched.seconds
+            spent["operator"].append(marked["operator"] / count)
+            spent["bare"].append(patched.cpu / count)
+            spent["api_op"].append(marked.get(APISERVER, 0.0) / count)
+            spent["api_bare"].append(bare_run.get(APISERVER, 0.0) / count)
             ratios.append(took / bare)
             throughputs.append((count / (max(seen.values()) - min(seen.values()))) / (count / bare))
             print(f"    run {run}: deadline -> last Dead {took:.3f}s (first {first:.3f}s), "
-                  f"bare {bare:.3f}s, ratio {took / bare:.3f}", flush=True)  # fmt: skip
+                  f"bare {bare:.3f}s, ratio {took / bare:.3f}; CPU a mark: operator "
+                  f"{spent['operator'][-1] * 1e3:.2f} ms, API server "
+                  f"{spent['api_op'][-1] * 1e3:.2f} ms; a bare patch: client "
+                  f"{spent['bare'][-1] * 1e3:.2f} ms, API server "
+                  f"{spent['api_bare'][-1] * 1e3:.2f} ms", flush=True)  # fmt: skip
         med = statistics.median(ratios)
         self.figures.update(mark_ratio=med, mark_throughput=statistics.median(throughputs))
         self.row(f"deadline -> last mark of {count} / (N / bare rate), median of {runs}", med,
@@ -441,12 +506,24 @@ class Scale:
         worst = min(throughputs)
         self.row("marking throughput operator / bare, worst run", worst, ">= 0.8",
                  worst >= 0.8, "runs " + ", ".join(f"{r:.2f}" for r in throughputs))  # fmt: skip
+        # Where the time goes: the two programs share the machine's cores with the API
+        # server, so CPU a write on either side is time taken from the writes.
+        cpu_ms = {k: statistics.median(v) * 1e3 for k, v in spent.items()}
+        self.figures.update(mark_cpu_operator_ms=cpu_ms["operator"], mark_cpu_bare_ms=cpu_ms["bare"],
+                            mark_cpu_api_op_ms=cpu_ms["api_op"],
+                            mark_cpu_api_bare_ms=cpu_ms["api_bare"])  # fmt: skip
+        self.row("operator CPU a mark / bare client's CPU a patch", cpu_ms["operator"] / cpu_ms["bare"],
+                 "report", True,
+                 f"medians of {runs}: {cpu_ms['operator']:.2f} / {cpu_ms['bare']:.2f} ms (the operator's "
+                 f"from its deadline to its last mark seen, its watch of its own marks included); "
+                 f"the API server's CPU in the same windows: {cpu_ms['api_op']:.2f} ms a mark, "
+                 f"{cpu_ms['api_bare']:.2f} ms a bare patch")  # fmt: skip
 
-    def bare_seconds(self, names: list[str]) -> float:
+    def bare_patches(self, names: list[str]) -> BarePatches:
         """Status patches of the same sandboxes by a bare client (a process of its
         own, the operator's concurrency) on the same API server while the operator
         watches: both pay the same watch fan-out."""
-        return bare_patch_seconds(self.kubeconfig, NS, names, MARK_CONCURRENCY)
+        return bare_patches(self.kubeconfig, NS, names, MARK_CONCURRENCY)
 
 
 def main() -> int:
@@ -493,7 +570,7 @@ def main() -> int:
         try:
             scale.reaction_many("on")
             if args.mark_runs:
-                scale.marking(args.mark_runs, args.mark_sandboxes)
+                scale.marking(args.mark_runs, args.mark_sandboxes, op)
         finally:
             op.stop()
     except BaseException as e:  # what was measured is kept, with why the rest was not

@@ -29,6 +29,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
@@ -464,7 +465,7 @@ def _count_listed(plane: Any, namespace: str, want: int, timeout: float) -> int:
         time.sleep(1)
 
 
-def _bare_patches(job: tuple[str, str, list[str], int]) -> float:
+def _bare_patches(job: tuple[str, str, list[str], int]) -> tuple[float, float, float]:
     kubeconfig, namespace, names, concurrency = job
     objs = _objects(kubeconfig)
 
@@ -479,18 +480,32 @@ def _bare_patches(job: tuple[str, str, list[str], int]) -> float:
     with ThreadPoolExecutor(concurrency) as pool:
         # Its connections opened first: the operator's are warm too.
         list(pool.map(read, names[:concurrency]))
-        start = time.perf_counter()
+        cpu, began = time.process_time(), time.time()
         list(pool.map(patch, names))
-        return time.perf_counter() - start
+        return began, time.time(), time.process_time() - cpu
 
 
-def bare_patch_seconds(
+@dataclass(frozen=True)
+class BarePatches:
+    began: float  # epoch seconds
+    ended: float
+    cpu: float  # the bare client's own CPU seconds over its patches
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.began
+
+
+def bare_patches(
     kubeconfig: str, namespace: str, names: list[str], concurrency: int
-) -> float:
-    """Seconds a bare client (a process of its own, ``concurrency`` threads, nothing
-    else to do) takes to patch the status of ``names``."""
+) -> BarePatches:
+    """A bare client (a process of its own, ``concurrency`` threads, nothing else to
+    do) patches the status of ``names``: when, and its CPU."""
     with get_context("spawn").Pool(1) as pool:
-        return float(pool.apply(_bare_patches, ((kubeconfig, namespace, names, concurrency),)))
+        began, ended, cpu = pool.apply(
+            _bare_patches, ((kubeconfig, namespace, names, concurrency),)
+        )
+    return BarePatches(float(began), float(ended), float(cpu))
 
 
 # -- reading back ---------------------------------------------------------------------
