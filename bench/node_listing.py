@@ -1,0 +1,97 @@
+"""How long the API server takes to list one node's sandboxes among M, by the ways
+the operator could ask.
+
+    .venv/bin/python bench/node_listing.py [--sandboxes 150000] [--nodes 5000]
+
+A private control plane, M Running sandboxes over N nodes loaded straight into etcd
+(``scalefleet.load_sandboxes``), nothing else running on it. Ten nodes' sandboxes
+are listed by the ``spec.nodeName`` field selector: the whole list in one request
+(the API server's watch cache, a consistent read), in pages of 32 (the marker's
+first page at the default 16 writes in flight) and of 500, and from the cache at
+any version (``resourceVersion=0``). Each listing is checked to hold the node's
+M/N sandboxes. The marker's paging trades the one request of a small node for
+marks that start after the first page of a large one; this says what it costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client
+from tests.support.kube import start_private_plane
+
+from bench.scalefleet import load_sandboxes
+from sandlot.adapters.kube import load_api_client
+from sandlot.api import GROUP, VERSION
+
+NS = "scale"
+SAMPLES = 10  # nodes listed per way
+WAYS: list[tuple[str, dict[str, Any]]] = [
+    ("whole, one request", {}),
+    ("pages of 32", {"limit": 32}),
+    ("pages of 500", {"limit": 500}),
+    ("whole, resourceVersion=0", {"resource_version": "0"}),
+    ("whole, one request (again)", {}),
+]
+
+
+def list_node(objs: Any, node: str, **kwargs: Any) -> int:
+    token, count = None, 0
+    for _ in range(10_000):  # bounded: far more pages than any node has
+        extra: dict[str, str] = {"_continue": token} if token else {}
+        response = objs.list_cluster_custom_object(
+            GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}",
+            _preload_content=False, _request_timeout=60, **kwargs, **extra,
+        )  # fmt: skip
+        body = json.loads(response.data)
+        count += len(body["items"])
+        token = body["metadata"].get("continue")
+        if not token:
+            return count
+    raise RuntimeError(f"node {node}: still paging after 10,000 pages")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandboxes", type=int, default=150_000)
+    parser.add_argument("--nodes", type=int, default=5_000)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sl-listing-"))
+    plane = start_private_plane(work / "cp", namespaces=(NS,))
+    try:
+        nodes = [f"n{i:05d}" for i in range(args.nodes)]
+        per = args.sandboxes // args.nodes
+        placed = [(f"s-{n}-{i}", n) for n in nodes for i in range(per)]
+        took = load_sandboxes(plane, NS, placed)
+        print(f"{len(placed)} sandboxes over {args.nodes} nodes loaded in {took:.1f}s")
+        api = load_api_client(str(plane.kubeconfig), pool_size=4)
+        objs = client.CustomObjectsApi(api)
+        sample = nodes[len(nodes) // 2 :][:SAMPLES]
+        for label, kwargs in WAYS:
+            times = []
+            for node in sample:
+                started = time.perf_counter()
+                count = list_node(objs, node, **kwargs)
+                times.append(time.perf_counter() - started)
+                if count != per:
+                    raise AssertionError(f"{label}: node {node} listed {count}, holds {per}")
+            print(f"  {label:28s} median {statistics.median(times) * 1e3:7.1f} ms "
+                  f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}) "
+                  f"for {per} sandboxes among {len(placed)}")  # fmt: skip
+        api.close()
+    finally:
+        plane.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
