@@ -492,7 +492,7 @@ class Scale:
         print(f"marking at the limit: {runs} paired runs of 1 node x {count} sandboxes",
               flush=True)  # fmt: skip
         assert self.agents is not None
-        ratios, throughputs = [], []
+        ratios, throughputs, controls = [], [], []
         pids = {"operator": op.proc.pid, **self.plane.pids()}
         spent: dict[str, list[float]] = {"operator": [], "bare": [], "api_op": [], "api_bare": [],
                                          "gc_op": [], "gc_bare": []}  # fmt: skip
@@ -510,6 +510,13 @@ class Scale:
                 marked = trace.spent(start, max(seen.values()))
                 patched = self.bare_patches(names)
                 bare_run = trace.spent(patched.began, patched.ended)
+                # The control: the bare client against itself, paired the same way
+                # (the first window after the same quiet time as the deadline's, the
+                # second right after it). What its ratio moves by, the machine and the
+                # API server move by alone.
+                time.sleep(self.duration + GRACE)
+                quiet = self.bare_patches(names, "control, after the quiet")
+                again = self.bare_patches(names, "control, right after")
             took = max(seen.values()) - start
             first = min(seen.values()) - start
             bare = patched.seconds
@@ -523,6 +530,8 @@ class Scale:
             spent["gc_bare"].append(gc_bare[1] / count)
             ratios.append(took / bare)
             throughputs.append((count / (max(seen.values()) - min(seen.values()))) / (count / bare))
+            controls.append(again.seconds / quiet.seconds)
+            etcd = (marked.get("etcd", 0.0) / count, bare_run.get("etcd", 0.0) / count)
             print(f"    run {run}: deadline -> last Dead {took:.3f}s (first {first:.3f}s), "
                   f"bare {bare:.3f}s, ratio {took / bare:.3f}; CPU a mark: operator "
                   f"{spent['operator'][-1] * 1e3:.2f} ms, API server "
@@ -530,7 +539,10 @@ class Scale:
                   f"{spent['bare'][-1] * 1e3:.2f} ms, API server "
                   f"{spent['api_bare'][-1] * 1e3:.2f} ms; the API server's GC: {gc_op[0]} cycles "
                   f"{gc_op[1]:.2f} CPU-s in the operator's window, {gc_bare[0]} cycles "
-                  f"{gc_bare[1]:.2f} CPU-s in the bare one", flush=True)  # fmt: skip
+                  f"{gc_bare[1]:.2f} CPU-s in the bare one; etcd {etcd[0] * 1e3:.2f} / "
+                  f"{etcd[1] * 1e3:.2f} ms a write; throughput {throughputs[-1]:.3f}; the "
+                  f"control {controls[-1]:.3f} ({quiet.seconds:.3f}s after the quiet, "
+                  f"{again.seconds:.3f}s right after)", flush=True)  # fmt: skip
         med = statistics.median(ratios)
         self.figures.update(mark_ratio=med, mark_throughput=statistics.median(throughputs))
         self.row(f"deadline -> last mark of {count} / (N / bare rate), median of {runs}", med,
@@ -541,6 +553,12 @@ class Scale:
                  worst >= 0.8, "runs " + ", ".join(f"{r:.2f}" for r in throughputs) +
                  f"; in the worst the API server's GC took {spent['gc_op'][at] * 1e3:.2f} ms a "
                  f"mark against {spent['gc_bare'][at] * 1e3:.2f} ms a bare patch")  # fmt: skip
+        control = min(controls)
+        self.figures.update(mark_control_worst=control)
+        self.row("control: bare client / itself, paired the same way, worst run", control,
+                 "report", True, f"its first window after {self.duration + GRACE:g}s quiet as "
+                 "the deadline's is, its second right after, so the ratio moves only with the "
+                 "machine and the API server: runs " + ", ".join(f"{r:.2f}" for r in controls))  # fmt: skip
         # Where the time goes: the two programs share the machine's cores with the API
         # server, so CPU a write on either side is time taken from the writes.
         cpu_ms = {k: statistics.median(v) * 1e3 for k, v in spent.items()}
@@ -562,12 +580,12 @@ class Scale:
                  + ", ".join(f"{o * 1e3:.2f}/{b * 1e3:.2f}" for o, b in
                              zip(spent["gc_op"], spent["gc_bare"], strict=True)))  # fmt: skip
 
-    def bare_patches(self, names: list[str]) -> BarePatches:
+    def bare_patches(self, names: list[str], message: str = "bare patch") -> BarePatches:
         """Status patches of the same sandboxes by a bare client (a process of its
         own, the operator's concurrency) on the same API server while the operator
         watches: both pay the same watch fan-out. It sends them as the operator's
         user, so the API server audits them as it audits the marks."""
-        return bare_patches(str(self.op_kubeconfig), NS, names, MARK_CONCURRENCY)
+        return bare_patches(str(self.op_kubeconfig), NS, names, MARK_CONCURRENCY, message)
 
 
 def main() -> int:

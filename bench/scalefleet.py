@@ -465,13 +465,13 @@ def _count_listed(plane: Any, namespace: str, want: int, timeout: float) -> int:
         time.sleep(1)
 
 
-def _bare_patches(job: tuple[str, str, list[str], int]) -> tuple[float, float, float]:
-    kubeconfig, namespace, names, concurrency = job
+def _bare_patches(job: tuple[str, str, list[str], int, str]) -> tuple[float, float, float]:
+    kubeconfig, namespace, names, concurrency, message = job
     objs = _objects(kubeconfig)
 
     def patch(name: str) -> None:
         objs.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "sandboxes", name, {"status": {"message": "bare patch"}}
+            GROUP, VERSION, namespace, "sandboxes", name, {"status": {"message": message}}
         )
 
     def read(name: str) -> None:
@@ -497,13 +497,19 @@ class BarePatches:
 
 
 def bare_patches(
-    kubeconfig: str, namespace: str, names: list[str], concurrency: int
+    kubeconfig: str,
+    namespace: str,
+    names: list[str],
+    concurrency: int,
+    message: str = "bare patch",
 ) -> BarePatches:
     """A bare client (a process of its own, ``concurrency`` threads, nothing else to
-    do) patches the status of ``names``: when, and its CPU."""
+    do) patches the status of ``names`` to carry ``message``: when, and its CPU.
+    Each patch must change the object (a patch that changes nothing is not written
+    to etcd), so a second pass over the same sandboxes needs another message."""
     with get_context("spawn").Pool(1) as pool:
         began, ended, cpu = pool.apply(
-            _bare_patches, ((kubeconfig, namespace, names, concurrency),)
+            _bare_patches, ((kubeconfig, namespace, names, concurrency, message),)
         )
     return BarePatches(float(began), float(ended), float(cpu))
 
