@@ -59,8 +59,6 @@ class GoGcTrace:
     def __init__(self, log: Path, pid: int) -> None:
         self.log, self.started = log, process_started(pid)
 
-    def spent(self, began: float, ended: float) -> tuple[int, float]:
-        """Cycles overlapping ``began``..``ended`` (epoch seconds), and their CPU
-        seconds inside it, from what the log holds now."""
-        text = self.log.read_text(errors="replace")
-        return spent_in(parse_cycles(text, self.started), began, ended)
+    def cycles(self) -> list[tuple[float, float, float]]:
+        """Every cycle the log holds now (``parse_cycles``)."""
+        return parse_cycles(self.log.read_text(errors="replace"), self.started)

@@ -49,7 +49,7 @@ from kubernetes import client
 from tests.support.kube import start_private_plane
 from tests.support.operator import OperatorProcess
 
-from bench.gotrace import GoGcTrace
+from bench.gotrace import GoGcTrace, spent_in
 from bench.kopffloor import TimerFloor
 from bench.nodehealth import cpu_seconds, rss_kb, settle
 from bench.scalefleet import (
@@ -524,8 +524,9 @@ class Scale:
             spent["bare"].append(patched.cpu / count)
             spent["api_op"].append(marked.get(APISERVER, 0.0) / count)
             spent["api_bare"].append(bare_run.get(APISERVER, 0.0) / count)
-            gc_op = self.apiserver_gc.spent(start, max(seen.values()))
-            gc_bare = self.apiserver_gc.spent(patched.began, patched.ended)
+            cycles = self.apiserver_gc.cycles()  # the log read once for both windows
+            gc_op = spent_in(cycles, start, max(seen.values()))
+            gc_bare = spent_in(cycles, patched.began, patched.ended)
             spent["gc_op"].append(gc_op[1] / count)
             spent["gc_bare"].append(gc_bare[1] / count)
             ratios.append(took / bare)
