@@ -172,6 +172,10 @@ def run_agents(argv: list[str]) -> int:
             print(json.dumps({"added": len(names)}), flush=True)
         elif verb == "count":
             print(json.dumps({"renewals": renewer.renewals}), flush=True)
+        elif verb == "last":
+            with renewer.lock:
+                last = {n: renewer.last[n].isoformat() for n in names}
+            print(json.dumps({"last": last}), flush=True)
     stop.set()
     return 0
 
@@ -216,6 +220,24 @@ class Agents:
         return {
             n: datetime.fromisoformat(t) for n, t in self.command("pause", names)["paused"].items()
         }
+
+    def last(self, names: list[str]) -> dict[str, datetime]:
+        """Each node's last renewal, without pausing it."""
+        return {
+            n: datetime.fromisoformat(t) for n, t in self.command("last", names)["last"].items()
+        }
+
+    def renewed_after(self, names: list[str], moment: datetime, timeout: float) -> None:
+        """Wait until every one of ``names`` has renewed after ``moment``."""
+        deadline = time.monotonic() + timeout
+        while True:
+            behind = [n for n, t in self.last(names).items() if t <= moment]
+            if not behind:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(behind)} of {len(names)} nodes (first {behind[0]}) "
+                                   f"did not renew after {moment.isoformat()} in {timeout:g}s")  # fmt: skip
+            time.sleep(0.2)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
