@@ -500,7 +500,7 @@ class Scale:
     def marking(self, runs: int, count: int, op: OperatorProcess) -> None:
         print(f"marking at the limit: {runs} paired runs of 1 node x {count} sandboxes",
               flush=True)  # fmt: skip
-        assert self.agents is not None
+        assert self.agents is not None and self.watch is not None
         ratios, throughputs, controls = [], [], []
         pids = {"operator": op.proc.pid, **self.plane.pids()}
         spent: dict[str, list[float]] = {"operator": [], "bare": [], "api_op": [], "api_bare": [],
@@ -552,7 +552,9 @@ class Scale:
                   f"{gc_bare[1]:.2f} CPU-s in the bare one; etcd {etcd[0] * 1e3:.2f} / "
                   f"{etcd[1] * 1e3:.2f} ms a write; throughput {throughputs[-1]:.3f}; the "
                   f"control {controls[-1]:.3f} ({quiet.seconds:.3f}s after the quiet, "
-                  f"{again.seconds:.3f}s right after)", flush=True)  # fmt: skip
+                  f"{again.seconds:.3f}s right after); the bench's own watch resumed "
+                  f"{self.watch.rewatches} times, listed again {self.watch.relists}",
+                  flush=True)  # fmt: skip
         med = statistics.median(ratios)
         self.figures.update(mark_ratio=med, mark_throughput=statistics.median(throughputs))
         self.row(f"deadline -> last mark of {count} / (N / bare rate), median of {runs}", med,

@@ -608,12 +608,15 @@ class OperatorRequests:
 class DeadWatch:
     """Watches Sandboxes from now on; records when each is first seen Dead."""
 
+    timeout = 3600  # seconds each watch request asks the API server for
+
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.objs: Any = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.dead: dict[str, float] = {}
         self.lock = threading.Lock()
         self._watch = watch.Watch()
+        self.rewatches = self.relists = 0
         rv = self.objs.list_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", limit=1
         )["metadata"]["resourceVersion"]
@@ -621,7 +624,11 @@ class DeadWatch:
         self._thread.start()
 
     def _run(self, rv: str) -> None:
-        while True:
+        """Watch until stopped. A watch the API server ends (its timeout, or a watcher
+        it judged too slow to keep up and closed) is resumed from the last version
+        seen; one whose version is too old is listed again, and every Sandbox found
+        Dead in that listing is recorded at the listing (counted in ``relists``)."""
+        while not self._watch._stop:
             try:
                 for event in self._watch.stream(
                     self.objs.list_namespaced_custom_object,
@@ -630,18 +637,34 @@ class DeadWatch:
                     self.namespace,
                     "sandboxes",
                     resource_version=rv,
-                    timeout_seconds=3600,
+                    timeout_seconds=self.timeout,
                 ):
                     obj = event["object"]
+                    if event["type"] == "ERROR":
+                        raise ApiException(status=obj.get("code"), reason=obj.get("message"))
                     rv = obj["metadata"]["resourceVersion"]
-                    if (obj.get("status") or {}).get("phase") == "Dead":
-                        with self.lock:
-                            self.dead.setdefault(obj["metadata"]["name"], time.time())
-                return
+                    self._record(obj)
             except Exception as e:  # the control plane stopped, or the watch expired
-                if "410" in str(e) or self._watch._stop:
+                if self._watch._stop:
                     return
-                time.sleep(0.2)
+                if getattr(e, "status", None) == 410 or "410" in str(e):
+                    rv = self._relist()
+                else:
+                    time.sleep(0.2)
+            self.rewatches += 1
+
+    def _record(self, obj: dict[str, Any]) -> None:
+        if (obj.get("status") or {}).get("phase") == "Dead":
+            with self.lock:
+                self.dead.setdefault(obj["metadata"]["name"], time.time())
+
+    def _relist(self) -> str:
+        self.relists += 1
+        listing = self.objs.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
+                                                          "sandboxes")  # fmt: skip
+        for obj in listing["items"]:
+            self._record(obj)
+        return str(listing["metadata"]["resourceVersion"])
 
     def wait(self, names: list[str], timeout: float) -> dict[str, float]:
         deadline = time.monotonic() + timeout
