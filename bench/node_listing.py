@@ -7,10 +7,10 @@ A private control plane, M Running sandboxes over N nodes loaded straight into e
 (``scalefleet.load_sandboxes``), nothing else running on it. Ten nodes' sandboxes
 are listed by the ``spec.nodeName`` field selector: the whole list in one request
 (the API server's watch cache, a consistent read), in pages of 32 (the marker's
-first page at the default 16 writes in flight) and of 500, and from the cache at
-any version (``resourceVersion=0``). Each listing is checked to hold the node's
-M/N sandboxes. The marker's paging trades the one request of a small node for
-marks that start after the first page of a large one; this says what it costs.
+first page at the default 16 writes in flight) and of 500, from the cache at any
+version (``resourceVersion=0``), and, for a node larger than its first page, in
+pages of 16 continued by their token against a page of 16 and then the node whole
+(the marker's way). Each listing is checked to hold the node's M/N sandboxes.
 """
 
 from __future__ import annotations
@@ -35,29 +35,46 @@ from sandlot.api import GROUP, VERSION
 
 NS = "scale"
 SAMPLES = 10  # nodes listed per way
+REQUEST_TIMEOUT = 300  # seconds: a continuation read from etcd took more than 90 at 150,000
 WAYS: list[tuple[str, dict[str, Any]]] = [
     ("whole, one request", {}),
     ("pages of 32", {"limit": 32}),
     ("pages of 500", {"limit": 500}),
     ("whole, resourceVersion=0", {"resource_version": "0"}),
+    # A node larger than its first page: the rest by the page's continue token (the
+    # marker before), or the node whole in a second request (the marker now).
+    ("pages of 16, continued", {"limit": 16}),
+    ("a page of 16, then whole", {"limit": 16, "then_whole": True}),
     ("whole, one request (again)", {}),
 ]
 
 
-def list_node(objs: Any, node: str, **kwargs: Any) -> int:
+def list_node(objs: Any, node: str, then_whole: bool = False, **kwargs: Any) -> int:
+    if then_whole:  # the marker's way: a first page, and the node whole if it had more
+        first = _listing(objs, node, **kwargs)
+        if not first["metadata"].get("continue"):
+            return len(first["items"])
+        rest = _listing(objs, node)
+        names = {i["metadata"]["name"] for i in first["items"] + rest["items"]}
+        return len(names)
     token, count = None, 0
     for _ in range(10_000):  # bounded: far more pages than any node has
         extra: dict[str, str] = {"_continue": token} if token else {}
-        response = objs.list_cluster_custom_object(
-            GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}",
-            _preload_content=False, _request_timeout=60, **kwargs, **extra,
-        )  # fmt: skip
-        body = json.loads(response.data)
+        body = _listing(objs, node, **kwargs, **extra)
         count += len(body["items"])
         token = body["metadata"].get("continue")
         if not token:
             return count
     raise RuntimeError(f"node {node}: still paging after 10,000 pages")
+
+
+def _listing(objs: Any, node: str, **kwargs: Any) -> dict[str, Any]:
+    response = objs.list_cluster_custom_object(
+        GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}",
+        _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kwargs,
+    )  # fmt: skip
+    body: dict[str, Any] = json.loads(response.data)
+    return body
 
 
 def main() -> int:

@@ -159,7 +159,7 @@ def test_field_selector_on_node_name_filters_server_side(objs, namespace, kubect
     assert err.value.status == 400
 
 
-def test_a_nodes_sandboxes_come_in_pages_selected_by_the_server(kube, objs, namespace):
+def test_a_nodes_sandboxes_come_in_pages_or_whole_selected_by_the_server(kube, objs, namespace):
     node, other = f"pages-{namespace}", f"other-{namespace}"
     mine = {f"s{i}" for i in range(5)}
     for name in sorted(mine):
@@ -175,6 +175,9 @@ def test_a_nodes_sandboxes_come_in_pages_selected_by_the_server(kube, objs, name
     assert token is None, f"still paging after {len(pages)} pages: {pages}"
     assert [len(p) for p in pages] == [2, 2, 1]
     assert {name for p in pages for name in p} == mine
+    whole, token = Objects(kube).node_sandboxes_page(node, None)
+    assert token is None, "a listing without a limit came back with a continue token"
+    assert {i["metadata"]["name"] for i in whole} == mine
 
 
 @pytest.mark.parametrize("terminal", ["Dead", "Stopped", "Failed"])

@@ -1,19 +1,20 @@
-"""Marking a node's sandboxes page by page: each page's marks go out while the next
-page is listed, and a listing that stops part-way leaves the latch unset."""
+"""Marking a node's sandboxes: a first page whose marks go out while the rest of the
+node is listed whole (never by a continue token), and a listing that stops part-way
+leaves the latch unset."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from sandlot.controllers.marking import MAX_PAGE
 from tests.unit.test_nodehealth_controller import GRACE, World, lost
 
 WAIT = 10.0  # seconds a listing waits for a mark from the page before it
 
 
-def test_a_node_larger_than_a_page_is_listed_in_growing_pages_and_marked_whole() -> None:
+def test_a_node_larger_than_a_page_is_listed_whole_after_it_and_each_sandbox_marked_once() -> None:
     w = World()
     keys = w.sandboxes("n1", 100)
     lost(w)
@@ -22,8 +23,38 @@ def test_a_node_larger_than_a_page_is_listed_in_growing_pages_and_marked_whole()
     assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
     assert w.health("n1")["handledCount"] == 100
     first = 2 * w.ctl.settings.mark_concurrency
-    assert w.objects.pages == [("n1", first), ("n1", 2 * first), ("n1", 100 - 3 * first)]
-    assert 2 * first <= MAX_PAGE
+    assert w.objects.pages == [("n1", first, first), ("n1", None, 100)]
+    assert w.objects.continued == [], "the rest was asked for by the page's continue token"
+
+
+def test_a_sandbox_of_the_first_page_still_live_in_the_whole_listing_is_marked_once() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 100)
+    lost(w)
+    w.clock.advance(GRACE)
+    whole_listed = threading.Event()
+    listing, writing = w.objects.node_sandboxes_page, w.objects.patch_sandbox_status
+
+    def list_then_release(node: str, limit: int | None, token: str | None = None) -> Any:
+        answer = listing(node, limit, token)
+        if limit is None:
+            whole_listed.set()
+        return answer
+
+    def write_after_the_whole_listing(*args: Any, **kwargs: Any) -> Any:
+        # The first page's marks land only once the whole listing was taken, so it
+        # still lists every one of them Running.
+        assert whole_listed.wait(WAIT), f"the whole listing never came ({WAIT:.0f}s)"
+        return writing(*args, **kwargs)
+
+    w.objects.node_sandboxes_page = list_then_release  # type: ignore[method-assign]
+    w.objects.patch_sandbox_status = write_after_the_whole_listing  # type: ignore[method-assign]
+    w.step()
+    marked = [key for verb, key in w.objects.writes if verb == "patch-status"]
+    assert sorted(marked) == sorted(keys), (
+        f"{len(marked) - len(set(marked))} sandboxes of the first page were marked twice"
+    )
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
 
 
 def test_the_first_pages_marks_are_written_before_the_next_page_is_listed() -> None:

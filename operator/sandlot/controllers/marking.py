@@ -9,11 +9,16 @@ flight, and a burst costs the time its writes take at the API server's rate, not
 the sum of its nodes' round trips. A node's listing runs beside that pool, so it
 never queues behind another node's marks.
 
-A node's sandboxes are listed in pages, and each page's marks start as soon as it
-arrives, while the next page is listed: the first write goes out after one small
-page, not after the whole listing (at 1,000 sandboxes on one node the listing alone
-was a tenth of the marking's time). The pages grow from twice the write threads to
-``MAX_PAGE``, so a large node costs few requests.
+A node's sandboxes are listed in at most two requests, and the first one's marks
+start as soon as it arrives: the first write goes out after one small page, not
+after the whole listing (at 1,000 sandboxes on one node the listing alone was a
+tenth of the marking's time). A node larger than that page is then listed whole in
+one request, and only the sandboxes the page did not hold are marked. The rest is
+never asked for with the page's continue token: a field-selected continuation
+the node cannot fill made the API server read on through every sandbox after the
+page's last key, and at 150,000 sandboxes that ran past three 30 s read timeouts,
+where the first page and the whole listing take it tens of milliseconds each
+(``bench/node_listing.py``).
 """
 
 from __future__ import annotations
@@ -31,11 +36,6 @@ from sandlot.adapters.statuswrite import WriteResult
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 
-# Pages grow from twice the write threads (every one busy while the next page is
-# listed) to MAX_PAGE: at the default 16 threads a node of 30 sandboxes is one
-# request, one of 1,000 five.
-MAX_PAGE = 500
-
 
 class NotLeader(RuntimeError):
     """Leadership was lost in the middle of a pass; the new leader redoes it."""
@@ -44,6 +44,11 @@ class NotLeader(RuntimeError):
 def _live(sandbox: Mapping[str, Any]) -> bool:
     # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
     return (sandbox.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
+
+
+def _key(sandbox: Mapping[str, Any]) -> tuple[str, str]:
+    meta = sandbox.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
 
 
 class Marker:
@@ -62,7 +67,9 @@ class Marker:
         self.metrics = metrics
         self.is_leader = is_leader
         self._writes = ThreadPoolExecutor(concurrency, thread_name_prefix="mark")
-        self._first_page = min(2 * concurrency, MAX_PAGE)
+        # Twice the write threads: every one busy while the rest is listed. At the
+        # default 16 a node of 30 sandboxes is one request, one of 1,000 two.
+        self._first_page = 2 * concurrency
 
     async def mark_node(self, name: str, reason: str, message: str, now: datetime) -> MarkResult:
         started = time.perf_counter()
@@ -77,24 +84,23 @@ class Marker:
         loop = asyncio.get_running_loop()
         one = functools.partial(mark_one, self.objects, reason=reason, message=message, now=now)
         writes: list[asyncio.Future[tuple[str, WriteResult]]] = []
-        token: str | None = None
-        limit = self._first_page
+        sent: set[tuple[str, str]] = set()
+
+        async def listed(limit: int | None) -> str | None:
+            page, more = await asyncio.to_thread(self.objects.node_sandboxes_page, name, limit)
+            if not self.is_leader():
+                raise NotLeader(
+                    f"node {name}: leadership lost while listing its sandboxes; "
+                    f"{len(writes)} marks already sent, no more"
+                )
+            fresh = [sb for sb in page if _key(sb) not in sent and _live(sb)]
+            sent.update(_key(sb) for sb in page)
+            writes.extend(loop.run_in_executor(self._writes, one, sb) for sb in fresh)
+            return more
+
         try:
-            while True:
-                page, token = await asyncio.to_thread(
-                    self.objects.node_sandboxes_page, name, limit, token
-                )
-                if not self.is_leader():
-                    raise NotLeader(
-                        f"node {name}: leadership lost while listing its sandboxes; "
-                        f"{len(writes)} marks already sent, no more"
-                    )
-                writes.extend(
-                    loop.run_in_executor(self._writes, one, sb) for sb in page if _live(sb)
-                )
-                if token is None:
-                    break
-                limit = min(limit * 2, MAX_PAGE)
+            if await listed(self._first_page) is not None:
+                await listed(None)  # the rest: the node whole, in one request
         finally:
             # A failed listing or a lost leadership still waits for the marks already
             # sent: none is left running behind the pass that sent it.
