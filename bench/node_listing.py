@@ -44,16 +44,26 @@ WAYS: list[tuple[str, dict[str, Any]]] = [
     # A node larger than its first page: the rest by the page's continue token (the
     # marker before), or the node whole in a second request (the marker now).
     ("pages of 16, continued", {"limit": 16}),
-    ("a page of 16, then whole", {"limit": 16, "then_whole": True}),
+    # The same while the sandboxes change, as they do while a node's marks go out:
+    # one status write to another node's sandbox between the page and the rest.
+    ("pages of 16, a write, continued", {"limit": 16, "write_between": True}),
+    (
+        "a page of 16, a write, then whole",
+        {"limit": 16, "then_whole": True, "write_between": True},
+    ),
     ("whole, one request (again)", {}),
 ]
 
 
-def list_node(objs: Any, node: str, then_whole: bool = False, **kwargs: Any) -> int:
+def list_node(
+    objs: Any, node: str, then_whole: bool = False, write_between: bool = False, **kwargs: Any
+) -> int:
     if then_whole:  # the marker's way: a first page, and the node whole if it had more
         first = _listing(objs, node, **kwargs)
         if not first["metadata"].get("continue"):
             return len(first["items"])
+        if write_between:
+            _write_elsewhere(objs)
         rest = _listing(objs, node)
         names = {i["metadata"]["name"] for i in first["items"] + rest["items"]}
         return len(names)
@@ -65,7 +75,20 @@ def list_node(objs: Any, node: str, then_whole: bool = False, **kwargs: Any) -> 
         token = body["metadata"].get("continue")
         if not token:
             return count
+        if write_between:
+            _write_elsewhere(objs)
     raise RuntimeError(f"node {node}: still paging after 10,000 pages")
+
+
+WRITTEN = "s-n00000-0"  # a sandbox of a node never listed here
+_writes = iter(range(10**9))
+
+
+def _write_elsewhere(objs: Any) -> None:
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, NS, "sandboxes", WRITTEN,
+        {"status": {"message": f"write {next(_writes)}"}}, _request_timeout=REQUEST_TIMEOUT,
+    )  # fmt: skip
 
 
 def _listing(objs: Any, node: str, **kwargs: Any) -> dict[str, Any]:

@@ -14,11 +14,13 @@ start as soon as it arrives: the first write goes out after one small page, not
 after the whole listing (at 1,000 sandboxes on one node the listing alone was a
 tenth of the marking's time). A node larger than that page is then listed whole in
 one request, and only the sandboxes the page did not hold are marked. The rest is
-never asked for with the page's continue token: a field-selected continuation
-the node cannot fill made the API server read on through every sandbox after the
-page's last key, and at 150,000 sandboxes that ran past three 30 s read timeouts,
-where the first page and the whole listing take it tens of milliseconds each
-(``bench/node_listing.py``).
+never asked for with the page's continue token. A continuation is answered at
+the first page's resourceVersion, and while the node's own marks were changing
+the sandboxes, one such request of a node of 1,000 among 150,000 ran past three
+30 s read timeouts (on an idle API server a continuation of a node's listing takes under
+0.1 s, ``bench/node_listing.py``; what made it slow was not found). The whole
+listing is a consistent read, which the API server's watch cache answers once it
+has caught up with etcd.
 """
 
 from __future__ import annotations
