@@ -42,7 +42,7 @@ class ListingBarrier(Objects):
         self._lock = threading.Lock()
 
     def node_sandboxes_page(
-        self, node: str, limit: int | None, token: str | None = None
+        self, node: str, limit: int, token: str | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
         with self._lock:
             first = node not in self.met and node not in self.broken

@@ -48,7 +48,8 @@ class FakeObjects:
         self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
         self.before_write: Callable[[str, str], None] | None = None
         self.on_list: Callable[[str], None] | None = None  # each listing, each page
-        self.pages: list[tuple[str, int | None, int]] = []  # (node, limit, items) a listing
+        # (node, limit, items) a listing of a node's sandboxes; limit None for a whole one
+        self.pages: list[tuple[str, int | None, int]] = []
         self.continued: list[str] = []  # nodes listed with a continue token
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
@@ -135,17 +136,19 @@ class FakeObjects:
         if self.on_list is not None:
             self.on_list(node)
         with self._lock:
-            return [
+            whole = [
                 copy.deepcopy(b)
                 for b in self.sandboxes.values()
                 if b["spec"].get("nodeName") == node
             ]
+            self.pages.append((node, None, len(whole)))
+            return whole
 
     def node_sandboxes_page(
-        self, node: str, limit: int | None, token: str | None = None
+        self, node: str, limit: int, token: str | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
         """Pages in name order; the token is the last name of the page before."""
-        if limit is not None and limit < 1:
+        if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         if self.on_list is not None:
             self.on_list(node)
@@ -157,9 +160,9 @@ class FakeObjects:
                 for k, b in self.sandboxes.items()
                 if b["spec"].get("nodeName") == node and (token is None or k > token)
             )
-            page = keys if limit is None else keys[:limit]
+            page = keys[:limit]
             self.pages.append((node, limit, len(page)))
-            more = page[-1] if len(keys) > len(page) else None
+            more = page[-1] if len(keys) > limit else None
             return [copy.deepcopy(self.sandboxes[k]) for k in page], more
 
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:

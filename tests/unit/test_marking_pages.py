@@ -33,12 +33,11 @@ def test_a_sandbox_of_the_first_page_still_live_in_the_whole_listing_is_marked_o
     lost(w)
     w.clock.advance(GRACE)
     whole_listed = threading.Event()
-    listing, writing = w.objects.node_sandboxes_page, w.objects.patch_sandbox_status
+    listing, writing = w.objects.list_node_sandboxes, w.objects.patch_sandbox_status
 
-    def list_then_release(node: str, limit: int | None, token: str | None = None) -> Any:
-        answer = listing(node, limit, token)
-        if limit is None:
-            whole_listed.set()
+    def list_then_release(node: str) -> Any:
+        answer = listing(node)
+        whole_listed.set()
         return answer
 
     def write_after_the_whole_listing(*args: Any, **kwargs: Any) -> Any:
@@ -47,7 +46,7 @@ def test_a_sandbox_of_the_first_page_still_live_in_the_whole_listing_is_marked_o
         assert whole_listed.wait(WAIT), f"the whole listing never came ({WAIT:.0f}s)"
         return writing(*args, **kwargs)
 
-    w.objects.node_sandboxes_page = list_then_release  # type: ignore[method-assign]
+    w.objects.list_node_sandboxes = list_then_release  # type: ignore[method-assign]
     w.objects.patch_sandbox_status = write_after_the_whole_listing  # type: ignore[method-assign]
     w.step()
     marked = [key for verb, key in w.objects.writes if verb == "patch-status"]

@@ -65,16 +65,14 @@ class Objects:
         return list(out.get("items", []))
 
     def node_sandboxes_page(
-        self, node: str, limit: int | None, token: str | None = None
+        self, node: str, limit: int, token: str | None = None
     ) -> tuple[list[dict[str, Any]], str | None]:
         """One page of at most ``limit`` of ``node``'s sandboxes, selected by the server
         (spec.nodeName), after the page ``token`` names; with the next page's token,
-        None after the last page. ``limit`` None asks for every one in one response."""
-        extra: dict[str, Any] = {"_continue": token} if token else {}
-        if limit is not None:
-            extra["limit"] = limit
+        None after the last page."""
+        extra = {"_continue": token} if token else {}
         out = self.custom.list_cluster_custom_object(
-            GROUP, VERSION, SANDBOXES, field_selector=f"spec.nodeName={node}", **extra
+            GROUP, VERSION, SANDBOXES, field_selector=f"spec.nodeName={node}", limit=limit, **extra
         )
         return list(out.get("items", [])), (out.get("metadata") or {}).get("continue") or None
 

@@ -88,8 +88,7 @@ class Marker:
         writes: list[asyncio.Future[tuple[str, WriteResult]]] = []
         sent: set[tuple[str, str]] = set()
 
-        async def listed(limit: int | None) -> str | None:
-            page, more = await asyncio.to_thread(self.objects.node_sandboxes_page, name, limit)
+        async def listed(page: list[dict[str, Any]]) -> None:
             if not self.is_leader():
                 raise NotLeader(
                     f"node {name}: leadership lost while listing its sandboxes; "
@@ -98,11 +97,14 @@ class Marker:
             fresh = [sb for sb in page if _key(sb) not in sent and _live(sb)]
             sent.update(_key(sb) for sb in page)
             writes.extend(loop.run_in_executor(self._writes, one, sb) for sb in fresh)
-            return more
 
         try:
-            if await listed(self._first_page) is not None:
-                await listed(None)  # the rest: the node whole, in one request
+            page, more = await asyncio.to_thread(
+                self.objects.node_sandboxes_page, name, self._first_page
+            )
+            await listed(page)
+            if more is not None:  # the rest: the node whole, in one request
+                await listed(await asyncio.to_thread(self.objects.list_node_sandboxes, name))
         finally:
             # A failed listing or a lost leadership still waits for the marks already
             # sent: none is left running behind the pass that sent it.
