@@ -114,7 +114,7 @@ def _refusal(create: Any) -> str | None:
 
 @pytest.fixture(scope="module")
 def fleet(kube: client.ApiClient, kubectl: Kubectl) -> Iterator[Fleet]:
-    run = uuid.uuid4().hex[:6]
+    run = "r" + uuid.uuid4().hex[:6]  # never all digits and an e: YAML would read a float
     namespace = f"pa-{run}"
     core = client.CoreV1Api(kube)
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
