@@ -16,20 +16,22 @@ WAIT = 10.0  # seconds a listing waits for a mark from the page before it
 
 def test_a_node_larger_than_a_page_is_listed_whole_after_it_and_each_sandbox_marked_once() -> None:
     w = World()
-    keys = w.sandboxes("n1", 100)
+    first = w.ctl.marker.first_page
+    size = first + 100
+    keys = w.sandboxes("n1", size)
     lost(w)
     w.clock.advance(GRACE)
     w.step()
-    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
-    assert w.health("n1")["handledCount"] == 100
-    first = 2 * w.ctl.settings.mark_concurrency
-    assert w.objects.pages == [("n1", first, first), ("n1", None, 100)]
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * size
+    assert w.health("n1")["handledCount"] == size
+    assert w.objects.pages == [("n1", first, first), ("n1", None, size)]
     assert w.objects.continued == [], "the rest was asked for by the page's continue token"
 
 
 def test_a_sandbox_of_the_first_page_still_live_in_the_whole_listing_is_marked_once() -> None:
     w = World()
-    keys = w.sandboxes("n1", 100)
+    size = w.ctl.marker.first_page + 100
+    keys = w.sandboxes("n1", size)
     lost(w)
     w.clock.advance(GRACE)
     whole_listed = threading.Event()
@@ -53,12 +55,12 @@ def test_a_sandbox_of_the_first_page_still_live_in_the_whole_listing_is_marked_o
     assert sorted(marked) == sorted(keys), (
         f"{len(marked) - len(set(marked))} sandboxes of the first page were marked twice"
     )
-    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * size
 
 
 def test_the_first_pages_marks_are_written_before_the_next_page_is_listed() -> None:
     w = World()
-    keys = w.sandboxes("n1", 3 * w.ctl.settings.mark_concurrency)
+    keys = w.sandboxes("n1", w.ctl.marker.first_page + w.ctl.settings.mark_concurrency)
     lost(w)
     w.clock.advance(GRACE)
     written = threading.Event()
@@ -86,10 +88,10 @@ def test_the_first_pages_marks_are_written_before_the_next_page_is_listed() -> N
 
 def test_leadership_lost_between_pages_stops_after_the_marks_already_sent() -> None:
     w = World()
-    keys = w.sandboxes("n1", 100)
+    first = w.ctl.marker.first_page
+    keys = w.sandboxes("n1", first + 100)
     lost(w)
     w.clock.advance(GRACE)
-    first = 2 * w.ctl.settings.mark_concurrency
 
     def lose_on_the_second_page(node: str) -> None:
         if len(w.objects.pages) == 1:
@@ -106,10 +108,10 @@ def test_a_listing_that_fails_part_way_leaves_the_latch_unset_and_the_retry_mark
     None
 ):
     w = World()
-    keys = w.sandboxes("n1", 100)
+    first = w.ctl.marker.first_page
+    keys = w.sandboxes("n1", first + 100)
     lost(w)
     w.clock.advance(GRACE)
-    first = 2 * w.ctl.settings.mark_concurrency
 
     def fail_the_second_page(node: str) -> None:
         if len(w.objects.pages) == 1:
@@ -124,5 +126,5 @@ def test_a_listing_that_fails_part_way_leaves_the_latch_unset_and_the_retry_mark
     w.objects.on_list = None
     w.clock.advance(retry)
     w.step()
-    assert [w.objects.phase(k) for k in keys] == ["Dead"] * 100
+    assert [w.objects.phase(k) for k in keys] == ["Dead"] * len(keys)
     assert w.health("n1")["handledAt"]

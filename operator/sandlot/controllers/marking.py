@@ -10,10 +10,16 @@ the sum of its nodes' round trips. A node's listing runs beside that pool, so it
 never queues behind another node's marks.
 
 A node's sandboxes are listed in at most two requests, and the first one's marks
-start as soon as it arrives: the first write goes out after one small page, not
-after the whole listing (at 1,000 sandboxes on one node the listing alone was a
-tenth of the marking's time). A node larger than that page is then listed whole in
-one request, and only the sandboxes the page did not hold are marked. The rest is
+start as soon as it arrives: the first write goes out after one page, not after
+the whole listing (at 1,000 sandboxes on one node the listing alone was a tenth of
+the marking's time). A node larger than that page is then listed whole in one
+request, and only the sandboxes the page did not hold are marked. The page holds
+``FIRST_PAGE_PER_WRITER`` marks for each write thread, enough to keep every one of
+them busy while the node is listed whole: with two marks a thread (a page of 32)
+every one of the page's marks was done, and the threads idle, when the whole
+listing of a node of 1,000 among 15,000 came back (0.13-0.38 s after the page);
+with sixteen, 42-74 of 256 were (``bench/scale.py --mark-only``, whose operator
+logs both figures for every node larger than its page). The rest is
 never asked for with the page's continue token. A continuation is answered at
 the first page's resourceVersion, and while the node's own marks were changing
 the sandboxes, one such request of a node of 1,000 among 150,000 ran past three
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +44,12 @@ from sandlot.adapters.objects import MarkResult, Objects, mark_one
 from sandlot.adapters.statuswrite import WriteResult
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+# Marks a write thread has from a node's first page: about 16 of its round trips
+# (0.8 s at 300 marks a second through 16 threads) while the node is listed whole.
+FIRST_PAGE_PER_WRITER = 16
 
 
 class NotLeader(RuntimeError):
@@ -69,9 +82,9 @@ class Marker:
         self.metrics = metrics
         self.is_leader = is_leader
         self._writes = ThreadPoolExecutor(concurrency, thread_name_prefix="mark")
-        # Twice the write threads: every one busy while the rest is listed. At the
-        # default 16 a node of 30 sandboxes is one request, one of 1,000 two.
-        self._first_page = 2 * concurrency
+        # Every write thread busy while the rest is listed. At the default 16 a node
+        # of up to 256 sandboxes is one request, one of 1,000 two.
+        self.first_page = FIRST_PAGE_PER_WRITER * concurrency
 
     async def mark_node(self, name: str, reason: str, message: str, now: datetime) -> MarkResult:
         started = time.perf_counter()
@@ -99,12 +112,22 @@ class Marker:
             writes.extend(loop.run_in_executor(self._writes, one, sb) for sb in fresh)
 
         try:
+            began = time.perf_counter()
             page, more = await asyncio.to_thread(
-                self.objects.node_sandboxes_page, name, self._first_page
+                self.objects.node_sandboxes_page, name, self.first_page
             )
             await listed(page)
             if more is not None:  # the rest: the node whole, in one request
-                await listed(await asyncio.to_thread(self.objects.list_node_sandboxes, name))
+                paged = time.perf_counter()
+                whole = await asyncio.to_thread(self.objects.list_node_sandboxes, name)
+                # Whether the write threads ran dry while the node was listed whole.
+                log.info(
+                    "node %s: a first page of %d in %.3fs, the node whole (%d) %.3fs later; "
+                    "%d of the page's %d marks done by then",
+                    name, len(page), paged - began, len(whole), time.perf_counter() - paged,
+                    sum(w.done() for w in writes), len(writes),
+                )  # fmt: skip
+                await listed(whole)
         finally:
             # A failed listing or a lost leadership still waits for the marks already
             # sent: none is left running behind the pass that sent it.
