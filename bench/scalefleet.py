@@ -44,9 +44,10 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.mergepatch import MergePatcher
-from sandlot.adapters.objects import LeaseRecord, Leases
+from sandlot.adapters.objects import LeaseRecord, Leases, dead_status
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
+from sandlot.api.sandbox import REASON_NODE_LOST
 from sandlot.devtools.controlplane import ADMIN_USER, kubeconfig_dict
 
 IMAGE = "example.test/busybox:1"
@@ -492,8 +493,11 @@ def _bare_patches(job: tuple[str, str, list[str], int, str]) -> tuple[float, flo
     objs = _objects(kubeconfig)
 
     def patch(name: str) -> None:
+        # The fields a mark writes (phase, reason, message, finishedAt, the Ready
+        # condition), so the API server does for each patch what it does for a mark.
+        body = {"status": dead_status(REASON_NODE_LOST, message, datetime.now(UTC))}
         objs.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, "sandboxes", name, {"status": {"message": message}}
+            GROUP, VERSION, namespace, "sandboxes", name, body
         )
 
     def read(name: str) -> None:
@@ -526,9 +530,10 @@ def bare_patches(
     message: str = "bare patch",
 ) -> BarePatches:
     """A bare client (a process of its own, ``concurrency`` threads, nothing else to
-    do) patches the status of ``names`` to carry ``message``: when, and its CPU.
-    Each patch must change the object (a patch that changes nothing is not written
-    to etcd), so a second pass over the same sandboxes needs another message."""
+    do) patches the status of ``names`` as a Dead mark with ``message`` would: when,
+    and its CPU. Each patch must change the object (a patch that changes nothing is
+    not written to etcd), so a second pass over the same sandboxes needs another
+    message."""
     with get_context("spawn").Pool(1) as pool:
         began, ended, cpu = pool.apply(
             _bare_patches, ((kubeconfig, namespace, names, concurrency, message),)
