@@ -612,7 +612,9 @@ class Scale:
         gc_ratios = [o / b for o, b in zip(spent["gc_op"], spent["gc_bare"], strict=True) if b > 0]
         self.row("API server GC CPU a mark / a bare patch", statistics.median(gc_ratios or [0.0]),
                  "report", True,
-                 f"median of {len(gc_ratios)}, from its GODEBUG=gctrace=1 lines: "
+                 (f"median of the {len(gc_ratios)} runs whose bare window had a cycle"
+                  if gc_ratios else "no bare window had a cycle, so no ratio (0 stands for "
+                  "none)") + ", from its GODEBUG=gctrace=1 lines: "
                  f"{cpu_ms['gc_op']:.2f} / {cpu_ms['gc_bare']:.2f} ms; runs "
                  + ", ".join(f"{o * 1e3:.2f}/{b * 1e3:.2f}" for o, b in
                              zip(spent["gc_op"], spent["gc_bare"], strict=True)))  # fmt: skip
