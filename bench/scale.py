@@ -249,24 +249,16 @@ class Scale:
 
     # -- memory ---------------------------------------------------------------------
 
-    def baseline(self, measure: bool = True) -> None:
-        """RSS of a fresh operator on an empty cluster, then on the nodes alone
-        (``measure=False``: only the nodes and their renewing agents)."""
-        if measure:
-            op = self.operator()
-            try:
-                op.wait_metrics(120)
-                settle(op.proc.pid, timeout=600)
-                self.figures["rss_empty_kb"] = rss_kb(op.proc.pid)
-            finally:
-                op.stop()
-        started = time.monotonic()
-        create_nodes(self.kubeconfig, self.nodes)
-        self.agents = Agents(self.kubeconfig, LEASE_NS, self.nodes, self.work, self.every,
-                             self.duration)  # fmt: skip
-        print(f"  {self.n} nodes and leases in {time.monotonic() - started:.1f}s", flush=True)
-        if not measure:
-            return
+    def baseline(self) -> None:
+        """RSS of a fresh operator on an empty cluster, then on the nodes alone."""
+        op = self.operator()
+        try:
+            op.wait_metrics(120)
+            settle(op.proc.pid, timeout=600)
+            self.figures["rss_empty_kb"] = rss_kb(op.proc.pid)
+        finally:
+            op.stop()
+        self.add_nodes()
         # The first operator on the nodes writes each one's status once (threads,
         # arenas, buffers it keeps): a first install's operator. The second finds
         # them written, as every later start does, and is the one the steady rows use.
@@ -287,6 +279,14 @@ class Scale:
                          f"{rss * 1.024 / 1000:.1f} MB")  # fmt: skip
             else:
                 self.figures["rss_nodes_kb"] = rss
+
+    def add_nodes(self) -> None:
+        """The N SandboxNodes, and the process that renews their Leases."""
+        started = time.monotonic()
+        create_nodes(self.kubeconfig, self.nodes)
+        self.agents = Agents(self.kubeconfig, LEASE_NS, self.nodes, self.work, self.every,
+                             self.duration)  # fmt: skip
+        print(f"  {self.n} nodes and leases in {time.monotonic() - started:.1f}s", flush=True)
 
     def populate(self) -> None:
         per = self.m // self.n
@@ -661,9 +661,9 @@ def main() -> int:
         print(f"scale: {args.sandboxes} sandboxes over {args.nodes} nodes, leases renewed "
               f"every {every:g}s for {scale.duration}s, resync every {scale.resync:g}s",
               flush=True)  # fmt: skip
-        scale.baseline(measure=not args.mark_only)
-        scale.populate()
         if args.mark_only:
+            scale.add_nodes()
+            scale.populate()
             op = scale.start()  # the guard at its defaults, as in the full run's marking
             scale.watch = DeadWatch(scale.api, NS)
             try:
@@ -671,6 +671,8 @@ def main() -> int:
             finally:
                 op.stop()
             return 0
+        scale.baseline()
+        scale.populate()
         op = scale.startup()
         scale.watch = DeadWatch(scale.api, NS)
         try:
