@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 import sandlot
 from sandlot.adapters.health import serve_health
 from sandlot.adapters.informer import LeaseInformer, SandboxInformer
+from sandlot.adapters.kopfclient import kopf_session
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
     RequestCounter,
@@ -132,9 +133,11 @@ def register_kopf(registry: kopf.OperatorRegistry, connection: dict[str, Any]) -
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_kopf(settings)
 
+    # A coroutine: the session it builds belongs to the event loop (kopf runs a
+    # plain function in a thread).
     @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(**connection)
+    async def login(**_: Any) -> kopf.AiohttpSession:
+        return kopf_session(connection)
 
 
 def build_registry(
