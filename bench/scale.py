@@ -40,7 +40,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -168,22 +167,6 @@ def peak_kb(pid: int) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _environ(**values: str) -> Iterator[None]:
-    """``values`` in this process's environment (the children it starts inherit
-    them) for the block's length."""
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class Scale:
     def __init__(self, work: Path, nodes: int, sandboxes: int, renew_every: float) -> None:
         self.work = work
@@ -197,9 +180,12 @@ class Scale:
         flags = operator_identity(work / "cp")
         # The API server's garbage collector, cycle by cycle, in its log: on 2 cores a
         # cycle takes a visible share of a marking window (``GoGcTrace``).
-        with _environ(GODEBUG="gctrace=1"):
-            self.plane = start_private_plane(work / "cp", extra_flags=flags,
-                                             namespaces=(NS, LEASE_NS))  # fmt: skip
+        self.plane = start_private_plane(
+            work / "cp",
+            extra_flags=flags,
+            namespaces=(NS, LEASE_NS),
+            apiserver_env={"GODEBUG": "gctrace=1"},
+        )
         self.apiserver_gc = GoGcTrace(
             work / "cp" / f"{APISERVER}.log", self.plane.pids()[APISERVER]
         )

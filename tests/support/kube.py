@@ -38,11 +38,19 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 
 
 def start_private_plane(
-    workdir: Path, *, extra_flags: list[str] | None = None, namespaces: tuple[str, ...] = ()
+    workdir: Path,
+    *,
+    extra_flags: list[str] | None = None,
+    namespaces: tuple[str, ...] = (),
+    apiserver_env: dict[str, str] | None = None,
 ) -> ControlPlane:
     """A control plane of one test's own (for tests that stop, freeze or audit it),
     with sandlot's CRDs and ``namespaces`` created. The caller stops it."""
-    plane = ControlPlane(workdir=workdir, extra_apiserver_flags=list(extra_flags or []))
+    plane = ControlPlane(
+        workdir=workdir,
+        extra_apiserver_flags=list(extra_flags or []),
+        apiserver_env=dict(apiserver_env or {}),
+    )
     plane.start()
     try:
         api = load_api_client(str(plane.kubeconfig))

@@ -130,6 +130,8 @@ class ControlPlane:
     bin_dir: Path | None = None
     start_timeout: float = 90.0
     extra_apiserver_flags: list[str] = field(default_factory=list)
+    # Added to kube-apiserver's environment (e.g. GODEBUG=gctrace=1 for a benchmark).
+    apiserver_env: dict[str, str] = field(default_factory=dict)
     controller_manager: bool = False
     # A cluster with kubelets serves on an address its nodes reach (``address``) and
     # runs more of kube-controller-manager (``kcm_controllers``, ``extra_kcm_flags``).
@@ -279,6 +281,7 @@ class ControlPlane:
                 *self.extra_apiserver_flags,
             ],
             detach,
+            env=self.apiserver_env,
         )
 
     def _start_controller_manager(self, detach: bool) -> None:
@@ -298,10 +301,13 @@ class ControlPlane:
             detach,
         )
 
-    def _spawn(self, name: str, argv: list[str], detach: bool) -> None:
+    def _spawn(
+        self, name: str, argv: list[str], detach: bool, env: dict[str, str] | None = None
+    ) -> None:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         self._procs[name] = subprocess.Popen(
             argv,
+            env=dict(os.environ, **env) if env else None,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
