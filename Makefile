@@ -16,6 +16,7 @@ lint: setup
 	$(VENV)/ruff check $(LINT_DIRS)
 	$(VENV)/ruff format --check $(LINT_DIRS)
 	$(VENV)/mypy
+	$(VENV)/mypy bench  # the benchmarks, apart: pyproject's mypy section names the package
 	$(VENV)/lint-imports
 
 # Two runs, both always: every test but the local cluster's on $(PYTEST_WORKERS)

@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +184,7 @@ def start_agent(bench: Bench, containerd: Any, work: Path, capacity: int) -> Age
             metrics_port=0,
             log_dir=str(work / "logs"),
             node_address="127.0.0.1",
-            sync_interval="0.05s",
+            sync_interval=timedelta(seconds=0.05),
             gc_disabled=True,
         ),
         bench.api,

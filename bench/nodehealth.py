@@ -39,7 +39,7 @@ from kubernetes import client
 from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes
 
 from sandlot.adapters.kube import apply_crds, load_api_client
-from sandlot.adapters.objects import dead_status, parse_time
+from sandlot.adapters.objects import dead_status
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.api.sandbox import REASON_NODE_LOST
@@ -49,6 +49,11 @@ CONCURRENCY = 16
 GRACE = 3.0
 PRECISION_GRACE = 20.0
 LEASE = 2
+
+
+def moment(text: str) -> datetime:
+    """An RFC 3339 timestamp the API server returned (never absent where it is read)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def rss_kb(pid: int) -> int:
@@ -175,8 +180,8 @@ class Bench:
             GROUP, VERSION, "sandboxes", field_selector=f"spec.nodeName={node}"
         )["items"]
         return [
-            parse_time(i["status"]["finishedAt"])
-            for i in items  # type: ignore[misc]
+            moment(i["status"]["finishedAt"])
+            for i in items
             if (i.get("status") or {}).get("phase") == "Dead"
         ]
 
@@ -228,7 +233,7 @@ class Bench:
             leases_idle = op.metric("sandlot_operator_api_requests_total", resource="leases")
             # The pass that marked started at handledAt (it stamps every mark with that
             # moment); its last write landed mark_seconds later.
-            last_mark = parse_time(handled) + timedelta(seconds=mark_seconds)
+            last_mark = moment(handled) + timedelta(seconds=mark_seconds)
             # The limit, measured against the same API server with the operator still
             # running (and watching), so both rates pay the same watch fan-out.
             bare = self.bare_rate(node, count)
@@ -319,7 +324,7 @@ class Bench:
         print(f"deadline precision: 1 node, {count} sandboxes", flush=True)
         r = self.lose_node(count, "pr", grace=PRECISION_GRACE)
         late = (r["last_mark"] - r["deadline"]).total_seconds()
-        started = (parse_time(r["handled"]) - r["deadline"]).total_seconds()
+        started = (moment(r["handled"]) - r["deadline"]).total_seconds()
         ratio = late / (LEASE + PRECISION_GRACE)
         # What the same writes take at the API server's own rate, measured in the same
         # run: no marking pass can end sooner after the deadline than this.

@@ -74,7 +74,8 @@ def main() -> int:
         filler = {"/filler.bin": os.urandom(args.mib * 1024 * 1024)}
         build_image_archive(archive, ref, extra_files=filler, compress=True)
         registry.push(archive, "bench/pull:1", timeout=600)
-        ours, theirs = [], []
+        ours: list[float] = []
+        theirs: list[float] = []
         for i in range(args.rounds):
             # A fresh containerd for every pull: its content store is shared across
             # namespaces, so a second pull into the same daemon fetches nothing.

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -45,7 +46,7 @@ def main() -> int:
         help="run the scale benchmark at 150,000 sandboxes over 5,000 nodes (about 70 minutes)",
     )
     args = parser.parse_args()
-    rows: list[dict[str, object]] = []
+    rows: list[dict[str, Any]] = []
 
     out = Path(tempfile.mkdtemp(prefix="sl-bench-")) / "nodehealth.json"
     nh_args = [str(HERE / "nodehealth.py"), "--json", str(out)]

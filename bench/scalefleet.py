@@ -622,9 +622,10 @@ class DeadWatch:
         self.lock = threading.Lock()
         self._watch = watch.Watch()
         self.rewatches = self.relists = 0
-        rv = self.objs.list_namespaced_custom_object(
+        listed: Any = self.objs.list_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", limit=1
-        )["metadata"]["resourceVersion"]
+        )
+        rv = listed["metadata"]["resourceVersion"]
         self._thread = threading.Thread(target=self._run, args=(rv,), daemon=True)
         self._thread.start()
 

@@ -45,7 +45,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
-from sandlot.agent.settings import AgentSettings
+from sandlot.agent.settings import AgentSettings, NetworkMode
 from sandlot.agent.teardown import teardown_many
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
@@ -252,7 +252,7 @@ def main() -> int:
             metrics_port=0,
             log_dir="",
             node_address="127.0.0.1",
-            network_mode="host-address",
+            network_mode=NetworkMode.HOST_ADDRESS,
             gc_disabled=True,
             **pacing,
         )
