@@ -159,7 +159,8 @@ def run_agents(argv: list[str]) -> int:
     renewer = LeaseRenewer(args.kubeconfig, args.namespace, args.every, args.duration)
     renewer.add(Path(args.nodes).read_text().split())
     stop = threading.Event()
-    threading.Thread(target=renewer.loop, args=(stop,), daemon=True).start()
+    loop = threading.Thread(target=renewer.loop, args=(stop,), daemon=True)
+    loop.start()
     print(json.dumps({"ready": len(renewer.records)}), flush=True)
     for line in sys.stdin:
         verb, *names = line.split()
@@ -177,7 +178,12 @@ def run_agents(argv: list[str]) -> int:
             with renewer.lock:
                 last = {n: renewer.last[n].isoformat() for n in names}
             print(json.dumps({"last": last}), flush=True)
+    # The loop stops submitting before the pool is shut: a renewal submitted while
+    # the interpreter exits raised "cannot schedule new futures after interpreter
+    # shutdown" at the end of a long run.
     stop.set()
+    loop.join(10)
+    renewer.pool.shutdown(wait=True, cancel_futures=True)
     return 0
 
 
