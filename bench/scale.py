@@ -59,6 +59,7 @@ from bench.scalefleet import (
     DeadWatch,
     LeaseReader,
     OperatorRequests,
+    bare_marking,
     bare_patches,
     create_nodes,
     create_sandboxes,
@@ -70,6 +71,7 @@ from bench.scaleplot import write_plot
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import parse_time
 from sandlot.api import GROUP, VERSION
+from sandlot.controllers.marking import FIRST_PAGE_PER_WRITER
 
 NS = "scale"
 LEASE_NS = "sandlot-system"
@@ -77,6 +79,8 @@ GRACE = 5.0
 RESYNC = 30.0  # the chart's default resync interval
 TIMERS_PER_S = 10.0  # node timers a second at most, as docs/capacity.md advises (past 300 nodes)
 MARK_CONCURRENCY = 16
+# The operator's first page of a lost node's sandboxes at that concurrency.
+FIRST_PAGE = FIRST_PAGE_PER_WRITER * MARK_CONCURRENCY
 FIRST_DECISION = PASSES = "sandlot_operator_node_reconcile_duration_seconds_count"
 PASS_SECONDS = "sandlot_operator_node_reconcile_duration_seconds_sum"
 
@@ -503,9 +507,10 @@ class Scale:
               flush=True)  # fmt: skip
         assert self.agents is not None and self.watch is not None
         ratios, throughputs, controls, matched = [], [], [], []
+        passes, against_pass = [], []
         pids = {"operator": op.proc.pid, **self.plane.pids()}
         spent: dict[str, list[float]] = {"operator": [], "bare": [], "api_op": [], "api_bare": [],
-                                         "gc_op": [], "gc_bare": []}  # fmt: skip
+                                         "gc_op": [], "gc_bare": [], "api_pass": [], "gc_pass": []}  # fmt: skip
         for run in range(runs):
             node = f"mark-{run}"
             create_nodes(self.kubeconfig, [node])
@@ -520,6 +525,10 @@ class Scale:
                 marked = trace.spent(start, max(seen.values()))
                 patched = self.bare_patches(names)
                 bare_run = trace.spent(patched.began, patched.ended)
+                # The same writes with the requests a marking pass must make first: the
+                # node's listings, which the bare patches above do not.
+                passed = self.bare_marking(node)
+                pass_run = trace.spent(passed.began, passed.ended)
                 # The control: the bare client against itself, paired the same way
                 # (the first window after the same quiet time as the deadline's, the
                 # second right after it). What its ratio moves by, the machine and the
@@ -539,6 +548,11 @@ class Scale:
             gc_bare = spent_in(cycles, patched.began, patched.ended)
             spent["gc_op"].append(gc_op[1] / count)
             spent["gc_bare"].append(gc_bare[1] / count)
+            gc_pass = spent_in(cycles, passed.began, passed.ended)
+            spent["api_pass"].append(pass_run.get(APISERVER, 0.0) / count)
+            spent["gc_pass"].append(gc_pass[1] / count)
+            passes.append(passed.seconds / bare)
+            against_pass.append(took / passed.seconds)
             ratios.append(took / bare)
             throughputs.append((count / (max(seen.values()) - min(seen.values()))) / (count / bare))
             controls.append(again.seconds / quiet.seconds)
@@ -552,7 +566,9 @@ class Scale:
                   f"{spent['api_bare'][-1] * 1e3:.2f} ms; the API server's GC: {gc_op[0]} cycles "
                   f"{gc_op[1]:.2f} CPU-s in the operator's window, {gc_bare[0]} cycles "
                   f"{gc_bare[1]:.2f} CPU-s in the bare one; etcd {etcd[0] * 1e3:.2f} / "
-                  f"{etcd[1] * 1e3:.2f} ms a write; throughput {throughputs[-1]:.3f}; the "
+                  f"{etcd[1] * 1e3:.2f} ms a write; a bare marking pass {passed.seconds:.3f}s "
+                  f"(API server {spent['api_pass'][-1] * 1e3:.2f} ms a write, GC {gc_pass[0]} "
+                  f"cycles {gc_pass[1]:.2f} CPU-s); throughput {throughputs[-1]:.3f}; the "
                   f"control {controls[-1]:.3f} ({quiet.seconds:.3f}s after the quiet, "
                   f"{again.seconds:.3f}s right after); the bench's own watch resumed "
                   f"{self.watch.rewatches} times, listed again {self.watch.relists}",
@@ -582,6 +598,21 @@ class Scale:
                  "the operator against the control's first window, both after "
                  f"{self.duration + GRACE:g}s without writes: runs "
                  + ", ".join(f"{r:.2f}" for r in matched))  # fmt: skip
+        # What a marking pass must ask for beyond the writes (the node's first page
+        # and its whole listing), measured by a bare client making those requests.
+        self.figures.update(mark_pass_share=statistics.median(passes),
+                            mark_against_pass=statistics.median(against_pass))  # fmt: skip
+        self.row(f"a bare marking pass / bare patches, median of {runs}",
+                 statistics.median(passes), "report", True,
+                 f"the same {count} writes with the node's first page of {FIRST_PAGE} and its "
+                 "whole listing by spec.nodeName first, right after the bare patches: runs "
+                 + ", ".join(f"{r:.2f}" for r in passes))  # fmt: skip
+        self.row(f"deadline -> last mark / a bare marking pass, median of {runs}",
+                 statistics.median(against_pass), "report", True,
+                 "the operator against a bare client making the same listings and writes: runs "
+                 + ", ".join(f"{r:.2f}" for r in against_pass) + "; the API server's CPU a write "
+                 f"in the pass {statistics.median(spent['api_pass']) * 1e3:.2f} ms, its GC "
+                 f"{statistics.median(spent['gc_pass']) * 1e3:.2f} ms")  # fmt: skip
         # Where the time goes: the two programs share the machine's cores with the API
         # server, so CPU a write on either side is time taken from the writes.
         cpu_ms = {k: statistics.median(v) * 1e3 for k, v in spent.items()}
@@ -611,6 +642,11 @@ class Scale:
         watches: both pay the same watch fan-out. It sends them as the operator's
         user, so the API server audits them as it audits the marks."""
         return bare_patches(str(self.op_kubeconfig), NS, names, MARK_CONCURRENCY, message)
+
+    def bare_marking(self, node: str) -> BarePatches:
+        """A bare client making the requests a marking pass of ``node`` makes (its
+        listings and the writes), with the operator's concurrency and first page."""
+        return bare_marking(str(self.op_kubeconfig), node, MARK_CONCURRENCY, FIRST_PAGE)
 
 
 def main() -> int:

@@ -517,6 +517,70 @@ def _bare_patches(job: tuple[str, str, list[str], int, str]) -> tuple[float, flo
         return began, time.time(), time.process_time() - cpu
 
 
+def _bare_marking(job: tuple[str, str, int, int, str]) -> tuple[float, float, float]:
+    kubeconfig, node, concurrency, first_page, message = job
+    objs = _objects(kubeconfig)
+    selector = f"spec.nodeName={node}"
+
+    def patch(item: dict[str, Any]) -> None:
+        # What a mark sends: the fields merged into the sandbox's conditions as read,
+        # under the resourceVersion read.
+        meta = item["metadata"]
+        body = {
+            "metadata": {"resourceVersion": meta["resourceVersion"]},
+            "status": dead_status(REASON_NODE_LOST, message, datetime.now(UTC), item),
+        }
+        objs.patch_namespaced_custom_object_status(
+            GROUP, VERSION, meta["namespace"], "sandboxes", meta["name"], body
+        )
+
+    def read(item: dict[str, Any]) -> None:
+        meta = item["metadata"]
+        objs.get_namespaced_custom_object(
+            GROUP, VERSION, meta["namespace"], "sandboxes", meta["name"]
+        )
+
+    def listing(limit: int | None = None) -> list[dict[str, Any]]:
+        extra = {"limit": limit} if limit else {}
+        out = objs.list_cluster_custom_object(
+            GROUP, VERSION, "sandboxes", field_selector=selector, **extra
+        )
+        return list(out["items"])
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(read, listing(concurrency)))  # its connections warm, as the operator's
+        cpu, began = time.process_time(), time.time()
+        # The marking pass's requests: the node's first page, its writes under way
+        # while the node is listed whole, then the writes the page did not hold.
+        page = listing(first_page)
+        writes = [pool.submit(patch, item) for item in page]
+        held = {(i["metadata"]["namespace"], i["metadata"]["name"]) for i in page}
+        for item in listing():
+            if (item["metadata"]["namespace"], item["metadata"]["name"]) not in held:
+                writes.append(pool.submit(patch, item))
+        for write in writes:
+            write.result()
+        return began, time.time(), time.process_time() - cpu
+
+
+def bare_marking(
+    kubeconfig: str,
+    node: str,
+    concurrency: int,
+    first_page: int,
+    message: str = "bare marking",
+) -> BarePatches:
+    """A bare client making a marking pass's requests for ``node``: its first page of
+    ``first_page`` sandboxes by ``spec.nodeName``, their writes under way while it
+    lists the node whole, then the rest; each write what a mark writes, under the
+    resourceVersion listed. When, and its CPU."""
+    with get_context("spawn").Pool(1) as pool:
+        began, ended, cpu = pool.apply(
+            _bare_marking, ((kubeconfig, node, concurrency, first_page, message),)
+        )
+    return BarePatches(float(began), float(ended), float(cpu))
+
+
 @dataclass(frozen=True)
 class BarePatches:
     began: float  # epoch seconds
