@@ -507,7 +507,7 @@ class Scale:
               flush=True)  # fmt: skip
         assert self.agents is not None and self.watch is not None
         ratios, throughputs, controls, matched = [], [], [], []
-        passes, against_pass = [], []
+        passes, against_pass, pass_throughputs = [], [], []
         pids = {"operator": op.proc.pid, **self.plane.pids()}
         spent: dict[str, list[float]] = {"operator": [], "bare": [], "api_op": [], "api_bare": [],
                                          "gc_op": [], "gc_bare": [], "api_pass": [], "gc_pass": []}  # fmt: skip
@@ -553,6 +553,9 @@ class Scale:
             spent["gc_pass"].append(gc_pass[1] / count)
             passes.append(passed.seconds / bare)
             against_pass.append(took / passed.seconds)
+            pass_throughputs.append(
+                (count / (max(seen.values()) - min(seen.values()))) / (count / passed.seconds)
+            )
             ratios.append(took / bare)
             throughputs.append((count / (max(seen.values()) - min(seen.values()))) / (count / bare))
             controls.append(again.seconds / quiet.seconds)
@@ -613,6 +616,11 @@ class Scale:
                  + ", ".join(f"{r:.2f}" for r in against_pass) + "; the API server's CPU a write "
                  f"in the pass {statistics.median(spent['api_pass']) * 1e3:.2f} ms, its GC "
                  f"{statistics.median(spent['gc_pass']) * 1e3:.2f} ms")  # fmt: skip
+        self.figures.update(mark_pass_throughput_worst=min(pass_throughputs))
+        self.row("marking throughput operator / a bare marking pass, worst run",
+                 min(pass_throughputs), "report", True,
+                 "first to last mark against the bare pass's writes with its listings: runs "
+                 + ", ".join(f"{r:.2f}" for r in pass_throughputs))  # fmt: skip
         # Where the time goes: the two programs share the machine's cores with the API
         # server, so CPU a write on either side is time taken from the writes.
         cpu_ms = {k: statistics.median(v) * 1e3 for k, v in spent.items()}
