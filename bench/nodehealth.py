@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -38,11 +39,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubernetes import client
 from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes
 
+from bench.scalefleet import bare_marking
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.objects import dead_status
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.api.sandbox import REASON_NODE_LOST
+from sandlot.controllers.marking import FIRST_PAGE_PER_WRITER
 from sandlot.devtools.controlplane import ControlPlane
 
 CONCURRENCY = 16
@@ -203,6 +206,11 @@ class Bench:
         )
         try:
             self.wait(lambda: self.node_phase(node) == "Ready", 30, "node Ready")
+            # The operator's start-up done before the lease stops: while it still takes
+            # in its start-up listings, its Lease watch thread waited for the GIL, and
+            # the last renewal was observed 0.32-0.39 s after it was written (5-7 ms
+            # once quiet), which moved the operator's deadline, not its precision.
+            settle(op.proc.pid)
             before = self.object_requests(op)
             last = lease.pause()
             deadline = last + timedelta(seconds=LEASE + grace)
@@ -237,8 +245,14 @@ class Bench:
             # The limit, measured against the same API server with the operator still
             # running (and watching), so both rates pay the same watch fan-out.
             bare = self.bare_rate(node, count)
+            # The same writes with the requests a marking pass must make first (the
+            # node's first page and its whole listing), by a bare client.
+            passed = bare_marking(
+                str(self.plane.kubeconfig), node, CONCURRENCY, FIRST_PAGE_PER_WRITER * CONCURRENCY
+            )
             return {
                 "bare": bare,
+                "bare_pass_seconds": passed.seconds,
                 "node": node,
                 "deadline": deadline,
                 "last_mark": last_mark,
@@ -320,32 +334,47 @@ class Bench:
             f"Lease renewals, {r['idle_lease_requests']:.0f} in the run, are not per node)",
         )
 
-    def precision(self, count: int) -> None:
-        print(f"deadline precision: 1 node, {count} sandboxes", flush=True)
-        r = self.lose_node(count, "pr", grace=PRECISION_GRACE)
-        late = (r["last_mark"] - r["deadline"]).total_seconds()
-        started = (moment(r["handled"]) - r["deadline"]).total_seconds()
+    def precision(self, count: int, runs: int = 3) -> None:
+        print(f"deadline precision: 1 node, {count} sandboxes, {runs} runs", flush=True)
+        lates, starts, floors, rates, passes = [], [], [], [], []
+        for _ in range(runs):
+            r = self.lose_node(count, "pr", grace=PRECISION_GRACE)
+            lates.append((r["last_mark"] - r["deadline"]).total_seconds())
+            starts.append((moment(r["handled"]) - r["deadline"]).total_seconds())
+            # What the same writes take at the API server's own rate, measured in the
+            # same run: no marking pass can end sooner after the deadline than this.
+            floors.append(count / r["bare"])
+            rates.append(r["bare"])
+            passes.append(r["bare_pass_seconds"])
+        late, floor = statistics.median(lates), statistics.median(floors)
         ratio = late / (LEASE + PRECISION_GRACE)
-        # What the same writes take at the API server's own rate, measured in the same
-        # run: no marking pass can end sooner after the deadline than this.
-        floor = count / r["bare"]
         self.row(
             "deadline to last mark / (lease + grace)",
             ratio,
             "< 0.05 and < 2s",
-            ratio < 0.05 and late < 2.0 and started >= -0.05,
-            f"marking began {started:.3f}s and ended {late:.3f}s after the deadline; "
-            f"lease {LEASE}s + grace {PRECISION_GRACE}s; the floor: {count} status writes "
-            f"at the bare client's {r['bare']:.0f}/s take {floor:.3f}s "
+            ratio < 0.05 and late < 2.0 and min(starts) >= -0.05,
+            f"median of {runs}: marking began {statistics.median(starts):.3f}s and ended "
+            f"{late:.3f}s after the deadline; lease {LEASE}s + grace {PRECISION_GRACE}s; the "
+            f"floor: {count} status writes at the bare client's "
+            f"{statistics.median(rates):.0f}/s take {floor:.3f}s "
             f"({floor / (LEASE + PRECISION_GRACE):.4f} of lease + grace)",
         )
+        # A marking pass must list the node before it writes; the bare patches above
+        # do not. Against a bare client making the same listings and writes:
+        against = [la / ps for la, ps in zip(lates, passes, strict=True)]
         self.row(
-            "deadline to last mark / the bare client's time for as many writes",
-            late / floor,
+            f"deadline to last mark / a bare marking pass, median of {runs}",
+            statistics.median(against),
             "<= 1.1",
-            late / floor <= 1.1 and started >= -0.05,
-            f"{late:.3f}s after the deadline against {floor:.3f}s ({count} status writes "
-            f"at {r['bare']:.0f}/s, concurrency {CONCURRENCY}, same API server, same run)",
+            statistics.median(against) <= 1.1 and min(starts) >= -0.05,
+            "runs "
+            + ", ".join(
+                f"{r:.3f} (began {st:.3f}s, ended {la:.3f}s after the deadline; the bare pass "
+                f"{ps:.3f}s, its writes alone {fl:.3f}s)"
+                for r, st, la, ps, fl in zip(against, starts, lates, passes, floors, strict=True)
+            )
+            + f"; {count} sandboxes, concurrency {CONCURRENCY}, the node's first page of "
+            f"{FIRST_PAGE_PER_WRITER * CONCURRENCY} and its whole listing, same API server",
         )
 
     def memory(self, total: int, nodes: int) -> None:
