@@ -1,33 +1,47 @@
-"""``sandlot logs`` and ``sandlot exec`` end to end: the CLI, the real API server's
-pods/proxy, the agent's stream server and the real containerd.
+"""``sandlot logs`` and ``sandlot exec`` end to end: the CLI, the real API server
+(aggregated API ``subresources.sandlot.dev``), the stream gateway, the agent's
+mutual-TLS stream server and the real containerd.
 
-The fixtures (``tests/support/streams.py``) run a real agent whose stream server
-the API server proxies to, and two ServiceAccount callers with real tokens and
-RBAC: one may read logs and exec, one may only reach the proxy. The CLI runs as a
-subprocess with the caller's kubeconfig.
+The fixtures (``tests/support/streams.py``) run them with ServiceAccount callers
+holding real tokens and RBAC. The CLI runs as a subprocess with the caller's
+kubeconfig. The trust tests try the path as the wrong party: a tenant of another
+namespace, a user the API server lets through but the gateway does not, clients
+of the agent's port that are not the gateway, and a node that records what reaches
+it (never the user's token).
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import select
 import signal
+import socket
+import ssl
 import struct
 import subprocess
 import sys
 import termios
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
+from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
 from sandlot.adapters.kube import load_api_client
 from sandlot.agent.main import Agent
-from sandlot.api.common import GROUP, VERSION
-from sandlot.devtools.controlplane import kubectl_path
+from sandlot.devtools.certs import CA, Pair, StreamCerts
+from sandlot.devtools.controlplane import ControlPlane, kubectl_path
+from sandlot.devtools.streamnet import StreamAddress
+from sandlot.gateway.runner import GatewayParts
+from sandlot.policy.streams import SUBRESOURCE_GROUP
+from tests.integration.test_agent_node import create_sandbox
 from tests.support.streams import CLI_TIMEOUT, delete_sandbox, running_sandbox, sandlot
 from tests.support.wait import wait_for
 
@@ -36,16 +50,25 @@ pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 # ------------------------------------------------------------------------------- tests
 
 
-def test_the_agent_names_its_stream_path_on_its_sandbox_node(
-    kube: client.ApiClient, agent: Agent, places: tuple[str, str]
+def test_the_api_server_serves_the_streams_group_through_the_gateway(
+    kube: client.ApiClient, control_plane: ControlPlane, gateway: GatewayParts
 ) -> None:
-    system, _ = places
-    node = client.CustomObjectsApi(kube).get_cluster_custom_object(
-        GROUP, VERSION, "sandboxnodes", agent.node
+    groups = client.ApisApi(kube).get_api_versions()
+    names = [g.name for g in groups.groups]
+    assert SUBRESOURCE_GROUP in names
+    raw = subprocess.run(
+        [str(kubectl_path()), "get", "--raw", f"/apis/{SUBRESOURCE_GROUP}/v1alpha1"],
+        env=dict(os.environ, KUBECONFIG=str(control_plane.kubeconfig)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
     )
-    assert node["status"]["streamPath"] == (
-        f"/api/v1/namespaces/{system}/pods/{agent.settings.stream_pod}:{agent.settings.stream_port}/proxy"
-    )
+    resources = json.loads(raw.stdout)
+    assert sorted(r["name"] for r in resources["resources"]) == [
+        "sandboxes/exec",
+        "sandboxes/log",
+    ]
 
 
 def test_logs_prints_output_and_tail_takes_the_last_lines(
@@ -231,65 +254,169 @@ def _size_seen(controller: int) -> bool:
     return True
 
 
-def test_a_user_without_the_verb_gets_403_naming_what_it_may_not_do(
+def test_a_viewer_reads_logs_and_is_refused_exec_by_the_api_server(
     kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
 ) -> None:
     _, tenant = places
-    running_sandbox(kube, agent, tenant, "guarded", "echo secret; sleep 1000")
+    running_sandbox(kube, agent, tenant, "guarded", "echo visible; sleep 1000")
     refused = sandlot(
         "exec", "guarded", "-n", tenant, "--", "echo", "hi", kubeconfig=users["onlooker"]
     )
     assert refused.returncode == 1
     assert "exec refused (403)" in refused.stderr
-    assert (
-        f'user "system:serviceaccount:{tenant}:onlooker" cannot exec in sandboxes "guarded"'
-        in refused.stderr
+    assert 'cannot get resource "sandboxes/exec"' in refused.stderr, refused.stderr
+    logs = wait_for(
+        lambda: (
+            (done := sandlot("logs", "guarded", "-n", tenant, kubeconfig=users["onlooker"]))
+            and "visible" in done.stdout
+            and done
+        ),
+        timeout=20,
+        what="the viewer to read the sandbox's log",
     )
-    logs = sandlot("logs", "guarded", "-n", tenant, kubeconfig=users["onlooker"])
-    assert logs.returncode == 1 and "log refused (403)" in logs.stderr
-    assert "secret" not in logs.stdout
-    # `kubectl auth can-i` answers exactly what the agent asks.
-    for user, answer in (("onlooker", "no"), ("operator-person", "yes")):
-        can_i = subprocess.run(
-            [str(kubectl_path()), "auth", "can-i", "exec", "sandboxes", "-n", tenant],
-            capture_output=True,
-            text=True,
-            env=dict(os.environ, KUBECONFIG=str(users[user])),
-            timeout=30,
-            check=False,
-        )
-        assert can_i.stdout.strip() == answer, (user, can_i.stderr)
+    assert logs.returncode == 0, logs.stderr
+    # What `kubectl auth can-i` asks (a SelfSubjectAccessReview), as each user.
+    for user, answer in (("onlooker", False), ("operator-person", True)):
+        api = load_api_client(str(users[user]))
+        try:
+            review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+                {
+                    "spec": {
+                        "resourceAttributes": {
+                            "namespace": tenant,
+                            "group": SUBRESOURCE_GROUP,
+                            "resource": "sandboxes",
+                            "subresource": "exec",
+                            "verb": "create",
+                        }
+                    }
+                }
+            )
+        finally:
+            api.close()
+        assert review.status.allowed is answer, (user, review.status)
     delete_sandbox(kube, tenant, "guarded")
 
 
-def test_the_api_server_strips_authorization_so_the_token_travels_in_its_own_header(
+def test_a_tenant_is_refused_every_stream_in_another_namespace(
     kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
 ) -> None:
-    """Without the agent's own header the agent sees no identity at all: the API
-    server removed ``Authorization`` after authenticating the caller."""
-    import websocket
+    system, _ = places
+    running_sandbox(kube, agent, system, "elsewhere", "echo private; sleep 1000")
+    for command in (
+        ["exec", "elsewhere", "-n", system, "--", "true"],
+        ["logs", "elsewhere", "-n", system],
+    ):
+        refused = sandlot(*command, kubeconfig=users["operator-person"])
+        assert refused.returncode == 1, refused
+        assert "private" not in refused.stdout
+        assert "403" in refused.stderr or "forbidden" in refused.stderr, refused.stderr
+    delete_sandbox(kube, system, "elsewhere")
+
+
+def test_the_gateway_reviews_the_user_itself_after_the_api_server_let_it_through(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    """``half-granted`` may ``get`` sandboxes/exec (what the API server checks for the
+    WebSocket's GET) but not ``create`` it (what the gateway asks for)."""
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "reviewed", "sleep 1000")
+    refused = sandlot(
+        "exec", "reviewed", "-n", tenant, "--", "true", kubeconfig=users["half-granted"]
+    )
+    assert refused.returncode == 1
+    assert "exec refused (403)" in refused.stderr, refused.stderr
+    assert (
+        f'user "system:serviceaccount:{tenant}:half-granted" cannot create sandboxes/exec '
+        f'"reviewed" in namespace "{tenant}"'
+    ) in refused.stderr
+    delete_sandbox(kube, tenant, "reviewed")
+
+
+def _handshake(ip: str, port: int, ctx: ssl.SSLContext | None) -> str:
+    """What the agent's stream port answers a client with ``ctx`` (None: plain HTTP)."""
+    with socket.create_connection((ip, port), timeout=10) as raw:
+        try:
+            conn = ctx.wrap_socket(raw, server_hostname="sandlot-agent") if ctx else raw
+            request = (
+                "GET /sandboxes/x/y/exec HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
+                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                "Sec-WebSocket-Version: 13\r\nX-Sandlot-Stream-Options: command=true\r\n\r\n"
+            )
+            conn.sendall(request.encode())
+            answer = conn.recv(4096)
+        except (ssl.SSLError, ConnectionError) as e:
+            return f"refused: {e}"
+    return answer.decode(errors="replace").split("\r\n", 1)[0] or "refused: closed"
+
+
+def test_the_agent_serves_only_the_gateways_certificate(
+    agent: Agent, stream_certs: StreamCerts, tmp_path: Path
+) -> None:
+    ip, port = agent.settings.stream_bind, agent.settings.stream_port
+    ca = str(stream_certs.ca.cert)
+    assert _handshake(ip, port, None).startswith("refused"), "plain HTTP was answered"
+    anonymous = ssl.create_default_context(cafile=ca)
+    assert _handshake(ip, port, anonymous).startswith("refused"), "no client cert was answered"
+    stranger_ca = CA.create(tmp_path, "stranger-ca")
+    stranger = stranger_ca.issue(tmp_path, "sandlot-gateway")  # the right name, wrong CA
+    assert _handshake(ip, port, _client(ca, stranger)).startswith("refused")
+    # Another node's agent holds a certificate of the same CA: refused by name.
+    assert _handshake(ip, port, _client(ca, stream_certs.agent)).startswith("HTTP/1.1 403")
+    # The gateway's own certificate gets past the handshake (then a 404: no such sandbox).
+    assert _handshake(ip, port, _client(ca, stream_certs.gateway)).startswith("HTTP/1.1 404")
+
+
+def _client(ca: str, pair: Pair) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.load_cert_chain(str(pair.cert), str(pair.key))
+    return ctx
+
+
+def test_no_users_token_reaches_a_node(
+    kube: client.ApiClient,
+    gateway: GatewayParts,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    stream_address: StreamAddress,
+    stream_certs: StreamCerts,
+) -> None:
+    """A node that records everything reaching its stream port (it holds a valid
+    agent certificate) sees the user's name and request, never the credential."""
+    from websockets.sync.server import serve
 
     system, tenant = places
-    running_sandbox(kube, agent, tenant, "bare", "sleep 1000")
-    api = load_api_client(str(users["operator-person"]))
-    try:
-        token = api.configuration.get_api_key_with_prefix("BearerToken", alias="authorization")
-        host = api.configuration.host.removeprefix("https://")
-        url = f"wss://{host}/api/v1/namespaces/{system}/pods/{agent.settings.stream_pod}:{agent.settings.stream_port}/proxy/sandboxes/{tenant}/bare/exec?command=true"
-        with pytest.raises(websocket.WebSocketBadStatusException) as refused:
-            websocket.create_connection(
-                url,
-                header=[f"Authorization: {token}", "X-Sandlot-Stream-Options: command=true"],
-                subprotocols=["v5.channel.k8s.io"],
-                sslopt={"ca_certs": api.configuration.ssl_ca_cert},
-                http_no_proxy=["*"],
-                timeout=20,
-            )
-    finally:
-        api.close()
-    assert refused.value.status_code == 401
-    assert b"X-Sandlot-Authorization" in (refused.value.resp_body or b"")
-    delete_sandbox(kube, tenant, "bare")
+    seen: list[bytes] = []
+
+    def record(connection: Any, request: Any) -> Any:
+        seen.append(
+            "\n".join(f"{k}: {v}" for k, v in request.headers.raw_items()).encode()
+            + request.path.encode()
+        )
+        return connection.respond(409, "recorded\n")
+
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(str(stream_certs.agent.cert), str(stream_certs.agent.key))
+    tls.load_verify_locations(str(stream_certs.ca.cert))
+    tls.verify_mode = ssl.CERT_REQUIRED
+    node = "recording-node"
+    with serve(lambda c: None, stream_address.ip, 0, ssl=tls, process_request=record) as spy:
+        threading.Thread(target=spy.serve_forever, daemon=True).start()
+        port = spy.socket.getsockname()[1]
+        publish_agent_pod(kube, system, f"sandlot-agent-{node}", stream_address.ip, port, node)
+        try:
+            create_sandbox(kube, tenant, "recorded", node)
+            kubeconfig = users["operator-person"]
+            token = yaml.safe_load(kubeconfig.read_text())["users"][0]["user"]["token"]
+            done = sandlot("exec", "recorded", "-n", tenant, "--", "id", kubeconfig=kubeconfig)
+        finally:
+            remove_agent_pod(kube, system, f"sandlot-agent-{node}")
+    assert done.returncode == 1 and "(409): recorded" in done.stderr, done.stderr
+    assert len(seen) == 1, seen
+    assert token.encode() not in seen[0]
+    assert b"authorization" not in seen[0].lower()
+    assert f"system:serviceaccount:{tenant}:operator-person".encode() in seen[0]
+    delete_sandbox(kube, tenant, "recorded")
 
 
 def test_a_busy_stream_port_is_one_line_naming_the_settings() -> None:
@@ -302,10 +429,11 @@ def test_a_busy_stream_port_is_one_line_naming_the_settings() -> None:
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         server = StreamServer(
-            None,
             "node-x",
             bind="127.0.0.1",
             port=port,
+            tls=ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER),
+            client_names=("sandlot-gateway",),
             sandbox=lambda _key: None,
             log_dir="",
             execs=None,

@@ -1,10 +1,13 @@
-"""Fixtures for ``sandlot logs`` / ``sandlot exec`` tests: a real agent whose stream
-server the real API server proxies to, and ServiceAccount callers with real RBAC.
+"""Fixtures for ``sandlot logs`` / ``sandlot exec`` tests: the real API server
+proxying the aggregated API ``subresources.sandlot.dev`` to a real stream gateway,
+which reaches a real agent over mutual TLS, and ServiceAccount callers with real
+tokens and RBAC.
 
-The agent's stream server listens on an address of an interface these fixtures
-create (the API server proxies only to a global-unicast pod IP), recorded as the
-IP of the agent's stand-in Pod, as ``sandlot dev`` and the demo do. One caller
-may read logs and exec, one may only reach the proxy.
+The gateway and the agent's stream server listen on an address of an interface
+these fixtures create (the API server refuses loopback endpoints), recorded as
+the gateway's endpoint and the IP of the agent's stand-in Pod, as the demo does.
+``operator-person`` holds what the chart's ``sandlot-edit`` grants in the tenant's
+namespace, ``onlooker`` what ``sandlot-view`` grants; neither has ``pods/proxy``.
 """
 
 from __future__ import annotations
@@ -24,10 +27,14 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import ControlPlane, free_port, kubeconfig_dict
+from sandlot.devtools.gatewayrig import running_gateway
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.streamnet import StreamAddress, can_create
+from sandlot.gateway.runner import GatewayParts
+from sandlot.policy.streams import SUBRESOURCE_GROUP
 from tests.support.agents import agent_settings
 from tests.support.wait import wait_for
 
@@ -59,11 +66,33 @@ def places(kube: client.ApiClient) -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
+def stream_certs(
+    places: tuple[str, str], stream_address: StreamAddress, tmp_path_factory: pytest.TempPathFactory
+) -> StreamCerts:
+    system, _ = places
+    return StreamCerts.create(tmp_path_factory.mktemp("certs"), system, (stream_address.ip,))
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    kube: client.ApiClient,
+    places: tuple[str, str],
+    stream_address: StreamAddress,
+    stream_certs: StreamCerts,
+) -> Iterator[GatewayParts]:
+    system, _ = places
+    with running_gateway(kube, stream_certs, system, stream_address.ip) as parts:
+        yield parts
+
+
+@pytest.fixture(scope="module")
 def agent(
     kube: client.ApiClient,
     containerd: PrivateContainerd,
     places: tuple[str, str],
     stream_address: StreamAddress,
+    stream_certs: StreamCerts,
+    gateway: GatewayParts,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Agent]:
     from tests.support.agents import clear_namespace
@@ -77,7 +106,7 @@ def agent(
     node = f"node-{uuid.uuid4().hex[:8]}"
     port = free_port()
     pod = f"sandlot-agent-{node}"
-    publish_agent_pod(kube, system, pod, stream_address.ip, port)
+    publish_agent_pod(kube, system, pod, stream_address.ip, port, node)
     settings = agent_settings(
         node=node,
         namespace=system,
@@ -86,7 +115,9 @@ def agent(
         log_dir=workdir / "logs",
         stream_port=port,
         stream_bind=stream_address.ip,
-        stream_pod=pod,
+        stream_tls_cert=str(stream_certs.agent.cert),
+        stream_tls_key=str(stream_certs.agent.key),
+        stream_client_ca=str(stream_certs.ca.cert),
         log_interval="0.2s",
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
@@ -137,12 +168,24 @@ def _grant(
     )
 
 
-PROXY = [{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get", "create"]}]
-STREAMS = [
-    {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get", "exec"]},
-    {"apiGroups": [GROUP], "resources": ["sandboxes/log"], "verbs": ["get"]},
+# What the chart's sandlot-edit and sandlot-view grant (templates/tenant-rbac.yaml).
+EDIT = [
+    {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": [SUBRESOURCE_GROUP],
+        "resources": ["sandboxes/exec", "sandboxes/log"],
+        "verbs": ["get", "create"],
+    },
 ]
-READ_ONLY = [{"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get"]}]
+VIEW = [
+    {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [SUBRESOURCE_GROUP], "resources": ["sandboxes/log"], "verbs": ["get"]},
+]
+# Passes the API server's own check of the WebSocket's GET, not the gateway's review.
+GET_ONLY = [
+    {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get"]},
+    {"apiGroups": [SUBRESOURCE_GROUP], "resources": ["sandboxes/exec"], "verbs": ["get"]},
+]
 
 
 @pytest.fixture(scope="module")
@@ -151,39 +194,16 @@ def users(
     control_plane: ControlPlane,
     places: tuple[str, str],
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[dict[str, Path]]:
-    """``operator-person`` may read logs and exec; ``onlooker`` may only reach the proxy."""
-    system, tenant = places
+) -> dict[str, Path]:
+    """Callers in the tenant's namespace: ``operator-person`` (edit), ``onlooker``
+    (view), ``half-granted`` (get but not create on sandboxes/exec)."""
+    _, tenant = places
     workdir = tmp_path_factory.mktemp("users")
     configs = {}
-    for user, rules in (("operator-person", STREAMS), ("onlooker", READ_ONLY)):
+    for user, rules in (("operator-person", EDIT), ("onlooker", VIEW), ("half-granted", GET_ONLY)):
         configs[user] = _user_kubeconfig(kube, control_plane, tenant, user, workdir)
-        _grant(kube, system, f"{user}-proxy", PROXY, (tenant, user))
         _grant(kube, tenant, f"{user}-sandboxes", rules, (tenant, user))
-    rbac = client.RbacAuthorizationV1Api(kube)
-    nodes = f"read-sandboxnodes-{tenant}"
-    rbac.create_cluster_role(
-        {
-            "metadata": {"name": nodes},
-            "rules": [{"apiGroups": [GROUP], "resources": ["sandboxnodes"], "verbs": ["get"]}],
-        }
-    )
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": nodes},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": nodes,
-            },
-            "subjects": [
-                {"kind": "ServiceAccount", "namespace": tenant, "name": user} for user in configs
-            ],
-        }
-    )
-    yield configs
-    rbac.delete_cluster_role_binding(nodes)
-    rbac.delete_cluster_role(nodes)
+    return configs
 
 
 def sandlot(

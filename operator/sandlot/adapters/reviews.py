@@ -1,8 +1,8 @@
-"""Who is calling and whether they may: TokenReview and SubjectAccessReview.
+"""Whether a user may: SubjectAccessReview, made under the caller's own identity.
 
-The agent's only use of them is ``sandlot logs`` / ``sandlot exec`` (see
-``policy.streams``); its identity may create both and nothing more for this.
-Answers are the reviews' ``status`` as plain dicts; a failed request raises.
+The stream gateway's use of it is ``sandlot logs`` / ``sandlot exec`` (see
+``policy.streams``): delegated authorization, as every aggregated API server does.
+Answers are the review's ``status`` as a plain dict; a failed request raises.
 """
 
 from __future__ import annotations
@@ -11,13 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
-
-
-def review_token(api: client.ApiClient, token: str, *, timeout: float) -> dict[str, Any]:
-    """The TokenReview status of ``token``: ``authenticated``, ``user``, ``error``."""
-    body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
-    review = client.AuthenticationV1Api(api).create_token_review(body, _request_timeout=timeout)
-    return dict(api.sanitize_for_serialization(review.status) or {})
 
 
 def review_access(
@@ -40,4 +33,4 @@ def review_access(
     return dict(api.sanitize_for_serialization(review.status) or {})
 
 
-__all__ = ["review_access", "review_token"]
+__all__ = ["review_access"]

@@ -1,19 +1,16 @@
 """The CLI's side of ``sandlot logs`` / ``sandlot exec``: a WebSocket to the
-sandbox's node agent, through the API server.
+sandbox's ``log`` or ``exec`` subresource on the API server.
 
-The path comes from the agent's SandboxNode (``status.streamPath``, the
-pods/proxy of its pod): the API server authenticates the caller, checks that it
-may use that proxy, and passes the connection on, upgrade included. It removes
-the ``Authorization`` header on the way, so the same bearer token also goes in
-``policy.streams.STREAM_TOKEN_HEADER`` for the agent to review. Only a bearer
-token can be passed on: a kubeconfig user with a client certificate is told so.
+Like ``kubectl exec``, it talks to the API server alone, with the kubeconfig's
+own identity (a token or a client certificate): the API server authenticates it
+and hands the stream to sandlot's gateway with the user's name, never the
+credential. Nothing the CLI reads tells it where a node is.
 """
 
 from __future__ import annotations
 
 import json
 import ssl
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,7 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
-from sandlot.policy.streams import STREAM_OPTIONS_HEADER, STREAM_TOKEN_HEADER, SUBPROTOCOL
+from sandlot.policy.streams import SUBPROTOCOL
 
 CONNECT_TIMEOUT = 30.0
 
@@ -37,52 +34,30 @@ class StreamRefused(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Target:
-    namespace: str
-    name: str
-    node: str
-    phase: str
-    stream_path: str
-
-
-def find_target(api: client.ApiClient, namespace: str, name: str) -> Target:
-    """Where the sandbox runs and the API server path to its node's agent."""
-    objects = Objects(api)
+def check_sandbox(api: client.ApiClient, namespace: str, name: str) -> str:
+    """The sandbox's phase; a ``UsageError`` when it does not exist or has no node yet,
+    said before any stream is opened."""
     try:
-        sandbox = objects.get_sandbox(namespace, name)
+        sandbox = Objects(api).get_sandbox(namespace, name)
     except ApiException as e:
         if e.status == 404:
             raise UsageError(f'sandbox "{name}" not found in namespace {namespace}') from None
         raise
     phase = str((sandbox.get("status") or {}).get("phase") or "Pending")
-    node = str((sandbox.get("spec") or {}).get("nodeName") or "")
-    if not node:
+    if not (sandbox.get("spec") or {}).get("nodeName"):
         raise UsageError(f'sandbox "{name}" is {phase} and not on any node yet')
-    snode = objects.get_node(node) or {}
-    path = str((snode.get("status") or {}).get("streamPath") or "")
-    if not path:
-        raise UsageError(
-            f'node {node} of sandbox "{name}" offers no logs or exec: its agent runs '
-            "without --stream-port / --stream-pod"
-        )
-    return Target(namespace, name, node, phase, path)
+    return phase
 
 
 def is_forbidden(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status in (401, 403)
 
 
-def bearer_of(api: client.ApiClient) -> str:
-    cfg = api.configuration
+def _auth_headers(cfg: Any) -> list[str]:
+    """The kubeconfig's bearer token as a header, if it has one (a client certificate
+    goes in the TLS options instead)."""
     value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization") or ""
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise UsageError(
-            "logs and exec need a bearer-token identity (the API server does not pass a "
-            "client certificate on to the agent): use a kubeconfig user with a token"
-        )
-    return token
+    return [f"Authorization: {value}"] if value else []
 
 
 def _sslopt(cfg: Any) -> dict[str, Any]:
@@ -142,21 +117,17 @@ class Stream:
         self._ws.close(timeout=2)
 
 
-def open_stream(api: client.ApiClient, path: str, options: str = "") -> Stream:
-    """A connected WebSocket to ``path`` on the API server; ``StreamRefused`` on an
-    HTTP answer instead of the upgrade."""
+def open_stream(api: client.ApiClient, path: str) -> Stream:
+    """A connected WebSocket to ``path`` (with its query) on the API server;
+    ``StreamRefused`` on an HTTP answer instead of the upgrade."""
     cfg = api.configuration
-    token = bearer_of(api)
+    if cfg.refresh_api_key_hook is not None:
+        cfg.refresh_api_key_hook(cfg)  # an exec plugin's token, fresh
     url = "ws" + cfg.host.removeprefix("http") + path
-    headers = [
-        f"Authorization: Bearer {token}",
-        f"{STREAM_TOKEN_HEADER}: Bearer {token}",
-        f"{STREAM_OPTIONS_HEADER}: {options}",
-    ]
     try:
         ws = websocket.create_connection(
             url,
-            header=headers,
+            header=_auth_headers(cfg),
             subprotocols=[SUBPROTOCOL],
             sslopt=_sslopt(cfg),
             timeout=CONNECT_TIMEOUT,
@@ -170,12 +141,4 @@ def open_stream(api: client.ApiClient, path: str, options: str = "") -> Stream:
     return Stream(ws)
 
 
-__all__ = [
-    "Stream",
-    "StreamRefused",
-    "Target",
-    "bearer_of",
-    "find_target",
-    "is_forbidden",
-    "open_stream",
-]
+__all__ = ["Stream", "StreamRefused", "check_sandbox", "is_forbidden", "open_stream"]

@@ -21,7 +21,6 @@ from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.agent.capacity import capacity_status, mirrored_taints
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.streams import stream_status
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import Release
 from sandlot.policy.agentsweep import SweepAction
@@ -149,7 +148,6 @@ def registration(
         "capacity": capacity_status(capacity),
         **mirrored_taints(objects.api, settings.node_name),
         "address": address,
-        **stream_status(settings),
         "agentVersion": sandlot.__version__,
         "containerdVersion": containerd_version,
     }

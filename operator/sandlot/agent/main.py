@@ -246,9 +246,7 @@ class Agent:
             self._metrics_server = serve_agent_health(
                 self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
             )
-        self.streams = start_streams(
-            self.settings, self.objects.api, self.sandbox_watch, self._stop
-        )
+        self.streams = start_streams(self.settings, self.sandbox_watch, self._stop)
         if not self.connect():
             return False
         # Orphan sweep and re-adopt: before the node says it is alive.

@@ -238,21 +238,34 @@ class AgentSettings(SettingsModel):
         default=0,
         ge=0,
         le=65535,
-        description="Port of the stream server behind `sandlot logs` and `sandlot exec`, "
-        "reached only through the API server's pods/proxy of stream_pod; 0: off.",
+        description="Port of the stream server behind `sandlot logs` and `sandlot exec`: "
+        "mutual TLS, reached only by sandlot's stream gateway; 0: off.",
     )
     stream_bind: str = Field(
         default="",
         max_length=253,
-        description="Address the stream server listens on (empty: every address). The API "
-        "server proxies only to a pod IP that is not loopback or link-local.",
+        description="Address the stream server listens on (empty: every address). The "
+        "gateway reaches it at the agent pod's IP.",
     )
-    stream_pod: str = Field(
+    stream_tls_cert: str = Field(
         default="",
-        max_length=253,
-        description="The Pod, in the agent's namespace, whose IP is this agent's stream "
-        "server: its own pod in a cluster; on the local control plane a stand-in Pod "
-        "the dev tooling keeps. Empty: logs and exec are not offered.",
+        max_length=4096,
+        description="PEM file of the stream server's certificate (issued by the stream CA "
+        "for the name stream_server_name). Required with stream_port.",
+    )
+    stream_tls_key: str = Field(
+        default="", max_length=4096, description="PEM file of that certificate's key."
+    )
+    stream_client_ca: str = Field(
+        default="",
+        max_length=4096,
+        description="PEM file of the CA whose client certificates the stream server "
+        "accepts (the stream CA). Required with stream_port.",
+    )
+    stream_client_name: list[str] = Field(
+        default_factory=lambda: ["sandlot-gateway"],
+        description="Common names of the client certificates the stream server accepts: "
+        "the stream gateway's (repeatable). Any other certificate of the CA is refused.",
     )
     cgroup_parent: str = Field(
         default="/sandlot",
@@ -383,6 +396,15 @@ class AgentSettings(SettingsModel):
             value = getattr(self, name)
             if value and parse_quantity(value) <= 0:
                 raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
+        if self.stream_port and not (
+            self.stream_tls_cert and self.stream_tls_key and self.stream_client_ca
+        ):
+            raise ValueError(
+                "stream_port needs stream_tls_cert, stream_tls_key and stream_client_ca: "
+                "the stream server speaks only mutual TLS"
+            )
+        if self.stream_port and not self.stream_client_name:
+            raise ValueError("stream_client_name must name at least one client certificate")
         return self
 
     @property

@@ -1,19 +1,21 @@
 """The agent's stream server: ``sandlot logs`` and ``sandlot exec`` for its node.
 
 A WebSocket server (``v5.channel.k8s.io`` frames, ``policy.streams``) on
-``stream_port``, reached only through the API server's proxy (``stream_route``:
-the agent's pod in a cluster, a Service of the node's agent on the local control
-plane), never by the node's address. Before the upgrade every request is
-authenticated and authorized (TokenReview, then SubjectAccessReview for the
-reviewed identity; ``policy.streams.decide_access``) and its sandbox must run
-on this node; a refusal is a plain HTTP answer (401, 403, 404, 409) whose body
-says why, which the API server hands back to the CLI unchanged. Each accepted
-connection has a thread of its own; the agent stopping ends them within a wait.
+``stream_port`` that speaks only mutual TLS and serves only sandlot's stream
+gateway: a client certificate of the stream CA whose common name is one of
+``stream_client_name``. The gateway has authenticated and authorized the user
+before it connects; the agent never sees, asks for or reviews a user's
+credential, and another node's agent certificate is refused like any stranger.
+Before the upgrade the sandbox must be on this node; a refusal is a plain HTTP
+answer (403, 404, 409) whose body says why, which the gateway hands back to the
+user. Each accepted connection has a thread of its own; the agent stopping ends
+them within a wait.
 """
 
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,28 +24,24 @@ from typing import Any
 from websockets.sync.server import Server, ServerConnection, serve
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
-from sandlot.adapters.reviews import review_access, review_token
+from sandlot.adapters.mtls import peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.adapters.startup import api_error_line, cannot_listen, setting_name
+from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.execsession import ExecSession
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.policy.streams import (
+    CALLER_HEADER,
     EXEC,
     STATUS,
     STREAM_OPTIONS_HEADER,
-    STREAM_TOKEN_HEADER,
     SUBPROTOCOL,
     StreamRequest,
     StreamRequestError,
-    access_review_spec,
-    bearer_token,
-    decide_access,
     encode_frame,
     exit_status,
-    parse_stream_request,
-    proxy_path,
+    parse_agent_request,
 )
 
 log = logging.getLogger(__name__)
@@ -57,19 +55,21 @@ class StreamServer:
 
     def __init__(
         self,
-        api: Any,
         node: str,
         *,
         bind: str,
         port: int,
+        tls: ssl.SSLContext,
+        client_names: tuple[str, ...],
         sandbox: Callable[[str], Mapping[str, Any] | None],
         log_dir: str,
         execs: Execs | None,
         call_timeout: float,
         stop: threading.Event,
     ) -> None:
-        self.api = api
         self.node = node
+        self._tls = tls
+        self.client_names = client_names
         self.bind = bind
         self.requested_port = port
         self._sandbox = sandbox
@@ -92,6 +92,8 @@ class StreamServer:
                 self.bind or None,
                 self.requested_port,
                 process_request=self._admit,
+                ssl=self._tls,
+                open_timeout=self.call_timeout,
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,
                 max_size=MAX_MESSAGE,
@@ -113,33 +115,23 @@ class StreamServer:
     # -- before the upgrade: who, may they, and is the sandbox here -----------------
 
     def _admit(self, connection: ServerConnection, request: Any) -> Any:
+        peer = peer_common_name(connection.socket)
+        if peer not in self.client_names:
+            log.warning("stream refused: client certificate %r is not the stream gateway's", peer)
+            return connection.respond(403, "only the stream gateway may open streams\n")
         try:
-            asked = parse_stream_request(
+            asked = parse_agent_request(
                 request.path, request.headers.get(STREAM_OPTIONS_HEADER, "")
             )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
-        token = bearer_token(request.headers.get(STREAM_TOKEN_HEADER))
-        token_status = access_status = None
-        try:
-            if token:
-                token_status = review_token(self.api, token, timeout=self.call_timeout)
-            if token_status and token_status.get("authenticated"):
-                spec = access_review_spec(token_status.get("user") or {}, asked)
-                access_status = review_access(self.api, spec, timeout=self.call_timeout)
-        except Exception as e:
-            log.warning("cannot review a stream request: %s", api_error_line(e))
-            return connection.respond(
-                503, f"the agent cannot review the request: {api_error_line(e)}\n"
-            )
-        access = decide_access(token, token_status, access_status, asked)
-        if not access.allowed:
-            log.info("stream refused (%d): %s", access.code, access.message)
-            return connection.respond(access.code, f"{access.message}\n")
         refusal = self._sandbox_refusal(asked)
         if refusal is not None:
             return connection.respond(*refusal)
-        log.info("stream accepted: %s (%s)", access.message, request.path)
+        caller = request.headers.get(CALLER_HEADER, "?")
+        log.info(
+            "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
+        )
         return None
 
     def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
@@ -170,7 +162,7 @@ class StreamServer:
     def _session(self, connection: ServerConnection) -> None:
         request = connection.request
         assert request is not None, "a session starts after its request was admitted"
-        asked = parse_stream_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
+        asked = parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
         key = f"{asked.namespace}/{asked.name}"
         sandbox = self._sandbox(key) or {}
         if asked.kind == EXEC:
@@ -230,18 +222,29 @@ class StreamServer:
 
 
 def start_streams(
-    settings: AgentSettings, api: Any, sandboxes: WatchCache, stop: threading.Event
+    settings: AgentSettings, sandboxes: WatchCache, stop: threading.Event
 ) -> StreamServer | None:
     """The stream server of ``settings``, listening; None when it is off. Started
-    first in the start-up, so a busy port fails it at once; until the sandbox watch
-    has listed, every sandbox is answered as not on this node (404)."""
+    first in the start-up, so a busy port or an unreadable certificate fails it at
+    once; until the sandbox watch has listed, every sandbox is answered as not on
+    this node (404)."""
     if not settings.stream_port:
         return None
+    try:
+        tls = server_context(
+            settings.stream_tls_cert, settings.stream_tls_key, settings.stream_client_ca
+        )
+    except (OSError, ssl.SSLError) as e:
+        names = ", ".join(
+            setting_name(n) for n in ("stream_tls_cert", "stream_tls_key", "stream_client_ca")
+        )
+        raise StartupError(f"{names}: cannot load the stream server's TLS files: {e}") from None
     server = StreamServer(
-        api,
         settings.node_name,
         bind=settings.stream_bind,
         port=settings.stream_port,
+        tls=tls,
+        client_names=tuple(settings.stream_client_name),
         sandbox=sandboxes.get,
         log_dir=settings.log_dir,
         execs=open_execs(settings.containerd_address, settings.containerd_namespace),
@@ -252,11 +255,4 @@ def start_streams(
     return server
 
 
-def stream_status(settings: AgentSettings) -> dict[str, str]:
-    """The SandboxNode status naming the path to this agent's stream server, if offered."""
-    if not (settings.stream_port and settings.stream_pod):
-        return {}
-    return {"streamPath": proxy_path(settings.namespace, settings.stream_pod, settings.stream_port)}
-
-
-__all__ = ["StreamServer", "start_streams", "stream_status"]
+__all__ = ["StreamServer", "start_streams"]

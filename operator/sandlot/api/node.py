@@ -1,6 +1,6 @@
 """SandboxNode: one per node running the agent; its health, capacity and GC state.
 
-The agent owns ``status.capacity``, ``status.address``, ``status.streamPath`` and ``status.gc``; the
+The agent owns ``status.capacity``, ``status.address`` and ``status.gc``; the
 operator's node-health controller owns ``status.phase``, the conditions and
 ``status.health``. Health tracking lives here, not in operator memory, so an
 operator restart or a leader change neither restarts nor forgets a grace period.
@@ -176,12 +176,6 @@ class SandboxNodeStatus(Model):
     )
     address: str | None = Field(
         default=None, max_length=MAX_NAME, description="The node's address."
-    )
-    stream_path: str | None = Field(
-        default=None,
-        max_length=512,
-        description="The API server path that proxies to this node's agent stream server "
-        "(pods/proxy of the agent's pod): `sandlot logs` and `sandlot exec` go through it.",
     )
     agent_version: str | None = Field(
         default=None, max_length=MAX_WORD, description="Version of its agent."

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "cache": "sandlot.cli.cache",
     "demo": "sandlot.cli.demo",
     "dev": "sandlot.cli.dev",
+    "gateway": "sandlot.cli.gateway_cmd",
     "gen": "sandlot.cli.gen",
     "drain": "sandlot.cli.nodes",
     "exec": "sandlot.cli.streams",

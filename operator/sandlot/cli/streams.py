@@ -1,8 +1,9 @@
 """``sandlot logs`` and ``sandlot exec`` (also ``kubectl sandlot logs|exec``).
 
-Both reach the sandbox's node agent through the API server (``adapters.streamclient``)
-and are authorized by RBAC on ``sandboxes`` (``policy.streams``): ``get
-sandboxes/log`` for logs, ``exec`` on ``sandboxes`` for exec. The exit code of an
+Both are subresources of the aggregated API ``subresources.sandlot.dev``, reached
+through the API server (``adapters.streamclient``) and authorized by RBAC
+(``policy.streams``): ``get sandboxes/log`` for logs, ``create sandboxes/exec``
+for exec. The exit code of an
 exec is the command's; a refusal is one line with the reason and exit 1.
 
 ``--previous`` is refused: sandlot runs a sandbox's container once and never
@@ -25,7 +26,7 @@ from sandlot.adapters.startup import api_error_line
 from sandlot.adapters.streamclient import (
     Stream,
     StreamRefused,
-    find_target,
+    check_sandbox,
     is_forbidden,
     open_stream,
 )
@@ -38,12 +39,12 @@ from sandlot.policy.streams import (
     STDIN,
     STDOUT,
     StreamRequest,
+    api_path,
     close_stdin_frame,
     decode_frame,
     encode_frame,
     end_of,
     resize_frame,
-    stream_path,
 )
 
 PREVIOUS_REFUSED = (
@@ -57,7 +58,7 @@ def register(sub: Any) -> None:
         "logs",
         help="print a sandbox's output",
         description="Print a running sandbox's stdout and stderr, served by its node's agent "
-        "through the API server (needs `get` on sandboxes/log).",
+        "through the API server (needs `get` on sandboxes/log in subresources.sandlot.dev).",
     )
     logs.add_argument("sandbox", metavar="SANDBOX", help="Sandbox name")
     logs.add_argument("-n", "--namespace", default="default", help="namespace (default)")
@@ -70,8 +71,8 @@ def register(sub: Any) -> None:
     exe = sub.add_parser(
         "exec",
         help="run a command in a sandbox",
-        description="Run a command in a running sandbox's container (needs `exec` on "
-        "sandboxes); exits with the command's exit code. sandlot exec SANDBOX [-it] -- CMD...",
+        description="Run a command in a running sandbox's container (needs `create` on "
+        "sandboxes/exec in subresources.sandlot.dev); exits with the command's exit code. sandlot exec SANDBOX [-it] -- CMD...",
     )
     exe.add_argument("sandbox", metavar="SANDBOX", help="Sandbox name")
     exe.add_argument("-n", "--namespace", default="default", help="namespace (default)")
@@ -102,9 +103,8 @@ def exec_request(args: argparse.Namespace) -> StreamRequest:
 def _connect(args: argparse.Namespace, request: StreamRequest) -> Stream | int:
     api = load_api_client(args.kubeconfig)
     try:
-        target = find_target(api, request.namespace, request.name)
-        path, options = stream_path(request)
-        return open_stream(api, target.stream_path + path, options)
+        check_sandbox(api, request.namespace, request.name)
+        return open_stream(api, api_path(request))
     except StreamRefused as e:
         print(f"sandlot: {request.kind} refused ({e.status}): {e.message}", file=sys.stderr)
         return 1

@@ -1,18 +1,24 @@
 """``sandlot logs`` and ``sandlot exec``: what a stream request asks, who may ask it,
 and how its bytes are framed. Pure.
 
-A stream reaches the agent through the API server's proxy, which authenticates
-the caller and then removes the ``Authorization`` header; the agent sees only
-the proxy's connection. So the CLI carries the user's bearer token a second time
-in ``STREAM_TOKEN_HEADER``, the agent asks the API server who it is
-(TokenReview) and whether that identity may do this (SubjectAccessReview with
-the reviewed user, groups, extra and uid), and refuses unless both say yes.
+Streams are subresources of an aggregated API (``SUBRESOURCE_GROUP``), as the
+kubelet's ``pods/exec`` and ``pods/log`` are of the core one: the user's request
+goes to the API server, which authenticates it and hands it, with the user's name
+and groups in front-proxy headers and never the user's credential, to sandlot's
+stream gateway. The gateway authorizes that user (a SubjectAccessReview made under
+its own identity), resolves the sandbox's node itself and reaches that node's agent
+over mutual TLS. No node ever sees a user's token.
 
-Verbs, on ``sandboxes.sandlot.dev`` (so ``kubectl auth can-i`` answers them):
+Verbs, on ``sandboxes`` in ``SUBRESOURCE_GROUP`` (``kubectl auth can-i`` answers them):
 
-- exec: verb ``exec`` on ``sandboxes`` (``kubectl auth can-i exec sandboxes``);
-- logs: verb ``get`` on ``sandboxes/log`` (``kubectl auth can-i get sandboxes
-  --subresource=log``), as ``kubectl logs`` asks ``get pods/log``.
+- logs: ``get`` on ``sandboxes/log``, as ``kubectl logs`` asks ``get pods/log``;
+- exec: ``create`` on ``sandboxes/exec``, as ``kubectl exec`` asks ``create
+  pods/exec`` (the API server itself first checks ``get``, the verb of the
+  WebSocket's GET, before it proxies; the chart's roles grant both).
+
+The exec command travels in the request's query, so the API server's audit log
+records it. Between the gateway and the agent, a request is a path and its
+options (``agent_request``).
 
 Frames follow Kubernetes' ``v5.channel.k8s.io``: every binary WebSocket message
 starts with its channel byte (0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize,
@@ -23,26 +29,29 @@ starts with its channel byte (0 stdin, 1 stdout, 2 stderr, 3 status, 4 resize,
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
-from sandlot.api.common import GROUP
-
+SUBRESOURCE_GROUP = "subresources.sandlot.dev"
+SUBRESOURCE_VERSION = "v1alpha1"
+API_PREFIX = f"/apis/{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}"
 SUBPROTOCOL = "v5.channel.k8s.io"
-STREAM_TOKEN_HEADER = "X-Sandlot-Authorization"
-# The request's options (a URL query) travel in a header: the API server's proxy
-# forwards an upgrade request to the pod without the URL's query.
+# Gateway to agent: the request's options (a URL query), and the user it serves
+# (a name for the agent's log, never a credential).
 STREAM_OPTIONS_HEADER = "X-Sandlot-Stream-Options"
+CALLER_HEADER = "X-Sandlot-Caller"
 
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
 LOG, EXEC = "log", "exec"
+KINDS = (LOG, EXEC)
+VERBS = {LOG: "get", EXEC: "create"}  # the gateway's review; see the module docstring
 
 
 class StreamRequestError(ValueError):
-    """A request path or query the agent cannot serve; its text is for the user."""
+    """A request path or query that cannot be served; its text is for the user."""
 
 
 @dataclass(frozen=True)
@@ -57,25 +66,14 @@ class StreamRequest:
     stdin: bool = False
 
 
-def parse_stream_request(target: str, options: str = "") -> StreamRequest:
-    """The request of path ``/sandboxes/<ns>/<name>/log`` or ``.../exec`` with
-    ``options`` (the ``STREAM_OPTIONS_HEADER``, a URL query: ``follow=true&tail=10``
-    or ``command=sh&command=-c&tty=true&stdin=true``). A query on the path itself is
-    ignored: the API server's proxy drops it from upgrade requests."""
-    url = urlsplit(target)
-    parts = [p for p in url.path.split("/") if p]
-    if len(parts) != 4 or parts[0] != "sandboxes" or parts[3] not in (LOG, EXEC):
-        raise StreamRequestError(
-            f"unknown path {url.path!r}: expected /sandboxes/NAMESPACE/NAME/log or .../exec"
-        )
-    query = parse_qs(options)
+def _options(kind: str, namespace: str, name: str, query: Mapping[str, list[str]]) -> StreamRequest:
     flags = {k: (v[-1].lower() in ("1", "true", "yes")) for k, v in query.items()}
-    _, namespace, name, kind = parts
     if kind == LOG:
         tail = None
-        if "tail" in query:
+        raw = query.get("tailLines") or query.get("tail")
+        if raw:
             try:
-                tail = int(query["tail"][-1])
+                tail = int(raw[-1])
             except ValueError:
                 raise StreamRequestError("tail must be a whole number of lines") from None
             if tail < 0:
@@ -94,69 +92,174 @@ def parse_stream_request(target: str, options: str = "") -> StreamRequest:
     )
 
 
-def stream_path(request: StreamRequest) -> tuple[str, str]:
-    """The agent's path and options header for ``request``: ``parse_stream_request``'s inverse."""
-    base = f"/sandboxes/{request.namespace}/{request.name}/{request.kind}"
+def _query(request: StreamRequest, tail_key: str) -> str:
     query: list[tuple[str, str]] = []
     if request.kind == LOG:
         if request.follow:
             query.append(("follow", "true"))
         if request.tail is not None:
-            query.append(("tail", str(request.tail)))
+            query.append((tail_key, str(request.tail)))
     else:
         query.extend(("command", arg) for arg in request.command)
         if request.tty:
             query.append(("tty", "true"))
         if request.stdin:
             query.append(("stdin", "true"))
-    return base, urlencode(query)
+    return urlencode(query)
 
 
-def proxy_path(namespace: str, pod: str, port: int) -> str:
-    """The API server path proxying to ``port`` of ``pod``: its pods/proxy subresource."""
-    return f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy"
+# -- user to API server to gateway ----------------------------------------------------
 
 
-# -- authorization -------------------------------------------------------------------
+def api_path(request: StreamRequest) -> str:
+    """The API server path (with its query) of ``request``: what the CLI asks for."""
+    ns, name = quote(request.namespace, safe=""), quote(request.name, safe="")
+    base = f"{API_PREFIX}/namespaces/{ns}/sandboxes/{name}/{request.kind}"
+    query = _query(request, "tailLines")
+    return f"{base}?{query}" if query else base
+
+
+def parse_api_request(target: str) -> StreamRequest:
+    """The request of an API path ``api_path`` made; ``StreamRequestError`` naming
+    what is wrong otherwise."""
+    url = urlsplit(target)
+    if not url.path.startswith(API_PREFIX + "/"):
+        raise StreamRequestError(f"unknown path {url.path!r}: not under {API_PREFIX}")
+    parts = [unquote(p) for p in url.path[len(API_PREFIX) :].split("/") if p]
+    if len(parts) != 5 or parts[0] != "namespaces" or parts[2] != "sandboxes":
+        raise StreamRequestError(
+            f"unknown path {url.path!r}: expected {API_PREFIX}/namespaces/NAMESPACE/"
+            "sandboxes/NAME/log or .../exec"
+        )
+    _, namespace, _, name, kind = parts
+    if kind not in KINDS:
+        raise StreamRequestError(f"unknown subresource {kind!r}: sandboxes have log and exec")
+    return _options(kind, namespace, name, parse_qs(url.query))
+
+
+# -- gateway to agent ------------------------------------------------------------------
+
+
+def agent_request(request: StreamRequest) -> tuple[str, str]:
+    """The agent's path and options header for ``request``: ``parse_agent_request``'s inverse."""
+    base = f"/sandboxes/{request.namespace}/{request.name}/{request.kind}"
+    return base, _query(request, "tail")
+
+
+def parse_agent_request(target: str, options: str = "") -> StreamRequest:
+    """The request of path ``/sandboxes/<ns>/<name>/log`` or ``.../exec`` with
+    ``options`` (the ``STREAM_OPTIONS_HEADER``, a URL query)."""
+    url = urlsplit(target)
+    parts = [p for p in url.path.split("/") if p]
+    if len(parts) != 4 or parts[0] != "sandboxes" or parts[3] not in KINDS:
+        raise StreamRequestError(
+            f"unknown path {url.path!r}: expected /sandboxes/NAMESPACE/NAME/log or .../exec"
+        )
+    _, namespace, name, kind = parts
+    return _options(kind, namespace, name, parse_qs(options))
+
+
+# -- who is asking, and may they -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestHeaderConfig:
+    """How the API server names the user to an aggregated API server: what
+    ``kube-system/extension-apiserver-authentication`` publishes."""
+
+    username_headers: tuple[str, ...] = ("X-Remote-User",)
+    uid_headers: tuple[str, ...] = ()
+    group_headers: tuple[str, ...] = ("X-Remote-Group",)
+    extra_prefixes: tuple[str, ...] = ("X-Remote-Extra-",)
+    allowed_names: tuple[str, ...] = ()  # front-proxy certificate CNs; empty: any
+
+
+@dataclass(frozen=True)
+class Caller:
+    user: str
+    groups: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    uid: str = ""
+
+
+def requestheader_config(data: Mapping[str, str]) -> RequestHeaderConfig:
+    """The config in ``extension-apiserver-authentication``'s ``data`` (JSON lists)."""
+
+    def names(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        raw = data.get(key)
+        if raw is None:
+            return default
+        value = json.loads(raw)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"{key}: expected a JSON list of strings, got {raw[:80]!r}")
+        return tuple(value)
+
+    base = RequestHeaderConfig()
+    return RequestHeaderConfig(
+        username_headers=names("requestheader-username-headers", base.username_headers),
+        uid_headers=names("requestheader-uid-headers", base.uid_headers),
+        group_headers=names("requestheader-group-headers", base.group_headers),
+        extra_prefixes=names("requestheader-extra-headers-prefix", base.extra_prefixes),
+        allowed_names=names("requestheader-allowed-names", base.allowed_names),
+    )
+
+
+def caller_of(
+    headers: Iterable[tuple[str, str]], config: RequestHeaderConfig, proxy_name: str
+) -> Caller | None:
+    """The user the API server named in ``headers``, from a connection whose
+    verified client certificate says ``proxy_name``; None when the connection is not
+    the API server's front proxy or names no user. Headers are only believed from
+    that certificate: anyone else could write them."""
+    if config.allowed_names and proxy_name not in config.allowed_names:
+        return None
+    pairs = [(k.lower(), v) for k, v in headers]
+
+    def values(names: tuple[str, ...]) -> list[str]:
+        wanted = {n.lower() for n in names}
+        return [v for k, v in pairs if k in wanted]
+
+    users = values(config.username_headers)
+    if not users or not users[0]:
+        return None
+    extra: dict[str, list[str]] = {}
+    for k, v in pairs:
+        for prefix in config.extra_prefixes:
+            if k.startswith(prefix.lower()) and len(k) > len(prefix):
+                extra.setdefault(unquote(k[len(prefix) :]), []).append(v)
+    uids = values(config.uid_headers)
+    return Caller(
+        user=users[0],
+        groups=tuple(values(config.group_headers)),
+        extra={k: tuple(v) for k, v in extra.items()},
+        uid=uids[0] if uids else "",
+    )
 
 
 def resource_attributes(request: StreamRequest) -> dict[str, str]:
     """The SubjectAccessReview's ``resourceAttributes`` for ``request``."""
-    attributes = {
+    return {
         "namespace": request.namespace,
-        "group": GROUP,
+        "group": SUBRESOURCE_GROUP,
         "resource": "sandboxes",
+        "subresource": request.kind,
         "name": request.name,
+        "verb": VERBS[request.kind],
     }
-    if request.kind == EXEC:
-        attributes["verb"] = "exec"
-    else:
-        attributes["verb"] = "get"
-        attributes["subresource"] = "log"
-    return attributes
 
 
-def bearer_token(header: str | None) -> str | None:
-    """The token of a ``Bearer <token>`` header value; None when absent or another scheme."""
-    if not header:
-        return None
-    scheme, _, token = header.strip().partition(" ")
-    token = token.strip()
-    return token if scheme.lower() == "bearer" and token else None
-
-
-def access_review_spec(user_info: Mapping[str, Any], request: StreamRequest) -> dict[str, Any]:
-    """The SubjectAccessReview spec asking for the reviewed user exactly as the API
-    server knows it: user, groups, extra and uid."""
+def access_review_spec(caller: Caller, request: StreamRequest) -> dict[str, Any]:
+    """The SubjectAccessReview spec asking for ``caller`` exactly as the API server
+    named it: user, groups, extra and uid."""
     spec: dict[str, Any] = {
-        "user": str(user_info.get("username") or ""),
-        "groups": list(user_info.get("groups") or []),
+        "user": caller.user,
+        "groups": list(caller.groups),
         "resourceAttributes": resource_attributes(request),
     }
-    if user_info.get("extra"):
-        spec["extra"] = {k: list(v) for k, v in dict(user_info["extra"]).items()}
-    if user_info.get("uid"):
-        spec["uid"] = str(user_info["uid"])
+    if caller.extra:
+        spec["extra"] = {k: list(v) for k, v in caller.extra.items()}
+    if caller.uid:
+        spec["uid"] = caller.uid
     return spec
 
 
@@ -169,44 +272,75 @@ class Access:
 
 
 def what_is_asked(request: StreamRequest) -> str:
-    if request.kind == EXEC:
-        return f'exec in sandboxes "{request.name}" in namespace "{request.namespace}"'
-    return f'get sandboxes/log "{request.name}" in namespace "{request.namespace}"'
+    return (
+        f'{VERBS[request.kind]} sandboxes/{request.kind} "{request.name}" in namespace '
+        f'"{request.namespace}"'
+    )
 
 
 def decide_access(
-    token: str | None,
-    token_review: Mapping[str, Any] | None,
-    access_review: Mapping[str, Any] | None,
-    request: StreamRequest,
+    caller: Caller | None, access_review: Mapping[str, Any] | None, request: StreamRequest
 ) -> Access:
-    """From the TokenReview's and SubjectAccessReview's ``status`` (None: not asked
-    yet), whether the caller may; ``allowed`` only when both said yes."""
-    if not token:
+    """From the caller the front proxy named and the SubjectAccessReview's ``status``
+    (None: not asked), whether the caller may; ``allowed`` only when both say yes."""
+    if caller is None:
         return Access(
             False,
             401,
-            f"no bearer token in the {STREAM_TOKEN_HEADER} header: the caller's identity "
-            "is unknown (sandlot logs/exec send it; client-certificate users need a token)",
+            "no user named by the API server's front proxy: streams are served only "
+            "through the API server",
         )
-    if token_review is None:
-        return Access(False, 401, "the token was not reviewed")
-    if not token_review.get("authenticated"):
-        reason = token_review.get("error") or "the API server did not authenticate it"
-        return Access(False, 401, f"the bearer token is not valid: {reason}")
-    user = str((token_review.get("user") or {}).get("username") or "")
     if access_review is None:
-        return Access(False, 403, "access was not reviewed", user)
+        return Access(False, 403, "access was not reviewed", caller.user)
     asked = what_is_asked(request)
     if access_review.get("denied") or not access_review.get("allowed"):
         why = access_review.get("reason") or access_review.get("evaluationError") or ""
         return Access(
             False,
             403,
-            f'user "{user}" cannot {asked}' + (f": {why}" if why else ""),
-            user,
+            f'user "{caller.user}" cannot {asked}' + (f": {why}" if why else ""),
+            caller.user,
         )
-    return Access(True, 200, f'user "{user}" may {asked}', user)
+    return Access(True, 200, f'user "{caller.user}" may {asked}', caller.user)
+
+
+# -- discovery: what the API server asks an aggregated API for ---------------------------
+
+
+def api_group() -> dict[str, Any]:
+    version = {
+        "groupVersion": f"{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}",
+        "version": SUBRESOURCE_VERSION,
+    }
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": SUBRESOURCE_GROUP,
+        "versions": [version],
+        "preferredVersion": version,
+    }
+
+
+def api_group_list() -> dict[str, Any]:
+    return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [api_group()]}
+
+
+def api_resource_list() -> dict[str, Any]:
+    def resource(kind: str) -> dict[str, Any]:
+        return {
+            "name": f"sandboxes/{kind}",
+            "singularName": "",
+            "namespaced": True,
+            "kind": "SandboxStream",
+            "verbs": sorted({"get", VERBS[kind]}),
+        }
+
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}",
+        "resources": [resource(kind) for kind in KINDS],
+    }
 
 
 # -- frames --------------------------------------------------------------------------
@@ -315,8 +449,11 @@ def tail_offset(data: bytes, size: int, lines: int) -> int:
 
 
 __all__ = [
+    "API_PREFIX",
+    "CALLER_HEADER",
     "CLOSE",
     "EXEC",
+    "KINDS",
     "LOG",
     "RESIZE",
     "STATUS",
@@ -324,14 +461,22 @@ __all__ = [
     "STDIN",
     "STDOUT",
     "STREAM_OPTIONS_HEADER",
-    "STREAM_TOKEN_HEADER",
     "SUBPROTOCOL",
+    "SUBRESOURCE_GROUP",
+    "SUBRESOURCE_VERSION",
     "Access",
+    "Caller",
+    "RequestHeaderConfig",
     "StreamEnd",
     "StreamRequest",
     "StreamRequestError",
     "access_review_spec",
-    "bearer_token",
+    "agent_request",
+    "api_group",
+    "api_group_list",
+    "api_path",
+    "api_resource_list",
+    "caller_of",
     "close_stdin_frame",
     "decide_access",
     "decode_frame",
@@ -339,11 +484,11 @@ __all__ = [
     "end_of",
     "error_status",
     "exit_status",
+    "parse_agent_request",
+    "parse_api_request",
     "parse_resize",
-    "parse_stream_request",
-    "proxy_path",
+    "requestheader_config",
     "resize_frame",
     "resource_attributes",
-    "stream_path",
     "tail_offset",
 ]

@@ -1,0 +1,177 @@
+"""The stream gateway as a process: its parts built from settings, then served until
+a signal. ``build`` returns them unstarted, so tests and the dev tooling run the
+same gateway in a thread of their own."""
+
+from __future__ import annotations
+
+import logging
+import signal as signals
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, sandbox_placement
+from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
+from sandlot.adapters.health import serve_health
+from sandlot.adapters.mtls import client_context, server_context, trust
+from sandlot.adapters.reviews import review_access
+from sandlot.adapters.startup import StartupError, api_error_line, setting_name
+from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
+from sandlot.gateway.settings import GatewaySettings
+from sandlot.policy.probes import Probe
+from sandlot.policy.streams import RequestHeaderConfig
+
+log = logging.getLogger(__name__)
+
+
+class FrontProxyView:
+    """The front proxy's CA and header names, re-read every ``refresh`` seconds; a
+    new CA is trusted beside the old ones (rotation without a restart)."""
+
+    def __init__(self, read: Callable[[], FrontProxy], tls: ssl.SSLContext, first: FrontProxy):
+        self._read = read
+        self._tls = tls
+        self._config = first.config
+        self._seen = {first.ca_pem}
+
+    def config(self) -> RequestHeaderConfig:
+        return self._config
+
+    def refresh(self) -> None:
+        try:
+            current = self._read()
+        except Exception as e:
+            log.warning("cannot re-read the front proxy's configuration: %s", api_error_line(e))
+            return
+        if current.ca_pem not in self._seen:
+            trust(self._tls, current.ca_pem)
+            self._seen.add(current.ca_pem)
+            log.info("the front proxy's CA changed: trusting the new one beside the old")
+        self._config = current.config
+
+
+def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
+    timeout = settings.call_timeout.total_seconds()
+
+    def review(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+        return review_access(api, spec, timeout=timeout)
+
+    def node_of(namespace: str, name: str) -> str:
+        try:
+            node, phase = sandbox_placement(api, namespace, name, timeout=timeout)
+        except SandboxNotFound as e:
+            raise Refusal(404, str(e)) from None
+        except Exception as e:
+            raise Refusal(
+                503, f"cannot read sandbox {namespace}/{name}: {api_error_line(e)}"
+            ) from None
+        if not node:
+            raise Refusal(409, f'sandbox "{name}" is {phase or "Pending"} and not on any node yet')
+        return node
+
+    def agent_of(node: str) -> tuple[str, int]:
+        try:
+            return agent_address(
+                api, settings.namespace, settings.agent_selector, node, timeout=timeout
+            )
+        except NoAgent as e:
+            raise Refusal(503, str(e)) from None
+        except Exception as e:
+            raise Refusal(503, f"cannot find node {node}'s agent: {api_error_line(e)}") from None
+
+    return Backends(review=review, node_of=node_of, agent_of=agent_of)
+
+
+@dataclass
+class GatewayParts:
+    gateway: Gateway
+    front_proxy: FrontProxyView
+    registry: CollectorRegistry
+
+
+def build(
+    settings: GatewaySettings,
+    api: Any,
+    *,
+    registry: CollectorRegistry | None = None,
+    backends: Backends | None = None,
+) -> GatewayParts:
+    """The gateway of ``settings``, not yet listening; a missing front proxy or an
+    unreadable certificate is a ``StartupError`` naming the setting."""
+    timeout = settings.call_timeout.total_seconds()
+
+    def read() -> FrontProxy:
+        if settings.requestheader_client_ca:
+            with open(settings.requestheader_client_ca) as f:
+                return FrontProxy(f.read(), RequestHeaderConfig())
+        return read_front_proxy(api, timeout=timeout)
+
+    try:
+        first = read()
+    except NoFrontProxy as e:
+        raise StartupError(f"{setting_name('requestheader_client_ca')}: {e}") from None
+    tls_names = ", ".join(setting_name(n) for n in ("tls_cert", "tls_key", "stream_ca"))
+    try:
+        server_tls = server_context(settings.tls_cert, settings.tls_key, [])
+        trust(server_tls, first.ca_pem)
+        agent_tls = client_context(settings.stream_ca, settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as e:
+        raise StartupError(f"{tls_names}: cannot load the gateway's TLS files: {e}") from None
+    registry = registry or CollectorRegistry()
+    streams = Counter(
+        "sandlot_gateway_streams",
+        "Stream requests by subresource and outcome (opened, refused_<status>, bad_request).",
+        ["subresource", "outcome"],
+        registry=registry,
+    )
+    sessions = Sessions(settings.max_sessions, settings.max_sessions_per_user)
+    gauge = Gauge("sandlot_gateway_streams_open", "Streams open now.", registry=registry)
+    gauge.set_function(lambda: sessions.open)
+    view = FrontProxyView(read, server_tls, first)
+    gateway = Gateway(
+        bind=settings.bind,
+        port=settings.port,
+        server_tls=server_tls,
+        agent_tls=agent_tls,
+        agent_server_name=settings.agent_server_name,
+        requestheader=view.config,
+        backends=backends or cluster_backends(api, settings),
+        sessions=sessions,
+        call_timeout=timeout,
+        on_stream=lambda kind, outcome: streams.labels(kind, outcome).inc(),
+    )
+    return GatewayParts(gateway, view, registry)
+
+
+def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
+    """Serve until SIGTERM/SIGINT."""
+    from sandlot.adapters.kube import load_api_client
+
+    api = load_api_client(kubeconfig)
+    stop = threading.Event()
+    for sig in (signals.SIGTERM, signals.SIGINT):
+        signals.signal(sig, lambda *_: stop.set())
+    parts = build(settings, api)
+    parts.gateway.start()
+    health = None
+    if settings.metrics_port:
+        serving = Probe(True, "serving")
+        health = serve_health(
+            settings.metrics_port, parts.registry, live=lambda: serving, ready=lambda: serving
+        )
+    try:
+        while not stop.wait(settings.requestheader_refresh.total_seconds()):
+            parts.front_proxy.refresh()
+    finally:
+        parts.gateway.shutdown()
+        if health is not None:
+            health.shutdown()
+        api.close()
+    return 0
+
+
+__all__ = ["FrontProxyView", "GatewayParts", "build", "cluster_backends", "run"]

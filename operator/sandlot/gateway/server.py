@@ -1,0 +1,354 @@
+"""The stream gateway: ``sandboxes/log`` and ``sandboxes/exec`` of the aggregated API
+``subresources.sandlot.dev``, served to the API server and relayed to the agents.
+
+Why a program of its own, not a part of the operator: it serves every replica at
+once (no leadership), its load is the users' streams (bytes, connections), not the
+fleet's objects, and a flood of sessions must never slow the leader's marking.
+
+One request, in order, before anything reaches a node:
+
+1. the connection's client certificate is the API server's front proxy (the TLS
+   handshake checked the CA; ``policy.streams.caller_of`` the allowed names), so
+   the user named in its headers is believed; nobody else's headers are;
+2. a SubjectAccessReview for that user, made under the gateway's own identity;
+3. the per-user and per-replica session caps;
+4. the sandbox's node from the Sandbox itself, and that node's agent pod from the
+   pods bound to it (``adapters.agentpods``); nothing a node writes is read;
+5. a WebSocket to that agent over mutual TLS: the gateway's client certificate,
+   the agent's serving certificate checked against the stream CA and name.
+
+Only then does the user's upgrade complete, and messages are relayed both ways
+until either side ends. A refusal at any step is an HTTP answer naming why (the
+agent's own refusals, such as a sandbox not Running, pass through unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request, Response
+from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import Server, ServerConnection, serve
+
+from sandlot.adapters.mtls import peer_common_name
+from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.streams import (
+    API_PREFIX,
+    CALLER_HEADER,
+    STREAM_OPTIONS_HEADER,
+    SUBPROTOCOL,
+    SUBRESOURCE_GROUP,
+    Caller,
+    RequestHeaderConfig,
+    StreamRequest,
+    StreamRequestError,
+    access_review_spec,
+    agent_request,
+    api_group,
+    api_group_list,
+    api_resource_list,
+    caller_of,
+    decide_access,
+    parse_api_request,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE = 1 << 20
+CLOSE_TIMEOUT = 2.0
+
+DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
+    "/apis": api_group_list,
+    f"/apis/{SUBRESOURCE_GROUP}": api_group,
+    API_PREFIX: api_resource_list,
+}
+
+
+class Refusal(Exception):
+    """An answer instead of the upgrade: an HTTP status and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Backends:
+    """What the gateway asks of the cluster, each call bounded by its caller."""
+
+    review: Callable[[Mapping[str, Any]], Mapping[str, Any]]  # SubjectAccessReview status
+    node_of: Callable[[str, str], str]  # (namespace, name) -> spec.nodeName; Refusal if none
+    agent_of: Callable[[str], tuple[str, int]]  # node -> (agent pod IP, port); Refusal if none
+
+
+class Sessions:
+    """Open streams, capped per replica and per user; ``take`` refuses past either."""
+
+    def __init__(self, total: int, per_user: int) -> None:
+        self.total, self.per_user = total, per_user
+        self._lock = threading.Lock()
+        self._by_user: dict[str, int] = {}
+
+    @property
+    def open(self) -> int:
+        with self._lock:
+            return sum(self._by_user.values())
+
+    def take(self, user: str) -> None:
+        with self._lock:
+            if sum(self._by_user.values()) >= self.total:
+                raise Refusal(
+                    429, f"this gateway replica has {self.total} streams open (max_sessions)"
+                )
+            if self._by_user.get(user, 0) >= self.per_user:
+                raise Refusal(
+                    429,
+                    f'user "{user}" has {self.per_user} streams open (max_sessions_per_user)',
+                )
+            self._by_user[user] = self._by_user.get(user, 0) + 1
+
+    def give_back(self, user: str) -> None:
+        with self._lock:
+            left = self._by_user.get(user, 0) - 1
+            if left > 0:
+                self._by_user[user] = left
+            else:
+                self._by_user.pop(user, None)
+
+
+@dataclass
+class _Opened:
+    agent: ClientConnection
+    user: str
+
+
+class Gateway:
+    """``start()`` listens; ``shutdown()`` ends it and every open stream."""
+
+    def __init__(
+        self,
+        *,
+        bind: str,
+        port: int,
+        server_tls: ssl.SSLContext,
+        agent_tls: ssl.SSLContext,
+        agent_server_name: str,
+        requestheader: Callable[[], RequestHeaderConfig],
+        backends: Backends,
+        sessions: Sessions,
+        call_timeout: float,
+        on_stream: Callable[[str, str], None] = lambda kind, outcome: None,
+    ) -> None:
+        self.bind = bind
+        self.requested_port = port
+        self._server_tls = server_tls
+        self._agent_tls = agent_tls
+        self.agent_server_name = agent_server_name
+        self._requestheader = requestheader
+        self._backends = backends
+        self.sessions = sessions
+        self.call_timeout = call_timeout
+        self._on_stream = on_stream
+        self._opened: dict[int, _Opened] = {}
+        self._lock = threading.Lock()
+        self._server: Server | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the gateway is not listening")
+        return int(self._server.socket.getsockname()[1])
+
+    def start(self) -> None:
+        try:
+            self._server = serve(
+                self._relay,
+                self.bind or None,
+                self.requested_port,
+                ssl=self._server_tls,
+                process_request=self._admit,
+                process_response=self._answered,
+                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                compression=None,
+                max_size=MAX_MESSAGE,
+                open_timeout=self.call_timeout,
+                close_timeout=CLOSE_TIMEOUT,
+            )
+        except OSError as e:
+            where = f"{self.bind or '*'}:{self.requested_port}"
+            raise cannot_listen(
+                f"{setting_name('port')} / {setting_name('bind')}", where, e
+            ) from None
+        threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
+        log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
+
+    def shutdown(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+        with self._lock:
+            opened = list(self._opened.values())
+            self._opened.clear()
+        for one in opened:
+            one.agent.close()
+
+    # -- before the upgrade ----------------------------------------------------------
+
+    def _admit(self, connection: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0].rstrip("/")
+        caller = caller_of(
+            request.headers.raw_items(),
+            self._requestheader(),
+            peer_common_name(connection.socket),
+        )
+        if path in DISCOVERY:
+            if caller is None and not self._from_front_proxy(connection):
+                return _answer(401, "only the API server's front proxy may ask\n")
+            return _json(DISCOVERY[path]())
+        kind = "unknown"
+        try:
+            asked = parse_api_request(request.path)
+            kind = asked.kind
+            self._allow(caller, asked)
+            user = caller.user if caller else ""
+            self.sessions.take(user)
+            try:
+                agent = self._open_agent(asked, user)
+            except BaseException:
+                self.sessions.give_back(user)
+                raise
+        except StreamRequestError as e:
+            self._on_stream(kind, "bad_request")
+            return _answer(400, f"{e}\n")
+        except Refusal as e:
+            self._on_stream(kind, f"refused_{e.status}")
+            log.info("stream refused (%d): %s", e.status, e.message)
+            return _answer(e.status, f"{e.message}\n")
+        with self._lock:
+            self._opened[id(connection)] = _Opened(agent, user)
+        self._on_stream(kind, "opened")
+        return None
+
+    def _from_front_proxy(self, connection: ServerConnection) -> bool:
+        allowed = self._requestheader().allowed_names
+        name = peer_common_name(connection.socket)
+        return bool(name) and (not allowed or name in allowed)
+
+    def _allow(self, caller: Caller | None, asked: StreamRequest) -> None:
+        status = None
+        if caller is not None:
+            try:
+                status = self._backends.review(access_review_spec(caller, asked))
+            except Exception as e:
+                raise Refusal(503, f"the gateway cannot review the request: {e}") from None
+        access = decide_access(caller, status, asked)
+        if not access.allowed:
+            raise Refusal(access.code, access.message)
+        log.info("stream allowed: %s", access.message)
+
+    def _open_agent(self, asked: StreamRequest, user: str) -> ClientConnection:
+        node = self._backends.node_of(asked.namespace, asked.name)
+        ip, port = self._backends.agent_of(node)
+        host = f"[{ip}]" if ":" in ip else ip
+        path, options = agent_request(asked)
+        try:
+            return connect(
+                f"wss://{host}:{port}{path}",
+                ssl=self._agent_tls,
+                server_hostname=self.agent_server_name,
+                additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: user},
+                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                compression=None,
+                max_size=MAX_MESSAGE,
+                open_timeout=self.call_timeout,
+                close_timeout=CLOSE_TIMEOUT,
+                proxy=None,
+                legacy=True,  # one connection, closed by the relay; never reconnected
+            )
+        except InvalidStatus as e:  # the agent's own refusal: pass it on as it is
+            body = e.response.body.decode(errors="replace").strip()
+            raise Refusal(e.response.status_code, body or f"node {node}'s agent refused") from None
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            raise Refusal(502, f"cannot reach the agent of node {node} at {ip}: {e}") from None
+        except Exception as e:
+            raise Refusal(
+                502, f"the agent of node {node} at {ip} failed the upgrade: {e}"
+            ) from None
+
+    def _answered(
+        self, connection: ServerConnection, request: Request, response: Response
+    ) -> Response | None:
+        if response.status_code != 101:  # the user's side did not upgrade after all
+            self._release(connection)
+        return None
+
+    def _release(self, connection: ServerConnection) -> _Opened | None:
+        with self._lock:
+            one = self._opened.pop(id(connection), None)
+        if one is not None:
+            one.agent.close()
+            self.sessions.give_back(one.user)
+        return one
+
+    # -- after the upgrade -------------------------------------------------------------
+
+    def _relay(self, connection: ServerConnection) -> None:
+        with self._lock:
+            one = self._opened.get(id(connection))
+        if one is None:
+            connection.close()
+            return
+        agent = one.agent
+
+        def user_to_agent() -> None:
+            try:
+                for message in connection:
+                    agent.send(message)
+            except ConnectionClosed:
+                pass
+            finally:
+                agent.close()
+
+        upstream = threading.Thread(target=user_to_agent, name="gateway-up", daemon=True)
+        upstream.start()
+        try:
+            for message in agent:
+                connection.send(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            connection.close()
+            upstream.join(CLOSE_TIMEOUT * 2)
+            self._release(connection)
+
+
+def _answer(status: int, text: str) -> Response:
+    return _response(status, text.encode(), "text/plain; charset=utf-8")
+
+
+def _json(body: Mapping[str, Any]) -> Response:
+    return _response(200, json.dumps(body).encode(), "application/json")
+
+
+def _response(status: int, body: bytes, content_type: str) -> Response:
+    from http import HTTPStatus
+
+    headers = Headers(
+        [
+            ("Content-Type", content_type),
+            ("Content-Length", str(len(body))),
+            ("Connection", "close"),
+        ]
+    )
+    return Response(status, HTTPStatus(status).phrase, headers, body)
+
+
+__all__ = ["Backends", "Gateway", "Refusal", "Sessions"]

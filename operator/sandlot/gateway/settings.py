@@ -1,0 +1,100 @@
+"""The stream gateway's settings: one model, validated at start; every field is a
+flag (``--agent-port``) and a ``SANDLOT_*`` variable, as for the other programs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from pydantic import Field, model_validator
+
+from sandlot.api.settings import Duration, SettingsModel
+
+
+class GatewaySettings(SettingsModel):
+    namespace: str = Field(
+        default="sandlot-system",
+        min_length=1,
+        max_length=63,
+        description="Namespace of the agent pods (sandlot's namespace).",
+    )
+    bind: str = Field(
+        default="", max_length=253, description="Address to listen on (empty: every address)."
+    )
+    port: int = Field(
+        default=8443,
+        ge=0,
+        le=65535,
+        description="HTTPS port the API server's front proxy reaches (the APIService's "
+        "Service); 0: any free port.",
+    )
+    tls_cert: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="PEM file of the gateway's certificate: it serves the API server with it "
+        "and presents it to the agents as a client (common name sandlot-gateway, issued by "
+        "the stream CA).",
+    )
+    tls_key: str = Field(min_length=1, max_length=4096, description="PEM file of its key.")
+    stream_ca: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="PEM file of the stream CA, which issued the agents' serving certificates.",
+    )
+    agent_server_name: str = Field(
+        default="sandlot-agent",
+        min_length=1,
+        max_length=253,
+        description="Name every agent's serving certificate is issued for; the gateway "
+        "checks it on every connection.",
+    )
+    agent_selector: str = Field(
+        default="app.kubernetes.io/name=sandlot,app.kubernetes.io/component=agent",
+        min_length=1,
+        max_length=1024,
+        description="Label selector of the agent pods in namespace; a sandbox's agent is "
+        "the Running one of them bound to the sandbox's spec.nodeName, at its container "
+        "port named stream.",
+    )
+    requestheader_client_ca: str = Field(
+        default="",
+        max_length=4096,
+        description="PEM file of the front-proxy CA. Empty: read from kube-system's "
+        "extension-apiserver-authentication ConfigMap (with the header names), as every "
+        "aggregated API server does, and re-read every requestheader_refresh.",
+    )
+    requestheader_refresh: Duration = Field(
+        default=timedelta(minutes=5),
+        description="How often the front-proxy CA and header names are re-read (a rotated "
+        "CA is trusted beside the old one, with no restart).",
+    )
+    max_sessions: int = Field(
+        default=256, ge=1, le=100_000, description="Streams open at once in this replica."
+    )
+    max_sessions_per_user: int = Field(
+        default=32, ge=1, le=100_000, description="Streams one user may have open at once."
+    )
+    call_timeout: Duration = Field(
+        default=timedelta(seconds=10),
+        description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
+    )
+    metrics_port: int = Field(
+        default=8080,
+        ge=0,
+        le=65535,
+        description="Port of /metrics, /livez and /readyz (plain HTTP); 0: off.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewaySettings:
+        for name in ("requestheader_refresh", "call_timeout"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive")
+        if self.max_sessions_per_user > self.max_sessions:
+            raise ValueError(
+                f"max_sessions_per_user ({self.max_sessions_per_user}) must not exceed "
+                f"max_sessions ({self.max_sessions})"
+            )
+        return self
+
+
+__all__ = ["GatewaySettings"]
