@@ -129,17 +129,22 @@ def test_a_namespace_annotation_overrides_the_agent_defaults(
     assert _cgroup_limits(path) == (str(48 * 2**20), "30000", "33")
 
 
+@pytest.mark.parametrize(
+    ("annotation", "named"),
+    [("memory=lots", "lots"), ("pids=0", "pids 0 is below the floor"), ("memory=1", "memory '1'")],
+    ids=["not a quantity", "pids 0 would mean none", "memory below the floor"],
+)
 def test_a_bad_namespace_annotation_fails_the_start_naming_it(
-    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent, annotation: str, named: str
 ) -> None:
     client.CoreV1Api(kube).patch_namespace(
-        namespace, {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: "memory=lots"}}}
+        namespace, {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: annotation}}}
     )
     agent = start_agent()
     _create(kube, namespace, "bad-default", agent.node)
     status = _decided(kube, namespace, "bad-default")
     assert status["phase"] == "Failed", status
-    assert DEFAULT_LIMITS_ANNOTATION in status["message"] and "lots" in status["message"]
+    assert DEFAULT_LIMITS_ANNOTATION in status["message"] and named in status["message"], status
 
 
 def test_a_hand_placed_sandbox_beyond_capacity_is_refused(

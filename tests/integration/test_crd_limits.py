@@ -147,7 +147,9 @@ def test_oversized_cache_prune_node_list_is_refused(kube: client.ApiClient) -> N
     assert "spec.nodes:" in message and "Too many" in message, message
 
 
-@pytest.mark.parametrize("memory", ["512Ki", "1.5Gi", "1Pi", "100M", "1e9", "0.5", "64Mi"], ids=str)
+@pytest.mark.parametrize(
+    "memory", ["4Mi", "4096Ki", "1.5Gi", "1Pi", "100M", "1e9", ".5Gi", "64Mi"], ids=str
+)
 def test_every_quantity_the_agent_parses_is_accepted(
     kube: client.ApiClient, namespace: str, memory: str
 ) -> None:
@@ -172,3 +174,50 @@ def test_a_memory_limit_that_is_not_a_quantity_is_refused(
         )
     )
     assert "spec.resources.limits.memory" in message, message
+
+
+@pytest.mark.parametrize(
+    ("limits", "field"),
+    [
+        ({"memory": "0"}, "spec.resources.limits.memory"),
+        ({"memory": "0Mi"}, "spec.resources.limits.memory"),
+        ({"memory": "1"}, "spec.resources.limits.memory"),
+        ({"memory": "4095Ki"}, "spec.resources.limits.memory"),
+        ({"cpu": "0"}, "spec.resources.limits.cpu"),
+    ],
+    ids=["memory 0", "memory 0Mi", "memory 1 byte", "memory just under 4Mi", "cpu 0"],
+)
+def test_a_limit_that_would_mean_none_is_refused_naming_the_field(
+    kube: client.ApiClient, namespace: str, limits: dict[str, str], field: str
+) -> None:
+    # runc reads a memory limit of 0 as none: the API server must never store one.
+    api = client.CustomObjectsApi(kube)
+    body = _sandbox("tiny", resources={"limits": limits})
+    message = _refusal(
+        lambda: api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", body, dry_run="All"
+        )
+    )
+    assert f"{field}:" in message and "must be at least" in message, message
+
+
+def test_a_pool_template_with_a_zero_memory_limit_is_refused(
+    kube: client.ApiClient, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxPool",
+        "metadata": {"name": "tiny"},
+        "spec": {
+            "template": {
+                "spec": {"image": "example.test/b:1", "resources": {"limits": {"memory": "0"}}}
+            }
+        },
+    }
+    message = _refusal(
+        lambda: api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxpools", body, dry_run="All"
+        )
+    )
+    assert "spec.template.spec.resources.limits.memory:" in message, message

@@ -56,6 +56,11 @@ def test_flags_and_environment() -> None:
         (("--node", "n1", "--gc-min-free", "10", "--gc-target-free", "5"), "gc_target_free"),
         (("--node", "n1", "--watch-timeout", "300s"), "watch_timeout"),
         (("--node", "n1", "--watch-timeout", "500ms"), "watch_timeout"),
+        (("--node", "n1", "--pids-limit", "0"), "--pids-limit"),
+        (("--node", "n1", "--default-memory-limit", "0"), "default_memory_limit"),
+        (("--node", "n1", "--default-memory-limit", "1Mi"), "default_memory_limit"),
+        (("--node", "n1", "--default-memory-limit", ""), "--default-memory-limit"),
+        (("--node", "n1", "--default-cpu-limit", ""), "--default-cpu-limit"),
     ],
     ids=[
         "node-required",
@@ -67,6 +72,11 @@ def test_flags_and_environment() -> None:
         "target-free-above-min-free",
         "watch-timeout-far-below-the-reap-horizon",
         "watch-timeout-at-least-a-second",
+        "pids-limit-0-is-not-none",
+        "memory-limit-0-is-not-none",
+        "memory-limit-below-the-floor",
+        "memory-limit-always-set",
+        "cpu-limit-always-set",
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: tuple[str, ...], named: str) -> None:

@@ -6,6 +6,7 @@ claimed in tests/integration/test_isolation_sandbox.py.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from sandlot.adapters.nodeguard import bounding_capabilities, oom_kills, swap_accounted
 from sandlot.api.admission import BASELINE_ADDABLE, CHART_TEMPLATE, chart_template
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.limits import LimitRefused
 from sandlot.policy.ocispec import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
@@ -147,10 +149,25 @@ def test_resource_limits(limits: dict[str, str], limit_swap: bool, resources: di
         assert oci["linux"]["resources"][key] == value
 
 
-def test_pids_limit_can_be_turned_off() -> None:
-    spec = SandboxSpec.model_validate({"image": "img", "command": ["sh"]})
-    oci = build_oci_spec("sb", spec, ImageConfig(), hostname="b", pids_limit=None)
-    assert "pids" not in oci["linux"]["resources"]
+@pytest.mark.parametrize(
+    ("limits", "pids", "named"),
+    [
+        ({"memory": "0"}, 1024, "spec.resources.limits.memory '0'"),
+        ({"memory": "0Mi"}, 1024, "spec.resources.limits.memory '0Mi'"),
+        ({"memory": "1"}, 1024, "spec.resources.limits.memory '1'"),
+        ({"cpu": "0"}, 1024, "spec.resources.limits.cpu '0'"),
+        ({}, 0, "the pids limit 0"),
+    ],
+    ids=["memory 0", "memory 0Mi", "memory 1 byte", "cpu 0", "pids 0"],
+)
+def test_a_limit_that_would_mean_none_is_refused(
+    limits: dict[str, str], pids: int, named: str
+) -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "img", "command": ["sh"], "resources": {"limits": limits}}
+    )
+    with pytest.raises(LimitRefused, match=re.escape(named)):
+        build_oci_spec("sb", spec, ImageConfig(), hostname="b", pids_limit=pids)
 
 
 # ------------------------------------------------------------------ seccomp data

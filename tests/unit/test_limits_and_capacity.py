@@ -3,11 +3,22 @@ refuses what does not fit, oldest first."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
-from sandlot.policy.limits import DefaultLimits, merge, parse_defaults, pids_limit, with_defaults
+from sandlot.policy.limits import (
+    REASON_LIMIT_REFUSED,
+    DefaultLimits,
+    LimitRefused,
+    check_limits,
+    merge,
+    parse_defaults,
+    pids_limit,
+    with_defaults,
+)
 
 AGENT = DefaultLimits("1Gi", "1", 1024)
 GI = 2**30
@@ -35,8 +46,20 @@ def test_parse_namespace_defaults(text: str, parsed: DefaultLimits) -> None:
         ("memory=lots", "not a Kubernetes quantity"),
         ("cpu=0", "not a positive quantity"),
         ("pids=many", "not a whole number"),
+        ("pids=0", "pids 0 is below the floor of 8"),
+        ("memory=1Mi", "memory '1Mi' is below the floor of 4Mi"),
+        ("memory=0", "not a positive quantity"),
     ],
-    ids=["no value", "unknown key", "not a quantity", "zero", "pids not a number"],
+    ids=[
+        "no value",
+        "unknown key",
+        "not a quantity",
+        "zero",
+        "pids not a number",
+        "pids 0 is not none",
+        "memory below the floor",
+        "memory 0 is not none",
+    ],
 )
 def test_bad_namespace_defaults_name_the_part(text: str, words: str) -> None:
     with pytest.raises(ValueError, match=words):
@@ -64,6 +87,57 @@ def test_every_sandbox_gets_limits(
     assert limits is not None
     assert (limits.limits.memory, limits.limits.cpu) == (memory, cpu)
     assert pids_limit(defaults) == pids
+
+
+@pytest.mark.parametrize(
+    ("spec_limits", "words"),
+    [
+        ({"memory": "0"}, "spec.resources.limits.memory '0' is below the floor of 4Mi"),
+        ({"memory": "0Mi"}, "spec.resources.limits.memory '0Mi' is below the floor of 4Mi"),
+        ({"memory": "1"}, "spec.resources.limits.memory '1' is below the floor of 4Mi"),
+        ({"memory": "4095Ki"}, "spec.resources.limits.memory '4095Ki'"),
+        ({"cpu": "0"}, "spec.resources.limits.cpu '0' is below the floor of 1m"),
+    ],
+    ids=["memory 0", "memory 0Mi", "memory 1 byte", "memory just under", "cpu 0"],
+)
+def test_the_agent_refuses_a_limit_written_before_the_rule_naming_the_field(
+    spec_limits: dict[str, str], words: str
+) -> None:
+    # The CRD refuses these now; an object stored before the rule still reaches the agent.
+    spec = SandboxSpec.model_validate(
+        {"image": "i", "command": ["sh"], "resources": {"limits": spec_limits}}
+    )
+    filled = with_defaults(spec, AGENT)
+    with pytest.raises(LimitRefused, match=re.escape(words)) as refused:
+        check_limits(filled, pids_limit(AGENT))
+    assert refused.value.reason == REASON_LIMIT_REFUSED
+
+
+def test_the_floor_itself_is_a_limit() -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "i", "command": ["sh"], "resources": {"limits": {"memory": "4Mi", "cpu": "1m"}}}
+    )
+    check_limits(with_defaults(spec, AGENT), 8)
+
+
+@pytest.mark.parametrize(
+    ("defaults", "words"),
+    [
+        (DefaultLimits("1Gi", "1", None), "no pids limit"),
+        (DefaultLimits("1Gi", "1", 0), "the pids limit 0 is below the floor of 8"),
+    ],
+    ids=["no pids limit", "pids 0"],
+)
+def test_there_is_no_sandbox_without_a_pids_limit(defaults: DefaultLimits, words: str) -> None:
+    with pytest.raises(LimitRefused, match=words):
+        pids_limit(defaults)
+
+
+def test_a_sandbox_left_without_a_limit_is_refused() -> None:
+    spec = SandboxSpec.model_validate({"image": "i", "command": ["sh"]})
+    filled = with_defaults(spec, DefaultLimits(cpu="1", pids=64))
+    with pytest.raises(LimitRefused, match=r"spec\.resources\.limits\.memory is unset"):
+        check_limits(filled, 64)
 
 
 def test_a_spec_without_resources_gets_them() -> None:

@@ -53,7 +53,7 @@ from sandlot.api.sandbox import (
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.imageuser import UnknownImageUser
-from sandlot.policy.limits import pids_limit, with_defaults
+from sandlot.policy.limits import LimitRefused, check_limits, pids_limit, with_defaults
 from sandlot.policy.nodesecurity import (
     IsolationUnavailable,
     NodeSecurity,
@@ -310,6 +310,11 @@ class SandboxWork:
         if checked is None or defaults is None:
             return None
         spec = with_defaults(checked, defaults)
+        try:  # before any pull: a sandbox with no real limit never runs
+            pids = pids_limit(defaults)
+            check_limits(spec, pids)
+        except LimitRefused as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -339,7 +344,7 @@ class SandboxWork:
                 spec,
                 config,
                 hostname=meta["name"],
-                pids_limit=pids_limit(defaults),
+                pids_limit=pids,
                 limit_swap=self.facts.limit_swap,
                 node_capabilities=self.facts.node_capabilities,
                 apparmor_profile=profile,
@@ -347,6 +352,8 @@ class SandboxWork:
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except LimitRefused as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
         except IsolationUnavailable as exc:
             raise StartFailed(exc.reason, str(exc)) from None
         except UnknownImageUser as exc:

@@ -17,9 +17,15 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from sandlot.api.admission import Level
+from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT
 from sandlot.api.settings import Duration, SettingsModel
 from sandlot.policy.imagegc import GcThresholds
-from sandlot.policy.limits import DefaultLimits
+from sandlot.policy.limits import (
+    MIN_PIDS_LIMIT,
+    DefaultLimits,
+    cpu_floor_refusal,
+    memory_floor_refusal,
+)
 from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
 
@@ -208,21 +214,26 @@ class AgentSettings(SettingsModel):
     )
     pids_limit: int = Field(
         default=1024,
-        ge=0,
-        description="Most processes (and threads) one sandbox may have; 0 = no limit. "
-        "Stops a fork bomb from taking the node's PID space.",
+        ge=MIN_PIDS_LIMIT,
+        description="Most processes (and threads) one sandbox may have (at least "
+        f"{MIN_PIDS_LIMIT}; there is no 'no limit'). Stops a fork bomb from taking the "
+        "node's PID space.",
     )
     default_memory_limit: str = Field(
         default="256Mi",
+        min_length=1,
         max_length=64,
-        description="Memory limit of a sandbox that sets none (a quantity; a namespace's "
-        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+        description="Memory limit of a sandbox that sets none (a quantity, at least "
+        f"{MIN_MEMORY_LIMIT}; a namespace's sandlot.dev/default-limits annotation "
+        "overrides it). Every sandbox has one.",
     )
     default_cpu_limit: str = Field(
         default="1",
+        min_length=1,
         max_length=64,
-        description="CPU limit of a sandbox that sets none (a quantity; a namespace's "
-        "sandlot.dev/default-limits annotation overrides it). Empty: none.",
+        description="CPU limit of a sandbox that sets none (a quantity, at least "
+        f"{MIN_CPU_LIMIT}; a namespace's sandlot.dev/default-limits annotation overrides "
+        "it). Every sandbox has one.",
     )
     log_max_bytes: int = Field(
         default=10 * 2**20,
@@ -396,6 +407,13 @@ class AgentSettings(SettingsModel):
             value = getattr(self, name)
             if value and parse_quantity(value) <= 0:
                 raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
+        for name, floor in (
+            ("default_memory_limit", memory_floor_refusal),
+            ("default_cpu_limit", cpu_floor_refusal),
+        ):
+            refusal = floor(getattr(self, name), name)
+            if refusal:
+                raise ValueError(refusal)
         if self.stream_port and not (
             self.stream_tls_cert and self.stream_tls_key and self.stream_client_ca
         ):

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field
+from pydantic.json_schema import JsonDict
 
 from sandlot.api.common import (
     MAX_ARG,
@@ -67,6 +68,10 @@ MAX_PULL_SECRETS = 16
 # A non-negative Kubernetes quantity, the grammar sandlot.policy.quantity parses:
 # a decimal number, then a binary or decimal suffix or a decimal exponent.
 QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
+# The smallest limits a sandbox may ask for. Below them a limit is not one: runc
+# reads a memory limit of 0 as none, and a few KiB cannot even start a process.
+MIN_MEMORY_LIMIT = "4Mi"
+MIN_CPU_LIMIT = "1m"
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
 CapabilityName = Annotated[str, Field(max_length=64)]
 
@@ -100,19 +105,37 @@ class SandboxPort(Model):
     protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
 
 
+def _at_least(floor: str, what: str) -> JsonDict:
+    """CEL refusing a quantity below ``floor`` (``isQuantity`` first: the pattern
+    speaks for text that is not one)."""
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": f"!isQuantity(self) || quantity(self).compareTo(quantity('{floor}')) >= 0",
+                "message": f"{what} must be at least {floor}",
+                "reason": "FieldValueInvalid",
+            }
+        ]
+    }
+
+
 class ResourceLimits(Model):
     memory: str | None = Field(
         default=None,
         max_length=MAX_QUANTITY,
         pattern=QUANTITY_PATTERN,
+        json_schema_extra=_at_least(MIN_MEMORY_LIMIT, "a memory limit"),
         description="Memory limit as a Kubernetes quantity (`256Mi`, `1Gi`); a process "
-        "over it is killed by the kernel's OOM killer.",
+        f"over it is killed by the kernel's OOM killer. At least {MIN_MEMORY_LIMIT}: "
+        "runc would read 0 as no limit at all.",
     )
     cpu: str | None = Field(
         default=None,
         max_length=MAX_QUANTITY,
         pattern=QUANTITY_PATTERN,
-        description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS quota.",
+        json_schema_extra=_at_least(MIN_CPU_LIMIT, "a CPU limit"),
+        description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS "
+        f"quota. At least {MIN_CPU_LIMIT}.",
     )
 
 

@@ -6,16 +6,62 @@ node; so every sandbox gets all three. The agent's settings give the defaults; a
 namespace may set its own with the annotation
 ``sandlot.dev/default-limits: memory=512Mi,cpu=500m,pids=256`` (any subset), and a
 Sandbox's ``spec.resources.limits`` wins over both.
+
+A limit below its floor is refused wherever it comes from (the CRD's CEL at
+admission, the settings at start-up, the annotation and the Sandbox again here),
+never read as "none": runc takes a memory limit of 0 for no limit, and a pids
+limit of 0 used to mean none too. The check here is the one that holds for
+objects written before the CRD had the rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from sandlot.api.sandbox import ResourceLimits, SandboxSpec
+from sandlot.api.sandbox import (
+    MIN_CPU_LIMIT,
+    MIN_MEMORY_LIMIT,
+    ResourceLimits,
+    SandboxSpec,
+)
 from sandlot.policy.quantity import parse_quantity
 
 _KEYS = ("memory", "cpu", "pids")
+
+MIN_PIDS_LIMIT = 8
+"""The fewest processes (and threads) a sandbox may be limited to: a shell and a
+pipeline need a few."""
+REASON_LIMIT_REFUSED = "LimitRefused"
+
+
+class LimitRefused(ValueError):
+    """A limit below its floor, or none at all; the message names where it came from."""
+
+    reason = REASON_LIMIT_REFUSED
+
+
+def memory_floor_refusal(value: str, where: str) -> str | None:
+    """Why ``value`` (a memory quantity) is no limit, naming ``where``; None if it is one."""
+    if parse_quantity(value) < parse_quantity(MIN_MEMORY_LIMIT):
+        return (
+            f"{where} {value!r} is below the floor of {MIN_MEMORY_LIMIT} "
+            "(a memory limit of 0 would mean none)"
+        )
+    return None
+
+
+def cpu_floor_refusal(value: str, where: str) -> str | None:
+    """Why ``value`` (a CPU quantity) is no limit, naming ``where``; None if it is one."""
+    if parse_quantity(value) < parse_quantity(MIN_CPU_LIMIT):
+        return f"{where} {value!r} is below the floor of {MIN_CPU_LIMIT}"
+    return None
+
+
+def pids_floor_refusal(value: int, where: str) -> str | None:
+    """Why ``value`` is no pids limit, naming ``where``; None if it is one."""
+    if value < MIN_PIDS_LIMIT:
+        return f"{where} {value} is below the floor of {MIN_PIDS_LIMIT} (0 would mean none)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -40,8 +86,15 @@ def parse_defaults(text: str) -> DefaultLimits:
         if key == "pids":
             if not value.isdigit():
                 raise ValueError(f"pids={value!r} is not a whole number")
+            refusal = pids_floor_refusal(int(value), "pids")
         elif parse_quantity(value) <= 0:
             raise ValueError(f"{key}={value!r} is not a positive quantity")
+        elif key == "memory":
+            refusal = memory_floor_refusal(value, "memory")
+        else:
+            refusal = cpu_floor_refusal(value, "cpu")
+        if refusal:
+            raise ValueError(refusal)
         values[key] = value
     return DefaultLimits(
         memory=values.get("memory", ""),
@@ -72,6 +125,36 @@ def with_defaults(spec: SandboxSpec, defaults: DefaultLimits) -> SandboxSpec:
     return SandboxSpec.model_validate(body)
 
 
-def pids_limit(defaults: DefaultLimits) -> int | None:
-    """The pids limit of a sandbox (0 from a setting means none)."""
-    return defaults.pids or None
+def pids_limit(defaults: DefaultLimits) -> int:
+    """The pids limit of a sandbox; ``LimitRefused`` when there is none or it is below
+    the floor (the agent's settings refuse both, so only a caller's bug gets here)."""
+    if defaults.pids is None:
+        raise LimitRefused("no pids limit applies (the agent's pidsLimit is unset)")
+    refusal = pids_floor_refusal(defaults.pids, "the pids limit")
+    if refusal:
+        raise LimitRefused(refusal)
+    return defaults.pids
+
+
+def check_limits(spec: SandboxSpec, pids: int | None, *, required: bool = True) -> None:
+    """Refuse (``LimitRefused``, naming the field) a memory, CPU or pids limit below its
+    floor; with ``required``, also a spec that lacks one (after ``with_defaults``, a
+    sandbox always has all three)."""
+    own = spec.resources.limits if spec.resources else ResourceLimits()
+    for field, value, floor in (
+        ("memory", own.memory, memory_floor_refusal),
+        ("cpu", own.cpu, cpu_floor_refusal),
+    ):
+        where = f"spec.resources.limits.{field}"
+        if value:
+            refusal = floor(value, where)
+            if refusal:
+                raise LimitRefused(refusal)
+        elif required:
+            raise LimitRefused(f"{where} is unset and no default applies")
+    if pids is not None:
+        refusal = pids_floor_refusal(pids, "the pids limit")
+        if refusal:
+            raise LimitRefused(refusal)
+    elif required:
+        raise LimitRefused("no pids limit applies")

@@ -23,6 +23,7 @@ from typing import Any
 from sandlot.api.admission import cap_name
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.imageuser import ResolvedUser, resolve_user
+from sandlot.policy.limits import check_limits
 from sandlot.policy.quantity import CFS_PERIOD_US, cpu_quota, memory_bytes
 from sandlot.policy.seccomp import default_profile
 
@@ -192,14 +193,14 @@ def default_spec(
     capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
     privileged: bool = False,
     readonly_root: bool = False,
-    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
 ) -> dict[str, Any]:
     """The OCI spec to run ``args`` in its own pid/ipc/uts/mount (and network) namespaces.
 
     Safe by default: the baseline capabilities, ``noNewPrivileges``, the seccomp
     profile of ``sandlot.policy.seccomp``, masked and read-only ``/proc`` and
     ``/sys`` paths, no host mounts, devices denied, at most ``pids_limit``
-    processes (None: no limit). ``privileged`` drops the seccomp filter and the
+    processes. ``privileged`` drops the seccomp filter and the
     masked and read-only paths and mounts ``/sys`` writable; pair it with
     ``capabilities`` naming every capability the node has (runc refuses one
     outside its own bounding set). The sandbox then owns the node: only a
@@ -219,9 +220,10 @@ def default_spec(
         namespaces.append({"type": "network"})
     uid, gid = user
     caps = list(dict.fromkeys(capabilities))
-    resources: dict[str, Any] = {"devices": [{"allow": False, "access": "rwm"}]}
-    if pids_limit is not None:
-        resources["pids"] = {"limit": pids_limit}
+    resources: dict[str, Any] = {
+        "devices": [{"allow": False, "access": "rwm"}],
+        "pids": {"limit": pids_limit},
+    }
     linux: dict[str, Any] = {
         "namespaces": namespaces,
         "cgroupsPath": cgroups_path if cgroups_path is not None else cgroups_path_for(hostname),
@@ -307,7 +309,7 @@ def build_oci_spec(
     config: ImageConfig,
     *,
     hostname: str,
-    pids_limit: int | None = DEFAULT_PIDS_LIMIT,
+    pids_limit: int = DEFAULT_PIDS_LIMIT,
     limit_swap: bool = False,
     node_capabilities: Sequence[str] = ALL_CAPABILITIES,
     apparmor_profile: str | None = None,
@@ -320,9 +322,12 @@ def build_oci_spec(
     where the node's kernel accounts swap, since runc refuses it on cgroup v1
     otherwise. ``node_capabilities`` is what ``privileged`` (or adding ``ALL``)
     grants: every capability the node's runtime can hand out. Raises
-    ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, and ``ValueError`` for a
-    spec that cannot run at all (no command, a limit that is not a quantity).
+    ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, ``LimitRefused`` for a
+    limit below its floor (runc would read a memory limit of 0 as none), and
+    ``ValueError`` for a spec that cannot run at all (no command, a limit that is
+    not a quantity).
     """
+    check_limits(spec, pids_limit, required=False)
     args = list(spec.command) or [*config.entrypoint, *config.cmd]
     if not args:
         raise ValueError(f"image {spec.image} has no entrypoint or cmd and spec.command is empty")
