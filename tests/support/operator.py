@@ -11,7 +11,7 @@ import sys
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,6 +36,7 @@ class OperatorProcess:
         *flags: str,
         kubeconfig: Path | None = None,
         identity: str | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.port = free_port()
         self.identity = identity or f"op-{uuid.uuid4().hex[:6]}"
@@ -56,7 +57,12 @@ class OperatorProcess:
             *flags,
         ]
         self._log = open(self.log_path, "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env is not None else None,
+        )
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:

@@ -11,10 +11,12 @@ from sandlot.policy.liveness import (
     LeaseView,
     LeaseViewState,
     first_seen_at,
+    from_wall,
     lease_expiry,
     observe_renewal,
     observed_phase,
     reap_blocked_until,
+    to_wall,
 )
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -154,3 +156,37 @@ BOUND = s(45)
 )
 def test_reap_blocked_until(state: LeaseViewState, expected: datetime | None) -> None:
     assert reap_blocked_until(state, s(60), BOUND, NOW) == expected
+
+
+# -- the status boundary: steady moments <-> wall-clock moments ---------------------------
+
+WALL_AHEAD = s(600)  # the wall clock reads 10 minutes later than the steady one
+
+
+def test_a_moment_goes_to_the_wall_clock_and_back_unchanged() -> None:
+    moment = NOW - s(42)
+    wall = to_wall(moment, NOW, NOW + WALL_AHEAD)
+    assert wall == moment + WALL_AHEAD
+    assert from_wall([wall], NOW, NOW + WALL_AHEAD) == [moment]
+
+
+BEHIND = NOW - s(600)  # a wall clock stepped back 10 minutes since the steady one began
+
+
+@pytest.mark.parametrize(
+    ("recorded", "wall_now", "expected"),
+    [
+        ([NOW - s(70), NOW - s(10)], NOW, [NOW - s(70), NOW - s(10)]),
+        ([BEHIND - s(70), BEHIND - s(10)], BEHIND, [NOW - s(70), NOW - s(10)]),
+        ([NOW + s(50), NOW + s(110)], NOW, [NOW - s(60), NOW]),
+        ([], NOW, []),
+    ],
+    ids=[
+        "same_clocks_translate_as_is",
+        "the_age_on_the_wall_clock_is_the_age_on_the_steady_clock",
+        "moments_later_than_now_move_back_together_until_the_latest_is_now",
+        "nothing_recorded",
+    ],
+)
+def test_from_wall(recorded: list[datetime], wall_now: datetime, expected: list[datetime]) -> None:
+    assert from_wall(recorded, NOW, wall_now) == expected

@@ -87,7 +87,7 @@ class World:
 
     def due_in(self, node: str) -> float | None:
         due = self.ctl.queue.due_at(node)
-        return None if due is None else due - self.clock.monotonic()
+        return None if due is None else due - self.ctl.queue.clock()
 
 
 def lost(world: World, node: str = "n1") -> None:
@@ -454,3 +454,118 @@ def test_a_failed_lease_watch_blocks_reaping_until_a_list_restores_the_view() ->
     w.clock.advance(LEASE)
     w.step()
     assert w.objects.phase(keys[0]) == "Dead"
+
+
+# -- a wall-clock step moves no verdict: liveness is timed on the monotonic clock --------
+
+TEN_MINUTES = timedelta(minutes=10)
+
+
+def phase_of(w: World, node: str = "n1") -> str:
+    return w.objects.nodes[node]["status"]["phase"]
+
+
+@pytest.mark.parametrize("step", [TEN_MINUTES, -TEN_MINUTES], ids=["forward", "back"])
+def test_a_node_that_renews_stays_ready_through_a_wall_clock_step(step: timedelta) -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    w.renew("n1")
+    w.step()
+    passes = len(w.objects.writes)
+    w.clock.step_wall(step)
+    for _ in range(int(2 * LEASE / 2)):
+        w.ctl.enqueue("n1")  # kopf's resync timer
+        assert w.step() == 1, "the resync ran no pass"
+        w.clock.advance(2)
+        w.renew("n1")
+    assert phase_of(w) == "Ready"
+    assert w.objects.phase(keys[0]) == "Running"
+    assert ("n1", "NodeNotReady") not in w.events
+    assert len(w.objects.writes) == passes, "a step made the controller write status"
+
+
+@pytest.mark.parametrize("step", [TEN_MINUTES, -TEN_MINUTES], ids=["forward", "back"])
+def test_wall_clock_steps_move_neither_the_lease_expiry_nor_the_grace_deadline(
+    step: timedelta,
+) -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    w.renew("n1")
+    w.step()
+    w.clock.step_wall(step)  # within the last lease
+    expired_on_wall = w.clock.now() + timedelta(seconds=LEASE)
+    w.clock.advance(LEASE - 0.5)
+    w.ctl.enqueue("n1")
+    w.step()
+    assert phase_of(w) == "Ready", "NotReady before its lease ran out"
+    w.clock.advance(0.5)
+    w.step()
+    assert phase_of(w) == "NotReady", "still Ready after its lease ran out"
+    # Status speaks the wall clock as it reads now, and keeps saying it after a step.
+    assert parse_time(w.health("n1")["unhealthySince"]) == expired_on_wall
+    w.clock.step_wall(step)  # within grace
+    w.clock.advance(GRACE - 0.5)
+    w.ctl.enqueue("n1")
+    w.step()
+    assert w.objects.phase(keys[0]) == "Running", "marked before the grace period ended"
+    assert parse_time(w.health("n1")["unhealthySince"]) == expired_on_wall
+    w.clock.advance(0.5)
+    w.step()
+    assert w.objects.phase(keys[0]) == "Dead", "not marked when the grace period ended"
+
+
+def successor(w: World) -> World:
+    """A new leader: nothing in memory, a monotonic clock of its own origin; the node's
+    status and the unchanged Lease as its first listing shows them."""
+    new = World.__new__(World)
+    new.__dict__.update(w.__dict__)
+    new.ctl = NodeHealthController(
+        OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+        w.objects,  # type: ignore[arg-type]
+        OperatorMetrics(CollectorRegistry()),
+        is_leader=lambda: True,
+        post_event=w.post,
+        clock=w.clock.now,
+        queue_clock=lambda: w.clock.monotonic() + 12345.0,
+    )
+    new.delivered = {}
+    return new
+
+
+@pytest.mark.parametrize(
+    ("skew", "due"),
+    [(-TEN_MINUTES, GRACE), (TEN_MINUTES, LEASE)],
+    ids=[
+        "behind_the_writer_restarts_grace_from_now_never_from_the_future",
+        "ahead_of_the_writer_still_waits_one_lease_on_its_own_view",
+    ],
+)
+def test_a_new_leader_reads_the_recorded_episode_on_its_own_wall_clock(
+    skew: timedelta, due: float
+) -> None:
+    # The status carries wall-clock moments; a successor translates them with its own
+    # wall clock, so one that disagrees with the writer's shifts them. Behind, the
+    # recorded moments would lie in the future: they move back together until the
+    # latest is now, the episode kept. Ahead, the grace looks over, but no leader reaps
+    # before its own view of the Leases has waited one lease duration.
+    w = World()
+    keys = w.sandboxes("n1", 1)
+    last = w.clock.now()
+    w.renew("n1", at=last)
+    lost(w)
+    w.clock.advance(GRACE / 2)
+    w.clock.step_wall(skew)
+    new = successor(w)
+    new.ctl.on_node(None, dict(w.objects.nodes["n1"]))
+    new.renew("n1", at=last)  # the listing shows the same renewal
+    new.ctl.on_view_restored()
+    new.step()
+    assert phase_of(new) == "NotReady"
+    assert ("n1", "NodeRecovered") not in new.events, "the episode was dropped"
+    assert new.due_in("n1") == pytest.approx(due)
+    new.clock.advance(due - 0.5)
+    new.step()
+    assert new.objects.phase(keys[0]) == "Running"
+    new.clock.advance(0.5)
+    new.step()
+    assert new.objects.phase(keys[0]) == "Dead"

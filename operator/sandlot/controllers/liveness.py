@@ -6,6 +6,13 @@ when the view itself was last established and last heard from. The node-health
 controller reaps from it and the scheduler places from it, so the two can never
 disagree about which nodes are alive.
 
+Its clock is the steady one (``steady_clock``): renewals, expiries and ``now``
+move with ``time.monotonic()``, so a wall-clock step changes no verdict. Moments
+kept in a node's status are wall-clock; ``from_status`` and ``to_status`` translate
+at that boundary and remember each translation per node, so a moment this process
+wrote reads back as exactly what it meant, whatever the wall clock did since, and
+one another process wrote is translated once, when first read.
+
 Thread-safety: the watch thread calls ``on_lease``, ``heard`` and ``restored``;
 the event loop reads. Every method takes the one lock; none does I/O.
 """
@@ -15,6 +22,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from sandlot.adapters.objects import LeaseRecord
 from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
@@ -22,12 +30,26 @@ from sandlot.policy.liveness import (
     LeaseView,
     LeaseViewState,
     first_seen_at,
+    from_wall,
     lease_expiry,
     observe_renewal,
     observed_phase,
     reap_blocked_until,
+    to_wall,
 )
 from sandlot.policy.probes import Probe, operator_ready
+
+# Translations of status moments remembered per node: the few its status holds, plus
+# those of a write whose echo has not arrived yet.
+MOMENTS_KEPT = 8
+
+
+def steady_clock(
+    wall: Callable[[], datetime], monotonic: Callable[[], float]
+) -> Callable[[], datetime]:
+    """A datetime that moves with ``monotonic`` only: the wall clock is read once, now."""
+    origin, start = wall(), monotonic()
+    return lambda: origin + timedelta(seconds=monotonic() - start)
 
 
 class LivenessView:
@@ -37,8 +59,12 @@ class LivenessView:
         *,
         unseen_duration: timedelta,
         staleness_bound: timedelta,
+        wall: Callable[[], datetime] | None = None,
     ) -> None:
+        """``clock`` is the steady clock every observation is timed on; ``wall`` the
+        wall clock status moments are written in (``clock`` when None: no steps)."""
         self.clock = clock
+        self.wall = wall or clock
         self.unseen_duration = unseen_duration
         self.staleness_bound = staleness_bound
         self._lock = threading.Lock()
@@ -52,6 +78,7 @@ class LivenessView:
         self._since: datetime | None = None
         self._last_heard: datetime | None = None
         self._listeners: list[Callable[[str], None]] = []
+        self._moments: dict[str, dict[datetime, datetime]] = {}  # node -> {wall: steady}
 
     # -- inputs (watch thread) -------------------------------------------------------
 
@@ -131,6 +158,53 @@ class LivenessView:
             self._renewals.pop(name, None)
             self._unresolved.pop(name, None)
             self._first_seen.pop(name, None)
+            self._moments.pop(name, None)
+
+    # -- the status boundary (event loop) ----------------------------------------------
+
+    def from_status(self, name: str, tracking: NodeHealthTracking) -> NodeHealthTracking:
+        """``tracking`` as stored (wall clock) with its moments on the steady clock."""
+        stored = _moments(tracking)
+        if not stored:
+            return tracking
+        steady_now, wall_now = self.clock(), self.wall()
+        with self._lock:
+            known = self._moments.setdefault(name, {})
+            foreign = [m for m in stored if m not in known]
+            for moment, steady in zip(
+                foreign, from_wall(foreign, steady_now, wall_now), strict=True
+            ):
+                known[moment] = steady
+            for moment in stored:  # the most recently used last
+                known[moment] = known.pop(moment)
+            translated = dict(known)
+            _trim(known)
+        return _map_moments(tracking, translated.__getitem__)
+
+    def to_status(self, name: str, tracking: NodeHealthTracking) -> NodeHealthTracking:
+        """``tracking`` (steady clock) with its moments as written to status (wall)."""
+        steady_now, wall_now = self.clock(), self.wall()
+        with self._lock:
+            known = self._moments.setdefault(name, {})
+            written = {v: k for k, v in known.items()}
+
+            def wall(moment: datetime) -> datetime:
+                # A moment read from status or written before goes back exactly as it
+                # was: the status does not move because the wall clock did.
+                found = written.get(moment)
+                if found is None:
+                    found = to_wall(moment, steady_now, wall_now)
+                known.pop(found, None)
+                known[found] = moment
+                return found
+
+            converted = _map_moments(tracking, wall)
+            _trim(known)
+        return converted
+
+    def wall_time(self, moment: datetime) -> datetime:
+        """A steady moment on the wall clock, for what people read (events, logs)."""
+        return to_wall(moment, self.clock(), self.wall())
 
     # -- queries (event loop) ------------------------------------------------------
 
@@ -193,3 +267,29 @@ class LivenessView:
         with self._lock:
             state = LeaseViewState(since=self._since, last_heard=self._last_heard)
         return operator_ready(started, state, self.clock(), self.staleness_bound)
+
+
+def _moments(tracking: NodeHealthTracking) -> list[datetime]:
+    found = [tracking.unhealthy_since, tracking.handled_at]
+    if tracking.last_renewal is not None:
+        found.append(tracking.last_renewal.observed_at)
+    return [m for m in found if m is not None]
+
+
+def _map_moments(
+    tracking: NodeHealthTracking, convert: Callable[[datetime], datetime]
+) -> NodeHealthTracking:
+    update: dict[str, Any] = {}
+    if tracking.unhealthy_since is not None:
+        update["unhealthy_since"] = convert(tracking.unhealthy_since)
+    if tracking.handled_at is not None:
+        update["handled_at"] = convert(tracking.handled_at)
+    if tracking.last_renewal is not None:
+        observed = convert(tracking.last_renewal.observed_at)
+        update["last_renewal"] = tracking.last_renewal.model_copy(update={"observed_at": observed})
+    return tracking.model_copy(update=update) if update else tracking
+
+
+def _trim(known: dict[datetime, datetime]) -> None:
+    while len(known) > MOMENTS_KEPT:
+        del known[next(iter(known))]

@@ -27,6 +27,12 @@ the sandboxes, one such request of a node of 1,000 among 150,000 ran past three
 0.1 s, ``bench/node_listing.py``; what made it slow was not found). The whole
 listing is a consistent read, which the API server's watch cache answers once it
 has caught up with etcd.
+
+A node can come back while it is being marked (1,000 marks take seconds): a pass
+given ``came_back`` asks it before every write it has not sent yet, and once it
+says yes sends none, so what is marked after the renewal was observed is at most
+the writes already in flight (one per write thread). The sandboxes left alone are
+returned as such, and the pass counts as incomplete: no latch is set.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -54,6 +62,39 @@ FIRST_PAGE_PER_WRITER = 16
 
 class NotLeader(RuntimeError):
     """Leadership was lost in the middle of a pass; the new leader redoes it."""
+
+
+@dataclass
+class NodeMarking(MarkResult):
+    """What a node's marking pass achieved, and what it left alone."""
+
+    left: list[str] = field(default_factory=list)
+    """Live sandboxes not marked: the node came back (``came_back``) before their turn."""
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed and not self.left
+
+    def outcome(self, node: str, reason: str | None) -> tuple[str, str, str]:
+        """How the pass ended, logged, and as an Event's type, reason and message."""
+        marked = len(self.marked)
+        if self.left:
+            message = (f"the node renewed its lease while its sandboxes were marked Dead: "
+                       f"{marked} marked, {len(self.left)} left alone")  # fmt: skip
+            log.warning("node %s: %s; the latch stays unset", node, message)
+            return "Normal", "MarkingStopped", message
+        if self.failed:
+            failed = "; ".join(f"{k}: {v}" for k, v in sorted(self.failed.items())[:5])
+            log.error("node %s: %d sandboxes marked Dead, %d failed (%s); the latch stays unset",
+                      node, marked, len(self.failed), failed)  # fmt: skip
+            return "Warning", "MarkingFailed", (
+                f"{len(self.failed)} sandboxes could not be marked Dead; retrying"
+            )  # fmt: skip
+        log.info("node %s: marked %d sandboxes Dead (%s)", node, marked, reason)
+        return "Warning", "SandboxesMarkedDead", (
+            f"marked {marked} sandboxes Dead ({reason}); "
+            f"{len(self.already_terminal)} were already terminal"
+        )  # fmt: skip
 
 
 def _live(sandbox: Mapping[str, Any]) -> bool:
@@ -86,19 +127,42 @@ class Marker:
         # of up to 256 sandboxes is one request, one of 1,000 two.
         self.first_page = FIRST_PAGE_PER_WRITER * concurrency
 
-    async def mark_node(self, name: str, reason: str, message: str, now: datetime) -> MarkResult:
+    async def mark_node(
+        self,
+        name: str,
+        reason: str,
+        message: str,
+        now: datetime,
+        came_back: Callable[[], bool] | None = None,
+    ) -> NodeMarking:
+        """Mark ``name``'s live sandboxes Dead, stamped ``now``; stop sending marks once
+        ``came_back()`` (asked from the write threads) says the node renewed its lease."""
         started = time.perf_counter()
         try:
-            return await self._list_and_mark(name, reason, message, now)
+            return await self._list_and_mark(name, reason, message, now, came_back)
         finally:
             self.metrics.mark_seconds.observe(time.perf_counter() - started)
 
     async def _list_and_mark(
-        self, name: str, reason: str, message: str, now: datetime
-    ) -> MarkResult:
+        self,
+        name: str,
+        reason: str,
+        message: str,
+        now: datetime,
+        came_back: Callable[[], bool] | None,
+    ) -> NodeMarking:
         loop = asyncio.get_running_loop()
-        one = functools.partial(mark_one, self.objects, reason=reason, message=message, now=now)
-        writes: list[asyncio.Future[tuple[str, WriteResult]]] = []
+        mark = functools.partial(mark_one, self.objects, reason=reason, message=message, now=now)
+        back = threading.Event()  # once the node came back, no thread asks again
+
+        def one(sandbox: Mapping[str, Any]) -> tuple[str, WriteResult | None]:
+            if came_back is not None and (back.is_set() or came_back()):
+                back.set()
+                namespace, sandbox_name = _key(sandbox)
+                return f"{namespace}/{sandbox_name}", None  # left alone
+            return mark(sandbox)
+
+        writes: list[asyncio.Future[tuple[str, WriteResult | None]]] = []
         sent: set[tuple[str, str]] = set()
 
         async def listed(page: list[dict[str, Any]]) -> None:
@@ -132,11 +196,15 @@ class Marker:
             # A failed listing or a lost leadership still waits for the marks already
             # sent: none is left running behind the pass that sent it.
             done = await asyncio.gather(*writes, return_exceptions=True)
-        result = MarkResult()
+        result = NodeMarking()
         for outcome in done:
             if isinstance(outcome, BaseException):
                 raise outcome
-            result.record(*outcome)
+            key, written = outcome
+            if written is None:
+                result.left.append(key)
+            else:
+                result.record(key, written)
         self.metrics.marked_dead.labels(reason=reason).inc(len(result.marked))
         if result.failed:
             self.metrics.mark_failures.inc(len(result.failed))

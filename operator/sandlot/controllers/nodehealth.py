@@ -11,6 +11,9 @@ end), which the queue keeps exactly: a mark lands at its deadline, not on a tick
 A partial marking is retried ``RETRY_AFTER_FAILURE`` seconds later; the queue
 keeps the earliest deadline, so a later one never pushes that retry back.
 
+Decisions run on the liveness view's steady (monotonic) clock; the wall clock is
+only what status, conditions and events say (``LivenessView.to_status``).
+
 Only the elected leader acts (standbys keep their caches warm and drop work),
 and it checks again before every write: a pass that loses the Lease stops.
 
@@ -33,8 +36,8 @@ from typing import Any
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import REASON_NODE_LOST
-from sandlot.controllers.liveness import LivenessView
-from sandlot.controllers.marking import Marker, NotLeader
+from sandlot.controllers.liveness import LivenessView, steady_clock
+from sandlot.controllers.marking import Marker, NodeMarking, NotLeader
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.noderead import NodeRead, node_tracking
 from sandlot.controllers.settings import OperatorSettings
@@ -46,6 +49,7 @@ from sandlot.policy.nodehealth import (
     DecisionKind,
     NodeHealthSettings,
     NodeView,
+    StatusPatch,
     decide,
     decide_deleted,
     ready_conditions,
@@ -88,7 +92,7 @@ class NodeHealthController:
         self.metrics = metrics
         self.is_leader = is_leader
         self.post_event = post_event
-        self.clock = clock
+        self.wall = clock  # for what is written and read by people; never for a decision
         self.policy = NodeHealthSettings(
             grace_period=settings.grace_period,
             drain_timeout=settings.drain_timeout,
@@ -99,12 +103,14 @@ class NodeHealthController:
             min_nodes=settings.min_nodes_for_guard,
             window=settings.guard_window,
         )
-        # Liveness (observed renewals, on this clock) is shared with the scheduler.
+        # Liveness (observed renewals, on its steady clock) is shared with the scheduler.
         self.liveness = liveness or LivenessView(
-            clock,
+            steady_clock(clock, queue_clock),
             unseen_duration=settings.agent_lease_duration,
             staleness_bound=settings.lease_view_max_age,
+            wall=clock,
         )
+        self.clock = self.liveness.clock
         self.marker = Marker(
             objects, metrics, concurrency=settings.mark_concurrency, is_leader=is_leader
         )
@@ -163,7 +169,7 @@ class NodeHealthController:
 
     def _keep(self, name: str, body: Mapping[str, Any]) -> None:
         self.nodes[name] = body
-        self.tracking[name] = node_tracking(body)
+        self.tracking[name] = self.liveness.from_status(name, node_tracking(body))
         self.reads[name] = NodeRead.of(body)
 
     def on_lease(self, event_type: str, lease: LeaseRecord) -> None:
@@ -238,7 +244,7 @@ class NodeHealthController:
         body = self.nodes.get(name)
         if body is None or not self.liveness.established:
             return None  # before the first lease list every node would look NotReady
-        now = self.clock()
+        now, stamp = self.clock(), self.wall()
         tracking = self.tracking[name]
         renewal = self.liveness.renewal(name, tracking)
         read = self.reads[name]
@@ -249,13 +255,15 @@ class NodeHealthController:
                 return (until - now).total_seconds()  # the same CLEAR, nothing to write
         self._steady.pop(name, None)
         fleet = self.fleet(now, FLEET_REUSE_ROUTINE)
-        decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy)
+        decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy, stamp=stamp)
         if decision.kind in GUARDED_KINDS or decision.guard_active or self._hold_reported:
             # The guard decides this pass, or may be lifting: judge it on a summary at
             # most FLEET_REUSE old (every pass does while the guard holds).
             fresh = self.fleet(now)
             if fresh is not fleet:
-                decision = decide(view, renewal, tracking, now, fresh, self.guard, self.policy)
+                decision = decide(
+                    view, renewal, tracking, now, fresh, self.guard, self.policy, stamp=stamp
+                )
         self._report_hold(decision, body)
         blocked = self.liveness.reap_blocked_until(name, now)
         if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and blocked:
@@ -263,12 +271,14 @@ class NodeHealthController:
             # outage: agents renew as soon as they reach the API server again, give them
             # one lease duration) or too old (a watch that died silently) to reap from.
             log.info("node %s: grace over, but the lease view allows no reaping before %s",
-                     name, blocked)  # fmt: skip
-            if decision.patch is not None and not await self._write(name, decision.patch.wire()):
+                     name, self.liveness.wall_time(blocked))  # fmt: skip
+            if decision.patch is not None and not await self._write(
+                name, self._wire(name, decision.patch)
+            ):
                 return None
             return max((blocked - now).total_seconds(), 0.0)
 
-        patch = decision.patch.wire() if decision.patch is not None else None
+        patch = self._wire(name, decision.patch) if decision.patch is not None else None
         retry: float | None = None
         if decision.marks_dead:
             try:
@@ -280,13 +290,18 @@ class NodeHealthController:
                 retry = RETRY_AFTER_FAILURE  # the latch stays unset; mark the rest soon
             else:
                 patch = latched
-        patch = self._with_ready(patch, decision, view, now)
+        patch = self._with_ready(patch, decision, view, stamp)
         if patch is not None and not await self._write(name, patch):
             return None
         if decision.kind is DecisionKind.CLEAR and patch is None:
             self._steady[name] = read
         self._events(decision, body)
         return earliest(retry, self._next_wake(name, decision, tracking, now))
+
+    def _wire(self, name: str, patch: StatusPatch) -> dict[str, Any]:
+        """``patch`` as sent: its moments on the wall clock."""
+        health = self.liveness.to_status(name, patch.health)
+        return patch.model_copy(update={"health": health}).wire()
 
     async def _write(self, name: str, patch: dict[str, Any]) -> bool:
         """Write the node's status if still the leader; False when not."""
@@ -311,8 +326,7 @@ class NodeHealthController:
     async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
         """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""
         decision = decide_deleted(node_tracking(body))
-        now = self.clock()
-        result = await self._mark_all(name, decision, now)
+        result = await self._mark_all(name, decision)
         if not result.complete:
             raise RuntimeError(
                 f"{len(result.failed)} of node {name}'s sandboxes could not be marked Dead: "
@@ -322,7 +336,8 @@ class NodeHealthController:
 
     # -- acting -------------------------------------------------------------------
 
-    async def _mark_all(self, name: str, decision: Decision, now: datetime) -> MarkResult:
+    async def _mark_all(self, name: str, decision: Decision) -> NodeMarking:
+        """Mark the node's live sandboxes Dead, stamped on the wall clock."""
         reason = decision.reason or REASON_NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
@@ -331,7 +346,7 @@ class NodeHealthController:
             f"expired for over {self.policy.drain_timeout.total_seconds():g}s",
             DecisionKind.DELETED: f"SandboxNode {name} was deleted",
         }.get(decision.kind, reason)
-        return await self.marker.mark_node(name, reason, message, now)
+        return await self.marker.mark_node(name, reason, message, self.wall())
 
     async def _mark(
         self, name: str, body: Mapping[str, Any], decision: Decision, now: datetime
@@ -343,50 +358,27 @@ class NodeHealthController:
                 "Warning",
                 "GraceExpired",
                 (
-                    f"lease expired at {decision.unhealthy_since}; grace period over, "
+                    f"lease expired at {self._shown(decision.unhealthy_since)}; grace period over, "
                     "marking the node's sandboxes Dead"
                 ),
             )
-        result = await self._mark_all(name, decision, now)
+        result = await self._mark_all(name, decision)
+        self._post(body, *result.outcome(name, decision.reason))
         if not result.complete:
-            log.error(
-                "node %s: %d sandboxes marked Dead, %d failed (%s); the latch stays unset",
-                name,
-                len(result.marked),
-                len(result.failed),
-                "; ".join(f"{k}: {v}" for k, v in sorted(result.failed.items())[:5]),
-            )
-            self._post(
-                body,
-                "Warning",
-                "MarkingFailed",
-                (f"{len(result.failed)} sandboxes could not be marked Dead; retrying"),
-            )
-            return None
-        count = len(result.marked)
-        log.info("node %s: marked %d sandboxes Dead (%s)", name, count, decision.reason)
-        self._post(
-            body,
-            "Warning",
-            "SandboxesMarkedDead",
-            (
-                f"marked {count} sandboxes Dead ({decision.reason}); "
-                f"{len(result.already_terminal)} were already terminal"
-            ),
-        )
-        latched = decision.latched(now, count).wire()
+            return None  # the latch stays unset
+        latched = self._wire(name, decision.latched(now, len(result.marked)))
         latched["sandboxes"] = 0
         return latched
 
     def _with_ready(
-        self, patch: dict[str, Any] | None, decision: Decision, view: NodeView, now: datetime
+        self, patch: dict[str, Any] | None, decision: Decision, view: NodeView, stamp: datetime
     ) -> dict[str, Any] | None:
         if decision.phase is None:
             return patch
         base = view.conditions
         if patch is not None and "conditions" in patch:
             base = parse_conditions(patch["conditions"])
-        updated = ready_conditions(decision.phase, base, now)
+        updated = ready_conditions(decision.phase, base, stamp)
         if updated is None:
             return patch
         patch = dict(patch or {"phase": str(decision.phase)})
@@ -400,12 +392,15 @@ class NodeHealthController:
                 "Warning",
                 "NodeNotReady",
                 (
-                    f"lease expired at {decision.unhealthy_since}; sandboxes are marked Dead "
-                    f"at {decision.deadline} unless the agent renews it"
+                    f"lease expired at {self._shown(decision.unhealthy_since)}; sandboxes are "
+                    f"marked Dead at {self._shown(decision.deadline)} unless the agent renews it"
                 ),
             )
         elif decision.recovered:
             self._post(body, "Normal", "NodeRecovered", "the agent renews its lease again")
+
+    def _shown(self, moment: datetime | None) -> datetime | None:
+        return None if moment is None else self.liveness.wall_time(moment)
 
     def _report_hold(self, decision: Decision, body: Mapping[str, Any]) -> None:
         self.metrics.hold_active.set(1 if decision.guard_active else 0)

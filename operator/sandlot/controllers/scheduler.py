@@ -186,25 +186,29 @@ class Scheduler:
             self.metrics.unschedulable.set(len(self.waiting))
 
     def slots(self, now: datetime) -> list[NodeSlot]:
+        """Every node as the placement policy sees it; ``now`` on the liveness clock."""
         slots = []
         for node in self.nodes.values():
+            tracking = self.liveness.from_status(node.name, node.tracking)
             slots.append(
                 NodeSlot(
                     name=node.name,
-                    phase=self.liveness.phase(node.name, node.unschedulable, node.tracking, now),
+                    phase=self.liveness.phase(node.name, node.unschedulable, tracking, now),
                     unschedulable=node.unschedulable,
                     capacity=node.capacity,
                     sandboxes=self.cache.node_load.get(node.name, 0),
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
-                    ready_until=self.liveness.expiry(node.name, node.tracking),
+                    ready_until=self.liveness.expiry(node.name, tracking),
                     labels=node.labels,
                     taints=node.taints,
                 )
             )
         return slots
 
-    def choose(self, rec: SandboxRecord, now: datetime) -> Choice:
+    def choose(self, rec: SandboxRecord) -> Choice:
         request = SandboxRequest(rec.key, rec.pool_key, rec.placement)
+        # Liveness is judged on its own steady clock, never on the wall clock.
+        now = self.liveness.clock()
         return choose_node(request, self.slots(now), now)
 
     async def schedule(self, key: str) -> float | None:
@@ -221,7 +225,7 @@ class Scheduler:
             self.waiting.pop(key, None)
             return None
         now = self.clock()
-        choice = self.choose(rec, now)
+        choice = self.choose(rec)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
             return await self._report_waiting(rec, "Unschedulable", choice.message, now)

@@ -18,6 +18,12 @@ a renewal was observed within ``leaseDurationSeconds``.
 - A node whose Lease was never seen is Ready until ``leaseDurationSeconds`` after
   the operator first saw the node.
 
+Every moment here is on the operator's *steady* clock: a datetime that moves with
+``time.monotonic()`` and never steps, so an NTP step or a resumed VM neither keeps
+a dead node Ready (a step back) nor expires every live one (a step forward). The
+wall clock appears only where a moment is written to status, or read back from it
+by a process that did not observe it (``to_wall``, ``from_wall``).
+
 The second half of this module says when the operator's view of the Leases is too
 young or too old to reap from: a view just (re)established has not yet had one
 lease duration to see renewals, and a view not heard from for longer than its
@@ -26,6 +32,7 @@ staleness bound (a watch that died silently) says nothing about the present.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -113,6 +120,33 @@ def observed_phase(
     if now < lease_expiry(renewal, first_seen, unseen_duration):
         return NodePhase.READY
     return NodePhase.NOT_READY
+
+
+# --- the status boundary: steady moments <-> wall-clock moments ------------------------
+
+
+def to_wall(moment: datetime, steady_now: datetime, wall_now: datetime) -> datetime:
+    """``moment`` (steady clock) as the wall clock read at ``wall_now`` places it."""
+    return moment + (wall_now - steady_now)
+
+
+def from_wall(
+    recorded: Sequence[datetime], steady_now: datetime, wall_now: datetime
+) -> list[datetime]:
+    """Wall-clock moments recorded together in status, as moments on the steady clock.
+
+    What another process recorded is only as good as the two wall clocks agree. When
+    the latest of them reads as later than now (this wall clock behind the writer's),
+    all move back together until it is now: nothing recorded lies in the future, the
+    spans between them (a lease, the time since the lease expired) stay as recorded,
+    and a deadline only ever moves later.
+    """
+    offset = wall_now - steady_now
+    moments = [m - offset for m in recorded]
+    late = max(moments, default=steady_now) - steady_now
+    if late > timedelta(0):
+        moments = [m - late for m in moments]
+    return moments
 
 
 # --- how far the view of the Leases can be trusted -------------------------------------

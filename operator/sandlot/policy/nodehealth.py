@@ -20,7 +20,8 @@ died with its node, and its leftovers are marked Dead (reason ``DrainAbandoned``
 
 Liveness is judged on the operator's clock only (``sandlot.policy.liveness``): the
 controller passes the last renewal it *observed*, timed when it saw the Lease change,
-never the agent's ``renewTime`` stamp, so a skewed node clock moves nothing.
+never the agent's ``renewTime`` stamp, so a skewed node clock moves nothing; and on
+its monotonic clock, so a wall-clock step does not either (the wall clock: ``stamp``).
 
 Everything the controller persists lives in the node's status, so an operator
 restart or a leader change neither restarts nor forgets a grace period. Nothing
@@ -235,9 +236,11 @@ def decide(
     fleet: FleetSummary,
     guard: GuardSettings,
     settings: NodeHealthSettings | None = None,
+    stamp: datetime | None = None,
 ) -> Decision:
     # Long on purpose: it is SPEC section 3's table, one branch per row, read top down.
-    """Decide what the node-health controller does for ``node`` at ``now``.
+    """Decide what the node-health controller does for ``node`` at ``now`` (``stamp``,
+    the wall clock's now, is the time a condition changed carries; ``now`` when None).
 
     ``renewal`` is the last renewal of the node's Lease the operator observed
     (``liveness.observe_renewal``; None when it never saw one);
@@ -267,7 +270,7 @@ def decide(
         deadline: datetime | None = None,
         wake_at: datetime | None = None,
     ) -> Decision:
-        conditions = _desired_conditions(node.conditions, kind is DecisionKind.HOLD, now)
+        conditions = _desired_conditions(node.conditions, kind is DecisionKind.HOLD, stamp or now)
         return Decision(
             kind=kind,
             phase=phase,
