@@ -128,3 +128,34 @@ def test_a_listing_that_fails_part_way_leaves_the_latch_unset_and_the_retry_mark
     w.step()
     assert [w.objects.phase(k) for k in keys] == ["Dead"] * len(keys)
     assert w.health("n1")["handledAt"]
+
+
+def test_a_node_that_renews_while_it_is_marked_stops_the_pass_within_the_writes_in_flight() -> None:
+    w = World()
+    keys = w.sandboxes("n1", 1000)
+    lost(w)
+    w.clock.advance(GRACE)
+    renew_at = 100
+    writes: list[str] = []
+    lock = threading.Lock()
+
+    def on_write(verb: str, key: str) -> None:
+        if verb != "patch-status":
+            return
+        with lock:
+            writes.append(key)
+            renew = len(writes) == renew_at
+        if renew:
+            w.renew("n1")  # observed from a write thread, as from the lease watch's
+
+    w.objects.before_write = on_write
+    w.step()
+    assert len(writes) >= renew_at, "the renewal was never injected"
+    after = len(writes) - renew_at
+    assert after < w.ctl.settings.mark_concurrency, f"{after} marks sent after the renewal"
+    assert "handledAt" not in w.health("n1"), "a stopped pass set the latch"
+    assert ("n1", "MarkingStopped") in w.events
+    w.step()  # the revived node's next pass
+    assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
+    live = sum(w.objects.phase(k) == "Running" for k in keys)
+    assert live == len(keys) - len(writes), "sandboxes left alone were marked later"

@@ -27,6 +27,7 @@ older); a listing (kopf's event type None) is always taken.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -337,7 +338,8 @@ class NodeHealthController:
     # -- acting -------------------------------------------------------------------
 
     async def _mark_all(self, name: str, decision: Decision) -> NodeMarking:
-        """Mark the node's live sandboxes Dead, stamped on the wall clock."""
+        """Mark the node's live sandboxes Dead, stamped on the wall clock. A lost (not
+        deleted) node that renews its lease meanwhile stops it: news the decision lacked."""
         reason = decision.reason or REASON_NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
@@ -346,7 +348,16 @@ class NodeHealthController:
             f"expired for over {self.policy.drain_timeout.total_seconds():g}s",
             DecisionKind.DELETED: f"SandboxNode {name} was deleted",
         }.get(decision.kind, reason)
-        return await self.marker.mark_node(name, reason, message, self.wall())
+        came_back: Callable[[], bool] | None = None
+        if decision.kind is not DecisionKind.DELETED:
+            came_back = functools.partial(
+                self._renewed, name, self.tracking.get(name, decision.tracking)
+            )
+        return await self.marker.mark_node(name, reason, message, self.wall(), came_back)
+
+    def _renewed(self, name: str, tracking: NodeHealthTracking) -> bool:
+        # Asked from the marker's write threads; the liveness view takes its lock.
+        return self.liveness.expiry(name, tracking) > self.clock()
 
     async def _mark(
         self, name: str, body: Mapping[str, Any], decision: Decision, now: datetime
