@@ -18,7 +18,9 @@ def register(sub: Any) -> None:
     up = dev_sub.add_parser("up", help="start etcd + kube-apiserver and apply the CRDs")
     up.add_argument("--dir", default=DEFAULT_DIR, help=f"state directory (default: {DEFAULT_DIR})")
     up.set_defaults(func=run)
-    down = dev_sub.add_parser("down", help="stop what `dev up` started")
+    down = dev_sub.add_parser(
+        "down", help="stop what `dev up`, `demo --keep` or `dev cluster up` started there"
+    )
     down.add_argument(
         "--dir", default=DEFAULT_DIR, help=f"state directory (default: {DEFAULT_DIR})"
     )

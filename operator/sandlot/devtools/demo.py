@@ -43,10 +43,10 @@ from sandlot.devtools.containerd import (
     start_private_containerd,
     unavailable_reason,
 )
-from sandlot.devtools.controlplane import kubectl_path, stop_detached
+from sandlot.devtools.controlplane import kubectl_path
 from sandlot.devtools.demonet import DemoNetwork
 from sandlot.devtools.demostreams import DemoStreams, claim_and_stream
-from sandlot.devtools.dev import reset, start_local
+from sandlot.devtools.dev import reset, start_local, stop_left_over, write_state
 from sandlot.devtools.ociarchive import build_image_archive
 from sandlot.devtools.registry import Registry, start_registry
 
@@ -185,6 +185,7 @@ class Demo:
             start_new_session=True,
         )
         log.close()
+        self.record()  # so that `sandlot dev down` finds it, even if this run dies
 
     def start_agent(self, node: str) -> None:
         assert self.containerd is not None
@@ -232,6 +233,7 @@ class Demo:
                 proc.kill()
         if self.containerd is not None:
             self.network.release(self.containerd.address, NODES)
+            self.network.remove_bridge()
         self.streams.remove()
         if self.containerd is not None:
             self.containerd.stop()
@@ -244,6 +246,9 @@ class Demo:
         state = json.loads(state_file.read_text()) if state_file.exists() else {}
         state.setdefault("pids", {}).update({n: p.pid for n, p in self.procs.items()})
         state["streamLink"] = self.streams.address.link
+        state["nodes"] = list(NODES)
+        if self.registry is not None and self.registry.process is not None:
+            state["pids"]["registry"] = self.registry.process.pid
         if self.containerd is not None:
             state["pids"]["containerd"] = self.containerd.process.pid  # type: ignore[union-attr]
             state["containerd"] = {
@@ -251,6 +256,9 @@ class Demo:
                 "root": str(self.containerd.root_dir),
             }
         return state
+
+    def record(self) -> None:
+        write_state(self.workdir, self.state())
 
     # -- the story -------------------------------------------------------------------
 
@@ -429,7 +437,7 @@ def run_demo(directory: str, step_timeout: float, keep: bool) -> int:
         ok = True
     finally:
         if keep and ok:
-            (workdir / "state.json").write_text(json.dumps(demo.state()))
+            demo.record()
             demo.say("left running. Try:")
             print(f"  export KUBECONFIG={demo.kubeconfig}")
             print(f"  {demo.kubectl} get sandboxes -n demo -o wide")
@@ -437,6 +445,6 @@ def run_demo(directory: str, step_timeout: float, keep: bool) -> int:
             print(f"  sandlot dev down --dir {directory}      # stops everything")
         else:
             demo.stop_all()
-            stop_detached(workdir)
+            stop_left_over(workdir)  # the control plane, and whatever stop_all could not
             demo.say("stopped everything" + ("" if ok else " (the demo failed)"))
     return 0
