@@ -52,12 +52,23 @@ def test_the_network_policy_lets_only_the_metrics_port_in(helm: Path) -> None:
         assert rule["from"] == [PROMETHEUS]
 
 
+GATEWAY_PODS = {
+    "podSelector": {
+        "matchLabels": {
+            "app.kubernetes.io/name": "sandlot",
+            "app.kubernetes.io/instance": "sl",
+            "app.kubernetes.io/component": "gateway",
+        }
+    }
+}
+
+
 @pytest.mark.parametrize(
     ("stream_from", "expected_from"),
-    [([], None), ([API_SERVERS], [API_SERVERS])],
-    ids=["from_anywhere_by_default", "from_the_peers_given"],
+    [([], [GATEWAY_PODS]), ([API_SERVERS], [GATEWAY_PODS, API_SERVERS])],
+    ids=["from_the_gateway_by_default", "and_from_the_peers_given"],
 )
-def test_the_agents_stream_port_is_let_in_when_it_is_on(
+def test_the_agents_stream_port_is_let_in_from_the_gateway_when_it_is_on(
     helm: Path, stream_from: list[dict[str, Any]], expected_from: list[dict[str, Any]] | None
 ) -> None:
     docs = render_policies(
@@ -67,7 +78,9 @@ def test_the_agents_stream_port_is_let_in_when_it_is_on(
     metrics, stream = found["agent"]["spec"]["ingress"]
     assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [PROMETHEUS]}
     assert stream["ports"] == [{"port": "stream", "protocol": "TCP"}]
-    assert stream.get("from") == expected_from, "the metrics peers must not limit the stream"
+    assert stream.get("from") == expected_from, "only the gateway (and peers given) may stream"
+    (https,) = found["gateway"]["spec"]["ingress"][1:]
+    assert https == {"ports": [{"port": "https", "protocol": "TCP"}]}, "the API server's way in"
     (operator_rule,) = found["operator"]["spec"]["ingress"]
     assert operator_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
 

@@ -39,10 +39,11 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
     for doc in installed.docs:
         assert f"/{doc['metadata']['name']} serverside-applied" in out, (doc["kind"], out)
     got = kubectl(
-        "get", "deploy,ds,sa,svc,pdb,role,rolebinding,cm", "-n", installed.namespace, "-o", "name"
-    ).stdout
+        "get", "deploy,ds,sa,svc,pdb,role,rolebinding,cm,secret", "-n", installed.namespace,
+        "-o", "name",
+    ).stdout  # fmt: skip
     for doc in installed.docs:
-        if doc["metadata"].get("namespace"):
+        if doc["metadata"].get("namespace") == installed.namespace:
             assert doc["metadata"]["name"] in got, f"{doc['kind']} {doc['metadata']['name']}"
 
 

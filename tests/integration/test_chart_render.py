@@ -66,10 +66,13 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     kinds = sorted(d["kind"] for d in docs)
     for kind in ("Deployment", "DaemonSet", "PodDisruptionBudget", "ClusterRole", "Role"):
         assert kind in kinds
-    assert kinds.count("ServiceAccount") == 2 and kinds.count("Service") == 2
+    assert kinds.count("ServiceAccount") == 3 and kinds.count("Service") == 3
     assert not {"ServiceMonitor", "PrometheusRule", "ConfigMap"} & set(kinds), "optional ones on"
 
-    (deploy,) = by_kind(docs, "Deployment")
+    deploy, gateway = sorted(
+        by_kind(docs, "Deployment"), key=lambda d: d["metadata"]["name"].endswith("-gateway")
+    )
+    assert gateway["spec"]["template"]["spec"]["containers"][0]["args"] == ["gateway"]
     pod = deploy["spec"]["template"]["spec"]
     assert deploy["spec"]["replicas"] == 2
     (op,) = pod["containers"]

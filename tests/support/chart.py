@@ -185,6 +185,10 @@ def installed(helm: Path, kube: client.ApiClient, kubectl: Kubectl) -> Iterator[
         namespace=namespace,
     )
     docs = [d for d in docs if not hook_of(d)]  # helm creates hooks only when they run
+    # The APIService is cluster-wide too, and with no gateway running here it would
+    # stay unavailable, which stalls every namespace deletion on this control plane;
+    # tests/integration/test_streams.py serves the same group through a real gateway.
+    docs = [d for d in docs if d["kind"] != "APIService"]
     apply(kubectl, docs)
     yield Installed(release, namespace, docs)
     # Cluster-scoped objects (RBAC, admission policies) outlive the namespace: delete

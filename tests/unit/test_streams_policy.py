@@ -6,116 +6,130 @@ from typing import Any
 
 import pytest
 
+from sandlot.policy.streamaccess import (
+    Caller,
+    RequestHeaderConfig,
+    access_review_spec,
+    caller_of,
+    decide_access,
+    requestheader_config,
+    resource_attributes,
+)
 from sandlot.policy.streams import (
+    API_PREFIX,
     EXEC,
     LOG,
     RESIZE,
     STDIN,
     StreamRequest,
     StreamRequestError,
-    access_review_spec,
-    bearer_token,
+    agent_request,
+    api_path,
     close_stdin_frame,
-    decide_access,
     decode_frame,
     encode_frame,
     end_of,
     error_status,
     exit_status,
+    parse_agent_request,
+    parse_api_request,
     parse_resize,
-    parse_stream_request,
-    proxy_path,
     resize_frame,
-    resource_attributes,
-    stream_path,
     tail_offset,
 )
 
 EXEC_LS = StreamRequest(EXEC, "team", "box", command=("ls", "-l"))
 LOG_BOX = StreamRequest(LOG, "team", "box")
+BASE = f"{API_PREFIX}/namespaces/team/sandboxes/box"
 
 
 @pytest.mark.parametrize(
-    ("path", "options", "expected"),
+    ("target", "expected"),
     [
-        ("/sandboxes/team/box/log", "", LOG_BOX),
+        (f"{BASE}/log", LOG_BOX),
+        (f"{BASE}/log?follow=true&tailLines=10", StreamRequest(LOG, "team", "box", True, 10)),
         (
-            "/sandboxes/team/box/log",
-            "follow=true&tail=10",
-            StreamRequest(LOG, "team", "box", follow=True, tail=10),
-        ),
-        (
-            "/sandboxes/team/box/exec",
-            "command=sh&command=-c&command=echo+hi&tty=true&stdin=1",
+            f"{BASE}/exec?command=sh&command=-c&command=echo+hi&tty=true&stdin=1",
             StreamRequest(
                 EXEC, "team", "box", command=("sh", "-c", "echo hi"), tty=True, stdin=True
             ),
         ),
-        ("/sandboxes/team/box/log?tail=3", "", LOG_BOX),
     ],
-    ids=["plain-log", "follow-and-tail", "exec-tty-stdin", "query-on-the-path-ignored"],
+    ids=["plain-log", "follow-and-tail", "exec-tty-stdin"],
 )
-def test_a_request_is_read_from_its_path_and_options_header(
-    path: str, options: str, expected: StreamRequest
+def test_a_request_is_read_from_its_api_path_and_query(
+    target: str, expected: StreamRequest
 ) -> None:
-    assert parse_stream_request(path, options) == expected
+    assert parse_api_request(target) == expected
 
 
 @pytest.mark.parametrize(
-    ("path", "options", "complaint"),
+    ("target", "complaint"),
     [
-        ("/sandboxes/team/box/attach", "", "unknown path"),
-        ("/metrics", "", "unknown path"),
-        ("/sandboxes/team/box/exec", "", "needs a command"),
-        ("/sandboxes/team/box/log", "tail=many", "whole number"),
-        ("/sandboxes/team/box/log", "tail=-1", "negative"),
+        (f"{BASE}/attach", "unknown subresource"),
+        ("/metrics", "not under"),
+        (f"{API_PREFIX}/namespaces/team/pods/box/exec", "expected"),
+        (f"{BASE}/exec", "needs a command"),
+        (f"{BASE}/log?tailLines=many", "whole number"),
+        (f"{BASE}/log?tailLines=-1", "negative"),
     ],
     ids=[
-        "unknown-verb",
+        "unknown-subresource",
         "other-path",
+        "other-resource",
         "exec-without-command",
         "tail-not-a-number",
         "tail-negative",
     ],
 )
-def test_a_bad_request_is_refused_with_what_is_wrong(
-    path: str, options: str, complaint: str
-) -> None:
+def test_a_bad_request_is_refused_with_what_is_wrong(target: str, complaint: str) -> None:
     with pytest.raises(StreamRequestError, match=complaint):
-        parse_stream_request(path, options)
+        parse_api_request(target)
+
+
+ROUND_TRIPS = [
+    LOG_BOX,
+    StreamRequest(LOG, "team", "box", follow=True, tail=0),
+    StreamRequest(EXEC, "team", "box", command=("sh", "-c", "a && b; c=$d"), tty=True),
+]
+
+
+@pytest.mark.parametrize("request_", ROUND_TRIPS, ids=["log", "follow-tail-zero", "exec-shell"])
+def test_the_cli_writes_what_the_gateway_reads(request_: StreamRequest) -> None:
+    assert parse_api_request(api_path(request_)) == request_
+
+
+@pytest.mark.parametrize("request_", ROUND_TRIPS, ids=["log", "follow-tail-zero", "exec-shell"])
+def test_the_gateway_writes_what_the_agent_reads(request_: StreamRequest) -> None:
+    assert parse_agent_request(*agent_request(request_)) == request_
+
+
+def test_the_exec_command_is_in_the_query_so_the_audit_log_records_it() -> None:
+    path = api_path(StreamRequest(EXEC, "team", "box", command=("rm", "-rf", "/tmp/x")))
+    assert path == f"{BASE}/exec?command=rm&command=-rf&command=%2Ftmp%2Fx"
 
 
 @pytest.mark.parametrize(
-    "request_",
-    [
-        LOG_BOX,
-        StreamRequest(LOG, "team", "box", follow=True, tail=0),
-        StreamRequest(EXEC, "team", "box", command=("sh", "-c", "a && b; c=$d"), tty=True),
-    ],
-    ids=["log", "follow-tail-zero", "exec-shell-line"],
+    ("request_", "verb"),
+    [(EXEC_LS, "create"), (LOG_BOX, "get")],
+    ids=["exec-is-create-sandboxes-exec", "logs-is-get-sandboxes-log"],
 )
-def test_the_cli_writes_what_the_agent_reads(request_: StreamRequest) -> None:
-    assert parse_stream_request(*stream_path(request_)) == request_
-
-
-@pytest.mark.parametrize(
-    ("request_", "verb", "subresource"),
-    [(EXEC_LS, "exec", None), (LOG_BOX, "get", "log")],
-    ids=["exec-is-verb-exec", "logs-is-get-sandboxes-log"],
-)
-def test_the_verbs_asked_are_exec_and_get_log_on_sandboxes(
-    request_: StreamRequest, verb: str, subresource: str | None
+def test_the_verbs_asked_are_those_of_kubectl_exec_and_logs(
+    request_: StreamRequest, verb: str
 ) -> None:
     attributes = resource_attributes(request_)
     assert attributes["verb"] == verb
-    assert attributes.get("subresource") == subresource
-    assert (attributes["group"], attributes["resource"]) == ("sandlot.dev", "sandboxes")
+    assert attributes["subresource"] == request_.kind
+    assert (attributes["group"], attributes["resource"]) == (
+        "subresources.sandlot.dev",
+        "sandboxes",
+    )
     assert (attributes["namespace"], attributes["name"]) == ("team", "box")
 
 
-def test_the_access_review_asks_for_the_reviewed_identity_whole() -> None:
-    user = {"username": "ann", "uid": "u-1", "groups": ["dev"], "extra": {"scopes": ["a"]}}
-    spec = access_review_spec(user, EXEC_LS)
+def test_the_access_review_asks_for_the_named_user_whole() -> None:
+    caller = Caller("ann", ("dev",), {"scopes": ("a",)}, "u-1")
+    spec = access_review_spec(caller, EXEC_LS)
     assert (spec["user"], spec["uid"], spec["groups"], spec["extra"]) == (
         "ann",
         "u-1",
@@ -124,55 +138,79 @@ def test_the_access_review_asks_for_the_reviewed_identity_whole() -> None:
     )
 
 
-AUTHENTICATED = {"authenticated": True, "user": {"username": "ann"}}
+CONFIG = RequestHeaderConfig(allowed_names=("front-proxy-client",))
+HEADERS = [
+    ("X-Remote-User", "ann"),
+    ("X-Remote-Group", "dev"),
+    ("x-remote-group", "system:authenticated"),
+    ("X-Remote-Extra-Scopes", "a"),
+    ("X-Remote-Extra-Acme.com%2fproject", "p1"),
+]
 
 
 @pytest.mark.parametrize(
-    ("token", "token_review", "access_review", "allowed", "code", "says"),
+    ("headers", "proxy", "expected"),
     [
-        (None, None, None, False, 401, "no bearer token"),
-        ("t", {"authenticated": False, "error": "expired"}, None, False, 401, "expired"),
-        ("t", AUTHENTICATED, {"allowed": False}, False, 403, 'user "ann" cannot exec in'),
         (
-            "t",
-            AUTHENTICATED,
-            {"allowed": True, "denied": True, "reason": "policy"},
-            False,
-            403,
-            "policy",
+            HEADERS,
+            "front-proxy-client",
+            Caller(
+                "ann",
+                ("dev", "system:authenticated"),
+                {"scopes": ("a",), "acme.com/project": ("p1",)},
+            ),
         ),
-        ("t", AUTHENTICATED, None, False, 403, "not reviewed"),
-        ("t", AUTHENTICATED, {"allowed": True}, True, 200, 'user "ann" may exec'),
+        (HEADERS, "someone-else", None),
+        (HEADERS, "", None),
+        ([("X-Remote-Group", "dev")], "front-proxy-client", None),
     ],
-    ids=[
-        "no-token",
-        "token-not-authenticated",
-        "not-allowed",
-        "denied-wins-over-allowed",
-        "access-not-reviewed",
-        "allowed",
-    ],
+    ids=["from-the-front-proxy", "another-certificate", "no-certificate", "no-user"],
 )
-def test_access_needs_an_authenticated_token_and_an_allowed_review(
-    token: str | None,
-    token_review: dict[str, Any] | None,
+def test_the_user_is_believed_only_from_the_front_proxys_certificate(
+    headers: list[tuple[str, str]], proxy: str, expected: Caller | None
+) -> None:
+    assert caller_of(headers, CONFIG, proxy) == expected
+
+
+def test_the_header_names_come_from_the_api_servers_configmap() -> None:
+    config = requestheader_config(
+        {
+            "requestheader-username-headers": '["X-User"]',
+            "requestheader-group-headers": '["X-Group"]',
+            "requestheader-extra-headers-prefix": '["X-Extra-"]',
+            "requestheader-allowed-names": '["proxy"]',
+        }
+    )
+    caller = caller_of([("X-User", "bob"), ("X-Group", "g"), ("X-Extra-k", "v")], config, "proxy")
+    assert caller == Caller("bob", ("g",), {"k": ("v",)})
+    with pytest.raises(ValueError, match="requestheader-allowed-names"):
+        requestheader_config({"requestheader-allowed-names": '"proxy"'})
+
+
+ANN = Caller("ann")
+
+
+@pytest.mark.parametrize(
+    ("caller", "access_review", "allowed", "code", "says"),
+    [
+        (None, None, False, 401, "front proxy"),
+        (ANN, {"allowed": False}, False, 403, 'user "ann" cannot create sandboxes/exec'),
+        (ANN, {"allowed": True, "denied": True, "reason": "policy"}, False, 403, "policy"),
+        (ANN, None, False, 403, "not reviewed"),
+        (ANN, {"allowed": True}, True, 200, 'user "ann" may create sandboxes/exec'),
+    ],
+    ids=["no-user", "not-allowed", "denied-wins-over-allowed", "not-reviewed", "allowed"],
+)
+def test_access_needs_a_named_user_and_an_allowed_review(
+    caller: Caller | None,
     access_review: dict[str, Any] | None,
     allowed: bool,
     code: int,
     says: str,
 ) -> None:
-    access = decide_access(token, token_review, access_review, EXEC_LS)
+    access = decide_access(caller, access_review, EXEC_LS)
     assert (access.allowed, access.code) == (allowed, code)
     assert says in access.message
-
-
-@pytest.mark.parametrize(
-    ("header", "token"),
-    [("Bearer abc", "abc"), ("bearer  abc ", "abc"), ("Basic abc", None), ("", None), (None, None)],
-    ids=["bearer", "case-and-spaces", "other-scheme", "empty", "absent"],
-)
-def test_only_a_bearer_token_is_taken(header: str | None, token: str | None) -> None:
-    assert bearer_token(header) == token
 
 
 def test_frames_carry_their_channel_first() -> None:
@@ -242,10 +280,3 @@ def test_tail_starts_at_the_nth_line_from_the_end(
     data: bytes, size: int, lines: int, offset: int
 ) -> None:
     assert tail_offset(data, size, lines) == offset
-
-
-def test_the_proxy_path_is_the_pods_proxy_of_the_agents_pod() -> None:
-    assert (
-        proxy_path("sandlot-system", "agent-x", 10350)
-        == "/api/v1/namespaces/sandlot-system/pods/agent-x:10350/proxy"
-    )

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sandlot.policy.streams import RequestHeaderConfig, requestheader_config
+from sandlot.policy.streamaccess import (
+    RequestHeaderConfig,
+    requestheader_config,
+)
 
 NAMESPACE = "kube-system"
 CONFIGMAP = "extension-apiserver-authentication"

@@ -121,4 +121,25 @@ class StreamCerts:
         return cls(ca, gateway, agent)
 
 
-__all__ = ["AGENT_NAME", "CA", "GATEWAY_NAME", "Pair", "StreamCerts"]
+FRONT_PROXY_NAME = "front-proxy-client"
+
+
+def front_proxy_flags(certs: Path) -> list[str]:
+    """kube-apiserver's front proxy, as kubeadm configures it: how it reaches
+    aggregated APIs (sandlot's stream gateway) and names the user to them. Without
+    kube-proxy here, it dials an APIService's endpoints, not its cluster IP."""
+    ca = CA.create(certs, "front-proxy-ca")
+    client = ca.issue(certs, FRONT_PROXY_NAME, file_name="front-proxy-client")
+    return [
+        f"--requestheader-client-ca-file={ca.cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_NAME}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={client.cert}",
+        f"--proxy-client-key-file={client.key}",
+        "--enable-aggregator-routing=true",
+    ]
+
+
+__all__ = ["AGENT_NAME", "CA", "GATEWAY_NAME", "Pair", "StreamCerts", "front_proxy_flags"]

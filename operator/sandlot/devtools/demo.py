@@ -84,7 +84,7 @@ class Demo:
         self.registry: Registry | None = None
         self.network = DemoNetwork(workdir)
         self.kubeconfig = workdir / "kubeconfig"
-        self.streams = DemoStreams(self.kubeconfig, NODES)
+        self.streams = DemoStreams(self.kubeconfig, self.workdir, NODES)
         self.started = time.monotonic()
         self._last_table = ""
 
@@ -311,6 +311,8 @@ class Demo:
             "--metrics-port",
             "0",
         )
+        self.spawn("gateway", *self.streams.gateway_args())
+        self.streams.publish_gateway()  # logs and exec: through the API server to it
         for node in NODES:
             self.start_agent(node)
         self.wait(

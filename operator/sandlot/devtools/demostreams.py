@@ -1,9 +1,10 @@
 """The demo's claim, ``sandlot logs`` and ``sandlot exec``.
 
-The local agents are plain processes, so the demo gives their stream servers
-what a cluster gives the agent pods: an address the API server will proxy to
-(``streamnet``: an interface of the demo's own with a private address) and a
-stand-in Pod per agent carrying it (``adapters.agentpods``). Then a
+The local gateway and agents are plain processes, so the demo gives them what a
+cluster gives their pods: an address the API server will reach (``streamnet``: an
+interface of the demo's own with a private address), the stream certificates the
+chart would make (``certs``), the gateway's APIService and endpoint
+(``gatewayrig``) and a stand-in Pod per agent (``adapters.agentpods``). Then a
 ``SandboxClaim`` takes a Running member of the pool, and the CLI reads that
 sandbox's output and runs a command in it, through the API server like any user.
 """
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from sandlot.adapters.agentpods import publish_agent_pod
 from sandlot.adapters.kube import load_api_client
+from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.controlplane import free_port
+from sandlot.devtools.gatewayrig import STANDIN_SELECTOR, publish_gateway
 from sandlot.devtools.streamnet import StreamAddress
 
 AGENT_NAMESPACE = "sandlot-system"
@@ -36,15 +39,45 @@ spec:
 
 
 class DemoStreams:
-    """The stream address of the demo's agents, their ports and stand-in Pods."""
+    """The stream address of the demo's gateway and agents, their certificates,
+    ports and stand-in Pods."""
 
-    def __init__(self, kubeconfig: Path, nodes: tuple[str, ...]) -> None:
+    def __init__(self, kubeconfig: Path, workdir: Path, nodes: tuple[str, ...]) -> None:
         self.kubeconfig = kubeconfig
+        self.workdir = workdir
         self.address = StreamAddress()
         self.ports = {node: free_port() for node in nodes}
+        self.gateway_port = free_port()
+        self.certs: StreamCerts | None = None
 
     def create(self) -> None:
         self.address.create()
+        self.certs = StreamCerts.create(
+            self.workdir / "stream-certs", AGENT_NAMESPACE, (self.address.ip,)
+        )
+
+    def gateway_args(self) -> list[str]:
+        """``sandlot gateway``'s arguments: on the stream address, finding the stand-ins."""
+        assert self.certs is not None, "create() makes the certificates first"
+        return [
+            "gateway",
+            *("--kubeconfig", str(self.kubeconfig), "--namespace", AGENT_NAMESPACE),
+            *("--bind", self.address.ip, "--port", str(self.gateway_port)),
+            *("--tls-cert", str(self.certs.gateway.cert), "--tls-key", str(self.certs.gateway.key)),
+            *("--stream-ca", str(self.certs.ca.cert), "--agent-selector", STANDIN_SELECTOR),
+            *("--metrics-port", "0"),
+        ]
+
+    def publish_gateway(self) -> None:
+        """The APIService and the gateway's endpoint; returns once the API server reaches it."""
+        assert self.certs is not None, "create() makes the certificates first"
+        api = load_api_client(str(self.kubeconfig))
+        try:
+            publish_gateway(
+                api, AGENT_NAMESPACE, self.address.ip, self.gateway_port, self.certs.ca.cert
+            )
+        finally:
+            api.close()
 
     def remove(self) -> None:
         self.address.remove()
@@ -55,17 +88,19 @@ class DemoStreams:
 
     def agent_flags(self, node: str) -> list[str]:
         """The agent's stream flags; its stand-in Pod is recorded first."""
+        assert self.certs is not None, "create() makes the certificates first"
         api = load_api_client(str(self.kubeconfig))
         try:
             publish_agent_pod(
-                api, AGENT_NAMESPACE, self.pod(node), self.address.ip, self.ports[node]
+                api, AGENT_NAMESPACE, self.pod(node), self.address.ip, self.ports[node], node
             )
         finally:
             api.close()
         return [
-            *("--stream-port", str(self.ports[node])),
-            *("--stream-bind", self.address.ip),
-            *("--stream-pod", self.pod(node)),
+            *("--stream-port", str(self.ports[node]), "--stream-bind", self.address.ip),
+            *("--stream-tls-cert", str(self.certs.agent.cert)),
+            *("--stream-tls-key", str(self.certs.agent.key)),
+            *("--stream-client-ca", str(self.certs.ca.cert)),
         ]
 
 

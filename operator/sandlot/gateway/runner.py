@@ -23,7 +23,9 @@ from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
 from sandlot.gateway.settings import GatewaySettings
 from sandlot.policy.probes import Probe
-from sandlot.policy.streams import RequestHeaderConfig
+from sandlot.policy.streamaccess import (
+    RequestHeaderConfig,
+)
 
 log = logging.getLogger(__name__)
 

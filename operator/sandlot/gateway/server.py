@@ -37,26 +37,29 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
+from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.streamaccess import (
+    Caller,
+    RequestHeaderConfig,
+    access_review_spec,
+    api_group,
+    api_group_list,
+    api_resource_list,
+    caller_of,
+    decide_access,
+)
 from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
-    Caller,
-    RequestHeaderConfig,
     StreamRequest,
     StreamRequestError,
-    access_review_spec,
     agent_request,
-    api_group,
-    api_group_list,
-    api_resource_list,
-    caller_of,
-    decide_access,
     parse_api_request,
 )
 
@@ -265,7 +268,7 @@ class Gateway:
                 ssl=self._agent_tls,
                 server_hostname=self.agent_server_name,
                 additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: user},
-                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                subprotocols=[Subprotocol(SUBPROTOCOL)],
                 compression=None,
                 max_size=MAX_MESSAGE,
                 open_timeout=self.call_timeout,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from sandlot.devtools.certs import CA
+from sandlot.devtools.certs import front_proxy_flags
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
@@ -121,7 +121,6 @@ def helm_path(build_timeout: float = 1800.0) -> Path:
     return _run_build(HELM_BUILD_SCRIPT, "helm", build_timeout, HELM_VERSION=HELM_VERSION)
 
 
-FRONT_PROXY_NAME = "front-proxy-client"
 ETCD_DATA = "etcd"  # etcd's data directory, under the workdir
 
 
@@ -250,8 +249,6 @@ class ControlPlane:
         if not key.exists():
             _run(["openssl", "genrsa", "-out", str(key), "2048"])
             _run(["openssl", "rsa", "-in", str(key), "-pubout", "-out", str(certs / "sa.pub")])
-        front_proxy = CA.create(certs, "front-proxy-ca")
-        front_proxy.issue(certs, FRONT_PROXY_NAME, file_name="front-proxy-client")
         tokens = self.workdir / "tokens.csv"
         if not tokens.exists():
             token = os.urandom(24).hex()
@@ -282,17 +279,7 @@ class ControlPlane:
                 "--allow-privileged=true",
                 f"--disable-admission-plugins={self.disabled_admission_plugins}",
                 "--enable-priority-and-fairness=false",
-                # The front proxy: how the API server reaches aggregated APIs (sandlot's
-                # stream gateway) and names the user to them, as kubeadm configures it.
-                f"--requestheader-client-ca-file={certs / 'front-proxy-ca.crt'}",
-                f"--requestheader-allowed-names={FRONT_PROXY_NAME}",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={certs / 'front-proxy-client.crt'}",
-                f"--proxy-client-key-file={certs / 'front-proxy-client.key'}",
-                # No kube-proxy here: reach an APIService's endpoints, not its cluster IP.
-                "--enable-aggregator-routing=true",
+                *front_proxy_flags(certs),
                 "--v=0",
                 *self.extra_apiserver_flags,
             ],
