@@ -5,11 +5,13 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from sandlot.adapters.containerd.imagefiles import read_image_files
+from sandlot.adapters.runtime import ImageTooLarge
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.imageuser import ResolvedUser, UnknownImageUser, needs_lookup, resolve_user
 from sandlot.policy.ocispec import ImageConfig, build_oci_spec
@@ -120,5 +122,25 @@ def test_the_top_layer_with_the_file_wins_and_a_whiteout_hides_it() -> None:
         {"digest": "sha256:b", "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"},
         {"digest": "sha256:c", "mediaType": "application/vnd.oci.image.layer.v1.tar"},
     ]
-    files = read_image_files(layers, blobs.__getitem__, ("/etc/passwd", "/etc/group"))
+    files = read_image_files(
+        layers, lambda d: _chunks(blobs[d]), ("/etc/passwd", "/etc/group"), max_bytes=2**20
+    )
     assert files == {"/etc/passwd": "app:x:1000:1000::/:/bin/sh\n", "/etc/group": ""}
+
+
+def _chunks(blob: bytes, size: int = 100) -> Iterator[bytes]:
+    """A blob in small chunks, as the content store streams it."""
+    for start in range(0, len(blob), size):
+        yield blob[start : start + size]
+
+
+@pytest.mark.parametrize("compress", [False, True], ids=["plain", "gzip"])
+def test_the_lookup_stops_at_its_cap_on_bytes_read(compress: bool) -> None:
+    blob = _layer(
+        {"filler": bytes(64 * 1024), "etc/passwd": b"app:x:1:1::/:/bin/sh\n"}, compress=compress
+    )
+    layers = [{"digest": "sha256:a", "mediaType": "application/vnd.oci.image.layer.v1.tar"}]
+    with pytest.raises(ImageTooLarge, match="more than 32768 bytes of layer content"):
+        read_image_files(layers, lambda d: _chunks(blob), ("/etc/passwd",), max_bytes=32 * 1024)
+    found = read_image_files(layers, lambda d: _chunks(blob), ("/etc/passwd",), max_bytes=2**20)
+    assert found == {"/etc/passwd": "app:x:1:1::/:/bin/sh\n"}

@@ -29,6 +29,7 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import RuntimeTimeout
+from sandlot.policy.imagecaps import MAX_MANIFEST_BYTES, mib
 from sandlot.policy.imagepull import FailureKind
 
 MANIFEST_TYPES = (
@@ -38,6 +39,8 @@ MANIFEST_TYPES = (
     "application/vnd.docker.distribution.manifest.v2+json",
 )
 CHUNK = 1024 * 1024
+ERROR_BODY_BYTES = 64 * 1024
+"""What is read of a refusal's body (or a token answer): the registry's words fit."""
 _PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -90,6 +93,16 @@ def _kind(status: int) -> FailureKind:
     return FailureKind.TRANSIENT
 
 
+def _drop(response: urllib3.BaseHTTPResponse) -> bytes:
+    """The start of a response's body (at most ``ERROR_BODY_BYTES``), its connection
+    given back for reuse only when nothing of the body is left unread."""
+    body = response.read(ERROR_BODY_BYTES)
+    if response.read(1):  # more than a registry's error says: not worth reading
+        response.close()
+    response.release_conn()
+    return bytes(body)
+
+
 class RegistryClient:
     """Requests to one repository on one endpoint, for the length of one pull."""
 
@@ -131,11 +144,10 @@ class RegistryClient:
         url = self.endpoint.api(path)
         response = self._send(url, headers, stream)
         if response.status == 401 and self._authorize(response):
-            response.release_conn()
+            _drop(response)
             response = self._send(url, headers, stream)
         if response.status >= 400:
-            body = response.read() if stream else bytes(response.data or b"")
-            response.release_conn()
+            body = _drop(response)
             what = f"GET {url}"
             raise RegistryError(
                 f"{what}: {_registry_message(response.status, body)}", _kind(response.status)
@@ -204,17 +216,23 @@ class RegistryClient:
         realm = params["realm"]
         try:
             response = self._http.request(
-                "GET", realm, fields=fields, headers=headers, timeout=self._timeout(realm)
+                "GET",
+                realm,
+                fields=fields,
+                headers=headers,
+                timeout=self._timeout(realm),
+                preload_content=False,
             )
+            data = _drop(response)
         except HTTPError as exc:
             raise RegistryError(f"token from {realm}: {exc}") from exc
         if response.status >= 400:
             raise RegistryError(
-                f"token from {realm}: {_registry_message(response.status, response.data)}",
+                f"token from {realm}: {_registry_message(response.status, data)}",
                 _kind(response.status),
             )
         try:
-            answer = json.loads(response.data)
+            answer = json.loads(data)
             return str(answer.get("token") or answer["access_token"])
         except (ValueError, KeyError, TypeError) as exc:
             raise RegistryError(f"token from {realm}: no token in the answer") from exc
@@ -222,27 +240,43 @@ class RegistryClient:
     # ------------------------------------------------------------ the API
 
     def manifest(self, reference: str) -> tuple[bytes, str]:
-        """The manifest or index named by a tag or digest, and its media type."""
-        response = self._request(
-            f"/{self.repository}/manifests/{reference}", {"Accept": ", ".join(MANIFEST_TYPES)}
-        )
+        """The manifest or index named by a tag or digest, and its media type; past
+        ``MAX_MANIFEST_BYTES`` refused (``RegistryError`` of kind ``TOO_LARGE``)
+        before more than that is held."""
+        path = f"/{self.repository}/manifests/{reference}"
+        response = self._request(path, {"Accept": ", ".join(MANIFEST_TYPES)}, stream=True)
         media_type = (response.headers.get("Content-Type") or "").split(";", 1)[0].strip()
-        return bytes(response.data), media_type
+        what = f"manifest {reference}"
+        return b"".join(self._chunks(response, path, what, MAX_MANIFEST_BYTES)), media_type
 
-    def blob(self, digest: str) -> Iterator[bytes]:
-        """The blob's bytes in chunks as they arrive; a stall raises ``RegistryError``."""
-        url = self.endpoint.api(f"/{self.repository}/blobs/{digest}")
-        response = self._request(f"/{self.repository}/blobs/{digest}", {}, stream=True)
+    def blob(self, digest: str, *, limit: int | None = None) -> Iterator[bytes]:
+        """The blob's bytes in chunks as they arrive; a stall raises ``RegistryError``,
+        and so does a blob past ``limit`` bytes (kind ``TOO_LARGE``)."""
+        path = f"/{self.repository}/blobs/{digest}"
+        response = self._request(path, {}, stream=True)
+        return self._chunks(response, path, f"blob {digest}", limit)
+
+    def _chunks(
+        self, response: urllib3.BaseHTTPResponse, path: str, what: str, limit: int | None
+    ) -> Iterator[bytes]:
+        url = self.endpoint.api(path)
+        got = 0
         try:
             while True:
                 try:
-                    chunk = response.read(CHUNK)
+                    chunk = response.read(CHUNK if limit is None else min(CHUNK, limit + 1 - got))
                 except ReadTimeoutError as exc:
                     raise self._stalled(f"GET {url} (mid-blob)", exc) from exc
                 except HTTPError as exc:
                     raise RegistryError(f"GET {url}: {exc}") from exc
                 if not chunk:
                     return
+                got += len(chunk)
+                if limit is not None and got > limit:
+                    raise RegistryError(
+                        f"GET {url}: {what} is more than {mib(limit)}, the cap",
+                        FailureKind.TOO_LARGE,
+                    )
                 yield chunk
         finally:
             response.release_conn()

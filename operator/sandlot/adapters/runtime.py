@@ -39,6 +39,14 @@ class NotFound(RuntimeError_):
         super().__init__(message, code="not_found")
 
 
+class ImageTooLarge(RuntimeError_):
+    """Image or registry data past the cap on what is read of it (a hostile image):
+    refused for good, the message naming the cap."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="too_large")
+
+
 class TaskState(StrEnum):
     CREATED = "created"
     RUNNING = "running"

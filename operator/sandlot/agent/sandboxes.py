@@ -30,6 +30,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import (
     ContainerInfo,
     ContainerSpec,
+    ImageTooLarge,
     NotFound,
     Runtime,
     RuntimeError_,
@@ -66,6 +67,7 @@ log = logging.getLogger(__name__)
 
 REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
 REASON_IMAGE_USER = "ImageUserNotFound"
+REASON_IMAGE_TOO_LARGE = "ImageTooLarge"
 
 
 def container_id_for(uid: str) -> str:
@@ -331,6 +333,8 @@ class SandboxWork:
             raise StartFailed(
                 "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
             ) from None
+        except ImageTooLarge as exc:
+            raise StartFailed(REASON_IMAGE_TOO_LARGE, f"image {image} refused: {exc}") from None
         except RuntimeError_ as exc:
             raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
         privileged = bool(spec.security_context and spec.security_context.privileged)

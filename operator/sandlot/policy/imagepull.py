@@ -35,9 +35,13 @@ class FailureKind(StrEnum):
     """The registry refused the credential (or wants one and none was given)."""
     TRANSIENT = "transient"
     """Anything that may pass: a stall, a timeout, a registry that is down."""
+    TOO_LARGE = "too_large"
+    """A manifest, index or config past its cap (``policy.imagecaps``): a hostile image."""
 
 
-FINAL_KINDS: frozenset[FailureKind] = frozenset({FailureKind.NOT_FOUND, FailureKind.UNAUTHORIZED})
+FINAL_KINDS: frozenset[FailureKind] = frozenset(
+    {FailureKind.NOT_FOUND, FailureKind.UNAUTHORIZED, FailureKind.TOO_LARGE}
+)
 
 REASON_PULLING = "Pulling"
 REASON_ERR_IMAGE_PULL = "ErrImagePull"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -27,7 +27,8 @@ import grpc
 from google.protobuf import timestamp_pb2
 
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.adapters.runtime import ImageTooLarge, NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.policy.imagecaps import mib
 
 try:
     from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2_grpc
@@ -132,17 +133,38 @@ class Connection:
         except grpc.RpcError as exc:
             raise translate(exc, what, timeout, time.monotonic() - began) from exc
 
-    def read_blob(self, digest: str, *, timeout: float, what: str) -> bytes:
-        responses = self.stream(
-            self.content.Read,
-            content_pb2.ReadContentRequest(digest=digest),
-            timeout=timeout,
-            what=f"{what}: read {digest}",
+    def open_blob(
+        self, digest: str, *, timeout: float, what: str, limit: int | None = None
+    ) -> Iterator[bytes]:
+        """The blob's bytes in chunks as containerd sends them, under one deadline;
+        with ``limit``, no more than that many (containerd is asked for one byte
+        more, and ``ImageTooLarge`` raised if it comes). Closing the iterator
+        cancels the call."""
+        label = f"{what}: read {digest}"
+        request = content_pb2.ReadContentRequest(
+            digest=digest, size=limit + 1 if limit is not None else 0
         )
-        return b"".join(r.data for r in responses)
+        began = time.monotonic()
+        call = self.content.Read(request, timeout=timeout, metadata=self._metadata)
+        got = 0
+        try:
+            for response in call:
+                got += len(response.data)
+                if limit is not None and got > limit:
+                    raise ImageTooLarge(f"{label}: more than {mib(limit)}, the cap")
+                yield response.data
+        except grpc.RpcError as exc:
+            raise translate(exc, label, timeout, time.monotonic() - began) from exc
+        finally:
+            call.cancel()
 
-    def read_json(self, digest: str, budget: Deadline, what: str) -> dict[str, Any]:
-        data = self.read_blob(digest, timeout=budget.remaining(what), what=what)
+    def read_blob(self, digest: str, *, timeout: float, what: str, limit: int) -> bytes:
+        """The whole blob, refused (``ImageTooLarge``) past ``limit`` bytes before more
+        than that is held."""
+        return b"".join(self.open_blob(digest, timeout=timeout, what=what, limit=limit))
+
+    def read_json(self, digest: str, budget: Deadline, what: str, *, limit: int) -> dict[str, Any]:
+        data = self.read_blob(digest, timeout=budget.remaining(what), what=what, limit=limit)
         try:
             parsed = json.loads(data)
         except ValueError as exc:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import platform
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -31,9 +31,16 @@ from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ImageConfig,
     ImageRecord,
+    ImageTooLarge,
     NotFound,
     RuntimeError_,
     RuntimeTimeout,
+)
+from sandlot.policy.imagecaps import (
+    MAX_CONFIG_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_USER_LOOKUP_BYTES,
+    mib,
 )
 from sandlot.policy.imageuser import needs_lookup
 
@@ -69,7 +76,9 @@ class Images:
     ) -> dict[str, Any]:
         """The image manifest for linux/this architecture, resolving an index if needed."""
         what = f"image {image}"
-        document = self._conn.read_json(str(descriptor["digest"]), budget, what)
+        document = self._conn.read_json(
+            str(descriptor["digest"]), budget, what, limit=MAX_MANIFEST_BYTES
+        )
         media_type = descriptor.get("mediaType") or document.get("mediaType", "")
         if media_type not in INDEX_MEDIA_TYPES and "manifests" not in document:
             return document
@@ -110,7 +119,16 @@ class Images:
         config = manifest.get("config") or {}
         if "digest" not in config:
             raise RuntimeError_(f"image {image}: manifest has no config", code="invalid")
-        return self._conn.read_json(str(config["digest"]), budget, f"image {image} config")
+        what = f"image {image} config"
+        size = int(config.get("size") or 0)
+        if size > MAX_CONFIG_BYTES:
+            raise ImageTooLarge(
+                f"{what}: {size} bytes, more than {mib(MAX_CONFIG_BYTES)}, the cap on a config"
+            )
+        # Read no more than the manifest says it is (the content store checks the digest).
+        return self._conn.read_json(
+            str(config["digest"]), budget, what, limit=size or MAX_CONFIG_BYTES
+        )
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:
         budget = Deadline(timeout, expired=RuntimeTimeout)
@@ -135,10 +153,16 @@ class Images:
         )
         what = f"image {image} layers"
 
-        def read(digest: str) -> bytes:
-            return self._conn.read_blob(digest, timeout=budget.remaining(what), what=what)
+        def open_blob(digest: str) -> Iterator[bytes]:
+            return self._conn.open_blob(digest, timeout=budget.remaining(what), what=what)
 
-        return read_image_files(manifest.get("layers") or [], read, ("/etc/passwd", "/etc/group"))
+        return read_image_files(
+            manifest.get("layers") or [],
+            open_blob,
+            ("/etc/passwd", "/etc/group"),
+            max_bytes=MAX_USER_LOOKUP_BYTES,
+            what=f"image {image}",
+        )
 
     # -- records -------------------------------------------------------------------
 
@@ -191,9 +215,15 @@ class Images:
         if digest in self._blob_cache:
             return self._blob_cache[digest]
         try:
-            document = self._conn.read_json(digest, budget, f"size of image {image}")
+            document = self._conn.read_json(
+                digest, budget, f"size of image {image}", limit=MAX_MANIFEST_BYTES
+            )
         except NotFound:
             return None  # an index entry for a platform that was never fetched
+        except ImageTooLarge:
+            # Not a manifest anyone pulled through a cap: count the blob alone, so one
+            # hostile record never stops a listing of the rest.
+            return {digest: int(descriptor.get("size", 0))}
         blobs = {digest: int(descriptor.get("size", 0))}
         complete = True
         if descriptor.get("mediaType") in INDEX_MEDIA_TYPES or "manifests" in document:

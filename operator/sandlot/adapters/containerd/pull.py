@@ -53,6 +53,7 @@ from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.registryhosts import endpoints_for
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.policy.imagecaps import MAX_CONFIG_BYTES, mib
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import ImageReference
 
@@ -279,8 +280,19 @@ class ContainerdPuller(PullSteps):
     def _small_blob(
         self, client: RegistryClient, desc: Mapping[str, Any], *, manifest: bool = False
     ) -> bytes:
+        """A manifest (capped at ``MAX_MANIFEST_BYTES``) or a config, read no further
+        than its descriptor's size and ``MAX_CONFIG_BYTES``."""
         digest = str(desc["digest"])
-        data = client.manifest(digest)[0] if manifest else b"".join(client.blob(digest))
+        if manifest:
+            data = client.manifest(digest)[0]
+        else:
+            size = int(desc.get("size") or 0)
+            if size > MAX_CONFIG_BYTES:
+                raise RegistryError(
+                    f"config {digest}: {size} bytes, more than {mib(MAX_CONFIG_BYTES)}, the cap",
+                    FailureKind.TOO_LARGE,
+                )
+            data = b"".join(client.blob(digest, limit=size or MAX_CONFIG_BYTES))
         got = "sha256:" + hashlib.sha256(data).hexdigest()
         if got != digest:
             raise RegistryError(f"blob {digest}: the registry sent content of digest {got}")

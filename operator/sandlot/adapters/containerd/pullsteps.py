@@ -132,7 +132,8 @@ class PullSteps:
             return
 
         def counted() -> Iterator[bytes]:
-            for chunk in client.blob(str(desc["digest"])):
+            # Never more than the manifest says: the content store holds no surprise.
+            for chunk in client.blob(str(desc["digest"]), limit=int(desc["size"])):
                 counter.add(len(chunk), fetched=True)
                 yield chunk
 
