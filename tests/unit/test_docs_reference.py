@@ -34,8 +34,10 @@ def test_every_documented_setting_exists_in_the_code():
     from sandlot.agent.settings import AgentSettings
     from sandlot.cli.options import env_name
     from sandlot.controllers.settings import OperatorSettings
+    from sandlot.gateway.settings import GatewaySettings
 
-    real = {env_name(f) for m in (AgentSettings, OperatorSettings) for f in m.model_fields}
+    models = (AgentSettings, OperatorSettings, GatewaySettings)
+    real = {env_name(f) for m in models for f in m.model_fields}
     assert documented <= real, f"documented but gone from the code: {sorted(documented - real)}"
     assert real <= documented, f"in the code but not documented: {sorted(real - documented)}"
 

@@ -25,6 +25,8 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.cli.options import env_name, flag_name
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.gateway.metrics import GatewayMetrics
+from sandlot.gateway.settings import GatewaySettings
 
 SETTINGS_DOC = "docs/settings.md"
 METRICS_DOC = "docs/metrics.md"
@@ -137,6 +139,13 @@ def render_settings(root: Path) -> str:
         "",
         *_settings_table(AgentSettings),
         "",
+        "## `sandlot gateway`",
+        "",
+        "The stream gateway behind `sandlot logs` / `sandlot exec` (docs/streams.md). Also:",
+        "`--kubeconfig` (default: in-cluster, then `$KUBECONFIG`).",
+        "",
+        *_settings_table(GatewaySettings),
+        "",
         "## Helm values (`charts/sandlot/values.yaml`)",
         "",
         "Each program setting above is a value under `operator.` or `agent.`; the chart sets",
@@ -160,6 +169,7 @@ def registered_metrics() -> list[tuple[str, str, str, list[str], str]]:
     for program, classes in (
         ("operator", (OperatorMetrics, WorkloadMetrics)),
         ("agent", (AgentMetrics, GcMetrics, PullMetrics)),
+        ("gateway", (GatewayMetrics,)),
     ):
         registry = CollectorRegistry()
         for cls in classes:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, sandbox_placement
 from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
@@ -20,6 +20,7 @@ from sandlot.adapters.health import serve_health
 from sandlot.adapters.mtls import client_context, server_context, trust
 from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
+from sandlot.gateway.metrics import GatewayMetrics
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
 from sandlot.gateway.settings import GatewaySettings
 from sandlot.policy.probes import Probe
@@ -124,15 +125,9 @@ def build(
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"{tls_names}: cannot load the gateway's TLS files: {e}") from None
     registry = registry or CollectorRegistry()
-    streams = Counter(
-        "sandlot_gateway_streams",
-        "Stream requests by subresource and outcome (opened, refused_<status>, bad_request).",
-        ["subresource", "outcome"],
-        registry=registry,
-    )
+    metrics = GatewayMetrics(registry)
     sessions = Sessions(settings.max_sessions, settings.max_sessions_per_user)
-    gauge = Gauge("sandlot_gateway_streams_open", "Streams open now.", registry=registry)
-    gauge.set_function(lambda: sessions.open)
+    metrics.open.set_function(lambda: sessions.open)
     view = FrontProxyView(read, server_tls, first)
     gateway = Gateway(
         bind=settings.bind,
@@ -144,7 +139,7 @@ def build(
         backends=backends or cluster_backends(api, settings),
         sessions=sessions,
         call_timeout=timeout,
-        on_stream=lambda kind, outcome: streams.labels(kind, outcome).inc(),
+        on_stream=lambda kind, outcome: metrics.streams.labels(kind, outcome).inc(),
     )
     return GatewayParts(gateway, view, registry)
 

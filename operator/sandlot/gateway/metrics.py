@@ -1,0 +1,19 @@
+"""The stream gateway's metrics (prometheus-client; one registry per gateway)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.streams = Counter(
+            "sandlot_gateway_streams",
+            "Stream requests by subresource and outcome (opened, refused_<status>, bad_request).",
+            ["subresource", "outcome"],
+            registry=registry,
+        )
+        self.open = Gauge("sandlot_gateway_streams_open", "Streams open now.", registry=registry)
+
+
+__all__ = ["GatewayMetrics"]
