@@ -26,6 +26,7 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.policy.capacity import REASON_OVER_CAPACITY
+from sandlot.policy.limits import PIDS_RESERVE
 from sandlot.policy.ocispec import cgroups_path_for
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
@@ -112,6 +113,25 @@ def test_a_sandbox_without_limits_gets_the_defaults_under_the_configured_parent(
     assert status["phase"] == "Running", status
     path = cgroups_path_for(container_id_for(uid), parent)
     assert _cgroup_limits(path) == (str(96 * 2**20), "30000", "77")
+
+
+def test_the_parent_of_all_sandboxes_has_a_hard_memory_and_pids_limit(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    parent = f"/sandlot-test-{uuid.uuid4().hex[:6]}"
+    agent = start_agent(cgroup_parent=parent, cgroup_parent_memory_reserve="1Gi")
+    uid = _create(kube, namespace, "under-parent", agent.node)
+    assert _decided(kube, namespace, "under-parent")["phase"] == "Running"
+    memory, _, pids = _cgroup_limits(parent)
+    node_memory = int(Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1]) * 1024
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    # Read back from the kernel: finite, the node's less the reserves (v1 rounds to pages).
+    assert pids == str(pid_max - PIDS_RESERVE)
+    assert memory != "max" and abs(int(memory) - (node_memory - 2**30)) < 4096, memory
+    assert agent.parent_limits is not None
+    # The sandbox's own cgroup sits under that parent, with its own limits.
+    child = cgroups_path_for(container_id_for(uid), parent)
+    assert _cgroup_limits(child)[2] == str(agent.settings.pids_limit)
 
 
 def test_a_namespace_annotation_overrides_the_agent_defaults(

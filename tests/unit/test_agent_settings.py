@@ -59,8 +59,8 @@ def test_flags_and_environment() -> None:
         (("--node", "n1", "--pids-limit", "0"), "--pids-limit"),
         (("--node", "n1", "--default-memory-limit", "0"), "default_memory_limit"),
         (("--node", "n1", "--default-memory-limit", "1Mi"), "default_memory_limit"),
-        (("--node", "n1", "--default-memory-limit", ""), "--default-memory-limit"),
-        (("--node", "n1", "--default-cpu-limit", ""), "--default-cpu-limit"),
+        (("--node", "n1", "--default-memory-limit", ""), "default_memory_limit is empty"),
+        (("--node", "n1", "--default-cpu-limit", ""), "default_cpu_limit is empty"),
     ],
     ids=[
         "node-required",

@@ -13,8 +13,10 @@ from sandlot.policy.limits import (
     REASON_LIMIT_REFUSED,
     DefaultLimits,
     LimitRefused,
+    ParentLimits,
     check_limits,
     merge,
+    parent_limits,
     parse_defaults,
     pids_limit,
     with_defaults,
@@ -138,6 +140,20 @@ def test_a_sandbox_left_without_a_limit_is_refused() -> None:
     filled = with_defaults(spec, DefaultLimits(cpu="1", pids=64))
     with pytest.raises(LimitRefused, match=r"spec\.resources\.limits\.memory is unset"):
         check_limits(filled, 64)
+
+
+@pytest.mark.parametrize(
+    ("node_memory", "pid_max", "limits"),
+    [
+        (16 * GI, 32768, ParentLimits(15 * GI, 28672)),
+        (GI // 2, 1000, ParentLimits(4 * 2**20, 8)),
+    ],
+    ids=["the node minus its reserves", "a node with nothing to spare: the floors, never none"],
+)
+def test_the_parent_of_all_sandboxes_keeps_the_nodes_share(
+    node_memory: int, pid_max: int, limits: ParentLimits
+) -> None:
+    assert parent_limits(node_memory, GI, pid_max, 4096) == limits
 
 
 def test_a_spec_without_resources_gets_them() -> None:

@@ -76,6 +76,38 @@ def cgroup_v2(root: str | Path) -> bool:
     return (Path(root) / "cgroup.controllers").exists()
 
 
+def pid_max(path: str | Path = "/proc/sys/kernel/pid_max") -> int | None:
+    """The kernel's highest PID (the node's PID space), or None when unreadable."""
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def limit_cgroup(root: str | Path, cgroups_path: str, *, memory: int, pids: int) -> None:
+    """Create the cgroup ``cgroups_path`` (as runc names it) and write its hard memory
+    and pids limits, on cgroup v1 or v2; ``OSError`` when the filesystem refuses."""
+    relative = cgroups_path.strip("/")
+    if cgroup_v2(root):
+        directory = Path(root) / relative
+        directory.mkdir(parents=True, exist_ok=True)
+        # Each level above must hand the controllers down for the files to exist.
+        level = Path(root)
+        for part in Path(relative).parts:
+            (level / "cgroup.subtree_control").write_text("+memory +pids")
+            level = level / part
+        (directory / "memory.max").write_text(str(memory))
+        (directory / "pids.max").write_text(str(pids))
+        return
+    for controller, name, value in (
+        ("memory", "memory.limit_in_bytes", memory),
+        ("pids", "pids.max", pids),
+    ):
+        directory = Path(root) / controller / relative
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / name).write_text(str(value))
+
+
 def _counter(text: str, key: str) -> int | None:
     for line in text.splitlines():
         name, _, value = line.partition(" ")

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 import sandlot
+from sandlot.adapters.nodeguard import limit_cgroup, node_memory_bytes, pid_max
 from sandlot.adapters.objects import Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.agent.capacity import capacity_status, mirrored_taints
@@ -25,11 +26,46 @@ from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import Release
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.capacity import Capacity
+from sandlot.policy.limits import ParentLimits, parent_limits
+from sandlot.policy.quantity import memory_bytes
 
 log = logging.getLogger(__name__)
 
 CONNECT_BACKOFF_START = 0.5
 CONNECT_BACKOFF_CAP = 30.0
+
+
+def limit_sandbox_parent(settings: AgentSettings) -> ParentLimits | None:
+    """Give the parent cgroup of every sandbox its hard memory and pids limits (the
+    node's minus the reserves); None, said loudly, when the cgroup filesystem
+    cannot be written (mounted read-only) or the node cannot be read."""
+    memory, pids = node_memory_bytes(), pid_max()
+    if memory is None or pids is None:
+        log.warning(
+            "cannot limit %s: the node's memory or pid_max is unreadable", settings.cgroup_parent
+        )
+        return None
+    limits = parent_limits(memory, memory_bytes(settings.cgroup_parent_memory_reserve), pids)
+    try:
+        limit_cgroup(
+            settings.cgroup_root, settings.cgroup_parent, memory=limits.memory, pids=limits.pids
+        )
+    except OSError as exc:
+        log.warning(
+            "cannot limit the sandboxes' parent cgroup %s under %s: %s; only each "
+            "sandbox's own limits hold",
+            settings.cgroup_parent,
+            settings.cgroup_root,
+            exc,
+        )
+        return None
+    log.info(
+        "sandboxes' parent cgroup %s: at most %d bytes of memory and %d pids",
+        settings.cgroup_parent,
+        limits.memory,
+        limits.pids,
+    )
+    return limits
 
 
 class Backoff:

@@ -49,6 +49,7 @@ from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
 from sandlot.agent.bringup import (
     connect_containerd,
+    limit_sandbox_parent,
     readopt_survivors,
     registration,
     restored_exhausted_until,
@@ -73,6 +74,7 @@ from sandlot.agent.sweep import SweepReport
 from sandlot.agent.sync import SandboxSync, unschedulable
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.imagegc import DiskUsage
+from sandlot.policy.limits import ParentLimits
 from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
@@ -133,6 +135,7 @@ class Agent:
             clock=clock,
         )
         self.sweep_report: SweepReport | None = None
+        self.parent_limits: ParentLimits | None = None
         self.startup_seconds: float | None = None
         self.ready = threading.Event()
         self._stop = threading.Event()
@@ -249,6 +252,8 @@ class Agent:
         self.streams = start_streams(self.settings, self.sandbox_watch, self._stop)
         if not self.connect():
             return False
+        # Before any sandbox starts: the sum of them never takes the node's own share.
+        self.parent_limits = limit_sandbox_parent(self.settings)
         # Orphan sweep and re-adopt: before the node says it is alive.
         report = sweep_with_retry(
             self._rt,

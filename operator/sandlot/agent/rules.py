@@ -1,5 +1,6 @@
 """A Sandbox against its namespace's rules, read when it starts: the policy level
-(``sandlot.dev/enforce``) and the default limits (``sandlot.dev/default-limits``).
+(``sandlot.dev/enforce``) and the default limits (``sandlot.dev/default-limits``),
+which with the agent's own make every sandbox's limits finite.
 
 Defence in depth behind the admission policy, and the one place a namespace's
 defaults meet the agent's. A namespace that cannot be read now makes the start
@@ -21,7 +22,15 @@ from sandlot.agent.status import sandbox_key
 from sandlot.api.admission import Level, level_of
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.sandbox import REASON_POLICY_VIOLATION, SandboxSpec
-from sandlot.policy.limits import DefaultLimits, merge, parse_defaults
+from sandlot.policy.limits import (
+    DefaultLimits,
+    LimitRefused,
+    check_limits,
+    merge,
+    parse_defaults,
+    pids_limit,
+    with_defaults,
+)
 from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
@@ -71,6 +80,21 @@ class NamespaceRules:
                 REASON_INVALID_DEFAULTS,
                 f"namespace {ns} annotation {DEFAULT_LIMITS_ANNOTATION}: {exc}",
             ) from None
+
+    def limited(self, sb: Mapping[str, Any], spec: SandboxSpec) -> tuple[SandboxSpec, int] | None:
+        """``spec`` with every limit filled, and its pids limit; None when the namespace
+        cannot be read now. A limit below its floor (an object stored before the CRD
+        refused it) fails the start before any pull, naming the field."""
+        defaults = self.defaults(sb)
+        if defaults is None:
+            return None
+        limited = with_defaults(spec, defaults)
+        try:
+            pids = pids_limit(defaults)
+            check_limits(limited, pids)
+        except LimitRefused as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
+        return limited, pids
 
     def _policy_violations(
         self, sb: Mapping[str, Any], spec: SandboxSpec

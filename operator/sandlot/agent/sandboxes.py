@@ -54,7 +54,6 @@ from sandlot.api.sandbox import (
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.imageuser import UnknownImageUser
-from sandlot.policy.limits import LimitRefused, check_limits, pids_limit, with_defaults
 from sandlot.policy.nodesecurity import (
     IsolationUnavailable,
     NodeSecurity,
@@ -308,15 +307,10 @@ class SandboxWork:
 
     def _prepare(self, sb: Mapping[str, Any]) -> _Prepared | None:
         checked = self.rules.checked_spec(sb)
-        defaults = self.rules.defaults(sb) if checked is not None else None
-        if checked is None or defaults is None:
+        limited = self.rules.limited(sb, checked) if checked is not None else None
+        if limited is None:
             return None
-        spec = with_defaults(checked, defaults)
-        try:  # before any pull: a sandbox with no real limit never runs
-            pids = pids_limit(defaults)
-            check_limits(spec, pids)
-        except LimitRefused as exc:
-            raise StartFailed(exc.reason, str(exc)) from None
+        spec, pids = limited
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -356,8 +350,6 @@ class SandboxWork:
             )
         except RunAsRootRefused as exc:
             raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
-        except LimitRefused as exc:
-            raise StartFailed(exc.reason, str(exc)) from None
         except IsolationUnavailable as exc:
             raise StartFailed(exc.reason, str(exc)) from None
         except UnknownImageUser as exc:

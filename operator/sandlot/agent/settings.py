@@ -17,15 +17,10 @@ from enum import StrEnum
 from pydantic import Field, model_validator
 
 from sandlot.api.admission import Level
-from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT
+from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
 from sandlot.api.settings import Duration, SettingsModel
+from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
-from sandlot.policy.limits import (
-    MIN_PIDS_LIMIT,
-    DefaultLimits,
-    cpu_floor_refusal,
-    memory_floor_refusal,
-)
 from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
 
@@ -214,26 +209,20 @@ class AgentSettings(SettingsModel):
     )
     pids_limit: int = Field(
         default=1024,
-        ge=MIN_PIDS_LIMIT,
-        description="Most processes (and threads) one sandbox may have (at least "
-        f"{MIN_PIDS_LIMIT}; there is no 'no limit'). Stops a fork bomb from taking the "
-        "node's PID space.",
+        ge=limits.MIN_PIDS_LIMIT,
+        description=f"Most processes and threads of one sandbox, at least {limits.MIN_PIDS_LIMIT}.",
     )
     default_memory_limit: str = Field(
         default="256Mi",
-        min_length=1,
         max_length=64,
-        description="Memory limit of a sandbox that sets none (a quantity, at least "
-        f"{MIN_MEMORY_LIMIT}; a namespace's sandlot.dev/default-limits annotation "
-        "overrides it). Every sandbox has one.",
+        description="Memory limit of a sandbox that sets none, at least "
+        f"{MIN_MEMORY_LIMIT} (a namespace's sandlot.dev/default-limits overrides it).",
     )
     default_cpu_limit: str = Field(
         default="1",
-        min_length=1,
         max_length=64,
-        description="CPU limit of a sandbox that sets none (a quantity, at least "
-        f"{MIN_CPU_LIMIT}; a namespace's sandlot.dev/default-limits annotation overrides "
-        "it). Every sandbox has one.",
+        description=f"CPU limit of a sandbox that sets none, at least {MIN_CPU_LIMIT} "
+        "(a namespace's sandlot.dev/default-limits annotation overrides it).",
     )
     log_max_bytes: int = Field(
         default=10 * 2**20,
@@ -278,6 +267,19 @@ class AgentSettings(SettingsModel):
         description="Common names of the client certificates the stream server accepts: "
         "the stream gateway's (repeatable). Any other certificate of the CA is refused.",
     )
+    stream_file_max_bytes: int = Field(
+        default=256 * 2**20, ge=1, description="Most bytes one file read or write moves."
+    )
+    stream_idle_timeout: Duration = Field(
+        default=timedelta(minutes=10),
+        description="A file write or port-forward with no data from the client this long ends.",
+    )
+    proc_root: str = Field(
+        default="/proc",
+        max_length=256,
+        description="The node's /proc, where containerd's task pids live (files and "
+        "port-forward reach a sandbox through it; in a pod, the host's /proc mounted in).",
+    )
     cgroup_parent: str = Field(
         default="/sandlot",
         pattern=r"^/[A-Za-z0-9._/-]*$",
@@ -285,6 +287,14 @@ class AgentSettings(SettingsModel):
         description="Parent cgroup of every sandbox's cgroup. Reserve it from the kubelet "
         "(systemReserved/kubeReserved, or a slice it does not manage) so the kubelet "
         "accounts the sandboxes and never evicts the agent for their usage.",
+    )
+    cgroup_parent_memory_reserve: str = Field(
+        default="1Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Memory the parent cgroup of all sandboxes leaves to the node's own "
+        "services: its hard limit is the node's memory minus this (its pids limit is "
+        f"pid_max minus {limits.PIDS_RESERVE}), so no sum of sandboxes can OOM them.",
     )
     apparmor_profile: str = Field(
         default="cri-containerd.apparmor.d",
@@ -398,22 +408,13 @@ class AgentSettings(SettingsModel):
                 f"gc_target_free ({self.gc_target_free}) must be >= gc_min_free "
                 f"({self.gc_min_free}) or 0 (off)"
             )
-        for name in (
-            "default_memory_limit",
-            "default_cpu_limit",
-            "capacity_memory",
-            "capacity_cpu",
-        ):
+        for name in ("capacity_memory", "capacity_cpu"):
             value = getattr(self, name)
             if value and parse_quantity(value) <= 0:
                 raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
-        for name, floor in (
-            ("default_memory_limit", memory_floor_refusal),
-            ("default_cpu_limit", cpu_floor_refusal),
-        ):
-            refusal = floor(getattr(self, name), name)
-            if refusal:
-                raise ValueError(refusal)
+        refusal = limits.defaults_refusal(self.default_memory_limit, self.default_cpu_limit)
+        if refusal:
+            raise ValueError(refusal)
         if self.stream_port and not (
             self.stream_tls_cert and self.stream_tls_key and self.stream_client_ca
         ):
@@ -426,9 +427,11 @@ class AgentSettings(SettingsModel):
         return self
 
     @property
-    def default_limits(self) -> DefaultLimits:
+    def default_limits(self) -> limits.DefaultLimits:
         """The limits of a sandbox that sets none, before its namespace's say."""
-        return DefaultLimits(self.default_memory_limit, self.default_cpu_limit, self.pids_limit)
+        return limits.DefaultLimits(
+            self.default_memory_limit, self.default_cpu_limit, self.pids_limit
+        )
 
     @property
     def gc_thresholds(self) -> GcThresholds:

@@ -32,6 +32,8 @@ MIN_PIDS_LIMIT = 8
 """The fewest processes (and threads) a sandbox may be limited to: a shell and a
 pipeline need a few."""
 REASON_LIMIT_REFUSED = "LimitRefused"
+PIDS_RESERVE = 4096
+"""PIDs the parent cgroup of all sandboxes leaves to the node's own services."""
 
 
 class LimitRefused(ValueError):
@@ -54,6 +56,20 @@ def cpu_floor_refusal(value: str, where: str) -> str | None:
     """Why ``value`` (a CPU quantity) is no limit, naming ``where``; None if it is one."""
     if parse_quantity(value) < parse_quantity(MIN_CPU_LIMIT):
         return f"{where} {value!r} is below the floor of {MIN_CPU_LIMIT}"
+    return None
+
+
+def defaults_refusal(memory: str, cpu: str) -> str | None:
+    """Why the agent's default memory or CPU limit is none, naming its setting."""
+    for name, value, floor in (
+        ("default_memory_limit", memory, memory_floor_refusal),
+        ("default_cpu_limit", cpu, cpu_floor_refusal),
+    ):
+        if not value:
+            return f"{name} is empty: every sandbox needs a limit"
+        refusal = floor(value, name)
+        if refusal:
+            return refusal
     return None
 
 
@@ -158,3 +174,26 @@ def check_limits(spec: SandboxSpec, pids: int | None, *, required: bool = True) 
             raise LimitRefused(refusal)
     elif required:
         raise LimitRefused("no pids limit applies")
+
+
+@dataclass(frozen=True)
+class ParentLimits:
+    """Hard limits of the parent cgroup of every sandbox: the sum of all tenants."""
+
+    memory: int
+    """Bytes."""
+    pids: int
+
+
+def parent_limits(
+    node_memory: int, memory_reserve: int, pid_max: int, pids_reserve: int = PIDS_RESERVE
+) -> ParentLimits:
+    """What the node has minus what its own services (kubelet, containerd, the agent)
+    keep, so no sum of sandboxes can take it from them; never below one sandbox's
+    floor (a node with nothing to spare then runs next to nothing, rather than no
+    limit)."""
+    floor = int(parse_quantity(MIN_MEMORY_LIMIT))
+    return ParentLimits(
+        memory=max(node_memory - memory_reserve, floor),
+        pids=max(pid_max - pids_reserve, MIN_PIDS_LIMIT),
+    )
