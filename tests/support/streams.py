@@ -118,6 +118,7 @@ def agent(
         stream_tls_cert=str(stream_certs.agent.cert),
         stream_tls_key=str(stream_certs.agent.key),
         stream_client_ca=str(stream_certs.ca.cert),
+        stream_file_max_bytes=120 * 2**20,
         log_interval="0.2s",
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
@@ -173,8 +174,13 @@ EDIT = [
     {"apiGroups": [GROUP], "resources": ["sandboxes"], "verbs": ["get", "list", "watch"]},
     {
         "apiGroups": [SUBRESOURCE_GROUP],
-        "resources": ["sandboxes/exec", "sandboxes/log"],
-        "verbs": ["get", "create"],
+        "resources": [
+            "sandboxes/exec",
+            "sandboxes/log",
+            "sandboxes/files",
+            "sandboxes/portforward",
+        ],
+        "verbs": ["get", "create", "delete"],
     },
 ]
 VIEW = [

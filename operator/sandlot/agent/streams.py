@@ -28,18 +28,23 @@ from sandlot.adapters.mtls import peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.execsession import ExecSession
+from sandlot.agent.filesessions import serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.policy.streams import (
     CALLER_HEADER,
     EXEC,
+    FILES,
+    LOG,
+    PORTFORWARD,
     STATUS,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     StreamRequest,
     StreamRequestError,
     encode_frame,
+    error_status,
     exit_status,
     parse_agent_request,
 )
@@ -66,8 +71,14 @@ class StreamServer:
         execs: Execs | None,
         call_timeout: float,
         stop: threading.Event,
+        proc_root: str = "/proc",
+        file_limit: int = 256 * 2**20,
+        idle: float = 600.0,
     ) -> None:
         self.node = node
+        self.proc_root = proc_root
+        self.file_limit = file_limit
+        self.idle = idle
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -140,11 +151,13 @@ class StreamServer:
         if sandbox is None:
             return 404, f"sandbox {key} is not on node {self.node}\n"
         phase = (sandbox.get("status") or {}).get("phase")
-        if asked.kind == EXEC:
+        if asked.kind != LOG:
             if phase != "Running":
-                return 409, f"sandbox {key} is {phase or 'not started'}: exec needs it Running\n"
+                return 409, (
+                    f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
+                )
             if self._execs is None:
-                return 501, f"node {self.node} cannot exec: its runtime has no exec\n"
+                return 501, f"node {self.node} cannot {asked.kind}: its runtime has no tasks\n"
             return None
         path = self._log_path(sandbox)
         if path is None or not path.exists():
@@ -165,10 +178,13 @@ class StreamServer:
         asked = parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
         key = f"{asked.namespace}/{asked.name}"
         sandbox = self._sandbox(key) or {}
+        uid = str((sandbox.get("metadata") or {}).get("uid") or "")
+        container = (sandbox.get("status") or {}).get("containerId") or container_id_for(uid)
+        if asked.kind in (FILES, PORTFORWARD):
+            self._reach_in(connection, asked, container, key, uid)
+            return
         if asked.kind == EXEC:
             execs = self._execs
-            uid = str((sandbox.get("metadata") or {}).get("uid") or "")
-            container = (sandbox.get("status") or {}).get("containerId") or container_id_for(uid)
             if execs is not None:
                 ExecSession(
                     connection,
@@ -180,6 +196,37 @@ class StreamServer:
                 ).run()
             return
         self._send_log(connection, asked, sandbox)
+
+    def _reach_in(
+        self, connection: ServerConnection, asked: StreamRequest, container: str, key: str, uid: str
+    ) -> None:
+        assert self._execs is not None, "admitted only with a runtime"
+        try:
+            pid = self._execs.task_pid(container, timeout=self.call_timeout)
+        except Exception as e:
+            connection.send(encode_frame(STATUS, error_status(f"no running task: {e}", 409)))
+            connection.close()
+            return
+        if asked.kind == FILES:
+            serve_files(
+                connection, asked, self.proc_root, pid, limit=self.file_limit, idle=self.idle
+            )
+            return
+
+        def running() -> bool:
+            current = self._sandbox(key) or {}
+            same = (current.get("metadata") or {}).get("uid") == uid
+            return same and (current.get("status") or {}).get("phase") == "Running"
+
+        serve_port(
+            connection,
+            asked,
+            self.proc_root,
+            pid,
+            timeout=self.call_timeout,
+            idle=self.idle,
+            running=running,
+        )
 
     def _send_log(
         self, connection: ServerConnection, asked: StreamRequest, sandbox: Mapping[str, Any]
@@ -250,6 +297,9 @@ def start_streams(
         execs=open_execs(settings.containerd_address, settings.containerd_namespace),
         call_timeout=settings.call_timeout.total_seconds(),
         stop=stop,
+        proc_root=settings.proc_root,
+        file_limit=settings.stream_file_max_bytes,
+        idle=settings.stream_idle_timeout.total_seconds(),
     )
     server.start()
     return server

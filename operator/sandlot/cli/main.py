@@ -24,6 +24,7 @@ from sandlot.api.errors import UsageError
 COMMANDS: dict[str, str] = {
     "agent": "sandlot.cli.agent_cmd",
     "cache": "sandlot.cli.cache",
+    "cp": "sandlot.cli.transfer",
     "demo": "sandlot.cli.demo",
     "dev": "sandlot.cli.dev",
     "gateway": "sandlot.cli.gateway_cmd",
@@ -33,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "logs": "sandlot.cli.streams",
     "operator": "sandlot.cli.operator_cmd",
     "pool": "sandlot.cli.pools",
+    "port-forward": "sandlot.cli.transfer",
     "purge": "sandlot.cli.purge",
     "status": "sandlot.cli.status",
     "uncordon": "sandlot.cli.nodes",

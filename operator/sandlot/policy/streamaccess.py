@@ -4,7 +4,7 @@ the SubjectAccessReview the gateway makes for that user. Pure.
 An aggregated API server believes the user named in request headers only from a
 connection whose client certificate the front-proxy CA signed (and whose name is
 allowed); anyone else could write those headers. Then it authorizes that user
-itself (delegated authorization), with the verbs of ``policy.streams.VERBS``.
+itself (delegated authorization), with ``StreamRequest.verb``.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from typing import Any
 from urllib.parse import unquote
 
 from sandlot.policy.streams import (
+    EXEC,
+    FILES,
     KINDS,
+    LOG,
+    PORTFORWARD,
     SUBRESOURCE_GROUP,
     SUBRESOURCE_VERSION,
-    VERBS,
     StreamRequest,
 )
 
@@ -106,7 +109,7 @@ def resource_attributes(request: StreamRequest) -> dict[str, str]:
         "resource": "sandboxes",
         "subresource": request.kind,
         "name": request.name,
-        "verb": VERBS[request.kind],
+        "verb": request.verb,
     }
 
 
@@ -135,7 +138,7 @@ class Access:
 
 def what_is_asked(request: StreamRequest) -> str:
     return (
-        f'{VERBS[request.kind]} sandboxes/{request.kind} "{request.name}" in namespace '
+        f'{request.verb} sandboxes/{request.kind} "{request.name}" in namespace '
         f'"{request.namespace}"'
     )
 
@@ -169,6 +172,14 @@ def decide_access(
 # -- discovery: what the API server asks an aggregated API for ---------------------------
 
 
+RESOURCE_VERBS = {
+    LOG: ("get",),
+    EXEC: ("create",),
+    FILES: ("create", "delete"),
+    PORTFORWARD: ("create",),
+}
+
+
 def api_group() -> dict[str, Any]:
     version = {
         "groupVersion": f"{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}",
@@ -194,7 +205,7 @@ def api_resource_list() -> dict[str, Any]:
             "singularName": "",
             "namespaced": True,
             "kind": "SandboxStream",
-            "verbs": sorted({"get", VERBS[kind]}),
+            "verbs": sorted({"get", *RESOURCE_VERBS[kind]}),
         }
 
     return {

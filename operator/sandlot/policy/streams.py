@@ -13,8 +13,12 @@ Verbs, on ``sandboxes`` in ``SUBRESOURCE_GROUP`` (``kubectl auth can-i`` answers
 
 - logs: ``get`` on ``sandboxes/log``, as ``kubectl logs`` asks ``get pods/log``;
 - exec: ``create`` on ``sandboxes/exec``, as ``kubectl exec`` asks ``create
-  pods/exec`` (the API server itself first checks ``get``, the verb of the
-  WebSocket's GET, before it proxies; the chart's roles grant both).
+  pods/exec``; port-forward likewise on ``sandboxes/portforward``;
+- files: ``get`` on ``sandboxes/files`` to read, list and stat, ``create`` to
+  write, ``delete`` to remove.
+
+Every stream is a WebSocket, so the API server itself first checks ``get`` (the
+verb of its GET) before it proxies; the chart's roles grant what both ask.
 
 The exec command travels in the request's query, so the API server's audit log
 records it. Between the gateway and the agent, a request is a path and its
@@ -45,9 +49,12 @@ CALLER_HEADER = "X-Sandlot-Caller"
 
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
-LOG, EXEC = "log", "exec"
-KINDS = (LOG, EXEC)
-VERBS = {LOG: "get", EXEC: "create"}  # the gateway's review; see the module docstring
+LOG, EXEC, FILES, PORTFORWARD = "log", "exec", "files", "portforward"
+KINDS = (LOG, EXEC, FILES, PORTFORWARD)
+# Files: what each operation does to the sandbox's filesystem.
+READ, WRITE, LIST, STAT, REMOVE = "read", "write", "list", "stat", "remove"
+FILE_OPS = {READ: "get", LIST: "get", STAT: "get", WRITE: "create", REMOVE: "delete"}
+MAX_PATH = 4096
 
 
 class StreamRequestError(ValueError):
@@ -64,6 +71,37 @@ class StreamRequest:
     command: tuple[str, ...] = ()
     tty: bool = False
     stdin: bool = False
+    op: str = ""  # files: one of FILE_OPS
+    path: str = ""  # files: a path inside the sandbox
+    port: int = 0  # portforward: a port in the sandbox's network namespace
+
+    @property
+    def verb(self) -> str:
+        """The verb the gateway asks for: ``get`` for logs and reading files, ``create``
+        for exec, port-forward and writing, ``delete`` for removing (see the module
+        docstring)."""
+        if self.kind == LOG:
+            return "get"
+        if self.kind == FILES:
+            return FILE_OPS[self.op]
+        return "create"
+
+
+def _files(namespace: str, name: str, query: Mapping[str, list[str]]) -> StreamRequest:
+    op = (query.get("op") or [""])[-1]
+    if op not in FILE_OPS:
+        raise StreamRequestError(f"files needs op= one of {', '.join(FILE_OPS)} (got {op!r})")
+    path = (query.get("path") or [""])[-1]
+    if not path or len(path) > MAX_PATH or "\x00" in path:
+        raise StreamRequestError(f"files needs a path= of 1 to {MAX_PATH} characters, no NUL")
+    return StreamRequest(FILES, namespace, name, op=op, path=path)
+
+
+def _portforward(namespace: str, name: str, query: Mapping[str, list[str]]) -> StreamRequest:
+    raw = (query.get("port") or [""])[-1]
+    if not raw.isdigit() or not 0 < int(raw) <= 65535:
+        raise StreamRequestError(f"portforward needs port= from 1 to 65535 (got {raw!r})")
+    return StreamRequest(PORTFORWARD, namespace, name, port=int(raw))
 
 
 def _options(kind: str, namespace: str, name: str, query: Mapping[str, list[str]]) -> StreamRequest:
@@ -79,6 +117,10 @@ def _options(kind: str, namespace: str, name: str, query: Mapping[str, list[str]
             if tail < 0:
                 raise StreamRequestError("tail must not be negative")
         return StreamRequest(LOG, namespace, name, follow=flags.get("follow", False), tail=tail)
+    if kind == FILES:
+        return _files(namespace, name, query)
+    if kind == PORTFORWARD:
+        return _portforward(namespace, name, query)
     command = tuple(query.get("command", ()))
     if not command:
         raise StreamRequestError("exec needs a command (command=...)")
@@ -99,6 +141,10 @@ def _query(request: StreamRequest, tail_key: str) -> str:
             query.append(("follow", "true"))
         if request.tail is not None:
             query.append((tail_key, str(request.tail)))
+    elif request.kind == FILES:
+        query.extend((("op", request.op), ("path", request.path)))
+    elif request.kind == PORTFORWARD:
+        query.append(("port", str(request.port)))
     else:
         query.extend(("command", arg) for arg in request.command)
         if request.tty:
@@ -129,11 +175,11 @@ def parse_api_request(target: str) -> StreamRequest:
     if len(parts) != 5 or parts[0] != "namespaces" or parts[2] != "sandboxes":
         raise StreamRequestError(
             f"unknown path {url.path!r}: expected {API_PREFIX}/namespaces/NAMESPACE/"
-            "sandboxes/NAME/log or .../exec"
+            "sandboxes/NAME/" + "|".join(KINDS)
         )
     _, namespace, _, name, kind = parts
     if kind not in KINDS:
-        raise StreamRequestError(f"unknown subresource {kind!r}: sandboxes have log and exec")
+        raise StreamRequestError(f"unknown subresource {kind!r}: sandboxes have {', '.join(KINDS)}")
     return _options(kind, namespace, name, parse_qs(url.query))
 
 
@@ -153,7 +199,8 @@ def parse_agent_request(target: str, options: str = "") -> StreamRequest:
     parts = [p for p in url.path.split("/") if p]
     if len(parts) != 4 or parts[0] != "sandboxes" or parts[3] not in KINDS:
         raise StreamRequestError(
-            f"unknown path {url.path!r}: expected /sandboxes/NAMESPACE/NAME/log or .../exec"
+            f"unknown path {url.path!r}: expected /sandboxes/NAMESPACE/NAME/KIND, KIND one of "
+            + ", ".join(KINDS)
         )
     _, namespace, name, kind = parts
     return _options(kind, namespace, name, parse_qs(options))
@@ -209,10 +256,14 @@ def exit_status(code: int) -> bytes:
     ).encode()
 
 
-def error_status(message: str) -> bytes:
-    """The status message for a stream that failed before or without an exit code."""
+def error_status(message: str, code: int = 500) -> bytes:
+    """The status message for a stream that failed before or without an exit code;
+    ``code`` is the HTTP status it stands for (404: no such file, 413: over a cap)."""
+    reason = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict"}.get(
+        code, "RequestEntityTooLarge" if code == 413 else "InternalError"
+    )
     return json.dumps(
-        {"metadata": {}, "status": "Failure", "message": message, "reason": "InternalError"}
+        {"metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
     ).encode()
 
 
@@ -269,9 +320,17 @@ __all__ = [
     "CALLER_HEADER",
     "CLOSE",
     "EXEC",
+    "FILES",
+    "FILE_OPS",
     "KINDS",
+    "LIST",
     "LOG",
+    "MAX_PATH",
+    "PORTFORWARD",
+    "READ",
+    "REMOVE",
     "RESIZE",
+    "STAT",
     "STATUS",
     "STDERR",
     "STDIN",
@@ -280,6 +339,7 @@ __all__ = [
     "SUBPROTOCOL",
     "SUBRESOURCE_GROUP",
     "SUBRESOURCE_VERSION",
+    "WRITE",
     "StreamEnd",
     "StreamRequest",
     "StreamRequestError",

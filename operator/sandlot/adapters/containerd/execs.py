@@ -212,6 +212,16 @@ class Execs:
             what=f"Tasks.Kill {process.container_id} {process.exec_id}",
         )
 
+    def task_pid(self, container_id: str, *, timeout: float) -> int:
+        """The pid (in containerd's pid namespace) of the container's running task."""
+        response = self._conn.call(
+            self._conn.tasks.Get,
+            tasks_pb2.GetRequest(container_id=container_id),
+            timeout=timeout,
+            what=f"Tasks.Get {container_id}",
+        )
+        return int(response.process.pid)
+
     def close(self) -> None:
         self._conn.close()
 

@@ -1,0 +1,216 @@
+"""``sandlot cp`` and ``sandlot port-forward`` (also as ``kubectl sandlot ...``).
+
+Both are subresources of ``subresources.sandlot.dev`` reached through the API
+server like ``sandlot exec`` (``create`` on ``sandboxes/files`` to write, ``get``
+to read; ``create`` on ``sandboxes/portforward``). ``cp`` needs nothing in the
+sandbox's image, not even a shell: the node's agent reads and writes the files
+itself, inside the sandbox's root. One file per copy; a write replaces the file
+at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.startup import api_error_line
+from sandlot.adapters.streamclient import (
+    Stream,
+    StreamRefused,
+    check_sandbox,
+    is_forbidden,
+    open_stream,
+)
+from sandlot.api.errors import UsageError
+from sandlot.policy.streams import (
+    FILES,
+    PORTFORWARD,
+    READ,
+    STATUS,
+    STDIN,
+    STDOUT,
+    WRITE,
+    StreamRequest,
+    api_path,
+    close_stdin_frame,
+    decode_frame,
+    encode_frame,
+    end_of,
+)
+
+CHUNK = 64 * 1024
+
+
+def register(sub: Any) -> None:
+    cp = sub.add_parser(
+        "cp",
+        help="copy a file into or out of a sandbox",
+        description="sandlot cp LOCAL SANDBOX:PATH, or sandlot cp SANDBOX:PATH LOCAL. No tar "
+        "or shell needed in the image; a path outside the sandbox's root is refused.",
+    )
+    cp.add_argument("source", metavar="SRC")
+    cp.add_argument("dest", metavar="DEST")
+    cp.add_argument("-n", "--namespace", default="default", help="namespace (default)")
+    cp.add_argument("--kubeconfig", default=None, help="kubeconfig file")
+    cp.set_defaults(func=run_cp)
+
+    pf = sub.add_parser(
+        "port-forward",
+        help="forward a local port to a port in a sandbox",
+        description="sandlot port-forward SANDBOX [LOCAL:]REMOTE: listen on LOCAL (default "
+        "REMOTE) and carry each connection to REMOTE in the sandbox's network namespace.",
+    )
+    pf.add_argument("sandbox", metavar="SANDBOX")
+    pf.add_argument("ports", metavar="[LOCAL:]REMOTE")
+    pf.add_argument("-n", "--namespace", default="default", help="namespace (default)")
+    pf.add_argument("--address", default="127.0.0.1", help="local address (127.0.0.1)")
+    pf.add_argument("--kubeconfig", default=None, help="kubeconfig file")
+    pf.set_defaults(func=run_port_forward)
+
+
+def _remote(spec: str) -> tuple[str, str] | None:
+    """(sandbox, path) of ``SANDBOX:PATH``; None for a local path."""
+    name, sep, path = spec.partition(":")
+    if not sep or not name or "/" in name or not path:
+        return None
+    return name, path
+
+
+def parse_cp(source: str, dest: str) -> tuple[str, str, str, str]:
+    """(direction READ|WRITE, sandbox, sandbox path, local path)."""
+    src, dst = _remote(source), _remote(dest)
+    if (src is None) == (dst is None):
+        raise UsageError(
+            "cp copies between a local path and SANDBOX:PATH: name exactly one of each"
+        )
+    if src is not None:
+        return READ, src[0], src[1], dest
+    assert dst is not None
+    return WRITE, dst[0], dst[1], source
+
+
+def parse_ports(spec: str) -> tuple[int, int]:
+    """(local, remote) of ``[LOCAL:]REMOTE``."""
+    local, _, remote = spec.rpartition(":")
+    try:
+        ports = (int(local or remote), int(remote))
+    except ValueError:
+        raise UsageError(f"ports {spec!r}: expected [LOCAL:]REMOTE, whole numbers") from None
+    if not all(0 < p <= 65535 for p in ports):
+        raise UsageError(f"ports {spec!r}: each from 1 to 65535")
+    return ports
+
+
+def _open(kubeconfig: str | None, request: StreamRequest) -> Stream:
+    api = load_api_client(kubeconfig)
+    try:
+        check_sandbox(api, request.namespace, request.name)
+        return open_stream(api, api_path(request))
+    except Exception as e:
+        if is_forbidden(e):
+            raise StreamRefused(403, api_error_line(e)) from None
+        raise
+    finally:
+        api.close()
+
+
+def _finish(stream: Stream, sink: Any = None) -> int:
+    status: bytes | None = None
+    while (message := stream.recv()) is not None:
+        channel, data = decode_frame(message)
+        if channel == STDOUT and sink is not None:
+            sink.write(data)
+        elif channel == STATUS:
+            status = data
+    end = end_of(status)
+    if end.message:
+        print(f"sandlot: {end.message}", file=sys.stderr)
+    return end.exit_code
+
+
+def run_cp(args: argparse.Namespace) -> int:
+    direction, sandbox, path, local = parse_cp(args.source, args.dest)
+    request = StreamRequest(FILES, args.namespace, sandbox, op=direction, path=path)
+    if direction == WRITE and not Path(local).is_file():
+        raise UsageError(f"{local}: not a file")
+    try:
+        stream = _open(args.kubeconfig, request)
+    except StreamRefused as e:
+        print(f"sandlot: cp refused ({e.status}): {e.message}", file=sys.stderr)
+        return 1
+    try:
+        if direction == WRITE:
+            with open(local, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    stream.send(encode_frame(STDIN, chunk))
+            stream.send(close_stdin_frame())
+            return _finish(stream)
+        target = Path(local)
+        if target.is_dir():
+            target = target / Path(path).name
+        fd, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
+        try:
+            with os.fdopen(fd, "wb") as sink:
+                code = _finish(stream, sink)
+            if code == 0:
+                os.replace(temp, target)
+            return code
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temp)
+    finally:
+        stream.close()
+
+
+def _carry(conn: socket.socket, stream: Stream) -> None:
+    def to_sandbox() -> None:
+        with contextlib.suppress(OSError):
+            while data := conn.recv(CHUNK):
+                stream.send(encode_frame(STDIN, data))
+            stream.send(close_stdin_frame())
+
+    threading.Thread(target=to_sandbox, daemon=True).start()
+    try:
+        while (message := stream.recv()) is not None:
+            channel, data = decode_frame(message)
+            if channel == STDOUT:
+                conn.sendall(data)
+            elif channel == STATUS:
+                end = end_of(data)
+                if end.message:
+                    print(f"sandlot: {end.message}", file=sys.stderr)
+                break
+    except OSError:
+        pass
+    finally:
+        stream.close()
+        conn.close()
+
+
+def run_port_forward(args: argparse.Namespace) -> int:
+    local, remote = parse_ports(args.ports)
+    request = StreamRequest(PORTFORWARD, args.namespace, args.sandbox, port=remote)
+    api = load_api_client(args.kubeconfig)
+    try:
+        check_sandbox(api, request.namespace, request.name)
+    finally:
+        api.close()
+    with socket.create_server((args.address, local)) as server:
+        print(f"Forwarding from {args.address}:{local} -> {remote}", flush=True)
+        while True:
+            conn, _ = server.accept()
+            try:
+                stream = _open(args.kubeconfig, request)
+            except StreamRefused as e:
+                print(f"sandlot: port-forward refused ({e.status}): {e.message}", file=sys.stderr)
+                conn.close()
+                continue
+            threading.Thread(target=_carry, args=(conn, stream), daemon=True).start()
