@@ -95,3 +95,33 @@ def test_a_client_that_left_ends_the_follow(tmp_path: Path) -> None:
             wait=gone,
             stopping=lambda: False,
         )
+
+
+def test_a_tail_of_a_gigabyte_without_a_newline_reads_a_bounded_window(tmp_path: Path) -> None:
+    """A tenant writes 1 GiB without a newline, then asks for ``--tail 10``: the agent
+    reads back at most ``TAIL_MAX`` bytes and sends only those."""
+    import tracemalloc
+
+    from sandlot.agent.logstream import TAIL_MAX
+
+    log = tmp_path / "flood.log"
+    with open(log, "wb") as f:
+        f.truncate(2**30)  # zeros, no newline anywhere (sparse: costs no disk)
+    sent: list[bytes] = []
+    tracemalloc.start()
+    try:
+        stream_log(
+            log,
+            tail=10,
+            follow=False,
+            running=lambda: False,
+            send=sent.append,
+            wait=lambda _: None,
+            stopping=lambda: False,
+        )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sum(len(m) - 1 for m in sent) == TAIL_MAX
+    assert all(decode_frame(m)[0] == STDOUT for m in sent)
+    assert peak < 4 * TAIL_MAX, f"the tail read {peak} bytes into memory"

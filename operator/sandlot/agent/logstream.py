@@ -23,6 +23,9 @@ from sandlot.policy.streams import STDOUT, encode_frame, tail_offset
 
 CHUNK = 32 * 1024
 TAIL_WINDOW = 64 * 1024
+# The most a --tail reads back: a tenant's gigabytes without a newline must not be
+# read whole for one request; past it, the tail starts mid-line.
+TAIL_MAX = 1024 * 1024
 FOLLOW_WAIT = 0.25  # seconds between looks at a followed file that did not grow
 
 
@@ -30,20 +33,21 @@ class ClientGone(Exception):
     """The connection closed while a log was being sent."""
 
 
-def start_offset(handle: BinaryIO, lines: int | None) -> int:
-    """Where the last ``lines`` lines of the open file begin (0 for the whole file)."""
+def start_offset(handle: BinaryIO, lines: int | None, most: int = TAIL_MAX) -> int:
+    """Where the last ``lines`` lines of the open file begin (0 for the whole file),
+    looking back at most ``most`` bytes: lines longer than that are cut."""
     size = os.fstat(handle.fileno()).st_size
     if lines is None:
         return 0
-    window = TAIL_WINDOW
+    window = min(TAIL_WINDOW, most)
     while True:
         begin = max(0, size - window)
         handle.seek(begin)
         data = handle.read(size - begin)
         offset = tail_offset(data, size, lines)
-        if offset > begin or begin == 0:
+        if offset > begin or begin == 0 or window >= most:
             return offset
-        window *= 4
+        window = min(window * 4, most)
 
 
 def _send_range(
