@@ -315,7 +315,8 @@ class NodeHealthController:
         finally:
             delivered = self._writing.pop(name, set())
         rv = _resource_version(written)
-        if rv is not None and rv not in delivered and name in self.nodes:
+        held = self.nodes.get(name)  # a no-op write answers with its version: no echo comes
+        if rv is not None and rv not in delivered and held and rv != _resource_version(held):
             self._keep(name, written)
             self._echo[name] = rv
         return True

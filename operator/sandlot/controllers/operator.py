@@ -58,6 +58,12 @@ SHUTDOWN_DRAIN_SECONDS = 5.0
 # last event (see ``configure``).
 LIST_PAGE = 500
 WORKER_IDLE_SECONDS = 0.1
+# A kopf watch that died silently (no FIN, no RST: a dropped NAT entry, a frozen
+# peer) delivers nothing, not even its end: the server ends each watch after the
+# first bound and kopf gives up on it after the second, so a drain flag is missed
+# for at most that long (kopf then watches again from the last version it saw).
+KOPF_WATCH_SECONDS = 25
+KOPF_WATCH_CLIENT_SECONDS = 35
 # Loop turns the workers need to create their sub-tasks (workloads -> queue -> workers).
 STARTUP_YIELDS = 4
 
@@ -115,7 +121,8 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     # kopf logs every handler run at INFO: one line per watch event of every
     # sandbox would cost more than the handlers themselves.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings.watching.server_timeout = 300
+    settings.watching.server_timeout = KOPF_WATCH_SECONDS
+    settings.watching.client_timeout = KOPF_WATCH_CLIENT_SECONDS
     settings.networking.request_timeout = 60
     # kopf lists a kind in one response by default: at start-up every existing
     # sandbox's body is held at once, as text and parsed, beside the worker kopf
