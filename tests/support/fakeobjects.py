@@ -237,11 +237,17 @@ class FakeObjects:
         created["spec"] = dict(body.get("spec") or {})
         return created
 
-    def delete_sandbox(self, namespace: str, name: str, uid: str) -> bool:
+    def delete_sandbox(
+        self, namespace: str, name: str, uid: str, resource_version: str | None = None
+    ) -> bool:
         with self._lock:
             self._write("delete", f"{namespace}/{name}")
             body = self.sandboxes.get(f"{namespace}/{name}")
             if body is None or body["metadata"]["uid"] != uid:
+                return False
+            if resource_version is not None and body["metadata"]["resourceVersion"] != str(
+                resource_version
+            ):
                 return False
             del self.sandboxes[f"{namespace}/{name}"]
             return True

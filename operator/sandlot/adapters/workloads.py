@@ -91,8 +91,12 @@ def create_sandbox(objects: Objects, namespace: str, body: Mapping[str, Any]) ->
     )
 
 
-def delete_sandbox(objects: Objects, namespace: str, name: str, uid: str) -> bool:
-    """Delete this very sandbox (uid precondition); False when it is already gone."""
+def delete_sandbox(
+    objects: Objects, namespace: str, name: str, uid: str, resource_version: str | None = None
+) -> bool:
+    """Delete this very sandbox (uid precondition) and, given ``resource_version``,
+    only as it was then; False when it is already gone or changed since (409)."""
+    preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
     try:
         objects.custom.delete_namespaced_custom_object(
             GROUP,
@@ -100,7 +104,7 @@ def delete_sandbox(objects: Objects, namespace: str, name: str, uid: str) -> boo
             namespace,
             SANDBOXES,
             name,
-            body=client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid)),
+            body=client.V1DeleteOptions(preconditions=preconditions),
         )
         return True
     except ApiException as e:
@@ -200,8 +204,10 @@ class WorkloadApi:
     def create_sandbox(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return create_sandbox(self.objects, namespace, body)
 
-    def delete_sandbox(self, namespace: str, name: str, uid: str) -> bool:
-        return delete_sandbox(self.objects, namespace, name, uid)
+    def delete_sandbox(
+        self, namespace: str, name: str, uid: str, resource_version: str | None = None
+    ) -> bool:
+        return delete_sandbox(self.objects, namespace, name, uid, resource_version)
 
     def patch_pool_status(
         self, namespace: str, name: str, status: Mapping[str, Any]

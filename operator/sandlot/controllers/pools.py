@@ -10,8 +10,9 @@ cache), in this order:
    surplus to delete, which terminal members are past the history limit;
 3. creates (generateName ``<pool>-``, labels from the template plus
    ``sandlot.dev/pool``, owned by the pool so Kubernetes' garbage collector
-   deletes them with it) and deletes (uid precondition), each answer put into the
-   cache at once so the next pass does not do it again;
+   deletes them with it) and deletes (uid and resourceVersion preconditions: a
+   member a claim took after the plan is not deleted, the pass decides again),
+   each answer put into the cache at once so the next pass does not do it again;
 4. status through the subresource, only when it changed.
 
 Members are the sandboxes labelled with the pool's name *and* controlled by its
@@ -354,12 +355,19 @@ class PoolController:
                 if not self.is_leader():
                     return False
                 try:
-                    await asyncio.to_thread(
-                        self.api.delete_sandbox, rec.namespace, rec.name, rec.uid
+                    deleted = await asyncio.to_thread(
+                        self.api.delete_sandbox,
+                        rec.namespace,
+                        rec.name,
+                        rec.uid,
+                        str(rec.resource_version),
                     )
                 except Exception as e:
                     log.warning("pool %s: cannot delete %s: %s", pool.key, rec.name, e)
                     return False
+            if not deleted:  # changed since the plan (a claim took it?) or gone: decide again
+                log.info("pool %s: %s changed or went before its delete", pool.key, rec.name)
+                return False
             self.metrics.pool_members_deleted.labels(reason=reason).inc()
             self.cache.forget(rec.key, rec.uid)
             return True
