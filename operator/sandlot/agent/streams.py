@@ -100,7 +100,7 @@ class StreamServer:
         try:
             self._server = serve(
                 self._session,
-                self.bind or None,
+                self.bind or "",  # "": every address
                 self.requested_port,
                 process_request=self._admit,
                 ssl=self._tls,

@@ -175,7 +175,7 @@ class Gateway:
         try:
             self._server = serve(
                 self._relay,
-                self.bind or None,
+                self.bind or "",  # "": every address
                 self.requested_port,
                 ssl=self._server_tls,
                 process_request=self._admit,
