@@ -180,6 +180,7 @@ def test_every_optional_feature_renders(helm: Path) -> None:
     alerts = [r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]]
     assert alerts == [
         "SandlotMassFailureHoldActive",
+        "SandlotGuardHoldingTooLong",
         "SandlotTeardownKillWaitTimeouts",
         "SandlotImageGcExhausted",
     ]

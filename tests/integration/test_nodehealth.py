@@ -397,9 +397,7 @@ def test_mass_failure_guard_holds_then_resumes(fleet, operators):
     time.sleep(2 + 3 + 1)  # past lease expiry plus grace
     assert fleet.phase("s0") == "Running" and fleet.phase("s1") == "Running"
     cond = next(
-        c
-        for c in fleet.get_node(nodes[0])["status"]["conditions"]
-        if c["type"] == "DisruptionGuard"
+        c for c in fleet.get_node(nodes[0])["status"]["conditions"] if c["type"] == "GuardHolding"
     )
     assert cond["status"] == "True"
 

@@ -20,6 +20,7 @@ GRACE = timedelta(seconds=300)
 DRAIN = timedelta(minutes=10)
 SETTINGS = NodeHealthSettings()
 GUARD = GuardSettings()
+REPORT = GUARD.report_every
 CALM = FleetSummary(total_not_disabled=10, not_ready=1)
 OUTAGE = FleetSummary(total_not_disabled=10, not_ready=8)
 LONG_AGO = NOW - timedelta(hours=1)
@@ -60,6 +61,7 @@ def node(
     phase: NodePhase | None = N,
     first_seen: datetime = CREATED,
     conditions: tuple[Condition, ...] = (),
+    reap_requested: bool = False,
 ) -> NodeView:
     return NodeView(
         name="n1",
@@ -67,4 +69,5 @@ def node(
         first_seen=first_seen,
         phase=phase,
         conditions=conditions,
+        reap_requested=reap_requested,
     )

@@ -13,6 +13,8 @@ from sandlot.policy.disruption import (
     FleetSummary,
     GuardSettings,
     guard_active,
+    hold_reminder_due,
+    next_hold_report,
     summarize_fleet,
 )
 
@@ -174,3 +176,46 @@ def test_guard_settings_refuse_bad_values_naming_the_field(
 def test_fleet_summary_refuses_impossible_counts(total: int, not_ready: int) -> None:
     with pytest.raises(ValueError):
         FleetSummary(total, not_ready)
+
+
+EVERY = DEFAULT.report_every
+
+
+@pytest.mark.parametrize(
+    ("last", "now", "due"),
+    [
+        (None, NOW, True),
+        (NOW, NOW + EVERY - timedelta(seconds=1), False),
+        (NOW, NOW + EVERY, True),
+        (NOW + EVERY, NOW + EVERY * 2 - timedelta(seconds=1), False),
+        (NOW + EVERY + timedelta(seconds=30), NOW + EVERY * 2, True),
+        (NOW - timedelta(seconds=5), NOW + timedelta(seconds=5), True),
+        (NOW + EVERY * 3, NOW + EVERY * 3, False),
+    ],
+    ids=[
+        "first_seen_held_is_said_at_once",
+        "not_again_within_the_interval",
+        "again_at_each_whole_interval",
+        "not_twice_in_one_interval",
+        "once_per_interval_however_late_the_last",
+        "said_before_this_hold_began_is_said_for_it",
+        "a_second_pass_at_the_same_moment_says_nothing",
+    ],
+)
+def test_a_hold_is_reported_once_per_whole_interval(
+    last: datetime | None, now: datetime, due: bool
+) -> None:
+    assert hold_reminder_due(NOW, last, now, EVERY) is due
+
+
+@pytest.mark.parametrize(
+    ("now", "expected"),
+    [
+        (NOW - timedelta(seconds=1), NOW),
+        (NOW, NOW + EVERY),
+        (NOW + EVERY * 2 + timedelta(seconds=5), NOW + EVERY * 3),
+    ],
+    ids=["before_the_hold_its_start", "at_the_start_one_interval_on", "the_next_whole_interval"],
+)
+def test_the_next_hold_report_is_the_next_whole_interval(now: datetime, expected: datetime) -> None:
+    assert next_hold_report(NOW, now, EVERY) == expected

@@ -30,10 +30,11 @@ class World:
         self.events: list[tuple[str, str]] = []  # (node, reason)
         self.delivered: dict[str, str] = {}  # node -> resourceVersion last delivered
         self.silent = False  # the lease watch died silently: nothing is heard
+        self.registry = CollectorRegistry()
         self.ctl = NodeHealthController(
             OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
             self.objects,  # type: ignore[arg-type]
-            OperatorMetrics(CollectorRegistry()),
+            OperatorMetrics(self.registry),
             is_leader=lambda: self.leader,
             post_event=self.post,
             clock=self.clock.now,
@@ -203,7 +204,7 @@ def test_the_mass_failure_guard_holds_then_lifts_and_the_held_nodes_are_reaped()
         for c in w.objects.nodes["n1"]["status"].get("conditions", [])
         if c["status"] == "True"
     ]
-    assert "DisruptionGuard" in held
+    assert "GuardHolding" in held
     assert ("n1", "MassFailureHold") in w.events
     w.step()
     assert len(w.ctl.queue) == 0, "nothing may be left queued before the guard lifts"
@@ -215,7 +216,7 @@ def test_the_mass_failure_guard_holds_then_lifts_and_the_held_nodes_are_reaped()
     assert w.objects.phase(keys["n1"]) == "Dead", "the held node was not re-enqueued"
     assert [w.objects.phase(keys[n]) for n in ("n2", "n3", "n4")] == ["Running"] * 3
     conditions = w.objects.nodes["n1"]["status"].get("conditions", [])
-    assert "DisruptionGuard" not in [c["type"] for c in conditions]
+    assert "GuardHolding" not in [c["type"] for c in conditions]
 
 
 def test_a_stale_watch_event_after_our_write_does_not_undo_it() -> None:
@@ -569,3 +570,72 @@ def test_a_new_leader_reads_the_recorded_episode_on_its_own_wall_clock(
     new.clock.advance(0.5)
     new.step()
     assert new.objects.phase(keys[0]) == "Dead"
+
+
+def held_fleet() -> tuple[World, dict[str, str]]:
+    """Four nodes, three lost for good: the guard holds them past their grace."""
+    w = World(nodes=4)
+    keys = {n: w.sandboxes(n, 1)[0] for n in ("n1", "n2", "n3", "n4")}
+    w.step()
+    w.clock.advance(LEASE)
+    w.renew("n4")
+    w.step()
+    w.clock.advance(GRACE + 1)
+    w.renew("n4")
+    w.ctl.enqueue_all()
+    w.step()
+    assert {n: w.objects.phase(k) for n, k in keys.items()} == dict.fromkeys(keys, "Running")
+    return w, keys
+
+
+def test_a_lasting_hold_is_reported_again_and_its_length_gauged() -> None:
+    w, _ = held_fleet()
+    registry = w.registry
+    held = registry.get_sample_value("sandlot_operator_guard_held_seconds")
+    assert held == 1.0, "held one second past the grace period"
+    first = w.events.count(("n1", "MassFailureHold"))
+    assert first == 1, "the hold is said once when it begins"
+    w.clock.advance(300)
+    w.renew("n4")
+    w.ctl.enqueue_all()
+    w.step()
+    assert w.events.count(("n1", "MassFailureHold")) == 1, "said again before report_every"
+    assert registry.get_sample_value("sandlot_operator_guard_held_seconds") == 301.0
+    due = w.due_in("n1")
+    assert due is not None and due <= 600 - 301, "the next report is not waited for"
+    w.clock.advance(due)
+    w.renew("n4")
+    w.step()
+    assert w.events.count(("n1", "MassFailureHold")) == 2, "a lasting hold is said again"
+    w.leader = False
+    assert registry.get_sample_value("sandlot_operator_guard_held_seconds") == 0.0, (
+        "a standby reports no hold: it decides nothing"
+    )
+
+
+def test_a_reap_decision_marks_only_its_node_while_the_guard_holds() -> None:
+    w, keys = held_fleet()
+    body = w.objects.nodes["n1"]
+    since = body["status"]["health"]["unhealthySince"]
+    body["spec"]["reap"] = {"unhealthySince": since, "requestedBy": "alice"}
+    w.objects.touch(body)
+    w.step()
+    w.step()
+    assert w.objects.phase(keys["n1"]) == "Dead"
+    assert w.objects.sandboxes[keys["n1"]]["status"]["reason"] == "ManualReap"
+    assert [w.objects.phase(keys[n]) for n in ("n2", "n3", "n4")] == ["Running"] * 3
+    assert w.health("n1").get("handledAt"), "the reaped node is latched"
+    assert ("n1", "ManualReap") in w.events
+    conditions = w.objects.nodes["n1"]["status"].get("conditions", [])
+    assert "GuardHolding" not in [c["type"] for c in conditions]
+
+
+def test_a_reap_decision_for_an_earlier_episode_marks_nothing() -> None:
+    w, keys = held_fleet()
+    body = w.objects.nodes["n1"]
+    body["spec"]["reap"] = {"unhealthySince": "2000-01-01T00:00:00Z"}
+    w.objects.touch(body)
+    w.step()
+    w.step()
+    assert w.objects.phase(keys["n1"]) == "Running"
+    assert ("n1", "ManualReap") not in w.events

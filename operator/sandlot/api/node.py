@@ -15,6 +15,7 @@ from pydantic import AwareDatetime, ConfigDict, Field
 
 from sandlot.api.common import (
     MAX_CONDITIONS,
+    MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
     Condition,
@@ -32,6 +33,28 @@ class NodePhase(StrEnum):
     DISABLED = "Disabled"
 
 
+class ReapRequest(Model):
+    """An operator's decision that a NotReady node is lost (``sandlot nodes reap``).
+
+    It names the unhealthy episode it was taken in, so it never outlives it: a node
+    that renews its lease and is lost again needs a new decision.
+    """
+
+    unhealthy_since: AwareDatetime = Field(
+        description="The node's status.health.unhealthySince when the decision was taken: "
+        "the request applies while the node is NotReady in that same episode."
+    )
+    requested_at: AwareDatetime | None = Field(
+        default=None, description="When it was requested (the requester's clock; for people)."
+    )
+    requested_by: str | None = Field(
+        default=None, max_length=MAX_NAME, description="Who asked (for people)."
+    )
+    reason: str | None = Field(
+        default=None, max_length=MAX_MESSAGE, description="Why, in the requester's words."
+    )
+
+
 class SandboxNodeSpec(Model):
     unschedulable: bool = Field(
         default=False,
@@ -43,6 +66,13 @@ class SandboxNodeSpec(Model):
         description="Taints set by hand (as `kubectl taint` on a Node): sandboxes that do "
         "not tolerate a NoSchedule or NoExecute taint are not placed here, and its agent "
         "refuses them when their nodeName was set by hand.",
+    )
+    reap: ReapRequest | None = Field(
+        default=None,
+        description="Set by `sandlot nodes reap`: an operator's decision that this NotReady "
+        "node is lost. Its sandboxes are marked Dead (reason ManualReap) at once, even "
+        "within the grace period or while the mass-failure guard holds; never on a node "
+        "that is Ready or Disabled, nor in a later NotReady episode.",
     )
 
 

@@ -55,6 +55,7 @@ ACTIVE_PHASES: frozenset[str] = frozenset({SandboxPhase.SCHEDULED, SandboxPhase.
 REASON_NODE_LOST = "NodeLost"
 REASON_NODE_DELETED = "NodeDeleted"
 REASON_DRAIN_ABANDONED = "DrainAbandoned"
+REASON_MANUAL_REAP = "ManualReap"
 REASON_POLICY_VIOLATION = "PolicyViolation"
 REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"

@@ -1,4 +1,4 @@
-"""``sandlot drain NODE`` and ``sandlot uncordon NODE``.
+"""``sandlot drain NODE``, ``sandlot uncordon NODE`` and ``sandlot nodes reap NODE``.
 
 ``drain`` marks the node unschedulable and waits, with a deadline, until no
 non-terminal sandbox is left on it: the agent stops them (each ends ``Stopped``,
@@ -15,7 +15,15 @@ import time
 from typing import Any
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.nodes import NodeNotFound, live_sandboxes, set_unschedulable
+from sandlot.adapters.nodes import (
+    NodeNotFound,
+    NodeNotReapable,
+    live_sandboxes,
+    reap_outcome,
+    request_reap,
+    requester,
+    set_unschedulable,
+)
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
@@ -56,6 +64,29 @@ def register(sub: Any) -> None:
     uncordon.add_argument("node", metavar="NODE", help="SandboxNode name")
     uncordon.add_argument("--kubeconfig", default=None, help="kubeconfig file")
     uncordon.set_defaults(func=run_uncordon)
+
+    nodes = sub.add_parser(
+        "nodes", help="SandboxNode commands", description="SandboxNode commands."
+    )
+    commands = nodes.add_subparsers(dest="nodes_command", metavar="COMMAND", required=True)
+    reap = commands.add_parser(
+        "reap",
+        help="declare a NotReady node lost: mark its sandboxes Dead now",
+        description="Record on the SandboxNode (spec.reap) your decision that this NotReady "
+        "node is lost; the operator marks its sandboxes Dead (reason ManualReap) at once, "
+        "even within the grace period or while the mass-failure guard holds. The decision "
+        "names the node's current NotReady episode: if the node renews its lease, it lapses.",
+    )
+    reap.add_argument("node", metavar="NODE", help="SandboxNode name")
+    reap.add_argument("--reason", default=None, help="why, recorded with the decision")
+    reap.add_argument(
+        "--timeout",
+        default="2m",
+        type=duration,
+        help="how long to wait for the operator to mark the sandboxes (default 2m)",
+    )
+    reap.add_argument("--kubeconfig", default=None, help="kubeconfig file")
+    reap.set_defaults(func=run_reap)
 
 
 def _objects(args: argparse.Namespace) -> Objects:
@@ -107,3 +138,35 @@ def run_uncordon(args: argparse.Namespace) -> int:
         objects.api.close()
     print(f"node {args.node} uncordoned", flush=True)
     return 0
+
+
+def run_reap(args: argparse.Namespace) -> int:
+    timeout = parse_duration(args.timeout).total_seconds()
+    objects = _objects(args)
+    try:
+        try:
+            since = request_reap(objects, args.node, requester(objects), args.reason)
+        except (NodeNotFound, NodeNotReapable) as e:
+            raise UsageError(str(e)) from e
+        print(f"node {args.node} declared lost (NotReady since {since})", flush=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                done = reap_outcome(objects, args.node, since)
+            except (NodeNotFound, NodeNotReapable) as e:
+                print(f"sandlot: {e}", flush=True)
+                return 1
+            if done is not None:
+                handled_at, count = done
+                print(f"node {args.node}: {count} sandboxes marked Dead at {handled_at}")
+                return 0
+            if time.monotonic() >= deadline:
+                print(
+                    f"sandlot: the operator has not acted on the decision within "
+                    f"{args.timeout} (is it running and leading?); it stays recorded",
+                    flush=True,
+                )
+                return 1
+            time.sleep(POLL_INTERVAL)
+    finally:
+        objects.api.close()

@@ -47,6 +47,12 @@ class OperatorMetrics:
             "1 while the mass-failure guard holds all Dead marking.",
             registry=registry,
         )
+        self.guard_held = Gauge(
+            "sandlot_operator_guard_held_seconds",
+            "How long the mass-failure guard has held back the longest-held node's Dead "
+            "marking, in seconds since its grace period ended (0 when none is held).",
+            registry=registry,
+        )
         self.is_leader = Gauge(
             "sandlot_operator_leader",
             "1 on the replica that currently acts.",

@@ -37,6 +37,7 @@ from typing import Any
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.sandbox import REASON_NODE_LOST
+from sandlot.controllers.guardhold import HoldReporter
 from sandlot.controllers.liveness import LivenessView, steady_clock
 from sandlot.controllers.marking import Marker, NodeMarking, NotLeader
 from sandlot.controllers.metrics import OperatorMetrics
@@ -46,6 +47,7 @@ from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.disruption import FleetMember, FleetSummary, GuardSettings, summarize_fleet
 from sandlot.policy.nodehealth import (
+    LATCHING_KINDS,
     Decision,
     DecisionKind,
     NodeHealthSettings,
@@ -133,7 +135,15 @@ class NodeHealthController:
         self.liveness.subscribe(lambda name: self.queue.call_threadsafe(self._revived, name))
         self._echo: dict[str, str] = {}  # node -> resourceVersion of our write, until seen
         self._writing: dict[str, set[str]] = {}  # node -> versions delivered during a write
-        self._hold_reported = False
+        self.holds = HoldReporter(
+            metrics,
+            self.guard,
+            self._post,
+            clock=self.clock,
+            wall_time=self.liveness.wall_time,
+            is_leader=is_leader,
+            on_lifted=self.enqueue_all,
+        )
         self._fleet: tuple[datetime, FleetSummary] | None = None
 
     # -- inputs (called from kopf handlers and the lease watch) ----------------------
@@ -151,6 +161,7 @@ class NodeHealthController:
             self._steady.pop(name, None)
             self.liveness.forget(name)
             self._echo.pop(name, None)
+            self.holds.forget(name)
             self._fleet = None
             self.queue.forget(name)
             return
@@ -250,14 +261,14 @@ class NodeHealthController:
         renewal = self.liveness.renewal(name, tracking)
         read = self.reads[name]
         view = read.view(self.liveness.first_seen(name))
-        if self._steady.get(name) is read and not self._hold_reported:
+        if self._steady.get(name) is read and not self.holds.reported:
             until = ready_until(view, renewal, now, self.policy.unseen_lease_duration)
             if until is not None:
                 return (until - now).total_seconds()  # the same CLEAR, nothing to write
         self._steady.pop(name, None)
         fleet = self.fleet(now, FLEET_REUSE_ROUTINE)
         decision = decide(view, renewal, tracking, now, fleet, self.guard, self.policy, stamp=stamp)
-        if decision.kind in GUARDED_KINDS or decision.guard_active or self._hold_reported:
+        if decision.kind in GUARDED_KINDS or decision.guard_active or self.holds.reported:
             # The guard decides this pass, or may be lifting: judge it on a summary at
             # most FLEET_REUSE old (every pass does while the guard holds).
             fresh = self.fleet(now)
@@ -265,9 +276,9 @@ class NodeHealthController:
                 decision = decide(
                     view, renewal, tracking, now, fresh, self.guard, self.policy, stamp=stamp
                 )
-        self._report_hold(decision, body)
+        self.holds.report(name, decision, body, now)
         blocked = self.liveness.reap_blocked_until(name, now)
-        if decision.kind in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED) and blocked:
+        if decision.kind in LATCHING_KINDS and blocked:
             # The view of the Leases is too young (just re-listed after a start or an
             # outage: agents renew as soon as they reach the API server again, give them
             # one lease duration) or too old (a watch that died silently) to reap from.
@@ -348,6 +359,7 @@ class NodeHealthController:
             DecisionKind.DRAIN_ABANDONED: f"node {name} was drained and its lease has been "
             f"expired for over {self.policy.drain_timeout.total_seconds():g}s",
             DecisionKind.DELETED: f"SandboxNode {name} was deleted",
+            DecisionKind.MANUAL_REAP: f"an operator declared node {name} lost (sandlot nodes reap)",
         }.get(decision.kind, reason)
         came_back: Callable[[], bool] | None = None
         if decision.kind is not DecisionKind.DELETED:
@@ -374,6 +386,10 @@ class NodeHealthController:
                     "marking the node's sandboxes Dead"
                 ),
             )
+        elif decision.kind is DecisionKind.MANUAL_REAP:
+            asked = ((body.get("spec") or {}).get("reap") or {}).get("requestedBy") or "someone"
+            self._post(body, "Warning", "ManualReap", f"{asked} declared the node lost; "
+                       "marking its sandboxes Dead, past any grace period or guard")  # fmt: skip
         result = await self._mark_all(name, decision)
         self._post(body, *result.outcome(name, decision.reason))
         if not result.complete:
@@ -413,29 +429,6 @@ class NodeHealthController:
 
     def _shown(self, moment: datetime | None) -> datetime | None:
         return None if moment is None else self.liveness.wall_time(moment)
-
-    def _report_hold(self, decision: Decision, body: Mapping[str, Any]) -> None:
-        self.metrics.hold_active.set(1 if decision.guard_active else 0)
-        if (
-            decision.kind is DecisionKind.HOLD
-            and decision.patch is not None
-            and decision.patch.conditions
-        ):
-            self._post(
-                body,
-                "Warning",
-                "MassFailureHold",
-                (
-                    "most of the fleet is NotReady at once; marking nothing Dead until the "
-                    f"fraction drops below {self.guard.disruption_threshold:g}"
-                ),
-            )
-        if decision.guard_active and not self._hold_reported:
-            log.warning("mass-failure guard active: marking nothing Dead")
-        elif not decision.guard_active and self._hold_reported:
-            log.info("mass-failure guard lifted")
-            self.enqueue_all()  # nodes held back may now be due
-        self._hold_reported = decision.guard_active
 
     # -- wake-ups -------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sandlot.api.common import Condition
-from sandlot.api.node import NodeHealthTracking
+from sandlot.api.node import NodeHealthTracking, ReapRequest
 from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.nodehealth import NodeView
 
@@ -28,6 +28,16 @@ def _unschedulable(body: Mapping[str, Any]) -> bool:
     return bool((body.get("spec") or {}).get("unschedulable", False))
 
 
+def _reap_requested(body: Mapping[str, Any]) -> bool:
+    """``spec.reap`` names the episode in the stored status: both moments as the
+    operator wrote them (the request copies it), so a plain equality, on no clock."""
+    request = (body.get("spec") or {}).get("reap")
+    if not request:
+        return False
+    since = node_tracking(body).unhealthy_since
+    return since is not None and ReapRequest.model_validate(request).unhealthy_since == since
+
+
 @dataclass(frozen=True)
 class NodeRead:
     """A SandboxNode's body as the node-health decision reads it."""
@@ -36,6 +46,7 @@ class NodeRead:
     unschedulable: bool
     phase: str | None
     conditions: tuple[Condition, ...]
+    reap_requested: bool = False
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> NodeRead:
@@ -45,6 +56,7 @@ class NodeRead:
             unschedulable=_unschedulable(body),
             phase=status.get("phase"),
             conditions=parse_conditions(status.get("conditions")),
+            reap_requested=_reap_requested(body),
         )
 
     def view(self, first_seen: datetime) -> NodeView:
@@ -54,6 +66,7 @@ class NodeRead:
             first_seen=first_seen,
             phase=self.phase,
             conditions=self.conditions,
+            reap_requested=self.reap_requested,
         )
 
 

@@ -17,6 +17,11 @@ are expected to stop, and counting them would make a large drain look like an
 outage. So are nodes handled (their sandboxes marked Dead) longer ago than the
 guard's ``window``: they are the past, not the present outage, and a fleet that
 keeps a few long-dead nodes around must not have its guard hold forever.
+
+A fleet that really lost its majority for good (a 3-5 node fleet is one zone away
+from it) is held forever all the same: the guard cannot tell, so it says so, again
+and again (``hold_reminder_due``), and leaves the call to a person, whose decision
+(``sandlot nodes reap``) the node-health policy honours on that node alone.
 """
 
 from __future__ import annotations
@@ -80,6 +85,12 @@ class GuardSettings(BaseModel):
         description="Nodes handled longer ago than this are left out of both sides of "
         "the fraction: they are the past, not the present outage.",
     )
+    report_every: timedelta = Field(
+        default=timedelta(minutes=10),
+        gt=timedelta(0),
+        description="A hold is reported again (an Event saying for how long) at each "
+        "whole multiple of this since it began.",
+    )
 
 
 @dataclass(frozen=True)
@@ -119,3 +130,24 @@ def guard_active(fleet: FleetSummary, guard: GuardSettings) -> bool:
     if fleet.total_not_disabled < guard.min_nodes:
         return False
     return fleet.not_ready_fraction >= guard.disruption_threshold
+
+
+def next_hold_report(held_since: datetime, now: datetime, every: timedelta) -> datetime:
+    """The first whole multiple of ``every`` since ``held_since`` that is after ``now``."""
+    if now < held_since:
+        return held_since
+    return held_since + every * ((now - held_since) // every + 1)
+
+
+def hold_reminder_due(
+    held_since: datetime, last_reported: datetime | None, now: datetime, every: timedelta
+) -> bool:
+    """A hold is reported once when first seen held (``last_reported`` None: also a new
+    leader's first pass, which has not said it yet), then once per whole ``every``
+    since it began: a guard that holds for hours is a page, not a single line."""
+    if last_reported is None:
+        return True
+    if now < held_since:
+        return False
+    since_last = (last_reported - held_since) // every if last_reported >= held_since else -1
+    return (now - held_since) // every > since_last

@@ -34,28 +34,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
-from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_NODE_DELETED, REASON_NODE_LOST
-from sandlot.policy.conditions import find_condition, remove_condition, set_condition
-from sandlot.policy.disruption import FleetSummary, GuardSettings, guard_active
+from sandlot.api.sandbox import (
+    REASON_DRAIN_ABANDONED,
+    REASON_MANUAL_REAP,
+    REASON_NODE_DELETED,
+    REASON_NODE_LOST,
+)
+from sandlot.policy.disruption import (
+    FleetSummary,
+    GuardSettings,
+    guard_active,
+    next_hold_report,
+)
 from sandlot.policy.liveness import lease_expiry, observed_phase
-
-# Condition set on a NotReady node whose handling the mass-failure guard holds back.
-HOLD_CONDITION_TYPE = "DisruptionGuard"
-HOLD_CONDITION_REASON = "MassFailureSuspected"
-
-# The node's Ready condition for each observed phase: (status, reason, message).
-_READY: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
-    NodePhase.READY: ("True", "LeaseRenewed", "The node's agent renews its lease."),
-    NodePhase.NOT_READY: ("False", "LeaseExpired", "The node's agent lease has expired."),
-    NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
-}
-
+from sandlot.policy.nodeconditions import HOLD_CONDITION_TYPE as HOLD_CONDITION_TYPE
+from sandlot.policy.nodeconditions import hold_conditions
+from sandlot.policy.nodeconditions import ready_conditions as ready_conditions
 
 # --- inputs -----------------------------------------------------------------------------
 
@@ -74,6 +74,9 @@ class NodeView:
     """``status.phase`` as currently stored; None when the node has no status yet."""
     conditions: tuple[Condition, ...] = ()
     """``status.conditions`` as currently stored."""
+    reap_requested: bool = False
+    """An operator's ``sandlot nodes reap`` decision (``spec.reap``) names the episode
+    recorded in the stored status (its unhealthySince, compared as stored)."""
 
     def __post_init__(self) -> None:
         _require_aware("first_seen", self.first_seen)
@@ -131,6 +134,9 @@ class DecisionKind(StrEnum):
     """NotReady, already tracked, within grace: nothing; wake at the deadline."""
     REAP = "Reap"
     """NotReady, grace over, not handled: mark non-terminal sandboxes Dead (NodeLost)."""
+    MANUAL_REAP = "ManualReap"
+    """NotReady, an operator decided the node is lost: mark its sandboxes Dead now,
+    within grace or while the guard holds (ManualReap)."""
     DRAIN_ABANDONED = "DrainAbandoned"
     """Disabled with a lease expired for drain_timeout: mark leftovers Dead (DrainAbandoned)."""
     HANDLED = "Handled"
@@ -142,10 +148,11 @@ class DecisionKind(StrEnum):
 
 
 # Kinds after which the controller lists the node's non-terminal sandboxes and marks
-# them Dead; REAP and DRAIN_ABANDONED then latch (Decision.latched), DELETED has no status.
-MARKING_KINDS: frozenset[DecisionKind] = frozenset(
-    {DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED, DecisionKind.DELETED}
+# them Dead; all but DELETED then latch (Decision.latched); DELETED has no status.
+LATCHING_KINDS: frozenset[DecisionKind] = frozenset(
+    {DecisionKind.REAP, DecisionKind.MANUAL_REAP, DecisionKind.DRAIN_ABANDONED}
 )
+MARKING_KINDS: frozenset[DecisionKind] = LATCHING_KINDS | {DecisionKind.DELETED}
 
 
 class StatusPatch(BaseModel):
@@ -200,6 +207,11 @@ class Decision:
     """The mass-failure guard is active fleet-wide (report it even when not HOLD)."""
 
     @property
+    def held_since(self) -> datetime | None:
+        """For a HOLD, when the guard began holding this node back: its deadline."""
+        return self.deadline if self.kind is DecisionKind.HOLD else None
+
+    @property
     def marks_dead(self) -> bool:
         """The controller lists the node's non-terminal sandboxes and marks them Dead."""
         return self.kind in MARKING_KINDS
@@ -215,7 +227,7 @@ class Decision:
         Call it only when all marks succeeded; after a partial failure write
         :attr:`patch` instead, so the next pass retries.
         """
-        if self.kind not in (DecisionKind.REAP, DecisionKind.DRAIN_ABANDONED):
+        if self.kind not in LATCHING_KINDS:
             raise ValueError(f"a {self.kind} decision sets no latch")
         if marked < 0:
             raise ValueError(f"marked must be >= 0, got {marked}")
@@ -251,6 +263,12 @@ def decide(
     unhealthySince like any other pass, so when the fraction drops, nodes whose grace
     ended during the hold are reaped on the next pass, and nodes still within grace
     keep their original deadline. The guard never blocks tracking, only marking.
+    A HOLD wakes at the next whole ``guard.report_every`` since it began, so a hold
+    that lasts is reported again (``hold_reminder_due``).
+
+    An operator's reap decision (``node.reap_requested``) for the recorded episode of a
+    NotReady node marks it at once (MANUAL_REAP): grace and guard protect against a
+    guess, and this is no guess. A renewal since starts a new episode it does not name.
     """
     settings = settings or NodeHealthSettings()
     _require_aware("now", now)
@@ -270,7 +288,7 @@ def decide(
         deadline: datetime | None = None,
         wake_at: datetime | None = None,
     ) -> Decision:
-        conditions = _desired_conditions(node.conditions, kind is DecisionKind.HOLD, stamp or now)
+        conditions = hold_conditions(node.conditions, kind is DecisionKind.HOLD, stamp or now)
         return Decision(
             kind=kind,
             phase=phase,
@@ -301,7 +319,8 @@ def decide(
         if episode.handled_at is not None:
             return make(DecisionKind.HANDLED, episode, deadline=abandon_at)
         if held:
-            return make(DecisionKind.HOLD, episode, deadline=abandon_at)
+            wake = next_hold_report(abandon_at, now, guard.report_every)
+            return make(DecisionKind.HOLD, episode, deadline=abandon_at, wake_at=wake)
         return make(
             DecisionKind.DRAIN_ABANDONED,
             episode,
@@ -314,12 +333,15 @@ def decide(
     deadline = episode.unhealthy_since + settings.grace_period
     if episode.handled_at is not None:
         return make(DecisionKind.HANDLED, episode, deadline=deadline)
+    if node.reap_requested and episode.unhealthy_since == stored.unhealthy_since:
+        return make(DecisionKind.MANUAL_REAP, episode, reason=REASON_MANUAL_REAP, deadline=deadline)
     if now < deadline:
         new = episode.unhealthy_since != stored.unhealthy_since
         kind = DecisionKind.START_TRACKING if new else DecisionKind.WAIT
         return make(kind, episode, deadline=deadline, wake_at=deadline)
     if held:
-        return make(DecisionKind.HOLD, episode, deadline=deadline)
+        wake = next_hold_report(deadline, now, guard.report_every)
+        return make(DecisionKind.HOLD, episode, deadline=deadline, wake_at=wake)
     return make(DecisionKind.REAP, episode, reason=REASON_NODE_LOST, deadline=deadline)
 
 
@@ -397,45 +419,6 @@ def _episode(
     if stored.unhealthy_since is None or expiry > stored.unhealthy_since:
         return NodeHealthTracking(unhealthy_since=expiry, last_renewal=renewal)
     return stored
-
-
-def _desired_conditions(
-    current: tuple[Condition, ...], hold: bool, now: datetime
-) -> tuple[Condition, ...] | None:
-    """The conditions list with the hold condition set or removed; None when unchanged."""
-    if hold:
-        existing = find_condition(current, HOLD_CONDITION_TYPE)
-        if existing is not None and existing.status == "True":
-            return None  # held already: a reworded message is not worth a write
-        held = Condition(
-            type=HOLD_CONDITION_TYPE,
-            status="True",
-            reason=HOLD_CONDITION_REASON,
-            message="Most of the fleet is NotReady at once: the operator is likelier "
-            "cut off than the nodes dead, so no sandbox is marked Dead until the "
-            "fraction drops.",
-        )
-        updated = set_condition(current, held, now)
-    else:
-        updated = remove_condition(current, HOLD_CONDITION_TYPE)
-    return None if updated == current else updated
-
-
-def ready_conditions(
-    phase: NodePhase, current: tuple[Condition, ...], now: datetime
-) -> tuple[Condition, ...] | None:
-    """The conditions with ``Ready`` matching ``phase``; None when already so."""
-    status, reason, message = _READY[phase]
-    held = find_condition(current, "Ready")
-    if (
-        held is not None
-        and (held.status, held.reason, held.message) == (status, reason, message)
-        and held.last_transition_time is not None
-    ):
-        return None  # what set_condition would keep as it is (every routine pass)
-    ready = Condition(type="Ready", status=status, reason=reason, message=message)
-    updated = set_condition(current, ready, now)
-    return None if updated == current else updated
 
 
 def _patch_if_changed(
