@@ -111,6 +111,7 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
         "containerd-root": "/var/lib/containerd",
         "sandbox-logs": "/var/log/sandlot",
         "host-cgroup": "/sys/fs/cgroup",
+        "agent-state": "/var/lib/sandlot",  # the node lock: on the node's disk
     }
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     assert mounts["containerd-root"]["readOnly"] is True
@@ -228,6 +229,10 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         ({"agent": {"containerdAddress": "run/containerd.sock"}}, "agent.containerdAddress"),
         ({"admissionPolicy": {"defaultLevel": "lax"}}, "admissionPolicy.defaultLevel"),
         ({"agent": {"cni": {"mount": True}}}, "agent.privileged"),
+        (
+            {"agent": {"updateStrategy": {"rollingUpdate": {"maxSurge": 1}}}},
+            "agent.updateStrategy.rollingUpdate.maxSurge",
+        ),
     ],
     ids=[
         "duration-without-unit-syntax",
@@ -241,6 +246,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "relative-socket-path",
         "unknown-policy-level",
         "cni-mount-without-privileged",
+        "agent-surge",
     ],
 )
 def test_bad_values_are_refused_naming_the_value(

@@ -50,6 +50,7 @@ def agent_settings(
         "metrics_port": 0,
         "node_address": "10.1.2.3",
         "log_dir": str(log_dir),
+        "state_dir": str(log_dir.parent / "agent-state"),
     }
     values.update(overrides)
     return AgentSettings(**values)

@@ -44,6 +44,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
+from sandlot.adapters.nodelock import NodeLock
 from sandlot.adapters.objects import Leases, Objects
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
@@ -78,6 +79,8 @@ from sandlot.policy.limits import ParentLimits
 from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
+
+NODE_LOCK_POLL = 0.5  # seconds between tries while another agent holds the node
 
 
 def _utcnow() -> datetime:
@@ -141,6 +144,7 @@ class Agent:
         self._stop = threading.Event()
         self._metrics_server: Any = None
         self.streams: StreamServer | None = None
+        self.node_lock = NodeLock(settings.state_dir, self.node)
         # What the sync and the CachePrune handling read instead of listing: started
         # once the node is READY, each wakes its loop on a change that matters.
         self._sync_wake = threading.Event()
@@ -242,6 +246,30 @@ class Agent:
         self.runtime, self.containerd_version = connected
         return True
 
+    def take_node_lock(self) -> bool:
+        """Wait, saying why, until no other agent of this node runs; False on stop."""
+        told = None
+        try:
+            while not self.node_lock.try_acquire():
+                holder = self.node_lock.holder()
+                if holder != told:
+                    log.warning(
+                        "another agent of node %s (pid %s) holds %s: waiting for it to "
+                        "exit before touching containerd",
+                        self.node,
+                        holder,
+                        self.node_lock.path,
+                    )
+                    told = holder
+                if self._stop.wait(NODE_LOCK_POLL):
+                    return False
+        except OSError as exc:
+            log.error("cannot take the node lock %s: %s", self.node_lock.path, exc)
+            return False
+        if told is not None:
+            log.info("node lock %s taken: the other agent exited", self.node_lock.path)
+        return True
+
     def start(self) -> bool:
         """The ordered start-up; True once the node is READY and the loops run."""
         began = time.monotonic()
@@ -249,6 +277,10 @@ class Agent:
             self._metrics_server = serve_agent_health(
                 self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
             )
+        # One agent per node, before containerd is touched: a second one's sweep
+        # would tear down what the first is starting. Not ready meanwhile.
+        if not self.take_node_lock():
+            return False
         self.streams = start_streams(self.settings, self.sandbox_watch, self._stop)
         if not self.connect():
             return False
@@ -339,6 +371,7 @@ class Agent:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
+        self.node_lock.release()
 
     @property
     def _rt(self) -> Runtime:

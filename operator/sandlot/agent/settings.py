@@ -176,6 +176,12 @@ class AgentSettings(SettingsModel):
         default="/var/log/sandlot",
         description="Directory of the sandboxes' stdout/stderr files (empty = not kept).",
     )
+    state_dir: str = Field(
+        default="/var/lib/sandlot",
+        min_length=1,
+        description="Directory on the node's own disk holding the one-agent-per-node lock "
+        "(agent-<node>.lock): a second agent waits there until the first exits.",
+    )
     agent_image: str = Field(
         default="", description="The agent's own image: pinned, never collected."
     )
