@@ -3,6 +3,7 @@ and backing off from members that keep failing: the pure decision, table-driven.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -254,3 +255,80 @@ def test_rollout_progress(generation: int, status: dict[str, int], done: bool, s
     progress = rollout_progress("web", generation, 4, status)
     assert progress.done is done
     assert says in progress.message
+
+
+def _simulate_crashing_rollout(min_ready: timedelta, seconds: int = 180) -> tuple[int, int]:
+    """Replicas 4, maxUnavailable 1: the new template's command exits 1 three seconds
+    after it starts. Each new member starts Running a second after it is created.
+    Returns (fewest Running members seen after the rollout began, members created)."""
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    members: dict[str, Member] = {
+        f"old{i}": Member(f"old{i}", "Running", True, t0 - timedelta(hours=1), current=False)
+        for i in range(4)
+    }
+    made = 0
+    fewest = 4
+    rollout = Rollout(max_surge=1, max_unavailable=1)
+    for step in range(seconds):
+        now = t0 + timedelta(seconds=step)
+        for name, m in list(members.items()):  # the members' own lives
+            if m.current and m.phase == "Pending" and now - m.created_at >= timedelta(seconds=1):
+                members[name] = replace(m, phase="Running", running_since=now)
+            elif (
+                m.current
+                and m.running_since is not None
+                and now - m.running_since >= timedelta(seconds=3)
+                and m.phase == "Running"
+            ):
+                members[name] = replace(
+                    m, phase="Stopped", reason="Exited", exit_code=1, finished_at=now
+                )
+        decision = decide_pool(
+            4, 10, members.values(), rollout=rollout, backoff=Backoff(), now=now,
+            min_ready=min_ready,
+        )  # fmt: skip
+        for name in decision.plan.delete:
+            del members[name]
+        for _ in range(decision.plan.create):
+            made += 1
+            members[f"new{made}"] = Member(f"new{made}", "Pending", False, now)
+        fewest = min(fewest, sum(1 for m in members.values() if m.phase == "Running"))
+    return fewest, made
+
+
+@pytest.mark.parametrize(
+    "min_ready",
+    [timedelta(seconds=5), timedelta(seconds=60)],
+    ids=["min_ready_5s", "min_ready_60s_past_the_backoff_cap"],
+)
+def test_a_crashing_template_never_takes_running_members_below_replicas_minus_unavailable(
+    min_ready: timedelta,
+) -> None:
+    fewest, made = _simulate_crashing_rollout(min_ready)
+    assert made >= 2, "the rollout never started: the bound below would prove nothing"
+    assert fewest >= 4 - 1, f"Running members dropped to {fewest}"
+
+
+def test_a_member_on_a_not_ready_node_or_not_yet_min_ready_is_not_available() -> None:
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    m = Member("a", "Running", True, t0, running_since=t0)
+    five = timedelta(seconds=5)
+    assert not m.available(t0 + timedelta(seconds=4), five)
+    assert m.available(t0 + five, five)
+    assert not replace(m, node_ready=False).available(t0 + five, five)
+    assert not replace(m, phase="Pending").available(t0 + five, timedelta(0))
+
+
+def test_the_failure_backoff_stops_old_members_deletes_not_only_creates() -> None:
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    old = [
+        Member(f"old{i}", "Running", True, t0 - timedelta(hours=1), current=False) for i in range(4)
+    ]
+    crashed = Member("new1", "Stopped", True, t0 - timedelta(seconds=5), t0 - timedelta(seconds=1),
+                     reason="Exited", exit_code=1)  # fmt: skip
+    runner = Member("new2", "Running", True, t0 - timedelta(seconds=3), running_since=t0)
+    d = decide_pool(4, 10, [*old, crashed], rollout=Rollout(1, 1), backoff=Backoff(), now=t0)
+    assert d.backoff_until is not None, "no back-off in force: the check below proves nothing"
+    assert d.plan.create == 0 and d.plan.delete == ()
+    d = decide_pool(4, 10, [*old, runner], rollout=Rollout(1, 1), backoff=Backoff(), now=t0)
+    assert d.plan.delete, "without a back-off the rollout deletes an old member"

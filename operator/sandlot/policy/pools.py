@@ -11,8 +11,9 @@ members have proved they run. Terminal members are kept for inspection up to
 **Rolling.** A member whose spec differs from the pool's template (``current``
 false) is replaced the way a Deployment's RollingUpdate does it: at most
 ``replicas + maxSurge`` live members at once, and old members are deleted only
-while at least ``replicas - maxUnavailable`` stay Running (Kubernetes' own count:
-every live member, minus that floor, minus the new ones not Running yet).
+while at least ``replicas - maxUnavailable`` stay available: Running on a Ready
+node for ``minReadySeconds``, so a member that crashes soon after it starts never
+counts (Kubernetes' availableReplicas).
 Percentages round up for the surge and down for the unavailable, as Kubernetes
 does; both zero would deadlock, so the surge is then one.
 
@@ -22,6 +23,8 @@ row (newest first, broken by a member that ended well or a newer member that
 runs) replacements wait ``start * 2^(n-1)`` seconds (capped) from the last
 failure, as the kubelet's CrashLoopBackOff does. Those failed members are kept
 past the history limit while they count, so the back-off survives a restart.
+While it is in force no old member is deleted either: a rollout whose new members
+keep failing stops where it is, with the old ones still serving.
 """
 
 from __future__ import annotations
@@ -50,6 +53,18 @@ class Member:
     """Its spec is the pool's template as it is now."""
     reason: str | None = None
     exit_code: int | None = None
+    running_since: datetime | None = None
+    """When it was first seen Running (None: unknown, counted from creation)."""
+    node_ready: bool = True
+    """Its node is Ready: a member on a NotReady node serves nobody."""
+
+    def available(self, now: datetime | None, min_ready: timedelta) -> bool:
+        """Counts as serving in a rollout: Running on a Ready node for ``min_ready``."""
+        if self.phase != SandboxPhase.RUNNING or not self.node_ready:
+            return False
+        if min_ready <= timedelta(0) or now is None:
+            return True
+        return now - (self.running_since or self.created_at) >= min_ready
 
     @property
     def terminal(self) -> bool:
@@ -169,8 +184,19 @@ def _backoff_until(chain: list[Member], backoff: Backoff) -> datetime | None:
     return until
 
 
-def _roll(replicas: int, live: list[Member], rollout: Rollout) -> tuple[int, list[Member]]:
-    """How many to create and which live members to delete (old or surplus)."""
+def _roll(
+    replicas: int,
+    live: list[Member],
+    rollout: Rollout,
+    available: frozenset[str],
+    paused: bool,
+) -> tuple[int, list[Member]]:
+    """How many to create and which live members to delete (old or surplus).
+
+    Old members go only while the available ones (``available``: Running on a Ready
+    node for minReadySeconds) stay at ``replicas - maxUnavailable``; an old member
+    that is not available costs nothing to remove. ``paused`` (the failure back-off
+    is in force) keeps every old member: its replacements keep failing."""
     new = [m for m in live if m.current]
     old = [m for m in live if not m.current]
     if not old:
@@ -182,9 +208,14 @@ def _roll(replicas: int, live: list[Member], rollout: Rollout) -> tuple[int, lis
         surge = 1
     room = replicas + surge - len(live)
     create = max(min(replicas - len(new), room), 0)
-    new_unready = sum(1 for m in new if m.phase != SandboxPhase.RUNNING)
-    can_remove = len(live) - (replicas - unavailable) - new_unready
-    old_out = _cheapest_first(old)[: max(min(can_remove, len(old)), 0)]
+    budget = sum(1 for m in live if m.name in available) - (replicas - unavailable)
+    old_out: list[Member] = []
+    for m in [] if paused else _cheapest_first(old):
+        if m.name not in available:
+            old_out.append(m)
+        elif budget > 0:
+            old_out.append(m)
+            budget -= 1
     new_out = _cheapest_first(new)[: max(len(new) - replicas, 0)]
     return create, old_out + new_out
 
@@ -197,19 +228,23 @@ def decide_pool(
     rollout: Rollout | None = None,
     backoff: Backoff | None = None,
     now: datetime | None = None,
+    min_ready: timedelta = timedelta(0),
 ) -> PoolDecision:
-    """The plan, with rolling (``rollout``) and failure back-off (``backoff`` at ``now``)."""
+    """The plan, with rolling (``rollout``; a member counts available once Running on a
+    Ready node for ``min_ready``) and failure back-off (``backoff`` at ``now``), which
+    stops old members' deletes as well as creates."""
     everyone = list(members)
     live = [m for m in everyone if not m.terminal]
     terminal = [m for m in everyone if m.terminal]
-    create, delete = _roll(replicas, live, rollout or Rollout())
-
     chain = failure_chain(everyone) if backoff is not None else []
     until = _backoff_until(chain, backoff) if backoff is not None else None
-    if until is not None and now is not None and now < until:
-        create = 0  # wait out the back-off; the pool is not gone, only patient
-    elif until is not None and now is not None:
+    waiting = until is not None and now is not None and now < until
+    if until is not None and now is not None and not waiting:
         until = None
+    available = frozenset(m.name for m in live if m.available(now, min_ready))
+    create, delete = _roll(replicas, live, rollout or Rollout(), available, waiting)
+    if waiting:
+        create = 0  # wait out the back-off; the pool is not gone, only patient
     kept_failures = {m.name for m in chain[: backoff.kept]} if backoff is not None else set()
 
     oldest_first = sorted(terminal, key=lambda m: (m.finished_at or m.created_at, m.name))
