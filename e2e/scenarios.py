@@ -234,6 +234,68 @@ def a_pool_spreads_over_the_workers(c: Cluster) -> None:
     assert_chart_pods_ready(c)
 
 
+def a_tenant_with_edit_streams_through_the_gateway(c: Cluster, work: Path) -> None:
+    """A ServiceAccount bound to Kubernetes' own ``edit`` role in the workloads'
+    namespace (sandlot's roles aggregate into it) reads a member's log, execs in it and
+    copies a file in and out, through the API server and the chart's gateway; the
+    same in another namespace is refused."""
+    core = client.CoreV1Api(c.api)
+    core.create_namespaced_service_account(WORKLOADS, {"metadata": {"name": "tenant"}})
+    client.RbacAuthorizationV1Api(c.api).create_namespaced_role_binding(
+        WORKLOADS,
+        {
+            "metadata": {"name": "tenant-edit"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "edit",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": WORKLOADS}],
+        },
+    )
+    token = core.create_namespaced_service_account_token(
+        "tenant", WORKLOADS, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    admin = yaml.safe_load(c.kubeconfig.read_text())
+    admin["users"] = [{"name": "tenant", "user": {"token": token}}]
+    admin["contexts"][0]["context"]["user"] = "tenant"
+    tenant = work / "tenant.kubeconfig"
+    tenant.write_text(yaml.safe_dump(admin))
+
+    def as_tenant(*args: str) -> str:
+        return run(sys.executable, "-m", "sandlot.cli.main", *args, "--kubeconfig", str(tenant))
+
+    member = next(sb for sb in c.sandboxes() if phase(sb) == "Running")["metadata"]["name"]
+
+    def reads_log() -> bool:
+        logs = subprocess.run(
+            [sys.executable, "-m", "sandlot.cli.main", "logs", member, "-n", WORKLOADS,
+             "--kubeconfig", str(tenant)],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        return logs.returncode == 0
+
+    wait_for(
+        reads_log,
+        timeout=60,
+        what=f"the tenant to read {member}'s log (the edit role's aggregation included)",
+        interval=2,
+    )
+    assert as_tenant("exec", member, "-n", WORKLOADS, "--", "cat", "/www/index.html").strip()
+    local = work / "upload.txt"
+    local.write_text("through the gateway\n")
+    as_tenant("cp", str(local), f"{member}:/tmp/upload.txt", "-n", WORKLOADS)
+    back = work / "download.txt"
+    as_tenant("cp", f"{member}:/tmp/upload.txt", str(back), "-n", WORKLOADS)
+    assert back.read_text() == "through the gateway\n"
+    refused = subprocess.run(
+        [sys.executable, "-m", "sandlot.cli.main", "exec", member, "-n", "default",
+         "--kubeconfig", str(tenant), "--", "true"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+
+
 def a_stopped_workers_sandboxes_go_dead_and_are_replaced(c: Cluster) -> dict[str, Any]:
     """Returns what the next scenario checks: the stopped node and its containers."""
     lost = c.workers[0]

@@ -39,6 +39,7 @@ from e2e.scenarios import (
     Cluster,
     a_pool_spreads_over_the_workers,
     a_stopped_workers_sandboxes_go_dead_and_are_replaced,
+    a_tenant_with_edit_streams_through_the_gateway,
     assert_chart_pods_ready,
     cache_clear_reports_per_node,
     helm_uninstall_leaves_nothing,
@@ -86,7 +87,13 @@ LOCAL_VALUES = merged(
     VALUES,
     {
         "operator": {"leaseViewMaxAge": "15s", "livenessProbe": LIVENESS, "readinessProbe": PROBE},
-        "agent": {"livenessProbe": LIVENESS, "readinessProbe": PROBE},
+        # hostProc (and so privileged): sandlot cp reaches a sandbox through the node's /proc.
+        "agent": {
+            "livenessProbe": LIVENESS,
+            "readinessProbe": PROBE,
+            "hostProc": True,
+            "privileged": True,
+        },
     },
 )
 
@@ -208,6 +215,12 @@ def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Pat
 
 def test_a_pool_spreads_over_the_nodes(cluster: LocalKubeletCluster) -> None:
     a_pool_spreads_over_the_workers(cluster)
+
+
+def test_a_tenant_with_edit_streams_through_the_gateway(
+    cluster: LocalKubeletCluster, tmp_path: Path
+) -> None:
+    a_tenant_with_edit_streams_through_the_gateway(cluster, tmp_path)
 
 
 def test_a_stopped_nodes_sandboxes_go_dead_and_are_replaced(cluster: LocalKubeletCluster) -> None:

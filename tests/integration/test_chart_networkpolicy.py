@@ -42,7 +42,9 @@ def by_component(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def test_the_network_policy_lets_only_the_metrics_port_in(helm: Path) -> None:
     found = by_component(render_policies(helm, "--set", "agent.streamPort=0"))
-    assert set(found) == {"operator", "agent"}
+    assert set(found) == {"operator", "agent", "cleanup"}
+    cleanup = found.pop("cleanup")["spec"]
+    assert (cleanup["policyTypes"], cleanup.get("ingress")) == (["Ingress"], None), "none in"
     for component, policy in found.items():
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component

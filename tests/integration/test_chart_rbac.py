@@ -39,7 +39,7 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
     for doc in installed.docs:
         assert f"/{doc['metadata']['name']} serverside-applied" in out, (doc["kind"], out)
     got = kubectl(
-        "get", "deploy,ds,sa,svc,pdb,role,rolebinding,cm,secret", "-n", installed.namespace,
+        "get", "deploy,ds,sa,svc,pdb,role,rolebinding,cm,secret,networkpolicy", "-n", installed.namespace,
         "-o", "name",
     ).stdout  # fmt: skip
     for doc in installed.docs:

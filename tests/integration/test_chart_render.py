@@ -102,7 +102,11 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert agent["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert agent["resources"]["requests"]["ephemeral-storage"]
     assert agent["resources"]["limits"]["ephemeral-storage"]
-    assert not by_kind(docs, "NetworkPolicy"), "the NetworkPolicy is optional"
+    policies = {
+        p["metadata"]["labels"]["app.kubernetes.io/component"]
+        for p in by_kind(docs, "NetworkPolicy")
+    }
+    assert policies == {"operator", "agent", "gateway", "cleanup"}, "every pod has its policy"
     env = container_env(ds)
     assert env["SANDLOT_NODE_NAME"] == "<spec.nodeName>"
     paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
@@ -229,6 +233,8 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         ({"agent": {"containerdAddress": "run/containerd.sock"}}, "agent.containerdAddress"),
         ({"admissionPolicy": {"defaultLevel": "lax"}}, "admissionPolicy.defaultLevel"),
         ({"agent": {"cni": {"mount": True}}}, "agent.privileged"),
+        ({"agent": {"hostProc": True}}, "agent.privileged"),
+        ({"gateway": {"maxSessions": 0}}, "gateway.maxSessions"),
         (
             {"agent": {"updateStrategy": {"rollingUpdate": {"maxSurge": 1}}}},
             "agent.updateStrategy.rollingUpdate.maxSurge",
@@ -246,6 +252,8 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "relative-socket-path",
         "unknown-policy-level",
         "cni-mount-without-privileged",
+        "host-proc-without-privileged",
+        "no-stream-sessions",
         "agent-surge",
     ],
 )

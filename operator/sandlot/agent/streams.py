@@ -15,6 +15,7 @@ them within a wait.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Callable, Mapping
@@ -52,6 +53,7 @@ from sandlot.policy.streams import (
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1 << 20
+EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
 
@@ -294,7 +296,11 @@ def start_streams(
         client_names=tuple(settings.stream_client_name),
         sandbox=sandboxes.get,
         log_dir=settings.log_dir,
-        execs=open_execs(settings.containerd_address, settings.containerd_namespace),
+        execs=open_execs(
+            settings.containerd_address,
+            settings.containerd_namespace,
+            os.path.join(settings.state_dir, EXEC_FIFOS),
+        ),
         call_timeout=settings.call_timeout.total_seconds(),
         stop=stop,
         proc_root=settings.proc_root,

@@ -234,9 +234,13 @@ class Execs:
         )
 
 
-def open_execs(address: str, namespace: str) -> Execs:
-    """Execs on a channel of their own: a long exec never shares the agent's."""
-    return Execs(Connection(address, namespace))
+def open_execs(address: str, namespace: str, fifo_root: str | None = None) -> Execs:
+    """Execs on a channel of their own: a long exec never shares the agent's. The
+    shim opens the FIFOs by path from the node, so ``fifo_root`` must be a directory
+    the node sees at the same path (in a pod: a host directory mounted where it is)."""
+    if fifo_root:
+        os.makedirs(fifo_root, mode=0o700, exist_ok=True)
+    return Execs(Connection(address, namespace), fifo_root)
 
 
 __all__ = ["PROCESS_TYPE_URL", "ExecProcess", "Execs", "exec_process_spec", "open_execs"]
