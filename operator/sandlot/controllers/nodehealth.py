@@ -321,13 +321,14 @@ class NodeHealthController:
             log.info("node %s: no longer the leader; status not written", name)
             return False
         self._writing[name] = set()
+        before = _resource_version(self.nodes.get(name) or {})
         try:
             written = await asyncio.to_thread(self.objects.patch_node_status, name, patch)
         finally:
             delivered = self._writing.pop(name, set())
         rv = _resource_version(written)
-        held = self.nodes.get(name)  # a no-op write answers with its version: no echo comes
-        if rv is not None and rv not in delivered and held and rv != _resource_version(held):
+        # A write that changed nothing answers with the version it was made on: no echo comes.
+        if rv is not None and rv not in delivered and name in self.nodes and rv != before:
             self._keep(name, written)
             self._echo[name] = rv
         return True
