@@ -25,7 +25,7 @@ def test_resync_interval_comes_from_the_environment() -> None:
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
-        (("--node", "n1", "--resync-interval", "0s"), "resync_interval"),
+        (("--node", "n1", "--resync-interval", "0s"), "--resync-interval .*must be positive"),
         (("--node", "n1", "--sync-interval", "5s", "--resync-interval", "2s"), "resync_interval"),
     ],
     ids=["resync-positive", "resync-not-below-sync"],

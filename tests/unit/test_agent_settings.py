@@ -50,7 +50,10 @@ def test_flags_and_environment() -> None:
         ((), "--node-name"),
         (("--node", "n1", "--gc-low", "90"), "gc_low"),
         (("--node", "n1", "--renew-interval", "60s"), "renew_interval"),
-        (("--node", "n1", "--kill-wait", "0s"), "kill_wait"),
+        (
+            ("--node", "n1", "--kill-wait", "0s"),
+            "--kill-wait / SANDLOT_KILL_WAIT: .*must be positive",
+        ),
         (("--node", "n1", "--kill-wait", "soon"), "--kill-wait"),
         (("--node", "n1", "--teardown-concurrency", "0"), "--teardown-concurrency"),
         (("--node", "n1", "--gc-min-free", "10", "--gc-target-free", "5"), "gc_target_free"),

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
-from sandlot.api.settings import Duration, SettingsModel
+from sandlot.api.settings import Duration, PositiveDuration, SettingsModel
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.quantity import parse_quantity
@@ -67,21 +67,21 @@ class AgentSettings(SettingsModel):
         min_length=1,
         description="Namespace of the node Leases (the operator's namespace setting).",
     )
-    lease_duration: Duration = Field(
+    lease_duration: PositiveDuration = Field(
         default=timedelta(seconds=60),
         description="leaseDurationSeconds of the node Lease: the node is READY while "
         "renewTime + this is in the future.",
     )
-    renew_interval: Duration = Field(
+    renew_interval: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="How often the Lease is renewed; must be below lease_duration.",
     )
-    kill_wait: Duration = Field(
+    kill_wait: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="Longest wait for a killed task's exit; a wedged shim never sends it, "
         "so teardown logs a warning and goes on after this.",
     )
-    call_timeout: Duration = Field(
+    call_timeout: PositiveDuration = Field(
         default=timedelta(seconds=5),
         description="Deadline of each single containerd call.",
     )
@@ -90,11 +90,11 @@ class AgentSettings(SettingsModel):
         description="Time between SIGTERM and the teardown when a sandbox is stopped "
         "(unless its spec.terminationGracePeriodSeconds says otherwise).",
     )
-    reap_interval: Duration = Field(
+    reap_interval: PositiveDuration = Field(
         default=timedelta(seconds=60),
         description="How often exited containers are torn down and their Sandboxes ended.",
     )
-    sync_interval: Duration = Field(
+    sync_interval: PositiveDuration = Field(
         default=timedelta(seconds=1),
         description="Window of the sync passes' rate limit: at most sync_burst passes in "
         "any such window. Changes to the node's Sandboxes, its SandboxNode and CachePrune "
@@ -109,7 +109,7 @@ class AgentSettings(SettingsModel):
         "time (each as soon as a change arrives); one is earned back every "
         "sync_interval / sync_burst.",
     )
-    resync_interval: Duration = Field(
+    resync_interval: PositiveDuration = Field(
         default=timedelta(seconds=30),
         description="Longest time between two sync passes when nothing changes: the "
         "full sync re-runs from the watched objects (no API request) against "
@@ -167,7 +167,7 @@ class AgentSettings(SettingsModel):
         min_length=1,
         description="CNI plugin directories, colon-separated (e.g. /opt/cni/bin:/usr/lib/cni).",
     )
-    cni_timeout: Duration = Field(
+    cni_timeout: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="Deadline of one CNI operation (the whole ADD or DEL chain), and of "
         "each network namespace command.",
@@ -205,10 +205,10 @@ class AgentSettings(SettingsModel):
         default=timedelta(minutes=2),
         description="Images younger than this (since import or last use) are kept.",
     )
-    gc_interval: Duration = Field(
+    gc_interval: PositiveDuration = Field(
         default=timedelta(seconds=60), description="Time between automatic passes."
     )
-    gc_exhausted_backoff: Duration = Field(
+    gc_exhausted_backoff: PositiveDuration = Field(
         default=timedelta(minutes=30),
         description="Automatic passes are skipped this long once one found nothing left "
         "to evict and the disk still over the high mark.",
@@ -236,7 +236,7 @@ class AgentSettings(SettingsModel):
         description="Size at which a sandbox's stdout/stderr file is rotated (one previous "
         "generation kept); 0: never. Files of torn-down sandboxes are removed.",
     )
-    log_interval: Duration = Field(
+    log_interval: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="How often the sandbox log files are checked for size and orphans.",
     )
@@ -321,21 +321,21 @@ class AgentSettings(SettingsModel):
         description="Where the node's cgroup filesystem is mounted in the agent (the "
         "host's, v1 or v2): read to tell an out-of-memory kill from other exits.",
     )
-    image_pull_deadline: Duration = Field(
+    image_pull_deadline: PositiveDuration = Field(
         default=timedelta(minutes=10),
         description="Longest an image pull may take in all (resolve, every blob, unpack).",
     )
-    image_pull_stall_timeout: Duration = Field(
+    image_pull_stall_timeout: PositiveDuration = Field(
         default=timedelta(seconds=30),
         description="A registry read that gets no byte for this long fails the pull "
         "(a registry that stalls mid-blob), which is then retried after its back-off.",
     )
-    image_pull_backoff: Duration = Field(
+    image_pull_backoff: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="Wait after a failed image pull before the next; it doubles with each "
         "failure in a row (the kubelet's ImagePullBackOff).",
     )
-    image_pull_max_backoff: Duration = Field(
+    image_pull_max_backoff: PositiveDuration = Field(
         default=timedelta(minutes=5),
         description="Cap of the doubling wait between image pull retries.",
     )
@@ -367,25 +367,6 @@ class AgentSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
-        for name in (
-            "lease_duration",
-            "renew_interval",
-            "kill_wait",
-            "call_timeout",
-            "reap_interval",
-            "sync_interval",
-            "resync_interval",
-            "log_interval",
-            "gc_interval",
-            "gc_exhausted_backoff",
-            "cni_timeout",
-            "image_pull_deadline",
-            "image_pull_stall_timeout",
-            "image_pull_backoff",
-            "image_pull_max_backoff",
-        ):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
         if not timedelta(seconds=1) <= self.watch_timeout <= timedelta(seconds=120):
             raise ValueError(
                 f"watch_timeout ({self.watch_timeout.total_seconds():g}s) must be between "
