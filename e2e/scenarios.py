@@ -11,7 +11,7 @@ containers on it) and runs the scenarios in order on one cluster:
 4. the worker started again: its agent, on boot, tears the Dead sandboxes'
    containers down instead of re-adopting them;
 5. ``sandlot cache clear containerd --all`` reports per node;
-6. ``helm upgrade`` with a changed value rolls both programs, and every Running
+6. ``helm upgrade`` with a changed value rolls every program (operator, agent, gateway), and every Running
    sandbox keeps running (same container);
 7. ``helm uninstall``, with the pool still running, leaves no sandlot object, no
    container on the workers, no Lease and no IP allocation behind: its pre-delete
@@ -262,8 +262,10 @@ def a_tenant_with_edit_streams_through_the_gateway(c: Cluster, work: Path) -> No
     tenant = work / "tenant.kubeconfig"
     tenant.write_text(yaml.safe_dump(admin))
 
-    def as_tenant(*args: str) -> str:
-        return run(sys.executable, "-m", "sandlot.cli.main", *args, "--kubeconfig", str(tenant))
+    def as_tenant(command: str, *args: str) -> str:  # the kubeconfig before any `--`
+        return run(
+            sys.executable, "-m", "sandlot.cli.main", command, "--kubeconfig", str(tenant), *args
+        )
 
     member = next(sb for sb in c.sandboxes() if phase(sb) == "Running")["metadata"]["name"]
 
@@ -368,7 +370,7 @@ def cache_clear_reports_per_node(c: Cluster) -> None:
         c.import_sandbox_image(node)
 
 
-def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: Path) -> None:
+def helm_upgrade_rolls_every_program_keeping_sandboxes(c: Cluster, values_file: Path) -> None:
     before = {
         sb["metadata"]["name"]: sb["status"]["containerId"]
         for sb in c.sandboxes()
@@ -380,6 +382,7 @@ def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: 
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values_file),
         "--set-string", "operator.podAnnotations.sandlot-e2e/revision=2",
         "--set-string", "agent.podAnnotations.sandlot-e2e/revision=2",
+        "--set-string", "gateway.podAnnotations.sandlot-e2e/revision=2",
         "--wait", "--timeout", "5m",
     )  # fmt: skip
 
@@ -389,7 +392,10 @@ def helm_upgrade_rolls_both_programs_keeping_sandboxes(c: Cluster, values_file: 
         return ready and bool(pods) and not ({p.metadata.uid for p in c.chart_pods()} & old_pods)
 
     wait_for(
-        rolled, timeout=300, what="every operator and agent pod replaced and Ready", interval=2
+        rolled,
+        timeout=300,
+        what="every operator, agent and gateway pod replaced and Ready",
+        interval=2,
     )
     c.expected_restarts.clear()
     after = {sb["metadata"]["name"]: sb for sb in c.sandboxes()}

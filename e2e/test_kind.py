@@ -33,7 +33,7 @@ from e2e.scenarios import (
     a_stopped_workers_sandboxes_go_dead_and_are_replaced,
     cache_clear_reports_per_node,
     helm_uninstall_leaves_nothing,
-    helm_upgrade_rolls_both_programs_keeping_sandboxes,
+    helm_upgrade_rolls_every_program_keeping_sandboxes,
     install,
     merged,
     phase,
@@ -195,8 +195,8 @@ def test_cache_clear_reports_per_node(cluster: KindCluster) -> None:
     cache_clear_reports_per_node(cluster)
 
 
-def test_helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster: KindCluster) -> None:
-    helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster, VALUES_FILE[0])
+def test_helm_upgrade_rolls_every_program_keeping_sandboxes(cluster: KindCluster) -> None:
+    helm_upgrade_rolls_every_program_keeping_sandboxes(cluster, VALUES_FILE[0])
 
 
 def test_helm_uninstall_leaves_no_sandlot_object(cluster: KindCluster) -> None:

@@ -43,7 +43,7 @@ from e2e.scenarios import (
     assert_chart_pods_ready,
     cache_clear_reports_per_node,
     helm_uninstall_leaves_nothing,
-    helm_upgrade_rolls_both_programs_keeping_sandboxes,
+    helm_upgrade_rolls_every_program_keeping_sandboxes,
     install,
     merged,
     pool_running,
@@ -243,8 +243,8 @@ def test_cache_clear_reports_per_node(cluster: LocalKubeletCluster) -> None:
     cache_clear_reports_per_node(cluster)
 
 
-def test_helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster: LocalKubeletCluster) -> None:
-    helm_upgrade_rolls_both_programs_keeping_sandboxes(cluster, VALUES_FILE[0])
+def test_helm_upgrade_rolls_every_program_keeping_sandboxes(cluster: LocalKubeletCluster) -> None:
+    helm_upgrade_rolls_every_program_keeping_sandboxes(cluster, VALUES_FILE[0])
 
 
 def _pod(c: LocalKubeletCluster, component: str, node: str | None = None) -> Any:

@@ -122,7 +122,7 @@ def render_settings(root: Path) -> str:
         "",
         HEADER.strip(),
         "",
-        "Every setting of both programs is a command-line flag and a `SANDLOT_*` environment",
+        "Every setting of every program is a command-line flag and a `SANDLOT_*` environment",
         "variable (the flag wins, then the environment, then the default). Bad values are",
         "refused at start with a message naming the flag and the variable. Durations take",
         "a unit: `300s`, `5m`, `1h30m`, `250ms` (a bare number is seconds).",
