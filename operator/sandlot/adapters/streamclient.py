@@ -101,9 +101,14 @@ class Stream:
     def __init__(self, ws: websocket.WebSocket) -> None:
         self._ws = ws
 
-    def recv(self) -> bytes | None:
+    def recv(self, timeout: float | None = None) -> bytes | None:
+        """The next message; None once closed. With ``timeout`` (seconds), a
+        ``TimeoutError`` when nothing came in time (the stream is then unusable)."""
+        self._ws.settimeout(None if timeout is None else max(timeout, 0.001))
         try:
             opcode, data = self._ws.recv_data()
+        except websocket.WebSocketTimeoutException:
+            raise TimeoutError(f"nothing came on the stream within {timeout}s") from None
         except (websocket.WebSocketConnectionClosedException, OSError):
             return None
         if opcode == websocket.ABNF.OPCODE_CLOSE:

@@ -1,0 +1,183 @@
+"""``Sandbox``: one running sandbox as a program uses it (commands, files, the end).
+
+Every stream goes through the API server to sandlot's gateway with the client's
+own identity, as ``sandlot exec`` and ``sandlot cp`` do. When a stream ends
+without its answer (cut, or the command killed by a signal), the sandbox's own
+status is read once to tell a command that died from a sandbox that ended:
+``SandboxGone`` names its phase and reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
+from sandlot.adapters.streamclient import Stream, StreamRefused
+from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.client.commands import Execution, Result, collect, command_argv
+from sandlot.client.errors import (
+    CommandError,
+    Forbidden,
+    SandboxGone,
+    SandboxNotFound,
+    SandlotError,
+)
+from sandlot.client.files import Files
+from sandlot.policy.streams import EXEC, FILES, StreamRequest, api_path
+
+
+def refusal(e: ApiRefused, namespace: str, name: str, what: str = "sandbox") -> SandlotError:
+    """The SDK's error for an API server refusal about ``what`` ``name``."""
+    if e.status in (401, 403):
+        return Forbidden(e.message, e.status)
+    if e.status == 404:
+        return SandboxNotFound(namespace, name, what)
+    return SandlotError(
+        f"{what} {namespace}/{name}: the API server answered {e.status}: {e.message}"
+    )
+
+
+def gone_from(name: str, body: Mapping[str, Any] | None) -> SandboxGone | None:
+    """``SandboxGone`` when ``body`` (None: deleted) is an ended sandbox, else None."""
+    if body is None:
+        return SandboxGone(name, None)
+    status = body.get("status") or {}
+    phase = status.get("phase")
+    if phase in TERMINAL_PHASES:
+        return SandboxGone(name, str(phase), status.get("reason"), status.get("message"))
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return SandboxGone(name, None, detail="its deletion has begun")
+    return None
+
+
+class Sandbox:
+    """A sandbox in ``namespace``; from ``Client.create``, ``claim`` or ``get``.
+
+    ``with`` it to make sure it is released: leaving the block calls ``terminate``."""
+
+    def __init__(
+        self, api: SandboxApi, body: Mapping[str, Any], *, claim: str | None = None
+    ) -> None:
+        self._api = api
+        self.body = dict(body)
+        self.name: str = body["metadata"]["name"]
+        self.namespace: str = body["metadata"]["namespace"]
+        self.claim = claim  # the SandboxClaim that holds it, when claimed
+        self.files = Files(self._open_files, self._gone)
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.namespace}/{self.name}, {self.phase})"
+
+    @property
+    def phase(self) -> str:
+        return str((self.body.get("status") or {}).get("phase") or "Pending")
+
+    @property
+    def ip(self) -> str | None:
+        return (self.body.get("status") or {}).get("ip")
+
+    def refresh(self) -> Sandbox:
+        """Read the sandbox again (``phase``, ``ip`` and ``body`` follow)."""
+        try:
+            self.body = self._api.get(SANDBOXES, self.namespace, self.name)
+        except ApiRefused as e:
+            raise refusal(e, self.namespace, self.name) from None
+        return self
+
+    # -- commands ------------------------------------------------------------------
+
+    def stream(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> Execution:
+        """Start ``command``; iterate the answer for ``(Channel, bytes)`` as output
+        comes, then read its ``exit_code``. A string runs through ``/bin/sh -c``;
+        ``env`` and ``cwd`` need ``/bin/sh`` in the image (``sandlot.client.commands``)."""
+        argv, through_shell = command_argv(command, env, cwd)
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        request = StreamRequest(
+            EXEC, self.namespace, self.name, command=argv, stdin=data is not None
+        )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        describe = f"{argv[0]!r} in sandbox {self.namespace}/{self.name}"
+        return Execution(
+            self._open(request),
+            describe=describe,
+            through_shell=through_shell,
+            deadline=deadline,
+            timeout=timeout,
+            gone=self._gone,
+            stdin=data,
+        )
+
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | str | None = None,
+    ) -> Result:
+        """Run ``command`` to its end: its stdout, stderr and exit code. A non-zero
+        exit is a ``Result``, not an error; past ``timeout`` seconds the command is
+        ended and ``TimedOut`` raised."""
+        return collect(self.stream(command, timeout=timeout, env=env, cwd=cwd, stdin=stdin))
+
+    # -- the end -------------------------------------------------------------------
+
+    def terminate(self) -> None:
+        """Release the sandbox: delete its claim (which deletes it) when it was
+        claimed, else delete it. One already gone is no error."""
+        plural, name = (CLAIMS, self.claim) if self.claim else (SANDBOXES, self.name)
+        try:
+            self._api.delete(plural, self.namespace, name)
+        except ApiRefused as e:
+            raise refusal(e, self.namespace, name, plural[:-1]) from None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.terminate()
+
+    # -- streams -------------------------------------------------------------------
+
+    def _open_files(self, op: str, path: str) -> Stream:
+        return self._open(StreamRequest(FILES, self.namespace, self.name, op=op, path=path))
+
+    def _open(self, request: StreamRequest) -> Stream:
+        try:
+            return self._api.open_stream(api_path(request))
+        except StreamRefused as e:
+            what = f"{request.kind} in sandbox {self.namespace}/{self.name}"
+            if e.status in (401, 403):
+                raise Forbidden(f"{what} refused: {e.message}", e.status) from None
+            if (gone := self._gone()) is not None:
+                raise gone from None
+            raise CommandError(f"{what} refused ({e.status}): {e.message}") from None
+
+    def _gone(self) -> SandboxGone | None:
+        """Whether the sandbox has ended (one read of its status)."""
+        try:
+            body: dict[str, Any] | None = self._api.get(SANDBOXES, self.namespace, self.name)
+        except ApiRefused as e:
+            if e.status != 404:
+                return None  # cannot tell: the caller's own error stands
+            body = None
+        if body is not None:
+            self.body = body
+        return gone_from(self.name, body)
+
+
+__all__ = ["Sandbox", "gone_from", "refusal"]

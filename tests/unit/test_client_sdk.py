@@ -1,0 +1,212 @@
+"""The SDK's own decisions, without a cluster: what it loads, how env/cwd become a
+command, how a stream's status and a sandbox's status read, and how ``claim`` waits
+and releases (against a fake of its one boundary, ``adapters.sandboxapi.SandboxApi``).
+The streams themselves are tested end to end in tests/integration/test_client_sdk.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused
+from sandlot.client import (
+    Client,
+    Forbidden,
+    SandboxGone,
+    SandboxNotFound,
+    SandlotError,
+    TimedOut,
+)
+from sandlot.client.commands import SHELL, command_argv, read_status
+from sandlot.client.sandbox import gone_from, refusal
+from sandlot.policy.streams import error_status, exit_status
+
+
+def test_importing_the_sdk_loads_neither_kopf_nor_grpc_nor_the_programs() -> None:
+    probe = (
+        "import json, sys, sandlot.client\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kopf', 'grpc', 'sandlot'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    loaded = json.loads(proc.stdout)
+    assert "sandlot.client.client" in loaded  # the probe really imported the SDK
+    heavy = [
+        m
+        for m in loaded
+        if m.split(".")[0] in ("kopf", "grpc")
+        or m.startswith(("sandlot.controllers", "sandlot.agent", "sandlot.gateway"))
+        or m.startswith(("sandlot.adapters.containerd", "sandlot.devtools"))
+    ]
+    assert heavy == []
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "cwd", "argv", "shell"),
+    [
+        (["ls", "-l"], None, None, ("ls", "-l"), False),
+        ("echo $HOME", None, None, (SHELL, "-c", "echo $HOME"), True),
+        (
+            ["printenv", "A"],
+            {"A": "x y'z"},
+            None,
+            (SHELL, "-c", "export A='x y'\"'\"'z'\nexec printenv A"),
+            True,
+        ),
+        (["pwd"], None, "/tmp/a b", (SHELL, "-c", "cd '/tmp/a b' || exit 1\nexec pwd"), True),
+    ],
+    ids=["list_as_is", "string_through_sh", "env_quoted", "cwd_quoted"],
+)
+def test_env_and_cwd_travel_through_sh_quoted(
+    command: Any, env: Any, cwd: Any, argv: tuple[str, ...], shell: bool
+) -> None:
+    assert command_argv(command, env, cwd) == (argv, shell)
+
+
+@pytest.mark.parametrize(
+    ("env", "cwd"),
+    [({"A;rm": "x"}, None), (None, "relative/dir"), (None, None)],
+    ids=["bad_env_name", "relative_cwd", "empty_command"],
+)
+def test_a_command_that_cannot_be_said_safely_is_refused(env: Any, cwd: Any) -> None:
+    with pytest.raises(ValueError):
+        command_argv([] if env is None and cwd is None else ["true"], env, cwd)
+
+
+@pytest.mark.parametrize(
+    ("status", "exit_code", "code"),
+    [
+        (exit_status(0), 0, 0),
+        (exit_status(3), 3, 0),
+        (error_status("x: no such file or directory", 404), None, 404),
+        (error_status("outside the sandbox's root", 403), None, 403),
+        (None, None, 0),
+    ],
+    ids=["success", "exit_code", "file_404", "file_403", "cut"],
+)
+def test_a_status_reads_as_an_exit_code_or_a_failure_with_its_code(
+    status: bytes | None, exit_code: int | None, code: int
+) -> None:
+    outcome = read_status(status)
+    assert (outcome.exit_code, outcome.code) == (exit_code, code)
+
+
+@pytest.mark.parametrize(
+    ("body", "phase"),
+    [
+        (None, None),
+        ({"status": {"phase": "Dead", "reason": "NodeLost", "message": "lease expired"}}, "Dead"),
+        ({"status": {"phase": "Stopped", "reason": "DeadlineExceeded"}}, "Stopped"),
+    ],
+    ids=["deleted", "dead", "stopped"],
+)
+def test_an_ended_sandbox_says_which_and_why(body: Any, phase: str | None) -> None:
+    gone = gone_from("sb", body)
+    assert gone is not None and gone.phase == phase
+    if body:
+        assert body["status"]["reason"] in str(gone)
+
+
+def test_a_running_sandbox_is_not_gone() -> None:
+    assert gone_from("sb", {"metadata": {}, "status": {"phase": "Running"}}) is None
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(403, Forbidden), (401, Forbidden), (404, SandboxNotFound), (500, SandlotError)],
+    ids=["forbidden", "unauthorized", "not_found", "other"],
+)
+def test_api_refusals_map_to_typed_errors(status: int, kind: type[SandlotError]) -> None:
+    assert type(refusal(ApiRefused(status, "no"), "ns", "sb")) is kind
+
+
+class FakeApi:
+    """``SandboxApi`` at its boundary: objects in a dict; ``wait`` answers from the
+    states a test queues for each name (a watch's successive events)."""
+
+    def __init__(self, events: dict[str, list[dict[str, Any] | None]]) -> None:
+        self.events = events
+        self.deleted: list[tuple[str, str]] = []
+
+    def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return {**body, "metadata": {"name": "c1", "namespace": namespace}}
+
+    def wait(
+        self,
+        plural: str,
+        namespace: str,
+        name: str,
+        done: Callable[[dict[str, Any] | None], bool],
+        deadline: float,
+    ) -> dict[str, Any] | None:
+        for body in self.events.get(name, []):
+            if done(body):
+                return body
+        raise TimeoutError
+
+    def delete(self, plural: str, namespace: str, name: str) -> None:
+        self.deleted.append((plural, name))
+
+    def close(self) -> None:
+        pass
+
+
+def sandbox(phase: str) -> dict[str, Any]:
+    return {"metadata": {"name": "sb1", "namespace": "ns"}, "status": {"phase": phase}}
+
+
+def claim(phase: str, message: str = "") -> dict[str, Any]:
+    return {
+        "metadata": {"name": "c1"},
+        "status": {"phase": phase, "sandboxName": "sb1", "message": message},
+    }
+
+
+def client_with(api: FakeApi) -> Client:
+    made = Client.__new__(Client)
+    made._api = api  # type: ignore[assignment]
+    made.namespace = "ns"
+    return made
+
+
+def test_claim_returns_the_bound_sandbox_once_running_and_terminate_deletes_the_claim() -> None:
+    api = FakeApi({"c1": [claim("Pending"), claim("Bound")], "sb1": [sandbox("Running")]})
+    sb = client_with(api).claim("warm")
+    assert (sb.name, sb.claim, sb.phase) == ("sb1", "c1", "Running")
+    assert api.deleted == []
+    with sb:
+        pass
+    assert api.deleted == [(CLAIMS, "c1")]
+
+
+@pytest.mark.parametrize(
+    ("events", "error"),
+    [
+        ({"c1": [claim("Pending")]}, TimedOut),
+        ({"c1": [claim("Lost", "its sandbox was deleted")]}, SandboxGone),
+        ({"c1": [claim("Bound")], "sb1": [sandbox("Dead")]}, SandboxGone),
+    ],
+    ids=["never_bound", "lost", "bound_sandbox_dead"],
+)
+def test_a_claim_that_does_not_come_through_is_released(
+    events: dict[str, list[dict[str, Any] | None]], error: type[SandlotError]
+) -> None:
+    api = FakeApi(events)
+    with pytest.raises(error):
+        client_with(api).claim("warm", timeout=1)
+    assert api.deleted == [(CLAIMS, "c1")]
+
+
+def test_create_that_times_out_deletes_its_sandbox() -> None:
+    api = FakeApi({"c1": [sandbox("Pending")]})
+    with pytest.raises(TimedOut, match="phase Pending"):
+        client_with(api).create("busybox", timeout=1)
+    assert api.deleted == [(SANDBOXES, "c1")]
