@@ -11,9 +11,12 @@ past the handshake.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def server_context(cert: str, key: str, client_ca: str | Sequence[str]) -> ssl.SSLContext:
@@ -44,6 +47,47 @@ def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
     return ctx
 
 
+class ReloadingTls:
+    """A context whose certificate, key and CAs are read again from their files when
+    those change (a mounted Secret rotated by Kubernetes, cert-manager or a person):
+    new handshakes use the new certificate at once; a new CA is trusted beside the old
+    ones, so a rotation has no moment where either side refuses the other."""
+
+    def __init__(self, ctx: ssl.SSLContext, cert: str, key: str, cas: Sequence[str]) -> None:
+        self.ctx, self.cert, self.key, self.cas = ctx, cert, key, tuple(cas)
+        self._seen = self._read()
+
+    def _read(self) -> tuple[bytes, ...]:
+        out = []
+        for path in (self.cert, self.key, *self.cas):
+            try:
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            except OSError:
+                out.append(b"")
+        return tuple(out)
+
+    def refresh(self) -> bool:
+        """Reload if the files changed; True when they were. Files caught half-written
+        (a key that does not match its certificate yet) leave the old ones in use."""
+        current = self._read()
+        if current == self._seen:
+            return False
+        try:
+            # A failed load leaves a context half-changed (the new certificate beside
+            # the old key), so the pair is tried on a scratch context first.
+            ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(self.cert, self.key)
+            self.ctx.load_cert_chain(self.cert, self.key)
+            for ca in self.cas:
+                self.ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("TLS files %s changed but do not load yet: %s", self.cert, e)
+            return False
+        self._seen = current
+        log.info("TLS files reloaded: %s", self.cert)
+        return True
+
+
 def peer_common_name(sock: Any) -> str:
     """The common name of the verified client certificate on ``sock``; empty when
     there is none (or ``sock`` is not TLS)."""
@@ -58,4 +102,4 @@ def peer_common_name(sock: Any) -> str:
     return ""
 
 
-__all__ = ["client_context", "peer_common_name", "server_context", "trust"]
+__all__ = ["ReloadingTls", "client_context", "peer_common_name", "server_context", "trust"]

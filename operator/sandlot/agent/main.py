@@ -80,6 +80,8 @@ from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
 
+TLS_REFRESH = 60.0  # seconds between looks at the stream server's certificate files
+
 NODE_LOCK_POLL = 0.5  # seconds between tries while another agent holds the node
 
 
@@ -342,6 +344,8 @@ class Agent:
             settings.log_dir, settings.log_max_bytes, lambda: self._rt, self.call_timeout
         )
         self.loops.spawn("logs", logs.pass_once, settings.log_interval.total_seconds())
+        if self.streams is not None:  # rotated stream certificates, without a restart
+            self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
     def run_forever(self) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from websockets.sync.server import Server, ServerConnection, serve
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
-from sandlot.adapters.mtls import peer_common_name, server_context
+from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.execsession import ExecSession
@@ -118,6 +118,13 @@ class StreamServer:
             raise cannot_listen(settings, where, e) from None
         threading.Thread(target=self._server.serve_forever, name="streams", daemon=True).start()
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
+
+    tls_files: ReloadingTls | None = None
+
+    def refresh_tls(self) -> None:
+        """Take rotated certificate files into use (new connections get them)."""
+        if self.tls_files is not None:
+            self.tls_files.refresh()
 
     def shutdown(self) -> None:
         if self._server is not None:
@@ -288,6 +295,9 @@ def start_streams(
             setting_name(n) for n in ("stream_tls_cert", "stream_tls_key", "stream_client_ca")
         )
         raise StartupError(f"{names}: cannot load the stream server's TLS files: {e}") from None
+    files = ReloadingTls(
+        tls, settings.stream_tls_cert, settings.stream_tls_key, [settings.stream_client_ca]
+    )
     server = StreamServer(
         settings.node_name,
         bind=settings.stream_bind,
@@ -307,6 +317,7 @@ def start_streams(
         file_limit=settings.stream_file_max_bytes,
         idle=settings.stream_idle_timeout.total_seconds(),
     )
+    server.tls_files = files
     server.start()
     return server
 

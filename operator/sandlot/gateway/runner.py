@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, sandbox_placement
 from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.mtls import client_context, server_context, trust
+from sandlot.adapters.mtls import ReloadingTls, client_context, server_context, trust
 from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
@@ -94,6 +94,13 @@ class GatewayParts:
     gateway: Gateway
     front_proxy: FrontProxyView
     registry: CollectorRegistry
+    tls_files: tuple[ReloadingTls, ...] = ()
+
+    def refresh(self) -> None:
+        """The front proxy's CA and names, and rotated certificate files."""
+        self.front_proxy.refresh()
+        for files in self.tls_files:
+            files.refresh()
 
 
 def build(
@@ -141,7 +148,11 @@ def build(
         call_timeout=timeout,
         on_stream=lambda kind, outcome: metrics.streams.labels(kind, outcome).inc(),
     )
-    return GatewayParts(gateway, view, registry)
+    files = (
+        ReloadingTls(server_tls, settings.tls_cert, settings.tls_key, []),
+        ReloadingTls(agent_tls, settings.tls_cert, settings.tls_key, [settings.stream_ca]),
+    )
+    return GatewayParts(gateway, view, registry, files)
 
 
 def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
@@ -162,7 +173,7 @@ def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
         )
     try:
         while not stop.wait(settings.requestheader_refresh.total_seconds()):
-            parts.front_proxy.refresh()
+            parts.refresh()
     finally:
         parts.gateway.shutdown()
         if health is not None:

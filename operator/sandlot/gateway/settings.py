@@ -64,8 +64,9 @@ class GatewaySettings(SettingsModel):
     )
     requestheader_refresh: Duration = Field(
         default=timedelta(minutes=5),
-        description="How often the front-proxy CA and header names are re-read (a rotated "
-        "CA is trusted beside the old one, with no restart).",
+        description="How often the front-proxy CA and header names, and the gateway's own "
+        "certificate files, are re-read (a rotated CA is trusted beside the old one, a new "
+        "certificate used for new connections, with no restart).",
     )
     max_sessions: int = Field(
         default=256, ge=1, le=100_000, description="Streams open at once in this replica."
