@@ -102,11 +102,12 @@ def test_kubectl_get_sandboxes_prints_the_spec_columns(objs, namespace, kubectl)
         "IP",
         "AGE",
         "POOL",
+        "MODE",
         "REASON",
         "SHUTDOWN-TIME",
         "ACTIVE-DEADLINE",
     ]
-    assert wide[1].split()[5:] == ["web", "NodeLost"]  # no lifetime: blank columns
+    assert wide[1].split()[5:] == ["web", "Running", "NodeLost"]  # no lifetime: blank columns
 
 
 def test_kubectl_get_snode_prints_the_spec_columns(kube, kubectl):

@@ -3,8 +3,9 @@
 Containers and tasks live in dicts. A container can be marked *wedged*: like a
 stopped containerd shim, every call about its task then answers nothing until the
 caller's deadline passes, and raises ``RuntimeTimeout`` (the real adapter's
-behaviour under a gRPC deadline). Nothing here waits longer than the timeout it
-is given.
+behaviour under a gRPC deadline). A paused task takes only SIGKILL (runc thaws
+what it kills; any other signal waits for a resume). Nothing here waits longer
+than the timeout it is given.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sandlot.adapters.runtime import (
     ImageConfig,
     ImageRecord,
     NotFound,
+    RuntimeError_,
     RuntimeTimeout,
     TaskInfo,
     TaskState,
@@ -114,7 +116,29 @@ class FakeRuntime:
         t = self.tasks.get(container_id)
         if t is None or t.state == TaskState.STOPPED:
             raise NotFound(f"task {container_id}: process already finished")
+        if t.state == TaskState.PAUSED and signal != 9:
+            return  # frozen: the signal waits for a resume
         t.state, t.exit_code = TaskState.STOPPED, 128 + signal
+
+    def pause_task(self, container_id: str, *, timeout: float) -> None:
+        self._record("pause_task", container_id)
+        self._hang_if_wedged(container_id, "Tasks.Pause", timeout)
+        t = self.tasks.get(container_id)
+        if t is None:
+            raise NotFound(f"task {container_id}")
+        if t.state != TaskState.RUNNING:
+            raise RuntimeError_(f"Tasks.Pause {container_id}: task is {t.state}", "unknown")
+        t.state = TaskState.PAUSED
+
+    def resume_task(self, container_id: str, *, timeout: float) -> None:
+        self._record("resume_task", container_id)
+        self._hang_if_wedged(container_id, "Tasks.Resume", timeout)
+        t = self.tasks.get(container_id)
+        if t is None:
+            raise NotFound(f"task {container_id}")
+        if t.state != TaskState.PAUSED:
+            raise RuntimeError_(f"Tasks.Resume {container_id}: task is {t.state}", "unknown")
+        t.state = TaskState.RUNNING
 
     def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
         self._record("wait_task", container_id)

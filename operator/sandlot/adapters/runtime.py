@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from enum import StrEnum
 from typing import Any, Protocol
 
 # The image's run settings are read here and consumed by the pure spec builder.
 from sandlot.policy.ocispec import ImageConfig as ImageConfig
+
+# Task states are decided on (pause, resume, reap) in pure code.
+from sandlot.policy.operatingmode import TaskState as TaskState
 
 
 class RuntimeError_(Exception):
@@ -45,15 +47,6 @@ class ImageTooLarge(RuntimeError_):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="too_large")
-
-
-class TaskState(StrEnum):
-    CREATED = "created"
-    RUNNING = "running"
-    STOPPED = "stopped"
-    PAUSED = "paused"
-    PAUSING = "pausing"
-    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -126,6 +119,14 @@ class Runtime(Protocol):
         ...
 
     def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None: ...
+    def pause_task(self, container_id: str, *, timeout: float) -> None:
+        """Freeze every process of the task (the cgroup freezer); memory is kept."""
+        ...
+
+    def resume_task(self, container_id: str, *, timeout: float) -> None:
+        """Thaw a paused task: its processes run on where they were."""
+        ...
+
     def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
         """Wait for the task's exit; raises RuntimeTimeout if none arrives in time."""
         ...

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from sandlot.adapters.objects import Objects, rfc3339
-from sandlot.adapters.statuswrite import WriteOutcome, write_status
+from sandlot.adapters.statuswrite import StatusFor, WriteOutcome, write_status
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
@@ -104,7 +104,7 @@ class StatusWriter:
     def write(
         self,
         obj: Mapping[str, Any],
-        status: Mapping[str, Any],
+        status: Mapping[str, Any] | StatusFor,
         *,
         allowed_from: Collection[SandboxPhase] | None = None,
     ) -> WriteOutcome:

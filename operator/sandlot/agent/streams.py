@@ -33,6 +33,7 @@ from sandlot.agent.filesessions import serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.streams import (
     CALLER_HEADER,
     EXEC,
@@ -165,6 +166,9 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
+            frozen = stream_refusal(sandbox, asked.kind)
+            if frozen is not None:  # a frozen task would hang the stream until its deadline
+                return 409, f"{frozen}\n"
             if self._execs is None:
                 return 501, f"node {self.node} cannot {asked.kind}: its runtime has no tasks\n"
             return None

@@ -19,6 +19,7 @@ from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.capacity import misplaced, refusals
 from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
@@ -70,6 +71,7 @@ class SandboxSync:
         self.metrics = metrics
         self.call_timeout = call_timeout
         self.report_count = report_count
+        self.modes = ModeChanges(rt, work.status, node, call_timeout)
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -152,6 +154,8 @@ class SandboxSync:
             return None
         if kind is ActionKind.TEARDOWN_UNSTARTED:
             return partial(work.teardown_unstarted, key, container)
+        if kind is ActionKind.APPLY_MODE and sb is not None:
+            return partial(self.modes.apply, sb, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
             return partial(work.stop_sandbox, sb, container, REASON_DRAINED)
         if kind is ActionKind.STOP_DELETED:

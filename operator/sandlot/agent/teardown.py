@@ -18,10 +18,14 @@ record for the next pass, like a task that cannot be deleted, and the address is
 never leaked.
 
 The worst case of one teardown is therefore ``kill_wait + 4 * call_timeout`` (plus
-the release hook's own bound), and
-``teardown_many`` runs them on a pool of ``concurrency`` threads: because every
-call returns by its deadline, no thread is ever left behind by a wedged shim, so
-threads (and gRPC streams) never grow with the number of wedged containers.
+the release hook's own bound); a graceful stop adds its grace, a SIGTERM and the
+look at the task before it (two calls, three when a paused task is thawed first:
+a frozen process takes no SIGTERM, and its grace would pass unseen). SIGKILL needs
+no thaw: runc thaws a frozen cgroup v1 task it kills, and v2's freezer lets a
+fatal signal through. ``teardown_many`` runs teardowns on a pool of
+``concurrency`` threads: because every call returns by its deadline, no thread is
+ever left behind by a wedged shim, so threads (and gRPC streams) never grow with
+the number of wedged containers.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from sandlot.adapters.runtime import (
     RuntimeError_,
     RuntimeTimeout,
 )
+from sandlot.policy.operatingmode import FROZEN
 
 log = logging.getLogger(__name__)
 
@@ -256,6 +261,18 @@ def _wait_graceful(
                 raise
 
 
+def _thaw(runtime: Runtime, container_id: str, call_timeout: float) -> None:
+    """Resume a paused task so that its SIGTERM is seen; any failure leaves it to the
+    SIGKILL after the grace."""
+    try:
+        task = runtime.get_task(container_id, timeout=call_timeout)
+        if task is not None and task.state in FROZEN:
+            log.info("container %s: paused; resuming it so that it sees SIGTERM", container_id)
+            runtime.resume_task(container_id, timeout=call_timeout)
+    except RuntimeError_ as exc:
+        log.info("container %s: cannot resume it before SIGTERM: %s", container_id, exc)
+
+
 def stop(
     runtime: Runtime,
     container: ContainerInfo | str,
@@ -267,13 +284,15 @@ def stop(
     release: Release | None = None,
     cancel: threading.Event | None = None,
 ) -> TeardownResult:
-    """SIGTERM, up to ``stop_grace`` for the exit, then the bounded teardown (SIGKILL).
+    """SIGTERM (a paused task thawed first), up to ``stop_grace`` for the exit, then
+    the bounded teardown (SIGKILL).
 
     Raises ``StopInterrupted`` when ``cancel`` is set during the grace: the task got
     its SIGTERM and is left running for the next agent, which stops it again.
     """
     container_id, _ = _key(container)
     graceful: ExitStatus | None = None
+    _thaw(runtime, container_id, call_timeout)
     try:
         runtime.kill_task(container_id, signals.SIGTERM, timeout=call_timeout)
         if stop_grace > 0:

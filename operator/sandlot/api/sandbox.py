@@ -3,6 +3,10 @@
 Phases move Pending -> Scheduled -> Running -> one of Stopped, Failed, Dead, and
 the API server itself refuses a status update that leaves a terminal phase (a
 CEL transition rule on ``status``), so no controller bug can resurrect a sandbox.
+
+``spec.operatingMode`` is orthogonal to the phase: a paused sandbox stays
+``Running`` (its node, address and claim are its own still) and says so with its
+``Paused`` condition, so nothing that keys on the phase has to learn a new one.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, field_validator
 from pydantic.json_schema import JsonDict
 
 from sandlot.api.common import (
@@ -34,6 +38,26 @@ from sandlot.api.common import (
     Resource,
 )
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
+
+
+class OperatingMode(StrEnum):
+    """What the sandbox's process should be doing (``spec.operatingMode``)."""
+
+    RUNNING = "Running"
+    PAUSED = "Paused"
+    """Frozen by the cgroup freezer: memory and processes kept, no CPU."""
+    SUSPENDED = "Suspended"
+    """Reserved (filesystem committed, container removed): refused until implemented."""
+
+
+SUPPORTED_MODES: frozenset[str] = frozenset({OperatingMode.RUNNING, OperatingMode.PAUSED})
+
+# The condition a sandbox's agent keeps once its operating mode was first applied.
+PAUSED_CONDITION = "Paused"
+REASON_PAUSED = "Paused"
+REASON_RESUMED = "Resumed"
+REASON_PAUSE_FAILED = "PauseFailed"
+REASON_RESUME_FAILED = "ResumeFailed"
 
 
 class SandboxPhase(StrEnum):
@@ -286,6 +310,32 @@ class SandboxSpec(Model):
         description="Seconds the sandbox may live, counted from its creation; then it ends "
         "as with shutdownTime. With both set, the earlier wins.",
     )
+    operating_mode: OperatingMode = Field(
+        default=OperatingMode.RUNNING,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self != 'Suspended'",
+                    "message": "spec.operatingMode: Suspended is not supported yet "
+                    "(use Running or Paused)",
+                    "reason": "FieldValueForbidden",
+                }
+            ]
+        },
+        description="`Running` (the default) or `Paused`: the sandbox's processes frozen "
+        "by the cgroup freezer, their memory kept (and counted in the node's capacity), "
+        "no CPU used; `Running` again resumes them where they were, same process. A "
+        "paused sandbox stays phase Running on its node, with its address and claim, "
+        "and its `Paused` condition says when it was frozen; exec, files and "
+        "port-forward are refused (409) until it runs again. `Suspended` is reserved.",
+    )
+
+    @field_validator("operating_mode")
+    @classmethod
+    def _supported_mode(cls, value: str) -> str:
+        if value not in SUPPORTED_MODES:
+            raise ValueError(f"{value} is not supported yet (use Running or Paused)")
+        return value
 
 
 class SandboxStatus(Model):
@@ -333,6 +383,7 @@ class Sandbox(Resource):
             PrinterColumn("IP", ".status.ip"),
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
+            PrinterColumn("Mode", ".spec.operatingMode", priority=1),
             PrinterColumn("Reason", ".status.reason", priority=1),
             PrinterColumn("Shutdown-Time", ".spec.shutdownTime", priority=1),
             PrinterColumn("Active-Deadline", ".spec.activeDeadlineSeconds", "integer", priority=1),

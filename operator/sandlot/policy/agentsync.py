@@ -10,6 +10,7 @@ Pending/Scheduled           none, node not drained      start
 Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
+Running, mode to apply      present                     apply-mode (pause/resume)
 Running                     present, node drained       stop (Stopped/Drained)
 Running, had a container    none                        end-lost (ContainerLost)
 Dead                        present                     fence (tear down, counted)
@@ -21,7 +22,9 @@ A key with work in flight gets nothing: one sandbox never has two operations at
 once, and the views of it are stale (a start that wrote Running a moment ago is
 still seen Scheduled beside its new container, and must not be torn down for it).
 The pass after that work ends looks again. A container without a sandbox label
-is none of the sync's business: the start-up sweep removed those.
+is none of the sync's business: the start-up sweep removed those. "Mode to
+apply" is ``policy.operatingmode.mode_pending``: the spec's operatingMode differs
+from what the Paused condition records; a drained node stops the sandbox instead.
 
 ``teardown-unstarted`` re-reads the Sandbox before acting (the watched view lags
 the agent's own writes); that read is I/O and stays in the agent.
@@ -35,8 +38,14 @@ from enum import StrEnum
 from typing import Any
 
 from sandlot.api.keys import SANDBOX_LABEL
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
+from sandlot.policy.operatingmode import (
+    failed_at_generation,
+    mode_pending,
+    recorded_paused,
+    wanted_mode,
+)
 
 UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
     {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}
@@ -48,6 +57,7 @@ class ActionKind(StrEnum):
     REFUSE_DRAINED = "refuse-drained"
     TEARDOWN_UNSTARTED = "teardown-unstarted"
     STOP_DRAINED = "stop-drained"
+    APPLY_MODE = "apply-mode"
     END_LOST = "end-lost"
     FENCE = "fence"
     CLEANUP = "cleanup"
@@ -63,6 +73,12 @@ class SandboxState:
     phase: SandboxPhase
     container_id: str | None = None
     """``status.containerId``: set once a start reached Running."""
+    mode: OperatingMode = OperatingMode.RUNNING
+    """``spec.operatingMode``."""
+    paused: bool = False
+    """The Paused condition is True."""
+    mode_failed: bool = False
+    """The runtime refused the last pause or resume of this spec's generation."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
@@ -72,6 +88,9 @@ class SandboxState:
             key=f"{meta['namespace']}/{meta['name']}",
             phase=SandboxPhase(status.get("phase") or SandboxPhase.PENDING),
             container_id=status.get("containerId") or None,
+            mode=wanted_mode(obj),
+            paused=recorded_paused(obj),
+            mode_failed=failed_at_generation(obj),
         )
 
 
@@ -98,7 +117,11 @@ def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: boo
     if sb.phase is SandboxPhase.RUNNING:
         if cid is None:
             return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
-        return Action(ActionKind.STOP_DRAINED, sb.key, cid) if drained else None
+        if drained:
+            return Action(ActionKind.STOP_DRAINED, sb.key, cid)
+        if mode_pending(sb.mode, sb.paused, sb.mode_failed):
+            return Action(ActionKind.APPLY_MODE, sb.key, cid)
+        return None
     if cid is None:
         return None
     if sb.phase is SandboxPhase.DEAD:

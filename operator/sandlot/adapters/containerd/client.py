@@ -78,6 +78,12 @@ class ContainerdRuntime:
     def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
         self._containers.kill_task(container_id, signal, timeout=timeout)
 
+    def pause_task(self, container_id: str, *, timeout: float) -> None:
+        self._containers.pause_task(container_id, timeout=timeout)
+
+    def resume_task(self, container_id: str, *, timeout: float) -> None:
+        self._containers.resume_task(container_id, timeout=timeout)
+
     def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
         return self._containers.wait_task(container_id, timeout=timeout)
 

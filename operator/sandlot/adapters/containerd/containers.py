@@ -262,6 +262,22 @@ class Containers:
             what=f"Tasks.Kill {container_id} signal {signal}",
         )
 
+    def pause_task(self, container_id: str, *, timeout: float) -> None:
+        self._conn.call(
+            self._conn.tasks.Pause,
+            tasks_pb2.PauseTaskRequest(container_id=container_id),
+            timeout=timeout,
+            what=f"Tasks.Pause {container_id}",
+        )
+
+    def resume_task(self, container_id: str, *, timeout: float) -> None:
+        self._conn.call(
+            self._conn.tasks.Resume,
+            tasks_pb2.ResumeTaskRequest(container_id=container_id),
+            timeout=timeout,
+            what=f"Tasks.Resume {container_id}",
+        )
+
     def wait_task(self, container_id: str, *, timeout: float) -> ExitStatus:
         response = self._conn.call(
             self._conn.tasks.Wait,
