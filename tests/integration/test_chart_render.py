@@ -292,3 +292,33 @@ def test_kubectl_finds_the_sandlot_plugin(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "usage: sandlot" in proc.stdout and "operator" in proc.stdout
+
+
+def test_the_stream_certificates_come_from_the_chart_or_from_cert_manager(helm: Path) -> None:
+    made = render(helm)
+    secrets = {d["metadata"]["name"]: d for d in by_kind(made, "Secret")}
+    gateway, agent = secrets["sl-sandlot-stream-gateway"], secrets["sl-sandlot-stream-agent"]
+    assert gateway["data"]["ca.crt"] == agent["data"]["ca.crt"], "one stream CA for both"
+    assert gateway["data"]["tls.key"] != agent["data"]["tls.key"]
+    (api_service,) = by_kind(made, "APIService")
+    assert api_service["spec"]["caBundle"] == gateway["data"]["ca.crt"]
+
+    managed = render(helm, "--set", "streamCerts.certManager.enabled=true")
+    assert not [s for s in by_kind(managed, "Secret") if "stream" in s["metadata"]["name"]]
+    certs = {c["spec"]["secretName"]: c["spec"] for c in by_kind(managed, "Certificate")}
+    assert certs["sl-sandlot-stream-gateway"]["commonName"] == "sandlot-gateway"
+    assert certs["sl-sandlot-stream-agent"]["commonName"] == "sandlot-agent"
+    assert "client auth" in certs["sl-sandlot-stream-gateway"]["usages"]
+    (injected,) = by_kind(managed, "APIService")
+    assert "caBundle" not in injected["spec"]
+    assert injected["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].endswith(
+        "/sl-sandlot-stream-gateway"
+    )
+    own = render(
+        helm,
+        "--set", "streamCerts.certManager.enabled=true",
+        "--set", "streamCerts.certManager.issuerRef.name=corp-ca",
+        "--set", "streamCerts.certManager.issuerRef.kind=ClusterIssuer",
+    )  # fmt: skip
+    assert not by_kind(own, "Issuer"), "no self-signed CA when an issuer is named"
+    assert {c["spec"]["issuerRef"]["name"] for c in by_kind(own, "Certificate")} == {"corp-ca"}
