@@ -26,6 +26,7 @@ from sandlot.client import (
     AsyncClient,
     Channel,
     Client,
+    CommandError,
     FileError,
     Forbidden,
     Result,
@@ -126,6 +127,8 @@ def test_a_program_creates_runs_streams_moves_files_and_terminates(
         result = sb.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
         assert (result.stdout, result.stderr, result.exit_code) == (b"out\n", b"err\n", 3)
         assert sb.run(["cat"], stdin=b"fed\n").stdout == b"fed\n"
+        with pytest.raises(CommandError, match="no-such-program"):
+            sb.run(["no-such-program"])
         shaped = sb.run('echo "$GREETING from $(pwd)"', env={"GREETING": "hi there"}, cwd="/tmp")
         assert shaped.text == "hi there from /tmp\n"
 

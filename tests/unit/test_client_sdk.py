@@ -5,26 +5,38 @@ The streams themselves are tested end to end in tests/integration/test_client_sd
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import sandlot.client
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused
 from sandlot.client import (
     Client,
+    CommandError,
     Forbidden,
     SandboxGone,
     SandboxNotFound,
     SandlotError,
     TimedOut,
 )
-from sandlot.client.commands import SHELL, command_argv, read_status
+from sandlot.client.commands import (
+    SHELL,
+    Execution,
+    Result,
+    collect,
+    command_argv,
+    read_status,
+)
 from sandlot.client.sandbox import gone_from, refusal
-from sandlot.policy.streams import error_status, exit_status
+from sandlot.policy.streams import STATUS, STDOUT, encode_frame, error_status, exit_status
 
 
 def test_importing_the_sdk_loads_neither_kopf_nor_grpc_nor_the_programs() -> None:
@@ -210,3 +222,82 @@ def test_create_that_times_out_deletes_its_sandbox() -> None:
     with pytest.raises(TimedOut, match="phase Pending"):
         client_with(api).create("busybox", timeout=1)
     assert api.deleted == [(SANDBOXES, "c1")]
+
+
+class FakeStream:
+    """``adapters.streamclient.Stream`` at its boundary: the messages an agent sent."""
+
+    def __init__(self, messages: list[bytes]) -> None:
+        self.messages = list(messages)
+        self.closed = False
+
+    def recv(self, timeout: float | None = None) -> bytes | None:
+        return self.messages.pop(0) if self.messages else None
+
+    def send(self, message: bytes) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+DEAD = SandboxGone("sb", "Dead", "NodeLost", "its node stopped renewing its lease")
+
+
+@pytest.mark.parametrize(
+    ("status", "gone", "shell", "expect"),
+    [
+        (exit_status(0), None, False, 0),
+        (exit_status(137), None, False, 137),
+        (exit_status(137), DEAD, False, SandboxGone),
+        (exit_status(1), DEAD, False, 1),
+        (None, DEAD, False, SandboxGone),
+        (None, None, False, CommandError),
+        (error_status("cannot run '/bin/sh': no such file"), None, True, "an image with a shell"),
+        (error_status("cannot run 'nope': no such file"), None, False, "cannot run 'nope'"),
+    ],
+    ids=[
+        "success",
+        "killed_while_the_sandbox_runs",
+        "killed_because_the_sandbox_died",
+        "ordinary_failure_is_not_looked_into",
+        "cut_by_the_sandbox_dying",
+        "cut_while_the_sandbox_runs",
+        "env_cwd_without_a_shell",
+        "no_such_program",
+    ],
+)
+def test_how_a_command_ended_is_told_from_its_status_and_the_sandboxs(
+    status: bytes | None, gone: SandboxGone | None, shell: bool, expect: Any
+) -> None:
+    messages = [encode_frame(STDOUT, b"out")] + ([encode_frame(STATUS, status)] if status else [])
+    stream = FakeStream(messages)
+    execution = Execution(
+        stream,  # type: ignore[arg-type]
+        describe="cmd",
+        through_shell=shell,
+        deadline=None,
+        timeout=None,
+        gone=lambda: gone,
+    )
+    if isinstance(expect, int):
+        assert collect(execution) == Result(b"out", b"", expect)
+    elif isinstance(expect, str):
+        with pytest.raises(CommandError, match=expect):
+            collect(execution)
+    else:
+        with pytest.raises(expect):
+            collect(execution)
+    assert stream.closed
+
+
+def test_the_docs_example_compiles_and_imports_what_the_sdk_has() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "sdk.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert blocks, "docs/sdk.md has no python example"
+    for block in blocks:
+        tree = ast.parse(block)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "sandlot.client":
+                missing = [a.name for a in node.names if not hasattr(sandlot.client, a.name)]
+                assert missing == [], f"docs/sdk.md imports what sandlot.client lacks: {missing}"
