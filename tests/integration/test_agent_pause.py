@@ -21,12 +21,13 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.adapters.runtime import ContainerSpec, TaskState
 from sandlot.agent.main import Agent
 from sandlot.agent.streams import StreamServer
 from sandlot.agent.teardown import TeardownOutcome, teardown
 from sandlot.api.common import GROUP, VERSION
-from sandlot.policy.ocispec import default_spec
+from sandlot.policy.ocispec import cgroups_path_for, default_spec
 from sandlot.policy.streams import EXEC, LOG, StreamRequest
 from tests.integration.test_agent_node import (
     CALL_TIMEOUT,
@@ -134,6 +135,29 @@ def log_of(log_dir: Path, sb: dict[str, Any]) -> Path:
     return log_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log"
 
 
+def cgroup_file(agent: Agent, container_id: str, v1_controller: str, name: str) -> Path:
+    root = agent.settings.cgroup_root
+    relative = cgroups_path_for(container_id, agent.settings.cgroup_parent).lstrip("/")
+    if cgroup_v2(root):
+        return Path(root) / relative / name
+    return Path(root) / v1_controller / relative / name
+
+
+def cpu_used(agent: Agent, container_id: str) -> int:
+    """Nanoseconds of CPU the task's cgroup used so far."""
+    if cgroup_v2(agent.settings.cgroup_root):
+        stat = cgroup_file(agent, container_id, "", "cpu.stat").read_text().split()
+        return int(stat[stat.index("usage_usec") + 1]) * 1000
+    return int(cgroup_file(agent, container_id, "cpuacct", "cpuacct.usage").read_text())
+
+
+def frozen(agent: Agent, container_id: str) -> bool:
+    if cgroup_v2(agent.settings.cgroup_root):
+        return cgroup_file(agent, container_id, "", "cgroup.freeze").read_text().strip() == "1"
+    state = cgroup_file(agent, container_id, "freezer", "freezer.state").read_text().strip()
+    return state == "FROZEN"
+
+
 def reaper_passes(agent: Agent) -> float:
     return agent.registry.get_sample_value("sandlot_agent_reaper_passes_total") or 0
 
@@ -171,7 +195,11 @@ def test_a_paused_sandbox_keeps_its_process_and_memory_and_counts_on_after_resum
     create_sandbox(kube, namespace, "counter", agent.node, command=COUNTER)
     running = wait_phase(kube, namespace, "counter", "Running", timeout=30)
     status, log = running["status"], log_of(log_dir, running)
+    cid = status["containerId"]
+    used = cpu_used(agent, cid)
     wait_for(lambda: last_count(log) >= 3, timeout=10, what="the counter to count")
+    assert cpu_used(agent, cid) > used, "no CPU counted while it counts: the probe is blind"
+    assert not frozen(agent, cid)
     assert exec_refusal(agent, namespace, "counter") is None, "exec refused while running"
 
     set_mode(kube, namespace, "counter", "Paused")
@@ -181,7 +209,8 @@ def test_a_paused_sandbox_keeps_its_process_and_memory_and_counts_on_after_resum
     task = rt.get_task(status["containerId"], timeout=5)
     assert task is not None and task.state == TaskState.PAUSED and task.pid == status["pid"]
 
-    frozen_at = last_count(log)
+    assert frozen(agent, cid)
+    frozen_at, used = last_count(log), cpu_used(agent, cid)
     passes = reaper_passes(agent)
     wait_for(
         lambda: reaper_passes(agent) >= passes + 2,
@@ -189,6 +218,7 @@ def test_a_paused_sandbox_keeps_its_process_and_memory_and_counts_on_after_resum
         what="two reaper passes over the paused sandbox",
     )
     assert last_count(log) == frozen_at, "the counter advanced while paused"
+    assert cpu_used(agent, cid) == used, "the paused sandbox used CPU"
     assert status["containerId"] in container_ids(rt), "the reaper took a paused task"
 
     wait_for(
