@@ -7,6 +7,10 @@ address) gets nothing: no event, no end, no error. Only a read timeout notices.
 they stay open on both sides and every byte sent on them is dropped. Connections
 made afterwards are relayed normally, as a client that reconnects finds a working
 path again. The bytes are TLS and are never looked at.
+
+``downstream_rate`` slows what the server sends to at most that many bytes a second
+per connection: a big LIST then takes seconds, as it does at fleet scale or over a
+congested link, while small requests (a Lease renewal, a few objects) stay quick.
 """
 
 from __future__ import annotations
@@ -14,13 +18,23 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 
 class SeveringRelay:
     """Relays 127.0.0.1:``port`` to ``target_port``; start with ``start()``."""
 
-    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target_port: int,
+        target_host: str = "127.0.0.1",
+        *,
+        downstream_rate: float | None = None,
+    ) -> None:
+        if downstream_rate is not None and downstream_rate <= 0:
+            raise ValueError(f"downstream_rate must be positive, got {downstream_rate}")
         self.target = (target_host, target_port)
+        self.downstream_rate = downstream_rate
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._lock = threading.Lock()
@@ -68,15 +82,21 @@ class SeveringRelay:
                 generation = self._generation
                 self._generation += 1
                 self._sockets += [client, upstream]
-            for src, dst in ((client, upstream), (upstream, client)):
+            for src, dst, rate in (
+                (client, upstream, None),
+                (upstream, client, self.downstream_rate),
+            ):
                 threading.Thread(
-                    target=self._pump, args=(src, dst, generation), daemon=True
+                    target=self._pump, args=(src, dst, generation, rate), daemon=True
                 ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, generation: int, rate: float | None
+    ) -> None:
+        chunk = 65536 if rate is None else max(1024, int(rate / 20))
         while not self._closed.is_set():
             try:
-                data = src.recv(65536)
+                data = src.recv(chunk)
             except OSError:
                 data = b""
             if self._silent(generation):
@@ -91,6 +111,8 @@ class SeveringRelay:
                 dst.sendall(data)
             except OSError:
                 return
+            if rate is not None:
+                time.sleep(len(data) / rate)
 
 
 __all__ = ["SeveringRelay"]

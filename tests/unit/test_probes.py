@@ -59,6 +59,14 @@ def test_operator_readiness_is_started_and_hearing_the_api_server(
     assert says in probe.reason
 
 
+def test_operator_readiness_waits_for_every_cache_to_be_synced() -> None:
+    view = LeaseViewState(since=NOW - timedelta(seconds=5), last_heard=NOW)
+    probe = operator_ready(True, view, NOW, BOUND, ["sandboxes"])
+    assert not probe.ok
+    assert probe.reason == "caches not synced yet: sandboxes"
+    assert operator_ready(True, view, NOW, BOUND, []).ok
+
+
 @pytest.mark.parametrize(
     ("started", "error", "ok", "says"),
     [

@@ -134,3 +134,27 @@ def test_a_complete_list_drops_what_it_did_not_hold_but_not_an_answer_in_flight(
     cache = asyncio.run(main())
     assert sorted(r.name for r in cache) == ["a", "c", "d"]
     assert cache.node_load["n1"] == 3
+
+
+def test_the_cache_is_synced_only_once_its_first_list_is_taken_in_whole() -> None:
+    seen_then: list[int] = []
+
+    async def main() -> tuple[SandboxCache, list[bool]]:
+        cache = SandboxCache()
+        cache.on_synced.append(lambda: seen_then.append(len(cache)))
+        feed = SandboxFeed(cache, asyncio.get_running_loop(), max_queued=4)
+        synced_midway = []
+        for name in ("a", "b", "c"):
+            feed.on_event("SYNC", body(name))
+        await settle(feed)
+        synced_midway.append(cache.synced)
+        feed.on_listed({"ns/a", "ns/b", "ns/c"})
+        await settle(feed)
+        feed.on_listed({"ns/a"})  # a later re-list: already synced, not announced again
+        await settle(feed)
+        return cache, synced_midway
+
+    cache, synced_midway = asyncio.run(main())
+    assert synced_midway == [False], "a part of the first list counted as the fleet"
+    assert cache.synced
+    assert seen_then == [3], "the sync was announced before every listed sandbox was in"

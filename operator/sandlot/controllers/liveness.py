@@ -20,7 +20,7 @@ the event loop reads. Every method takes the one lock; none does I/O.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -261,12 +261,12 @@ class LivenessView:
             state = LeaseViewState(since=self._since, last_heard=self._last_heard)
         return reap_blocked_until(state, self.lease_duration(name), self.staleness_bound, now)
 
-    def readiness(self, started: bool) -> Probe:
+    def readiness(self, started: bool, unsynced: Sequence[str] = ()) -> Probe:
         """The operator's readiness probe (``sandlot.policy.probes.operator_ready``):
         called from the HTTP thread, hence under the lock like the watch's inputs."""
         with self._lock:
             state = LeaseViewState(since=self._since, last_heard=self._last_heard)
-        return operator_ready(started, state, self.clock(), self.staleness_bound)
+        return operator_ready(started, state, self.clock(), self.staleness_bound, unsynced)
 
 
 def _moments(tracking: NodeHealthTracking) -> list[datetime]:

@@ -241,7 +241,7 @@ async def run(
             settings.metrics_port,
             registry,
             live=ticker.probe,
-            ready=lambda: nodehealth.liveness.readiness(started.is_set()),
+            ready=lambda: nodehealth.liveness.readiness(started.is_set(), workloads.unsynced()),
         )
         if settings.metrics_port
         else None

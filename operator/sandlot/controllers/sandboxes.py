@@ -15,6 +15,11 @@ what it delivers is older and is dropped (``policy.freshness``, which bounds tha
 wait), and an answer whose version the watch already went past is dropped as
 stale. A sandbox this operator deleted is remembered (by uid) until its DELETED
 event, so a late MODIFIED event of it cannot bring it back.
+
+Until the first complete list has been taken in (``synced``) the view is a part of
+the fleet, and a part looks like a fleet that lost sandboxes: a pool short of
+members, a Service without endpoints, a claim whose sandbox is gone, a node with
+room. Whoever acts on it waits for ``synced`` (``on_synced`` says when).
 """
 
 from __future__ import annotations
@@ -174,6 +179,8 @@ class SandboxCache:
         self.node_pool_load: dict[str, Counter[str]] = {}  # node -> pool key -> count
         self._deleted: dict[str, float] = {}  # uid -> when this operator deleted it
         self.listeners: list[Listener] = []
+        self.synced = False  # the first complete list is in; a re-list keeps it
+        self.on_synced: list[Callable[[], None]] = []
 
     # -- reading ------------------------------------------------------------------
 
@@ -228,6 +235,13 @@ class SandboxCache:
         list was taken)."""
         for key in [k for k in self.records if k not in keys and k not in self._awaited]:
             self._remove(key, None)
+        if not self.synced:
+            self.synced = True
+            for callback in self.on_synced:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("sandbox cache sync listener failed")
 
     def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
         """Take the API server's answer about a sandbox (a write's result or a read),

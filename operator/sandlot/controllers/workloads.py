@@ -5,6 +5,13 @@ the lifetime controller and the claim controller.
 ``operator.run`` builds one ``Workloads``, feeds it the agents' Lease events,
 tells it about leadership, and runs its workers; ``register`` adds its kopf
 handlers (watch-only ``on.event``: nothing is written to the watched objects).
+
+Every controller here acts only as the leader *and* once the sandbox cache has
+taken in its first complete list: before that, a restarted leader would see pools
+short of members (and create more), Services without endpoints (and empty their
+slices), claims whose sandbox is gone (and write them Lost) and nodes with room
+(and bind beyond their capacity). What came due meanwhile is dropped by the queues;
+the moment the cache is synced, a leader re-judges everything, as on taking over.
 """
 
 from __future__ import annotations
@@ -54,25 +61,35 @@ class Workloads:
         liveness: LivenessView,
     ) -> Workloads:
         cache = SandboxCache()
+
+        def acting() -> bool:
+            return cache.synced and is_leader()
+
         api = WorkloadApi(objects)
-        scheduler = Scheduler(api, cache, metrics, is_leader=is_leader, liveness=liveness)
+        scheduler = Scheduler(api, cache, metrics, is_leader=acting, liveness=liveness)
         pools = PoolController(
             api,
             cache,
             Router(objects, metrics),
             metrics,
-            is_leader=is_leader,
+            is_leader=acting,
             post_event=post_event,
             resync_interval=settings.resync_interval,
         )
-        lifetimes = LifetimeController(api, cache, is_leader=is_leader)
-        claims = ClaimController(api, cache, pools, is_leader=is_leader)
-        return cls(cache, scheduler, pools, lifetimes, claims)
+        lifetimes = LifetimeController(api, cache, is_leader=acting)
+        claims = ClaimController(api, cache, pools, is_leader=acting)
+        built = cls(cache, scheduler, pools, lifetimes, claims)
+        cache.on_synced.append(lambda: built.on_leadership(is_leader()))
+        return built
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
         claims_module.register(registry, self.claims)
+
+    def unsynced(self) -> list[str]:
+        """The caches whose first list is not in yet (the readiness probe names them)."""
+        return [] if self.cache.synced else ["sandboxes"]
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop: a new leader re-judges everything from its warm caches."""

@@ -6,9 +6,11 @@ on me yet". They fail for different reasons, so they are different checks:
 
 - operator liveness: its event loop (where every controller runs) ticked within
   ``stall_after``; a replica whose loop is blocked is restarted;
-- operator readiness: kopf has started, and the replica's view of the agents'
-  Leases is established and was heard from within its staleness bound (a replica
-  cut off from the API server is not counted on, and is not restarted for it);
+- operator readiness: kopf has started, the caches every pass reads from have
+  taken in their first complete list (a replica still listing would act on a part
+  of the fleet), and the replica's view of the agents' Leases is established and
+  was heard from within its staleness bound (a replica cut off from the API server
+  is not counted on, and is not restarted for it);
 - agent liveness: the process answers (its HTTP thread runs);
 - agent readiness: the start-up sweep is done (the node registered, re-adoption
   decided) and containerd answers.
@@ -16,6 +18,7 @@ on me yet". They fail for different reasons, so they are different checks:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -39,10 +42,17 @@ def operator_live(last_tick: float | None, now: float, stall_after: float) -> Pr
 
 
 def operator_ready(
-    started: bool, view: LeaseViewState, now: datetime, staleness_bound: timedelta
+    started: bool,
+    view: LeaseViewState,
+    now: datetime,
+    staleness_bound: timedelta,
+    unsynced: Sequence[str] = (),
 ) -> Probe:
+    """``unsynced``: the caches whose first list is not in yet, by name."""
     if not started:
         return Probe(False, "controllers not started yet")
+    if unsynced:
+        return Probe(False, f"caches not synced yet: {', '.join(unsynced)}")
     if view.since is None:
         return Probe(False, "the agents' Leases not listed yet")
     heard = view.last_heard or view.since
