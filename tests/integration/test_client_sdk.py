@@ -11,7 +11,9 @@ it). Everything the SDK waits for, it waits for by its own watch.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -270,3 +272,37 @@ def test_the_async_twin_runs_streams_and_reads_files(
     assert streamed == [(Channel.STDOUT, b"streamed\n")]
     assert greeting == b"hello\n"
     delete_sandbox(kube, tenant, "awaited")
+
+
+def test_port_tunnels_parallel_connections_to_a_server_in_the_sandbox(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], maker: Path
+) -> None:
+    _, tenant = places
+    running_sandbox(
+        kube,
+        agent,
+        tenant,
+        "served",
+        "mkdir -p /www && echo hello-through-the-sdk > /www/index.html && "
+        "exec httpd -f -p 127.0.0.1:8080 -h /www",
+    )
+    with Client(maker, namespace=tenant) as sdk:
+        sb = sdk.get("served")
+        with sb.port(8080) as tunnel:
+
+            def fetch(_: int) -> bytes:
+                deadline = time.monotonic() + 30
+                while True:  # httpd may still be starting: a refused connection is retried
+                    try:
+                        with urllib.request.urlopen(f"{tunnel.url}/index.html", timeout=10) as r:
+                            return bytes(r.read())
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise AssertionError(f"no answer in 30s: {tunnel.last_error}") from None
+                        time.sleep(0.2)
+
+            with ThreadPoolExecutor(4) as pool:
+                assert list(pool.map(fetch, range(4))) == [b"hello-through-the-sdk\n"] * 4
+        with pytest.raises(OSError):
+            socket.create_connection(tunnel.address, timeout=5)  # closed with its block
+    delete_sandbox(kube, tenant, "served")

@@ -24,6 +24,7 @@ from sandlot.client.errors import (
 )
 from sandlot.client.files import FileInfo, Files
 from sandlot.client.sandbox import Sandbox
+from sandlot.client.tunnel import Tunnel
 
 __all__ = [
     "AsyncClient",
@@ -43,4 +44,5 @@ __all__ = [
     "SandboxNotFound",
     "SandlotError",
     "TimedOut",
+    "Tunnel",
 ]

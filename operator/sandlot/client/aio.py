@@ -18,6 +18,7 @@ from sandlot.client.client import CLAIM_TIMEOUT, CREATE_TIMEOUT, Client
 from sandlot.client.commands import Channel, Result
 from sandlot.client.files import FILE_TIMEOUT, FileInfo, Files
 from sandlot.client.sandbox import Sandbox
+from sandlot.client.tunnel import Tunnel
 
 
 class AsyncFiles:
@@ -93,6 +94,10 @@ class AsyncSandbox:
                 yield item  # type: ignore[misc]
         finally:
             execution.close()
+
+    async def port(self, remote: int, *, local: int = 0, host: str = "127.0.0.1") -> Tunnel:
+        """The sync ``Tunnel`` (it serves from threads of its own)."""
+        return await asyncio.to_thread(self.sync.port, remote, local=local, host=host)
 
     async def terminate(self) -> None:
         await asyncio.to_thread(self.sync.terminate)

@@ -26,7 +26,8 @@ from sandlot.client.errors import (
     SandlotError,
 )
 from sandlot.client.files import Files
-from sandlot.policy.streams import EXEC, FILES, StreamRequest, api_path
+from sandlot.client.tunnel import Tunnel
+from sandlot.policy.streams import EXEC, FILES, PORTFORWARD, StreamRequest, api_path
 
 
 def refusal(e: ApiRefused, namespace: str, name: str, what: str = "sandbox") -> SandlotError:
@@ -131,6 +132,16 @@ class Sandbox:
         exit is a ``Result``, not an error; past ``timeout`` seconds the command is
         ended and ``TimedOut`` raised."""
         return collect(self.stream(command, timeout=timeout, env=env, cwd=cwd, stdin=stdin))
+
+    def port(self, remote: int, *, local: int = 0, host: str = "127.0.0.1") -> Tunnel:
+        """A local address (``tunnel.address``, ``tunnel.url``) whose connections
+        reach ``remote`` on the sandbox's loopback, through the API server; ``local``
+        0 picks a free port. Close it (or ``with`` it) to stop listening."""
+        if not 0 < remote <= 65535:
+            raise ValueError(f"port {remote}: from 1 to 65535")
+        self.refresh()  # not found or forbidden now, not at the first connection
+        request = StreamRequest(PORTFORWARD, self.namespace, self.name, port=remote)
+        return Tunnel(lambda: self._open(request), host, local)
 
     # -- the end -------------------------------------------------------------------
 
