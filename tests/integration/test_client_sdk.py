@@ -5,7 +5,8 @@ fixtures of ``tests/support/streams.py``).
 No operator runs here, so the test does the operator's one write each time: it
 schedules the sandbox ``create`` made (status Scheduled on the agent's node), and
 binds the claim ``claim`` made (status Bound, as ``controllers/claims.py`` writes
-it). Everything the SDK waits for, it waits for by its own watch.
+it). Everything the SDK waits for, it waits for by its own watch. A claim bound
+by the real operator: tests/integration/test_client_claims.py.
 """
 
 from __future__ import annotations
