@@ -4,6 +4,7 @@ a pool whose members keep failing backs off, saying so in its status and an Even
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -112,3 +113,66 @@ def test_members_that_keep_failing_back_off_in_status_and_an_event(
     assert until is not None and newest is not None
     expected = min(10 * 2 ** (len(failed) - 1), 300)
     assert abs((until - newest).total_seconds() - expected) < 0.01, (until, newest)
+
+
+def test_a_rollout_to_members_that_crash_after_starting_keeps_the_floor_running(
+    cluster: Cluster, operators: Start
+) -> None:
+    """Members of the new template run 3 s, then exit 1: Running, briefly, but never
+    available under minReadySeconds, so no old member is deleted for them beyond
+    maxUnavailable, and the pool never has fewer than replicas - maxUnavailable
+    Running members (sampled all through the rollout and its back-off)."""
+    cluster.add_node("a", capacity=12)
+    start_operator(cluster, operators)
+    cluster.create_pool("web", 4)
+    cluster.objs.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        cluster.namespace,
+        "sandboxpools",
+        "web",
+        {
+            "spec": {
+                "minReadySeconds": 10,
+                "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+            }
+        },
+    )
+    stored = cluster.pool("web")["spec"]
+    assert stored.get("minReadySeconds") == 10, "the API server dropped minReadySeconds"
+    before = {m["metadata"]["name"] for m in cluster.wait_running("web", 4)}
+
+    def available() -> bool:  # every old member Running for minReadySeconds: it counts
+        since = [parse_time(m["status"].get("startedAt")) for m in cluster.running("web")]
+        now = datetime.now(UTC)
+        return len(since) == 4 and all(s and now - s > timedelta(seconds=11) for s in since)
+
+    wait_for(available, timeout=30, interval=0.5, what="the old members to count as available")
+
+    patch_template(cluster, "web", {"command": ["sh", "-c", "sleep 3; exit 1"]})
+    lowest = 4
+    samples = 0
+
+    def crashed_and_backing_off() -> bool:
+        nonlocal lowest, samples
+        members = cluster.members("web")
+        running = sum(1 for m in members if phase(m) == "Running")
+        lowest = min(lowest, running)
+        samples += 1
+        new = [m for m in members if m["metadata"]["name"] not in before]
+        crashed = [m for m in new if (m.get("status") or {}).get("exitCode") == 1]
+        status = cluster.pool("web").get("status") or {}
+        return len(crashed) >= 2 and bool(status.get("backoffUntil"))
+
+    wait_for(
+        crashed_and_backing_off,
+        timeout=90,
+        interval=0.1,
+        what="two new members to crash and the pool to back off",
+    )
+    deadline_samples = samples + 50  # a few seconds more of the back-off
+    while samples < deadline_samples:
+        crashed_and_backing_off()
+    assert lowest >= 3, f"Running members fell to {lowest} during the rollout (floor 3)"
+    old_left = {m["metadata"]["name"] for m in cluster.running("web")} & before
+    assert len(old_left) >= 3, f"only {sorted(old_left)} of the old members still run"

@@ -57,6 +57,7 @@ class WorkloadWorld:
             ),
             queue_clock=self.clock.monotonic,
             clock=self.clock.now,
+            node_ready=self.scheduler.node_ready,
         )
         self.created = self.clock.now() - timedelta(hours=1)
         self._delivered: dict[str, str] = {}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
+from datetime import timedelta
 
+from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.controllers.pools import RETRY_AFTER_ERROR
-from tests.support.workloads import WorkloadWorld
+from tests.support.workloads import LEASE, WorkloadWorld
 
 
 def test_a_pool_gets_its_replicas_owned_and_labelled_and_its_status() -> None:
@@ -158,3 +160,84 @@ def test_members_that_keep_failing_back_off_with_an_event_and_a_status() -> None
     assert status["failedInARow"] == 2
     assert w.pools.queue.due_at(pool) == w.clock.monotonic() + 20, "the wait doubles"
     assert [r for _, r in w.events].count("BackOff") == 2
+
+
+def _start_members(w: WorkloadWorld, pool: str, *, crash_after: float | None) -> None:
+    """Agents start what was bound (startedAt: now); with ``crash_after``, a member of
+    the new template exits 1 that many seconds after it started."""
+    for key in w.members(pool):
+        status = w.objects.sandboxes[key]["status"]
+        if status.get("phase") == "Scheduled":
+            status.update(phase="Running", startedAt=rfc3339(w.clock.now()))
+            w.objects.touch(w.objects.sandboxes[key])
+        elif (
+            crash_after is not None
+            and status.get("phase") == "Running"
+            and w.objects.sandboxes[key]["spec"]["image"].endswith(":crashes")
+            and w.clock.now() - parse_time(status["startedAt"]) >= timedelta(seconds=crash_after)
+        ):
+            status.update(
+                phase="Stopped", reason="Exited", exitCode=1, finishedAt=rfc3339(w.clock.now())
+            )
+            w.objects.touch(w.objects.sandboxes[key])
+
+
+def test_members_that_crash_soon_after_starting_never_count_as_available() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=12)
+    pool = w.pool(
+        "web",
+        replicas=4,
+        minReadySeconds=10,
+        strategy={"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 1}},
+    )
+    w.step()
+    _start_members(w, pool, crash_after=None)
+    w.clock.advance(11)
+    w.renew("a")
+    w.step()
+    old = set(w.members(pool))
+
+    _change_template(w, pool, "registry.example/app:crashes")
+    running_seen = []
+    for _ in range(120):  # 30 s in quarter-seconds
+        w.step()
+        _start_members(w, pool, crash_after=3)
+        w.step()
+        running_seen.append(sum(1 for k in w.members(pool) if w.objects.phase(k) == "Running"))
+        w.clock.advance(0.25)
+        w.renew("a")
+    crashed = [k for k in w.members(pool) if w.objects.phase(k) == "Stopped"]
+    assert crashed, "no new member ever ran and crashed: the rollout did not run"
+    assert min(running_seen) >= 3, f"Running fell below replicas - maxUnavailable: {running_seen}"
+    assert len({k for k in old if w.objects.phase(k) == "Running"}) >= 3
+
+
+def test_a_member_becomes_available_at_min_ready_and_the_pool_looks_again_then() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=12)
+    pool = w.pool("web", replicas=2, minReadySeconds=10)
+    w.step()
+    _start_members(w, pool, crash_after=None)
+    w.clock.advance(4)
+    w.step()
+    due = w.pools.queue.due_at(pool)
+    assert due == w.clock.monotonic() + 6, "the pool looks again when its members count"
+
+
+def test_a_member_on_a_node_that_is_not_ready_is_not_available() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=12)
+    pool = w.pool(
+        "web", replicas=2, strategy={"rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    )
+    w.step()
+    _start_members(w, pool, crash_after=None)
+    w.step()
+    w.clock.advance(LEASE + 1)  # the node's lease runs out: NotReady
+    _change_template(w, pool, "registry.example/app:2")
+    w.step()
+    # Neither old member counts: each may go (it serves nobody), none is kept for the floor.
+    assert not any(w.objects.phase(k) == "Running" for k in w.members(pool)), (
+        "old members on a NotReady node were kept as if they served"
+    )

@@ -102,6 +102,14 @@ class SandboxPoolSpec(Model):
         ge=0,
         description="Terminal members kept for inspection before they are deleted.",
     )
+    min_ready_seconds: int = Field(
+        default=0,
+        ge=0,
+        le=86400,
+        description="Seconds a member must have been Running, on a Ready node, before it "
+        "counts as available in a rolling update (as a Deployment's minReadySeconds): a "
+        "member that crashes soon after it starts never stands in for an old one.",
+    )
     strategy: PoolStrategy = Field(
         default_factory=PoolStrategy,
         description="How members are replaced when the template changes: each member whose "

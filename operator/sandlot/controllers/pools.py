@@ -46,6 +46,7 @@ from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -57,6 +58,7 @@ from sandlot.policy.pools import (
     PoolPlan,
     Rollout,
     decide_pool,
+    next_available,
     spec_hash,
 )
 
@@ -88,6 +90,7 @@ class PoolState:
     body_ref: Mapping[str, Any]  # apiVersion/kind/metadata for Events
     rollout: Rollout = field(default_factory=Rollout)
     template_hash: str = ""
+    min_ready: timedelta = timedelta(0)
 
     @property
     def key(self) -> str:
@@ -118,6 +121,7 @@ def pool_state(body: Mapping[str, Any]) -> PoolState:
         template=dict(spec.get("template") or {}),
         status=dict(body.get("status") or {}),
         rollout=_rollout(spec),
+        min_ready=timedelta(seconds=int(spec.get("minReadySeconds") or 0)),
         template_hash=spec_hash((spec.get("template") or {}).get("spec") or {}),
         body_ref={
             "apiVersion": body.get("apiVersion", API_VERSION),
@@ -160,7 +164,7 @@ def member_body(pool: PoolState) -> dict[str, Any]:
     }
 
 
-def _member(rec: SandboxRecord, template_hash: str) -> Member:
+def _member(rec: SandboxRecord, template_hash: str, node_ready: Callable[[str], bool]) -> Member:
     return Member(
         name=rec.name,
         phase=rec.phase,
@@ -170,6 +174,10 @@ def _member(rec: SandboxRecord, template_hash: str) -> Member:
         current=rec.spec_hash == template_hash,
         reason=rec.reason,
         exit_code=rec.exit_code,
+        running_since=rec.started_at,
+        node_ready=rec.node is not None
+        and rec.phase == SandboxPhase.RUNNING
+        and node_ready(rec.node),
     )
 
 
@@ -207,8 +215,12 @@ class PoolController:
         resync_interval: timedelta = timedelta(seconds=30),
         queue_clock: Callable[[], float] = time.monotonic,
         clock: Callable[[], datetime] = _utcnow,
+        node_ready: Callable[[str], bool] = lambda _: True,
     ) -> None:
         self.api = api
+        # Whether a node is READY now (the scheduler's view): a member on any other
+        # node does not count as available in a rollout.
+        self.node_ready = node_ready
         self.cache = cache
         self.router = router
         self.metrics = metrics
@@ -284,13 +296,15 @@ class PoolController:
         if pool.deleting:
             return None
         now = self.clock()
+        judged = [_member(m, pool.template_hash, self.node_ready) for m in members]
         decision = decide_pool(
             pool.replicas,
             pool.history_limit,
-            (_member(m, pool.template_hash) for m in members),
+            judged,
             rollout=pool.rollout,
             backoff=BACKOFF,
             now=now,
+            min_ready=pool.min_ready,
         )
         by_name = {m.name: m for m in members}
         failures = await self._write(pool, decision.plan, by_name)
@@ -308,7 +322,11 @@ class PoolController:
             if decision.backoff_until is not None
             else None
         )
-        return earliest(RETRY_AFTER_ERROR if failures else None, backoff_left)
+        # A rollout waiting for members to count as available looks again the moment
+        # the first of them does.
+        ready_at = next_available(judged, now, pool.min_ready) if pool.min_ready else None
+        ready_left = (ready_at - now).total_seconds() if ready_at is not None else None
+        return earliest(RETRY_AFTER_ERROR if failures else None, backoff_left, ready_left)
 
     def _note_backoff(self, pool: PoolState, decision: PoolDecision) -> None:
         """One Event per new failure while backing off (the status says it too)."""

@@ -73,6 +73,7 @@ class SandboxRecord:
     claim: str | None = None  # the sandlot.dev/claim label: the SandboxClaim it is bound to
     reason: str | None = None
     exit_code: int | None = None
+    started_at: datetime | None = None  # status.startedAt: its process started (agent's clock)
 
     @property
     def key(self) -> str:
@@ -142,6 +143,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
+        started_at=parse_time(status.get("startedAt")),
     )
 
 

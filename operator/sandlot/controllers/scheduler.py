@@ -205,6 +205,16 @@ class Scheduler:
             )
         return slots
 
+    def node_ready(self, name: str) -> bool:
+        """Node ``name`` is READY now, as placement judges it: a pool member elsewhere
+        serves nobody and does not count as available in a rollout."""
+        node = self.nodes.get(name)
+        if node is None:
+            return False
+        tracking = self.liveness.from_status(name, node.tracking)
+        phase = self.liveness.phase(name, node.unschedulable, tracking, self.liveness.clock())
+        return phase == NodePhase.READY
+
     def choose(self, rec: SandboxRecord) -> Choice:
         request = SandboxRequest(rec.key, rec.pool_key, rec.placement)
         # Liveness is judged on its own steady clock, never on the wall clock.

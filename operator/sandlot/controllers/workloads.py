@@ -75,6 +75,7 @@ class Workloads:
             is_leader=acting,
             post_event=post_event,
             resync_interval=settings.resync_interval,
+            node_ready=scheduler.node_ready,
         )
         lifetimes = LifetimeController(api, cache, is_leader=acting)
         claims = ClaimController(api, cache, pools, is_leader=acting)

@@ -66,6 +66,13 @@ class Member:
             return True
         return now - (self.running_since or self.created_at) >= min_ready
 
+    def available_at(self, min_ready: timedelta) -> datetime | None:
+        """When it will count as available if it keeps running (None: not Running on
+        a Ready node now)."""
+        if self.phase != SandboxPhase.RUNNING or not self.node_ready:
+            return None
+        return (self.running_since or self.created_at) + max(min_ready, timedelta(0))
+
     @property
     def terminal(self) -> bool:
         return self.phase in TERMINAL_PHASES
@@ -266,6 +273,15 @@ def decide_pool(
     return PoolDecision(plan, updated, running, len(chain), until)
 
 
+def next_available(
+    members: Iterable[Member], now: datetime, min_ready: timedelta
+) -> datetime | None:
+    """The first moment a Running member not yet available becomes so: a pool in a
+    rollout looks again then, not at its next event."""
+    coming = [at for m in members if (at := m.available_at(min_ready)) is not None and at > now]
+    return min(coming, default=None)
+
+
 @dataclass(frozen=True)
 class RolloutProgress:
     done: bool
@@ -323,6 +339,7 @@ __all__ = [
     "RolloutProgress",
     "decide_pool",
     "failure_chain",
+    "next_available",
     "plan_pool",
     "rollout_progress",
     "scaled",
