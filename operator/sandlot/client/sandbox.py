@@ -9,6 +9,7 @@ status is read once to tell a command that died from a sandbox that ended:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
@@ -108,7 +109,8 @@ class Sandbox:
             EXEC, self.namespace, self.name, command=argv, stdin=data is not None
         )
         deadline = None if timeout is None else time.monotonic() + timeout
-        describe = f"{argv[0]!r} in sandbox {self.namespace}/{self.name}"
+        first = command if isinstance(command, str) else command[0]
+        describe = f"{first!r} in sandbox {self.namespace}/{self.name}"
         return Execution(
             self._open(request),
             describe=describe,
@@ -160,7 +162,12 @@ class Sandbox:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.terminate()
+        if exc is None:
+            self.terminate()
+            return
+        # The block's own error is the one to see; the release is still tried.
+        with contextlib.suppress(SandlotError):
+            self.terminate()
 
     # -- streams -------------------------------------------------------------------
 
@@ -169,7 +176,15 @@ class Sandbox:
 
     def _open(self, request: StreamRequest) -> Stream:
         try:
-            return self._api.open_stream(api_path(request))
+            try:
+                return self._api.open_stream(api_path(request))
+            except StreamRefused as e:
+                # 502: the gateway could not open the agent's side, so nothing ran.
+                # Files and port-forward are tried once more; exec is not, since a
+                # command may have started behind an answer that was lost.
+                if e.status != 502 or request.kind == EXEC:
+                    raise
+                return self._api.open_stream(api_path(request))
         except StreamRefused as e:
             what = f"{request.kind} in sandbox {self.namespace}/{self.name}"
             if e.status in (401, 403):
