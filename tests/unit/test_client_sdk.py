@@ -18,6 +18,7 @@ import pytest
 
 import sandlot.client
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused
+from sandlot.adapters.streamclient import StreamRefused
 from sandlot.client import (
     Client,
     CommandError,
@@ -35,7 +36,7 @@ from sandlot.client.commands import (
     command_argv,
     read_status,
 )
-from sandlot.client.sandbox import gone_from, refusal
+from sandlot.client.sandbox import Sandbox, gone_from, refusal
 from sandlot.policy.streams import STATUS, STDOUT, encode_frame, error_status, exit_status
 
 
@@ -301,3 +302,33 @@ def test_the_docs_example_compiles_and_imports_what_the_sdk_has() -> None:
             if isinstance(node, ast.ImportFrom) and node.module == "sandlot.client":
                 missing = [a.name for a in node.names if not hasattr(sandlot.client, a.name)]
                 assert missing == [], f"docs/sdk.md imports what sandlot.client lacks: {missing}"
+
+
+class FlakyGatewayApi(FakeApi):
+    """The gateway answers 502 to the first stream it is asked for."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.opened: list[str] = []
+
+    def open_stream(self, path: str) -> FakeStream:
+        self.opened.append(path)
+        if len(self.opened) == 1:
+            raise StreamRefused(502, "the agent failed the upgrade")
+        return FakeStream([encode_frame(STDOUT, b"data"), encode_frame(STATUS, exit_status(0))])
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any]:
+        return sandbox("Running")
+
+
+def test_a_file_stream_the_gateway_could_not_open_is_opened_once_more_a_command_is_not() -> None:
+    api = FlakyGatewayApi()
+    sb = Sandbox(api, sandbox("Running"))  # type: ignore[arg-type]
+    assert sb.files.read("/etc/hostname") == b"data"
+    assert len(api.opened) == 2
+
+    api = FlakyGatewayApi()
+    sb = Sandbox(api, sandbox("Running"))  # type: ignore[arg-type]
+    with pytest.raises(CommandError, match="502"):
+        sb.run(["true"])
+    assert len(api.opened) == 1
