@@ -50,7 +50,9 @@ def test_uninstall_hooks_purge_with_exactly_their_own_rbac(
     release = f"sl{uuid.uuid4().hex[:6]}"
     docs = render(helm, release=release, namespace=lease_namespace)
     hooks = [d for d in docs if hook_of(d)]
-    (deploy,) = by_kind(docs, "Deployment")
+    (deploy,) = [
+        d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-operator")
+    ]
     operator_pod = deploy["spec"]["template"]["spec"]
     jobs = {hook_of(j): j for j in by_kind(hooks, "Job")}
     assert set(jobs) == {"pre-delete", "post-delete"}

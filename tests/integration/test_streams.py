@@ -67,7 +67,9 @@ def test_the_api_server_serves_the_streams_group_through_the_gateway(
     resources = json.loads(raw.stdout)
     assert sorted(r["name"] for r in resources["resources"]) == [
         "sandboxes/exec",
+        "sandboxes/files",
         "sandboxes/log",
+        "sandboxes/portforward",
     ]
 
 
