@@ -180,6 +180,25 @@ def patch_claim_status(
         raise
 
 
+def listed_keys(objects: Objects, plural: str) -> set[str]:
+    """Every object of sandlot's kind ``plural`` now, as "namespace/name" (or the
+    name of a cluster-scoped one), in pages."""
+    keys: set[str] = set()
+    token: str | None = None
+    while True:
+        extra = {"_continue": token} if token else {}
+        out = objects.custom.list_cluster_custom_object(
+            GROUP, VERSION, plural, limit=500, _request_timeout=60, **extra
+        )
+        for item in out.get("items") or ():
+            meta = item["metadata"]
+            namespace = meta.get("namespace")
+            keys.add(f"{namespace}/{meta['name']}" if namespace else str(meta["name"]))
+        token = (out.get("metadata") or {}).get("continue") or None
+        if token is None:
+            return keys
+
+
 class WorkloadApi:
     """The calls the scheduler and the pool controller make, as one object.
 
@@ -223,6 +242,9 @@ class WorkloadApi:
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         return patch_claim_status(self.objects, namespace, name, status)
+
+    def listed_keys(self, plural: str) -> set[str]:
+        return listed_keys(self.objects, plural)
 
 
 # -- Service and EndpointSlices ------------------------------------------------------

@@ -117,6 +117,7 @@ class ClaimController:
         self.is_leader = is_leader
         self.clock = clock
         self.claims: dict[str, ClaimState] = {}
+        self.seen: set[str] = set()  # every claim handed over, deleted ones too
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
         self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
@@ -134,6 +135,7 @@ class ClaimController:
 
     def on_claim(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         state = claim_state(body)
+        self.seen.add(state.key)
         if event_type == "DELETED":
             self.claims.pop(state.key, None)
             self._waiting.get(state.pool_key, set()).discard(state.key)

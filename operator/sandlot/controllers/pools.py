@@ -229,6 +229,7 @@ class PoolController:
         self.clock = clock
         self.resync_interval = resync_interval.total_seconds()
         self.pools: dict[str, PoolState] = {}
+        self.seen: set[str] = set()  # every pool handed over, deleted ones too
         self.queue = WorkQueue(
             "pool",
             self.reconcile,
@@ -245,6 +246,7 @@ class PoolController:
 
     def on_pool(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         state = pool_state(body)
+        self.seen.add(state.key)
         if event_type == "DELETED":
             self.pools.pop(state.key, None)
             self.queue.forget(state.key)

@@ -106,6 +106,7 @@ class Scheduler:
         self.is_leader = is_leader
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
+        self.seen_nodes: set[str] = set()  # every node handed over, deleted ones too
         # The node-health controller's view of liveness: both judge READY alike.
         self.liveness = liveness
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
@@ -128,6 +129,7 @@ class Scheduler:
 
     def on_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         name = body["metadata"]["name"]
+        self.seen_nodes.add(name)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
             return

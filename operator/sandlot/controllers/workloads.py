@@ -6,8 +6,9 @@ the lifetime controller and the claim controller.
 tells it about leadership, and runs its workers; ``register`` adds its kopf
 handlers (watch-only ``on.event``: nothing is written to the watched objects).
 
-Every controller here acts only as the leader *and* once the sandbox cache has
-taken in its first complete list: before that, a restarted leader would see pools
+Every controller here acts only as the leader *and* once its caches are synced:
+the sandbox cache has taken in its first complete list, and kopf has handed over
+every pool, claim and SandboxNode (``kopflisted``). Before that, a restarted leader would see pools
 short of members (and create more), Services without endpoints (and empty their
 slices), claims whose sandbox is gone (and write them Lost) and nodes with room
 (and bind beyond their capacity). What came due meanwhile is dropped by the queues;
@@ -23,12 +24,13 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import Objects
-from sandlot.adapters.workloads import WorkloadApi
+from sandlot.adapters.objects import NODES, POOLS, Objects
+from sandlot.adapters.workloads import CLAIMS, WorkloadApi
 from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import scheduler as scheduler_module
 from sandlot.controllers.claims import ClaimController
+from sandlot.controllers.kopflisted import KopfListed
 from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
@@ -48,6 +50,8 @@ class Workloads:
     pools: PoolController
     lifetimes: LifetimeController
     claims: ClaimController
+    listed: KopfListed
+    is_leader: Callable[[], bool]
 
     @classmethod
     def build(
@@ -63,7 +67,7 @@ class Workloads:
         cache = SandboxCache()
 
         def acting() -> bool:
-            return cache.synced and is_leader()
+            return built.synced() and is_leader()
 
         api = WorkloadApi(objects)
         scheduler = Scheduler(api, cache, metrics, is_leader=acting, liveness=liveness)
@@ -79,9 +83,26 @@ class Workloads:
         )
         lifetimes = LifetimeController(api, cache, is_leader=acting)
         claims = ClaimController(api, cache, pools, is_leader=acting)
-        built = cls(cache, scheduler, pools, lifetimes, claims)
-        cache.on_synced.append(lambda: built.on_leadership(is_leader()))
+        listed = KopfListed(
+            {
+                POOLS: lambda: pools.seen,
+                CLAIMS: lambda: claims.seen,
+                NODES: lambda: scheduler.seen_nodes,
+            },
+            api.listed_keys,
+            on_listed=lambda: built.on_synced(),
+        )
+        built = cls(cache, scheduler, pools, lifetimes, claims, listed, is_leader)
+        cache.on_synced.append(built.on_synced)
         return built
+
+    def synced(self) -> bool:
+        return self.cache.synced and not self.listed.pending
+
+    def on_synced(self) -> None:
+        """The last cache is synced: a leader re-judges everything, as on taking over."""
+        if self.synced():
+            self.on_leadership(self.is_leader())
 
     def register(self, registry: kopf.OperatorRegistry) -> None:
         scheduler_module.register(registry, self.scheduler)
@@ -90,7 +111,7 @@ class Workloads:
 
     def unsynced(self) -> list[str]:
         """The caches whose first list is not in yet (the readiness probe names them)."""
-        return [] if self.cache.synced else ["sandboxes"]
+        return ([] if self.cache.synced else ["sandboxes"]) + self.listed.unlisted()
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop: a new leader re-judges everything from its warm caches."""
@@ -103,5 +124,9 @@ class Workloads:
     async def run(self) -> None:
         self.scheduler.bind_loop(asyncio.get_running_loop())
         await asyncio.gather(
-            self.scheduler.run(), self.pools.run(), self.lifetimes.run(), self.claims.run()
+            self.listed.run(),
+            self.scheduler.run(),
+            self.pools.run(),
+            self.lifetimes.run(),
+            self.claims.run(),
         )
