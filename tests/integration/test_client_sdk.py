@@ -307,3 +307,28 @@ def test_port_tunnels_parallel_connections_to_a_server_in_the_sandbox(
         with pytest.raises(OSError):
             socket.create_connection(tunnel.address, timeout=5)  # closed with its block
     delete_sandbox(kube, tenant, "served")
+
+
+def test_a_sandbox_stopped_mid_command_says_which_phase_and_why(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], maker: Path
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "expiring", "sleep 1000")
+    with Client(maker, namespace=tenant) as sdk:
+        sb = sdk.get("expiring")
+        frames = iter(sb.stream(["sh", "-c", "echo started; sleep 60"], timeout=60))
+        assert next(frames) == (Channel.STDOUT, b"started\n")
+        # What the operator writes at a sandbox's deadline; the agent then stops it.
+        _custom(kube).patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            tenant,
+            "sandboxes",
+            "expiring",
+            {"status": {"phase": "Stopped", "reason": "DeadlineExceeded", "message": "past 5s"}},
+        )
+        with pytest.raises(SandboxGone) as gone:
+            list(frames)
+        assert (gone.value.phase, gone.value.reason) == ("Stopped", "DeadlineExceeded")
+        assert "Stopped (DeadlineExceeded): past 5s" in str(gone.value)
+    delete_sandbox(kube, tenant, "expiring")
