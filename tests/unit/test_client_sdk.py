@@ -332,3 +332,9 @@ def test_a_file_stream_the_gateway_could_not_open_is_opened_once_more_a_command_
     with pytest.raises(CommandError, match="502"):
         sb.run(["true"])
     assert len(api.opened) == 1
+
+
+def test_a_kubeconfig_that_cannot_be_loaded_is_a_sandlot_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.kubeconfig"
+    with pytest.raises(SandlotError, match=re.escape(str(missing))):
+        Client(missing)

@@ -16,6 +16,7 @@ from typing import Any
 
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.errors import UsageError
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.client.errors import SandboxGone, SandlotError, TimedOut
 from sandlot.client.sandbox import Sandbox, gone_from, refusal
@@ -43,7 +44,10 @@ class Client:
     def __init__(
         self, kubeconfig: str | os.PathLike[str] | None = None, namespace: str = "default"
     ) -> None:
-        self._api = SandboxApi(os.fspath(kubeconfig) if kubeconfig is not None else None)
+        try:
+            self._api = SandboxApi(os.fspath(kubeconfig) if kubeconfig is not None else None)
+        except UsageError as e:  # the configuration cannot be loaded: the message says why
+            raise SandlotError(str(e)) from None
         self.namespace = namespace
 
     def close(self) -> None:
