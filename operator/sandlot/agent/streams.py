@@ -54,6 +54,10 @@ from sandlot.policy.streams import (
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1 << 20
+# TLS and upgrade of one connection: long enough for a loaded node (a containerd call's
+# deadline is not: the gateway, which waits longer, read a dropped socket as a failure),
+# short enough that a client that stalls its handshake holds a thread only this long.
+HANDSHAKE_TIMEOUT = 10.0
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
@@ -107,7 +111,7 @@ class StreamServer:
                 self.requested_port,
                 process_request=self._admit,
                 ssl=self._tls,
-                open_timeout=self.call_timeout,
+                open_timeout=HANDSHAKE_TIMEOUT,
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,
                 max_size=MAX_MESSAGE,

@@ -1,0 +1,157 @@
+"""The stream servers' sockets and handshakes, with their real TLS files: the gateway
+listens where its settings say (every address when ``bind`` is empty, the chart's
+default) and answers a slow admission; the agent waits out a slow handshake."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+
+from sandlot.adapters.mtls import client_context, server_context
+from sandlot.devtools.certs import StreamCerts
+from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
+from sandlot.policy.streamaccess import RequestHeaderConfig
+
+pytestmark = pytest.mark.integration
+
+
+def _nowhere(*_: object) -> object:
+    raise Refusal(503, "no cluster in this test")
+
+
+@pytest.mark.parametrize("bind", ["", "127.0.0.1"], ids=["every-address", "one-address"])
+def test_the_gateway_listens_on_the_address_it_is_given(tmp_path: Path, bind: str) -> None:
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    gateway = Gateway(
+        bind=bind,
+        port=0,
+        server_tls=server_context(
+            str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
+        ),
+        agent_tls=client_context(
+            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        ),
+        agent_server_name="sandlot-agent",
+        requestheader=RequestHeaderConfig,
+        backends=Backends(review=_nowhere, node_of=_nowhere, agent_of=_nowhere),  # type: ignore[arg-type]
+        sessions=Sessions(4, 2),
+        call_timeout=5.0,
+    )
+    gateway.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
+        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))
+        name = "sandlot-gateway.sandlot-system.svc"
+        with (
+            socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as raw,
+            ctx.wrap_socket(raw, server_hostname=name) as conn,
+        ):
+            conn.sendall(b"GET /apis HTTP/1.1\r\nHost: gateway\r\n\r\n")
+            answer = conn.recv(4096).decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 200"), answer
+    finally:
+        gateway.shutdown()
+
+
+def test_a_slow_admission_is_answered_not_dropped(tmp_path: Path) -> None:
+    """Each of the gateway's calls before the upgrade may take up to ``call_timeout``;
+    together they take longer than one. The API server must still get an answer (here
+    the refusal of the last step), never a socket closed mid-handshake."""
+    import time
+
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+
+    def slow(answer: object) -> object:
+        def call(*_: object) -> object:
+            time.sleep(0.6)
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        return call
+
+    gateway = Gateway(
+        bind="127.0.0.1",
+        port=0,
+        server_tls=server_context(
+            str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
+        ),
+        agent_tls=client_context(
+            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        ),
+        agent_server_name="sandlot-agent",
+        requestheader=RequestHeaderConfig,
+        backends=Backends(
+            review=slow({"allowed": True}),  # type: ignore[arg-type]
+            node_of=slow("node-1"),  # type: ignore[arg-type]
+            agent_of=slow(Refusal(503, "no agent on node-1")),  # type: ignore[arg-type]
+        ),
+        sessions=Sessions(4, 2),
+        call_timeout=1.0,
+    )
+    gateway.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
+        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        request = (
+            "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/exec"
+            "?command=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\nX-Remote-User: alice\r\n\r\n"
+        )
+        with (
+            socket.create_connection(("127.0.0.1", gateway.port), timeout=20) as raw,
+            ctx.wrap_socket(raw, server_hostname="sandlot-gateway.sandlot-system.svc") as conn,
+        ):
+            conn.sendall(request.encode())
+            answer = conn.recv(4096).decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 503"), f"no answer, or not the refusal: {answer!r}"
+        assert "no agent on node-1" in answer
+    finally:
+        gateway.shutdown()
+
+
+def test_the_agent_waits_out_a_slow_handshake_longer_than_a_containerd_call(
+    tmp_path: Path,
+) -> None:
+    """On a loaded node the gateway's TLS handshake and upgrade can take longer than
+    one containerd call's deadline; the agent must still answer (the gateway waits
+    longer, and read a dropped socket as a failed stream)."""
+    import threading
+    import time
+
+    from sandlot.agent.streams import StreamServer
+
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    server = StreamServer(
+        "node-x",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda _key: None,
+        log_dir="",
+        execs=None,
+        call_timeout=0.2,
+        stop=threading.Event(),
+    )
+    server.start()
+    try:
+        ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=20) as raw,
+            ctx.wrap_socket(raw, server_hostname="sandlot-agent") as conn,
+        ):
+            time.sleep(1.0)  # a loaded machine: the request comes late
+            conn.sendall(
+                b"GET /sandboxes/ns/sb/exec HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
+                b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                b"Sec-WebSocket-Version: 13\r\nX-Sandlot-Stream-Options: command=true\r\n\r\n"
+            )
+            answer = conn.recv(4096).decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 404"), f"dropped instead of answered: {answer!r}"
+    finally:
+        server.shutdown()
