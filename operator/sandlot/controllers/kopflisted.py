@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class KopfListed:
         relist: float = RELIST,
         poll: float = POLL,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         """``seen``: per plural, the keys the controller has been handed ("ns/name",
         or the name of a cluster-scoped object), deleted ones included."""
@@ -41,6 +42,7 @@ class KopfListed:
         self.relist = relist
         self.poll = poll
         self.clock = clock
+        self.sleep = sleep
         self.pending = set(self.seen)
 
     def unlisted(self) -> list[str]:
@@ -58,7 +60,7 @@ class KopfListed:
             keys = await asyncio.to_thread(self.list_keys, plural)
         except Exception as e:
             log.warning("cannot list %s to know when kopf's list is in: %s", plural, e)
-            await asyncio.sleep(self.relist)
+            await self.sleep(self.relist)
             return False
         deadline = self.clock() + self.relist
         while True:
@@ -70,4 +72,4 @@ class KopfListed:
                     "%s: %d listed objects not handed over yet; listing again", plural, len(missing)
                 )
                 return False
-            await asyncio.sleep(self.poll)
+            await self.sleep(self.poll)
