@@ -93,7 +93,7 @@ def claim_state(body: Mapping[str, Any]) -> ClaimState:
 
 
 def _candidate(rec: SandboxRecord) -> Candidate:
-    return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node)
+    return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node, rec.paused)
 
 
 def _utcnow() -> datetime:

@@ -175,8 +175,10 @@ def _member(rec: SandboxRecord, template_hash: str, node_ready: Callable[[str], 
         reason=rec.reason,
         exit_code=rec.exit_code,
         running_since=rec.started_at,
+        # A paused member serves nobody either: it does not count as available.
         node_ready=rec.node is not None
         and rec.phase == SandboxPhase.RUNNING
+        and not rec.paused
         and node_ready(rec.node),
     )
 

@@ -139,8 +139,8 @@ def routable(ip: str) -> bool:
 
 
 def _endpoint(member: SandboxRecord) -> dict[str, Any] | None:
-    if member.phase != SandboxPhase.RUNNING or not member.ip:
-        return None
+    if member.phase != SandboxPhase.RUNNING or member.paused or not member.ip:
+        return None  # a paused member's frozen process would hold every request
     if not routable(member.ip):
         log.debug("sandbox %s: address %s cannot be an endpoint", member.key, member.ip)
         return None

@@ -35,7 +35,7 @@ from typing import Any
 
 from sandlot.adapters.objects import parse_time
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
-from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
 from sandlot.policy.lifetimes import deadline_of
 from sandlot.policy.placement import Placement
@@ -74,6 +74,7 @@ class SandboxRecord:
     reason: str | None = None
     exit_code: int | None = None
     started_at: datetime | None = None  # status.startedAt: its process started (agent's clock)
+    paused: bool = False  # spec.operatingMode Paused: frozen, serving nobody
 
     @property
     def key(self) -> str:
@@ -144,6 +145,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
         started_at=parse_time(status.get("startedAt")),
+        paused=spec.get("operatingMode") == OperatingMode.PAUSED,
     )
 
 

@@ -28,6 +28,7 @@ class Candidate:
     created_at: datetime
     ip: str | None = None
     node: str | None = None
+    paused: bool = False  # frozen: a program given it would wait on its first command
 
 
 class ClaimAction(StrEnum):
@@ -89,7 +90,7 @@ def decide_claim(
             return ClaimDecision(ClaimAction.STATUS, status=wanted)
         return ClaimDecision(ClaimAction.NONE)
     running = sorted(
-        (m for m in members if m.phase == SandboxPhase.RUNNING),
+        (m for m in members if m.phase == SandboxPhase.RUNNING and not m.paused),
         key=lambda m: (m.created_at, m.name),
     )
     if running:

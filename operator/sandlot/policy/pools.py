@@ -128,10 +128,14 @@ class PoolDecision:
     """Replacements wait until then (None: no back-off in force)."""
 
 
+NOT_TEMPLATE = ("nodeName", "operatingMode")  # the scheduler's, and the member's own state
+
+
 def spec_hash(spec: Mapping[str, object]) -> str:
-    """A short digest of a Sandbox spec without its ``nodeName`` (the scheduler's):
-    a member whose digest equals its pool template's is current."""
-    rest = {k: v for k, v in spec.items() if k != "nodeName"}
+    """A short digest of a Sandbox spec without its ``nodeName`` (the scheduler's) and
+    ``operatingMode`` (pausing one member is not a template change): a member whose
+    digest equals its pool template's is current."""
+    rest = {k: v for k, v in spec.items() if k not in NOT_TEMPLATE}
     text = json.dumps(rest, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
