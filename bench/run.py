@@ -67,6 +67,11 @@ def main() -> int:
     if claims.exists():
         rows += json.loads(claims.read_text())
 
+    streams = out.with_name("streams.json")
+    run([str(HERE / "streams.py"), "--json", str(streams)], timeout=1800)
+    if streams.exists():
+        rows += json.loads(streams.read_text())
+
     text = run([str(HERE / "agent_startup.py")], timeout=1800)
     m = re.search(r"ratio start-up / bound = ([\d.]+)", text)
     detail = re.search(r"(start-up[^\n]*)", text)

@@ -129,7 +129,15 @@ def main() -> int:
         )
         agent = Agent(settings, bench.api, registry=CollectorRegistry())
         assert agent.start(), "the agent did not start"
-        with running_gateway(bench.api, certs, bench.lease_ns, address.ip):
+        burst = max(args.execs, 32)  # one user opens the whole burst
+        with running_gateway(
+            bench.api,
+            certs,
+            bench.lease_ns,
+            address.ip,
+            max_sessions=2 * burst,
+            max_sessions_per_user=burst,
+        ):
             rows = measure(bench, agent, containerd.address, ctr_ns, args)
         agent.shutdown()
     finally:
