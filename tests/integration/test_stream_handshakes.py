@@ -155,3 +155,74 @@ def test_the_agent_waits_out_a_slow_handshake_longer_than_a_containerd_call(
         assert answer.startswith("HTTP/1.1 404"), f"dropped instead of answered: {answer!r}"
     finally:
         server.shutdown()
+
+
+def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_ends(
+    tmp_path: Path,
+) -> None:
+    """The agent's own cap holds whatever the gateways let through: with one place,
+    a second stream is refused (429, naming the node) while a follow is open, and
+    admitted once it ended."""
+    import threading
+    import time
+
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    from sandlot.agent.streams import StreamServer
+
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ns_sb_u1.log").write_text("line\n")
+    sandbox = {
+        "metadata": {"namespace": "ns", "name": "sb", "uid": "u1"},
+        "status": {"phase": "Running"},
+    }
+    server = StreamServer(
+        "node-x",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: sandbox if key == "ns/sb" else None,
+        log_dir=str(logs),
+        execs=None,
+        call_timeout=2.0,
+        stop=threading.Event(),
+        max_sessions=1,
+    )
+    server.start()
+    ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+
+    def follow() -> object:
+        return connect(
+            f"wss://127.0.0.1:{server.port}/sandboxes/ns/sb/log",
+            ssl=ctx,
+            server_hostname="sandlot-agent",
+            additional_headers={"X-Sandlot-Stream-Options": "follow=true"},
+            subprotocols=["v5.channel.k8s.io"],  # type: ignore[list-item]
+            open_timeout=10,
+            proxy=None,
+            legacy=True,
+        )
+
+    try:
+        first = follow()
+        assert first.recv(timeout=10)[1:] == b"line\n"  # type: ignore[attr-defined]
+        with pytest.raises(InvalidStatus) as refused:
+            follow()
+        assert refused.value.response.status_code == 429
+        assert b"node-x has 1 streams open" in refused.value.response.body
+        first.close()  # type: ignore[attr-defined]
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                again = follow()
+                break
+            except InvalidStatus as e:
+                assert e.response.status_code == 429
+                assert time.monotonic() < deadline, "the place was never freed"
+        again.close()  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()

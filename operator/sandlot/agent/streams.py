@@ -58,6 +58,9 @@ MAX_MESSAGE = 1 << 20
 # deadline is not: the gateway, which waits longer, read a dropped socket as a failure),
 # short enough that a client that stalls its handshake holds a thread only this long.
 HANDSHAKE_TIMEOUT = 10.0
+# Streams open at once on one node, whatever the gateways let through (each caps its
+# own users and replica): past it, a clear 429 instead of a thread per caller.
+MAX_SESSIONS = 512
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
@@ -81,11 +84,15 @@ class StreamServer:
         proc_root: str = "/proc",
         file_limit: int = 256 * 2**20,
         idle: float = 600.0,
+        max_sessions: int = MAX_SESSIONS,
     ) -> None:
         self.node = node
         self.proc_root = proc_root
         self.file_limit = file_limit
         self.idle = idle
+        self.max_sessions = max_sessions
+        self._open: set[int] = set()  # the admitted connections, until their session ends
+        self._open_lock = threading.Lock()
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -110,6 +117,7 @@ class StreamServer:
                 self.bind or "",  # "": every address
                 self.requested_port,
                 process_request=self._admit,
+                process_response=self._answered,
                 ssl=self._tls,
                 open_timeout=HANDSHAKE_TIMEOUT,
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
@@ -153,11 +161,26 @@ class StreamServer:
         refusal = self._sandbox_refusal(asked)
         if refusal is not None:
             return connection.respond(*refusal)
+        with self._open_lock:
+            if len(self._open) >= self.max_sessions:
+                log.warning("stream refused: %d streams open on this node", len(self._open))
+                return connection.respond(
+                    429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
+                )
+            self._open.add(id(connection))
         caller = request.headers.get(CALLER_HEADER, "?")
         log.info(
             "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
         )
         return None
+
+    def _answered(self, connection: ServerConnection, request: Any, response: Any) -> None:
+        if response.status_code != 101:  # admitted, but the upgrade did not happen
+            self._close(connection)
+
+    def _close(self, connection: ServerConnection) -> None:
+        with self._open_lock:
+            self._open.discard(id(connection))
 
     def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
         key = f"{asked.namespace}/{asked.name}"
@@ -190,6 +213,12 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
+        try:
+            self._serve(connection)
+        finally:
+            self._close(connection)
+
+    def _serve(self, connection: ServerConnection) -> None:
         request = connection.request
         assert request is not None, "a session starts after its request was admitted"
         asked = parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
