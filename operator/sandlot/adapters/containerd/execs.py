@@ -22,6 +22,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 
 PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
+STARTS_PER_CONTAINER = 4
+START_QUEUE_WAIT = 60.0  # seconds a start waits for its turn in one container
 
 
 @dataclass
@@ -96,8 +99,57 @@ class Execs:
     def __init__(self, conn: Connection, fifo_root: str | None = None) -> None:
         self._conn = conn
         self._fifo_root = fifo_root
+        self._lock = threading.Lock()
+        self._starting: dict[str, tuple[threading.BoundedSemaphore, int]] = {}
 
     def start(
+        self,
+        container_id: str,
+        exec_id: str,
+        args: Sequence[str],
+        *,
+        tty: bool,
+        stdin: bool,
+        timeout: float,
+    ) -> ExecProcess:
+        """Start ``args`` in the container. At most ``STARTS_PER_CONTAINER`` starts
+        of one container are in flight: containerd takes them one at a time, so a
+        burst would spend every call's deadline queued inside it. The rest wait here,
+        for at most ``START_QUEUE_WAIT``; each start then has ``timeout`` of its own."""
+        slot = self._slot(container_id)
+        try:
+            if not slot.acquire(timeout=START_QUEUE_WAIT):
+                raise RuntimeTimeout(
+                    f"{STARTS_PER_CONTAINER} execs were starting in {container_id} for "
+                    f"{START_QUEUE_WAIT:g}s and none finished"
+                )
+            try:
+                return self._start(
+                    container_id, exec_id, args, tty=tty, stdin=stdin, timeout=timeout
+                )
+            finally:
+                slot.release()
+        finally:
+            self._unslot(container_id)
+
+    def _slot(self, container_id: str) -> threading.BoundedSemaphore:
+        with self._lock:
+            slot, users = self._starting.get(container_id) or (
+                threading.BoundedSemaphore(STARTS_PER_CONTAINER),
+                0,
+            )
+            self._starting[container_id] = (slot, users + 1)
+            return slot
+
+    def _unslot(self, container_id: str) -> None:
+        with self._lock:
+            slot, users = self._starting[container_id]
+            if users <= 1:
+                del self._starting[container_id]  # no entry outlives its last caller
+            else:
+                self._starting[container_id] = (slot, users - 1)
+
+    def _start(
         self,
         container_id: str,
         exec_id: str,
