@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.startup import api_error_line
@@ -100,27 +101,37 @@ def exec_request(args: argparse.Namespace) -> StreamRequest:
     )
 
 
-def _connect(args: argparse.Namespace, request: StreamRequest) -> Stream | int:
-    api = load_api_client(args.kubeconfig)
+def open_request(kubeconfig: str | None, request: StreamRequest) -> Stream:
+    """The stream of ``request`` through the API server; ``StreamRefused`` when the
+    API server or the gateway refuses it (a 403 of the sandbox's read included)."""
+    api = load_api_client(kubeconfig)
     try:
         check_sandbox(api, request.namespace, request.name)
         return open_stream(api, api_path(request))
-    except StreamRefused as e:
-        print(f"sandlot: {request.kind} refused ({e.status}): {e.message}", file=sys.stderr)
-        return 1
     except Exception as e:
-        if not is_forbidden(e):
-            raise
-        print(f"sandlot: {request.kind} refused: {api_error_line(e)}", file=sys.stderr)
-        return 1
+        if is_forbidden(e):
+            raise StreamRefused(403, api_error_line(e)) from None
+        raise
     finally:
         api.close()
 
 
-def _relay(stream: Stream) -> int:
-    """Write stdout and stderr frames out until the stream ends; the exit code."""
+def _connect(args: argparse.Namespace, request: StreamRequest) -> Stream | int:
+    try:
+        return open_request(args.kubeconfig, request)
+    except StreamRefused as e:
+        print(f"sandlot: {request.kind} refused ({e.status}): {e.message}", file=sys.stderr)
+        return 1
+
+
+def _console() -> dict[int, BinaryIO]:
+    return {STDOUT: sys.stdout.buffer, STDERR: sys.stderr.buffer}
+
+
+def relay(stream: Stream, outputs: Mapping[int, BinaryIO]) -> int:
+    """Write the frames of ``outputs``' channels out until the stream ends; the exit
+    code its status gives."""
     status: bytes | None = None
-    outputs = {STDOUT: sys.stdout.buffer, STDERR: sys.stderr.buffer}
     while (message := stream.recv()) is not None:
         channel, data = decode_frame(message)
         if channel in outputs:
@@ -139,7 +150,7 @@ def run_logs(args: argparse.Namespace) -> int:
     if isinstance(stream, int):
         return stream
     try:
-        return _relay(stream)
+        return relay(stream, _console())
     finally:
         stream.close()
 
@@ -153,7 +164,7 @@ def run_exec(args: argparse.Namespace) -> int:
         with _terminal(stream, request.tty):
             if request.stdin:
                 threading.Thread(target=_send_stdin, args=(stream,), daemon=True).start()
-            return _relay(stream)
+            return relay(stream, _console())
     finally:
         stream.close()
 

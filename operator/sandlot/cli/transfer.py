@@ -21,15 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.startup import api_error_line
 from sandlot.adapters.streamclient import (
     Stream,
     StreamRefused,
     check_sandbox,
-    is_forbidden,
-    open_stream,
 )
 from sandlot.api.errors import UsageError
+from sandlot.cli.streams import open_request, relay
 from sandlot.policy.streams import (
     FILES,
     PORTFORWARD,
@@ -39,7 +37,6 @@ from sandlot.policy.streams import (
     STDOUT,
     WRITE,
     StreamRequest,
-    api_path,
     close_stdin_frame,
     decode_frame,
     encode_frame,
@@ -109,40 +106,13 @@ def parse_ports(spec: str) -> tuple[int, int]:
     return ports
 
 
-def _open(kubeconfig: str | None, request: StreamRequest) -> Stream:
-    api = load_api_client(kubeconfig)
-    try:
-        check_sandbox(api, request.namespace, request.name)
-        return open_stream(api, api_path(request))
-    except Exception as e:
-        if is_forbidden(e):
-            raise StreamRefused(403, api_error_line(e)) from None
-        raise
-    finally:
-        api.close()
-
-
-def _finish(stream: Stream, sink: Any = None) -> int:
-    status: bytes | None = None
-    while (message := stream.recv()) is not None:
-        channel, data = decode_frame(message)
-        if channel == STDOUT and sink is not None:
-            sink.write(data)
-        elif channel == STATUS:
-            status = data
-    end = end_of(status)
-    if end.message:
-        print(f"sandlot: {end.message}", file=sys.stderr)
-    return end.exit_code
-
-
 def run_cp(args: argparse.Namespace) -> int:
     direction, sandbox, path, local = parse_cp(args.source, args.dest)
     request = StreamRequest(FILES, args.namespace, sandbox, op=direction, path=path)
     if direction == WRITE and not Path(local).is_file():
         raise UsageError(f"{local}: not a file")
     try:
-        stream = _open(args.kubeconfig, request)
+        stream = open_request(args.kubeconfig, request)
     except StreamRefused as e:
         print(f"sandlot: cp refused ({e.status}): {e.message}", file=sys.stderr)
         return 1
@@ -152,14 +122,14 @@ def run_cp(args: argparse.Namespace) -> int:
                 while chunk := f.read(CHUNK):
                     stream.send(encode_frame(STDIN, chunk))
             stream.send(close_stdin_frame())
-            return _finish(stream)
+            return relay(stream, {})
         target = Path(local)
         if target.is_dir():
             target = target / Path(path).name
         fd, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
         try:
             with os.fdopen(fd, "wb") as sink:
-                code = _finish(stream, sink)
+                code = relay(stream, {STDOUT: sink})
             if code == 0:
                 os.replace(temp, target)
             return code
@@ -208,7 +178,7 @@ def run_port_forward(args: argparse.Namespace) -> int:
         while True:
             conn, _ = server.accept()
             try:
-                stream = _open(args.kubeconfig, request)
+                stream = open_request(args.kubeconfig, request)
             except StreamRefused as e:
                 print(f"sandlot: port-forward refused ({e.status}): {e.message}", file=sys.stderr)
                 conn.close()
