@@ -148,7 +148,7 @@ def start_container(rt: ContainerdRuntime, container_id: str, labels: dict[str, 
     rt.create_container(
         ContainerSpec(id=container_id, image=IMAGE, oci_spec=spec, labels=labels), timeout=10
     )
-    return rt.start_task(container_id, log_path="", timeout=10).pid
+    return rt.start_task(container_id, stdio="", timeout=10).pid
 
 
 def container_ids(rt: ContainerdRuntime) -> set[str]:

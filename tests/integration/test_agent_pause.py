@@ -298,7 +298,7 @@ def test_a_paused_task_is_killed_by_the_teardown_within_its_bound(
     cid = "paused-teardown"
     spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=cid)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
-    rt.start_task(cid, log_path="", timeout=10)
+    rt.start_task(cid, stdio="", timeout=10)
     rt.pause_task(cid, timeout=5)
     task = rt.get_task(cid, timeout=5)
     assert task is not None and task.state == TaskState.PAUSED, f"not paused: {task}"

@@ -210,10 +210,11 @@ def test_sandbox_logs_rotate_at_the_cap_and_go_with_the_sandbox(
     directory = Path(agent.settings.log_dir)
     (current,) = [p for p in directory.iterdir() if p.name.endswith(f"_{uid}.log")]
     rotated = current.with_name(current.name + ".1")
-    wait_for(rotated.exists, timeout=60, what=f"{current.name} to be rotated past {cap} bytes")
-    assert rotated.stat().st_size > cap
-    # The writer carries on in the truncated file: it grows again from a small size.
+    wait_for(rotated.exists, timeout=60, what=f"{current.name} to be rotated at {cap} bytes")
+    assert rotated.stat().st_size == cap
+    # The output goes on in a new file, never over the cap.
     wait_for(lambda: current.stat().st_size > 0, timeout=20, what="output after the rotation")
+    assert current.stat().st_size <= cap
     client.CustomObjectsApi(kube).delete_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", "chatty"
     )

@@ -272,7 +272,7 @@ def test_teardown_keeps_a_container_whose_task_lookup_fails_on_a_wedged_shim(
     cid = f"wedged-{uuid.uuid4().hex[:8]}"  # a shim is found by its container's id
     spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=cid)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
-    pid = rt.start_task(cid, log_path="", timeout=10).pid
+    pid = rt.start_task(cid, stdio="", timeout=10).pid
     shim = find_shim_pid(containerd.address, cid, pid)
     with stopped_process(shim):
         # SIGSTOP takes hold of a busy multi-threaded process a moment later.

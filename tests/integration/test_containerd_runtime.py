@@ -70,7 +70,7 @@ def run_container(
             ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
         )
         log_path = tmp_path / "logs" / f"{container_id}.log"
-        task = runtime.start_task(container_id, log_path=str(log_path), timeout=10)
+        task = runtime.start_task(container_id, stdio=f"file://{log_path}", timeout=10)
         return container_id, task, log_path
 
     yield start
@@ -245,7 +245,7 @@ def test_container_from_a_multi_layer_index_image_runs_this_platforms_manifest(
             ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10
         )
         log_path = tmp_path / f"{container_id}.log"
-        runtime.start_task(container_id, log_path=str(log_path), timeout=10)
+        runtime.start_task(container_id, stdio=f"file://{log_path}", timeout=10)
         assert runtime.wait_task(container_id, timeout=10).code == 0
         assert "from the second layer" in log_path.read_text()
     finally:

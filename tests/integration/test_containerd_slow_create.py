@@ -143,7 +143,7 @@ def test_a_slow_create_leaves_the_start_a_deadline_of_its_own(
     slow_runc.delay("create", 0.65 * T)  # with the shim's and runc's own work: about 0.7 T
     slow_runc.delay("start", 0.45 * T)
     began = time.monotonic()
-    task = runtime.start_task(container_id, log_path=str(tmp_path / "task.log"), timeout=T)
+    task = runtime.start_task(container_id, stdio=f"file://{tmp_path / 'task.log'}", timeout=T)
     elapsed = time.monotonic() - began
 
     assert elapsed >= 1.1 * T, f"took {elapsed:.2f}s: runc was not slowed (wrapper not used?)"
@@ -161,7 +161,7 @@ def test_a_create_slower_than_the_timeout_times_out_and_leaves_no_task(
     slow_runc.delay("create", 2 * T)
     began = time.monotonic()
     with pytest.raises(RuntimeTimeout, match=r"^Tasks\.Create ") as raised:
-        runtime.start_task(container_id, log_path=str(tmp_path / "task.log"), timeout=T)
+        runtime.start_task(container_id, stdio=f"file://{tmp_path / 'task.log'}", timeout=T)
     elapsed = time.monotonic() - began
     assert elapsed < T + SLACK, f"start_task raised after {elapsed:.2f}s (timeout {T:g}s)"
 
@@ -178,6 +178,6 @@ def test_a_create_slower_than_the_timeout_times_out_and_leaves_no_task(
     assert container_id not in {t.container_id for t in runtime.list_tasks(timeout=5)}
 
     slow_runc.clear()
-    task = runtime.start_task(container_id, log_path=str(tmp_path / "task.log"), timeout=10)
+    task = runtime.start_task(container_id, stdio=f"file://{tmp_path / 'task.log'}", timeout=10)
     assert task.state == TaskState.RUNNING and task.pid > 0, task
     print(f"start_task timed out after {elapsed:.2f}s with a timeout of {T:g}s")

@@ -35,7 +35,7 @@ def test_every_exec_of_a_burst_in_one_container_runs(
     runtime.create_container(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
     )
-    runtime.start_task(container_id, log_path=str(tmp_path / "task.log"), timeout=10)
+    runtime.start_task(container_id, stdio=f"file://{tmp_path / 'task.log'}", timeout=10)
     execs = open_execs(containerd.address, containerd.namespace, str(tmp_path / "fifos"))
 
     def run(i: int) -> str:

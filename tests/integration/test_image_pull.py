@@ -83,7 +83,7 @@ def _run(runtime: ContainerdRuntime, image: str, tmp_path: Path) -> str:
     log_path = tmp_path / f"{container_id}.log"
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10)
     try:
-        runtime.start_task(container_id, log_path=str(log_path), timeout=10)
+        runtime.start_task(container_id, stdio=f"file://{log_path}", timeout=10)
         runtime.wait_task(container_id, timeout=10)
         return log_path.read_text()
     finally:

@@ -114,7 +114,7 @@ def run_containers(rt: ContainerdRuntime, images: list[str]) -> list[str]:
         cid = f"gc-user-{run}-{i}"
         spec = default_spec(SLEEPER, [], "/", host_network=True, hostname=cid)
         rt.create_container(ContainerSpec(id=cid, image=image, oci_spec=spec), timeout=10)
-        rt.start_task(cid, log_path="", timeout=10)
+        rt.start_task(cid, stdio="", timeout=10)
         ids.append(cid)
     return ids
 

@@ -98,7 +98,7 @@ def run(runtime: ContainerdRuntime, tmp_path: Path) -> Iterator[Run]:
             ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=10
         )
         log = tmp_path / f"{container_id}.log"
-        runtime.start_task(container_id, log_path=str(log), timeout=10)
+        runtime.start_task(container_id, stdio=f"file://{log}", timeout=10)
         runtime.wait_task(container_id, timeout=30)
         text = wait_for(
             lambda: log.exists() and EXIT_MARK in log.read_text() and log.read_text(),

@@ -72,7 +72,7 @@ def run_sandbox(runtime: ContainerdRuntime, busybox_image: str, tmp_path: Path) 
             ContainerSpec(id=container_id, image=busybox_image, oci_spec=oci), timeout=10
         )
         log = tmp_path / f"{container_id}.log"
-        runtime.start_task(container_id, log_path=str(log), timeout=10)
+        runtime.start_task(container_id, stdio=f"file://{log}", timeout=10)
         runtime.wait_task(container_id, timeout=30)
         text = wait_for(
             lambda: log.exists() and EXIT_MARK in log.read_text() and log.read_text(),
@@ -231,7 +231,7 @@ def test_memory_and_cpu_limits_reach_the_cgroup(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=oci), timeout=10
     )
     try:
-        runtime.start_task(container_id, log_path="", timeout=10)
+        runtime.start_task(container_id, stdio="", timeout=10)
         root = Path("/sys/fs/cgroup")
         path = cgroups_path_for(container_id).lstrip("/")
         if cgroup_v2(root):

@@ -58,7 +58,7 @@ def _run(
         join_netns(oci, netns)
     oci = with_user_namespace(oci, ids)
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=30)
-    return runtime.start_task(container_id, log_path=str(log), timeout=10).pid
+    return runtime.start_task(container_id, stdio=f"file://{log}", timeout=10).pid
 
 
 def test_root_inside_is_the_ranges_first_id_on_the_host(

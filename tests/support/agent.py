@@ -105,7 +105,7 @@ class FakeRuntime:
             raise NotFound(f"image {spec.image} not found")
         return self.add(spec.id, spec.labels, state=None)
 
-    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
+    def start_task(self, container_id: str, *, stdio: str, timeout: float) -> TaskInfo:
         self._next_pid += 1
         self.tasks[container_id] = _Task(self._next_pid)
         return TaskInfo(container_id, self._next_pid, TaskState.RUNNING)

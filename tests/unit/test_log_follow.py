@@ -7,12 +7,12 @@ nothing here sleeps.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from sandlot.adapters.logfiles import CappedLog
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.policy.streams import STDOUT, decode_frame
 
@@ -52,17 +52,30 @@ def test_follow_sends_what_is_appended_until_the_sandbox_ends(tmp_path: Path) ->
 
 def test_a_rotation_sends_the_rest_of_the_old_generation_then_the_new_file(tmp_path: Path) -> None:
     log = tmp_path / "ns_box_uid.log"
-    log.write_bytes(b"one\n")
+    writer = CappedLog(log, max_bytes=8)
+    writer.write(b"one\n")
 
     def rotate_with_unsent_bytes() -> None:
-        with log.open("ab") as handle:
-            handle.write(b"two\n")  # written after the last read, before the copy
-        shutil.copyfile(log, tmp_path / "ns_box_uid.log.1")
-        with log.open("r+b") as handle:
-            handle.truncate(0)
-        log.write_bytes(b"three\n")
+        # "two\n" fills the file to its cap after the last read; "three\n" crosses
+        # it: the file becomes .log.1 and "three\n" starts the new one.
+        writer.write(b"two\nthree\n")
 
     assert _follow(log, [rotate_with_unsent_bytes]) == b"one\ntwo\nthree\n"
+    assert (tmp_path / "ns_box_uid.log.1").read_bytes() == b"one\ntwo\n"
+
+
+def test_two_rotations_between_looks_lose_only_the_generation_no_longer_kept(
+    tmp_path: Path,
+) -> None:
+    """One previous generation is kept: a follower that sleeps through two rotations
+    finds its open file gone (as .log.1 was replaced), sends what it still holds,
+    and goes on in the newest one."""
+    log = tmp_path / "ns_box_uid.log"
+    writer = CappedLog(log, max_bytes=4)
+    writer.write(b"aaa\n")
+    out = _follow(log, [lambda: writer.write(b"bbbbcccc")])
+    assert out.startswith(b"aaa\n") and out.endswith(b"cccc")
+    assert b"bbbb" not in out  # written and rotated away between two looks
 
 
 def test_tail_then_follow_starts_at_the_last_lines(tmp_path: Path) -> None:

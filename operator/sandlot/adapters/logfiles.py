@@ -1,34 +1,55 @@
-"""The file operations behind ``policy.sandboxlogs``: list, rotate, remove."""
+"""The file operations behind ``policy.sandboxlogs``: FIFOs, capped log files, listing."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
-import shutil
+import stat
 from pathlib import Path
 
+from sandlot.policy.sandboxlogs import FIFO_SUFFIX, LOG_SUFFIX, ROTATED_SUFFIX, fits
 
-def log_sizes(directory: str | Path) -> dict[str, int]:
-    """File name -> size of the regular files in ``directory`` (empty when it is absent)."""
-    sizes: dict[str, int] = {}
+PIPE_SIZE = 1024 * 1024  # what a task may write while nobody reads (an agent restart)
+
+
+def log_files(directory: str | Path) -> set[str]:
+    """The names of the regular files in ``directory`` (empty when it is absent)."""
+    names: set[str] = set()
     with contextlib.suppress(FileNotFoundError):
         for entry in os.scandir(directory):
             with contextlib.suppress(OSError):
                 if entry.is_file(follow_symlinks=False):
-                    sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
-    return sizes
+                    names.add(entry.name)
+    return names
 
 
-def rotate(path: str | Path, rotated_suffix: str = ".1") -> None:
-    """Copy ``path`` to ``path + rotated_suffix`` (replacing it), then truncate ``path``
-    in place: a writer appending to it carries on at its new end."""
-    source = Path(path)
-    target = source.with_name(source.name + rotated_suffix)
-    tmp = source.with_name(source.name + rotated_suffix + ".tmp")
-    shutil.copyfile(source, tmp)
-    tmp.replace(target)
-    with source.open("r+b") as handle:
-        handle.truncate(0)
+def fifo_stems(directory: str | Path) -> set[str]:
+    """The stems of the FIFOs in ``directory``."""
+    stems: set[str] = set()
+    with contextlib.suppress(FileNotFoundError):
+        for entry in os.scandir(directory):
+            with contextlib.suppress(OSError):
+                if entry.name.endswith(FIFO_SUFFIX) and stat.S_ISFIFO(
+                    entry.stat(follow_symlinks=False).st_mode
+                ):
+                    stems.add(entry.name.removesuffix(FIFO_SUFFIX))
+    return stems
+
+
+def open_fifo(path: str | Path) -> int:
+    """Make the FIFO at ``path`` if absent and open it for reading, non-blocking.
+    Opened read-write: the agent then holds a writer too, so a read never sees an
+    end of file between the task's writers (none yet, or its shim restarting) and
+    the pipe lives as long as someone holds it."""
+    with contextlib.suppress(FileExistsError):
+        os.mkfifo(path, 0o600)
+    if not stat.S_ISFIFO(os.lstat(path).st_mode):
+        raise OSError(f"{path} exists and is not a FIFO")
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    with contextlib.suppress(OSError):  # best effort: root may, others up to a limit
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    return fd
 
 
 def remove(path: str | Path) -> None:
@@ -36,4 +57,42 @@ def remove(path: str | Path) -> None:
         Path(path).unlink()
 
 
-__all__ = ["log_sizes", "remove", "rotate"]
+class CappedLog:
+    """An append-only log file never over ``max_bytes`` (0: no cap): a write that
+    would cross it fills the file to the cap, renames it to ``.log.1`` (replacing
+    the previous generation) and goes on in a new file."""
+
+    def __init__(self, path: str | Path, max_bytes: int) -> None:
+        self.path = Path(path)
+        self.max_bytes = max_bytes
+        self._fd = self._open()
+        self.size = os.fstat(self._fd).st_size
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o640)
+
+    def write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = fits(self.size, len(view), self.max_bytes)
+            if n == 0:
+                self.rotate()
+                continue
+            written = os.write(self._fd, view[:n])
+            self.size += written
+            view = view[written:]
+
+    def rotate(self) -> None:
+        previous = self.path.with_name(self.path.name.removesuffix(LOG_SUFFIX) + ROTATED_SUFFIX)
+        with contextlib.suppress(FileNotFoundError):  # removed by hand: start anew
+            os.replace(self.path, previous)
+        os.close(self._fd)
+        self._fd = self._open()
+        self.size = 0
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+__all__ = ["PIPE_SIZE", "CappedLog", "fifo_stems", "log_files", "open_fifo", "remove"]

@@ -91,7 +91,6 @@ class ContainerSpec:
     image: str
     oci_spec: Mapping[str, Any]
     labels: Mapping[str, str] = field(default_factory=dict)
-    log_path: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,8 +113,10 @@ class Runtime(Protocol):
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig: ...
     def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo: ...
-    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
-        """Create and start the container's task; each of the two gets ``timeout``."""
+    def start_task(self, container_id: str, *, stdio: str, timeout: float) -> TaskInfo:
+        """Create and start the container's task; each of the two gets ``timeout``.
+        ``stdio`` is where its stdout and stderr go, as containerd takes it: a FIFO's
+        path, a ``file://`` URI, or "" (nowhere)."""
         ...
 
     def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None: ...

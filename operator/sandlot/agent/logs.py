@@ -1,5 +1,6 @@
-"""The sandbox-log pass: rotate files over the cap, remove those of torn-down
-containers (``policy.sandboxlogs`` decides)."""
+"""The sandbox-log pass: attach the output FIFOs of running containers the agent
+is not reading (after a restart), detach those whose container is gone, and remove
+the files of torn-down sandboxes (``policy.sandboxlogs`` decides)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from sandlot.adapters.logfiles import log_sizes, remove, rotate
+from sandlot.adapters.logfiles import fifo_stems, log_files, remove
 from sandlot.adapters.runtime import Runtime
+from sandlot.agent.logwriter import LogWriter
+from sandlot.agent.settings import AgentSettings
 from sandlot.api.keys import SANDBOX_UID_LABEL
 from sandlot.policy.sandboxlogs import LogPlan, plan_logs
 
@@ -17,31 +20,54 @@ log = logging.getLogger(__name__)
 
 class SandboxLogs:
     def __init__(
-        self, directory: str, max_bytes: int, rt: Callable[[], Runtime], call_timeout: float
+        self, writer: LogWriter | None, rt: Callable[[], Runtime], call_timeout: float
     ) -> None:
-        self.directory = Path(directory) if directory else None
-        self.max_bytes = max_bytes
+        self.writer = writer
         self._rt = rt
         self.call_timeout = call_timeout
 
     def pass_once(self) -> LogPlan:
-        if self.directory is None:
+        writer = self.writer
+        if writer is None:
             return LogPlan()
-        sizes = log_sizes(self.directory)  # before the containers: see plan_logs
+        # Every listing before the containers': see plan_logs.
+        attached = writer.attached()
+        fifos = fifo_stems(writer.fifo_dir)
+        files = log_files(writer.log_dir)
         containers = self._rt().list_containers(timeout=self.call_timeout)
         live = {c.labels.get(SANDBOX_UID_LABEL, "") for c in containers} - {""}
-        plan = plan_logs(sizes, live, self.max_bytes)
-        for name in plan.rotate:
+        plan = plan_logs(files, fifos, attached, live)
+        for stem in plan.attach:
             try:
-                rotate(self.directory / name)
+                writer.attach(stem)
             except OSError as exc:
-                log.warning("cannot rotate sandbox log %s: %s", name, exc)
+                log.warning("cannot read the output of %s: %s", stem, exc)
+        for stem, token in plan.detach.items():
+            try:
+                writer.detach(stem, token)
+            except OSError as exc:
+                log.warning("cannot detach the output of %s: %s", stem, exc)
         for name in plan.remove:
             try:
-                remove(self.directory / name)
+                remove(writer.log_dir / name)
             except OSError as exc:
                 log.warning("cannot remove sandbox log %s: %s", name, exc)
         return plan
 
 
-__all__ = ["SandboxLogs"]
+def sandbox_logs(
+    settings: AgentSettings,
+    rt: Callable[[], Runtime],
+    call_timeout: float,
+    dropped: Callable[[int], None],
+) -> SandboxLogs:
+    """The pass over ``settings``' log directory, with its writer (none when logs
+    are not kept); the FIFOs live under the state directory, on the node's disk."""
+    writer = None
+    if settings.log_dir:
+        fifos = Path(settings.state_dir) / "logs"
+        writer = LogWriter(settings.log_dir, fifos, settings.log_max_bytes, dropped=dropped)
+    return SandboxLogs(writer, rt, call_timeout)
+
+
+__all__ = ["SandboxLogs", "sandbox_logs"]

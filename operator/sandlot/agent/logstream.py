@@ -1,24 +1,22 @@
 """``sandlot logs``: a sandbox's output file sent on the stdout channel.
 
-The file is the one the shim appends to (``policy.sandboxlogs``): stdout and
-stderr interleaved as written. ``--tail N`` starts at the N-th line from the
+The file is the one the agent appends its task's output to (``policy.sandboxlogs``):
+stdout and stderr interleaved as written. ``--tail N`` starts at the N-th line from the
 end; ``--follow`` keeps reading as the file grows, and ends when the sandbox is
 no longer Running here (after the last bytes are sent), when the file is removed
 at teardown, when the client goes away or when the agent stops. A rotation
-(copy to a new ``.log.1``, then truncate in place) is noticed as a new ``.log.1``:
-the rest of that copy is sent first, then the truncated file from its start. Waiting for more is a bounded receive on the
+(the file renamed to ``.log.1``, a new one begun) is noticed as a new file at the
+path: the rest of the open one is sent first, then the new one from its start. Waiting for more is a bounded receive on the
 connection, so a client that left is noticed within one wait.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sandlot.policy.sandboxlogs import LOG_SUFFIX, ROTATED_SUFFIX
 from sandlot.policy.streams import STDOUT, encode_frame, tail_offset
 
 CHUNK = 32 * 1024
@@ -66,15 +64,6 @@ def _send_range(
     return position
 
 
-def _generation(rotated: Path) -> tuple[int, int] | None:
-    """The identity of the rotated file: each rotation replaces it by a new one."""
-    try:
-        info = rotated.stat()
-    except OSError:
-        return None
-    return info.st_ino, info.st_size
-
-
 def stream_log(
     path: Path,
     *,
@@ -87,33 +76,30 @@ def stream_log(
 ) -> None:
     """Send the log at ``path``. ``wait(seconds)`` waits on the connection and raises
     ``ClientGone`` once it closed; ``running()`` says whether the sandbox still runs here."""
-    rotated = path.with_name(path.name + ROTATED_SUFFIX.removeprefix(LOG_SUFFIX))
-    generation = _generation(rotated)
-    with path.open("rb") as handle:
+    handle = path.open("rb")
+    try:
         position = _send_range(handle, start_offset(handle, tail), None, send)
         while follow and not stopping():
             was_running = running()
             try:
-                size = path.stat().st_size
+                now_at_path = path.stat().st_ino
             except FileNotFoundError:
                 return  # removed at teardown: the sandbox is gone
-            current = _generation(rotated)
-            if current != generation and current is not None:
-                if size >= current[1] and size >= position:
-                    wait(FOLLOW_WAIT)  # copied but not truncated yet: look again
-                    continue
-                # Rotated: the rest of the old generation is in the copy.
-                with contextlib.suppress(OSError), rotated.open("rb") as old:
-                    _send_range(old, position, None, send)
-                generation, position = current, 0
-            elif size < position:  # truncated without a copy: start over
-                position = 0
             reached = _send_range(handle, position, None, send)
+            if os.fstat(handle.fileno()).st_ino != now_at_path:
+                # Rotated before the look at the path: the open file (now .log.1) was
+                # whole then, and has just been sent to its end. Go on in the new one.
+                handle.close()
+                handle = path.open("rb")
+                position = 0
+                continue
             if reached == position:
                 if not was_running:
                     return  # it had ended before this last read found nothing more
                 wait(FOLLOW_WAIT)
             position = reached
+    finally:
+        handle.close()
 
 
 __all__ = ["ClientGone", "start_offset", "stream_log"]

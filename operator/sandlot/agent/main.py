@@ -61,7 +61,7 @@ from sandlot.agent.capacity import node_capacity, node_security
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
-from sandlot.agent.logs import SandboxLogs
+from sandlot.agent.logs import sandbox_logs
 from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.network import Networking
@@ -184,6 +184,10 @@ class Agent:
             self.image_gate, self._close_pulls = build_image_gate(
                 settings, self.objects.api, self.status, self._sync_wake, self.registry, self._clock
             )
+        # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
+        dropped = self.metrics.log_bytes_dropped.inc
+        self.logs = sandbox_logs(settings, lambda: self._rt, self.call_timeout, dropped)
+        self.log_writer = self.logs.writer
         self.work = SandboxWork(
             settings,
             self.objects,
@@ -196,6 +200,7 @@ class Agent:
             self._clock,
             cancel=self._stop,
             image_gate=self.image_gate,
+            log_writer=self.log_writer,
         )
         self.sync = SandboxSync(
             self.node,
@@ -301,6 +306,7 @@ class Agent:
             return False
         self.sweep_report = report
         readopt_survivors(self._rt, report, self.metrics, self.call_timeout, self.work.end_lost)
+        self._take_output_back()
 
         # Heartbeat: the SandboxNode and the Lease.
         self._register_node()
@@ -340,13 +346,21 @@ class Agent:
         self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, pacing)
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
-        logs = SandboxLogs(
-            settings.log_dir, settings.log_max_bytes, lambda: self._rt, self.call_timeout
-        )
-        self.loops.spawn("logs", logs.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
+
+    def _take_output_back(self) -> None:
+        """Read the survivors' output again (their writes wait in full pipes meanwhile),
+        before the node says it is alive; a failure is retried by the log pass."""
+        if self.log_writer is None:
+            return
+        self.log_writer.start()
+        try:
+            self.logs.pass_once()
+        except Exception as exc:
+            log.warning("cannot take the sandboxes' output back yet: %s", exc)
 
     def run_forever(self) -> int:
         try:
@@ -369,6 +383,8 @@ class Agent:
             watched.stop()
         self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
         self.pool.shutdown()
+        if self.log_writer is not None:  # the tasks' output waits in their pipes
+            self.log_writer.stop()
         self._close_pulls()
         if self.runtime is not None:
             self.runtime.close()

@@ -40,6 +40,11 @@ class AgentMetrics:
             "Running sandboxes whose surviving container was kept at start-up.",
             registry=registry,
         )
+        self.log_bytes_dropped = Counter(
+            "sandlot_agent_log_bytes_dropped_total",
+            "Bytes of sandbox output read but not written to its log (the log disk failed).",
+            registry=registry,
+        )
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )

@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from sandlot.adapters.agentapi import is_not_found
@@ -37,6 +36,7 @@ from sandlot.adapters.runtime import (
     TaskInfo,
 )
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
+from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
@@ -61,6 +61,7 @@ from sandlot.policy.nodesecurity import (
     check_user_namespace,
 )
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
+from sandlot.policy.sandboxlogs import log_stem
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class _Prepared:
     image: str
     oci: dict[str, Any]
     labels: dict[str, str]
-    log_path: str
+    log_stem: str
     attachment: Attachment | None
 
 
@@ -113,6 +114,7 @@ class SandboxWork:
         clock: Callable[[], datetime],
         cancel: threading.Event | None = None,
         image_gate: ImageGate | None = None,
+        log_writer: LogWriter | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -127,6 +129,7 @@ class SandboxWork:
         self._cancel = cancel
         self.rules = NamespaceRules(settings, objects)
         self.image_gate = image_gate
+        self.log_writer = log_writer
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
         # Running bodies not yet written, by key: (container id, status). Only the
@@ -364,7 +367,8 @@ class SandboxWork:
             oci = self.user_ranges.map(
                 container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
             )
-        return _Prepared(container_id, image, oci, labels, self._log_path(meta), attachment)
+        stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
+        return _Prepared(container_id, image, oci, labels, stem, attachment)
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -378,14 +382,6 @@ class SandboxWork:
         join_netns(oci, attachment.netns_path)
         return attachment
 
-    def _log_path(self, meta: Mapping[str, Any]) -> str:
-        if not self.settings.log_dir:
-            return ""
-        directory = Path(self.settings.log_dir)
-        with contextlib.suppress(OSError):
-            directory.mkdir(parents=True, exist_ok=True)
-        return str(directory / f"{meta['namespace']}_{meta['name']}_{meta['uid']}.log")
-
     def _create(self, prepared: _Prepared) -> ContainerInfo | None:
         image, container_id = prepared.image, prepared.container_id
         try:
@@ -395,7 +391,6 @@ class SandboxWork:
                     image=image,
                     oci_spec=prepared.oci,
                     labels=prepared.labels,
-                    log_path=prepared.log_path,
                 ),
                 # A user namespace's root filesystem is a copy of the image: a pull's budget.
                 timeout=self.settings.image_pull_deadline.total_seconds()
@@ -432,10 +427,13 @@ class SandboxWork:
 
     def _run(self, prepared: _Prepared, created: ContainerInfo) -> TaskInfo:
         container_id = prepared.container_id
-        try:
-            return self._rt().start_task(
-                container_id, log_path=prepared.log_path, timeout=self.call_timeout
-            )
+        try:  # output read by the agent from the start: the log is capped as written
+            stdio = self.log_writer.attach(prepared.log_stem) if self.log_writer else ""
+            return self._rt().start_task(container_id, stdio=stdio, timeout=self.call_timeout)
+        except OSError as exc:
+            self.teardown(created)
+            message = f"cannot read the output of {container_id}: {exc}"
+            raise StartFailed("StartFailed", message) from None
         except RuntimeError_ as exc:
             self.teardown(created)
             raise StartFailed(

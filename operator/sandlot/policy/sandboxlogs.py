@@ -1,12 +1,18 @@
 """What becomes of the sandboxes' stdout/stderr files: pure.
 
-The shim appends each sandbox's output to ``<namespace>_<name>_<uid>.log`` in the
-agent's log directory and keeps it open. A file over the size cap is rotated by
-copy-and-truncate (one previous generation, ``.log.1``, is kept): the shim's
-appends land at the new end of the truncated file, so nothing is reopened; a few
-bytes written between the copy and the truncation are lost, the price of not
-restarting the writer. A file whose container is gone (torn down) is removed with
-its previous generation, so logs never outlive their sandbox on the node's disk.
+A sandbox's task writes its stdout and stderr into a FIFO the agent reads
+(``<state-dir>/logs/<namespace>_<name>_<uid>.fifo``), and the agent appends what
+it reads to ``<namespace>_<name>_<uid>.log`` in its log directory. The agent is
+the only writer, so the size cap holds as the bytes are written: a chunk that
+would cross it fills the file to the cap exactly, the file becomes ``.log.1``
+(one previous generation is kept, the one before is dropped) and the rest starts
+the new file. Nothing is copied, nothing is lost to a race, and no file is ever
+over the cap, however fast a tenant prints.
+
+A periodic pass attaches the FIFOs of running containers the agent is not reading
+(a restarted agent takes its containers' output back where the pipe held it),
+detaches those whose container is gone, and removes the files of torn-down
+sandboxes, so logs never outlive their sandbox on the node's disk.
 """
 
 from __future__ import annotations
@@ -16,11 +22,12 @@ from dataclasses import dataclass, field
 
 LOG_SUFFIX = ".log"
 ROTATED_SUFFIX = ".log.1"
+FIFO_SUFFIX = ".fifo"
 
 
 def uid_of(filename: str) -> str | None:
-    """The Sandbox uid a log file belongs to; None for files that are not sandbox logs."""
-    for suffix in (ROTATED_SUFFIX, LOG_SUFFIX):
+    """The Sandbox uid a log file or FIFO belongs to; None for other files."""
+    for suffix in (ROTATED_SUFFIX, LOG_SUFFIX, FIFO_SUFFIX):
         if filename.endswith(suffix):
             stem = filename[: -len(suffix)]
             _, sep, uid = stem.rpartition("_")
@@ -28,26 +35,62 @@ def uid_of(filename: str) -> str | None:
     return None
 
 
+def log_stem(namespace: str, name: str, uid: str) -> str:
+    """The name a sandbox's log file and FIFO share, before their suffixes."""
+    return f"{namespace}_{name}_{uid}"
+
+
+def fits(size: int, incoming: int, max_bytes: int) -> int:
+    """How many of ``incoming`` bytes go into a file holding ``size`` before it must
+    rotate: all of them while they fit under ``max_bytes`` (0: no cap), else what
+    fills it to the cap exactly (0 when it is full)."""
+    if max_bytes <= 0:
+        return incoming
+    return max(0, min(incoming, max_bytes - size))
+
+
 @dataclass(frozen=True)
 class LogPlan:
-    rotate: list[str] = field(default_factory=list)
-    remove: list[str] = field(default_factory=list)
+    attach: list[str] = field(default_factory=list)  # stems
+    # stem -> the token it was attached with when planned (None: not attached)
+    detach: dict[str, int | None] = field(default_factory=dict)
+    remove: list[str] = field(default_factory=list)  # file names
 
 
-def plan_logs(sizes: Mapping[str, int], live_uids: Collection[str], max_bytes: int) -> LogPlan:
-    """``sizes``: file name -> bytes, listed *before* ``live_uids`` (the uids of the
-    containers that exist) was read, so a file is never judged on an older listing
-    than its container's. ``max_bytes`` 0: no rotation."""
+def plan_logs(
+    files: Collection[str],
+    fifos: Collection[str],
+    attached: Mapping[str, int],
+    live_uids: Collection[str],
+) -> LogPlan:
+    """``files``: the log directory's file names; ``fifos``: the stems with a FIFO;
+    ``attached``: the stems the agent reads, with their tokens. All three are taken *before*
+    ``live_uids`` (the uids of the containers that exist) was read, so nothing is
+    judged on an older listing than its container's: a sandbox starting meanwhile is
+    live or was not listed."""
     plan = LogPlan()
-    for name in sorted(sizes):
+    for stem in sorted(fifos):
+        uid = uid_of(stem + FIFO_SUFFIX)
+        if uid is not None and uid in live_uids and stem not in attached:
+            plan.attach.append(stem)
+    for stem in sorted({*fifos, *attached}):  # read to the end, then unlinked
+        uid = uid_of(stem + FIFO_SUFFIX)
+        if uid is not None and uid not in live_uids:
+            plan.detach[stem] = attached.get(stem)
+    for name in sorted(files):
         uid = uid_of(name)
-        if uid is None:
-            continue
-        if uid not in live_uids:
+        if uid is not None and not name.endswith(FIFO_SUFFIX) and uid not in live_uids:
             plan.remove.append(name)
-        elif max_bytes and name.endswith(LOG_SUFFIX) and sizes[name] > max_bytes:
-            plan.rotate.append(name)
     return plan
 
 
-__all__ = ["LOG_SUFFIX", "ROTATED_SUFFIX", "LogPlan", "plan_logs", "uid_of"]
+__all__ = [
+    "FIFO_SUFFIX",
+    "LOG_SUFFIX",
+    "ROTATED_SUFFIX",
+    "LogPlan",
+    "fits",
+    "log_stem",
+    "plan_logs",
+    "uid_of",
+]

@@ -72,8 +72,8 @@ class ContainerdRuntime:
     def create_container(self, spec: ContainerSpec, *, timeout: float) -> ContainerInfo:
         return self._containers.create_container(spec, timeout=timeout)
 
-    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
-        return self._containers.start_task(container_id, log_path=log_path, timeout=timeout)
+    def start_task(self, container_id: str, *, stdio: str, timeout: float) -> TaskInfo:
+        return self._containers.start_task(container_id, stdio=stdio, timeout=timeout)
 
     def kill_task(self, container_id: str, signal: int, *, timeout: float) -> None:
         self._containers.kill_task(container_id, signal, timeout=timeout)

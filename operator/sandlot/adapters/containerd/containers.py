@@ -201,7 +201,7 @@ class Containers:
         with contextlib.suppress(RuntimeError_):
             self.remove_snapshot(key, timeout=budget.remaining(f"Snapshots.Remove {key}"))
 
-    def start_task(self, container_id: str, *, log_path: str, timeout: float) -> TaskInfo:
+    def start_task(self, container_id: str, *, stdio: str, timeout: float) -> TaskInfo:
         """Create the container's task, then start it: two operations of ``timeout``
         each. Creating spawns the shim and runs ``runc create``, the slow part under
         load; a start left with what creation did not spend would time out a task
@@ -224,14 +224,12 @@ class Containers:
             timeout=budget.remaining(what),
             what=what,
         ).mounts
-        # The runc shim opens file:// URIs itself (append mode), and shares one
-        # file when stdout and stderr name the same one.
-        uri = f"file://{log_path}" if log_path else ""
+        # The shim opens both: a FIFO (the agent reads it) or a file:// URI (append).
         what = f"Tasks.Create {container_id}"
         self._conn.call(
             self._conn.tasks.Create,
             tasks_pb2.CreateTaskRequest(
-                container_id=container_id, rootfs=mounts, stdout=uri, stderr=uri
+                container_id=container_id, rootfs=mounts, stdout=stdio, stderr=stdio
             ),
             timeout=budget.remaining(what),
             what=what,
