@@ -7,7 +7,10 @@ reader takes the client's frames (stdin, resize, close of stdin) and one pump
 per output FIFO sends stdout and stderr. After the exit the pumps drain to EOF
 (the shim closes its ends once it copied everything), then the exit status goes
 on the status channel and the connection closes; the exec's process record and
-FIFOs are removed whatever happened.
+FIFOs are removed whatever happened. A session in which neither direction carried
+anything (no client frame, no output) for ``idle`` seconds is killed like one the
+client left, and its status says so: a forgotten ``exec -it`` holds a thread and a
+place among the node's streams only that long.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ DRAIN_WAIT = 5.0  # seconds the output pumps get to reach EOF after the exit
 RECV_WAIT = 0.5
 
 
+def idle_past(last_activity: float, now: float, idle: float) -> bool:
+    """Whether a stream whose data last moved at ``last_activity`` has been quiet for
+    ``idle`` seconds at ``now`` (both ``time.monotonic()`` readings)."""
+    return now - last_activity >= idle
+
+
 class ExecSession:
     """Runs ``request`` in ``container_id`` for ``connection`` (a websockets sync
     server connection). ``run()`` returns when the command and the stream ended."""
@@ -58,6 +67,7 @@ class ExecSession:
         *,
         call_timeout: float,
         stopping: Callable[[], bool],
+        idle: float,
     ) -> None:
         self.connection = connection
         self.execs = execs
@@ -67,6 +77,9 @@ class ExecSession:
         self.stopping = stopping
         self._send_lock = threading.Lock()
         self._gone = threading.Event()
+        self.idle = idle
+        self._last_activity = time.monotonic()  # a float store: atomic, any thread may
+        self._timed_out = False
 
     def send(self, message: bytes) -> None:
         with self._send_lock:
@@ -115,13 +128,17 @@ class ExecSession:
             exited - began,
             time.monotonic() - exited,
         )
-        if code is None:
+        if code is None and self._timed_out:
+            quiet = f"no input or output for {self.idle:g}s: the exec session timed out"
+            self._finish(error_status(quiet, 408))
+        elif code is None:
             self._finish(error_status("the command was ended: the client or the agent went away"))
         else:
             self._finish(exit_status(code))
 
     def _wait_exit(self, process: ExecProcess) -> int | None:
-        """The exit code; None when the client left or the agent stops first (killed then)."""
+        """The exit code; None when the client left, the agent stops or the session
+        was idle for ``idle`` seconds first (killed then)."""
         while True:
             try:
                 return self.execs.wait(process, timeout=WAIT_SLICE)
@@ -132,7 +149,15 @@ class ExecSession:
                     "exec %s in %s: wait failed: %s", process.exec_id, self.container_id, exc
                 )
                 return None
-            if self._gone.is_set() or self.stopping():
+            if idle_past(self._last_activity, time.monotonic(), self.idle):
+                log.info(
+                    "exec %s in %s: nothing moved for %gs, ending it",
+                    process.exec_id,
+                    self.container_id,
+                    self.idle,
+                )
+                self._timed_out = True
+            if self._timed_out or self._gone.is_set() or self.stopping():
                 with contextlib.suppress(RuntimeError_):
                     self.execs.kill(process, timeout=self.call_timeout)
                 with contextlib.suppress(RuntimeError_):
@@ -142,6 +167,7 @@ class ExecSession:
     def _pump(self, fd: int, channel: int) -> None:
         try:
             while data := os.read(fd, 32 * 1024):
+                self._last_activity = time.monotonic()
                 self.send(encode_frame(channel, data))
         except Exception as exc:  # a closed connection or FIFO ends the pump either way
             log.debug("exec output pump %d ended: %s", channel, exc)
@@ -153,6 +179,7 @@ class ExecSession:
                     message = self.connection.recv(timeout=RECV_WAIT)
                 except TimeoutError:
                     continue
+                self._last_activity = time.monotonic()
                 if isinstance(message, str):
                     message = message.encode()
                 try:
@@ -180,4 +207,4 @@ class ExecSession:
             self.connection.close()
 
 
-__all__ = ["ExecSession"]
+__all__ = ["ExecSession", "idle_past"]

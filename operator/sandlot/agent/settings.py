@@ -278,7 +278,7 @@ class AgentSettings(SettingsModel):
     )
     stream_idle_timeout: Duration = Field(
         default=timedelta(minutes=10),
-        description="A file write or port-forward with no data from the client this long ends.",
+        description="An exec, log follow, file write or port-forward with no data this long ends.",
     )
     proc_root: str = Field(
         default="/proc",

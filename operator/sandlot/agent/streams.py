@@ -9,15 +9,19 @@ credential, and another node's agent certificate is refused like any stranger.
 Before the upgrade the sandbox must be on this node; a refusal is a plain HTTP
 answer (403, 404, 409) whose body says why, which the gateway hands back to the
 user. Each accepted connection has a thread of its own; the agent stopping ends
-them within a wait.
+them within a wait, and so does ``idle`` seconds in which nothing moved (an exec
+with no input or output, a log follow with no output, a file write or a
+port-forward with no data from the client).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -28,7 +32,7 @@ from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
-from sandlot.agent.execsession import ExecSession
+from sandlot.agent.execsession import ExecSession, idle_past
 from sandlot.agent.filesessions import serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
@@ -63,6 +67,10 @@ HANDSHAKE_TIMEOUT = 10.0
 MAX_SESSIONS = 512
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
+
+
+class _FollowIdle(Exception):
+    """A log follow sent nothing for the idle timeout."""
 
 
 class StreamServer:
@@ -239,6 +247,7 @@ class StreamServer:
                     asked,
                     call_timeout=self.call_timeout,
                     stopping=self._stop.is_set,
+                    idle=self.idle,
                 ).run()
             return
         self._send_log(connection, asked, sandbox)
@@ -285,7 +294,16 @@ class StreamServer:
             same = (current.get("metadata") or {}).get("uid") == uid
             return same and (current.get("status") or {}).get("phase") == "Running"
 
-        def wait(seconds: float) -> None:
+        last_sent = time.monotonic()
+
+        def send(message: bytes) -> None:
+            nonlocal last_sent
+            connection.send(message)
+            last_sent = time.monotonic()
+
+        def wait(seconds: float) -> None:  # called only while following, between reads
+            if idle_past(last_sent, time.monotonic(), self.idle):
+                raise _FollowIdle
             try:
                 connection.recv(timeout=seconds)
             except TimeoutError:
@@ -301,13 +319,18 @@ class StreamServer:
                     tail=asked.tail,
                     follow=asked.follow,
                     running=running,
-                    send=connection.send,
+                    send=send,
                     wait=wait,
                     stopping=self._stop.is_set,
                 )
             connection.send(encode_frame(STATUS, exit_status(0)))
         except (ClientGone, FileNotFoundError):
             pass
+        except _FollowIdle:
+            log.info("log follow of %s: no output for %gs, ending it", key, self.idle)
+            quiet = f"no output for {self.idle:g}s: the log follow timed out"
+            with contextlib.suppress(Exception):  # a client that left meanwhile
+                connection.send(encode_frame(STATUS, error_status(quiet, 408)))
         except Exception as e:
             log.debug("log stream of %s ended: %s", key, e)
         finally:
