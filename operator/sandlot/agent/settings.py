@@ -233,12 +233,12 @@ class AgentSettings(SettingsModel):
     log_max_bytes: int = Field(
         default=10 * 2**20,
         ge=0,
-        description="Size at which a sandbox's stdout/stderr file is rotated (one previous "
-        "generation kept); 0: never. Files of torn-down sandboxes are removed.",
+        description="Most bytes in a sandbox's stdout/stderr file, held as written: it is "
+        "then rotated (one previous generation kept); 0: no cap.",
     )
     log_interval: PositiveDuration = Field(
         default=timedelta(seconds=10),
-        description="How often the sandbox log files are checked for size and orphans.",
+        description="How often logs of torn-down sandboxes are removed and output re-attached.",
     )
     stream_port: int = Field(
         default=0,
@@ -276,7 +276,7 @@ class AgentSettings(SettingsModel):
     stream_file_max_bytes: int = Field(
         default=256 * 2**20, ge=1, description="Most bytes one file read or write moves."
     )
-    stream_idle_timeout: Duration = Field(
+    stream_idle_timeout: PositiveDuration = Field(
         default=timedelta(minutes=10),
         description="An exec, log follow, file write or port-forward with no data this long ends.",
     )
