@@ -133,6 +133,12 @@ class Informer:
                 while version is not None and not self._stop.is_set():
                     version = self._watch_once(version)
                 backoff = 0.5
+                if not self._stop.is_set():
+                    # Too old to resume (410 Gone): events were missed, a gap like a
+                    # failure's until the next list ends.
+                    gap = True
+                    if self.on_view_lost is not None:
+                        self.on_view_lost()
             except Exception as e:  # ApiException, OSError, urllib3 protocol errors...
                 gap = True
                 if self._stop.is_set():

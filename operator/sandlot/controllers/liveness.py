@@ -106,7 +106,8 @@ class LivenessView:
         return revived
 
     def _observe(self, name: str, lease: LeaseView | None, now: datetime) -> bool:
-        self._last_heard = now
+        if self._since is not None:  # an item of a list restoring the view proves nothing yet
+            self._last_heard = now
         if lease is None:
             # Not a renewal and not a death: the last observed renewal still counts.
             self._leases.pop(name, None)
@@ -146,9 +147,13 @@ class LivenessView:
             self._last_heard = now
 
     def lost(self) -> None:
-        """The watch failed: the view has a gap until a list restores it, so it counts
-        as not heard from (``reap_blocked_until`` blocks marking) until then."""
+        """The watch failed: the view has a gap until a list restores it. It counts
+        as neither established nor heard from until that list has *ended*
+        (``reap_blocked_until`` blocks marking, then waits one lease more): the items
+        of a list's first pages must not make the nodes on pages not yet received,
+        still holding their renewals from before the gap, look expired."""
         with self._lock:
+            self._since = None
             self._last_heard = None
 
     def forget(self, name: str) -> None:

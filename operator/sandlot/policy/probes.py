@@ -54,7 +54,7 @@ def operator_ready(
     if unsynced:
         return Probe(False, f"caches not synced yet: {', '.join(unsynced)}")
     if view.since is None:
-        return Probe(False, "the agents' Leases not listed yet")
+        return Probe(False, "the agents' Leases not listed yet (first, or after a gap)")
     heard = view.last_heard or view.since
     silent = now - heard
     if silent > staleness_bound:
