@@ -11,6 +11,10 @@ path again. The bytes are TLS and are never looked at.
 ``downstream_rate`` slows what the server sends to at most that many bytes a second
 per connection: a big LIST then takes seconds, as it does at fleet scale or over a
 congested link, while small requests (a Lease renewal, a few objects) stay quick.
+
+``cut`` is an outage: every open connection goes silent and every new one is
+closed as it arrives, until ``restore`` (which may set a new ``downstream_rate``
+for the connections made from then on: a path that comes back congested).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class SeveringRelay:
         self._severed_below = 0
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
+        self._refusing = threading.Event()
 
     def start(self) -> SeveringRelay:
         threading.Thread(target=self._accept, name="relay-accept", daemon=True).start()
@@ -52,6 +57,18 @@ class SeveringRelay:
         with self._lock:
             self._severed_below = self._generation
         return self._generation
+
+    def cut(self) -> int:
+        """An outage begins: open connections go silent, new ones are closed at once."""
+        self._refusing.set()
+        return self.sever_silently()
+
+    def restore(self, downstream_rate: float | None = None) -> None:
+        """The outage ends; connections made from now on get ``downstream_rate``."""
+        if downstream_rate is not None and downstream_rate <= 0:
+            raise ValueError(f"downstream_rate must be positive, got {downstream_rate}")
+        self.downstream_rate = downstream_rate
+        self._refusing.clear()
 
     def close(self) -> None:
         self._closed.set()
@@ -72,6 +89,9 @@ class SeveringRelay:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self._refusing.is_set():
+                client.close()
+                continue
             try:
                 upstream = socket.create_connection(self.target, timeout=5)
             except OSError:
