@@ -116,7 +116,11 @@ class Stream:
         return data if isinstance(data, bytes) else bytes(data)
 
     def send(self, message: bytes) -> None:
-        self._ws.send(message, opcode=websocket.ABNF.OPCODE_BINARY)
+        """``ConnectionError`` (an ``OSError``) once the stream is closed."""
+        try:
+            self._ws.send(message, opcode=websocket.ABNF.OPCODE_BINARY)
+        except websocket.WebSocketConnectionClosedException as e:
+            raise ConnectionError(f"the stream is closed: {e}") from None
 
     def close(self) -> None:
         self._ws.close(timeout=2)

@@ -48,6 +48,7 @@ from sandlot.policy.streams import (
     resize_frame,
 )
 
+RESIZE_LOOK = 0.5  # seconds between looks for a resize, and for the end of the stream
 PREVIOUS_REFUSED = (
     "--previous: sandlot never restarts a sandbox's container (a pool replaces an ended "
     "sandbox with a new one), so there is no previous instance to show"
@@ -188,17 +189,28 @@ def _terminal(stream: Stream, tty: bool) -> Any:
 
     fd = sys.stdin.fileno()
     saved = termios.tcgetattr(fd)
+    resized, done = threading.Event(), threading.Event()
 
-    def send_size(*_: object) -> None:
-        size = os.get_terminal_size(fd)
-        with contextlib.suppress(OSError):
-            stream.send(resize_frame(size.columns, size.lines))
+    def send_sizes() -> None:
+        # Sent from a thread of its own, never from the handler: the handler runs on
+        # the main thread inside its TLS read of the same connection, and a write
+        # there re-enters the TLS session mid-read (a resize then got lost).
+        while not done.is_set():
+            if resized.wait(RESIZE_LOOK):
+                resized.clear()
+                size = os.get_terminal_size(fd)
+                with contextlib.suppress(OSError):
+                    stream.send(resize_frame(size.columns, size.lines))
 
-    previous = signal.signal(signal.SIGWINCH, send_size)
-    send_size()
+    previous = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+    resized.set()  # the size now
+    sender = threading.Thread(target=send_sizes, name="resize", daemon=True)
+    sender.start()
     ttymode.setraw(fd)
     try:
         yield
     finally:
+        done.set()
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
         signal.signal(signal.SIGWINCH, previous)
+        sender.join(RESIZE_LOOK * 2)
