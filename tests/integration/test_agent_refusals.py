@@ -39,6 +39,7 @@ from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING
 from sandlot.policy.userns import IdRange
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
+from tests.support.strict_skips import kernel_has_apparmor
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -317,32 +318,41 @@ def test_host_users_false_runs_each_sandbox_in_a_host_id_range_of_its_own(
         assert host_uid == str(ids.first), "root inside is not the range's first host ID"
 
 
-def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
-    kube: client.ApiClient,
-    namespace: str,
-    agent: Agent,
-    containerd: PrivateContainerd,
-    ctr_ns: str,
-) -> None:
-    """Where the kernel has AppArmor, the sandbox runs confined by the configured
-    profile (or fails, naming it, when the profile is not loaded). Where it has
-    none, the agent must have detected that and the sandbox runs unconfined."""
-    enabled = Path("/sys/module/apparmor/parameters/enabled")
-    kernel_has_apparmor = enabled.exists() and enabled.read_text().strip() == "Y"
-    loaded = agent.work.facts.security.apparmor_profiles
-    assert (loaded is not None) is kernel_has_apparmor, "the agent misdetected AppArmor"
-    _create(kube, namespace, "aa", agent.node, "none", command=["sleep", "30"])
-
+def _decided(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     def decided() -> dict[str, Any] | None:
-        status = _get(kube, namespace, "aa").get("status") or {}
+        status = _get(kube, namespace, name).get("status") or {}
         return status if status.get("phase") in ("Failed", "Running") else None
 
-    status = wait_for(decided, timeout=30, what="the agent to start the sandbox")
+    return wait_for(decided, timeout=30, what=f"the agent to start or refuse {name}")
+
+
+def test_the_agent_detects_whether_the_kernel_has_apparmor(agent: Agent) -> None:
+    loaded = agent.work.facts.security.apparmor_profiles
+    assert (loaded is not None) is kernel_has_apparmor(), "the agent misdetected AppArmor"
+
+
+def test_without_apparmor_in_the_kernel_a_sandbox_runs_unconfined(
+    kube: client.ApiClient, namespace: str, agent: Agent
+) -> None:
+    if kernel_has_apparmor():
+        pytest.skip("this host's kernel has AppArmor: the confined case is tested instead")
+    _create(kube, namespace, "aa-none", agent.node, "none", command=["sleep", "30"])
+    status = _decided(kube, namespace, "aa-none")
+    assert status["phase"] == "Running", status
+
+
+@pytest.mark.apparmor
+def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
+    kube: client.ApiClient, namespace: str, agent: Agent
+) -> None:
+    """The sandbox runs confined by the configured profile, or fails naming it when
+    the profile is not loaded."""
+    if not kernel_has_apparmor():
+        pytest.skip("this host's kernel has no AppArmor enabled: nothing can confine here")
+    loaded = agent.work.facts.security.apparmor_profiles
+    _create(kube, namespace, "aa", agent.node, "none", command=["sleep", "30"])
+    status = _decided(kube, namespace, "aa")
     wanted = agent.settings.apparmor_profile
-    if not kernel_has_apparmor:
-        print("AppArmor assertion skipped: this host's kernel has no AppArmor enabled")
-        assert status["phase"] == "Running", status
-        return
     if wanted not in (loaded or ()):
         assert status["phase"] == "Failed", status
         assert status["reason"] == REASON_APPARMOR_MISSING and wanted in status["message"]

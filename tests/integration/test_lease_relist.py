@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 import yaml
+from bench.scalefleet import Agents, create_nodes, create_sandboxes
 from kubernetes import client
 
-from bench.scalefleet import Agents, create_nodes, create_sandboxes
 from sandlot.adapters.kube import load_api_client
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict

@@ -6,19 +6,31 @@ the rest. In CI those parts are installed by the project itself, so a skip there
 means a test silently did not run: it is reported as a failure naming the reason.
 Only suites whose engine this kind of machine cannot have are exempt: tests marked
 ``kind`` (no Docker engine), listed in ``EXEMPT_MARKERS``, and modules listed in
-``EXEMPT_MODULES`` (a module-level skip happens before its marks exist).
+``EXEMPT_MODULES`` (a module-level skip happens before its marks exist). A test
+marked ``apparmor`` is exempt only where the kernel really has no AppArmor: on a
+host that has it, its skip fails the run like any other.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from pathlib import Path
 
 import pytest
 
 VARIABLE = "SANDLOT_REQUIRE_REAL"
 EXEMPT_MARKERS = frozenset({"kind"})
 EXEMPT_MODULES = frozenset({"e2e/test_kind.py"})
+APPARMOR_ENABLED = Path("/sys/module/apparmor/parameters/enabled")
+
+
+def kernel_has_apparmor() -> bool:
+    return APPARMOR_ENABLED.exists() and APPARMOR_ENABLED.read_text().strip() == "Y"
+
+
+# Markers exempt only while their condition holds: what the kernel itself lacks.
+EXEMPT_WHERE: dict[str, Callable[[], bool]] = {"apparmor": lambda: not kernel_has_apparmor()}
 
 
 def required() -> bool:
@@ -26,7 +38,11 @@ def required() -> bool:
 
 
 def _exempt_item(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(m) is not None for m in EXEMPT_MARKERS)
+    if any(item.get_closest_marker(m) is not None for m in EXEMPT_MARKERS):
+        return True
+    return any(
+        item.get_closest_marker(m) is not None and lacking() for m, lacking in EXEMPT_WHERE.items()
+    )
 
 
 def _skip_reason(report: pytest.CollectReport | pytest.TestReport) -> str:

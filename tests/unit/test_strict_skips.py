@@ -57,3 +57,18 @@ def test_require_real_turns_skips_into_failures_except_kind(
     if code:
         assert "containerd is not installed" in result.stdout
         assert "SANDLOT_REQUIRE_REAL=1" in result.stdout
+
+
+@pytest.mark.parametrize("has_apparmor", [False, True], ids=["kernel-without", "kernel-with"])
+def test_an_apparmor_skip_is_exempt_only_where_the_kernel_has_none(
+    monkeypatch: pytest.MonkeyPatch, has_apparmor: bool
+) -> None:
+    from tests.support import strict_skips
+
+    monkeypatch.setattr(strict_skips, "kernel_has_apparmor", lambda: has_apparmor)
+
+    class Marked:
+        def get_closest_marker(self, name: str) -> object | None:
+            return object() if name == "apparmor" else None
+
+    assert strict_skips._exempt_item(Marked()) is (not has_apparmor)  # type: ignore[arg-type]
