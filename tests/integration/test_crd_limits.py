@@ -184,8 +184,18 @@ def test_a_memory_limit_that_is_not_a_quantity_is_refused(
         ({"memory": "1"}, "spec.resources.limits.memory"),
         ({"memory": "4095Ki"}, "spec.resources.limits.memory"),
         ({"cpu": "0"}, "spec.resources.limits.cpu"),
+        ({"ephemeralStorage": "0"}, "spec.resources.limits.ephemeralStorage"),
+        ({"ephemeralStorage": "1023Ki"}, "spec.resources.limits.ephemeralStorage"),
     ],
-    ids=["memory 0", "memory 0Mi", "memory 1 byte", "memory just under 4Mi", "cpu 0"],
+    ids=[
+        "memory 0",
+        "memory 0Mi",
+        "memory 1 byte",
+        "memory just under 4Mi",
+        "cpu 0",
+        "disk 0",
+        "disk just under 1Mi",
+    ],
 )
 def test_a_limit_that_would_mean_none_is_refused_naming_the_field(
     kube: client.ApiClient, namespace: str, limits: dict[str, str], field: str

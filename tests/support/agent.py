@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from sandlot.adapters.runtime import (
+    UNSUPPORTED,
     ContainerInfo,
     ContainerSpec,
     ExitStatus,
@@ -43,6 +44,8 @@ class FakeRuntime:
     snapshots: set[str] = field(default_factory=set)
     images: dict[str, ImageConfig] = field(default_factory=dict)
     wedged: set[str] = field(default_factory=set)
+    # container id -> the directory standing in for its writable layer
+    writable_dirs: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _never: threading.Event = field(default_factory=threading.Event)
@@ -169,6 +172,14 @@ class FakeRuntime:
         if key not in self.snapshots:
             raise NotFound(f"snapshot {key}")
         self.snapshots.discard(key)
+
+    def writable_layer(self, container_id: str, *, timeout: float) -> str:
+        self._record("writable_layer", container_id)
+        if container_id not in self.containers:
+            raise NotFound(f"container {container_id}")
+        if container_id not in self.writable_dirs:
+            raise RuntimeError_(f"container {container_id}: no writable directory", UNSUPPORTED)
+        return self.writable_dirs[container_id]
 
     def list_images(self, *, timeout: float) -> list[ImageRecord]:
         return []

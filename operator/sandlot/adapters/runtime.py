@@ -29,6 +29,11 @@ class RuntimeError_(Exception):
         self.code = code
 
 
+UNSUPPORTED = "unsupported"
+"""``RuntimeError_.code`` of a question the runtime cannot answer for good (a
+snapshotter without a writable directory)."""
+
+
 class RuntimeTimeout(RuntimeError_):
     """A runtime call did not answer within its deadline."""
 
@@ -135,6 +140,11 @@ class Runtime(Protocol):
     def delete_task(self, container_id: str, *, timeout: float) -> ExitStatus | None: ...
     def delete_container(self, container_id: str, *, timeout: float) -> None: ...
     def remove_snapshot(self, key: str, *, timeout: float) -> None: ...
+    def writable_layer(self, container_id: str, *, timeout: float) -> str:
+        """The directory holding what the container wrote to its root filesystem (its
+        snapshot's overlay upper directory); ``RuntimeError_`` with code ``UNSUPPORTED``
+        when its snapshotter has none."""
+        ...
 
     # images
     def list_images(self, *, timeout: float) -> list[ImageRecord]: ...

@@ -21,6 +21,8 @@ bounded work, and each a thin shell over a pure decision:
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks
   that have provably exited are torn down and their Sandbox ended with the exit
   code. A running task is never touched.
+- **ephemeral storage** (``ephemeralstorage``; every ``log_interval``): sandboxes
+  over their disk limit end Failed and are killed.
 - **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
 Status is written through ``adapters.statuswrite`` (``status``): with the object's
@@ -58,6 +60,7 @@ from sandlot.agent.bringup import (
 )
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
@@ -223,6 +226,7 @@ class Agent:
             cgroup_root=settings.cgroup_root,
             call_timeout=self.call_timeout,
         )
+        self.storage = EphemeralStorage(lambda: self._rt, self.pool, self.work, settings.log_dir)
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
@@ -347,6 +351,7 @@ class Agent:
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn("storage", self.storage.pass_once, settings.log_interval.total_seconds())
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)

@@ -48,6 +48,16 @@ class AgentMetrics:
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )
+        self.storage_passes = Counter(
+            "sandlot_agent_ephemeral_storage_passes_total",
+            "Passes measuring the disk use of sandboxes with an ephemeral storage limit.",
+            registry=registry,
+        )
+        self.storage_exceeded = Counter(
+            "sandlot_agent_ephemeral_storage_exceeded_total",
+            "Sandboxes stopped (Failed, EphemeralStorageExceeded) over their disk limit.",
+            registry=registry,
+        )
         self.reaped = Counter(
             "sandlot_agent_reaped_total",
             "Exited containers the reaper tore down.",

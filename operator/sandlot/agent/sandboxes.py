@@ -46,13 +46,10 @@ from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, s
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.agent.userns import UserRanges
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
-from sandlot.api.sandbox import (
-    REASON_RUN_AS_ROOT,
-    SandboxPhase,
-    SandboxSpec,
-)
+from sandlot.api.sandbox import REASON_RUN_AS_ROOT, SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.capacity import Capacity
+from sandlot.policy.ephemeralstorage import limit_labels
 from sandlot.policy.imageuser import UnknownImageUser
 from sandlot.policy.nodesecurity import (
     IsolationUnavailable,
@@ -361,6 +358,7 @@ class SandboxWork:
             raise StartFailed("InvalidSpec", str(exc)) from None
         attachment = self._plan_network(container_id, spec, oci)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
+        labels.update(limit_labels(spec))  # the disk limit, for the storage pass
         if attachment is not None:
             labels.update(attachment.labels())
         if spec.host_users is False:  # a range of its own, reserved until _start ends

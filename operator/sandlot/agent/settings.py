@@ -238,7 +238,7 @@ class AgentSettings(SettingsModel):
     )
     log_interval: PositiveDuration = Field(
         default=timedelta(seconds=10),
-        description="How often logs of torn-down sandboxes are removed and output re-attached.",
+        description="How often old logs are removed, output re-attached and disk use measured.",
     )
     stream_port: int = Field(
         default=0,

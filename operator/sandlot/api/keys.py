@@ -28,6 +28,10 @@ LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
 
+EPHEMERAL_STORAGE_LABEL: Final = f"{GROUP}/ephemeral-storage-limit"
+"""containerd container label: its sandbox's disk limit in bytes, decided when it
+started (its own, else its namespace's default); the agent measures only these."""
+
 USERNS_LABEL: Final = f"{GROUP}/userns"
 """containerd container label: the host IDs of its sandbox's user namespace, as
 ``<first>-<size>`` (``hostUsers: false``); the agent reads them back to hand out
@@ -43,7 +47,8 @@ AGENT_LEASE_LABEL: Final = f"{GROUP}/agent-lease"
 
 DEFAULT_LIMITS_ANNOTATION: Final = f"{GROUP}/default-limits"
 """Namespace annotation: the limits of its Sandboxes that set none, as
-``memory=512Mi,cpu=500m,pids=256`` (any subset); the agent's settings fill the rest."""
+``memory=512Mi,cpu=500m,pids=256,ephemeralStorage=1Gi`` (any subset); the agent's
+settings fill the rest (a disk limit has no node-wide default)."""
 
 APP_NAME_LABEL: Final = "app.kubernetes.io/name"
 """Recommended Kubernetes label naming the application an object belongs to."""
@@ -112,6 +117,7 @@ __all__ = [
     "DEFAULT_LIMITS_ANNOTATION",
     "ENDPOINTSLICE_MANAGED_BY_LABEL",
     "ENDPOINTSLICE_MANAGER",
+    "EPHEMERAL_STORAGE_LABEL",
     "IFNAME_LABEL",
     "KOPF_ANNOTATION_PREFIX",
     "LAST_HANDLED_CONFIGURATION_KEY",

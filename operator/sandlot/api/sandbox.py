@@ -83,6 +83,8 @@ REASON_MANUAL_REAP = "ManualReap"
 REASON_POLICY_VIOLATION = "PolicyViolation"
 REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"
+# Its writable layer and logs grew past spec.resources.limits.ephemeralStorage.
+REASON_EPHEMERAL_STORAGE_EXCEEDED = "EphemeralStorageExceeded"
 # Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
 REASON_PULLING = "Pulling"
 REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
@@ -97,6 +99,8 @@ QUANTITY_PATTERN = r"^\+?([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE]
 # reads a memory limit of 0 as none, and a few KiB cannot even start a process.
 MIN_MEMORY_LIMIT = "4Mi"
 MIN_CPU_LIMIT = "1m"
+# A few files and a log already take this much: below it a disk limit stops anything.
+MIN_EPHEMERAL_STORAGE_LIMIT = "1Mi"
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
 CapabilityName = Annotated[str, Field(max_length=64)]
 
@@ -162,11 +166,23 @@ class ResourceLimits(Model):
         description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS "
         f"quota. At least {MIN_CPU_LIMIT}.",
     )
+    ephemeral_storage: str | None = Field(
+        default=None,
+        max_length=MAX_QUANTITY,
+        pattern=QUANTITY_PATTERN,
+        json_schema_extra=_at_least(MIN_EPHEMERAL_STORAGE_LIMIT, "an ephemeral storage limit"),
+        description="Disk limit as a Kubernetes quantity (`1Gi`): the allocated blocks of the "
+        "sandbox's writable layer and log files, measured as the kubelet does by its node's "
+        "agent every agent.logInterval (10s); over it the sandbox is killed and ends Failed, "
+        "reason EphemeralStorageExceeded. At least "
+        f"{MIN_EPHEMERAL_STORAGE_LIMIT}; unset (and no namespace default): not measured.",
+    )
 
 
 class SandboxResources(Model):
     limits: ResourceLimits = Field(
-        default_factory=ResourceLimits, description="Hard limits the kernel enforces."
+        default_factory=ResourceLimits,
+        description="Hard limits: memory and CPU held by the kernel, disk by the agent.",
     )
 
 

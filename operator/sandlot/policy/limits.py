@@ -4,8 +4,9 @@ the agent's. Pure.
 A sandbox without a memory, CPU or pids limit is a tenant that can take the whole
 node; so every sandbox gets all three. The agent's settings give the defaults; a
 namespace may set its own with the annotation
-``sandlot.dev/default-limits: memory=512Mi,cpu=500m,pids=256`` (any subset), and a
-Sandbox's ``spec.resources.limits`` wins over both.
+``sandlot.dev/default-limits: memory=512Mi,cpu=500m,pids=256`` (any subset, and
+``ephemeralStorage=1Gi``, which has no node-wide default), and a Sandbox's
+``spec.resources.limits`` wins over both.
 
 A limit below its floor is refused wherever it comes from (the CRD's CEL at
 admission, the settings at start-up, the annotation and the Sandbox again here),
@@ -20,13 +21,14 @@ from dataclasses import dataclass, replace
 
 from sandlot.api.sandbox import (
     MIN_CPU_LIMIT,
+    MIN_EPHEMERAL_STORAGE_LIMIT,
     MIN_MEMORY_LIMIT,
     ResourceLimits,
     SandboxSpec,
 )
 from sandlot.policy.quantity import parse_quantity
 
-_KEYS = ("memory", "cpu", "pids")
+_KEYS = ("memory", "cpu", "pids", "ephemeralStorage")
 
 MIN_PIDS_LIMIT = 8
 """The fewest processes (and threads) a sandbox may be limited to: a shell and a
@@ -59,6 +61,20 @@ def cpu_floor_refusal(value: str, where: str) -> str | None:
     return None
 
 
+def storage_floor_refusal(value: str, where: str) -> str | None:
+    """Why ``value`` (a disk quantity) is no limit, naming ``where``; None if it is one."""
+    if parse_quantity(value) < parse_quantity(MIN_EPHEMERAL_STORAGE_LIMIT):
+        return f"{where} {value!r} is below the floor of {MIN_EPHEMERAL_STORAGE_LIMIT}"
+    return None
+
+
+_FLOORS = {
+    "memory": memory_floor_refusal,
+    "cpu": cpu_floor_refusal,
+    "ephemeralStorage": storage_floor_refusal,
+}
+
+
 def defaults_refusal(memory: str, cpu: str) -> str | None:
     """Why the agent's default memory or CPU limit is none, naming its setting."""
     for name, value, floor in (
@@ -88,27 +104,27 @@ class DefaultLimits:
     """A CPU quantity ("" = none)."""
     pids: int | None = None
     """Most processes; None = none."""
+    ephemeral_storage: str = ""
+    """A disk quantity: writable layer and logs ("" = not measured)."""
 
 
 def parse_defaults(text: str) -> DefaultLimits:
-    """``memory=512Mi,cpu=500m,pids=256`` (any subset, any order); ``ValueError``
-    naming the bad part otherwise."""
+    """``memory=512Mi,cpu=500m,pids=256,ephemeralStorage=1Gi`` (any subset, any
+    order); ``ValueError`` naming the bad part otherwise."""
     values: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or key not in _KEYS or not value:
-            raise ValueError(f"{part!r} is not one of memory=Q, cpu=Q, pids=N")
+            raise ValueError(f"{part!r} is not one of memory=Q, cpu=Q, pids=N, ephemeralStorage=Q")
         if key == "pids":
             if not value.isdigit():
                 raise ValueError(f"pids={value!r} is not a whole number")
             refusal = pids_floor_refusal(int(value), "pids")
         elif parse_quantity(value) <= 0:
             raise ValueError(f"{key}={value!r} is not a positive quantity")
-        elif key == "memory":
-            refusal = memory_floor_refusal(value, "memory")
         else:
-            refusal = cpu_floor_refusal(value, "cpu")
+            refusal = _FLOORS[key](value, key)
         if refusal:
             raise ValueError(refusal)
         values[key] = value
@@ -116,6 +132,7 @@ def parse_defaults(text: str) -> DefaultLimits:
         memory=values.get("memory", ""),
         cpu=values.get("cpu", ""),
         pids=int(values["pids"]) if "pids" in values else None,
+        ephemeral_storage=values.get("ephemeralStorage", ""),
     )
 
 
@@ -126,6 +143,7 @@ def merge(base: DefaultLimits, override: DefaultLimits) -> DefaultLimits:
         memory=override.memory or base.memory,
         cpu=override.cpu or base.cpu,
         pids=override.pids if override.pids is not None else base.pids,
+        ephemeral_storage=override.ephemeral_storage or base.ephemeral_storage,
     )
 
 
@@ -135,6 +153,7 @@ def with_defaults(spec: SandboxSpec, defaults: DefaultLimits) -> SandboxSpec:
     limits = {
         "memory": own.memory or defaults.memory or None,
         "cpu": own.cpu or defaults.cpu or None,
+        "ephemeralStorage": own.ephemeral_storage or defaults.ephemeral_storage or None,
     }
     body = spec.model_dump(by_alias=True, exclude_none=True)
     body["resources"] = {"limits": {k: v for k, v in limits.items() if v}}
@@ -153,20 +172,21 @@ def pids_limit(defaults: DefaultLimits) -> int:
 
 
 def check_limits(spec: SandboxSpec, pids: int | None, *, required: bool = True) -> None:
-    """Refuse (``LimitRefused``, naming the field) a memory, CPU or pids limit below its
-    floor; with ``required``, also a spec that lacks one (after ``with_defaults``, a
-    sandbox always has all three)."""
+    """Refuse (``LimitRefused``, naming the field) a limit below its floor; with
+    ``required``, also a spec that lacks a memory, CPU or pids limit (after
+    ``with_defaults``, a sandbox always has those three; a disk limit is optional)."""
     own = spec.resources.limits if spec.resources else ResourceLimits()
-    for field, value, floor in (
-        ("memory", own.memory, memory_floor_refusal),
-        ("cpu", own.cpu, cpu_floor_refusal),
+    for field, value in (
+        ("memory", own.memory),
+        ("cpu", own.cpu),
+        ("ephemeralStorage", own.ephemeral_storage),
     ):
         where = f"spec.resources.limits.{field}"
         if value:
-            refusal = floor(value, where)
+            refusal = _FLOORS[field](value, where)
             if refusal:
                 raise LimitRefused(refusal)
-        elif required:
+        elif required and field != "ephemeralStorage":
             raise LimitRefused(f"{where} is unset and no default applies")
     if pids is not None:
         refusal = pids_floor_refusal(pids, "the pids limit")

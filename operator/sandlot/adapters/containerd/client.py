@@ -99,6 +99,9 @@ class ContainerdRuntime:
     def list_snapshots(self, *, timeout: float) -> list[str]:
         return self._containers.list_snapshots(timeout=timeout)
 
+    def writable_layer(self, container_id: str, *, timeout: float) -> str:
+        return self._containers.writable_layer(container_id, timeout=timeout)
+
     # -- images --------------------------------------------------------------------
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:

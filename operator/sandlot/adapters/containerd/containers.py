@@ -32,6 +32,7 @@ from sandlot.adapters.containerd.images import Images
 from sandlot.adapters.containerd.remap import ROOT_DIR, Remapper
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
+    UNSUPPORTED,
     ContainerInfo,
     ContainerSpec,
     ExitStatus,
@@ -207,23 +208,7 @@ class Containers:
         load; a start left with what creation did not spend would time out a task
         that is ready and throw its creation away."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = f"Containers.Get {container_id}"
-        container = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
-        what = f"Snapshots.Mounts {container.snapshot_key} for container {container_id}"
-        mounts = self._conn.call(
-            self._conn.snapshots.Mounts,
-            snapshots_pb2.MountsRequest(
-                snapshotter=container.snapshotter or self.snapshotter,
-                key=container.snapshot_key,
-            ),
-            timeout=budget.remaining(what),
-            what=what,
-        ).mounts
+        mounts = self._mounts(container_id, budget)
         # The shim opens both: a FIFO (the agent reads it) or a file:// URI (append).
         what = f"Tasks.Create {container_id}"
         self._conn.call(
@@ -249,6 +234,38 @@ class Containers:
                 self.delete_task(container_id, timeout=budget.remaining("Tasks.Delete"))
             raise
         return TaskInfo(container_id=container_id, pid=started.pid, state=TaskState.RUNNING)
+
+    def _mounts(self, container_id: str, budget: Deadline) -> Any:
+        """The mounts of the container's root filesystem (its snapshot's)."""
+        what = f"Containers.Get {container_id}"
+        container = self._conn.call(
+            self._conn.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=budget.remaining(what),
+            what=what,
+        ).container
+        what = f"Snapshots.Mounts {container.snapshot_key} for container {container_id}"
+        return self._conn.call(
+            self._conn.snapshots.Mounts,
+            snapshots_pb2.MountsRequest(
+                snapshotter=container.snapshotter or self.snapshotter,
+                key=container.snapshot_key,
+            ),
+            timeout=budget.remaining(what),
+            what=what,
+        ).mounts
+
+    def writable_layer(self, container_id: str, *, timeout: float) -> str:
+        """The directory holding what the container wrote to its root filesystem."""
+        mounts = self._mounts(container_id, Deadline(timeout, expired=RuntimeTimeout))
+        found = writable_dir(mounts)
+        if found is None:
+            kinds = ", ".join(m.type for m in mounts) or "none"
+            raise RuntimeError_(
+                f"container {container_id}: no writable directory in its mounts ({kinds})",
+                code=UNSUPPORTED,
+            )
+        return found
 
     # -- stop and remove -----------------------------------------------------------
 
@@ -315,6 +332,21 @@ class Containers:
         )
 
 
+def writable_dir(mounts: Sequence[Any]) -> str | None:
+    """The writable directory of a snapshot's mounts: an overlay's ``upperdir``, or
+    the source of a read-write bind (the overlayfs snapshotter's answer for a
+    snapshot without a parent, and the native snapshotter's); None otherwise."""
+    for mount in mounts:
+        options = list(mount.options)
+        if mount.type == "overlay":
+            for option in options:
+                if option.startswith("upperdir="):
+                    return str(option.removeprefix("upperdir="))
+        elif mount.type == "bind" and "ro" not in options:
+            return str(mount.source)
+    return None
+
+
 def _container_info(container: Any) -> ContainerInfo:
     return ContainerInfo(
         id=container.id,
@@ -343,4 +375,5 @@ __all__ = [
     "Containers",
     "chain_id",
     "mapped_root",
+    "writable_dir",
 ]

@@ -1,0 +1,145 @@
+"""The ephemeral-storage pass: measure every live sandbox that has a disk limit and
+stop the ones over it (``policy.ephemeralstorage`` decides).
+
+What is measured is what the kubelet counts for a container: its writable layer
+(the upper directory of its snapshot's overlay, which containerd names) and its
+log files. The walk runs on the pass's own thread, capped in entries, so a slow
+disk delays no start or stop. A sandbox over its limit is ended ``Failed`` first,
+then killed without a grace period (the kubelet's eviction for local storage gives
+none: the disk keeps filling during one); the stop runs on the sandbox pool under
+its key, so the sync and the reaper leave it alone meanwhile. A status write that
+did not go through leaves the container for the next pass to try again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from functools import partial
+from pathlib import Path
+
+from sandlot.adapters.diskuse import disk_use
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.runtime import UNSUPPORTED, ContainerInfo, Runtime, RuntimeError_, TaskState
+from sandlot.adapters.statuswrite import WriteOutcome
+from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.sandboxes import SandboxWork
+from sandlot.agent.status import StatusWriter
+from sandlot.agent.workpools import SandboxPools
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.api.sandbox import REASON_EPHEMERAL_STORAGE_EXCEEDED, SandboxPhase
+from sandlot.policy.ephemeralstorage import MAX_ENTRIES, DiskUse, decide_storage, limit_of
+from sandlot.policy.sandboxlogs import LOG_SUFFIX, ROTATED_SUFFIX, log_stem
+
+log = logging.getLogger(__name__)
+
+_LIVE = frozenset({TaskState.RUNNING, TaskState.PAUSED})
+
+
+class EphemeralStorage:
+    """The pass; its sandbox operations and their status writes are ``work``'s."""
+
+    def __init__(
+        self,
+        rt: Callable[[], Runtime],
+        pool: SandboxPools,
+        work: SandboxWork,
+        log_dir: str,
+        max_entries: int = MAX_ENTRIES,
+    ) -> None:
+        self._rt = rt
+        self.pool = pool
+        self.work = work
+        self.objects: Objects = work.objects
+        self.status: StatusWriter = work.status
+        self.metrics: AgentMetrics = work.metrics
+        self.call_timeout = work.call_timeout
+        self.log_dir = Path(log_dir) if log_dir else None  # "": logs are not kept
+        self.max_entries = max_entries
+        # A container's snapshot never changes: its directory is asked for once.
+        self._layers: dict[str, str | None] = {}
+        self.measured: dict[str, DiskUse] = {}
+        """By container id, what the last pass found (the containers it measured)."""
+
+    def pass_once(self) -> int:
+        """Measure each live container with a limit; stop those over it. Returns how
+        many stops were handed to the pool."""
+        rt = self._rt()
+        self.metrics.storage_passes.inc()
+        live = {
+            t.container_id
+            for t in rt.list_tasks(timeout=self.call_timeout)
+            if t.state in _LIVE  # an exited task is the reaper's
+        }
+        containers = rt.list_containers(timeout=self.call_timeout)
+        self._layers = {cid: d for cid, d in self._layers.items() if cid in live}
+        measured: dict[str, DiskUse] = {}
+        stops = 0
+        for container in containers:
+            limit = limit_of(container.labels)
+            key = container.labels.get(SANDBOX_LABEL, "")
+            if limit is None or container.id not in live or "/" not in key:
+                continue
+            if self.pool.busy(key):
+                continue  # a stop or a teardown is on its way
+            trees = self._trees(rt, container)
+            if trees is None:
+                continue  # its layer is unknown this time: judged on the next pass
+            use = disk_use(trees, self.max_entries)
+            measured[container.id] = use
+            decision = decide_storage(use, limit)
+            if decision.stop and self.pool.submit(
+                key, partial(self._stop, key, container, decision.message)
+            ):
+                stops += 1
+        self.measured = measured
+        return stops
+
+    def _trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
+        """The writable layer (when its snapshotter has one) and the log files; None
+        when containerd could not say now."""
+        trees = []
+        if container.id not in self._layers:
+            try:
+                layer = rt.writable_layer(container.id, timeout=self.call_timeout)
+            except RuntimeError_ as exc:
+                log.warning("container %s: writable layer not found: %s", container.id, exc)
+                if exc.code != UNSUPPORTED:
+                    return None
+                layer = None  # for good (a snapshotter without one): its logs only
+            self._layers[container.id] = layer
+        layer = self._layers[container.id]
+        if layer is not None:
+            trees.append(Path(layer))
+        labels: Mapping[str, str] = container.labels
+        if self.log_dir is not None and labels.get(SANDBOX_UID_LABEL):
+            ns, name = labels[SANDBOX_LABEL].split("/", 1)
+            stem = log_stem(ns, name, labels[SANDBOX_UID_LABEL])
+            trees += [
+                self.log_dir / f"{stem}{LOG_SUFFIX}",
+                self.log_dir / f"{stem}{ROTATED_SUFFIX}",
+            ]
+        return trees
+
+    def _stop(self, key: str, container: ContainerInfo, message: str) -> None:
+        try:
+            obj = self.objects.get_sandbox(*key.split("/", 1))
+        except Exception as exc:
+            log.warning("sandbox %s: cannot read it to stop it: %s", key, exc)
+            return  # deleted: the sync stops it; unreadable: the next pass tries again
+        if obj["metadata"].get("uid") != container.labels.get(SANDBOX_UID_LABEL):
+            return  # another sandbox of that name now: its container is an orphan
+        log.warning("sandbox %s: stopping container %s: %s", key, container.id, message)
+        outcome = self.status.end(
+            obj,
+            SandboxPhase.FAILED,
+            REASON_EPHEMERAL_STORAGE_EXCEEDED,
+            message,
+            allowed_from=frozenset({SandboxPhase.RUNNING}),
+        )
+        if outcome is WriteOutcome.WRITTEN:
+            self.metrics.storage_exceeded.inc()
+            self.work.teardown(container)
+
+
+__all__ = ["EphemeralStorage"]
