@@ -1,10 +1,11 @@
-"""``sandlot cp``, ``sandlot port-forward`` and the stream caps, end to end: the CLI,
-the real API server, the gateway, the agent and a real containerd sandbox.
+"""``sandlot cp`` (files and whole directories), ``sandlot port-forward`` and the
+stream caps, end to end: the CLI, the real API server, the gateway, the agent and
+a real containerd sandbox.
 
 The fixtures are those of ``tests/integration/test_streams.py``
 (``tests/support/streams.py``). The abuse is done for real: a symlink to the node's
-``/etc/shadow`` and a ``..`` path asked for by name, a write past the cap, more
-streams than a user may hold.
+``/etc/shadow`` and a ``..`` path asked for by name, a tree copied through a link
+out of the sandbox, a write past the cap, more streams than a user may hold.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -224,3 +226,161 @@ def test_a_user_past_the_session_cap_is_refused_by_name(
             proc.wait(10)
     wait_for(lambda: sessions.open == 0, timeout=20, what="the held streams to be given back")
     delete_sandbox(kube, tenant, "capped")
+
+
+# -- directories ------------------------------------------------------------------------
+
+
+def _make_tree(root: Path) -> None:
+    """Nested directories, an empty one, small files and a 1 MiB one."""
+    (root / "nested" / "deeper").mkdir(parents=True)
+    (root / "empty").mkdir()
+    (root / "a.txt").write_text("alpha\n")
+    (root / "nested" / "b.txt").write_text("beta\n")
+    (root / "nested" / "deeper" / "c with space.txt").write_text("gamma\n")
+    (root / "big.bin").write_bytes(os.urandom(MiB))
+
+
+def _local_manifest(root: Path) -> tuple[set[str], dict[str, str]]:
+    """(directories, file -> sha256), relative to ``root``, ``.`` for the root."""
+    dirs, files = {"."}, {}
+    for path in root.rglob("*"):
+        rel = f"./{path.relative_to(root).as_posix()}"
+        assert not path.is_symlink(), f"{rel}: a symlink was copied"
+        if path.is_dir():
+            dirs.add(rel)
+        else:
+            files[rel] = _digest(path)
+    return dirs, files
+
+
+def _sandbox_manifest(
+    name: str, root: str, tenant: str, kubeconfig: Path
+) -> tuple[set[str], dict[str, str]]:
+    script = f"cd '{root}' && find . -type d && echo --- && find . -type f -exec sha256sum {{}} +"
+    seen = sandlot("exec", name, "-n", tenant, "--", "sh", "-c", script, kubeconfig=kubeconfig)
+    assert seen.returncode == 0, seen.stderr
+    listed, _, summed = seen.stdout.partition("---\n")
+    files = {}
+    for line in summed.splitlines():
+        digest, _, path = line.partition("  ")
+        files[path] = digest
+    return set(listed.splitlines()), files
+
+
+def _in_sandbox(name: str, tenant: str, kubeconfig: Path, script: str) -> str:
+    done = sandlot("exec", name, "-n", tenant, "--", "sh", "-c", script, kubeconfig=kubeconfig)
+    assert done.returncode == 0, (script, done.stderr)
+    return done.stdout
+
+
+def test_cp_copies_a_tree_in_and_out_with_its_structure_and_checksums(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "tree", "sleep 1000")
+    kubeconfig = users["operator-person"]
+    src = tmp_path / "src"
+    _make_tree(src)
+    expected = _local_manifest(src)
+    assert len(expected[1]) == 4 and "./empty" in expected[0]
+
+    # /tmp/dst does not exist: the copy is made as /tmp/dst.
+    up = sandlot("cp", str(src), "tree:/tmp/dst", "-n", tenant, kubeconfig=kubeconfig)
+    assert up.returncode == 0, up.stderr
+    assert _sandbox_manifest("tree", "/tmp/dst", tenant, kubeconfig) == expected
+    modes = _in_sandbox(
+        "tree", tenant, kubeconfig, "stat -c '%a %n' /tmp/dst/nested /tmp/dst/empty"
+    )
+    assert modes.split() == ["755", "/tmp/dst/nested", "755", "/tmp/dst/empty"]
+
+    # Out again, to a path that does not exist, then into a directory that does.
+    back = tmp_path / "back"
+    down = sandlot("cp", "tree:/tmp/dst", str(back), "-n", tenant, kubeconfig=kubeconfig)
+    assert down.returncode == 0, down.stderr
+    assert _local_manifest(back) == expected
+    into = tmp_path / "into"
+    into.mkdir()
+    again = sandlot("cp", "tree:/tmp/dst/", str(into), "-n", tenant, kubeconfig=kubeconfig)
+    assert again.returncode == 0, again.stderr
+    assert _local_manifest(into / "dst") == expected
+
+    # /tmp/dst exists now: a second copy goes into it, under the source's name.
+    twice = sandlot("cp", str(src), "tree:/tmp/dst", "-n", tenant, kubeconfig=kubeconfig)
+    assert twice.returncode == 0, twice.stderr
+    assert _sandbox_manifest("tree", "/tmp/dst/src", tenant, kubeconfig) == expected
+    delete_sandbox(kube, tenant, "tree")
+
+
+def test_cp_out_of_a_sandbox_skips_its_symlinks_and_never_follows_them(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "links", "sleep 1000")
+    kubeconfig = users["operator-person"]
+    _in_sandbox(
+        "links",
+        tenant,
+        kubeconfig,
+        "mkdir -p /tmp/t/sub && echo kept > /tmp/t/sub/f && ln -s /etc /tmp/t/etc && "
+        "ln -s /etc/passwd /tmp/t/sub/pw && ln -s sub /tmp/t/relative",
+    )
+    out = tmp_path / "out"
+    got = sandlot("cp", "links:/tmp/t", str(out), "-n", tenant, kubeconfig=kubeconfig)
+    assert got.returncode == 0, got.stderr
+    assert _local_manifest(out)[0] == {".", "./sub"}
+    assert (out / "sub" / "f").read_text() == "kept\n"
+    assert sorted(p.name for p in out.rglob("*")) == ["f", "sub"]
+    for link in ("links:/tmp/t/etc", "links:/tmp/t/sub/pw", "links:/tmp/t/relative"):
+        assert f"skipped {link}: a symlink, never followed" in got.stderr, got.stderr
+    delete_sandbox(kube, tenant, "links")
+
+
+def test_cp_of_a_tree_refuses_a_destination_through_a_symlink_out_of_the_sandbox(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "escape-tree", "sleep 1000")
+    kubeconfig = users["operator-person"]
+    _in_sandbox(
+        "escape-tree",
+        tenant,
+        kubeconfig,
+        "ln -s / /tmp/up && ln -s ../../../../.. /tmp/rel && mkdir -p /tmp/clash/src/zz.txt",
+    )
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.txt").write_text("a\n")
+    (src / "zz.txt").write_text("z\n")
+    marker = f"sandlot-escaped-{uuid.uuid4().hex[:8]}"
+    for dest in (f"/tmp/up/{marker}", f"/tmp/rel/{marker}", f"/tmp/up/tmp/{marker}"):
+        got = sandlot("cp", str(src), f"escape-tree:{dest}", "-n", tenant, kubeconfig=kubeconfig)
+        assert got.returncode == 1, (dest, got)
+        assert "outside the sandbox's root" in got.stderr, (dest, got.stderr)
+        assert not Path(f"/{marker}").exists() and not Path(f"/tmp/{marker}").exists()
+    # The link itself as the destination: there is something there, and not a directory.
+    onto = sandlot("cp", str(src), "escape-tree:/tmp/up", "-n", tenant, kubeconfig=kubeconfig)
+    assert onto.returncode == 1
+    assert "/tmp/up: exists and is not a directory" in onto.stderr, onto.stderr
+    # A copy that fails half-way says what it copied and where it stopped.
+    half = sandlot("cp", str(src), "escape-tree:/tmp/clash", "-n", tenant, kubeconfig=kubeconfig)
+    assert half.returncode == 1
+    assert "/tmp/clash/src/zz.txt: is a directory" in half.stderr, half.stderr
+    assert (
+        "copied 2 of 2 directories and 1 of 2 files (2 bytes) to escape-tree:/tmp/clash/src "
+        "before it stopped"
+    ) in half.stderr, half.stderr
+    assert _in_sandbox("escape-tree", tenant, kubeconfig, "cat /tmp/clash/src/a.txt") == "a\n"
+    delete_sandbox(kube, tenant, "escape-tree")

@@ -193,6 +193,33 @@ class SandboxRoot:
                     os.unlink(temp, dir_fd=dirfd)
             os.close(dirfd)
 
+    def mkdir(self, path: str, mode: int = 0o755) -> bool:
+        """Make the directory ``path`` (its parent must exist), owned by the sandbox's
+        user; True when made, False when a directory was already there (left as it is).
+        Anything else already there, a symlink included, is refused."""
+        parent, name = _split(path)
+        dirfd = self._open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            try:
+                os.mkdir(name, mode, dir_fd=dirfd)
+            except FileExistsError:
+                if stat.S_ISDIR(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                    return False
+                raise FileRefused(409, f"{path}: exists and is not a directory") from None
+            # Opened again without following anything: the sandbox may have swapped
+            # the new directory for a link in between, and the link is then refused.
+            fd = _openat2(dirfd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            try:
+                os.fchown(fd, self.owner.uid, self.owner.gid)
+                os.fchmod(fd, mode)  # the agent's umask does not decide the sandbox's mode
+            finally:
+                os.close(fd)
+            return True
+        except OSError as e:
+            raise _refusal(e, path) from None
+        finally:
+            os.close(dirfd)
+
     def remove(self, path: str) -> None:
         parent, name = _split(path)
         dirfd = self._open(parent, os.O_RDONLY | os.O_DIRECTORY)

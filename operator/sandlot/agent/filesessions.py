@@ -4,9 +4,10 @@ connection each (``adapters.sandboxfs`` does the reaching in).
 Files, in ``v5.channel.k8s.io`` frames: a read sends the file on stdout, then the
 status; list and stat send one JSON document on stdout; a write takes stdin
 frames until the client closes stdin (``[255, 0]``), replaces the file at once,
-and answers the status. Every transfer is capped (``stream_file_max_bytes``), and a
-refusal (a path outside the root, no such file, over the cap) is a failed status
-with its HTTP code and why.
+and answers the status; a mkdir makes one directory (one already there is no
+error) and answers the status. Every transfer is capped
+(``stream_file_max_bytes``), and a refusal (a path outside the root, no such
+file, over the cap) is a failed status with its HTTP code and why.
 
 Port-forward: stdin frames are bytes to the sandbox's port, stdout frames bytes
 from it; either side closing ends both. A client that sends nothing for
@@ -27,6 +28,7 @@ from sandlot.adapters.sandboxfs import FileRefused, SandboxRoot, connect_in_netn
 from sandlot.policy.streams import (
     CLOSE,
     LIST,
+    MKDIR,
     READ,
     REMOVE,
     STAT,
@@ -87,6 +89,9 @@ def _operate(
     elif request.op == WRITE:
         written = root.write(path, _stdin(connection, idle), limit)
         log.info("wrote %d bytes to %s in %s/%s", written, path, request.namespace, request.name)
+    elif request.op == MKDIR:
+        if root.mkdir(path):
+            log.info("made directory %s in %s/%s", path, request.namespace, request.name)
     elif request.op == REMOVE:
         root.remove(path)
 

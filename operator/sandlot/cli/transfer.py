@@ -4,8 +4,8 @@ Both are subresources of ``subresources.sandlot.dev`` reached through the API
 server like ``sandlot exec`` (``create`` on ``sandboxes/files`` to write, ``get``
 to read; ``create`` on ``sandboxes/portforward``). ``cp`` needs nothing in the
 sandbox's image, not even a shell: the node's agent reads and writes the files
-itself, inside the sandbox's root. One file per copy; a write replaces the file
-at once.
+itself, inside the sandbox's root, and ``cli.treecopy`` walks directories. A
+write replaces each file at once.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import contextlib
 import os
 import socket
 import sys
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 from sandlot.adapters.kube import load_api_client
@@ -27,9 +25,9 @@ from sandlot.adapters.streamclient import (
     check_sandbox,
 )
 from sandlot.api.errors import UsageError
-from sandlot.cli.streams import open_request, relay
+from sandlot.cli.streams import open_request
+from sandlot.cli.treecopy import CopyFailed, Progress, SandboxFiles, copy_in, copy_out
 from sandlot.policy.streams import (
-    FILES,
     PORTFORWARD,
     READ,
     STATUS,
@@ -42,6 +40,7 @@ from sandlot.policy.streams import (
     encode_frame,
     end_of,
 )
+from sandlot.policy.treecopy import MAX_TREE_DEPTH, MAX_TREE_ENTRIES, TreeRefused
 
 CHUNK = 64 * 1024
 
@@ -49,9 +48,12 @@ CHUNK = 64 * 1024
 def register(sub: Any) -> None:
     cp = sub.add_parser(
         "cp",
-        help="copy a file into or out of a sandbox",
+        help="copy a file or a directory into or out of a sandbox",
         description="sandlot cp LOCAL SANDBOX:PATH, or sandlot cp SANDBOX:PATH LOCAL. No tar "
-        "or shell needed in the image; a path outside the sandbox's root is refused.",
+        "or shell needed in the image; a path outside the sandbox's root is refused. A "
+        "directory is copied whole, into DEST/NAME when DEST is a directory already, else "
+        f"as DEST; symlinks are skipped, never followed; at most {MAX_TREE_ENTRIES} "
+        f"entries and {MAX_TREE_DEPTH} levels.",
     )
     cp.add_argument("source", metavar="SRC")
     cp.add_argument("dest", metavar="DEST")
@@ -108,36 +110,31 @@ def parse_ports(spec: str) -> tuple[int, int]:
 
 def run_cp(args: argparse.Namespace) -> int:
     direction, sandbox, path, local = parse_cp(args.source, args.dest)
-    request = StreamRequest(FILES, args.namespace, sandbox, op=direction, path=path)
-    if direction == WRITE and not Path(local).is_file():
-        raise UsageError(f"{local}: not a file")
+    if direction == WRITE and not os.path.exists(local):
+        raise UsageError(f"{local}: no such file or directory")
     try:
-        stream = open_request(args.kubeconfig, request)
+        files = SandboxFiles(args.kubeconfig, args.namespace, sandbox)
     except StreamRefused as e:
         print(f"sandlot: cp refused ({e.status}): {e.message}", file=sys.stderr)
         return 1
+    progress = Progress()
     try:
         if direction == WRITE:
-            with open(local, "rb") as f:
-                while chunk := f.read(CHUNK):
-                    stream.send(encode_frame(STDIN, chunk))
-            stream.send(close_stdin_frame())
-            return relay(stream, {})
-        target = Path(local)
-        if target.is_dir():
-            target = target / Path(path).name
-        fd, temp = tempfile.mkstemp(dir=target.parent or ".", prefix=f".{target.name}.")
-        try:
-            with os.fdopen(fd, "wb") as sink:
-                code = relay(stream, {STDOUT: sink})
-            if code == 0:
-                os.replace(temp, target)
-            return code
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temp)
+            copy_in(files, local, path, progress, _warn)
+        else:
+            copy_out(files, path, local, progress, _warn)
+    except (CopyFailed, TreeRefused) as e:
+        print(f"sandlot: cp: {e}", file=sys.stderr)
+        if progress.plan is not None:
+            print(f"sandlot: {progress.summary()}", file=sys.stderr)
+        return 1
     finally:
-        stream.close()
+        files.close()
+    return 0
+
+
+def _warn(line: str) -> None:
+    print(f"sandlot: warning: {line}", file=sys.stderr)
 
 
 def _carry(conn: socket.socket, stream: Stream) -> None:

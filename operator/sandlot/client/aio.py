@@ -42,6 +42,9 @@ class AsyncFiles:
     async def exists(self, path: str, *, timeout: float = FILE_TIMEOUT) -> bool:
         return await asyncio.to_thread(self._files.exists, path, timeout=timeout)
 
+    async def mkdir(self, path: str, *, timeout: float = FILE_TIMEOUT) -> None:
+        await asyncio.to_thread(self._files.mkdir, path, timeout=timeout)
+
     async def remove(self, path: str, *, timeout: float = FILE_TIMEOUT) -> None:
         await asyncio.to_thread(self._files.remove, path, timeout=timeout)
 

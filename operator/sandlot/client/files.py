@@ -20,6 +20,7 @@ from sandlot.client.commands import CHUNK, read_status
 from sandlot.client.errors import FileError, SandboxGone, SandlotError, TimedOut
 from sandlot.policy.streams import (
     LIST,
+    MKDIR,
     READ,
     REMOVE,
     STAT,
@@ -86,6 +87,11 @@ class Files:
                 return False
             raise
         return True
+
+    def mkdir(self, path: str, *, timeout: float = FILE_TIMEOUT) -> None:
+        """Make the directory ``path`` (mode 0755, owned by the sandbox's user); its
+        parent must exist, and a directory already there is no error."""
+        self._do(MKDIR, path, None, timeout)
 
     def remove(self, path: str, *, timeout: float = FILE_TIMEOUT) -> None:
         self._do(REMOVE, path, None, timeout)

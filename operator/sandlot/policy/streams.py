@@ -15,7 +15,7 @@ Verbs, on ``sandboxes`` in ``SUBRESOURCE_GROUP`` (``kubectl auth can-i`` answers
 - exec: ``create`` on ``sandboxes/exec``, as ``kubectl exec`` asks ``create
   pods/exec``; port-forward likewise on ``sandboxes/portforward``;
 - files: ``get`` on ``sandboxes/files`` to read, list and stat, ``create`` to
-  write, ``delete`` to remove.
+  write and to make a directory, ``delete`` to remove.
 
 Every stream is a WebSocket, so the API server itself first checks ``get`` (the
 verb of its GET) before it proxies; the chart's roles grant what both ask.
@@ -53,7 +53,15 @@ LOG, EXEC, FILES, PORTFORWARD = "log", "exec", "files", "portforward"
 KINDS = (LOG, EXEC, FILES, PORTFORWARD)
 # Files: what each operation does to the sandbox's filesystem.
 READ, WRITE, LIST, STAT, REMOVE = "read", "write", "list", "stat", "remove"
-FILE_OPS = {READ: "get", LIST: "get", STAT: "get", WRITE: "create", REMOVE: "delete"}
+MKDIR = "mkdir"
+FILE_OPS = {
+    READ: "get",
+    LIST: "get",
+    STAT: "get",
+    WRITE: "create",
+    MKDIR: "create",
+    REMOVE: "delete",
+}
 MAX_PATH = 4096
 
 
@@ -78,8 +86,8 @@ class StreamRequest:
     @property
     def verb(self) -> str:
         """The verb the gateway asks for: ``get`` for logs and reading files, ``create``
-        for exec, port-forward and writing, ``delete`` for removing (see the module
-        docstring)."""
+        for exec, port-forward, writing and making directories, ``delete`` for removing
+        (see the module docstring)."""
         if self.kind == LOG:
             return "get"
         if self.kind == FILES:
@@ -326,6 +334,7 @@ __all__ = [
     "LIST",
     "LOG",
     "MAX_PATH",
+    "MKDIR",
     "PORTFORWARD",
     "READ",
     "REMOVE",
