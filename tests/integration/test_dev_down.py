@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -117,6 +118,36 @@ def scrub(workdir: Path, paths: tuple[str, ...], netns: set[str], links: set[str
         subprocess.run(["ip", "link", "del", CNI_BRIDGE], capture_output=True, timeout=30)
 
 
+# The README's main job, in the order it tells it: each a line the demo prints.
+MILESTONES = (
+    r"starting a local control plane",
+    r"both nodes Ready|NAME\s+PHASE",
+    r"creating a pool of 4 sandboxes",
+    r"killing demo-1's agent \(SIGKILL\)",
+    r"(\d+) sandboxes Dead [\d.]+s after the kill",
+    r"restarting demo-1's agent",
+    # The dead ones torn down: ctr's header, then no task.
+    r"\$ ctr -n sandlot-demo-1 tasks ls\n(\(no tasks\)|TASK +PID +STATUS *)\n\n\[",
+    r"claiming a sandbox of the pool",
+    r"\$ sandlot logs \S+ -n demo --tail 5\n(.|\n)*?\(exit 0\)",
+    r"\$ sandlot exec \S+ -n demo -- sh -c 'hostname; cat /www/index.html'\n(.|\n)*?\(exit 0\)",
+    r"exiting 3\n\(exit 3\)",  # the command's own exit code, through the API server
+    r"sandlot cache clear containerd --all",
+    r"left running",
+)
+
+
+def assert_story(out: str) -> None:
+    """Every milestone of the story, in order, in the demo's output."""
+    at = 0
+    for milestone in MILESTONES:
+        found = re.compile(milestone).search(out, at)
+        assert found, f"the demo never got to {milestone!r} after:\n{out[at : at + 2000]}"
+        at = found.end()
+    dead = re.search(MILESTONES[4], out)
+    assert dead and int(dead.group(1)) >= 1, "no sandbox went Dead with its node"
+
+
 def test_dev_down_leaves_nothing_of_a_kept_demo(tmp_path: Path) -> None:
     reason = containerd_missing() or registry_missing()
     if reason:
@@ -130,6 +161,7 @@ def test_dev_down_leaves_nothing_of_a_kept_demo(tmp_path: Path) -> None:
     try:
         demo = sandlot("demo", "--keep", "--dir", str(workdir), timeout=DEMO_TIMEOUT)
         assert demo.returncode == 0, f"the demo failed:\n{demo.stdout[-3000:]}{demo.stderr}"
+        assert_story(demo.stdout)
         state = json.loads((workdir / "state.json").read_text())
         paths += (state["containerd"]["root"],)
         netns = demo_netns(workdir)

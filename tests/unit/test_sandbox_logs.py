@@ -95,6 +95,13 @@ def test_a_capped_log_is_never_over_its_cap_and_keeps_one_generation(tmp_path: P
     assert again.size == path.stat().st_size
 
 
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:  # not made yet by the writer's thread
+        return None
+
+
 def _writer(tmp_path: Path, cap: int = 10**6) -> LogWriter:
     return LogWriter(tmp_path / "logs", tmp_path / "fifos", cap)
 
@@ -110,8 +117,14 @@ def test_the_writer_moves_a_tasks_output_from_its_fifo_into_the_capped_log(
         os.write(task, b"x" * 10_000)
         log = writer.log_path("ns_b_u1")
         rotated = log.with_name("ns_b_u1.log.1")
+        def size(path: Path) -> int | None:
+            try:
+                return path.stat().st_size
+            except FileNotFoundError:  # between the rename and the new file
+                return None
+
         wait_for(
-            lambda: rotated.exists() and log.stat().st_size == 10_000 - 2 * 4096,
+            lambda: size(rotated) == 4096 and size(log) == 10_000 - 2 * 4096,
             timeout=10,
             what="10,000 bytes in the log and its previous generation",
         )
@@ -159,7 +172,7 @@ def test_output_written_while_no_agent_reads_reaches_the_log_of_the_next(tmp_pat
     holder = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     os.write(task, b"before\n")
     log = first.log_path("ns_b_u1")
-    wait_for(lambda: log.read_bytes() == b"before\n", timeout=10, what="'before' in the log")
+    wait_for(lambda: _read(log) == b"before\n", timeout=10, what="'before' in the log")
     first.stop()
     os.write(task, b"between\n")  # nobody reads
     assert fifo_stems(tmp_path / "fifos") == {"ns_b_u1"}
@@ -169,7 +182,7 @@ def test_output_written_while_no_agent_reads_reaches_the_log_of_the_next(tmp_pat
         second.attach("ns_b_u1")
         os.write(task, b"after\n")
         wait_for(
-            lambda: log.read_bytes() == b"before\nbetween\nafter\n",
+            lambda: _read(log) == b"before\nbetween\nafter\n",
             timeout=10,
             what="all three lines in the log, in order",
         )
