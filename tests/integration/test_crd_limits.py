@@ -24,6 +24,7 @@ from sandlot.api.common import (
     MAX_NODES,
     MAX_PORTS,
 )
+from sandlot.api.pool import MAX_POOL_REPLICAS
 from sandlot.policy.quantity import memory_bytes
 
 pytestmark = pytest.mark.integration
@@ -131,6 +132,24 @@ def test_oversized_pool_template_labels_are_refused(kube: client.ApiClient, name
         )
     )
     assert "spec.template.metadata.labels:" in message and "Too many" in message, message
+
+
+def test_a_pool_asking_more_than_any_operator_keeps_is_refused(
+    kube: client.ApiClient, namespace: str
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxPool",
+        "metadata": {"name": "huge"},
+        "spec": {"replicas": MAX_POOL_REPLICAS + 1, "template": {"spec": {"image": "e.test/b:1"}}},
+    }
+    message = _refusal(
+        lambda: api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxpools", body, dry_run="All"
+        )
+    )
+    assert "spec.replicas" in message and str(MAX_POOL_REPLICAS) in message, message
 
 
 def test_oversized_cache_prune_node_list_is_refused(kube: client.ApiClient) -> None:

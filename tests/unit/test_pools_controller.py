@@ -241,3 +241,24 @@ def test_a_member_on_a_node_that_is_not_ready_is_not_available() -> None:
     assert not any(w.objects.phase(k) == "Running" for k in w.members(pool)), (
         "old members on a NotReady node were kept as if they served"
     )
+
+
+def test_a_pool_over_the_operators_limit_keeps_that_many_and_says_so_once() -> None:
+    w = WorkloadWorld()
+    w.pools.max_replicas = 3
+    pool = w.pool("big", replicas=10)
+    w.step()
+    assert len(w.members(pool)) == 3
+    status = w.objects.pools[pool]["status"]
+    assert (status["replicas"], status["cappedAt"]) == (10, 3)
+    assert w.events.count(("big", "ReplicasCapped")) == 1
+    w.pools.enqueue_all()
+    w.step()
+    assert w.events.count(("big", "ReplicasCapped")) == 1, "said again while nothing changed"
+    assert len(w.members(pool)) == 3
+
+    w.pools.max_replicas = 20  # the operator's limit raised: the pool gets what it asks
+    w.pools.enqueue_all()
+    w.step()
+    assert len(w.members(pool)) == 10
+    assert w.objects.pools[pool]["status"].get("cappedAt") is None

@@ -87,8 +87,18 @@ class PoolStrategy(Model):
     )
 
 
+# No pool may ask for more, whatever the operator allows (its pool_max_replicas).
+MAX_POOL_REPLICAS = 100_000
+
+
 class SandboxPoolSpec(Model):
-    replicas: int = Field(default=1, ge=0, description="How many live members to keep.")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=MAX_POOL_REPLICAS,
+        description="How many live members to keep (the operator's pool_max_replicas caps "
+        "what it keeps).",
+    )
     template: SandboxTemplate = Field(description="What each member looks like.")
     service_name: str | None = Field(
         default=None,
@@ -119,6 +129,11 @@ class SandboxPoolSpec(Model):
 
 class SandboxPoolStatus(Model):
     replicas: int = Field(default=0, description="Desired members (mirrors spec.replicas).")
+    capped_at: int | None = Field(
+        default=None,
+        description="Set when spec.replicas is over the operator's pool_max_replicas: the "
+        "members it keeps instead.",
+    )
     running: int = Field(default=0, description="Members Running.")
     pending: int = Field(default=0, description="Members Pending or Scheduled.")
     dead: int = Field(default=0, description="Terminal members still kept (Dead/Stopped/Failed).")

@@ -183,11 +183,14 @@ def _member(rec: SandboxRecord, template_hash: str, node_ready: Callable[[str], 
     )
 
 
-def desired_status(pool: PoolState, decision: PoolDecision) -> dict[str, Any]:
+def desired_status(
+    pool: PoolState, decision: PoolDecision, *, capped_at: int | None = None
+) -> dict[str, Any]:
     plan = decision.plan
     until = decision.backoff_until
     return {
         "replicas": pool.replicas,
+        "cappedAt": capped_at,
         "running": plan.running,
         "pending": plan.pending,
         "dead": plan.terminal,
@@ -218,8 +221,10 @@ class PoolController:
         queue_clock: Callable[[], float] = time.monotonic,
         clock: Callable[[], datetime] = _utcnow,
         node_ready: Callable[[str], bool] = lambda _: True,
+        max_replicas: int = 1000,
     ) -> None:
         self.api = api
+        self.max_replicas = max_replicas
         # Whether a node is READY now (the scheduler's view): a member on any other
         # node does not count as available in a rollout.
         self.node_ready = node_ready
@@ -301,8 +306,9 @@ class PoolController:
             return None
         now = self.clock()
         judged = [_member(m, pool.template_hash, self.node_ready) for m in members]
+        replicas = min(pool.replicas, self.max_replicas)
         decision = decide_pool(
-            pool.replicas,
+            replicas,
             pool.history_limit,
             judged,
             rollout=pool.rollout,
@@ -312,8 +318,11 @@ class PoolController:
         )
         by_name = {m.name: m for m in members}
         failures = await self._write(pool, decision.plan, by_name)
-        status = desired_status(pool, decision)
+        status = desired_status(
+            pool, decision, capped_at=replicas if replicas < pool.replicas else None
+        )
         self._note_backoff(pool, decision)
+        self._note_cap(pool, status["cappedAt"])
         if any(pool.status.get(k) != v for k, v in status.items()) and self.is_leader():
             written = await asyncio.to_thread(
                 self.api.patch_pool_status, pool.namespace, pool.name, status
@@ -331,6 +340,17 @@ class PoolController:
         ready_at = next_available(judged, now, pool.min_ready) if pool.min_ready else None
         ready_left = (ready_at - now).total_seconds() if ready_at is not None else None
         return earliest(RETRY_AFTER_ERROR if failures else None, backoff_left, ready_left)
+
+    def _note_cap(self, pool: PoolState, capped_at: int | None) -> None:
+        """One Event when a pool starts asking more than the operator keeps."""
+        if capped_at is None or pool.status.get("cappedAt") == capped_at:
+            return
+        message = (
+            f"spec.replicas {pool.replicas} is over the operator's limit of {capped_at} "
+            "(pool_max_replicas): keeping that many"
+        )
+        log.warning("pool %s: %s", pool.key, message)
+        self.post_event(pool.body_ref, "Warning", "ReplicasCapped", message)
 
     def _note_backoff(self, pool: PoolState, decision: PoolDecision) -> None:
         """One Event per new failure while backing off (the status says it too)."""

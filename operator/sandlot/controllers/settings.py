@@ -64,6 +64,13 @@ class OperatorSettings(SettingsModel):
         description="Concurrent status writes when marking sandboxes Dead, shared by every "
         "node marked at once; also the most nodes whose passes run at once.",
     )
+    pool_max_replicas: int = Field(
+        default=1000,
+        ge=1,
+        le=100_000,
+        description="Most members one SandboxPool keeps: a pool asking more keeps this many, "
+        "says so in status.cappedAt and a ReplicasCapped Warning Event.",
+    )
     metrics_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
     )

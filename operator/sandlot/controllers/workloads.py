@@ -80,6 +80,7 @@ class Workloads:
             post_event=post_event,
             resync_interval=settings.resync_interval,
             node_ready=scheduler.node_ready,
+            max_replicas=settings.pool_max_replicas,
         )
         lifetimes = LifetimeController(api, cache, is_leader=acting)
         claims = ClaimController(api, cache, pools, is_leader=acting)
