@@ -4,6 +4,7 @@ a message naming the problem."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -24,7 +25,9 @@ from sandlot.devtools.controlplane import ControlPlane
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from tests.support.agents import agent_settings
 from tests.support.containerd import start_private_containerd, unavailable_reason
+from tests.support.kube import start_private_plane
 from tests.support.operator import Fleet, OperatorProcess
+from tests.support.passes import count_passes, node_passes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,6 +39,8 @@ def _fleet(plane: ControlPlane) -> tuple[client.ApiClient, Fleet]:
 
 
 HOLD_LABEL = "faults.sandlot.test/hold"
+# How the kubernetes client words an API server's 5xx answer in the operator's log.
+SERVER_ERROR = re.compile(r"\((5\d\d)\)\s*Reason: ")
 
 
 def _hold_dead_marks(api: client.ApiClient, fleet: Fleet, probe_node: str) -> Callable[[], None]:
@@ -111,29 +116,36 @@ def _label(fleet: Fleet, name: str) -> None:
     )
 
 
-def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_path: Path):
-    api, fleet = _fleet(own_plane)
-    lost, healthy = fleet.node("lost"), fleet.node("healthy")
-    lost_lease = fleet.lease(lost, duration=2)
-    fleet.lease(healthy, duration=15)
-    lost_names = [fleet.sandbox(f"l{i}", lost, "Running") for i in range(150)]
-    held = lost_names[::15]
-    for name in held:
-        _label(fleet, name)
-    healthy_names = [fleet.sandbox(f"h{i}", healthy, "Running") for i in range(10)]
-    release = _hold_dead_marks(api, fleet, healthy)
-    op = OperatorProcess(
-        own_plane,
-        tmp_path,
-        "sandlot-system",
-        "--grace-period",
-        "2s",
-        "--resync-interval",
-        "1s",
-        "--mark-concurrency",
-        "4",
+def test_etcd_restarted_in_the_middle_of_a_reap(tmp_path: Path):
+    # The API server gives up on a request after 3 s (not the default minute), so
+    # with etcd stopped the operator's marking pass is answered 504 while the
+    # outage lasts, instead of waiting on it past its own client timeout.
+    plane = start_private_plane(
+        tmp_path / "cp", extra_flags=["--request-timeout=3s"], namespaces=("work", "sandlot-system")
     )
+    api, fleet = _fleet(plane)
+    op: OperatorProcess | None = None
     try:
+        lost, healthy = fleet.node("lost"), fleet.node("healthy")
+        lost_lease = fleet.lease(lost, duration=2)
+        fleet.lease(healthy, duration=15)
+        lost_names = [fleet.sandbox(f"l{i}", lost, "Running") for i in range(150)]
+        held = lost_names[::15]
+        for name in held:
+            _label(fleet, name)
+        healthy_names = [fleet.sandbox(f"h{i}", healthy, "Running") for i in range(10)]
+        release = _hold_dead_marks(api, fleet, healthy)
+        op = OperatorProcess(
+            plane,
+            tmp_path,
+            "sandlot-system",
+            "--grace-period",
+            "2s",
+            "--resync-interval",
+            "1s",
+            "--mark-concurrency",
+            "4",
+        )
         op.wait_metrics()
         wait_for(
             lambda: fleet.get_node(lost).get("status", {}).get("phase") == "Ready",
@@ -142,23 +154,49 @@ def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_pat
         )
         lost_lease.pause()
         lost_lease.stop()
-        # The marking runs until only the held sandboxes are left, and stays there.
+        marked = "sandlot_operator_sandboxes_marked_dead_total"
+        wait_for(lambda: op.metric(marked) >= 1, timeout=30, interval=0.1, what="marking started")
+        # The marking runs until only the held sandboxes are left, and keeps retrying
+        # them (each retry refused by the hold policy): marks are in flight, none lands.
         free = len(lost_names) - len(held)
         wait_for(
-            lambda: op.metric("sandlot_operator_sandboxes_marked_dead_total") >= free,
+            lambda: op.metric(marked) >= free,
             timeout=60,
             interval=0.1,
             what=f"the {free} sandboxes not held marked Dead",
+        )
+        wait_for(
+            lambda: op.metric("sandlot_operator_mark_failures_total") >= 2 * len(held),
+            timeout=30,
+            interval=0.1,
+            what="the held sandboxes' marks retried after a refusal",
         )
         assert [fleet.phase(n) for n in held] == ["Running"] * len(held), (
             "a held sandbox was marked: the fault below would not hit mid-marking"
         )
         assert not fleet.health(lost).get("handledAt"), "latch set on a partial marking"
-        own_plane.stop_etcd()  # marking is in progress: the held ones are retried
-        time.sleep(3)
-        own_plane.restart_etcd()
+        # The operator has no API-error metric by status: its log is where it records
+        # the answers its passes got. A 5xx there after the stop is etcd's outage (the
+        # hold's refusals are 403/422, and reaching admission needs etcd at all).
+        logged = op.log_path.stat().st_size
+        plane.stop_etcd()
+
+        def server_error() -> str | None:
+            with open(op.log_path, "rb") as f:
+                f.seek(logged)
+                found = SERVER_ERROR.search(f.read().decode(errors="replace"))
+            return found.group(1) if found else None
+
+        wait_for(
+            server_error,
+            timeout=45,
+            interval=0.5,
+            what="the operator's marking pass answered 5xx with etcd stopped",
+        )
+        plane.restart_etcd()
         wait_for(lambda: fleet.phase(held[0]) is not None, timeout=30, what="the API server back")
         assert not fleet.health(lost).get("handledAt"), "latch set while marks were failing"
+        assert [fleet.phase(n) for n in held] == ["Running"] * len(held), "a held mark landed"
         release()
 
         def all_dead() -> bool:
@@ -166,15 +204,17 @@ def test_etcd_restarted_in_the_middle_of_a_reap(own_plane: ControlPlane, tmp_pat
 
         wait_for(all_dead, timeout=90, interval=0.5, what="every sandbox of the lost node Dead")
         wait_for(lambda: fleet.health(lost).get("handledAt"), timeout=30, what="latch set")
-        assert op.metric("sandlot_operator_sandboxes_marked_dead_total") >= len(lost_names)
+        assert op.metric(marked) >= len(lost_names)
         assert all(fleet.phase(n) == "Running" for n in healthy_names), (
             "a sandbox on the healthy node was touched"
         )
         assert op.proc.poll() is None, f"the operator died:\n{op.log()}"
     finally:
-        op.stop()
+        if op is not None:
+            op.stop()
         fleet.cleanup()
         api.close()
+        plane.stop()
 
 
 def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
@@ -210,8 +250,11 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
                 what=f"{n} Ready",
             )
         own_plane.stop_apiserver()
-        time.sleep(5 + 2 + 2)  # longer than lease + grace: every lease looks expired
+        # The outage itself, not a wait for anything: longer than lease + grace, so
+        # every lease the operator last saw has expired by its clock.
+        time.sleep(5 + 2 + 2)
         own_plane.restart_apiserver()
+        at_restart = node_passes(op)
         # The agents renew again as soon as the API server is back (AgentLease keeps
         # trying); the operator must judge READY from those renewals.
         for n in nodes:
@@ -220,11 +263,22 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
                 timeout=30,
                 what=f"{n} Ready again",
             )
-        time.sleep(3)
-        assert [fleet.phase(n) for n in names] == ["Running"] * len(names), (
-            f"the operator marked sandboxes Dead because of its own outage:\n{op.log()}"
+
+        def nothing_dead() -> None:
+            if phases := [p for p in map(fleet.phase, names) if p != "Running"]:
+                pytest.fail(f"the operator marked sandboxes {phases} after its own outage")
+
+        # It looked: a pass per node per second of lease + grace after the restart,
+        # the window in which a stale view would have reaped (each pass resyncs).
+        looked = len(nodes) * (5 + 2 + 1)
+        wait_for(
+            lambda: (nothing_dead(), node_passes(op) >= at_restart + looked)[1],
+            timeout=60,
+            interval=0.2,
+            what=f"{looked} node-health passes after the restart (from {at_restart})",
         )
-        assert op.proc.poll() is None
+        nothing_dead()
+        assert op.proc.poll() is None, f"the operator died:\n{op.log()}"
     finally:
         op.stop()
         fleet.cleanup()
@@ -246,12 +300,20 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
     import_archive(ctrd.address, ns, archive, timeout=60)
     node = f"node-{uuid.uuid4().hex[:6]}"
     settings = agent_settings(
-        node=node, namespace=namespace, containerd=ctrd, ctr_ns=ns, log_dir=tmp_path / "logs"
+        node=node,
+        namespace=namespace,
+        containerd=ctrd,
+        ctr_ns=ns,
+        log_dir=tmp_path / "logs",
+        resync_interval="1s",  # an idle node still passes every second
     )
     agent = Agent(settings, kube, registry=CollectorRegistry())
+    # The agent has no sync-pass metric: count the passes of its sync loop that got
+    # through (each lists containerd's containers), wrapped before the loop starts.
+    syncs = count_passes(agent.sync, "sync_once")
     objs: Any = client.CustomObjectsApi(kube)
-    try:
-        assert agent.start()
+
+    def create(name: str) -> None:
         objs.create_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -260,7 +322,7 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
             {
                 "apiVersion": f"{GROUP}/{VERSION}",
                 "kind": "Sandbox",
-                "metadata": {"name": "keep"},
+                "metadata": {"name": name},
                 "spec": {
                     "image": image,
                     "nodeName": node,
@@ -269,15 +331,25 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
             },
         )
 
-        def running() -> dict[str, Any] | None:
-            sb = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "keep")
-            status = sb.get("status") or {}
-            return status if status.get("phase") == "Running" else None
+    def running(name: str) -> dict[str, Any] | None:
+        sb = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", name)
+        status = sb.get("status") or {}
+        return status if status.get("phase") == "Running" else None
 
-        before = wait_for(running, timeout=30, what="the sandbox Running")
+    try:
+        assert agent.start()
+        create("keep")
+        before = wait_for(lambda: running("keep"), timeout=30, what="the sandbox Running")
         ctrd.restart()
-        time.sleep(3)  # several sync and reaper passes against the new containerd
-        after = running()
+        # Passes that got through after the restart talked to the new containerd: the
+        # agent reconnected, and its plan saw the old container again.
+        syncs.wait_past(syncs.count, 3, timeout=30, what="sync passes")
+        create("fresh")
+        fresh = wait_for(
+            lambda: running("fresh"), timeout=30, what="a new sandbox Running after the restart"
+        )
+        assert fresh["containerId"] != before["containerId"]
+        after = running("keep")
         assert after is not None, "the sandbox left Running across a containerd restart"
         assert after["pid"] == before["pid"] and after["containerId"] == before["containerId"]
         rt = ContainerdRuntime(ctrd.address, ns)
@@ -286,6 +358,11 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
         finally:
             rt.close()
         assert task is not None and task.pid == before["pid"], "the container was torn down"
+        teardowns = sum(
+            agent.registry.get_sample_value("sandlot_agent_teardowns_total", {"outcome": o}) or 0
+            for o in ("clean", "kill_wait_timeout", "error")
+        )
+        assert teardowns == 0, f"{teardowns} containers torn down across the restart"
     finally:
         agent.shutdown()
         ctrd.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -16,6 +17,7 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import parse_time
 from tests.support.kube import start_private_plane
 from tests.support.operator import Fleet, OperatorProcess
+from tests.support.passes import node_passes, wait_node_passes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -36,18 +38,30 @@ def hold(seconds: float, check, what: str) -> None:  # type: ignore[no-untyped-d
         time.sleep(0.2)
 
 
+def hold_while_looking(
+    op: OperatorProcess, base: int, seconds: float, check: Callable[[], bool], what: str
+) -> None:
+    """``hold`` for ``seconds``, then require the operator to have made a node-health
+    pass per second of it past ``base``: "nothing happened" means it looked."""
+    hold(seconds, check, what)
+    wait_node_passes(op, base, int(seconds), timeout=15)
+    assert check(), what
+
+
 def test_an_agent_clock_ten_minutes_slow_that_renews_keeps_its_node_ready_past_grace(
     fleet, operators
 ):
     n1 = fleet.node("n1")
     fleet.lease(n1, LEASE, skew=-timedelta(minutes=10))
     fleet.sandbox("slow", n1, "Running")
-    operators(*FAST)
+    op = operators(*FAST)
     wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=15, what="node Ready")
     # Judged against the operator's clock its stamps are 10 minutes stale; it renews
     # every 0.5 s all the same, so it must stay Ready and keep its sandbox well past
     # lease + grace.
-    hold(
+    hold_while_looking(
+        op,
+        node_passes(op),
         LEASE + GRACE + 3,
         lambda: fleet.phase("slow") == "Running" and node_phase(fleet, n1) == "Ready",
         "a node renewing with a slow clock was judged dead",
@@ -86,15 +100,19 @@ def test_deleting_a_healthy_nodes_lease_marks_nothing_dead(
     n1 = fleet.node("n1")
     lease = fleet.lease(n1, LEASE)
     fleet.sandbox("kept", n1, "Running")
-    operators(*FAST)
+    op = operators(*FAST)
     wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=15, what="node Ready")
-    time.sleep(LEASE + GRACE)  # the node is older than lease + grace
+    time.sleep(LEASE + GRACE)  # not a wait: the node must be older than lease + grace
     lease.pause()
     client.CoordinationV1Api(kube).delete_namespaced_lease(n1, fleet.lease_namespace)
-    # The agent recreates it a moment later, as its next renewal does.
-    time.sleep(1)
+    deleted = node_passes(op)
+    # The operator passes over the node while its Lease is gone; the agent recreates
+    # it after that, as its next renewal does.
+    wait_node_passes(op, deleted, 1, timeout=10)
     lease.resume()
-    hold(
+    hold_while_looking(
+        op,
+        deleted,
         LEASE + GRACE + 2,
         lambda: fleet.phase("kept") == "Running",
         "a deleted Lease was taken for a death",
@@ -124,14 +142,18 @@ def test_a_frozen_api_server_longer_than_the_view_bound_marks_nothing_dead(tmp_p
         lease.pause()  # the agent is cut off with it
         os.kill(apiserver, signal.SIGSTOP)
         try:
-            time.sleep(4 * 3)  # three view bounds, and lease + grace twice over
+            # The freeze itself: three view bounds, and lease + grace twice over.
+            time.sleep(4 * 3)
         finally:
             os.kill(apiserver, signal.SIGCONT)
-        time.sleep(LEASE * 0.75)
+        thawed = node_passes(op)
+        time.sleep(LEASE * 0.75)  # the agent's own cut-off outlasts the freeze this long
         lease.resume()
         wait_for(lambda: node_phase(fleet, n1) == "Ready", timeout=30,
                  what="the node Ready again once the views recovered")  # fmt: skip
-        hold(
+        hold_while_looking(
+            op,
+            thawed,
             LEASE + GRACE + 2,
             lambda: fleet.phase("kept") == "Running",
             "the operator reaped from a view frozen with the API server",
