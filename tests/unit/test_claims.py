@@ -111,6 +111,7 @@ class ClaimWorld(WorkloadWorld):
             is_leader=lambda: self.leader,
             clock=self.clock.now,
             queue_clock=self.clock.monotonic,
+            metrics=self.metrics,
         )
 
     def claim(self, name: str, pool: str, namespace: str = "ns") -> str:
@@ -303,3 +304,24 @@ def test_a_claim_deleted_while_it_is_being_bound_gives_its_sandbox_back_deleted(
     w.step()
     assert taken not in w.objects.sandboxes, "the sandbox of a claim deleted mid-bind is deleted"
     assert len(w.members(pool)) == 2
+
+
+def test_a_claims_wait_and_its_pools_depth_are_measured() -> None:
+    """The two figures an autoscaler of a pool scales on: the members waiting for a
+    claim, and how long claims wait for one."""
+    w = ClaimWorld()
+    w.node("a", capacity=10)
+    w.pool("web", replicas=2)
+    w.step()
+    depth = w.metrics.pool_ready_members.labels("ns", "web")
+    assert depth._value.get() == 0  # Scheduled, not Running yet
+    claim = w.claim("mine", "web")
+    w.step()
+    assert w.objects.claims[claim]["status"].get("phase") != "Bound"
+    w.clock.advance(3)
+    w.run_members()
+    w.step()
+    assert w.objects.claims[claim]["status"]["phase"] == "Bound"
+    waited = w.metrics.claim_wait_seconds
+    assert waited._sum.get() == pytest.approx(3.0)  # the fake clock: exactly the wait
+    assert depth._value.get() == 1, "one member left waiting (its replacement not Running)"

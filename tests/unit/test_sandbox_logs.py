@@ -117,6 +117,7 @@ def test_the_writer_moves_a_tasks_output_from_its_fifo_into_the_capped_log(
         os.write(task, b"x" * 10_000)
         log = writer.log_path("ns_b_u1")
         rotated = log.with_name("ns_b_u1.log.1")
+
         def size(path: Path) -> int | None:
             try:
                 return path.stat().st_size

@@ -39,6 +39,7 @@ from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
@@ -110,6 +111,7 @@ class ClaimController:
         is_leader: Callable[[], bool],
         clock: Callable[[], datetime] = _utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
+        metrics: WorkloadMetrics | None = None,
     ) -> None:
         self.api = api
         self.cache = cache
@@ -120,6 +122,8 @@ class ClaimController:
         self.seen: set[str] = set()  # every claim handed over, deleted ones too
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
+        self._first_seen: dict[str, float] = {}  # unbound claim -> when first seen (queue clock)
+        self.metrics = metrics
         self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
         self.queue = WorkQueue(
             "claim",
@@ -138,6 +142,7 @@ class ClaimController:
         self.seen.add(state.key)
         if event_type == "DELETED":
             self.claims.pop(state.key, None)
+            self._first_seen.pop(state.key, None)
             self._waiting.get(state.pool_key, set()).discard(state.key)
             bound = self.bound(state)
             if bound is not None:
@@ -147,6 +152,8 @@ class ClaimController:
                 self.queue.forget(state.key)
             return
         self.claims[state.key] = state
+        if not state.status.get("sandboxName"):
+            self._first_seen.setdefault(state.key, self.queue.clock())
         self.queue.add(state.key)
 
     async def _delete(self, rec: SandboxRecord) -> None:
@@ -270,6 +277,9 @@ class ClaimController:
         if taken is None:
             return False
         log.info("claim %s: bound to %s", claim.key, rec.name)
+        seen = self._first_seen.pop(claim.key, None)
+        if seen is not None and self.metrics is not None:
+            self.metrics.claim_wait_seconds.observe(self.queue.clock() - seen)
         self._remember(claim, written)
         if claim.key not in self.claims:  # deleted while it was being bound
             self._released[claim.key] = record_of(taken)

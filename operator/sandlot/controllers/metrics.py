@@ -108,6 +108,20 @@ class WorkloadMetrics:
             buckets=(0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10),
             registry=registry,
         )
+        self.pool_ready_members = Gauge(
+            "sandlot_operator_pool_ready_members",
+            "A pool's Running members waiting for a claim (its depth: what an autoscaler "
+            "of the pool scales on), by pool.",
+            ["namespace", "pool"],
+            registry=registry,
+        )
+        self.claim_wait_seconds = Histogram(
+            "sandlot_operator_claim_wait_seconds",
+            "From the operator seeing a claim to binding it to a member (long waits: the "
+            "pool is too shallow).",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
         self.endpointslice_writes = Counter(
             "sandlot_operator_endpointslice_writes_total",
             "EndpointSlice applies and deletes sent for pools with a serviceName.",

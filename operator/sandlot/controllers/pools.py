@@ -33,6 +33,7 @@ arrived; resourceVersions are compared for equality only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -257,6 +258,8 @@ class PoolController:
         if event_type == "DELETED":
             self.pools.pop(state.key, None)
             self.queue.forget(state.key)
+            with contextlib.suppress(KeyError):
+                self.metrics.pool_ready_members.remove(state.namespace, state.name)
             self.router.forget(state.key)  # the garbage collector removes what it owned
             return
         self.pools[state.key] = state
@@ -316,6 +319,7 @@ class PoolController:
             now=now,
             min_ready=pool.min_ready,
         )
+        self.metrics.pool_ready_members.labels(pool.namespace, pool.name).set(decision.ready)
         by_name = {m.name: m for m in members}
         failures = await self._write(pool, decision.plan, by_name)
         status = desired_status(

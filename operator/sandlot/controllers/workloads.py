@@ -83,7 +83,7 @@ class Workloads:
             max_replicas=settings.pool_max_replicas,
         )
         lifetimes = LifetimeController(api, cache, is_leader=acting)
-        claims = ClaimController(api, cache, pools, is_leader=acting)
+        claims = ClaimController(api, cache, pools, is_leader=acting, metrics=metrics)
         listed = KopfListed(
             {
                 POOLS: lambda: pools.seen,
