@@ -4,7 +4,6 @@ a message naming the problem."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from tests.support.agents import agent_settings
 from tests.support.containerd import start_private_containerd, unavailable_reason
 from tests.support.kube import start_private_plane
 from tests.support.operator import Fleet, OperatorProcess
-from tests.support.passes import count_passes, node_passes
+from tests.support.passes import node_passes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -39,8 +38,8 @@ def _fleet(plane: ControlPlane) -> tuple[client.ApiClient, Fleet]:
 
 
 HOLD_LABEL = "faults.sandlot.test/hold"
-# How the kubernetes client words an API server's 5xx answer in the operator's log.
-SERVER_ERROR = re.compile(r"\((5\d\d)\)\s*Reason: ")
+# Requests the API server failed, as the operator counts them (verb, resource, code).
+API_FAILURES = "sandlot_operator_api_failures_total"
 
 
 def _hold_dead_marks(api: client.ApiClient, fleet: Fleet, probe_node: str) -> Callable[[], None]:
@@ -175,17 +174,18 @@ def test_etcd_restarted_in_the_middle_of_a_reap(tmp_path: Path):
             "a held sandbox was marked: the fault below would not hit mid-marking"
         )
         assert not fleet.health(lost).get("handledAt"), "latch set on a partial marking"
-        # The operator has no API-error metric by status: its log is where it records
-        # the answers its passes got. A 5xx there after the stop is etcd's outage (the
-        # hold's refusals are 403/422, and reaching admission needs etcd at all).
-        logged = op.log_path.stat().st_size
+
+        # A 5xx counted by the operator after the stop is etcd's outage answering its
+        # marking pass (the hold's refusals are 403/422, never counted as failures).
+        def server_errors() -> float:
+            """5xx answers the operator got, to any request of its passes."""
+            return op.metric(API_FAILURES) - op.metric(API_FAILURES, code="none")
+
+        before_stop = server_errors()
         plane.stop_etcd()
 
-        def server_error() -> str | None:
-            with open(op.log_path, "rb") as f:
-                f.seek(logged)
-                found = SERVER_ERROR.search(f.read().decode(errors="replace"))
-            return found.group(1) if found else None
+        def server_error() -> bool:
+            return server_errors() > before_stop
 
         wait_for(
             server_error,
@@ -308,9 +308,7 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
         resync_interval="1s",  # an idle node still passes every second
     )
     agent = Agent(settings, kube, registry=CollectorRegistry())
-    # The agent has no sync-pass metric: count the passes of its sync loop that got
-    # through (each lists containerd's containers), wrapped before the loop starts.
-    syncs = count_passes(agent.sync, "sync_once")
+    syncs = agent.metrics.sync_passes  # passes that got through (each lists containerd)
     objs: Any = client.CustomObjectsApi(kube)
 
     def create(name: str) -> None:
@@ -343,7 +341,12 @@ def test_containerd_restarted_under_the_agent_readopts_and_tears_nothing_down(
         ctrd.restart()
         # Passes that got through after the restart talked to the new containerd: the
         # agent reconnected, and its plan saw the old container again.
-        syncs.wait_past(syncs.count, 3, timeout=30, what="sync passes")
+        restarted_at = syncs._value.get()
+        wait_for(
+            lambda: syncs._value.get() >= restarted_at + 3,
+            timeout=30,
+            what="3 sync passes through the restarted containerd",
+        )
         create("fresh")
         fresh = wait_for(
             lambda: running("fresh"), timeout=30, what="a new sandbox Running after the restart"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -124,6 +125,10 @@ class RequestCounter:
         with self._lock:
             self.fenced[(method.upper(), path)] += 1
 
+    def record_failure(self, method: str, url: str, code: str) -> None:
+        """A request the API server failed: a 5xx answer (its code), or none at all
+        (``"none"``: a timeout, a refused or broken connection)."""
+
     def total(self) -> int:
         with self._lock:
             return sum(self.calls.values())
@@ -194,9 +199,22 @@ def load_api_client(
             kwargs["_request_timeout"] = request_timeout
 
         def send() -> Any:
-            if counter is not None:
-                counter.record(method, url)
-            return original(method, url, *args, **kwargs)
+            if counter is None:
+                return original(method, url, *args, **kwargs)
+            counter.record(method, url)
+            try:
+                response = original(method, url, *args, **kwargs)
+            except ApiException as e:
+                if (e.status or 0) >= 500:
+                    counter.record_failure(method, url, str(e.status))
+                raise
+            except (OSError, urllib3.exceptions.HTTPError):
+                counter.record_failure(method, url, "none")
+                raise
+            status = getattr(response, "status", None)
+            if isinstance(status, int) and status >= 500:
+                counter.record_failure(method, url, str(status))
+            return response
 
         if fence is not None and method.upper() in MUTATING_METHODS:
             what = f"{method.upper()} {url.split('?', 1)[0]}"

@@ -45,6 +45,12 @@ class AgentMetrics:
             "Bytes of sandbox output read but not written to its log (the log disk failed).",
             registry=registry,
         )
+        self.sync_passes = Counter(
+            "sandlot_agent_sync_passes_total",
+            "Sync passes that ran to the end (the node's sandboxes set against its "
+            "containers, every action handed to its worker).",
+            registry=registry,
+        )
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )

@@ -123,6 +123,7 @@ class SandboxSync:
                 continue
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
+        self.metrics.sync_passes.inc()
 
     def _submit(
         self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None

@@ -65,6 +65,13 @@ class OperatorMetrics:
             ["verb", "resource"],
             registry=registry,
         )
+        self.api_failures = Counter(
+            "sandlot_operator_api_failures_total",
+            "Requests the API server failed: a 5xx answer (code), or none at all (code "
+            "'none': a timeout, a refused or broken connection), by verb and resource.",
+            ["verb", "resource", "code"],
+            registry=registry,
+        )
         self.writes_fenced = Counter(
             "sandlot_operator_writes_fenced_total",
             "Writes the API server's leader fence refused because it saw another holder of "

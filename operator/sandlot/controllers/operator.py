@@ -83,6 +83,11 @@ class _CountingMetrics(RequestCounter):
         super().record_fenced(method, url)
         self.metrics.writes_fenced.labels(resource=resource_of(url)).inc()
 
+    def record_failure(self, method: str, url: str, code: str) -> None:
+        self.metrics.api_failures.labels(
+            verb=method.upper(), resource=resource_of(url), code=code
+        ).inc()
+
 
 def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str], None]:
     """Post Events off the event loop, best effort: a pass never fails on an Event."""
