@@ -4,8 +4,10 @@
 
 ``--quick`` skips the 10,000-sandbox memory run and shortens the churn run from
 30 to 3 minutes. The scale run (``bench/scale.py``) uses 15,000 sandboxes over 500
-nodes; ``--full`` makes it 150,000 over 5,000. The agent start-up, start-latency and GC benchmarks need root
-(they run containers on a private containerd).
+nodes; ``--full`` makes it 150,000 over 5,000, and the same for the recovery run
+(``bench/recovery.py``: a kill -9 and cold restart, then an API-server outage).
+The agent start-up, start-latency and GC benchmarks need root (they run containers
+on a private containerd).
 """
 
 from __future__ import annotations
@@ -104,6 +106,14 @@ def main() -> int:
     run(scale_args, timeout=3 * 3600 if args.full else 3600)
     if scale.exists():
         rows += json.loads(scale.read_text())
+
+    recovery = out.with_name("recovery.json")
+    recovery_args = [str(HERE / "recovery.py"), "--json", str(recovery)]
+    if args.full:
+        recovery_args.append("--full")
+    run(recovery_args, timeout=2 * 3600 if args.full else 3600)
+    if recovery.exists():
+        rows += json.loads(recovery.read_text())
 
     text = run([str(HERE / "pull.py")], timeout=1800)
     m = re.search(r"ratio sandlot/ctr: ([\d.]+)", text)
