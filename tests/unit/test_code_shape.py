@@ -1,7 +1,9 @@
 """Modules stay small and functions short, so each reads in one sitting.
 
 Every module outside generated code has at most ``MAX_MODULE_LINES`` lines (as
-``wc -l`` counts them). A function longer than ``MAX_FUNCTION_LINES`` either is
+``wc -l`` counts them); one past ``LOOK_AT_LINES`` is named in a warning, a
+prompt to look whether it still holds one concern, not a wall that splits one
+concern over several modules. A function longer than ``MAX_FUNCTION_LINES`` either is
 split into named steps or says why it stays long: a comment starting with
 ``LONG_MARKER`` among its first ``MARKER_WITHIN`` lines, followed by the reason.
 Exemptions are listed here with their reason, and an exemption that is no longer
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "operator" / "sandlot"
 
-MAX_MODULE_LINES = 450
+MAX_MODULE_LINES = 600
+LOOK_AT_LINES = 450
 MAX_FUNCTION_LINES = 80
 LONG_MARKER = "# Long on purpose:"
 MARKER_WITHIN = 20
@@ -86,11 +90,19 @@ def unexplained_long_functions(source: str) -> list[tuple[str, int, int]]:
 
 
 def test_no_module_is_over_the_size_limit():
-    offenders = []
+    offenders, large = [], []
     for path in source_modules():
         lines = line_count(path.read_text())
         if lines > MAX_MODULE_LINES:
             offenders.append(f"{relative(path)} ({lines} lines)")
+        elif lines > LOOK_AT_LINES:
+            large.append(f"{relative(path)} ({lines} lines)")
+    if large:
+        warnings.warn(
+            f"modules over {LOOK_AT_LINES} lines, worth a look (one concern each?): "
+            + ", ".join(large),
+            stacklevel=1,
+        )
     assert not offenders, (
         f"modules over {MAX_MODULE_LINES} lines; split them by job: {', '.join(offenders)}"
     )

@@ -276,6 +276,13 @@ class AgentSettings(SettingsModel):
     stream_file_max_bytes: int = Field(
         default=256 * 2**20, ge=1, description="Most bytes one file read or write moves."
     )
+    stream_max_sessions: int = Field(
+        default=512,
+        ge=1,
+        le=65536,
+        description="Streams open at once on this node, whatever the gateways let through "
+        "(each caps its own users): past it, a 429 naming the node, not a thread per caller.",
+    )
     stream_idle_timeout: PositiveDuration = Field(
         default=timedelta(minutes=10),
         description="An exec, log follow, file write or port-forward with no data this long ends.",

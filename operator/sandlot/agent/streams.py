@@ -62,9 +62,7 @@ MAX_MESSAGE = 1 << 20
 # deadline is not: the gateway, which waits longer, read a dropped socket as a failure),
 # short enough that a client that stalls its handshake holds a thread only this long.
 HANDSHAKE_TIMEOUT = 10.0
-# Streams open at once on one node, whatever the gateways let through (each caps its
-# own users and replica): past it, a clear 429 instead of a thread per caller.
-MAX_SESSIONS = 512
+MAX_SESSIONS = 512  # the default of the stream_max_sessions setting
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
@@ -376,6 +374,7 @@ def start_streams(
         proc_root=settings.proc_root,
         file_limit=settings.stream_file_max_bytes,
         idle=settings.stream_idle_timeout.total_seconds(),
+        max_sessions=settings.stream_max_sessions,
     )
     server.tls_files = files
     server.start()
