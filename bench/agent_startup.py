@@ -75,7 +75,7 @@ def main() -> int:
                 ),
                 timeout=30,
             )
-            return cid, rt.start_task(cid, log_path="", timeout=30).pid
+            return cid, rt.start_task(cid, stdio="", timeout=30).pid
 
         began = time.monotonic()
         with ThreadPoolExecutor(8) as pool:

@@ -150,7 +150,7 @@ class Floor:
     def one(self, cid: str) -> None:
         spec = default_spec(COMMAND, [], "/", host_network=False, hostname=cid)
         self.rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=30)
-        self.rt.start_task(cid, log_path="", timeout=30)
+        self.rt.start_task(cid, stdio="", timeout=30)
         self.objs.patch_namespaced_custom_object_status(
             GROUP, VERSION, NS, "sandboxes", self.target, {"status": {"message": cid}}
         )
