@@ -48,6 +48,7 @@ from sandlot.controllers.probes import LoopTicker
 from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workloads import Workloads
+from sandlot.policy.probes import Probe
 
 log = logging.getLogger(__name__)
 
@@ -241,12 +242,14 @@ async def run(
     workloads: Workloads
     started = ready_flag or asyncio.Event()
     ticker = LoopTicker()
+    # Served from here on, before the controllers exist: /readyz says so until then.
+    readiness: list[Callable[[], Probe]] = []
     metrics_server = (
         serve_health(
             settings.metrics_port,
             registry,
             live=ticker.probe,
-            ready=lambda: nodehealth.liveness.readiness(started.is_set(), workloads.unsynced()),
+            ready=lambda: readiness[0]() if readiness else Probe(False, "starting"),
         )
         if settings.metrics_port
         else None
@@ -301,6 +304,7 @@ async def run(
         liveness=nodehealth.liveness,
     )
     workloads.scheduler.bind_loop(loop)
+    readiness.append(lambda: nodehealth.liveness.readiness(started.is_set(), workloads.unsynced()))
     informer = LeaseInformer(
         api,
         settings.namespace,
