@@ -258,8 +258,10 @@ def test_a_new_leader_acts_only_once_its_first_list_of_the_fleet_is_in(
                 "spec": {"image": "example.test/busybox:1"},
             },
         )
-        # The next leader is started once the dead one's Lease has expired: it leads
-        # at once, while its first list of the sandboxes is still arriving.
+        # The next leader is started once the dead one's Lease has expired. It leads
+        # once it has seen that Lease unchanged for a lease duration on its own clock
+        # (it cannot trust another host's renewTime), and its first list of the
+        # sandboxes, slowed by the relay, is still arriving then.
         leases = Leases(api, LEASE_NS)
 
         def expired() -> bool:
