@@ -133,13 +133,16 @@ class WorkloadWorld:
 
     # -- running ----------------------------------------------------------------------
 
-    def step(self) -> None:
-        """Run both queues until nothing is due, delivering sandbox events in between."""
+    def step(self) -> int:
+        """Run both queues until nothing is due, delivering sandbox events in between;
+        how many keys they took (a test asserting that nothing happened first asserts
+        that something was looked at)."""
+        taken = 0
         for _ in range(20):
-            asyncio.run(self.scheduler.queue.run_until_idle())
-            asyncio.run(self.pools.queue.run_until_idle())
+            taken += asyncio.run(self.scheduler.queue.run_until_idle())
+            taken += asyncio.run(self.pools.queue.run_until_idle())
             if not self._deliver() and not len(self.scheduler.queue) and not len(self.pools.queue):
-                return
+                return taken
         raise AssertionError("the controllers did not settle within 20 rounds")
 
     def _deliver(self) -> bool:

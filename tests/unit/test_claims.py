@@ -138,11 +138,12 @@ class ClaimWorld(WorkloadWorld):
                 body["status"].update(phase="Running", ip="10.0.0.7")
                 self.objects.touch(body)
 
-    def step(self) -> None:
+    def step(self) -> int:
+        taken = 0
         for _ in range(5):
-            super().step()
-            asyncio.run(self.claims.queue.run_until_idle())
-        super().step()
+            taken += super().step()
+            taken += asyncio.run(self.claims.queue.run_until_idle())
+        return taken + super().step()
 
 
 def test_a_claim_is_bound_to_a_running_member_which_leaves_the_pool_and_is_replaced() -> None:

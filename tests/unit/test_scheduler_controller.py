@@ -77,7 +77,7 @@ def test_a_standby_binds_nothing() -> None:
     w.leader = False
     w.node("a", capacity=1)
     key = w.sandbox("s1")
-    w.step()
+    assert w.step() > 0, "nothing was looked at: the standby's restraint is unproven"
     assert w.bound(key) is None
     assert w.objects.writes == []
 
@@ -91,7 +91,7 @@ def test_a_new_leader_judges_sandboxes_it_saw_as_a_standby_bound_ones_included()
     free = w.sandbox("free")
     body = w.objects.add_sandbox("ns", "prebound", w.clock.now(), node="ghost")
     w.cache.on_event("SYNC", body)
-    w.step()
+    assert w.step() > 0, "nothing was looked at"
     assert w.objects.writes == [], "a standby wrote"
 
     w.leader = True
