@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "drain": "sandlot.cli.nodes",
     "exec": "sandlot.cli.streams",
     "logs": "sandlot.cli.streams",
+    "mcp": "sandlot.cli.mcp_cmd",
     "nodes": "sandlot.cli.nodes",
     "operator": "sandlot.cli.operator_cmd",
     "pool": "sandlot.cli.pools",
