@@ -129,9 +129,11 @@ MILESTONES = (
     # The dead ones torn down: ctr's header, then no task.
     r"\$ ctr -n sandlot-demo-1 tasks ls\n(\(no tasks\)|TASK +PID +STATUS *)\n\n\[",
     r"claiming a sandbox of the pool",
+    r"\$ python: Client\(.*\)\.claim\('web', name='mine'\)\n-> Sandbox\(demo/\S+, Running\), claim mine",
     r"\$ sandlot logs \S+ -n demo --tail 5\n(.|\n)*?\(exit 0\)",
     r"\$ sandlot exec \S+ -n demo -- sh -c 'hostname; cat /www/index.html'\n(.|\n)*?\(exit 0\)",
     r"exiting 3\n\(exit 3\)",  # the command's own exit code, through the API server
+    r"-> run\(\['cat', '/www/index.html'\]\)\n.+",  # the SDK's exec
     r"sandlot cache clear containerd --all",
     r"left running",
 )

@@ -249,7 +249,7 @@ class Demo:
         self.kill_agent_of_demo_1()
         self.restart_agent_of_demo_1()
         self.say("claiming a sandbox of the pool, then its logs and a command in it")
-        claim_and_stream(self.kc, self.kubeconfig, self.wait)
+        claim_and_stream(self.kc, self.kubeconfig)
         self.clear_caches()
 
     def running_count(self) -> int:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from sandlot.adapters.agentpods import publish_agent_pod
 from sandlot.adapters.kube import load_api_client
+from sandlot.client import Client
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.controlplane import free_port
 from sandlot.devtools.gatewayrig import STANDIN_SELECTOR, publish_gateway
@@ -27,15 +28,6 @@ from sandlot.devtools.streamnet import StreamAddress
 
 AGENT_NAMESPACE = "sandlot-system"
 CLI_TIMEOUT = 180  # seconds; a loaded machine takes long just to start the interpreter
-CLAIM = """\
-apiVersion: sandlot.dev/v1alpha1
-kind: SandboxClaim
-metadata:
-  name: mine
-  namespace: demo
-spec:
-  poolName: web
-"""
 
 
 class DemoStreams:
@@ -121,25 +113,41 @@ def sandlot(kubeconfig: Path, *args: str) -> str:
     return proc.stdout
 
 
-def claim_and_stream(
-    kc: Callable[..., str], kubeconfig: Path, wait: Callable[[str, Callable[[], bool]], None]
-) -> None:
-    """Claim a member of the pool, then read its logs and run commands in it."""
-    kc("apply", "-f", "-", stdin=CLAIM)
-    wait(
-        "the claim Bound",
-        lambda: (
-            kc("get", "sbclaim", "mine", "-n", "demo", "-o", "jsonpath={.status.phase}") == "Bound"
-        ),
-    )
-    print(kc("get", "sbclaim", "-n", "demo", "-o", "wide"), flush=True)
-    name = kc("get", "sbclaim", "mine", "-n", "demo", "-o", "jsonpath={.status.sandboxName}")
-    sandlot(kubeconfig, "logs", name, "-n", "demo", "--tail", "5")
-    sandlot(
-        kubeconfig, "exec", name, "-n", "demo", "--", "sh", "-c", "hostname; cat /www/index.html"
-    )
-    sandlot(kubeconfig, "exec", name, "-n", "demo", "--", "sh", "-c", "echo exiting 3 >&2; exit 3")
-    kc("delete", "sbclaim", "mine", "-n", "demo", "--wait=false")
+def claim_and_stream(kc: Callable[..., str], kubeconfig: Path) -> None:
+    """Claim a member of the pool through the SDK, as a program would, then read its
+    logs and run commands in it with the CLI; leaving the block releases it."""
+    print(f"$ python: Client({str(kubeconfig)!r}, namespace='demo').claim('web', name='mine')")
+    with (
+        Client(kubeconfig, namespace="demo") as sdk,
+        sdk.claim("web", name="mine", timeout=120) as sb,
+    ):
+        print(f"-> {sb!r}, claim {sb.claim}, address {sb.ip}", flush=True)
+        print(kc("get", "sbclaim", "-n", "demo", "-o", "wide"), flush=True)
+        sandlot(kubeconfig, "logs", sb.name, "-n", "demo", "--tail", "5")
+        sandlot(
+            kubeconfig,
+            "exec",
+            sb.name,
+            "-n",
+            "demo",
+            "--",
+            "sh",
+            "-c",
+            "hostname; cat /www/index.html",
+        )
+        sandlot(
+            kubeconfig,
+            "exec",
+            sb.name,
+            "-n",
+            "demo",
+            "--",
+            "sh",
+            "-c",
+            "echo exiting 3 >&2; exit 3",
+        )
+        print(f"$ python: {sb.name} -> run(['cat', '/www/index.html'])", flush=True)
+        print(sb.run(["cat", "/www/index.html"], timeout=60).stdout.decode().rstrip(), flush=True)
 
 
 __all__ = ["DemoStreams", "claim_and_stream"]
