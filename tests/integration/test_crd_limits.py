@@ -250,3 +250,46 @@ def test_a_pool_template_with_a_zero_memory_limit_is_refused(
         )
     )
     assert "spec.template.spec.resources.limits.memory:" in message, message
+
+
+@pytest.mark.parametrize(
+    ("probe", "says"),
+    [
+        ({}, "exactly one of exec, httpGet, tcpSocket"),
+        (
+            {"exec": {"command": ["true"]}, "tcpSocket": {"port": 80}},
+            "exactly one of exec, httpGet, tcpSocket",
+        ),
+        ({"tcpSocket": {"port": 0}}, "spec.readinessProbe.tcpSocket.port"),
+        ({"tcpSocket": {"port": 80}, "timeoutSeconds": 61}, "spec.readinessProbe.timeoutSeconds"),
+        ({"tcpSocket": {"port": 80}, "periodSeconds": 0}, "spec.readinessProbe.periodSeconds"),
+    ],
+    ids=["no handler", "two handlers", "port 0", "timeout past its bound", "period 0"],
+)
+def test_a_readiness_probe_outside_its_shape_is_refused(
+    kube: client.ApiClient, namespace: str, probe: dict[str, Any], says: str
+) -> None:
+    api = client.CustomObjectsApi(kube)
+    body = _sandbox("probed", readinessProbe=probe)
+    message = _refusal(
+        lambda: api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", body, dry_run="All"
+        )
+    )
+    assert says in message, message
+
+
+def test_a_readiness_probe_gets_the_pods_defaults(kube: client.ApiClient, namespace: str) -> None:
+    api = client.CustomObjectsApi(kube)
+    body = _sandbox("probed", readinessProbe={"httpGet": {"port": 8080}})
+    created = api.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", body, dry_run="All"
+    )
+    assert created["spec"]["readinessProbe"] == {
+        "httpGet": {"path": "/", "port": 8080},
+        "initialDelaySeconds": 0,
+        "periodSeconds": 10,
+        "timeoutSeconds": 1,
+        "successThreshold": 1,
+        "failureThreshold": 3,
+    }

@@ -39,7 +39,7 @@ ROWS: dict[str, tuple[dict[str, Any], Candidate | None, bool, list[Candidate], C
         [c("p", "Scheduled")],
         ClaimDecision(
             ClaimAction.STATUS,
-            status={"phase": "Pending", "message": "no Running member in pool web yet"},
+            status={"phase": "Pending", "message": "no Ready member in pool web yet"},
         ),
     ),
     "says_so_when_the_pool_is_missing": (

@@ -23,6 +23,9 @@ bounded work, and each a thin shell over a pure decision:
   code. A running task is never touched.
 - **ephemeral storage** (``ephemeralstorage``; every ``log_interval``): sandboxes
   over their disk limit end Failed and are killed.
+- **readiness** (``readiness``, deciding with ``policy.readiness``; every
+  ``PROBE_TICK``): each Running, unpaused sandbox's readiness probe when it is due,
+  and its ``Ready`` condition written on a transition.
 - **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
 Status is written through ``adapters.statuswrite`` (``status``): with the object's
@@ -69,6 +72,7 @@ from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, build_image_gate
+from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
@@ -230,6 +234,9 @@ class Agent:
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
+        self.prober = readiness_prober(
+            settings, self.sandbox_watch, self.status, self.metrics, self._stop
+        )
 
     # ------------------------------------------------------------ lifecycle
 
@@ -352,6 +359,7 @@ class Agent:
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn("storage", self.storage.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
@@ -388,6 +396,7 @@ class Agent:
             watched.stop()
         self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
         self.pool.shutdown()
+        self.prober.shutdown()
         if self.log_writer is not None:  # the tasks' output waits in their pipes
             self.log_writer.stop()
         self._close_pulls()

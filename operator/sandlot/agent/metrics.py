@@ -18,6 +18,7 @@ CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # Long on purpose: one declaration per metric, a table best read whole.
         self.registry = registry
         self.teardowns = Counter(
             "sandlot_agent_teardowns_total",
@@ -62,6 +63,18 @@ class AgentMetrics:
         self.storage_exceeded = Counter(
             "sandlot_agent_ephemeral_storage_exceeded_total",
             "Sandboxes stopped (Failed, EphemeralStorageExceeded) over their disk limit.",
+            registry=registry,
+        )
+        self.readiness_probes = Counter(
+            "sandlot_agent_readiness_probes_total",
+            "Readiness probes run, by handler (exec, httpGet, tcpSocket) and result "
+            "(success, failure).",
+            ["handler", "result"],
+            registry=registry,
+        )
+        self.readiness_passes = Counter(
+            "sandlot_agent_readiness_passes_total",
+            "Passes of the prober over the node's Running sandboxes.",
             registry=registry,
         )
         self.reaped = Counter(

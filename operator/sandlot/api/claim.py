@@ -34,7 +34,7 @@ class SandboxClaimSpec(Model):
 class SandboxClaimStatus(Model):
     phase: ClaimPhase = Field(
         default=ClaimPhase.PENDING,
-        description="Pending (no Running member yet), Bound, or Lost (its sandbox ended or "
+        description="Pending (no Ready member yet), Bound, or Lost (its sandbox ended or "
         "was deleted).",
     )
     sandbox_name: str | None = Field(default=None, description="The sandbox bound to the claim.")

@@ -38,6 +38,7 @@ from sandlot.api.common import (
     Resource,
 )
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
+from sandlot.api.probe import Probe
 
 
 class OperatingMode(StrEnum):
@@ -267,6 +268,14 @@ class SandboxSpec(Model):
         default_factory=list,
         max_length=MAX_PORTS,
         description="Ports the sandbox serves, published to its pool's Service.",
+    )
+    readiness_probe: Probe | None = Field(
+        default=None,
+        description="How its node's agent tells whether the Running sandbox serves (as a "
+        "Pod's readinessProbe); the result is its `Ready` condition. Only a Ready "
+        "sandbox is an endpoint of its pool's Service, is claimed, and counts as "
+        "available in a rollout. Without a probe it is ready once Running (no "
+        "condition); a paused sandbox is not probed.",
     )
     node_name: str | None = Field(
         default=None,

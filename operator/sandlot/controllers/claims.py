@@ -94,7 +94,7 @@ def claim_state(body: Mapping[str, Any]) -> ClaimState:
 
 
 def _candidate(rec: SandboxRecord) -> Candidate:
-    return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node, rec.paused)
+    return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node, rec.paused, rec.ready)
 
 
 def _utcnow() -> datetime:
@@ -170,7 +170,7 @@ class ClaimController:
                 key = f"{rec.namespace}/{rec.claim}"
                 if key in self.claims:
                     self.queue.add(key)
-            elif rec.phase == "Running" and rec.pool_key in self._waiting:
+            elif rec.ready and rec.pool_key in self._waiting:
                 self.queue.add_all(list(self._waiting[rec.pool_key]))
 
     def enqueue_all(self) -> None:

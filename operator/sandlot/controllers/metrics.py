@@ -117,7 +117,7 @@ class WorkloadMetrics:
         )
         self.pool_ready_members = Gauge(
             "sandlot_operator_pool_ready_members",
-            "A pool's Running members waiting for a claim (its depth: what an autoscaler "
+            "A pool's Ready members waiting for a claim (its depth: what an autoscaler "
             "of the pool scales on), by pool.",
             ["namespace", "pool"],
             registry=registry,

@@ -176,6 +176,8 @@ def _member(rec: SandboxRecord, template_hash: str, node_ready: Callable[[str], 
         reason=rec.reason,
         exit_code=rec.exit_code,
         running_since=rec.started_at,
+        ready=rec.ready,
+        ready_since=rec.ready_since,
         # A paused member serves nobody either: it does not count as available.
         node_ready=rec.node is not None
         and rec.phase == SandboxPhase.RUNNING

@@ -6,7 +6,8 @@ slices itself, the way any custom endpoint source does: labels
 ``kubernetes.io/service-name`` (the Service they belong to) and
 ``endpointslice.kubernetes.io/managed-by: sandlot.dev`` (so the EndpointSlice
 controller leaves them alone), one endpoint per Running member with its IP,
-``conditions.ready``, its node and a ``targetRef`` to the Sandbox.
+``conditions.ready`` (its ``Ready``: ``policy.readiness``), its node and a
+``targetRef`` to the Sandbox.
 
 The pool controller calls ``sync`` at the start of every reconcile of a pool,
 before it replaces anyone: a member that is no longer Running leaves the slice
@@ -144,9 +145,11 @@ def _endpoint(member: SandboxRecord) -> dict[str, Any] | None:
     if not routable(member.ip):
         log.debug("sandbox %s: address %s cannot be an endpoint", member.key, member.ip)
         return None
+    # A member whose readiness probe has not passed is listed not ready (as a Pod's
+    # endpoint is): proxies send it nothing, and its address is known in advance.
     endpoint: dict[str, Any] = {
         "addresses": [member.ip],
-        "conditions": {"ready": True, "serving": True, "terminating": False},
+        "conditions": {"ready": member.ready, "serving": member.ready, "terminating": False},
         "targetRef": {
             "apiVersion": API_VERSION,
             "kind": "Sandbox",

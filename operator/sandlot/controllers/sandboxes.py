@@ -40,6 +40,7 @@ from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_eve
 from sandlot.policy.lifetimes import deadline_of
 from sandlot.policy.placement import Placement
 from sandlot.policy.pools import spec_hash
+from sandlot.policy.readiness import ready_since, recorded_ready, sandbox_ready
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,8 @@ class SandboxRecord:
     exit_code: int | None = None
     started_at: datetime | None = None  # status.startedAt: its process started (agent's clock)
     paused: bool = False  # spec.operatingMode Paused: frozen, serving nobody
+    ready: bool = False  # Running, and its readiness probe passed (or it has none)
+    ready_since: datetime | None = None  # when it became ready (None: not ready)
 
     @property
     def key(self) -> str:
@@ -125,12 +128,16 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
     created_at = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
     pool_label = (meta.get("labels") or {}).get(POOL_LABEL)
+    phase = str(status.get("phase") or SandboxPhase.PENDING)
+    started_at = parse_time(status.get("startedAt"))
+    probed = bool(spec.get("readinessProbe"))
+    ready = sandbox_ready(phase, probed, recorded_ready(status))
     return SandboxRecord(
         namespace=sys.intern(meta["namespace"]),
         name=meta["name"],
         uid=meta.get("uid", ""),
         resource_version=str(meta.get("resourceVersion") or ""),
-        phase=sys.intern(str(status.get("phase") or SandboxPhase.PENDING)),
+        phase=sys.intern(phase),
         node=_shared(spec.get("nodeName")),
         pool=_shared(pool_label),
         owner_uid=_shared(owner.get("uid")) if owner else None,
@@ -144,8 +151,10 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
-        started_at=parse_time(status.get("startedAt")),
+        started_at=started_at,
         paused=spec.get("operatingMode") == OperatingMode.PAUSED,
+        ready=ready,
+        ready_since=ready_since(status, probed, started_at) if ready else None,
     )
 
 

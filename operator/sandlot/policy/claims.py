@@ -1,7 +1,7 @@
 """What to do about a SandboxClaim now: a pure decision.
 
-A claim is bound to one Running member of its pool, the one that has been warm
-longest (it has proved it runs); the binding itself is one write to the sandbox
+A claim is bound to one Ready member of its pool (Running, its readiness probe
+passed, not paused), the one that has been warm longest (it has proved it runs); the binding itself is one write to the sandbox
 (guarded by its resourceVersion, so two claims never take the same one), then the
 claim's status says where it is. A claim whose sandbox ended or went away is
 ``Lost``: it is not bound again (its user may hold state in the lost one; they
@@ -29,6 +29,7 @@ class Candidate:
     ip: str | None = None
     node: str | None = None
     paused: bool = False  # frozen: a program given it would wait on its first command
+    ready: bool = True  # its readiness probe passed (or it has none)
 
 
 class ClaimAction(StrEnum):
@@ -90,13 +91,13 @@ def decide_claim(
             return ClaimDecision(ClaimAction.STATUS, status=wanted)
         return ClaimDecision(ClaimAction.NONE)
     running = sorted(
-        (m for m in members if m.phase == SandboxPhase.RUNNING and not m.paused),
+        (m for m in members if m.phase == SandboxPhase.RUNNING and m.ready and not m.paused),
         key=lambda m: (m.created_at, m.name),
     )
     if running:
         return ClaimDecision(ClaimAction.BIND, sandbox=running[0].name)
     message = (
-        f"no Running member in pool {pool_name} yet"
+        f"no Ready member in pool {pool_name} yet"
         if pool_exists
         else f"pool {pool_name} does not exist"
     )

@@ -11,9 +11,10 @@ members have proved they run. Terminal members are kept for inspection up to
 **Rolling.** A member whose spec differs from the pool's template (``current``
 false) is replaced the way a Deployment's RollingUpdate does it: at most
 ``replicas + maxSurge`` live members at once, and old members are deleted only
-while at least ``replicas - maxUnavailable`` stay available: Running on a Ready
-node for ``minReadySeconds``, so a member that crashes soon after it starts never
-counts (Kubernetes' availableReplicas).
+while at least ``replicas - maxUnavailable`` stay available: Ready (Running, its
+readiness probe passed) on a Ready node for ``minReadySeconds``, counted from when
+it became Ready, so a member that crashes soon after it starts never counts
+(Kubernetes' availableReplicas). ``readyReplicas`` counts the Ready members.
 Percentages round up for the surge and down for the unavailable, as Kubernetes
 does; both zero would deadlock, so the surge is then one.
 
@@ -57,21 +58,34 @@ class Member:
     """When it was first seen Running (None: unknown, counted from creation)."""
     node_ready: bool = True
     """Its node is Ready: a member on a NotReady node serves nobody."""
+    ready: bool = True
+    """Its readiness probe passed (True without a probe)."""
+    ready_since: datetime | None = None
+    """When it became Ready (None: counted from ``running_since``)."""
+
+    @property
+    def serving(self) -> bool:
+        """Running, Ready, on a Ready node."""
+        return self.phase == SandboxPhase.RUNNING and self.ready and self.node_ready
 
     def available(self, now: datetime | None, min_ready: timedelta) -> bool:
-        """Counts as serving in a rollout: Running on a Ready node for ``min_ready``."""
-        if self.phase != SandboxPhase.RUNNING or not self.node_ready:
+        """Counts as serving in a rollout: Ready on a Ready node for ``min_ready``."""
+        if not self.serving:
             return False
         if min_ready <= timedelta(0) or now is None:
             return True
-        return now - (self.running_since or self.created_at) >= min_ready
+        return now - self._ready_from >= min_ready
 
     def available_at(self, min_ready: timedelta) -> datetime | None:
-        """When it will count as available if it keeps running (None: not Running on
-        a Ready node now)."""
-        if self.phase != SandboxPhase.RUNNING or not self.node_ready:
+        """When it will count as available if it stays Ready (None: not Ready on a
+        Ready node now)."""
+        if not self.serving:
             return None
-        return (self.running_since or self.created_at) + max(min_ready, timedelta(0))
+        return self._ready_from + max(min_ready, timedelta(0))
+
+    @property
+    def _ready_from(self) -> datetime:
+        return self.ready_since or self.running_since or self.created_at
 
     @property
     def terminal(self) -> bool:
@@ -265,6 +279,7 @@ def decide_pool(
     gone = {m.name for m in delete}
     kept = [m for m in live if m.name not in gone]
     running = sum(1 for m in kept if m.phase == SandboxPhase.RUNNING)
+    ready = sum(1 for m in kept if m.phase == SandboxPhase.RUNNING and m.ready)
     plan = PoolPlan(
         create=create,
         delete=tuple(m.name for m in delete),
@@ -274,7 +289,7 @@ def decide_pool(
         terminal=len(terminal) - len(collect),
     )
     updated = sum(1 for m in kept if m.current) + create
-    return PoolDecision(plan, updated, running, len(chain), until)
+    return PoolDecision(plan, updated, ready, len(chain), until)
 
 
 def next_available(

@@ -1,0 +1,175 @@
+"""Running one readiness probe of a sandbox, bounded by its ``timeoutSeconds``.
+
+``exec`` goes through the agent's exec machinery on containerd (``Tasks.Exec`` on
+a channel of the prober's own, so probes never queue behind a user's exec); its
+output is drained as it comes (a chatty command must not block on a full pipe)
+and a short head of it kept for the condition's message; past the timeout the
+process is killed. ``tcpSocket`` and ``httpGet`` connect to ``127.0.0.1:port``
+inside the sandbox's network namespace (``adapters.sandboxfs``), as port-forward
+does, so a probe reaches a port the sandbox serves only on its loopback, and
+nothing the network policy keeps from the node is needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+from sandlot.adapters.containerd.execs import ExecProcess, Execs
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.adapters.sandboxfs import connect_in_netns
+from sandlot.api.probe import Probe
+
+OUTPUT_KEPT = 512  # bytes of a command's output kept for the message
+DRAIN_WAIT = 1.0  # seconds the output gets to reach EOF after the exit
+READ_SLICE = 0.2  # seconds of one select on the output, so a stop is seen between them
+STATUS_LINE_MAX = 4096
+_STATUS_LINE = re.compile(rb"^HTTP/\d(?:\.\d)? (\d{3})")
+
+
+def handler_of(probe: Probe) -> str:
+    if probe.exec is not None:
+        return "exec"
+    return "httpGet" if probe.http_get is not None else "tcpSocket"
+
+
+class _Output:
+    """Drains an exec's output FIFOs on a thread of its own, keeping the first bytes."""
+
+    def __init__(self, process: ExecProcess) -> None:
+        self._fds = [fd for fd in (process.stdout, process.stderr) if fd is not None]
+        self.kept = bytearray()
+        self._stop = threading.Event()
+        self.done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="probe-output", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        open_fds = list(self._fds)
+        try:
+            while open_fds and not self._stop.is_set():
+                readable, _, _ = select.select(open_fds, [], [], READ_SLICE)
+                for fd in readable:
+                    data = os.read(fd, 4096)
+                    if not data:
+                        open_fds.remove(fd)
+                    elif len(self.kept) < OUTPUT_KEPT:
+                        self.kept += data[: OUTPUT_KEPT - len(self.kept)]
+        except OSError:
+            pass  # closed under us: the probe is over either way
+        finally:
+            self.done.set()
+
+    def text(self) -> str:
+        return " ".join(self.kept.decode(errors="replace").split())
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(READ_SLICE * 2)
+
+
+class ProbeRunner:
+    """Runs probes; every call returns ``(passed, message)`` within its bounds. The
+    exec channel (and its FIFO directory) is opened at the first probe."""
+
+    def __init__(
+        self, open_channel: Callable[[], Execs], *, proc_root: str, call_timeout: float
+    ) -> None:
+        self._open_channel = open_channel
+        self._channel: Execs | None = None
+        self._lock = threading.Lock()
+        self.proc_root = proc_root
+        self.call_timeout = call_timeout
+
+    @property
+    def execs(self) -> Execs:
+        with self._lock:
+            if self._channel is None:
+                self._channel = self._open_channel()
+            return self._channel
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+    def run(self, container_id: str, probe: Probe) -> tuple[bool, str]:
+        timeout = float(probe.timeout_seconds)
+        try:
+            if probe.exec is not None:
+                return self._exec(container_id, probe.exec.command, timeout)
+            pid = self.execs.task_pid(container_id, timeout=self.call_timeout)
+            if probe.tcp_socket is not None:
+                port = probe.tcp_socket.port
+                connect_in_netns(self.proc_root, pid, port, timeout=timeout).close()
+                return True, f"tcp port {port} accepted a connection"
+            assert probe.http_get is not None, "a probe has exactly one handler"
+            return self._http(pid, probe.http_get.port, probe.http_get.path, timeout)
+        except (RuntimeError_, OSError, TimeoutError) as exc:
+            return False, f"{handler_of(probe)}: {exc}"
+
+    def _exec(self, container_id: str, command: Sequence[str], timeout: float) -> tuple[bool, str]:
+        exec_id = f"probe-{uuid.uuid4().hex[:12]}"
+        process = self.execs.start(
+            container_id, exec_id, command, tty=False, stdin=False, timeout=self.call_timeout
+        )
+        output = _Output(process)
+        try:
+            try:
+                code = self.execs.wait(process, timeout=timeout)
+            except RuntimeTimeout:
+                with contextlib.suppress(RuntimeError_):
+                    self.execs.kill(process, timeout=self.call_timeout)
+                with contextlib.suppress(RuntimeError_):
+                    self.execs.wait(process, timeout=self.call_timeout)
+                return False, f"exec {command[0]!r} took over {timeout:g}s: killed"
+            output.done.wait(DRAIN_WAIT)
+            said = output.text()
+            return code == 0, f"exec {command[0]!r} exited {code}" + (f": {said}" if said else "")
+        finally:
+            output.stop()
+            process.release()
+            with contextlib.suppress(RuntimeError_):
+                self.execs.delete(container_id, exec_id, timeout=self.call_timeout)
+
+    def _http(self, pid: int, port: int, path: str, timeout: float) -> tuple[bool, str]:
+        began = time.monotonic()
+        with connect_in_netns(self.proc_root, pid, port, timeout=timeout) as conn:
+            request = (
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                "User-Agent: sandlot-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+            )
+            conn.settimeout(max(timeout - (time.monotonic() - began), 0.01))
+            conn.sendall(request.encode())
+            line = _status_line(conn, began + timeout)
+        match = _STATUS_LINE.match(line)
+        if match is None:
+            return False, f"GET {path} on port {port}: not an HTTP answer"
+        code = int(match.group(1))
+        return 200 <= code < 400, f"GET {path} on port {port}: HTTP {code}"
+
+
+def _status_line(conn: socket.socket, deadline: float) -> bytes:
+    """The answer's first line (capped), read before ``deadline`` (monotonic)."""
+    received = b""
+    while b"\r\n" not in received and len(received) < STATUS_LINE_MAX:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no HTTP status line within the probe's timeout")
+        conn.settimeout(left)
+        chunk = conn.recv(STATUS_LINE_MAX)
+        if not chunk:
+            break
+        received += chunk
+    return received.split(b"\r\n", 1)[0]
+
+
+__all__ = ["ProbeRunner", "handler_of"]
