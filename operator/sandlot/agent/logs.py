@@ -62,10 +62,13 @@ def sandbox_logs(
     dropped: Callable[[int], None],
 ) -> SandboxLogs:
     """The pass over ``settings``' log directory, with its writer (none when logs
-    are not kept); the FIFOs live under the state directory, on the node's disk."""
+    are not kept). The FIFOs live under the state directory, on the node's disk, in a
+    directory of this node's own: the pass unlinks every FIFO there whose container
+    it does not find, so no other agent's may be there (agents of several nodes
+    share one host, and one state directory, in the test rig and the demo)."""
     writer = None
     if settings.log_dir:
-        fifos = Path(settings.state_dir) / "logs"
+        fifos = Path(settings.state_dir) / "logs" / settings.node_name
         writer = LogWriter(settings.log_dir, fifos, settings.log_max_bytes, dropped=dropped)
     return SandboxLogs(writer, rt, call_timeout)
 

@@ -1,7 +1,7 @@
 """What becomes of the sandboxes' stdout/stderr files: pure.
 
 A sandbox's task writes its stdout and stderr into a FIFO the agent reads
-(``<state-dir>/logs/<namespace>_<name>_<uid>.fifo``), and the agent appends what
+(``<state-dir>/logs/<node>/<namespace>_<name>_<uid>.fifo``), and the agent appends what
 it reads to ``<namespace>_<name>_<uid>.log`` in its log directory. The agent is
 the only writer, so the size cap holds as the bytes are written: a chunk that
 would cross it fills the file to the cap exactly, the file becomes ``.log.1``
