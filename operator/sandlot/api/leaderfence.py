@@ -1,53 +1,17 @@
 """The leader fence: the API server admits the operator's leader-only writes only
 from the current holder of the leader-election Lease.
 
-The operator fences itself (``adapters.kube.WriteFence``): it asks, just before it
-sends a write, whether it still leads on its own monotonic clock. A process paused
-between that question and the send (a GC pause, a frozen VM, SIGSTOP) wakes up
-with the write already judged, and sends it after its successor has started. The
-resourceVersion precondition stops it from clobbering an object that changed
-meanwhile, but not a stale mark on one that did not (a node that recovered while
-the new leader left its sandboxes Running). Only the server sees both writes in
-one order, so only the server can close that hole.
-
-A ValidatingAdmissionPolicy with the Lease as its parameter does: each operator
-replica's leader-election identity is its pod's name (the chart sets it from the
-downward API), and its ServiceAccount token is bound to that pod, so the API
-server puts the pod's name into the request's user info
-(``authentication.kubernetes.io/pod-name``). A write is admitted only when that
-name is ``spec.holderIdentity`` of the Lease:
-
-- ``operator-bound-token``: a write without the pod-name claim is refused;
-- ``leader-lease-holder``: a write from any pod but the Lease's holder is refused;
-- no Lease at all: the binding stands aside (``parameterNotFoundAction: Allow``).
-  Deny would be worse than no fence: the API server resolves a binding's parameter
-  before it evaluates the policy's match conditions, so a missing Lease would
-  refuse every identity's writes of the matched kinds, cluster-wide (tenants'
-  Sandboxes, everyone's Services) from the install until the first election, and
-  whenever the Lease is deleted. Nothing leads without the Lease either: a replica
-  leads only once its create or update of the Lease has landed, and from then on
-  the Lease names it and the fence engages against everyone else. A Lease deleted
-  under its holder leaves that holder in the position of an expired Lease (below).
-
-What it covers: the writes only the leader sends (Sandboxes and their status, the
-status of SandboxNodes, SandboxPools, SandboxClaims and CachePrunes, the Services
-and EndpointSlices of routing). Not the Lease, which every candidate must be able
-to take; not a SandboxNode itself (kopf's finalizer and annotations, written by
-every replica); not Events (best effort, and kopf posts its own from every replica).
-
-What it leaves to the client fence: an expired Lease still naming its old holder.
-CEL in admission has no clock (no ``now``; the request carries no time), so the
-policy cannot compare ``spec.renewTime + leaseDurationSeconds`` with the present.
-It need not: while the Lease still names the old holder, no successor has taken it,
-so no other replica is writing; the moment a successor's takeover lands, the old
-holder's writes are refused. The client fence stops the holder itself at its renew
-deadline, which falls before any successor may take over.
-
-The API server evaluates the policy against its informer's copy of the Lease, which
-trails a takeover by milliseconds: the new holder's first writes may be refused
-(the operator retries them, ``adapters.kube``), and the old holder's writes are
-refused from the moment the informer has seen the takeover. One API server's
-informer is one order: no instant admits both.
+The operator's own fence (``adapters.kube.WriteFence``) judges a write before it
+is sent; a process paused between that verdict and the send writes after its
+successor has started, and only the server sees both writes in one order. So a
+ValidatingAdmissionPolicy takes the Lease as its parameter and admits a write of
+the operator's ServiceAccount only when the pod name its bound token carries
+(``authentication.kubernetes.io/pod-name``) is the Lease's ``spec.holderIdentity``
+(rules ``operator-bound-token`` and ``leader-lease-holder``). With no Lease the
+binding stands aside (``parameterNotFoundAction: Allow``): denying would refuse
+every identity's writes of those kinds cluster-wide. What it covers and leaves to
+the client fence, the handover lag and its cost: docs/isolation.md, "The leader
+fence: only the Lease holder's writes land".
 """
 
 from __future__ import annotations

@@ -2,37 +2,25 @@
 shared bound of status writes in flight.
 
 Node passes run several at a time (the node queue's workers), so nodes lost
-together are not decided one after another, each waiting for the marks of the
-one before. Their writes share one pool of ``mark_concurrency`` threads: however
-many nodes are lost at once, the API server sees at most that many marks in
-flight, and a burst costs the time its writes take at the API server's rate, not
-the sum of its nodes' round trips. A node's listing runs beside that pool, so it
-never queues behind another node's marks.
+together are not decided one after another. Their writes share one pool of
+``mark_concurrency`` threads: however many nodes are lost at once, the API server
+sees at most that many marks in flight. A node's listing runs beside that pool, so
+it never queues behind another node's marks.
 
 A node's sandboxes are listed in at most two requests, and the first one's marks
-start as soon as it arrives: the first write goes out after one page, not after
-the whole listing (at 1,000 sandboxes on one node the listing alone was a tenth of
-the marking's time). A node larger than that page is then listed whole in one
-request, and only the sandboxes the page did not hold are marked. The page holds
-``FIRST_PAGE_PER_WRITER`` marks for each write thread, enough to keep every one of
-them busy while the node is listed whole: with two marks a thread (a page of 32)
-every one of the page's marks was done, and the threads idle, when the whole
-listing of a node of 1,000 among 15,000 came back (0.13-0.38 s after the page);
-with sixteen, 42-74 of 256 were (``bench/scale.py --mark-only``, whose operator
-logs both figures for every node larger than its page). The rest is
-never asked for with the page's continue token. A continuation is answered at
-the first page's resourceVersion, and while the node's own marks were changing
-the sandboxes, one such request of a node of 1,000 among 150,000 ran past three
-30 s read timeouts (on an idle API server a continuation of a node's listing takes under
-0.1 s, ``bench/node_listing.py``; what made it slow was not found). The whole
-listing is a consistent read, which the API server's watch cache answers once it
-has caught up with etcd.
+start as soon as it arrives: a first page of ``FIRST_PAGE_PER_WRITER`` marks per
+write thread keeps every thread busy while a larger node is listed whole, in one
+consistent read the API server's watch cache answers (never with the page's
+continue token: a continuation is answered at the first page's resourceVersion,
+and ran past its read timeouts while the node's own marks changed it). The
+measurements behind these choices are in docs/capacity.md ("Marking at 500 nodes:
+the first page, and a floor that writes what a mark writes").
 
-A node can come back while it is being marked (1,000 marks take seconds): a pass
-given ``came_back`` asks it before every write it has not sent yet, and once it
-says yes sends none, so what is marked after the renewal was observed is at most
-the writes already in flight (one per write thread). The sandboxes left alone are
-returned as such, and the pass counts as incomplete: no latch is set.
+A node can come back while it is being marked: a pass given ``came_back`` asks it
+before every write it has not sent yet, and once it says yes sends none, so what
+is marked after the renewal was observed is at most the writes already in flight
+(one per write thread). The sandboxes left alone are returned as such, and the
+pass counts as incomplete: no latch is set.
 """
 
 from __future__ import annotations
