@@ -38,6 +38,7 @@ def test_claim_is_bound_by_the_operator_and_released_with_its_block(
             assert sb.name in warm, "bound to a member that was already Running"
             assert sb.phase == "Running" and sb.ip
             assert sb.claim in _names(cluster, "sandboxclaims")
+            assert sdk.get(sb.name).claim == sb.claim, "get() lost the claim holding it"
         claim, name = sb.claim, sb.name
         wait_for(
             lambda: (

@@ -180,3 +180,44 @@ def test_scale_subresource_scales_up_and_down_and_removes_containers(
         "get", "-n", cluster.namespace, "sbpool/svc", "-o", "jsonpath={.status.replicas}"
     ).stdout
     assert scale == "1"
+
+    # To zero and back, as an autoscaler of an idle pool does.
+    kubectl("scale", "-n", cluster.namespace, "sbpool/svc", "--replicas=0")
+    wait_for(lambda: not cluster.members("svc"), timeout=30, what="the pool scaled to zero")
+    wait_for(lambda: not (a.containers() | b.containers()), timeout=30, what="no container left")
+    kubectl("scale", "-n", cluster.namespace, "sbpool/svc", "--replicas=2")
+    cluster.wait_running("svc", 2)
+
+    # What a HorizontalPodAutoscaler reads (the scale subresource with the pool's
+    # selector) and the HPA object itself, accepted against the pool.
+    api = client.CustomObjectsApi(cluster.kube)
+    scale_obj = api.get_namespaced_custom_object_scale(
+        "sandlot.dev", "v1alpha1", cluster.namespace, "sandboxpools", "svc"
+    )
+    assert scale_obj["spec"]["replicas"] == 2
+    assert scale_obj["status"]["selector"] == "sandlot.dev/pool=svc", scale_obj
+    hpa = client.AutoscalingV2Api(cluster.kube).create_namespaced_horizontal_pod_autoscaler(
+        cluster.namespace,
+        {
+            "metadata": {"name": "svc"},
+            "spec": {
+                "scaleTargetRef": {
+                    "apiVersion": "sandlot.dev/v1alpha1",
+                    "kind": "SandboxPool",
+                    "name": "svc",
+                },
+                "minReplicas": 1,
+                "maxReplicas": 10,
+                "metrics": [
+                    {
+                        "type": "External",
+                        "external": {
+                            "metric": {"name": "sandlot_operator_pool_ready_members"},
+                            "target": {"type": "Value", "value": "2"},
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    assert hpa.spec.scale_target_ref.kind == "SandboxPool"

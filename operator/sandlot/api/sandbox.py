@@ -273,7 +273,7 @@ class SandboxSpec(Model):
         default=None,
         description="How its node's agent tells whether the Running sandbox serves (as a "
         "Pod's readinessProbe); the result is its `Ready` condition. Only a Ready "
-        "sandbox is an endpoint of its pool's Service, is claimed, and counts as "
+        "sandbox is a ready endpoint of its pool's Service, is claimed, and counts as "
         "available in a rollout. Without a probe it is ready once Running (no "
         "condition); a paused sandbox is not probed.",
     )
@@ -409,6 +409,8 @@ class Sandbox(Resource):
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Mode", ".spec.operatingMode", priority=1),
+            # Empty without a readinessProbe: such a sandbox is ready once Running.
+            PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status', priority=1),
             PrinterColumn("Reason", ".status.reason", priority=1),
             PrinterColumn("Shutdown-Time", ".spec.shutdownTime", priority=1),
             PrinterColumn("Active-Deadline", ".spec.activeDeadlineSeconds", "integer", priority=1),

@@ -17,6 +17,7 @@ from typing import Any
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.errors import UsageError
+from sandlot.api.keys import CLAIM_LABEL
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.client.errors import SandboxGone, SandlotError, TimedOut
 from sandlot.client.sandbox import Sandbox, gone_from, refusal
@@ -62,11 +63,15 @@ class Client:
         self.close()
 
     def get(self, name: str, *, namespace: str | None = None) -> Sandbox:
+        """An existing Sandbox; a claimed one knows its claim (``terminate`` then
+        deletes the claim, as for one this client claimed)."""
         ns = namespace or self.namespace
         try:
-            return Sandbox(self._api, self._api.get(SANDBOXES, ns, name))
+            body = self._api.get(SANDBOXES, ns, name)
         except ApiRefused as e:
             raise refusal(e, ns, name) from None
+        claim = ((body.get("metadata") or {}).get("labels") or {}).get(CLAIM_LABEL)
+        return Sandbox(self._api, body, claim=claim)
 
     def create(
         self,
