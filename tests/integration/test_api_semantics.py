@@ -103,11 +103,13 @@ def test_kubectl_get_sandboxes_prints_the_spec_columns(objs, namespace, kubectl)
         "AGE",
         "POOL",
         "MODE",
+        "READY",
         "REASON",
         "SHUTDOWN-TIME",
         "ACTIVE-DEADLINE",
     ]
-    assert wide[1].split()[5:] == ["web", "Running", "NodeLost"]  # no lifetime: blank columns
+    # No Ready condition (no probe) and no lifetime: blank columns.
+    assert wide[1].split()[5:] == ["web", "Running", "NodeLost"]
 
 
 def test_kubectl_get_snode_prints_the_spec_columns(kube, kubectl):
