@@ -42,10 +42,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import yaml
 from kubernetes import client
 from tests.support.kube import start_private_plane
-from tests.support.netfault import SeveringRelay
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import OperatorProcess
 
 from bench.scalefleet import Agents, create_nodes, load_sandboxes
@@ -53,7 +52,7 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import Leases
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane
 
 FLEET_NS, POOL_NS, LEASE_NS = "fleet", "pools", "sandlot-system"
 GRACE = 5.0
@@ -120,20 +119,6 @@ def requests_by_kind(op: OperatorProcess) -> dict[str, float]:
             resource = labels.split('resource="', 1)[1].split('"', 1)[0]
             found[f"{verb} {resource}"] = float(value)
     return found
-
-
-def relayed_kubeconfig(plane: ControlPlane, relay: SeveringRelay, target: Path) -> Path:
-    target.write_text(
-        yaml.safe_dump(
-            kubeconfig_dict(
-                f"https://127.0.0.1:{relay.port}",
-                str(plane.ca_file),
-                ADMIN_USER,
-                token=plane.admin_token,
-            )
-        )
-    )
-    return target
 
 
 class Readiness:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
@@ -30,10 +29,10 @@ from sandlot.adapters.sandboxwatch import liveness_bound
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane
 from tests.support import agents
 from tests.support.agents import agent_settings
-from tests.support.netfault import SeveringRelay
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import OperatorProcess
 from tests.support.wait import wait_for
 
@@ -97,16 +96,7 @@ def test_watch_that_died_silently_is_replaced_below_the_reap_horizon(
     listed again within the bound, not at a read timeout of minutes."""
     relay = SeveringRelay(own_plane.apiserver_port).start()
     via_relay = tmp_path / "relay-kubeconfig"
-    via_relay.write_text(
-        yaml.safe_dump(
-            kubeconfig_dict(
-                f"https://127.0.0.1:{relay.port}",
-                str(own_plane.ca_file),
-                ADMIN_USER,
-                token=own_plane.admin_token,
-            )
-        )
-    )
+    relayed_kubeconfig(own_plane, relay, via_relay)
     agent_api = load_api_client(str(via_relay))
     test_api = load_api_client(str(own_plane.kubeconfig))
     objs: Any = client.CustomObjectsApi(test_api)

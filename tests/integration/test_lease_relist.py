@@ -19,15 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from bench.scalefleet import Agents, create_nodes, create_sandboxes
 from kubernetes import client
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.api.common import GROUP, VERSION
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane
 from tests.support.kube import start_private_plane
-from tests.support.netfault import SeveringRelay
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import OperatorProcess
 from tests.support.wait import wait_for
 
@@ -86,16 +85,7 @@ def test_a_congested_comeback_after_an_outage_marks_no_live_sandbox_dead(
     try:
         create_sandboxes(kubeconfig, NS, [(f"sb-{n}", n) for n in names])
         relayed = tmp_path / "relayed-kubeconfig"
-        relayed.write_text(
-            yaml.safe_dump(
-                kubeconfig_dict(
-                    f"https://127.0.0.1:{relay.port}",
-                    str(plane.ca_file),
-                    ADMIN_USER,
-                    token=plane.admin_token,
-                )
-            )
-        )
+        relayed_kubeconfig(plane, relay, relayed)
         op = OperatorProcess(
             plane, tmp_path, LEASE_NS, "--grace-period", f"{GRACE}s", kubeconfig=relayed
         )

@@ -14,7 +14,6 @@ from typing import Any
 
 import kopf
 import pytest
-import yaml
 from kubernetes import client, watch
 from prometheus_client import CollectorRegistry
 
@@ -25,8 +24,8 @@ from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.operator import KOPF_WATCH_CLIENT_SECONDS, register_kopf
 from sandlot.controllers.settings import OperatorSettings
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
-from tests.support.netfault import SeveringRelay
+from sandlot.devtools.controlplane import ControlPlane
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
 
@@ -126,16 +125,7 @@ def test_a_status_write_that_changed_nothing_leaves_the_node_cache_taking_events
 def relayed(control_plane: ControlPlane, tmp_path: Path) -> Iterator[tuple[SeveringRelay, Any]]:
     relay = SeveringRelay(control_plane.apiserver_port).start()
     path = tmp_path / "relay-kubeconfig"
-    path.write_text(
-        yaml.safe_dump(
-            kubeconfig_dict(
-                f"https://127.0.0.1:{relay.port}",
-                str(control_plane.ca_file),
-                ADMIN_USER,
-                token=control_plane.admin_token,
-            )
-        )
-    )
+    relayed_kubeconfig(control_plane, relay, path)
     yield relay, load_api_client(str(path))
     relay.close()
 

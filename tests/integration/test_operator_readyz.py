@@ -11,10 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
 
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
-from tests.support.netfault import SeveringRelay
+from sandlot.devtools.controlplane import ControlPlane
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import OperatorProcess
 
 pytestmark = pytest.mark.integration
@@ -37,16 +36,7 @@ def test_readyz_says_why_it_is_not_ready_from_the_first_answer(
 ) -> None:
     relay = SeveringRelay(control_plane.apiserver_port, downstream_rate=SLOW).start()
     kubeconfig = tmp_path / "slow-kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            kubeconfig_dict(
-                f"https://127.0.0.1:{relay.port}",
-                str(control_plane.ca_file),
-                ADMIN_USER,
-                token=control_plane.admin_token,
-            )
-        )
-    )
+    relayed_kubeconfig(control_plane, relay, kubeconfig)
     op = OperatorProcess(control_plane, tmp_path, lease_namespace, kubeconfig=kubeconfig)
     answers: list[tuple[int, str]] = []
     try:

@@ -24,16 +24,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import Leases
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
-from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
+from sandlot.devtools.controlplane import ControlPlane
 from tests.support.kube import start_private_plane
-from tests.support.netfault import SeveringRelay
+from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import Fleet, OperatorProcess
 from tests.support.wait import wait_for
 
@@ -271,16 +270,7 @@ def test_a_new_leader_acts_only_once_its_first_list_of_the_fleet_is_in(
 
         wait_for(expired, timeout=30, interval=0.2, what="the killed leader's Lease to expire")
         relayed = tmp_path / "relayed-kubeconfig"
-        relayed.write_text(
-            yaml.safe_dump(
-                kubeconfig_dict(
-                    f"https://127.0.0.1:{relay.port}",
-                    str(plane.ca_file),
-                    ADMIN_USER,
-                    token=plane.admin_token,
-                )
-            )
-        )
+        relayed_kubeconfig(plane, relay, relayed)
         second = OperatorProcess(plane, tmp_path, LEASE_NS, kubeconfig=relayed)
         second.wait_metrics(timeout=60)
         wait_for(second.is_leader, timeout=30, what="the new operator to lead")

@@ -23,6 +23,11 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
+
+import yaml
+
+from sandlot.devtools.controlplane import ADMIN_USER, ControlPlane, kubeconfig_dict
 
 
 class SeveringRelay:
@@ -135,4 +140,13 @@ class SeveringRelay:
                 time.sleep(len(data) / rate)
 
 
-__all__ = ["SeveringRelay"]
+def relayed_kubeconfig(plane: ControlPlane, relay: SeveringRelay, target: Path) -> Path:
+    """A kubeconfig at ``target`` for ``plane``'s admin that reaches it through ``relay``."""
+    config = kubeconfig_dict(
+        f"https://127.0.0.1:{relay.port}", str(plane.ca_file), ADMIN_USER, token=plane.admin_token
+    )
+    target.write_text(yaml.safe_dump(config))
+    return target
+
+
+__all__ = ["SeveringRelay", "relayed_kubeconfig"]
