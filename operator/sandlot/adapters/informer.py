@@ -15,6 +15,16 @@ Two kinds are watched this way, each by one thread:
   diff-bases, handler kwargs) for a handler that only copies a dozen fields: at
   the API server's status-write rate the loop was busy all the time and held the
   GIL against the threads writing the marks.
+
+The agent's caches (``sandboxwatch.WatchCache``) are this same loop, so the whole
+project has one way to list, watch, resume and back off.
+
+Back-off, for every informer: after a failed list or watch (or one the server
+ended at once) the next list waits 0.5 s, doubling to at most 10 s, each wait cut
+to a random point between its half and its whole, so a fleet of agents that lost
+the API server together does not come back to it in step. 10 s, not client-go's
+30 s: the operator's view of the Leases is what failover waits on after an
+outage, and a relist costs at most one page a second per informer.
 """
 
 from __future__ import annotations
@@ -22,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import random
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,13 +52,39 @@ LeaseCallback = Callable[[str, LeaseRecord], None]  # (ADDED|MODIFIED|DELETED|SY
 RawCallback = Callable[[str, Mapping[str, Any]], None]  # (ADDED|MODIFIED|DELETED|SYNC, body)
 
 LIST_PAGE = 500
+LIST_TIMEOUT = 60.0
+BACKOFF_START = 0.5
 MAX_BACKOFF = 10.0
+# A watch that ends this soon without an event is treated as a failure, so a server
+# that closes watches at once is not asked again in a tight loop.
+SHORTEST_HEALTHY_WATCH = 1.0
 
 
 def key_of(raw: Mapping[str, Any]) -> str:
+    """``namespace/name`` for a namespaced object, ``name`` for a cluster-scoped one."""
     meta = raw.get("metadata") or {}
     namespace = meta.get("namespace")
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def _jitter(watch_timeout: int) -> int:
+    """Most a watch's server timeout is stretched, so a fleet's watches do not end in step."""
+    return max(1, watch_timeout // 10)
+
+
+def read_timeout_for(watch_timeout: int) -> int:
+    """The client's read timeout of a watch: beyond the longest server timeout."""
+    return watch_timeout + _jitter(watch_timeout) + max(1, watch_timeout // 2)
+
+
+def liveness_bound(watch_timeout: int) -> float:
+    """Longest time a silently dead watch goes unnoticed (then a list starts over)."""
+    return float(read_timeout_for(watch_timeout))
+
+
+def backoff_wait(backoff: float) -> float:
+    """The wait before the next list: a random point in [backoff / 2, backoff]."""
+    return backoff * (0.5 + random.random() / 2)
 
 
 class Informer:
@@ -67,6 +105,7 @@ class Informer:
         *,
         page: int = LIST_PAGE,
         watch_timeout: int = 20,
+        list_timeout: float = LIST_TIMEOUT,
         on_view_restored: Callable[[], None] | None = None,
         on_view_lost: Callable[[], None] | None = None,
         on_heard: Callable[[], None] | None = None,
@@ -86,13 +125,15 @@ class Informer:
         # the list that restores it.
         self.on_view_lost = on_view_lost
         # Called whenever the stream proves alive (an event, a bookmark, a watch that
-        # ended on time). The server ends each watch after ``watch_timeout`` and the
-        # client gives up reading half that again later, so a connection that died
-        # silently is noticed within 1.5 x ``watch_timeout``, not at a default read
-        # timeout of minutes: whoever acts on this view must not trust it longer.
+        # ended on time). The server ends each watch after ``watch_timeout`` (plus a
+        # tenth at most, jitter) and the client gives up reading half that again
+        # later, so a connection that died silently is noticed within
+        # ``liveness_bound(watch_timeout)``, not at a default read timeout of
+        # minutes: whoever acts on this view must not trust it longer.
         self.on_heard = on_heard
         self.watch_timeout = watch_timeout
-        self.read_timeout = watch_timeout + max(1, watch_timeout // 2)
+        self.read_timeout = read_timeout_for(watch_timeout)
+        self.list_timeout = list_timeout
         self.synced = threading.Event()
         self._stop = threading.Event()
         self._response: Any = None
@@ -119,10 +160,13 @@ class Informer:
     def _listed(self, keys: set[str]) -> None:
         """A list ended; ``keys`` are every object it held."""
 
+    def _list_began(self) -> None:
+        """A list starts (its items follow as SYNC deliveries, then ``_listed``)."""
+
     # -- the loop ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = 0.5
+        backoff = BACKOFF_START
         gap = True
         while not self._stop.is_set():
             try:
@@ -130,38 +174,48 @@ class Informer:
                 gap = False
                 # Watch from the list, then from the last event seen, until the server
                 # says the version is too old (list again) or the stream breaks.
+                at_once = False
                 while version is not None and not self._stop.is_set():
-                    version = self._watch_once(version)
-                backoff = 0.5
-                if not self._stop.is_set():
-                    # Too old to resume (410 Gone): events were missed, a gap like a
-                    # failure's until the next list ends.
-                    gap = True
-                    if self.on_view_lost is not None:
-                        self.on_view_lost()
+                    began = time.monotonic()
+                    version, events = self._watch_once(version)
+                    quick = time.monotonic() - began < SHORTEST_HEALTHY_WATCH
+                    at_once = version is not None and not events and quick
+                    if at_once:
+                        break
+                    backoff = BACKOFF_START
+                if self._stop.is_set():
+                    return
+                # Events were missed: a gap like a failure's until the next list ends.
+                gap = True
+                if self.on_view_lost is not None:
+                    self.on_view_lost()
+                if not at_once:  # too old to resume (410 Gone): list again at once
+                    log.info("%s watch: its resourceVersion is too old; listing again", self.name)
+                    continue
+                reason = "the watch ended at once"
             except Exception as e:  # ApiException, OSError, urllib3 protocol errors...
                 gap = True
                 if self._stop.is_set():
                     return
                 if self.on_view_lost is not None:
                     self.on_view_lost()
-                log.warning(
-                    "%s watch failed (%s: %s); listing again in %.1fs",
-                    self.name,
-                    type(e).__name__,
-                    api_error_line(e),
-                    backoff,
-                )
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF)
+                reason = f"{type(e).__name__}: {api_error_line(e)}"
+            wait = backoff_wait(backoff)
+            log.warning("%s watch: %s; listing again in %.1fs", self.name, reason, wait)
+            self._stop.wait(wait)
+            backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _list(self, *, restored: bool) -> str | None:
         keys: set[str] = set()
         token: str | None = None
+        self._list_began()
         while True:
             extra = {"_continue": token} if token else {}
             response = self.list_call(
-                limit=self.page, _preload_content=False, _request_timeout=60, **extra
+                limit=self.page,
+                _preload_content=False,
+                _request_timeout=self.list_timeout,
+                **extra,
             )
             listed = json.loads(response.data)
             for item in listed.get("items") or ():
@@ -178,27 +232,31 @@ class Informer:
         self._heard()
         return str(meta.get("resourceVersion") or "") or None
 
-    def _watch_once(self, version: str) -> str | None:
-        """One watch from ``version``; the version to resume from, or None to list again."""
+    def _watch_once(self, version: str) -> tuple[str | None, int]:
+        """One watch from ``version``: the version to resume from (None: list again)
+        and how many events and bookmarks it brought."""
+        timeout = self.watch_timeout + random.randint(0, _jitter(self.watch_timeout))
         self._response = response = self.list_call(
             watch=True,
             resource_version=version,
             allow_watch_bookmarks=True,
-            timeout_seconds=self.watch_timeout,
+            timeout_seconds=timeout,
             _preload_content=False,
-            _request_timeout=self.read_timeout,
+            _request_timeout=(self.list_timeout, self.read_timeout),
         )
+        events = 0
         try:
             for line in iter_resp_lines(response):
                 if self._stop.is_set():
-                    return None
+                    return None, events
                 if not line or line.isspace():
                     continue
                 event = json.loads(line)
                 kind, raw = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
-                    return None  # typically 410 Gone: list again
+                    return None, events  # typically 410 Gone: list again
                 version = str((raw.get("metadata") or {}).get("resourceVersion") or version)
+                events += 1
                 if kind != "BOOKMARK":
                     self._deliver(kind, raw)
                 self._heard()
@@ -209,7 +267,7 @@ class Informer:
             else:
                 response.release_conn()
         self._heard()  # ended on time: the server was there to end it
-        return version
+        return version, events
 
     def _heard(self) -> None:
         if self.on_heard is not None:
