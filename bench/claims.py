@@ -229,7 +229,7 @@ def measure(bench: Bench, args: argparse.Namespace) -> tuple[Series, Series, Ser
             GROUP, VERSION, bench.ns, "sandboxes", label_selector=f"{POOL_LABEL}={POOL}"
         )["items"]
         running = [m for m in members if (m.get("status") or {}).get("phase") == "Running"]
-        return (
+        return bool(
             len(members) == len(running) == args.replicas
             and (pool.get("status") or {}).get("running") == args.replicas
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
 from sandlot.api import GROUP, VERSION

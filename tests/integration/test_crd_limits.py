@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api import GROUP, VERSION
 from sandlot.api.common import (

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.devtools.controlplane import ETCD_DATA, ControlPlane, stop_detached

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import RequestCounter, WriteFence, load_api_client
 from sandlot.api.common import API_VERSION, GROUP, VERSION

@@ -99,7 +99,7 @@ def test_active_deadline_counts_from_creation(cluster: Cluster, operators: Start
 
 
 def test_shutdown_time_must_be_rfc3339(cluster: Cluster) -> None:
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     with pytest.raises(ApiException) as refused:
         create(cluster, "badtime", shutdownTime="tomorrow at noon")

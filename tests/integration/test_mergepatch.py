@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import NotLeader, RequestCounter, WriteFence, load_api_client
 from sandlot.adapters.mergepatch import AUTH_REFRESH, MergePatcher

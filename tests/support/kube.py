@@ -85,7 +85,9 @@ def namespace(kube: client.ApiClient) -> Iterator[str]:
 def kubectl(control_plane: ControlPlane) -> Kubectl:
     binary = str(kubectl_path())
 
-    def run(*args: str, timeout: float = 30, check: bool = True, stdin: str | None = None):
+    def run(
+        *args: str, timeout: float = 30, check: bool = True, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
         env = dict(os.environ, KUBECONFIG=str(control_plane.kubeconfig))
         proc = subprocess.run(
             [binary, *args],

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import RequestCounter, WriteFence, load_api_client
 from sandlot.adapters.objects import Leases

@@ -11,14 +11,14 @@ import sys
 import threading
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Leases
 from sandlot.api import GROUP, VERSION
@@ -66,7 +66,8 @@ class OperatorProcess:
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=2) as r:
-            return r.read().decode()
+            text: str = r.read().decode()
+            return text
 
     def metric(self, name: str, **labels: str) -> float:
         total = 0.0
@@ -250,15 +251,17 @@ class Fleet:
         )
 
     def get(self, name: str) -> dict[str, Any]:
-        return self.objs.get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, "sandboxes", name
+        return dict(
+            self.objs.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "sandboxes", name
+            )
         )
 
     def phase(self, name: str) -> str | None:
         return (self.get(name).get("status") or {}).get("phase")
 
     def get_node(self, node: str) -> dict[str, Any]:
-        return self.objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node)
+        return dict(self.objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", node))
 
     def health(self, node: str) -> dict[str, Any]:
         return (self.get_node(node).get("status") or {}).get("health") or {}
@@ -326,7 +329,9 @@ def fleet(kube: client.ApiClient, namespace: str, lease_namespace: str) -> Itera
 
 
 @pytest.fixture
-def operators(control_plane: ControlPlane, tmp_path: Path, lease_namespace: str):
+def operators(
+    control_plane: ControlPlane, tmp_path: Path, lease_namespace: str
+) -> Iterator[Callable[..., OperatorProcess]]:
     started: list[OperatorProcess] = []
 
     def start(*flags: str) -> OperatorProcess:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from tests.unit.test_nodehealth_controller import GRACE, World, lost
 

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import CACHEPRUNES

@@ -18,7 +18,7 @@ from typing import Any
 import urllib3
 import yaml
 from kubernetes import client, config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.errors import UsageError
 from sandlot.api.leaderfence import refused_as_non_holder
@@ -190,7 +190,7 @@ def load_api_client(
     api = client.ApiClient(cfg)
     if user_agent:
         api.user_agent = user_agent
-    original = api.rest_client.request
+    original: Callable[..., Any] = api.rest_client.request
 
     def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         # No request waits without a bound: calls that do not choose a timeout get

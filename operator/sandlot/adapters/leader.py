@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import LeaseRecord, Leases
 from sandlot.adapters.startup import api_error_line

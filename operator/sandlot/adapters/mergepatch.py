@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import quote
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 AUTH_REFRESH = 30.0  # seconds a read of the credentials is reused (tokens rotate in hours)
 

@@ -11,7 +11,7 @@ import getpass
 from datetime import UTC, datetime
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import NODES, Objects
 from sandlot.api.common import GROUP, VERSION

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status

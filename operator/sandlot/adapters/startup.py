@@ -14,7 +14,7 @@ import errno
 import json
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.errors import UsageError
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import websocket
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError

@@ -5,7 +5,6 @@ containerd call by method."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -129,7 +128,7 @@ class TimedRuntime:
             finally:
                 histogram.observe(time.monotonic() - began)
 
-        return cast(Callable[..., Any], timed)
+        return timed
 
 
 def timed_runtime(inner: Runtime, metrics: AgentMetrics) -> Runtime:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Annotated
 
 from pydantic import Field, field_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from sandlot.api.common import (
     MAX_CONDITIONS,

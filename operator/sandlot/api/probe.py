@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import ConfigDict, Field, model_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from sandlot.api.common import MAX_ARG, MAX_ARGS, Model
 

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AwareDatetime, Field, field_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from sandlot.api.common import (
     MAX_ARG,

@@ -121,7 +121,8 @@ class SandboxFiles:
         return f"{self.name}:{path}"
 
     def stat(self, path: str) -> dict[str, Any]:
-        return _document(self._call(STAT, path), self.label(path))
+        found: dict[str, Any] = _document(self._call(STAT, path), self.label(path))
+        return found
 
     def is_dir(self, path: str) -> bool:
         """Whether ``path`` is a directory to copy into. A refusal (no such file, a

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.agentpods import STANDIN_COMPONENT
@@ -145,14 +145,15 @@ def wait_available(api: client.ApiClient, timeout: float = AVAILABLE_TIMEOUT) ->
 
 def remove_gateway(api: client.ApiClient, namespace: str) -> None:
     """Take the APIService, Service and endpoints away (missing ones are fine)."""
-    for delete in (
+    deletes: tuple[Callable[[], Any], ...] = (
         lambda: client.ApiregistrationV1Api(api).delete_api_service(APISERVICE),
         lambda: client.CoreV1Api(api).delete_namespaced_service(GATEWAY_NAME, namespace),
         lambda: client.CoreV1Api(api).delete_namespaced_endpoints(GATEWAY_NAME, namespace),
         lambda: client.DiscoveryV1Api(api).delete_namespaced_endpoint_slice(
             GATEWAY_NAME, namespace
         ),
-    ):
+    )
+    for delete in deletes:
         try:
             delete()
         except ApiException as e:

@@ -55,7 +55,8 @@ T = TypeVar("T")
 def to_datetime(ts: timestamp_pb2.Timestamp) -> datetime | None:
     if ts.seconds == 0 and ts.nanos == 0:
         return None
-    return ts.ToDatetime(tzinfo=UTC)
+    when: datetime = ts.ToDatetime(tzinfo=UTC)
+    return when
 
 
 def rfc3339(moment: datetime) -> str:
