@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
+from sandlot.adapters.kubeprivate import watch_lines
 from sandlot.adapters.objects import SANDBOXES, LeaseRecord, lease_record_of
 from sandlot.adapters.startup import api_error_line
 from sandlot.api.common import GROUP, VERSION
@@ -246,7 +246,7 @@ class Informer:
         )
         events = 0
         try:
-            for line in iter_resp_lines(response):
+            for line in watch_lines(response):
                 if self._stop.is_set():
                     return None, events
                 if not line or line.isspace():

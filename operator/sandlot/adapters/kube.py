@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from sandlot.adapters.kubeprivate import install_request, request_of
 from sandlot.api.errors import UsageError
 from sandlot.api.leaderfence import refused_as_non_holder
 
@@ -190,7 +191,7 @@ def load_api_client(
     api = client.ApiClient(cfg)
     if user_agent:
         api.user_agent = user_agent
-    original: Callable[..., Any] = api.rest_client.request
+    original = request_of(api)
 
     def bounded(method: str, url: str, *args: Any, **kwargs: Any) -> Any:
         # No request waits without a bound: calls that do not choose a timeout get
@@ -222,7 +223,7 @@ def load_api_client(
                 return _through_server_fence(fence, send, what, counter, method, url)
         return send()
 
-    api.rest_client.request = bounded  # type: ignore[method-assign]
+    install_request(api, bounded)
     return api
 
 

@@ -5,7 +5,7 @@ shares on a small machine than the write itself: argument validation
 (pydantic's ``validate_call``), parameter serialization, and a refresh of the
 kubeconfig's credentials on every call. Status writes are the operator's hot
 path when a node is lost (thousands of them back to back), so they go through
-here instead: the same ``rest_client.request`` (hence the same pooled
+here instead: the same request function (``kubeprivate.send``, hence the same pooled
 connections, the write fence before every write, the bounded request timeout
 and the request counter ``kube.load_api_client`` installed), the body serialized
 once by ``json.dumps``, and the credentials read at most once per
@@ -27,6 +27,8 @@ from urllib.parse import quote
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from sandlot.adapters.kubeprivate import send
 
 AUTH_REFRESH = 30.0  # seconds a read of the credentials is reused (tokens rotate in hours)
 
@@ -62,7 +64,7 @@ class MergePatcher:
         """Merge-patch ``body`` onto ``/segments...`` (each segment quoted); the object."""
         url = self.api.configuration.host + "/" + "/".join(quote(s, safe="") for s in segments)
         # The REST client serializes a JSON body itself (once, with json.dumps).
-        resp = self.api.rest_client.request("PATCH", url, headers=self._headers(), body=body)
+        resp = send(self.api, "PATCH", url, self._headers(), body)
         data = resp.read()
         text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
         if not 200 <= resp.status <= 299:

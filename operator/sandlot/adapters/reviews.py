@@ -12,6 +12,8 @@ from typing import Any
 
 from kubernetes import client
 
+from sandlot.adapters.kubeprivate import to_json
+
 
 def review_access(
     api: client.ApiClient, spec: Mapping[str, Any], *, timeout: float
@@ -30,7 +32,7 @@ def review_access(
     review = client.AuthorizationV1Api(api).create_subject_access_review(
         body, _request_timeout=timeout
     )
-    return dict(api.sanitize_for_serialization(review.status) or {})
+    return dict(to_json(api, review.status) or {})
 
 
 __all__ = ["review_access"]

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.objects import POOLS, SANDBOXES, Objects
 from sandlot.api.common import GROUP, VERSION
 
@@ -257,7 +258,7 @@ def get_service(objects: Objects, namespace: str, name: str) -> dict[str, Any] |
         if e.status == 404:
             return None
         raise
-    return dict(objects.api.sanitize_for_serialization(svc))
+    return dict(to_json(objects.api, svc))
 
 
 class ServiceChanged(Exception):
