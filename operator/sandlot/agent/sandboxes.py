@@ -38,6 +38,7 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
@@ -82,6 +83,7 @@ class _Prepared:
     labels: dict[str, str]
     log_stem: str
     attachment: Attachment | None
+    network_policy: PlannedPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,7 @@ class SandboxWork:
         self._clock = clock
         self._cancel = cancel
         self.rules = NamespaceRules(settings, objects)
+        self.network_policies = NetworkPolicies(settings, objects)
         self.image_gate = image_gate
         self.log_writer = log_writer
         self.kill_wait = settings.kill_wait.total_seconds()
@@ -311,6 +314,13 @@ class SandboxWork:
         if limited is None:
             return None
         spec, pids = limited
+        planned: PlannedPolicy | None = None
+        if not self.networking.enabled or spec.host_network:  # at the node's address
+            self.network_policies.check_node_ports(spec)
+        elif self.network_policies.enabled:
+            planned = self.network_policies.prepare(sb, spec)
+            if planned is None:
+                return None
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -366,7 +376,7 @@ class SandboxWork:
                 container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
-        return _Prepared(container_id, image, oci, labels, stem, attachment)
+        return _Prepared(container_id, image, oci, labels, stem, attachment, planned)
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -410,8 +420,8 @@ class SandboxWork:
             ) from None
 
     def _attach(self, prepared: _Prepared, created: ContainerInfo) -> str:
-        """The sandbox's address: its CNI one, attached before the task starts (the
-        sandbox never runs without it), or the node's."""
+        """The sandbox's address: its CNI one, attached with its network policy before
+        the task starts (the sandbox never runs without them), or the node's."""
         if prepared.attachment is None:
             return self.facts.address
         try:
@@ -421,6 +431,17 @@ class SandboxWork:
             # ADD, and a configuration that cannot ADD cannot DEL either.
             self.teardown(created, release_patience=0)
             raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+        if prepared.network_policy is not None:
+            try:
+                self.network_policies.install(
+                    prepared.labels[SANDBOX_LABEL],
+                    prepared.network_policy,
+                    prepared.attachment.netns_path,
+                    result.ips,
+                )
+            except StartFailed:
+                self.teardown(created)
+                raise
         return result.primary_ip(prepared.attachment.ifname) or self.facts.address
 
     def _run(self, prepared: _Prepared, created: ContainerInfo) -> TaskInfo:
