@@ -241,3 +241,29 @@ def test_an_ingress_rule_lets_in_only_the_sandboxes_it_selects(harness: cni.Harn
     url = f"{cni.status(running(harness, 'server'), 'ip')} 8080"
     assert probe(harness, "client", {"server": url}) == {"server": "ok"}
     assert probe(harness, "other", {"server": url}) == {"server": "refused"}
+
+
+def test_a_peer_that_starts_later_is_let_in_once_the_filter_is_rendered_again(
+    harness: cni.Harness,
+) -> None:
+    node = harness.add_node("a")
+    assert node.agent is not None
+    admit_clients = {
+        "ingress": [{"from": [{"sandboxSelector": {"matchLabels": {"role": "client"}}}]}]
+    }
+    create(harness, "server", node, cni.HTTPD, labels={"role": "server"}, policy=admit_clients)
+    url = f"{cni.status(running(harness, 'server'), 'ip')} 8080"
+    subnet = str(harness.net.subnet)
+    to_subnet = {"egress": [{"to": [{"ipBlock": {"cidr": subnet}}]}]}
+    create(harness, "client", node, PROBER, labels={"role": "client"}, policy=to_subnet)
+    running(harness, "client")
+    registry = node.agent.registry
+
+    def rendered_again() -> bool:
+        sample = registry.get_sample_value(
+            "sandlot_agent_network_policy_installs_total", {"trigger": "peers"}
+        )
+        return bool(sample)
+
+    wait_for(rendered_again, timeout=DEADLINE, what="the server's filter rendered again")
+    assert probe(harness, "client", {"server": url}) == {"server": "ok"}

@@ -50,7 +50,16 @@ def install(netns_path: str, rulesets: Rulesets, *, timeout: float) -> None:
 
 def node_addresses(*, timeout: float) -> list[str]:
     """Every address of this (the agent's, the node's) network namespace."""
-    proc = _run([_tool("ip"), "-j", "addr", "show"], b"", timeout)
+    return sorted({i.split("/", 1)[0] for i in interfaces(timeout=timeout)})
+
+
+def interfaces(netns_path: str = "", *, timeout: float) -> list[str]:
+    """The non-loopback addresses, with their prefix lengths (``10.77.0.5/24``), of
+    this network namespace or of the one at ``netns_path``."""
+    argv = [_tool("ip"), "-j", "addr", "show"]
+    if netns_path:
+        argv = [_tool("nsenter"), f"--net={netns_path}", *argv]
+    proc = _run(argv, b"", timeout)
     if proc.returncode != 0:
         raise FilterError(f"ip addr show: {proc.stderr.decode(errors='replace').strip()}")
     try:
@@ -66,8 +75,8 @@ def node_addresses(*, timeout: float) -> list[str]:
             except ValueError:
                 continue
             if not addr.is_loopback:
-                found.append(str(addr))
+                found.append(f"{addr}/{info.get('prefixlen', addr.max_prefixlen)}")
     return sorted(set(found))
 
 
-__all__ = ["FilterError", "install", "node_addresses"]
+__all__ = ["FilterError", "install", "interfaces", "node_addresses"]

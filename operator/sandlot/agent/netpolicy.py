@@ -5,8 +5,9 @@ module reads what they need (the namespace's annotation, the node's addresses, t
 peers' addresses) and installs the result.
 
 Peers an ingress selector names are those Running with an address when the sandbox
-starts; one that starts later is not let in (its traffic is refused until the
-sandbox is started again).
+starts; every ``network_policy_resync`` the filters of running sandboxes whose
+admitted peers changed since are rendered and installed again (one that starts
+later waits that long to be let in).
 """
 
 from __future__ import annotations
@@ -14,14 +15,18 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from sandlot.adapters import netfilter
-from sandlot.adapters.cni import IpConfig
+from sandlot.adapters.cni import Netns
 from sandlot.adapters.nodeguard import namespace_annotations
 from sandlot.adapters.objects import Objects
+from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.rules import StartFailed
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import sandbox_key
@@ -32,6 +37,7 @@ from sandlot.policy.netpolicy import (
     REASON_POLICY_FAILED,
     REASON_RESERVED_PORT,
     Peer,
+    admitted_peers,
     effective,
     parse_namespace_default,
     render_rulesets,
@@ -52,11 +58,25 @@ class PlannedPolicy:
 
 
 class NetworkPolicies:
-    def __init__(self, settings: AgentSettings, objects: Objects) -> None:
+    """Network policies of this node's sandboxes: planned before a start, installed
+    between the CNI ADD and the task's start, rendered again by ``refresh_once``
+    when the peers an ingress selector admits change."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        objects: Objects,
+        metrics: AgentMetrics | None = None,
+        sandboxes: Callable[[], list[dict[str, Any]]] = list,
+    ) -> None:
         self.settings = settings
         self.objects = objects
+        self.metrics = metrics
         self.enabled = not settings.network_policy_disabled
         self.timeout = settings.cni_timeout.total_seconds()
+        self._sandboxes = sandboxes
+        # Container id -> the peers' addresses its installed filter admits.
+        self._admitted: dict[str, tuple[str, ...]] = {}
 
     def check_node_ports(self, spec: SandboxSpec) -> None:
         """A sandbox reported at the node's address publishing a port the node serves
@@ -65,23 +85,30 @@ class NetworkPolicies:
         if refusal:
             raise StartFailed(REASON_RESERVED_PORT, refusal)
 
-    def prepare(self, sb: Mapping[str, Any], spec: SandboxSpec) -> PlannedPolicy | None:
+    def prepare(
+        self,
+        sb: Mapping[str, Any],
+        spec: SandboxSpec,
+        namespaces: dict[str, SandboxNetworkPolicy | None] | None = None,
+    ) -> PlannedPolicy | None:
         """The sandbox's policy over its namespace's default, and the peers its
         ingress selectors let in; None when the namespace or the peers cannot be read
-        now (the next sync asks again)."""
+        now (the next sync asks again). ``namespaces`` caches the defaults read."""
         ns = sb["metadata"]["namespace"]
-        try:
-            text = namespace_annotations(self.objects.api, ns).get(
-                DEFAULT_NETWORK_POLICY_ANNOTATION, ""
-            )
-        except Exception as exc:
-            log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
-            return None
-        try:
-            default = parse_namespace_default(text, ns)
-        except ValueError as exc:
-            raise StartFailed(REASON_INVALID_NETWORK_POLICY, str(exc)) from None
-        policy = effective(spec.network_policy, default)
+        cache = namespaces if namespaces is not None else {}
+        if ns not in cache:
+            try:
+                text = namespace_annotations(self.objects.api, ns).get(
+                    DEFAULT_NETWORK_POLICY_ANNOTATION, ""
+                )
+            except Exception as exc:
+                log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
+                return None
+            try:
+                cache[ns] = parse_namespace_default(text, ns)
+            except ValueError as exc:
+                raise StartFailed(REASON_INVALID_NETWORK_POLICY, str(exc)) from None
+        policy = effective(spec.network_policy, cache[ns])
         try:
             peers = self._peers(sb, policy)
         except Exception as exc:
@@ -103,10 +130,18 @@ class NetworkPolicies:
         return peers
 
     def install(
-        self, key: str, planned: PlannedPolicy, netns_path: str, ips: Sequence[IpConfig]
+        self,
+        key: str,
+        container_id: str,
+        planned: PlannedPolicy,
+        netns_path: str,
+        own_addresses: Sequence[str],
+        *,
+        trigger: str = "start",
     ) -> None:
-        """Render and install the sandbox's filter; StartFailed when it cannot be."""
-        own = tuple(str(ipaddress.ip_interface(ip.address).network) for ip in ips)
+        """Render and install the sandbox's filter; StartFailed when it cannot be.
+        ``own_addresses`` (with prefix lengths) give the sandbox's own network."""
+        own = tuple(str(ipaddress.ip_interface(a).network) for a in own_addresses)
         default = self.settings.network_default
         default = dataclasses.replace(default, cluster_ranges=default.cluster_ranges + own)
         try:
@@ -115,11 +150,49 @@ class NetworkPolicies:
             netfilter.install(netns_path, rulesets, timeout=self.timeout)
         except netfilter.FilterError as exc:
             raise StartFailed(REASON_POLICY_FAILED, str(exc)) from None
+        self._admitted[container_id] = rulesets.peers
+        if self.metrics is not None:
+            self.metrics.network_policy_installs.labels(trigger).inc()
         log.info(
-            "sandbox %s: network policy installed (%d peers let in)",
+            "sandbox %s: network policy installed (%s; %d peers let in)",
             key,
+            trigger,
             len(rulesets.peers),
         )
+
+    def refresh_once(self) -> None:
+        """Render again the filters of this node's Running sandboxes whose admitted
+        peers changed (a selected sandbox started, moved or ended)."""
+        namespaces: dict[str, SandboxNetworkPolicy | None] = {}
+        live = set()
+        for sb in self._sandboxes():
+            status = sb.get("status") or {}
+            cid = str(status.get("containerId") or "")
+            path = Netns.path_of(Netns.name_for(cid)) if cid else ""
+            if status.get("phase") != SandboxPhase.RUNNING or not path or not os.path.exists(path):
+                continue
+            live.add(cid)
+            try:
+                spec = SandboxSpec.model_validate(sb.get("spec") or {})
+                planned = self.prepare(sb, spec, namespaces)
+            except (ValidationError, StartFailed) as exc:
+                log.warning(
+                    "sandbox %s: network policy not rendered again: %s", sandbox_key(sb), exc
+                )
+                continue
+            if planned is None or spec.host_network or not selectors(planned.policy):
+                continue
+            if admitted_peers(planned.policy, planned.peers) == self._admitted.get(cid):
+                continue
+            try:
+                own = netfilter.interfaces(path, timeout=self.timeout)
+                self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
+            except (netfilter.FilterError, StartFailed) as exc:
+                log.warning(
+                    "sandbox %s: network policy not rendered again: %s", sandbox_key(sb), exc
+                )
+        for gone in set(self._admitted) - live:
+            self._admitted.pop(gone, None)
 
 
 __all__ = ["REASON_INVALID_NETWORK_POLICY", "NetworkPolicies", "PlannedPolicy"]

@@ -114,6 +114,7 @@ class SandboxWork:
         cancel: threading.Event | None = None,
         image_gate: ImageGate | None = None,
         log_writer: LogWriter | None = None,
+        sandboxes: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -127,7 +128,7 @@ class SandboxWork:
         self._clock = clock
         self._cancel = cancel
         self.rules = NamespaceRules(settings, objects)
-        self.network_policies = NetworkPolicies(settings, objects)
+        self.network_policies = NetworkPolicies(settings, objects, metrics, sandboxes)
         self.image_gate = image_gate
         self.log_writer = log_writer
         self.kill_wait = settings.kill_wait.total_seconds()
@@ -435,9 +436,10 @@ class SandboxWork:
             try:
                 self.network_policies.install(
                     prepared.labels[SANDBOX_LABEL],
+                    prepared.container_id,
                     prepared.network_policy,
                     prepared.attachment.netns_path,
-                    result.ips,
+                    [ip.address for ip in result.ips],
                 )
             except StartFailed:
                 self.teardown(created)

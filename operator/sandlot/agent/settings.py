@@ -182,6 +182,11 @@ class AgentSettings(SettingsModel):
         description="Install no packet filter in the sandboxes' network namespaces (their "
         "spec.networkPolicy and the defaults below are then not enforced).",
     )
+    network_policy_resync: PositiveDuration = Field(
+        default=timedelta(seconds=10),
+        description="How often the filters of running sandboxes whose ingress selects "
+        "peers by labels are rendered again with the peers' current addresses.",
+    )
     blocked_egress: list[str] = Field(
         default_factory=lambda: list(LINK_LOCAL + PRIVATE),
         description="CIDRs no sandbox reaches unless an egress rule allows them (repeatable; "

@@ -264,6 +264,12 @@ def _family(
     return "\n".join([*head, *body, "COMMIT", ""])
 
 
+def admitted_peers(policy: SandboxNetworkPolicy, peers: Sequence[Peer]) -> tuple[str, ...]:
+    """The addresses of the peers an ingress selector admits: when they change, the
+    sandbox's filter is rendered again."""
+    return tuple(sorted({ip for s in selectors(policy) for ip in _matching(s, peers)}))
+
+
 def render_rulesets(
     policy: SandboxNetworkPolicy,
     default: ClusterDefault,
@@ -276,11 +282,11 @@ def render_rulesets(
     probes; connections to them are refused); ``peers`` the namespace's other running
     sandboxes, of which those an ingress selector matches are let in.
     """
-    let_in = sorted({ip for s in selectors(policy) for ip in _matching(s, peers)})
+    let_in = admitted_peers(policy, peers)
     return Rulesets(
         ipv4=_family(4, policy, default, node_addresses, peers),
         ipv6=_family(6, policy, default, node_addresses, peers),
-        peers=tuple(let_in),
+        peers=let_in,
     )
 
 
@@ -292,6 +298,7 @@ __all__ = [
     "ClusterDefault",
     "Peer",
     "Rulesets",
+    "admitted_peers",
     "effective",
     "parse_cidr_list",
     "parse_namespace_default",
