@@ -57,6 +57,12 @@ class PlannedPolicy:
     peers: tuple[Peer, ...]
 
 
+@dataclass(frozen=True)
+class _Installed:
+    policy: SandboxNetworkPolicy
+    admitted: tuple[str, ...] | None  # None: not installed by this agent (re-adopted)
+
+
 class NetworkPolicies:
     """Network policies of this node's sandboxes: planned before a start, installed
     between the CNI ADD and the task's start, rendered again by ``refresh_once``
@@ -75,8 +81,8 @@ class NetworkPolicies:
         self.enabled = not settings.network_policy_disabled
         self.timeout = settings.cni_timeout.total_seconds()
         self._sandboxes = sandboxes
-        # Container id -> the peers' addresses its installed filter admits.
-        self._admitted: dict[str, tuple[str, ...]] = {}
+        # Container id -> its policy, and the peers its installed filter admits.
+        self._installed: dict[str, _Installed] = {}
 
     def check_node_ports(self, spec: SandboxSpec) -> None:
         """A sandbox reported at the node's address publishing a port the node serves
@@ -85,36 +91,34 @@ class NetworkPolicies:
         if refusal:
             raise StartFailed(REASON_RESERVED_PORT, refusal)
 
-    def prepare(
-        self,
-        sb: Mapping[str, Any],
-        spec: SandboxSpec,
-        namespaces: dict[str, SandboxNetworkPolicy | None] | None = None,
-    ) -> PlannedPolicy | None:
+    def prepare(self, sb: Mapping[str, Any], spec: SandboxSpec) -> PlannedPolicy | None:
         """The sandbox's policy over its namespace's default, and the peers its
         ingress selectors let in; None when the namespace or the peers cannot be read
-        now (the next sync asks again). ``namespaces`` caches the defaults read."""
-        ns = sb["metadata"]["namespace"]
-        cache = namespaces if namespaces is not None else {}
-        if ns not in cache:
-            try:
-                text = namespace_annotations(self.objects.api, ns).get(
-                    DEFAULT_NETWORK_POLICY_ANNOTATION, ""
-                )
-            except Exception as exc:
-                log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
-                return None
-            try:
-                cache[ns] = parse_namespace_default(text, ns)
-            except ValueError as exc:
-                raise StartFailed(REASON_INVALID_NETWORK_POLICY, str(exc)) from None
-        policy = effective(spec.network_policy, cache[ns])
+        now (the next sync asks again)."""
+        policy = self._policy(sb, spec)
+        if policy is None:
+            return None
         try:
             peers = self._peers(sb, policy)
         except Exception as exc:
             log.warning("sandbox %s: cannot list its peers: %s", sandbox_key(sb), exc)
             return None
         return PlannedPolicy(policy, tuple(peers))
+
+    def _policy(self, sb: Mapping[str, Any], spec: SandboxSpec) -> SandboxNetworkPolicy | None:
+        ns = sb["metadata"]["namespace"]
+        try:
+            text = namespace_annotations(self.objects.api, ns).get(
+                DEFAULT_NETWORK_POLICY_ANNOTATION, ""
+            )
+        except Exception as exc:
+            log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
+            return None
+        try:
+            default = parse_namespace_default(text, ns)
+        except ValueError as exc:
+            raise StartFailed(REASON_INVALID_NETWORK_POLICY, str(exc)) from None
+        return effective(spec.network_policy, default)
 
     def _peers(self, sb: Mapping[str, Any], policy: SandboxNetworkPolicy) -> list[Peer]:
         ns, uid = sb["metadata"]["namespace"], sb["metadata"]["uid"]
@@ -150,7 +154,7 @@ class NetworkPolicies:
             netfilter.install(netns_path, rulesets, timeout=self.timeout)
         except netfilter.FilterError as exc:
             raise StartFailed(REASON_POLICY_FAILED, str(exc)) from None
-        self._admitted[container_id] = rulesets.peers
+        self._installed[container_id] = _Installed(planned.policy, rulesets.peers)
         if self.metrics is not None:
             self.metrics.network_policy_installs.labels(trigger).inc()
         log.info(
@@ -162,8 +166,9 @@ class NetworkPolicies:
 
     def refresh_once(self) -> None:
         """Render again the filters of this node's Running sandboxes whose admitted
-        peers changed (a selected sandbox started, moved or ended)."""
-        namespaces: dict[str, SandboxNetworkPolicy | None] = {}
+        peers changed (a selected sandbox started, moved or ended). A sandbox's
+        policy is the one it started with (its namespace is read once, for a
+        sandbox this agent re-adopted); only selectors cost a request per pass."""
         live = set()
         for sb in self._sandboxes():
             status = sb.get("status") or {}
@@ -173,26 +178,34 @@ class NetworkPolicies:
                 continue
             live.add(cid)
             try:
-                spec = SandboxSpec.model_validate(sb.get("spec") or {})
-                planned = self.prepare(sb, spec, namespaces)
-            except (ValidationError, StartFailed) as exc:
+                self._refresh(sb, cid, path)
+            except (ValidationError, StartFailed, netfilter.FilterError) as exc:
                 log.warning(
                     "sandbox %s: network policy not rendered again: %s", sandbox_key(sb), exc
                 )
-                continue
-            if planned is None or spec.host_network or not selectors(planned.policy):
-                continue
-            if admitted_peers(planned.policy, planned.peers) == self._admitted.get(cid):
-                continue
-            try:
-                own = netfilter.interfaces(path, timeout=self.timeout)
-                self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
-            except (netfilter.FilterError, StartFailed) as exc:
-                log.warning(
-                    "sandbox %s: network policy not rendered again: %s", sandbox_key(sb), exc
-                )
-        for gone in set(self._admitted) - live:
-            self._admitted.pop(gone, None)
+        for gone in set(self._installed) - live:
+            self._installed.pop(gone, None)
+
+    def _refresh(self, sb: Mapping[str, Any], cid: str, path: str) -> None:
+        known = self._installed.get(cid)
+        if known is None:
+            spec = SandboxSpec.model_validate(sb.get("spec") or {})
+            policy = None if spec.host_network else self._policy(sb, spec)
+            if policy is None:
+                return
+            known = self._installed[cid] = _Installed(policy, None)
+        if not selectors(known.policy):
+            return
+        try:
+            peers = tuple(self._peers(sb, known.policy))
+        except Exception as exc:
+            log.warning("sandbox %s: cannot list its peers: %s", sandbox_key(sb), exc)
+            return
+        if admitted_peers(known.policy, peers) == known.admitted:
+            return
+        own = netfilter.interfaces(path, timeout=self.timeout)
+        planned = PlannedPolicy(known.policy, peers)
+        self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
 
 
 __all__ = ["REASON_INVALID_NETWORK_POLICY", "NetworkPolicies", "PlannedPolicy"]
