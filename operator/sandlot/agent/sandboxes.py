@@ -315,13 +315,9 @@ class SandboxWork:
         if limited is None:
             return None
         spec, pids = limited
-        planned: PlannedPolicy | None = None
-        if not self.networking.enabled or spec.host_network:  # at the node's address
+        at_node_address = not self.networking.enabled or spec.host_network
+        if at_node_address:
             self.network_policies.check_node_ports(spec)
-        elif self.network_policies.enabled:
-            planned = self.network_policies.prepare(sb, spec)
-            if planned is None:
-                return None
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -329,6 +325,11 @@ class SandboxWork:
                 return None
             except PullRefused as exc:
                 raise StartFailed(exc.reason, str(exc)) from None
+        planned: PlannedPolicy | None = None
+        if not at_node_address and self.network_policies.enabled:  # with the image here
+            planned = self.network_policies.prepare(sb, spec)
+            if planned is None:
+                return None
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
