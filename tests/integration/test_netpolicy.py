@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import ipaddress
+import json
 import os
 import shutil
 import subprocess
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import DEFAULT_NETWORK_POLICY_ANNOTATION
 from tests.integration import test_cni as cni
 from tests.support.wait import wait_for
 
@@ -267,3 +270,42 @@ def test_a_peer_that_starts_later_is_let_in_once_the_filter_is_rendered_again(
 
     wait_for(rendered_again, timeout=DEADLINE, what="the server's filter rendered again")
     assert probe(harness, "client", {"server": url}) == {"server": "ok"}
+
+
+def test_a_namespace_default_stands_in_for_a_sandboxs_missing_rules(
+    harness: cni.Harness,
+) -> None:
+    node = harness.add_node("a")
+    subnet = str(harness.net.subnet)
+    default = {
+        "ingress": [{"ports": [{"port": 8080}]}],
+        "egress": [{"to": [{"ipBlock": {"cidr": subnet}}], "ports": [{"port": 8080}]}],
+    }
+    core = client.CoreV1Api(harness.kube)
+
+    def annotate(value: str) -> None:
+        core.patch_namespace(
+            harness.namespace,
+            {"metadata": {"annotations": {DEFAULT_NETWORK_POLICY_ANNOTATION: value}}},
+        )
+
+    annotate(json.dumps(default))
+    create(harness, "server", node, cni.HTTPD)
+    create(harness, "client", node, PROBER)
+    # Its own (empty) egress wins over the namespace's.
+    create(harness, "confined", node, PROBER, policy={"egress": []})
+    target = {"server": f"{cni.status(running(harness, 'server'), 'ip')} 8080"}
+    assert probe(harness, "client", target) == {"server": "ok"}
+    assert probe(harness, "confined", target) == {"server": "refused"}
+
+    annotate("{not json")
+    create(harness, "misled", node, PROBER)
+
+    def ended() -> dict[str, Any] | None:
+        status = harness.get("misled").get("status") or {}
+        return status if status.get("phase") in (*cni.TERMINAL, "Running") else None
+
+    status = wait_for(ended, timeout=DEADLINE, what="the sandbox under a bad annotation to end")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == "InvalidNetworkPolicy", status
+    assert DEFAULT_NETWORK_POLICY_ANNOTATION in status["message"], status
