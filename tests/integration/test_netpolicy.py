@@ -147,12 +147,14 @@ def create(
     *,
     labels: dict[str, str] | None = None,
     policy: dict[str, Any] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> None:
     spec: dict[str, Any] = {
         "image": cni.IMAGE,
         "nodeName": node.name,
         "command": command,
         "terminationGracePeriodSeconds": 1,
+        **(extra or {}),
     }
     if policy is not None:
         spec["networkPolicy"] = policy
@@ -244,6 +246,25 @@ def test_an_ingress_rule_lets_in_only_the_sandboxes_it_selects(harness: cni.Harn
     url = f"{cni.status(running(harness, 'server'), 'ip')} 8080"
     assert probe(harness, "client", {"server": url}) == {"server": "ok"}
     assert probe(harness, "other", {"server": url}) == {"server": "refused"}
+
+
+def test_the_ports_a_sandbox_publishes_are_open_until_it_sets_ingress_rules(
+    harness: cni.Harness,
+) -> None:
+    """A pool Service's clients arrive with their own addresses (kube-proxy keeps
+    them): the ports a sandbox publishes are open while no ingress rules are set."""
+    node = harness.add_node("a")
+    subnet = str(harness.net.subnet)
+    to_subnet = {"egress": [{"to": [{"ipBlock": {"cidr": subnet}}], "ports": [{"port": 8080}]}]}
+    create(harness, "client", node, PROBER, policy=to_subnet)
+    published = {"ports": [{"name": "http", "containerPort": 8080}]}
+    create(harness, "served", node, cni.HTTPD, extra=published)
+    closed = {"ingress": [{"from": [{"ipBlock": {"cidr": "203.0.113.0/24"}}]}]}
+    create(harness, "ruled", node, cni.HTTPD, policy=closed, extra=published)
+    targets = {
+        name: f"{cni.status(running(harness, name), 'ip')} 8080" for name in ("served", "ruled")
+    }
+    assert probe(harness, "client", targets) == {"served": "ok", "ruled": "refused"}
 
 
 def test_a_peer_that_starts_later_is_let_in_once_the_filter_is_rendered_again(

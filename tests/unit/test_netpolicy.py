@@ -249,3 +249,12 @@ def test_the_agents_own_ports_are_reserved_and_bad_ranges_refused_at_start() -> 
     assert {9090, 10250, 6443} <= settings.node_ports
     with pytest.raises(ValidationError, match=r"cluster_cidrs\[1\]"):
         AgentSettings(node_name="n", cluster_cidrs=["10.96.0.0/12", "10.244.0.1/16"])
+
+
+def test_published_ports_are_open_while_no_ingress_rules_are_set() -> None:
+    ports = [SandboxPort(container_port=8080), SandboxPort(container_port=53, protocol="UDP")]
+    open_ = lines(render_rulesets(policy({}), ClusterDefault(), NODE, published=ports).ipv4)
+    assert "-A INPUT -p tcp -m tcp --dport 8080 -j ACCEPT" in open_
+    assert "-A INPUT -p udp -m udp --dport 53 -j ACCEPT" in open_
+    ruled = render_rulesets(policy({"ingress": []}), ClusterDefault(), NODE, published=ports)
+    assert "--dport" not in ruled.ipv4, "its own rules (even none) replace the opening"

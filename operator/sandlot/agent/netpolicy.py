@@ -32,7 +32,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import sandbox_key
 from sandlot.api.keys import DEFAULT_NETWORK_POLICY_ANNOTATION
 from sandlot.api.netpolicy import SandboxNetworkPolicy
-from sandlot.api.sandbox import SandboxPhase, SandboxSpec
+from sandlot.api.sandbox import SandboxPhase, SandboxPort, SandboxSpec
 from sandlot.policy.netpolicy import (
     REASON_POLICY_FAILED,
     REASON_RESERVED_PORT,
@@ -55,12 +55,14 @@ REASON_INVALID_NETWORK_POLICY = "InvalidNetworkPolicy"
 class PlannedPolicy:
     policy: SandboxNetworkPolicy
     peers: tuple[Peer, ...]
+    published: tuple[SandboxPort, ...] = ()
 
 
 @dataclass(frozen=True)
 class _Installed:
     policy: SandboxNetworkPolicy
     admitted: tuple[str, ...] | None  # None: not installed by this agent (re-adopted)
+    published: tuple[SandboxPort, ...] = ()
 
 
 class NetworkPolicies:
@@ -103,7 +105,7 @@ class NetworkPolicies:
         except Exception as exc:
             log.warning("sandbox %s: cannot list its peers: %s", sandbox_key(sb), exc)
             return None
-        return PlannedPolicy(policy, tuple(peers))
+        return PlannedPolicy(policy, tuple(peers), tuple(spec.ports))
 
     def _policy(self, sb: Mapping[str, Any], spec: SandboxSpec) -> SandboxNetworkPolicy | None:
         ns = sb["metadata"]["namespace"]
@@ -150,11 +152,15 @@ class NetworkPolicies:
         default = dataclasses.replace(default, cluster_ranges=default.cluster_ranges + own)
         try:
             addresses = netfilter.node_addresses(timeout=self.timeout)
-            rulesets = render_rulesets(planned.policy, default, addresses, planned.peers)
+            rulesets = render_rulesets(
+                planned.policy, default, addresses, planned.peers, planned.published
+            )
             netfilter.install(netns_path, rulesets, timeout=self.timeout)
         except netfilter.FilterError as exc:
             raise StartFailed(REASON_POLICY_FAILED, str(exc)) from None
-        self._installed[container_id] = _Installed(planned.policy, rulesets.peers)
+        self._installed[container_id] = _Installed(
+            planned.policy, rulesets.peers, planned.published
+        )
         if self.metrics is not None:
             self.metrics.network_policy_installs.labels(trigger).inc()
         log.info(
@@ -193,7 +199,7 @@ class NetworkPolicies:
             policy = None if spec.host_network else self._policy(sb, spec)
             if policy is None:
                 return
-            known = self._installed[cid] = _Installed(policy, None)
+            known = self._installed[cid] = _Installed(policy, None, tuple(spec.ports))
         if not selectors(known.policy):
             return
         try:
@@ -204,7 +210,7 @@ class NetworkPolicies:
         if admitted_peers(known.policy, peers) == known.admitted:
             return
         own = netfilter.interfaces(path, timeout=self.timeout)
-        planned = PlannedPolicy(known.policy, peers)
+        planned = PlannedPolicy(known.policy, peers, known.published)
         self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
 
 

@@ -163,8 +163,9 @@ class SandboxNetworkPolicy(Model):
     ingress: list[IngressRule] | None = Field(
         default=None,
         max_length=MAX_RULES,
-        description="Connections accepted besides the node's own (its Services' routing, "
-        "probes) and replies; unset: the namespace default's.",
+        description="Connections accepted besides the node's own (probes) and replies. "
+        "Unset: the namespace default's; unset there too: the ports the sandbox "
+        "publishes (spec.ports, its pool Service's) from anywhere.",
     )
     egress: list[EgressRule] | None = Field(
         default=None,

@@ -296,7 +296,8 @@ class SandboxSpec(Model):
         "ingress and egress and enforced by its node's agent before its process starts. "
         "Unset parts take the namespace's sandlot.dev/default-network-policy, then the "
         "cluster default: no link-local (metadata), node, cluster or RFC 1918 "
-        "destinations; connections in only from the node (docs/isolation.md).",
+        "destinations; connections in only from the node and to the published ports "
+        "(docs/isolation.md).",
     )
     resources: SandboxResources | None = Field(default=None, description="Resource limits.")
     security_context: SecurityContext | None = Field(

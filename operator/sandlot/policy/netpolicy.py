@@ -11,8 +11,9 @@ in a sandbox's ingress until that sandbox's rules are rendered again.
 The layers, outermost first:
 
 - the cluster default (``ClusterDefault``, the agent's settings): connections in
-  only from the node's own addresses (its routing of the pools' Services, probes)
-  and replies; out, everything but the blocked ranges (link-local and metadata, the
+  only from the node's own addresses (probes, masqueraded traffic) and replies, and,
+  while no ingress rules are set, to the ports the sandbox publishes to its pool's
+  Service from anywhere (kube-proxy keeps a Service client's own address); out, everything but the blocked ranges (link-local and metadata, the
   node's addresses, the cluster's service and pod ranges, RFC 1918 and IPv6's
   unique-local range), which an egress rule or ``allowed_egress`` opens (the node's
   addresses only ``allowed_egress``: no tenant's rule reaches the kubelet);
@@ -208,6 +209,7 @@ def _family(
     default: ClusterDefault,
     node_addresses: Sequence[str],
     peers: Sequence[Peer],
+    published: Sequence[SandboxPort],
 ) -> str:
     chains: list[str] = []
     body: list[str] = []
@@ -222,6 +224,10 @@ def _family(
             for c in ("INPUT", "OUTPUT"):
                 body.append(f"-A {c} -p ipv6-icmp -m icmp6 --icmpv6-type {kind} -j ACCEPT")
     body += [f"-A INPUT -s {n} -j ACCEPT" for n in node]
+    if policy.ingress is None:  # no rules: its pool Service's clients reach what it serves
+        for port in published:
+            proto = port.protocol.lower()
+            body.append(f"-A INPUT -p {proto} -m {proto} --dport {port.container_port} -j ACCEPT")
 
     for i, rule in enumerate(policy.ingress or []):
         ports = _port_matches(rule.ports, version)
@@ -275,17 +281,21 @@ def render_rulesets(
     default: ClusterDefault,
     node_addresses: Sequence[str],
     peers: Sequence[Peer] = (),
+    published: Sequence[SandboxPort] = (),
 ) -> Rulesets:
     """The filter tables of a sandbox's namespace, for IPv4 and IPv6.
 
     ``node_addresses`` are the node's own (connections from them are its routing and
     probes; connections to them are refused); ``peers`` the namespace's other running
-    sandboxes, of which those an ingress selector matches are let in.
+    sandboxes, of which those an ingress selector matches are let in; ``published``
+    the ports it serves (``spec.ports``, its pool Service's), open to any source
+    while neither it nor its namespace sets ingress rules: a Service's clients
+    arrive with their own addresses, not the node's.
     """
     let_in = admitted_peers(policy, peers)
     return Rulesets(
-        ipv4=_family(4, policy, default, node_addresses, peers),
-        ipv6=_family(6, policy, default, node_addresses, peers),
+        ipv4=_family(4, policy, default, node_addresses, peers, published),
+        ipv6=_family(6, policy, default, node_addresses, peers, published),
         peers=let_in,
     )
 
