@@ -46,9 +46,10 @@ ENV PATH=/opt/sandlot/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
     PYTHONUNBUFFERED=1
 # python3 runs the virtualenv (python3-venv made it); iproute2: the agent creates
 # each sandbox's network namespace with `ip netns` before it runs the node's CNI
-# plugins (mounted from the node).
+# plugins (mounted from the node); iptables: it installs each sandbox's network
+# policy inside that namespace (iptables-restore, through util-linux's nsenter).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv iproute2 \
+ && apt-get install -y --no-install-recommends python3 python3-venv iproute2 iptables \
  && rm -rf /var/lib/apt/lists/*
 # The chart's operator pod runs as this user (65532) with a read-only root filesystem.
 RUN groupadd --system --gid 65532 sandlot \

@@ -3,6 +3,8 @@ real kube-apiserver and containerd:
 
 - a sandbox whose ``spec.nodeName`` was set by hand onto a node with a taint it
   does not tolerate ends Failed (PlacementRefused); one that tolerates it runs;
+- a sandbox reported at the node's address (host-address mode) publishing a port
+  the node serves itself (the kubelet's 10250) ends Failed (ReservedHostPort);
 - a sandbox asking for isolation the node cannot give (an AppArmor profile that
   is not loaded) ends Failed with a reason naming it, and no container is
   created; one asking for a user namespace (``hostUsers: false``), which this
@@ -391,3 +393,34 @@ def test_a_hand_set_node_name_onto_a_tainted_node_is_refused_unless_tolerated(
     assert f"untolerated taint {{{CONTROL_PLANE_TAINT}:NoSchedule}}" in refused["message"]
     admitted = wait_for(lambda: decided("guest"), timeout=30, what="the guest to start")
     assert admitted["phase"] == "Running", admitted
+
+
+def test_a_sandbox_at_the_nodes_address_may_not_publish_a_port_the_node_serves(
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+    tmp_path: Path,
+) -> None:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs") as fleet:
+        fleet.start(kube, namespace, node, sync_interval="1s", network_mode="host-address")
+        kubelet = [
+            {"name": "web", "containerPort": 8080},
+            {"name": "kubelet", "containerPort": 10250},
+        ]
+        _create(kube, namespace, "squatter", node, "none", command=["sleep", "30"], ports=kubelet)
+        own = [{"name": "web", "containerPort": 8080}]
+        _create(kube, namespace, "tenant", node, "none", command=["sleep", "30"], ports=own)
+
+        def decided(name: str) -> dict[str, Any] | None:
+            status = _get(kube, namespace, name).get("status") or {}
+            return status if status.get("phase") in ("Failed", "Running") else None
+
+        refused = wait_for(lambda: decided("squatter"), timeout=30, what="the squatter's end")
+        assert refused["phase"] == "Failed", refused
+        assert refused["reason"] == "ReservedHostPort", refused
+        assert "spec.ports: 10250" in refused["message"], refused
+        admitted = wait_for(lambda: decided("tenant"), timeout=30, what="the tenant to start")
+        assert admitted["phase"] == "Running", admitted
+    agents.delete_node(kube, node)

@@ -239,6 +239,14 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
             {"agent": {"updateStrategy": {"rollingUpdate": {"maxSurge": 1}}}},
             "agent.updateStrategy.rollingUpdate.maxSurge",
         ),
+        (
+            {"agent": {"sandboxNetworkPolicy": {"blockedEgress": ["metadata"]}}},
+            "agent.sandboxNetworkPolicy.blockedEgress",
+        ),
+        (
+            {"agent": {"sandboxNetworkPolicy": {"reservedPorts": [0]}}},
+            "agent.sandboxNetworkPolicy.reservedPorts",
+        ),
     ],
     ids=[
         "duration-without-unit-syntax",
@@ -255,6 +263,8 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "host-proc-without-privileged",
         "no-stream-sessions",
         "agent-surge",
+        "blocked-egress-not-a-cidr",
+        "reserved-port-zero",
     ],
 )
 def test_bad_values_are_refused_naming_the_value(

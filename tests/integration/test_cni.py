@@ -130,6 +130,9 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BridgeNetwork]
                     "type": "bridge",
                     "bridge": net.bridge,
                     "isGateway": True,
+                    # A default route through the host, for traffic beyond the bridge
+                    # (test_netpolicy's stand-ins in a namespace of their own).
+                    "isDefaultGateway": True,
                     "ipMasq": False,
                     "ipam": {
                         "type": "host-local",

@@ -76,6 +76,21 @@ class Objects:
         )
         return list(out.get("items", [])), (out.get("metadata") or {}).get("continue") or None
 
+    def list_sandboxes(
+        self, namespace: str, label_selector: str, *, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """At most ``limit`` sandboxes of ``namespace`` the server selects by labels."""
+        out = self.custom.list_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            SANDBOXES,
+            label_selector=label_selector,
+            limit=limit,
+            _request_timeout=30,
+        )
+        return list(out.get("items", []))
+
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(
             self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)

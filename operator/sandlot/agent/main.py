@@ -26,6 +26,9 @@ bounded work, and each a thin shell over a pure decision:
 - **readiness** (``readiness``, deciding with ``policy.readiness``; every
   ``PROBE_TICK``): each Running, unpaused sandbox's readiness probe when it is due,
   and its ``Ready`` condition written on a transition.
+- **network policy** (``netpolicy``, ``policy.netpolicy``; every
+  ``network_policy_resync``, with CNI): filters whose admitted peers changed are
+  rendered and installed again.
 - **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
 Status is written through ``adapters.statuswrite`` (``status``): with the object's
@@ -208,6 +211,7 @@ class Agent:
             cancel=self._stop,
             image_gate=self.image_gate,
             log_writer=self.log_writer,
+            sandboxes=self.sandbox_watch.items,
         )
         self.sync = SandboxSync(
             self.node,
@@ -360,6 +364,12 @@ class Agent:
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn("storage", self.storage.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
+        if self.networking.enabled and self.work.network_policies.enabled:
+            self.loops.spawn(
+                "netpolicy",
+                self.work.network_policies.refresh_once,
+                settings.network_policy_resync.total_seconds(),
+            )
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)

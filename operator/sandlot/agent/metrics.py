@@ -25,6 +25,13 @@ class AgentMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.network_policy_installs = Counter(
+            "sandlot_agent_network_policy_installs_total",
+            "Sandbox packet filters installed, by trigger (start; peers: an ingress "
+            "selector's peers changed).",
+            ["trigger"],
+            registry=registry,
+        )
         self.orphans_removed = Counter(
             "sandlot_agent_orphans_removed_total",
             "Orphan containers torn down (no Sandbox, terminal, or another node's).",

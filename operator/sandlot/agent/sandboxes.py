@@ -38,6 +38,7 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
@@ -82,6 +83,7 @@ class _Prepared:
     labels: dict[str, str]
     log_stem: str
     attachment: Attachment | None
+    network_policy: PlannedPolicy | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,7 @@ class SandboxWork:
         cancel: threading.Event | None = None,
         image_gate: ImageGate | None = None,
         log_writer: LogWriter | None = None,
+        sandboxes: Callable[[], list[dict[str, Any]]] = list,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -125,6 +128,7 @@ class SandboxWork:
         self._clock = clock
         self._cancel = cancel
         self.rules = NamespaceRules(settings, objects)
+        self.network_policies = NetworkPolicies(settings, objects, metrics, sandboxes)
         self.image_gate = image_gate
         self.log_writer = log_writer
         self.kill_wait = settings.kill_wait.total_seconds()
@@ -311,6 +315,9 @@ class SandboxWork:
         if limited is None:
             return None
         spec, pids = limited
+        at_node_address = not self.networking.enabled or spec.host_network
+        if at_node_address:
+            self.network_policies.check_node_ports(spec)
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -318,6 +325,11 @@ class SandboxWork:
                 return None
             except PullRefused as exc:
                 raise StartFailed(exc.reason, str(exc)) from None
+        planned: PlannedPolicy | None = None
+        if not at_node_address and self.network_policies.enabled:  # with the image here
+            planned = self.network_policies.prepare(sb, spec)
+            if planned is None:
+                return None
         meta = sb["metadata"]
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
@@ -366,7 +378,7 @@ class SandboxWork:
                 container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
-        return _Prepared(container_id, image, oci, labels, stem, attachment)
+        return _Prepared(container_id, image, oci, labels, stem, attachment, planned)
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -410,8 +422,8 @@ class SandboxWork:
             ) from None
 
     def _attach(self, prepared: _Prepared, created: ContainerInfo) -> str:
-        """The sandbox's address: its CNI one, attached before the task starts (the
-        sandbox never runs without it), or the node's."""
+        """The sandbox's address: its CNI one, attached with its network policy before
+        the task starts (the sandbox never runs without them), or the node's."""
         if prepared.attachment is None:
             return self.facts.address
         try:
@@ -421,6 +433,18 @@ class SandboxWork:
             # ADD, and a configuration that cannot ADD cannot DEL either.
             self.teardown(created, release_patience=0)
             raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+        if prepared.network_policy is not None:
+            try:
+                self.network_policies.install(
+                    prepared.labels[SANDBOX_LABEL],
+                    prepared.container_id,
+                    prepared.network_policy,
+                    prepared.attachment.netns_path,
+                    [ip.address for ip in result.ips],
+                )
+            except StartFailed:
+                self.teardown(created)
+                raise
         return result.primary_ip(prepared.attachment.ifname) or self.facts.address
 
     def _run(self, prepared: _Prepared, created: ContainerInfo) -> TaskInfo:

@@ -21,8 +21,13 @@ from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTER
 from sandlot.api.settings import Duration, PositiveDuration, SettingsModel
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
+from sandlot.policy.netpolicy import LINK_LOCAL, PRIVATE, ClusterDefault, parse_cidr_list
 from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
+
+# ssh, etcd, the API server, kubelet (and its read-only port), kube-proxy, the
+# controller manager and the scheduler.
+RESERVED_PORTS = (22, 2379, 2380, 6443, 10250, 10255, 10256, 10257, 10259)
 
 
 class NetworkMode(StrEnum):
@@ -171,6 +176,38 @@ class AgentSettings(SettingsModel):
         default=timedelta(seconds=10),
         description="Deadline of one CNI operation (the whole ADD or DEL chain), and of "
         "each network namespace command.",
+    )
+    network_policy_disabled: bool = Field(
+        default=False,
+        description="Install no packet filter in the sandboxes' network namespaces (their "
+        "spec.networkPolicy and the defaults below are then not enforced).",
+    )
+    network_policy_resync: PositiveDuration = Field(
+        default=timedelta(seconds=10),
+        description="How often the filters of running sandboxes whose ingress selects "
+        "peers by labels are rendered again with the peers' current addresses.",
+    )
+    blocked_egress: list[str] = Field(
+        default_factory=lambda: list(LINK_LOCAL + PRIVATE),
+        description="CIDRs no sandbox reaches unless an egress rule allows them (repeatable; "
+        "default: link-local, which holds cloud metadata, RFC 1918 and fc00::/7). The "
+        "node's own addresses and the sandbox's own network are always refused too.",
+    )
+    cluster_cidrs: list[str] = Field(
+        default_factory=list,
+        description="The cluster's service and pod ranges (repeatable), refused like "
+        "blocked_egress.",
+    )
+    allowed_egress: list[str] = Field(
+        default_factory=list,
+        description="CIDRs every sandbox reaches even inside the refused ranges "
+        "(repeatable), such as the cluster DNS service's address.",
+    )
+    reserved_ports: list[int] = Field(
+        default_factory=lambda: list(RESERVED_PORTS),
+        description="Ports the node serves itself (repeatable; the agent's own metrics "
+        "and stream ports are added): a sandbox reported at the node's address "
+        "(hostNetwork, host-address mode) may not publish them.",
     )
     log_dir: str = Field(
         default="/var/log/sandlot",
@@ -416,6 +453,10 @@ class AgentSettings(SettingsModel):
                 "stream_port needs stream_tls_cert, stream_tls_key and stream_client_ca: "
                 "the stream server speaks only mutual TLS"
             )
+        for name in ("blocked_egress", "cluster_cidrs", "allowed_egress"):
+            parse_cidr_list(getattr(self, name), name)
+        if any(not 1 <= p <= 65535 for p in self.reserved_ports):
+            raise ValueError(f"reserved_ports ({self.reserved_ports}) must be ports 1-65535")
         if self.stream_port and not self.stream_client_name:
             raise ValueError("stream_client_name must name at least one client certificate")
         return self
@@ -426,6 +467,20 @@ class AgentSettings(SettingsModel):
         return limits.DefaultLimits(
             self.default_memory_limit, self.default_cpu_limit, self.pids_limit
         )
+
+    @property
+    def network_default(self) -> ClusterDefault:
+        return ClusterDefault(
+            blocked=tuple(self.blocked_egress),
+            cluster_ranges=tuple(self.cluster_cidrs),
+            allowed_egress=tuple(self.allowed_egress),
+        )
+
+    @property
+    def node_ports(self) -> frozenset[int]:
+        """Ports the node serves: the reserved ones and the agent's own."""
+        own = (self.metrics_port, self.stream_port)
+        return frozenset(self.reserved_ports) | {p for p in own if p}
 
     @property
     def gc_thresholds(self) -> GcThresholds:

@@ -50,6 +50,12 @@ DEFAULT_LIMITS_ANNOTATION: Final = f"{GROUP}/default-limits"
 ``memory=512Mi,cpu=500m,pids=256,ephemeralStorage=1Gi`` (any subset); the agent's
 settings fill the rest (a disk limit has no node-wide default)."""
 
+DEFAULT_NETWORK_POLICY_ANNOTATION: Final = f"{GROUP}/default-network-policy"
+"""Namespace annotation: the network policy of its Sandboxes that set none, as the
+JSON of a ``spec.networkPolicy`` (``{"egress": [{"to": [{"ipBlock": {"cidr":
+"10.0.0.53/32"}}]}]}``); its ``ingress`` and ``egress`` each stand in for a Sandbox's
+missing one. The cluster default (the agent's settings) applies underneath."""
+
 APP_NAME_LABEL: Final = "app.kubernetes.io/name"
 """Recommended Kubernetes label naming the application an object belongs to."""
 

@@ -37,6 +37,7 @@ from sandlot.api.common import (
     PrinterColumn,
     Resource,
 )
+from sandlot.api.netpolicy import SandboxNetworkPolicy
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 from sandlot.api.probe import Probe
 
@@ -288,6 +289,15 @@ class SandboxSpec(Model):
         description="Share the node's network namespace instead of getting an own one "
         "(the sandbox can then reach every service on the node's loopback). Refused unless "
         "the namespace is labelled `sandlot.dev/enforce=privileged`.",
+    )
+    network_policy: SandboxNetworkPolicy | None = Field(
+        default=None,
+        description="Traffic the sandbox accepts and sends, shaped like a NetworkPolicy's "
+        "ingress and egress and enforced by its node's agent before its process starts. "
+        "Unset parts take the namespace's sandlot.dev/default-network-policy, then the "
+        "cluster default: no link-local (metadata), node, cluster or RFC 1918 "
+        "destinations; connections in only from the node and to the published ports "
+        "(docs/isolation.md).",
     )
     resources: SandboxResources | None = Field(default=None, description="Resource limits.")
     security_context: SecurityContext | None = Field(

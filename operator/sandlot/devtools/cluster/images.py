@@ -41,7 +41,7 @@ class ImageRecipe:
 
 RECIPE = ImageRecipe(
     suite="bookworm",
-    packages=("python3", "python3-venv", "iproute2"),
+    packages=("python3", "python3-venv", "iproute2", "iptables"),
     user_commands=(
         "groupadd --system --gid 65532 sandlot",
         "useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent"
