@@ -16,7 +16,7 @@ import ipaddress
 from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, model_validator
-from pydantic.json_schema import JsonDict
+from pydantic.config import JsonDict
 
 from sandlot.api.common import MAX_DNS_LABEL, MAX_ENTRIES, Model
 
