@@ -501,8 +501,8 @@ def run_blocking(
         ready = asyncio.Event()
 
         async def take_signals_back() -> None:
-            # kopf installs its own handlers while it starts (they stop kopf alone);
-            # once it is up, ours stop everything at once and arm the watchdog.
+            # kopf installs its own handlers while it starts (they stop kopf, and the
+            # parts with it, but arm no watchdog); once every part is up, ours do both.
             await ready.wait()
             take_signals()
 

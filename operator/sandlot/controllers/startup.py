@@ -180,7 +180,7 @@ async def serve_until(stop: asyncio.Event, *ends: asyncio.Task[Any] | None) -> N
     waiting = asyncio.create_task(stop.wait(), name="stop-flag")
     try:
         await asyncio.wait(
-            {waiting, *(t for t in ends if t is not None)}, return_when="FIRST_COMPLETED"
+            {waiting, *(t for t in ends if t is not None)}, return_when=asyncio.FIRST_COMPLETED
         )
     finally:
         waiting.cancel()
