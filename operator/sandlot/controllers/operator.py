@@ -259,6 +259,7 @@ class OperatorParts:
     kopf: KopfPart
     elector: LeaderElector | None
     health: ThreadingHTTPServer | None = None
+    ticking: asyncio.Task[None] | None = None
 
     def in_order(self) -> list[Part]:
         """The start order; the stop order is its reverse."""
@@ -273,7 +274,7 @@ class OperatorParts:
                 on_no_election=lambda: self.metrics.is_leader.set(1),
             ),
             self.kopf.part(),
-            TaskPart("workers", self.nodehealth.run, self.workloads.run, self.ticker.run).part(),
+            TaskPart("workers", self.nodehealth.run, self.workloads.run).part(),
         ]
 
     async def _check_namespace(self) -> None:
@@ -285,6 +286,8 @@ class OperatorParts:
         self.election_api.close()
 
     async def _serve_health(self) -> None:
+        # The loop's liveness from here on: a start-up that blocks it is seen too.
+        self.ticking = asyncio.create_task(self.ticker.run(), name="liveness-ticker")
         if not self.settings.metrics_port:
             return
         self.health = serve_health(
@@ -300,6 +303,9 @@ class OperatorParts:
         if self.health is not None:
             self.health.shutdown()
             self.health.server_close()
+        if self.ticking is not None:
+            self.ticking.cancel()
+            await asyncio.gather(self.ticking, return_exceptions=True)
 
     async def _start_informers(self) -> None:
         self.lease_informer.start()
