@@ -34,6 +34,8 @@ from sandlot.api import GROUP, VERSION
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.policy.disruption import GuardSettings
+from sandlot.policy.nodehealth import NodeHealthSettings
 
 NS = "burst"
 LEASE, GRACE = 1, 2
@@ -63,10 +65,11 @@ def burst(api: client.ApiClient, nodes: list[str], workers: int) -> float:
     """Seconds from the shared deadline until every node is handled."""
     objs: Any = client.CustomObjectsApi(api)
     settings = OperatorSettings(
-        grace_period=timedelta(seconds=GRACE),
-        agent_lease_duration=timedelta(seconds=GRACE),
+        node_health=NodeHealthSettings(
+            grace_period=timedelta(seconds=GRACE), unseen_lease_duration=timedelta(seconds=GRACE)
+        ),
         lease_view_max_age=timedelta(seconds=2),
-        min_nodes_for_guard=len(nodes) + 1,  # the guard off: every node here is lost
+        guard=GuardSettings(min_nodes=len(nodes) + 1),  # off: every node here is lost
         leader_election=False,
     )
     metrics = OperatorMetrics(CollectorRegistry())

@@ -101,7 +101,7 @@ def test_a_sandbox_over_its_limit_fails_while_a_roomier_neighbour_runs(
     roomy = container_id_for(roomy_uid)
 
     def measured_full() -> bool:
-        use = agent.storage.measured.get(roomy)
+        use = agent.parts.storage.measured.get(roomy)
         return use is not None and use.bytes >= 32 * MI
 
     wait_for(measured_full, timeout=DEADLINE, what="the pass to measure roomy's 32 MiB")
@@ -128,11 +128,11 @@ def test_a_namespace_default_bounds_a_sandbox_without_its_own_limit(
     quiet = container_id_for(quiet_uid)
     assert _decided(kube, namespace, "quiet")["phase"] == "Running"
     wait_for(
-        lambda: quiet in agent.storage.measured,
+        lambda: quiet in agent.parts.storage.measured,
         timeout=DEADLINE,
         what="the pass to measure the quiet sandbox",
     )
-    assert agent.storage.measured[quiet].bytes < MI, agent.storage.measured[quiet]
+    assert agent.parts.storage.measured[quiet].bytes < MI, agent.parts.storage.measured[quiet]
     seen = _passes(agent)
     wait_for(lambda: _passes(agent) >= seen + 2, timeout=DEADLINE, what="two more storage passes")
     assert _status(kube, namespace, "quiet")["phase"] == "Running"

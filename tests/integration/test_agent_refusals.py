@@ -329,7 +329,7 @@ def _decided(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any
 
 
 def test_the_agent_detects_whether_the_kernel_has_apparmor(agent: Agent) -> None:
-    loaded = agent.work.facts.security.apparmor_profiles
+    loaded = agent.parts.work.facts.security.apparmor_profiles
     assert (loaded is not None) is kernel_has_apparmor(), "the agent misdetected AppArmor"
 
 
@@ -351,7 +351,7 @@ def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
     the profile is not loaded."""
     if not kernel_has_apparmor():
         pytest.skip("this host's kernel has no AppArmor enabled: nothing can confine here")
-    loaded = agent.work.facts.security.apparmor_profiles
+    loaded = agent.parts.work.facts.security.apparmor_profiles
     _create(kube, namespace, "aa", agent.node, "none", command=["sleep", "30"])
     status = _decided(kube, namespace, "aa")
     wanted = agent.settings.apparmor_profile

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.settings import AgentSettings
+from sandlot.api.settings import setting_fields
 from sandlot.cli.options import env_name, settings_from
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.settings import OperatorSettings
@@ -130,7 +131,7 @@ def test_every_setting_of_both_programs_is_a_value_reaching_its_variable(helm: P
     docs = render(helm)
     for kind, model in (("Deployment", OperatorSettings), ("DaemonSet", AgentSettings)):
         env = container_env(by_kind(docs, kind)[0])
-        wanted = {env_name(f) for f in model.model_fields}
+        wanted = {env_name(f) for f in setting_fields(model)}
         assert set(env) == wanted, (
             f"{kind}: missing {wanted - set(env)}, unknown {set(env) - wanted}"
         )
@@ -160,7 +161,8 @@ def test_rendered_values_are_accepted_by_the_programs_settings(helm: Path, tmp_p
     op = settings_from(
         OperatorSettings, empty, environ=container_env(by_kind(docs, "Deployment")[0])
     )
-    assert op.grace_period == timedelta(seconds=45) and op.disruption_threshold == 0.4
+    assert op.node_health.grace_period == timedelta(seconds=45)
+    assert op.guard.disruption_threshold == 0.4
     assert op.namespace == "sandlot-system"
     agent = settings_from(
         AgentSettings, empty, environ=container_env(by_kind(docs, "DaemonSet")[0])

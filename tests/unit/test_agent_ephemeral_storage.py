@@ -66,7 +66,7 @@ class World:
         self.logs = tmp_path / "logs"
         self.logs.mkdir()
         self.guard = EphemeralStorage(
-            lambda: self.rt,
+            self.rt,
             self.pool,  # type: ignore[arg-type]
             self.work,  # type: ignore[arg-type]
             str(self.logs),

@@ -6,8 +6,7 @@ prompt to look whether it still holds one concern, not a wall that splits one
 concern over several modules. A function longer than ``MAX_FUNCTION_LINES`` either is
 split into named steps or says why it stays long: a comment starting with
 ``LONG_MARKER`` among its first ``MARKER_WITHIN`` lines, followed by the reason.
-Exemptions are listed here with their reason, and an exemption that is no longer
-needed fails too, so none outlives its cause.
+There is no exemption list: the reason lives beside the function it excuses.
 """
 
 from __future__ import annotations
@@ -29,15 +28,6 @@ LONG_MARKER = "# Long on purpose:"
 MARKER_WITHIN = 20
 # A reason is a phrase, not a token: at least this many words after the marker.
 MIN_REASON_WORDS = 4
-
-# "module path:qualified name" -> why it may exceed MAX_FUNCTION_LINES without a marker
-LENGTH_EXEMPT: dict[str, str] = {
-    "sandlot/controllers/operator.py:run": (
-        "the operator's whole wiring in start-up order (clients, write fence, elector, "
-        "controllers, lease informer, kopf, shutdown); splitting it into named steps is "
-        "open work, and this entry fails the moment it is done"
-    ),
-}
 
 
 def source_modules() -> list[Path]:
@@ -112,23 +102,11 @@ def test_every_long_function_says_why_it_stays_long():
     offenders = []
     for path in source_modules():
         for name, first, length in unexplained_long_functions(path.read_text()):
-            if f"{relative(path)}:{name}" not in LENGTH_EXEMPT:
-                offenders.append(f"{relative(path)}:{first} {name} ({length} lines)")
+            offenders.append(f"{relative(path)}:{first} {name} ({length} lines)")
     assert not offenders, (
         f"functions over {MAX_FUNCTION_LINES} lines without a '{LONG_MARKER} <reason>' comment "
         f"in their first {MARKER_WITHIN} lines; split them into named steps or say why: "
         + ", ".join(offenders)
-    )
-
-
-@pytest.mark.parametrize("entry", sorted(LENGTH_EXEMPT))
-def test_a_length_exemption_is_still_needed(entry):
-    module, name = entry.split(":")
-    path = ROOT / "operator" / module
-    assert path.exists(), f"{module} is gone: remove {entry} from LENGTH_EXEMPT"
-    still_long = [f[0] for f in unexplained_long_functions(path.read_text())]
-    assert name in still_long, (
-        f"{entry} is no longer an unexplained long function: remove it from LENGTH_EXEMPT"
     )
 
 

@@ -248,7 +248,7 @@ class World:
         stored["spec"]["operatingMode"] = mode
         stored["metadata"]["generation"] = 2
         status = StatusWriter(self.objects, NODE, self.clock.now)  # type: ignore[arg-type]
-        self.modes = ModeChanges(lambda: self.rt, status, NODE, call_timeout=0.2)
+        self.modes = ModeChanges(self.rt, status, NODE, call_timeout=0.2)
 
     def apply(self) -> ModeStep | None:
         return self.modes.apply(self.objects.get_sandbox("ns", "box"), self.info)

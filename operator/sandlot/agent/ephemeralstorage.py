@@ -14,7 +14,7 @@ did not go through leaves the container for the next pass to try again.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 
@@ -41,13 +41,13 @@ class EphemeralStorage:
 
     def __init__(
         self,
-        rt: Callable[[], Runtime],
+        rt: Runtime,
         pool: SandboxPools,
         work: SandboxWork,
         log_dir: str,
         max_entries: int = MAX_ENTRIES,
     ) -> None:
-        self._rt = rt
+        self.rt = rt
         self.pool = pool
         self.work = work
         self.objects: Objects = work.objects
@@ -64,7 +64,7 @@ class EphemeralStorage:
     def pass_once(self) -> int:
         """Measure each live container with a limit; stop those over it. Returns how
         many stops were handed to the pool."""
-        rt = self._rt()
+        rt = self.rt
         self.metrics.storage_passes.inc()
         live = {
             t.container_id

@@ -19,11 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class SandboxLogs:
-    def __init__(
-        self, writer: LogWriter | None, rt: Callable[[], Runtime], call_timeout: float
-    ) -> None:
+    def __init__(self, writer: LogWriter | None, rt: Runtime, call_timeout: float) -> None:
         self.writer = writer
-        self._rt = rt
+        self.rt = rt
         self.call_timeout = call_timeout
 
     def pass_once(self) -> LogPlan:
@@ -34,7 +32,7 @@ class SandboxLogs:
         attached = writer.attached()
         fifos = fifo_stems(writer.fifo_dir)
         files = log_files(writer.log_dir)
-        containers = self._rt().list_containers(timeout=self.call_timeout)
+        containers = self.rt.list_containers(timeout=self.call_timeout)
         live = {c.labels.get(SANDBOX_UID_LABEL, "") for c in containers} - {""}
         plan = plan_logs(files, fifos, attached, live)
         for stem in plan.attach:
@@ -57,7 +55,7 @@ class SandboxLogs:
 
 def sandbox_logs(
     settings: AgentSettings,
-    rt: Callable[[], Runtime],
+    rt: Runtime,
     call_timeout: float,
     dropped: Callable[[int], None],
 ) -> SandboxLogs:

@@ -36,7 +36,8 @@ resourceVersion; a Sandbox found terminal, gone or replaced meanwhile is never
 resurrected (its container is torn down instead).
 
 This module only wires those parts together and runs the start-up in its order
-(the steps themselves are in ``bringup``).
+(the steps themselves are in ``bringup``); the parts that work on containerd are
+built once it answers (``parts``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.nodelock import NodeLock
 from sandlot.adapters.objects import Leases, Objects
 from sandlot.adapters.runtime import Runtime
@@ -65,28 +65,22 @@ from sandlot.agent.bringup import (
     sweep_with_retry,
 )
 from sandlot.agent.cacheprune import CacheUpkeep
-from sandlot.agent.capacity import node_capacity, node_security
-from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
-from sandlot.agent.logs import sandbox_logs
 from sandlot.agent.loops import Loops
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
-from sandlot.agent.network import Networking
-from sandlot.agent.pullgate import ImageGate, build_image_gate
+from sandlot.agent.parts import AgentParts, AgentWiring, build_agent_parts
 from sandlot.agent.readiness import PROBE_TICK, readiness_prober
-from sandlot.agent.reaper import Reaper
-from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
+from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import NodeSandboxCount, StatusWriter
+from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer, start_streams
 from sandlot.agent.sweep import SweepReport
-from sandlot.agent.sync import SandboxSync, unschedulable
+from sandlot.agent.sync import unschedulable
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
-from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +115,6 @@ class Agent:
         registry: CollectorRegistry | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
         clock: Callable[[], datetime] = _utcnow,
-        pulls: bool | None = None,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -131,14 +124,14 @@ class Agent:
         self.metrics = AgentMetrics(self.registry)
         self.gc_metrics = GcMetrics(self.registry)
         self._runtime_factory = runtime_factory or self._containerd
-        # Pulls need containerd itself: off by default beside a runtime given by a test.
-        self._pulls = runtime_factory is None if pulls is None else pulls
         self._disk_usage = disk_usage or (lambda: disk_usage_of(settings.containerd_root))
         self._clock = clock
         self.address = settings.node_address or detect_address()
         self.call_timeout = settings.call_timeout.total_seconds()
 
         self.runtime: Runtime | None = None
+        # Built once containerd answers (``parts``): whatever works on containerd.
+        self._parts: AgentParts | None = None
         self.collector: ImageCollector | None = None
         self.containerd_version = ""
         self.heartbeat = Heartbeat(
@@ -170,77 +163,43 @@ class Agent:
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
-        """The parts the loops run, each handed only what it uses."""
+        """The parts that need no containerd, each handed only what it uses."""
         self.loops = Loops(self._stop)
         self.pool = SandboxPools(
             settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
         )
-        self.networking = Networking(
-            settings, lambda: self._rt.list_containers(timeout=self.call_timeout)
-        )
         self.status = StatusWriter(self.objects, self.node, self._clock)
-        facts = NodeFacts(
-            address=self.address,
-            limit_swap=swap_accounted(settings.cgroup_root),
-            # containerd and runc run with the node's bounding set, as does this agent
-            # (a privileged pod): `privileged` grants exactly that set.
-            node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
-            security=node_security(),
-            capacity=node_capacity(settings),
-        )
-        self.image_gate: ImageGate | None = None
-        self._close_pulls: Callable[[], None] = lambda: None
-        if self._pulls:  # the image step of a start: pulls, their status and back-off
-            self.image_gate, self._close_pulls = build_image_gate(
-                settings, self.objects.api, self.status, self._sync_wake, self.registry, self._clock
-            )
-        # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
-        dropped = self.metrics.log_bytes_dropped.inc
-        self.logs = sandbox_logs(settings, lambda: self._rt, self.call_timeout, dropped)
-        self.log_writer = self.logs.writer
-        self.work = SandboxWork(
-            settings,
-            self.objects,
-            lambda: self._rt,
-            self.networking,
-            self.status,
-            self.metrics,
-            facts,
-            self._touch_image,
-            self._clock,
-            cancel=self._stop,
-            image_gate=self.image_gate,
-            log_writer=self.log_writer,
-            sandboxes=self.sandbox_watch.items,
-        )
-        self.sync = SandboxSync(
-            self.node,
-            self.sandbox_watch,
-            self.node_watch,
-            lambda: self._rt,
-            self.pool,
-            self.work,
-            self.metrics,
-            self.call_timeout,
-            report_count=NodeSandboxCount(self.objects, self.node).report,
-        )
-        self.reaper = Reaper(
-            self.objects,
-            lambda: self._rt,
-            self.pool,
-            self.work,
-            self.status,
-            self.metrics,
-            cgroup_root=settings.cgroup_root,
-            call_timeout=self.call_timeout,
-        )
-        self.storage = EphemeralStorage(lambda: self._rt, self.pool, self.work, settings.log_dir)
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
         self.prober = readiness_prober(
             settings, self.sandbox_watch, self.status, self.metrics, self._stop
         )
+
+    @property
+    def parts(self) -> AgentParts:
+        """The parts working on containerd (there once it answered)."""
+        if self._parts is None:
+            raise RuntimeError("not connected to containerd")
+        return self._parts
+
+    def _build_parts(self, runtime: Runtime) -> AgentParts:
+        wiring = AgentWiring(
+            settings=self.settings,
+            objects=self.objects,
+            status=self.status,
+            metrics=self.metrics,
+            registry=self.registry,
+            pool=self.pool,
+            sandbox_watch=self.sandbox_watch,
+            node_watch=self.node_watch,
+            address=self.address,
+            touch_image=self._touch_image,
+            clock=self._clock,
+            stop=self._stop,
+            sync_wake=self._sync_wake,
+        )
+        return build_agent_parts(wiring, runtime)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -266,6 +225,7 @@ class Agent:
         if connected is None:
             return False
         self.runtime, self.containerd_version = connected
+        self._parts = self._build_parts(self.runtime)
         return True
 
     def take_node_lock(self) -> bool:
@@ -309,22 +269,25 @@ class Agent:
         # Before any sandbox starts: the sum of them never takes the node's own share.
         self.parent_limits = limit_sandbox_parent(self.settings)
         # Orphan sweep and re-adopt: before the node says it is alive.
+        parts = self.parts
         report = sweep_with_retry(
-            self._rt,
+            parts.runtime,
             self.objects,
             self.settings,
             self.metrics,
             self._stop,
-            self.networking.release,
+            parts.networking.release,
         )
         if report is None:
             return False
         self.sweep_report = report
-        readopt_survivors(self._rt, report, self.metrics, self.call_timeout, self.work.end_lost)
-        self._take_output_back()
+        readopt_survivors(
+            parts.runtime, report, self.metrics, self.call_timeout, parts.work.end_lost
+        )
+        self._take_output_back(parts)
 
         # Heartbeat: the SandboxNode and the Lease.
-        self._register_node()
+        self._register_node(parts)
         self.heartbeat.start()
         self.startup_seconds = time.monotonic() - began
         self.metrics.startup_seconds.set(self.startup_seconds)
@@ -336,14 +299,14 @@ class Agent:
             len(report.adopted),
         )
         self.ready.set()
-        self._start_work()
+        self._start_work(parts)
         return True
 
-    def _start_work(self) -> None:
+    def _start_work(self, parts: AgentParts) -> None:
         """Sandboxes, then the reaper, the image collector and CachePrune requests."""
         settings = self.settings
         self.collector = ImageCollector(
-            self._rt,
+            parts.runtime,
             self._disk_usage,
             settings.gc_thresholds,
             pinned=settings.pinned_images,
@@ -353,35 +316,35 @@ class Agent:
             disabled=settings.gc_disabled,
             metrics=self.gc_metrics,
             exhausted_until=restored_exhausted_until(self.objects, self.node),
-            starting=self.image_gate.pulls.starting if self.image_gate else frozenset,
+            starting=parts.image_gate.pulls.starting,
         )
         for watched in self._watches:
             watched.start()
         pacing = settings.sync_pacing
-        self.loops.spawn_woken("sync", self.sync.sync_once, self._sync_wake, pacing)
-        self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
+        self.loops.spawn_woken("sync", parts.sync.sync_once, self._sync_wake, pacing)
+        self.loops.spawn("reaper", parts.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
-        self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
-        self.loops.spawn("storage", self.storage.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn("logs", parts.logs.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn("storage", parts.storage.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
-        if self.networking.enabled and self.work.network_policies.enabled:
+        if parts.networking.enabled and parts.work.network_policies.enabled:
             self.loops.spawn(
                 "netpolicy",
-                self.work.network_policies.refresh_once,
+                parts.work.network_policies.refresh_once,
                 settings.network_policy_resync.total_seconds(),
             )
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
-    def _take_output_back(self) -> None:
+    def _take_output_back(self, parts: AgentParts) -> None:
         """Read the survivors' output again (their writes wait in full pipes meanwhile),
         before the node says it is alive; a failure is retried by the log pass."""
-        if self.log_writer is None:
+        if parts.logs.writer is None:
             return
-        self.log_writer.start()
+        parts.logs.writer.start()
         try:
-            self.logs.pass_once()
+            parts.logs.pass_once()
         except Exception as exc:
             log.warning("cannot take the sandboxes' output back yet: %s", exc)
 
@@ -404,24 +367,18 @@ class Agent:
             self.streams.shutdown()
         for watched in self._watches:
             watched.stop()
-        self.loops.join(timeout=self.settings.teardown_bound + self.networking.bound + 5)
+        network_bound = self._parts.networking.bound if self._parts is not None else 0
+        self.loops.join(timeout=self.settings.teardown_bound + network_bound + 5)
         self.pool.shutdown()
         self.prober.shutdown()
-        if self.log_writer is not None:  # the tasks' output waits in their pipes
-            self.log_writer.stop()
-        self._close_pulls()
-        if self.runtime is not None:
+        if self._parts is not None:
+            self._parts.close()
+        elif self.runtime is not None:
             self.runtime.close()
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
         self.node_lock.release()
-
-    @property
-    def _rt(self) -> Runtime:
-        if self.runtime is None:
-            raise RuntimeError("not connected to containerd")
-        return self.runtime
 
     def _touch_image(self, image: str) -> None:
         if self.collector is not None:
@@ -451,11 +408,11 @@ class Agent:
     def _prune_changed(self, _event: str, _old: object, _new: object) -> None:
         self._prune_wake.set()
 
-    def _register_node(self) -> None:
+    def _register_node(self, parts: AgentParts) -> None:
         status = registration(
             self.objects,
             self.settings,
-            self.work.facts.capacity,
+            parts.work.facts.capacity,
             self.address,
             self.containerd_version,
         )

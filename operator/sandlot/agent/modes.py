@@ -11,7 +11,7 @@ last read, and written only while it is Running here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_, RuntimeTimeout
@@ -28,10 +28,8 @@ RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 class ModeChanges:
     """Pauses and resumes this node's sandboxes; ``rt`` gives the connected runtime."""
 
-    def __init__(
-        self, rt: Callable[[], Runtime], status: StatusWriter, node: str, call_timeout: float
-    ) -> None:
-        self._rt = rt
+    def __init__(self, rt: Runtime, status: StatusWriter, node: str, call_timeout: float) -> None:
+        self.rt = rt
         self.status = status
         self.node = node
         self.call_timeout = call_timeout
@@ -40,7 +38,7 @@ class ModeChanges:
         """Bring ``container``'s task to the mode ``sb`` asks for; the step taken, or
         None when containerd did not answer (nothing written: the next pass retries)."""
         key, mode = sandbox_key(sb), wanted_mode(sb)
-        rt = self._rt()
+        rt = self.rt
         try:
             task = rt.get_task(container.id, timeout=self.call_timeout)
         except RuntimeError_ as exc:

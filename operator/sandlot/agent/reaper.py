@@ -9,7 +9,6 @@ The OOM counter is read before the teardown, which removes the cgroup holding it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from functools import partial
 
 from sandlot.adapters.nodeguard import oom_kills
@@ -31,7 +30,7 @@ class Reaper:
     def __init__(
         self,
         objects: Objects,
-        rt: Callable[[], Runtime],
+        rt: Runtime,
         pool: SandboxPools,
         work: SandboxWork,
         status: StatusWriter,
@@ -41,7 +40,7 @@ class Reaper:
         call_timeout: float,
     ) -> None:
         self.objects = objects
-        self._rt = rt
+        self.rt = rt
         self.pool = pool
         self.work = work
         self.status = status
@@ -51,7 +50,7 @@ class Reaper:
 
     def reap_once(self) -> int:
         """Tear down containers whose task provably exited; end their Sandboxes. Returns count."""
-        rt = self._rt()
+        rt = self.rt
         self.metrics.reaper_passes.inc()
         tasks = {t.container_id: t for t in rt.list_tasks(timeout=self.call_timeout)}
         containers = rt.list_containers(timeout=self.call_timeout)

@@ -98,13 +98,13 @@ class NodeFacts:
 
 
 class SandboxWork:
-    """This node's sandbox operations; ``rt`` gives the connected runtime."""
+    """This node's sandbox operations on ``rt``, the connected runtime."""
 
     def __init__(
         self,
         settings: AgentSettings,
         objects: Objects,
-        rt: Callable[[], Runtime],
+        rt: Runtime,
         networking: Networking,
         status: StatusWriter,
         metrics: AgentMetrics,
@@ -119,7 +119,7 @@ class SandboxWork:
         self.settings = settings
         self.node = settings.node_name
         self.objects = objects
-        self._rt = rt
+        self.rt = rt
         self.networking = networking
         self.status = status
         self.metrics = metrics
@@ -147,7 +147,7 @@ class SandboxWork:
         self, container: ContainerInfo | str, *, release_patience: float = -1
     ) -> TeardownResult:
         return teardown(
-            self._rt(),
+            self.rt,
             container,
             kill_wait=self.kill_wait,
             call_timeout=self.call_timeout,
@@ -160,7 +160,7 @@ class SandboxWork:
         finds the sandbox as it was and stops it again)."""
         try:
             return stop(
-                self._rt(),
+                self.rt,
                 container,
                 stop_grace=grace,
                 kill_wait=self.kill_wait,
@@ -334,7 +334,7 @@ class SandboxWork:
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
         try:
-            config = self._rt().image_config(image, timeout=self.call_timeout)
+            config = self.rt.image_config(image, timeout=self.call_timeout)
         except NotFound as exc:
             raise StartFailed(
                 "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
@@ -375,7 +375,7 @@ class SandboxWork:
             labels.update(attachment.labels())
         if spec.host_users is False:  # a range of its own, reserved until _start ends
             oci = self.user_ranges.map(
-                container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
+                container_id, oci, labels, self.rt.list_containers, timeout=self.call_timeout
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
         return _Prepared(container_id, image, oci, labels, stem, attachment, planned)
@@ -395,7 +395,7 @@ class SandboxWork:
     def _create(self, prepared: _Prepared) -> ContainerInfo | None:
         image, container_id = prepared.image, prepared.container_id
         try:
-            return self._rt().create_container(
+            return self.rt.create_container(
                 ContainerSpec(
                     id=container_id,
                     image=image,
@@ -451,7 +451,7 @@ class SandboxWork:
         container_id = prepared.container_id
         try:  # output read by the agent from the start: the log is capped as written
             stdio = self.log_writer.attach(prepared.log_stem) if self.log_writer else ""
-            return self._rt().start_task(container_id, stdio=stdio, timeout=self.call_timeout)
+            return self.rt.start_task(container_id, stdio=stdio, timeout=self.call_timeout)
         except OSError as exc:
             self.teardown(created)
             message = f"cannot read the output of {container_id}: {exc}"

@@ -55,7 +55,7 @@ class SandboxSync:
         node: str,
         sandbox_watch: WatchCache,
         node_watch: WatchCache,
-        rt: Callable[[], Runtime],
+        rt: Runtime,
         pool: SandboxPools,
         work: SandboxWork,
         metrics: AgentMetrics,
@@ -65,7 +65,7 @@ class SandboxSync:
         self.node = node
         self.sandbox_watch = sandbox_watch
         self.node_watch = node_watch
-        self._rt = rt
+        self.rt = rt
         self.pool = pool
         self.work = work
         self.metrics = metrics
@@ -87,7 +87,7 @@ class SandboxSync:
         }
         in_flight |= self.work.status.held(versions)
         drained = unschedulable(self.node_watch.get(self.node))
-        containers = self._rt().list_containers(timeout=self.call_timeout)
+        containers = self.rt.list_containers(timeout=self.call_timeout)
         by_id = {c.id: c for c in containers}
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():

@@ -10,10 +10,19 @@ message naming the setting, its flag and its environment variable (see
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, PlainSerializer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    PlainSerializer,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
@@ -57,6 +66,62 @@ PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 
 
 class SettingsModel(BaseModel):
-    """Frozen, unknown keys refused, validated on assignment and at construction."""
+    """Frozen, unknown keys refused, validated on assignment and at construction.
+
+    A program's settings may nest a policy's own model (its fields, defaults and
+    bounds stated once, there); ``FLAT`` names each nested field as a setting of
+    its own, so flags, environment variables and the chart keep one flat name per
+    setting: ``{"grace_period": ("node_health", "grace_period")}``. Flat keys are
+    accepted at construction too.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_flat(cls, data: Any) -> Any:
+        if not cls.FLAT or not isinstance(data, Mapping):
+            return data
+        values = dict(data)
+        nested: dict[str, dict[str, Any]] = {}
+        for flat, (outer, inner) in cls.FLAT.items():
+            if flat in values:
+                if outer in values:
+                    raise ValueError(f"give {flat} or {outer}, not both")
+                nested.setdefault(outer, {})[inner] = values.pop(flat)
+        values.update(nested)
+        return values
+
+
+def setting_fields(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """Every setting of ``model`` by its flat name (a flag, a variable), in order:
+    a nested model's fields named in ``FLAT`` stand where the nested field does."""
+    flat: Mapping[str, tuple[str, str]] = getattr(model, "FLAT", {})
+    by_outer: dict[str, list[tuple[str, str]]] = {}
+    for name, (outer, inner) in flat.items():
+        by_outer.setdefault(outer, []).append((name, inner))
+    fields: dict[str, FieldInfo] = {}
+    for name, field in model.model_fields.items():
+        if name not in by_outer:
+            fields[name] = field
+            continue
+        inner_model = field.annotation
+        assert isinstance(inner_model, type) and issubclass(inner_model, BaseModel), name
+        for flat_name, inner in by_outer[name]:
+            fields[flat_name] = inner_model.model_fields[inner]
+    return fields
+
+
+def setting_name(model: type[BaseModel], loc: Sequence[Any]) -> str:
+    """The flat name of the setting an error's location points at ("" if none)."""
+    parts = [str(p) for p in loc if isinstance(p, str)]
+    if not parts:
+        return ""
+    flat: Mapping[str, tuple[str, str]] = getattr(model, "FLAT", {})
+    if len(parts) > 1:
+        for name, where in flat.items():
+            if where == (parts[0], parts[1]):
+                return name
+    return parts[0]

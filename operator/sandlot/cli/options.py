@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from sandlot.api.errors import UsageError
-from sandlot.api.settings import parse_duration
+from sandlot.api.settings import parse_duration, setting_fields, setting_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -52,8 +52,8 @@ def _is_list(annotation: Any) -> bool:
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
-    """One flag per field; values stay strings until the model validates them."""
-    for name, field in model.model_fields.items():
+    """One flag per setting; values stay strings until the model validates them."""
+    for name, field in setting_fields(model).items():
         help_text = (field.description or "").replace("%", "%%")
         if field.is_required():
             help_text += f" [env {env_name(name)}; required]"
@@ -94,7 +94,8 @@ def settings_from(
     """Build ``model`` from flags, then environment, then defaults; one clear error."""
     environ = os.environ if environ is None else environ
     values: dict[str, Any] = {}
-    for name, field in model.model_fields.items():
+    fields = setting_fields(model)
+    for name, field in fields.items():
         flag_value = getattr(args, name, None)
         if flag_value is not None:
             values[name] = flag_value
@@ -107,11 +108,10 @@ def settings_from(
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            loc = [str(p) for p in err["loc"] if isinstance(p, str)]
-            field_name = loc[0] if loc else ""
+            field_name = setting_name(model, err["loc"])
             where = (
                 f"{flag_name(field_name)} / {env_name(field_name)}"
-                if field_name in model.model_fields
+                if field_name in fields
                 else "settings"
             )
             given = values.get(field_name, "(default)") if field_name else ""

@@ -45,12 +45,11 @@ from sandlot.controllers.noderead import NodeRead, node_tracking
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workqueue import WorkQueue, earliest
 from sandlot.policy.conditions import parse_conditions
-from sandlot.policy.disruption import FleetMember, FleetSummary, GuardSettings, summarize_fleet
+from sandlot.policy.disruption import FleetMember, FleetSummary, summarize_fleet
 from sandlot.policy.nodehealth import (
     LATCHING_KINDS,
     Decision,
     DecisionKind,
-    NodeHealthSettings,
     NodeView,
     StatusPatch,
     decide,
@@ -96,20 +95,12 @@ class NodeHealthController:
         self.is_leader = is_leader
         self.post_event = post_event
         self.wall = clock  # for what is written and read by people; never for a decision
-        self.policy = NodeHealthSettings(
-            grace_period=settings.grace_period,
-            drain_timeout=settings.drain_timeout,
-            unseen_lease_duration=settings.agent_lease_duration,
-        )
-        self.guard = GuardSettings(
-            disruption_threshold=settings.disruption_threshold,
-            min_nodes=settings.min_nodes_for_guard,
-            window=settings.guard_window,
-        )
+        self.policy = settings.node_health
+        self.guard = settings.guard
         # Liveness (observed renewals, on its steady clock) is shared with the scheduler.
         self.liveness = liveness or LivenessView(
             steady_clock(clock, queue_clock),
-            unseen_duration=settings.agent_lease_duration,
+            unseen_duration=settings.node_health.unseen_lease_duration,
             staleness_bound=settings.lease_view_max_age,
             wall=clock,
         )

@@ -4,6 +4,10 @@ and the agents' Lease watch.
 kopf's peering is switched off (``standalone``): every replica runs its handlers
 and keeps its caches warm, and only the replica holding the leader Lease acts.
 kopf keeps its bookkeeping in annotations, never in sandlot's status.
+
+``build_parts`` builds everything first; ``controllers.startup.run_parts`` starts
+the parts in order (clients, health, events, informers, leadership, kopf, workers)
+and stops them in reverse (docs/architecture.md, "Start-up and stop").
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import socket
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 import kopf
@@ -47,14 +53,20 @@ from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
 from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.controllers.startup import (
+    SHUTDOWN_DRAIN_SECONDS,
+    KopfPart,
+    Part,
+    TaskPart,
+    in_thread,
+    leadership_part,
+    run_parts,
+    serve_until,
+)
 from sandlot.controllers.workloads import Workloads
-from sandlot.policy.probes import Probe
 
 log = logging.getLogger(__name__)
 
-# How long a stopping leader waits for its writes in flight before it gives up
-# releasing the Lease early (it then expires by itself).
-SHUTDOWN_DRAIN_SECONDS = 5.0
 # kopf's start-up listing page, and how long it keeps an object's worker after its
 # last event (see ``configure``).
 LIST_PAGE = 500
@@ -65,8 +77,6 @@ WORKER_IDLE_SECONDS = 0.1
 # for at most that long (kopf then watches again from the last version it saw).
 KOPF_WATCH_SECONDS = 25
 KOPF_WATCH_CLIENT_SECONDS = 35
-# Loop turns the workers need to create their sub-tasks (workloads -> queue -> workers).
-STARTUP_YIELDS = 4
 
 
 class _CountingMetrics(RequestCounter):
@@ -88,29 +98,6 @@ class _CountingMetrics(RequestCounter):
         self.metrics.api_failures.labels(
             verb=method.upper(), resource=resource_of(url), code=code
         ).inc()
-
-
-def event_poster(objects: Objects) -> Callable[[Mapping[str, Any], str, str, str], None]:
-    """Post Events off the event loop, best effort: a pass never fails on an Event."""
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
-
-    def post(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
-        def send() -> None:
-            try:
-                post_event(
-                    objects,
-                    body,
-                    type_=type_,
-                    reason=reason,
-                    message=message,
-                    component="sandlot-operator",
-                )
-            except Exception as e:
-                log.debug("event %s not posted: %s", reason, e)
-
-        pool.submit(send)
-
-    return post
 
 
 def configure_kopf(settings: kopf.OperatorSettings) -> None:
@@ -157,15 +144,12 @@ def build_registry(
     connection: dict[str, Any],
     settings: OperatorSettings,
     nodehealth: NodeHealthController,
-    elector: LeaderElector | None,
+    leading: Callable[[], bool],
     workloads: Workloads | None = None,
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     if workloads is not None:
         workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
-
-    def leading() -> bool:
-        return elector is None or elector.leading()
 
     register_kopf(registry, connection)
 
@@ -206,12 +190,266 @@ def build_registry(
     return registry
 
 
-async def _cancel_on(stop: asyncio.Event, *tasks: asyncio.Task[None]) -> None:
-    """Cancel ``tasks`` as soon as ``stop`` is set, beside kopf's own stop: kopf waits
-    up to 5 s for every task it did not start (the workers' sub-tasks) to end."""
-    await stop.wait()
-    for task in tasks:
-        task.cancel()
+class EventPoster:
+    """Posts Events off the event loop, best effort: a pass never fails on an Event.
+
+    One for the whole operator; ``close`` (at stop) drops what is still queued.
+    """
+
+    def __init__(self, objects: Objects) -> None:
+        self.objects = objects
+        self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="events")
+
+    def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        def send() -> None:
+            try:
+                post_event(
+                    self.objects,
+                    body,
+                    type_=type_,
+                    reason=reason,
+                    message=message,
+                    component="sandlot-operator",
+                )
+            except Exception as e:
+                log.debug("event %s not posted: %s", reason, e)
+
+        try:
+            self.pool.submit(send)
+        except RuntimeError:  # closed: the operator is stopping
+            log.debug("event %s not posted: stopping", reason)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Leadership:
+    """Whether this replica may act: the elector's answer once it is wired (always,
+    without leader election; never before the elector exists)."""
+
+    def __init__(self, election: bool) -> None:
+        self.election = election
+        self.elector: LeaderElector | None = None
+
+    def leading(self) -> bool:
+        if not self.election:
+            return True
+        return self.elector is not None and self.elector.leading()
+
+
+@dataclass
+class OperatorParts:
+    """Everything the operator runs, built before anything starts."""
+
+    settings: OperatorSettings
+    registry: CollectorRegistry
+    metrics: OperatorMetrics
+    api: Any  # the fenced client (adapters.kube.load_api_client)
+    election_api: Any  # the elector's own, unfenced
+    fence: WriteFence
+    leadership: Leadership
+    events: EventPoster
+    ticker: LoopTicker
+    nodehealth: NodeHealthController
+    workloads: Workloads
+    broker: pullcredentials.PullCredentialBroker
+    feed: SandboxFeed
+    lease_informer: LeaseInformer
+    sandbox_informer: SandboxInformer
+    kopf: KopfPart
+    elector: LeaderElector | None
+    health: ThreadingHTTPServer | None = None
+    ticking: asyncio.Task[None] | None = None
+
+    def in_order(self) -> list[Part]:
+        """The start order; the stop order is its reverse."""
+        return [
+            Part("clients", self._check_namespace, self._close_clients),
+            Part("health", self._serve_health, self._stop_health),
+            Part("events", stop=in_thread(self.events.close)),
+            Part("informers", self._start_informers, self._stop_informers),
+            leadership_part(
+                self.fence,
+                self.elector,
+                on_no_election=lambda: self.metrics.is_leader.set(1),
+            ),
+            self.kopf.part(),
+            TaskPart("workers", self.nodehealth.run, self.workloads.run).part(),
+        ]
+
+    async def _check_namespace(self) -> None:
+        # A missing namespace would leave the elector retrying forever, leader never.
+        await asyncio.to_thread(require_namespace, self.api, self.settings.namespace)
+
+    async def _close_clients(self) -> None:
+        self.api.close()
+        self.election_api.close()
+
+    async def _serve_health(self) -> None:
+        # The loop's liveness from here on: a start-up that blocks it is seen too.
+        self.ticking = asyncio.create_task(self.ticker.run(), name="liveness-ticker")
+        if not self.settings.metrics_port:
+            return
+        self.health = serve_health(
+            self.settings.metrics_port,
+            self.registry,
+            live=self.ticker.probe,
+            ready=lambda: self.nodehealth.liveness.readiness(
+                self.kopf.ready.is_set(), self.workloads.unsynced()
+            ),
+        )
+
+    async def _stop_health(self) -> None:
+        if self.health is not None:
+            self.health.shutdown()
+            self.health.server_close()
+        if self.ticking is not None:
+            self.ticking.cancel()
+            await asyncio.gather(self.ticking, return_exceptions=True)
+
+    async def _start_informers(self) -> None:
+        self.lease_informer.start()
+        self.sandbox_informer.start()
+
+    async def _stop_informers(self) -> None:
+        self.feed.close()
+        self.broker.close()
+        await asyncio.gather(
+            asyncio.to_thread(self.lease_informer.stop),
+            asyncio.to_thread(self.sandbox_informer.stop),
+        )
+
+
+def build_parts(
+    settings: OperatorSettings,
+    *,
+    kubeconfig: str | None = None,
+    registry: CollectorRegistry = REGISTRY,
+) -> OperatorParts:
+    """Every part of the operator, wired; nothing runs until ``run_parts`` starts them.
+
+    The elector is wired last: its callback reaches controllers that exist by then.
+    """
+    loop = asyncio.get_running_loop()
+    metrics = OperatorMetrics(registry)
+    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
+    leadership = Leadership(settings.leader_election)
+    # Every write of this replica passes the fence: none is sent unless it leads now.
+    fence = WriteFence(leadership.leading)
+    api, election_api = _clients(settings, kubeconfig, identity, metrics, fence)
+    objects = Objects(api)
+    events = EventPoster(objects)
+    nodehealth = NodeHealthController(
+        settings, objects, metrics, is_leader=leadership.leading, post_event=events
+    )
+    nodehealth.bind_loop(loop)
+    workloads = Workloads.build(
+        settings,
+        objects,
+        WorkloadMetrics(registry),
+        is_leader=leadership.leading,
+        post_event=events,
+        liveness=nodehealth.liveness,
+    )
+    workloads.scheduler.bind_loop(loop)
+    lease_informer = LeaseInformer(
+        api,
+        settings.namespace,
+        nodehealth.on_lease,
+        on_view_restored=nodehealth.on_view_restored,
+        on_view_lost=nodehealth.on_view_lost,
+        on_heard=nodehealth.on_heard,
+        watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
+    )
+    # Every Sandbox through one lean watch of its own, not kopf's per-object
+    # machinery (adapters.informer): the cache, and the pull-secret broker.
+    broker = pullcredentials.PullCredentialBroker(objects, leadership.leading, settings.namespace)
+    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
+    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    kopf_registry = build_registry(
+        connection_params(api), settings, nodehealth, leadership.leading, workloads
+    )
+    kopf_part = KopfPart(kopf_registry, WatchOnlyMemories(watch_only_kinds(kopf_registry)))
+
+    elector = _elector(settings, election_api, identity, metrics, nodehealth, workloads, broker)
+    leadership.elector = elector
+    return OperatorParts(
+        settings=settings,
+        registry=registry,
+        metrics=metrics,
+        api=api,
+        election_api=election_api,
+        fence=fence,
+        leadership=leadership,
+        events=events,
+        ticker=LoopTicker(),
+        nodehealth=nodehealth,
+        workloads=workloads,
+        broker=broker,
+        feed=feed,
+        lease_informer=lease_informer,
+        sandbox_informer=sandbox_informer,
+        kopf=kopf_part,
+        elector=elector,
+    )
+
+
+def _clients(
+    settings: OperatorSettings,
+    kubeconfig: str | None,
+    identity: str,
+    metrics: OperatorMetrics,
+    fence: WriteFence,
+) -> tuple[Any, Any]:
+    """The fenced client every controller writes through, and the elector's own."""
+    agent = f"sandlot-operator/{sandlot.__version__} ({identity})"
+    api = load_api_client(
+        kubeconfig, counter=_CountingMetrics(metrics), fence=fence, user_agent=agent
+    )
+    # The elector's own client: unfenced (it must write the Lease to lead at all),
+    # and every call bounded well below the renew deadline.
+    renew_deadline = settings.leader_renew_deadline.total_seconds()
+    election_api = load_api_client(
+        kubeconfig,
+        pool_size=2,
+        request_timeout=(min(2.0, renew_deadline / 4), renew_deadline / 2),
+        user_agent=agent,
+    )
+    return api, election_api
+
+
+def _elector(
+    settings: OperatorSettings,
+    election_api: Any,
+    identity: str,
+    metrics: OperatorMetrics,
+    nodehealth: NodeHealthController,
+    workloads: Workloads,
+    broker: pullcredentials.PullCredentialBroker,
+) -> LeaderElector | None:
+    """The elector, wired last: what it tells of leadership reaches built controllers."""
+    if not settings.leader_election:
+        return None
+    loop = asyncio.get_running_loop()
+
+    def on_leadership(leader: bool) -> None:  # the elector's thread
+        metrics.is_leader.set(1 if leader else 0)
+        log.info("%s is %s", identity, "the leader" if leader else "a standby")
+        if leader:
+            loop.call_soon_threadsafe(nodehealth.enqueue_all)
+            loop.call_soon_threadsafe(workloads.on_leadership, True)
+        loop.call_soon_threadsafe(broker.on_leadership, leader)
+
+    return LeaderElector(
+        election_api,
+        namespace=settings.namespace,
+        name=settings.leader_lease_name,
+        identity=identity,
+        lease_duration=settings.leader_lease_duration.total_seconds(),
+        renew_deadline=settings.leader_renew_deadline.total_seconds(),
+        retry_period=settings.leader_retry_period.total_seconds(),
+        on_change=on_leadership,
+    )
 
 
 async def run(
@@ -222,154 +460,19 @@ async def run(
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
 ) -> None:
-    metrics = OperatorMetrics(registry)
-    identity = settings.identity or f"{socket.gethostname()}-{os.getpid()}"
-    agent = f"sandlot-operator/{sandlot.__version__} ({identity})"
-    elector: LeaderElector | None = None
+    """Run the operator until ``stop_flag`` is set (or kopf ends by itself).
 
-    def leading() -> bool:
-        return elector is None or elector.leading()
-
-    # Every write of this replica passes the fence: none is sent unless it leads now.
-    fence = WriteFence(leading)
-    api = load_api_client(
-        kubeconfig, counter=_CountingMetrics(metrics), fence=fence, user_agent=agent
-    )
-    # A missing namespace would leave the elector retrying forever, leader never.
-    await asyncio.to_thread(require_namespace, api, settings.namespace)
-    loop = asyncio.get_running_loop()
-    nodehealth: NodeHealthController
-    workloads: Workloads
-    started = ready_flag or asyncio.Event()
-    ticker = LoopTicker()
-    # Served from here on, before the controllers exist: /readyz says so until then.
-    readiness: list[Callable[[], Probe]] = []
-    metrics_server = (
-        serve_health(
-            settings.metrics_port,
-            registry,
-            live=ticker.probe,
-            ready=lambda: readiness[0]() if readiness else Probe(False, "starting"),
-        )
-        if settings.metrics_port
-        else None
-    )
-
-    def on_leadership(leader: bool) -> None:
-        metrics.is_leader.set(1 if leader else 0)
-        log.info("%s is %s", identity, "the leader" if leader else "a standby")
-        if leader:
-            loop.call_soon_threadsafe(nodehealth.enqueue_all)
-            loop.call_soon_threadsafe(workloads.on_leadership, True)
-        loop.call_soon_threadsafe(broker.on_leadership, leader)
-
-    # The elector's own client: unfenced (it must write the Lease to lead at all),
-    # and every call bounded well below the renew deadline.
-    renew_deadline = settings.leader_renew_deadline.total_seconds()
-    election_api = load_api_client(
-        kubeconfig,
-        pool_size=2,
-        request_timeout=(min(2.0, renew_deadline / 4), renew_deadline / 2),
-        user_agent=agent,
-    )
-    elector = (
-        LeaderElector(
-            election_api,
-            namespace=settings.namespace,
-            name=settings.leader_lease_name,
-            identity=identity,
-            lease_duration=settings.leader_lease_duration.total_seconds(),
-            renew_deadline=settings.leader_renew_deadline.total_seconds(),
-            retry_period=settings.leader_retry_period.total_seconds(),
-            on_change=on_leadership,
-        )
-        if settings.leader_election
-        else None
-    )
-    objects = Objects(api)
-    nodehealth = NodeHealthController(
-        settings,
-        objects,
-        metrics,
-        is_leader=leading,
-        post_event=event_poster(objects),
-    )
-    nodehealth.bind_loop(loop)
-    workloads = Workloads.build(
-        settings,
-        objects,
-        WorkloadMetrics(registry),
-        is_leader=leading,
-        post_event=event_poster(objects),
-        liveness=nodehealth.liveness,
-    )
-    workloads.scheduler.bind_loop(loop)
-    readiness.append(lambda: nodehealth.liveness.readiness(started.is_set(), workloads.unsynced()))
-    informer = LeaseInformer(
-        api,
-        settings.namespace,
-        nodehealth.on_lease,
-        on_view_restored=nodehealth.on_view_restored,
-        on_view_lost=nodehealth.on_view_lost,
-        on_heard=nodehealth.on_heard,
-        watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
-    )
-    informer.start()
-    # Every Sandbox through one lean watch of its own, not kopf's per-object
-    # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(objects, leading, settings.namespace)
-    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
-    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
-    sandbox_informer.start()
-    if elector is not None:
-        elector.start()
-    else:
-        metrics.is_leader.set(1)
-    worker = asyncio.create_task(nodehealth.run(), name="node-health")
-    workers = asyncio.create_task(workloads.run(), name="workloads")
-    ticking = asyncio.create_task(ticker.run(), name="liveness-ticker")
+    ``ready_flag`` is set once every part has started.
+    """
+    parts = build_parts(settings, kubeconfig=kubeconfig, registry=registry)
     stop = stop_flag or asyncio.Event()
 
-    stopper = asyncio.create_task(_cancel_on(stop, worker, workers, ticking), name="stop-workers")
-    # Let the workers start their queues' tasks before kopf notes which tasks exist:
-    # at its stop kopf waits 5 s for any task started after it (a SIGTERM that kopf's
-    # own handler takes, before ours are back, would wait that long for them).
-    for _ in range(STARTUP_YIELDS):
-        await asyncio.sleep(0)
-    kopf_registry = build_registry(connection_params(api), settings, nodehealth, elector, workloads)
-    try:
-        await kopf.operator(
-            registry=kopf_registry,
-            memories=WatchOnlyMemories(watch_only_kinds(kopf_registry)),
-            clusterwide=True,
-            standalone=True,
-            stop_flag=stop,
-            ready_flag=started,
-        )
-    finally:
-        ticking.cancel()
-        worker.cancel()
-        workers.cancel()
-        stopper.cancel()
-        await asyncio.gather(worker, workers, stopper, return_exceptions=True)
-        # Passes may still write from their threads: refuse every new write, wait for
-        # those already sent, and only then let a standby take over. Writes that do not
-        # end in time keep the Lease held; it expires by itself.
-        drained = await asyncio.to_thread(fence.close, SHUTDOWN_DRAIN_SECONDS)
-        if not drained:
-            log.warning("writes still in flight at shutdown; the leader Lease is left to expire")
-        if elector is not None:
-            await asyncio.to_thread(elector.stop, drained)
-        feed.close()
-        broker.close()
-        await asyncio.gather(
-            asyncio.to_thread(informer.stop), asyncio.to_thread(sandbox_informer.stop)
-        )
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
-        api.close()
-        election_api.close()
+    async def serve() -> None:
+        if ready_flag is not None:
+            ready_flag.set()
+        await serve_until(stop, parts.kopf.task)
+
+    await run_parts(parts.in_order(), serve)
 
 
 def run_blocking(
@@ -404,8 +507,8 @@ def run_blocking(
         ready = asyncio.Event()
 
         async def take_signals_back() -> None:
-            # kopf installs its own handlers while it starts (they stop kopf alone);
-            # once it is up, ours stop everything at once and arm the watchdog.
+            # kopf installs its own handlers while it starts (they stop kopf, and the
+            # parts with it, but arm no watchdog); once every part is up, ours do both.
             await ready.wait()
             take_signals()
 

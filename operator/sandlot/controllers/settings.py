@@ -1,51 +1,44 @@
 """The operator's settings: one model, validated at start; flags and environment
-variables are derived from it (``sandlot.cli.options``)."""
+variables are derived from it (``sandlot.cli.options``). Node health's and the
+guard's settings are their policies' own models, nested (``FLAT`` keeps their
+flat flag names: ``--grace-period``, ``SANDLOT_GUARD_WINDOW``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import ClassVar
 
 from pydantic import Field, model_validator
 
 from sandlot.api.settings import Duration, SettingsModel
+from sandlot.policy.disruption import GuardSettings
+from sandlot.policy.nodehealth import NodeHealthSettings
 
 
 class OperatorSettings(SettingsModel):
+    # The policies' own models, their fields under the operator's flat names.
+    FLAT: ClassVar[Mapping[str, tuple[str, str]]] = {
+        "grace_period": ("node_health", "grace_period"),
+        "drain_timeout": ("node_health", "drain_timeout"),
+        "agent_lease_duration": ("node_health", "unseen_lease_duration"),
+        "disruption_threshold": ("guard", "disruption_threshold"),
+        "min_nodes_for_guard": ("guard", "min_nodes"),
+        "guard_window": ("guard", "window"),
+    }
+
     namespace: str = Field(
         default="sandlot-system",
         min_length=1,
         description="Namespace of the agents' node Leases and the leader-election Lease.",
     )
-    grace_period: Duration = Field(
-        default=timedelta(seconds=300),
-        description="How long a NotReady node's sandboxes are left alone, counted from its "
-        "lease's expiry, before they are marked Dead. Longer protects slow agent restarts; "
-        "shorter moves traffic off a dead node sooner.",
+    node_health: NodeHealthSettings = Field(
+        default_factory=NodeHealthSettings,
+        description="When a node's sandboxes are marked Dead (policy.nodehealth).",
     )
-    drain_timeout: Duration = Field(
-        default=timedelta(minutes=10),
-        description="How long a drained (Disabled) node's lease may stay expired before its "
-        "remaining sandboxes are marked Dead with reason DrainAbandoned.",
-    )
-    disruption_threshold: float = Field(
-        default=0.55,
-        gt=0.0,
-        le=1.0,
-        description="Fraction of not-Disabled nodes NotReady at once at which the "
-        "mass-failure guard holds all Dead marking.",
-    )
-    min_nodes_for_guard: int = Field(
-        default=3, ge=1, description="Fewest not-Disabled nodes for which the guard applies."
-    )
-    guard_window: Duration = Field(
-        default=timedelta(minutes=10),
-        description="Nodes handled (sandboxes marked Dead) longer ago than this are left out "
-        "of both sides of the mass-failure guard's fraction: the past, not the present outage.",
-    )
-    agent_lease_duration: Duration = Field(
-        default=timedelta(seconds=60),
-        description="How long a SandboxNode whose Lease the operator never saw counts as "
-        "Ready after the operator first saw it; set it to the agents' lease duration.",
+    guard: GuardSettings = Field(
+        default_factory=GuardSettings,
+        description="When the mass-failure guard holds all Dead marking (policy.disruption).",
     )
     lease_view_max_age: Duration = Field(
         default=timedelta(seconds=45),
@@ -101,20 +94,13 @@ class OperatorSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check_durations(self) -> OperatorSettings:
-        for name in (
-            "grace_period",
-            "drain_timeout",
-            "resync_interval",
-            "leader_retry_period",
-            "guard_window",
-            "agent_lease_duration",
-            "lease_view_max_age",
-        ):
+        for name in ("resync_interval", "leader_retry_period", "lease_view_max_age"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
         if self.lease_view_max_age < timedelta(seconds=2):
             raise ValueError("lease_view_max_age must be at least 2s")
-        if self.lease_view_max_age >= self.grace_period + self.agent_lease_duration:
+        health = self.node_health
+        if self.lease_view_max_age >= health.grace_period + health.unseen_lease_duration:
             raise ValueError(
                 "lease_view_max_age must be below grace_period + agent_lease_duration: "
                 "a view that old could reap a node whose renewals it never saw"

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.pullmetrics import PullMetrics
 from sandlot.agent.settings import AgentSettings
+from sandlot.api.settings import setting_fields
 from sandlot.cli.options import env_name, flag_name
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.settings import OperatorSettings
@@ -76,7 +77,7 @@ def _settings_table(model: type[BaseModel]) -> list[str]:
         "| flag | environment | default | unit | meaning and trade-off |",
         "|---|---|---|---|---|",
     ]
-    for name, field in model.model_fields.items():
+    for name, field in setting_fields(model).items():
         text = _cell(field.description or "")
         rows.append(
             f"| `{flag_name(name)}` | `{env_name(name)}` | {_default(field)} | {_unit(field)} | {text} |"

@@ -33,6 +33,7 @@ from datetime import datetime, timedelta
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.api.node import NodePhase
+from sandlot.api.settings import Duration
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,9 @@ class FleetSummary:
 
 
 class GuardSettings(BaseModel):
-    """When the guard holds. Validated once, at construction."""
+    """When the guard holds. Validated once, at construction (the operator's settings
+    nest this model: ``--disruption-threshold``, ``--min-nodes-for-guard``,
+    ``--guard-window``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -70,8 +73,8 @@ class GuardSettings(BaseModel):
         default=0.55,
         gt=0.0,
         le=1.0,
-        description="Fraction (0-1] of not-Disabled nodes that must be NotReady at once "
-        "for the guard to hold.",
+        description="Fraction (0-1] of not-Disabled nodes NotReady at once at which the "
+        "mass-failure guard holds all Dead marking.",
     )
     min_nodes: int = Field(
         default=3,
@@ -79,13 +82,14 @@ class GuardSettings(BaseModel):
         description="Fewest not-Disabled nodes for which the guard applies at all: in a "
         "smaller fleet one lost node is already a large fraction.",
     )
-    window: timedelta = Field(
+    window: Duration = Field(
         default=timedelta(minutes=10),
         gt=timedelta(0),
-        description="Nodes handled longer ago than this are left out of both sides of "
-        "the fraction: they are the past, not the present outage.",
+        description="Nodes handled (sandboxes marked Dead) longer ago than this are left "
+        "out of both sides of the mass-failure guard's fraction: the past, not the present "
+        "outage.",
     )
-    report_every: timedelta = Field(
+    report_every: Duration = Field(
         default=timedelta(minutes=10),
         gt=timedelta(0),
         description="A hold is reported again (an Event saying for how long) at each "

@@ -46,6 +46,7 @@ from sandlot.api.sandbox import (
     REASON_NODE_DELETED,
     REASON_NODE_LOST,
 )
+from sandlot.api.settings import Duration
 from sandlot.policy.disruption import (
     FleetSummary,
     GuardSettings,
@@ -96,27 +97,30 @@ class HealthTracking(Protocol):
 
 
 class NodeHealthSettings(BaseModel):
-    """How long the controller waits. Validated once, at construction."""
+    """How long the controller waits. Validated once, at construction (the operator's
+    settings nest this model: ``--grace-period``, ``--agent-lease-duration``,
+    ``--drain-timeout``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    grace_period: timedelta = Field(
+    grace_period: Duration = Field(
         default=timedelta(seconds=300),
         gt=timedelta(0),
-        description="How long a NotReady node's sandboxes are left alone, counted from "
-        "its lease's expiry, before they are marked Dead.",
+        description="How long a NotReady node's sandboxes are left alone, counted from its "
+        "lease's expiry, before they are marked Dead. Longer protects slow agent restarts; "
+        "shorter moves traffic off a dead node sooner.",
     )
-    unseen_lease_duration: timedelta = Field(
+    unseen_lease_duration: Duration = Field(
         default=timedelta(seconds=60),
         gt=timedelta(0),
-        description="How long a node whose Lease was never seen counts as Ready after the "
-        "operator first saw it (the agents' leaseDurationSeconds).",
+        description="How long a SandboxNode whose Lease the operator never saw counts as "
+        "Ready after the operator first saw it; set it to the agents' lease duration.",
     )
-    drain_timeout: timedelta = Field(
+    drain_timeout: Duration = Field(
         default=timedelta(minutes=10),
         gt=timedelta(0),
-        description="How long a drained node's lease may stay expired before its "
-        "remaining sandboxes are marked Dead (DrainAbandoned).",
+        description="How long a drained (Disabled) node's lease may stay expired before its "
+        "remaining sandboxes are marked Dead with reason DrainAbandoned.",
     )
 
 

@@ -1,0 +1,141 @@
+"""The agent's parts that work on containerd, built once it answers.
+
+Each part is handed the connected runtime itself: nothing holds a callable that
+looks the runtime up later, and no part exists that could run before containerd
+does. The image pulls are always among them (they talk to the same containerd).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from functools import partial
+
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.runtime import Runtime
+from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.ephemeralstorage import EphemeralStorage
+from sandlot.agent.logs import SandboxLogs, sandbox_logs
+from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.network import Networking
+from sandlot.agent.pullgate import ImageGate, build_image_gate
+from sandlot.agent.reaper import Reaper
+from sandlot.agent.sandboxes import NodeFacts, SandboxWork
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.status import NodeSandboxCount, StatusWriter
+from sandlot.agent.sync import SandboxSync
+from sandlot.agent.workpools import SandboxPools
+from sandlot.policy.ocispec import ALL_CAPABILITIES
+
+
+@dataclass
+class AgentWiring:
+    """What the agent has before containerd answers, and the parts use."""
+
+    settings: AgentSettings
+    objects: Objects
+    status: StatusWriter
+    metrics: AgentMetrics
+    registry: CollectorRegistry
+    pool: SandboxPools
+    sandbox_watch: WatchCache
+    node_watch: WatchCache
+    address: str
+    touch_image: Callable[[str], None]
+    clock: Callable[[], datetime]
+    stop: threading.Event
+    sync_wake: threading.Event
+
+
+@dataclass
+class AgentParts:
+    runtime: Runtime
+    networking: Networking
+    image_gate: ImageGate
+    close_pulls: Callable[[], None]
+    logs: SandboxLogs
+    work: SandboxWork
+    sync: SandboxSync
+    reaper: Reaper
+    storage: EphemeralStorage
+
+    def close(self) -> None:
+        """What the parts hold beside the loops (the runtime's channel, the pulls)."""
+        if self.logs.writer is not None:  # the tasks' output waits in their pipes
+            self.logs.writer.stop()
+        self.close_pulls()
+        self.runtime.close()
+
+
+def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
+    return NodeFacts(
+        address=address,
+        limit_swap=swap_accounted(settings.cgroup_root),
+        # containerd and runc run with the node's bounding set, as does this agent
+        # (a privileged pod): `privileged` grants exactly that set.
+        node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
+        security=node_security(),
+        capacity=node_capacity(settings),
+    )
+
+
+def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
+    """The parts over ``runtime``, each handed only what it uses."""
+    settings = w.settings
+    call_timeout = settings.call_timeout.total_seconds()
+    networking = Networking(settings, partial(runtime.list_containers, timeout=call_timeout))
+    # The image step of a start: pulls, their status and back-off.
+    image_gate, close_pulls = build_image_gate(
+        settings, w.objects.api, w.status, w.sync_wake, w.registry, w.clock
+    )
+    # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
+    logs = sandbox_logs(settings, runtime, call_timeout, w.metrics.log_bytes_dropped.inc)
+    work = SandboxWork(
+        settings,
+        w.objects,
+        runtime,
+        networking,
+        w.status,
+        w.metrics,
+        node_facts(settings, w.address),
+        w.touch_image,
+        w.clock,
+        cancel=w.stop,
+        image_gate=image_gate,
+        log_writer=logs.writer,
+        sandboxes=w.sandbox_watch.items,
+    )
+    sync = SandboxSync(
+        settings.node_name,
+        w.sandbox_watch,
+        w.node_watch,
+        runtime,
+        w.pool,
+        work,
+        w.metrics,
+        call_timeout,
+        report_count=NodeSandboxCount(w.objects, settings.node_name).report,
+    )
+    reaper = Reaper(
+        w.objects,
+        runtime,
+        w.pool,
+        work,
+        w.status,
+        w.metrics,
+        cgroup_root=settings.cgroup_root,
+        call_timeout=call_timeout,
+    )
+    storage = EphemeralStorage(runtime, w.pool, work, settings.log_dir)
+    return AgentParts(
+        runtime, networking, image_gate, close_pulls, logs, work, sync, reaper, storage
+    )
+
+
+__all__ = ["AgentParts", "AgentWiring", "build_agent_parts", "node_facts"]
