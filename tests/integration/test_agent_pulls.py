@@ -251,7 +251,7 @@ def test_protected_image_with_a_pull_secret_brokered_to_the_node(
         assert pulls(agent, "unauthorized") == 3  # then the back-off policy said: fail
 
 
-def test_missing_tag_backs_off_then_fails_with_the_registry_message(
+def test_missing_tag_backs_off_then_fails_with_its_error_code(
     kube: client.ApiClient,
     namespace: str,
     registry: Registry,

@@ -29,14 +29,22 @@ from tests.support.containerd import (
     unavailable_reason,
 )
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2, LINE_OS
-from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
+from tests.support.registry import (
+    AUTH_PASSWORD,
+    AUTH_USER,
+    LOOPBACK_ACCESS,
+    Registry,
+    StallingProxy,
+)
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
 
 
 @pytest.fixture
 def puller(containerd: PrivateContainerd) -> Iterator[ContainerdPuller]:
-    p = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=2.0)
+    p = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=2.0, access=LOOPBACK_ACCESS
+    )
     try:
         yield p
     finally:
@@ -174,7 +182,9 @@ def test_pull_deadline_bounds_a_pull_whose_stall_timeout_is_longer(
     repo_tag = f"pull/path-deadline-{containerd.line}:1"
     push_image(registry, repo_tag, salt="deadline", filler_bytes=1024 * 1024)
     proxy = StallingProxy(registry.port, stall_after=64 * 1024)
-    slow = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=30.0)
+    slow = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=30.0, access=LOOPBACK_ACCESS
+    )
     ref = f"{proxy.host}/{repo_tag}"
     try:
         started = time.monotonic()
@@ -210,7 +220,9 @@ def test_a_daemon_replaced_on_the_same_socket_is_asked_again(
             pytest.skip(reason)
     pushed = push_image(registry, f"pull/path-replaced-{first}:1", salt=f"replaced-{first}")
     daemon = start_private_containerd(line=first)
-    puller = ContainerdPuller(daemon.address, daemon.namespace, stall_timeout=5.0)
+    puller = ContainerdPuller(
+        daemon.address, daemon.namespace, stall_timeout=5.0, access=LOOPBACK_ACCESS
+    )
     try:
         expected_first = PullMethod.TRANSFER if first == LINE_2 else PullMethod.CLIENT_SIDE
         assert _method(puller, pushed.name) == expected_first

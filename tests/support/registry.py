@@ -18,12 +18,17 @@ from typing import Any
 import pytest
 
 from sandlot.devtools.registry import (
+    LOOPBACK_HOSTS,
     Registry,
     StallingProxy,
     free_port,
     start_registry,
     unavailable_reason,
 )
+from sandlot.policy.registryaddress import RegistryAccess
+
+LOOPBACK_ACCESS = RegistryAccess(private_hosts=frozenset(LOOPBACK_HOSTS))
+"""What a puller of these registries (all on loopback) must be allowed."""
 
 AUTH_USER = "puller"
 AUTH_PASSWORD = "s3cret"

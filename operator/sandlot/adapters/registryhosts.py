@@ -24,6 +24,8 @@ registries are ``https://<host>``, and a loopback registry (``localhost``,
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,26 @@ def _load(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise HostsConfigError(f"{path}: {exc}") from exc
+
+
+def node_addresses() -> frozenset[str]:
+    """This host's own interface addresses (IPv4 from ``/proc/net/fib_trie``'s local
+    entries, IPv6 from ``/proc/net/if_inet6``); what cannot be read is left out."""
+    found: set[str] = set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for before, line in itertools.pairwise(lines):
+        if "/32 host LOCAL" in line and "|--" in before:
+            found.add(before.split("|--", 1)[1].strip())
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return frozenset(found)
 
 
 def endpoints_for(ref: ImageReference, config_dir: str | None) -> list[Endpoint]:
@@ -98,4 +120,4 @@ def endpoints_for(ref: ImageReference, config_dir: str | None) -> list[Endpoint]
     return endpoints
 
 
-__all__ = ["HostsConfigError", "endpoints_for"]
+__all__ = ["HostsConfigError", "endpoints_for", "node_addresses"]

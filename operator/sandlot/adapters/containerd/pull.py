@@ -166,6 +166,7 @@ class ContainerdPuller(PullSteps):
                 connect_timeout=min(self.connect_timeout, deadline),
                 stall_timeout=self.stall_timeout,
                 deadline=budget,
+                access=self.access,
             )
             try:
                 return self._pull_from(client, name, ref, budget, labels, progress, started)
@@ -174,6 +175,37 @@ class ContainerdPuller(PullSteps):
             finally:
                 client.close()
         raise last or RegistryError(f"pull {name}: no endpoint to pull from")
+
+    def verify(
+        self,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        *,
+        deadline: float,
+    ) -> None:
+        """Return when ``credential`` (None: anonymous) may pull ``ref``: one manifest
+        HEAD, on the first endpoint that answers; else raise ``RegistryError``."""
+        budget = Deadline(deadline, what=f"verify {ref.name}", expired=RuntimeTimeout)
+        last: RegistryError | None = None
+        for endpoint in endpoints:
+            client = RegistryClient(
+                endpoint,
+                ref.repository,
+                credential,
+                connect_timeout=min(self.connect_timeout, deadline),
+                stall_timeout=self.stall_timeout,
+                deadline=budget,
+                access=self.access,
+            )
+            try:
+                client.manifest_exists(ref.reference)
+                return
+            except RegistryError as exc:
+                last = exc
+            finally:
+                client.close()
+        raise last or RegistryError(f"verify {ref.name}: no endpoint to ask")
 
     def _pull_by_transfer(
         self,
