@@ -86,6 +86,8 @@ class Puller(Protocol):
 class PullMetrics(Protocol):
     def observe_pull(self, outcome: str, seconds: float, fetched_bytes: int) -> None: ...
 
+    def observe_verification(self, outcome: str) -> None: ...
+
 
 @dataclass(frozen=True)
 class PullOptions:
@@ -250,8 +252,10 @@ class ImagePulls:
             failure = (FailureKind.TRANSIENT, f"{type(exc).__name__}: {exc}")
         seconds = time.monotonic() - started
         what = "verification" if verify else "pull"
-        if not verify:
-            outcome = "success" if failure is None else failure[0].value
+        outcome = "success" if failure is None else failure[0].value
+        if verify:
+            self._metrics.observe_verification(outcome)
+        else:
             self._metrics.observe_pull(outcome, seconds, fetched)
         if failure is None and verify:
             log.info("verified %s for credential identity %s", image, key[1][:19])
