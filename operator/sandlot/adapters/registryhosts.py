@@ -19,7 +19,8 @@ registry host (``docker.io``, ``registry.example:5000``, or ``_default``) with a
 Hosts without ``resolve`` and ``pull`` are skipped (they cannot serve a pull by
 tag). Without any file, ``docker.io`` is ``https://registry-1.docker.io``, other
 registries are ``https://<host>``, and a loopback registry (``localhost``,
-``127.0.0.1``) is plain HTTP, as containerd and Docker allow with no setting.
+``127.0.0.1``) is plain HTTP, as containerd and Docker allow; it is reached at all
+only when the agent's ``registry_private_hosts`` lists it (``policy.registryaddress``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ image keeps its manifest, config, layers and unpacked snapshots alive.
 Bounds: one per-pull deadline spent across every call and chunk; a registry read
 that gets no byte within the stall timeout fails at once (see the registry client).
 
-``pull_method`` chooses: the Transfer service when the daemon offers it (asked
+``pull_method`` chooses (the agent asks for the Transfer service only with its
+``image_pull_by_daemon`` setting: the daemon follows redirects and reaches addresses
+outside ``policy.registryaddress``): the Transfer service when the daemon offers it (asked
 once per puller) and the pull needs none of the agent's own registry-host
 settings (mirrors, private CAs, skip-verify from the agent's ``hosts.toml``
 directory, which containerd would read from its own filesystem instead); else
