@@ -1,8 +1,8 @@
 """The agent pulls its sandboxes' images: a real registry on loopback, the real API
 server and a private containerd, with ``imagePullPolicy``, pull secrets brokered to
 the node, the status story (Pulling -> Running, ImagePullBackOff -> Failed) and
-shared pulls. The public and shared pulls run on containerd 2.x too, where the
-daemon's Transfer service does the pull.
+shared pulls. The public and shared pulls run on containerd 2.x too (client-side,
+the agent's default; the daemon's Transfer path is ``test_image_pull_transfer.py``'s).
 """
 
 from __future__ import annotations
