@@ -367,7 +367,7 @@ class AgentSettings(SettingsModel):
     )
     image_pull_credentials_verification_policy: VerifyPolicy = Field(
         default=VerifyPolicy.NEVER_VERIFY_PRELOADED,
-        description="Which images an image the node has runs for a sandbox only after its own "
+        description="Which images the node has run for a sandbox only after its own "
         "credential (or anonymous access) is verified against the registry, as the "
         "kubelet's imagePullCredentialsVerificationPolicy: NeverVerify, "
         "NeverVerifyPreloadedImages (images the agent pulled), NeverVerifyAllowlistedImages "
