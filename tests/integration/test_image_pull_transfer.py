@@ -35,6 +35,7 @@ from tests.support.registry import (
     LOOPBACK_ACCESS,
     Registry,
     StallingProxy,
+    scripted_server,
 )
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
@@ -243,3 +244,40 @@ def test_a_daemon_replaced_on_the_same_socket_is_asked_again(
         puller.close()
         daemon.stop()
         daemon.remove()
+
+
+def test_the_daemon_follows_a_redirect_off_the_registry_itself(
+    containerd: PrivateContainerd, puller: ContainerdPuller
+) -> None:
+    """Why the agent pulls client-side unless ``image_pull_by_daemon`` is set: on the
+    Transfer path containerd 2.x follows a registry's redirect to another host inside
+    the daemon, where the agent's limits never see it. The client-side path (1.6)
+    refuses it before any request there. Both hosts are on loopback."""
+    seen: list[str] = []
+
+    def elsewhere_answer(method: str, path: str, headers: dict[str, str]) -> Any:
+        seen.append(path)
+        return 404, {}, b""
+
+    with scripted_server(elsewhere_answer) as elsewhere:
+        target = f"http://localhost:{elsewhere.port}/elsewhere"
+
+        def front_answer(method: str, path: str, headers: dict[str, str]) -> Any:
+            return 307, {"Location": target}, b""
+
+        with scripted_server(front_answer) as front:
+            ref = f"{front.host}/redir/daemon:1"
+            parsed = parse_reference(ref)
+            with pytest.raises((RegistryError, RuntimeError_)):
+                puller.pull(
+                    ref,
+                    parsed,
+                    [Endpoint(f"http://{parsed.registry}")],
+                    None,
+                    deadline=30,
+                    labels={},
+                )
+    if containerd.line == LINE_2:
+        assert seen, "containerd 2.x did not follow the redirect on the Transfer path"
+    else:
+        assert seen == []
