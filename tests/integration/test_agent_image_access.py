@@ -39,12 +39,23 @@ def verifications(agent: Agent, outcome: str) -> float:
     return value or 0.0
 
 
-def _tenant_a_node(kube: client.ApiClient, namespace: str, registry: Registry) -> str:
-    """A node whose brokered Secret holds tenant A's pull secret."""
+def _a_has_run(
+    kube: client.ApiClient,
+    namespace: str,
+    registry: Registry,
+    image: Any,
+    start_pull_agent: AgentFactory,
+    **settings: Any,
+) -> tuple[str, Agent]:
+    """A node whose brokered Secret holds tenant A's pull secret, its agent (with
+    ``settings``), and A's sandbox ``a1`` Running from ``image``, pulled for it."""
     node = node_name()
     secret = dockerconfig(registry.host, AUTH_USER, AUTH_PASSWORD)
     write_brokered(kube, namespace, node, {brokered_key(namespace, "tenant-a"): secret})
-    return node
+    agent = start_pull_agent(kube, namespace, node, **settings)
+    create_sandbox(kube, namespace, "a1", node, image.name, imagePullSecrets=A_SECRET)
+    wait_phase(kube, namespace, "a1", "Running")
+    return node, agent
 
 
 def test_another_tenant_is_refused_a_private_image_and_its_failures_stay_its_own(
@@ -55,10 +66,7 @@ def test_another_tenant_is_refused_a_private_image_and_its_failures_stay_its_own
     start_pull_agent: AgentFactory,
 ) -> None:
     pushed = push_image(auth_registry, "access/private:1", salt="access-private")
-    node = _tenant_a_node(kube, namespace, auth_registry)
-    agent = start_pull_agent(kube, namespace, node)
-    create_sandbox(kube, namespace, "a1", node, pushed.name, imagePullSecrets=A_SECRET)
-    wait_phase(kube, namespace, "a1", "Running")
+    node, agent = _a_has_run(kube, namespace, auth_registry, pushed, start_pull_agent)
 
     create_sandbox(kube, namespace, "b1", node, pushed.name)
 
@@ -85,10 +93,7 @@ def test_verified_pairs_survive_an_agent_restart(
     listed): A's sandbox can run only from the record its pull left on disk, and B,
     never verified, cannot."""
     pushed = push_image(auth_registry, "access/restart:1", salt="access-restart")
-    node = _tenant_a_node(kube, namespace, auth_registry)
-    first = start_pull_agent(kube, namespace, node)
-    create_sandbox(kube, namespace, "a1", node, pushed.name, imagePullSecrets=A_SECRET)
-    wait_phase(kube, namespace, "a1", "Running")
+    node, first = _a_has_run(kube, namespace, auth_registry, pushed, start_pull_agent)
     first.shutdown()
     records = json.loads((tmp_path / "agent-state" / f"image-access-{node}.json").read_text())
     assert pushed.name in records["images"], records
@@ -116,12 +121,14 @@ def test_never_verify_runs_another_tenant_from_the_image_the_node_has(
     start_pull_agent: AgentFactory,
 ) -> None:
     pushed = push_image(auth_registry, "access/shared:1", salt="access-shared")
-    node = _tenant_a_node(kube, namespace, auth_registry)
-    agent = start_pull_agent(
-        kube, namespace, node, image_pull_credentials_verification_policy="NeverVerify"
+    node, agent = _a_has_run(
+        kube,
+        namespace,
+        auth_registry,
+        pushed,
+        start_pull_agent,
+        image_pull_credentials_verification_policy="NeverVerify",
     )
-    create_sandbox(kube, namespace, "a1", node, pushed.name, imagePullSecrets=A_SECRET)
-    wait_phase(kube, namespace, "a1", "Running")
 
     create_sandbox(kube, namespace, "b1", node, pushed.name)
 
