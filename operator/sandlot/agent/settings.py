@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
@@ -404,9 +404,13 @@ class AgentSettings(SettingsModel):
         description="Image-name prefixes of live jobs, never collected (repeatable).",
     )
 
+    @field_validator("preloaded_images_verification_allowlist")
+    @classmethod
+    def _allowlist(cls, value: list[str]) -> list[str]:
+        return check_allowlist(value)
+
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:
-        check_allowlist(self.preloaded_images_verification_allowlist)
         if not timedelta(seconds=1) <= self.watch_timeout <= timedelta(seconds=120):
             raise ValueError(
                 f"watch_timeout ({self.watch_timeout.total_seconds():g}s) must be between "
