@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
 import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urljoin
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
@@ -47,6 +48,8 @@ from sandlot.policy.registryaddress import (
     same_host,
     status_message,
 )
+
+log = logging.getLogger(__name__)
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -220,6 +223,7 @@ class RegistryClient:
             target = urljoin(url, location)
             refusal = redirect_refusal(url, target, self.endpoint.url, self.access, hops)
             if refusal is not None:
+                log.warning("%s %s: %s (to %s)", method, url, refusal, target[:200])
                 raise RegistryError(f"{method} {url}: {refusal}")
             url, hops = target, hops + 1
 
@@ -285,10 +289,12 @@ class RegistryClient:
         if self.credential is not None:
             pair = f"{self.credential.username}:{self.credential.password}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        # The realm is the registry's text: messages say "the realm", the log says which.
         realm = params["realm"]
         refusal = realm_refusal(realm, self.endpoint.url)
         if refusal is not None:
-            raise RegistryError(f"token from {urlsplit(realm).hostname}: {refusal}")
+            log.warning("token realm %s refused: %s", realm[:200], refusal)
+            raise RegistryError(f"token for {self.repository}: {refusal}")
         try:
             response = self._http.request(
                 "GET",
@@ -301,17 +307,25 @@ class RegistryClient:
             )
             data = _drop(response)
         except HTTPError as exc:
-            raise RegistryError(f"token from {realm}: {exc}") from exc
+            log.warning("token realm %s: %s", realm[:200], exc)
+            private = "registry_private_hosts" in str(exc)
+            why = (
+                "the token realm is at a private address, used only if its host is listed "
+                "in registry_private_hosts"
+                if private
+                else "the token realm could not be reached"
+            )
+            raise RegistryError(f"token for {self.repository}: {why}") from exc
         if response.status >= 400:
             raise RegistryError(
-                f"token from {realm}: {status_message(response.status, data)}",
+                f"token for {self.repository}: {status_message(response.status, data)}",
                 _kind(response.status),
             )
         try:
             answer = json.loads(data)
             return str(answer.get("token") or answer["access_token"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise RegistryError(f"token from {realm}: no token in the answer") from exc
+            raise RegistryError(f"token for {self.repository}: no token in the answer") from exc
 
     # ------------------------------------------------------------ the API
 

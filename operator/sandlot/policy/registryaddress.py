@@ -132,16 +132,14 @@ def redirect_refusal(
     if hops >= MAX_REDIRECTS:
         return f"more than {MAX_REDIRECTS} redirects"
     parts = urlsplit(target)
+    # The messages name nothing of the target: it is the registry's text.
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"a redirect to {target!r}, not an http(s) URL"
+        return "a redirect to something not an http(s) URL"
     if urlsplit(current).scheme == "https" and parts.scheme == "http":
-        return f"a redirect from https to http ({parts.hostname})"
+        return "a redirect from https to http"
     if same_host(target, registry) or _listed(parts.hostname, parts.port, access.redirect_hosts):
         return None
-    return (
-        f"a redirect to {parts.hostname}, neither the registry's host nor one listed "
-        "in registry_redirect_hosts"
-    )
+    return "a redirect to a host neither the registry's own nor listed in registry_redirect_hosts"
 
 
 def realm_refusal(realm: str, registry: str) -> str | None:
@@ -151,7 +149,7 @@ def realm_refusal(realm: str, registry: str) -> str | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "the token realm is not an http(s) URL"
     if urlsplit(registry).scheme == "https" and parts.scheme == "http":
-        return f"the token realm {parts.hostname} is plain http for an https registry"
+        return "the token realm is plain http for an https registry"
     return None
 
 
