@@ -30,8 +30,9 @@ from tests.support.containerd import start_private_containerd
 from sandlot.adapters.containerd.pull import ContainerdPuller
 from sandlot.adapters.registry import Endpoint
 from sandlot.devtools.ociarchive import build_image_archive
-from sandlot.devtools.registry import start_registry, unavailable_reason
+from sandlot.devtools.registry import LOOPBACK_HOSTS, start_registry, unavailable_reason
 from sandlot.policy.imageref import parse_reference
+from sandlot.policy.registryaddress import RegistryAccess
 
 TARGET_RATIO = 1.2
 
@@ -45,7 +46,9 @@ def _ctr_pull(address: str, namespace: str, ref: str) -> float:
 
 
 def _our_pull(address: str, namespace: str, ref: str) -> float:
-    puller = ContainerdPuller(address, namespace)
+    puller = ContainerdPuller(
+        address, namespace, access=RegistryAccess(private_hosts=frozenset(LOOPBACK_HOSTS))
+    )
     parsed = parse_reference(ref)
     try:
         began = time.monotonic()

@@ -6,6 +6,7 @@ pytest_plugins = [
     "tests.support.kube",
     "tests.support.containerd_fixtures",
     "tests.support.registry",
+    "tests.support.agentpulls",
     "tests.support.operator",
     "tests.support.faultplane",
     "tests.support.strict_skips",

@@ -1,153 +1,36 @@
 """The agent pulls its sandboxes' images: a real registry on loopback, the real API
 server and a private containerd, with ``imagePullPolicy``, pull secrets brokered to
 the node, the status story (Pulling -> Running, ImagePullBackOff -> Failed) and
-shared pulls. The public and shared pulls run on containerd 2.x too, where the
-daemon's Transfer service does the pull.
+shared pulls. The public and shared pulls run on containerd 2.x too (client-side,
+the agent's default; the daemon's Transfer path is ``test_image_pull_transfer.py``'s).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
-import threading
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
-from urllib3.exceptions import ProtocolError
+from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.pullsecrets import brokered_key, write_brokered
-from sandlot.agent.main import Agent
-from sandlot.agent.settings import AgentSettings
-from sandlot.api.common import GROUP, VERSION
-from tests.support import agents
+from tests.support.agentpulls import (
+    AgentFactory,
+    StatusLog,
+    create_sandbox,
+    dockerconfig,
+    node_name,
+    pulls,
+    status_of,
+    wait_phase,
+)
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
-
-
-# Beside agent_settings: a slower heartbeat and graceful stop, the reaper at its
-# default, and pull back-offs short enough for a test.
-AGENT_DEFAULTS: dict[str, Any] = {
-    "call_timeout": "3s",
-    "stop_grace": "1s",
-    "sync_interval": "0.2s",
-    "renew_interval": "2s",
-    "reap_interval": AgentSettings.model_fields["reap_interval"].default,
-    "image_pull_backoff": "0.5s",
-    "image_pull_max_backoff": "2s",
-    "image_pull_stall_timeout": "1s",
-    "image_pull_deadline": "60s",
-}
-
-
-@pytest.fixture
-def ctr_ns(containerd: PrivateContainerd) -> Iterator[str]:
-    """An empty containerd namespace: every image a sandbox runs must be pulled."""
-    with agents.containerd_namespace(containerd, "pulls") as ns:
-        yield ns
-
-
-AgentFactory = Callable[..., Agent]
-
-
-@pytest.fixture
-def start_agent(
-    containerd: PrivateContainerd, ctr_ns: str, tmp_path: Path
-) -> Iterator[AgentFactory]:
-    with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs", **AGENT_DEFAULTS) as fleet:
-        yield fleet.start
-
-
-class StatusLog:
-    """Every (phase, reason) a Sandbox's status showed, seen by a watch."""
-
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.seen: dict[str, list[tuple[str, str]]] = {}
-        self._lock = threading.Lock()
-        self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
-        self._thread.start()
-
-    def _run(self, api: client.ApiClient, namespace: str) -> None:
-        # The namespace's deletion at the test's end cuts the watch: that is its end.
-        with contextlib.suppress(ProtocolError, client.ApiException):
-            self._follow(api, namespace)
-
-    def _follow(self, api: client.ApiClient, namespace: str) -> None:
-        objs = client.CustomObjectsApi(api)
-        for event in self._watch.stream(
-            objs.list_namespaced_custom_object,
-            GROUP,
-            VERSION,
-            namespace,
-            "sandboxes",
-            timeout_seconds=120,
-        ):
-            obj = event["object"]
-            status = obj.get("status") or {}
-            entry = (str(status.get("phase", "")), str(status.get("reason", "")))
-            with self._lock:
-                history = self.seen.setdefault(obj["metadata"]["name"], [])
-                if not history or history[-1] != entry:
-                    history.append(entry)
-
-    def reasons(self, name: str) -> list[str]:
-        with self._lock:
-            return [reason for _, reason in self.seen.get(name, [])]
-
-    def stop(self) -> None:
-        self._watch.stop()
-
-
-@pytest.fixture
-def status_log(kube: client.ApiClient, namespace: str) -> Iterator[StatusLog]:
-    log = StatusLog(kube, namespace)
-    yield log
-    log.stop()
-
-
-def create_sandbox(
-    api: client.ApiClient, namespace: str, name: str, node: str, image: str, **spec: Any
-) -> None:
-    spec = {"image": image, "command": SLEEPER, **spec}
-    agents.schedule_sandbox(api, namespace, name, node, spec)
-
-
-def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    sb = client.CustomObjectsApi(api).get_namespaced_custom_object(
-        GROUP, VERSION, namespace, "sandboxes", name
-    )
-    return dict(sb.get("status") or {})
-
-
-def wait_phase(
-    api: client.ApiClient, namespace: str, name: str, phase: str, timeout: float = 60
-) -> dict[str, Any]:
-    return wait_for(
-        lambda: (s := status_of(api, namespace, name)).get("phase") == phase and s,
-        timeout=timeout,
-        what=f"sandbox {namespace}/{name} {phase}",
-    )
-
-
-def pulls(agent: Agent, outcome: str) -> float:
-    value = agent.registry.get_sample_value("sandlot_agent_image_pulls_total", {"outcome": outcome})
-    return value or 0.0
-
-
-def node_name() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
 
 
 @EVERY_CONTAINERD
@@ -156,12 +39,12 @@ def test_public_image_is_pulled_then_runs_and_the_status_told_so(
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
     status_log: StatusLog,
 ) -> None:
     pushed = push_image(registry, "agent/public:1", salt="agent-public", filler_bytes=1 << 20)
     node = node_name()
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
 
     create_sandbox(kube, namespace, "public", node, pushed.name)
 
@@ -185,11 +68,11 @@ def test_two_sandboxes_of_one_image_share_one_pull(
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
 ) -> None:
     pushed = push_image(registry, "agent/shared:1", salt="agent-shared", filler_bytes=4 << 20)
     node = node_name()
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
 
     create_sandbox(kube, namespace, "one", node, pushed.name)
     create_sandbox(kube, namespace, "two", node, pushed.name)
@@ -197,12 +80,6 @@ def test_two_sandboxes_of_one_image_share_one_pull(
     wait_phase(kube, namespace, "one", "Running")
     wait_phase(kube, namespace, "two", "Running")
     assert pulls(agent, "success") == 1
-
-
-def _dockerconfig(host: str, user: str, password: str) -> str:
-    auth = base64.b64encode(f"{user}:{password}".encode()).decode()
-    document = json.dumps({"auths": {host: {"auth": auth}}}).encode()
-    return base64.b64encode(document).decode()
 
 
 @pytest.mark.parametrize(
@@ -215,7 +92,7 @@ def test_protected_image_with_a_pull_secret_brokered_to_the_node(
     namespace: str,
     auth_registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
     status_log: StatusLog,
     password: str,
     phase: str,
@@ -227,13 +104,9 @@ def test_protected_image_with_a_pull_secret_brokered_to_the_node(
         kube,
         namespace,
         node,
-        {
-            brokered_key(namespace, "regcred"): _dockerconfig(
-                auth_registry.host, AUTH_USER, password
-            )
-        },
+        {brokered_key(namespace, "regcred"): dockerconfig(auth_registry.host, AUTH_USER, password)},
     )
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
 
     create_sandbox(
         kube, namespace, "private", node, pushed.name, imagePullSecrets=[{"name": "regcred"}]
@@ -251,17 +124,17 @@ def test_protected_image_with_a_pull_secret_brokered_to_the_node(
         assert pulls(agent, "unauthorized") == 3  # then the back-off policy said: fail
 
 
-def test_missing_tag_backs_off_then_fails_with_the_registry_message(
+def test_missing_tag_backs_off_then_fails_with_its_error_code(
     kube: client.ApiClient,
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
     status_log: StatusLog,
 ) -> None:
     push_image(registry, "agent/tagged:present", salt="agent-tagged")
     node = node_name()
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
 
     create_sandbox(kube, namespace, "absent", node, registry.ref("agent/tagged:absent"))
 
@@ -281,11 +154,11 @@ def test_never_with_a_missing_image_fails_without_a_pull(
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
 ) -> None:
     pushed = push_image(registry, "agent/never:1", salt="agent-never")
     node = node_name()
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
 
     create_sandbox(kube, namespace, "never", node, pushed.name, imagePullPolicy="Never")
 
@@ -300,13 +173,13 @@ def test_always_pulls_a_moved_tag_and_if_not_present_does_not(
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
     containerd: PrivateContainerd,
-    ctr_ns: str,
+    pull_ctr_ns: str,
 ) -> None:
     first = push_image(registry, "agent/moving:v", salt="agent-moving-1")
     node = node_name()
-    agent = start_agent(kube, namespace, node)
+    agent = start_pull_agent(kube, namespace, node)
     create_sandbox(kube, namespace, "first", node, first.name)
     wait_phase(kube, namespace, "first", "Running")
 
@@ -318,7 +191,7 @@ def test_always_pulls_a_moved_tag_and_if_not_present_does_not(
     wait_phase(kube, namespace, "eager", "Running")
 
     assert pulls(agent, "success") == 2
-    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    rt = ContainerdRuntime(containerd.address, pull_ctr_ns)
     try:
         record = next(r for r in rt.list_images(timeout=10) if r.name == moved.name)
     finally:
@@ -331,7 +204,7 @@ def test_stalling_registry_backs_off_and_the_sandbox_stays_scheduled(
     namespace: str,
     registry: Registry,
     push_image: Any,
-    start_agent: AgentFactory,
+    start_pull_agent: AgentFactory,
     tmp_path: Path,
 ) -> None:
     pushed = push_image(registry, "agent/stall:1", salt="agent-stall", filler_bytes=4 << 20)
@@ -342,7 +215,7 @@ def test_stalling_registry_backs_off_and_the_sandbox_stays_scheduled(
     (hosts / "hosts.toml").write_text(f'server = "http://{proxy.host}"\n')
     node = node_name()
     try:
-        agent = start_agent(kube, namespace, node, registry_config_dir=str(tmp_path / "hosts"))
+        agent = start_pull_agent(kube, namespace, node, registry_config_dir=str(tmp_path / "hosts"))
         create_sandbox(kube, namespace, "stalled", node, pushed.name)
 
         status = wait_for(

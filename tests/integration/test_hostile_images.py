@@ -58,6 +58,7 @@ from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
+from tests.support.registry import LOOPBACK_ACCESS
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -363,7 +364,9 @@ def test_a_hostile_registry_is_refused_at_the_cap_in_bounded_memory(
     containerd: PrivateContainerd, hostile_registry: str, repository: str, cap: str
 ) -> None:
     name = f"{hostile_registry}/{repository}:1"
-    puller = ContainerdPuller(containerd.address, containerd.namespace, transfer=False)
+    puller = ContainerdPuller(
+        containerd.address, containerd.namespace, transfer=False, access=LOOPBACK_ACCESS
+    )
     endpoints = [Endpoint(f"http://{hostile_registry}")]
     tracemalloc.start()
     try:

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,9 +33,17 @@ from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
 from sandlot.policy.ocispec import default_spec
+from sandlot.policy.registryaddress import RegistryAccess
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
-from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
+from tests.support.registry import (
+    AUTH_PASSWORD,
+    AUTH_USER,
+    LOOPBACK_ACCESS,
+    Registry,
+    StallingProxy,
+    scripted_server,
+)
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
 
@@ -44,7 +53,11 @@ SLACK = 3.0  # seconds beyond a bound allowed for a busy machine
 @pytest.fixture
 def puller(containerd: PrivateContainerd) -> Iterator[ContainerdPuller]:
     p = ContainerdPuller(
-        containerd.address, containerd.namespace, stall_timeout=2.0, transfer=False
+        containerd.address,
+        containerd.namespace,
+        stall_timeout=2.0,
+        transfer=False,
+        access=LOOPBACK_ACCESS,
     )
     try:
         yield p
@@ -164,7 +177,7 @@ def test_protected_image_pulls_with_its_credential(
     [None, Credential(AUTH_USER, "wrong")],
     ids=["no-credential", "wrong-password"],
 )
-def test_refused_credential_is_unauthorized_with_the_registry_message(
+def test_refused_credential_is_unauthorized_with_its_error_code(
     puller: ContainerdPuller,
     auth_registry: Registry,
     push_image: Any,
@@ -178,7 +191,7 @@ def test_refused_credential_is_unauthorized_with_the_registry_message(
     assert not puller.has_image(pushed.name, timeout=10)
 
 
-def test_missing_tag_is_not_found_with_the_registry_message(
+def test_missing_tag_is_not_found_with_its_error_code(
     puller: ContainerdPuller, registry: Registry, push_image: Any
 ) -> None:
     push_image(registry, "pull/tagged:exists", salt="tagged")
@@ -211,7 +224,9 @@ def test_pull_deadline_bounds_a_pull_whose_stall_timeout_is_longer(
 ) -> None:
     pushed = push_image(registry, "pull/deadline:1", salt="deadline", filler_bytes=1024 * 1024)
     proxy = StallingProxy(registry.port, stall_after=64 * 1024)
-    slow = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=30.0)
+    slow = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=30.0, access=LOOPBACK_ACCESS
+    )
     try:
         started = time.monotonic()
         with pytest.raises(RuntimeError_) as caught:
@@ -234,7 +249,7 @@ def test_collector_never_evicts_an_image_a_start_holds(
     pushed = push_image(registry, "pull/held:1", salt="held")
     namespace = f"held-{uuid.uuid4().hex[:8]}"
     rt = ContainerdRuntime(containerd.address, namespace)
-    puller = ContainerdPuller(containerd.address, namespace)
+    puller = ContainerdPuller(containerd.address, namespace, access=LOOPBACK_ACCESS)
     pulls = ImagePulls(
         lambda: puller,
         lambda ref: [Endpoint(f"http://{ref.registry}")],
@@ -293,4 +308,115 @@ def test_bearer_token_realm_refusing_the_credential_is_unauthorized(
     with pytest.raises(RegistryError) as caught:
         _pull(puller, pushed.name, credential=Credential(AUTH_USER, "wrong"))
     assert caught.value.kind is FailureKind.UNAUTHORIZED
-    assert "wrong credential" in str(caught.value)
+    # The realm's own words ({"details": "wrong credential"}) never reach a message.
+    assert "HTTP 401 Unauthorized" in str(caught.value)
+    assert "wrong credential" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- where requests may go
+
+NOT_FOUND_WITH_WORDS = (
+    404,
+    {"Content-Type": "application/json"},
+    b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"secret words of the registry"}]}',
+)
+
+
+def _redirect_to(location: str) -> Any:
+    def answer(method: str, path: str, headers: dict[str, str]) -> Any:
+        return 307, {"Location": location}, b""
+
+    return answer
+
+
+def _puller_with(containerd: PrivateContainerd, access: RegistryAccess) -> ContainerdPuller:
+    return ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=5.0, transfer=False, access=access
+    )
+
+
+def test_a_redirect_to_another_host_is_refused_before_any_request_there(
+    puller: ContainerdPuller,
+) -> None:
+    with (
+        scripted_server(lambda *_: NOT_FOUND_WITH_WORDS) as elsewhere,
+        scripted_server(_redirect_to(f"http://localhost:{elsewhere.port}/blob")) as front,
+    ):
+        with pytest.raises(RegistryError) as caught:
+            _pull(puller, f"{front.host}/redir/away:1")
+        assert "registry_redirect_hosts" in str(caught.value)
+        assert elsewhere.requests == []
+
+
+def test_a_redirect_to_a_listed_host_is_followed_without_the_credential(
+    containerd: PrivateContainerd,
+) -> None:
+    """The registry wants Basic auth, then redirects to its (listed) storage host: the
+    storage sees no credential, and its error text stays out of the message."""
+
+    def registry(method: str, path: str, headers: dict[str, str]) -> Any:
+        if "Authorization" not in headers:
+            return 401, {"WWW-Authenticate": 'Basic realm="r"'}, b""
+        return 307, {"Location": f"http://localhost:{storage.port}/blob"}, b""
+
+    with (
+        scripted_server(lambda *_: NOT_FOUND_WITH_WORDS) as storage,
+        scripted_server(registry) as front,
+    ):
+        access = replace(LOOPBACK_ACCESS, redirect_hosts=frozenset({f"localhost:{storage.port}"}))
+        listed = _puller_with(containerd, access)
+        try:
+            with pytest.raises(RegistryError) as caught:
+                _pull(listed, f"{front.host}/redir/listed:1", credential=Credential("u", "p"))
+        finally:
+            listed.close()
+        assert caught.value.kind is FailureKind.NOT_FOUND, caught.value
+        assert "HTTP 404 Not Found (MANIFEST_UNKNOWN)" in str(caught.value)
+        assert "secret words" not in str(caught.value)
+        assert storage.requests and all("Authorization" not in h for _, _, h in storage.requests)
+
+
+def test_redirects_stop_after_five_hops(puller: ContainerdPuller) -> None:
+    def loop(method: str, path: str, headers: dict[str, str]) -> Any:
+        return 307, {"Location": f"{path}x"}, b""
+
+    with scripted_server(loop) as front:
+        with pytest.raises(RegistryError) as caught:
+            _pull(puller, f"{front.host}/redir/loop:1")
+        assert "more than 5 redirects" in str(caught.value)
+        assert len(front.requests) == 6
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["unlisted-realm", "listed-realm"])
+def test_a_token_realm_at_a_private_address_is_used_only_when_listed(
+    containerd: PrivateContainerd, listed: bool
+) -> None:
+    """The realm is on 127.0.0.2 (loopback: nothing leaves the machine); only the
+    registry's own 127.0.0.1 is listed, unless the test lists the realm's host too."""
+
+    def realm(method: str, path: str, headers: dict[str, str]) -> Any:
+        return 200, {"Content-Type": "application/json"}, b'{"token":"t"}'
+
+    def registry(method: str, path: str, headers: dict[str, str]) -> Any:
+        if headers.get("Authorization") != "Bearer t":
+            challenge = f'Bearer realm="http://127.0.0.2:{tokens.port}/token",service="s"'
+            return 401, {"WWW-Authenticate": challenge}, b""
+        return NOT_FOUND_WITH_WORDS
+
+    with (
+        scripted_server(realm, address="127.0.0.2") as tokens,
+        scripted_server(registry) as front,
+    ):
+        hosts = LOOPBACK_ACCESS.private_hosts | ({"127.0.0.2"} if listed else set())
+        guarded = _puller_with(containerd, replace(LOOPBACK_ACCESS, private_hosts=hosts))
+        try:
+            with pytest.raises(RegistryError) as caught:
+                _pull(guarded, f"{front.host}/realm/x:1")
+        finally:
+            guarded.close()
+    if listed:
+        assert len(tokens.requests) == 1
+        assert caught.value.kind is FailureKind.NOT_FOUND, caught.value
+    else:
+        assert tokens.requests == []
+        assert "registry_private_hosts" in str(caught.value)

@@ -29,14 +29,23 @@ from tests.support.containerd import (
     unavailable_reason,
 )
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2, LINE_OS
-from tests.support.registry import AUTH_PASSWORD, AUTH_USER, Registry, StallingProxy
+from tests.support.registry import (
+    AUTH_PASSWORD,
+    AUTH_USER,
+    LOOPBACK_ACCESS,
+    Registry,
+    StallingProxy,
+    scripted_server,
+)
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration, EVERY_CONTAINERD]
 
 
 @pytest.fixture
 def puller(containerd: PrivateContainerd) -> Iterator[ContainerdPuller]:
-    p = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=2.0)
+    p = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=2.0, access=LOOPBACK_ACCESS
+    )
     try:
         yield p
     finally:
@@ -174,7 +183,9 @@ def test_pull_deadline_bounds_a_pull_whose_stall_timeout_is_longer(
     repo_tag = f"pull/path-deadline-{containerd.line}:1"
     push_image(registry, repo_tag, salt="deadline", filler_bytes=1024 * 1024)
     proxy = StallingProxy(registry.port, stall_after=64 * 1024)
-    slow = ContainerdPuller(containerd.address, containerd.namespace, stall_timeout=30.0)
+    slow = ContainerdPuller(
+        containerd.address, containerd.namespace, stall_timeout=30.0, access=LOOPBACK_ACCESS
+    )
     ref = f"{proxy.host}/{repo_tag}"
     try:
         started = time.monotonic()
@@ -210,7 +221,9 @@ def test_a_daemon_replaced_on_the_same_socket_is_asked_again(
             pytest.skip(reason)
     pushed = push_image(registry, f"pull/path-replaced-{first}:1", salt=f"replaced-{first}")
     daemon = start_private_containerd(line=first)
-    puller = ContainerdPuller(daemon.address, daemon.namespace, stall_timeout=5.0)
+    puller = ContainerdPuller(
+        daemon.address, daemon.namespace, stall_timeout=5.0, access=LOOPBACK_ACCESS
+    )
     try:
         expected_first = PullMethod.TRANSFER if first == LINE_2 else PullMethod.CLIENT_SIDE
         assert _method(puller, pushed.name) == expected_first
@@ -231,3 +244,40 @@ def test_a_daemon_replaced_on_the_same_socket_is_asked_again(
         puller.close()
         daemon.stop()
         daemon.remove()
+
+
+def test_the_daemon_follows_a_redirect_off_the_registry_itself(
+    containerd: PrivateContainerd, puller: ContainerdPuller
+) -> None:
+    """Why the agent pulls client-side unless ``image_pull_by_daemon`` is set: on the
+    Transfer path containerd 2.x follows a registry's redirect to another host inside
+    the daemon, where the agent's limits never see it. The client-side path (1.6)
+    refuses it before any request there. Both hosts are on loopback."""
+    seen: list[str] = []
+
+    def elsewhere_answer(method: str, path: str, headers: dict[str, str]) -> Any:
+        seen.append(path)
+        return 404, {}, b""
+
+    with scripted_server(elsewhere_answer) as elsewhere:
+        target = f"http://localhost:{elsewhere.port}/elsewhere"
+
+        def front_answer(method: str, path: str, headers: dict[str, str]) -> Any:
+            return 307, {"Location": target}, b""
+
+        with scripted_server(front_answer) as front:
+            ref = f"{front.host}/redir/daemon:1"
+            parsed = parse_reference(ref)
+            with pytest.raises((RegistryError, RuntimeError_)):
+                puller.pull(
+                    ref,
+                    parsed,
+                    [Endpoint(f"http://{parsed.registry}")],
+                    None,
+                    deadline=30,
+                    labels={},
+                )
+    if containerd.line == LINE_2:
+        assert seen, "containerd 2.x did not follow the redirect on the Transfer path"
+    else:
+        assert seen == []

@@ -23,6 +23,7 @@ from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.devtools.registry import LOOPBACK_HOSTS
 
 
 def agent_settings(
@@ -51,6 +52,8 @@ def agent_settings(
         "node_address": "10.1.2.3",
         "log_dir": str(log_dir),
         "state_dir": str(log_dir.parent / "agent-state"),
+        # Every test registry is on loopback: a private address, used only when listed.
+        "registry_private_hosts": list(LOOPBACK_HOSTS),
     }
     values.update(overrides)
     return AgentSettings(**values)

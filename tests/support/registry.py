@@ -7,23 +7,33 @@ load with ``pytest_plugins = ["tests.support.registry"]``.
   an archive and pushes it, returning its ``ImageArchive``.
 
 Nothing about the registry is faked: the agent's client meets the same answers,
-errors and auth challenges a registry in a cluster gives.
+errors and auth challenges a registry in a cluster gives. ``scripted_server``
+plays what a real registry would not do on request (redirect elsewhere, name a
+token realm at a private address): a plain HTTP server on a loopback address.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 from sandlot.devtools.registry import (
+    LOOPBACK_HOSTS,
     Registry,
     StallingProxy,
     free_port,
     start_registry,
     unavailable_reason,
 )
+from sandlot.policy.registryaddress import RegistryAccess
+
+LOOPBACK_ACCESS = RegistryAccess(private_hosts=frozenset(LOOPBACK_HOSTS))
+"""What a puller of these registries (all on loopback) must be allowed."""
 
 AUTH_USER = "puller"
 AUTH_PASSWORD = "s3cret"
@@ -72,6 +82,66 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registr
         tokens.close()
 
 
+class ScriptedServer:
+    """A plain HTTP server on a loopback address whose every answer ``answer`` gives,
+    as ``(status, headers, body)`` for ``(method, path, headers)``: a registry or token
+    realm that redirects or challenges as a test needs. It records what it was sent."""
+
+    def __init__(
+        self,
+        answer: Callable[[str, str, dict[str, str]], tuple[int, dict[str, str], bytes]],
+        address: str = "127.0.0.1",
+    ) -> None:
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                headers = dict(self.headers.items())
+                server.requests.append((self.command, self.path, headers))
+                status, extra, body = answer(self.command, self.path, headers)
+                self.send_response(status)
+                for name, value in {**extra, "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_HEAD = _answer
+
+        self._server = http.server.ThreadingHTTPServer((address, 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self.address = address
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def host(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@contextlib.contextmanager
+def scripted_server(
+    answer: Callable[[str, str, dict[str, str]], tuple[int, dict[str, str], bytes]],
+    address: str = "127.0.0.1",
+) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(answer, address)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 PushImage = Callable[..., Any]
 
 
@@ -96,25 +166,15 @@ def push_image(tmp_path_factory: pytest.TempPathFactory) -> PushImage:
 __all__ = [
     "AUTH_PASSWORD",
     "AUTH_USER",
+    "LOOPBACK_ACCESS",
     "Registry",
+    "ScriptedServer",
     "StallingProxy",
     "auth_registry",
     "free_port",
     "push_image",
     "registry",
+    "scripted_server",
     "start_registry",
     "token_registry",
-]
-
-
-__all__ = [
-    "AUTH_PASSWORD",
-    "AUTH_USER",
-    "Registry",
-    "StallingProxy",
-    "auth_registry",
-    "free_port",
-    "push_image",
-    "registry",
-    "start_registry",
 ]

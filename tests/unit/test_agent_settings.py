@@ -64,6 +64,14 @@ def test_flags_and_environment() -> None:
         (("--node", "n1", "--default-memory-limit", "1Mi"), "default_memory_limit"),
         (("--node", "n1", "--default-memory-limit", ""), "default_memory_limit is empty"),
         (("--node", "n1", "--default-cpu-limit", ""), "default_cpu_limit is empty"),
+        (
+            ("--node", "n1", "--preloaded-images-verification-allowlist", "reg/x:1"),
+            "--preloaded-images-verification-allowlist .*allowlist entry 'reg/x:1'",
+        ),
+        (
+            ("--node", "n1", "--image-pull-credentials-verification-policy", "Sometimes"),
+            "--image-pull-credentials-verification-policy",
+        ),
     ],
     ids=[
         "node-required",
@@ -80,6 +88,8 @@ def test_flags_and_environment() -> None:
         "memory-limit-below-the-floor",
         "memory-limit-always-set",
         "cpu-limit-always-set",
+        "allowlist-entry-without-tag",
+        "verification-policy-one-of-four",
     ],
 )
 def test_bad_values_are_refused_naming_the_setting(argv: tuple[str, ...], named: str) -> None:

@@ -7,9 +7,12 @@ as such; on ``Bearer``, a token is asked from the named realm for
 ``repository:<name>:pull`` (with the credential, if any) and sent with the
 retry. The token is kept for the rest of the pull.
 
-Errors keep the registry's own words: the ``errors`` body of the spec
-(``MANIFEST_UNKNOWN: manifest unknown``), sorted into what the pull policy needs
-to know: not found, unauthorized, or something that may pass.
+Errors say the HTTP status, its reason and the spec's error codes
+(``HTTP 404 Not Found (MANIFEST_UNKNOWN)``), never the registry's own text (it
+reaches a tenant's status), sorted into what the pull policy needs to know: not
+found, unauthorized, or something that may pass. Where requests may go (private
+addresses, redirects, token realms) is ``policy.registryaddress``'s decision,
+applied here on every connection after DNS and on every redirect hop.
 
 A stall is a read that gets no byte for ``stall_timeout`` seconds (the socket's
 read timeout), so a registry that stops sending mid-blob fails that read within
@@ -20,17 +23,33 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urljoin
 
 import urllib3
-from urllib3.exceptions import HTTPError, ReadTimeoutError
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import HTTPError, NewConnectionError, ReadTimeoutError
 
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.policy.imagecaps import MAX_MANIFEST_BYTES, mib
 from sandlot.policy.imagepull import FailureKind
+from sandlot.policy.registryaddress import (
+    RegistryAccess,
+    address_refusal,
+    realm_refusal,
+    redirect_refusal,
+    same_host,
+    status_message,
+)
+
+log = logging.getLogger(__name__)
 
 MANIFEST_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -72,19 +91,6 @@ class Endpoint:
         return f"{self.url.rstrip('/')}{path if self.override_path else '/v2' + path}"
 
 
-def _registry_message(status: int, body: bytes) -> str:
-    """The spec's ``errors`` list as ``CODE: message``, else the status and body start."""
-    try:
-        errors = json.loads(body).get("errors") or []
-        parts = [f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors]
-        if parts:
-            return "; ".join(parts)
-    except (ValueError, AttributeError):
-        pass
-    text = body[:200].decode("utf-8", "replace").strip()
-    return f"HTTP {status}" + (f": {text}" if text else "")
-
-
 def _kind(status: int) -> FailureKind:
     if status == 404:
         return FailureKind.NOT_FOUND
@@ -103,6 +109,53 @@ def _drop(response: urllib3.BaseHTTPResponse) -> bytes:
     return bytes(body)
 
 
+def _guarded(base: type[HTTPConnection], access: RegistryAccess) -> type[HTTPConnection]:
+    """``base`` connecting only to addresses ``access`` allows for its host: the name is
+    resolved here and the socket connects to the very address that was checked."""
+
+    def _new_conn(self: Any) -> socket.socket:
+        try:
+            found = socket.getaddrinfo(self._dns_host, self.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise NewConnectionError(self, f"cannot resolve {self.host}: {exc}") from exc
+        refusal = ""
+        for family, kind, proto, _, address in found:
+            why = address_refusal(self.host, self.port, str(address[0]), access)
+            if why is not None:
+                refusal = why
+                continue
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.settimeout(self.timeout if isinstance(self.timeout, float | int) else None)
+                sock.connect(address)
+            except OSError as exc:
+                sock.close()
+                refusal = refusal or str(exc)
+                continue
+            for option in self.socket_options or ():
+                sock.setsockopt(*option)
+            return sock
+        raise NewConnectionError(self, refusal or f"no address for {self.host}")
+
+    return type(f"Guarded{base.__name__}", (base,), {"_new_conn": _new_conn})
+
+
+def _pool_manager(access: RegistryAccess, **kwargs: Any) -> urllib3.PoolManager:
+    manager = urllib3.PoolManager(num_pools=4, maxsize=4, **kwargs)
+    http_pool = type(
+        "GuardedHTTPPool",
+        (HTTPConnectionPool,),
+        {"ConnectionCls": _guarded(HTTPConnection, access)},
+    )
+    https_pool = type(
+        "GuardedHTTPSPool",
+        (HTTPSConnectionPool,),
+        {"ConnectionCls": _guarded(HTTPSConnection, access)},
+    )
+    manager.pool_classes_by_scheme = {"http": http_pool, "https": https_pool}
+    return manager
+
+
 class RegistryClient:
     """Requests to one repository on one endpoint, for the length of one pull."""
 
@@ -115,6 +168,7 @@ class RegistryClient:
         connect_timeout: float,
         stall_timeout: float,
         deadline: Deadline,
+        access: RegistryAccess | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.connect_timeout = connect_timeout
@@ -122,14 +176,13 @@ class RegistryClient:
         self.deadline = deadline
         self.repository = repository
         self.credential = credential
-        kwargs: dict[str, object] = {
-            "retries": urllib3.Retry(total=0, redirect=5, raise_on_redirect=True),
-        }
+        self.access = access or RegistryAccess()
+        kwargs: dict[str, object] = {"retries": False}
         if endpoint.url.startswith("https://"):
             kwargs["cert_reqs"] = "CERT_NONE" if endpoint.skip_verify else "CERT_REQUIRED"
             if endpoint.ca_file:
                 kwargs["ca_certs"] = endpoint.ca_file
-        self._http = urllib3.PoolManager(num_pools=2, maxsize=4, **kwargs)  # type: ignore[arg-type]
+        self._http = _pool_manager(self.access, **kwargs)
         self._authorization: str | None = None
         self._cut_by_deadline = False
 
@@ -139,20 +192,40 @@ class RegistryClient:
     # ------------------------------------------------------------ requests
 
     def _request(
-        self, path: str, headers: Mapping[str, str], *, stream: bool = False
+        self, path: str, headers: Mapping[str, str], *, stream: bool = False, method: str = "GET"
     ) -> urllib3.BaseHTTPResponse:
         url = self.endpoint.api(path)
-        response = self._send(url, headers, stream)
+        response = self._follow(method, url, headers, stream)
         if response.status == 401 and self._authorize(response):
             _drop(response)
-            response = self._send(url, headers, stream)
+            response = self._follow(method, url, headers, stream)
         if response.status >= 400:
             body = _drop(response)
-            what = f"GET {url}"
             raise RegistryError(
-                f"{what}: {_registry_message(response.status, body)}", _kind(response.status)
+                f"{method} {url}: {status_message(response.status, body)}",
+                _kind(response.status),
             )
         return response
+
+    def _follow(
+        self, method: str, url: str, headers: Mapping[str, str], stream: bool
+    ) -> urllib3.BaseHTTPResponse:
+        """The answer to ``url``, redirects followed one hop at a time where
+        ``policy.registryaddress`` allows; the credential only to the registry's host."""
+        hops = 0
+        while True:
+            own = same_host(url, self.endpoint.url)
+            response = self._send(method, url, headers, stream, authorize=own)
+            location = response.headers.get("Location")
+            if response.status not in (301, 302, 303, 307, 308) or not location:
+                return response
+            _drop(response)
+            target = urljoin(url, location)
+            refusal = redirect_refusal(url, target, self.endpoint.url, self.access, hops)
+            if refusal is not None:
+                log.warning("%s %s: %s (to %s)", method, url, refusal, target[:200])
+                raise RegistryError(f"{method} {url}: {refusal}")
+            url, hops = target, hops + 1
 
     def _timeout(self, what: str) -> urllib3.Timeout:
         """Each read waits at most the stall timeout, and never past the pull's deadline."""
@@ -168,18 +241,21 @@ class RegistryClient:
             raise RuntimeTimeout(f"{what}: deadline of {self.deadline.seconds:g}s passed")
         return RegistryError(f"{what}: no bytes for {self.stall_timeout:g}s (stalled): {exc}")
 
-    def _send(self, url: str, headers: Mapping[str, str], stream: bool) -> urllib3.BaseHTTPResponse:
+    def _send(
+        self, method: str, url: str, headers: Mapping[str, str], stream: bool, *, authorize: bool
+    ) -> urllib3.BaseHTTPResponse:
         all_headers = dict(headers)
-        if self._authorization:
+        if self._authorization and authorize:
             all_headers["Authorization"] = self._authorization
-        what = f"GET {url}"
+        what = f"{method} {url}"
         try:
             return self._http.request(
-                "GET",
+                method,
                 url,
                 headers=all_headers,
                 preload_content=not stream,
                 decode_content=False,
+                redirect=False,
                 timeout=self._timeout(what),
             )
         except ReadTimeoutError as exc:
@@ -213,7 +289,12 @@ class RegistryClient:
         if self.credential is not None:
             pair = f"{self.credential.username}:{self.credential.password}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode()
+        # The realm is the registry's text: messages say "the realm", the log says which.
         realm = params["realm"]
+        refusal = realm_refusal(realm, self.endpoint.url)
+        if refusal is not None:
+            log.warning("token realm %s refused: %s", realm[:200], refusal)
+            raise RegistryError(f"token for {self.repository}: {refusal}")
         try:
             response = self._http.request(
                 "GET",
@@ -222,20 +303,29 @@ class RegistryClient:
                 headers=headers,
                 timeout=self._timeout(realm),
                 preload_content=False,
+                redirect=False,
             )
             data = _drop(response)
         except HTTPError as exc:
-            raise RegistryError(f"token from {realm}: {exc}") from exc
+            log.warning("token realm %s: %s", realm[:200], exc)
+            private = "registry_private_hosts" in str(exc)
+            why = (
+                "the token realm is at a private address, used only if its host is listed "
+                "in registry_private_hosts"
+                if private
+                else "the token realm could not be reached"
+            )
+            raise RegistryError(f"token for {self.repository}: {why}") from exc
         if response.status >= 400:
             raise RegistryError(
-                f"token from {realm}: {_registry_message(response.status, data)}",
+                f"token for {self.repository}: {status_message(response.status, data)}",
                 _kind(response.status),
             )
         try:
             answer = json.loads(data)
             return str(answer.get("token") or answer["access_token"])
         except (ValueError, KeyError, TypeError) as exc:
-            raise RegistryError(f"token from {realm}: no token in the answer") from exc
+            raise RegistryError(f"token for {self.repository}: no token in the answer") from exc
 
     # ------------------------------------------------------------ the API
 
@@ -248,6 +338,12 @@ class RegistryClient:
         media_type = (response.headers.get("Content-Type") or "").split(";", 1)[0].strip()
         what = f"manifest {reference}"
         return b"".join(self._chunks(response, path, what, MAX_MANIFEST_BYTES)), media_type
+
+    def manifest_exists(self, reference: str) -> None:
+        """Return when the registry serves the manifest to this client's credential (a
+        HEAD, nothing of the manifest fetched); else raise ``RegistryError``."""
+        path = f"/{self.repository}/manifests/{reference}"
+        _drop(self._request(path, {"Accept": ", ".join(MANIFEST_TYPES)}, method="HEAD"))
 
     def blob(self, digest: str, *, limit: int | None = None) -> Iterator[bytes]:
         """The blob's bytes in chunks as they arrive; a stall raises ``RegistryError``,

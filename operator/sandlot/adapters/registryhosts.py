@@ -19,11 +19,14 @@ registry host (``docker.io``, ``registry.example:5000``, or ``_default``) with a
 Hosts without ``resolve`` and ``pull`` are skipped (they cannot serve a pull by
 tag). Without any file, ``docker.io`` is ``https://registry-1.docker.io``, other
 registries are ``https://<host>``, and a loopback registry (``localhost``,
-``127.0.0.1``) is plain HTTP, as containerd and Docker allow with no setting.
+``127.0.0.1``) is plain HTTP, as containerd and Docker allow; it is reached at all
+only when the agent's ``registry_private_hosts`` lists it (``policy.registryaddress``).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import itertools
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,26 @@ def _load(path: Path) -> dict[str, Any]:
         return tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise HostsConfigError(f"{path}: {exc}") from exc
+
+
+def node_addresses() -> frozenset[str]:
+    """This host's own interface addresses (IPv4 from ``/proc/net/fib_trie``'s local
+    entries, IPv6 from ``/proc/net/if_inet6``); what cannot be read is left out."""
+    found: set[str] = set()
+    try:
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    except OSError:
+        lines = []
+    for before, line in itertools.pairwise(lines):
+        if "/32 host LOCAL" in line and "|--" in before:
+            found.add(before.split("|--", 1)[1].strip())
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            raw = line.split()[0]
+            found.add(str(ipaddress.IPv6Address(bytes.fromhex(raw))))
+    except (OSError, ValueError, IndexError):
+        pass
+    return frozenset(found)
 
 
 def endpoints_for(ref: ImageReference, config_dir: str | None) -> list[Endpoint]:
@@ -98,4 +121,4 @@ def endpoints_for(ref: ImageReference, config_dir: str | None) -> list[Endpoint]
     return endpoints
 
 
-__all__ = ["HostsConfigError", "endpoints_for"]
+__all__ = ["HostsConfigError", "endpoints_for", "node_addresses"]

@@ -21,6 +21,7 @@ from typing import Any
 
 from sandlot.adapters.pullsecrets import brokered_key
 from sandlot.adapters.registry import Credential
+from sandlot.policy.imagecreds import SHARED_IDENTITY, credential_identity
 from sandlot.policy.imageref import ImageReference
 from sandlot.policy.registryauth import credential_for
 
@@ -54,7 +55,9 @@ class Credentials:
             return None
         return _document(raw, self._default_file)
 
-    def documents(self, sb: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def documents(
+        self, sb: Mapping[str, Any], *, node_default: bool = True
+    ) -> list[dict[str, Any]]:
         """The sandbox's pull secrets as brokered to this node, then the node default."""
         namespace = sb["metadata"]["namespace"]
         wanted = [
@@ -71,14 +74,22 @@ class Credentials:
             parsed = _document(base64.b64decode(value), f"pull secret {namespace}/{name}")
             if parsed is not None:
                 documents.append(parsed)
-        default = self._default()
+        default = self._default() if node_default else None
         if default is not None:
             documents.append(default)
         return documents
 
     def lookup(self, sb: Mapping[str, Any], ref: ImageReference) -> Credential | None:
-        found = credential_for(ref.registry, self.documents(sb))
-        return Credential(*found) if found else None
+        return self.resolve(sb, ref)[0]
+
+    def resolve(self, sb: Mapping[str, Any], ref: ImageReference) -> tuple[Credential | None, str]:
+        """The credential for ``ref`` and its identity (``policy.imagecreds``): the
+        sandbox's own, else the node-wide one or none, which share one identity."""
+        own = credential_for(ref.registry, self.documents(sb, node_default=False))
+        if own is not None:
+            return Credential(*own), credential_identity(ref.registry, own)
+        shared = credential_for(ref.registry, [d for d in [self._default()] if d is not None])
+        return (Credential(*shared) if shared else None), SHARED_IDENTITY
 
 
 __all__ = ["BrokeredSecret", "Credentials"]

@@ -29,12 +29,14 @@ from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.imagepull import PullAction, PullPolicy
 from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
+from sandlot.policy.registryaddress import RegistryAccess
 
 log = logging.getLogger(__name__)
 
 PROGRESS_WRITE_SECONDS = 2.0
 
-CredentialLookup = Callable[[Mapping[str, Any], ImageReference], Credential | None]
+CredentialLookup = Callable[[Mapping[str, Any], ImageReference], tuple[Credential | None, str]]
+"""The credential for a sandbox's image and its identity (``policy.imagecreds``)."""
 
 
 class ImageNotReady(Exception):
@@ -70,26 +72,28 @@ class ImageGate:
         """Return when the image may be used now; else raise ``ImageNotReady`` (after
         saying why in the status) or ``PullRefused``."""
         image, uid = spec.image, str(sb["metadata"]["uid"])
-        decision = self.pulls.decide(
-            image, PullPolicy(spec.image_pull_policy), self._joined.get(uid)
-        )
+        try:
+            ref = parse_reference(image)
+        except InvalidReference as exc:
+            raise PullRefused("InvalidImageName", str(exc)) from None
+        credential, identity = self._credentials(sb, ref)
+        key = (image, identity)
+        decision = self.pulls.decide(key, PullPolicy(spec.image_pull_policy), self._joined.get(uid))
         if decision.action in (PullAction.RUN, PullAction.FAIL):
             self._joined.pop(uid, None)
         if decision.action is PullAction.RUN:
             return
         if decision.action is PullAction.FAIL:
             raise PullRefused(decision.reason, f"image {image}: {decision.message}")
-        if decision.action is PullAction.PULL:
-            try:
-                ref = parse_reference(image)
-            except InvalidReference as exc:
-                raise PullRefused("InvalidImageName", str(exc)) from None
-            self._joined[uid] = self.pulls.start(image, self._credentials(sb, ref))
-            log.info("sandbox %s: pulling image %s", sandbox_key(sb), image)
-            self._report_pulling(sb, image)
+        if decision.action in (PullAction.PULL, PullAction.VERIFY):
+            verify = decision.action is PullAction.VERIFY
+            self._joined[uid] = self.pulls.start(key, credential, verify=verify)
+            what = "verifying its credential for" if verify else "pulling"
+            log.info("sandbox %s: %s image %s", sandbox_key(sb), what, image)
+            self._report_pulling(sb, key)
         elif decision.action is PullAction.WAIT:
-            self._joined.setdefault(uid, self.pulls.history(image).started)
-            self._report_pulling(sb, image)
+            self._joined.setdefault(uid, self.pulls.history(key).started)
+            self._report_pulling(sb, key)
         elif decision.retry_at is not None:
             self.pulls.wake_at(decision.retry_at)
             message = (
@@ -99,8 +103,9 @@ class ImageGate:
             self._report(sb, decision.reason, message, None)
         raise ImageNotReady(image)
 
-    def _report_pulling(self, sb: Mapping[str, Any], image: str) -> None:
-        done, total = self.pulls.progress(image)
+    def _report_pulling(self, sb: Mapping[str, Any], key: tuple[str, str]) -> None:
+        image = key[0]
+        done, total = self.pulls.progress(key)
         message = f"pulling image {image}" + (f": {done} of {total} bytes" if total else "")
         self._report(sb, "Pulling", message, {"bytes": done, "totalBytes": total})
 
@@ -135,7 +140,25 @@ class ImageGate:
         self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
 
 
-__all__ = ["CredentialLookup", "ImageGate", "ImageNotReady", "PullRefused"]
+__all__ = [
+    "CredentialLookup",
+    "ImageGate",
+    "ImageNotReady",
+    "PullRefused",
+    "build_image_gate",
+    "registry_access",
+]
+
+
+def registry_access(settings: AgentSettings) -> RegistryAccess:
+    """Where this agent's registry requests may go (``policy.registryaddress``)."""
+    from sandlot.adapters.registryhosts import node_addresses
+
+    return RegistryAccess(
+        private_hosts=frozenset(settings.registry_private_hosts),
+        redirect_hosts=frozenset(settings.registry_redirect_hosts),
+        node_addresses=node_addresses() | ({settings.node_address} - {""}),
+    )
 
 
 def build_image_gate(
@@ -152,6 +175,7 @@ def build_image_gate(
     from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
     from sandlot.adapters.registryhosts import endpoints_for
     from sandlot.agent.credentials import Credentials
+    from sandlot.agent.imageaccess import ImageAccess, access_file
     from sandlot.agent.pullmetrics import PullMetrics
     from sandlot.agent.pulls import PullOptions
 
@@ -159,6 +183,13 @@ def build_image_gate(
         settings.containerd_address,
         settings.containerd_namespace,
         stall_timeout=settings.image_pull_stall_timeout.total_seconds(),
+        transfer=settings.image_pull_by_daemon,
+        access=registry_access(settings),
+    )
+    access = ImageAccess(
+        access_file(settings.state_dir, settings.node_name),
+        settings.image_pull_credentials_verification_policy,
+        settings.preloaded_images_verification_allowlist,
     )
     pulls = ImagePulls(
         lambda: puller,
@@ -173,6 +204,7 @@ def build_image_gate(
         wake,
         PullMetrics(metrics_registry),
         clock,
+        access,
     )
     identity = NodeIdentity(api, settings.namespace, settings.node_name)
 
@@ -189,4 +221,4 @@ def build_image_gate(
         pulls.close()
         puller.close()
 
-    return ImageGate(pulls, status, credentials.lookup), close
+    return ImageGate(pulls, status, credentials.resolve), close

@@ -1,4 +1,5 @@
-"""The agent's image-pull metrics: pulls by outcome, their seconds, the bytes fetched."""
+"""The agent's image-pull metrics: pulls and credential verifications by outcome, the
+pulls' seconds, the bytes fetched."""
 
 from __future__ import annotations
 
@@ -28,13 +29,24 @@ class PullMetrics:
             "node are not fetched again).",
             registry=registry,
         )
+        self.verifications = Counter(
+            "sandlot_agent_image_verifications_total",
+            "Checks of a sandbox's own credential against the registry (a manifest HEAD) "
+            "before it runs an image the node has, by outcome.",
+            ["outcome"],
+            registry=registry,
+        )
         for outcome in OUTCOMES:
             self.pulls.labels(outcome)
+            self.verifications.labels(outcome)
 
     def observe_pull(self, outcome: str, seconds: float, fetched_bytes: int) -> None:
         self.pulls.labels(outcome).inc()
         self.seconds.observe(seconds)
         self.bytes.inc(fetched_bytes)
+
+    def observe_verification(self, outcome: str) -> None:
+        self.verifications.labels(outcome).inc()
 
 
 __all__ = ["PullMetrics"]

@@ -1,7 +1,13 @@
-"""Image pulls on their own threads, one per image however many sandboxes want it.
+"""Image pulls on their own threads, one per (image, credential identity) however many
+sandboxes want it.
 
 A start that needs an image asks ``ImagePulls``: the decision is
-``policy.imagepull.decide_pull`` over this image's history; a pull runs on the
+``policy.imagepull.decide_pull`` over the history of this image for this
+sandbox's credential identity (``policy.imagecreds``), so one tenant's failures
+never back off another's, and nobody joins a pull made with another's
+credential. An image the node has is run for an identity only once it is
+verified (``agent.imageaccess``); a verification, one manifest HEAD, runs on
+the same pool as pulls, with the same history and back-off. A pull runs on the
 pull pool (never on the sandbox work pool, so a slow registry holds no start,
 stop or teardown, and never the heartbeat) and the start returns at once with
 its sandbox ``Scheduled``/``Pulling``. Progress and the end of a pull wake the
@@ -28,7 +34,9 @@ from typing import Protocol
 
 from sandlot.adapters.registry import Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import RuntimeError_
-from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.agent.imageaccess import ImageAccess
+from sandlot.api.keys import LAST_USED_LABEL, PULLED_BY_AGENT_LABEL
+from sandlot.policy.imagecreds import VerifyPolicy
 from sandlot.policy.imagepull import (
     BACKOFF_BASE,
     BACKOFF_CAP,
@@ -44,11 +52,23 @@ log = logging.getLogger(__name__)
 
 PROGRESS_WAKE_SECONDS = 2.0
 
+PullKey = tuple[str, str]
+"""(image, credential identity): what pulls, verifications and their history are kept by."""
+
 
 class Puller(Protocol):
     """What ``ImagePulls`` needs of a runtime that pulls (``ContainerdPuller``)."""
 
-    def has_image(self, name: str, *, timeout: float) -> bool: ...
+    def image_labels(self, name: str, *, timeout: float) -> Mapping[str, str] | None: ...
+
+    def verify(
+        self,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        *,
+        deadline: float,
+    ) -> None: ...
 
     def pull(
         self,
@@ -65,6 +85,8 @@ class Puller(Protocol):
 
 class PullMetrics(Protocol):
     def observe_pull(self, outcome: str, seconds: float, fetched_bytes: int) -> None: ...
+
+    def observe_verification(self, outcome: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -88,43 +110,51 @@ class ImagePulls:
         wake: threading.Event,
         metrics: PullMetrics,
         clock: Callable[[], datetime],
+        access: ImageAccess | None = None,
     ) -> None:
+        """``access``: which identities may use which images (None: in memory, the
+        default policy)."""
         self._puller = puller
+        self.access = access or ImageAccess(None, VerifyPolicy.NEVER_VERIFY_PRELOADED)
         self._endpoints = endpoints
         self.options = options
         self._wake = wake
         self._metrics = metrics
         self._clock = clock
         self._lock = threading.Lock()
-        self._history: dict[str, PullHistory] = {}
-        self._progress: dict[str, tuple[int, int]] = {}
+        self._history: dict[PullKey, PullHistory] = {}
+        self._progress: dict[PullKey, tuple[int, int]] = {}
         self._holds: Counter[str] = Counter()
         self._timers: list[threading.Timer] = []
         self._pool = ThreadPoolExecutor(max_workers=options.workers, thread_name_prefix="pull")
 
     # ------------------------------------------------------------ what starts ask
 
-    def history(self, image: str) -> PullHistory:
+    def history(self, key: PullKey) -> PullHistory:
         with self._lock:
-            return self._history.get(image, PullHistory())
+            return self._history.get(key, PullHistory())
 
-    def progress(self, image: str) -> tuple[int, int]:
+    def progress(self, key: PullKey) -> tuple[int, int]:
         with self._lock:
-            return self._progress.get(image, (0, 0))
+            return self._progress.get(key, (0, 0))
 
-    def decide(self, image: str, policy: PullPolicy, joined: int | None) -> PullDecision:
-        """The decision for a start of ``image``; asks containerd whether it is present
-        only when the policy needs to know."""
-        history = self.history(image)
-        present = False
+    def decide(self, key: PullKey, policy: PullPolicy, joined: int | None) -> PullDecision:
+        """The decision for a start of ``key``'s image by a sandbox of ``key``'s identity;
+        asks containerd about the image only when the policy needs to know."""
+        image, identity = key
+        history = self.history(key)
+        present, verified = False, True
         if not history.in_flight:
-            present = self._puller().has_image(image, timeout=self.options.call_timeout)
+            labels = self._puller().image_labels(image, timeout=self.options.call_timeout)
+            present = labels is not None
+            verified = not present or not self.access.needs_verification(image, identity, labels)
         return decide_pull(
             policy,
             present=present,
             history=history,
             joined=joined,
             now=self._clock(),
+            verified=verified,
             base=self.options.backoff,
             cap=self.options.max_backoff,
         )
@@ -157,30 +187,33 @@ class ImagePulls:
 
     # ------------------------------------------------------------ the pull
 
-    def start(self, image: str, credential: Credential | None) -> int:
-        """Start pulling ``image`` unless a pull of it is in flight; the number of the
-        pull the caller waits for (the one started, or the one in flight)."""
+    def start(self, key: PullKey, credential: Credential | None, *, verify: bool = False) -> int:
+        """Start pulling (``verify``: verifying ``credential`` for) ``key``'s image unless
+        one is in flight for ``key``; the number of the one the caller waits for (the
+        one started, or the one in flight)."""
+        image = key[0]
         with self._lock:
-            history = self._history.get(image, PullHistory())
+            history = self._history.get(key, PullHistory())
             if history.in_flight:
                 return history.started
             number = history.started + 1
-            self._history[image] = replace(history, in_flight=True, started=number)
-            self._progress[image] = (0, 0)
+            self._history[key] = replace(history, in_flight=True, started=number)
+            self._progress[key] = (0, 0)
             self._holds[image] += 1
         try:
-            self._pool.submit(self._run, image, credential)
+            self._pool.submit(self._run, key, credential, verify)
         except RuntimeError:  # shut down
-            self._finish(image, (FailureKind.TRANSIENT, "the agent is stopping"))
+            self._finish(key, (FailureKind.TRANSIENT, "the agent is stopping"))
         return number
 
-    def _run(self, image: str, credential: Credential | None) -> None:
+    def _run(self, key: PullKey, credential: Credential | None, verify: bool) -> None:
+        image = key[0]
         started = time.monotonic()
         last_wake = [0.0]
 
         def progress(done: int, total: int) -> None:
             with self._lock:
-                self._progress[image] = (done, total)
+                self._progress[key] = (done, total)
             now = time.monotonic()
             if now - last_wake[0] >= PROGRESS_WAKE_SECONDS:
                 last_wake[0] = now
@@ -190,16 +223,24 @@ class ImagePulls:
         fetched = 0
         try:
             ref = parse_reference(image)
-            result = self._puller().pull(
-                image,
-                ref,
-                self._endpoints(ref),
-                credential,
-                deadline=self.options.deadline,
-                labels={LAST_USED_LABEL: self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")},
-                progress=progress,
-            )
-            fetched = int(getattr(result, "fetched_bytes", 0))
+            if verify:
+                self._puller().verify(
+                    ref, self._endpoints(ref), credential, deadline=self.options.deadline
+                )
+            else:
+                result = self._puller().pull(
+                    image,
+                    ref,
+                    self._endpoints(ref),
+                    credential,
+                    deadline=self.options.deadline,
+                    labels={
+                        LAST_USED_LABEL: self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        PULLED_BY_AGENT_LABEL: "true",
+                    },
+                    progress=progress,
+                )
+                fetched = int(getattr(result, "fetched_bytes", 0))
         except InvalidReference as exc:
             failure = (FailureKind.NOT_FOUND, str(exc))
         except RegistryError as exc:
@@ -210,23 +251,32 @@ class ImagePulls:
             log.exception("pull of %s failed unexpectedly", image)
             failure = (FailureKind.TRANSIENT, f"{type(exc).__name__}: {exc}")
         seconds = time.monotonic() - started
+        what = "verification" if verify else "pull"
         outcome = "success" if failure is None else failure[0].value
-        self._metrics.observe_pull(outcome, seconds, fetched)
-        if failure is None:
+        if verify:
+            self._metrics.observe_verification(outcome)
+        else:
+            self._metrics.observe_pull(outcome, seconds, fetched)
+        if failure is None and verify:
+            log.info("verified %s for credential identity %s", image, key[1][:19])
+        elif failure is None:
             log.info("pulled %s in %.1fs (%d bytes fetched)", image, seconds, fetched)
         else:
-            log.warning("pull of %s failed (%s): %s", image, failure[0], failure[1])
-        self._finish(image, failure)
+            log.warning("%s of %s failed (%s): %s", what, image, failure[0], failure[1])
+        self._finish(key, failure)
 
-    def _finish(self, image: str, failure: tuple[FailureKind, str] | None) -> None:
+    def _finish(self, key: PullKey, failure: tuple[FailureKind, str] | None) -> None:
+        image = key[0]
         now = self._clock()
+        if failure is None:
+            self.access.record(*key)
         with self._lock:
-            history = self._history.get(image, PullHistory())
+            history = self._history.get(key, PullHistory())
             if failure is None:
-                self._history[image] = history.succeeded(now)
+                self._history[key] = history.succeeded(now)
             else:
-                self._history[image] = history.failed(failure[0], failure[1], now)
-            self._progress.pop(image, None)
+                self._history[key] = history.failed(failure[0], failure[1], now)
+            self._progress.pop(key, None)
             self._holds[image] -= 1
             if self._holds[image] <= 0:
                 del self._holds[image]
@@ -240,4 +290,4 @@ class ImagePulls:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["ImagePulls", "PullMetrics", "PullOptions", "Puller"]
+__all__ = ["ImagePulls", "PullKey", "PullMetrics", "PullOptions", "Puller"]

@@ -14,12 +14,13 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
 from sandlot.api.settings import Duration, PositiveDuration, SettingsModel
 from sandlot.policy import limits
+from sandlot.policy.imagecreds import VerifyPolicy, check_allowlist
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import LINK_LOCAL, PRIVATE, ClusterDefault, parse_cidr_list
 from sandlot.policy.quantity import parse_quantity
@@ -401,6 +402,37 @@ class AgentSettings(SettingsModel):
         "credentials (used when a sandbox's own pull secrets name no credential for its "
         "registry); empty: none.",
     )
+    image_pull_credentials_verification_policy: VerifyPolicy = Field(
+        default=VerifyPolicy.NEVER_VERIFY_PRELOADED,
+        description="Which images the node has run for a sandbox only after its own "
+        "credential (or anonymous access) is verified against the registry, as the "
+        "kubelet's imagePullCredentialsVerificationPolicy: NeverVerify, "
+        "NeverVerifyPreloadedImages (images the agent pulled), NeverVerifyAllowlistedImages "
+        "(all but preloaded images on the allowlist), AlwaysVerify.",
+    )
+    preloaded_images_verification_allowlist: list[str] = Field(
+        default_factory=list,
+        description="Repositories (registry/path, or a prefix registry/path/*) whose "
+        "preloaded images run unverified under NeverVerifyAllowlistedImages (repeatable).",
+    )
+    registry_private_hosts: list[str] = Field(
+        default_factory=list,
+        description="Registry and token-realm hosts (name or name:port) that may resolve to "
+        "loopback, link-local, unspecified or the node's own addresses; any other host "
+        "there is refused, checked on every connection (repeatable).",
+    )
+    registry_redirect_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts (name or name:port) besides the registry's own that its "
+        "redirects may go to, such as its blob storage; credentials are never sent there "
+        "(repeatable).",
+    )
+    image_pull_by_daemon: bool = Field(
+        default=False,
+        description="Let containerd 2.x's Transfer service pull when it can: the daemon then "
+        "follows redirects and reaches addresses itself, outside the registry_* limits; "
+        "false pulls client-side under them.",
+    )
     pinned_image: list[str] = Field(
         default_factory=list, description="Images never collected (repeatable)."
     )
@@ -408,6 +440,11 @@ class AgentSettings(SettingsModel):
         default_factory=list,
         description="Image-name prefixes of live jobs, never collected (repeatable).",
     )
+
+    @field_validator("preloaded_images_verification_allowlist")
+    @classmethod
+    def _allowlist(cls, value: list[str]) -> list[str]:
+        return check_allowlist(value)
 
     @model_validator(mode="after")
     def _check(self) -> AgentSettings:

@@ -101,6 +101,9 @@ IFNAME_LABEL: Final = f"{GROUP}/cni-ifname"
 LAST_USED_LABEL: Final = f"{GROUP}/last-used"
 """Image label: RFC 3339 time a sandbox last started from the image."""
 
+PULLED_BY_AGENT_LABEL: Final = f"{GROUP}/pulled-by-agent"
+"""Image label: the agent pulled this image (an image without it is preloaded)."""
+
 # --- kopf's bookkeeping on SandboxNodes ------------------------------------------
 
 KOPF_ANNOTATION_PREFIX: Final = GROUP
@@ -133,6 +136,7 @@ __all__ = [
     "NETWORK_LABEL",
     "NODE_HEALTH_FINALIZER",
     "POOL_LABEL",
+    "PULLED_BY_AGENT_LABEL",
     "SANDBOX_LABEL",
     "SANDBOX_UID_LABEL",
     "SERVICE_MANAGED_BY_LABEL",

@@ -48,7 +48,7 @@ from sandlot.devtools.demonet import DemoNetwork
 from sandlot.devtools.demostreams import DemoStreams, claim_and_stream
 from sandlot.devtools.dev import reset, start_local, stop_left_over, write_state
 from sandlot.devtools.ociarchive import build_image_archive
-from sandlot.devtools.registry import Registry, start_registry
+from sandlot.devtools.registry import LOOPBACK_HOSTS, Registry, start_registry
 
 IMAGE = "sandlot/demo-busybox:1"  # pushed to the demo's own registry, pulled by the agents
 FILLER_BYTES = 24 * 1024 * 1024  # enough that the pull shows in the table
@@ -198,6 +198,7 @@ class Demo:
             *("--lease-duration", LEASE, "--renew-interval", "1s", "--reap-interval", "2s"),
             *("--stop-grace", "2s", "--kill-wait", "3s", "--metrics-port", "0"),
             *("--log-dir", str(self.workdir / "logs" / node), "--gc-min-age", "0s"),
+            *(arg for host in LOOPBACK_HOSTS for arg in ("--registry-private-hosts", host)),
             *self.network.agent_flags(),
             *self.streams.agent_flags(node),
         )

@@ -24,6 +24,10 @@ from pathlib import Path
 
 from sandlot.devtools.tokenauth import TokenServer
 
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+"""The hosts these registries are reached by: the agent uses them only when its
+``registry_private_hosts`` lists them."""
+
 REGISTRY_BINARY = "docker-registry"
 SKOPEO_BINARY = "skopeo"
 

@@ -10,9 +10,13 @@ such image, a refused credential) ends the sandbox ``Failed`` once it has
 happened ``final_attempts`` times in a row; anything else (a stall, a registry
 that is down) is retried for as long as the sandbox exists.
 
-The history of pulls is per image and kept in memory by the agent (what the
-kubelet does too): after an agent restart a failing image starts its back-off
-from the beginning, which costs one request.
+The history of pulls is per (image, credential identity) and kept in memory by
+the agent (what the kubelet does too): one tenant's failures never back off or
+fail another's sandboxes of the same image; after an agent restart a failing
+image starts its back-off from the beginning, which costs one request. An image
+the node has but the sandbox's credential has not been seen to reach
+(``policy.imagecreds``) is verified first: one manifest request, with the same
+back-off and final failures as a pull.
 """
 
 from __future__ import annotations
@@ -118,6 +122,9 @@ class PullAction(StrEnum):
     """The last pull failed and its back-off has not passed (``ImagePullBackOff``)."""
     FAIL = "fail"
     """End the sandbox ``Failed``."""
+    VERIFY = "verify"
+    """Check the sandbox's own credential against the registry before running the
+    image the node has (status ``Pulling`` meanwhile)."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +142,7 @@ def decide_pull(
     history: PullHistory,
     joined: int | None,
     now: datetime,
+    verified: bool = True,
     final_attempts: int = FINAL_ATTEMPTS,
     base: timedelta = BACKOFF_BASE,
     cap: timedelta = BACKOFF_CAP,
@@ -145,12 +153,17 @@ def decide_pull(
     sandbox started or joined, if any; under ``Always`` only a pull it started or
     joined counts as its pull (sandboxes of one image share one), never one that
     finished before it asked (a creation time, in whole seconds, cannot tell).
+    ``verified``: the sandbox's credential may use the image the node has
+    (``policy.imagecreds``); if not, a present image is verified (with the
+    back-off of a pull) before it runs, under every pull policy.
     """
     if history.in_flight:
         return PullDecision(PullAction.WAIT, REASON_PULLING)
     if policy is PullPolicy.NEVER:
-        if present:
+        if present and verified:
             return PullDecision(PullAction.RUN)
+        if present:
+            return _retry_or(PullAction.VERIFY, history, now, final_attempts, base, cap)
         return PullDecision(
             PullAction.FAIL,
             REASON_NEVER_PULL,
@@ -158,7 +171,21 @@ def decide_pull(
         )
     pulled_for_it = joined is not None and history.succeeded_pull >= joined
     if present and (policy is PullPolicy.IF_NOT_PRESENT or pulled_for_it):
-        return PullDecision(PullAction.RUN)
+        if verified or pulled_for_it:
+            return PullDecision(PullAction.RUN)
+        return _retry_or(PullAction.VERIFY, history, now, final_attempts, base, cap)
+    return _retry_or(PullAction.PULL, history, now, final_attempts, base, cap)
+
+
+def _retry_or(
+    action: PullAction,
+    history: PullHistory,
+    now: datetime,
+    final_attempts: int,
+    base: timedelta,
+    cap: timedelta,
+) -> PullDecision:
+    """``action`` unless the last failures end the sandbox or their back-off holds."""
     if history.failures and history.last_failed_at is not None:
         if history.final_failures >= final_attempts:
             return PullDecision(PullAction.FAIL, REASON_ERR_IMAGE_PULL, history.last_message)
@@ -167,7 +194,7 @@ def decide_pull(
             return PullDecision(
                 PullAction.BACK_OFF, REASON_BACK_OFF, history.last_message, retry_at
             )
-    return PullDecision(PullAction.PULL, REASON_PULLING)
+    return PullDecision(action, REASON_PULLING)
 
 
 __all__ = [

@@ -19,7 +19,9 @@ image keeps its manifest, config, layers and unpacked snapshots alive.
 Bounds: one per-pull deadline spent across every call and chunk; a registry read
 that gets no byte within the stall timeout fails at once (see the registry client).
 
-``pull_method`` chooses: the Transfer service when the daemon offers it (asked
+``pull_method`` chooses (the agent asks for the Transfer service only with its
+``image_pull_by_daemon`` setting: the daemon follows redirects and reaches addresses
+outside ``policy.registryaddress``): the Transfer service when the daemon offers it (asked
 once per puller) and the pull needs none of the agent's own registry-host
 settings (mirrors, private CAs, skip-verify from the agent's ``hosts.toml``
 directory, which containerd would read from its own filesystem instead); else
@@ -34,11 +36,11 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import field_mask_pb2
@@ -60,6 +62,8 @@ from sandlot.policy.imageref import ImageReference
 log = logging.getLogger(__name__)
 
 PULL_LEASE_TTL = timedelta(hours=1)
+
+T = TypeVar("T")
 
 
 class PullMethod(StrEnum):
@@ -157,23 +161,64 @@ class ContainerdPuller(PullSteps):
             except TransferNotOffered as exc:
                 log.info("%s; asking the daemon again, pulling client-side now", exc)
                 self._offered = None
+        return self._on_endpoints(
+            ref,
+            endpoints,
+            credential,
+            budget,
+            lambda client: self._pull_from(client, name, ref, budget, labels, progress, started),
+            f"pull {name}",
+        )
+
+    def verify(
+        self,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        *,
+        deadline: float,
+    ) -> None:
+        """Return when ``credential`` (None: anonymous) may pull ``ref``: one manifest
+        HEAD, on the first endpoint that answers; else raise ``RegistryError``."""
+        budget = Deadline(deadline, what=f"verify {ref.name}", expired=RuntimeTimeout)
+        self._on_endpoints(
+            ref,
+            endpoints,
+            credential,
+            budget,
+            lambda client: client.manifest_exists(ref.reference),
+            f"verify {ref.name}",
+        )
+
+    def _on_endpoints(
+        self,
+        ref: ImageReference,
+        endpoints: list[Endpoint],
+        credential: Credential | None,
+        budget: Deadline,
+        action: Callable[[RegistryClient], T],
+        what: str,
+    ) -> T:
+        """``action`` on the first endpoint that serves it (mirrors first, the registry
+        itself last); the last endpoint's refusal if none does."""
         last: RegistryError | None = None
         for endpoint in endpoints:
             client = RegistryClient(
                 endpoint,
                 ref.repository,
                 credential,
-                connect_timeout=min(self.connect_timeout, deadline),
+                connect_timeout=min(self.connect_timeout, budget.seconds),
                 stall_timeout=self.stall_timeout,
                 deadline=budget,
+                access=self.access,
             )
             try:
-                return self._pull_from(client, name, ref, budget, labels, progress, started)
+                return action(client)
             except RegistryError as exc:
                 last = exc
             finally:
                 client.close()
-        raise last or RegistryError(f"pull {name}: no endpoint to pull from")
+        raise last or RegistryError(f"{what}: no endpoint to ask")
 
     def _pull_by_transfer(
         self,

@@ -32,6 +32,7 @@ from sandlot.adapters.containerd.gen.types import descriptor_pb2
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import RegistryClient, RegistryError
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.policy.registryaddress import RegistryAccess
 
 Progress = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``, called as bytes arrive."""
@@ -69,8 +70,11 @@ class PullSteps:
         snapshotter: str = DEFAULT_SNAPSHOTTER,
         connect_timeout: float = 10.0,
         stall_timeout: float = 30.0,
+        access: RegistryAccess | None = None,
     ) -> None:
+        """``access``: where registry requests may go (default: no private address)."""
         self.namespace = namespace
+        self.access = access or RegistryAccess()
         self.snapshotter = snapshotter
         self.connect_timeout = connect_timeout
         self.stall_timeout = stall_timeout
@@ -97,12 +101,16 @@ class PullSteps:
             raise translate(exc, what, timeout) from exc
 
     def has_image(self, name: str, *, timeout: float) -> bool:
+        return self.image_labels(name, timeout=timeout) is not None
+
+    def image_labels(self, name: str, *, timeout: float) -> dict[str, str] | None:
+        """The labels of the image record ``name``; None when there is none."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
         try:
-            self._call(self._images.Get, images_pb2.GetImageRequest(name=name), budget, name)
+            got = self._call(self._images.Get, images_pb2.GetImageRequest(name=name), budget, name)
         except NotFound:
-            return False
-        return True
+            return None
+        return dict(got.image.labels)
 
     # ------------------------------------------------------------ content
 
