@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything sandlot's commands need on a fresh machine, and nothing twice:
-#   - OS packages (as root on Debian/Ubuntu): containerd, runc, busybox-static
+#   - OS packages (as root on Debian/Ubuntu): containerd, runc, crun (a second
+#     runtime handler), busybox-static
 #     (test images), containerd's API definitions (stubs), CNI plugins, openssl,
 #     docker-registry and skopeo (a real registry on loopback for pull tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
@@ -15,7 +16,7 @@ cd "$(dirname "$0")/.."
 
 log() { echo "bootstrap: $*" >&2; }
 
-os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
+os_packages=(containerd runc crun busybox-static golang-github-containerd-containerd-dev
              golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
              docker-registry skopeo debootstrap gcc libc6-dev)
 missing=()

@@ -40,6 +40,7 @@ def agent_settings(
         "containerd_address": containerd.address,
         "containerd_namespace": ctr_ns,
         "containerd_root": str(containerd.root),
+        "containerd_config": str(containerd.config_path),
         "kill_wait": "2s",
         "call_timeout": "2s",
         "stop_grace": "2s",

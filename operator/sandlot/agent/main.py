@@ -74,6 +74,7 @@ from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, build_image_gate
 from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.reaper import Reaper
+from sandlot.agent.runtimes import discover
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork, container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
@@ -184,6 +185,7 @@ class Agent:
             node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
             security=node_security(),
             capacity=node_capacity(settings),
+            runtimes=discover(settings.containerd_config),
         )
         self.image_gate: ImageGate | None = None
         self._close_pulls: Callable[[], None] = lambda: None
@@ -445,7 +447,7 @@ class Agent:
         status = registration(
             self.objects,
             self.settings,
-            self.work.facts.capacity,
+            self.work.facts,
             self.address,
             self.containerd_version,
         )

@@ -41,6 +41,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
+from sandlot.agent.runtimes import RuntimeClasses
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
@@ -58,6 +59,7 @@ from sandlot.policy.nodesecurity import (
     check_user_namespace,
 )
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
+from sandlot.policy.runtimeclass import RUNC, Discovery, RuntimeClassRefused, RuntimeHandler
 from sandlot.policy.sandboxlogs import log_stem
 
 log = logging.getLogger(__name__)
@@ -82,6 +84,7 @@ class _Prepared:
     labels: dict[str, str]
     log_stem: str
     attachment: Attachment | None
+    handler: RuntimeHandler | None = None
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,7 @@ class NodeFacts:
     node_capabilities: tuple[str, ...]
     security: NodeSecurity = field(default_factory=NodeSecurity)
     capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
+    runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
 
 
 class SandboxWork:
@@ -133,6 +137,7 @@ class SandboxWork:
         # work item of that key touches its entry (one operation per key at a time).
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
         self.user_ranges = UserRanges()
+        self.runtime_classes = RuntimeClasses(objects.get_runtime_class, self.node, facts.runtimes)
 
     # ------------------------------------------------------------ teardown and stop
 
@@ -311,6 +316,13 @@ class SandboxWork:
         if limited is None:
             return None
         spec, pids = limited
+        try:
+            _, handler = self.runtime_classes.resolve(sb.get("spec") or {})
+        except RuntimeClassRefused as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
+        except Exception as exc:  # the API server did not answer: the next pass asks again
+            log.warning("sandbox %s: its RuntimeClass cannot be read: %s", sandbox_key(sb), exc)
+            return None
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -366,7 +378,7 @@ class SandboxWork:
                 container_id, oci, labels, self._rt().list_containers, timeout=self.call_timeout
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
-        return _Prepared(container_id, image, oci, labels, stem, attachment)
+        return _Prepared(container_id, image, oci, labels, stem, attachment, handler)
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -389,6 +401,7 @@ class SandboxWork:
                     image=image,
                     oci_spec=prepared.oci,
                     labels=prepared.labels,
+                    handler=prepared.handler,
                 ),
                 # A user namespace's root filesystem is a copy of the image: a pull's budget.
                 timeout=self.settings.image_pull_deadline.total_seconds()

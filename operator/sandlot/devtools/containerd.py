@@ -31,6 +31,9 @@ from pathlib import Path
 SHIM_BINARY = "containerd-shim-runc-v2"
 REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
 NAMESPACE = "sandlot-test"
+CRUN_HANDLER = "crun"
+RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
+HYBRID_V2_MOUNT = "/sys/fs/cgroup/unified"
 
 LINE_OS = "1.6"
 """The release line of the OS package: binaries from PATH."""
@@ -74,6 +77,30 @@ def unavailable_reason(line: str = LINE_OS) -> str | None:
     if missing:
         return f"containerd tests need {', '.join(missing)} on PATH"
     return None
+
+
+def cgroups_hybrid() -> bool:
+    """cgroup v1 controllers with the v2 hierarchy mounted beside them
+    (``/sys/fs/cgroup/unified``): systemd's hybrid mode, which crun 1.8 refuses."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    types = {fields[1]: fields[2] for fields in (m.split() for m in mounts) if len(fields) > 2}
+    return types.get("/sys/fs/cgroup") != "cgroup2" and types.get(HYBRID_V2_MOUNT) == "cgroup2"
+
+
+def write_crun_wrapper(directory: Path, crun: str) -> Path:
+    """A ``crun`` that runs in a mount namespace of its own without the v2 mount, so
+    crun 1.8 sees plain cgroup v1 (docs/isolation.md, "Runtime handlers")."""
+    wrapper = directory / "crun"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec unshare --mount --propagation private /bin/sh -c "
+        f'\'umount {HYBRID_V2_MOUNT} 2>/dev/null; exec {crun} "$@"\' crun "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -194,6 +221,11 @@ class PrivateContainerd:
         return self.root_dir / "state"
 
     @property
+    def config_path(self) -> Path:
+        """Its configuration, as the agent's ``containerd_config`` reads a node's."""
+        return self.root_dir / "config.toml"
+
+    @property
     def log_path(self) -> Path:
         return self.root_dir / "containerd.log"
 
@@ -231,7 +263,7 @@ class PrivateContainerd:
             if self.line == LINE_2
             else ("2", '"io.containerd.grpc.v1.cri"')
         )
-        config = self.root_dir / "config.toml"
+        config = self.config_path
         config.write_text(
             "\n".join(
                 [
@@ -246,10 +278,31 @@ class PrivateContainerd:
                     "[ttrpc]",
                     f'  address = "{self.root_dir / "containerd-ttrpc.sock"}"',
                     "",
+                    *self._runtime_handlers(),
                 ]
             )
         )
         return config
+
+    def _runtime_handlers(self) -> list[str]:
+        """The CRI runtimes section declaring ``crun`` (when installed) as a handler run
+        by the runc shim, the way a node's containerd declares it. CRI itself stays
+        disabled: the agent reads this section to know its handlers."""
+        crun = shutil.which("crun")
+        if crun is None:
+            return []
+        binary = write_crun_wrapper(self.root_dir, crun) if cgroups_hybrid() else crun
+        plugin = (
+            "io.containerd.cri.v1.runtime" if self.line == LINE_2 else "io.containerd.grpc.v1.cri"
+        )
+        table = f'plugins."{plugin}".containerd.runtimes.{CRUN_HANDLER}'
+        return [
+            f"[{table}]",
+            f'  runtime_type = "{RUNC_RUNTIME_TYPE}"',
+            f"[{table}.options]",
+            f'  BinaryName = "{binary}"',
+            "",
+        ]
 
     def start(self, *, ready_timeout: float = 20.0) -> None:
         config = self.write_config()
