@@ -9,6 +9,8 @@
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
 #   - containerd 2.x built from its Go module (cached by version): the containerd
 #     tests run against it as well as against the OS package's 1.6.
+#   - gVisor's runsc and containerd shim built from its Go module (cached by version):
+#     the gvisor runtime handler of the tests' containerd 2.x.
 #   - kubelet and kube-scheduler from the same module, and the local cluster's images
 #     (pause, and sandlot from the Dockerfile's recipe with debootstrap), cached.
 set -euo pipefail
@@ -59,6 +61,8 @@ bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/nu
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null
 log "containerd 2.x (the second containerd line the tests run on; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-containerd.sh >/dev/null
+log "gVisor (runsc and its shim: the gvisor runtime handler; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-gvisor.sh >/dev/null
 log "kubelet and kube-scheduler (the local cluster's nodes; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-node.sh >/dev/null
 log "local cluster images (pause; sandlot from the Dockerfile's recipe; cached by their inputs)"

@@ -4,6 +4,8 @@ configuration declares (runc, and crun through the runc shim's ``BinaryName``), 
 sandbox whose RuntimeClass names crun is run by crun (``crun list`` over the shim's
 state shows it, ``runc list`` does not), and the sandbox's isolation is the same
 under both: capabilities, no new privileges, seccomp, masked and read-only paths.
+On containerd 2.x a sandbox whose class names gvisor runs on gVisor's kernel: its
+``uname`` and ``dmesg`` are gVisor's, and runsc lists its container.
 """
 
 from __future__ import annotations
@@ -13,9 +15,15 @@ import re
 import pytest
 
 from sandlot.agent.sandboxes import container_id_for
+from sandlot.devtools.containerd import PrivateContainerd, gvisor_bin_dir
 from sandlot.policy.ocispec import DEFAULT_CAPABILITIES, capability_mask
-from tests.support.containerd_fixtures import EVERY_CONTAINERD
-from tests.support.runtimeclasses import HandlerRig, oci_runtime_list, runtime_class
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
+from tests.support.runtimeclasses import (
+    HandlerRig,
+    oci_runtime_list,
+    runsc_list,
+    runtime_class,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd, EVERY_CONTAINERD]
 
@@ -33,10 +41,16 @@ PROBE = (
 )
 
 
-def test_the_agent_publishes_the_handlers_its_containerd_offers(handler_rig: HandlerRig) -> None:
+def test_the_agent_publishes_the_handlers_its_containerd_offers(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
+    # gVisor's shim speaks containerd 2's shim protocol: the 2.x rig declares it.
+    expected = ["crun", "gvisor", "runc"] if containerd.line == LINE_2 else ["crun", "runc"]
+    if containerd.line == LINE_2:
+        assert gvisor_bin_dir() is not None, "gVisor is not built (make setup builds it)"
     node = handler_rig.sandbox_node()
     handlers = [h["name"] for h in node["status"]["runtimeHandlers"]]
-    assert sorted(handlers) == ["crun", "runc"], node["status"]
+    assert sorted(handlers) == expected, node["status"]
 
 
 def test_a_crun_class_runs_under_crun_and_no_class_under_runc(handler_rig: HandlerRig) -> None:
@@ -83,3 +97,17 @@ def test_isolation_is_the_same_under_runc_and_crun(handler_rig: HandlerRig) -> N
     masked = {k: v for k, v in under_crun.items() if k.startswith("size ")}
     assert masked and set(masked.values()) <= {"0", ""}, under_crun
     assert under_crun["sysctl"] == "refused" and under_crun["firmware"] == "0", under_crun
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_gvisor_class_runs_on_gvisor_s_kernel(handler_rig: HandlerRig) -> None:
+    with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
+        name = handler_rig.run(
+            f"uname -r; dmesg | head -3; echo {DONE}; {SLEEP}", runtimeClassName=gvisor_class
+        )
+        uid = handler_rig.wait(name, "Running")["metadata"]["uid"]
+        out = handler_rig.output(name, DONE)
+    kernel = out.splitlines()[0]
+    assert kernel.endswith("gvisor"), out  # 4.19.0-gvisor: not the node's
+    assert "Starting gVisor..." in out, out
+    assert container_id_for(uid) in runsc_list(handler_rig.ctr_ns)

@@ -31,6 +31,8 @@ IMAGE = "docker.io/sandlot/rc-busybox:test"
 SHIM_RUNC_ROOT = Path("/run/containerd/runc")
 """Where the runc shim keeps its OCI runtime's state (``--root``), per namespace,
 whichever binary it runs."""
+SHIM_RUNSC_STATE = Path("/run/containerd/runsc")
+"""Where gVisor's shim keeps runsc's state, per namespace."""
 TERMINAL = ("Failed", "Stopped", "Dead")
 
 
@@ -70,6 +72,25 @@ def oci_runtime_list(binary: str, ctr_ns: str) -> str:
         check=False,
     )
     assert done.returncode == 0, f"{binary} list failed: {done.stderr}"
+    return done.stdout
+
+
+def runsc_list(ctr_ns: str) -> str:
+    """``runsc list`` over gVisor's shim state for ``ctr_ns``."""
+    import subprocess
+
+    from sandlot.devtools.containerd import gvisor_bin_dir
+
+    bin_dir = gvisor_bin_dir()
+    assert bin_dir is not None, "gVisor is not built (make setup builds it)"
+    done = subprocess.run(
+        [str(bin_dir / "runsc"), "--root", str(SHIM_RUNSC_STATE / ctr_ns), "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, f"runsc list failed: {done.stderr}"
     return done.stdout
 
 

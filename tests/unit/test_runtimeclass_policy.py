@@ -28,6 +28,7 @@ from sandlot.policy.runtimeclass import (
     RuntimeClassInfo,
     RuntimeClassRefused,
     RuntimeHandler,
+    as_pod_sandbox,
     check_handler,
     discover_handlers,
     joined_placement,
@@ -64,6 +65,11 @@ CRUN = {"runtime_type": RUNC_RUNTIME_TYPE, "options": {"BinaryName": "/usr/bin/c
         (config(V3, gvisor={"runtime_type": "io.containerd.runsc.v1"}), ["runc", "gvisor"], []),
         (config(V3, kata={"runtime_type": "io.containerd.kata.v2"}), ["runc"], ["kata"]),
         (config(V2, Bad_Name=CRUN), ["runc"], ["Bad_Name"]),
+        (
+            config(V3, gvisor={"runtime_type": "io.containerd.runsc.v1", "runtime_path": "/opt/s"}),
+            ["runc"],
+            ["gvisor"],
+        ),
     ],
     ids=[
         "no-config-runc-only",
@@ -74,6 +80,7 @@ CRUN = {"runtime_type": RUNC_RUNTIME_TYPE, "options": {"BinaryName": "/usr/bin/c
         "shim-installed",
         "shim-missing-skipped",
         "bad-name-skipped",
+        "runtime-path-missing-skipped",
     ],
 )
 def test_discovery_offers_what_exists_and_runc_always(
@@ -88,6 +95,23 @@ def test_a_crun_handler_carries_its_binary_and_the_runc_shim() -> None:
     found = discover_handlers(config(V2, crun=CRUN), INSTALLED.__contains__)
     assert found.get("crun") == RuntimeHandler("crun", RUNC_RUNTIME_TYPE, "/usr/bin/crun")
     assert shim_binary("io.containerd.runsc.v1") == "containerd-shim-runsc-v1"
+
+
+def test_a_shim_named_by_path_is_what_containerd_runs() -> None:
+    runsc = {"runtime_type": "io.containerd.runsc.v1", "runtime_path": "/opt/shim-runsc"}
+    found = discover_handlers(config(V3, gvisor=runsc), {"/opt/shim-runsc"}.__contains__)
+    handler = found.get("gvisor")
+    assert handler is not None and handler.shim == "/opt/shim-runsc"
+    assert RuntimeHandler("crun", binary_name="/usr/bin/crun").shim == RUNC_RUNTIME_TYPE
+
+
+def test_only_a_shim_of_its_own_kind_gets_the_pod_sandbox_annotation() -> None:
+    spec = {"process": {}, "annotations": {"a": "b"}}
+    assert as_pod_sandbox(spec, None) is spec
+    assert as_pod_sandbox(spec, RuntimeHandler("crun", binary_name="/usr/bin/crun")) is spec
+    marked = as_pod_sandbox(spec, RuntimeHandler("gvisor", "io.containerd.runsc.v1"))
+    assert marked["annotations"] == {"a": "b", "io.kubernetes.cri.container-type": "sandbox"}
+    assert spec["annotations"] == {"a": "b"}
 
 
 @pytest.mark.parametrize(

@@ -59,7 +59,13 @@ from sandlot.policy.nodesecurity import (
     check_user_namespace,
 )
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
-from sandlot.policy.runtimeclass import RUNC, Discovery, RuntimeClassRefused, RuntimeHandler
+from sandlot.policy.runtimeclass import (
+    RUNC,
+    Discovery,
+    RuntimeClassRefused,
+    RuntimeHandler,
+    as_pod_sandbox,
+)
 from sandlot.policy.sandboxlogs import log_stem
 
 log = logging.getLogger(__name__)
@@ -368,6 +374,7 @@ class SandboxWork:
             raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
         except ValueError as exc:
             raise StartFailed("InvalidSpec", str(exc)) from None
+        oci = as_pod_sandbox(oci, handler)
         attachment = self._plan_network(container_id, spec, oci)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec))  # the disk limit, for the storage pass

@@ -32,6 +32,8 @@ RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
 # Where each CRI configuration version keeps its runtimes (1.x's version 2, 2.x's 3).
 CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
 
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+
 REASON_HANDLER_UNKNOWN = "RuntimeHandlerUnknown"
 REASON_CLASS_NOT_FOUND = "RuntimeClassNotFound"
 REASON_INVALID_CLASS = "InvalidRuntimeClass"
@@ -48,6 +50,14 @@ class RuntimeHandler:
     name: str
     runtime_type: str = RUNC_RUNTIME_TYPE
     binary_name: str = ""
+    runtime_path: str = ""
+    """The shim binary's path when the configuration names it (``runtime_path``),
+    else "" (containerd finds the shim by ``runtime_type`` on its PATH)."""
+
+    @property
+    def shim(self) -> str:
+        """What containerd is asked to run: the shim's path, else its type."""
+        return self.runtime_path or self.runtime_type
 
 
 @dataclass(frozen=True)
@@ -109,17 +119,31 @@ def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -
         runtime_type = str(body.get("runtime_type") or RUNC_RUNTIME_TYPE)
         options = body.get("options") or {}
         binary = str(options.get("BinaryName") or "") if runtime_type == RUNC_RUNTIME_TYPE else ""
+        path = str(body.get("runtime_path") or "")
+        shim = path or shim_binary(runtime_type)
         if not HANDLER_NAME.match(name) or len(name) > 63:
             skipped.append((name, "not a valid handler name (a DNS label)"))
-        elif runtime_type != RUNC_RUNTIME_TYPE and not found(shim_binary(runtime_type)):
-            skipped.append((name, f"its shim {shim_binary(runtime_type)} is not installed"))
+        elif (path or runtime_type != RUNC_RUNTIME_TYPE) and not found(shim):
+            skipped.append((name, f"its shim {shim} is not installed"))
         elif binary and not found(binary):
             skipped.append((name, f"its BinaryName {binary} does not exist"))
         else:
-            handlers.append(RuntimeHandler(name, runtime_type, binary))
+            handlers.append(RuntimeHandler(name, runtime_type, binary, path))
     if not any(h.name == RUNC for h in handlers) and RUNC not in dict(skipped):
         handlers.insert(0, RuntimeHandler(RUNC))
     return Discovery(tuple(handlers), tuple(skipped))
+
+
+def as_pod_sandbox(oci_spec: dict[str, Any], handler: RuntimeHandler | None) -> dict[str, Any]:
+    """The spec with CRI's annotations saying it is a pod's sandbox, for a shim of
+    its own kind (gVisor's): such a shim runs a spec without them as a container
+    joining a pod, and never hands it its stdio. A sandlot sandbox is a pod of one;
+    the runc shim needs nothing, so its specs stay as they are."""
+    if handler is None or handler.runtime_type == RUNC_RUNTIME_TYPE:
+        return oci_spec
+    annotations = dict(oci_spec.get("annotations") or {})
+    annotations[CRI_CONTAINER_TYPE] = "sandbox"
+    return {**oci_spec, "annotations": annotations}
 
 
 def read_runtime_class(name: str, body: Mapping[str, Any] | None) -> RuntimeClassInfo:
@@ -193,6 +217,7 @@ __all__ = [
     "RuntimeClassInfo",
     "RuntimeClassRefused",
     "RuntimeHandler",
+    "as_pod_sandbox",
     "check_handler",
     "discover_handlers",
     "joined_placement",

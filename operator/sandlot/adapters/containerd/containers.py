@@ -189,7 +189,7 @@ class Containers:
         handler = spec.handler
         if handler is None:
             return containers_pb2.Container.Runtime(name=self.runtime_name)
-        runtime = containers_pb2.Container.Runtime(name=handler.runtime_type)
+        runtime = containers_pb2.Container.Runtime(name=handler.shim)
         if handler.binary_name:
             options = oci_pb2.Options(binary_name=handler.binary_name)
             runtime.options.CopyFrom(
