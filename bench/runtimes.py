@@ -1,7 +1,8 @@
 """What each runtime handler costs, runc against the others, in one run.
 
-Starts a private containerd (declaring crun, as the tests' does), a local control
-plane and an in-process agent; one RuntimeClass per handler the agent publishes.
+Starts a private containerd 2.x (declaring crun and, once built, gVisor, as the
+tests' does), a local control plane and an in-process agent; one RuntimeClass per
+handler the agent publishes.
 For each handler, one after the other on the same machine:
 
 - start: ``--starts`` sandboxes created one at a time, bound to the agent's node,
@@ -41,6 +42,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 from tests.support.agents import agent_settings, schedule_sandbox
 from tests.support.containerd import find_shim_pid, start_private_containerd
+from tests.support.containerd_fixtures import LINE_2
 
 from bench.start_latency import NS, RunningWatch, percentile
 from sandlot.adapters.containerd import ContainerdRuntime
@@ -185,7 +187,7 @@ def main() -> int:
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="sl-bench-rt-"))
-    containerd = start_private_containerd()
+    containerd = start_private_containerd(line=LINE_2)
     plane = ControlPlane(workdir=work / "cp")
     plane.start()
     api = load_api_client(str(plane.kubeconfig), pool_size=8)

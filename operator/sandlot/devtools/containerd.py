@@ -162,12 +162,13 @@ def shim_pids(address: str, binaries: tuple[str, ...] = (SHIM_BINARY,)) -> list[
 
 def find_shim_pid(address: str, container_id: str, task_pid: int | None = None) -> int:
     """The shim of ``container_id``: by its ``-id`` (ungrouped shims), else the task's parent."""
-    for pid in shim_pids(address):
+    shims = shim_pids(address, SHIM_BINARIES)
+    for pid in shims:
         if _flag(_cmdline(pid), "id") == container_id:
             return pid
     if task_pid is not None:
         parent = _ppid(task_pid)
-        if parent is not None and parent in shim_pids(address):
+        if parent is not None and parent in shims:
             return parent
     raise LookupError(f"no {SHIM_BINARY} for container {container_id} of containerd {address}")
 
