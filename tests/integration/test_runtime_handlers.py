@@ -5,15 +5,18 @@ sandbox whose RuntimeClass names crun is run by crun (``crun list`` over the shi
 state shows it, ``runc list`` does not), and the sandbox's isolation is the same
 under both: capabilities, no new privileges, seccomp, masked and read-only paths.
 On containerd 2.x a sandbox whose class names gvisor runs on gVisor's kernel: its
-``uname`` and ``dmesg`` are gVisor's, and runsc lists its container.
+``uname`` and ``dmesg`` are gVisor's (in its log, and through an exec), and runsc
+lists its container.
 """
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
 
+from sandlot.adapters.containerd.execs import open_execs
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.devtools.containerd import PrivateContainerd, gvisor_bin_dir
 from sandlot.policy.ocispec import DEFAULT_CAPABILITIES, capability_mask
@@ -99,8 +102,26 @@ def test_isolation_is_the_same_under_runc_and_crun(handler_rig: HandlerRig) -> N
     assert under_crun["sysctl"] == "refused" and under_crun["firmware"] == "0", under_crun
 
 
+def _exec_output(containerd: PrivateContainerd, rig: HandlerRig, container: str, *argv: str) -> str:
+    execs = open_execs(containerd.address, rig.ctr_ns, str(rig.log_dir.parent / "fifos"))
+    try:
+        process = execs.start(container, "probe", list(argv), tty=False, stdin=False, timeout=30)
+        try:
+            chunks = []
+            while chunk := os.read(process.stdout, 65536):
+                chunks.append(chunk)
+            assert execs.wait(process, timeout=30) == 0, chunks
+        finally:
+            process.release()
+        return b"".join(chunks).decode()
+    finally:
+        execs.close()
+
+
 @pytest.mark.containerd_lines(LINE_2)
-def test_a_gvisor_class_runs_on_gvisor_s_kernel(handler_rig: HandlerRig) -> None:
+def test_a_gvisor_class_runs_on_gvisor_s_kernel(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
     with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
         name = handler_rig.run(
             f"uname -r; dmesg | head -3; echo {DONE}; {SLEEP}", runtimeClassName=gvisor_class
@@ -111,3 +132,8 @@ def test_a_gvisor_class_runs_on_gvisor_s_kernel(handler_rig: HandlerRig) -> None
     assert kernel.endswith("gvisor"), out  # 4.19.0-gvisor: not the node's
     assert "Starting gVisor..." in out, out
     assert container_id_for(uid) in runsc_list(handler_rig.ctr_ns)
+    # An exec (containerd's Tasks.Exec, as `sandlot exec` uses) lands inside it too.
+    exec_kernel = _exec_output(
+        containerd, handler_rig, container_id_for(uid), "sh", "-c", "uname -r"
+    )
+    assert exec_kernel.strip() == kernel, exec_kernel
