@@ -129,8 +129,8 @@ class HandlerRig:
         )
 
     def wait(self, name: str, *phases: str, timeout: float = 90) -> dict[str, Any]:
-        """The sandbox once its phase is one of ``phases``; failing at once on another
-        terminal phase, with its status."""
+        """The sandbox once its phase is one of ``phases``; on a timeout the failure
+        shows its status when it ended in another terminal phase."""
 
         def reached() -> dict[str, Any] | None:
             sb = self.get(name)
