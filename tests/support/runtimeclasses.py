@@ -129,14 +129,15 @@ class HandlerRig:
         )
 
     def wait(self, name: str, *phases: str, timeout: float = 90) -> dict[str, Any]:
-        """The sandbox once its phase is one of ``phases``; on a timeout the failure
-        shows its status when it ended in another terminal phase."""
+        """The sandbox once its phase is one of ``phases``; failing at once, with its
+        status, when it ends in another terminal phase."""
 
         def reached() -> dict[str, Any] | None:
             sb = self.get(name)
             status = sb.get("status") or {}
             phase = status.get("phase")
-            assert phase in phases or phase not in TERMINAL, f"{name}: {status}"
+            if phase not in phases and phase in TERMINAL:
+                pytest.fail(f"sandbox {name} ended {phase}, not {'/'.join(phases)}: {status}")
             return sb if phase in phases else None
 
         return wait_for(reached, timeout=timeout, what=f"sandbox {name} to be {'/'.join(phases)}")
