@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandlot.agent.capacity import refusals
-from sandlot.agent.runtimes import RuntimeClasses
+from sandlot.agent.runtimes import ContainerdConfigUnreadable, RuntimeClasses, discover
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.node import NodePhase
 from sandlot.api.placement import Toleration
@@ -269,3 +270,13 @@ def test_the_agent_reads_a_class_once_per_ttl() -> None:
     classes.resolve(spec)
     assert reads == ["fast", "fast"]
     assert classes.resolve({}) == (None, None)
+
+
+def test_a_containerd_config_that_is_not_toml_stops_the_agent_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("version = [")
+    with pytest.raises(ContainerdConfigUnreadable, match="--containerd-config / SANDLOT_"):
+        discover(str(config))
+    assert discover(str(tmp_path / "absent.toml")).names == ("runc",)

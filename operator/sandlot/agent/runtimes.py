@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandlot.adapters.startup import StartupError, setting_name
 from sandlot.policy.runtimeclass import (
     Discovery,
     RuntimeClassInfo,
@@ -35,8 +36,10 @@ log = logging.getLogger(__name__)
 CLASS_TTL = 5.0  # seconds a RuntimeClass read is reused
 
 
-class ContainerdConfigUnreadable(ValueError):
-    """The configured containerd configuration exists but cannot be read as TOML."""
+class ContainerdConfigUnreadable(StartupError):
+    """The configured containerd configuration exists but cannot be read as TOML:
+    the agent refuses to start (one line naming the setting) rather than offer
+    handlers it would guess."""
 
 
 def binary_found(binary: str) -> bool:
@@ -57,7 +60,7 @@ def discover(config_path: str, found: Callable[[str], bool] = binary_found) -> D
         log.info("containerd_config %s does not exist: runtime handler runc only", path)
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ContainerdConfigUnreadable(
-            f"containerd_config {path} cannot be read as TOML: {exc}"
+            f"{setting_name('containerd_config')} {path} cannot be read as TOML: {exc}"
         ) from None
     found_here = discover_handlers(config, found)
     for name, why in found_here.skipped:
