@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything sandlot's commands need on a fresh machine, and nothing twice:
-#   - OS packages (as root on Debian/Ubuntu): containerd, runc, busybox-static
+#   - OS packages (as root on Debian/Ubuntu): containerd, runc, crun (a second
+#     runtime handler), busybox-static
 #     (test images), containerd's API definitions (stubs), CNI plugins, openssl,
 #     docker-registry and skopeo (a real registry on loopback for pull tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
@@ -8,6 +9,8 @@
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
 #   - containerd 2.x built from its Go module (cached by version): the containerd
 #     tests run against it as well as against the OS package's 1.6.
+#   - gVisor's runsc and containerd shim built from its Go module (cached by version):
+#     the gvisor runtime handler of the tests' containerd 2.x.
 #   - kubelet and kube-scheduler from the same module, and the local cluster's images
 #     (pause, and sandlot from the Dockerfile's recipe with debootstrap), cached.
 set -euo pipefail
@@ -15,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 log() { echo "bootstrap: $*" >&2; }
 
-os_packages=(containerd runc busybox-static golang-github-containerd-containerd-dev
+os_packages=(containerd runc crun busybox-static golang-github-containerd-containerd-dev
              golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
              docker-registry skopeo debootstrap gcc libc6-dev)
 missing=()
@@ -58,6 +61,8 @@ bash operator/sandlot/devtools/controlplane/build-controller-manager.sh >/dev/nu
 log "helm (built once, then cached)"; bash operator/sandlot/devtools/controlplane/build-helm.sh >/dev/null
 log "containerd 2.x (the second containerd line the tests run on; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-containerd.sh >/dev/null
+log "gVisor (runsc and its shim: the gvisor runtime handler; built once, then cached)"
+bash operator/sandlot/devtools/controlplane/build-gvisor.sh >/dev/null
 log "kubelet and kube-scheduler (the local cluster's nodes; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-node.sh >/dev/null
 log "local cluster images (pause; sandlot from the Dockerfile's recipe; cached by their inputs)"

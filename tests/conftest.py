@@ -1,5 +1,6 @@
 """Shared fixtures: the real control plane (tests/support/kube.py) and the real
-containerd (tests/support/containerd_fixtures.py); under SANDLOT_REQUIRE_REAL=1 a
+containerd (tests/support/containerd_fixtures.py), the runtime handler rig
+(tests/support/runtimeclasses.py); under SANDLOT_REQUIRE_REAL=1 a
 skip fails the run (tests/support/strict_skips.py)."""
 
 pytest_plugins = [
@@ -11,4 +12,5 @@ pytest_plugins = [
     "tests.support.faultplane",
     "tests.support.strict_skips",
     "tests.support.streams",
+    "tests.support.runtimeclasses",
 ]

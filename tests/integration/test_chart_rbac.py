@@ -118,6 +118,8 @@ AGENT_REACH = {
     "namespaces": "get",
     # Its Kubernetes Node's taints, mirrored at registration.
     "nodes": "get",
+    # A starting sandbox's RuntimeClass (handler, scheduling, overhead).
+    "runtimeclasses.node.k8s.io": "get",
     "events": "create",
     "leases.coordination.k8s.io": "create get update",
     # A token of its node's identity only (agent-identity-policy.yaml refuses others).
@@ -139,6 +141,8 @@ OPERATOR_REACH = {
     "cacheprunes.sandlot.dev/status": "get patch",
     "sandboxclaims.sandlot.dev": "get list watch",
     "sandboxclaims.sandlot.dev/status": "get patch",
+    # The scheduler: a sandbox's RuntimeClass (handler, scheduling).
+    "runtimeclasses.node.k8s.io": "get",
     "services": "create delete get update",
     "endpointslices.discovery.k8s.io": "create delete list patch",
     "events": "create",

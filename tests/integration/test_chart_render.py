@@ -114,12 +114,15 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     assert paths == {
         "containerd-socket": "/run/containerd",
         "containerd-root": "/var/lib/containerd",
+        "containerd-config": "/etc/containerd",  # its CRI runtimes: the node's handlers
         "sandbox-logs": "/var/log/sandlot",
         "host-cgroup": "/sys/fs/cgroup",
         "agent-state": "/var/lib/sandlot",  # the node lock: on the node's disk
     }
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     assert mounts["containerd-root"]["readOnly"] is True
+    assert mounts["containerd-config"]["readOnly"] is True
+    assert env["SANDLOT_CONTAINERD_CONFIG"] == "/etc/containerd/config.toml"
     assert mounts["host-cgroup"]["readOnly"] is True
     assert env["SANDLOT_CGROUP_ROOT"] == mounts["host-cgroup"]["mountPath"]
 

@@ -1,7 +1,8 @@
 """The scheduler honours taints and tolerations and node selectors, claimed with a
 real ``sandlot operator`` against the real API server: a control-plane-tainted
 SandboxNode gets no sandbox unless it tolerates the taint, and a node selector
-narrows the choice to the nodes it names."""
+narrows the choice to the nodes it names; a RuntimeClass sends its sandboxes only
+to nodes offering its handler, with its scheduling joined to theirs."""
 
 from __future__ import annotations
 
@@ -17,12 +18,20 @@ from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import TAINTED_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from tests.support.operator import Fleet, OperatorProcess
+from tests.support.runtimeclasses import runtime_class
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def _ready_node(fleet: Fleet, name: str, *, labels: dict[str, str], taints: list[dict]) -> str:
+def _ready_node(
+    fleet: Fleet,
+    name: str,
+    *,
+    labels: dict[str, str],
+    taints: list[dict],
+    handlers: tuple[str, ...] = ("runc",),
+) -> str:
     node = fleet.node(name)
     fleet.objs.patch_cluster_custom_object(
         GROUP,
@@ -32,7 +41,16 @@ def _ready_node(fleet: Fleet, name: str, *, labels: dict[str, str], taints: list
         {"metadata": {"labels": labels}, "spec": {"taints": taints}},
     )
     fleet.objs.patch_cluster_custom_object_status(
-        GROUP, VERSION, "sandboxnodes", node, {"status": {"capacity": {"sandboxes": 10}}}
+        GROUP,
+        VERSION,
+        "sandboxnodes",
+        node,
+        {
+            "status": {
+                "capacity": {"sandboxes": 10},
+                "runtimeHandlers": [{"name": h} for h in handlers],
+            }
+        },
     )
     fleet.lease(node, duration=30)
     return node
@@ -51,6 +69,14 @@ def _pending(fleet: Fleet, name: str, **spec: Any) -> None:
             "spec": {"image": "example.test/busybox:1", **spec},
         },
     )
+
+
+def _waiting_message(fleet: Fleet, name: str, reason: str) -> str:
+    def waiting() -> str | None:
+        conditions = (fleet.get(name).get("status") or {}).get("conditions") or []
+        return next((c.get("message", "") for c in conditions if c.get("reason") == reason), None)
+
+    return wait_for(waiting, timeout=30, what=f"sandbox {name} to wait with reason {reason}")
 
 
 def _bound(fleet: Fleet, name: str) -> str:
@@ -152,3 +178,40 @@ def test_a_new_leader_labels_a_node_tainted_while_it_stood_by(
         timeout=20,
         what="the node tainted before the takeover labelled by the new leader",
     )
+
+
+def test_scheduler_places_a_runtime_class_only_on_nodes_with_its_handler(
+    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+) -> None:
+    taint = {"key": "sandlot.test/crun", "effect": "NoSchedule"}
+    plain = _ready_node(fleet, "plain", labels={"runtime": "plain"}, taints=[])
+    other = _ready_node(fleet, "other", labels={"runtime": "crun"}, taints=[])
+    crun = _ready_node(
+        fleet, "crun", labels={"runtime": "crun"}, taints=[taint], handlers=("runc", "crun")
+    )
+    scheduling = {
+        "nodeSelector": {"runtime": "crun"},
+        "tolerations": [{"key": "sandlot.test/crun", "operator": "Exists"}],
+    }
+    operators("--resync-interval", "1s")
+    with (
+        runtime_class(kube, "crun", scheduling=scheduling) as crun_class,
+        runtime_class(kube, "gvisor") as absent_handler,
+    ):
+        # Only the tainted node has crun: the class's toleration lets them on, its
+        # selector and the handler keep them off the two others.
+        for i in range(3):
+            _pending(fleet, f"fast-{i}", runtimeClassName=crun_class)
+        assert {_bound(fleet, f"fast-{i}") for i in range(3)} == {crun}
+        for i in range(2):
+            _pending(fleet, f"plain-{i}")
+        assert {_bound(fleet, f"plain-{i}") for i in range(2)} <= {plain, other}
+
+        _pending(fleet, "nowhere", runtimeClassName=absent_handler)
+        message = _waiting_message(fleet, "nowhere", "Unschedulable")
+        assert '3 no runtime handler "gvisor"' in message, message
+        _pending(fleet, "classless", runtimeClassName="no-such-class")
+        message = _waiting_message(fleet, "classless", "RuntimeClassNotFound")
+        assert "no-such-class" in message, message
+    for name in ("nowhere", "classless"):
+        assert not (fleet.get(name).get("spec") or {}).get("nodeName")

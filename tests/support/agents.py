@@ -41,6 +41,7 @@ def agent_settings(
         "containerd_address": containerd.address,
         "containerd_namespace": ctr_ns,
         "containerd_root": str(containerd.root),
+        "containerd_config": str(containerd.config_path),
         "kill_wait": "2s",
         "call_timeout": "2s",
         "stop_grace": "2s",
@@ -175,7 +176,7 @@ def schedule_sandbox(
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = dict(labels)
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
         "metadata": metadata,

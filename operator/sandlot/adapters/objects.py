@@ -109,6 +109,19 @@ class Objects:
         path = ("apis", GROUP, VERSION, "namespaces", namespace, SANDBOXES, name, "status")
         return self.patcher.patch(*path, body=body)
 
+    def get_runtime_class(self, name: str) -> dict[str, Any] | None:
+        """The RuntimeClass ``name`` (node.k8s.io/v1) as JSON, None when it does not exist."""
+        try:
+            return dict(
+                self.api.sanitize_for_serialization(
+                    client.NodeV1Api(self.api).read_runtime_class(name)
+                )
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     # -- nodes ------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any] | None:

@@ -20,6 +20,9 @@ from sandlot.policy.ocispec import ImageConfig as ImageConfig
 # Task states are decided on (pause, resume, reap) in pure code.
 from sandlot.policy.operatingmode import TaskState as TaskState
 
+# A sandbox's runtime handler is chosen in pure code (its RuntimeClass).
+from sandlot.policy.runtimeclass import RuntimeHandler as RuntimeHandler
+
 
 class RuntimeError_(Exception):
     """A runtime call failed. ``code`` is a short machine word (``not_found``, ...)."""
@@ -96,6 +99,8 @@ class ContainerSpec:
     image: str
     oci_spec: Mapping[str, Any]
     labels: Mapping[str, str] = field(default_factory=dict)
+    handler: RuntimeHandler | None = None
+    """The runtime handler that runs it; None: the runtime's default (runc)."""
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,9 @@ class WorkloadApi:
     def listed_keys(self, plural: str) -> set[str]:
         return listed_keys(self.objects, plural)
 
+    def get_runtime_class(self, name: str) -> dict[str, Any] | None:
+        return self.objects.get_runtime_class(name)
+
 
 # -- Service and EndpointSlices ------------------------------------------------------
 

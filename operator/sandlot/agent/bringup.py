@@ -21,11 +21,11 @@ from sandlot.adapters.objects import Objects, parse_time
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.agent.capacity import capacity_status, mirrored_taints
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
+from sandlot.agent.sandboxes import NodeFacts
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import Release
 from sandlot.policy.agentsweep import SweepAction
-from sandlot.policy.capacity import Capacity
 from sandlot.policy.limits import ParentLimits, parent_limits
 from sandlot.policy.quantity import memory_bytes
 
@@ -175,13 +175,14 @@ def readopt_survivors(
 def registration(
     objects: Objects,
     settings: AgentSettings,
-    capacity: Capacity,
+    facts: NodeFacts,
     address: str,
     containerd_version: str,
 ) -> dict[str, Any]:
     """The SandboxNode status the agent registers with: what the node offers and runs."""
     return {
-        "capacity": capacity_status(capacity),
+        "capacity": capacity_status(facts.capacity),
+        "runtimeHandlers": [{"name": name} for name in facts.runtimes.names],
         **mirrored_taints(objects.api, settings.node_name),
         "address": address,
         "agentVersion": sandlot.__version__,

@@ -412,7 +412,7 @@ class Agent:
         status = registration(
             self.objects,
             self.settings,
-            parts.work.facts.capacity,
+            parts.work.facts,
             self.address,
             self.containerd_version,
         )

@@ -26,6 +26,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
+from sandlot.agent.runtimes import discover
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
@@ -82,6 +83,7 @@ def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
         node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
         security=node_security(),
         capacity=node_capacity(settings),
+        runtimes=discover(settings.containerd_config),
     )
 
 

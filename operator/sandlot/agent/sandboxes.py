@@ -42,6 +42,7 @@ from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
+from sandlot.agent.runtimes import RuntimeClasses
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
@@ -59,6 +60,13 @@ from sandlot.policy.nodesecurity import (
     check_user_namespace,
 )
 from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
+from sandlot.policy.runtimeclass import (
+    RUNC,
+    Discovery,
+    RuntimeClassRefused,
+    RuntimeHandler,
+    as_pod_sandbox,
+)
 from sandlot.policy.sandboxlogs import log_stem
 
 log = logging.getLogger(__name__)
@@ -84,6 +92,7 @@ class _Prepared:
     log_stem: str
     attachment: Attachment | None
     network_policy: PlannedPolicy | None = None
+    handler: RuntimeHandler | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,7 @@ class NodeFacts:
     node_capabilities: tuple[str, ...]
     security: NodeSecurity = field(default_factory=NodeSecurity)
     capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
+    runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
 
 
 class SandboxWork:
@@ -137,6 +147,7 @@ class SandboxWork:
         # work item of that key touches its entry (one operation per key at a time).
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
         self.user_ranges = UserRanges()
+        self.runtime_classes = RuntimeClasses(objects.get_runtime_class, self.node, facts.runtimes)
 
     # ------------------------------------------------------------ teardown and stop
 
@@ -318,6 +329,13 @@ class SandboxWork:
         at_node_address = not self.networking.enabled or spec.host_network
         if at_node_address:
             self.network_policies.check_node_ports(spec)
+        try:
+            _, handler = self.runtime_classes.resolve(sb.get("spec") or {})
+        except RuntimeClassRefused as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
+        except Exception as exc:  # the API server did not answer: the next pass asks again
+            log.warning("sandbox %s: its RuntimeClass cannot be read: %s", sandbox_key(sb), exc)
+            return None
         if self.image_gate is not None:
             try:
                 self.image_gate.check(sb, spec)
@@ -368,6 +386,7 @@ class SandboxWork:
             raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
         except ValueError as exc:
             raise StartFailed("InvalidSpec", str(exc)) from None
+        oci = as_pod_sandbox(oci, handler)
         attachment = self._plan_network(container_id, spec, oci)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec))  # the disk limit, for the storage pass
@@ -378,7 +397,7 @@ class SandboxWork:
                 container_id, oci, labels, self.rt.list_containers, timeout=self.call_timeout
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
-        return _Prepared(container_id, image, oci, labels, stem, attachment, planned)
+        return _Prepared(container_id, image, oci, labels, stem, attachment, planned, handler)
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -401,6 +420,7 @@ class SandboxWork:
                     image=image,
                     oci_spec=prepared.oci,
                     labels=prepared.labels,
+                    handler=prepared.handler,
                 ),
                 # A user namespace's root filesystem is a copy of the image: a pull's budget.
                 timeout=self.settings.image_pull_deadline.total_seconds()

@@ -62,6 +62,14 @@ class AgentSettings(SettingsModel):
         description="containerd namespace of the agent's containers and images (kept "
         "apart from the kubelet's k8s.io). Every container in it is the agent's.",
     )
+    containerd_config: str = Field(
+        default="/etc/containerd/config.toml",
+        min_length=1,
+        max_length=256,
+        description="containerd's configuration file (as the agent sees it): its CRI "
+        "runtimes are the runtime handlers the node offers (status.runtimeHandlers), each "
+        "only when its binaries exist; runc always. A missing file offers runc alone.",
+    )
     containerd_root: str = Field(
         default="/var/lib/containerd",
         min_length=1,

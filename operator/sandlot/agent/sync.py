@@ -23,6 +23,7 @@ from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
     Action,
@@ -100,23 +101,31 @@ class SandboxSync:
             in_flight=in_flight,
         )
         starting = [a.key for a in actions if a.kind is ActionKind.START]
-        refused = {
-            key: (REASON_PLACEMENT, why)
-            for key, why in misplaced(
-                self.node, self.node_watch.get(self.node), bodies, starting
-            ).items()
+        live = {
+            k: o.get("spec") or {}
+            for k, (st, o) in bodies.items()
+            if st.phase not in TERMINAL_PHASES
         }
+        survey = self.work.runtime_classes.survey(live, starting)
+        refused = dict(survey.refused)
+        for key, why in misplaced(
+            self.node, self.node_watch.get(self.node), bodies, starting, survey.classes
+        ).items():
+            refused.setdefault(key, (REASON_PLACEMENT, why))
         full = refusals(
             self.node,
             bodies,
             set(containers_by_key(ContainerView(c.id, c.labels) for c in containers)),
-            [k for k in starting if k not in refused],
+            [k for k in starting if k not in refused and k not in survey.unreadable],
             self.work.settings,
             self.work.facts.capacity,
+            survey.classes,
         )
         refused.update({key: (REASON_OVER_CAPACITY, why) for key, why in full.items()})
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
+            if action.kind is ActionKind.START and action.key in survey.unreadable:
+                continue  # its class could not be read: the next pass asks again
             if action.key in refused and action.kind is ActionKind.START and body is not None:
                 reason, why = refused[action.key]
                 self.pool.submit(action.key, partial(self.work.fail, body, reason, why))

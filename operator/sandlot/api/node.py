@@ -189,6 +189,18 @@ class NodeGcStatus(Model):
     )
 
 
+MAX_RUNTIME_HANDLERS = 32
+
+
+class NodeRuntimeHandler(Model):
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        description="The handler's name, as a RuntimeClass's `handler` names it.",
+    )
+
+
 class SandboxNodeStatus(Model):
     phase: NodePhase = Field(
         default=NodePhase.NOT_READY,
@@ -203,6 +215,14 @@ class SandboxNodeStatus(Model):
         default_factory=list,
         description="The taints of the Kubernetes Node of the same name, mirrored by the "
         "agent (a control-plane node's `node-role.kubernetes.io/control-plane`).",
+    )
+    runtime_handlers: list[NodeRuntimeHandler] = Field(
+        default_factory=list,
+        max_length=MAX_RUNTIME_HANDLERS,
+        description="The runtime handlers the node's containerd offers (as a Node's "
+        "status.runtimeHandlers), found by its agent in containerd's CRI configuration: "
+        "a runtime is listed only when its binaries exist; runc always is. A sandbox "
+        "whose RuntimeClass names another handler is not placed here.",
     )
     address: str | None = Field(
         default=None, max_length=MAX_NAME, description="The node's address."

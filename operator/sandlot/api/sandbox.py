@@ -284,6 +284,19 @@ class SandboxSpec(Model):
         description="The SandboxNode this sandbox runs on. Set by the scheduler when "
         "empty; immutable once set. Selectable: `--field-selector spec.nodeName=N`.",
     )
+    runtime_class_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        description="The RuntimeClass (node.k8s.io/v1) whose handler runs this sandbox, as "
+        "a Pod's: it goes only to a SandboxNode whose status.runtimeHandlers has the "
+        "handler, with the class's scheduling.nodeSelector and tolerations added to its "
+        "own, and the class's overhead.podFixed counted in the node's capacity. Empty: the "
+        "node's default handler (runc). A missing class, a class sandlot cannot honour or "
+        "a handler the node lacks ends the sandbox Failed (RuntimeClassNotFound, "
+        "InvalidRuntimeClass, RuntimeHandlerUnknown).",
+    )
     host_network: bool = Field(
         default=False,
         description="Share the node's network namespace instead of getting an own one "

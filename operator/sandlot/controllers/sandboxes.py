@@ -78,6 +78,7 @@ class SandboxRecord:
     paused: bool = False  # spec.operatingMode Paused: frozen, serving nobody
     ready: bool = False  # Running, and its readiness probe passed (or it has none)
     ready_since: datetime | None = None  # when it became ready (None: not ready)
+    runtime_class: str | None = None  # spec.runtimeClassName
 
     @property
     def key(self) -> str:
@@ -155,6 +156,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         paused=spec.get("operatingMode") == OperatingMode.PAUSED,
         ready=ready,
         ready_since=ready_since(status, probed, started_at) if ready else None,
+        runtime_class=_shared(spec.get("runtimeClassName")),
     )
 
 

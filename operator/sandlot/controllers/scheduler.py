@@ -14,6 +14,13 @@ something may have made room (a node became Ready, was uncordoned or reported
 more capacity; a bound sandbox ended or was deleted). There is no retry timer, so
 a fleet with no room costs nothing while it stays so.
 
+A sandbox with ``spec.runtimeClassName`` goes only to nodes whose
+``status.runtimeHandlers`` have its class's handler, with the class's node
+selector and tolerations joined to its own; a missing or unusable class keeps it
+Pending, its reason the agent's (``RuntimeClassNotFound``, ``InvalidRuntimeClass``),
+and it is looked at again every ``RETRY_CLASS`` seconds (RuntimeClasses are not
+watched).
+
 Decisions are made one at a time by one ``WorkQueue`` worker (each sees the
 previous one's binding), keyed by sandbox; only the leader binds. An API error
 is retried with the queue's per-key backoff.
@@ -42,6 +49,12 @@ from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.placement import taints_of
+from sandlot.policy.runtimeclass import (
+    RuntimeClassInfo,
+    RuntimeClassRefused,
+    joined_placement,
+    read_runtime_class,
+)
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
 
 log = logging.getLogger(__name__)
@@ -50,6 +63,8 @@ CONDITION = "Scheduled"
 RETRY_AFTER_ERROR = 2.0  # first retry after an API error; doubles up to RETRY_CAP
 RETRY_CAP = 60.0
 MAX_BIND_ATTEMPTS = 3
+CLASS_TTL = 5.0  # seconds a RuntimeClass read is reused
+RETRY_CLASS = 10.0  # a sandbox whose RuntimeClass is missing or unusable is tried again
 
 
 @dataclass(slots=True)
@@ -60,6 +75,7 @@ class NodeInfo:
     tracking: NodeHealthTracking
     labels: Mapping[str, str]
     taints: tuple[Taint, ...]
+    runtime_handlers: frozenset[str] = frozenset()
 
 
 def _node_info(body: Mapping[str, Any]) -> NodeInfo:
@@ -72,6 +88,9 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
         tracking=NodeHealthTracking.model_validate(status.get("health") or {}),
         labels=dict(meta.get("labels") or {}),
         taints=taints_of(body),
+        runtime_handlers=frozenset(
+            str(h.get("name")) for h in status.get("runtimeHandlers") or [] if h.get("name")
+        ),
     )
 
 
@@ -110,6 +129,7 @@ class Scheduler:
         # The node-health controller's view of liveness: both judge READY alike.
         self.liveness = liveness
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
+        self._classes: dict[str, tuple[float, Mapping[str, Any] | None]] = {}
         self.queue = WorkQueue(
             "sandbox",
             self.reconcile,
@@ -140,6 +160,7 @@ class Scheduler:
             old is None
             or (old.unschedulable and not new.unschedulable)
             or new.capacity > old.capacity
+            or new.runtime_handlers - old.runtime_handlers
             or (body.get("status") or {}).get("phase") == NodePhase.READY
         ):
             self.retry_waiting()
@@ -203,6 +224,7 @@ class Scheduler:
                     ready_until=self.liveness.expiry(node.name, tracking),
                     labels=node.labels,
                     taints=node.taints,
+                    runtime_handlers=node.runtime_handlers,
                 )
             )
         return slots
@@ -217,8 +239,24 @@ class Scheduler:
         phase = self.liveness.phase(name, node.unschedulable, tracking, self.liveness.clock())
         return phase == NodePhase.READY
 
-    def choose(self, rec: SandboxRecord) -> Choice:
-        request = SandboxRequest(rec.key, rec.pool_key, rec.placement)
+    async def runtime_class(self, name: str) -> RuntimeClassInfo:
+        """The RuntimeClass ``name``, read at most every ``CLASS_TTL`` seconds; raises
+        ``RuntimeClassRefused`` when it is missing or cannot be honoured."""
+        now = time.monotonic()
+        kept = self._classes.get(name)
+        if kept is not None and now - kept[0] < CLASS_TTL:
+            body = kept[1]
+        else:
+            body = await asyncio.to_thread(self.api.get_runtime_class, name)
+            self._classes[name] = (now, body)
+        return read_runtime_class(name, body)
+
+    def choose(self, rec: SandboxRecord, runtime_class: RuntimeClassInfo | None = None) -> Choice:
+        placement, handler = rec.placement, None
+        if runtime_class is not None:
+            placement = joined_placement(rec.placement, runtime_class)
+            handler = runtime_class.handler
+        request = SandboxRequest(rec.key, rec.pool_key, placement, handler)
         # Liveness is judged on its own steady clock, never on the wall clock.
         now = self.liveness.clock()
         return choose_node(request, self.slots(now), now)
@@ -237,7 +275,15 @@ class Scheduler:
             self.waiting.pop(key, None)
             return None
         now = self.clock()
-        choice = self.choose(rec)
+        runtime_class = None
+        if rec.runtime_class:
+            try:
+                runtime_class = await self.runtime_class(rec.runtime_class)
+            except RuntimeClassRefused as exc:
+                self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
+                await self._report_waiting(rec, exc.reason, str(exc), now)
+                return RETRY_CLASS  # no watch on RuntimeClasses: look again later
+        choice = self.choose(rec, runtime_class)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
             return await self._report_waiting(rec, "Unschedulable", choice.message, now)

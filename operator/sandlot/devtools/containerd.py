@@ -31,6 +31,9 @@ from pathlib import Path
 SHIM_BINARY = "containerd-shim-runc-v2"
 REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
 NAMESPACE = "sandlot-test"
+CRUN_HANDLER = "crun"
+RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
+HYBRID_V2_MOUNT = "/sys/fs/cgroup/unified"
 
 LINE_OS = "1.6"
 """The release line of the OS package: binaries from PATH."""
@@ -39,14 +42,28 @@ LINE_2 = "2"
 LINES = (LINE_OS, LINE_2)
 CONTAINERD2_VERSION = os.environ.get("CONTAINERD2_VERSION", "2.4.2")
 _CACHE_BINARIES = ("containerd", "ctr", SHIM_BINARY)
+GVISOR_VERSION = os.environ.get("GVISOR_VERSION", "v0.0.0-20260905035102-160fafc42237")
+GVISOR_HANDLER = "gvisor"
+RUNSC_SHIM = "containerd-shim-runsc-v1"
+SHIM_BINARIES = (SHIM_BINARY, RUNSC_SHIM)
+
+
+def _cache_dir() -> Path:
+    return Path(
+        os.environ.get("SANDLOT_CACHE_DIR")
+        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sandlot"
+    )
 
 
 def containerd2_bin_dir() -> Path:
     """Where ``build-containerd.sh`` installs containerd 2.x (same cache rules)."""
-    cache = os.environ.get("SANDLOT_CACHE_DIR") or str(
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sandlot"
-    )
-    return Path(cache) / "containerd" / f"v{CONTAINERD2_VERSION}" / "bin"
+    return _cache_dir() / "containerd" / f"v{CONTAINERD2_VERSION}" / "bin"
+
+
+def gvisor_bin_dir() -> Path | None:
+    """Where ``build-gvisor.sh`` installed runsc and its shim; None when not built."""
+    found = _cache_dir() / "gvisor" / GVISOR_VERSION / "bin"
+    return found if all((found / b).is_file() for b in ("runsc", RUNSC_SHIM)) else None
 
 
 def bin_dir_for(line: str) -> Path | None:
@@ -74,6 +91,30 @@ def unavailable_reason(line: str = LINE_OS) -> str | None:
     if missing:
         return f"containerd tests need {', '.join(missing)} on PATH"
     return None
+
+
+def cgroups_hybrid() -> bool:
+    """cgroup v1 controllers with the v2 hierarchy mounted beside them
+    (``/sys/fs/cgroup/unified``): systemd's hybrid mode, which crun 1.8 refuses."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    types = {fields[1]: fields[2] for fields in (m.split() for m in mounts) if len(fields) > 2}
+    return types.get("/sys/fs/cgroup") != "cgroup2" and types.get(HYBRID_V2_MOUNT) == "cgroup2"
+
+
+def write_crun_wrapper(directory: Path, crun: str) -> Path:
+    """A ``crun`` that runs in a mount namespace of its own without the v2 mount, so
+    crun 1.8 sees plain cgroup v1 (docs/isolation.md, "Runtime handlers")."""
+    wrapper = directory / "crun"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec unshare --mount --propagation private /bin/sh -c "
+        f'\'umount {HYBRID_V2_MOUNT} 2>/dev/null; exec {crun} "$@"\' crun "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -108,24 +149,26 @@ def _ppid(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[1])
 
 
-def shim_pids(address: str) -> list[int]:
-    """PIDs of runc v2 shims serving the containerd at ``address``."""
+def shim_pids(address: str, binaries: tuple[str, ...] = (SHIM_BINARY,)) -> list[int]:
+    """PIDs of shims (runc v2's unless ``binaries`` says) serving the containerd at
+    ``address``."""
     found = []
     for pid in _pids():
         argv = _cmdline(pid)
-        if argv and os.path.basename(argv[0]) == SHIM_BINARY and _flag(argv, "address") == address:
+        if argv and os.path.basename(argv[0]) in binaries and _flag(argv, "address") == address:
             found.append(pid)
     return found
 
 
 def find_shim_pid(address: str, container_id: str, task_pid: int | None = None) -> int:
     """The shim of ``container_id``: by its ``-id`` (ungrouped shims), else the task's parent."""
-    for pid in shim_pids(address):
+    shims = shim_pids(address, SHIM_BINARIES)
+    for pid in shims:
         if _flag(_cmdline(pid), "id") == container_id:
             return pid
     if task_pid is not None:
         parent = _ppid(task_pid)
-        if parent is not None and parent in shim_pids(address):
+        if parent is not None and parent in shims:
             return parent
     raise LookupError(f"no {SHIM_BINARY} for container {container_id} of containerd {address}")
 
@@ -194,6 +237,11 @@ class PrivateContainerd:
         return self.root_dir / "state"
 
     @property
+    def config_path(self) -> Path:
+        """Its configuration, as the agent's ``containerd_config`` reads a node's."""
+        return self.root_dir / "config.toml"
+
+    @property
     def log_path(self) -> Path:
         return self.root_dir / "containerd.log"
 
@@ -218,7 +266,15 @@ class PrivateContainerd:
             env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         if self.path_prefix is not None:
             env["PATH"] = f"{self.path_prefix}{os.pathsep}{env.get('PATH', '')}"
+        gvisor = self._gvisor()
+        if gvisor is not None:  # the runsc shim runs `runsc` from its PATH
+            env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}{gvisor}"
         return env
+
+    def _gvisor(self) -> Path | None:
+        """gVisor's binaries when this instance declares it: 2.x only (its shim speaks
+        the shim protocol of containerd 2), and only once built."""
+        return gvisor_bin_dir() if self.line == LINE_2 else None
 
     def write_config(self) -> Path:
         # 2.x reads config version 3, where the CRI plugin is split in three.
@@ -231,7 +287,7 @@ class PrivateContainerd:
             if self.line == LINE_2
             else ("2", '"io.containerd.grpc.v1.cri"')
         )
-        config = self.root_dir / "config.toml"
+        config = self.config_path
         config.write_text(
             "\n".join(
                 [
@@ -246,10 +302,41 @@ class PrivateContainerd:
                     "[ttrpc]",
                     f'  address = "{self.root_dir / "containerd-ttrpc.sock"}"',
                     "",
+                    *self._runtime_handlers(),
                 ]
             )
         )
         return config
+
+    def _runtime_handlers(self) -> list[str]:
+        """The CRI runtimes section declaring ``crun`` (when installed) as a handler run
+        by the runc shim, and ``gvisor`` (when built, 2.x only) by its own shim, the way
+        a node's containerd declares them. CRI itself stays disabled: the agent reads
+        this section to know its handlers."""
+        plugin = (
+            "io.containerd.cri.v1.runtime" if self.line == LINE_2 else "io.containerd.grpc.v1.cri"
+        )
+        lines: list[str] = []
+        crun = shutil.which("crun")
+        if crun is not None:
+            binary = write_crun_wrapper(self.root_dir, crun) if cgroups_hybrid() else crun
+            table = f'plugins."{plugin}".containerd.runtimes.{CRUN_HANDLER}'
+            lines += [
+                f"[{table}]",
+                f'  runtime_type = "{RUNC_RUNTIME_TYPE}"',
+                f"[{table}.options]",
+                f'  BinaryName = "{binary}"',
+                "",
+            ]
+        gvisor = self._gvisor()
+        if gvisor is not None:
+            lines += [
+                f'[plugins."{plugin}".containerd.runtimes.{GVISOR_HANDLER}]',
+                '  runtime_type = "io.containerd.runsc.v1"',
+                f'  runtime_path = "{gvisor / RUNSC_SHIM}"',
+                "",
+            ]
+        return lines
 
     def start(self, *, ready_timeout: float = 20.0) -> None:
         config = self.write_config()
@@ -303,13 +390,13 @@ class PrivateContainerd:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=grace)
-        shims = shim_pids(self.address)
+        shims = shim_pids(self.address, SHIM_BINARIES)
         for pid in _descendants(shims):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + grace
-        while shim_pids(self.address) and time.monotonic() < deadline:
+        while shim_pids(self.address, SHIM_BINARIES) and time.monotonic() < deadline:
             time.sleep(0.05)
         if self._log is not None:
             self._log.close()  # type: ignore[attr-defined]

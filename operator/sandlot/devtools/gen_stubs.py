@@ -11,7 +11,8 @@ never committed, so there is exactly one source for them. Two sources are known:
   plus ``gogo.proto`` from ``golang-github-gogo-protobuf-dev``.
 
 The Transfer and Streaming services (which containerd 2.x pulls through) are not
-in Debian's 1.6 files: ``containerd_protos/`` next to this module holds them,
+in Debian's 1.6 files, and its runc shim options sit outside the API tree there
+(``runtime/v2/runc/options``): ``containerd_protos/`` next to this module holds them,
 copied from the Go module, and a file is taken from there only when the source
 lacks it.
 
@@ -60,6 +61,8 @@ SERVICES = (
     "types/transfer/registry.proto",
     "types/transfer/imagestore.proto",
     "types/transfer/progress.proto",
+    # The runc shim's options (BinaryName: crun as a runtime handler), carried in Any.
+    "types/runc/options/oci.proto",
 )
 VENDORED_API_ROOT = Path(__file__).resolve().parent / "containerd_protos"
 
@@ -68,7 +71,7 @@ API_IMPORT_PREFIX = GO_MODULE + "/"
 GOGO_IMPORT = "gogoproto/gogo.proto"
 STAMP_NAME = ".stamp.json"
 # Bumped when the generation procedure changes, so old trees are regenerated.
-GENERATOR_REVISION = 2
+GENERATOR_REVISION = 3
 
 # The runtime imports the stubs from the adapter package, so they are written there.
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "adapters" / "containerd" / "gen"

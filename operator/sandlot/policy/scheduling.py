@@ -55,6 +55,8 @@ class NodeSlot:
     ready_until: datetime | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    runtime_handlers: frozenset[str] = frozenset()
+    """``status.runtimeHandlers``: the handlers its containerd offers."""
 
     def ready(self, now: datetime) -> bool:
         if self.unschedulable or self.phase != NodePhase.READY:
@@ -68,11 +70,14 @@ class NodeSlot:
 
 @dataclass(frozen=True)
 class SandboxRequest:
-    """The sandbox to place: its key for messages and its pool key (None: no pool)."""
+    """The sandbox to place: its key for messages, its pool key (None: no pool), its
+    placement (joined with its RuntimeClass's) and the runtime handler its class
+    names (None: no class, any node's default)."""
 
     key: str
     pool: str | None = None
     placement: Placement | None = None
+    handler: str | None = None
 
 
 @dataclass(frozen=True)
@@ -94,17 +99,32 @@ def _spread_key(slot: NodeSlot, pool: str | None) -> tuple[int, float, int, str]
 
 def choose_node(sandbox: SandboxRequest, nodes: Sequence[NodeSlot], now: datetime) -> Choice:
     """The node ``sandbox`` should be bound to, or None and why none fits."""
-    allowed = [n for n in nodes if misfit(sandbox.placement, n.labels, n.taints) is None]
+    handled = [n for n in nodes if sandbox.handler is None or sandbox.handler in n.runtime_handlers]
+    allowed = [n for n in handled if misfit(sandbox.placement, n.labels, n.taints) is None]
     fits = [n for n in allowed if n.ready(now) and n.free > 0]
     if fits:
         best = min(fits, key=lambda n: _spread_key(n, sandbox.pool))
         return Choice(node=best.name)
-    return _why_not(allowed, now, total=len(nodes))
+    return _why_not(
+        allowed,
+        now,
+        total=len(nodes),
+        no_handler=len(nodes) - len(handled),
+        handler=sandbox.handler,
+    )
 
 
-def _why_not(nodes: Sequence[NodeSlot], now: datetime, *, total: int) -> Choice:
-    """Why none of ``nodes`` (those the sandbox's placement allows, of ``total``) fits."""
-    excluded = total - len(nodes)
+def _why_not(
+    nodes: Sequence[NodeSlot],
+    now: datetime,
+    *,
+    total: int,
+    no_handler: int = 0,
+    handler: str | None = None,
+) -> Choice:
+    """Why none of ``nodes`` (those the sandbox's handler and placement allow, of
+    ``total``; ``no_handler`` lack its runtime handler) fits."""
+    excluded = total - len(nodes) - no_handler
     if total == 0:
         return Choice(
             None, Unschedulable.NO_NODES, "0/0 nodes are available: no SandboxNode exists"
@@ -116,6 +136,7 @@ def _why_not(nodes: Sequence[NodeSlot], now: datetime, *, total: int) -> Choice:
     parts = [
         f"{count} {what}"
         for count, what in (
+            (no_handler, f'no runtime handler "{handler}"'),
             (excluded, "untolerated taint or node selector/affinity mismatch"),
             (not_ready, "NotReady"),
             (disabled, "Disabled"),

@@ -27,6 +27,7 @@ from sandlot.adapters.containerd.connection import Connection, to_datetime
 from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2
 from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
+from sandlot.adapters.containerd.gen.types.runc.options import oci_pb2
 from sandlot.adapters.containerd.gen.types.task import task_pb2
 from sandlot.adapters.containerd.images import Images
 from sandlot.adapters.containerd.remap import ROOT_DIR, Remapper
@@ -46,6 +47,8 @@ from sandlot.adapters.runtime import (
 DEFAULT_RUNTIME = "io.containerd.runc.v2"
 DEFAULT_SNAPSHOTTER = "overlayfs"
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
+# containerd's typeurl registry names protobuf messages by their full name.
+RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
 # A create lease outlives a crashed agent by this much, then containerd's GC drops it.
 CREATE_LEASE_TTL = timedelta(hours=1)
 
@@ -157,7 +160,7 @@ class Containers:
                 id=spec.id,
                 image=spec.image,
                 labels=dict(spec.labels),
-                runtime=containers_pb2.Container.Runtime(name=self.runtime_name),
+                runtime=self._runtime_of(spec),
                 spec=any_pb2.Any(
                     type_url=SPEC_TYPE_URL, value=json.dumps(oci_spec).encode("utf-8")
                 ),
@@ -179,6 +182,20 @@ class Containers:
         finally:
             self._conn.delete_lease_quietly(lease, budget)
         return _container_info(response.container)
+
+    def _runtime_of(self, spec: ContainerSpec) -> Any:
+        """The container's shim, and the runc shim's options when the handler names
+        another OCI runtime binary (``BinaryName``, as containerd's CRI passes it)."""
+        handler = spec.handler
+        if handler is None:
+            return containers_pb2.Container.Runtime(name=self.runtime_name)
+        runtime = containers_pb2.Container.Runtime(name=handler.shim)
+        if handler.binary_name:
+            options = oci_pb2.Options(binary_name=handler.binary_name)
+            runtime.options.CopyFrom(
+                any_pb2.Any(type_url=RUNC_OPTIONS_TYPE_URL, value=options.SerializeToString())
+            )
+        return runtime
 
     def _prepare(self, spec: ContainerSpec, parent: str, budget: Deadline, lease: str) -> None:
         what = f"Snapshots.Prepare {spec.id} from image {spec.image}"
@@ -208,14 +225,20 @@ class Containers:
         load; a start left with what creation did not spend would time out a task
         that is ready and throw its creation away."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        mounts = self._mounts(container_id, budget)
+        container = self._record(container_id, budget)
+        mounts = self._mounts_of(container, budget)
         # The shim opens both: a FIFO (the agent reads it) or a file:// URI (append).
         what = f"Tasks.Create {container_id}"
+        request = tasks_pb2.CreateTaskRequest(
+            container_id=container_id, rootfs=mounts, stdout=stdio, stderr=stdio
+        )
+        if container.runtime.HasField("options"):
+            # As containerd's Go client does for the runc shim: its options (the OCI
+            # runtime binary) go with the task, which is where the shim reads them.
+            request.options.CopyFrom(container.runtime.options)
         self._conn.call(
             self._conn.tasks.Create,
-            tasks_pb2.CreateTaskRequest(
-                container_id=container_id, rootfs=mounts, stdout=stdio, stderr=stdio
-            ),
+            request,
             timeout=budget.remaining(what),
             what=what,
         )
@@ -237,13 +260,19 @@ class Containers:
 
     def _mounts(self, container_id: str, budget: Deadline) -> Any:
         """The mounts of the container's root filesystem (its snapshot's)."""
+        return self._mounts_of(self._record(container_id, budget), budget)
+
+    def _record(self, container_id: str, budget: Deadline) -> Any:
         what = f"Containers.Get {container_id}"
-        container = self._conn.call(
+        return self._conn.call(
             self._conn.containers.Get,
             containers_pb2.GetContainerRequest(id=container_id),
             timeout=budget.remaining(what),
             what=what,
         ).container
+
+    def _mounts_of(self, container: Any, budget: Deadline) -> Any:
+        container_id = container.id
         what = f"Snapshots.Mounts {container.snapshot_key} for container {container_id}"
         return self._conn.call(
             self._conn.snapshots.Mounts,

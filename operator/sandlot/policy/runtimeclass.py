@@ -1,0 +1,226 @@
+"""Runtime classes: which runtime handler runs a sandbox, where it may go and what
+it costs. Pure.
+
+A sandbox's ``spec.runtimeClassName`` has a Pod's meaning: the RuntimeClass
+(``node.k8s.io/v1``) of that name gives the ``handler`` the node's containerd runs
+it with, ``scheduling`` (a node selector and tolerations joined to the sandbox's
+own) and ``overhead.podFixed`` (counted in the node's capacity beside its limits).
+
+A node's handlers are what its containerd's CRI configuration declares, each
+offered only when its binaries exist, and ``runc`` always (containerd's default
+runtime needs no declaration). The agent drives the runc shim itself, so a
+runc-shim handler's ``BinaryName`` (crun, say) is honoured by passing the shim
+the same option the CRI plugin would. A class sandlot cannot honour fully (an
+overhead in a resource it does not count) is refused rather than half-applied.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandlot.api.placement import Toleration
+from sandlot.policy.placement import Placement
+from sandlot.policy.quantity import memory_bytes, parse_quantity
+
+RUNC = "runc"
+RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
+# Where each CRI configuration version keeps its runtimes (1.x's version 2, 2.x's 3).
+CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+
+CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
+
+REASON_HANDLER_UNKNOWN = "RuntimeHandlerUnknown"
+REASON_CLASS_NOT_FOUND = "RuntimeClassNotFound"
+REASON_INVALID_CLASS = "InvalidRuntimeClass"
+
+HANDLER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+COUNTED_OVERHEAD = ("cpu", "memory")
+
+
+@dataclass(frozen=True)
+class RuntimeHandler:
+    """A runtime the node's containerd offers: the shim (``runtime_type``) and, for
+    the runc shim, the OCI runtime binary it runs ("": runc)."""
+
+    name: str
+    runtime_type: str = RUNC_RUNTIME_TYPE
+    binary_name: str = ""
+    runtime_path: str = ""
+    """The shim binary's path when the configuration names it (``runtime_path``),
+    else "" (containerd finds the shim by ``runtime_type`` on its PATH)."""
+
+    @property
+    def shim(self) -> str:
+        """What containerd is asked to run: the shim's path, else its type."""
+        return self.runtime_path or self.runtime_type
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The handlers found, and each one left out with why."""
+
+    handlers: tuple[RuntimeHandler, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.handlers)
+
+    def get(self, name: str) -> RuntimeHandler | None:
+        return next((h for h in self.handlers if h.name == name), None)
+
+
+@dataclass(frozen=True)
+class RuntimeClassInfo:
+    """What sandlot takes from a RuntimeClass."""
+
+    name: str
+    handler: str
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    overhead_memory: int = 0
+    """Bytes."""
+    overhead_cpu_millis: int = 0
+
+
+class RuntimeClassRefused(Exception):
+    """A sandbox's runtime class cannot be honoured; ``reason`` is its status reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def shim_binary(runtime_type: str) -> str:
+    """The shim binary containerd starts for ``runtime_type``, by its naming rule
+    (``io.containerd.runsc.v1`` -> ``containerd-shim-runsc-v1``)."""
+    parts = runtime_type.split(".")
+    return f"containerd-shim-{parts[-2]}-{parts[-1]}" if len(parts) >= 2 else runtime_type
+
+
+def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -> Discovery:
+    """The handlers of containerd's configuration ``config`` (its TOML, parsed);
+    ``found(binary)`` says whether a binary (a path or a name on PATH) exists."""
+    declared: dict[str, Mapping[str, Any]] = {}
+    plugins = config.get("plugins") or {}
+    for plugin in CRI_PLUGINS:
+        runtimes = ((plugins.get(plugin) or {}).get("containerd") or {}).get("runtimes") or {}
+        for name, body in runtimes.items():
+            if isinstance(body, Mapping):
+                declared.setdefault(str(name), body)
+    handlers: list[RuntimeHandler] = []
+    skipped: list[tuple[str, str]] = []
+    for name, body in sorted(declared.items()):
+        runtime_type = str(body.get("runtime_type") or RUNC_RUNTIME_TYPE)
+        options = body.get("options") or {}
+        binary = str(options.get("BinaryName") or "") if runtime_type == RUNC_RUNTIME_TYPE else ""
+        path = str(body.get("runtime_path") or "")
+        shim = path or shim_binary(runtime_type)
+        if not HANDLER_NAME.match(name) or len(name) > 63:
+            skipped.append((name, "not a valid handler name (a DNS label)"))
+        elif (path or runtime_type != RUNC_RUNTIME_TYPE) and not found(shim):
+            skipped.append((name, f"its shim {shim} is not installed"))
+        elif binary and not found(binary):
+            skipped.append((name, f"its BinaryName {binary} does not exist"))
+        else:
+            handlers.append(RuntimeHandler(name, runtime_type, binary, path))
+    if not any(h.name == RUNC for h in handlers) and RUNC not in dict(skipped):
+        handlers.insert(0, RuntimeHandler(RUNC))
+    return Discovery(tuple(handlers), tuple(skipped))
+
+
+def as_pod_sandbox(oci_spec: dict[str, Any], handler: RuntimeHandler | None) -> dict[str, Any]:
+    """The spec with CRI's annotations saying it is a pod's sandbox, for a shim of
+    its own kind (gVisor's): such a shim runs a spec without them as a container
+    joining a pod, and never hands it its stdio. A sandlot sandbox is a pod of one;
+    the runc shim needs nothing, so its specs stay as they are."""
+    if handler is None or handler.runtime_type == RUNC_RUNTIME_TYPE:
+        return oci_spec
+    annotations = dict(oci_spec.get("annotations") or {})
+    annotations[CRI_CONTAINER_TYPE] = "sandbox"
+    return {**oci_spec, "annotations": annotations}
+
+
+def read_runtime_class(name: str, body: Mapping[str, Any] | None) -> RuntimeClassInfo:
+    """The RuntimeClass ``name`` as read (``body``; None: it does not exist), or
+    ``RuntimeClassRefused`` saying why a sandbox cannot run under it."""
+    if body is None:
+        raise RuntimeClassRefused(REASON_CLASS_NOT_FOUND, f'RuntimeClass "{name}" does not exist')
+
+    def invalid(why: str) -> RuntimeClassRefused:
+        return RuntimeClassRefused(REASON_INVALID_CLASS, f'RuntimeClass "{name}": {why}')
+
+    handler = str(body.get("handler") or "")
+    if not HANDLER_NAME.match(handler) or len(handler) > 63:
+        raise invalid(f"handler {handler!r} is not a DNS label")
+    scheduling = body.get("scheduling") or {}
+    try:
+        tolerations = tuple(
+            Toleration.model_validate(t) for t in scheduling.get("tolerations") or []
+        )
+    except ValidationError as exc:
+        raise invalid(f"scheduling.tolerations: {exc.errors()[0]['msg']}") from None
+    selector = tuple(
+        sorted((str(k), str(v)) for k, v in (scheduling.get("nodeSelector") or {}).items())
+    )
+    fixed = (body.get("overhead") or {}).get("podFixed") or {}
+    uncounted = sorted(set(fixed) - set(COUNTED_OVERHEAD))
+    if uncounted:
+        raise invalid(
+            f"overhead.podFixed names {', '.join(uncounted)}; sandlot counts only cpu and "
+            "memory in a node's capacity"
+        )
+    try:
+        memory = memory_bytes(str(fixed["memory"])) if "memory" in fixed else 0
+        cpu = int(parse_quantity(str(fixed["cpu"])) * 1000) if "cpu" in fixed else 0
+    except ValueError as exc:
+        raise invalid(f"overhead.podFixed: {exc}") from None
+    return RuntimeClassInfo(name, handler, selector, tolerations, memory, cpu)
+
+
+def check_handler(info: RuntimeClassInfo, node: str, offered: Sequence[str]) -> None:
+    """Refuse a class whose handler the node does not offer, naming both."""
+    if info.handler not in offered:
+        raise RuntimeClassRefused(
+            REASON_HANDLER_UNKNOWN,
+            f'RuntimeClass "{info.name}" asks for runtime handler "{info.handler}", which '
+            f"node {node} does not offer (it offers: {', '.join(sorted(offered)) or 'none'})",
+        )
+
+
+def joined_placement(placement: Placement | None, info: RuntimeClassInfo) -> Placement | None:
+    """The sandbox's placement with the class's selector and tolerations added, as the
+    RuntimeClass admission plugin merges them into a Pod (which refuses a Pod whose
+    selector contradicts the class's; here such a sandbox matches no node)."""
+    if not info.node_selector and not info.tolerations:
+        return placement
+    base = placement or Placement()
+    return Placement(
+        tolerations=(*base.tolerations, *info.tolerations),
+        # Both hold: a key the two set differently matches no node.
+        node_selector=tuple(sorted({*base.node_selector, *info.node_selector})),
+        affinity=base.affinity,
+    )
+
+
+__all__ = [
+    "REASON_CLASS_NOT_FOUND",
+    "REASON_HANDLER_UNKNOWN",
+    "REASON_INVALID_CLASS",
+    "RUNC",
+    "Discovery",
+    "RuntimeClassInfo",
+    "RuntimeClassRefused",
+    "RuntimeHandler",
+    "as_pod_sandbox",
+    "check_handler",
+    "discover_handlers",
+    "joined_placement",
+    "read_runtime_class",
+    "shim_binary",
+]

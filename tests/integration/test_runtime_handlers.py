@@ -1,0 +1,139 @@
+"""Runtime handlers, claimed against a real agent, kube-apiserver and containerd
+(both release lines): the agent publishes the handlers its containerd's CRI
+configuration declares (runc, and crun through the runc shim's ``BinaryName``), a
+sandbox whose RuntimeClass names crun is run by crun (``crun list`` over the shim's
+state shows it, ``runc list`` does not), and the sandbox's isolation is the same
+under both: capabilities, no new privileges, seccomp, masked and read-only paths.
+On containerd 2.x a sandbox whose class names gvisor runs on gVisor's kernel: its
+``uname`` and ``dmesg`` are gVisor's (in its log, and through an exec), and runsc
+lists its container.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from sandlot.adapters.containerd.execs import open_execs
+from sandlot.agent.sandboxes import container_id_for
+from sandlot.devtools.containerd import PrivateContainerd, gvisor_bin_dir
+from sandlot.policy.ocispec import DEFAULT_CAPABILITIES, capability_mask
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
+from tests.support.runtimeclasses import (
+    HandlerRig,
+    oci_runtime_list,
+    runsc_list,
+    runtime_class,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.containerd, EVERY_CONTAINERD]
+
+DONE = "__done__"
+SLEEP = "sleep 1000"
+# What SPEC section 7 fixes, read from inside: the status lines, the masked files'
+# sizes, a write to a read-only /proc path, and the masked /sys/firmware.
+PROBE = (
+    "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|NoNewPrivs|Seccomp):' /proc/self/status; "
+    "for p in /proc/keys /proc/timer_list /proc/kcore; do "
+    'echo "size $p $(busybox wc -c < $p 2>/dev/null)"; done; '
+    "echo 0 > /proc/sys/kernel/panic 2>/dev/null && echo sysctl written || echo sysctl refused; "
+    'echo "firmware $(ls /sys/firmware | busybox wc -l)"; '
+    f"echo {DONE}; {SLEEP}"
+)
+
+
+def test_the_agent_publishes_the_handlers_its_containerd_offers(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
+    # gVisor's shim speaks containerd 2's shim protocol: the 2.x rig declares it.
+    expected = ["crun", "gvisor", "runc"] if containerd.line == LINE_2 else ["crun", "runc"]
+    if containerd.line == LINE_2:
+        assert gvisor_bin_dir() is not None, "gVisor is not built (make setup builds it)"
+    node = handler_rig.sandbox_node()
+    handlers = [h["name"] for h in node["status"]["runtimeHandlers"]]
+    assert sorted(handlers) == expected, node["status"]
+
+
+def test_a_crun_class_runs_under_crun_and_no_class_under_runc(handler_rig: HandlerRig) -> None:
+    with runtime_class(handler_rig.kube, "crun") as crun_class:
+        by_crun = handler_rig.run(SLEEP, runtimeClassName=crun_class)
+        by_default = handler_rig.run(SLEEP)
+        ids = {
+            name: container_id_for(handler_rig.wait(name, "Running")["metadata"]["uid"])
+            for name in (by_crun, by_default)
+        }
+    crun_listed = oci_runtime_list("crun", handler_rig.ctr_ns)
+    runc_listed = oci_runtime_list("runc", handler_rig.ctr_ns)
+    assert ids[by_crun] in crun_listed and ids[by_crun] not in runc_listed, crun_listed
+    assert ids[by_default] in runc_listed and ids[by_default] not in crun_listed, runc_listed
+
+
+def _isolation(rig: HandlerRig, handler: str, runtime_class_name: str) -> dict[str, str]:
+    """What the probe saw in a sandbox of the class, once that handler's OCI runtime
+    is shown to be the one that created it."""
+    name = rig.run(PROBE, runtimeClassName=runtime_class_name)
+    uid = rig.wait(name, "Running")["metadata"]["uid"]
+    assert container_id_for(uid) in oci_runtime_list(handler, rig.ctr_ns)
+    out = rig.output(name, DONE)
+    seen = dict(re.findall(r"^(\w+):\s*(\S+)$", out, re.MULTILINE))
+    seen.update(re.findall(r"^(size \S+) (\d*)$", out, re.MULTILINE))
+    seen["sysctl"] = "written" if "sysctl written" in out else "refused"
+    seen["firmware"] = re.search(r"^firmware (\d+)$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    return seen
+
+
+def test_isolation_is_the_same_under_runc_and_crun(handler_rig: HandlerRig) -> None:
+    with (
+        runtime_class(handler_rig.kube, "runc") as runc_class,
+        runtime_class(handler_rig.kube, "crun") as crun_class,
+    ):
+        under_runc = _isolation(handler_rig, "runc", runc_class)
+        under_crun = _isolation(handler_rig, "crun", crun_class)
+    assert under_crun == under_runc
+    baseline = capability_mask(DEFAULT_CAPABILITIES)
+    for field in ("CapPrm", "CapEff", "CapBnd"):
+        assert int(under_crun[field], 16) == baseline, under_crun
+    assert int(under_crun["CapInh"], 16) == 0
+    assert under_crun["NoNewPrivs"] == "1" and under_crun["Seccomp"] == "2", under_crun
+    masked = {k: v for k, v in under_crun.items() if k.startswith("size ")}
+    assert masked and set(masked.values()) <= {"0", ""}, under_crun
+    assert under_crun["sysctl"] == "refused" and under_crun["firmware"] == "0", under_crun
+
+
+def _exec_output(containerd: PrivateContainerd, rig: HandlerRig, container: str, *argv: str) -> str:
+    execs = open_execs(containerd.address, rig.ctr_ns, str(rig.log_dir.parent / "fifos"))
+    try:
+        process = execs.start(container, "probe", list(argv), tty=False, stdin=False, timeout=30)
+        try:
+            chunks = []
+            while chunk := os.read(process.stdout, 65536):
+                chunks.append(chunk)
+            assert execs.wait(process, timeout=30) == 0, chunks
+        finally:
+            process.release()
+        return b"".join(chunks).decode()
+    finally:
+        execs.close()
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_gvisor_class_runs_on_gvisor_s_kernel(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
+    with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
+        name = handler_rig.run(
+            f"uname -r; dmesg | head -3; echo {DONE}; {SLEEP}", runtimeClassName=gvisor_class
+        )
+        uid = handler_rig.wait(name, "Running")["metadata"]["uid"]
+        out = handler_rig.output(name, DONE)
+    kernel = out.splitlines()[0]
+    assert kernel.endswith("gvisor"), out  # 4.19.0-gvisor: not the node's
+    assert "Starting gVisor..." in out, out
+    assert container_id_for(uid) in runsc_list(handler_rig.ctr_ns)
+    # An exec (containerd's Tasks.Exec, as `sandlot exec` uses) lands inside it too.
+    exec_kernel = _exec_output(
+        containerd, handler_rig, container_id_for(uid), "sh", "-c", "uname -r"
+    )
+    assert exec_kernel.strip() == kernel, exec_kernel

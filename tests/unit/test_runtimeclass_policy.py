@@ -1,0 +1,282 @@
+"""Runtime classes, pure: the handlers a containerd configuration offers, what a
+RuntimeClass means (or why it is refused), the handler check, the joined placement,
+the scheduler's choice by handler, the overhead in capacity, and the agent's reads
+of RuntimeClasses kept for a TTL on a fake clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandlot.agent.capacity import refusals
+from sandlot.agent.runtimes import ContainerdConfigUnreadable, RuntimeClasses, discover
+from sandlot.agent.settings import AgentSettings
+from sandlot.api.node import NodePhase
+from sandlot.api.placement import Toleration
+from sandlot.policy.agentsync import SandboxState
+from sandlot.policy.capacity import Capacity
+from sandlot.policy.placement import Placement
+from sandlot.policy.runtimeclass import (
+    REASON_CLASS_NOT_FOUND,
+    REASON_HANDLER_UNKNOWN,
+    REASON_INVALID_CLASS,
+    RUNC_RUNTIME_TYPE,
+    Discovery,
+    RuntimeClassInfo,
+    RuntimeClassRefused,
+    RuntimeHandler,
+    as_pod_sandbox,
+    check_handler,
+    discover_handlers,
+    joined_placement,
+    read_runtime_class,
+    shim_binary,
+)
+from sandlot.policy.scheduling import NodeSlot, SandboxRequest, Unschedulable, choose_node
+
+V2 = "io.containerd.grpc.v1.cri"
+V3 = "io.containerd.cri.v1.runtime"
+INSTALLED = {"/usr/bin/crun", "containerd-shim-runsc-v1"}
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def config(plugin: str, **runtimes: Mapping[str, Any]) -> dict[str, Any]:
+    return {"plugins": {plugin: {"containerd": {"runtimes": runtimes}}}}
+
+
+CRUN = {"runtime_type": RUNC_RUNTIME_TYPE, "options": {"BinaryName": "/usr/bin/crun"}}
+
+
+@pytest.mark.parametrize(
+    ("cfg", "names", "skipped"),
+    [
+        ({}, ["runc"], []),
+        (config(V2, crun=CRUN), ["runc", "crun"], []),
+        (config(V3, crun=CRUN), ["runc", "crun"], []),
+        (config(V2, runc={"runtime_type": RUNC_RUNTIME_TYPE}, crun=CRUN), ["crun", "runc"], []),
+        (
+            config(V2, crun={"options": {"BinaryName": "/opt/crun"}}),
+            ["runc"],
+            ["crun"],
+        ),
+        (config(V3, gvisor={"runtime_type": "io.containerd.runsc.v1"}), ["runc", "gvisor"], []),
+        (config(V3, kata={"runtime_type": "io.containerd.kata.v2"}), ["runc"], ["kata"]),
+        (config(V2, Bad_Name=CRUN), ["runc"], ["Bad_Name"]),
+        (
+            config(V3, gvisor={"runtime_type": "io.containerd.runsc.v1", "runtime_path": "/opt/s"}),
+            ["runc"],
+            ["gvisor"],
+        ),
+    ],
+    ids=[
+        "no-config-runc-only",
+        "crun-v2",
+        "crun-v3",
+        "runc-declared",
+        "missing-binary-skipped",
+        "shim-installed",
+        "shim-missing-skipped",
+        "bad-name-skipped",
+        "runtime-path-missing-skipped",
+    ],
+)
+def test_discovery_offers_what_exists_and_runc_always(
+    cfg: dict[str, Any], names: list[str], skipped: list[str]
+) -> None:
+    found = discover_handlers(cfg, INSTALLED.__contains__)
+    assert list(found.names) == names
+    assert [name for name, _ in found.skipped] == skipped
+
+
+def test_a_crun_handler_carries_its_binary_and_the_runc_shim() -> None:
+    found = discover_handlers(config(V2, crun=CRUN), INSTALLED.__contains__)
+    assert found.get("crun") == RuntimeHandler("crun", RUNC_RUNTIME_TYPE, "/usr/bin/crun")
+    assert shim_binary("io.containerd.runsc.v1") == "containerd-shim-runsc-v1"
+
+
+def test_a_shim_named_by_path_is_what_containerd_runs() -> None:
+    runsc = {"runtime_type": "io.containerd.runsc.v1", "runtime_path": "/opt/shim-runsc"}
+    found = discover_handlers(config(V3, gvisor=runsc), {"/opt/shim-runsc"}.__contains__)
+    handler = found.get("gvisor")
+    assert handler is not None and handler.shim == "/opt/shim-runsc"
+    assert RuntimeHandler("crun", binary_name="/usr/bin/crun").shim == RUNC_RUNTIME_TYPE
+
+
+def test_only_a_shim_of_its_own_kind_gets_the_pod_sandbox_annotation() -> None:
+    spec = {"process": {}, "annotations": {"a": "b"}}
+    assert as_pod_sandbox(spec, None) is spec
+    assert as_pod_sandbox(spec, RuntimeHandler("crun", binary_name="/usr/bin/crun")) is spec
+    marked = as_pod_sandbox(spec, RuntimeHandler("gvisor", "io.containerd.runsc.v1"))
+    assert marked["annotations"] == {"a": "b", "io.kubernetes.cri.container-type": "sandbox"}
+    assert spec["annotations"] == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("body", "reason", "names"),
+    [
+        (None, REASON_CLASS_NOT_FOUND, "does not exist"),
+        ({"handler": "Not_A_Label"}, REASON_INVALID_CLASS, "Not_A_Label"),
+        (
+            {"handler": "crun", "overhead": {"podFixed": {"example.com/gpu": "1"}}},
+            REASON_INVALID_CLASS,
+            "example.com/gpu",
+        ),
+        (
+            {"handler": "crun", "overhead": {"podFixed": {"memory": "lots"}}},
+            REASON_INVALID_CLASS,
+            "overhead.podFixed",
+        ),
+        (
+            {"handler": "crun", "scheduling": {"tolerations": [{"effect": "Sometimes"}]}},
+            REASON_INVALID_CLASS,
+            "scheduling.tolerations",
+        ),
+    ],
+    ids=["missing", "bad-handler", "uncounted-overhead", "bad-quantity", "bad-toleration"],
+)
+def test_a_class_that_cannot_be_honoured_is_refused(
+    body: dict[str, Any] | None, reason: str, names: str
+) -> None:
+    with pytest.raises(RuntimeClassRefused) as refused:
+        read_runtime_class("rc", body)
+    assert refused.value.reason == reason
+    assert names in str(refused.value) and '"rc"' in str(refused.value)
+
+
+def test_a_class_gives_its_handler_scheduling_and_overhead() -> None:
+    body = {
+        "handler": "crun",
+        "scheduling": {
+            "nodeSelector": {"runtime": "crun"},
+            "tolerations": [{"key": "sandbox", "operator": "Exists"}],
+        },
+        "overhead": {"podFixed": {"memory": "64Mi", "cpu": "250m"}},
+    }
+    info = read_runtime_class("fast", body)
+    assert info == RuntimeClassInfo(
+        "fast",
+        "crun",
+        (("runtime", "crun"),),
+        (Toleration(key="sandbox", operator="Exists"),),
+        64 * 2**20,
+        250,
+    )
+
+
+def test_a_handler_the_node_lacks_is_refused_naming_both() -> None:
+    info = RuntimeClassInfo("secure", "gvisor")
+    check_handler(info, "n1", ["runc", "gvisor"])
+    with pytest.raises(RuntimeClassRefused) as refused:
+        check_handler(info, "n1", ["runc", "crun"])
+    assert refused.value.reason == REASON_HANDLER_UNKNOWN
+    assert '"gvisor"' in str(refused.value) and "crun, runc" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("own", "selector", "expected"),
+    [
+        (None, (), None),
+        (None, (("runtime", "crun"),), (("runtime", "crun"),)),
+        (
+            Placement(node_selector=(("zone", "a"),)),
+            (("runtime", "crun"),),
+            (("runtime", "crun"), ("zone", "a")),
+        ),
+        (
+            Placement(node_selector=(("runtime", "runc"),)),
+            (("runtime", "crun"),),
+            (("runtime", "crun"), ("runtime", "runc")),
+        ),
+    ],
+    ids=["nothing", "class-only", "both", "contradiction-kept"],
+)
+def test_the_class_selector_joins_the_sandbox_s(
+    own: Placement | None,
+    selector: tuple[tuple[str, str], ...],
+    expected: tuple[tuple[str, str], ...] | None,
+) -> None:
+    joined = joined_placement(own, RuntimeClassInfo("rc", "crun", selector))
+    assert (joined.node_selector if joined else None) == expected
+
+
+def _slot(name: str, *handlers: str, load: int = 0) -> NodeSlot:
+    return NodeSlot(
+        name=name,
+        phase=NodePhase.READY,
+        unschedulable=False,
+        capacity=10,
+        sandboxes=load,
+        runtime_handlers=frozenset(handlers),
+    )
+
+
+@pytest.mark.parametrize(
+    ("handler", "expected"),
+    [(None, "plain"), ("crun", "crun-node"), ("runc", "plain")],
+    ids=["no-class-least-loaded", "crun-only-where-offered", "runc-anywhere"],
+)
+def test_the_scheduler_places_only_on_nodes_with_the_handler(
+    handler: str | None, expected: str
+) -> None:
+    nodes = [_slot("plain", "runc"), _slot("crun-node", "runc", "crun", load=5)]
+    assert choose_node(SandboxRequest("ns/a", handler=handler), nodes, NOW).node == expected
+
+
+def test_no_node_with_the_handler_says_so() -> None:
+    choice = choose_node(SandboxRequest("ns/a", handler="gvisor"), [_slot("a", "runc")], NOW)
+    assert choice.reason is Unschedulable.NO_MATCHING_NODE
+    assert choice.message == '0/1 nodes are available: 1 no runtime handler "gvisor"'
+
+
+def test_the_overhead_counts_in_capacity_beside_the_limits() -> None:
+    body = {
+        "metadata": {"namespace": "ns", "name": "heavy", "uid": "u1"},
+        "spec": {"image": "i", "nodeName": "n", "resources": {"limits": {"memory": "600Mi"}}},
+        "status": {"phase": "Scheduled"},
+    }
+    bodies = {"ns/heavy": (SandboxState.from_object(body), body)}
+    settings = AgentSettings(node_name="n")
+    capacity = Capacity(sandboxes=10, memory=2**30)
+    heavy_class = {"ns/heavy": RuntimeClassInfo("vm", "crun", overhead_memory=600 * 2**20)}
+    assert refusals("n", bodies, set(), ["ns/heavy"], settings, capacity) == {}
+    refused = refusals("n", bodies, set(), ["ns/heavy"], settings, capacity, heavy_class)
+    assert "1.17Gi does not fit" in refused["ns/heavy"]
+
+
+def test_the_agent_reads_a_class_once_per_ttl() -> None:
+    reads: list[str] = []
+    now = [0.0]
+
+    def read(name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        return {"handler": "crun"}
+
+    classes = RuntimeClasses(
+        read,
+        "n1",
+        Discovery((RuntimeHandler("runc"), RuntimeHandler("crun"))),
+        clock=lambda: now[0],
+    )
+    spec = {"runtimeClassName": "fast"}
+    assert classes.resolve(spec)[1] == RuntimeHandler("crun")
+    now[0] = 4.9
+    classes.resolve(spec)
+    assert reads == ["fast"]
+    now[0] = 5.0
+    classes.resolve(spec)
+    assert reads == ["fast", "fast"]
+    assert classes.resolve({}) == (None, None)
+
+
+def test_a_containerd_config_that_is_not_toml_stops_the_agent_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("version = [")
+    with pytest.raises(ContainerdConfigUnreadable, match="--containerd-config / SANDLOT_"):
+        discover(str(config))
+    assert discover(str(tmp_path / "absent.toml")).names == ("runc",)
