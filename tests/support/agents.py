@@ -172,7 +172,7 @@ def schedule_sandbox(
 ) -> dict[str, Any]:
     """Create Sandbox ``name`` bound to ``node`` and mark it Scheduled, as the
     scheduler would: what an agent picks up. Returns the created object."""
-    objs = client.CustomObjectsApi(api)
+    objs: Any = client.CustomObjectsApi(api)
     metadata: dict[str, Any] = {"name": name}
     if labels:
         metadata["labels"] = dict(labels)

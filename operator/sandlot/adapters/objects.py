@@ -19,6 +19,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import GROUP, READY_CONDITION, VERSION, Condition
@@ -112,11 +113,7 @@ class Objects:
     def get_runtime_class(self, name: str) -> dict[str, Any] | None:
         """The RuntimeClass ``name`` (node.k8s.io/v1) as JSON, None when it does not exist."""
         try:
-            return dict(
-                self.api.sanitize_for_serialization(
-                    client.NodeV1Api(self.api).read_runtime_class(name)
-                )
-            )
+            return dict(to_json(self.api, client.NodeV1Api(self.api).read_runtime_class(name)))
         except ApiException as e:
             if e.status == 404:
                 return None
