@@ -63,6 +63,7 @@ from sandlot.agent.bringup import (
 )
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.environment import Environment, node_brokered_data
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
@@ -208,6 +209,9 @@ class Agent:
             cancel=self._stop,
             image_gate=self.image_gate,
             log_writer=self.log_writer,
+            environment=Environment(
+                node_brokered_data(self.objects.api, settings.namespace, settings.node_name)
+            ),
         )
         self.sync = SandboxSync(
             self.node,

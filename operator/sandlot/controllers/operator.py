@@ -317,7 +317,12 @@ async def run(
     informer.start()
     # Every Sandbox through one lean watch of its own, not kopf's per-object
     # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(objects, leading, settings.namespace)
+    broker = pullcredentials.PullCredentialBroker(
+        objects,
+        leading,
+        settings.namespace,
+        retry_interval=settings.env_reference_retry_interval.total_seconds(),
+    )
     feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
     sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
     sandbox_informer.start()
