@@ -155,6 +155,9 @@ def test_wanted_references_of_a_node_leave_terminal_sandboxes_out() -> None:
         sb("c", "Failed", [secret_key("C", "old", "pw")]),
     ]
     assert wanted_references(sandboxes) == {(NS, "secret", "db"): {"pw", "user"}}
+    whole = {**sandboxes[0], "spec": {"image": "b", "envFrom": [{"secretRef": {"name": "db"}}]}}
+    assert wanted_references([*sandboxes, whole]) == {(NS, "secret", "db"): None}
+    assert wanted_references([whole, *sandboxes]) == {(NS, "secret", "db"): None}
 
 
 @pytest.mark.parametrize(

@@ -85,10 +85,8 @@ def wanted_references(sandboxes: Sequence[Mapping[str, Any]]) -> Wanted:
         namespace = sb["metadata"]["namespace"]
         for (_, kind, name), keys in env_references(sb.get("spec") or {}).items():
             target = (namespace, kind, name)
-            if target in wanted and (wanted[target] is None or keys is None):
-                wanted[target] = None
-            else:
-                wanted[target] = (wanted.get(target) or set()) | (keys or set())
+            before = wanted.get(target, set())
+            wanted[target] = None if (keys is None or before is None) else before | keys
     return wanted
 
 
