@@ -202,3 +202,18 @@ def test_malformed_env_references_are_refused(entry: dict[str, Any], error: str)
 def test_malformed_env_from_is_refused(entry: dict[str, Any]) -> None:
     with pytest.raises(ValidationError, match="exactly one of secretRef, configMapRef"):
         spec([], [entry])
+
+
+def test_a_pool_template_takes_the_same_references_with_the_same_refusals() -> None:
+    from sandlot.api.crdgen import crd_for
+    from sandlot.api.pool import SandboxPool
+
+    schema = crd_for(SandboxPool)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    template = schema["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    env_item = template["properties"]["env"]["items"]
+    from_item = template["properties"]["envFrom"]["items"]
+    assert "valueFrom" in env_item["properties"]
+    rules = [r["rule"] for r in env_item["x-kubernetes-validations"]]
+    rules += [r["rule"] for r in from_item["x-kubernetes-validations"]]
+    assert any("valueFrom" in r and "value" in r for r in rules), rules
+    assert any("secretRef" in r and "configMapRef" in r for r in rules), rules
