@@ -217,3 +217,17 @@ def test_a_pool_template_takes_the_same_references_with_the_same_refusals() -> N
     rules += [r["rule"] for r in from_item["x-kubernetes-validations"]]
     assert any("valueFrom" in r and "value" in r for r in rules), rules
     assert any("secretRef" in r and "configMapRef" in r for r in rules), rules
+
+
+def test_the_agent_reads_only_its_brokered_copy_and_waits_for_what_is_not_there() -> None:
+    from sandlot.adapters.pullsecrets import reference_key
+    from sandlot.agent.environment import Environment
+
+    s = spec([{"name": "A", "value": "1"}, secret_key("PW", "db", "pw")])
+    copy = {reference_key(NS, "secret", "db"): encode(Referenced(True, {"pw": "v"}))}
+    assert Environment(lambda: copy).variables(NS, s) == ["A=1", "PW=v"]
+    # Another namespace's entry of the same name is not this sandbox's.
+    with pytest.raises(EnvReferenceMissing, match='secret "db" not yet available'):
+        Environment(lambda: copy).variables("elsewhere", s)
+    with pytest.raises(EnvReferenceMissing, match='secret "db" not yet available'):
+        Environment(lambda: None).variables(NS, s)
