@@ -19,7 +19,14 @@ from sandlot.adapters.pullsecrets import reference_key
 from sandlot.agent.status import StatusWriter
 from sandlot.api.sandbox import REASON_CREATE_CONTAINER_CONFIG_ERROR, SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
-from sandlot.policy.envrefs import ObjectKey, Referenced, decode, resolve, wanted_keys
+from sandlot.policy.envrefs import (
+    EnvReferenceMissing,
+    ObjectKey,
+    Referenced,
+    decode,
+    resolve,
+    wanted_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +52,19 @@ class Environment:
             value = data.get(reference_key(namespace, kind, name))
             objects[(kind, name)] = decode(value) if value is not None else None
         return [f"{k}={v}" for k, v in resolve(namespace, spec.env, spec.env_from, objects)]
+
+    def for_start(
+        self, status: StatusWriter, sb: Mapping[str, Any], spec: SandboxSpec
+    ) -> tuple[bool, list[str] | None]:
+        """(ready, variables) for a start: None without references (the spec's plain
+        values are used); not ready when one is missing, after saying so in its status."""
+        if not references(spec):
+            return True, None
+        try:
+            return True, self.variables(sb["metadata"]["namespace"], spec)
+        except EnvReferenceMissing as exc:
+            hold_for_config(status, sb, str(exc))
+            return False, None
 
 
 def hold_for_config(status: StatusWriter, sb: Mapping[str, Any], message: str) -> None:

@@ -36,7 +36,7 @@ from sandlot.adapters.runtime import (
     TaskInfo,
 )
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
-from sandlot.agent.environment import Environment, hold_for_config, references
+from sandlot.agent.environment import Environment
 from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
@@ -50,7 +50,6 @@ from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.sandbox import REASON_RUN_AS_ROOT, SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.capacity import Capacity
-from sandlot.policy.envrefs import EnvReferenceMissing
 from sandlot.policy.ephemeralstorage import limit_labels
 from sandlot.policy.imageuser import UnknownImageUser
 from sandlot.policy.nodesecurity import (
@@ -117,8 +116,7 @@ class SandboxWork:
         environment: Environment | None = None,
     ) -> None:
         self.settings = settings
-        # Without a reader nothing is brokered: a reference waits (CreateContainerConfigError).
-        self.environment = environment or Environment(lambda: None)
+        self.environment = environment or Environment(lambda: None)  # references wait
         self.node = settings.node_name
         self.objects = objects
         self._rt = rt
@@ -324,13 +322,9 @@ class SandboxWork:
             except PullRefused as exc:
                 raise StartFailed(exc.reason, str(exc)) from None
         meta = sb["metadata"]
-        variables = None
-        if references(spec):
-            try:
-                variables = self.environment.variables(meta["namespace"], spec)
-            except EnvReferenceMissing as exc:
-                hold_for_config(self.status, sb, str(exc))
-                return None
+        ready, variables = self.environment.for_start(self.status, sb, spec)
+        if not ready:
+            return None  # held: CreateContainerConfigError, the next sync tries again
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
         try:
