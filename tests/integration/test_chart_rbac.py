@@ -289,3 +289,80 @@ def test_operator_brokers_pull_credentials_with_its_service_account_only(
         ("get", "secrets", "-n", "default"),
     ):
         assert can_i(config, *args) is (args[0] == "get" and args[3] == installed.namespace), args
+
+
+def test_operator_brokers_env_references_in_opted_in_namespaces_only(
+    installed: Installed,
+    kube: client.ApiClient,
+    control_plane: ControlPlane,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """With the chart's RBAC alone the operator reads the Secret and ConfigMap a
+    sandbox's environment references in a namespace that opted in (the pull-secrets
+    ClusterRole), and in one that did not it reads nothing: the reference is missing."""
+    from sandlot.adapters.objects import Objects
+    from sandlot.adapters.pullsecrets import brokered_data, reference_key
+    from sandlot.controllers.pullcredentials import broker_node
+    from sandlot.policy.envrefs import Referenced, decode
+
+    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    closed = f"closed-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": closed}})
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "sandlot-pull-secrets"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": f"{installed.release}-sandlot-pull-secrets",
+            },
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": installed.service_account("operator"),
+                    "namespace": installed.namespace,
+                }
+            ],
+        },
+    )
+    node = f"n-{uuid.uuid4().hex[:6]}"
+    env = [
+        {"name": "PW", "valueFrom": {"secretKeyRef": {"name": "db", "key": "pw"}}},
+        {"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "level"}}},
+    ]
+    for ns in (namespace, closed):
+        core.create_namespaced_secret(
+            ns, {"metadata": {"name": "db"}, "stringData": {"pw": "p", "unused": "u"}}
+        )
+        core.create_namespaced_config_map(
+            ns, {"metadata": {"name": "cfg"}, "data": {"level": "debug"}}
+        )
+        client.CustomObjectsApi(kube).create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            "sandboxes",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "Sandbox",
+                "metadata": {"name": "app"},
+                "spec": {"image": "reg.io/a:1", "nodeName": node, "env": env},
+            },
+        )
+    config = sa_kubeconfig(kube, control_plane, installed, "operator", tmp_path / "op.kubeconfig")
+    operator_api = load_api_client(str(config))
+    try:
+        assert broker_node(Objects(operator_api), installed.namespace, node)
+    finally:
+        operator_api.close()
+        core.delete_namespace(closed)
+    stored = brokered_data(kube, installed.namespace, node) or {}
+    read = {key: decode(value) for key, value in stored.items()}
+    assert read == {
+        reference_key(namespace, "secret", "db"): Referenced(True, {"pw": "p"}),
+        reference_key(namespace, "configmap", "cfg"): Referenced(True, {"level": "debug"}),
+        reference_key(closed, "secret", "db"): Referenced(False),
+        reference_key(closed, "configmap", "cfg"): Referenced(False),
+    }

@@ -29,6 +29,7 @@ from sandlot.adapters.pullsecrets import (
 from sandlot.api.common import GROUP, VERSION
 from sandlot.controllers.pullcredentials import broker_node
 from sandlot.devtools.controlplane import ControlPlane, helm_path
+from tests.support.kube import as_node_identity
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -78,24 +79,6 @@ def system_ns(kube: client.ApiClient) -> Iterator[str]:
     core.delete_namespace(name)
 
 
-def _as_node(
-    kube: client.ApiClient, plane: ControlPlane, namespace: str, node: str
-) -> client.ApiClient:
-    """A client holding a token the API server issued for the node's agent identity."""
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
-    )
-    token = (
-        client.CoreV1Api(kube)
-        .create_namespaced_service_account_token(node_identity(node), namespace, request)
-        .status.token
-    )
-    config = client.Configuration(host=plane.url)
-    config.ssl_ca_cert = str(plane.ca_file)
-    config.api_key = {"authorization": f"Bearer {token}"}
-    return client.ApiClient(config)
-
-
 def test_node_identity_reads_only_its_own_brokered_credentials(
     kube: client.ApiClient, control_plane: ControlPlane, namespace: str, system_ns: str
 ) -> None:
@@ -111,7 +94,7 @@ def test_node_identity_reads_only_its_own_brokered_credentials(
     assert broker_node(objects, system_ns, node_b)
     assert not broker_node(objects, system_ns, node_a), "an unchanged node is rewritten"
 
-    as_a = _as_node(kube, control_plane, system_ns, node_a)
+    as_a = as_node_identity(kube, control_plane, system_ns, node_a)
     try:
         own = read_brokered(as_a, system_ns, node_a)
         assert own is not None and set(own) == {brokered_key(namespace, "cred-a")}

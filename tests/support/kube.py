@@ -105,5 +105,24 @@ def kubectl(control_plane: ControlPlane) -> Kubectl:
     return run
 
 
+def as_node_identity(
+    kube: client.ApiClient, plane: ControlPlane, namespace: str, node: str
+) -> client.ApiClient:
+    """A client holding a token the API server issued for the node's agent identity
+    (``sandlot-agent-<node>`` in ``namespace``, made when its Secret was brokered)."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)
+    )
+    issued = client.CoreV1Api(kube).create_namespaced_service_account_token(
+        f"sandlot-agent-{node}", namespace, request
+    )
+    assert issued.status is not None, f"no token issued for sandlot-agent-{node}"
+    token = issued.status.token
+    config = client.Configuration(host=plane.url)
+    config.ssl_ca_cert = str(plane.ca_file)
+    config.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(config)
+
+
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]

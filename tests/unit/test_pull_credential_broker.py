@@ -9,6 +9,7 @@ import pytest
 
 from sandlot.controllers import pullcredentials
 from sandlot.controllers.pullcredentials import PullCredentialBroker
+from tests.support.wait import wait_for
 
 
 def body(uid: str, node: str, *secrets: str, phase: str = "Running") -> dict[str, Any]:
@@ -87,3 +88,41 @@ def test_a_lost_leadership_forgets_what_was_brokered_so_the_next_one_brokers_aga
     broker.on_leadership(True)
     settle(broker)
     assert brokered == ["n1", "n1"]
+
+
+def env_body(uid: str, node: str, phase: str, reason: str = "") -> dict[str, Any]:
+    ref = {"secretKeyRef": {"name": "db", "key": "pw"}}
+    return {
+        "metadata": {"uid": uid, "namespace": "t", "name": uid},
+        "spec": {"nodeName": node, "env": [{"name": "PW", "valueFrom": ref}]},
+        "status": {"phase": phase, "reason": reason},
+    }
+
+
+def test_a_node_with_a_sandbox_waiting_for_a_reference_is_re_brokered_until_it_runs(
+    brokered: list[str],
+) -> None:
+    broker = PullCredentialBroker(
+        object(),  # type: ignore[arg-type]
+        Leading(True),
+        "sandlot-system",
+        retry_interval=0.05,
+    )
+    try:
+        broker.on_sandbox("ADDED", env_body("a", "n1", "Scheduled"))
+        broker.on_sandbox("ADDED", env_body("b", "n2", "Running"))
+        assert broker.waiting == {}, "a sandbox not yet refused is waiting"
+        broker.on_sandbox(
+            "MODIFIED", env_body("a", "n1", "Scheduled", "CreateContainerConfigError")
+        )
+        assert broker.waiting == {"a": "n1"}
+        wait_for(
+            lambda: brokered.count("n1") >= 4,
+            timeout=30,
+            what="the waiting sandbox's node re-brokered again and again",
+        )
+        assert "n2" in brokered and brokered.count("n2") == 1, "a running sandbox's node retried"
+        broker.on_sandbox("MODIFIED", env_body("a", "n1", "Running", "Started"))
+        assert broker.waiting == {}, "a started sandbox still waits"
+    finally:
+        broker.close()

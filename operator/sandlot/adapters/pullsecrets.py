@@ -3,12 +3,14 @@ of that node's sandboxes, and the only one its agent may read (docs/isolation.md
 
 The operator, which may read Secrets, writes ``sandlot-pull-<node>`` in its own
 namespace with one key per pull secret (``<namespace>.<name>``: that Secret's
-``.dockerconfigjson``), and a Role and RoleBinding that let only the node's agent
+``.dockerconfigjson``), one per Secret or ConfigMap the sandboxes' environments
+reference (``_<kind>.<namespace>.<name>``: the keys they use, ``policy.envrefs``), and a Role and RoleBinding that let only the node's agent
 identity (the ServiceAccount ``sandlot-agent-<node>``) ``get`` that one Secret.
 """
 
 from __future__ import annotations
 
+import base64
 import copy
 import logging
 from collections.abc import Mapping
@@ -16,6 +18,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from sandlot.policy.envrefs import Referenced
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +34,13 @@ def brokered_secret_name(node: str) -> str:
 def brokered_key(namespace: str, name: str) -> str:
     """The key of a sandbox's pull secret in its node's brokered Secret."""
     return f"{namespace}.{name}"
+
+
+def reference_key(namespace: str, kind: str, name: str) -> str:
+    """The key of an object a sandbox's environment references (``kind`` ``secret`` or
+    ``configmap``) in its node's brokered Secret. A namespace never starts with ``_``
+    nor holds a ``.``, so no pull secret's key is ever one of these."""
+    return f"_{kind}.{namespace}.{name}"
 
 
 def node_identity(node: str) -> str:
@@ -116,6 +127,41 @@ def read_pull_secret(api: Any, namespace: str, name: str) -> str | None:
     return str(document) if document is not None else None
 
 
+def read_referenced(
+    api: Any, namespace: str, kind: str, name: str, keys: set[str] | None
+) -> Referenced:
+    """The ``keys`` (None: all) of a Secret or ConfigMap an environment references,
+    as the operator reads it. A namespace that does not let the operator read it
+    (403) reads as missing, as an absent object does."""
+    core = client.CoreV1Api(api)
+    try:
+        if kind == "secret":
+            secret = core.read_namespaced_secret(name, namespace)
+            raw = secret.data or {}
+            data = {
+                k: base64.b64decode(v).decode("utf-8", errors="replace") for k, v in raw.items()
+            }
+        else:
+            data = dict(core.read_namespaced_config_map(name, namespace).data or {})
+    except ApiException as exc:
+        if exc.status == 403:
+            log.warning(
+                "%s %s/%s: namespace %s does not let sandlot read it "
+                "(operator.pullSecretNamespaces, docs/isolation.md)",
+                kind,
+                namespace,
+                name,
+                namespace,
+            )
+            return Referenced(found=False)
+        if exc.status == 404:
+            return Referenced(found=False)
+        raise
+    if keys is not None:
+        data = {k: v for k, v in data.items() if k in keys}
+    return Referenced(found=True, data=data)
+
+
 def write_brokered(api: Any, namespace: str, node: str, data: Mapping[str, str]) -> None:
     """Make the node's brokered Secret hold exactly ``data``, and its access rule."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
@@ -191,5 +237,7 @@ __all__ = [
     "node_identity",
     "read_brokered",
     "read_pull_secret",
+    "read_referenced",
+    "reference_key",
     "write_brokered",
 ]

@@ -20,6 +20,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.environment import Environment, node_brokered_data
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.logs import SandboxLogs, sandbox_logs
 from sandlot.agent.metrics import AgentMetrics
@@ -112,6 +113,9 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         image_gate=image_gate,
         log_writer=logs.writer,
         sandboxes=w.sandbox_watch.items,
+        environment=Environment(
+            node_brokered_data(w.objects.api, settings.namespace, settings.node_name)
+        ),
     )
     sync = SandboxSync(
         settings.node_name,

@@ -29,6 +29,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import (
     ContainerInfo,
     ContainerSpec,
+    ImageConfig,
     ImageTooLarge,
     NotFound,
     Runtime,
@@ -36,6 +37,7 @@ from sandlot.adapters.runtime import (
     TaskInfo,
 )
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
+from sandlot.agent.environment import Environment
 from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
@@ -125,8 +127,10 @@ class SandboxWork:
         image_gate: ImageGate | None = None,
         log_writer: LogWriter | None = None,
         sandboxes: Callable[[], list[dict[str, Any]]] = list,
+        environment: Environment | None = None,
     ) -> None:
         self.settings = settings
+        self.environment = environment or Environment(lambda: None)  # references wait
         self.node = settings.node_name
         self.objects = objects
         self.rt = rt
@@ -349,43 +353,13 @@ class SandboxWork:
             if planned is None:
                 return None
         meta = sb["metadata"]
+        ready, variables = self.environment.for_start(self.status, sb, spec)
+        if not ready:
+            return None  # held: CreateContainerConfigError, the next sync tries again
         image = str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
-        try:
-            config = self.rt.image_config(image, timeout=self.call_timeout)
-        except NotFound as exc:
-            raise StartFailed(
-                "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
-            ) from None
-        except ImageTooLarge as exc:
-            raise StartFailed(REASON_IMAGE_TOO_LARGE, f"image {image} refused: {exc}") from None
-        except RuntimeError_ as exc:
-            raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
-        privileged = bool(spec.security_context and spec.security_context.privileged)
-        try:
-            check_user_namespace(self.facts.security, spec.host_users)
-            profile = apparmor_profile(
-                self.facts.security, self.settings.apparmor_profile, privileged=privileged
-            )
-            oci = build_oci_spec(
-                container_id,
-                spec,
-                config,
-                hostname=meta["name"],
-                pids_limit=pids,
-                limit_swap=self.facts.limit_swap,
-                node_capabilities=self.facts.node_capabilities,
-                apparmor_profile=profile,
-                cgroup_parent=self.settings.cgroup_parent,
-            )
-        except RunAsRootRefused as exc:
-            raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
-        except IsolationUnavailable as exc:
-            raise StartFailed(exc.reason, str(exc)) from None
-        except UnknownImageUser as exc:
-            raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
-        except ValueError as exc:
-            raise StartFailed("InvalidSpec", str(exc)) from None
+        config = self._image_config(image)
+        oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
         oci = as_pod_sandbox(oci, handler)
         attachment = self._plan_network(container_id, spec, oci)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
@@ -398,6 +372,56 @@ class SandboxWork:
             )
         stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
         return _Prepared(container_id, image, oci, labels, stem, attachment, planned, handler)
+
+    def _image_config(self, image: str) -> ImageConfig:
+        """The image's config from the node's content store; a refusal fails the start."""
+        try:
+            return self.rt.image_config(image, timeout=self.call_timeout)
+        except NotFound as exc:
+            raise StartFailed(
+                "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
+            ) from None
+        except ImageTooLarge as exc:
+            raise StartFailed(REASON_IMAGE_TOO_LARGE, f"image {image} refused: {exc}") from None
+        except RuntimeError_ as exc:
+            raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
+
+    def _oci_spec(
+        self,
+        container_id: str,
+        hostname: str,
+        spec: SandboxSpec,
+        config: ImageConfig,
+        pids: int,
+        variables: list[str] | None,
+    ) -> dict[str, Any]:
+        """The OCI spec of the sandbox's container; what the node cannot honour fails it."""
+        privileged = bool(spec.security_context and spec.security_context.privileged)
+        try:
+            check_user_namespace(self.facts.security, spec.host_users)
+            profile = apparmor_profile(
+                self.facts.security, self.settings.apparmor_profile, privileged=privileged
+            )
+            return build_oci_spec(
+                container_id,
+                spec,
+                config,
+                hostname=hostname,
+                pids_limit=pids,
+                limit_swap=self.facts.limit_swap,
+                node_capabilities=self.facts.node_capabilities,
+                apparmor_profile=profile,
+                cgroup_parent=self.settings.cgroup_parent,
+                env=variables,
+            )
+        except RunAsRootRefused as exc:
+            raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+        except IsolationUnavailable as exc:
+            raise StartFailed(exc.reason, str(exc)) from None
+        except UnknownImageUser as exc:
+            raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
+        except ValueError as exc:
+            raise StartFailed("InvalidSpec", str(exc)) from None
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]

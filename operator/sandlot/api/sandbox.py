@@ -24,7 +24,6 @@ from sandlot.api.common import (
     MAX_CAPABILITIES,
     MAX_CONDITIONS,
     MAX_ENV,
-    MAX_ENV_VALUE,
     MAX_IMAGE,
     MAX_MESSAGE,
     MAX_NAME,
@@ -37,6 +36,7 @@ from sandlot.api.common import (
     PrinterColumn,
     Resource,
 )
+from sandlot.api.envvars import MAX_ENV_FROM, EnvFromSource, EnvVar
 from sandlot.api.netpolicy import SandboxNetworkPolicy
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 from sandlot.api.probe import Probe
@@ -90,6 +90,8 @@ REASON_EPHEMERAL_STORAGE_EXCEEDED = "EphemeralStorageExceeded"
 # Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
 REASON_PULLING = "Pulling"
 REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
+# A Scheduled sandbox waiting for a Secret or ConfigMap its environment references.
+REASON_CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
 
 _TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
 # Secrets a sandbox may name for its image's registry (as many as a Pod has in practice).
@@ -105,13 +107,6 @@ MIN_CPU_LIMIT = "1m"
 MIN_EPHEMERAL_STORAGE_LIMIT = "1Mi"
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
 CapabilityName = Annotated[str, Field(max_length=64)]
-
-
-class EnvVar(Model):
-    name: str = Field(
-        min_length=1, max_length=MAX_WORD, description="Name of the environment variable."
-    )
-    value: str = Field(default="", max_length=MAX_ENV_VALUE, description="Its value.")
 
 
 class LocalObjectReference(Model):
@@ -263,7 +258,18 @@ class SandboxSpec(Model):
         description="Argv of the sandbox's process; empty means the image's entrypoint and cmd.",
     )
     env: list[EnvVar] = Field(
-        default_factory=list, max_length=MAX_ENV, description="Environment variables."
+        default_factory=list,
+        max_length=MAX_ENV,
+        description="Environment variables, as a container's: a value, or `valueFrom` a "
+        "key of a Secret or ConfigMap in the sandbox's namespace. A missing object or key "
+        "(not `optional`) keeps the sandbox Scheduled with reason "
+        "CreateContainerConfigError until it appears.",
+    )
+    env_from: list[EnvFromSource] = Field(
+        default_factory=list,
+        max_length=MAX_ENV_FROM,
+        description="Every key of a Secret or ConfigMap as a variable (as a container's "
+        "envFrom); `env` is applied after, and wins.",
     )
     ports: list[SandboxPort] = Field(
         default_factory=list,

@@ -363,7 +363,12 @@ def build_parts(
     )
     # Every Sandbox through one lean watch of its own, not kopf's per-object
     # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(objects, leadership.leading, settings.namespace)
+    broker = pullcredentials.PullCredentialBroker(
+        objects,
+        leadership.leading,
+        settings.namespace,
+        retry_interval=settings.env_reference_retry_interval.total_seconds(),
+    )
     feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
     sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
     kopf_registry = build_registry(

@@ -1,30 +1,43 @@
 """The operator brokers registry credentials to the node that needs them.
 
-Tenants name ``imagePullSecrets`` in their sandboxes; the agent of the sandbox's
+Tenants name ``imagePullSecrets`` in their sandboxes, and Secrets and ConfigMaps
+in their environments (``env[].valueFrom``, ``envFrom``); the agent of the sandbox's
 node needs those credentials, and must not be able to read any Secret it likes
 (an agent is a node, and a node reaches only its own business). So the operator,
 which may read Secrets, copies the pull secrets of a node's non-terminal
-sandboxes into that node's brokered Secret, readable by that node's identity
-alone (``adapters.pullsecrets``, docs/isolation.md). A sandbox event with pull
-secrets and a node, and each node's resync, re-broker the node; nothing is
+sandboxes, and the keys their environments use, into that node's brokered
+Secret, readable by that node's identity alone (``adapters.pullsecrets``,
+docs/isolation.md). A sandbox event with either and a node, and each node's resync,
+re-broker the node; nothing is
 written when the brokered data is already right, and only the leader writes.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.pullsecrets import (
     brokered_data,
     brokered_key,
     read_pull_secret,
+    read_referenced,
+    reference_key,
     write_brokered,
 )
-from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.envvars import EnvFromSource, EnvVar
+from sandlot.api.sandbox import (
+    REASON_CREATE_CONTAINER_CONFIG_ERROR,
+    TERMINAL_PHASES,
+    SandboxPhase,
+)
+from sandlot.policy.envrefs import encode, wanted_keys
 
 log = logging.getLogger(__name__)
 
@@ -42,55 +55,129 @@ def wanted_secrets(sandboxes: Sequence[Mapping[str, Any]]) -> list[tuple[str, st
     return list(seen)
 
 
+_ENV = TypeAdapter(list[EnvVar])
+_ENV_FROM = TypeAdapter(list[EnvFromSource])
+Wanted = dict[tuple[str, str, str], set[str] | None]
+"""(namespace, kind, name) of a referenced object: the keys wanted, None for all."""
+
+
+def env_references(spec: Mapping[str, Any]) -> Wanted:
+    """What one sandbox's environment references; nothing for a spec that does not
+    parse (the API server's schema refused it already)."""
+    if not (spec.get("envFrom") or any("valueFrom" in (e or {}) for e in spec.get("env") or [])):
+        return {}
+    try:
+        env, env_from = (
+            _ENV.validate_python(spec.get("env") or []),
+            _ENV_FROM.validate_python(spec.get("envFrom") or []),
+        )
+    except ValidationError:
+        return {}
+    return {("", kind, name): keys for (kind, name), keys in wanted_keys(env, env_from).items()}
+
+
+def wanted_references(sandboxes: Sequence[Mapping[str, Any]]) -> Wanted:
+    """The objects (and keys) the non-terminal sandboxes' environments reference."""
+    wanted: Wanted = {}
+    for sb in sandboxes:
+        if (sb.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        namespace = sb["metadata"]["namespace"]
+        for (_, kind, name), keys in env_references(sb.get("spec") or {}).items():
+            target = (namespace, kind, name)
+            before = wanted.get(target, set())
+            wanted[target] = None if (keys is None or before is None) else before | keys
+    return wanted
+
+
 def broker_node(objects: Objects, namespace: str, node: str) -> bool:
-    """Make the node's brokered Secret hold its sandboxes' pull secrets; True if written."""
+    """Make the node's brokered Secret hold its sandboxes' pull secrets and the keys
+    their environments reference; True if written."""
     api = objects.api
     data: dict[str, str] = {}
-    for ns, name in wanted_secrets(objects.list_node_sandboxes(node)):
+    sandboxes = objects.list_node_sandboxes(node)
+    for ns, name in wanted_secrets(sandboxes):
         document = read_pull_secret(api, ns, name)
         if document is not None:
             data[brokered_key(ns, name)] = document
+    for (ns, kind, name), keys in wanted_references(sandboxes).items():
+        data[reference_key(ns, kind, name)] = encode(read_referenced(api, ns, kind, name, keys))
     current = brokered_data(api, namespace, node)
     if current == data or (current is None and not data):
         return False
     write_brokered(api, namespace, node, data)
-    log.info("brokered %d pull secret(s) to node %s", len(data), node)
+    log.info("brokered %d secret(s) and reference(s) to node %s", len(data), node)
     return True
 
 
 class PullCredentialBroker:
-    """A sandbox-feed listener (on the event loop): a sandbox with pull secrets and a
-    node re-brokers that node, on a thread of its own, so no request blocks the loop.
+    """A sandbox-feed listener (on the event loop): a sandbox with pull secrets or
+    environment references and a node re-brokers that node, on a thread of its own,
+    so no request blocks the loop.
 
     Every replica follows the feed; only the leader brokers. The feed lists every
     sandbox as soon as a replica starts, usually before it leads, so what it saw
     while standing by is kept (``wanted``) and brokered when it becomes the leader.
+    A node with a sandbox waiting for a referenced object or key
+    (CreateContainerConfigError) is re-brokered every ``retry_interval`` seconds
+    (the operator's ``env_reference_retry_interval``), so one created later
+    reaches it; None: only events re-broker.
     """
 
-    def __init__(self, objects: Objects, leading: Callable[[], bool], namespace: str) -> None:
+    def __init__(
+        self,
+        objects: Objects,
+        leading: Callable[[], bool],
+        namespace: str,
+        *,
+        retry_interval: float | None = None,
+    ) -> None:
         self.objects = objects
         self.leading = leading
         self.namespace = namespace
-        # What each sandbox with pull secrets brings to its node (node, secrets,
-        # terminal); its status writes (progress, phases) change nothing of it.
+        # What each sandbox with pull secrets or references brings to its node (node,
+        # what it names, terminal); its status writes change nothing of it.
         self.wanted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
         # What this leader brokered for each: the same signature costs no request.
         self.brought: dict[str, tuple[str, tuple[str, ...], bool]] = {}
+        # The node of each sandbox waiting for a referenced object or key.
+        self.waiting: dict[str, str] = {}
         self._broker = ThreadPoolExecutor(1, thread_name_prefix="pull-credentials")
+        self._stopped = threading.Event()
+        if retry_interval is not None:
+            threading.Thread(
+                target=self._retry_waiting,
+                args=(retry_interval,),
+                name="env-references",
+                daemon=True,
+            ).start()
 
     def on_sandbox(self, event_type: str, body: Mapping[str, Any]) -> None:
         spec = body.get("spec") or {}
-        if not (spec.get("imagePullSecrets") and spec.get("nodeName")):
+        references = env_references(spec)
+        if not ((spec.get("imagePullSecrets") or references) and spec.get("nodeName")):
             return
         uid = str(body["metadata"]["uid"])
         node = str(spec["nodeName"])
-        secrets = tuple(str(r.get("name")) for r in spec["imagePullSecrets"])
-        signature = (node, secrets, (body.get("status") or {}).get("phase") in TERMINAL_PHASES)
+        status = body.get("status") or {}
+        named = tuple(str(r.get("name")) for r in spec.get("imagePullSecrets") or []) + tuple(
+            f"_{kind}/{name}:{','.join(sorted(keys)) if keys is not None else '*'}"
+            for (_, kind, name), keys in sorted(references.items())
+        )
+        signature = (node, named, status.get("phase") in TERMINAL_PHASES)
         if event_type == "DELETED":
             self.wanted.pop(uid, None)
             self.brought.pop(uid, None)
         else:
             self.wanted[uid] = signature
+        if (
+            event_type != "DELETED"
+            and status.get("phase") in (None, SandboxPhase.PENDING, SandboxPhase.SCHEDULED)
+            and status.get("reason") == REASON_CREATE_CONTAINER_CONFIG_ERROR
+        ):
+            self.waiting[uid] = node
+        else:
+            self.waiting.pop(uid, None)
         if not self.leading() or self.brought.get(uid) == signature:
             return
         self.brought[uid] = signature  # one request per change, even before it is answered
@@ -108,7 +195,17 @@ class PullCredentialBroker:
             self._broker.submit(self._rebroker, nodes, list(self.wanted))
 
     def close(self) -> None:
+        self._stopped.set()
         self._broker.shutdown(wait=False, cancel_futures=True)
+
+    def _retry_waiting(self, interval: float) -> None:
+        while not self._stopped.wait(interval):
+            nodes = sorted(set(list(self.waiting.values())))
+            if nodes and self.leading():
+                try:
+                    self._broker.submit(self._rebroker, nodes, [])
+                except RuntimeError:  # closed meanwhile
+                    return
 
     def _rebroker(self, nodes: list[str], uids: list[str]) -> None:
         failed = []
@@ -125,4 +222,10 @@ class PullCredentialBroker:
                     self.brought.pop(uid, None)
 
 
-__all__ = ["PullCredentialBroker", "broker_node", "wanted_secrets"]
+__all__ = [
+    "PullCredentialBroker",
+    "broker_node",
+    "env_references",
+    "wanted_references",
+    "wanted_secrets",
+]

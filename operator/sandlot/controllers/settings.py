@@ -50,6 +50,12 @@ class OperatorSettings(SettingsModel):
         default=timedelta(seconds=30),
         description="Timer interval re-evaluating every node; deadlines are also met exactly.",
     )
+    env_reference_retry_interval: Duration = Field(
+        default=timedelta(seconds=5),
+        description="How often a node is re-brokered while one of its sandboxes waits "
+        "for a Secret or ConfigMap its environment references (CreateContainerConfigError): "
+        "an object or key created meanwhile reaches the node within it.",
+    )
     mark_concurrency: int = Field(
         default=16,
         ge=1,

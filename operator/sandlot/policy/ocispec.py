@@ -314,6 +314,7 @@ def build_oci_spec(
     node_capabilities: Sequence[str] = ALL_CAPABILITIES,
     apparmor_profile: str | None = None,
     cgroup_parent: str = CGROUP_PARENT,
+    env: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The OCI spec for a Sandbox: its command (or the image's), env, user, limits and
     security context, on top of ``default_spec``'s safe defaults.
@@ -325,13 +326,15 @@ def build_oci_spec(
     ``RunAsRootRefused`` when ``runAsNonRoot`` meets UID 0, ``LimitRefused`` for a
     limit below its floor (runc would read a memory limit of 0 as none), and
     ``ValueError`` for a spec that cannot run at all (no command, a limit that is
-    not a quantity).
+    not a quantity). ``env``: the spec's variables as ``NAME=value`` with its
+    references resolved (``policy.envrefs``); default its plain values.
     """
     check_limits(spec, pids_limit, required=False)
     args = list(spec.command) or [*config.entrypoint, *config.cmd]
     if not args:
         raise ValueError(f"image {spec.image} has no entrypoint or cmd and spec.command is empty")
-    env = [*config.env, *(f"{e.name}={e.value}" for e in spec.env)]
+    own = env if env is not None else [f"{e.name}={e.value}" for e in spec.env]
+    variables = [*config.env, *own]
     ctx = spec.security_context
     user = process_user(spec, config)
     if ctx and ctx.run_as_non_root and user.uid == 0:
@@ -342,7 +345,7 @@ def build_oci_spec(
         )
     oci = default_spec(
         args,
-        env,
+        variables,
         config.working_dir,
         host_network=spec.host_network,
         hostname=hostname[:63],

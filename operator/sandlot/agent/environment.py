@@ -1,0 +1,113 @@
+"""A sandbox's environment from the copy brokered to this node.
+
+``env[].valueFrom`` and ``envFrom`` name Secrets and ConfigMaps in the sandbox's
+namespace. The agent never reads them itself: the operator copies the keys this
+node's sandboxes use into the node's brokered Secret (``sandlot-pull-<node>``,
+keys ``_<kind>.<namespace>.<name>``), readable by this node's identity alone
+(docs/isolation.md), and the agent resolves the variables from it as the kubelet
+does (``policy.envrefs``). A missing object or key, or one not brokered yet,
+raises ``EnvReferenceMissing``: the start waits (CreateContainerConfigError).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sandlot.adapters.pullsecrets import reference_key
+from sandlot.agent.status import StatusWriter
+from sandlot.api.sandbox import REASON_CREATE_CONTAINER_CONFIG_ERROR, SandboxPhase, SandboxSpec
+from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.envrefs import (
+    EnvReferenceMissing,
+    ObjectKey,
+    Referenced,
+    decode,
+    resolve,
+    wanted_keys,
+)
+
+log = logging.getLogger(__name__)
+
+BrokeredData = Callable[[], Mapping[str, str] | None]
+"""This node's brokered Secret's data (base64 values), or None when absent."""
+
+
+def references(spec: SandboxSpec) -> bool:
+    """Whether the spec's environment names any Secret or ConfigMap."""
+    return bool(spec.env_from) or any(e.value_from is not None for e in spec.env)
+
+
+class Environment:
+    def __init__(self, brokered: BrokeredData) -> None:
+        self._brokered = brokered
+
+    def variables(self, namespace: str, spec: SandboxSpec) -> list[str]:
+        """``NAME=value`` of every variable of the spec, references resolved."""
+        objects: dict[ObjectKey, Referenced | None] = {}
+        wanted = wanted_keys(spec.env, spec.env_from)
+        data = (self._brokered() or {}) if wanted else {}
+        for kind, name in wanted:
+            value = data.get(reference_key(namespace, kind, name))
+            objects[(kind, name)] = decode(value) if value is not None else None
+        return [f"{k}={v}" for k, v in resolve(namespace, spec.env, spec.env_from, objects)]
+
+    def for_start(
+        self, status: StatusWriter, sb: Mapping[str, Any], spec: SandboxSpec
+    ) -> tuple[bool, list[str] | None]:
+        """(ready, variables) for a start: None without references (the spec's plain
+        values are used); not ready when one is missing, after saying so in its status."""
+        if not references(spec):
+            return True, None
+        try:
+            return True, self.variables(sb["metadata"]["namespace"], spec)
+        except EnvReferenceMissing as exc:
+            hold_for_config(status, sb, str(exc))
+            return False, None
+
+
+def hold_for_config(status: StatusWriter, sb: Mapping[str, Any], message: str) -> None:
+    """Keep the sandbox Scheduled, saying which object or key it waits for (once:
+    the same words are not written again at every pass)."""
+    current = sb.get("status") or {}
+    if (
+        current.get("phase") == SandboxPhase.SCHEDULED
+        and current.get("reason") == REASON_CREATE_CONTAINER_CONFIG_ERROR
+        and current.get("message") == message
+    ):
+        return
+    log.info(
+        "sandbox %s/%s waits: %s", sb["metadata"]["namespace"], sb["metadata"]["name"], message
+    )
+    body = {
+        "phase": SandboxPhase.SCHEDULED.value,
+        "reason": REASON_CREATE_CONTAINER_CONFIG_ERROR,
+        "message": message,
+    }
+    status.write(sb, body, allowed_from=UNSTARTED_PHASES)
+
+
+def node_brokered_data(api: Any, namespace: str, node: str) -> BrokeredData:
+    """A reader of this node's brokered Secret as the node's own identity."""
+    from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
+
+    identity = NodeIdentity(api, namespace, node)
+
+    def read() -> Mapping[str, str] | None:
+        try:
+            return read_brokered(identity.client(), namespace, node)
+        except Exception as exc:  # no identity yet: nothing brokered
+            log.info("no brokered data for this node: %s", exc)
+            return None
+
+    return read
+
+
+__all__ = [
+    "BrokeredData",
+    "Environment",
+    "hold_for_config",
+    "node_brokered_data",
+    "references",
+]
