@@ -45,7 +45,8 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
-from sandlot.agent.settings import AgentSettings, NetworkMode
+from sandlot.agent.netsettings import NetworkMode
+from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for

@@ -22,7 +22,8 @@ from sandlot.adapters.cni import (
     load_config,
 )
 from sandlot.adapters.runtime import ContainerInfo
-from sandlot.agent.settings import AgentSettings, NetworkMode
+from sandlot.agent.netsettings import NetworkMode
+from sandlot.agent.settings import AgentSettings
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 
 log = logging.getLogger(__name__)

@@ -12,39 +12,23 @@ wedged shim holds one slot, never the node).
 from __future__ import annotations
 
 from datetime import timedelta
-from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
+from sandlot.agent.netsettings import NetworkSettings
+from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
-from sandlot.api.settings import Duration, PositiveDuration, SettingsModel
+from sandlot.api.settings import Duration, PositiveDuration
 from sandlot.policy import limits
-from sandlot.policy.imagecreds import VerifyPolicy, check_allowlist
+from sandlot.policy.imagecreds import check_allowlist
 from sandlot.policy.imagegc import GcThresholds
-from sandlot.policy.netpolicy import LINK_LOCAL, PRIVATE, ClusterDefault, parse_cidr_list
+from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
 from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
 
-# ssh, etcd, the API server, kubelet (and its read-only port), kube-proxy, the
-# controller manager and the scheduler.
-RESERVED_PORTS = (22, 2379, 2380, 6443, 10250, 10255, 10256, 10257, 10259)
 
-
-class NetworkMode(StrEnum):
-    """How a sandbox without ``hostNetwork`` gets its address."""
-
-    AUTO = "auto"
-    """``cni`` when the CNI configuration directory holds a configuration at start-up,
-    else ``host-address`` (a node without a pod network, a laptop)."""
-    CNI = "cni"
-    """Own network namespace set up by the node's CNI plugins; its IP is the
-    sandbox's. A sandbox that cannot be attached ends Failed (NetworkSetupFailed)."""
-    HOST_ADDRESS = "host-address"
-    """Own network namespace with only a loopback; the node's address is reported."""
-
-
-class AgentSettings(SettingsModel):
+class AgentSettings(NetworkSettings, PullSettings):
     node_name: str = Field(
         min_length=1,
         max_length=253,
@@ -163,60 +147,6 @@ class AgentSettings(SettingsModel):
         description="This node's address, reported in its SandboxNode and as the IP of "
         "its hostNetwork sandboxes (of all of them with network_mode host-address); "
         "default: the host name's address.",
-    )
-    network_mode: NetworkMode = Field(
-        default=NetworkMode.AUTO,
-        description="Sandbox networking: cni (the node's CNI plugins give each sandbox "
-        "its own address), host-address (loopback only, the node's address is "
-        "reported), or auto (cni when cni_conf_dir holds a configuration at start).",
-    )
-    cni_conf_dir: str = Field(
-        default="/etc/cni/net.d",
-        min_length=1,
-        description="CNI configuration directory (the kubelet's): its lexically first "
-        "*.conflist, *.conf or *.json file is the sandboxes' network.",
-    )
-    cni_bin_dir: str = Field(
-        default="/opt/cni/bin",
-        min_length=1,
-        description="CNI plugin directories, colon-separated (e.g. /opt/cni/bin:/usr/lib/cni).",
-    )
-    cni_timeout: PositiveDuration = Field(
-        default=timedelta(seconds=10),
-        description="Deadline of one CNI operation (the whole ADD or DEL chain), and of "
-        "each network namespace command.",
-    )
-    network_policy_disabled: bool = Field(
-        default=False,
-        description="Install no packet filter in the sandboxes' network namespaces (their "
-        "spec.networkPolicy and the defaults below are then not enforced).",
-    )
-    network_policy_resync: PositiveDuration = Field(
-        default=timedelta(seconds=10),
-        description="How often the filters of running sandboxes whose ingress selects "
-        "peers by labels are rendered again with the peers' current addresses.",
-    )
-    blocked_egress: list[str] = Field(
-        default_factory=lambda: list(LINK_LOCAL + PRIVATE),
-        description="CIDRs no sandbox reaches unless an egress rule allows them (repeatable; "
-        "default: link-local, which holds cloud metadata, RFC 1918 and fc00::/7). The "
-        "node's own addresses and the sandbox's own network are always refused too.",
-    )
-    cluster_cidrs: list[str] = Field(
-        default_factory=list,
-        description="The cluster's service and pod ranges (repeatable), refused like "
-        "blocked_egress.",
-    )
-    allowed_egress: list[str] = Field(
-        default_factory=list,
-        description="CIDRs every sandbox reaches even inside the refused ranges "
-        "(repeatable), such as the cluster DNS service's address.",
-    )
-    reserved_ports: list[int] = Field(
-        default_factory=lambda: list(RESERVED_PORTS),
-        description="Ports the node serves itself (repeatable; the agent's own metrics "
-        "and stream ports are added): a sandbox reported at the node's address "
-        "(hostNetwork, host-address mode) may not publish them.",
     )
     log_dir: str = Field(
         default="/var/log/sandlot",
@@ -373,73 +303,6 @@ class AgentSettings(SettingsModel):
         min_length=1,
         description="Where the node's cgroup filesystem is mounted in the agent (the "
         "host's, v1 or v2): read to tell an out-of-memory kill from other exits.",
-    )
-    image_pull_deadline: PositiveDuration = Field(
-        default=timedelta(minutes=10),
-        description="Longest an image pull may take in all (resolve, every blob, unpack).",
-    )
-    image_pull_stall_timeout: PositiveDuration = Field(
-        default=timedelta(seconds=30),
-        description="A registry read that gets no byte for this long fails the pull "
-        "(a registry that stalls mid-blob), which is then retried after its back-off.",
-    )
-    image_pull_backoff: PositiveDuration = Field(
-        default=timedelta(seconds=10),
-        description="Wait after a failed image pull before the next; it doubles with each "
-        "failure in a row (the kubelet's ImagePullBackOff).",
-    )
-    image_pull_max_backoff: PositiveDuration = Field(
-        default=timedelta(minutes=5),
-        description="Cap of the doubling wait between image pull retries.",
-    )
-    image_pull_workers: int = Field(
-        default=2,
-        ge=1,
-        le=16,
-        description="Image pulls running at once (each image is pulled once however many "
-        "sandboxes want it).",
-    )
-    registry_config_dir: str = Field(
-        default="",
-        description="Directory of per-registry hosts.toml files (containerd's conventions: "
-        "mirrors, private CAs, plain-HTTP registries); empty: none.",
-    )
-    registry_auth_file: str = Field(
-        default="",
-        description="A .dockerconfigjson file with the node-wide default registry "
-        "credentials (used when a sandbox's own pull secrets name no credential for its "
-        "registry); empty: none.",
-    )
-    image_pull_credentials_verification_policy: VerifyPolicy = Field(
-        default=VerifyPolicy.NEVER_VERIFY_PRELOADED,
-        description="Which images the node has run for a sandbox only after its own "
-        "credential (or anonymous access) is verified against the registry, as the "
-        "kubelet's imagePullCredentialsVerificationPolicy: NeverVerify, "
-        "NeverVerifyPreloadedImages (images the agent pulled), NeverVerifyAllowlistedImages "
-        "(all but preloaded images on the allowlist), AlwaysVerify.",
-    )
-    preloaded_images_verification_allowlist: list[str] = Field(
-        default_factory=list,
-        description="Repositories (registry/path, or a prefix registry/path/*) whose "
-        "preloaded images run unverified under NeverVerifyAllowlistedImages (repeatable).",
-    )
-    registry_private_hosts: list[str] = Field(
-        default_factory=list,
-        description="Registry and token-realm hosts (name or name:port) that may resolve to "
-        "loopback, link-local, unspecified or the node's own addresses; any other host "
-        "there is refused, checked on every connection (repeatable).",
-    )
-    registry_redirect_hosts: list[str] = Field(
-        default_factory=list,
-        description="Hosts (name or name:port) besides the registry's own that its "
-        "redirects may go to, such as its blob storage; credentials are never sent there "
-        "(repeatable).",
-    )
-    image_pull_by_daemon: bool = Field(
-        default=False,
-        description="Let containerd 2.x's Transfer service pull when it can: the daemon then "
-        "follows redirects and reaches addresses itself, outside the registry_* limits; "
-        "false pulls client-side under them.",
     )
     pinned_image: list[str] = Field(
         default_factory=list, description="Images never collected (repeatable)."
