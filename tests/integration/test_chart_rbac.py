@@ -137,7 +137,7 @@ OPERATOR_REACH = {
     "sandboxpools.sandlot.dev/finalizers": "update",
     "cacheprunes.sandlot.dev": "get list watch",
     "cacheprunes.sandlot.dev/status": "get patch",
-    "sandboxclaims.sandlot.dev": "get list watch",
+    "sandboxclaims.sandlot.dev": "delete get list watch",
     "sandboxclaims.sandlot.dev/status": "get patch",
     "services": "create delete get update",
     "endpointslices.discovery.k8s.io": "create delete list patch",
