@@ -71,7 +71,7 @@ def test_delete_and_retain_at_the_claims_shutdown_time(cluster: Cluster, operato
     start_operator(cluster, operators)
     cluster.create_pool("warm", 2)
     cluster.wait_running("warm", 2)
-    end = (datetime.now(UTC) + timedelta(seconds=15)).replace(microsecond=0)
+    end = (datetime.now(UTC) + timedelta(seconds=30)).replace(microsecond=0)
     at = rfc3339(end).replace(".000000", "")
     create_claim(cluster, "kept", "warm", {"shutdownTime": at})
     create_claim(cluster, "gone", "warm", {"shutdownTime": at, "shutdownPolicy": "Delete"})

@@ -126,9 +126,9 @@ def test_delete_policy_deletes_the_sandbox_at_its_deadline_and_its_container_sto
 ) -> None:
     node = cluster.add_node("a")
     start_operator(cluster, operators)
-    create(cluster, "doomed", activeDeadlineSeconds=8, shutdownPolicy="Delete")
+    create(cluster, "doomed", activeDeadlineSeconds=20, shutdownPolicy="Delete")
     container = wait_phase(cluster, "doomed", "Running")["status"]["containerId"]
-    wait_gone(cluster, "doomed", timeout=40)
+    wait_gone(cluster, "doomed", timeout=60)
     wait_for(
         lambda: container not in node.containers(),
         timeout=30,
@@ -145,7 +145,7 @@ def test_retain_keeps_it_stopped_then_ttl_deletes_it_after_finished_at(
     status = wait_phase(cluster, "kept", "Stopped", timeout=40)["status"]
     assert status["reason"] == "DeadlineExceeded", status
     assert get(cluster, "kept")["spec"]["shutdownPolicy"] == "Retain"
-    wait_gone(cluster, "kept", timeout=40)
+    wait_gone(cluster, "kept", timeout=60)
 
 
 def test_shutdown_policy_must_be_retain_or_delete(cluster: Cluster) -> None:

@@ -230,10 +230,12 @@ def test_finished_members_are_deleted_after_their_ttl_and_failed_ones_kept(
 ) -> None:
     cluster.add_node("a", capacity=10)
     start_operator(cluster, operators)
+    # A history limit far above what a minute makes: only the TTL deletes members.
     # Members that crash at once: the pool's back-off counts them, so they stay.
-    cluster.create_pool("crash", 1, command=["sh", "-c", "exit 3"], ttlSecondsAfterFinished=1)
+    crash = ["sh", "-c", "exit 3"]
+    cluster.create_pool("crash", 1, history=100, command=crash, ttlSecondsAfterFinished=1)
     # Members that end at their deadline (Stopped, DeadlineExceeded), then go at TTL.
-    cluster.create_pool("brief", 1, activeDeadlineSeconds=5, ttlSecondsAfterFinished=2)
+    cluster.create_pool("brief", 1, history=100, activeDeadlineSeconds=5, ttlSecondsAfterFinished=2)
 
     def finished(pool: str) -> list[str]:
         return [m["metadata"]["name"] for m in cluster.members(pool) if phase(m) in TERMINAL]
