@@ -86,19 +86,32 @@ def test_decide_lifetime(
     assert decide_lifetime(phase, deadline, now) == expected
 
 
+OVER = "finished at 2026-01-01T12:00:00Z, ttlSecondsAfterFinished {} is over"
+
+
 @pytest.mark.parametrize(
-    ("ttl", "now", "expected"),
+    ("finished", "ttl", "now", "expected"),
     [
-        (None, T0 + timedelta(days=1), Due(now=False)),
-        (60, T0, Due(now=False, wait_seconds=60.0)),
-        (60, T0 + timedelta(seconds=59.5), Due(now=False, wait_seconds=0.5)),
-        (60, T0 + timedelta(seconds=60), Due(now=True)),
-        (0, T0, Due(now=True)),
+        (T0, None, T0 + timedelta(days=1), Due(now=False)),
+        (None, 60, T0, Due(now=False, stamp_first=True)),
+        (T0, 60, T0, Due(now=False, wait_seconds=60.0)),
+        (T0, 60, T0 + timedelta(seconds=59.5), Due(now=False, wait_seconds=0.5)),
+        (T0, 60, T0 + timedelta(seconds=60), Due(now=True, message=OVER.format(60))),
+        (T0, 0, T0, Due(now=True, message=OVER.format(0))),
     ],
-    ids=["no_ttl_never", "waits_the_ttl", "waits_fractions", "at_the_second", "zero_is_now"],
+    ids=[
+        "no_ttl_never",
+        "no_finished_at_stamps_first",
+        "waits_the_ttl",
+        "waits_fractions",
+        "at_the_second",
+        "zero_is_now",
+    ],
 )
-def test_after_finish(ttl: int | None, now: datetime, expected: Due) -> None:
-    assert after_finish(T0, ttl, now) == expected
+def test_after_finish(
+    finished: datetime | None, ttl: int | None, now: datetime, expected: Due
+) -> None:
+    assert after_finish(finished, ttl, now) == expected
 
 
 DELETE = Ending(delete_at_deadline=True)

@@ -24,7 +24,7 @@ from enum import StrEnum
 
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
-from sandlot.policy.lifetimes import after_finish
+from sandlot.policy.lifetimes import after_finish, stamp
 
 REASON_CLAIM_EXPIRED = "ClaimExpired"
 
@@ -150,34 +150,24 @@ class ClaimEnd:
     message: str = ""
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
-
-
 def decide_claim_end(
     phase: str | None, lifecycle: ClaimLifecycle, finished_at: datetime | None, now: datetime
 ) -> ClaimEnd:
     """What a claim in ``phase`` with ``lifecycle`` needs now on the operator's clock."""
     if phase in FINAL_CLAIM_PHASES:
-        if lifecycle.ttl_seconds is None:
-            return ClaimEnd(EndAction.NONE)
-        if finished_at is None:
+        due = after_finish(finished_at, lifecycle.ttl_seconds, now, what=str(phase))
+        if due.stamp_first:
             return ClaimEnd(EndAction.STAMP)
-        due = after_finish(finished_at, lifecycle.ttl_seconds, now)
-        if not due.now:
-            return ClaimEnd(EndAction.NONE, wait_seconds=due.wait_seconds)
-        return ClaimEnd(
-            EndAction.DELETE,
-            message=f"{phase} at {_stamp(finished_at)}, "
-            f"ttlSecondsAfterFinished {lifecycle.ttl_seconds} is over",
-        )
+        if due.now:
+            return ClaimEnd(EndAction.DELETE, message=due.message)
+        return ClaimEnd(EndAction.NONE, wait_seconds=due.wait_seconds)
     if lifecycle.shutdown_time is None:
         return ClaimEnd(EndAction.NONE)
     if now < lifecycle.shutdown_time:
         return ClaimEnd(
             EndAction.NONE, wait_seconds=(lifecycle.shutdown_time - now).total_seconds()
         )
-    message = f"claim ended at its shutdownTime {_stamp(lifecycle.shutdown_time)}"
+    message = f"claim ended at its shutdownTime {stamp(lifecycle.shutdown_time)}"
     return ClaimEnd(EndAction.DELETE if lifecycle.delete else EndAction.EXPIRE, message=message)
 
 

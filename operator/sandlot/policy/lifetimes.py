@@ -41,6 +41,11 @@ def deadline_of(
     return min(candidates) if candidates else None
 
 
+def stamp(moment: datetime) -> str:
+    """``moment`` as messages say it: RFC 3339 in UTC, ``Z``."""
+    return moment.isoformat().replace("+00:00", "Z")
+
+
 @dataclass(frozen=True)
 class Due:
     """A moment that has come (``now``) or how long until it does."""
@@ -48,17 +53,25 @@ class Due:
     now: bool
     wait_seconds: float | None = None
     """Seconds until it comes; None when it has come or never will."""
+    stamp_first: bool = False
+    """No ``finishedAt`` recorded: write it (now) first; the TTL counts from there."""
+    message: str = ""
 
 
-def after_finish(finished_at: datetime, ttl_seconds: int | None, now: datetime) -> Due:
+def after_finish(
+    finished_at: datetime | None, ttl_seconds: int | None, now: datetime, what: str = "finished"
+) -> Due:
     """Whether an object that finished at ``finished_at`` is past its TTL: the one
     rule for "deleted at finishedAt + TTL" (sandboxes and claims)."""
     if ttl_seconds is None:
         return Due(now=False)
+    if finished_at is None:
+        return Due(now=False, stamp_first=True)
     at = finished_at + timedelta(seconds=ttl_seconds)
-    if now >= at:
-        return Due(now=True)
-    return Due(now=False, wait_seconds=(at - now).total_seconds())
+    if now < at:
+        return Due(now=False, wait_seconds=(at - now).total_seconds())
+    message = f"{what} at {stamp(finished_at)}, ttlSecondsAfterFinished {ttl_seconds} is over"
+    return Due(now=True, message=message)
 
 
 @dataclass(frozen=True)
@@ -87,10 +100,6 @@ class Ending:
 NO_ENDING = Ending()
 
 
-def _stamp(moment: datetime) -> str:
-    return moment.isoformat().replace("+00:00", "Z")
-
-
 def decide_lifetime(
     phase: str,
     deadline: datetime | None,
@@ -100,23 +109,20 @@ def decide_lifetime(
 ) -> LifetimeDecision:
     """What to do about a sandbox in ``phase`` whose lifetime ends at ``deadline``."""
     if phase in TERMINAL_PHASES:
-        if ending.ttl_seconds is None or ending.kept_by_pool:
+        if ending.kept_by_pool:
             return LifetimeDecision(expire=False)
-        if finished_at is None:
-            return LifetimeDecision(expire=False, stamp_finished=True)
         due = after_finish(finished_at, ending.ttl_seconds, now)
-        if not due.now:
-            return LifetimeDecision(expire=False, wait_seconds=due.wait_seconds)
         return LifetimeDecision(
             expire=False,
-            delete=True,
-            message=f"finished at {_stamp(finished_at)}, "
-            f"ttlSecondsAfterFinished {ending.ttl_seconds} is over",
+            wait_seconds=due.wait_seconds,
+            message=due.message,
+            delete=due.now,
+            stamp_finished=due.stamp_first,
         )
     if deadline is None:
         return LifetimeDecision(expire=False)
     if now >= deadline:
-        message = f"lifetime ended at {_stamp(deadline)}"
+        message = f"lifetime ended at {stamp(deadline)}"
         if ending.delete_at_deadline:
             return LifetimeDecision(expire=False, delete=True, message=message)
         return LifetimeDecision(expire=True, message=message)
@@ -132,4 +138,5 @@ __all__ = [
     "after_finish",
     "deadline_of",
     "decide_lifetime",
+    "stamp",
 ]
