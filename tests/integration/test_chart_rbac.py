@@ -139,7 +139,7 @@ OPERATOR_REACH = {
     "sandboxpools.sandlot.dev/finalizers": "update",
     "cacheprunes.sandlot.dev": "get list watch",
     "cacheprunes.sandlot.dev/status": "get patch",
-    "sandboxclaims.sandlot.dev": "get list watch",
+    "sandboxclaims.sandlot.dev": "delete get list watch",
     "sandboxclaims.sandlot.dev/status": "get patch",
     # The scheduler: a sandbox's RuntimeClass (handler, scheduling).
     "runtimeclasses.node.k8s.io": "get",

@@ -104,3 +104,53 @@ def test_shutdown_time_must_be_rfc3339(cluster: Cluster) -> None:
     with pytest.raises(ApiException) as refused:
         create(cluster, "badtime", shutdownTime="tomorrow at noon")
     assert refused.value.status == 422 and "shutdownTime" in str(refused.value.body)
+
+
+def wait_gone(c: Cluster, name: str, timeout: float) -> None:
+    from kubernetes.client.rest import ApiException
+
+    def gone() -> bool:
+        try:
+            get(c, name)
+        except ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
+    wait_for(gone, timeout=timeout, what=f"sandbox {name} to be deleted")
+
+
+def test_delete_policy_deletes_the_sandbox_at_its_deadline_and_its_container_stops(
+    cluster: Cluster, operators: Start
+) -> None:
+    node = cluster.add_node("a")
+    start_operator(cluster, operators)
+    create(cluster, "doomed", activeDeadlineSeconds=20, shutdownPolicy="Delete")
+    container = wait_phase(cluster, "doomed", "Running")["status"]["containerId"]
+    wait_gone(cluster, "doomed", timeout=60)
+    wait_for(
+        lambda: container not in node.containers(),
+        timeout=30,
+        what=f"the agent to stop container {container}",
+    )
+
+
+def test_retain_keeps_it_stopped_then_ttl_deletes_it_after_finished_at(
+    cluster: Cluster, operators: Start
+) -> None:
+    cluster.add_node("a")
+    start_operator(cluster, operators)
+    create(cluster, "kept", activeDeadlineSeconds=5, ttlSecondsAfterFinished=6)
+    status = wait_phase(cluster, "kept", "Stopped", timeout=40)["status"]
+    assert status["reason"] == "DeadlineExceeded", status
+    assert get(cluster, "kept")["spec"]["shutdownPolicy"] == "Retain"
+    wait_gone(cluster, "kept", timeout=60)
+
+
+def test_shutdown_policy_must_be_retain_or_delete(cluster: Cluster) -> None:
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as refused:
+        create(cluster, "badpolicy", shutdownPolicy="Explode")
+    assert refused.value.status == 422 and "shutdownPolicy" in str(refused.value.body)

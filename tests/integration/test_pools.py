@@ -1,6 +1,7 @@
 """Pools end to end on the cluster of tests/support/pools.py: members spread over
 the nodes, routed through their Service's EndpointSlice and replaced when their
-node is lost; the scale subresource scales up and down and removes containers."""
+node is lost; the scale subresource scales up and down and removes containers;
+finished members go after their TTL, failed ones stay for the back-off."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sandlot.adapters.runtime import TaskState
 from tests.support.pools import (
     GRACE_SECONDS,
     LEASE_SECONDS,
+    TERMINAL,
     Cluster,
     Start,
     cluster,
@@ -221,3 +223,29 @@ def test_scale_subresource_scales_up_and_down_and_removes_containers(
         },
     )
     assert hpa.spec.scale_target_ref.kind == "SandboxPool"
+
+
+def test_finished_members_are_deleted_after_their_ttl_and_failed_ones_kept(
+    cluster: Cluster, operators: Start
+) -> None:
+    cluster.add_node("a", capacity=10)
+    start_operator(cluster, operators)
+    # A history limit far above what a minute makes: only the TTL deletes members.
+    # Members that crash at once: the pool's back-off counts them, so they stay.
+    crash = ["sh", "-c", "exit 3"]
+    cluster.create_pool("crash", 1, history=100, command=crash, ttlSecondsAfterFinished=1)
+    # Members that end at their deadline (Stopped, DeadlineExceeded), then go at TTL.
+    cluster.create_pool("brief", 1, history=100, activeDeadlineSeconds=5, ttlSecondsAfterFinished=2)
+
+    def finished(pool: str) -> list[str]:
+        return [m["metadata"]["name"] for m in cluster.members(pool) if phase(m) in TERMINAL]
+
+    crashed = wait_for(lambda: finished("crash"), timeout=60, what="a member of pool crash to fail")
+    first = wait_for(lambda: finished("brief"), timeout=60, what="a member of pool brief to end")[0]
+    wait_for(
+        lambda: first not in {m["metadata"]["name"] for m in cluster.members("brief")},
+        timeout=60,
+        what=f"finished member {first} deleted after its TTL",
+    )
+    left = set(finished("crash"))
+    assert set(crashed) <= left, f"failed members {crashed} kept for the back-off; left {left}"

@@ -264,6 +264,15 @@ class FakeObjects:
             body["metadata"]["resourceVersion"] = self._next_rv()
             return copy.deepcopy(body)
 
+    def delete_claim(self, namespace: str, name: str, uid: str) -> bool:
+        with self._lock:
+            self._write("delete-claim", f"{namespace}/{name}")
+            body = self.claims.get(f"{namespace}/{name}")
+            if body is None or body["metadata"]["uid"] != uid:
+                return False
+            del self.claims[f"{namespace}/{name}"]
+            return True
+
     def take_sandbox(
         self, namespace: str, name: str, resource_version: str, metadata: Mapping[str, Any]
     ) -> dict[str, Any] | None:

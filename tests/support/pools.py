@@ -134,8 +134,15 @@ class Cluster:
         return lease.renew_time
 
     def create_pool(
-        self, name: str, replicas: int, *, service: str | None = None, history: int = 10
+        self,
+        name: str,
+        replicas: int,
+        *,
+        service: str | None = None,
+        history: int = 10,
+        **template: Any,
     ) -> None:
+        """``template``: more fields of the members' spec (camelCase)."""
         spec: dict[str, Any] = {
             "replicas": replicas,
             "historyLimit": history,
@@ -146,6 +153,7 @@ class Cluster:
                     "command": SLEEPER,
                     "ports": [{"name": "http", "containerPort": 8080}],
                     "terminationGracePeriodSeconds": 1,
+                    **template,
                 },
             },
         }

@@ -14,7 +14,16 @@ import pytest
 from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
 from sandlot.controllers.claims import POOL_HOLD_LIMIT, ClaimController
-from sandlot.policy.claims import Candidate, ClaimAction, ClaimDecision, decide_claim
+from sandlot.policy.claims import (
+    Candidate,
+    ClaimAction,
+    ClaimDecision,
+    ClaimEnd,
+    ClaimLifecycle,
+    EndAction,
+    decide_claim,
+    decide_claim_end,
+)
 from tests.support.workloads import WorkloadWorld
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -114,7 +123,7 @@ class ClaimWorld(WorkloadWorld):
             metrics=self.metrics,
         )
 
-    def claim(self, name: str, pool: str, namespace: str = "ns") -> str:
+    def claim(self, name: str, pool: str, namespace: str = "ns", **spec: Any) -> str:
         body = {
             "apiVersion": API_VERSION,
             "kind": "SandboxClaim",
@@ -125,7 +134,7 @@ class ClaimWorld(WorkloadWorld):
                 "resourceVersion": "c1",
                 "creationTimestamp": rfc3339(self.clock.now()),
             },
-            "spec": {"poolName": pool},
+            "spec": {"poolName": pool, **spec},
             "status": {},
         }
         self.objects.claims[f"{namespace}/{name}"] = body
@@ -326,3 +335,134 @@ def test_a_claims_wait_and_its_pools_depth_are_measured() -> None:
     waited = w.metrics.claim_wait_seconds
     assert waited._sum.get() == pytest.approx(3.0)  # the fake clock: exactly the wait
     assert depth._value.get() == 1, "one member left waiting (its replacement not Running)"
+
+
+AT = T0 + timedelta(seconds=30)
+RETAIN = ClaimLifecycle(shutdown_time=AT)
+DELETE = ClaimLifecycle(shutdown_time=AT, delete=True)
+TTL = ClaimLifecycle(ttl_seconds=20)
+
+
+@pytest.mark.parametrize(
+    ("phase", "lifecycle", "finished", "now", "expected"),
+    [
+        ("Bound", ClaimLifecycle(), None, T0, ClaimEnd(EndAction.NONE)),
+        ("Bound", RETAIN, None, T0, ClaimEnd(EndAction.NONE, 30.0)),
+        (
+            "Bound",
+            RETAIN,
+            None,
+            AT,
+            ClaimEnd(
+                EndAction.EXPIRE, None, "claim ended at its shutdownTime 2026-01-01T12:00:30Z"
+            ),
+        ),
+        (
+            "Pending",
+            DELETE,
+            None,
+            AT + timedelta(hours=1),
+            ClaimEnd(
+                EndAction.DELETE, None, "claim ended at its shutdownTime 2026-01-01T12:00:30Z"
+            ),
+        ),
+        ("Expired", RETAIN, T0, AT + timedelta(hours=1), ClaimEnd(EndAction.NONE)),
+        ("Lost", TTL, None, T0, ClaimEnd(EndAction.STAMP)),
+        ("Lost", TTL, T0, T0 + timedelta(seconds=5), ClaimEnd(EndAction.NONE, 15.0)),
+        (
+            "Expired",
+            TTL,
+            T0,
+            T0 + timedelta(seconds=20),
+            ClaimEnd(
+                EndAction.DELETE,
+                None,
+                "Expired at 2026-01-01T12:00:00Z, ttlSecondsAfterFinished 20 is over",
+            ),
+        ),
+        ("Bound", TTL, None, T0 + timedelta(days=1), ClaimEnd(EndAction.NONE)),
+    ],
+    ids=[
+        "no_lifecycle",
+        "waits_for_its_shutdown_time",
+        "retain_expires_at_the_second",
+        "delete_deletes_even_a_pending_claim",
+        "expired_without_ttl_stays",
+        "lost_without_finished_at_stamps_it",
+        "lost_waits_out_its_ttl",
+        "expired_past_its_ttl_is_deleted",
+        "ttl_does_not_touch_a_bound_claim",
+    ],
+)
+def test_decide_claim_end(
+    phase: str,
+    lifecycle: ClaimLifecycle,
+    finished: datetime | None,
+    now: datetime,
+    expected: ClaimEnd,
+) -> None:
+    assert decide_claim_end(phase, lifecycle, finished, now) == expected
+
+
+def test_an_expired_claim_is_not_rebound_nor_marked_lost() -> None:
+    status = {"phase": "Expired", "sandboxName": "web-1"}
+    assert decide_claim(status, c("web-1", "Stopped"), True, [c("web-2")], "web") == ClaimDecision(
+        ClaimAction.NONE
+    )
+
+
+def bound_world(**spec: Any) -> tuple[ClaimWorld, str, str]:
+    w, _ = warm_world()
+    claim = w.claim("mine", "web", **spec)
+    w.step()
+    status = w.objects.claims[claim]["status"]
+    assert status["phase"] == "Bound", status
+    return w, claim, f"ns/{status['sandboxName']}"
+
+
+def test_retain_stops_the_sandbox_claim_expired_and_the_claim_becomes_expired() -> None:
+    w, claim, sandbox = bound_world(
+        lifecycle={"shutdownTime": rfc3339(w_at := T0 + timedelta(hours=2))}
+    )
+    wait = (w_at - w.clock.now()).total_seconds()
+    assert w.claims.queue.due_at(claim) == pytest.approx(w.clock.monotonic() + wait)
+    w.clock.advance(wait - 0.001)
+    w.step()
+    assert w.objects.claims[claim]["status"]["phase"] == "Bound", "not a moment early"
+    w.clock.advance(0.001)
+    w.step()
+    status = w.objects.claims[claim]["status"]
+    assert status["phase"] == "Expired" and status["finishedAt"] == rfc3339(w_at), status
+    stopped = w.objects.sandboxes[sandbox]["status"]
+    assert (stopped["phase"], stopped["reason"]) == ("Stopped", "ClaimExpired")
+    w.step()
+    assert w.objects.claims[claim]["status"]["phase"] == "Expired", "final, not Lost"
+
+
+def test_delete_policy_deletes_the_claim_and_its_sandbox_at_shutdown_time() -> None:
+    w, claim, sandbox = bound_world(
+        lifecycle={"shutdownTime": rfc3339(T0 + timedelta(hours=2)), "shutdownPolicy": "Delete"}
+    )
+    w.clock.advance((T0 + timedelta(hours=2) - w.clock.now()).total_seconds())
+    w.step()
+    assert claim not in w.objects.claims
+    assert sandbox not in w.objects.sandboxes
+
+
+def test_a_lost_claim_is_deleted_with_its_sandbox_after_its_ttl() -> None:
+    w, claim, sandbox = bound_world(lifecycle={"ttlSecondsAfterFinished": 60})
+    w.objects.sandboxes[sandbox]["status"].update(phase="Failed", reason="Crashed")
+    w.objects.touch(w.objects.sandboxes[sandbox])
+    w.step()
+    status = w.objects.claims[claim]["status"]
+    assert status["phase"] == "Lost" and status["finishedAt"] == rfc3339(w.clock.now()), status
+    w.claims.on_claim("MODIFIED", copy.deepcopy(w.objects.claims[claim]))  # its watch event
+    w.step()
+    assert w.claims.queue.due_at(claim) == w.clock.monotonic() + 60
+    w.clock.advance(59.999)
+    w.step()
+    assert claim in w.objects.claims, "not a moment early"
+    w.clock.advance(0.001)
+    w.step()
+    assert claim not in w.objects.claims
+    assert sandbox not in w.objects.sandboxes

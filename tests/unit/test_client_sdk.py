@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -148,8 +149,10 @@ class FakeApi:
     def __init__(self, events: dict[str, list[dict[str, Any] | None]]) -> None:
         self.events = events
         self.deleted: list[tuple[str, str]] = []
+        self.created: list[dict[str, Any]] = []
 
     def create(self, plural: str, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append(body)
         return {**body, "metadata": {"name": "c1", "namespace": namespace}}
 
     def wait(
@@ -338,3 +341,39 @@ def test_a_kubeconfig_that_cannot_be_loaded_is_a_sandlot_error_naming_it(tmp_pat
     missing = tmp_path / "nope.kubeconfig"
     with pytest.raises(SandlotError, match=re.escape(str(missing))):
         Client(missing)
+
+
+def test_lifecycle_arguments_become_the_specs_fields() -> None:
+    at = datetime(2030, 1, 2, 16, 4, 5, tzinfo=timezone(timedelta(hours=1)))
+    api = FakeApi({"c1": [claim("Bound"), sandbox("Running")], "sb1": [sandbox("Running")]})
+    client_with(api).claim(
+        "warm", shutdown_time=at, shutdown_policy="Delete", ttl_seconds_after_finished=30
+    )
+    assert api.created[0]["spec"] == {
+        "poolName": "warm",
+        "lifecycle": {
+            "shutdownTime": "2030-01-02T15:04:05Z",
+            "shutdownPolicy": "Delete",
+            "ttlSecondsAfterFinished": 30,
+        },
+    }
+    client_with(api).create("busybox", ttl_seconds_after_finished=0)
+    assert api.created[1]["spec"] == {"image": "busybox", "ttlSecondsAfterFinished": 0}
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"shutdown_time": datetime(2030, 1, 1)}, "shutdown_time"),
+        ({"shutdown_policy": "Sometimes"}, "shutdown_policy"),
+        ({"ttl_seconds_after_finished": -1}, "ttl_seconds_after_finished"),
+    ],
+    ids=["naive_time", "unknown_policy", "negative_ttl"],
+)
+def test_bad_lifecycle_arguments_are_refused_naming_them(
+    options: dict[str, Any], named: str
+) -> None:
+    api = FakeApi({})
+    with pytest.raises(ValueError, match=named):
+        client_with(api).claim("warm", **options)
+    assert api.created == [], "nothing created"

@@ -12,7 +12,14 @@ import pytest
 from sandlot.adapters.objects import rfc3339
 from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.sandboxes import SandboxCache
-from sandlot.policy.lifetimes import LifetimeDecision, deadline_of, decide_lifetime
+from sandlot.policy.lifetimes import (
+    Due,
+    Ending,
+    LifetimeDecision,
+    after_finish,
+    deadline_of,
+    decide_lifetime,
+)
 from tests.support.clock import FakeClock
 from tests.support.fakeobjects import FakeObjects
 
@@ -77,6 +84,108 @@ def test_decide_lifetime(
     phase: str, deadline: datetime | None, now: datetime, expected: LifetimeDecision
 ) -> None:
     assert decide_lifetime(phase, deadline, now) == expected
+
+
+OVER = "finished at 2026-01-01T12:00:00Z, ttlSecondsAfterFinished {} is over"
+
+
+@pytest.mark.parametrize(
+    ("finished", "ttl", "now", "expected"),
+    [
+        (T0, None, T0 + timedelta(days=1), Due(now=False)),
+        (None, 60, T0, Due(now=False, stamp_first=True)),
+        (T0, 60, T0, Due(now=False, wait_seconds=60.0)),
+        (T0, 60, T0 + timedelta(seconds=59.5), Due(now=False, wait_seconds=0.5)),
+        (T0, 60, T0 + timedelta(seconds=60), Due(now=True, message=OVER.format(60))),
+        (T0, 0, T0, Due(now=True, message=OVER.format(0))),
+    ],
+    ids=[
+        "no_ttl_never",
+        "no_finished_at_stamps_first",
+        "waits_the_ttl",
+        "waits_fractions",
+        "at_the_second",
+        "zero_is_now",
+    ],
+)
+def test_after_finish(
+    finished: datetime | None, ttl: int | None, now: datetime, expected: Due
+) -> None:
+    assert after_finish(finished, ttl, now) == expected
+
+
+DELETE = Ending(delete_at_deadline=True)
+
+
+@pytest.mark.parametrize(
+    ("phase", "ending", "finished", "now", "expected"),
+    [
+        ("Running", DELETE, None, T0, LifetimeDecision(False, 10.0)),
+        (
+            "Running",
+            DELETE,
+            None,
+            T0 + timedelta(seconds=10),
+            LifetimeDecision(False, None, "lifetime ended at 2026-01-01T12:00:10Z", delete=True),
+        ),
+        ("Stopped", DELETE, T0, T0 + timedelta(hours=1), LifetimeDecision(expire=False)),
+        (
+            "Stopped",
+            Ending(ttl_seconds=30),
+            None,
+            T0,
+            LifetimeDecision(expire=False, stamp_finished=True),
+        ),
+        (
+            "Failed",
+            Ending(ttl_seconds=30),
+            T0,
+            T0 + timedelta(seconds=12),
+            LifetimeDecision(False, 18.0),
+        ),
+        (
+            "Dead",
+            Ending(ttl_seconds=30),
+            T0,
+            T0 + timedelta(seconds=30),
+            LifetimeDecision(
+                False,
+                None,
+                "finished at 2026-01-01T12:00:00Z, ttlSecondsAfterFinished 30 is over",
+                delete=True,
+            ),
+        ),
+        (
+            "Failed",
+            Ending(ttl_seconds=30, kept_by_pool=True),
+            T0,
+            T0 + timedelta(hours=1),
+            LifetimeDecision(expire=False),
+        ),
+        (
+            "Running",
+            Ending(ttl_seconds=0),
+            None,
+            T0 + timedelta(hours=1),
+            LifetimeDecision(False, None),
+        ),
+    ],
+    ids=[
+        "delete_policy_waits_for_the_deadline",
+        "delete_policy_deletes_at_the_deadline",
+        "delete_policy_leaves_a_finished_one_without_ttl",
+        "ttl_without_finished_at_stamps_it_first",
+        "ttl_waits_the_rest_after_finished_at",
+        "ttl_over_deletes",
+        "failure_the_pool_counts_is_kept",
+        "ttl_does_not_touch_a_live_sandbox",
+    ],
+)
+def test_decide_lifetime_policy_and_ttl(
+    phase: str, ending: Ending, finished: datetime | None, now: datetime, expected: LifetimeDecision
+) -> None:
+    deadline = T0 + timedelta(seconds=10) if ending.delete_at_deadline else None
+    assert decide_lifetime(phase, deadline, now, ending, finished) == expected
 
 
 class World:
@@ -150,3 +259,43 @@ def test_a_standby_writes_nothing_and_a_sandbox_ended_otherwise_is_left_alone() 
     w.controller.enqueue_all()
     w.run()
     assert w.status(key)["reason"] == "Exited"
+
+
+def test_delete_policy_deletes_the_sandbox_at_its_shutdown_time() -> None:
+    w = World()
+    key = w.sandbox(
+        "job", shutdownTime=rfc3339(T0 + timedelta(seconds=20)), shutdownPolicy="Delete"
+    )
+    w.run()
+    assert w.controller.queue.due_at(key) == w.clock.monotonic() + 20
+    w.clock.advance(20)
+    w.run()
+    assert key not in w.objects.sandboxes
+    assert w.cache.get(key) is None
+    assert w.controller.deleted == 1 and w.controller.expired == 0
+
+
+def test_a_finished_sandbox_is_stamped_then_deleted_at_finished_at_plus_ttl() -> None:
+    w = World()
+    key = w.sandbox("done", phase="Stopped", ttlSecondsAfterFinished=45)
+    w.run()
+    assert w.status(key)["finishedAt"] == rfc3339(T0), "finishedAt written first"
+    w.run()
+    assert w.controller.queue.due_at(key) == w.clock.monotonic() + 45
+    w.clock.advance(44.999)
+    w.run()
+    assert key in w.objects.sandboxes, "not a moment early"
+    w.clock.advance(0.001)
+    w.run()
+    assert key not in w.objects.sandboxes
+
+
+def test_retain_at_the_deadline_then_the_ttl_collects_it() -> None:
+    w = World()
+    key = w.sandbox("job", activeDeadlineSeconds=5, ttlSecondsAfterFinished=10)
+    w.clock.advance(5)
+    w.run()
+    assert (w.status(key)["phase"], w.status(key)["reason"]) == ("Stopped", "DeadlineExceeded")
+    w.clock.advance(10)
+    w.run()
+    assert key not in w.objects.sandboxes

@@ -181,6 +181,25 @@ def patch_claim_status(
         raise
 
 
+def delete_claim(objects: Objects, namespace: str, name: str, uid: str) -> bool:
+    """Delete this very claim (uid precondition); False when it is already gone."""
+    preconditions = client.V1Preconditions(uid=uid)
+    try:
+        objects.custom.delete_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            CLAIMS,
+            name,
+            body=client.V1DeleteOptions(preconditions=preconditions),
+        )
+        return True
+    except ApiException as e:
+        if e.status in (404, 409):
+            return False
+        raise
+
+
 def listed_keys(objects: Objects, plural: str) -> set[str]:
     """Every object of sandlot's kind ``plural`` now, as "namespace/name" (or the
     name of a cluster-scoped one), in pages."""
@@ -243,6 +262,9 @@ class WorkloadApi:
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         return patch_claim_status(self.objects, namespace, name, status)
+
+    def delete_claim(self, namespace: str, name: str, uid: str) -> bool:
+        return delete_claim(self.objects, namespace, name, uid)
 
     def listed_keys(self, plural: str) -> set[str]:
         return listed_keys(self.objects, plural)

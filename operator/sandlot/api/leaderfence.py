@@ -37,6 +37,7 @@ LEADER_ONLY_RESOURCES = (
     "sandboxes/status",
     "sandboxnodes/status",
     "sandboxpools/status",
+    "sandboxclaims",
     "sandboxclaims/status",
     "cacheprunes/status",
 )

@@ -42,6 +42,15 @@ from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 from sandlot.api.probe import Probe
 
 
+class ShutdownPolicy(StrEnum):
+    """What happens to a sandbox at its ``shutdownTime`` or deadline (agent-sandbox's names)."""
+
+    RETAIN = "Retain"
+    """Kept, ended Stopped with reason DeadlineExceeded (the default)."""
+    DELETE = "Delete"
+    """Deleted: its agent stops the container as for any deleted sandbox."""
+
+
 class OperatingMode(StrEnum):
     """What the sandbox's process should be doing (``spec.operatingMode``)."""
 
@@ -363,6 +372,19 @@ class SandboxSpec(Model):
         ge=1,
         description="Seconds the sandbox may live, counted from its creation; then it ends "
         "as with shutdownTime. With both set, the earlier wins.",
+    )
+    shutdown_policy: ShutdownPolicy = Field(
+        default=ShutdownPolicy.RETAIN,
+        description="What happens at shutdownTime or activeDeadlineSeconds: `Retain` (the "
+        "default) ends the sandbox Stopped with reason DeadlineExceeded and keeps the "
+        "object; `Delete` deletes it.",
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds a finished sandbox (Stopped, Failed or Dead) is "
+        "kept, counted from status.finishedAt on the operator's clock; then it is "
+        "deleted. A pool keeps the failed members its crash back-off counts.",
     )
     operating_mode: OperatingMode = Field(
         default=OperatingMode.RUNNING,

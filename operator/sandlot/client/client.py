@@ -11,6 +11,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -84,17 +85,25 @@ class Client:
         node_name: str | None = None,
         spec: Mapping[str, Any] | None = None,
         timeout: float = CREATE_TIMEOUT,
+        shutdown_time: datetime | None = None,
+        shutdown_policy: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
     ) -> Sandbox:
         """A new Sandbox of ``image`` (running ``command``, else the image's own),
         returned once Running. ``spec`` adds any other Sandbox spec field (camelCase,
-        as in YAML); ``name`` defaults to a generated ``sandbox-xxxxx``."""
+        as in YAML); ``name`` defaults to a generated ``sandbox-xxxxx``. At
+        ``shutdown_time`` (an aware datetime) it is stopped (``shutdown_policy``
+        ``"Retain"``, the default) or deleted (``"Delete"``); once finished it is
+        deleted after ``ttl_seconds_after_finished``."""
         ns = namespace or self.namespace
+        ending = lifecycle_fields(shutdown_time, shutdown_policy, ttl_seconds_after_finished)
         body: dict[str, Any] = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "Sandbox",
             "metadata": {"name": name} if name else {"generateName": "sandbox-"},
             "spec": {
                 **(spec or {}),
+                **ending,
                 "image": image,
                 **({"command": list(command)} if command else {}),
                 **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {}),
@@ -120,16 +129,23 @@ class Client:
         namespace: str | None = None,
         name: str | None = None,
         timeout: float = CLAIM_TIMEOUT,
+        shutdown_time: datetime | None = None,
+        shutdown_policy: str | None = None,
+        ttl_seconds_after_finished: int | None = None,
     ) -> Sandbox:
         """A sandbox of ``pool`` through a new SandboxClaim, returned once the claim is
-        Bound and its sandbox Running; ``terminate`` deletes the claim."""
+        Bound and its sandbox Running; ``terminate`` deletes the claim. The claim's
+        ``spec.lifecycle``: at ``shutdown_time`` its sandbox is stopped and the claim
+        Expired (``"Retain"``, the default) or both deleted (``"Delete"``); a Lost or
+        Expired claim is deleted after ``ttl_seconds_after_finished``."""
         ns = namespace or self.namespace
         deadline = time.monotonic() + timeout
+        lifecycle = lifecycle_fields(shutdown_time, shutdown_policy, ttl_seconds_after_finished)
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "SandboxClaim",
             "metadata": {"name": name} if name else {"generateName": f"{pool}-"},
-            "spec": {"poolName": pool},
+            "spec": {"poolName": pool, **({"lifecycle": lifecycle} if lifecycle else {})},
         }
         try:
             claim = self._api.create(CLAIMS, ns, body)
@@ -198,12 +214,39 @@ class Client:
             self._api.delete(plural, namespace, name)
 
 
+SHUTDOWN_POLICIES = ("Retain", "Delete")
+
+
+def lifecycle_fields(
+    shutdown_time: datetime | None, shutdown_policy: str | None, ttl_seconds: int | None
+) -> dict[str, Any]:
+    """The lifecycle arguments as spec fields (camelCase); ValueError naming a bad one."""
+    out: dict[str, Any] = {}
+    if shutdown_time is not None:
+        if shutdown_time.tzinfo is None:
+            raise ValueError(
+                f"shutdown_time {shutdown_time.isoformat()} has no time zone "
+                "(give an aware datetime, for example datetime.now(UTC) + timedelta(...))"
+            )
+        stamp = shutdown_time.astimezone(UTC).isoformat().replace("+00:00", "Z")
+        out["shutdownTime"] = stamp
+    if shutdown_policy is not None:
+        if shutdown_policy not in SHUTDOWN_POLICIES:
+            raise ValueError(f"shutdown_policy {shutdown_policy!r}: Retain or Delete")
+        out["shutdownPolicy"] = shutdown_policy
+    if ttl_seconds is not None:
+        if isinstance(ttl_seconds, bool) or not isinstance(ttl_seconds, int) or ttl_seconds < 0:
+            raise ValueError(f"ttl_seconds_after_finished {ttl_seconds!r}: a whole number >= 0")
+        out["ttlSecondsAfterFinished"] = ttl_seconds
+    return out
+
+
 def _running_or_gone(name: str) -> Callable[[dict[str, Any] | None], bool]:
     return lambda body: _running(body) or gone_from(name, body) is not None
 
 
 def _settled_claim(body: dict[str, Any] | None) -> bool:
-    return body is None or ((body.get("status") or {}).get("phase") in ("Bound", "Lost"))
+    return body is None or ((body.get("status") or {}).get("phase") in ("Bound", "Lost", "Expired"))
 
 
 __all__ = ["CLAIM_TIMEOUT", "CREATE_TIMEOUT", "Client"]

@@ -12,6 +12,12 @@ behaves the same). The claim's status follows. A lost race (409) re-decides with
 the next member. A restart finds a sandbox already labelled for a claim and only
 writes the status that was missing.
 
+A claim's ``spec.lifecycle`` (``policy.claims.decide_claim_end``) is applied
+before binding: at its ``shutdownTime`` the claim and its sandbox are deleted
+(``Delete``) or the sandbox is stopped with reason ``ClaimExpired`` and the claim
+becomes ``Expired`` (``Retain``); a ``Lost`` or ``Expired`` claim goes with its
+sandbox at ``finishedAt`` + TTL. The queue wakes the claim at that second.
+
 Claims waiting for a member are woken by their pool's member events; nothing
 polls. Only the leader writes. A claim is what a user waits on, so its two writes
 (take, status) go first: they are one job on threads of their own (on the shared
@@ -35,15 +41,27 @@ from typing import Any, TypeVar
 
 import kopf
 
-from sandlot.adapters.objects import rfc3339
+from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
-from sandlot.policy.claims import Candidate, ClaimAction, bound_status, decide_claim
+from sandlot.policy.claims import (
+    NO_LIFECYCLE,
+    REASON_CLAIM_EXPIRED,
+    Candidate,
+    ClaimAction,
+    ClaimLifecycle,
+    EndAction,
+    bound_status,
+    decide_claim,
+    decide_claim_end,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -62,6 +80,7 @@ class ClaimState:
     uid: str
     pool_name: str
     status: Mapping[str, Any]
+    lifecycle: ClaimLifecycle = NO_LIFECYCLE
 
     @property
     def key(self) -> str:
@@ -84,12 +103,25 @@ class ClaimState:
 
 def claim_state(body: Mapping[str, Any]) -> ClaimState:
     meta = body["metadata"]
+    spec = body.get("spec") or {}
     return ClaimState(
         namespace=meta["namespace"],
         name=meta["name"],
         uid=meta.get("uid", ""),
-        pool_name=(body.get("spec") or {}).get("poolName", ""),
+        pool_name=spec.get("poolName", ""),
         status=dict(body.get("status") or {}),
+        lifecycle=_lifecycle(spec.get("lifecycle")),
+    )
+
+
+def _lifecycle(spec: Mapping[str, Any] | None) -> ClaimLifecycle:
+    if not spec:
+        return NO_LIFECYCLE
+    ttl = spec.get("ttlSecondsAfterFinished")
+    return ClaimLifecycle(
+        shutdown_time=parse_time(spec.get("shutdownTime")),
+        delete=spec.get("shutdownPolicy") == ShutdownPolicy.DELETE,
+        ttl_seconds=int(ttl) if ttl is not None else None,
     )
 
 
@@ -204,6 +236,8 @@ class ClaimController:
         claim = self.claims.get(key)
         if claim is None:
             return None
+        if await self._end(claim):
+            return None
         for _ in range(MAX_BIND_ATTEMPTS):
             bound = self.bound(claim)
             exists, members = self.members(claim)
@@ -225,12 +259,59 @@ class ClaimController:
             if decision.action is ClaimAction.STATUS:
                 if decision.status.get("phase") == "Pending":
                     waiting.add(key)
-                await self._write_status(claim, dict(decision.status))
+                status = dict(decision.status)
+                if status.get("phase") in FINAL_CLAIM_PHASES and not claim.status.get("finishedAt"):
+                    status["finishedAt"] = rfc3339(self.clock())  # its TTL counts from here
+                await self._write_status(claim, status)
                 return None
             by_name = {m.name: m for m in members}
             if await self._bind(claim, by_name[decision.sandbox or ""]):
                 return None
         return RETRY_AFTER_ERROR  # lost every race: try again soon
+
+    async def _end(self, claim: ClaimState) -> bool:
+        """Apply the claim's lifecycle now; True when that is all there is to do."""
+        now = self.clock()
+        finished = parse_time(claim.status.get("finishedAt"))
+        end = decide_claim_end(claim.status.get("phase"), claim.lifecycle, finished, now)
+        if end.action is EndAction.NONE:
+            if end.wait_seconds is not None:
+                self.queue.add_after(claim.key, end.wait_seconds)
+            return False
+        if not self.is_leader():
+            return True
+        if end.action is EndAction.STAMP:
+            await self._write_status(claim, {"finishedAt": rfc3339(now)})
+            return True
+        bound = self.bound(claim)
+        if end.action is EndAction.DELETE:
+            if await self._call(self.api.delete_claim, claim.namespace, claim.name, claim.uid):
+                log.info("claim %s: %s; deleted", claim.key, end.message)
+            if bound is not None:
+                await self._delete(bound)
+            return True
+        if bound is not None and not bound.terminal:
+            stopped = {
+                "phase": SandboxPhase.STOPPED.value,
+                "reason": REASON_CLAIM_EXPIRED,
+                "message": end.message,
+                "finishedAt": rfc3339(now),
+            }
+            written = await self._call(
+                self.api.write_status, bound.namespace, bound.name, stopped, bound.resource_version
+            )
+            if written is None:  # changed meanwhile: decide again on what it is now
+                self.queue.add_after(claim.key, RETRY_AFTER_ERROR)
+                return True
+            self.cache.upsert(written)
+        expired = {
+            "phase": ClaimPhase.EXPIRED.value,
+            "message": end.message,
+            "finishedAt": rfc3339(now),
+        }
+        await self._write_status(claim, expired)
+        log.info("claim %s: %s; Expired", claim.key, end.message)
+        return True
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn, *args)

@@ -1,4 +1,6 @@
-"""Ends sandboxes whose lifetime is over: ``Stopped``, reason ``DeadlineExceeded``.
+"""Ends sandboxes whose lifetime is over: ``Stopped``, reason ``DeadlineExceeded``,
+or deleted under ``shutdownPolicy: Delete``; deletes finished sandboxes past
+their ``ttlSecondsAfterFinished``.
 
 The deadline of each sandbox is in its cache record (``policy.lifetimes``); the
 decision is ``policy.lifetimes.decide_lifetime`` on the operator's clock. A
@@ -8,7 +10,8 @@ without a poll. The write is a status patch with the resourceVersion it was
 decided on: a sandbox that changed meanwhile comes back through its watch event
 and is judged again, a terminal one is left alone (the API server would refuse
 it anyway). The node's agent sees the terminal phase beside a live container and
-stops it, as it does for any sandbox ended while it runs.
+stops it, as it does for any sandbox ended while it runs. A deletion carries the
+uid and resourceVersion it was decided on, for the same reason.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class LifetimeController:
         self.is_leader = is_leader
         self.clock = clock
         self.expired = 0
+        self.deleted = 0
         self.queue = WorkQueue(
             "lifetime",
             self.reconcile,
@@ -66,11 +70,11 @@ class LifetimeController:
             if old is not None:
                 self.queue.forget(old.key)
             return
-        if new.deadline is not None and not new.terminal:
+        if _watched(new):
             self.queue.add(new.key)
 
     def enqueue_all(self) -> None:
-        self.queue.add_all(r.key for r in self.cache if r.deadline is not None and not r.terminal)
+        self.queue.add_all(r.key for r in self.cache if _watched(r))
 
     async def run(self) -> None:
         await self.queue.run()
@@ -80,26 +84,51 @@ class LifetimeController:
         if rec is None:
             return None
         now = self.clock()
-        decision = decide_lifetime(rec.phase, rec.deadline, now)
-        if not decision.expire:
+        decision = decide_lifetime(rec.phase, rec.deadline, now, rec.ending, rec.finished_at)
+        if not (decision.expire or decision.delete or decision.stamp_finished):
             return decision.wait_seconds
         if not self.is_leader():
             return None
-        status = {
-            "phase": SandboxPhase.STOPPED.value,
-            "reason": REASON_DEADLINE_EXCEEDED,
-            "message": decision.message,
-            "finishedAt": rfc3339(now),
-        }
+        if decision.delete:
+            await self._delete(rec, decision.message)
+            return None
+        if decision.stamp_finished:
+            status: dict[str, str] = {"finishedAt": rfc3339(now)}
+        else:
+            status = {
+                "phase": SandboxPhase.STOPPED.value,
+                "reason": REASON_DEADLINE_EXCEEDED,
+                "message": decision.message,
+                "finishedAt": rfc3339(now),
+            }
         written = await asyncio.to_thread(
             self.api.write_status, rec.namespace, rec.name, status, str(rec.resource_version)
         )
         if written is None:
             return None  # changed or gone meanwhile: its watch event brings it back
-        self.expired += 1
-        log.info("sandbox %s: %s; Stopped (%s)", key, decision.message, REASON_DEADLINE_EXCEEDED)
+        if decision.expire:
+            self.expired += 1
+            log.info(
+                "sandbox %s: %s; Stopped (%s)", key, decision.message, REASON_DEADLINE_EXCEEDED
+            )
         self.cache.upsert(written)
         return None
+
+    async def _delete(self, rec: SandboxRecord, message: str) -> None:
+        deleted = await asyncio.to_thread(
+            self.api.delete_sandbox, rec.namespace, rec.name, rec.uid, rec.resource_version
+        )
+        if deleted:  # else changed or gone meanwhile: its watch event brings it back
+            self.deleted += 1
+            self.cache.forget(rec.key, rec.uid)
+            log.info("sandbox %s: %s; deleted", rec.key, message)
+
+
+def _watched(rec: SandboxRecord) -> bool:
+    """A record with a moment ahead for this controller: a deadline or a TTL."""
+    if rec.terminal:
+        return rec.ending.ttl_seconds is not None and not rec.ending.kept_by_pool
+    return rec.deadline is not None
 
 
 __all__ = ["LifetimeController"]

@@ -35,11 +35,11 @@ from typing import Any
 
 from sandlot.adapters.objects import parse_time
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
-from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
+from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
-from sandlot.policy.lifetimes import deadline_of
+from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
 from sandlot.policy.placement import Placement
-from sandlot.policy.pools import spec_hash
+from sandlot.policy.pools import ended_by_fault, spec_hash
 from sandlot.policy.readiness import ready_since, recorded_ready, sandbox_ready
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class SandboxRecord:
     conditions: tuple[tuple[str, str, str], ...] = ()  # (type, status, reason)
     placement: Placement | None = None  # None: no tolerations, selector or affinity
     deadline: datetime | None = None  # where its lifetime ends (policy.lifetimes)
+    ending: Ending = NO_ENDING  # shutdownPolicy and ttlSecondsAfterFinished (policy.lifetimes)
     spec_hash: str | None = None  # pool members only: compared with the template's
     claim: str | None = None  # the sandlot.dev/claim label: the SandboxClaim it is bound to
     reason: str | None = None
@@ -148,6 +149,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         conditions=_conditions(status),
         placement=_placement(spec),
         deadline=_deadline(spec, created_at),
+        ending=_ending(spec, status, phase, pool_label is not None),
         spec_hash=spec_hash(spec) if pool_label else None,
         claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
         reason=_shared(status.get("reason")),
@@ -167,6 +169,15 @@ def _deadline(spec: Mapping[str, Any], created_at: datetime) -> datetime | None:
         int(seconds) if seconds is not None else None,
         created_at,
     )
+
+
+def _ending(spec: Mapping[str, Any], status: Mapping[str, Any], phase: str, pooled: bool) -> Ending:
+    ttl = spec.get("ttlSecondsAfterFinished")
+    delete = spec.get("shutdownPolicy") == ShutdownPolicy.DELETE
+    if ttl is None and not delete:
+        return NO_ENDING
+    kept = pooled and ended_by_fault(phase, status.get("reason"), status.get("exitCode"))
+    return Ending(delete, int(ttl) if ttl is not None else None, kept)
 
 
 def _placement(spec: Mapping[str, Any]) -> Placement | None:

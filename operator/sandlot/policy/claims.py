@@ -6,6 +6,13 @@ passed, not paused), the one that has been warm longest (it has proved it runs);
 claim's status says where it is. A claim whose sandbox ended or went away is
 ``Lost``: it is not bound again (its user may hold state in the lost one; they
 delete the claim and make a new one).
+
+A claim's ``spec.lifecycle`` ends it (``decide_claim_end``): at ``shutdownTime``
+policy ``Delete`` deletes the claim and its sandbox, ``Retain`` stops the sandbox
+(reason ``ClaimExpired``) and makes the claim ``Expired``, a final phase that
+binding leaves alone. A ``Lost`` or ``Expired`` claim with a TTL is deleted with
+its sandbox at ``finishedAt`` + TTL (``policy.lifetimes.after_finish``), its
+``finishedAt`` written first when missing.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
-from sandlot.api.claim import ClaimPhase
+from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.lifetimes import after_finish, stamp
+
+REASON_CLAIM_EXPIRED = "ClaimExpired"
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,8 @@ def decide_claim(
 ) -> ClaimDecision:
     """``status``: the claim's current status; ``bound``: the sandbox bound to it, if
     any; ``members``: the pool's members (any phase)."""
+    if status.get("phase") == ClaimPhase.EXPIRED.value:
+        return ClaimDecision(ClaimAction.NONE)  # final: its lifecycle ended it
     if bound is not None:
         if bound.phase in TERMINAL_PHASES:
             wanted: dict[str, object] = {
@@ -107,4 +119,68 @@ def decide_claim(
     return ClaimDecision(ClaimAction.NONE)
 
 
-__all__ = ["Candidate", "ClaimAction", "ClaimDecision", "bound_status", "decide_claim"]
+@dataclass(frozen=True)
+class ClaimLifecycle:
+    """A claim's ``spec.lifecycle`` as data."""
+
+    shutdown_time: datetime | None = None
+    delete: bool = False
+    """shutdownPolicy Delete (else Retain)."""
+    ttl_seconds: int | None = None
+
+
+NO_LIFECYCLE = ClaimLifecycle()
+
+
+class EndAction(StrEnum):
+    NONE = "none"
+    DELETE = "delete"
+    """Delete the claim and its sandbox."""
+    EXPIRE = "expire"
+    """Stop its sandbox (ClaimExpired); the claim becomes Expired."""
+    STAMP = "stamp"
+    """Write the missing ``finishedAt`` (now), from which its TTL counts."""
+
+
+@dataclass(frozen=True)
+class ClaimEnd:
+    action: EndAction
+    wait_seconds: float | None = None
+    """Seconds until its shutdownTime or TTL (NONE only); None: nothing to wait for."""
+    message: str = ""
+
+
+def decide_claim_end(
+    phase: str | None, lifecycle: ClaimLifecycle, finished_at: datetime | None, now: datetime
+) -> ClaimEnd:
+    """What a claim in ``phase`` with ``lifecycle`` needs now on the operator's clock."""
+    if phase in FINAL_CLAIM_PHASES:
+        due = after_finish(finished_at, lifecycle.ttl_seconds, now, what=str(phase))
+        if due.stamp_first:
+            return ClaimEnd(EndAction.STAMP)
+        if due.now:
+            return ClaimEnd(EndAction.DELETE, message=due.message)
+        return ClaimEnd(EndAction.NONE, wait_seconds=due.wait_seconds)
+    if lifecycle.shutdown_time is None:
+        return ClaimEnd(EndAction.NONE)
+    if now < lifecycle.shutdown_time:
+        return ClaimEnd(
+            EndAction.NONE, wait_seconds=(lifecycle.shutdown_time - now).total_seconds()
+        )
+    message = f"claim ended at its shutdownTime {stamp(lifecycle.shutdown_time)}"
+    return ClaimEnd(EndAction.DELETE if lifecycle.delete else EndAction.EXPIRE, message=message)
+
+
+__all__ = [
+    "NO_LIFECYCLE",
+    "REASON_CLAIM_EXPIRED",
+    "Candidate",
+    "ClaimAction",
+    "ClaimDecision",
+    "ClaimEnd",
+    "ClaimLifecycle",
+    "EndAction",
+    "bound_status",
+    "decide_claim",
+    "decide_claim_end",
+]

@@ -43,6 +43,13 @@ REASON_EXITED = "Exited"
 CRASH_REASONS: frozenset[str] = frozenset({REASON_EXITED, REASON_OOM_KILLED})
 
 
+def ended_by_fault(phase: str, reason: str | None, exit_code: int | None) -> bool:
+    """A member that could not start, or crashed: what the failure back-off counts."""
+    if phase == SandboxPhase.FAILED:
+        return True
+    return phase == SandboxPhase.STOPPED and reason in CRASH_REASONS and exit_code not in (None, 0)
+
+
 @dataclass(frozen=True)
 class Member:
     name: str
@@ -94,13 +101,7 @@ class Member:
     @property
     def failed(self) -> bool:
         """Ended by a fault of its own: could not start, or crashed."""
-        if self.phase == SandboxPhase.FAILED:
-            return True
-        return (
-            self.phase == SandboxPhase.STOPPED
-            and self.reason in CRASH_REASONS
-            and self.exit_code not in (None, 0)
-        )
+        return ended_by_fault(self.phase, self.reason, self.exit_code)
 
 
 @dataclass(frozen=True)
