@@ -20,6 +20,12 @@ two jobs the status would wait for the event loop), and the pool's reaction to t
 member leaving (its replacement) is held until the status is written, at most
 ``POOL_HOLD_LIMIT``, instead of competing with it for the API server and this
 process. The replacement starts a few milliseconds later; nothing waits on it.
+
+Up to ``CLAIM_WORKERS`` claims are bound at once. A member being taken is kept
+from every other claim's decision until its take is answered (``_taking``): the
+decision and the mark happen with no await between them on the one event loop,
+so concurrent claims choose different members instead of racing for the same
+one and losing all but one take to its resourceVersion precondition.
 """
 
 from __future__ import annotations
@@ -51,7 +57,10 @@ T = TypeVar("T")
 RETRY_AFTER_ERROR = 0.5
 RETRY_CAP = 30.0
 MAX_BIND_ATTEMPTS = 3
-CLAIM_THREADS = 2
+# Claims bound at once: each bind is two writes waiting on the API server, so one at
+# a time leaves it idle between them. Every worker has a thread for its writes.
+CLAIM_WORKERS = 16
+CLAIM_THREADS = CLAIM_WORKERS
 POOL_HOLD_LIMIT = 2.0  # seconds a binding claim may defer its pool's reaction, at most
 
 
@@ -123,6 +132,7 @@ class ClaimController:
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
         self._first_seen: dict[str, float] = {}  # unbound claim -> when first seen (queue clock)
+        self._taking: set[str] = set()  # members a claim is taking right now
         self.metrics = metrics
         self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
         self.queue = WorkQueue(
@@ -177,7 +187,7 @@ class ClaimController:
         self.queue.add_all(list(self.claims))
 
     async def run(self) -> None:
-        await self.queue.run()
+        await self.queue.run(workers=CLAIM_WORKERS)
 
     # -- the worker -----------------------------------------------------------------
 
@@ -207,6 +217,7 @@ class ClaimController:
         for _ in range(MAX_BIND_ATTEMPTS):
             bound = self.bound(claim)
             exists, members = self.members(claim)
+            members = [m for m in members if m.key not in self._taking]
             decision = decide_claim(
                 claim.status,
                 _candidate(bound) if bound is not None else None,
@@ -227,9 +238,13 @@ class ClaimController:
                     waiting.add(key)
                 await self._write_status(claim, dict(decision.status))
                 return None
-            by_name = {m.name: m for m in members}
-            if await self._bind(claim, by_name[decision.sandbox or ""]):
-                return None
+            chosen = {m.name: m for m in members}[decision.sandbox or ""]
+            self._taking.add(chosen.key)  # before any await: no other claim picks it
+            try:
+                if await self._bind(claim, chosen):
+                    return None
+            finally:
+                self._taking.discard(chosen.key)
         return RETRY_AFTER_ERROR  # lost every race: try again soon
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
