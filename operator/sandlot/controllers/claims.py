@@ -25,7 +25,9 @@ Up to ``CLAIM_WORKERS`` claims are bound at once. A member being taken is kept
 from every other claim's decision until its take is answered (``_taking``): the
 decision and the mark happen with no await between them on the one event loop,
 so concurrent claims choose different members instead of racing for the same
-one and losing all but one take to its resourceVersion precondition.
+one and losing all but one take to its resourceVersion precondition. Each pool's
+claimable members are kept oldest first (``controllers.offered``), so choosing
+one costs no scan of the pool.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
 from sandlot.controllers.metrics import WorkloadMetrics
+from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
@@ -143,6 +146,7 @@ class ClaimController:
             backoff_start=RETRY_AFTER_ERROR,
             backoff_cap=RETRY_CAP,
         )
+        self.offered = OfferedMembers(cache)
         cache.listeners.append(self.on_sandbox)
 
     # -- inputs ---------------------------------------------------------------------
@@ -201,11 +205,18 @@ class ClaimController:
                 return rec
         return None
 
-    def members(self, claim: ClaimState) -> tuple[bool, list[SandboxRecord]]:
+    def offer(
+        self, claim: ClaimState, bound: SandboxRecord | None
+    ) -> tuple[bool, list[SandboxRecord]]:
+        """Whether the claim's pool exists, and the member it would take (when it has
+        none yet): the oldest claimable one no other claim is taking."""
         pool = self.pools.pools.get(claim.pool_key)
         if pool is None or pool.deleting:
             return False, []
-        return True, self.pools.members(pool)
+        if bound is not None:
+            return True, []
+        first = self.offered.first(claim.pool_key, pool.uid, self._taking)
+        return True, [first] if first is not None else []
 
     async def reconcile(self, key: str) -> float | None:
         released = self._released.pop(key, None)
@@ -216,8 +227,7 @@ class ClaimController:
             return None
         for _ in range(MAX_BIND_ATTEMPTS):
             bound = self.bound(claim)
-            exists, members = self.members(claim)
-            members = [m for m in members if m.key not in self._taking]
+            exists, members = self.offer(claim, bound)
             decision = decide_claim(
                 claim.status,
                 _candidate(bound) if bound is not None else None,
