@@ -34,7 +34,7 @@ from pathlib import Path
 from kubernetes import watch
 from tests.support.operator import Fleet
 
-from bench.claims import POOL, FirstSeen, bare_bind, create, load_average, pct
+from bench.claims import POOL, WATCH_SECONDS, FirstSeen, bare_bind, create, load_average, pct
 from bench.nodehealth import Bench
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import CLAIMS
@@ -56,26 +56,35 @@ class PlayedAgents:
         self._addresses = itertools.count(1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="played-agent")
         self._watch = watch.Watch()
+        self._stopped = threading.Event()
         threading.Thread(target=self._run, daemon=True, name="played-agents").start()
 
     def _run(self) -> None:
-        try:
-            for event in self._watch.stream(
-                self.bench.objs.list_namespaced_custom_object,
-                GROUP,
-                VERSION,
-                self.bench.ns,
-                "sandboxes",
-            ):
-                sb = event["object"]
-                name = sb["metadata"]["name"]
-                if event["type"] == "DELETED" or name in self._started:
-                    continue
-                if (sb.get("status") or {}).get("phase") == "Scheduled":
-                    self._started.add(name)
-                    self._pool.submit(self._start, name, next(self._addresses))
-        except Exception as e:  # the control plane going away at the end
-            print(f"played agents' watch ended: {type(e).__name__}", flush=True)
+        while not self._stopped.is_set():  # a watch that ends lists and watches again
+            try:
+                self._stream()
+            except Exception as e:
+                if not self._stopped.is_set():
+                    print(f"played agents' watch ended: {type(e).__name__}; again", flush=True)
+                    time.sleep(1.0)
+
+    def _stream(self) -> None:
+        for event in self._watch.stream(
+            self.bench.objs.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            self.bench.ns,
+            "sandboxes",
+            timeout_seconds=WATCH_SECONDS,
+            _request_timeout=(5.0, WATCH_SECONDS + 10.0),
+        ):
+            sb = event["object"]
+            name = sb["metadata"]["name"]
+            if event["type"] == "DELETED" or name in self._started:
+                continue
+            if (sb.get("status") or {}).get("phase") == "Scheduled":
+                self._started.add(name)
+                self._pool.submit(self._start, name, next(self._addresses))
 
     def _start(self, name: str, n: int) -> None:
         self.bench.objs.patch_namespaced_custom_object_status(
@@ -93,6 +102,7 @@ class PlayedAgents:
         )
 
     def stop(self) -> None:
+        self._stopped.set()
         self._watch.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
 

@@ -54,6 +54,7 @@ IMAGE = "docker.io/sandlot/bench-claims:1"
 SLEEPER = ["sh", "-c", 'trap "exit 0" TERM; sleep 1000 & wait']
 TARGET_MS = 100.0
 POOL = "warm"
+WATCH_SECONDS = 120  # one watch request's length before it is renewed
 
 
 class FirstSeen:
@@ -67,10 +68,15 @@ class FirstSeen:
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        try:
-            self._stream()
-        except Exception as e:  # the control plane going away at the end
-            print(f"{self.plural} watch ended: {type(e).__name__}", flush=True)
+        # A watch ends (the client's read timeout on a quiet stream, the server's own
+        # limit): watch again. A watch with no version lists first, so nothing is
+        # missed in between. The control plane going away at the end ends it for good.
+        while True:
+            try:
+                self._stream()
+            except Exception as e:
+                print(f"{self.plural} watch ended: {type(e).__name__}; watching again", flush=True)
+                time.sleep(1.0)
 
     def _stream(self) -> None:
         for event in self._watch.stream(
@@ -79,6 +85,8 @@ class FirstSeen:
             VERSION,
             self.bench.ns,
             self.plural,
+            timeout_seconds=WATCH_SECONDS,
+            _request_timeout=(5.0, WATCH_SECONDS + 10.0),
         ):
             obj = event["object"]
             if self.done(obj):
