@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     fleet = Fleet(bench.api, bench.ns, bench.lease_ns)
     agents: PlayedAgents | None = None
     try:
-        per_node = 2 * args.pool // args.nodes + 10
+        # Room for the pool, every claimed member (paced and burst) and their
+        # replacements: claimed members stay Running on their nodes.
+        per_node = (args.pool + sustained + args.claims) // args.nodes + 10
         for i in range(args.nodes):
             node = fleet.node(f"n{i:02d}")
             fleet.lease(node, duration=10)
