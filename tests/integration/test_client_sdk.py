@@ -56,7 +56,7 @@ MAKER = [
     {
         "apiGroups": [GROUP],
         "resources": ["sandboxes", "sandboxclaims"],
-        "verbs": ["get", "list", "watch", "create", "delete"],
+        "verbs": ["get", "list", "watch", "create", "delete", "patch"],
     },
 ]
 
@@ -332,3 +332,30 @@ def test_a_sandbox_stopped_mid_command_says_which_phase_and_why(
         assert (gone.value.phase, gone.value.reason) == ("Stopped", "DeadlineExceeded")
         assert "Stopped (DeadlineExceeded): past 5s" in str(gone.value)
     delete_sandbox(kube, tenant, "expiring")
+
+
+def test_pause_returns_once_frozen_and_resume_once_running_again(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], maker: Path
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "dozing", "sleep 1000")
+    with Client(maker, namespace=tenant) as sdk:
+        sb = sdk.get("dozing")
+        assert sb.pause(timeout=60) is sb
+        # returned only once the agent recorded the freeze: no wait here
+        paused = [c for c in sb.body["status"]["conditions"] if c["type"] == "Paused"]
+        assert [(c["status"], c["reason"]) for c in paused] == [("True", "Paused")]
+        with pytest.raises(CommandError, match="Paused"):
+            sb.run(["true"])
+        sb.resume(timeout=60)
+        assert sb.run(["echo", "awake"]).stdout == b"awake\n"
+
+    async def program() -> bytes:
+        async with AsyncClient(maker, namespace=tenant) as sdk:
+            sb = await sdk.get("dozing")
+            await sb.pause(timeout=60)
+            await sb.resume(timeout=60)
+            return (await sb.run(["echo", "again"])).stdout
+
+    assert asyncio.run(asyncio.wait_for(program(), timeout=150)) == b"again\n"
+    delete_sandbox(kube, tenant, "dozing")

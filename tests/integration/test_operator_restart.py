@@ -164,6 +164,35 @@ def steady(api: client.ApiClient) -> bool:
     return all(s.get("phase") == "Bound" for s in claims(api).values())
 
 
+def placed_fleet(api: client.ApiClient) -> list[dict[str, Any]] | None:
+    """Every sandbox, once the fleet has settled after the claims, else None.
+
+    ``steady`` can hold a moment too early for counting load per node: a claim is
+    Bound as soon as its member was taken, and the pool's replacement for it is
+    created, then scheduled, then started after that, while the Service's slice can
+    still count the member that left. So this waits, on one listing, for what the
+    test then counts: each pool back at ``REPLICAS`` Running members, and every
+    sandbox not finished on a node."""
+    if not steady(api):
+        return None
+    listed: list[dict[str, Any]] = objs(api).list_namespaced_custom_object(
+        GROUP, VERSION, NS, "sandboxes"
+    )["items"]
+    live = [
+        sb
+        for sb in listed
+        if (sb.get("status") or {}).get("phase") not in ("Dead", "Stopped", "Failed")
+    ]
+    if any(not sb["spec"].get("nodeName") for sb in live):
+        return None
+    running: dict[str, int] = {}
+    for sb in live:
+        pool = (sb["metadata"].get("labels") or {}).get(POOL_LABEL)
+        if pool is not None and (sb.get("status") or {}).get("phase") == "Running":
+            running[pool] = running.get(pool, 0) + 1
+    return listed if running == {f"p{i}": REPLICAS for i in range(POOLS)} else None
+
+
 def readyz(op: OperatorProcess) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{op.port}/readyz", timeout=2) as r:
@@ -229,10 +258,14 @@ def test_a_new_leader_acts_only_once_its_first_list_of_the_fleet_is_in(
         wait_for(lambda: steady(api), timeout=90, what="every pool's members Running and routed")
         for i in range(POOLS):
             create_claim(api, f"c{i}", f"p{i}")
-        wait_for(lambda: steady(api), timeout=90, what="every claim Bound, every pool full again")
+        listed = wait_for(
+            lambda: placed_fleet(api),
+            timeout=90,
+            interval=0.5,
+            what="every claim Bound, every pool full again and every sandbox on a node",
+        )
         bound = {name: status["sandboxName"] for name, status in claims(api).items()}
         # Every node full: a sandbox that wants a node must wait.
-        listed = objs(api).list_namespaced_custom_object(GROUP, VERSION, NS, "sandboxes")["items"]
         load = {node: 0 for node in nodes}
         for sb in listed:
             if (sb.get("status") or {}).get("phase") not in ("Dead", "Stopped", "Failed"):

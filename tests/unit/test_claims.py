@@ -4,6 +4,7 @@ warm pool member over the fake API, with the pool replacing what it gave away.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import threading
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ import pytest
 
 from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
-from sandlot.controllers.claims import POOL_HOLD_LIMIT, ClaimController
+from sandlot.controllers.claims import CLAIM_WORKERS, POOL_HOLD_LIMIT, ClaimController
 from sandlot.policy.claims import (
     Candidate,
     ClaimAction,
@@ -237,7 +238,7 @@ class GatedStatus:
 
 def warm_world(replicas: int = 2) -> tuple[ClaimWorld, str]:
     w = ClaimWorld()
-    w.node("a", capacity=10)
+    w.node("a", capacity=max(10, replicas))
     pool = w.pool("web", replicas=replicas)
     w.step()
     w.run_members()
@@ -466,3 +467,43 @@ def test_a_lost_claim_is_deleted_with_its_sandbox_after_its_ttl() -> None:
     w.step()
     assert claim not in w.objects.claims
     assert sandbox not in w.objects.sandboxes
+
+
+def test_claims_bound_at_once_never_take_the_same_member() -> None:
+    """Every take is held at the fake API until ``CLAIM_WORKERS`` of them are in
+    flight together, so the claims are decided concurrently for certain: each must
+    have chosen a different member (one take per member, none lost to another
+    claim), and every claim ends bound to its own."""
+    w, _ = warm_world(replicas=CLAIM_WORKERS + 4)
+    keys = [w.claim(f"c{i}", "web") for i in range(CLAIM_WORKERS)]
+    together = threading.Barrier(CLAIM_WORKERS)
+    take = w.objects.take_sandbox
+
+    def held_take(namespace: str, name: str, *args: Any) -> dict[str, Any] | None:
+        if not together.broken:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                together.wait(timeout=20)  # broken: checked after the run
+        return take(namespace, name, *args)
+
+    w.objects.take_sandbox = held_take  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        binding = asyncio.create_task(w.claims.run())
+        try:
+            for _ in range(600):
+                statuses = [w.objects.claims[k]["status"] for k in keys]
+                if all(s.get("phase") == "Bound" for s in statuses):
+                    return
+                await asyncio.sleep(0.05)
+            takes = sorted(key for verb, key in w.objects.writes if verb == "take")
+            raise AssertionError(f"claims not all bound in 30 s; takes sent: {takes}")
+        finally:
+            binding.cancel()
+            await asyncio.gather(binding, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert not together.broken, f"the takes were not in flight {CLAIM_WORKERS} at once"
+    takes = [key for verb, key in w.objects.writes if verb == "take"]
+    assert len(takes) == len(set(takes)) == CLAIM_WORKERS, f"a lost race: {sorted(takes)}"
+    names = {w.objects.claims[k]["status"]["sandboxName"] for k in keys}
+    assert len(names) == CLAIM_WORKERS

@@ -24,6 +24,7 @@ from sandlot.policy.conditions import parse_conditions, set_condition
 from sandlot.policy.operatingmode import (
     ModeStep,
     decide_mode,
+    mode_outcome,
     mode_pending,
     paused_condition,
     stream_refusal,
@@ -333,3 +334,47 @@ def test_teardown_kills_a_paused_task_without_resuming_it() -> None:
     result = teardown(rt, "c1", kill_wait=0.2, call_timeout=0.2)
     assert result.exit_status is not None and result.exit_status.code == 128 + signal.SIGKILL
     assert ("resume_task", "c1") not in rt.calls and not rt.containers
+
+
+def _with_paused(status: str | None, reason: str = "Paused", observed: int = 2) -> dict[str, Any]:
+    conditions = (
+        []
+        if status is None
+        else [
+            {
+                "type": "Paused",
+                "status": status,
+                "reason": reason,
+                "message": "why",
+                "observedGeneration": observed,
+            }
+        ]
+    )
+    return {"metadata": {"generation": 2}, "status": {"conditions": conditions}}
+
+
+@pytest.mark.parametrize(
+    ("body", "mode", "outcome"),
+    [
+        (_with_paused(None), M.PAUSED, None),
+        (_with_paused(None), M.RUNNING, "applied"),
+        (_with_paused("True"), M.PAUSED, "applied"),
+        (_with_paused("True"), M.RUNNING, None),
+        (_with_paused("False", "Resumed"), M.RUNNING, "applied"),
+        (_with_paused("False", "PauseFailed"), M.PAUSED, "why"),
+        (_with_paused("False", "PauseFailed", observed=1), M.PAUSED, None),
+    ],
+    ids=[
+        "never-paused-pause-waits",
+        "never-paused-resume-is-applied",
+        "frozen-pause-applied",
+        "frozen-resume-waits",
+        "resumed-applied",
+        "refused-for-this-spec",
+        "refused-for-an-older-spec-waits",
+    ],
+)
+def test_mode_outcome_tells_a_waiter_applied_refused_or_not_yet(
+    body: dict[str, Any], mode: OperatingMode, outcome: str | None
+) -> None:
+    assert mode_outcome(body, mode) == outcome

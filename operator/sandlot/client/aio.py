@@ -17,7 +17,7 @@ from typing import Any
 from sandlot.client.client import CLAIM_TIMEOUT, CREATE_TIMEOUT, Client
 from sandlot.client.commands import Channel, Result
 from sandlot.client.files import FILE_TIMEOUT, FileInfo, Files
-from sandlot.client.sandbox import Sandbox
+from sandlot.client.sandbox import MODE_TIMEOUT, Sandbox
 from sandlot.client.tunnel import Tunnel
 
 
@@ -101,6 +101,16 @@ class AsyncSandbox:
     async def port(self, remote: int, *, local: int = 0, host: str = "127.0.0.1") -> Tunnel:
         """The sync ``Tunnel`` (it serves from threads of its own)."""
         return await asyncio.to_thread(self.sync.port, remote, local=local, host=host)
+
+    async def pause(self, *, timeout: float = MODE_TIMEOUT) -> AsyncSandbox:
+        """``Sandbox.pause``: frozen once this returns."""
+        await asyncio.to_thread(self.sync.pause, timeout=timeout)
+        return self
+
+    async def resume(self, *, timeout: float = MODE_TIMEOUT) -> AsyncSandbox:
+        """``Sandbox.resume``: running again once this returns."""
+        await asyncio.to_thread(self.sync.resume, timeout=timeout)
+        return self
 
     async def terminate(self) -> None:
         await asyncio.to_thread(self.sync.terminate)

@@ -17,7 +17,7 @@ from typing import Any
 
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
 from sandlot.adapters.streamclient import Stream, StreamRefused
-from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
 from sandlot.client.commands import Execution, Result, collect, command_argv
 from sandlot.client.errors import (
     CommandError,
@@ -25,10 +25,14 @@ from sandlot.client.errors import (
     SandboxGone,
     SandboxNotFound,
     SandlotError,
+    TimedOut,
 )
 from sandlot.client.files import Files
 from sandlot.client.tunnel import Tunnel
+from sandlot.policy.operatingmode import mode_outcome
 from sandlot.policy.streams import EXEC, FILES, PORTFORWARD, StreamRequest, api_path
+
+MODE_TIMEOUT = 30.0  # seconds for the agent to freeze or thaw the processes
 
 
 def refusal(e: ApiRefused, namespace: str, name: str, what: str = "sandbox") -> SandlotError:
@@ -145,6 +149,55 @@ class Sandbox:
         request = StreamRequest(PORTFORWARD, self.namespace, self.name, port=remote)
         return Tunnel(lambda: self._open(request), host, local)
 
+    # -- operating mode -------------------------------------------------------------
+
+    def pause(self, *, timeout: float = MODE_TIMEOUT) -> Sandbox:
+        """Freeze the sandbox's processes (``spec.operatingMode: Paused``), memory
+        kept, and return once its agent reports them frozen (the ``Paused``
+        condition). Commands and files are refused until ``resume``."""
+        return self._set_mode(OperatingMode.PAUSED, timeout)
+
+    def resume(self, *, timeout: float = MODE_TIMEOUT) -> Sandbox:
+        """Thaw a paused sandbox (``spec.operatingMode: Running``) and return once
+        its agent reports its processes running again."""
+        return self._set_mode(OperatingMode.RUNNING, timeout)
+
+    def _set_mode(self, mode: OperatingMode, timeout: float) -> Sandbox:
+        deadline = time.monotonic() + timeout
+        try:
+            self.body = self._api.patch(
+                SANDBOXES, self.namespace, self.name, {"spec": {"operatingMode": str(mode)}}
+            )
+        except ApiRefused as e:
+            raise refusal(e, self.namespace, self.name) from None
+        seen: list[dict[str, Any] | None] = [self.body]
+
+        def settled(body: dict[str, Any] | None) -> bool:
+            seen[0] = body
+            return (
+                gone_from(self.name, body) is not None or mode_outcome(body or {}, mode) is not None
+            )
+
+        try:
+            body = self._api.wait(SANDBOXES, self.namespace, self.name, settled, deadline)
+        except TimeoutError:
+            conditions = ((seen[0] or {}).get("status") or {}).get("conditions") or []
+            paused = [c for c in conditions if c.get("type") == "Paused"]
+            raise TimedOut(
+                f"sandbox {self.namespace}/{self.name}: its agent did not report it "
+                f"{mode} within {timeout:.0f}s (Paused condition: {paused or 'none'}); "
+                f"is it Running, and its node Ready?"
+            ) from None
+        except ApiRefused as e:
+            raise refusal(e, self.namespace, self.name) from None
+        if (gone := gone_from(self.name, body)) is not None:
+            raise gone
+        assert body is not None  # not gone
+        self.body = body
+        if (outcome := mode_outcome(body, mode)) != "applied":
+            raise CommandError(f"sandbox {self.namespace}/{self.name}: {outcome}")
+        return self
+
     # -- the end -------------------------------------------------------------------
 
     def terminate(self) -> None:
@@ -206,4 +259,4 @@ class Sandbox:
         return gone_from(self.name, body)
 
 
-__all__ = ["Sandbox", "gone_from", "refusal"]
+__all__ = ["MODE_TIMEOUT", "Sandbox", "gone_from", "refusal"]

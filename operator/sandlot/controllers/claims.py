@@ -26,6 +26,14 @@ two jobs the status would wait for the event loop), and the pool's reaction to t
 member leaving (its replacement) is held until the status is written, at most
 ``POOL_HOLD_LIMIT``, instead of competing with it for the API server and this
 process. The replacement starts a few milliseconds later; nothing waits on it.
+
+Up to ``CLAIM_WORKERS`` claims are bound at once. A member being taken is kept
+from every other claim's decision until its take is answered (``_taking``): the
+decision and the mark happen with no await between them on the one event loop,
+so concurrent claims choose different members instead of racing for the same
+one and losing all but one take to its resourceVersion precondition. Each pool's
+claimable members are kept oldest first (``controllers.offered``), so choosing
+one costs no scan of the pool.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.controllers.metrics import WorkloadMetrics
+from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
@@ -69,7 +78,10 @@ T = TypeVar("T")
 RETRY_AFTER_ERROR = 0.5
 RETRY_CAP = 30.0
 MAX_BIND_ATTEMPTS = 3
-CLAIM_THREADS = 2
+# Claims bound at once: each bind is two writes waiting on the API server, so one at
+# a time leaves it idle between them. Every worker has a thread for its writes.
+CLAIM_WORKERS = 16
+CLAIM_THREADS = CLAIM_WORKERS
 POOL_HOLD_LIMIT = 2.0  # seconds a binding claim may defer its pool's reaction, at most
 
 
@@ -155,6 +167,7 @@ class ClaimController:
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
         self._first_seen: dict[str, float] = {}  # unbound claim -> when first seen (queue clock)
+        self._taking: set[str] = set()  # members a claim is taking right now
         self.metrics = metrics
         self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
         self.queue = WorkQueue(
@@ -165,6 +178,7 @@ class ClaimController:
             backoff_start=RETRY_AFTER_ERROR,
             backoff_cap=RETRY_CAP,
         )
+        self.offered = OfferedMembers(cache)
         cache.listeners.append(self.on_sandbox)
 
     # -- inputs ---------------------------------------------------------------------
@@ -209,7 +223,7 @@ class ClaimController:
         self.queue.add_all(list(self.claims))
 
     async def run(self) -> None:
-        await self.queue.run()
+        await self.queue.run(workers=CLAIM_WORKERS)
 
     # -- the worker -----------------------------------------------------------------
 
@@ -223,11 +237,18 @@ class ClaimController:
                 return rec
         return None
 
-    def members(self, claim: ClaimState) -> tuple[bool, list[SandboxRecord]]:
+    def offer(
+        self, claim: ClaimState, bound: SandboxRecord | None
+    ) -> tuple[bool, list[SandboxRecord]]:
+        """Whether the claim's pool exists, and the member it would take (when it has
+        none yet): the oldest claimable one no other claim is taking."""
         pool = self.pools.pools.get(claim.pool_key)
         if pool is None or pool.deleting:
             return False, []
-        return True, self.pools.members(pool)
+        if bound is not None:
+            return True, []
+        first = self.offered.first(claim.pool_key, pool.uid, self._taking)
+        return True, [first] if first is not None else []
 
     async def reconcile(self, key: str) -> float | None:
         released = self._released.pop(key, None)
@@ -240,7 +261,7 @@ class ClaimController:
             return None
         for _ in range(MAX_BIND_ATTEMPTS):
             bound = self.bound(claim)
-            exists, members = self.members(claim)
+            exists, members = self.offer(claim, bound)
             decision = decide_claim(
                 claim.status,
                 _candidate(bound) if bound is not None else None,
@@ -264,9 +285,13 @@ class ClaimController:
                     status["finishedAt"] = rfc3339(self.clock())  # its TTL counts from here
                 await self._write_status(claim, status)
                 return None
-            by_name = {m.name: m for m in members}
-            if await self._bind(claim, by_name[decision.sandbox or ""]):
-                return None
+            chosen = {m.name: m for m in members}[decision.sandbox or ""]
+            self._taking.add(chosen.key)  # before any await: no other claim picks it
+            try:
+                if await self._bind(claim, chosen):
+                    return None
+            finally:
+                self._taking.discard(chosen.key)
         return RETRY_AFTER_ERROR  # lost every race: try again soon
 
     async def _end(self, claim: ClaimState) -> bool:

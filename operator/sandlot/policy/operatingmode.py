@@ -95,6 +95,17 @@ def mode_pending(mode: OperatingMode, paused: bool, failed: bool) -> bool:
     return not failed and (mode is OperatingMode.PAUSED) != paused
 
 
+def mode_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | None:
+    """Whether the sandbox's agent has applied ``mode``, as a waiter sees it: None
+    not yet; ``"applied"`` the ``Paused`` condition records it (a sandbox never
+    paused is running already); else the message of the runtime's refusal for this
+    very spec."""
+    condition = _paused_condition(obj)
+    if failed_at_generation(obj) and condition is not None:
+        return str(condition.get("message") or condition.get("reason"))
+    return "applied" if recorded_paused(obj) == (mode is OperatingMode.PAUSED) else None
+
+
 def decide_mode(mode: OperatingMode, task: TaskState | None) -> ModeStep:
     """What to do with a task in state ``task`` (None: no task) for ``mode``."""
     if task is None or task not in (TaskState.RUNNING, *FROZEN):
