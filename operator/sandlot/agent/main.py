@@ -21,8 +21,8 @@ bounded work, and each a thin shell over a pure decision:
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks
   that have provably exited are torn down and their Sandbox ended with the exit
   code. A running task is never touched.
-- **ephemeral storage** (``ephemeralstorage``; every ``log_interval``): sandboxes
-  over their disk limit end Failed and are killed.
+- **ephemeral storage** (``ephemeralstorage``; every ``log_interval``, sooner for
+  a sandbox growing towards its limit): sandboxes over it end Failed and are killed.
 - **readiness** (``readiness``, deciding with ``policy.readiness``; every
   ``PROBE_TICK``): each Running, unpaused sandbox's readiness probe when it is due,
   and its ``Ready`` condition written on a transition.
@@ -230,7 +230,13 @@ class Agent:
             cgroup_root=settings.cgroup_root,
             call_timeout=self.call_timeout,
         )
-        self.storage = EphemeralStorage(lambda: self._rt, self.pool, self.work, settings.log_dir)
+        self.storage = EphemeralStorage(
+            lambda: self._rt,
+            self.pool,
+            self.work,
+            settings.log_dir,
+            interval=settings.log_interval.total_seconds(),
+        )
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
@@ -358,7 +364,7 @@ class Agent:
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
-        self.loops.spawn("storage", self.storage.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn_due("storage", self.storage.step, settings.log_interval.total_seconds())
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
