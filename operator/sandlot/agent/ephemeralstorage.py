@@ -106,7 +106,7 @@ class EphemeralStorage:
                 continue  # a stop or a teardown is on its way
             if self._due.get(container.id, now) > now:
                 continue  # measured recently, and not growing towards its limit fast
-            trees = self._trees(rt, container)
+            trees = self.trees(rt, container)
             if trees is None:
                 continue  # its layer is unknown this time: judged on the next pass
             use = disk_use(trees, self.max_entries)
@@ -123,6 +123,9 @@ class EphemeralStorage:
         self.measured = measured
         return stops
 
+    def runtime(self) -> Runtime:
+        return self._rt()
+
     def seconds_to_next(self) -> float:
         """Seconds until the soonest sandbox is due to be measured (the interval when
         none is sooner)."""
@@ -134,7 +137,7 @@ class EphemeralStorage:
         self.pass_once()
         return self.seconds_to_next()
 
-    def _trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
+    def trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
         """The writable layer (when its snapshotter has one) and the log files; None
         when containerd could not say now."""
         trees = []

@@ -63,6 +63,7 @@ from sandlot.agent.bringup import (
 )
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.diskpressure import DiskPressure
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
@@ -240,11 +241,29 @@ class Agent:
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
+        self.pressure = DiskPressure(
+            self.storage,
+            self._disk_usages,
+            settings.gc_high / 100,
+            settings.gc_low / 100,
+            self.cache.gc_once,
+        )
         self.prober = readiness_prober(
             settings, self.sandbox_watch, self.status, self.metrics, self._stop
         )
 
     # ------------------------------------------------------------ lifecycle
+
+    def _disk_usages(self) -> list[DiskUsage]:
+        """containerd's root's filesystem, and the logs' where they are kept."""
+        log_dir = self.settings.log_dir
+        return [self._disk_usage()] + ([disk_usage_of(log_dir)] if log_dir else [])
+
+    def _storage_step(self) -> float:
+        """The storage pass, then the node's disk pressure; the seconds to the next."""
+        wait = self.storage.step()
+        self.pressure.pass_once()
+        return wait
 
     def _containerd(self) -> Runtime:
         from sandlot.adapters.containerd import ContainerdRuntime
@@ -364,7 +383,7 @@ class Agent:
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
-        self.loops.spawn_due("storage", self.storage.step, settings.log_interval.total_seconds())
+        self.loops.spawn_due("storage", self._storage_step, settings.log_interval.total_seconds())
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)

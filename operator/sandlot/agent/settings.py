@@ -190,10 +190,14 @@ class AgentSettings(SettingsModel):
         default=85.0,
         gt=0,
         le=100,
-        description="Disk usage (percent) at or above which the automatic pass evicts.",
+        description="Disk usage (percent) at or above which the automatic pass evicts "
+        "images, then the agent evicts sandboxes (docs/isolation.md).",
     )
     gc_low: float = Field(
-        default=80.0, gt=0, le=100, description="Disk usage (percent) the pass evicts down to."
+        default=80.0,
+        gt=0,
+        le=100,
+        description="Disk usage (percent) image GC and sandbox evictions go down to.",
     )
     gc_min_free: int = Field(
         default=0, ge=0, description="Free bytes below which the pass evicts (0 = off)."
