@@ -1,5 +1,5 @@
-"""The node's disk under pressure: after each storage pass, measure the fuller of
-containerd's root and the log directory; at or over the high watermark run image
+"""The node's disk under pressure: every ``PRESSURE_TICK`` (a ``statvfs`` or two),
+measure the fuller of containerd's root and the log directory; at or over the high watermark run image
 GC first, then evict sandboxes (``policy.diskpressure`` chooses) down to the low
 watermark.
 
@@ -29,6 +29,10 @@ from sandlot.policy.ephemeralstorage import limit_of
 from sandlot.policy.imagegc import DiskUsage
 
 log = logging.getLogger(__name__)
+
+PRESSURE_TICK = 0.25
+"""Seconds between two measurements of the node's disk: a writer at full speed
+fills a small disk in seconds, and a measurement costs two ``statvfs`` calls."""
 
 _LIVE = frozenset({TaskState.RUNNING, TaskState.PAUSED})
 
@@ -128,4 +132,4 @@ class DiskPressure:
             log.warning("after evicting %s: containerd's collection failed: %s", key, exc)
 
 
-__all__ = ["DiskPressure"]
+__all__ = ["PRESSURE_TICK", "DiskPressure"]

@@ -26,6 +26,8 @@ bounded work, and each a thin shell over a pure decision:
 - **readiness** (``readiness``, deciding with ``policy.readiness``; every
   ``PROBE_TICK``): each Running, unpaused sandbox's readiness probe when it is due,
   and its ``Ready`` condition written on a transition.
+- **disk pressure** (``diskpressure``, every ``PRESSURE_TICK``): at or over the
+  high watermark, image GC, then sandboxes evicted down to the low one.
 - **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
 Status is written through ``adapters.statuswrite`` (``status``): with the object's
@@ -63,7 +65,7 @@ from sandlot.agent.bringup import (
 )
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
-from sandlot.agent.diskpressure import DiskPressure
+from sandlot.agent.diskpressure import PRESSURE_TICK, DiskPressure
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
@@ -259,12 +261,6 @@ class Agent:
         log_dir = self.settings.log_dir
         return [self._disk_usage()] + ([disk_usage_of(log_dir)] if log_dir else [])
 
-    def _storage_step(self) -> float:
-        """The storage pass, then the node's disk pressure; the seconds to the next."""
-        wait = self.storage.step()
-        self.pressure.pass_once()
-        return wait
-
     def _containerd(self) -> Runtime:
         from sandlot.adapters.containerd import ContainerdRuntime
 
@@ -383,7 +379,8 @@ class Agent:
         self.loops.spawn("reaper", self.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", self.logs.pass_once, settings.log_interval.total_seconds())
-        self.loops.spawn_due("storage", self._storage_step, settings.log_interval.total_seconds())
+        self.loops.spawn_due("storage", self.storage.step, settings.log_interval.total_seconds())
+        self.loops.spawn("diskpressure", self.pressure.pass_once, PRESSURE_TICK)
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
