@@ -83,3 +83,34 @@ def test_nobody_more_is_chosen_while_an_eviction_is_in_flight(tmp_path: Path) ->
     decision = guard.pass_once()
     assert decision.pressure and decision.evict == ()
     assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers
+
+
+def test_new_sandboxes_are_refused_while_the_pressure_holds_and_the_sync_is_woken(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    disk = Disk(used=600 * MI)
+    now = [1000.0]
+    changes: list[float] = []
+    guard = DiskPressure(
+        world.guard,
+        disk.usages,
+        0.5,
+        0.4,
+        disk.collect,
+        transition=300.0,
+        on_change=lambda: changes.append(now[0]),
+        clock=lambda: now[0],
+    )
+    assert guard.refusal() == ""
+    guard.pass_once()
+    why = guard.refusal()
+    assert "under disk pressure" in why and "60% full" in why and "high watermark 50%" in why
+    assert changes == [1000.0]
+    disk.used = 100 * MI  # back under: held for the transition period
+    now[0] += 299.0
+    guard.pass_once()
+    assert guard.refusal() and changes == [1000.0]
+    now[0] += 1.0
+    guard.pass_once()
+    assert guard.refusal() == "" and changes == [1000.0, 1300.0]

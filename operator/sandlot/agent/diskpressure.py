@@ -15,6 +15,7 @@ old figure would evict a quiet neighbour for bytes already on their way out.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -24,8 +25,15 @@ from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import REASON_EVICTED, SandboxPhase
-from sandlot.policy.diskpressure import Candidate, FsUse, PressureDecision, decide_pressure, fuller
-from sandlot.policy.ephemeralstorage import limit_of
+from sandlot.policy.diskpressure import (
+    Candidate,
+    FsUse,
+    PressureDecision,
+    decide_pressure,
+    fuller,
+    pressure_holds,
+)
+from sandlot.policy.ephemeralstorage import human_bytes, limit_of
 from sandlot.policy.imagegc import DiskUsage
 
 log = logging.getLogger(__name__)
@@ -47,6 +55,9 @@ class DiskPressure:
         high: float,
         low: float,
         collect_images: Callable[[], object],
+        transition: float = 300.0,
+        on_change: Callable[[], object] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.storage = storage
         self.usages = usages
@@ -54,6 +65,13 @@ class DiskPressure:
         self.high = high
         self.low = low
         self.collect_images = collect_images
+        self.transition = transition
+        self.on_change = on_change
+        """Called when the node starts or stops refusing new sandboxes."""
+        self.clock = clock
+        self.last_over: float | None = None
+        self.last_use = FsUse(0, 0)
+        self._refusing = False
         self.evicting: set[str] = set()
         """Keys of sandboxes whose eviction is on the pool."""
         self.last: PressureDecision = PressureDecision(pressure=False)
@@ -62,8 +80,32 @@ class DiskPressure:
         """The fuller of the filesystems ``usages`` gives."""
         return fuller(FsUse(u.used_bytes, u.total_bytes) for u in self.usages())
 
+    def refusal(self) -> str:
+        """Why a new sandbox is not started now ("" when it may be): the node was at or
+        over its high watermark less than ``transition`` seconds ago."""
+        if not pressure_holds(self.clock(), self.last_over, self.transition):
+            return ""
+        use = self.last_use
+        return (
+            f"the node is under disk pressure: its disk was {use.fraction:.0%} full "
+            f"({human_bytes(use.used)} of {human_bytes(use.capacity)}, high watermark "
+            f"{self.high:.0%}) within the last {self.transition:g}s; the sandbox starts "
+            "once that clears"
+        )
+
     def pass_once(self) -> PressureDecision:
+        try:
+            return self._pass()
+        finally:
+            refusing = bool(self.refusal())
+            if refusing != self._refusing:
+                self._refusing = refusing
+                self.on_change()
+
+    def _pass(self) -> PressureDecision:
         use = self.measure()
+        if use.fraction >= self.high:
+            self.last_over, self.last_use = self.clock(), use
         if use.fraction < self.high:
             self.last = PressureDecision(pressure=False)
             return self.last

@@ -222,6 +222,7 @@ class Agent:
             self.metrics,
             self.call_timeout,
             report_count=NodeSandboxCount(self.objects, self.node).report,
+            refusal=lambda: self.pressure.refusal(),
         )
         self.reaper = Reaper(
             self.objects,
@@ -249,6 +250,8 @@ class Agent:
             settings.gc_high / 100,
             settings.gc_low / 100,
             self.cache.gc_once,
+            transition=settings.disk_pressure_transition.total_seconds(),
+            on_change=self._sync_wake.set,
         )
         self.prober = readiness_prober(
             settings, self.sandbox_watch, self.status, self.metrics, self._stop

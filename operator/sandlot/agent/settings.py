@@ -244,6 +244,12 @@ class AgentSettings(SettingsModel):
         default=timedelta(seconds=10),
         description="How often old logs are removed, output re-attached and disk use measured.",
     )
+    disk_pressure_transition: PositiveDuration = Field(
+        default=timedelta(minutes=5),
+        description="How long the node reports disk pressure (and refuses new sandboxes) "
+        "after its disk was last at or over gcHigh, as the kubelet's "
+        "evictionPressureTransitionPeriod.",
+    )
     stream_port: int = Field(
         default=0,
         ge=0,
