@@ -150,3 +150,66 @@ def test_writers_are_evicted_and_the_disk_goes_back_under_its_high_watermark(
             f"disk before {before:.1%}, peak {peak.peak:.1%}, "
             f"after {_used_fraction(mount):.1%} (high {HIGH}%, low {LOW}%)"
         )
+
+
+def test_a_sandbox_placed_by_hand_waits_while_the_disk_is_under_pressure(
+    kube: client.ApiClient,
+    namespace: str,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    archive = agents.busybox_archive(tmp_path_factory, IMAGE)
+    with contextlib.ExitStack() as stack:
+        mount = stack.enter_context(small_disk(tmp_path))
+        containerd = start_private_containerd(base=mount)
+        stack.callback(containerd.stop)
+        ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "dp", archive))
+        fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, mount / "logs"))
+        node = f"node-dph-{os.getpid()}"
+        stack.callback(agents.delete_node, kube, node)
+        agent = fleet.start(
+            kube,
+            namespace,
+            node,
+            gc_high=HIGH,
+            gc_low=LOW,
+            log_interval="0.5s",
+            disk_pressure_transition="5s",
+            # pinned: image GC, which runs first under pressure, must keep it (nothing
+            # here could pull it again)
+            agent_image=IMAGE,
+        )
+        # Not a sandbox's: no eviction can free it, so the pressure holds.
+        ballast = mount / "ballast"
+        subprocess.run(
+            ["fallocate", "-l", str(SIZE * 6 // 10), str(ballast)], check=True, timeout=60
+        )
+        wait_for(
+            lambda: agent.pressure.refusal(),
+            timeout=DEADLINE,
+            what="the agent to see its disk under pressure",
+        )
+        agents.schedule_sandbox(
+            kube, namespace, "late", node, {"image": IMAGE, "command": ["sleep", "3600"]}
+        )
+
+        def held_back() -> dict[str, Any]:
+            status = _status(kube, namespace, "late")
+            assert status.get("reason") == "DiskPressure", status
+            return status
+
+        held = wait_for(
+            held_back,
+            timeout=DEADLINE,
+            what="the hand-placed sandbox held with reason DiskPressure",
+        )
+        assert held["phase"] == "Scheduled", held
+        assert "under disk pressure" in held["message"], held
+        assert "high watermark 50%" in held["message"], held
+        ballast.unlink()
+        running = wait_for(
+            lambda: (s := _status(kube, namespace, "late")).get("phase") == "Running" and s,
+            timeout=DEADLINE,
+            what="the held sandbox Running once the pressure cleared",
+        )
+        assert running["phase"] == "Running"

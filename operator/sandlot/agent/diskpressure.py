@@ -111,6 +111,8 @@ class DiskPressure:
             return self.last
         self.collect_images()
         use = self.measure()
+        if use.fraction >= self.high:  # image GC can take a while: still over now
+            self.last_over, self.last_use = self.clock(), use
         pool = self.storage.pool
         self.evicting = {key for key in self.evicting if pool.busy(key)}
         if self.evicting:

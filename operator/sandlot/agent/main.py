@@ -41,6 +41,7 @@ This module only wires those parts together and runs the start-up in its order
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -261,8 +262,9 @@ class Agent:
 
     def _disk_usages(self) -> list[DiskUsage]:
         """containerd's root's filesystem, and the logs' where they are kept."""
-        log_dir = self.settings.log_dir
-        return [self._disk_usage()] + ([disk_usage_of(log_dir)] if log_dir else [])
+        log_dir = self.settings.log_dir  # made at the first sandbox's start
+        kept = bool(log_dir) and os.path.isdir(log_dir)
+        return [self._disk_usage()] + ([disk_usage_of(log_dir)] if kept else [])
 
     def _containerd(self) -> Runtime:
         from sandlot.adapters.containerd import ContainerdRuntime
