@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.runtime import ContainerInfo, RuntimeTimeout, TaskState
@@ -181,3 +182,35 @@ def test_more_files_than_one_walk_visits_count_as_over(tmp_path: Path) -> None:
     status = world.status("many")
     assert status["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
     assert "more than 10 files" in status["message"], status
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_growing_sandbox_is_measured_again_before_the_interval(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    clock = FakeClock()
+    world.guard.clock = clock
+    world.guard.interval = 10.0
+    writer = world.sandbox("writer", limit=32 * MI, wrote=4 * MI)
+    quiet = world.sandbox("quiet", limit=32 * MI, wrote=MI)
+    data = Path(world.rt.writable_dirs[writer]) / "data"
+    world.guard.pass_once()
+    assert world.guard.seconds_to_next() == 10.0  # first sight: no rate yet
+    clock.now += 10.0
+    data.write_bytes(b"x" * 24 * MI)  # 2 MiB/s, 8 MiB to go: 4 s away
+    assert world.guard.step() == pytest.approx(2.0, abs=0.01)  # blocks: not exactly
+    clock.now += 2.0
+    data.write_bytes(b"x" * 28 * MI)  # still 2 MiB/s: 2 s away, measured in 1
+    assert world.guard.step() == pytest.approx(1.0, abs=0.01)
+    assert set(world.guard.measured) == {writer}  # the quiet one is not due yet
+    clock.now += 1.0
+    data.write_bytes(b"x" * 33 * MI)
+    assert world.guard.pass_once() == 1
+    assert world.status("writer")["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
+    assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers

@@ -9,12 +9,17 @@ then killed without a grace period (the kubelet's eviction for local storage giv
 none: the disk keeps filling during one); the stop runs on the sandbox pool under
 its key, so the sync and the reaper leave it alone meanwhile. A status write that
 did not go through leaves the container for the next pass to try again.
+
+A growing sandbox is measured again sooner than the pass's interval: at half its
+projected time to its limit (``policy.ephemeralstorage.next_check``); the loop
+runs when the soonest such check is due and measures only the sandboxes due then.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -28,7 +33,14 @@ from sandlot.agent.status import StatusWriter
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import REASON_EPHEMERAL_STORAGE_EXCEEDED, SandboxPhase
-from sandlot.policy.ephemeralstorage import MAX_ENTRIES, DiskUse, decide_storage, limit_of
+from sandlot.policy.ephemeralstorage import (
+    MAX_ENTRIES,
+    DiskUse,
+    Sample,
+    decide_storage,
+    limit_of,
+    next_check,
+)
 from sandlot.policy.sandboxlogs import LOG_SUFFIX, ROTATED_SUFFIX, log_stem
 
 log = logging.getLogger(__name__)
@@ -46,6 +58,8 @@ class EphemeralStorage:
         work: SandboxWork,
         log_dir: str,
         max_entries: int = MAX_ENTRIES,
+        interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.rt = rt
         self.pool = pool
@@ -56,6 +70,11 @@ class EphemeralStorage:
         self.call_timeout = work.call_timeout
         self.log_dir = Path(log_dir) if log_dir else None  # "": logs are not kept
         self.max_entries = max_entries
+        self.interval = interval
+        self.clock = clock
+        self._samples: dict[str, Sample] = {}
+        self._due: dict[str, float] = {}
+        """By container id, when it is measured next (on ``clock``)."""
         # A container's snapshot never changes: its directory is asked for once.
         self._layers: dict[str, str | None] = {}
         self.measured: dict[str, DiskUse] = {}
@@ -65,6 +84,7 @@ class EphemeralStorage:
         """Measure each live container with a limit; stop those over it. Returns how
         many stops were handed to the pool."""
         rt = self.rt
+        now = self.clock()
         self.metrics.storage_passes.inc()
         live = {
             t.container_id
@@ -73,6 +93,8 @@ class EphemeralStorage:
         }
         containers = rt.list_containers(timeout=self.call_timeout)
         self._layers = {cid: d for cid, d in self._layers.items() if cid in live}
+        self._samples = {cid: x for cid, x in self._samples.items() if cid in live}
+        self._due = {cid: at for cid, at in self._due.items() if cid in live}
         measured: dict[str, DiskUse] = {}
         stops = 0
         for container in containers:
@@ -82,11 +104,17 @@ class EphemeralStorage:
                 continue
             if self.pool.busy(key):
                 continue  # a stop or a teardown is on its way
-            trees = self._trees(rt, container)
+            if self._due.get(container.id, now) > now:
+                continue  # measured recently, and not growing towards its limit fast
+            trees = self.trees(rt, container)
             if trees is None:
                 continue  # its layer is unknown this time: judged on the next pass
             use = disk_use(trees, self.max_entries)
             measured[container.id] = use
+            sample = Sample(use.bytes, now)
+            wait = next_check(self._samples.get(container.id), sample, limit, self.interval)
+            self._samples[container.id] = sample
+            self._due[container.id] = now + wait
             decision = decide_storage(use, limit)
             if decision.stop and self.pool.submit(
                 key, partial(self._stop, key, container, decision.message)
@@ -95,7 +123,21 @@ class EphemeralStorage:
         self.measured = measured
         return stops
 
-    def _trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
+    def runtime(self) -> Runtime:
+        return self.rt
+
+    def seconds_to_next(self) -> float:
+        """Seconds until the soonest sandbox is due to be measured (the interval when
+        none is sooner)."""
+        soonest = min(self._due.values(), default=self.clock() + self.interval)
+        return min(max(soonest - self.clock(), 0.0), self.interval)
+
+    def step(self) -> float:
+        """One pass, then the seconds until the next one is due (the loop's wait)."""
+        self.pass_once()
+        return self.seconds_to_next()
+
+    def trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
         """The writable layer (when its snapshotter has one) and the log files; None
         when containerd could not say now."""
         trees = []

@@ -1,6 +1,8 @@
 """The agent's threads: loops that run a step, and the pool that runs sandbox work.
 
 - ``spawn``: a step every ``interval`` (the reaper, the image collector).
+- ``spawn_due``: a step again after the seconds it returns, at most ``interval``
+  (the ephemeral-storage pass, which re-measures a growing sandbox sooner).
 - ``spawn_woken``: a step when woken by a watch (the sync, CachePrune answers),
   paced by ``policy.syncpacing``: a lone change runs a pass at once, a burst
   shares passes at a bounded rate, and a pass runs at least once per ``longest``.
@@ -46,6 +48,22 @@ class Loops:
                 except Exception:
                     log.exception("%s pass failed", name)
                 if self.stop.wait(interval):
+                    return
+
+        self._start(name, loop)
+
+    def spawn_due(self, name: str, step: Callable[[], float], interval: float) -> None:
+        """Run ``step`` again after the seconds it returns (at most ``interval``); a
+        step that fails runs again one ``interval`` later."""
+
+        def loop() -> None:
+            while not self.stop.is_set():
+                wait = interval
+                try:
+                    wait = min(max(step(), 0.0), interval)
+                except Exception:
+                    log.exception("%s pass failed", name)
+                if self.stop.wait(wait):
                     return
 
         self._start(name, loop)

@@ -21,14 +21,17 @@ bounded work, and each a thin shell over a pure decision:
 - **reaper** (``reaper``, ``policy.agentreap``; every ``reap_interval``): tasks
   that have provably exited are torn down and their Sandbox ended with the exit
   code. A running task is never touched.
-- **ephemeral storage** (``ephemeralstorage``; every ``log_interval``): sandboxes
-  over their disk limit end Failed and are killed.
+- **ephemeral storage** (``ephemeralstorage``; every ``log_interval``, sooner for
+  a sandbox growing towards its limit): sandboxes over it end Failed and are killed.
 - **readiness** (``readiness``, deciding with ``policy.readiness``; every
   ``PROBE_TICK``): each Running, unpaused sandbox's readiness probe when it is due,
   and its ``Ready`` condition written on a transition.
 - **network policy** (``netpolicy``, ``policy.netpolicy``; every
   ``network_policy_resync``, with CNI): filters whose admitted peers changed are
   rendered and installed again.
+- **disk pressure** (``diskpressure``, every ``PRESSURE_TICK``): at or over the
+  high watermark, image GC, then sandboxes evicted down to the low one; new starts
+  held meanwhile.
 - **image GC** (every ``gc_interval``), **CachePrune** requests (``cacheprune``).
 
 Status is written through ``adapters.statuswrite`` (``status``): with the object's
@@ -43,6 +46,7 @@ built once it answers (``parts``).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -65,6 +69,7 @@ from sandlot.agent.bringup import (
     sweep_with_retry,
 )
 from sandlot.agent.cacheprune import CacheUpkeep
+from sandlot.agent.diskpressure import PRESSURE_TICK
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
 from sandlot.agent.imagegc import ImageCollector, disk_usage_of
@@ -198,8 +203,16 @@ class Agent:
             clock=self._clock,
             stop=self._stop,
             sync_wake=self._sync_wake,
+            disk_usages=self._disk_usages,
+            collect_images=self.cache.gc_once,
         )
         return build_agent_parts(wiring, runtime)
+
+    def _disk_usages(self) -> list[DiskUsage]:
+        """containerd's root's filesystem, and the logs' where they are kept."""
+        log_dir = self.settings.log_dir  # made at the first sandbox's start
+        kept = bool(log_dir) and os.path.isdir(log_dir)
+        return [self._disk_usage()] + ([disk_usage_of(log_dir)] if kept else [])
 
     # ------------------------------------------------------------ lifecycle
 
@@ -325,7 +338,8 @@ class Agent:
         self.loops.spawn("reaper", parts.reaper.reap_once, settings.reap_interval.total_seconds())
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", parts.logs.pass_once, settings.log_interval.total_seconds())
-        self.loops.spawn("storage", parts.storage.pass_once, settings.log_interval.total_seconds())
+        self.loops.spawn_due("storage", parts.storage.step, settings.log_interval.total_seconds())
+        self.loops.spawn("diskpressure", parts.pressure.pass_once, PRESSURE_TICK)
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if parts.networking.enabled and parts.work.network_policies.enabled:
             self.loops.spawn(

@@ -8,7 +8,7 @@ does. The image pulls are always among them (they talk to the same containerd).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -20,6 +20,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.capacity import node_capacity, node_security
+from sandlot.agent.diskpressure import DiskPressure
 from sandlot.agent.environment import Environment, node_brokered_data
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.logs import SandboxLogs, sandbox_logs
@@ -33,6 +34,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
 from sandlot.agent.sync import SandboxSync
 from sandlot.agent.workpools import SandboxPools
+from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.ocispec import ALL_CAPABILITIES
 
 
@@ -53,6 +55,10 @@ class AgentWiring:
     clock: Callable[[], datetime]
     stop: threading.Event
     sync_wake: threading.Event
+    disk_usages: Callable[[], Sequence[DiskUsage]]
+    """containerd's root's filesystem, and the logs' where they are kept, now."""
+    collect_images: Callable[[], object]
+    """One image GC pass (disk pressure runs it before it evicts)."""
 
 
 @dataclass
@@ -66,6 +72,7 @@ class AgentParts:
     sync: SandboxSync
     reaper: Reaper
     storage: EphemeralStorage
+    pressure: DiskPressure
 
     def close(self) -> None:
         """What the parts hold beside the loops (the runtime's channel, the pulls)."""
@@ -117,6 +124,18 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
             node_brokered_data(w.objects.api, settings.namespace, settings.node_name)
         ),
     )
+    storage = EphemeralStorage(
+        runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
+    )
+    pressure = DiskPressure(
+        storage,
+        w.disk_usages,
+        settings.gc_high / 100,
+        settings.gc_low / 100,
+        w.collect_images,
+        transition=settings.disk_pressure_transition.total_seconds(),
+        on_change=w.sync_wake.set,
+    )
     sync = SandboxSync(
         settings.node_name,
         w.sandbox_watch,
@@ -127,6 +146,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         w.metrics,
         call_timeout,
         report_count=NodeSandboxCount(w.objects, settings.node_name).report,
+        refusal=pressure.refusal,
     )
     reaper = Reaper(
         w.objects,
@@ -138,9 +158,8 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         cgroup_root=settings.cgroup_root,
         call_timeout=call_timeout,
     )
-    storage = EphemeralStorage(runtime, w.pool, work, settings.log_dir)
     return AgentParts(
-        runtime, networking, image_gate, close_pulls, logs, work, sync, reaper, storage
+        runtime, networking, image_gate, close_pulls, logs, work, sync, reaper, storage, pressure
     )
 
 

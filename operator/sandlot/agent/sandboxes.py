@@ -506,6 +506,14 @@ class SandboxWork:
                 "StartFailed", f"container {container_id} did not start: {exc}"
             ) from None
 
+    def hold(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
+        """Keep ``sb`` Scheduled, saying why it is not started (written once)."""
+        current = sb.get("status") or {}
+        if (current.get("reason"), current.get("message")) == (reason, message):
+            return
+        body = {"phase": SandboxPhase.SCHEDULED.value, "reason": reason, "message": message}
+        self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
+
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
         log.warning("sandbox %s failed: %s: %s", sandbox_key(sb), reason, message)
         self.status.end(sb, SandboxPhase.FAILED, reason, message)

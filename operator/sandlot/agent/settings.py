@@ -166,10 +166,14 @@ class AgentSettings(NetworkSettings, PullSettings):
         default=85.0,
         gt=0,
         le=100,
-        description="Disk usage (percent) at or above which the automatic pass evicts.",
+        description="Disk usage (percent) at or above which the automatic pass evicts "
+        "images, then the agent evicts sandboxes (docs/isolation.md).",
     )
     gc_low: float = Field(
-        default=80.0, gt=0, le=100, description="Disk usage (percent) the pass evicts down to."
+        default=80.0,
+        gt=0,
+        le=100,
+        description="Disk usage (percent) image GC and sandbox evictions go down to.",
     )
     gc_min_free: int = Field(
         default=0, ge=0, description="Free bytes below which the pass evicts (0 = off)."
@@ -215,6 +219,12 @@ class AgentSettings(NetworkSettings, PullSettings):
     log_interval: PositiveDuration = Field(
         default=timedelta(seconds=10),
         description="How often old logs are removed, output re-attached and disk use measured.",
+    )
+    disk_pressure_transition: PositiveDuration = Field(
+        default=timedelta(minutes=5),
+        description="How long the node reports disk pressure (and refuses new sandboxes) "
+        "after its disk was last at or over gcHigh, as the kubelet's "
+        "evictionPressureTransitionPeriod.",
     )
     stream_port: int = Field(
         default=0,

@@ -23,7 +23,7 @@ from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
-from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.sandbox import REASON_DISK_PRESSURE, TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
     Action,
@@ -62,6 +62,7 @@ class SandboxSync:
         metrics: AgentMetrics,
         call_timeout: float,
         report_count: Callable[[int], None] = lambda _count: None,
+        refusal: Callable[[], str] = lambda: "",
     ) -> None:
         self.node = node
         self.sandbox_watch = sandbox_watch
@@ -72,6 +73,8 @@ class SandboxSync:
         self.metrics = metrics
         self.call_timeout = call_timeout
         self.report_count = report_count
+        self.refusal = refusal
+        """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
 
     def sync_once(self) -> None:
@@ -122,12 +125,22 @@ class SandboxSync:
             survey.classes,
         )
         refused.update({key: (REASON_OVER_CAPACITY, why) for key, why in full.items()})
+        held = self.refusal()
+        for action in actions if held else ():
+            body = bodies[action.key][1] if action.key in bodies else None
+            if action.kind is ActionKind.START and action.key not in refused and body:
+                self.pool.submit(
+                    action.key, partial(self.work.hold, body, REASON_DISK_PRESSURE, held)
+                )
+                refused[action.key] = (REASON_DISK_PRESSURE, held)
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
             if action.kind is ActionKind.START and action.key in survey.unreadable:
                 continue  # its class could not be read: the next pass asks again
             if action.key in refused and action.kind is ActionKind.START and body is not None:
                 reason, why = refused[action.key]
+                if reason == REASON_DISK_PRESSURE:
+                    continue  # held, not failed: it starts once the pressure clears
                 self.pool.submit(action.key, partial(self.work.fail, body, reason, why))
                 continue
             container = by_id[action.container_id] if action.container_id else None

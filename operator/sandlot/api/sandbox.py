@@ -96,6 +96,10 @@ REASON_RUN_AS_ROOT = "RunAsRootRefused"
 REASON_OOM_KILLED = "OOMKilled"
 # Its writable layer and logs grew past spec.resources.limits.ephemeralStorage.
 REASON_EPHEMERAL_STORAGE_EXCEEDED = "EphemeralStorageExceeded"
+# Evicted by its node's agent to keep the node's disk under its high watermark.
+REASON_EVICTED = "Evicted"
+# A Scheduled sandbox its node does not start while the node's disk is under pressure.
+REASON_DISK_PRESSURE = "DiskPressure"
 # Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
 REASON_PULLING = "Pulling"
 REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"

@@ -79,6 +79,32 @@ def decide_storage(use: DiskUse, limit: int) -> StorageDecision:
     return KEEP
 
 
+MIN_CHECK = 0.25
+"""Seconds: the soonest a growing sandbox is measured again."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measurement of a sandbox: its bytes at a time (seconds, any clock)."""
+
+    bytes: int
+    at: float
+
+
+def next_check(previous: Sample | None, current: Sample, limit: int, interval: float) -> float:
+    """Seconds until a sandbox is measured again: the pass's ``interval``, or half the
+    projected time to ``limit`` at the rate seen between the two samples when that
+    is sooner (never under ``MIN_CHECK``), so a writer is caught near its limit
+    rather than a whole interval past it. A sandbox not growing waits the interval."""
+    if interval <= 0:
+        raise ValueError(f"the storage interval must be positive, got {interval}")
+    if previous is None or current.at <= previous.at or current.bytes <= previous.bytes:
+        return interval
+    rate = (current.bytes - previous.bytes) / (current.at - previous.at)
+    to_limit = max(limit - current.bytes, 0) / rate
+    return min(interval, max(to_limit / 2, MIN_CHECK))
+
+
 def limit_labels(spec: SandboxSpec) -> dict[str, str]:
     """The container label carrying ``spec``'s disk limit in bytes (none without one)."""
     limit = spec.resources.limits.ephemeral_storage if spec.resources else None
@@ -95,10 +121,13 @@ def limit_of(labels: Mapping[str, str]) -> int | None:
 __all__ = [
     "KEEP",
     "MAX_ENTRIES",
+    "MIN_CHECK",
     "DiskUse",
+    "Sample",
     "StorageDecision",
     "decide_storage",
     "human_bytes",
     "limit_labels",
     "limit_of",
+    "next_check",
 ]

@@ -1,0 +1,179 @@
+"""The node's disk under pressure: every ``PRESSURE_TICK`` (a ``statvfs`` or two),
+measure the fuller of containerd's root and the log directory; at or over the high watermark run image
+GC first, then evict sandboxes (``policy.diskpressure`` chooses) down to the low
+watermark.
+
+An evicted sandbox ends ``Failed``, reason ``Evicted``, the message naming the
+resource and both usages, then is killed without a grace period and torn down. A
+removed snapshot's files are deleted by containerd's garbage collector later, so
+an eviction ends with a collection: until then the disk does not show what it
+freed. While an eviction is in flight nobody else is chosen: what it frees is
+only seen once its container is gone and the collection ran, and choosing on the
+old figure would evict a quiet neighbour for bytes already on their way out.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+
+from sandlot.adapters.diskuse import disk_use
+from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
+from sandlot.adapters.statuswrite import WriteOutcome
+from sandlot.agent.ephemeralstorage import EphemeralStorage
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.api.sandbox import REASON_EVICTED, SandboxPhase
+from sandlot.policy.diskpressure import (
+    Candidate,
+    FsUse,
+    PressureDecision,
+    decide_pressure,
+    fuller,
+    pressure_holds,
+)
+from sandlot.policy.ephemeralstorage import human_bytes, limit_of
+from sandlot.policy.imagegc import DiskUsage
+
+log = logging.getLogger(__name__)
+
+PRESSURE_TICK = 0.25
+"""Seconds between two measurements of the node's disk: a writer at full speed
+fills a small disk in seconds, and a measurement costs two ``statvfs`` calls."""
+
+_LIVE = frozenset({TaskState.RUNNING, TaskState.PAUSED})
+
+
+class DiskPressure:
+    """The pass; it evicts through the storage pass's pool, work and status writer."""
+
+    def __init__(
+        self,
+        storage: EphemeralStorage,
+        usages: Callable[[], Sequence[DiskUsage]],
+        high: float,
+        low: float,
+        collect_images: Callable[[], object],
+        transition: float = 300.0,
+        on_change: Callable[[], object] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.storage = storage
+        self.usages = usages
+        """The filesystems holding containerd's root and the logs, measured now."""
+        self.high = high
+        self.low = low
+        self.collect_images = collect_images
+        self.transition = transition
+        self.on_change = on_change
+        """Called when the node starts or stops refusing new sandboxes."""
+        self.clock = clock
+        self.last_over: float | None = None
+        self.last_use = FsUse(0, 0)
+        self._refusing = False
+        self.evicting: set[str] = set()
+        """Keys of sandboxes whose eviction is on the pool."""
+        self.last: PressureDecision = PressureDecision(pressure=False)
+
+    def measure(self) -> FsUse:
+        """The fuller of the filesystems ``usages`` gives."""
+        return fuller(FsUse(u.used_bytes, u.total_bytes) for u in self.usages())
+
+    def refusal(self) -> str:
+        """Why a new sandbox is not started now ("" when it may be): the node was at or
+        over its high watermark less than ``transition`` seconds ago."""
+        if not pressure_holds(self.clock(), self.last_over, self.transition):
+            return ""
+        use = self.last_use
+        return (
+            f"the node is under disk pressure: its disk was {use.fraction:.0%} full "
+            f"({human_bytes(use.used)} of {human_bytes(use.capacity)}, high watermark "
+            f"{self.high:.0%}) within the last {self.transition:g}s; the sandbox starts "
+            "once that clears"
+        )
+
+    def pass_once(self) -> PressureDecision:
+        try:
+            return self._pass()
+        finally:
+            refusing = bool(self.refusal())
+            if refusing != self._refusing:
+                self._refusing = refusing
+                self.on_change()
+
+    def _pass(self) -> PressureDecision:
+        use = self.measure()
+        if use.fraction >= self.high:
+            self.last_over, self.last_use = self.clock(), use
+        if use.fraction < self.high:
+            self.last = PressureDecision(pressure=False)
+            return self.last
+        self.collect_images()
+        use = self.measure()
+        if use.fraction >= self.high:  # image GC can take a while: still over now
+            self.last_over, self.last_use = self.clock(), use
+        pool = self.storage.pool
+        self.evicting = {key for key in self.evicting if pool.busy(key)}
+        if self.evicting:
+            # what they free shows only once they are gone and collected
+            self.last = decide_pressure(use, self.high, self.low, [])
+            return PressureDecision(pressure=self.last.pressure)
+        rt = self.storage.runtime()
+        containers = self._candidates(rt)
+        decision = decide_pressure(use, self.high, self.low, containers.keys())
+        by_key = {c.key: containers[c] for c in containers}
+        for eviction in decision.evict:
+            container = by_key[eviction.key]
+            work = partial(self._evict, eviction.key, container, eviction.message)
+            if pool.submit(eviction.key, work):
+                self.evicting.add(eviction.key)
+        self.last = decision
+        return decision
+
+    def _candidates(self, rt: Runtime) -> dict[Candidate, ContainerInfo]:
+        timeout = self.storage.call_timeout
+        live = {t.container_id for t in rt.list_tasks(timeout=timeout) if t.state in _LIVE}
+        found: dict[Candidate, ContainerInfo] = {}
+        for container in rt.list_containers(timeout=timeout):
+            key = container.labels.get(SANDBOX_LABEL, "")
+            if container.id not in live or "/" not in key or self.storage.pool.busy(key):
+                continue
+            use = self.storage.measured.get(container.id)
+            if use is None:
+                trees = self.storage.trees(rt, container)
+                if trees is None:
+                    continue
+                use = disk_use(trees, self.storage.max_entries)
+            candidate = Candidate(key, usage=use.bytes, limit=limit_of(container.labels))
+            found[candidate] = container
+        return found
+
+    def _evict(self, key: str, container: ContainerInfo, message: str) -> None:
+        storage = self.storage
+        try:
+            obj = storage.objects.get_sandbox(*key.split("/", 1))
+        except Exception as exc:
+            log.warning("sandbox %s: cannot read it to evict it: %s", key, exc)
+            return
+        if obj["metadata"].get("uid") != container.labels.get(SANDBOX_UID_LABEL):
+            return  # another sandbox of that name now: its container is an orphan
+        log.warning("sandbox %s: evicting container %s: %s", key, container.id, message)
+        outcome = storage.status.end(
+            obj,
+            SandboxPhase.FAILED,
+            REASON_EVICTED,
+            message,
+            allowed_from=frozenset({SandboxPhase.RUNNING}),
+        )
+        if outcome is not WriteOutcome.WRITTEN:
+            return
+        storage.work.teardown(container)
+        try:
+            # its snapshot's files go only when containerd collects
+            storage.runtime().collect_garbage(timeout=storage.call_timeout)
+        except Exception as exc:
+            log.warning("after evicting %s: containerd's collection failed: %s", key, exc)
+
+
+__all__ = ["PRESSURE_TICK", "DiskPressure"]

@@ -1,0 +1,116 @@
+"""The node's disk-pressure pass at the agent's own boundary (an in-memory
+``Runtime`` and API): image GC first, then evictions in rank order, the evicted
+sandbox ``Failed``/``Evicted`` naming both usages, a collection after each, and
+nobody more chosen while an eviction is in flight."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandlot.agent.diskpressure import DiskPressure
+from sandlot.api.sandbox import REASON_EVICTED
+from sandlot.policy.imagegc import DiskUsage
+from tests.unit.test_agent_ephemeral_storage import MI, World
+
+
+class Disk:
+    """The node's filesystem as the pass reads it; image GC frees ``gc_frees``."""
+
+    def __init__(self, used: int, total: int = 1000 * MI, gc_frees: int = 0) -> None:
+        self.used, self.total, self.gc_frees = used, total, gc_frees
+        self.gc_runs = 0
+
+    def usages(self) -> list[DiskUsage]:
+        return [DiskUsage(total_bytes=self.total, used_bytes=self.used)]
+
+    def collect(self) -> None:
+        self.gc_runs += 1
+        self.used -= self.gc_frees
+
+
+def pressure(world: World, disk: Disk) -> DiskPressure:
+    return DiskPressure(world.guard, disk.usages, 0.5, 0.4, disk.collect)
+
+
+def test_under_the_high_watermark_nothing_runs(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.sandbox("w", limit=None, wrote=2 * MI)
+    disk = Disk(used=499 * MI)
+    assert not pressure(world, disk).pass_once().pressure
+    assert disk.gc_runs == 0 and world.work.torn_down == []
+
+
+def test_image_gc_goes_first_and_may_be_enough(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.sandbox("w", limit=None, wrote=2 * MI)
+    disk = Disk(used=600 * MI, gc_frees=300 * MI)
+    assert not pressure(world, disk).pass_once().pressure
+    assert disk.gc_runs == 1 and world.work.torn_down == []
+
+
+def test_the_largest_writer_is_evicted_and_the_quiet_one_keeps_running(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    big = world.sandbox("big", limit=None, wrote=3 * MI)
+    small = world.sandbox("small", limit=None, wrote=2 * MI)
+    quiet = world.sandbox("quiet", limit=64 * MI, wrote=4096)
+    # 51% of 10 MiB: down to 40% is 1.1 MiB, which the largest alone frees
+    disk = Disk(used=int(10 * MI * 0.51), total=10 * MI)
+    collections: list[str] = []
+
+    def collect_garbage(*, timeout: float) -> None:
+        collections.append(f"after {len(world.work.torn_down)} teardown(s)")
+
+    world.rt.collect_garbage = collect_garbage  # type: ignore[method-assign]
+    decision = pressure(world, disk).pass_once()
+    assert decision.pressure and [e.key for e in decision.evict] == ["ns/big"]
+    status = world.status("big")
+    assert (status["phase"], status["reason"]) == ("Failed", REASON_EVICTED), status
+    assert "ephemeral-storage" in status["message"] and "51% full" in status["message"]
+    assert "this sandbox used 3.0Mi" in status["message"], status["message"]
+    assert world.work.torn_down == [big]
+    assert collections == ["after 1 teardown(s)"]  # its snapshot's files go only then
+    for name, cid in (("small", small), ("quiet", quiet)):
+        assert world.status(name)["phase"] == "Running" and cid in world.rt.containers
+
+
+def test_nobody_more_is_chosen_while_an_eviction_is_in_flight(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.sandbox("big", limit=None, wrote=3 * MI)
+    quiet = world.sandbox("quiet", limit=None, wrote=MI)
+    guard = pressure(world, Disk(used=9 * MI, total=10 * MI))
+    guard.evicting.add("ns/big")
+    world.pool.busy_keys.add("ns/big")  # its teardown and collection still running
+    decision = guard.pass_once()
+    assert decision.pressure and decision.evict == ()
+    assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers
+
+
+def test_new_sandboxes_are_refused_while_the_pressure_holds_and_the_sync_is_woken(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    disk = Disk(used=600 * MI)
+    now = [1000.0]
+    changes: list[float] = []
+    guard = DiskPressure(
+        world.guard,
+        disk.usages,
+        0.5,
+        0.4,
+        disk.collect,
+        transition=300.0,
+        on_change=lambda: changes.append(now[0]),
+        clock=lambda: now[0],
+    )
+    assert guard.refusal() == ""
+    guard.pass_once()
+    why = guard.refusal()
+    assert "under disk pressure" in why and "60% full" in why and "high watermark 50%" in why
+    assert changes == [1000.0]
+    disk.used = 100 * MI  # back under: held for the transition period
+    now[0] += 299.0
+    guard.pass_once()
+    assert guard.refusal() and changes == [1000.0]
+    now[0] += 1.0
+    guard.pass_once()
+    assert guard.refusal() == "" and changes == [1000.0, 1300.0]
