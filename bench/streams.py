@@ -26,8 +26,9 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -93,26 +94,31 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--execs", type=int, default=50)
-    parser.add_argument("--mib", type=int, default=100)
-    parser.add_argument("--json", default="")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="sl-bench-streams-"))
-    bench = Bench(work)
+@contextmanager
+def real_node(
+    bench: Bench,
+    work: Path,
+    node: str,
+    image: str,
+    agent: dict[str, Any] | None = None,
+    gateway: dict[str, Any] | None = None,
+) -> Iterator[tuple[Agent, str, str]]:
+    """One real node on ``bench``'s control plane: a private containerd holding
+    ``image``, the agent of SandboxNode ``node`` (in this process) and the stream
+    gateway behind the API server. Yields the agent, containerd's address and the
+    containerd namespace of the agent's sandboxes; stops them all on leaving."""
     containerd = start_private_containerd()
     address = StreamAddress().create()
     try:
         certs = StreamCerts.create(work / "certs", bench.lease_ns, (address.ip,))
         ctr_ns = f"bench-{uuid.uuid4().hex[:6]}"
         archive = work / "busybox.tar"
-        build_image_archive(archive, IMAGE)
+        build_image_archive(archive, image)
         import_archive(containerd.address, ctr_ns, archive, timeout=60)
         port = free_port()
-        publish_agent_pod(bench.api, bench.lease_ns, f"agent-{NODE}", address.ip, port, NODE)
+        publish_agent_pod(bench.api, bench.lease_ns, f"agent-{node}", address.ip, port, node)
         settings = AgentSettings(
-            node_name=NODE,
+            node_name=node,
             namespace=bench.lease_ns,
             containerd_address=containerd.address,
             containerd_namespace=ctr_ns,
@@ -125,25 +131,41 @@ def main() -> int:
             stream_tls_cert=str(certs.agent.cert),
             stream_tls_key=str(certs.agent.key),
             stream_client_ca=str(certs.ca.cert),
-            stream_file_max_bytes=(args.mib + 1) * 2**20,
+            **(agent or {}),
         )
-        agent = Agent(settings, bench.api, registry=CollectorRegistry())
-        assert agent.start(), "the agent did not start"
-        burst = max(args.execs, 32)  # one user opens the whole burst
-        with running_gateway(
-            bench.api,
-            certs,
-            bench.lease_ns,
-            address.ip,
-            max_sessions=2 * burst,
-            max_sessions_per_user=burst,
-        ):
-            rows = measure(bench, agent, containerd.address, ctr_ns, args)
-        agent.shutdown()
+        started = Agent(settings, bench.api, registry=CollectorRegistry())
+        assert started.start(), "the agent did not start"
+        try:
+            with running_gateway(bench.api, certs, bench.lease_ns, address.ip, **(gateway or {})):
+                yield started, containerd.address, ctr_ns
+        finally:
+            started.shutdown()
     finally:
         address.remove()
         containerd.stop()
         containerd.remove()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execs", type=int, default=50)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="sl-bench-streams-"))
+    bench = Bench(work)
+    burst = max(args.execs, 32)  # one user opens the whole burst
+    try:
+        with real_node(
+            bench,
+            work,
+            NODE,
+            IMAGE,
+            agent={"stream_file_max_bytes": (args.mib + 1) * 2**20},
+            gateway={"max_sessions": 2 * burst, "max_sessions_per_user": burst},
+        ) as (agent, address, ctr_ns):
+            rows = measure(bench, agent, address, ctr_ns, args)
+    finally:
         bench.close()
     if args.json:
         Path(args.json).write_text(json.dumps(rows))
