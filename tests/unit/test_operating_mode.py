@@ -11,9 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from sandlot.adapters.runtime import RuntimeError_, TaskState
-from sandlot.agent.capacity import refusals
 from sandlot.agent.modes import ModeChanges
-from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.teardown import stop, teardown
 from sandlot.api.sandbox import OperatingMode, SandboxPhase, SandboxSpec
@@ -29,6 +27,7 @@ from sandlot.policy.operatingmode import (
     paused_condition,
     stream_refusal,
 )
+from sandlot.policy.startrefusals import StartFacts
 from tests.support.agent import FakeRuntime
 from tests.support.clock import FakeClock
 from tests.support.fakeobjects import FakeObjects
@@ -306,13 +305,11 @@ def test_a_paused_sandbox_still_counts_in_the_node_capacity() -> None:
     waiting["metadata"] = {**waiting["metadata"], "name": "next"}
     waiting["status"] = {"phase": "Scheduled"}
     waiting["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
-    bodies = {
-        "ns/box": (SandboxState.from_object(paused), paused),
-        "ns/next": (SandboxState.from_object(waiting), waiting),
-    }
-    settings = AgentSettings(node_name=NODE)
-    refused = refusals(NODE, bodies, {"ns/box"}, ["ns/next"], settings, Capacity(10, 2**30 + 1))
-    assert "ns/next" in refused and "does not fit" in refused["ns/next"]
+    facts = StartFacts(NODE, Capacity(10, 2**30 + 1), {"ns/box": paused, "ns/next": waiting})
+    states = [SandboxState.from_object(paused), SandboxState.from_object(waiting)]
+    [fail] = plan_sync(states, [container()], drained=False, in_flight=(), facts=facts)
+    assert (fail.kind, fail.key, fail.reason) == (ActionKind.FAIL, "ns/next", "OverCapacity")
+    assert "does not fit" in fail.message
 
 
 # ---------------------------------------------------------------- stopping a paused task

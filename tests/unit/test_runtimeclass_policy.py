@@ -6,18 +6,16 @@ of RuntimeClasses kept for a TTL on a fake clock."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandlot.agent.capacity import refusals
 from sandlot.agent.runtimes import ContainerdConfigUnreadable, RuntimeClasses, discover
-from sandlot.agent.settings import AgentSettings
 from sandlot.api.node import NodePhase
 from sandlot.api.placement import Toleration
-from sandlot.policy.agentsync import SandboxState
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.placement import Placement
 from sandlot.policy.runtimeclass import (
@@ -37,6 +35,7 @@ from sandlot.policy.runtimeclass import (
     shim_binary,
 )
 from sandlot.policy.scheduling import NodeSlot, SandboxRequest, Unschedulable, choose_node
+from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts
 
 V2 = "io.containerd.grpc.v1.cri"
 V3 = "io.containerd.cri.v1.runtime"
@@ -238,13 +237,12 @@ def test_the_overhead_counts_in_capacity_beside_the_limits() -> None:
         "spec": {"image": "i", "nodeName": "n", "resources": {"limits": {"memory": "600Mi"}}},
         "status": {"phase": "Scheduled"},
     }
-    bodies = {"ns/heavy": (SandboxState.from_object(body), body)}
-    settings = AgentSettings(node_name="n")
-    capacity = Capacity(sandboxes=10, memory=2**30)
+    facts = StartFacts("n", Capacity(sandboxes=10, memory=2**30), {"ns/heavy": body})
+    assert refused_starts(["ns/heavy"], [], facts) == {}
     heavy_class = {"ns/heavy": RuntimeClassInfo("vm", "crun", overhead_memory=600 * 2**20)}
-    assert refusals("n", bodies, set(), ["ns/heavy"], settings, capacity) == {}
-    refused = refusals("n", bodies, set(), ["ns/heavy"], settings, capacity, heavy_class)
-    assert "1.17Gi does not fit" in refused["ns/heavy"]
+    refused = refused_starts(["ns/heavy"], [], replace(facts, classes=heavy_class))
+    assert refused["ns/heavy"].how is Refusal.FAIL
+    assert "1.17Gi does not fit" in refused["ns/heavy"].message
 
 
 def test_the_agent_reads_a_class_once_per_ttl() -> None:

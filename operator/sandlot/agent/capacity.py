@@ -1,15 +1,11 @@
-"""What the agent probes of its node once, and what the sync pass refuses for it:
-its capacity (the settings', else the node's memory and CPU count; over it,
-``policy.capacity``), its kernel's security facts (AppArmor, version), the taints
-of its Kubernetes Node, and a hand-placed sandbox its taints or labels do not
-admit (``policy.placement``)."""
+"""What the agent probes of its node: its capacity (the settings', else the node's
+memory), its kernel's security facts (AppArmor, version) and the taints of its
+Kubernetes Node. What the sync refuses for them is ``policy.startrefusals``'s."""
 
 from __future__ import annotations
 
 import logging
 import platform
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from sandlot.adapters.nodeguard import (
@@ -19,13 +15,9 @@ from sandlot.adapters.nodeguard import (
     user_namespaces_allowed,
 )
 from sandlot.agent.settings import AgentSettings
-from sandlot.api.sandbox import TERMINAL_PHASES
-from sandlot.policy.agentsync import UNSTARTED_PHASES, SandboxState
-from sandlot.policy.capacity import Capacity, Usage, cpu_millis, over_capacity, usage_of
+from sandlot.policy.capacity import Capacity, cpu_millis
 from sandlot.policy.nodesecurity import NodeSecurity
-from sandlot.policy.placement import Placement, misfit, taints_of
 from sandlot.policy.quantity import memory_bytes
-from sandlot.policy.runtimeclass import RuntimeClassInfo, joined_placement
 from sandlot.policy.seccomp import kernel_version
 
 log = logging.getLogger(__name__)
@@ -74,92 +66,9 @@ def capacity_status(capacity: Capacity) -> dict[str, Any]:
     return status
 
 
-def _usage(
-    obj: Mapping[str, Any],
-    key: str,
-    settings: AgentSettings,
-    runtime_class: RuntimeClassInfo | None = None,
-) -> Usage:
-    """Its limits (or the defaults), plus its RuntimeClass's overhead."""
-    limits = ((obj.get("spec") or {}).get("resources") or {}).get("limits") or {}
-    created = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
-    usage = usage_of(
-        key,
-        limits.get("memory") or settings.default_memory_limit,
-        limits.get("cpu") or settings.default_cpu_limit,
-        created,
-    )
-    if runtime_class is None:
-        return usage
-    return replace(
-        usage,
-        memory=usage.memory + runtime_class.overhead_memory,
-        cpu_millis=usage.cpu_millis + runtime_class.overhead_cpu_millis,
-    )
-
-
-def refusals(
-    node: str,
-    bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
-    with_container: set[str],
-    starting: Sequence[str],
-    settings: AgentSettings,
-    capacity: Capacity,
-    classes: Mapping[str, RuntimeClassInfo] | None = None,
-) -> dict[str, str]:
-    """``{key: message}`` of the sandboxes about to start that do not fit.
-
-    Counted as started: Running ones and unstarted ones with a container (a start
-    under way). Each is counted with its own limits or the agent's defaults, and its
-    RuntimeClass's overhead (``classes``, by key)."""
-    classes = classes or {}
-    started = [
-        _usage(obj, key, settings, classes.get(key))
-        for key, (state, obj) in bodies.items()
-        if state.phase not in TERMINAL_PHASES
-        and (state.phase not in UNSTARTED_PHASES or key in with_container)
-        and key not in starting
-    ]
-    waiting = [
-        _usage(bodies[key][1], key, settings, classes.get(key)) for key in starting if key in bodies
-    ]
-    return over_capacity(node, started, waiting, capacity)
-
-
-def misplaced(
-    node: str,
-    node_body: Mapping[str, Any] | None,
-    bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
-    starting: Sequence[str],
-    classes: Mapping[str, RuntimeClassInfo] | None = None,
-) -> dict[str, str]:
-    """``{key: message}`` of the sandboxes about to start whose placement, joined with
-    their RuntimeClass's (``classes``, by key), this node does not satisfy (a
-    hand-set ``spec.nodeName`` skips the scheduler, not this)."""
-    labels = dict(((node_body or {}).get("metadata") or {}).get("labels") or {})
-    taints = taints_of(node_body or {})
-    refused = {}
-    for key in starting:
-        if key not in bodies:
-            continue
-        try:
-            placement = Placement.from_body(bodies[key][1].get("spec") or {})
-        except ValueError as exc:
-            refused[key] = f"its placement cannot be read: {exc}"
-            continue
-        if classes and key in classes:
-            placement = joined_placement(placement, classes[key])
-        why = misfit(placement, labels, taints)
-        if why is not None:
-            refused[key] = f"spec.nodeName is {node}, which this sandbox may not run on: {why}"
-    return refused
-
-
 __all__ = [
     "capacity_status",
     "mirrored_taints",
-    "misplaced",
     "node_capacity",
     "node_security",
-    "refusals",
 ]

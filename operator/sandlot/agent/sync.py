@@ -1,7 +1,9 @@
 """The sync pass: read the views, ask ``policy.agentsync.plan_sync``, submit its actions.
 
-Nothing is decided here. The Sandboxes and the node come from their watches (an
-idle node costs the API server no request); the containers from containerd,
+Nothing is decided here: the node's facts (capacity, limits, placement,
+RuntimeClasses, disk pressure) go into the plan as data, and its starts come back
+already judged (start, fail or hold). The Sandboxes and the node come from their
+watches (an idle node costs the API server no request); the containers from containerd,
 listed after the Sandboxes: a Sandbox seen Running had its container created
 before its status said so, so the listing that follows has it. The keys with work
 in flight are taken before either, so work finishing mid-pass (a start that just
@@ -17,26 +19,23 @@ from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.agent.capacity import misplaced, refusals
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
-from sandlot.api.sandbox import REASON_DISK_PRESSURE, TERMINAL_PHASES
+from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
     Action,
     ActionKind,
     SandboxState,
-    containers_by_key,
     live_count,
     phase_counts,
     plan_sync,
+    startable,
 )
-from sandlot.policy.capacity import REASON_OVER_CAPACITY
-
-REASON_PLACEMENT = "PlacementRefused"
+from sandlot.policy.startrefusals import StartFacts
 
 log = logging.getLogger(__name__)
 
@@ -97,52 +96,29 @@ class SandboxSync:
         for phase, count in phase_counts(states).items():
             self.metrics.sandboxes.labels(phase.value).set(count)
         self.report_count(live_count(states))
-        actions = plan_sync(
-            states,
-            [ContainerView(c.id, c.labels) for c in containers],
-            drained=drained,
-            in_flight=in_flight,
-        )
-        starting = [a.key for a in actions if a.kind is ActionKind.START]
+        views = [ContainerView(c.id, c.labels) for c in containers]
+        starting = startable(states, views, drained=drained, in_flight=in_flight)
         live = {
             k: o.get("spec") or {}
             for k, (st, o) in bodies.items()
             if st.phase not in TERMINAL_PHASES
         }
         survey = self.work.runtime_classes.survey(live, starting)
-        refused = dict(survey.refused)
-        for key, why in misplaced(
-            self.node, self.node_watch.get(self.node), bodies, starting, survey.classes
-        ).items():
-            refused.setdefault(key, (REASON_PLACEMENT, why))
-        full = refusals(
-            self.node,
-            bodies,
-            set(containers_by_key(ContainerView(c.id, c.labels) for c in containers)),
-            [k for k in starting if k not in refused and k not in survey.unreadable],
-            self.work.settings,
-            self.work.facts.capacity,
-            survey.classes,
+        facts = StartFacts(
+            node=self.node,
+            capacity=self.work.facts.capacity,
+            bodies={k: o for k, (_, o) in bodies.items()},
+            node_body=self.node_watch.get(self.node),
+            default_memory=self.work.settings.default_memory_limit,
+            default_cpu=self.work.settings.default_cpu_limit,
+            classes=survey.classes,
+            class_refused=survey.refused,
+            class_unreadable=survey.unreadable,
+            hold=self.refusal(),
         )
-        refused.update({key: (REASON_OVER_CAPACITY, why) for key, why in full.items()})
-        held = self.refusal()
-        for action in actions if held else ():
-            body = bodies[action.key][1] if action.key in bodies else None
-            if action.kind is ActionKind.START and action.key not in refused and body:
-                self.pool.submit(
-                    action.key, partial(self.work.hold, body, REASON_DISK_PRESSURE, held)
-                )
-                refused[action.key] = (REASON_DISK_PRESSURE, held)
+        actions = plan_sync(states, views, drained=drained, in_flight=in_flight, facts=facts)
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
-            if action.kind is ActionKind.START and action.key in survey.unreadable:
-                continue  # its class could not be read: the next pass asks again
-            if action.key in refused and action.kind is ActionKind.START and body is not None:
-                reason, why = refused[action.key]
-                if reason == REASON_DISK_PRESSURE:
-                    continue  # held, not failed: it starts once the pressure clears
-                self.pool.submit(action.key, partial(self.work.fail, body, reason, why))
-                continue
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
         self.metrics.sync_passes.inc()
@@ -169,6 +145,10 @@ class SandboxSync:
         work, kind, key = self.work, action.kind, action.key
         if kind is ActionKind.START and sb is not None:
             return partial(work.start_sandbox, sb)
+        if kind is ActionKind.FAIL and sb is not None:
+            return partial(work.fail, sb, action.reason, action.message)
+        if kind is ActionKind.HOLD and sb is not None:
+            return partial(work.hold, sb, action.reason, action.message)
         if kind is ActionKind.REFUSE_DRAINED and sb is not None:
             return partial(work.refuse_drained, sb, REASON_DRAINED)
         if kind is ActionKind.END_LOST:

@@ -6,7 +6,7 @@ containers containerd has, and turns every difference into one action:
 ==========================  ==========================  =======================
 Sandbox                     container                   action
 ==========================  ==========================  =======================
-Pending/Scheduled           none, node not drained      start
+Pending/Scheduled           none, node not drained      start (or fail/hold, below)
 Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
@@ -25,6 +25,10 @@ The pass after that work ends looks again. A container without a sandbox label
 is none of the sync's business: the start-up sweep removed those. "Mode to
 apply" is ``policy.operatingmode.mode_pending``: the spec's operatingMode differs
 from what the Paused condition records; a drained node stops the sandbox instead.
+
+Given the node's facts (``policy.startrefusals.StartFacts``: capacity, limits,
+placement, RuntimeClasses, disk pressure), a start the node refuses becomes a
+``fail`` or ``hold`` with its reason and message, or nothing this pass.
 
 ``teardown-unstarted`` re-reads the Sandbox before acting (the watched view lags
 the agent's own writes); that read is I/O and stays in the agent.
@@ -46,6 +50,7 @@ from sandlot.policy.operatingmode import (
     recorded_paused,
     wanted_mode,
 )
+from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts
 
 UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
     {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}
@@ -54,6 +59,10 @@ UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
 
 class ActionKind(StrEnum):
     START = "start"
+    FAIL = "fail"
+    """A start the node refuses: the sandbox ends Failed (``reason``, ``message``)."""
+    HOLD = "hold"
+    """A start the node defers: the sandbox waits (``reason``, ``message``)."""
     REFUSE_DRAINED = "refuse-drained"
     TEARDOWN_UNSTARTED = "teardown-unstarted"
     STOP_DRAINED = "stop-drained"
@@ -100,7 +109,10 @@ class Action:
     key: str
     """The Sandbox's "namespace/name" (also the container's label)."""
     container_id: str | None = None
-    """The container acted on; None for start, refuse-drained and end-lost."""
+    """The container acted on; None for start, fail, hold, refuse-drained and end-lost."""
+    reason: str = ""
+    """fail and hold: the status reason."""
+    message: str = ""
 
 
 def containers_by_key(containers: Iterable[ContainerView]) -> dict[str, ContainerView]:
@@ -135,10 +147,13 @@ def plan_sync(
     *,
     drained: bool,
     in_flight: Collection[str],
+    facts: StartFacts | None = None,
 ) -> list[Action]:
     """One action per difference, Sandboxes first (in the order given), then the
     containers whose Sandbox is gone. ``drained``: the node is unschedulable.
-    ``in_flight``: keys with work running; they get nothing this pass."""
+    ``in_flight``: keys with work running; they get nothing this pass. ``facts``:
+    the node's, judging each start (``policy.startrefusals``); without them every
+    start stands."""
     by_key = containers_by_key(containers)
     actions: list[Action] = []
     for sb in sandboxes:
@@ -151,7 +166,47 @@ def plan_sync(
     for key, container in by_key.items():
         if key not in seen and key not in in_flight:
             actions.append(Action(ActionKind.STOP_DELETED, key, container.id))
-    return actions
+    return actions if facts is None else _judged(actions, sandboxes, set(by_key), facts)
+
+
+def _judged(
+    actions: list[Action],
+    sandboxes: Sequence[SandboxState],
+    with_container: set[str],
+    facts: StartFacts,
+) -> list[Action]:
+    starting = [a.key for a in actions if a.kind is ActionKind.START]
+    if not starting:
+        return actions
+    started = [
+        sb.key
+        for sb in sandboxes
+        if sb.phase not in TERMINAL_PHASES
+        and (sb.phase not in UNSTARTED_PHASES or sb.key in with_container)
+    ]
+    refused = refused_starts(starting, started, facts)
+    judged = []
+    for action in actions:
+        why = refused.get(action.key) if action.kind is ActionKind.START else None
+        if why is None:
+            judged.append(action)
+        elif why.how is not Refusal.WAIT:
+            kind = ActionKind.FAIL if why.how is Refusal.FAIL else ActionKind.HOLD
+            judged.append(Action(kind, action.key, reason=why.reason, message=why.message))
+    return judged
+
+
+def startable(
+    sandboxes: Sequence[SandboxState],
+    containers: Sequence[ContainerView],
+    *,
+    drained: bool,
+    in_flight: Collection[str],
+) -> list[str]:
+    """The keys ``plan_sync`` would start before the node's facts judge them: the
+    ones whose facts (their RuntimeClass) the agent reads for this pass."""
+    plan = plan_sync(sandboxes, containers, drained=drained, in_flight=in_flight)
+    return [a.key for a in plan if a.kind is ActionKind.START]
 
 
 def phase_counts(sandboxes: Iterable[SandboxState]) -> dict[SandboxPhase, int]:
@@ -176,4 +231,5 @@ __all__ = [
     "live_count",
     "phase_counts",
     "plan_sync",
+    "startable",
 ]
