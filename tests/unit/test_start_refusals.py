@@ -132,6 +132,14 @@ ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[tuple[str, str,
         {"node_body": LABELLED},
         [(FAIL, "ns/b", MISFIT)],
     ),
+    "its RuntimeClass's node selector joins the sandbox's": (
+        [sandbox("b")],
+        {
+            "node_body": LABELLED,
+            "classes": {"ns/b": RuntimeClassInfo("vm", "crun", (("zone", "b"),))},
+        },
+        [(FAIL, "ns/b", MISFIT)],
+    ),
     "a matching node selector starts": (
         [sandbox("b", nodeSelector={"zone": "a"})],
         {"node_body": LABELLED},
