@@ -110,12 +110,14 @@ class DiskPressure:
             return self._pass()
         finally:
             refusing = bool(self.refusal())
-            if refusing != self._refusing:
+            changed = refusing != self._refusing
+            if changed:
                 self._refusing = refusing
                 self.since = self.wall() if refusing else None
-                self.on_change()
             if refusing != self._published:
-                self._publish(refusing)
+                self._publish(refusing)  # the node says so before a held start goes on
+            if changed:
+                self.on_change()
 
     def disk_status(self) -> dict[str, Any]:
         """``status.disk`` as it is now: the node refusing or not, since when, why."""
