@@ -91,6 +91,13 @@ class Peak:
         self.thread.join(timeout=10)
 
 
+def _node_disk(kube: client.ApiClient, node: str) -> dict[str, Any]:
+    body = client.CustomObjectsApi(kube).get_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", node
+    )
+    return dict((body.get("status") or {}).get("disk") or {})
+
+
 def _status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
@@ -189,6 +196,13 @@ def test_a_sandbox_placed_by_hand_waits_while_the_disk_is_under_pressure(
             timeout=DEADLINE,
             what="the agent to see its disk under pressure",
         )
+        disk = wait_for(
+            lambda: (d := _node_disk(kube, node)).get("pressure") is True and d,
+            timeout=DEADLINE,
+            what="the SandboxNode's status.disk to say pressure",
+        )
+        assert disk["since"] and disk["usagePercent"] >= HIGH, disk
+        assert "under disk pressure" in disk["message"], disk
         agents.schedule_sandbox(
             kube, namespace, "late", node, {"image": IMAGE, "command": ["sleep", "3600"]}
         )
@@ -213,3 +227,9 @@ def test_a_sandbox_placed_by_hand_waits_while_the_disk_is_under_pressure(
             what="the held sandbox Running once the pressure cleared",
         )
         assert running["phase"] == "Running"
+        cleared = wait_for(
+            lambda: (d := _node_disk(kube, node)).get("pressure") is False and d,
+            timeout=DEADLINE,
+            what="the SandboxNode's status.disk to say the pressure is over",
+        )
+        assert cleared.get("since") is None, cleared

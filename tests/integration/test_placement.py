@@ -215,3 +215,64 @@ def test_scheduler_places_a_runtime_class_only_on_nodes_with_its_handler(
         assert "no-such-class" in message, message
     for name in ("nowhere", "classless"):
         assert not (fleet.get(name).get("spec") or {}).get("nodeName")
+
+
+def _disk_condition(fleet: Fleet, node: str) -> dict | None:
+    conditions = (fleet.get_node(node).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == "DiskPressure"), None)
+
+
+def _set_disk(fleet: Fleet, node: str, disk: dict) -> None:
+    fleet.objs.patch_cluster_custom_object_status(
+        GROUP, VERSION, "sandboxnodes", node, {"status": {"disk": disk}}
+    )
+
+
+def test_a_node_under_disk_pressure_gets_the_condition_and_no_new_sandbox(
+    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+) -> None:
+    # "a-..." comes first by name: with equal load, only the pressure keeps sandboxes off it
+    pressed = _ready_node(fleet, "a-pressed", labels={}, taints=[])
+    free = _ready_node(fleet, "b-free", labels={}, taints=[])
+    _set_disk(
+        fleet,
+        pressed,
+        {
+            "pressure": True,
+            "since": "2026-01-01T12:00:00Z",
+            "usagePercent": 91.0,
+            "message": "the node is under disk pressure: its disk was 91% full",
+        },
+    )
+    _set_disk(fleet, free, {"pressure": False, "since": None, "message": ""})
+    operators("--resync-interval", "1s")
+
+    def condition_is(node: str, status: str) -> dict | None:
+        found = _disk_condition(fleet, node)
+        return found if found is not None and found.get("status") == status else None
+
+    on = wait_for(lambda: condition_is(pressed, "True"), timeout=30, what="DiskPressure True")
+    assert on["reason"] == "AgentHasDiskPressure" and "91% full" in on["message"], on
+    wait_for(lambda: condition_is(free, "False"), timeout=30, what="DiskPressure False on b-free")
+
+    for i in range(3):
+        _pending(fleet, f"new-{i}")
+    assert {_bound(fleet, f"new-{i}") for i in range(3)} == {free}
+
+    fleet.objs.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", free, {"spec": {"unschedulable": True}}
+    )
+    wait_for(
+        lambda: fleet.get_node(free).get("status", {}).get("phase") == "Disabled",
+        timeout=30,
+        what="b-free Disabled",
+    )
+    _pending(fleet, "waits")
+    message = _waiting_message(fleet, "waits", "Unschedulable")
+    assert "1 under disk pressure" in message and "1 Disabled" in message, message
+    assert not (fleet.get("waits").get("spec") or {}).get("nodeName")
+
+    _set_disk(fleet, pressed, {"pressure": False, "since": None, "message": ""})
+    off = wait_for(lambda: condition_is(pressed, "False"), timeout=30, what="DiskPressure False")
+    assert off["reason"] == "AgentHasNoDiskPressure", off
+    assert _bound(fleet, "waits") == pressed  # the pressure over, the waiting sandbox placed

@@ -5,6 +5,7 @@ nobody more chosen while an eviction is in flight."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sandlot.agent.diskpressure import DiskPressure
@@ -114,3 +115,48 @@ def test_new_sandboxes_are_refused_while_the_pressure_holds_and_the_sync_is_woke
     now[0] += 1.0
     guard.pass_once()
     assert guard.refusal() == "" and changes == [1000.0, 1300.0]
+
+
+def test_status_disk_is_written_on_each_transition_and_a_failed_write_retried(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    disk = Disk(used=100 * MI)
+    now = [0.0]
+    written: list[dict[str, object]] = []
+    fail = [False]
+
+    def publish(status: dict[str, object]) -> None:
+        if fail[0]:
+            raise RuntimeError("API server down")
+        written.append(status)
+
+    guard = DiskPressure(
+        world.guard,
+        disk.usages,
+        0.5,
+        0.4,
+        disk.collect,
+        transition=60.0,
+        clock=lambda: now[0],
+        publish=publish,
+        wall=lambda: datetime(2026, 1, 1, 12, 0, int(now[0]), tzinfo=UTC),
+    )
+    guard.pass_once()
+    assert written == []  # registration said "no pressure": nothing new to write
+    disk.used = 600 * MI
+    guard.pass_once()
+    disk.used = 100 * MI
+    now[0] = 30.0
+    guard.pass_once()  # still within the transition period: no second write
+    assert len(written) == 1, written
+    on = written[0]
+    assert on["pressure"] is True and on["since"] == "2026-01-01T12:00:00.000000Z", on
+    assert on["usagePercent"] == 60.0 and on["usedBytes"] == 600 * MI, on
+    assert "disk pressure" in str(on["message"]), on
+    now[0], fail[0] = 61.0, True
+    guard.pass_once()  # pressure over, but the write fails
+    assert len(written) == 1
+    fail[0] = False
+    guard.pass_once()
+    assert written[1:] == [{"pressure": False, "since": None, "message": ""}], written

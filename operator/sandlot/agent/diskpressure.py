@@ -17,9 +17,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from functools import partial
+from typing import Any
 
 from sandlot.adapters.diskuse import disk_use
+from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
@@ -58,6 +61,8 @@ class DiskPressure:
         transition: float = 300.0,
         on_change: Callable[[], object] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
+        publish: Callable[[dict[str, Any]], object] = lambda _: None,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self.storage = storage
         self.usages = usages
@@ -69,6 +74,13 @@ class DiskPressure:
         self.on_change = on_change
         """Called when the node starts or stops refusing new sandboxes."""
         self.clock = clock
+        self.publish = publish
+        """Writes ``status.disk`` on the node's SandboxNode (raises on failure)."""
+        self.wall = wall
+        self.since: datetime | None = None
+        """When the node last started refusing, on the wall clock."""
+        self._published: bool | None = False
+        """The pressure ``status.disk`` says (registration writes False); None: unknown."""
         self.last_over: float | None = None
         self.last_use = FsUse(0, 0)
         self._refusing = False
@@ -98,9 +110,38 @@ class DiskPressure:
             return self._pass()
         finally:
             refusing = bool(self.refusal())
-            if refusing != self._refusing:
+            changed = refusing != self._refusing
+            if changed:
                 self._refusing = refusing
+                self.since = self.wall() if refusing else None
+            if refusing != self._published:
+                self._publish(refusing)  # the node says so before a held start goes on
+            if changed:
                 self.on_change()
+
+    def disk_status(self) -> dict[str, Any]:
+        """``status.disk`` as it is now: the node refusing or not, since when, why."""
+        if not self._refusing:
+            return {"pressure": False, "since": None, "message": ""}
+        use = self.last_use
+        return {
+            "pressure": True,
+            "since": rfc3339(self.since) if self.since is not None else None,
+            "usagePercent": round(use.fraction * 100, 1),
+            "usedBytes": use.used,
+            "capacityBytes": use.capacity,
+            "message": self.refusal(),
+        }
+
+    def _publish(self, refusing: bool) -> None:
+        """Write the transition; a failed write is retried at the next pass."""
+        try:
+            self.publish(self.disk_status())
+        except Exception as exc:
+            self._published = None
+            log.warning("cannot write the node's disk pressure (%s): %s", refusing, exc)
+        else:
+            self._published = refusing
 
     def _pass(self) -> PressureDecision:
         use = self.measure()

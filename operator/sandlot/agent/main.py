@@ -430,6 +430,7 @@ class Agent:
             self.address,
             self.containerd_version,
         )
+        status["disk"] = parts.pressure.disk_status()
         try:
             self.heartbeat.register(status)
         except Exception as exc:

@@ -135,6 +135,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         w.collect_images,
         transition=settings.disk_pressure_transition.total_seconds(),
         on_change=w.sync_wake.set,
+        publish=lambda disk: w.objects.patch_node_status(settings.node_name, {"disk": disk}),
     )
     sync = SandboxSync(
         settings.node_name,

@@ -192,6 +192,26 @@ class NodeGcStatus(Model):
 MAX_RUNTIME_HANDLERS = 32
 
 
+class NodeDiskStatus(Model):
+    pressure: bool = Field(
+        default=False,
+        description="The node refuses new sandboxes: its disk (the fuller of containerd's "
+        "root and the log directory) was at or over the image GC high watermark within "
+        "the last `diskPressureTransition`.",
+    )
+    since: datetime | None = Field(
+        default=None, description="When the node last went under pressure (null when not)."
+    )
+    usage_percent: float | None = Field(
+        default=None, description="Usage of the fuller filesystem when last over the mark."
+    )
+    used_bytes: int | None = Field(default=None, description="Bytes used then.")
+    capacity_bytes: int | None = Field(default=None, description="That filesystem's size.")
+    message: str = Field(
+        default="", max_length=MAX_MESSAGE, description="Why, in words (empty when not)."
+    )
+
+
 class NodeRuntimeHandler(Model):
     name: str = Field(
         min_length=1,
@@ -237,6 +257,12 @@ class SandboxNodeStatus(Model):
         default_factory=NodeHealthTracking, description="Node-health controller tracking."
     )
     gc: NodeGcStatus = Field(default_factory=NodeGcStatus, description="Image GC state.")
+    disk: NodeDiskStatus = Field(
+        default_factory=NodeDiskStatus,
+        description="The node's disk pressure, written by its agent at registration and "
+        "when pressure starts or ends; the node-health controller mirrors it into the "
+        "`DiskPressure` condition, and the scheduler places nothing on such a node.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
     )
@@ -254,6 +280,7 @@ class SandboxNode(Resource):
             PrinterColumn("Sandboxes", ".status.sandboxes", "integer"),
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
             PrinterColumn("Capacity", ".status.capacity.sandboxes", "integer", priority=1),
+            PrinterColumn("Disk-Pressure", ".status.disk.pressure", "boolean", priority=1),
             PrinterColumn("Last-GC", ".status.gc.lastPassKind", priority=1),
             PrinterColumn("GC-Freed", ".status.gc.bytesFreed", "integer", priority=1),
             PrinterColumn("GC-Exhausted-Until", ".status.gc.exhaustedUntil", priority=1),

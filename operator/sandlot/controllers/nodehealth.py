@@ -294,6 +294,7 @@ class NodeHealthController:
             else:
                 patch = latched
         patch = self._with_ready(patch, decision, view, stamp)
+        patch = read.with_disk(patch, stamp)
         if patch is not None and not await self._write(name, patch):
             return None
         if decision.kind is DecisionKind.CLEAR and patch is None:

@@ -17,6 +17,7 @@ from typing import Any
 from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, ReapRequest
 from sandlot.policy.conditions import parse_conditions
+from sandlot.policy.nodeconditions import disk_conditions
 from sandlot.policy.nodehealth import NodeView
 
 
@@ -38,6 +39,13 @@ def _reap_requested(body: Mapping[str, Any]) -> bool:
     return since is not None and ReapRequest.model_validate(request).unhealthy_since == since
 
 
+def _disk_pressure(status: Mapping[str, Any]) -> bool | None:
+    disk = status.get("disk")
+    if not isinstance(disk, Mapping) or "pressure" not in disk:
+        return None
+    return bool(disk["pressure"])
+
+
 @dataclass(frozen=True)
 class NodeRead:
     """A SandboxNode's body as the node-health decision reads it."""
@@ -47,6 +55,9 @@ class NodeRead:
     phase: str | None
     conditions: tuple[Condition, ...]
     reap_requested: bool = False
+    disk_pressure: bool | None = None
+    """``status.disk.pressure`` as its agent wrote it (None: not written)."""
+    disk_message: str = ""
 
     @classmethod
     def of(cls, body: Mapping[str, Any]) -> NodeRead:
@@ -57,7 +68,22 @@ class NodeRead:
             phase=status.get("phase"),
             conditions=parse_conditions(status.get("conditions")),
             reap_requested=_reap_requested(body),
+            disk_pressure=_disk_pressure(status),
+            disk_message=str((status.get("disk") or {}).get("message") or ""),
         )
+
+    def with_disk(self, patch: dict[str, Any] | None, stamp: datetime) -> dict[str, Any] | None:
+        """``patch`` with the ``DiskPressure`` condition mirroring ``status.disk`` (over the
+        patch's conditions when it has some); ``patch`` itself when already so."""
+        base = self.conditions
+        if patch is not None and "conditions" in patch:
+            base = parse_conditions(patch["conditions"])
+        updated = disk_conditions(self.disk_pressure, self.disk_message, base, stamp)
+        if updated is None:
+            return patch
+        patch = dict(patch or {})
+        patch["conditions"] = [c.wire() for c in updated]
+        return patch
 
     def view(self, first_seen: datetime) -> NodeView:
         return NodeView(

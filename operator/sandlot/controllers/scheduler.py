@@ -48,6 +48,7 @@ from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
+from sandlot.policy.nodeconditions import DISK_CONDITION_TYPE
 from sandlot.policy.placement import taints_of
 from sandlot.policy.runtimeclass import (
     RuntimeClassInfo,
@@ -76,6 +77,7 @@ class NodeInfo:
     labels: Mapping[str, str]
     taints: tuple[Taint, ...]
     runtime_handlers: frozenset[str] = frozenset()
+    disk_pressure: bool = False
 
 
 def _node_info(body: Mapping[str, Any]) -> NodeInfo:
@@ -90,6 +92,11 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
         taints=taints_of(body),
         runtime_handlers=frozenset(
             str(h.get("name")) for h in status.get("runtimeHandlers") or [] if h.get("name")
+        ),
+        disk_pressure=any(
+            c.get("type") == DISK_CONDITION_TYPE and c.get("status") == "True"
+            for c in status.get("conditions") or []
+            if isinstance(c, Mapping)
         ),
     )
 
@@ -161,6 +168,7 @@ class Scheduler:
             or (old.unschedulable and not new.unschedulable)
             or new.capacity > old.capacity
             or new.runtime_handlers - old.runtime_handlers
+            or (old.disk_pressure and not new.disk_pressure)
             or (body.get("status") or {}).get("phase") == NodePhase.READY
         ):
             self.retry_waiting()
@@ -225,6 +233,7 @@ class Scheduler:
                     labels=node.labels,
                     taints=node.taints,
                     runtime_handlers=node.runtime_handlers,
+                    disk_pressure=node.disk_pressure,
                 )
             )
         return slots

@@ -1,6 +1,7 @@
 """The conditions the node-health controller keeps on a SandboxNode: ``Ready`` for
-the observed phase, and ``GuardHolding`` while the mass-failure guard holds the
-node's marking back.
+the observed phase, ``GuardHolding`` while the mass-failure guard holds the
+node's marking back, and ``DiskPressure`` mirroring what its agent wrote in
+``status.disk``.
 
 Both follow Kubernetes condition semantics (``set_condition``: the transition time
 moves only when the status does), so ``GuardHolding``'s lastTransitionTime says when
@@ -52,6 +53,36 @@ def hold_conditions(
     return None if updated == current else updated
 
 
+DISK_CONDITION_TYPE = "DiskPressure"
+DISK_PRESSURE_REASON = "AgentHasDiskPressure"
+NO_DISK_PRESSURE_REASON = "AgentHasNoDiskPressure"
+
+
+def disk_conditions(
+    pressure: bool | None, message: str, current: tuple[Condition, ...], now: datetime
+) -> tuple[Condition, ...] | None:
+    """The conditions with ``DiskPressure`` mirroring the agent's ``status.disk``
+    (``pressure`` None: the agent wrote none, so nothing is said); None when already so."""
+    if pressure is None:
+        return None
+    if pressure:
+        status: Literal["True", "False"] = "True"
+        reason, text = DISK_PRESSURE_REASON, message or "The node's disk is under pressure."
+    else:
+        status, reason = "False", NO_DISK_PRESSURE_REASON
+        text = "The node's disk is under its high watermark."
+    held = find_condition(current, DISK_CONDITION_TYPE)
+    if (
+        held is not None
+        and (held.status, held.reason, held.message) == (status, reason, text)
+        and held.last_transition_time is not None
+    ):
+        return None
+    condition = Condition(type=DISK_CONDITION_TYPE, status=status, reason=reason, message=text)
+    updated = set_condition(current, condition, now)
+    return None if updated == current else updated
+
+
 def ready_conditions(
     phase: NodePhase, current: tuple[Condition, ...], now: datetime
 ) -> tuple[Condition, ...] | None:
@@ -69,4 +100,13 @@ def ready_conditions(
     return None if updated == current else updated
 
 
-__all__ = ["HOLD_CONDITION_REASON", "HOLD_CONDITION_TYPE", "hold_conditions", "ready_conditions"]
+__all__ = [
+    "DISK_CONDITION_TYPE",
+    "DISK_PRESSURE_REASON",
+    "HOLD_CONDITION_REASON",
+    "HOLD_CONDITION_TYPE",
+    "NO_DISK_PRESSURE_REASON",
+    "disk_conditions",
+    "hold_conditions",
+    "ready_conditions",
+]

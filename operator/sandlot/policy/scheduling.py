@@ -1,7 +1,8 @@
 """Where a Pending sandbox goes: a pure choice over a snapshot of the fleet.
 
-Only a node that is READY at ``now`` (its lease fresh) and not Disabled, with a
-free slot under ``status.capacity.sandboxes``, is a candidate. Among candidates a
+Only a node that is READY at ``now`` (its lease fresh), not Disabled and without a
+``DiskPressure`` condition True, with a free slot under
+``status.capacity.sandboxes``, is a candidate. Among candidates a
 pool's members are spread first (fewest members of the same pool on the node),
 then the least loaded node wins (non-terminal sandboxes over capacity), then the
 name, so the same snapshot always gives the same answer.
@@ -32,6 +33,7 @@ class Unschedulable(StrEnum):
     ALL_DISABLED = "AllNodesDisabled"
     NO_READY_NODE = "NoReadyNode"
     ALL_AT_CAPACITY = "AllNodesAtCapacity"
+    DISK_PRESSURE = "DiskPressure"
     NO_MATCHING_NODE = "NoMatchingNode"
 
 
@@ -57,6 +59,8 @@ class NodeSlot:
     taints: tuple[Taint, ...] = ()
     runtime_handlers: frozenset[str] = frozenset()
     """``status.runtimeHandlers``: the handlers its containerd offers."""
+    disk_pressure: bool = False
+    """Its ``DiskPressure`` condition is True: nothing new is placed on it."""
 
     def ready(self, now: datetime) -> bool:
         if self.unschedulable or self.phase != NodePhase.READY:
@@ -101,7 +105,7 @@ def choose_node(sandbox: SandboxRequest, nodes: Sequence[NodeSlot], now: datetim
     """The node ``sandbox`` should be bound to, or None and why none fits."""
     handled = [n for n in nodes if sandbox.handler is None or sandbox.handler in n.runtime_handlers]
     allowed = [n for n in handled if misfit(sandbox.placement, n.labels, n.taints) is None]
-    fits = [n for n in allowed if n.ready(now) and n.free > 0]
+    fits = [n for n in allowed if n.ready(now) and not n.disk_pressure and n.free > 0]
     if fits:
         best = min(fits, key=lambda n: _spread_key(n, sandbox.pool))
         return Choice(node=best.name)
@@ -132,7 +136,8 @@ def _why_not(
     disabled = sum(1 for n in nodes if n.unschedulable)
     ready = [n for n in nodes if n.ready(now)]
     not_ready = len(nodes) - disabled - len(ready)
-    full = len(ready)  # every Ready node is full, or one would have fitted
+    pressed = sum(1 for n in ready if n.disk_pressure)
+    full = len(ready) - pressed  # every other Ready node is full, or one would have fitted
     parts = [
         f"{count} {what}"
         for count, what in (
@@ -140,6 +145,7 @@ def _why_not(
             (excluded, "untolerated taint or node selector/affinity mismatch"),
             (not_ready, "NotReady"),
             (disabled, "Disabled"),
+            (pressed, "under disk pressure"),
             (full, "at capacity"),
         )
         if count
@@ -151,4 +157,6 @@ def _why_not(
         return Choice(None, Unschedulable.ALL_DISABLED, message)
     if not ready:
         return Choice(None, Unschedulable.NO_READY_NODE, message)
+    if pressed and not full:
+        return Choice(None, Unschedulable.DISK_PRESSURE, message)
     return Choice(None, Unschedulable.ALL_AT_CAPACITY, message)
