@@ -150,7 +150,8 @@ class Informer:
             # or any more) raises, and the stop flag ends the thread instead.
             with contextlib.suppress(ValueError, RuntimeError, OSError):
                 response.shutdown()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # stopped before it started: nothing to join
+            self._thread.join(timeout)
 
     # -- what a subclass gives --------------------------------------------------------
 
