@@ -46,11 +46,9 @@ def agent(
     tmp_path: Path,
 ) -> Iterator[Agent]:
     with contextlib.ExitStack() as stack:
-        node = f"node-{uuid.uuid4().hex[:8]}"
-        stack.callback(agents.delete_node, kube, node)
-        ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "ready", archive))
-        fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs"))
-        yield fleet.start(kube, namespace, node)
+        yield agents.start_agent(
+            stack, kube, namespace, containerd, archive, tmp_path / "logs", "ready"
+        )
 
 
 def _sandbox(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -58,12 +58,17 @@ def start_agent(
     with contextlib.ExitStack() as stack:
 
         def start(node: str = "", **overrides: Any) -> Agent:
-            # Unwound in reverse: the agent stops, its namespace is cleared, its node goes.
-            node = node or f"node-{uuid.uuid4().hex[:8]}"
-            stack.callback(agents.delete_node, kube, node)
-            ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "rs", archive))
-            fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs"))
-            return fleet.start(kube, namespace, node, **overrides)
+            return agents.start_agent(
+                stack,
+                kube,
+                namespace,
+                containerd,
+                archive,
+                tmp_path / "logs",
+                "rs",
+                node,
+                **overrides,
+            )
 
         yield start
 

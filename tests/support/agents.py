@@ -153,6 +153,27 @@ def agent_fleet(
         fleet.close()
 
 
+def start_agent(
+    stack: contextlib.ExitStack[Any],
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    archive: Path,
+    log_dir: Path,
+    prefix: str,
+    node: str = "",
+    **overrides: Any,
+) -> Agent:
+    """An in-process agent on a node and a containerd namespace of its own (holding
+    ``archive``'s image), unwound by ``stack`` in reverse: the agent stops, its
+    namespace is cleared, its SandboxNode goes."""
+    node = node or f"node-{uuid.uuid4().hex[:8]}"
+    stack.callback(delete_node, kube, node)
+    ctr_ns = stack.enter_context(containerd_namespace(containerd, prefix, archive))
+    fleet = stack.enter_context(agent_fleet(containerd, ctr_ns, log_dir))
+    return fleet.start(kube, namespace, node, **overrides)
+
+
 def delete_node(api: client.ApiClient, node: str) -> None:
     """Remove the SandboxNode an agent registered (already gone is fine)."""
     with contextlib.suppress(client.ApiException):
