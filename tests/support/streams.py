@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import yaml
@@ -25,6 +26,7 @@ from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
+from sandlot.agent import streams as agent_streams
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.certs import StreamCerts
@@ -81,7 +83,14 @@ def gateway(
     stream_certs: StreamCerts,
 ) -> Iterator[GatewayParts]:
     system, _ = places
-    with running_gateway(kube, stream_certs, system, stream_address.ip) as parts:
+    # The rig runs the gateway, the agent and the test's clients in one process: under
+    # a whole run's start-up load the production 10 s wait for an agent's upgrade
+    # answer expired (502 "timed out while waiting for handshake response") in two
+    # tests whose claims are not about that wait, so the rig's gateway (and agent,
+    # below) wait 30 s.
+    with running_gateway(
+        kube, stream_certs, system, stream_address.ip, call_timeout="30s"
+    ) as parts:
         yield parts
 
 
@@ -123,7 +132,9 @@ def agent(
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:
-        assert started.start(), "the agent did not start"
+        # The agent's side of the same wait (read when its stream server starts).
+        with mock.patch.object(agent_streams, "HANDSHAKE_TIMEOUT", 30.0):
+            assert started.start(), "the agent did not start"
         yield started
     finally:
         started.shutdown()
