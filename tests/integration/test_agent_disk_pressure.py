@@ -116,11 +116,11 @@ def test_writers_are_evicted_and_the_disk_goes_back_under_its_high_watermark(
         mount = stack.enter_context(small_disk(tmp_path))
         containerd = start_private_containerd(base=mount)
         stack.callback(containerd.stop)
-        ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "dp", archive))
-        fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, mount / "logs"))
         node = f"node-dp-{os.getpid()}"
-        stack.callback(agents.delete_node, kube, node)
-        fleet.start(kube, namespace, node, gc_high=HIGH, gc_low=LOW, log_interval="0.5s")
+        agents.start_agent(
+            stack, kube, namespace, containerd, archive, mount / "logs", "dp", node,
+            gc_high=HIGH, gc_low=LOW, log_interval="0.5s",
+        )  # fmt: skip
         peak = Peak(mount)
         stack.callback(peak.close)
         before = _used_fraction(mount)
@@ -170,13 +170,15 @@ def test_a_sandbox_placed_by_hand_waits_while_the_disk_is_under_pressure(
         mount = stack.enter_context(small_disk(tmp_path))
         containerd = start_private_containerd(base=mount)
         stack.callback(containerd.stop)
-        ctr_ns = stack.enter_context(agents.containerd_namespace(containerd, "dp", archive))
-        fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, mount / "logs"))
         node = f"node-dph-{os.getpid()}"
-        stack.callback(agents.delete_node, kube, node)
-        agent = fleet.start(
+        agent = agents.start_agent(
+            stack,
             kube,
             namespace,
+            containerd,
+            archive,
+            mount / "logs",
+            "dp",
             node,
             gc_high=HIGH,
             gc_low=LOW,
