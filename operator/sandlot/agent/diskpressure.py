@@ -160,7 +160,7 @@ class DiskPressure:
             # what they free shows only once they are gone and collected
             self.last = decide_pressure(use, self.high, self.low, [])
             return PressureDecision(pressure=self.last.pressure)
-        rt = self.storage.runtime()
+        rt = self.storage.rt
         containers = self._candidates(rt)
         decision = decide_pressure(use, self.high, self.low, containers.keys())
         by_key = {c.key: containers[c] for c in containers}
@@ -212,7 +212,7 @@ class DiskPressure:
         storage.work.teardown(container)
         try:
             # its snapshot's files go only when containerd collects
-            storage.runtime().collect_garbage(timeout=storage.call_timeout)
+            storage.rt.collect_garbage(timeout=storage.call_timeout)
         except Exception as exc:
             log.warning("after evicting %s: containerd's collection failed: %s", key, exc)
 

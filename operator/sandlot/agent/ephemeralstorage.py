@@ -123,9 +123,6 @@ class EphemeralStorage:
         self.measured = measured
         return stops
 
-    def runtime(self) -> Runtime:
-        return self.rt
-
     def seconds_to_next(self) -> float:
         """Seconds until the soonest sandbox is due to be measured (the interval when
         none is sooner)."""
