@@ -62,6 +62,7 @@ def test_fits(size: int, incoming: int, cap: int, fit: int) -> None:
         ),
         (set(), {"a_b_u1"}, {}, set(), LogPlan(detach={"a_b_u1": None})),
         ({"README", "x.log"}, set(), {}, set(), LogPlan()),
+        ({"a_b_u1.log.new"}, set(), {}, set(), LogPlan(remove=["a_b_u1.log.new"])),
     ],
     ids=[
         "running and read: nothing to do",
@@ -69,6 +70,7 @@ def test_fits(size: int, incoming: int, cap: int, fit: int) -> None:
         "container gone: read the rest, then remove both files",
         "container gone while no agent read: unlink the FIFO",
         "foreign files are left alone",
+        "a next file left by an agent stopped mid-rotation goes with its sandbox",
     ],
 )
 def test_plan_logs(
@@ -93,6 +95,33 @@ def test_a_capped_log_is_never_over_its_cap_and_keeps_one_generation(tmp_path: P
     log.close()
     again = CappedLog(path, max_bytes=1000)  # a restarted agent goes on where it was
     assert again.size == path.stat().st_size
+
+
+def test_a_rotation_leaves_a_file_at_the_log_path_at_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower that finds the path missing ends as if the sandbox were gone: each
+    file operation of a rotation is checked to leave the path in place."""
+    path = tmp_path / "ns_b_u1.log"
+    log = CappedLog(path, max_bytes=10)
+    steps: list[str] = []
+    for name in ("unlink", "link", "open", "replace", "close", "rename"):
+        real = getattr(os, name)
+
+        def spy(*args: object, _real: object = real, _name: str = name, **kw: object) -> object:
+            result = _real(*args, **kw)  # type: ignore[operator]
+            steps.append(_name)
+            assert path.exists(), f"the log path was missing after os.{_name}{args}"
+            return result
+
+        monkeypatch.setattr(os, name, spy)
+    log.write(b"0123456789abcdefghijklmnopqrstu")
+    monkeypatch.undo()
+    assert {"link", "replace"} <= set(steps), f"no rotation happened: {steps}"
+    assert (tmp_path / "ns_b_u1.log.1").read_bytes() == b"klmnopqrst"
+    assert path.read_bytes() == b"u"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ns_b_u1.log", "ns_b_u1.log.1"]
+    log.close()
 
 
 def _read(path: Path) -> bytes | None:

@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from sandlot.policy.sandboxlogs import FIFO_SUFFIX, LOG_SUFFIX, ROTATED_SUFFIX, fits
+from sandlot.policy.sandboxlogs import FIFO_SUFFIX, FRESH_SUFFIX, LOG_SUFFIX, ROTATED_SUFFIX, fits
 
 PIPE_SIZE = 1024 * 1024  # what a task may write while nobody reads (an agent restart)
 
@@ -83,11 +83,28 @@ class CappedLog:
             view = view[written:]
 
     def rotate(self) -> None:
-        previous = self.path.with_name(self.path.name.removesuffix(LOG_SUFFIX) + ROTATED_SUFFIX)
+        """Keep the full file as ``.log.1`` and go on in an empty one, with a file at
+        the log's path at every moment: a reader (``sandlot logs --follow``, the
+        storage pass) never finds it missing, which it would read as the sandbox gone.
+        The full file is linked to its new name, then an empty file made beside it is
+        renamed over the path (both atomic)."""
+        stem = self.path.name.removesuffix(LOG_SUFFIX)
+        previous = self.path.with_name(stem + ROTATED_SUFFIX)
+        fresh = self.path.with_name(stem + FRESH_SUFFIX)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(previous)
         with contextlib.suppress(FileNotFoundError):  # removed by hand: start anew
-            os.replace(self.path, previous)
+            os.link(self.path, previous)
+        fd = os.open(
+            fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o640
+        )
+        try:
+            os.replace(fresh, self.path)
+        except OSError:
+            os.close(fd)
+            raise
         os.close(self._fd)
-        self._fd = self._open()
+        self._fd = fd
         self.size = 0
 
     def close(self) -> None:

@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 
 LOG_SUFFIX = ".log"
 ROTATED_SUFFIX = ".log.1"
+FRESH_SUFFIX = ".log.new"  # the next file, made beside the full one and renamed over it
 FIFO_SUFFIX = ".fifo"
 
 
 def uid_of(filename: str) -> str | None:
     """The Sandbox uid a log file or FIFO belongs to; None for other files."""
-    for suffix in (ROTATED_SUFFIX, LOG_SUFFIX, FIFO_SUFFIX):
+    for suffix in (ROTATED_SUFFIX, FRESH_SUFFIX, LOG_SUFFIX, FIFO_SUFFIX):
         if filename.endswith(suffix):
             stem = filename[: -len(suffix)]
             _, sep, uid = stem.rpartition("_")
@@ -87,6 +88,7 @@ def plan_logs(
 __all__ = [
     "FIFO_SUFFIX",
     "LOG_SUFFIX",
+    "FRESH_SUFFIX",
     "ROTATED_SUFFIX",
     "LogPlan",
     "fits",
