@@ -87,8 +87,8 @@ def plan_logs(
 
 __all__ = [
     "FIFO_SUFFIX",
-    "LOG_SUFFIX",
     "FRESH_SUFFIX",
+    "LOG_SUFFIX",
     "ROTATED_SUFFIX",
     "LogPlan",
     "fits",
