@@ -50,6 +50,8 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
+FED_RUNS = 200
+
 # What a program that makes its own sandboxes needs on top of sandlot-edit.
 MAKER = [
     *EDIT,
@@ -359,3 +361,33 @@ def test_pause_returns_once_frozen_and_resume_once_running_again(
 
     assert asyncio.run(asyncio.wait_for(program(), timeout=150)) == b"again\n"
     delete_sandbox(kube, tenant, "dozing")
+
+
+def test_commands_fed_stdin_from_parallel_callers_each_end_with_their_status(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], maker: Path
+) -> None:
+    """Each ``run`` with stdin writes its stdin on a thread of its own while the caller
+    waits for output: the stream's socket once saw those two at once (a spurious end
+    of stream: "the stream ended before its status came"), and the gateway's request
+    to the agent was lost to a TLS session ticket the agent sent meanwhile (a 30 s
+    hang). Many short commands from parallel callers make both likely."""
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "fed", "sleep 1000")
+    sb = Client(maker, namespace=tenant).get("fed")
+    failures: list[str] = []
+
+    def one(i: int) -> None:
+        try:
+            result = sb.run(["cat"], stdin=f"line {i}\n", timeout=60)
+            if (result.stdout, result.exit_code) != (f"line {i}\n".encode(), 0):
+                failures.append(f"run {i}: {result}")
+        except Exception as e:  # collected: the assertion names every failed run
+            failures.append(f"run {i}: {e!r}")
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            done = list(pool.map(one, range(FED_RUNS)))
+        assert len(done) == FED_RUNS
+        assert not failures, f"{len(failures)} of {FED_RUNS} runs failed: {failures[:5]}"
+    finally:
+        delete_sandbox(kube, tenant, "fed")

@@ -26,6 +26,12 @@ def server_context(cert: str, key: str, client_ca: str | Sequence[str]) -> ssl.S
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
     ctx.verify_mode = ssl.CERT_REQUIRED
+    # No TLS 1.3 session tickets: nobody resumes these sessions, and a ticket that
+    # reaches a client after its handshake is processed by its reading thread in
+    # OpenSSL's handshake state, which a concurrent write on another thread (a
+    # websockets request, a stdin frame) then races: the write was lost and the
+    # stream hung until its open timeout.
+    ctx.num_tickets = 0
     for path in [client_ca] if isinstance(client_ca, str) else client_ca:
         ctx.load_verify_locations(cafile=path)
     return ctx

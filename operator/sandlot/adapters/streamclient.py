@@ -9,20 +9,33 @@ credential. Nothing the CLI reads tells it where a node is.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import queue
+import select
+import socket
 import ssl
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
 import websocket
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Protocol, Side, State
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
 from sandlot.policy.streams import SUBPROTOCOL
 
+log = logging.getLogger(__name__)
+
 CONNECT_TIMEOUT = 30.0
+CLOSE_TIMEOUT = 2.0  # seconds a close waits for the other side's close frame
+IO_WAIT = 1.0  # seconds the I/O thread sleeps at most between looks at its socket
+READ_SIZE = 64 * 1024
 
 
 class StreamRefused(Exception):
@@ -96,34 +109,141 @@ def _proxy(cfg: Any) -> dict[str, Any]:
 
 
 class Stream:
-    """One open stream: binary messages in and out; ``recv`` answers None once closed."""
+    """One open stream: binary messages in and out; ``recv`` answers None once closed.
 
-    def __init__(self, ws: websocket.WebSocket) -> None:
-        self._ws = ws
+    Every read and write of the connection's socket happens on one thread of its own:
+    an OpenSSL connection is not safe to read on one thread while another writes
+    (a concurrent write resets the state a blocked read reports from, and the read
+    saw a spurious end of stream), and callers do exactly that: a stdin or resize
+    thread sends while the caller waits in ``recv``. ``send`` queues the frame and
+    wakes that thread; ``recv`` takes whole messages from a queue."""
+
+    def __init__(self, sock: socket.socket, max_size: int | None = None) -> None:
+        self._sock = sock
+        self._protocol = Protocol(Side.CLIENT, state=State.OPEN, max_size=max_size)
+        self._lock = threading.Lock()  # the protocol and the bytes waiting to go out
+        self._outgoing = bytearray()
+        self._inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._ended = threading.Event()
+        self._wake_r, self._wake_w = socket.socketpair()
+        for end in (self._wake_r, self._wake_w):
+            end.setblocking(False)
+        sock.setblocking(False)
+        self._fragments: list[bytes] = []
+        self._thread = threading.Thread(target=self._run, name="stream-io", daemon=True)
+        self._thread.start()
 
     def recv(self, timeout: float | None = None) -> bytes | None:
         """The next message; None once closed. With ``timeout`` (seconds), a
-        ``TimeoutError`` when nothing came in time (the stream is then unusable)."""
-        self._ws.settimeout(None if timeout is None else max(timeout, 0.001))
+        ``TimeoutError`` when nothing came in time."""
         try:
-            opcode, data = self._ws.recv_data()
-        except websocket.WebSocketTimeoutException:
+            message = self._inbox.get(timeout=None if timeout is None else max(timeout, 0))
+        except queue.Empty:
             raise TimeoutError(f"nothing came on the stream within {timeout}s") from None
-        except (websocket.WebSocketConnectionClosedException, OSError):
-            return None
-        if opcode == websocket.ABNF.OPCODE_CLOSE:
-            return None
-        return data if isinstance(data, bytes) else bytes(data)
+        if message is None:
+            self._inbox.put(None)  # every later recv answers closed too
+        return message
 
     def send(self, message: bytes) -> None:
         """``ConnectionError`` (an ``OSError``) once the stream is closed."""
-        try:
-            self._ws.send(message, opcode=websocket.ABNF.OPCODE_BINARY)
-        except websocket.WebSocketConnectionClosedException as e:
-            raise ConnectionError(f"the stream is closed: {e}") from None
+        with self._lock:
+            if self._ended.is_set() or self._protocol.state is not State.OPEN:
+                raise ConnectionError("the stream is closed")
+            self._protocol.send_binary(message)
+            self._queue_output()
+        self._wake()
 
-    def close(self) -> None:
-        self._ws.close(timeout=2)
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close (a close frame, then the socket once answered or after ``timeout``)."""
+        with self._lock:
+            if not self._ended.is_set() and self._protocol.state is State.OPEN:
+                self._protocol.send_close(1000)
+                self._queue_output()
+        self._wake()
+        self._ended.wait(timeout)
+        self._ended.set()
+        self._wake()
+        self._thread.join(timeout)
+        for sock in (self._sock, self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    # -- the I/O thread -----------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _queue_output(self) -> None:
+        """Called with the lock held: what the protocol has to send, onto the queue."""
+        for data in self._protocol.data_to_send():
+            self._outgoing += data
+
+    def _run(self) -> None:
+        try:
+            while not self._ended.is_set():
+                with self._lock:
+                    writing = bool(self._outgoing)
+                pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
+                if not pending:
+                    readable, _, _ = select.select(
+                        [self._sock, self._wake_r], [self._sock] if writing else [], [], IO_WAIT
+                    )
+                    if self._wake_r in readable:
+                        with contextlib.suppress(OSError):
+                            self._wake_r.recv(4096)
+                if not self._flush() or not self._read():
+                    return
+        except OSError as e:
+            log.debug("stream ended: %s", e)
+        finally:
+            self._ended.set()
+            self._inbox.put(None)
+
+    def _flush(self) -> bool:
+        """Write what is queued, as far as the socket takes it; False once the
+        protocol is done writing (the close handshake ended)."""
+        with self._lock:
+            data = bytes(self._outgoing)
+        sent = 0
+        while sent < len(data):
+            try:
+                sent += self._sock.send(data[sent:])
+            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+                break
+        with self._lock:
+            del self._outgoing[:sent]
+            return not (self._protocol.state is State.CLOSED and not self._outgoing)
+
+    def _read(self) -> bool:
+        """Read what has come and hand whole messages to ``recv``; False at the end."""
+        while True:
+            try:
+                data = self._sock.recv(READ_SIZE)
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
+                return True
+            with self._lock:
+                if data:
+                    self._protocol.receive_data(data)
+                else:
+                    self._protocol.receive_eof()
+                events = self._protocol.events_received()
+                self._queue_output()
+            for event in events:
+                if isinstance(event, Frame):
+                    self._deliver(event)
+            if not data or self._protocol.state is State.CLOSED:
+                self._flush()
+                return False
+
+    def _deliver(self, frame: Frame) -> None:
+        if frame.opcode in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT):
+            self._fragments.append(bytes(frame.data))
+            if frame.fin:
+                self._inbox.put(b"".join(self._fragments))
+                self._fragments = []
+        elif frame.opcode is Opcode.CLOSE:
+            self._inbox.put(None)
 
 
 def open_stream(api: client.ApiClient, path: str) -> Stream:
@@ -146,8 +266,10 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
         )
     except websocket.WebSocketBadStatusException as e:
         raise StreamRefused(e.status_code, _refusal_message(e.resp_body)) from None
-    ws.settimeout(None)  # bounded by the stream: the agent ends it with the sandbox
-    return Stream(ws)
+    # The handshake is websocket-client's; the open connection is the Stream's alone.
+    if ws.sock is None:
+        raise ConnectionError(f"the stream to {path} closed during its upgrade")
+    return Stream(ws.sock)
 
 
 __all__ = ["Stream", "StreamRefused", "check_sandbox", "is_forbidden", "open_stream"]
