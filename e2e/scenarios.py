@@ -122,6 +122,10 @@ class Cluster(ABC):
         """IDs of the containers in the agents' containerd namespace on ``node``."""
 
     @abstractmethod
+    def images(self, node: str) -> set[str]:
+        """Names of the images in the agents' containerd namespace on ``node``."""
+
+    @abstractmethod
     def import_sandbox_image(self, node: str) -> None:
         """Put the sandboxes' image into the agents' containerd namespace on ``node``."""
 
@@ -362,11 +366,31 @@ def the_restarted_workers_agent_tears_down_the_dead_containers(
 
 
 def cache_clear_reports_per_node(c: Cluster) -> None:
+    """The forced prune removes the sandbox image where no sandbox runs it, keeps it
+    where one does, and its table says so per node: what was removed and freed, and
+    what was held back as in use."""
+    running = {sb["spec"].get("nodeName") for sb in c.sandboxes() if phase(sb) == "Running"}
+    for node in c.workers:
+        assert SANDBOX_IMAGE in c.images(node), f"{node} lacks {SANDBOX_IMAGE} before the clear"
     out = c.sandlot("cache", "clear", "containerd", "--all", "--timeout", "3m")
+    rows = {line.split()[0]: line for line in out.splitlines()[1:] if line.strip()}
+    idle = [node for node in c.workers if node not in running]
+    assert idle, f"every worker runs a member ({running}): nothing to prune anywhere"
     for node in c.workers:
-        assert node in out, out
-    # The prune removed the sandbox image where nothing ran it; nothing is pulled here.
-    for node in c.workers:
+        assert node in rows, f"no row for {node}:\n{out}"
+        cells = rows[node].split("   ")
+        cells = [cell.strip() for cell in cells if cell.strip()]
+        removed, freed, held, error = int(cells[2]), cells[3], cells[4], cells[5]
+        assert error == "-", f"{node}: {rows[node]}"
+        present = SANDBOX_IMAGE in c.images(node)
+        if node in running:
+            assert present, f"{node} runs a member, yet the clear removed its image:\n{out}"
+            assert not held.startswith("0 B/"), f"{node} held nothing back as in use:\n{out}"
+        else:
+            assert not present, f"{node} runs nothing, yet kept {SANDBOX_IMAGE}:\n{out}"
+            assert removed >= 1 and freed != "0 B", f"{node} reports nothing freed:\n{out}"
+    # Nothing is pulled here: put the image back where the prune took it.
+    for node in idle:
         c.import_sandbox_image(node)
 
 

@@ -85,6 +85,11 @@ class KindCluster(Cluster):
             run("docker", "exec", node, "ctr", "-n", "sandlot", "containers", "ls", "-q").split()
         )
 
+    def images(self, node: str) -> set[str]:
+        return set(
+            run("docker", "exec", node, "ctr", "-n", "sandlot", "images", "ls", "-q").split()
+        )
+
     def import_sandbox_image(self, node: str) -> None:
         run("docker", "cp", str(SANDBOX_ARCHIVE[0]), f"{node}:/tmp/sandbox-image.tar")
         run(

@@ -116,6 +116,14 @@ class LocalKubeletCluster(Cluster):
         )  # fmt: skip
         return set(out.stdout.split())
 
+    def images(self, node: str) -> set[str]:
+        address = self.local.node(node).containerd_address
+        out = subprocess.run(
+            ["ctr", "--address", address, "-n", "sandlot", "images", "ls", "-q"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        return set(out.stdout.split())
+
     def import_sandbox_image(self, node: str) -> None:
         import_archive(self.local.node(node).containerd_address, "sandlot", self.sandbox_archive)
 
@@ -420,7 +428,9 @@ def test_a_stuck_agent_is_restarted_by_its_liveness_probe(cluster: LocalKubeletC
 def test_a_stuck_operator_is_restarted_by_its_liveness_probe(
     cluster: LocalKubeletCluster,
 ) -> None:
-    _kubelet_restarts(cluster, _pod(cluster, "operator"), "operator stuck")
+    leader = _operator_pod(cluster, leader=True)
+    assert leader.metadata.name == _leader(cluster), "the pod to freeze is not the leader"
+    _kubelet_restarts(cluster, leader, "operator stuck")
     assert_chart_pods_ready(cluster)
 
 
