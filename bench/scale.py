@@ -1,7 +1,8 @@
 """Scale of one operator replica: N nodes, M sandboxes, the real operator.
 
 A private control plane; N SandboxNodes whose Leases one process renews (as N
-agents would, no containerd); M Running Sandboxes spread evenly over them (the API server writes the first, the
+agents would, no containerd); M Running Sandboxes spread evenly over them (the API server writes the
+first, the
 rest are its stored copies loaded into etcd: ``scalefleet.load_sandboxes``); the real
 ``sandlot operator`` as a subprocess. Every figure is a ratio or a per-unit figure
 measured in this one run:
@@ -9,7 +10,8 @@ measured in this one run:
 1. start-up on M existing sandboxes: time from the process's start to its first
    node decision and to every node's, peak RSS (VmHWM);
 2. steady RSS per sandbox and per node (fresh operators: empty, nodes only (the
-   second one, which finds the nodes' status written), the whole fleet), idle CPU over one resync interval, and the operator's API
+   second one, which finds the nodes' status written), the whole fleet), idle CPU over one resync
+   interval, and the operator's API
    requests per second at rest beyond its watches and leader-lease renewals (the
    API server's audit log of the operator's own user, so kopf's requests count too);
 3. reaction: one node of M/N sandboxes stops renewing -> the last Dead seen on a

@@ -11,7 +11,8 @@ containers on it) and runs the scenarios in order on one cluster:
 4. the worker started again: its agent, on boot, tears the Dead sandboxes'
    containers down instead of re-adopting them;
 5. ``sandlot cache clear containerd --all`` reports per node;
-6. ``helm upgrade`` with a changed value rolls every program (operator, agent, gateway), and every Running
+6. ``helm upgrade`` with a changed value rolls every program (operator, agent, gateway), and every
+Running
    sandbox keeps running (same container);
 7. ``helm uninstall``, with the pool still running, leaves no sandlot object, no
    container on the workers, no Lease and no IP allocation behind: its pre-delete

@@ -347,7 +347,7 @@ def test_agent_refuses_run_as_non_root_when_the_process_would_be_root(
     assert "runAsNonRoot" in status["message"] and "UID 0" in status["message"]
 
 
-# ------------------------------------------------------------------ the chart renders the same policy
+# -------------------------------------------------------- the chart renders the same policy
 
 
 @pytest.mark.parametrize("level", ["baseline", "restricted"])

@@ -4,7 +4,8 @@ of that node's sandboxes, and the only one its agent may read (docs/isolation.md
 The operator, which may read Secrets, writes ``sandlot-pull-<node>`` in its own
 namespace with one key per pull secret (``<namespace>.<name>``: that Secret's
 ``.dockerconfigjson``), one per Secret or ConfigMap the sandboxes' environments
-reference (``_<kind>.<namespace>.<name>``: the keys they use, ``policy.envrefs``), and a Role and RoleBinding that let only the node's agent
+reference (``_<kind>.<namespace>.<name>``: the keys they use, ``policy.envrefs``), and a Role and
+RoleBinding that let only the node's agent
 identity (the ServiceAccount ``sandlot-agent-<node>``) ``get`` that one Secret.
 """
 

@@ -1,6 +1,6 @@
 """The node's disk under pressure: every ``PRESSURE_TICK`` (a ``statvfs`` or two),
-measure the fuller of containerd's root and the log directory; at or over the high watermark run image
-GC first, then evict sandboxes (``policy.diskpressure`` chooses) down to the low
+measure the fuller of containerd's root and the log directory; at or over the high
+watermark run image GC first, then evict sandboxes (``policy.diskpressure`` chooses) down to the low
 watermark.
 
 An evicted sandbox ends ``Failed``, reason ``Evicted``, the message naming the

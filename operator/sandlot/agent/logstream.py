@@ -6,7 +6,8 @@ end; ``--follow`` keeps reading as the file grows, and ends when the sandbox is
 no longer Running here (after the last bytes are sent), when the file is removed
 at teardown, when the client goes away or when the agent stops. A rotation
 (the file renamed to ``.log.1``, a new one begun) is noticed as a new file at the
-path: the rest of the open one is sent first, then the new one from its start. Waiting for more is a bounded receive on the
+path: the rest of the open one is sent first, then the new one from its start. Waiting for more is a
+bounded receive on the
 connection, so a client that left is noticed within one wait.
 """
 

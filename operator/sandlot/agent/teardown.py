@@ -8,7 +8,8 @@ shim kept the whole node out of service. Here the exit wait is capped by
 does not come, a warning names the container and the teardown goes on (delete
 task, container, snapshot, each with its own deadline). A ``NotFound`` at any step
 means that step's work is already done. A task that cannot be deleted, or whose presence
-cannot be told (its lookup failed), keeps its container record, so the container stays visible to the next sweep instead of
+cannot be told (its lookup failed), keeps its container record, so the container stays visible to
+the next sweep instead of
 leaving a shim and process nobody can find.
 
 A sandbox with its own network (CNI) is detached by the ``release`` hook once its

@@ -23,7 +23,8 @@ def _ip(*args: str) -> None:
 
 
 class StreamAddress:
-    """An interface (a bridge without ports) with one private address; ``create()``, then ``remove()``."""
+    """An interface (a bridge without ports) with one private address; ``create()``, then
+    ``remove()``."""
 
     def __init__(self) -> None:
         token = uuid.uuid4().bytes

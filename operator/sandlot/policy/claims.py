@@ -1,7 +1,8 @@
 """What to do about a SandboxClaim now: a pure decision.
 
 A claim is bound to one Ready member of its pool (Running, its readiness probe
-passed, not paused), the one that has been warm longest (it has proved it runs); the binding itself is one write to the sandbox
+passed, not paused), the one that has been warm longest (it has proved it runs); the binding itself
+is one write to the sandbox
 (guarded by its resourceVersion, so two claims never take the same one), then the
 claim's status says where it is. A claim whose sandbox ended or went away is
 ``Lost``: it is not bound again (its user may hold state in the lost one; they

@@ -13,7 +13,8 @@ The layers, outermost first:
 - the cluster default (``ClusterDefault``, the agent's settings): connections in
   only from the node's own addresses (probes, masqueraded traffic) and replies, and,
   while no ingress rules are set, to the ports the sandbox publishes to its pool's
-  Service from anywhere (kube-proxy keeps a Service client's own address); out, everything but the blocked ranges (link-local and metadata, the
+  Service from anywhere (kube-proxy keeps a Service client's own address); out, everything but the
+  blocked ranges (link-local and metadata, the
   node's addresses, the cluster's service and pod ranges, RFC 1918 and IPv6's
   unique-local range), which an egress rule or ``allowed_egress`` opens (the node's
   addresses only ``allowed_egress``: no tenant's rule reaches the kubelet);
