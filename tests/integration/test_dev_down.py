@@ -134,6 +134,8 @@ MILESTONES = (
     r"\$ sandlot exec \S+ -n demo -- sh -c 'hostname; cat /www/index.html'\n(.|\n)*?\(exit 0\)",
     r"exiting 3\n\(exit 3\)",  # the command's own exit code, through the API server
     r"-> run\(\['cat', '/www/index.html'\]\)\n.+",  # the SDK's exec
+    r"-> pause\(\)\n-> Sandbox\(demo/\S+, Running\): frozen in place on demo-\d",
+    r"-> resume\(\)\n-> Sandbox\(demo/\S+, Running\), httpd pid \d+ \(the same process",
     r"sandlot cache clear containerd --all",
     r"left running",
 )

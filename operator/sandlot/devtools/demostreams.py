@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sandlot.adapters.agentpods import publish_agent_pod
 from sandlot.adapters.kube import load_api_client
-from sandlot.client import Client
+from sandlot.client import Client, Sandbox
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.controlplane import free_port
 from sandlot.devtools.gatewayrig import STANDIN_SELECTOR, publish_gateway
@@ -148,6 +148,22 @@ def claim_and_stream(kc: Callable[..., str], kubeconfig: Path) -> None:
         )
         print(f"$ python: {sb.name} -> run(['cat', '/www/index.html'])", flush=True)
         print(sb.run(["cat", "/www/index.html"], timeout=60).stdout.decode().rstrip(), flush=True)
+        pause_and_resume(sb)
+
+
+def pause_and_resume(sb: Sandbox) -> None:
+    """Freeze the claimed sandbox in place and thaw it: the same process, node and
+    address after, its web server answering again."""
+    before = sb.run(["sh", "-c", "pidof httpd || echo none"], timeout=60).stdout.decode().strip()
+    print(f"$ python: {sb.name} -> pause()", flush=True)
+    paused = sb.pause()
+    node = (paused.body.get("spec") or {}).get("nodeName")
+    print(f"-> {paused!r}: frozen in place on {node}, address {paused.ip}", flush=True)
+    print(f"$ python: {sb.name} -> resume()", flush=True)
+    resumed = sb.resume()
+    after = sb.run(["sh", "-c", "pidof httpd || echo none"], timeout=60).stdout.decode().strip()
+    same = "the same" if before == after else "a different"
+    print(f"-> {resumed!r}, httpd pid {after} ({same} process as before the pause)", flush=True)
 
 
 __all__ = ["DemoStreams", "claim_and_stream"]
