@@ -140,9 +140,18 @@ class EventReason(StrEnum):
     SERVICE_TAKEN = "ServiceTaken"
 
 
+class ExecReason(StrEnum):
+    """The exec stream's closing Status (Kubernetes' words): a command's exit code."""
+
+    NON_ZERO_EXIT_CODE = "NonZeroExitCode"
+    EXIT_CODE = "ExitCode"
+    """The cause whose message is the exit code."""
+
+
 __all__ = [
     "ConditionType",
     "EventReason",
+    "ExecReason",
     "NodeReason",
     "PausedReason",
     "ReadyReason",

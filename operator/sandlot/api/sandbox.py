@@ -41,6 +41,7 @@ from sandlot.api.envvars import MAX_ENV_FROM, EnvFromSource, EnvVar
 from sandlot.api.netpolicy import SandboxNetworkPolicy
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 from sandlot.api.probe import Probe
+from sandlot.api.reasons import ConditionType
 
 
 class ShutdownPolicy(StrEnum):
@@ -439,7 +440,11 @@ class Sandbox(Resource):
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Mode", ".spec.operatingMode", priority=1),
             # Empty without a readinessProbe: such a sandbox is ready once Running.
-            PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status', priority=1),
+            PrinterColumn(
+                ConditionType.READY.value,
+                f'.status.conditions[?(@.type=="{ConditionType.READY}")].status',
+                priority=1,
+            ),
             PrinterColumn("Reason", ".status.reason", priority=1),
             PrinterColumn("Shutdown-Time", ".spec.shutdownTime", priority=1),
             PrinterColumn("Active-Deadline", ".spec.activeDeadlineSeconds", "integer", priority=1),

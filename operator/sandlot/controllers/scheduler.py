@@ -60,7 +60,6 @@ from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_n
 
 log = logging.getLogger(__name__)
 
-CONDITION = "Scheduled"
 RETRY_AFTER_ERROR = 2.0  # first retry after an API error; doubles up to RETRY_CAP
 RETRY_CAP = 60.0
 MAX_BIND_ATTEMPTS = 3
@@ -110,7 +109,7 @@ def with_scheduled(
 ) -> list[dict[str, Any]]:
     """The sandbox's conditions with ``Scheduled`` set (the others as they are)."""
     current = parse_conditions((body.get("status") or {}).get("conditions"))
-    new = Condition(type=CONDITION, status=status, reason=reason, message=message)
+    new = Condition(type=ConditionType.SCHEDULED, status=status, reason=reason, message=message)
     return wire_conditions(set_condition(current, new, now))
 
 
