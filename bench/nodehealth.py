@@ -44,7 +44,7 @@ from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.objects import dead_status, parse_time
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
-from sandlot.api.sandbox import REASON_NODE_LOST
+from sandlot.api.reasons import SandboxReason
 from sandlot.controllers.marking import FIRST_PAGE_PER_WRITER
 from sandlot.devtools.controlplane import ControlPlane
 
@@ -294,7 +294,9 @@ class Bench:
                     # The fields a mark writes (phase, reason, message, finishedAt, the
                     # Ready condition), so the API server does for each patch what it
                     # does for a mark.
-                    "status": dead_status(REASON_NODE_LOST, "bare client patch", datetime.now(UTC)),
+                    "status": dead_status(
+                        SandboxReason.NODE_LOST, "bare client patch", datetime.now(UTC)
+                    ),
                 },
             )
 

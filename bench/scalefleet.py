@@ -47,7 +47,7 @@ from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.objects import LeaseRecord, Leases, dead_status
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
-from sandlot.api.sandbox import REASON_NODE_LOST
+from sandlot.api.reasons import SandboxReason
 from sandlot.devtools.controlplane import ADMIN_USER, kubeconfig_dict
 
 IMAGE = "example.test/busybox:1"
@@ -532,7 +532,7 @@ def _bare_patches(job: tuple[str, str, list[str], int, str]) -> tuple[float, flo
     def patch(name: str) -> None:
         # The fields a mark writes (phase, reason, message, finishedAt, the Ready
         # condition), so the API server does for each patch what it does for a mark.
-        body = {"status": dead_status(REASON_NODE_LOST, message, datetime.now(UTC))}
+        body = {"status": dead_status(SandboxReason.NODE_LOST, message, datetime.now(UTC))}
         objs.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, "sandboxes", name, body
         )
@@ -559,7 +559,7 @@ def _bare_marking(job: tuple[str, str, int, int, str]) -> tuple[float, float, fl
         meta = item["metadata"]
         body = {
             "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "status": dead_status(REASON_NODE_LOST, message, datetime.now(UTC), item),
+            "status": dead_status(SandboxReason.NODE_LOST, message, datetime.now(UTC), item),
         }
         objs.patch_namespaced_custom_object_status(
             GROUP, VERSION, meta["namespace"], "sandboxes", meta["name"], body

@@ -17,7 +17,7 @@ from sandlot.agent.main import Agent
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
-from sandlot.api.sandbox import REASON_EPHEMERAL_STORAGE_EXCEEDED
+from sandlot.api.reasons import SandboxReason
 from tests.integration import test_agent_resources as resources
 from tests.integration.test_agent_resources import StartAgent, _create, _decided
 from tests.support.wait import wait_for
@@ -61,7 +61,7 @@ def _containers(agent: Agent) -> set[str]:
 
 
 def _assert_exceeded(status: dict[str, Any], limit_text: str) -> None:
-    assert status["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED, status
+    assert status["reason"] == SandboxReason.EPHEMERAL_STORAGE_EXCEEDED, status
     message = status["message"]
     assert f"over its limit of {limit_text}" in message, message
     used = re.search(r"\((\d+) bytes, writable layer and logs\)", message)

@@ -37,7 +37,7 @@ from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import USERNS_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
-from sandlot.policy.nodesecurity import REASON_APPARMOR_MISSING
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.userns import IdRange
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
@@ -357,7 +357,10 @@ def test_apparmor_profile_is_applied_where_the_kernel_has_apparmor(
     wanted = agent.settings.apparmor_profile
     if wanted not in (loaded or ()):
         assert status["phase"] == "Failed", status
-        assert status["reason"] == REASON_APPARMOR_MISSING and wanted in status["message"]
+        assert (
+            status["reason"] == SandboxReason.APPARMOR_PROFILE_MISSING
+            and wanted in status["message"]
+        )
         return
     assert status["phase"] == "Running", status
     label = Path(f"/proc/{status['pid']}/attr/current").read_text().strip()

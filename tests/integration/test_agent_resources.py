@@ -25,7 +25,7 @@ from sandlot.agent.sandboxes import container_id_for
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.placement import CONTROL_PLANE_TAINT
-from sandlot.policy.capacity import REASON_OVER_CAPACITY
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.limits import PIDS_RESERVE
 from sandlot.policy.ocispec import cgroups_path_for
 from tests.support import agents
@@ -181,7 +181,7 @@ def test_a_hand_placed_sandbox_beyond_capacity_is_refused(
     _create(kube, namespace, "second", agent.node)
     status = _decided(kube, namespace, "second")
     assert status["phase"] == "Failed", status
-    assert status["reason"] == REASON_OVER_CAPACITY, status
+    assert status["reason"] == SandboxReason.OVER_CAPACITY, status
     assert f"node {agent.node} is full" in status["message"], status
     assert "memory limit" in status["message"], status
 

@@ -37,8 +37,8 @@ from sandlot.adapters.containerd.pull import ContainerdPuller
 from sandlot.adapters.registry import Endpoint, RegistryError
 from sandlot.adapters.runtime import ImageTooLarge
 from sandlot.agent.main import Agent
-from sandlot.agent.sandboxes import REASON_IMAGE_TOO_LARGE
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.reasons import SandboxReason
 from sandlot.devtools.ociarchive import (
     ANNOTATION_IMAGE_NAME,
     ANNOTATION_REF_NAME,
@@ -268,7 +268,7 @@ def test_the_agent_fails_the_bombs_sandbox_naming_the_cap_and_keeps_working(
         agents.schedule_sandbox(kube, namespace, "bomb", node, {"image": BOMB})
         status = _decided(kube, namespace, "bomb")
         assert status["phase"] == "Failed", status
-        assert status["reason"] == REASON_IMAGE_TOO_LARGE, status
+        assert status["reason"] == SandboxReason.IMAGE_TOO_LARGE, status
         assert "the cap on the USER lookup" in status["message"], status
         # The same agent goes on starting sandboxes: the bomb cost it nothing lasting.
         spec = {"image": BUSYBOX, "command": ["sleep", "300"]}

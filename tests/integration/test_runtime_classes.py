@@ -11,13 +11,8 @@ from __future__ import annotations
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.api.reasons import SandboxReason
 from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.policy.capacity import REASON_OVER_CAPACITY
-from sandlot.policy.runtimeclass import (
-    REASON_CLASS_NOT_FOUND,
-    REASON_HANDLER_UNKNOWN,
-    REASON_INVALID_CLASS,
-)
 from tests.support.runtimeclasses import HandlerRig, runtime_class
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -42,14 +37,14 @@ def test_a_handler_the_node_lacks_is_refused_naming_it(
     with runtime_class(handler_rig.kube, "kata") as kata:
         name = handler_rig.run(SLEEP, runtimeClassName=kata)
         status = _refused(handler_rig, containerd, name)
-    assert status["reason"] == REASON_HANDLER_UNKNOWN, status
+    assert status["reason"] == SandboxReason.RUNTIME_HANDLER_UNKNOWN, status
     assert '"kata"' in status["message"] and "crun, runc" in status["message"], status
 
 
 def test_a_missing_class_is_refused(handler_rig: HandlerRig, containerd: PrivateContainerd) -> None:
     name = handler_rig.run(SLEEP, runtimeClassName="no-such-class")
     status = _refused(handler_rig, containerd, name)
-    assert status["reason"] == REASON_CLASS_NOT_FOUND, status
+    assert status["reason"] == SandboxReason.RUNTIME_CLASS_NOT_FOUND, status
     assert "no-such-class" in status["message"], status
 
 
@@ -60,7 +55,7 @@ def test_a_class_with_an_overhead_sandlot_cannot_count_is_refused(
     with runtime_class(handler_rig.kube, "crun", overhead=overhead) as widget:
         name = handler_rig.run(SLEEP, runtimeClassName=widget)
         status = _refused(handler_rig, containerd, name)
-    assert status["reason"] == REASON_INVALID_CLASS, status
+    assert status["reason"] == SandboxReason.INVALID_RUNTIME_CLASS, status
     assert "example.com/widget" in status["message"], status
 
 
@@ -72,6 +67,6 @@ def test_the_class_overhead_counts_in_the_node_capacity(
     with runtime_class(handler_rig.kube, "crun", overhead={"podFixed": {"memory": "600Mi"}}) as rc:
         heavy = handler_rig.run(SLEEP, runtimeClassName=rc, **limits)
         status = _refused(handler_rig, containerd, heavy)
-        assert status["reason"] == REASON_OVER_CAPACITY, status
+        assert status["reason"] == SandboxReason.OVER_CAPACITY, status
         light = handler_rig.run(SLEEP, **limits)
         handler_rig.wait(light, "Running")

@@ -7,12 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
+from sandlot.api.reasons import ConditionType
 from sandlot.policy.disruption import FleetSummary, GuardSettings
-from sandlot.policy.nodehealth import (
-    HOLD_CONDITION_TYPE,
-    NodeHealthSettings,
-    NodeView,
-)
+from sandlot.policy.nodehealth import NodeHealthSettings, NodeView
 
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=UTC)
 CREATED = NOW - timedelta(days=1)
@@ -28,7 +25,7 @@ UNSEEN = SETTINGS.unseen_lease_duration
 
 R, N, D = NodePhase.READY, NodePhase.NOT_READY, NodePhase.DISABLED
 HOLD_TRUE = Condition(
-    type=HOLD_CONDITION_TYPE,
+    type=ConditionType.GUARD_HOLDING,
     status="True",
     reason="MassFailureSuspected",
     last_transition_time=LONG_AGO,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from sandlot.agent.diskpressure import DiskPressure
-from sandlot.api.sandbox import REASON_EVICTED
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.imagegc import DiskUsage
 from tests.unit.test_agent_ephemeral_storage import MI, World
 
@@ -65,7 +65,7 @@ def test_the_largest_writer_is_evicted_and_the_quiet_one_keeps_running(tmp_path:
     decision = pressure(world, disk).pass_once()
     assert decision.pressure and [e.key for e in decision.evict] == ["ns/big"]
     status = world.status("big")
-    assert (status["phase"], status["reason"]) == ("Failed", REASON_EVICTED), status
+    assert (status["phase"], status["reason"]) == ("Failed", SandboxReason.EVICTED), status
     assert "ephemeral-storage" in status["message"] and "51% full" in status["message"]
     assert "this sandbox used 3.0Mi" in status["message"], status["message"]
     assert world.work.torn_down == [big]

@@ -18,7 +18,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.teardown import teardown
 from sandlot.api.keys import EPHEMERAL_STORAGE_LABEL, SANDBOX_LABEL, SANDBOX_UID_LABEL
-from sandlot.api.sandbox import REASON_EPHEMERAL_STORAGE_EXCEEDED
+from sandlot.api.reasons import SandboxReason
 from tests.support.agent import FakeRuntime
 from tests.support.fakeobjects import FakeObjects
 
@@ -101,7 +101,10 @@ def test_a_sandbox_over_its_limit_ends_failed_and_is_torn_down(tmp_path: Path) -
     roomy = world.sandbox("roomy", limit=8 * MI, wrote=2 * MI)
     assert world.guard.pass_once() == 1
     status = world.status("hog")
-    assert (status["phase"], status["reason"]) == ("Failed", REASON_EPHEMERAL_STORAGE_EXCEEDED)
+    assert (status["phase"], status["reason"]) == (
+        "Failed",
+        SandboxReason.EPHEMERAL_STORAGE_EXCEEDED,
+    )
     assert "over its limit of 1.0Mi" in status["message"], status
     assert world.work.torn_down == [hog] and hog not in world.rt.containers
     assert world.status("roomy")["phase"] == "Running"
@@ -115,7 +118,7 @@ def test_its_log_files_count_too(tmp_path: Path) -> None:
     (world.logs / f"ns_chatty_{uid}.log").write_bytes(b"y" * (MI // 2))
     (world.logs / f"ns_chatty_{uid}.log.1").write_bytes(b"y" * MI)
     world.guard.pass_once()
-    assert world.status("chatty")["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
+    assert world.status("chatty")["reason"] == SandboxReason.EPHEMERAL_STORAGE_EXCEEDED
 
 
 def test_only_live_containers_with_a_limit_are_measured(tmp_path: Path) -> None:
@@ -127,7 +130,7 @@ def test_only_live_containers_with_a_limit_are_measured(tmp_path: Path) -> None:
     assert set(world.guard.measured) == {paused}
     assert ("writable_layer", unlimited) not in world.rt.calls
     assert ("writable_layer", exited) not in world.rt.calls  # the reaper's
-    assert world.status("frozen")["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
+    assert world.status("frozen")["reason"] == SandboxReason.EPHEMERAL_STORAGE_EXCEEDED
 
 
 def test_a_sandbox_already_ended_is_left_to_the_sync(tmp_path: Path) -> None:
@@ -180,7 +183,7 @@ def test_more_files_than_one_walk_visits_count_as_over(tmp_path: Path) -> None:
         (Path(world.rt.writable_dirs[cid]) / f"f{i}").touch()
     world.guard.pass_once()
     status = world.status("many")
-    assert status["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
+    assert status["reason"] == SandboxReason.EPHEMERAL_STORAGE_EXCEEDED
     assert "more than 10 files" in status["message"], status
 
 
@@ -212,5 +215,5 @@ def test_a_growing_sandbox_is_measured_again_before_the_interval(tmp_path: Path)
     clock.now += 1.0
     data.write_bytes(b"x" * 33 * MI)
     assert world.guard.pass_once() == 1
-    assert world.status("writer")["reason"] == REASON_EPHEMERAL_STORAGE_EXCEEDED
+    assert world.status("writer")["reason"] == SandboxReason.EPHEMERAL_STORAGE_EXCEEDED
     assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandlot.api.sandbox import REASON_OOM_KILLED, SandboxPhase
-from sandlot.policy.agentreap import (
-    REASON_EXITED,
-    REASON_EXITED_BEFORE_RUNNING,
-    SandboxEnd,
-    decide_reap,
-)
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.agentreap import SandboxEnd, decide_reap
 from sandlot.policy.agentsync import SandboxState
 
 CID = "sb-uid-1"
@@ -28,37 +24,37 @@ ROWS = {
         sb(P.RUNNING),
         0,
         0,
-        SandboxEnd(P.STOPPED, REASON_EXITED, "exited with code 0", 0),
+        SandboxEnd(P.STOPPED, SandboxReason.EXITED, "exited with code 0", 0),
     ),
     "running-exit-code-kept": (
         sb(P.RUNNING),
         3,
         None,
-        SandboxEnd(P.STOPPED, REASON_EXITED, "exited with code 3", 3),
+        SandboxEnd(P.STOPPED, SandboxReason.EXITED, "exited with code 3", 3),
     ),
     "scheduled-exits-failed-before-running": (
         sb(P.SCHEDULED, None),
         1,
         0,
-        SandboxEnd(P.FAILED, REASON_EXITED_BEFORE_RUNNING, "exited with code 1", 1),
+        SandboxEnd(P.FAILED, SandboxReason.EXITED_BEFORE_RUNNING, "exited with code 1", 1),
     ),
     "running-oom-killed-is-stopped": (
         sb(P.RUNNING),
         137,
         1,
-        SandboxEnd(P.STOPPED, REASON_OOM_KILLED, OOM_MESSAGE, 137),
+        SandboxEnd(P.STOPPED, SandboxReason.OOM_KILLED, OOM_MESSAGE, 137),
     ),
     "unstarted-oom-killed-is-failed": (
         sb(P.SCHEDULED, None),
         137,
         2,
-        SandboxEnd(P.FAILED, REASON_OOM_KILLED, OOM_MESSAGE, 137),
+        SandboxEnd(P.FAILED, SandboxReason.OOM_KILLED, OOM_MESSAGE, 137),
     ),
     "unknown-exit-code-is-said": (
         sb(P.RUNNING),
         None,
         None,
-        SandboxEnd(P.STOPPED, REASON_EXITED, "exited with code None", None),
+        SandboxEnd(P.STOPPED, SandboxReason.EXITED, "exited with code None", None),
     ),
     "another-containers-sandbox-is-left-alone": (sb(P.RUNNING, "sb-other"), 0, 0, None),
     "no-sandbox-nothing-to-end": (None, 0, 0, None),

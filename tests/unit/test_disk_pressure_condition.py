@@ -10,13 +10,9 @@ import pytest
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodePhase
+from sandlot.api.reasons import ConditionType, NodeReason
 from sandlot.controllers.noderead import NodeRead
-from sandlot.policy.nodeconditions import (
-    DISK_CONDITION_TYPE,
-    DISK_PRESSURE_REASON,
-    NO_DISK_PRESSURE_REASON,
-    disk_conditions,
-)
+from sandlot.policy.nodeconditions import disk_conditions
 from sandlot.policy.scheduling import NodeSlot, SandboxRequest, Unschedulable, choose_node
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -25,12 +21,15 @@ READY = Condition(type="Ready", status="True", reason="LeaseRenewed", message="m
 
 
 def disk_of(conditions: tuple[Condition, ...] | None) -> Condition | None:
-    return next((c for c in conditions or () if c.type == DISK_CONDITION_TYPE), None)
+    return next((c for c in conditions or () if c.type == ConditionType.DISK_PRESSURE), None)
 
 
 @pytest.mark.parametrize(
     ("pressure", "status", "reason"),
-    [(True, "True", DISK_PRESSURE_REASON), (False, "False", NO_DISK_PRESSURE_REASON)],
+    [
+        (True, "True", NodeReason.AGENT_HAS_DISK_PRESSURE),
+        (False, "False", NodeReason.AGENT_HAS_NO_DISK_PRESSURE),
+    ],
     ids=["pressure_sets_it_true", "no_pressure_sets_it_false"],
 )
 def test_the_condition_mirrors_status_disk(pressure: bool, status: str, reason: str) -> None:

@@ -7,10 +7,10 @@ import re
 
 import pytest
 
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
 from sandlot.policy.limits import (
-    REASON_LIMIT_REFUSED,
     DefaultLimits,
     LimitRefused,
     ParentLimits,
@@ -112,7 +112,7 @@ def test_the_agent_refuses_a_limit_written_before_the_rule_naming_the_field(
     filled = with_defaults(spec, AGENT)
     with pytest.raises(LimitRefused, match=re.escape(words)) as refused:
         check_limits(filled, pids_limit(AGENT))
-    assert refused.value.reason == REASON_LIMIT_REFUSED
+    assert refused.value.reason == SandboxReason.LIMIT_REFUSED
 
 
 def test_the_floor_itself_is_a_limit() -> None:

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from sandlot.adapters.nodeguard import apparmor_profiles, user_namespaces_allowed
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.nodesecurity import (
-    REASON_APPARMOR_MISSING,
-    REASON_USER_NAMESPACES,
     IsolationUnavailable,
     NodeSecurity,
     apparmor_profile,
@@ -44,7 +43,7 @@ def test_apparmor_profile(
 def test_a_profile_that_is_not_loaded_fails_closed_naming_it() -> None:
     with pytest.raises(IsolationUnavailable, match=re.escape(CRI)) as refused:
         apparmor_profile(NodeSecurity(frozenset({"other"})), CRI, privileged=False)
-    assert refused.value.reason == REASON_APPARMOR_MISSING
+    assert refused.value.reason == SandboxReason.APPARMOR_PROFILE_MISSING
 
 
 def test_profile_reaches_the_oci_spec() -> None:
@@ -59,7 +58,7 @@ def test_profile_reaches_the_oci_spec() -> None:
 def test_host_users_false_is_refused_where_the_kernel_allows_no_user_namespaces() -> None:
     with pytest.raises(IsolationUnavailable, match=r"spec\.hostUsers: false") as refused:
         check_user_namespace(NodeSecurity(kernel=(6, 8), user_namespaces=False), False)
-    assert refused.value.reason == REASON_USER_NAMESPACES
+    assert refused.value.reason == SandboxReason.USER_NAMESPACES_UNSUPPORTED
     assert "user.max_user_namespaces is 0" in str(refused.value)
 
 

@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 
 from sandlot.api.node import NodeHealthTracking, ObservedRenewal
-from sandlot.api.sandbox import REASON_NODE_DELETED
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.nodehealth import (
     Decision,
     DecisionKind,
@@ -70,7 +70,7 @@ def test_decision_deadline(
 def test_deleted_node_marks_its_sandboxes_dead_and_clears_the_latch() -> None:
     d = decide_deleted(tracked(NOW - s(3600), NOW - s(3000), 5))
     assert d.kind is DecisionKind.DELETED
-    assert d.reason == REASON_NODE_DELETED
+    assert d.reason == SandboxReason.NODE_DELETED
     assert d.marks_dead
     assert d.tracking == UNTRACKED
     assert (d.was_tracking, d.was_handled) == (True, True)

@@ -8,14 +8,9 @@ from datetime import datetime
 import pytest
 
 from sandlot.api.node import NodeHealthTracking, ObservedRenewal
-from sandlot.api.sandbox import REASON_DRAIN_ABANDONED, REASON_MANUAL_REAP, REASON_NODE_LOST
+from sandlot.api.reasons import ConditionType, SandboxReason
 from sandlot.policy.disruption import FleetSummary
-from sandlot.policy.nodehealth import (
-    HOLD_CONDITION_TYPE,
-    DecisionKind,
-    NodeView,
-    decide,
-)
+from sandlot.policy.nodehealth import DecisionKind, NodeView, decide
 from tests.support.nodehealth import (
     CALM,
     DRAIN,
@@ -156,7 +151,7 @@ ROWS = [
         lease_expired(DRAIN + s(1)),
         UNTRACKED,
         DecisionKind.DRAIN_ABANDONED,
-        reason=REASON_DRAIN_ABANDONED,
+        reason=SandboxReason.DRAIN_ABANDONED,
         since=NOW - DRAIN - s(1),
     ),
     Row(
@@ -165,7 +160,7 @@ ROWS = [
         lease_expired(DRAIN),
         UNTRACKED,
         DecisionKind.DRAIN_ABANDONED,
-        reason=REASON_DRAIN_ABANDONED,
+        reason=SandboxReason.DRAIN_ABANDONED,
         since=NOW - DRAIN,
     ),
     Row(
@@ -188,7 +183,7 @@ ROWS = [
         fleet=OUTAGE,
         since=NOW - DRAIN - s(1),
         wake_at=NOW - s(1) + REPORT,
-        conditions=(HOLD_CONDITION_TYPE,),
+        conditions=(ConditionType.GUARD_HOLDING,),
     ),
     Row(
         "disabled_node_never_renewed_is_abandoned_drain_timeout_after_its_unseen_lease",
@@ -196,7 +191,7 @@ ROWS = [
         None,
         UNTRACKED,
         DecisionKind.DRAIN_ABANDONED,
-        reason=REASON_DRAIN_ABANDONED,
+        reason=SandboxReason.DRAIN_ABANDONED,
         since=NOW - DRAIN,
     ),
     # NotReady, first seen ------------------------------------------------------------------
@@ -224,7 +219,7 @@ ROWS = [
         lease_expired(GRACE + s(60)),
         UNTRACKED,
         DecisionKind.REAP,
-        reason=REASON_NODE_LOST,
+        reason=SandboxReason.NODE_LOST,
         since=NOW - GRACE - s(60),
     ),
     Row(
@@ -242,7 +237,7 @@ ROWS = [
         None,
         tracked(NOW - GRACE),
         DecisionKind.REAP,
-        reason=REASON_NODE_LOST,
+        reason=SandboxReason.NODE_LOST,
         since=NOW - GRACE,
         writes=False,
         was=(True, False),
@@ -307,7 +302,7 @@ ROWS = [
         lease_expired(GRACE + s(1)),
         tracked(NOW - GRACE - s(1)),
         DecisionKind.REAP,
-        reason=REASON_NODE_LOST,
+        reason=SandboxReason.NODE_LOST,
         since=NOW - GRACE - s(1),
         writes=False,
         was=(True, False),
@@ -318,7 +313,7 @@ ROWS = [
         lease_expired(GRACE),
         tracked(NOW - GRACE),
         DecisionKind.REAP,
-        reason=REASON_NODE_LOST,
+        reason=SandboxReason.NODE_LOST,
         since=NOW - GRACE,
         writes=False,
         was=(True, False),
@@ -376,7 +371,7 @@ ROWS = [
         fleet=OUTAGE,
         since=NOW - GRACE - s(1),
         wake_at=NOW - s(1) + REPORT,
-        conditions=("AgentConnected", HOLD_CONDITION_TYPE),
+        conditions=("AgentConnected", ConditionType.GUARD_HOLDING),
         was=(True, False),
     ),
     Row(
@@ -388,7 +383,7 @@ ROWS = [
         fleet=OUTAGE,
         since=NOW - GRACE - s(30),
         wake_at=NOW - s(30) + REPORT,
-        conditions=(HOLD_CONDITION_TYPE,),
+        conditions=(ConditionType.GUARD_HOLDING,),
     ),
     Row(
         "hold_repeated_writes_nothing",
@@ -422,7 +417,7 @@ ROWS = [
         tracked(NOW - GRACE - s(600)),
         DecisionKind.MANUAL_REAP,
         fleet=OUTAGE,
-        reason=REASON_MANUAL_REAP,
+        reason=SandboxReason.MANUAL_REAP,
         since=NOW - GRACE - s(600),
         conditions=("AgentConnected",),
         was=(True, False),
@@ -433,7 +428,7 @@ ROWS = [
         lease_expired(s(10)),
         tracked(NOW - s(10)),
         DecisionKind.MANUAL_REAP,
-        reason=REASON_MANUAL_REAP,
+        reason=SandboxReason.MANUAL_REAP,
         since=NOW - s(10),
         writes=False,
         was=(True, False),
@@ -482,7 +477,7 @@ ROWS = [
         lease_expired(GRACE + s(600)),
         tracked(NOW - GRACE - s(600)),
         DecisionKind.REAP,
-        reason=REASON_NODE_LOST,
+        reason=SandboxReason.NODE_LOST,
         since=NOW - GRACE - s(600),
         conditions=("AgentConnected",),
         was=(True, False),

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pydantic import ValidationError
 
-from sandlot.api.probe import REASON_NO_PROBE, REASON_PROBE_FAILED, REASON_PROBE_PASSED, Probe
+from sandlot.api.probe import Probe
+from sandlot.api.reasons import ReadyReason
 from sandlot.policy.readiness import (
     ProbeResult,
     decide_readiness,
@@ -69,7 +70,7 @@ def test_the_verdict_flips_only_at_a_threshold_in_a_row(
 ) -> None:
     verdict = decide_readiness(PROBE, T0, recorded, results(*oks), T0 + timedelta(minutes=1))
     assert (verdict.ready, verdict.write) == (ready, write)
-    assert verdict.reason == (REASON_PROBE_PASSED if ready else REASON_PROBE_FAILED)
+    assert verdict.reason == (ReadyReason.PROBE_PASSED if ready else ReadyReason.PROBE_FAILED)
     assert verdict.condition().status == ("True" if ready else "False")
 
 
@@ -110,7 +111,7 @@ def test_without_a_probe_it_is_ready_and_only_a_stale_not_ready_is_corrected(
     recorded: bool | None, write: bool
 ) -> None:
     verdict = decide_readiness(None, T0, recorded, (), T0)
-    assert (verdict.ready, verdict.reason, verdict.write) == (True, REASON_NO_PROBE, write)
+    assert (verdict.ready, verdict.reason, verdict.write) == (True, ReadyReason.NO_PROBE, write)
     assert verdict.next_probe_at is None
 
 

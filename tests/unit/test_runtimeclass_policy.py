@@ -16,12 +16,10 @@ import pytest
 from sandlot.agent.runtimes import ContainerdConfigUnreadable, RuntimeClasses, discover
 from sandlot.api.node import NodePhase
 from sandlot.api.placement import Toleration
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.placement import Placement
 from sandlot.policy.runtimeclass import (
-    REASON_CLASS_NOT_FOUND,
-    REASON_HANDLER_UNKNOWN,
-    REASON_INVALID_CLASS,
     RUNC_RUNTIME_TYPE,
     Discovery,
     RuntimeClassInfo,
@@ -117,21 +115,21 @@ def test_only_a_shim_of_its_own_kind_gets_the_pod_sandbox_annotation() -> None:
 @pytest.mark.parametrize(
     ("body", "reason", "names"),
     [
-        (None, REASON_CLASS_NOT_FOUND, "does not exist"),
-        ({"handler": "Not_A_Label"}, REASON_INVALID_CLASS, "Not_A_Label"),
+        (None, SandboxReason.RUNTIME_CLASS_NOT_FOUND, "does not exist"),
+        ({"handler": "Not_A_Label"}, SandboxReason.INVALID_RUNTIME_CLASS, "Not_A_Label"),
         (
             {"handler": "crun", "overhead": {"podFixed": {"example.com/gpu": "1"}}},
-            REASON_INVALID_CLASS,
+            SandboxReason.INVALID_RUNTIME_CLASS,
             "example.com/gpu",
         ),
         (
             {"handler": "crun", "overhead": {"podFixed": {"memory": "lots"}}},
-            REASON_INVALID_CLASS,
+            SandboxReason.INVALID_RUNTIME_CLASS,
             "overhead.podFixed",
         ),
         (
             {"handler": "crun", "scheduling": {"tolerations": [{"effect": "Sometimes"}]}},
-            REASON_INVALID_CLASS,
+            SandboxReason.INVALID_RUNTIME_CLASS,
             "scheduling.tolerations",
         ),
     ],
@@ -171,7 +169,7 @@ def test_a_handler_the_node_lacks_is_refused_naming_both() -> None:
     check_handler(info, "n1", ["runc", "gvisor"])
     with pytest.raises(RuntimeClassRefused) as refused:
         check_handler(info, "n1", ["runc", "crun"])
-    assert refused.value.reason == REASON_HANDLER_UNKNOWN
+    assert refused.value.reason == SandboxReason.RUNTIME_HANDLER_UNKNOWN
     assert '"gvisor"' in str(refused.value) and "crun, runc" in str(refused.value)
 
 

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from sandlot.api.sandbox import REASON_DISK_PRESSURE
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync, startable
-from sandlot.policy.capacity import REASON_OVER_CAPACITY, Capacity
-from sandlot.policy.runtimeclass import REASON_HANDLER_UNKNOWN, RuntimeClassInfo
-from sandlot.policy.startrefusals import REASON_PLACEMENT, StartFacts
+from sandlot.policy.capacity import Capacity
+from sandlot.policy.runtimeclass import RuntimeClassInfo
+from sandlot.policy.startrefusals import StartFacts
 
 NODE = "node-a"
 GI = 2**30
@@ -67,7 +67,7 @@ def starts(actions: list[Action]) -> list[tuple[str, str, str]]:
 
 
 START, FAIL, HOLD = "start", "fail", "hold"
-OVER, MISFIT = REASON_OVER_CAPACITY, REASON_PLACEMENT
+OVER, MISFIT = SandboxReason.OVER_CAPACITY, SandboxReason.PLACEMENT_REFUSED
 TAINTED = {"spec": {"taints": [{"key": "gpu", "value": "yes", "effect": "NoSchedule"}]}}
 LABELLED = {"metadata": {"labels": {"zone": "a"}}}
 HEAVY = RuntimeClassInfo("vm", "crun", overhead_memory=GI // 2, overhead_cpu_millis=500)
@@ -154,9 +154,9 @@ ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[tuple[str, str,
         [sandbox("b")],
         {
             "node_body": TAINTED,
-            "class_refused": {"ns/b": (REASON_HANDLER_UNKNOWN, "no gvisor here")},
+            "class_refused": {"ns/b": (SandboxReason.RUNTIME_HANDLER_UNKNOWN, "no gvisor here")},
         },
-        [(FAIL, "ns/b", REASON_HANDLER_UNKNOWN)],
+        [(FAIL, "ns/b", SandboxReason.RUNTIME_HANDLER_UNKNOWN)],
     ),
     "an unreadable RuntimeClass waits for the next pass": (
         [sandbox("b")],
@@ -171,12 +171,12 @@ ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[tuple[str, str,
     "disk pressure holds a start that fits": (
         [running("a"), sandbox("b")],
         {"hold": "disk 91% used"},
-        [(HOLD, "ns/b", REASON_DISK_PRESSURE)],
+        [(HOLD, "ns/b", SandboxReason.DISK_PRESSURE)],
     ),
     "disk pressure holds an unreadable class too": (
         [sandbox("b")],
         {"hold": "disk 91% used", "class_unreadable": {"ns/b"}},
-        [(HOLD, "ns/b", REASON_DISK_PRESSURE)],
+        [(HOLD, "ns/b", SandboxReason.DISK_PRESSURE)],
     ),
     "a start over capacity fails even under disk pressure": (
         [running("a"), sandbox("b")],

@@ -22,7 +22,8 @@ from kubernetes.client.exceptions import ApiException
 from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.mergepatch import MergePatcher
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
-from sandlot.api.common import GROUP, READY_CONDITION, VERSION, Condition
+from sandlot.api.common import GROUP, VERSION, Condition
+from sandlot.api.reasons import ConditionType
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 
@@ -185,10 +186,10 @@ def dead_status(
     lastTransitionTime moves only if its status changes)."""
     stamp = rfc3339(now)
     existing = parse_conditions(((current or {}).get("status") or {}).get("conditions"))
-    ready = Condition(type=READY_CONDITION, status="False", reason=reason, message=message)
+    ready = Condition(type=ConditionType.READY, status="False", reason=reason, message=message)
     return {
         "phase": SandboxPhase.DEAD.value,
-        "reason": reason,
+        "reason": str(reason),
         "message": message,
         "finishedAt": stamp,
         "conditions": wire_conditions(set_condition(existing, ready, now)),

@@ -27,7 +27,8 @@ from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
-from sandlot.api.sandbox import REASON_EVICTED, SandboxPhase
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.diskpressure import (
     Candidate,
     FsUse,
@@ -203,7 +204,7 @@ class DiskPressure:
         outcome = storage.status.end(
             obj,
             SandboxPhase.FAILED,
-            REASON_EVICTED,
+            SandboxReason.EVICTED,
             message,
             allowed_from=frozenset({SandboxPhase.RUNNING}),
         )

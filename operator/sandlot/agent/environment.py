@@ -17,7 +17,8 @@ from typing import Any
 
 from sandlot.adapters.pullsecrets import reference_key
 from sandlot.agent.status import StatusWriter
-from sandlot.api.sandbox import REASON_CREATE_CONTAINER_CONFIG_ERROR, SandboxPhase, SandboxSpec
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.envrefs import (
     EnvReferenceMissing,
@@ -73,7 +74,7 @@ def hold_for_config(status: StatusWriter, sb: Mapping[str, Any], message: str) -
     current = sb.get("status") or {}
     if (
         current.get("phase") == SandboxPhase.SCHEDULED
-        and current.get("reason") == REASON_CREATE_CONTAINER_CONFIG_ERROR
+        and current.get("reason") == SandboxReason.CREATE_CONTAINER_CONFIG_ERROR
         and current.get("message") == message
     ):
         return
@@ -82,7 +83,7 @@ def hold_for_config(status: StatusWriter, sb: Mapping[str, Any], message: str) -
     )
     body = {
         "phase": SandboxPhase.SCHEDULED.value,
-        "reason": REASON_CREATE_CONTAINER_CONFIG_ERROR,
+        "reason": SandboxReason.CREATE_CONTAINER_CONFIG_ERROR.value,
         "message": message,
     }
     status.write(sb, body, allowed_from=UNSTARTED_PHASES)

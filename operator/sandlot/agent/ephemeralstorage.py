@@ -32,7 +32,8 @@ from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
-from sandlot.api.sandbox import REASON_EPHEMERAL_STORAGE_EXCEEDED, SandboxPhase
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.ephemeralstorage import (
     MAX_ENTRIES,
     DiskUse,
@@ -172,7 +173,7 @@ class EphemeralStorage:
         outcome = self.status.end(
             obj,
             SandboxPhase.FAILED,
-            REASON_EPHEMERAL_STORAGE_EXCEEDED,
+            SandboxReason.EPHEMERAL_STORAGE_EXCEEDED,
             message,
             allowed_from=frozenset({SandboxPhase.RUNNING}),
         )

@@ -32,10 +32,9 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import sandbox_key
 from sandlot.api.keys import DEFAULT_NETWORK_POLICY_ANNOTATION
 from sandlot.api.netpolicy import SandboxNetworkPolicy
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxPort, SandboxSpec
 from sandlot.policy.netpolicy import (
-    REASON_POLICY_FAILED,
-    REASON_RESERVED_PORT,
     Peer,
     admitted_peers,
     effective,
@@ -47,8 +46,6 @@ from sandlot.policy.netpolicy import (
 )
 
 log = logging.getLogger(__name__)
-
-REASON_INVALID_NETWORK_POLICY = "InvalidNetworkPolicy"
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ class NetworkPolicies:
         is refused: its pool's EndpointSlice would point the Service at the node's own."""
         refusal = reserved_port_refusal(spec.ports, self.settings.node_ports)
         if refusal:
-            raise StartFailed(REASON_RESERVED_PORT, refusal)
+            raise StartFailed(SandboxReason.RESERVED_HOST_PORT, refusal)
 
     def prepare(self, sb: Mapping[str, Any], spec: SandboxSpec) -> PlannedPolicy | None:
         """The sandbox's policy over its namespace's default, and the peers its
@@ -119,7 +116,7 @@ class NetworkPolicies:
         try:
             default = parse_namespace_default(text, ns)
         except ValueError as exc:
-            raise StartFailed(REASON_INVALID_NETWORK_POLICY, str(exc)) from None
+            raise StartFailed(SandboxReason.INVALID_NETWORK_POLICY, str(exc)) from None
         return effective(spec.network_policy, default)
 
     def _peers(self, sb: Mapping[str, Any], policy: SandboxNetworkPolicy) -> list[Peer]:
@@ -157,7 +154,7 @@ class NetworkPolicies:
             )
             netfilter.install(netns_path, rulesets, timeout=self.timeout)
         except netfilter.FilterError as exc:
-            raise StartFailed(REASON_POLICY_FAILED, str(exc)) from None
+            raise StartFailed(SandboxReason.NETWORK_POLICY_FAILED, str(exc)) from None
         self._installed[container_id] = _Installed(
             planned.policy, rulesets.peers, planned.published
         )
@@ -214,4 +211,4 @@ class NetworkPolicies:
         self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
 
 
-__all__ = ["REASON_INVALID_NETWORK_POLICY", "NetworkPolicies", "PlannedPolicy"]
+__all__ = ["NetworkPolicies", "PlannedPolicy"]

@@ -25,6 +25,7 @@ from sandlot.adapters.registry import Credential
 from sandlot.agent.pulls import ImagePulls
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.imagepull import PullAction, PullPolicy
@@ -75,7 +76,7 @@ class ImageGate:
         try:
             ref = parse_reference(image)
         except InvalidReference as exc:
-            raise PullRefused("InvalidImageName", str(exc)) from None
+            raise PullRefused(SandboxReason.INVALID_IMAGE_NAME, str(exc)) from None
         credential, identity = self._credentials(sb, ref)
         key = (image, identity)
         decision = self.pulls.decide(key, PullPolicy(spec.image_pull_policy), self._joined.get(uid))
@@ -107,7 +108,7 @@ class ImageGate:
         image = key[0]
         done, total = self.pulls.progress(key)
         message = f"pulling image {image}" + (f": {done} of {total} bytes" if total else "")
-        self._report(sb, "Pulling", message, {"bytes": done, "totalBytes": total})
+        self._report(sb, SandboxReason.PULLING, message, {"bytes": done, "totalBytes": total})
 
     def _report(
         self,
@@ -133,7 +134,7 @@ class ImageGate:
             self._progress_written = {k: t for k, t in self._progress_written.items() if t > cutoff}
         body = {
             "phase": SandboxPhase.SCHEDULED.value,
-            "reason": reason,
+            "reason": str(reason),
             "message": message,
             "imagePull": dict(progress) if progress is not None else None,
         }

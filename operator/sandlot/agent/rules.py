@@ -21,7 +21,8 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import sandbox_key
 from sandlot.api.admission import Level, level_of
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
-from sandlot.api.sandbox import REASON_POLICY_VIOLATION, SandboxSpec
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.limits import (
     DefaultLimits,
     LimitRefused,
@@ -34,8 +35,6 @@ from sandlot.policy.limits import (
 from sandlot.policy.podsecurity import Violation, check, describe
 
 log = logging.getLogger(__name__)
-
-REASON_INVALID_DEFAULTS = "InvalidDefaultLimits"
 
 
 class StartFailed(Exception):
@@ -56,12 +55,14 @@ class NamespaceRules:
         try:
             spec = SandboxSpec.model_validate(sb.get("spec") or {})
         except ValidationError as exc:
-            raise StartFailed("InvalidSpec", f"spec rejected by the agent: {exc}") from None
+            raise StartFailed(
+                SandboxReason.INVALID_SPEC, f"spec rejected by the agent: {exc}"
+            ) from None
         violations = self._policy_violations(sb, spec)
         if violations is None:
             return None
         if violations:
-            raise StartFailed(REASON_POLICY_VIOLATION, describe(violations))
+            raise StartFailed(SandboxReason.POLICY_VIOLATION, describe(violations))
         return spec
 
     def defaults(self, sb: Mapping[str, Any]) -> DefaultLimits | None:
@@ -77,7 +78,7 @@ class NamespaceRules:
             return merge(self.settings.default_limits, parse_defaults(text))
         except ValueError as exc:
             raise StartFailed(
-                REASON_INVALID_DEFAULTS,
+                SandboxReason.INVALID_DEFAULT_LIMITS,
                 f"namespace {ns} annotation {DEFAULT_LIMITS_ANNOTATION}: {exc}",
             ) from None
 
@@ -120,4 +121,4 @@ class NamespaceRules:
         return check(spec, level_of(labels, self.settings.default_policy_level), ns)
 
 
-__all__ = ["REASON_INVALID_DEFAULTS", "NamespaceRules", "StartFailed"]
+__all__ = ["NamespaceRules", "StartFailed"]

@@ -46,11 +46,12 @@ from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.runtimes import RuntimeClasses
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import REASON_CONTAINER_LOST, StatusWriter, running, sandbox_key
+from sandlot.agent.status import StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.agent.userns import UserRanges
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
-from sandlot.api.sandbox import REASON_RUN_AS_ROOT, SandboxPhase, SandboxSpec
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.ephemeralstorage import limit_labels
@@ -72,10 +73,6 @@ from sandlot.policy.runtimeclass import (
 from sandlot.policy.sandboxlogs import log_stem
 
 log = logging.getLogger(__name__)
-
-REASON_NETWORK_SETUP_FAILED = "NetworkSetupFailed"
-REASON_IMAGE_USER = "ImageUserNotFound"
-REASON_IMAGE_TOO_LARGE = "ImageTooLarge"
 
 
 def container_id_for(uid: str) -> str:
@@ -263,7 +260,7 @@ class SandboxWork:
         self.status.end(
             obj,
             SandboxPhase.STOPPED,
-            REASON_CONTAINER_LOST,
+            SandboxReason.CONTAINER_LOST,
             f"container gone from node {self.node}",
             allowed_from=frozenset({SandboxPhase.RUNNING}),
         )
@@ -379,12 +376,16 @@ class SandboxWork:
             return self.rt.image_config(image, timeout=self.call_timeout)
         except NotFound as exc:
             raise StartFailed(
-                "ImageNotFound", f"image {image} is not on node {self.node}: {exc}"
+                SandboxReason.IMAGE_NOT_FOUND, f"image {image} is not on node {self.node}: {exc}"
             ) from None
         except ImageTooLarge as exc:
-            raise StartFailed(REASON_IMAGE_TOO_LARGE, f"image {image} refused: {exc}") from None
+            raise StartFailed(
+                SandboxReason.IMAGE_TOO_LARGE, f"image {image} refused: {exc}"
+            ) from None
         except RuntimeError_ as exc:
-            raise StartFailed("ImageUnavailable", f"image {image} cannot be read: {exc}") from None
+            raise StartFailed(
+                SandboxReason.IMAGE_UNAVAILABLE, f"image {image} cannot be read: {exc}"
+            ) from None
 
     def _oci_spec(
         self,
@@ -415,13 +416,13 @@ class SandboxWork:
                 env=variables,
             )
         except RunAsRootRefused as exc:
-            raise StartFailed(REASON_RUN_AS_ROOT, str(exc)) from None
+            raise StartFailed(SandboxReason.RUN_AS_ROOT, str(exc)) from None
         except IsolationUnavailable as exc:
             raise StartFailed(exc.reason, str(exc)) from None
         except UnknownImageUser as exc:
-            raise StartFailed(REASON_IMAGE_USER, str(exc)) from None
+            raise StartFailed(SandboxReason.IMAGE_USER_NOT_FOUND, str(exc)) from None
         except ValueError as exc:
-            raise StartFailed("InvalidSpec", str(exc)) from None
+            raise StartFailed(SandboxReason.INVALID_SPEC, str(exc)) from None
 
     def _plan_network(
         self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
@@ -431,7 +432,7 @@ class SandboxWork:
         try:
             attachment = self.networking.plan(container_id)
         except CniError as exc:
-            raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+            raise StartFailed(SandboxReason.NETWORK_SETUP_FAILED, str(exc)) from None
         join_netns(oci, attachment.netns_path)
         return attachment
 
@@ -453,7 +454,8 @@ class SandboxWork:
             )
         except NotFound as exc:
             raise StartFailed(
-                "ImageNotFound", f"image {image} is not usable on node {self.node}: {exc}"
+                SandboxReason.IMAGE_NOT_FOUND,
+                f"image {image} is not usable on node {self.node}: {exc}",
             ) from None
         except RuntimeError_ as exc:
             if exc.code == "already_exists":
@@ -462,7 +464,7 @@ class SandboxWork:
                 self.teardown(container_id)
                 return None
             raise StartFailed(
-                "CreateFailed", f"cannot create a container from image {image}: {exc}"
+                SandboxReason.CREATE_FAILED, f"cannot create a container from image {image}: {exc}"
             ) from None
 
     def _attach(self, prepared: _Prepared, created: ContainerInfo) -> str:
@@ -476,7 +478,7 @@ class SandboxWork:
             # One DEL for what a partial chain made; plugins undo their own failed
             # ADD, and a configuration that cannot ADD cannot DEL either.
             self.teardown(created, release_patience=0)
-            raise StartFailed(REASON_NETWORK_SETUP_FAILED, str(exc)) from None
+            raise StartFailed(SandboxReason.NETWORK_SETUP_FAILED, str(exc)) from None
         if prepared.network_policy is not None:
             try:
                 self.network_policies.install(
@@ -499,11 +501,11 @@ class SandboxWork:
         except OSError as exc:
             self.teardown(created)
             message = f"cannot read the output of {container_id}: {exc}"
-            raise StartFailed("StartFailed", message) from None
+            raise StartFailed(SandboxReason.START_FAILED, message) from None
         except RuntimeError_ as exc:
             self.teardown(created)
             raise StartFailed(
-                "StartFailed", f"container {container_id} did not start: {exc}"
+                SandboxReason.START_FAILED, f"container {container_id} did not start: {exc}"
             ) from None
 
     def hold(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
@@ -511,7 +513,7 @@ class SandboxWork:
         current = sb.get("status") or {}
         if (current.get("reason"), current.get("message")) == (reason, message):
             return
-        body = {"phase": SandboxPhase.SCHEDULED.value, "reason": reason, "message": message}
+        body = {"phase": SandboxPhase.SCHEDULED.value, "reason": str(reason), "message": message}
         self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
 
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:

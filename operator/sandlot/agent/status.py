@@ -20,14 +20,11 @@ from typing import Any
 
 from sandlot.adapters.objects import Objects, rfc3339
 from sandlot.adapters.statuswrite import StatusFor, WriteOutcome, write_status
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
 log = logging.getLogger(__name__)
-
-REASON_STARTED = "Started"
-REASON_DRAINED = "Drained"
-REASON_CONTAINER_LOST = "ContainerLost"
 
 
 def sandbox_key(obj: Mapping[str, Any]) -> str:
@@ -41,7 +38,7 @@ def ended(
     """A terminal status: phase, reason, message, ``finishedAt``, the exit code if known."""
     status: dict[str, Any] = {
         "phase": phase.value,
-        "reason": reason,
+        "reason": str(reason),  # plain, as read back, also for a SandboxReason
         "message": message,
         "finishedAt": rfc3339(now),
     }
@@ -54,7 +51,7 @@ def running(node: str, container_id: str, pid: int, ip: str, now: datetime) -> d
     """The status a started sandbox gets: where it runs and since when."""
     return {
         "phase": SandboxPhase.RUNNING.value,
-        "reason": REASON_STARTED,
+        "reason": SandboxReason.STARTED.value,
         "message": f"running on node {node}",
         "containerId": container_id,
         "pid": pid,
@@ -154,9 +151,6 @@ class NodeSandboxCount:
 
 
 __all__ = [
-    "REASON_CONTAINER_LOST",
-    "REASON_DRAINED",
-    "REASON_STARTED",
     "NodeSandboxCount",
     "StatusWriter",
     "ended",

@@ -22,8 +22,8 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
-from sandlot.agent.status import REASON_DRAINED
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
@@ -150,7 +150,7 @@ class SandboxSync:
         if kind is ActionKind.HOLD and sb is not None:
             return partial(work.hold, sb, action.reason, action.message)
         if kind is ActionKind.REFUSE_DRAINED and sb is not None:
-            return partial(work.refuse_drained, sb, REASON_DRAINED)
+            return partial(work.refuse_drained, sb, SandboxReason.DRAINED)
         if kind is ActionKind.END_LOST:
             return partial(work.end_lost, key)
         if container is None:
@@ -160,7 +160,7 @@ class SandboxSync:
         if kind is ActionKind.APPLY_MODE and sb is not None:
             return partial(self.modes.apply, sb, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
-            return partial(work.stop_sandbox, sb, container, REASON_DRAINED)
+            return partial(work.stop_sandbox, sb, container, SandboxReason.DRAINED)
         if kind is ActionKind.STOP_DELETED:
             return partial(work.stop_deleted, key, container)
         if kind is ActionKind.CLEANUP and sb is not None:

@@ -17,7 +17,7 @@ from typing import Any
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_
 from sandlot.agent.rules import StartFailed
 from sandlot.api.keys import USERNS_LABEL
-from sandlot.policy.nodesecurity import REASON_USER_NAMESPACES
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.userns import IdRange, NoFreeRange, pick_range, with_user_namespace
 
 
@@ -61,9 +61,11 @@ class UserRanges:
         try:
             ids = self.reserve(container_id, lambda: containers(timeout=timeout))
         except NoFreeRange as exc:
-            raise StartFailed(REASON_USER_NAMESPACES, str(exc)) from None
+            raise StartFailed(SandboxReason.USER_NAMESPACES_UNSUPPORTED, str(exc)) from None
         except RuntimeError_ as exc:
-            raise StartFailed("CreateFailed", f"cannot list containers: {exc}") from None
+            raise StartFailed(
+                SandboxReason.CREATE_FAILED, f"cannot list containers: {exc}"
+            ) from None
         labels[USERNS_LABEL] = ids.label()
         return with_user_namespace(oci, ids)
 

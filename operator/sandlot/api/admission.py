@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from sandlot.api.common import cel_list
 from sandlot.api.keys import APP_NAME, APP_NAME_LABEL, LEVEL_LABEL
 
 POLICY_NAME = "sandlot-sandbox-security"
@@ -112,7 +113,7 @@ _SECURITY_CONTEXT = "object.spec.?securityContext"
 def _level_expression(default_level: str) -> str:
     """CEL for the namespace's level: its label when it names a level, the default
     without the label, the unknown level for any other value."""
-    known = "['privileged', 'baseline', 'restricted']"
+    known = cel_list(Level)
     label = f"'{LEVEL_LABEL}'"
     return (
         f"!has(namespaceObject.metadata.labels) || !({label} in namespaceObject.metadata.labels)"

@@ -3,6 +3,7 @@ the CRD metadata each kind declares next to its fields."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -40,8 +41,10 @@ MAX_ENTRIES = 64
 """Entries of a map (labels, annotations) or a list of scheduling terms."""
 MAX_QUANTITY = 64
 
-READY_CONDITION = "Ready"
-"""Condition type on SandboxNodes and Sandboxes: whether the object serves now."""
+
+def cel_list(words: Iterable[str]) -> str:
+    """A CEL list literal of ``words`` (enum members: the rule follows the enum)."""
+    return "[" + ", ".join(f"'{w}'" for w in words) + "]"
 
 
 class Model(BaseModel):

@@ -20,13 +20,6 @@ from pydantic.config import JsonDict
 
 from sandlot.api.common import MAX_ARG, MAX_ARGS, Model
 
-REASON_PROBE_PASSED = "ProbePassed"
-"""Ready True: the probe passed successThreshold times in a row."""
-REASON_PROBE_FAILED = "ProbeFailed"
-"""Ready False: the probe failed failureThreshold times in a row."""
-REASON_NO_PROBE = "NoProbe"
-"""Ready True: the probe was removed from a sandbox that had a Ready condition."""
-
 MAX_PROBE_SECONDS = 3600
 MAX_PROBE_TIMEOUT = 60
 MAX_THRESHOLD = 100
@@ -122,9 +115,6 @@ class Probe(Model):
 
 
 __all__ = [
-    "REASON_NO_PROBE",
-    "REASON_PROBE_FAILED",
-    "REASON_PROBE_PASSED",
     "ExecAction",
     "HttpGetAction",
     "Probe",

@@ -35,11 +35,13 @@ from sandlot.api.common import (
     Model,
     PrinterColumn,
     Resource,
+    cel_list,
 )
 from sandlot.api.envvars import MAX_ENV_FROM, EnvFromSource, EnvVar
 from sandlot.api.netpolicy import SandboxNetworkPolicy
 from sandlot.api.placement import Affinity, NodeLabels, Tolerations
 from sandlot.api.probe import Probe
+from sandlot.api.reasons import ConditionType
 
 
 class ShutdownPolicy(StrEnum):
@@ -63,13 +65,6 @@ class OperatingMode(StrEnum):
 
 SUPPORTED_MODES: frozenset[str] = frozenset({OperatingMode.RUNNING, OperatingMode.PAUSED})
 
-# The condition a sandbox's agent keeps once its operating mode was first applied.
-PAUSED_CONDITION = "Paused"
-REASON_PAUSED = "Paused"
-REASON_RESUMED = "Resumed"
-REASON_PAUSE_FAILED = "PauseFailed"
-REASON_RESUME_FAILED = "ResumeFailed"
-
 
 class SandboxPhase(StrEnum):
     PENDING = "Pending"
@@ -86,27 +81,7 @@ TERMINAL_PHASES: frozenset[str] = frozenset(
 # Phases in which a sandbox holds (or is about to hold) a container on its node.
 ACTIVE_PHASES: frozenset[str] = frozenset({SandboxPhase.SCHEDULED, SandboxPhase.RUNNING})
 
-# Reasons written with a terminal phase.
-REASON_NODE_LOST = "NodeLost"
-REASON_NODE_DELETED = "NodeDeleted"
-REASON_DRAIN_ABANDONED = "DrainAbandoned"
-REASON_MANUAL_REAP = "ManualReap"
-REASON_POLICY_VIOLATION = "PolicyViolation"
-REASON_RUN_AS_ROOT = "RunAsRootRefused"
-REASON_OOM_KILLED = "OOMKilled"
-# Its writable layer and logs grew past spec.resources.limits.ephemeralStorage.
-REASON_EPHEMERAL_STORAGE_EXCEEDED = "EphemeralStorageExceeded"
-# Evicted by its node's agent to keep the node's disk under its high watermark.
-REASON_EVICTED = "Evicted"
-# A Scheduled sandbox its node does not start while the node's disk is under pressure.
-REASON_DISK_PRESSURE = "DiskPressure"
-# Reasons of a Scheduled sandbox whose image is on its way (kubelet's words).
-REASON_PULLING = "Pulling"
-REASON_IMAGE_PULL_BACK_OFF = "ImagePullBackOff"
-# A Scheduled sandbox waiting for a Secret or ConfigMap its environment references.
-REASON_CREATE_CONTAINER_CONFIG_ERROR = "CreateContainerConfigError"
-
-_TERMINAL_CEL = "['Dead', 'Stopped', 'Failed']"
+_TERMINAL = [p for p in SandboxPhase if p in TERMINAL_PHASES]
 # Secrets a sandbox may name for its image's registry (as many as a Pod has in practice).
 MAX_PULL_SECRETS = 16
 # A non-negative Kubernetes quantity, the grammar sandlot.policy.quantity parses:
@@ -465,7 +440,11 @@ class Sandbox(Resource):
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Mode", ".spec.operatingMode", priority=1),
             # Empty without a readinessProbe: such a sandbox is ready once Running.
-            PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status', priority=1),
+            PrinterColumn(
+                ConditionType.READY.value,
+                f'.status.conditions[?(@.type=="{ConditionType.READY}")].status',
+                priority=1,
+            ),
             PrinterColumn("Reason", ".status.reason", priority=1),
             PrinterColumn("Shutdown-Time", ".spec.shutdownTime", priority=1),
             PrinterColumn("Active-Deadline", ".spec.activeDeadlineSeconds", "integer", priority=1),
@@ -481,10 +460,10 @@ class Sandbox(Resource):
             ],
             "status": [
                 {
-                    "rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {_TERMINAL_CEL}) "
+                    "rule": f"!has(oldSelf.phase) || !(oldSelf.phase in {cel_list(_TERMINAL)}) "
                     "|| (has(self.phase) && self.phase == oldSelf.phase)",
-                    "message": "status.phase is terminal: a Dead, Stopped or Failed sandbox "
-                    "cannot move to another phase",
+                    "message": f"status.phase is terminal: a {', '.join(_TERMINAL[:-1])} or "
+                    f"{_TERMINAL[-1]} sandbox cannot move to another phase",
                     "reason": "FieldValueForbidden",
                 }
             ],

@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import Any
 
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
+from sandlot.api.claim import ClaimPhase
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.errors import UsageError
 from sandlot.api.keys import CLAIM_LABEL
@@ -155,7 +156,7 @@ class Client:
         try:
             bound = self._until(CLAIMS, ns, claim_name, _settled_claim, deadline - time.monotonic())
             status = (bound or {}).get("status") or {}
-            if status.get("phase") != "Bound":
+            if status.get("phase") != ClaimPhase.BOUND:
                 raise SandboxGone(
                     status.get("sandboxName") or claim_name,
                     None,
@@ -246,7 +247,10 @@ def _running_or_gone(name: str) -> Callable[[dict[str, Any] | None], bool]:
 
 
 def _settled_claim(body: dict[str, Any] | None) -> bool:
-    return body is None or ((body.get("status") or {}).get("phase") in ("Bound", "Lost", "Expired"))
+    return body is None or (
+        (body.get("status") or {}).get("phase")
+        in (ClaimPhase.BOUND, ClaimPhase.LOST, ClaimPhase.EXPIRED)
+    )
 
 
 __all__ = ["CLAIM_TIMEOUT", "CREATE_TIMEOUT", "Client"]

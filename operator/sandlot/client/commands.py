@@ -23,6 +23,7 @@ from enum import IntEnum
 from types import TracebackType
 
 from sandlot.adapters.streamclient import Stream
+from sandlot.api.reasons import ExecReason
 from sandlot.client.errors import CommandError, SandboxGone, TimedOut
 from sandlot.policy.streams import (
     STATUS,
@@ -82,9 +83,12 @@ def read_status(status: bytes | None) -> Outcome:
         return Outcome(None, 500, f"unreadable status: {status[:200]!r}", status)
     if body.get("status") == "Success":
         return Outcome(0, status=status)
-    if body.get("reason") == "NonZeroExitCode":
+    if body.get("reason") == ExecReason.NON_ZERO_EXIT_CODE:
         for cause in (body.get("details") or {}).get("causes") or []:
-            if cause.get("reason") == "ExitCode" and str(cause.get("message", "")).isdigit():
+            if (
+                cause.get("reason") == ExecReason.EXIT_CODE
+                and str(cause.get("message", "")).isdigit()
+            ):
                 return Outcome(int(cause["message"]), status=status)
     message = str(body.get("message") or "the stream failed")
     return Outcome(None, int(body.get("code") or 500), message, status)

@@ -17,6 +17,7 @@ from typing import Any
 
 from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
 from sandlot.adapters.streamclient import Stream, StreamRefused
+from sandlot.api.reasons import ConditionType
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
 from sandlot.client.commands import Execution, Result, collect, command_argv
 from sandlot.client.errors import (
@@ -182,7 +183,7 @@ class Sandbox:
             body = self._api.wait(SANDBOXES, self.namespace, self.name, settled, deadline)
         except TimeoutError:
             conditions = ((seen[0] or {}).get("status") or {}).get("conditions") or []
-            paused = [c for c in conditions if c.get("type") == "Paused"]
+            paused = [c for c in conditions if c.get("type") == ConditionType.PAUSED]
             raise TimedOut(
                 f"sandbox {self.namespace}/{self.name}: its agent did not report it "
                 f"{mode} within {timeout:.0f}s (Paused condition: {paused or 'none'}); "

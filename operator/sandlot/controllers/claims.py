@@ -54,6 +54,7 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.offered import OfferedMembers
@@ -62,7 +63,6 @@ from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.claims import (
     NO_LIFECYCLE,
-    REASON_CLAIM_EXPIRED,
     Candidate,
     ClaimAction,
     ClaimLifecycle,
@@ -318,7 +318,7 @@ class ClaimController:
         if bound is not None and not bound.terminal:
             stopped = {
                 "phase": SandboxPhase.STOPPED.value,
-                "reason": REASON_CLAIM_EXPIRED,
+                "reason": SandboxReason.CLAIM_EXPIRED.value,
                 "message": end.message,
                 "finishedAt": rfc3339(now),
             }

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from sandlot.api.reasons import EventReason
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.policy.disruption import GuardSettings, hold_reminder_due
 from sandlot.policy.nodehealth import Decision
@@ -99,7 +100,7 @@ class HoldReporter:
         self.post(
             body,
             "Warning",
-            "MassFailureHold",
+            EventReason.MASS_FAILURE_HOLD,
             f"the mass-failure guard has held this node's sandboxes for {span(held)} (its "
             f"grace ended at {self.wall_time(since).isoformat(timespec='seconds')}): most "
             f"of the fleet is NotReady at once, so nothing is marked Dead until the fraction "

@@ -24,10 +24,11 @@ from datetime import UTC, datetime
 
 from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
-from sandlot.policy.lifetimes import REASON_DEADLINE_EXCEEDED, decide_lifetime
+from sandlot.policy.lifetimes import decide_lifetime
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ class LifetimeController:
         else:
             status = {
                 "phase": SandboxPhase.STOPPED.value,
-                "reason": REASON_DEADLINE_EXCEEDED,
+                "reason": SandboxReason.DEADLINE_EXCEEDED.value,
                 "message": decision.message,
                 "finishedAt": rfc3339(now),
             }
@@ -109,7 +110,10 @@ class LifetimeController:
         if decision.expire:
             self.expired += 1
             log.info(
-                "sandbox %s: %s; Stopped (%s)", key, decision.message, REASON_DEADLINE_EXCEEDED
+                "sandbox %s: %s; Stopped (%s)",
+                key,
+                decision.message,
+                SandboxReason.DEADLINE_EXCEEDED,
             )
         self.cache.upsert(written)
         return None

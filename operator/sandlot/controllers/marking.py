@@ -38,6 +38,7 @@ from typing import Any
 
 from sandlot.adapters.objects import MarkResult, Objects, mark_one
 from sandlot.adapters.statuswrite import WriteResult
+from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 
@@ -70,16 +71,16 @@ class NodeMarking(MarkResult):
             message = (f"the node renewed its lease while its sandboxes were marked Dead: "
                        f"{marked} marked, {len(self.left)} left alone")  # fmt: skip
             log.warning("node %s: %s; the latch stays unset", node, message)
-            return "Normal", "MarkingStopped", message
+            return "Normal", EventReason.MARKING_STOPPED, message
         if self.failed:
             failed = "; ".join(f"{k}: {v}" for k, v in sorted(self.failed.items())[:5])
             log.error("node %s: %d sandboxes marked Dead, %d failed (%s); the latch stays unset",
                       node, marked, len(self.failed), failed)  # fmt: skip
-            return "Warning", "MarkingFailed", (
+            return "Warning", EventReason.MARKING_FAILED, (
                 f"{len(self.failed)} sandboxes could not be marked Dead; retrying"
             )  # fmt: skip
         log.info("node %s: marked %d sandboxes Dead (%s)", node, marked, reason)
-        return "Warning", "SandboxesMarkedDead", (
+        return "Warning", EventReason.SANDBOXES_MARKED_DEAD, (
             f"marked {marked} sandboxes Dead ({reason}); "
             f"{len(self.already_terminal)} were already terminal"
         )  # fmt: skip

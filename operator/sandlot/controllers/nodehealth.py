@@ -36,7 +36,7 @@ from typing import Any
 
 from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
-from sandlot.api.sandbox import REASON_NODE_LOST
+from sandlot.api.reasons import EventReason, SandboxReason
 from sandlot.controllers.guardhold import HoldReporter
 from sandlot.controllers.liveness import LivenessView, steady_clock
 from sandlot.controllers.marking import Marker, NodeMarking, NotLeader
@@ -345,7 +345,7 @@ class NodeHealthController:
     async def _mark_all(self, name: str, decision: Decision) -> NodeMarking:
         """Mark the node's live sandboxes Dead, stamped on the wall clock. A lost (not
         deleted) node that renews its lease meanwhile stops it: news the decision lacked."""
-        reason = decision.reason or REASON_NODE_LOST
+        reason = decision.reason or SandboxReason.NODE_LOST
         message = {
             DecisionKind.REAP: f"node {name} stopped renewing its lease and its grace period "
             f"({self.policy.grace_period.total_seconds():g}s) ended",
@@ -373,7 +373,7 @@ class NodeHealthController:
             self._post(
                 body,
                 "Warning",
-                "GraceExpired",
+                EventReason.GRACE_EXPIRED,
                 (
                     f"lease expired at {self._shown(decision.unhealthy_since)}; grace period over, "
                     "marking the node's sandboxes Dead"
@@ -381,7 +381,7 @@ class NodeHealthController:
             )
         elif decision.kind is DecisionKind.MANUAL_REAP:
             asked = ((body.get("spec") or {}).get("reap") or {}).get("requestedBy") or "someone"
-            self._post(body, "Warning", "ManualReap", f"{asked} declared the node lost; "
+            self._post(body, "Warning", EventReason.MANUAL_REAP, f"{asked} declared the node lost; "
                        "marking its sandboxes Dead, past any grace period or guard")  # fmt: skip
         result = await self._mark_all(name, decision)
         self._post(body, *result.outcome(name, decision.reason))
@@ -411,14 +411,16 @@ class NodeHealthController:
             self._post(
                 body,
                 "Warning",
-                "NodeNotReady",
+                EventReason.NODE_NOT_READY,
                 (
                     f"lease expired at {self._shown(decision.unhealthy_since)}; sandboxes are "
                     f"marked Dead at {self._shown(decision.deadline)} unless the agent renews it"
                 ),
             )
         elif decision.recovered:
-            self._post(body, "Normal", "NodeRecovered", "the agent renews its lease again")
+            self._post(
+                body, "Normal", EventReason.NODE_RECOVERED, "the agent renews its lease again"
+            )
 
     def _shown(self, moment: datetime | None) -> datetime | None:
         return None if moment is None else self.liveness.wall_time(moment)

@@ -47,6 +47,7 @@ from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
+from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
@@ -356,7 +357,7 @@ class PoolController:
             "(pool_max_replicas): keeping that many"
         )
         log.warning("pool %s: %s", pool.key, message)
-        self.post_event(pool.body_ref, "Warning", "ReplicasCapped", message)
+        self.post_event(pool.body_ref, "Warning", EventReason.REPLICAS_CAPPED, message)
 
     def _note_backoff(self, pool: PoolState, decision: PoolDecision) -> None:
         """One Event per new failure while backing off (the status says it too)."""
@@ -369,14 +370,14 @@ class PoolController:
             f"{rfc3339(decision.backoff_until)}"
         )
         log.warning("pool %s: %s", pool.key, message)
-        self.post_event(pool.body_ref, "Warning", "BackOff", message)
+        self.post_event(pool.body_ref, "Warning", EventReason.BACK_OFF, message)
 
     async def _route(self, pool: PoolState, members: list[SandboxRecord]) -> None:
         try:
             await asyncio.to_thread(self.router.sync, pool.routing(), members)
         except ServiceTaken as e:
             log.warning("pool %s: %s", pool.key, e)
-            self.post_event(pool.body_ref, "Warning", "ServiceTaken", str(e))
+            self.post_event(pool.body_ref, "Warning", EventReason.SERVICE_TAKEN, str(e))
 
     async def _write(
         self, pool: PoolState, plan: PoolPlan, by_name: Mapping[str, SandboxRecord]

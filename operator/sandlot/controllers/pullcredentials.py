@@ -32,11 +32,8 @@ from sandlot.adapters.pullsecrets import (
     write_brokered,
 )
 from sandlot.api.envvars import EnvFromSource, EnvVar
-from sandlot.api.sandbox import (
-    REASON_CREATE_CONTAINER_CONFIG_ERROR,
-    TERMINAL_PHASES,
-    SandboxPhase,
-)
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.envrefs import encode, wanted_keys
 
 log = logging.getLogger(__name__)
@@ -173,7 +170,7 @@ class PullCredentialBroker:
         if (
             event_type != "DELETED"
             and status.get("phase") in (None, SandboxPhase.PENDING, SandboxPhase.SCHEDULED)
-            and status.get("reason") == REASON_CREATE_CONTAINER_CONFIG_ERROR
+            and status.get("reason") == SandboxReason.CREATE_CONTAINER_CONFIG_ERROR
         ):
             self.waiting[uid] = node
         else:

@@ -42,13 +42,13 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.placement import Taint
+from sandlot.api.reasons import ConditionType, ScheduledReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
-from sandlot.policy.nodeconditions import DISK_CONDITION_TYPE
 from sandlot.policy.placement import taints_of
 from sandlot.policy.runtimeclass import (
     RuntimeClassInfo,
@@ -60,7 +60,6 @@ from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_n
 
 log = logging.getLogger(__name__)
 
-CONDITION = "Scheduled"
 RETRY_AFTER_ERROR = 2.0  # first retry after an API error; doubles up to RETRY_CAP
 RETRY_CAP = 60.0
 MAX_BIND_ATTEMPTS = 3
@@ -94,7 +93,7 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
             str(h.get("name")) for h in status.get("runtimeHandlers") or [] if h.get("name")
         ),
         disk_pressure=any(
-            c.get("type") == DISK_CONDITION_TYPE and c.get("status") == "True"
+            c.get("type") == ConditionType.DISK_PRESSURE and c.get("status") == "True"
             for c in status.get("conditions") or []
             if isinstance(c, Mapping)
         ),
@@ -110,7 +109,7 @@ def with_scheduled(
 ) -> list[dict[str, Any]]:
     """The sandbox's conditions with ``Scheduled`` set (the others as they are)."""
     current = parse_conditions((body.get("status") or {}).get("conditions"))
-    new = Condition(type=CONDITION, status=status, reason=reason, message=message)
+    new = Condition(type=ConditionType.SCHEDULED, status=status, reason=reason, message=message)
     return wire_conditions(set_condition(current, new, now))
 
 
@@ -279,7 +278,9 @@ class Scheduler:
                 f'spec.nodeName names node "{rec.node}", which does not exist; the sandbox '
                 "waits until a SandboxNode of that name registers"
             )
-            return await self._report_waiting(rec, "NodeNotFound", message, self.clock())
+            return await self._report_waiting(
+                rec, ScheduledReason.NODE_NOT_FOUND, message, self.clock()
+            )
         if rec is None or not rec.wants_node:
             self.waiting.pop(key, None)
             return None
@@ -295,7 +296,9 @@ class Scheduler:
         choice = self.choose(rec, runtime_class)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
-            return await self._report_waiting(rec, "Unschedulable", choice.message, now)
+            return await self._report_waiting(
+                rec, ScheduledReason.UNSCHEDULABLE, choice.message, now
+            )
         self.waiting.pop(key, None)
         return await self._bind(rec, choice.node, now)
 
@@ -335,7 +338,9 @@ class Scheduler:
                 return
             status = {
                 "phase": SandboxPhase.SCHEDULED,
-                "conditions": with_scheduled(body, "True", "Bound", f"bound to node {node}", now),
+                "conditions": with_scheduled(
+                    body, "True", ScheduledReason.BOUND, f"bound to node {node}", now
+                ),
             }
             written = await asyncio.to_thread(
                 self.api.write_status,

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sandlot.api.sandbox import REASON_OOM_KILLED, TERMINAL_PHASES, SandboxPhase
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.agentsync import SandboxState
-
-REASON_EXITED = "Exited"
-REASON_EXITED_BEFORE_RUNNING = "ExitedBeforeRunning"
 
 
 @dataclass(frozen=True)
@@ -49,20 +47,20 @@ def decide_reap(
     if oom_kills:
         return SandboxEnd(
             SandboxPhase.STOPPED if running else SandboxPhase.FAILED,
-            REASON_OOM_KILLED,
+            SandboxReason.OOM_KILLED,
             f"killed by the kernel for exceeding its memory limit (exit code {exit_code})",
             exit_code,
         )
     if running:
         return SandboxEnd(
-            SandboxPhase.STOPPED, REASON_EXITED, f"exited with code {exit_code}", exit_code
+            SandboxPhase.STOPPED, SandboxReason.EXITED, f"exited with code {exit_code}", exit_code
         )
     return SandboxEnd(
         SandboxPhase.FAILED,
-        REASON_EXITED_BEFORE_RUNNING,
+        SandboxReason.EXITED_BEFORE_RUNNING,
         f"exited with code {exit_code}",
         exit_code,
     )
 
 
-__all__ = ["REASON_EXITED", "REASON_EXITED_BEFORE_RUNNING", "SandboxEnd", "decide_reap"]
+__all__ = ["SandboxEnd", "decide_reap"]

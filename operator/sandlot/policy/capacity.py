@@ -19,8 +19,6 @@ from dataclasses import dataclass
 
 from sandlot.policy.quantity import memory_bytes, parse_quantity
 
-REASON_OVER_CAPACITY = "OverCapacity"
-
 
 @dataclass(frozen=True)
 class Capacity:
@@ -82,7 +80,6 @@ def over_capacity(
 
 
 __all__ = [
-    "REASON_OVER_CAPACITY",
     "Capacity",
     "Usage",
     "cpu_millis",

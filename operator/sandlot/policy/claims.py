@@ -27,8 +27,6 @@ from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.lifetimes import after_finish, stamp
 
-REASON_CLAIM_EXPIRED = "ClaimExpired"
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -174,7 +172,6 @@ def decide_claim_end(
 
 __all__ = [
     "NO_LIFECYCLE",
-    "REASON_CLAIM_EXPIRED",
     "Candidate",
     "ClaimAction",
     "ClaimDecision",

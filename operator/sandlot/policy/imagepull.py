@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
+from sandlot.api.reasons import SandboxReason
+
 
 class PullPolicy(StrEnum):
     IF_NOT_PRESENT = "IfNotPresent"
@@ -46,13 +48,6 @@ class FailureKind(StrEnum):
 FINAL_KINDS: frozenset[FailureKind] = frozenset(
     {FailureKind.NOT_FOUND, FailureKind.UNAUTHORIZED, FailureKind.TOO_LARGE}
 )
-
-REASON_PULLING = "Pulling"
-REASON_ERR_IMAGE_PULL = "ErrImagePull"
-REASON_BACK_OFF = "ImagePullBackOff"
-# The agent's reason for an image that is not on the node (the kubelet says
-# ErrImageNeverPull): under Never, that is all there is to say.
-REASON_NEVER_PULL = "ImageNotFound"
 
 BACKOFF_BASE = timedelta(seconds=10)
 BACKOFF_CAP = timedelta(minutes=5)
@@ -158,7 +153,7 @@ def decide_pull(
     back-off of a pull) before it runs, under every pull policy.
     """
     if history.in_flight:
-        return PullDecision(PullAction.WAIT, REASON_PULLING)
+        return PullDecision(PullAction.WAIT, SandboxReason.PULLING)
     if policy is PullPolicy.NEVER:
         if present and verified:
             return PullDecision(PullAction.RUN)
@@ -166,7 +161,7 @@ def decide_pull(
             return _retry_or(PullAction.VERIFY, history, now, final_attempts, base, cap)
         return PullDecision(
             PullAction.FAIL,
-            REASON_NEVER_PULL,
+            SandboxReason.IMAGE_NOT_FOUND,
             "the image is not on the node and imagePullPolicy is Never",
         )
     pulled_for_it = joined is not None and history.succeeded_pull >= joined
@@ -188,21 +183,20 @@ def _retry_or(
     """``action`` unless the last failures end the sandbox or their back-off holds."""
     if history.failures and history.last_failed_at is not None:
         if history.final_failures >= final_attempts:
-            return PullDecision(PullAction.FAIL, REASON_ERR_IMAGE_PULL, history.last_message)
+            return PullDecision(PullAction.FAIL, SandboxReason.ERR_IMAGE_PULL, history.last_message)
         retry_at = history.last_failed_at + pull_backoff(history.failures, base=base, cap=cap)
         if now < retry_at:
             return PullDecision(
-                PullAction.BACK_OFF, REASON_BACK_OFF, history.last_message, retry_at
+                PullAction.BACK_OFF,
+                SandboxReason.IMAGE_PULL_BACK_OFF,
+                history.last_message,
+                retry_at,
             )
-    return PullDecision(action, REASON_PULLING)
+    return PullDecision(action, SandboxReason.PULLING)
 
 
 __all__ = [
     "FINAL_ATTEMPTS",
-    "REASON_BACK_OFF",
-    "REASON_ERR_IMAGE_PULL",
-    "REASON_NEVER_PULL",
-    "REASON_PULLING",
     "FailureKind",
     "PullAction",
     "PullDecision",

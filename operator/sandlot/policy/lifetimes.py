@@ -24,8 +24,6 @@ from datetime import datetime, timedelta
 
 from sandlot.api.sandbox import TERMINAL_PHASES
 
-REASON_DEADLINE_EXCEEDED = "DeadlineExceeded"
-
 
 def deadline_of(
     shutdown_time: datetime | None,
@@ -131,7 +129,6 @@ def decide_lifetime(
 
 __all__ = [
     "NO_ENDING",
-    "REASON_DEADLINE_EXCEEDED",
     "Due",
     "Ending",
     "LifetimeDecision",

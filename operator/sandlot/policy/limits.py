@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import (
     MIN_CPU_LIMIT,
     MIN_EPHEMERAL_STORAGE_LIMIT,
@@ -33,7 +34,6 @@ _KEYS = ("memory", "cpu", "pids", "ephemeralStorage")
 MIN_PIDS_LIMIT = 8
 """The fewest processes (and threads) a sandbox may be limited to: a shell and a
 pipeline need a few."""
-REASON_LIMIT_REFUSED = "LimitRefused"
 PIDS_RESERVE = 4096
 """PIDs the parent cgroup of all sandboxes leaves to the node's own services."""
 
@@ -41,7 +41,7 @@ PIDS_RESERVE = 4096
 class LimitRefused(ValueError):
     """A limit below its floor, or none at all; the message names where it came from."""
 
-    reason = REASON_LIMIT_REFUSED
+    reason = SandboxReason.LIMIT_REFUSED
 
 
 def memory_floor_refusal(value: str, where: str) -> str | None:

@@ -46,8 +46,6 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
 PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
-REASON_POLICY_FAILED = "NetworkPolicyFailed"
-REASON_RESERVED_PORT = "ReservedHostPort"
 # ICMPv6 neighbour discovery (router/neighbour solicitation and advertisement): without
 # it IPv6 has no neighbours, whatever the rules allow.
 _NDP_TYPES = (133, 134, 135, 136)
@@ -304,8 +302,6 @@ def render_rulesets(
 __all__ = [
     "LINK_LOCAL",
     "PRIVATE",
-    "REASON_POLICY_FAILED",
-    "REASON_RESERVED_PORT",
     "ClusterDefault",
     "Peer",
     "Rulesets",

@@ -16,17 +16,14 @@ from typing import Literal
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodePhase
+from sandlot.api.reasons import ConditionType, NodeReason
 from sandlot.policy.conditions import find_condition, remove_condition, set_condition
-
-# Condition set on a NotReady node whose handling the mass-failure guard holds back.
-HOLD_CONDITION_TYPE = "GuardHolding"
-HOLD_CONDITION_REASON = "MassFailureSuspected"
 
 # The node's Ready condition for each observed phase: (status, reason, message).
 _READY: dict[NodePhase, tuple[Literal["True", "False"], str, str]] = {
-    NodePhase.READY: ("True", "LeaseRenewed", "The node's agent renews its lease."),
-    NodePhase.NOT_READY: ("False", "LeaseExpired", "The node's agent lease has expired."),
-    NodePhase.DISABLED: ("False", "Drained", "The node is drained (spec.unschedulable)."),
+    NodePhase.READY: ("True", NodeReason.LEASE_RENEWED, "The node's agent renews its lease."),
+    NodePhase.NOT_READY: ("False", NodeReason.LEASE_EXPIRED, "The node's agent lease has expired."),
+    NodePhase.DISABLED: ("False", NodeReason.DRAINED, "The node is drained (spec.unschedulable)."),
 }
 
 
@@ -35,13 +32,13 @@ def hold_conditions(
 ) -> tuple[Condition, ...] | None:
     """The conditions list with the hold condition set or removed; None when unchanged."""
     if hold:
-        existing = find_condition(current, HOLD_CONDITION_TYPE)
+        existing = find_condition(current, ConditionType.GUARD_HOLDING)
         if existing is not None and existing.status == "True":
             return None  # held already: a reworded message is not worth a write
         held = Condition(
-            type=HOLD_CONDITION_TYPE,
+            type=ConditionType.GUARD_HOLDING,
             status="True",
-            reason=HOLD_CONDITION_REASON,
+            reason=NodeReason.MASS_FAILURE_SUSPECTED,
             message="Most of the fleet is NotReady at once: the operator is likelier "
             "cut off than the nodes dead, so no sandbox is marked Dead until the "
             "fraction drops. If this node is known lost, `sandlot nodes reap NODE` "
@@ -49,13 +46,8 @@ def hold_conditions(
         )
         updated = set_condition(current, held, now)
     else:
-        updated = remove_condition(current, HOLD_CONDITION_TYPE)
+        updated = remove_condition(current, ConditionType.GUARD_HOLDING)
     return None if updated == current else updated
-
-
-DISK_CONDITION_TYPE = "DiskPressure"
-DISK_PRESSURE_REASON = "AgentHasDiskPressure"
-NO_DISK_PRESSURE_REASON = "AgentHasNoDiskPressure"
 
 
 def disk_conditions(
@@ -67,18 +59,23 @@ def disk_conditions(
         return None
     if pressure:
         status: Literal["True", "False"] = "True"
-        reason, text = DISK_PRESSURE_REASON, message or "The node's disk is under pressure."
+        reason, text = (
+            NodeReason.AGENT_HAS_DISK_PRESSURE,
+            message or "The node's disk is under pressure.",
+        )
     else:
-        status, reason = "False", NO_DISK_PRESSURE_REASON
+        status, reason = "False", NodeReason.AGENT_HAS_NO_DISK_PRESSURE
         text = "The node's disk is under its high watermark."
-    held = find_condition(current, DISK_CONDITION_TYPE)
+    held = find_condition(current, ConditionType.DISK_PRESSURE)
     if (
         held is not None
         and (held.status, held.reason, held.message) == (status, reason, text)
         and held.last_transition_time is not None
     ):
         return None
-    condition = Condition(type=DISK_CONDITION_TYPE, status=status, reason=reason, message=text)
+    condition = Condition(
+        type=ConditionType.DISK_PRESSURE, status=status, reason=reason, message=text
+    )
     updated = set_condition(current, condition, now)
     return None if updated == current else updated
 
@@ -88,24 +85,19 @@ def ready_conditions(
 ) -> tuple[Condition, ...] | None:
     """The conditions with ``Ready`` matching ``phase``; None when already so."""
     status, reason, message = _READY[phase]
-    held = find_condition(current, "Ready")
+    held = find_condition(current, ConditionType.READY)
     if (
         held is not None
         and (held.status, held.reason, held.message) == (status, reason, message)
         and held.last_transition_time is not None
     ):
         return None  # what set_condition would keep as it is (every routine pass)
-    ready = Condition(type="Ready", status=status, reason=reason, message=message)
+    ready = Condition(type=ConditionType.READY, status=status, reason=reason, message=message)
     updated = set_condition(current, ready, now)
     return None if updated == current else updated
 
 
 __all__ = [
-    "DISK_CONDITION_TYPE",
-    "DISK_PRESSURE_REASON",
-    "HOLD_CONDITION_REASON",
-    "HOLD_CONDITION_TYPE",
-    "NO_DISK_PRESSURE_REASON",
     "disk_conditions",
     "hold_conditions",
     "ready_conditions",

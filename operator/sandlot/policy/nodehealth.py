@@ -40,12 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandlot.api.common import Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase, ObservedRenewal
-from sandlot.api.sandbox import (
-    REASON_DRAIN_ABANDONED,
-    REASON_MANUAL_REAP,
-    REASON_NODE_DELETED,
-    REASON_NODE_LOST,
-)
+from sandlot.api.reasons import SandboxReason
 from sandlot.api.settings import Duration
 from sandlot.policy.disruption import (
     FleetSummary,
@@ -54,7 +49,6 @@ from sandlot.policy.disruption import (
     next_hold_report,
 )
 from sandlot.policy.liveness import lease_expiry, observed_phase
-from sandlot.policy.nodeconditions import HOLD_CONDITION_TYPE as HOLD_CONDITION_TYPE
 from sandlot.policy.nodeconditions import hold_conditions
 from sandlot.policy.nodeconditions import ready_conditions as ready_conditions
 
@@ -328,7 +322,7 @@ def decide(
         return make(
             DecisionKind.DRAIN_ABANDONED,
             episode,
-            reason=REASON_DRAIN_ABANDONED,
+            reason=SandboxReason.DRAIN_ABANDONED,
             deadline=abandon_at,
         )
 
@@ -338,7 +332,9 @@ def decide(
     if episode.handled_at is not None:
         return make(DecisionKind.HANDLED, episode, deadline=deadline)
     if node.reap_requested and episode.unhealthy_since == stored.unhealthy_since:
-        return make(DecisionKind.MANUAL_REAP, episode, reason=REASON_MANUAL_REAP, deadline=deadline)
+        return make(
+            DecisionKind.MANUAL_REAP, episode, reason=SandboxReason.MANUAL_REAP, deadline=deadline
+        )
     if now < deadline:
         new = episode.unhealthy_since != stored.unhealthy_since
         kind = DecisionKind.START_TRACKING if new else DecisionKind.WAIT
@@ -346,7 +342,7 @@ def decide(
     if held:
         wake = next_hold_report(deadline, now, guard.report_every)
         return make(DecisionKind.HOLD, episode, deadline=deadline, wake_at=wake)
-    return make(DecisionKind.REAP, episode, reason=REASON_NODE_LOST, deadline=deadline)
+    return make(DecisionKind.REAP, episode, reason=SandboxReason.NODE_LOST, deadline=deadline)
 
 
 def ready_until(
@@ -381,7 +377,7 @@ def decide_deleted(tracking: HealthTracking | None = None) -> Decision:
         phase=None,
         tracking=NodeHealthTracking(),
         patch=None,
-        reason=REASON_NODE_DELETED,
+        reason=SandboxReason.NODE_DELETED,
         was_tracking=stored.unhealthy_since is not None,
         was_handled=stored.handled_at is not None,
     )

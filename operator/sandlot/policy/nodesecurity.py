@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sandlot.api.reasons import SandboxReason
+
 
 class IsolationUnavailable(ValueError):
     """The sandbox asks for, or the node requires, isolation this node cannot give."""
@@ -25,10 +27,6 @@ class IsolationUnavailable(ValueError):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-REASON_APPARMOR_MISSING = "AppArmorProfileMissing"
-REASON_USER_NAMESPACES = "UserNamespacesUnsupported"
 
 
 @dataclass(frozen=True)
@@ -49,7 +47,7 @@ def apparmor_profile(node: NodeSecurity, wanted: str, *, privileged: bool) -> st
         return None
     if wanted not in node.apparmor_profiles:
         raise IsolationUnavailable(
-            REASON_APPARMOR_MISSING,
+            SandboxReason.APPARMOR_PROFILE_MISSING,
             f"AppArmor is enabled on this node but the profile {wanted!r} is not loaded: "
             "load it (apparmor_parser) or set the agent's apparmorProfile",
         )
@@ -62,7 +60,7 @@ def check_user_namespace(node: NodeSecurity, host_users: bool | None) -> None:
     if host_users is not False or node.user_namespaces is not False:
         return
     raise IsolationUnavailable(
-        REASON_USER_NAMESPACES,
+        SandboxReason.USER_NAMESPACES_UNSUPPORTED,
         "spec.hostUsers: false asks for a user namespace, but the node's kernel allows "
         "none (sysctl user.max_user_namespaces is 0); remove hostUsers or run it on a "
         "node that allows them",
@@ -70,8 +68,6 @@ def check_user_namespace(node: NodeSecurity, host_users: bool | None) -> None:
 
 
 __all__ = [
-    "REASON_APPARMOR_MISSING",
-    "REASON_USER_NAMESPACES",
     "IsolationUnavailable",
     "NodeSecurity",
     "apparmor_profile",

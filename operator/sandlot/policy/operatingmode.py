@@ -20,16 +20,10 @@ from enum import StrEnum
 from typing import Any
 
 from sandlot.api.common import Condition
-from sandlot.api.sandbox import (
-    PAUSED_CONDITION,
-    REASON_PAUSE_FAILED,
-    REASON_PAUSED,
-    REASON_RESUME_FAILED,
-    REASON_RESUMED,
-    OperatingMode,
-)
+from sandlot.api.reasons import ConditionType, PausedReason
+from sandlot.api.sandbox import OperatingMode
 
-FAILURE_REASONS = frozenset({REASON_PAUSE_FAILED, REASON_RESUME_FAILED})
+FAILURE_REASONS = frozenset({PausedReason.PAUSE_FAILED, PausedReason.RESUME_FAILED})
 
 
 class TaskState(StrEnum):
@@ -69,7 +63,7 @@ def wanted_mode(obj: Mapping[str, Any]) -> OperatingMode:
 
 def _paused_condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for c in (obj.get("status") or {}).get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == PAUSED_CONDITION:
+        if isinstance(c, Mapping) and c.get("type") == ConditionType.PAUSED:
             return c
     return None
 
@@ -126,17 +120,17 @@ def paused_condition(
     pausing = mode is OperatingMode.PAUSED
     if error is not None:
         return Condition(
-            type=PAUSED_CONDITION,
+            type=ConditionType.PAUSED,
             status="False" if pausing else "True",
-            reason=REASON_PAUSE_FAILED if pausing else REASON_RESUME_FAILED,
+            reason=PausedReason.PAUSE_FAILED if pausing else PausedReason.RESUME_FAILED,
             message=f"{'pause' if pausing else 'resume'} failed on node {node}: {error}; "
             "not tried again until the spec changes",
             observed_generation=generation,
         )
     return Condition(
-        type=PAUSED_CONDITION,
+        type=ConditionType.PAUSED,
         status="True" if pausing else "False",
-        reason=REASON_PAUSED if pausing else REASON_RESUMED,
+        reason=PausedReason.PAUSED if pausing else PausedReason.RESUMED,
         message=f"processes frozen on node {node}, memory kept"
         if pausing
         else f"processes running again on node {node}",

@@ -37,10 +37,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sandlot.api.sandbox import REASON_OOM_KILLED, TERMINAL_PHASES, SandboxPhase
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 
-REASON_EXITED = "Exited"
-CRASH_REASONS: frozenset[str] = frozenset({REASON_EXITED, REASON_OOM_KILLED})
+CRASH_REASONS: frozenset[str] = frozenset({SandboxReason.EXITED, SandboxReason.OOM_KILLED})
 
 
 def ended_by_fault(phase: str, reason: str | None, exit_code: int | None) -> bool:

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sandlot.api.common import READY_CONDITION, Condition
-from sandlot.api.probe import REASON_NO_PROBE, REASON_PROBE_FAILED, REASON_PROBE_PASSED, Probe
+from sandlot.api.common import Condition
+from sandlot.api.probe import Probe
+from sandlot.api.reasons import ConditionType, ReadyReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 
 
@@ -46,7 +47,7 @@ class Verdict:
 
     def condition(self) -> Condition:
         return Condition(
-            type=READY_CONDITION,
+            type=ConditionType.READY,
             status="True" if self.ready else "False",
             reason=self.reason,
             message=self.message,
@@ -81,7 +82,7 @@ def decide_readiness(
     ``results``: this probe's results, oldest first.
     """
     if probe is None:  # ready once Running; a condition left from a removed probe is corrected
-        return Verdict(True, REASON_NO_PROBE, "no readiness probe", recorded is False, None)
+        return Verdict(True, ReadyReason.NO_PROBE, "no readiness probe", recorded is False, None)
     first = (started_at or now) + timedelta(seconds=probe.initial_delay_seconds)
     due = max(first, results[-1].at + timedelta(seconds=probe.period_seconds)) if results else first
     passes, failures = _in_a_row(results, True), _in_a_row(results, False)
@@ -92,10 +93,10 @@ def decide_readiness(
     else:
         ready, reached = bool(recorded), False
     if ready:
-        reason, runs, threshold = REASON_PROBE_PASSED, passes, probe.success_threshold
+        reason, runs, threshold = ReadyReason.PROBE_PASSED, passes, probe.success_threshold
         what = "passed"
     else:
-        reason, runs, threshold = REASON_PROBE_FAILED, failures, probe.failure_threshold
+        reason, runs, threshold = ReadyReason.PROBE_FAILED, failures, probe.failure_threshold
         what = "failed"
     detail = results[-1].message if results else "not probed yet"
     message = f"readiness probe {what} {runs} time(s) in a row (threshold {threshold}): {detail}"
@@ -118,7 +119,7 @@ class ProbeTarget:
 def recorded_ready(status: Mapping[str, Any]) -> bool | None:
     """The status of the ``Ready`` condition in a status body (None: none)."""
     for c in status.get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == READY_CONDITION:
+        if isinstance(c, Mapping) and c.get("type") == ConditionType.READY:
             return c.get("status") == "True"
     return None
 
@@ -168,7 +169,7 @@ def ready_since(
     if not has_probe:
         return started_at
     for c in status.get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == READY_CONDITION:
+        if isinstance(c, Mapping) and c.get("type") == ConditionType.READY:
             stamp = c.get("lastTransitionTime")
             if isinstance(stamp, datetime):
                 return stamp

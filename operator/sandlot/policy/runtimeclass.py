@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandlot.api.placement import Toleration
+from sandlot.api.reasons import SandboxReason
 from sandlot.policy.placement import Placement
 from sandlot.policy.quantity import memory_bytes, parse_quantity
 
@@ -33,10 +34,6 @@ RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
 CRI_PLUGINS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
 
 CRI_CONTAINER_TYPE = "io.kubernetes.cri.container-type"
-
-REASON_HANDLER_UNKNOWN = "RuntimeHandlerUnknown"
-REASON_CLASS_NOT_FOUND = "RuntimeClassNotFound"
-REASON_INVALID_CLASS = "InvalidRuntimeClass"
 
 HANDLER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 COUNTED_OVERHEAD = ("cpu", "memory")
@@ -150,10 +147,14 @@ def read_runtime_class(name: str, body: Mapping[str, Any] | None) -> RuntimeClas
     """The RuntimeClass ``name`` as read (``body``; None: it does not exist), or
     ``RuntimeClassRefused`` saying why a sandbox cannot run under it."""
     if body is None:
-        raise RuntimeClassRefused(REASON_CLASS_NOT_FOUND, f'RuntimeClass "{name}" does not exist')
+        raise RuntimeClassRefused(
+            SandboxReason.RUNTIME_CLASS_NOT_FOUND, f'RuntimeClass "{name}" does not exist'
+        )
 
     def invalid(why: str) -> RuntimeClassRefused:
-        return RuntimeClassRefused(REASON_INVALID_CLASS, f'RuntimeClass "{name}": {why}')
+        return RuntimeClassRefused(
+            SandboxReason.INVALID_RUNTIME_CLASS, f'RuntimeClass "{name}": {why}'
+        )
 
     handler = str(body.get("handler") or "")
     if not HANDLER_NAME.match(handler) or len(handler) > 63:
@@ -187,7 +188,7 @@ def check_handler(info: RuntimeClassInfo, node: str, offered: Sequence[str]) -> 
     """Refuse a class whose handler the node does not offer, naming both."""
     if info.handler not in offered:
         raise RuntimeClassRefused(
-            REASON_HANDLER_UNKNOWN,
+            SandboxReason.RUNTIME_HANDLER_UNKNOWN,
             f'RuntimeClass "{info.name}" asks for runtime handler "{info.handler}", which '
             f"node {node} does not offer (it offers: {', '.join(sorted(offered)) or 'none'})",
         )
@@ -209,9 +210,6 @@ def joined_placement(placement: Placement | None, info: RuntimeClassInfo) -> Pla
 
 
 __all__ = [
-    "REASON_CLASS_NOT_FOUND",
-    "REASON_HANDLER_UNKNOWN",
-    "REASON_INVALID_CLASS",
     "RUNC",
     "Discovery",
     "RuntimeClassInfo",

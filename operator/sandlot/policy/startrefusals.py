@@ -25,12 +25,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from sandlot.api.sandbox import REASON_DISK_PRESSURE
-from sandlot.policy.capacity import REASON_OVER_CAPACITY, Capacity, Usage, over_capacity, usage_of
+from sandlot.api.reasons import SandboxReason
+from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
 from sandlot.policy.placement import Placement, misfit, taints_of
 from sandlot.policy.runtimeclass import RuntimeClassInfo, joined_placement
-
-REASON_PLACEMENT = "PlacementRefused"
 
 
 class Refusal(StrEnum):
@@ -121,7 +119,7 @@ def refused_starts(
     ``facts.bodies``), given the keys ``started`` that count as running."""
     failed = dict(facts.class_refused)
     for key, why in misplaced(starting, facts).items():
-        failed.setdefault(key, (REASON_PLACEMENT, why))
+        failed.setdefault(key, (SandboxReason.PLACEMENT_REFUSED, why))
     refused = {
         key: Refused(Refusal.WAIT) if key in facts.class_unreadable else Refused(Refusal.FAIL, *rw)
         for key, rw in failed.items()
@@ -135,19 +133,18 @@ def refused_starts(
         facts.capacity,
     )
     for key, why in full.items():
-        refused[key] = Refused(Refusal.FAIL, REASON_OVER_CAPACITY, why)
+        refused[key] = Refused(Refusal.FAIL, SandboxReason.OVER_CAPACITY, why)
     for key in starting:
         if key in refused:
             continue
         if facts.hold:
-            refused[key] = Refused(Refusal.HOLD, REASON_DISK_PRESSURE, facts.hold)
+            refused[key] = Refused(Refusal.HOLD, SandboxReason.DISK_PRESSURE, facts.hold)
         elif key in facts.class_unreadable:
             refused[key] = Refused(Refusal.WAIT)
     return refused
 
 
 __all__ = [
-    "REASON_PLACEMENT",
     "Refusal",
     "Refused",
     "StartFacts",

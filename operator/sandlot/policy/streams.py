@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
+from sandlot.api.reasons import ExecReason
+
 SUBRESOURCE_GROUP = "subresources.sandlot.dev"
 SUBRESOURCE_VERSION = "v1alpha1"
 API_PREFIX = f"/apis/{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}"
@@ -258,8 +260,8 @@ def exit_status(code: int) -> bytes:
             "metadata": {},
             "status": "Failure",
             "message": f"command terminated with non-zero exit code: {code}",
-            "reason": "NonZeroExitCode",
-            "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
+            "reason": ExecReason.NON_ZERO_EXIT_CODE,
+            "details": {"causes": [{"reason": ExecReason.EXIT_CODE, "message": str(code)}]},
         }
     ).encode()
 
@@ -293,10 +295,10 @@ def end_of(status: bytes | None) -> StreamEnd:
         return StreamEnd(1, f"unreadable status: {status[:200]!r}")
     if body.get("status") == "Success":
         return StreamEnd(0)
-    if body.get("reason") == "NonZeroExitCode":
+    if body.get("reason") == ExecReason.NON_ZERO_EXIT_CODE:
         causes: Sequence[Mapping[str, Any]] = (body.get("details") or {}).get("causes") or []
         for cause in causes:
-            if cause.get("reason") == "ExitCode":
+            if cause.get("reason") == ExecReason.EXIT_CODE:
                 try:
                     return StreamEnd(int(cause.get("message", "")))
                 except ValueError:
