@@ -10,8 +10,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import LeaseRecord, rfc3339
+from sandlot.adapters.objects import LeaseRecord
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.claims import CLAIM_WORKERS, POOL_HOLD_LIMIT, ClaimController
 from sandlot.policy.claims import (
     Candidate,

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.adapters.objects import rfc3339
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.sandboxes import SandboxCache
 from sandlot.policy.lifetimes import (

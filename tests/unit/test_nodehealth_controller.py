@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import LeaseRecord, parse_time
+from sandlot.adapters.objects import LeaseRecord
+from sandlot.api.timestamps import parse_time
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import RETRY_AFTER_FAILURE, NodeHealthController
 from sandlot.controllers.settings import OperatorSettings

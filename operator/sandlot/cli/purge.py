@@ -36,7 +36,8 @@ from typing import Any
 
 from sandlot.adapters import purge
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import NODES, Objects
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import NODES
 from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
 from sandlot.cli.options import duration

@@ -43,11 +43,11 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import API_VERSION, GROUP, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord

@@ -24,6 +24,7 @@ from typing import Any
 from sandlot.api.common import READY_CONDITION, Condition
 from sandlot.api.probe import REASON_NO_PROBE, REASON_PROBE_FAILED, REASON_PROBE_PASSED, Probe
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
+from sandlot.api.timestamps import parse_time
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,9 @@ def ready_since(
     for c in status.get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == READY_CONDITION:
             stamp = c.get("lastTransitionTime")
-            if isinstance(stamp, datetime):
-                return stamp
-            if isinstance(stamp, str):
+            if isinstance(stamp, str | datetime):
                 try:
-                    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                    return parse_time(stamp)
                 except ValueError:
                     return started_at
     return started_at
