@@ -3,7 +3,8 @@
 Status is only ever written through the status subresource. Where a write must
 not clobber a concurrent one (marking a sandbox Dead, the agent's phase changes),
 it carries the object's resourceVersion and handles 409 by re-reading
-(``statuswrite``).
+(``statuswrite``): an object already in a terminal phase is done, anything else is
+retried with the new version.
 """
 
 from __future__ import annotations

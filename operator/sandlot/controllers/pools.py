@@ -44,7 +44,7 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.common import API_VERSION, GROUP, POOLS, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
@@ -445,6 +445,6 @@ class PoolController:
 
 
 def register(registry: kopf.OperatorRegistry, pools: PoolController) -> None:
-    @kopf.on.event(GROUP, VERSION, "sandboxpools", registry=registry)
+    @kopf.on.event(GROUP, VERSION, POOLS, registry=registry)
     async def pool_event(body: kopf.Body, **kwargs: Any) -> None:
         pools.on_pool(kwargs.get("type"), body)
