@@ -41,8 +41,8 @@ from bench.claims import POOL, WATCH_SECONDS, FirstSeen, bare_bind, create, load
 from bench.claimsdk import measure_sdk, sdk_row
 from bench.nodehealth import Bench
 from sandlot.adapters.objects import Objects
-from sandlot.adapters.workloads import CLAIMS
 from sandlot.api import GROUP, VERSION
+from sandlot.api.common import CLAIMS
 from sandlot.api.keys import POOL_LABEL
 
 RATIO_TARGET = 0.8

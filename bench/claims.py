@@ -42,12 +42,14 @@ from prometheus_client import CollectorRegistry
 from tests.support.containerd import start_private_containerd
 
 from bench.nodehealth import Bench
-from sandlot.adapters.objects import Objects, rfc3339
-from sandlot.adapters.workloads import CLAIMS, patch_claim_status, take_sandbox
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.workloads import patch_claim_status, take_sandbox
 from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.api import GROUP, VERSION
+from sandlot.api.common import CLAIMS
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.timestamps import rfc3339
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
 IMAGE = "docker.io/sandlot/bench-claims:1"

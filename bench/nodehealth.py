@@ -41,12 +41,13 @@ from tests.support.operator import AgentLease, OperatorProcess, wipe_nodes
 
 from bench.scalefleet import bare_marking
 from sandlot.adapters.kube import apply_crds, load_api_client
-from sandlot.adapters.objects import dead_status, parse_time
 from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.api.reasons import SandboxReason
+from sandlot.api.timestamps import parse_time
 from sandlot.controllers.marking import FIRST_PAGE_PER_WRITER
 from sandlot.devtools.controlplane import ControlPlane
+from sandlot.policy.marking import dead_status
 
 CONCURRENCY = 16
 # The operator's first page of a lost node's sandboxes at that concurrency.

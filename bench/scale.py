@@ -71,8 +71,8 @@ from bench.scalefleet import (
 )
 from bench.scaleplot import write_plot
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import parse_time
 from sandlot.api import GROUP, VERSION
+from sandlot.api.timestamps import parse_time
 from sandlot.controllers.marking import FIRST_PAGE_PER_WRITER
 
 NS = "scale"

@@ -44,11 +44,13 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.mergepatch import MergePatcher
-from sandlot.adapters.objects import LeaseRecord, Leases, dead_status
+from sandlot.adapters.objects import LeaseRecord, Leases
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.api.reasons import SandboxReason
+from sandlot.api.timestamps import rfc3339
 from sandlot.devtools.controlplane import ADMIN_USER, kubeconfig_dict
+from sandlot.policy.marking import dead_status
 
 IMAGE = "example.test/busybox:1"
 
@@ -114,7 +116,7 @@ class LeaseRenewer:
         try:
             self.patcher.patch(
                 "apis", "coordination.k8s.io", "v1", "namespaces", self.namespace, "leases", name,
-                body={"spec": {"renewTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}},
+                body={"spec": {"renewTime": rfc3339(now)}},
             )  # fmt: skip
         except Exception:  # an API server away: the next renewal tries again
             return

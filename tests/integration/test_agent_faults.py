@@ -24,10 +24,10 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import parse_time
 from sandlot.adapters.sandboxwatch import liveness_bound
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import parse_time
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support import agents

@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.objects import Objects, parse_time
+from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import (
     ContainerSpec,
     NotFound,
@@ -35,6 +35,7 @@ from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import TeardownOutcome, teardown
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import parse_time
 from sandlot.devtools.containerd import PrivateContainerd, find_shim_pid, stopped_process
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.ocispec import default_spec

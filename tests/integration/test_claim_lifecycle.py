@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
-from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import parse_time, rfc3339
 from tests.support.pools import (  # the pool tests' cluster of real agents
     Cluster,
     Start,

@@ -18,9 +18,10 @@ from kubernetes import client
 
 from sandlot.adapters.kube import RequestCounter, WriteFence
 from sandlot.adapters.leader import LeaderElector
-from sandlot.adapters.objects import Leases, Objects, dead_status
+from sandlot.adapters.objects import Leases, Objects
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.common import GROUP, VERSION
+from sandlot.policy.marking import dead_status
 from tests.support.chart import operator_replica
 from tests.support.leaderfence import NODE, Release, make_sandbox, release, tag
 from tests.support.operator import Fleet, OperatorProcess, wipe_nodes

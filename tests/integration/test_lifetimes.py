@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import parse_time, rfc3339
 from tests.support.pools import (  # the pool tests' cluster of real agents
     IMAGE,
     SLEEPER,
@@ -68,7 +68,7 @@ def test_shutdown_time_stops_a_running_sandbox_at_that_second_and_its_container(
 
     out = kubectl("get", "sb", "timed", "-n", cluster.namespace, "-o", "wide").stdout
     header, row = out.splitlines()[:2]
-    assert "SHUTDOWN-TIME" in header and deadline.strftime("%Y-%m-%dT%H:%M:%SZ") in row, out
+    assert "SHUTDOWN-TIME" in header and rfc3339(deadline, "seconds") in row, out
 
     status = wait_phase(cluster, "timed", "Stopped", timeout=30)["status"]
     assert status["reason"] == "DeadlineExceeded", status

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import parse_time
+from sandlot.api.timestamps import parse_time
 from tests.support.kube import start_private_plane
 from tests.support.operator import Fleet, OperatorProcess
 from tests.support.passes import node_passes, wait_node_passes

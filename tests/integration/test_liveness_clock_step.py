@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.objects import parse_time
+from sandlot.api.timestamps import parse_time
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support.operator import AgentLease, Fleet, OperatorProcess
 from tests.support.wait import wait_for

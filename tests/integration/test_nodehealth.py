@@ -4,14 +4,20 @@ node Leases renewed (or not) as agents renew them, a short grace (3 s) and lease
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from kubernetes import client
+from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import Objects, mark_dead, parse_time
+from sandlot.adapters.objects import Objects
+from sandlot.api.timestamps import parse_time, rfc3339
+from sandlot.controllers.marking import Marker, NodeMarking
+from sandlot.controllers.metrics import OperatorMetrics
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
 
@@ -121,30 +127,55 @@ def test_disabled_node_is_never_reaped(fleet, operators):
     assert not fleet.health(drained).get("unhealthySince")
 
 
+class ListedThen(Objects):
+    """The real Objects, running ``after`` once a node's first page is read: another
+    writer moving the sandboxes on between the marker's listing and its writes."""
+
+    def __init__(self, api: client.ApiClient, after: Callable[[], None]) -> None:
+        super().__init__(api)
+        self.after = after
+
+    def node_sandboxes_page(
+        self, node: str, limit: int, token: str | None = None
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        page = super().node_sandboxes_page(node, limit, token)
+        self.after()
+        return page
+
+
+def mark_node(objects: Objects, node: str, now: datetime) -> NodeMarking:
+    """One pass of the operator's own Marker over ``node``, as the leader."""
+    marker = Marker(
+        objects, OperatorMetrics(CollectorRegistry()), concurrency=4, is_leader=lambda: True
+    )
+    return asyncio.run(marker.mark_node(node, "NodeLost", "test", now))
+
+
 def test_marking_retries_a_conflict_and_respects_a_terminal_reread(kube, fleet):
     n1 = fleet.node("n1", lease=False)
     fleet.sandbox("bumped", n1, "Running")
     fleet.sandbox("raced", n1, "Running")
-    objects = Objects(kube)
-    stale = objects.list_node_sandboxes(n1)
-    # Another writer moves both on after our read: one is only relabelled, the other
-    # reaches a terminal phase first.
-    fleet.objs.patch_namespaced_custom_object(
-        "sandlot.dev",
-        "v1alpha1",
-        fleet.namespace,
-        "sandboxes",
-        "bumped",
-        {"metadata": {"labels": {"touched": "yes"}}},
-    )
-    fleet.set_phase("raced", "Stopped", reason="Exited", exitCode=3)
 
-    result = mark_dead(objects, stale, reason="NodeLost", message="test", now=datetime.now(UTC))
+    def another_writer() -> None:
+        # After the marker's read: one is only relabelled, the other reaches a
+        # terminal phase first.
+        fleet.objs.patch_namespaced_custom_object(
+            "sandlot.dev",
+            "v1alpha1",
+            fleet.namespace,
+            "sandboxes",
+            "bumped",
+            {"metadata": {"labels": {"touched": "yes"}}},
+        )
+        fleet.set_phase("raced", "Stopped", reason="Exited", exitCode=3)
 
-    assert result.complete, result.failed
+    result = mark_node(ListedThen(kube, another_writer), n1, datetime.now(UTC))
+
+    assert result.complete, result
     assert sorted(result.marked) == [f"{fleet.namespace}/bumped"]
     assert sorted(result.already_terminal) == [f"{fleet.namespace}/raced"]
     assert fleet.phase("bumped") == "Dead"
+    assert fleet.get("bumped")["metadata"]["labels"]["touched"] == "yes"
     assert fleet.get("raced")["status"]["reason"] == "Exited", "a terminal sandbox was overwritten"
 
 
@@ -164,10 +195,8 @@ def test_marking_dead_keeps_every_other_condition(kube, fleet):
              "message": "another controller's", "lastTransitionTime": earlier},
         ],
     )  # fmt: skip
-    objects = Objects(kube)
     now = datetime.now(UTC).replace(microsecond=0)
-    result = mark_dead(objects, objects.list_node_sandboxes(n1), reason="NodeLost",
-                       message="test", now=now)  # fmt: skip
+    result = mark_node(Objects(kube), n1, now)
     assert result.marked == [f"{fleet.namespace}/sb"], result
     conditions = {c["type"]: c for c in fleet.get("sb")["status"]["conditions"]}
     assert set(conditions) == {"Scheduled", "Ready", "example.com/Probe"}, conditions
@@ -411,7 +440,7 @@ def test_nodes_handled_long_ago_do_not_hold_the_guard_over_a_new_failure(fleet, 
     # Six nodes lost and handled an hour ago (their status says so; no Lease), four
     # healthy, one newly lost. Counted, the past outage would be 7/11 NotReady and
     # hold the new failure forever; outside the guard window it is 1/5.
-    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat().replace("+00:00", "Z")
+    hour_ago = rfc3339(datetime.now(UTC) - timedelta(hours=1))
     for i in range(6):
         stale = fleet.node(f"old{i}")
         fleet.objs.patch_cluster_custom_object_status(

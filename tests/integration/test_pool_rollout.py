@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.objects import parse_time
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import parse_time
 from tests.support.pools import (  # the pool tests' cluster of real agents
     Cluster,
     Start,

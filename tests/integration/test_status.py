@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support.operator import Fleet
 

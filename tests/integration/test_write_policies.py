@@ -34,6 +34,7 @@ from sandlot.api.keys import (
     SERVICE_MANAGED_BY_LABEL,
     SERVICE_MANAGER,
 )
+from sandlot.api.timestamps import rfc3339
 from sandlot.api.writepolicy import CHART_TEMPLATE, Identities, write_policies
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken, desired_service
@@ -157,7 +158,7 @@ def _refused(call: Callable[[], object], rule: str) -> str:
 
 
 def _stamp() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return rfc3339(datetime.now(UTC))
 
 
 def _create_lease(api: client.ApiClient, namespace: str, name: str, holder: str) -> Any:

@@ -2,16 +2,16 @@
 
 Containers and tasks live in dicts. A container can be marked *wedged*: like a
 stopped containerd shim, every call about its task then answers nothing until the
-caller's deadline passes, and raises ``RuntimeTimeout`` (the real adapter's
-behaviour under a gRPC deadline). A paused task takes only SIGKILL (runc thaws
-what it kills; any other signal waits for a resume). Nothing here waits longer
-than the timeout it is given.
+caller's deadline passes on the runtime's ``ShimClock``, and raises
+``RuntimeTimeout`` (the real adapter's behaviour under a gRPC deadline). A paused
+task takes only SIGKILL (runc thaws what it kills; any other signal waits for a
+resume). Nothing here waits longer than the timeout it is given.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -28,6 +28,79 @@ from sandlot.adapters.runtime import (
     TaskInfo,
     TaskState,
 )
+
+SAFETY = 30.0
+"""Real seconds a ShimClock waits for its threads before it calls the test broken."""
+
+
+class ShimClock:
+    """Virtual time for wedged calls: a wedged call hangs until the clock reaches its
+    deadline, and the clock moves only when every busy worker hangs, to the earliest
+    deadline (what the calls would cost on a real clock, with no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.peak = 0
+        """The most calls hanging at once."""
+        self.finished = 0
+        self._hanging: list[float] = []
+        self._cond = threading.Condition()
+
+    def hang(self, timeout: float) -> None:
+        with self._cond:
+            deadline = self.now + timeout
+            self._hanging.append(deadline)
+            self.peak = max(self.peak, len(self._hanging))
+            self._cond.notify_all()
+            passed = self._cond.wait_for(lambda: self.now >= deadline, timeout=SAFETY)
+            self._hanging.remove(deadline)
+            self._cond.notify_all()
+        assert passed, f"a wedged call hung {SAFETY:g}s of real time: nothing drove the clock"
+
+    def finish(self) -> None:
+        """One worker's job is done (its ``on_done``)."""
+        with self._cond:
+            self.finished += 1
+            self._cond.notify_all()
+
+    def drive(self, target: Callable[[], object], busy: Callable[[int], int]) -> object:
+        """Run ``target`` on a thread; whenever ``busy(finished)`` workers all hang,
+        move the clock to the earliest deadline. ``target``'s result."""
+        out: list[object] = []
+        ended = threading.Event()
+
+        def run() -> None:
+            try:
+                out.append(target())
+            finally:
+                with self._cond:
+                    ended.set()
+                    self._cond.notify_all()
+
+        worker = threading.Thread(target=run, name="shim-clock-driven", daemon=True)
+        worker.start()
+        with self._cond:
+            while True:
+                ready = self._cond.wait_for(
+                    lambda: ended.is_set() or len(self._hanging) >= busy(self.finished) > 0,
+                    timeout=SAFETY,
+                )
+                assert ready, (
+                    f"{len(self._hanging)} calls hang, {busy(self.finished)} busy workers "
+                    f"should: the work does not run that many at once, or a worker is stuck "
+                    f"({SAFETY:g}s of real time)"
+                )
+                if ended.is_set():
+                    break
+                self.now = max(self.now, min(self._hanging))
+                self._cond.notify_all()
+                released = self._cond.wait_for(
+                    lambda: all(d > self.now for d in self._hanging), timeout=SAFETY
+                )
+                assert released, "a call whose deadline passed never returned"
+        worker.join(SAFETY)
+        assert out, "the driven call raised (see the thread's traceback above)"
+        return out[0]
 
 
 @dataclass
@@ -48,6 +121,7 @@ class FakeRuntime:
     writable_dirs: dict[str, str] = field(default_factory=dict)
     calls: list[tuple[str, str]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    shim_clock: ShimClock = field(default_factory=ShimClock)
     _never: threading.Event = field(default_factory=threading.Event)
     _next_pid: int = 1000
 
@@ -77,7 +151,7 @@ class FakeRuntime:
 
     def _hang_if_wedged(self, container_id: str, what: str, timeout: float) -> None:
         if container_id in self.wedged:
-            self._never.wait(timeout)  # the shim never answers: only the deadline ends it
+            self.shim_clock.hang(timeout)  # the shim never answers: only the deadline ends it
             raise RuntimeTimeout(f"{what} {container_id}: no answer within {timeout:g}s")
 
     # -- Runtime

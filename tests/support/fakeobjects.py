@@ -19,9 +19,9 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import BindResult
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 
 
 def merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
@@ -54,7 +54,7 @@ class FakeObjects:
         self._rv = itertools.count(100)
         self._uid = itertools.count(1)
         self._names = itertools.count(1)
-        self._lock = threading.Lock()  # mark_dead writes from a thread pool
+        self._lock = threading.Lock()  # the Marker writes from a thread pool
 
     # -- building the world -----------------------------------------------------------
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import LeaseRecord, rfc3339
+from sandlot.adapters.objects import LeaseRecord
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.pools import PoolController
@@ -22,6 +24,22 @@ from tests.support.clock import FakeClock
 from tests.support.fakeobjects import FakeObjects
 
 LEASE = 40
+
+
+@dataclass
+class Taken:
+    """The keys a step's queues took, in order: sandboxes the scheduler judged, pools
+    the pool controller reconciled, claims the claim controller did."""
+
+    sandboxes: list[str] = field(default_factory=list)
+    pools: list[str] = field(default_factory=list)
+    claims: list[str] = field(default_factory=list)
+
+    def __iadd__(self, other: Taken) -> Taken:
+        self.sandboxes += other.sandboxes
+        self.pools += other.pools
+        self.claims += other.claims
+        return self
 
 
 class WorkloadWorld:
@@ -133,14 +151,14 @@ class WorkloadWorld:
 
     # -- running ----------------------------------------------------------------------
 
-    def step(self) -> int:
+    def step(self) -> Taken:
         """Run both queues until nothing is due, delivering sandbox events in between;
-        how many keys they took (a test asserting that nothing happened first asserts
-        that something was looked at)."""
-        taken = 0
+        the keys they took (a test asserting that nothing happened first asserts that
+        what it names was looked at)."""
+        taken = Taken()
         for _ in range(20):
-            taken += asyncio.run(self.scheduler.queue.run_until_idle())
-            taken += asyncio.run(self.pools.queue.run_until_idle())
+            taken.sandboxes += asyncio.run(self.scheduler.queue.run_until_idle())
+            taken.pools += asyncio.run(self.pools.queue.run_until_idle())
             if not self._deliver() and not len(self.scheduler.queue) and not len(self.pools.queue):
                 return taken
         raise AssertionError("the controllers did not settle within 20 rounds")

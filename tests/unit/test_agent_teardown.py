@@ -1,8 +1,7 @@
 """Bounded teardown over an in-memory runtime whose wedged containers never answer.
 
-The times asserted are generous multiples of tiny bounds: they check that a
-wedged shim costs one bound and that the pool runs wedged teardowns side by side,
-not how fast a machine is.
+Wedged calls wait out their deadlines on the runtime's virtual ``ShimClock``: the
+times asserted are what the deadlines add up to, exactly, not how fast a machine is.
 """
 
 from __future__ import annotations
@@ -10,18 +9,20 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-import time
 
 import pytest
 
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout, TaskInfo, TaskState
-from sandlot.agent.teardown import TeardownOutcome, stop, teardown, teardown_many
+from sandlot.agent.teardown import TeardownOutcome, TeardownResult, stop, teardown, teardown_many
 from tests.support.agent import FakeRuntime
 
 KILL_WAIT = 0.3
 CALL = 0.1
-# kill (CALL) + wait (KILL_WAIT) + delete task (CALL); container and snapshot answer at once.
 BOUND = KILL_WAIT + 4 * CALL
+"""The documented worst case of one teardown."""
+WEDGED = CALL + KILL_WAIT + CALL
+"""What a wedged one costs: kill, the exit wait and the task delete each wait out
+their deadline; its container and snapshot are kept, so those calls are not made."""
 
 
 def test_clean_teardown_removes_task_container_and_snapshot() -> None:
@@ -58,12 +59,15 @@ def test_wedged_shim_is_bounded_and_the_warning_names_the_container(
 ) -> None:
     rt = FakeRuntime()
     rt.add("wedged-1", wedged=True)
-    began = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="sandlot.agent.teardown"):
-        result = teardown(rt, "wedged-1", kill_wait=KILL_WAIT, call_timeout=CALL)
-    elapsed = time.monotonic() - began
+        result = rt.shim_clock.drive(
+            lambda: teardown(rt, "wedged-1", kill_wait=KILL_WAIT, call_timeout=CALL),
+            busy=lambda finished: 1,
+        )
+    assert isinstance(result, TeardownResult)
     assert result.outcome is TeardownOutcome.KILL_WAIT_TIMEOUT
-    assert elapsed < BOUND + 0.5, f"teardown took {elapsed:.2f}s, bound {BOUND:.2f}s"
+    assert rt.shim_clock.now == pytest.approx(WEDGED), "a call waited past its deadline"
+    assert WEDGED <= BOUND
     assert any(
         "wedged-1" in r.getMessage() and "kill wait" in r.getMessage() for r in caplog.records
     )
@@ -80,37 +84,57 @@ def test_wedged_shim_is_bounded_and_the_warning_names_the_container(
 
 def test_twenty_wedged_with_concurrency_eight_take_three_bounds_not_twenty() -> None:
     rt = FakeRuntime()
+    clock = rt.shim_clock
     for i in range(20):
         rt.add(f"w{i}", wedged=True)
     threads_before = threading.active_count()
-    began = time.monotonic()
-    results = teardown_many(
-        rt, [f"w{i}" for i in range(20)], kill_wait=KILL_WAIT, call_timeout=CALL, concurrency=8
+    results = clock.drive(
+        lambda: teardown_many(
+            rt,
+            [f"w{i}" for i in range(20)],
+            kill_wait=KILL_WAIT,
+            call_timeout=CALL,
+            concurrency=8,
+            on_done=lambda _: clock.finish(),
+        ),
+        busy=lambda finished: min(8, 20 - finished),
     )
-    elapsed = time.monotonic() - began
+    assert isinstance(results, list)
     assert [r.outcome for r in results] == [TeardownOutcome.KILL_WAIT_TIMEOUT] * 20
-    assert elapsed < 3 * BOUND + 1.0, f"{elapsed:.2f}s for 20 wedged (bound {BOUND:.2f}s each)"
-    assert elapsed < 20 * BOUND / 2
+    assert clock.peak == 8, f"{clock.peak} wedged calls hung at once, not the pool's 8"
+    assert clock.now == pytest.approx(3 * WEDGED), (
+        f"{clock.now:.2f}s of deadlines for 20 wedged, 8 at a time ({WEDGED:.2f}s each)"
+    )
     # The pool's threads are gone when it returns: nothing is left behind by wedged calls.
     assert threading.active_count() <= threads_before
 
 
 def test_one_wedged_shim_delays_nothing_else() -> None:
     rt = FakeRuntime()
+    clock = rt.shim_clock
     rt.add("wedged", wedged=True)
     for i in range(10):
         rt.add(f"ok{i}")
     done_at: dict[str, float] = {}
-    began = time.monotonic()
-    teardown_many(
-        rt,
-        ["wedged", *(f"ok{i}" for i in range(10))],
-        kill_wait=KILL_WAIT,
-        call_timeout=CALL,
-        concurrency=2,
-        on_done=lambda r: done_at.setdefault(r.container_id, time.monotonic() - began),
+
+    def done(result: TeardownResult) -> None:
+        done_at[result.container_id] = clock.now
+        clock.finish()
+
+    clock.drive(
+        lambda: teardown_many(
+            rt,
+            ["wedged", *(f"ok{i}" for i in range(10))],
+            kill_wait=KILL_WAIT,
+            call_timeout=CALL,
+            concurrency=2,
+            on_done=done,
+        ),
+        busy=lambda finished: min(2, 11 - finished),
     )
-    assert max(t for c, t in done_at.items() if c != "wedged") < done_at["wedged"]
+    assert len(done_at) == 11, f"not every teardown finished: {sorted(done_at)}"
+    assert {t for c, t in done_at.items() if c != "wedged"} == {0.0}, done_at
+    assert done_at["wedged"] == pytest.approx(WEDGED)
 
 
 def test_stop_sends_sigterm_then_tears_down() -> None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.claims import CLAIM_WORKERS, POOL_HOLD_LIMIT, ClaimController
 from sandlot.policy.claims import (
     Candidate,
@@ -25,7 +25,7 @@ from sandlot.policy.claims import (
     decide_claim,
     decide_claim_end,
 )
-from tests.support.workloads import WorkloadWorld
+from tests.support.workloads import Taken, WorkloadWorld
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -148,12 +148,13 @@ class ClaimWorld(WorkloadWorld):
                 body["status"].update(phase="Running", ip="10.0.0.7")
                 self.objects.touch(body)
 
-    def step(self) -> int:
-        taken = 0
+    def step(self) -> Taken:
+        taken = Taken()
         for _ in range(5):
             taken += super().step()
-            taken += asyncio.run(self.claims.queue.run_until_idle())
-        return taken + super().step()
+            taken.claims += asyncio.run(self.claims.queue.run_until_idle())
+        taken += super().step()
+        return taken
 
 
 def test_a_claim_is_bound_to_a_running_member_which_leaves_the_pool_and_is_replaced() -> None:
@@ -260,7 +261,7 @@ def test_the_pool_replaces_a_claimed_member_only_after_the_claims_status_is_writ
         assert await asyncio.to_thread(gate.entered.wait, 5), "the claim never took a member"
         w._deliver()  # the take's watch event: the member left the pool
         assert len(w.members(pool)) == 1
-        assert await w.pools.queue.run_until_idle() == 0, "the pool waits for the claim"
+        assert await w.pools.queue.run_until_idle() == [], "the pool waits for the claim"
         assert since() == ["take"]
         gate.release.set()
         await asyncio.wait_for(binding, timeout=5)

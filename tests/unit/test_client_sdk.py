@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 
 import sandlot.client
-from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused
+from sandlot.adapters.sandboxapi import ApiRefused
 from sandlot.adapters.streamclient import StreamRefused
+from sandlot.api.common import CLAIMS, SANDBOXES
 from sandlot.client import (
     Client,
     CommandError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from sandlot.adapters.objects import SANDBOXES
 from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.api.common import SANDBOXES
 
 
 def test_a_watch_stopped_before_it_started_stops_quietly() -> None:

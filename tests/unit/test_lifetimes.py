@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.adapters.objects import rfc3339
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.lifetimes import LifetimeController
 from sandlot.controllers.sandboxes import SandboxCache
 from sandlot.policy.lifetimes import (
@@ -209,10 +209,12 @@ class World:
         self.cache.on_event(None, body)
         return f"ns/{name}"
 
-    def run(self) -> None:
-        asyncio.run(self.controller.queue.run_until_idle())
+    def run(self) -> list[str]:
+        """Run what is due, then deliver every sandbox's event; the keys taken."""
+        taken = asyncio.run(self.controller.queue.run_until_idle())
         for body in self.objects.sandboxes.values():
             self.cache.on_event("MODIFIED", copy.deepcopy(body))
+        return taken
 
     def status(self, key: str) -> dict[str, object]:
         return dict(self.objects.sandboxes[key]["status"])
@@ -226,10 +228,10 @@ def test_sandbox_ends_stopped_at_its_shutdown_time_to_the_second() -> None:
     assert w.controller.queue.due_at(key) == w.clock.monotonic() + 30
 
     w.clock.advance(29.999)
-    w.run()
-    assert w.status(key)["phase"] == "Running", "not a moment early"
+    assert w.run() == [], "not a moment early: nothing was due"
+    assert w.status(key)["phase"] == "Running"
     w.clock.advance(0.001)
-    w.run()
+    assert w.run() == [key]
     status = w.status(key)
     assert (status["phase"], status["reason"]) == ("Stopped", "DeadlineExceeded")
     assert status["finishedAt"] == rfc3339(T0 + timedelta(seconds=30))
@@ -248,7 +250,7 @@ def test_a_standby_writes_nothing_and_a_sandbox_ended_otherwise_is_left_alone() 
     w.leader = False
     key = w.sandbox("job", activeDeadlineSeconds=1)
     w.clock.advance(2)
-    w.run()
+    assert key in w.run(), "the standby never looked at the sandbox past its deadline"
     assert w.status(key)["phase"] == "Running"
     assert not w.objects.writes
 
@@ -257,7 +259,9 @@ def test_a_standby_writes_nothing_and_a_sandbox_ended_otherwise_is_left_alone() 
     w.objects.touch(w.objects.sandboxes[key])
     w.run()
     w.controller.enqueue_all()
-    w.run()
+    assert w.run() == [], "an ended sandbox without a TTL is still watched"
+    w.controller.queue.add(key)  # a deadline set while it ran comes due all the same
+    assert w.run() == [key]
     assert w.status(key)["reason"] == "Exited"
 
 
@@ -283,10 +287,10 @@ def test_a_finished_sandbox_is_stamped_then_deleted_at_finished_at_plus_ttl() ->
     w.run()
     assert w.controller.queue.due_at(key) == w.clock.monotonic() + 45
     w.clock.advance(44.999)
-    w.run()
-    assert key in w.objects.sandboxes, "not a moment early"
+    assert w.run() == [], "not a moment early: nothing was due"
+    assert key in w.objects.sandboxes
     w.clock.advance(0.001)
-    w.run()
+    assert w.run() == [key]
     assert key not in w.objects.sandboxes
 
 

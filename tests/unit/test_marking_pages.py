@@ -155,7 +155,8 @@ def test_a_node_that_renews_while_it_is_marked_stops_the_pass_within_the_writes_
     assert after < w.ctl.settings.mark_concurrency, f"{after} marks sent after the renewal"
     assert "handledAt" not in w.health("n1"), "a stopped pass set the latch"
     assert ("n1", "MarkingStopped") in w.events
-    w.step()  # the revived node's next pass
+    w.ctl.enqueue("n1")  # the resync timer: the revived node's next pass
+    assert w.step() == ["n1"], "the revived node's next pass never ran"
     assert w.objects.nodes["n1"]["status"]["phase"] == "Ready"
     live = sum(w.objects.phase(k) == "Running" for k in keys)
     assert live == len(keys) - len(writes), "sandboxes left alone were marked later"

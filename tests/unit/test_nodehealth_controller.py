@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.objects import LeaseRecord, parse_time
+from sandlot.adapters.objects import LeaseRecord
+from sandlot.api.timestamps import parse_time
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import RETRY_AFTER_FAILURE, NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
@@ -68,7 +69,7 @@ class World:
             keys.append(f"ns/{node}-sb{i}")
         return keys
 
-    def step(self) -> int:
+    def step(self) -> list[str]:
         """Run what is due, then deliver the watch event of every node that changed.
 
         The lease watch is alive throughout (it is heard at every step), unless a test
@@ -115,7 +116,7 @@ def test_grace_expiry_marks_at_the_exact_deadline_and_not_a_tick_before() -> Non
     assert w.due_in("n1") == GRACE, "the reconcile asks for the grace end, to the second"
     w.clock.advance(GRACE - 0.5)
     w.ctl.enqueue("n1")  # kopf's resync timer ticks just before the deadline
-    w.step()
+    assert w.step() == ["n1"], "the early pass never ran"
     assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
     assert w.due_in("n1") == 0.5
     w.clock.advance(0.5)
@@ -126,7 +127,7 @@ def test_grace_expiry_marks_at_the_exact_deadline_and_not_a_tick_before() -> Non
     writes = len(w.objects.writes)
     w.clock.advance(60)
     w.ctl.enqueue_all()
-    w.step()
+    assert "n1" in w.step(), "the handled node's pass never ran"
     assert len(w.objects.writes) == writes, "a handled node costs no write"
 
 
@@ -175,7 +176,7 @@ def test_leadership_lost_in_the_middle_of_a_pass_stops_writing(
         w.objects.on_list = lose
     else:
         w.objects.before_write = lose
-    w.step()
+    assert w.step() == ["n1"], "the pass under test never ran"
     marked = [k for k in keys if w.objects.phase(k) == "Dead"]
     assert len(marked) == sandboxes_marked
     after = w.objects.writes[writes_before:]
@@ -197,7 +198,7 @@ def test_the_mass_failure_guard_holds_then_lifts_and_the_held_nodes_are_reaped()
     w.clock.advance(GRACE)
     w.renew("n4")
     w.ctl.enqueue_all()
-    w.step()
+    assert {"n1", "n2", "n3"} <= set(w.step()), "the held nodes' passes never ran"
     assert {n: w.objects.phase(k) for n, k in keys.items()} == dict.fromkeys(keys, "Running")
     held = [
         c["type"]
@@ -357,15 +358,16 @@ def test_a_silent_lease_watch_blocks_reaping_until_a_fresh_view_has_waited_a_lea
     lost(w)
     w.silent = True  # the watch died without a word
     w.clock.advance(GRACE)
-    w.step()
+    assert w.step() == ["n1"], "the pass at the grace's end never ran"
     assert w.objects.phase(keys[0]) == "Running", "reaped from a view nobody heard from"
     w.clock.advance(30)
-    w.step()
+    w.ctl.enqueue("n1")  # kopf's resync timer ticks on, the view still silent
+    assert w.step() == ["n1"], "the pass on a silent view never ran"
     assert w.objects.phase(keys[0]) == "Running"
     # The watch is replaced: a fresh list re-establishes the view; agents get one lease.
     w.silent = False
     w.ctl.on_view_restored()
-    w.step()
+    assert w.step() == ["n1"], "the pass on the restored view never ran"
     assert w.objects.phase(keys[0]) == "Running"
     assert w.due_in("n1") == pytest.approx(LEASE)
     w.clock.advance(LEASE)
@@ -431,7 +433,7 @@ def test_a_pass_the_guard_decides_judges_it_on_a_summary_at_most_a_second_old() 
     w.step()
     assert calls[0] == 10, "the routine pass at T - 5 summarized the fleet"
     w.clock.advance_to(deadline)
-    w.step()
+    assert "n1" in w.step(), "n1's pass at its deadline never ran"
     assert [w.objects.phase(k) for k in keys] == ["Running", "Running"]
     assert ("n1", "MassFailureHold") in w.events
     assert calls[0] == 20, "n1's pass summarized the fleet afresh at its deadline"
@@ -446,11 +448,11 @@ def test_a_failed_lease_watch_blocks_reaping_until_a_list_restores_the_view() ->
     w.ctl.on_view_lost()  # the watch fails a second before n1's deadline
     w.silent = True  # nothing is heard until the list that restores the view
     w.clock.advance(1)
-    w.step()
+    assert w.step() == ["n1"], "the pass at n1's deadline never ran"
     assert w.objects.phase(keys[0]) == "Running", "reaped on a view with a gap"
     w.clock.advance(5)
     w.ctl.on_view_restored()
-    w.step()
+    assert w.step() == ["n1"], "the pass on the restored view never ran"
     assert w.objects.phase(keys[0]) == "Running", "a restored view waits one lease duration"
     w.clock.advance(LEASE)
     w.step()
@@ -476,7 +478,7 @@ def test_a_node_that_renews_stays_ready_through_a_wall_clock_step(step: timedelt
     w.clock.step_wall(step)
     for _ in range(int(2 * LEASE / 2)):
         w.ctl.enqueue("n1")  # kopf's resync timer
-        assert w.step() == 1, "the resync ran no pass"
+        assert w.step() == ["n1"], "the resync ran no pass"
         w.clock.advance(2)
         w.renew("n1")
     assert phase_of(w) == "Ready"
@@ -497,7 +499,7 @@ def test_wall_clock_steps_move_neither_the_lease_expiry_nor_the_grace_deadline(
     expired_on_wall = w.clock.now() + timedelta(seconds=LEASE)
     w.clock.advance(LEASE - 0.5)
     w.ctl.enqueue("n1")
-    w.step()
+    assert w.step() == ["n1"], "the pass before the lease ran out never ran"
     assert phase_of(w) == "Ready", "NotReady before its lease ran out"
     w.clock.advance(0.5)
     w.step()
@@ -583,7 +585,7 @@ def held_fleet() -> tuple[World, dict[str, str]]:
     w.clock.advance(GRACE + 1)
     w.renew("n4")
     w.ctl.enqueue_all()
-    w.step()
+    assert {"n1", "n2", "n3"} <= set(w.step()), "the held nodes' passes never ran"
     assert {n: w.objects.phase(k) for n, k in keys.items()} == dict.fromkeys(keys, "Running")
     return w, keys
 

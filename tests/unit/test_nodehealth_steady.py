@@ -123,7 +123,7 @@ def test_a_steady_nodes_wake_up_at_its_old_expiry_decides_nothing_until_the_resy
     w.clock.advance(lease - 1)
     w.renew("n1")  # renewed a second before the expiry its wake-up was set for
     w.clock.advance(1)
-    assert w.step() == 1, "the wake-up at the old expiry ran"
+    assert w.step() == ["n1"], "the wake-up at the old expiry ran"
     assert decided == [], "a steady node's wake-up decides nothing"
     assert w.due_in("n1") == lease - 1, "it wakes again at the new expiry, exactly"
     w.ctl.enqueue("n1")  # the resync timer

@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.api.common import API_VERSION
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.sandboxes import SandboxCache
 

@@ -6,7 +6,7 @@ import copy
 from collections import Counter
 from datetime import timedelta
 
-from sandlot.adapters.objects import parse_time, rfc3339
+from sandlot.api.timestamps import parse_time, rfc3339
 from sandlot.controllers.pools import RETRY_AFTER_ERROR
 from tests.support.workloads import LEASE, WorkloadWorld
 

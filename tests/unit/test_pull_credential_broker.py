@@ -9,7 +9,6 @@ import pytest
 
 from sandlot.controllers import pullcredentials
 from sandlot.controllers.pullcredentials import PullCredentialBroker
-from tests.support.wait import wait_for
 
 
 def body(uid: str, node: str, *secrets: str, phase: str = "Running") -> dict[str, Any]:
@@ -45,6 +44,12 @@ def settle(broker: PullCredentialBroker) -> None:
     broker._broker.shutdown(wait=True)
 
 
+def drained(broker: PullCredentialBroker) -> None:
+    """Wait for what was submitted so far to run, the broker still open: its one
+    thread runs submissions in order, so a no-op submitted now runs after them."""
+    broker._broker.submit(lambda: None).result(timeout=30)
+
+
 def test_a_standby_brokers_nothing_then_brokers_what_it_saw_once_it_leads(
     brokered: list[str],
 ) -> None:
@@ -53,6 +58,8 @@ def test_a_standby_brokers_nothing_then_brokers_what_it_saw_once_it_leads(
     broker.on_sandbox("SYNC", body("a", "n1", "regcred"))
     broker.on_sandbox("SYNC", body("b", "n2", "regcred"))
     broker.on_sandbox("SYNC", body("c", "n1", "other"))
+    assert broker.wanted.keys() == {"a", "b", "c"}, "the standby did not take in the feed"
+    drained(broker)
     assert brokered == [], "a standby brokered pull secrets"
 
     leading.value = True
@@ -102,27 +109,27 @@ def env_body(uid: str, node: str, phase: str, reason: str = "") -> dict[str, Any
 def test_a_node_with_a_sandbox_waiting_for_a_reference_is_re_brokered_until_it_runs(
     brokered: list[str],
 ) -> None:
-    broker = PullCredentialBroker(
-        object(),  # type: ignore[arg-type]
-        Leading(True),
-        "sandlot-system",
-        retry_interval=0.05,
-    )
+    leading = Leading(True)
+    broker = PullCredentialBroker(object(), leading, "sandlot-system")  # type: ignore[arg-type]
     try:
         broker.on_sandbox("ADDED", env_body("a", "n1", "Scheduled"))
         broker.on_sandbox("ADDED", env_body("b", "n2", "Running"))
         assert broker.waiting == {}, "a sandbox not yet refused is waiting"
+        assert broker.retry_waiting() == [], "a retry with nothing waiting"
         broker.on_sandbox(
             "MODIFIED", env_body("a", "n1", "Scheduled", "CreateContainerConfigError")
         )
         assert broker.waiting == {"a": "n1"}
-        wait_for(
-            lambda: brokered.count("n1") >= 4,
-            timeout=30,
-            what="the waiting sandbox's node re-brokered again and again",
-        )
-        assert "n2" in brokered and brokered.count("n2") == 1, "a running sandbox's node retried"
+        for _ in range(3):  # the retry timer's ticks
+            assert broker.retry_waiting() == ["n1"]
+        drained(broker)
+        assert brokered.count("n1") == 1 + 3, "the waiting sandbox's node not re-brokered"
+        assert brokered.count("n2") == 1, "a running sandbox's node retried"
+        leading.value = False
+        assert broker.retry_waiting() == [], "a standby retried"
+        leading.value = True
         broker.on_sandbox("MODIFIED", env_body("a", "n1", "Running", "Started"))
         assert broker.waiting == {}, "a started sandbox still waits"
+        assert broker.retry_waiting() == []
     finally:
         broker.close()

@@ -23,7 +23,7 @@ def test_capacity_is_respected_and_a_waiting_sandbox_is_bound_when_room_appears(
     w = WorkloadWorld()
     w.node("a", capacity=1)
     first, second = w.sandbox("s1"), w.sandbox("s2")
-    w.step()
+    assert second in w.step().sandboxes, "the sandbox left waiting was never judged"
     assert (w.bound(first), w.bound(second)) == ("a", None)
     waiting = w.condition(second, "Scheduled")
     assert waiting is not None
@@ -62,7 +62,7 @@ def test_an_api_error_is_retried_with_backoff_then_binds() -> None:
     w.node("a", capacity=1)
     key = w.sandbox("s1")
     w.objects.failing[key] = 500
-    w.step()
+    assert key in w.step().sandboxes, "the failing bind was never tried"
     assert w.bound(key) is None
     assert w.scheduler.queue.due_at(key) == w.clock.monotonic() + RETRY_AFTER_ERROR
     del w.objects.failing[key]
@@ -77,7 +77,7 @@ def test_a_standby_binds_nothing() -> None:
     w.leader = False
     w.node("a", capacity=1)
     key = w.sandbox("s1")
-    assert w.step() > 0, "nothing was looked at: the standby's restraint is unproven"
+    assert key in w.step().sandboxes, "never looked at: the standby's restraint is unproven"
     assert w.bound(key) is None
     assert w.objects.writes == []
 
@@ -91,7 +91,7 @@ def test_a_new_leader_judges_sandboxes_it_saw_as_a_standby_bound_ones_included()
     free = w.sandbox("free")
     body = w.objects.add_sandbox("ns", "prebound", w.clock.now(), node="ghost")
     w.cache.on_event("SYNC", body)
-    assert w.step() > 0, "nothing was looked at"
+    assert {free, "ns/prebound"} <= set(w.step().sandboxes), "the standby looked at neither"
     assert w.objects.writes == [], "a standby wrote"
 
     w.leader = True

@@ -70,7 +70,7 @@ def test_a_key_added_many_times_is_reconciled_once() -> None:
         q.add("a")
     q.add_all(["b", "a", "b"])
     assert len(q) == 2
-    assert run(q.run_until_idle()) == 2
+    assert run(q.run_until_idle()) == ["a", "b"]
     assert rec.calls == ["a", "b"]
 
 
@@ -80,7 +80,7 @@ def test_add_after_wakes_at_the_exact_deadline_and_not_before() -> None:
     q = make(rec, clock)
     q.add_after("a", 30.0)
     clock.advance(29.999)
-    run(q.run_until_idle())
+    assert run(q.run_until_idle()) == []
     assert rec.calls == []
     clock.advance(0.001)
     run(q.run_until_idle())
@@ -136,7 +136,7 @@ def test_forget_drops_the_pending_deadline() -> None:
     q.add_after("a", 5.0)
     q.forget("a")
     clock.advance(10.0)
-    assert run(q.run_until_idle()) == 0
+    assert run(q.run_until_idle()) == []
 
 
 def test_a_key_is_never_processed_twice_at_once_and_readds_run_once_after() -> None:
@@ -163,7 +163,7 @@ def test_a_key_is_never_processed_twice_at_once_and_readds_run_once_after() -> N
             await asyncio.sleep(0)
         q.add("a")
         q.add("a")
-        assert await q.run_until_idle() == 0, "a second step must not take a running key"
+        assert await q.run_until_idle() == [], "a second step must not take a running key"
         release.set()
         await asyncio.wait_for(first, timeout=5)
 
@@ -179,9 +179,9 @@ def test_a_held_key_added_meanwhile_runs_once_when_the_hold_ends() -> None:
         q.add("pool")
         q.add("pool")
         q.add("other")
-        assert run(q.run_until_idle()) == 1, "only the key not held runs"
+        assert run(q.run_until_idle()) == ["other"], "only the key not held runs"
     assert rec.calls == ["other"]
-    assert run(q.run_until_idle()) == 1
+    assert run(q.run_until_idle()) == ["pool"]
     assert rec.calls == ["other", "pool"]
 
 
@@ -192,11 +192,11 @@ def test_a_hold_expires_at_its_limit() -> None:
     with q.held("pool", limit=2.0):
         q.add("pool")
         clock.advance(1.999)
-        assert run(q.run_until_idle()) == 0
+        assert run(q.run_until_idle()) == []
         clock.advance(0.001)
-        assert run(q.run_until_idle()) == 1, "held past its limit: released"
+        assert run(q.run_until_idle()) == ["pool"], "held past its limit: released"
     assert rec.calls == ["pool"]
-    assert run(q.run_until_idle()) == 0, "the end of an expired hold adds nothing"
+    assert run(q.run_until_idle()) == [], "the end of an expired hold adds nothing"
 
 
 def test_a_key_stays_held_until_its_last_hold_ends() -> None:
@@ -205,8 +205,8 @@ def test_a_key_stays_held_until_its_last_hold_ends() -> None:
     with q.held("pool", limit=2.0):
         with q.held("pool", limit=2.0):
             q.add("pool")
-        assert run(q.run_until_idle()) == 0
-    assert run(q.run_until_idle()) == 1
+        assert run(q.run_until_idle()) == []
+    assert run(q.run_until_idle()) == ["pool"]
 
 
 def test_a_key_already_waiting_is_not_held_back_so_holds_never_starve_it() -> None:
@@ -215,8 +215,8 @@ def test_a_key_already_waiting_is_not_held_back_so_holds_never_starve_it() -> No
     q.add("pool")
     with q.held("pool", limit=2.0):
         q.add("pool")
-        assert run(q.run_until_idle()) == 1
-    assert run(q.run_until_idle()) == 0, "queued once, run once"
+        assert run(q.run_until_idle()) == ["pool"]
+    assert run(q.run_until_idle()) == [], "queued once, run once"
     assert rec.calls == ["pool"]
 
 
@@ -240,8 +240,8 @@ def test_a_key_added_while_it_runs_during_a_hold_runs_again_after_the_hold() -> 
             q.add("pool")
             release.set()
             await asyncio.wait_for(first, timeout=5)
-            assert await q.run_until_idle() == 0, "re-added during the hold: waits for it"
-        assert await q.run_until_idle() == 1
+            assert await q.run_until_idle() == [], "re-added during the hold: waits for it"
+        assert await q.run_until_idle() == ["pool"]
 
     run(scenario())
     assert calls == ["pool", "pool"]
@@ -305,10 +305,10 @@ def test_work_dequeued_while_not_the_leader_is_dropped() -> None:
     q.add("a")
     q.add_after("b", 5.0)
     clock.advance(5.0)
-    assert run(q.run_until_idle()) == 2
+    assert run(q.run_until_idle()) == ["a", "b"], "the standby took no work to drop"
     assert rec.calls == []
     leader[0] = True
-    assert run(q.run_until_idle()) == 0, "dropped work does not come back by itself"
+    assert run(q.run_until_idle()) == [], "dropped work does not come back by itself"
     q.add_all(["a", "b"])
     run(q.run_until_idle())
     assert rec.calls == ["a", "b"]

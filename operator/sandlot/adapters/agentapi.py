@@ -10,8 +10,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import CACHEPRUNES, NODES, Objects
-from sandlot.api.common import GROUP, VERSION
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import CACHEPRUNES, GROUP, NODES, VERSION
 
 
 def ensure_node(

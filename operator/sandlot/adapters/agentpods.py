@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, SANDBOXES, VERSION
 
 STANDIN_COMPONENT = "agent-standin"
 
@@ -36,7 +36,7 @@ def sandbox_placement(
     try:
         custom: Any = client.CustomObjectsApi(api)
         sandbox = custom.get_namespaced_custom_object(
-            GROUP, VERSION, namespace, "sandboxes", name, _request_timeout=timeout
+            GROUP, VERSION, namespace, SANDBOXES, name, _request_timeout=timeout
         )
     except ApiException as e:
         if e.status == 404:

@@ -19,9 +19,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import CACHEPRUNES
 from sandlot.api.cacheprune import CachePrune, CachePruneSpec
-from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.common import API_VERSION, CACHEPRUNES, GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
 

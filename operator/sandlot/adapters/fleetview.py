@@ -10,8 +10,7 @@ from typing import Any
 
 from kubernetes import client
 
-from sandlot.adapters.objects import NODES, POOLS, SANDBOXES
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, NODES, POOLS, SANDBOXES, VERSION
 
 PAGE = 500
 

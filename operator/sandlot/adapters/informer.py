@@ -41,9 +41,9 @@ from typing import Any
 from kubernetes import client
 
 from sandlot.adapters.kubeprivate import watch_lines
-from sandlot.adapters.objects import SANDBOXES, LeaseRecord, lease_record_of
+from sandlot.adapters.objects import LeaseRecord, lease_record_of
 from sandlot.adapters.startup import api_error_line
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, SANDBOXES, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
 log = logging.getLogger(__name__)

@@ -13,10 +13,11 @@ from datetime import UTC, datetime
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import NODES, Objects
-from sandlot.api.common import GROUP, VERSION
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import GROUP, NODES, VERSION
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.timestamps import rfc3339
 
 
 class NodeNotFound(LookupError):
@@ -87,7 +88,7 @@ def request_reap(objects: Objects, node: str, requested_by: str, reason: str | N
             )
         request = {
             "unhealthySince": since,
-            "requestedAt": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "requestedAt": rfc3339(datetime.now(UTC), "seconds"),
             "requestedBy": requested_by,
             "reason": reason,
         }

@@ -1,18 +1,17 @@
-"""Typed access to sandlot's objects and Leases over the Kubernetes API.
+"""Typed access to sandlot's objects, Leases and Events over the Kubernetes API.
 
 Status is only ever written through the status subresource. Where a write must
 not clobber a concurrent one (marking a sandbox Dead, the agent's phase changes),
 it carries the object's resourceVersion and handles 409 by re-reading
 (``statuswrite``): an object already in a terminal phase is done, anything else is
-retried with the new version. Partial success is reported as such, never as success.
+retried with the new version.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,28 +20,10 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.mergepatch import MergePatcher
-from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
-from sandlot.api.common import GROUP, VERSION, Condition
-from sandlot.api.reasons import ConditionType
-from sandlot.api.sandbox import SandboxPhase
-from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
+from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION
+from sandlot.api.timestamps import parse_time
 
 log = logging.getLogger(__name__)
-
-SANDBOXES = "sandboxes"
-NODES = "sandboxnodes"
-POOLS = "sandboxpools"
-CACHEPRUNES = "cacheprunes"
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def parse_time(text: str | datetime | None) -> datetime | None:
-    if text is None or isinstance(text, datetime):
-        return text
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class Objects:
@@ -153,101 +134,6 @@ class Objects:
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.custom.list_cluster_custom_object(GROUP, VERSION, NODES).get("items", []))
-
-
-@dataclass
-class MarkResult:
-    """What marking a node's sandboxes Dead achieved."""
-
-    marked: list[str] = field(default_factory=list)
-    already_terminal: list[str] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def complete(self) -> bool:
-        return not self.failed
-
-    def record(self, key: str, written: WriteResult) -> None:
-        """Count one sandbox's write: marked, already terminal (or gone), or failed."""
-        if written.outcome is WriteOutcome.WRITTEN:
-            self.marked.append(key)
-        elif written.outcome in (WriteOutcome.SKIPPED, WriteOutcome.GONE):
-            self.already_terminal.append(key)
-        else:
-            self.failed[key] = written.detail or written.outcome.value
-
-
-def dead_status(
-    reason: str, message: str, now: datetime, current: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """The status fields a Dead marking writes: phase, reason, message, and its Ready
-    condition merged by type into ``current``'s conditions (Kubernetes condition
-    semantics: every other controller's condition is kept, and Ready's
-    lastTransitionTime moves only if its status changes)."""
-    stamp = rfc3339(now)
-    existing = parse_conditions(((current or {}).get("status") or {}).get("conditions"))
-    ready = Condition(type=ConditionType.READY, status="False", reason=reason, message=message)
-    return {
-        "phase": SandboxPhase.DEAD.value,
-        "reason": str(reason),
-        "message": message,
-        "finishedAt": stamp,
-        "conditions": wire_conditions(set_condition(existing, ready, now)),
-    }
-
-
-def mark_one(
-    objects: Objects,
-    sandbox: Mapping[str, Any],
-    *,
-    reason: str,
-    message: str,
-    now: datetime,
-    max_attempts: int = 5,
-) -> tuple[str, WriteResult]:
-    """Set one sandbox to Dead through ``statuswrite.write_status``; its key and outcome.
-
-    Only status is sent (phase, reason, message, its condition merged into the
-    others), never spec, with the resourceVersion it was read at as precondition.
-    """
-    meta = sandbox["metadata"]
-
-    def status_for(current: Mapping[str, Any]) -> dict[str, Any]:
-        return dead_status(reason, message, now, current)
-
-    written = write_status(objects, sandbox, status_for, max_attempts=max_attempts)
-    return f"{meta['namespace']}/{meta['name']}", written
-
-
-def mark_dead(
-    objects: Objects,
-    sandboxes: Iterable[Mapping[str, Any]],
-    *,
-    reason: str,
-    message: str,
-    now: datetime,
-    concurrency: int = 16,
-    max_attempts: int = 5,
-) -> MarkResult:
-    """Set each non-terminal sandbox to Dead (``mark_one``), ``concurrency`` at a time.
-
-    A sandbox found terminal, deleted or replaced (new uid, other node) after a 409
-    counts as already terminal; one still conflicting after ``max_attempts``, or
-    failing otherwise, is reported in ``failed``.
-    """
-    result = MarkResult()
-    items = list(sandboxes)
-    if not items:
-        return result
-
-    def one(sb: Mapping[str, Any]) -> tuple[str, WriteResult]:
-        return mark_one(objects, sb, reason=reason, message=message, now=now,
-                        max_attempts=max_attempts)  # fmt: skip
-
-    with ThreadPoolExecutor(max_workers=min(concurrency, len(items))) as pool:
-        for key, written in pool.map(one, items):
-            result.record(key, written)
-    return result
 
 
 # -- leases ----------------------------------------------------------------------

@@ -12,15 +12,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import (
-    CACHEPRUNES,
-    NODES,
-    POOLS,
-    SANDBOXES,
-    Objects,
-)
-from sandlot.adapters.workloads import CLAIMS
-from sandlot.api.common import GROUP, VERSION
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import CACHEPRUNES, CLAIMS, GROUP, NODES, POOLS, SANDBOXES, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.purge import AgentLease, SandboxRef
 

@@ -22,7 +22,6 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.streamclient import Stream, open_stream
 from sandlot.api.common import GROUP, VERSION
 
-SANDBOXES, CLAIMS = "sandboxes", "sandboxclaims"
 # The longest one watch request runs before it is renewed (the deadline may be longer).
 WATCH_SLICE = 60
 
@@ -168,4 +167,4 @@ class SandboxApi:
         return open_stream(self.api, path)
 
 
-__all__ = ["CLAIMS", "SANDBOXES", "ApiRefused", "SandboxApi"]
+__all__ = ["ApiRefused", "SandboxApi"]

@@ -41,8 +41,7 @@ from typing import Any
 from kubernetes import client
 
 from sandlot.adapters.informer import Informer, key_of, liveness_bound, read_timeout_for
-from sandlot.adapters.objects import CACHEPRUNES, NODES, SANDBOXES
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, VERSION
 
 __all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "own_node",
            "read_timeout_for"]  # fmt: skip

@@ -23,8 +23,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
-from sandlot.adapters.objects import POOLS, SANDBOXES, Objects
-from sandlot.api.common import GROUP, VERSION
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import CLAIMS, GROUP, POOLS, SANDBOXES, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,6 @@ def patch_pool_status(
         if e.status == 404:
             return None
         raise
-
-
-CLAIMS = "sandboxclaims"
 
 
 def take_sandbox(

@@ -17,7 +17,7 @@ from typing import Any
 
 import sandlot
 from sandlot.adapters.nodeguard import limit_cgroup, node_memory_bytes, pid_max
-from sandlot.adapters.objects import Objects, parse_time
+from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskInfo
 from sandlot.agent.capacity import capacity_status, mirrored_taints
 from sandlot.agent.metrics import AgentMetrics, timed_runtime
@@ -25,6 +25,7 @@ from sandlot.agent.sandboxes import NodeFacts
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import Release
+from sandlot.api.timestamps import parse_time
 from sandlot.policy.agentsweep import SweepAction
 from sandlot.policy.limits import ParentLimits, parent_limits
 from sandlot.policy.quantity import memory_bytes

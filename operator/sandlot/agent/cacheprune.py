@@ -18,9 +18,10 @@ from datetime import datetime
 from typing import Any
 
 from sandlot.adapters.agentapi import patch_cacheprune_result
-from sandlot.adapters.objects import Objects, rfc3339
+from sandlot.adapters.objects import Objects
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.imagegc import GcResult, ImageCollector
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.agentprune import (
     PruneAnswer,
     PruneRequest,

@@ -22,13 +22,13 @@ from functools import partial
 from typing import Any
 
 from sandlot.adapters.diskuse import disk_use
-from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.diskpressure import (
     Candidate,
     FsUse,

@@ -36,6 +36,7 @@ from sandlot.agent.metrics import GcMetrics
 from sandlot.api.cacheprune import NodePruneResult
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.node import HeldBackBytes, NodeGcStatus
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy import imagegc as gcpolicy
 from sandlot.policy.imagegc import (
     DiskUsage,
@@ -215,7 +216,7 @@ class ImageCollector:
 
         A failure is logged and returns False: a sandbox start never fails on it.
         """
-        stamp = (now or self._clock()).astimezone(UTC).isoformat().replace("+00:00", "Z")
+        stamp = rfc3339(now or self._clock(), "seconds")
         try:
             with self._touches.touching(name):
                 self._runtime.set_image_labels(

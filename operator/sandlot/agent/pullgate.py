@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -27,6 +27,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.agentsync import UNSTARTED_PHASES
 from sandlot.policy.imagepull import PullAction, PullPolicy
 from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
@@ -50,10 +51,6 @@ class PullRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ImageGate:
@@ -98,7 +95,7 @@ class ImageGate:
         elif decision.retry_at is not None:
             self.pulls.wake_at(decision.retry_at)
             message = (
-                f"Back-off pulling image {image} until {_rfc3339(decision.retry_at)}: "
+                f"Back-off pulling image {image} until {rfc3339(decision.retry_at, 'seconds')}: "
                 f"{decision.message}"
             )
             self._report(sb, decision.reason, message, None)

@@ -36,6 +36,7 @@ from sandlot.adapters.registry import Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import RuntimeError_
 from sandlot.agent.imageaccess import ImageAccess
 from sandlot.api.keys import LAST_USED_LABEL, PULLED_BY_AGENT_LABEL
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecreds import VerifyPolicy
 from sandlot.policy.imagepull import (
     BACKOFF_BASE,
@@ -235,7 +236,7 @@ class ImagePulls:
                     credential,
                     deadline=self.options.deadline,
                     labels={
-                        LAST_USED_LABEL: self._clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        LAST_USED_LABEL: rfc3339(self._clock(), "seconds"),
                         PULLED_BY_AGENT_LABEL: "true",
                     },
                     progress=progress,

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandlot.adapters.containerd.execs import open_execs
-from sandlot.adapters.objects import parse_time
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.metrics import AgentMetrics
@@ -35,6 +34,7 @@ from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import EXEC_FIFOS
 from sandlot.api.probe import Probe
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import parse_time
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.readiness import (
     ProbeResult,

@@ -18,10 +18,11 @@ from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import Any
 
-from sandlot.adapters.objects import Objects, rfc3339
+from sandlot.adapters.objects import Objects
 from sandlot.adapters.statuswrite import StatusFor, WriteOutcome, write_status
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from sandlot.api.common import (
+    CACHEPRUNES,
     MAX_MESSAGE,
     MAX_NAME,
     MAX_NODES,
@@ -83,7 +84,7 @@ class CachePruneStatus(Model):
 class CachePrune(Resource):
     crd = CrdInfo(
         kind="CachePrune",
-        plural="cacheprunes",
+        plural=CACHEPRUNES,
         singular="cacheprune",
         scope="Cluster",
         columns=(

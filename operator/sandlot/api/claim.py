@@ -20,7 +20,7 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from sandlot.api.common import Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import CLAIMS, Condition, CrdInfo, Model, PrinterColumn, Resource
 from sandlot.api.sandbox import ShutdownPolicy
 
 
@@ -84,7 +84,7 @@ class SandboxClaimStatus(Model):
 class SandboxClaim(Resource):
     crd = CrdInfo(
         kind="SandboxClaim",
-        plural="sandboxclaims",
+        plural=CLAIMS,
         singular="sandboxclaim",
         scope="Namespaced",
         short_names=("sbclaim",),

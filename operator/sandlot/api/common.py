@@ -15,6 +15,13 @@ GROUP = "sandlot.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 
+# The kinds' resource names (plurals), as API paths, RBAC rules and watches name them.
+SANDBOXES = "sandboxes"
+NODES = "sandboxnodes"
+POOLS = "sandboxpools"
+CLAIMS = "sandboxclaims"
+CACHEPRUNES = "cacheprunes"
+
 # Size limits on every string, list and map of the CRDs: bad input fails closed at
 # the API server, cheaply, and CEL rules get a bounded cost. Kubernetes' own limits
 # where it has one (names, metav1.Condition).

@@ -18,6 +18,7 @@ from sandlot.api.common import (
     MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
+    NODES,
     Condition,
     CrdInfo,
     Model,
@@ -271,7 +272,7 @@ class SandboxNodeStatus(Model):
 class SandboxNode(Resource):
     crd = CrdInfo(
         kind="SandboxNode",
-        plural="sandboxnodes",
+        plural=NODES,
         singular="sandboxnode",
         scope="Cluster",
         short_names=("snode",),

@@ -18,6 +18,7 @@ from sandlot.api.common import (
     MAX_DNS_LABEL,
     MAX_ENTRIES,
     MAX_MESSAGE,
+    POOLS,
     Condition,
     CrdInfo,
     Model,
@@ -163,7 +164,7 @@ class SandboxPoolStatus(Model):
 class SandboxPool(Resource):
     crd = CrdInfo(
         kind="SandboxPool",
-        plural="sandboxpools",
+        plural=POOLS,
         singular="sandboxpool",
         scope="Namespaced",
         short_names=("sbpool",),

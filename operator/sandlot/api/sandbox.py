@@ -30,6 +30,7 @@ from sandlot.api.common import (
     MAX_PORTS,
     MAX_QUANTITY,
     MAX_WORD,
+    SANDBOXES,
     Condition,
     CrdInfo,
     Model,
@@ -428,7 +429,7 @@ class SandboxStatus(Model):
 class Sandbox(Resource):
     crd = CrdInfo(
         kind="Sandbox",
-        plural="sandboxes",
+        plural=SANDBOXES,
         singular="sandbox",
         scope="Namespaced",
         short_names=("sb",),

@@ -36,7 +36,8 @@ from typing import Any
 
 from sandlot.adapters import purge
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import NODES, Objects
+from sandlot.adapters.objects import Objects
+from sandlot.api.common import CACHEPRUNES, CLAIMS, NODES, POOLS, SANDBOXES
 from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
 from sandlot.cli.options import duration
@@ -45,10 +46,10 @@ from sandlot.policy.purge import awaiting_stop, live_agents
 POLL_INTERVAL = 1.0
 SHOWN = 10
 KIND_NAMES = {
-    "sandboxclaims": "SandboxClaims",
-    "sandboxpools": "SandboxPools",
-    "sandboxes": "Sandboxes",
-    "cacheprunes": "CachePrunes",
+    CLAIMS: "SandboxClaims",
+    POOLS: "SandboxPools",
+    SANDBOXES: "Sandboxes",
+    CACHEPRUNES: "CachePrunes",
     NODES: "SandboxNodes",
 }
 

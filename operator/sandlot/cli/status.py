@@ -23,9 +23,9 @@ from typing import Any
 
 from sandlot.adapters.fleetview import read_fleet
 from sandlot.adapters.kube import load_api_client
-from sandlot.adapters.objects import parse_time
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.timestamps import parse_time
 
 UNBOUND = "<none>"
 PHASES = [p.value for p in SandboxPhase]

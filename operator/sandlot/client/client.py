@@ -11,16 +11,17 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
+from sandlot.adapters.sandboxapi import ApiRefused, SandboxApi
 from sandlot.api.claim import ClaimPhase
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import CLAIMS, GROUP, SANDBOXES, VERSION
 from sandlot.api.errors import UsageError
 from sandlot.api.keys import CLAIM_LABEL
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.client.errors import SandboxGone, SandlotError, TimedOut
 from sandlot.client.sandbox import Sandbox, gone_from, refusal
 
@@ -229,8 +230,7 @@ def lifecycle_fields(
                 f"shutdown_time {shutdown_time.isoformat()} has no time zone "
                 "(give an aware datetime, for example datetime.now(UTC) + timedelta(...))"
             )
-        stamp = shutdown_time.astimezone(UTC).isoformat().replace("+00:00", "Z")
-        out["shutdownTime"] = stamp
+        out["shutdownTime"] = rfc3339(shutdown_time, "auto")
     if shutdown_policy is not None:
         if shutdown_policy not in SHUTDOWN_POLICIES:
             raise ValueError(f"shutdown_policy {shutdown_policy!r}: Retain or Delete")

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from sandlot.adapters.sandboxapi import CLAIMS, SANDBOXES, ApiRefused, SandboxApi
+from sandlot.adapters.sandboxapi import ApiRefused, SandboxApi
 from sandlot.adapters.streamclient import Stream, StreamRefused
+from sandlot.api.common import CLAIMS, SANDBOXES
 from sandlot.api.reasons import ConditionType
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
 from sandlot.client.commands import Execution, Result, collect, command_argv

@@ -28,7 +28,7 @@ import kopf
 from sandlot.adapters.cacheprune import CachePrunes, Conflict, agent_lease_expiries
 from sandlot.adapters.objects import Objects
 from sandlot.api.cacheprune import CachePrune, CachePrunePhase, CachePruneStatus, NodePruneResult
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import CACHEPRUNES, GROUP, NODES, VERSION
 from sandlot.api.node import NodePhase
 from sandlot.policy.cacheprune import TERMINAL_PRUNE_PHASES, NodeReach, PruneDecision, decide
 
@@ -174,11 +174,11 @@ def register(
     controller = CachePruneController(objects, lease_namespace, leading)
     tasks: list[asyncio.Task[None]] = []
 
-    @kopf.on.event(GROUP, VERSION, "cacheprunes", registry=registry)
+    @kopf.on.event(GROUP, VERSION, CACHEPRUNES, registry=registry)
     async def cacheprune_event(body: kopf.Body, **kwargs: Any) -> None:
         controller.on_request(kwargs.get("type") or "MODIFIED", body)
 
-    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
+    @kopf.on.event(GROUP, VERSION, NODES, registry=registry)
     async def cacheprune_node_event(**_: Any) -> None:
         controller.kick_open()
 

@@ -49,13 +49,13 @@ from typing import Any, TypeVar
 
 import kopf
 
-from sandlot.adapters.objects import parse_time, rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
-from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
+from sandlot.api.timestamps import parse_time, rfc3339
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
@@ -403,6 +403,6 @@ class ClaimController:
 
 
 def register(registry: kopf.OperatorRegistry, claims: ClaimController) -> None:
-    @kopf.on.event(GROUP, VERSION, "sandboxclaims", registry=registry)
+    @kopf.on.event(GROUP, VERSION, CLAIMS, registry=registry)
     async def claim_event(body: kopf.Body, **kwargs: Any) -> None:
         claims.on_claim(kwargs.get("type"), body)

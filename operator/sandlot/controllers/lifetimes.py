@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.lifetimes import decide_lifetime

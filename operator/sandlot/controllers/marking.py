@@ -36,11 +36,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sandlot.adapters.objects import MarkResult, Objects, mark_one
-from sandlot.adapters.statuswrite import WriteResult
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
+from sandlot.policy.marking import dead_status
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +55,29 @@ class NotLeader(RuntimeError):
 
 
 @dataclass
-class NodeMarking(MarkResult):
+class NodeMarking:
     """What a node's marking pass achieved, and what it left alone."""
 
+    marked: list[str] = field(default_factory=list)
+    already_terminal: list[str] = field(default_factory=list)
+    """Found terminal, deleted or replaced (new uid, other node) after a 409."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Still conflicting after the write's attempts, or failing otherwise: why."""
     left: list[str] = field(default_factory=list)
     """Live sandboxes not marked: the node came back (``came_back``) before their turn."""
 
     @property
     def complete(self) -> bool:
         return not self.failed and not self.left
+
+    def record(self, key: str, written: WriteResult) -> None:
+        """Count one sandbox's write: marked, already terminal (or gone), or failed."""
+        if written.outcome is WriteOutcome.WRITTEN:
+            self.marked.append(key)
+        elif written.outcome in (WriteOutcome.SKIPPED, WriteOutcome.GONE):
+            self.already_terminal.append(key)
+        else:
+            self.failed[key] = written.detail or written.outcome.value
 
     def outcome(self, node: str, reason: str | None) -> tuple[str, str, str]:
         """How the pass ended, logged, and as an Event's type, reason and message."""
@@ -94,6 +109,29 @@ def _live(sandbox: Mapping[str, Any]) -> bool:
 def _key(sandbox: Mapping[str, Any]) -> tuple[str, str]:
     meta = sandbox.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("name", "")
+
+
+def mark_one(
+    objects: Objects,
+    sandbox: Mapping[str, Any],
+    *,
+    reason: str,
+    message: str,
+    now: datetime,
+    max_attempts: int = 5,
+) -> tuple[str, WriteResult]:
+    """Set one sandbox to Dead through ``statuswrite.write_status``; its key and outcome.
+
+    Only status is sent (phase, reason, message, its condition merged into the
+    others), never spec, with the resourceVersion it was read at as precondition.
+    """
+
+    def status_for(current: Mapping[str, Any]) -> dict[str, Any]:
+        return dead_status(reason, message, now, current)
+
+    written = write_status(objects, sandbox, status_for, max_attempts=max_attempts)
+    namespace, name = _key(sandbox)
+    return f"{namespace}/{name}", written
 
 
 class Marker:

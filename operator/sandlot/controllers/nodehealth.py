@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from sandlot.adapters.objects import LeaseRecord, MarkResult, Objects
+from sandlot.adapters.objects import LeaseRecord, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.reasons import EventReason, SandboxReason
 from sandlot.controllers.guardhold import HoldReporter
@@ -329,7 +329,7 @@ class NodeHealthController:
         if self.is_leader():
             self.post_event(body, type_, reason, message)
 
-    async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> MarkResult:
+    async def handle_deleted(self, name: str, body: Mapping[str, Any]) -> NodeMarking:
         """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted)."""
         decision = decide_deleted(node_tracking(body))
         result = await self._mark_all(name, decision)

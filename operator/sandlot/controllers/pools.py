@@ -43,12 +43,12 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import rfc3339
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import API_VERSION, GROUP, VERSION
+from sandlot.api.common import API_VERSION, GROUP, POOLS, VERSION
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import rfc3339
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -446,6 +446,6 @@ class PoolController:
 
 
 def register(registry: kopf.OperatorRegistry, pools: PoolController) -> None:
-    @kopf.on.event(GROUP, VERSION, "sandboxpools", registry=registry)
+    @kopf.on.event(GROUP, VERSION, POOLS, registry=registry)
     async def pool_event(body: kopf.Body, **kwargs: Any) -> None:
         pools.on_pool(kwargs.get("type"), body)

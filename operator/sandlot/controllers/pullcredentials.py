@@ -195,14 +195,21 @@ class PullCredentialBroker:
         self._stopped.set()
         self._broker.shutdown(wait=False, cancel_futures=True)
 
+    def retry_waiting(self) -> list[str]:
+        """Re-broker, as the leader, the node of each sandbox waiting for a referenced
+        object or key; the nodes submitted. Raises RuntimeError once closed."""
+        nodes = sorted(set(self.waiting.values()))
+        if not nodes or not self.leading():
+            return []
+        self._broker.submit(self._rebroker, nodes, [])
+        return nodes
+
     def _retry_waiting(self, interval: float) -> None:
         while not self._stopped.wait(interval):
-            nodes = sorted(set(list(self.waiting.values())))
-            if nodes and self.leading():
-                try:
-                    self._broker.submit(self._rebroker, nodes, [])
-                except RuntimeError:  # closed meanwhile
-                    return
+            try:
+                self.retry_waiting()
+            except RuntimeError:  # closed meanwhile
+                return
 
     def _rebroker(self, nodes: list[str], uids: list[str]) -> None:
         failed = []

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandlot.adapters.objects import parse_time
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
+from sandlot.api.timestamps import parse_time
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
 from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
 from sandlot.policy.placement import Placement

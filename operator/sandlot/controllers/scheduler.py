@@ -39,7 +39,7 @@ from typing import Any, Literal
 import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import GROUP, VERSION, Condition
+from sandlot.api.common import GROUP, NODES, VERSION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.placement import Taint
 from sandlot.api.reasons import ConditionType, ScheduledReason
@@ -396,6 +396,6 @@ def _prebound_pending(rec: SandboxRecord) -> bool:
 
 
 def register(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> None:
-    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
+    @kopf.on.event(GROUP, VERSION, NODES, registry=registry)
     async def scheduler_node_event(body: kopf.Body, **kwargs: Any) -> None:
         scheduler.on_node(kwargs.get("type"), body)

@@ -24,7 +24,7 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, NODES, VERSION
 from sandlot.policy.placement import tainted_label
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ def register(
     objects: Objects,
     leading: Callable[[], bool],
 ) -> None:
-    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
+    @kopf.on.event(GROUP, VERSION, NODES, registry=registry)
     async def node_taints(body: kopf.Body, **kwargs: Any) -> None:
         if kwargs.get("type") == "DELETED" or not leading():
             return

@@ -24,8 +24,9 @@ from typing import Any
 
 import kopf
 
-from sandlot.adapters.objects import NODES, POOLS, Objects
-from sandlot.adapters.workloads import CLAIMS, WorkloadApi
+from sandlot.adapters.objects import Objects
+from sandlot.adapters.workloads import WorkloadApi
+from sandlot.api.common import CLAIMS, NODES, POOLS
 from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import scheduler as scheduler_module

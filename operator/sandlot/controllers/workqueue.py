@@ -274,17 +274,18 @@ class WorkQueue:
             if self.observe is not None and started is not None:
                 self.observe(time.perf_counter() - started)
 
-    async def run_until_idle(self) -> int:
-        """Reconcile every key due by the clock's now, one at a time; returns how many.
+    async def run_until_idle(self) -> list[str]:
+        """Reconcile every key due by the clock's now, one at a time; the keys taken,
+        in order (a test asserting that a pass changed nothing first shows it ran).
 
         The step a test takes after moving its fake clock; keys a reconcile asks to
         see again later stay in the heap. Keys already running elsewhere wait.
         """
-        done = 0
+        done: list[str] = []
         self._promote_due()
         while (key := self._take()) is not None:
             await self._process(key)
-            done += 1
+            done.append(key)
             self._promote_due()
         return done
 

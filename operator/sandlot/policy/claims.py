@@ -25,7 +25,8 @@ from enum import StrEnum
 
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
-from sandlot.policy.lifetimes import after_finish, stamp
+from sandlot.api.timestamps import rfc3339
+from sandlot.policy.lifetimes import after_finish
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ def decide_claim_end(
         return ClaimEnd(
             EndAction.NONE, wait_seconds=(lifecycle.shutdown_time - now).total_seconds()
         )
-    message = f"claim ended at its shutdownTime {stamp(lifecycle.shutdown_time)}"
+    message = f"claim ended at its shutdownTime {rfc3339(lifecycle.shutdown_time, 'seconds')}"
     return ClaimEnd(EndAction.DELETE if lifecycle.delete else EndAction.EXPIRE, message=message)
 
 

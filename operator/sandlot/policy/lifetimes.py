@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sandlot.api.sandbox import TERMINAL_PHASES
+from sandlot.api.timestamps import rfc3339
 
 
 def deadline_of(
@@ -37,11 +38,6 @@ def deadline_of(
     if active_deadline_seconds is not None:
         candidates.append(created_at + timedelta(seconds=active_deadline_seconds))
     return min(candidates) if candidates else None
-
-
-def stamp(moment: datetime) -> str:
-    """``moment`` as messages say it: RFC 3339 in UTC, ``Z``."""
-    return moment.isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,8 @@ def after_finish(
     at = finished_at + timedelta(seconds=ttl_seconds)
     if now < at:
         return Due(now=False, wait_seconds=(at - now).total_seconds())
-    message = f"{what} at {stamp(finished_at)}, ttlSecondsAfterFinished {ttl_seconds} is over"
+    at_text = rfc3339(finished_at, "seconds")
+    message = f"{what} at {at_text}, ttlSecondsAfterFinished {ttl_seconds} is over"
     return Due(now=True, message=message)
 
 
@@ -120,7 +117,7 @@ def decide_lifetime(
     if deadline is None:
         return LifetimeDecision(expire=False)
     if now >= deadline:
-        message = f"lifetime ended at {stamp(deadline)}"
+        message = f"lifetime ended at {rfc3339(deadline, 'seconds')}"
         if ending.delete_at_deadline:
             return LifetimeDecision(expire=False, delete=True, message=message)
         return LifetimeDecision(expire=True, message=message)
@@ -135,5 +132,4 @@ __all__ = [
     "after_finish",
     "deadline_of",
     "decide_lifetime",
-    "stamp",
 ]

@@ -25,6 +25,7 @@ from sandlot.api.common import Condition
 from sandlot.api.probe import Probe
 from sandlot.api.reasons import ConditionType, ReadyReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
+from sandlot.api.timestamps import parse_time
 
 
 @dataclass(frozen=True)
@@ -171,11 +172,9 @@ def ready_since(
     for c in status.get("conditions") or ():
         if isinstance(c, Mapping) and c.get("type") == ConditionType.READY:
             stamp = c.get("lastTransitionTime")
-            if isinstance(stamp, datetime):
-                return stamp
-            if isinstance(stamp, str):
+            if isinstance(stamp, str | datetime):
                 try:
-                    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                    return parse_time(stamp)
                 except ValueError:
                     return started_at
     return started_at

@@ -28,6 +28,7 @@ from google.protobuf import timestamp_pb2
 
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import ImageTooLarge, NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecaps import mib
 
 try:
@@ -57,10 +58,6 @@ def to_datetime(ts: timestamp_pb2.Timestamp) -> datetime | None:
         return None
     when: datetime = ts.ToDatetime(tzinfo=UTC)
     return when
-
-
-def rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def translate(
@@ -181,7 +178,9 @@ class Connection:
         try:
             self.call(
                 self.leases.Create,
-                leases_pb2.CreateRequest(id=lease_id, labels={GC_EXPIRE_LABEL: rfc3339(expires)}),
+                leases_pb2.CreateRequest(
+                    id=lease_id, labels={GC_EXPIRE_LABEL: rfc3339(expires, "seconds")}
+                ),
                 timeout=budget.remaining(what),
                 what=what,
             )
@@ -210,4 +209,4 @@ class Connection:
         self._channel.close()
 
 
-__all__ = ["Connection", "rfc3339", "to_datetime", "translate"]
+__all__ = ["Connection", "to_datetime", "translate"]

@@ -55,6 +55,7 @@ from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.registryhosts import endpoints_for
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecaps import MAX_CONFIG_BYTES, mib
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import ImageReference
@@ -92,10 +93,6 @@ class PullResult:
     fetched_bytes: int
     """Of those, the bytes that came over the network (the rest were on the node)."""
     seconds: float
-
-
-def _rfc3339(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class ContainerdPuller(PullSteps):
@@ -375,7 +372,7 @@ class ContainerdPuller(PullSteps):
         self._call(
             self._leases.Create,
             leases_pb2.CreateRequest(
-                id=lease, labels={"containerd.io/gc.expire": _rfc3339(expires)}
+                id=lease, labels={"containerd.io/gc.expire": rfc3339(expires, "seconds")}
             ),
             budget,
             f"Leases.Create {lease}",
