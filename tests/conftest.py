@@ -13,4 +13,5 @@ pytest_plugins = [
     "tests.support.strict_skips",
     "tests.support.streams",
     "tests.support.runtimeclasses",
+    "tests.support.agentrig",
 ]

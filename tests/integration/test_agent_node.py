@@ -43,29 +43,6 @@ SLACK = 3.0
 SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
 
 
-@pytest.fixture(scope="module")
-def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
-@pytest.fixture
-def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    with agents.containerd_namespace(containerd, "agent", busybox_archive) as ns:
-        yield ns
-
-
-@pytest.fixture
-def rt(containerd: PrivateContainerd, ctr_ns: str) -> Iterator[ContainerdRuntime]:
-    runtime = ContainerdRuntime(containerd.address, ctr_ns)
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def node() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
-
-
 AgentFactory = Callable[..., Agent]
 
 

@@ -55,24 +55,6 @@ COUNTER = [
 ]
 
 
-@pytest.fixture(scope="module")
-def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
-@pytest.fixture
-def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    with agents.containerd_namespace(containerd, "pause", busybox_archive) as ns:
-        yield ns
-
-
-@pytest.fixture
-def rt(containerd: PrivateContainerd, ctr_ns: str) -> Iterator[ContainerdRuntime]:
-    runtime = ContainerdRuntime(containerd.address, ctr_ns)
-    yield runtime
-    runtime.close()
-
-
 @pytest.fixture
 def log_dir(tmp_path: Path) -> Path:
     return tmp_path / "logs"

@@ -113,29 +113,6 @@ def test_cleared_gc_backoff_leaves_the_sandboxnode_and_is_not_restored(
 # ---------------------------------------------------------------- agent on containerd
 
 
-@pytest.fixture(scope="module")
-def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
-@pytest.fixture
-def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    with agents.containerd_namespace(containerd, "safety", busybox_archive) as ns:
-        yield ns
-
-
-@pytest.fixture
-def rt(containerd: PrivateContainerd, ctr_ns: str) -> Iterator[ContainerdRuntime]:
-    runtime = ContainerdRuntime(containerd.address, ctr_ns)
-    yield runtime
-    runtime.close()
-
-
-@pytest.fixture
-def node() -> str:
-    return f"node-{uuid.uuid4().hex[:8]}"
-
-
 @pytest.fixture
 def make_agent(
     kube: client.ApiClient,

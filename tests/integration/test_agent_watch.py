@@ -44,17 +44,6 @@ AGENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def busybox_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
-@pytest.fixture
-def ctr_ns(containerd: PrivateContainerd, busybox_archive: Path) -> Iterator[str]:
-    with agents.containerd_namespace(containerd, "watch", busybox_archive) as ns:
-        yield ns
-
-
 AgentFactory = Callable[..., Agent]
 
 

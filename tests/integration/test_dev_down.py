@@ -135,7 +135,7 @@ MILESTONES = (
     r"exiting 3\n\(exit 3\)",  # the command's own exit code, through the API server
     r"-> run\(\['cat', '/www/index.html'\]\)\n.+",  # the SDK's exec
     r"-> pause\(\)\n-> Sandbox\(demo/\S+, Running\): frozen in place on demo-\d",
-    r"-> resume\(\)\n-> Sandbox\(demo/\S+, Running\), httpd pid \d+ \(the same process",
+    r"-> resume\(\)\n-> Sandbox\(demo/\S+, Running\), its main process started at tick \d+ \(the same process",
     r"sandlot cache clear containerd --all",
     r"left running",
 )

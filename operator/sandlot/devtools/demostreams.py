@@ -152,18 +152,22 @@ def claim_and_stream(kc: Callable[..., str], kubeconfig: Path) -> None:
 
 
 def pause_and_resume(sb: Sandbox) -> None:
-    """Freeze the claimed sandbox in place and thaw it: the same process, node and
-    address after, its web server answering again."""
-    before = sb.run(["sh", "-c", "pidof httpd || echo none"], timeout=60).stdout.decode().strip()
+    """Freeze the claimed sandbox in place and thaw it: the same process (its start
+    time, from /proc), node and address after."""
+    started = ["sh", "-c", "cut -d' ' -f22 /proc/1/stat"]  # the main process's start time
+    before = sb.run(started, timeout=60).stdout.decode().strip()
     print(f"$ python: {sb.name} -> pause()", flush=True)
     paused = sb.pause()
     node = (paused.body.get("spec") or {}).get("nodeName")
     print(f"-> {paused!r}: frozen in place on {node}, address {paused.ip}", flush=True)
     print(f"$ python: {sb.name} -> resume()", flush=True)
     resumed = sb.resume()
-    after = sb.run(["sh", "-c", "pidof httpd || echo none"], timeout=60).stdout.decode().strip()
+    after = sb.run(started, timeout=60).stdout.decode().strip()
     same = "the same" if before == after else "a different"
-    print(f"-> {resumed!r}, httpd pid {after} ({same} process as before the pause)", flush=True)
+    print(
+        f"-> {resumed!r}, its main process started at tick {after} ({same} process as before)",
+        flush=True,
+    )
 
 
 __all__ = ["DemoStreams", "claim_and_stream"]
