@@ -1,0 +1,309 @@
+"""Suspending sandboxes: the pure decisions of ``policy.suspension``, the sync rows
+they add, the streams and capacity they change, and the committed image's documents."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from sandlot.adapters.containerd.commit import committed_documents
+from sandlot.api.sandbox import OperatingMode, SandboxPhase
+from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
+from sandlot.policy.capacity import Capacity
+from sandlot.policy.operatingmode import mode_outcome, stream_refusal
+from sandlot.policy.startrefusals import StartFacts
+from sandlot.policy.suspension import (
+    SuspendStep,
+    decide_suspension,
+    is_suspended_image,
+    suspended_condition,
+    suspended_image_name,
+)
+
+M = OperatingMode
+S = SuspendStep
+KEY, CID, NODE = "ns/box", "sb-uid-1", "node-a"
+
+# ---------------------------------------------------------------- decide_suspension
+
+# (mode, recorded suspended, container present, refused for this spec) -> step
+DECISIONS = {
+    "suspend-a-running-container": (M.SUSPENDED, False, True, False, S.COMMIT),
+    "suspend-refused-for-this-spec-waits": (M.SUSPENDED, False, True, True, S.NONE),
+    "recorded-but-container-left-by-a-crash": (M.SUSPENDED, True, True, False, S.REMOVE),
+    "suspended-and-gone-rests": (M.SUSPENDED, True, False, False, S.NONE),
+    "asked-suspended-never-recorded-and-gone-is-not-ours": (M.SUSPENDED, False, False, False, None),
+    "running-again-restores": (M.RUNNING, True, False, False, S.RESTORE),
+    "paused-from-suspended-restores-first": (M.PAUSED, True, False, False, S.RESTORE),
+    "restore-refused-for-this-spec-waits": (M.RUNNING, True, False, True, S.NONE),
+    "restored-but-unsaid-records": (M.RUNNING, True, True, False, S.RECORD_RESTORED),
+    "never-suspended-running-is-not-ours": (M.RUNNING, False, True, False, None),
+    "never-suspended-paused-is-not-ours": (M.PAUSED, False, True, False, None),
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "suspended", "has_container", "failed", "step"),
+    DECISIONS.values(),
+    ids=list(DECISIONS),
+)
+def test_decide_suspension(
+    mode: OperatingMode, suspended: bool, has_container: bool, failed: bool, step: S | None
+) -> None:
+    assert decide_suspension(mode, suspended, has_container, failed) is step
+
+
+# ---------------------------------------------------------------- bodies and state
+
+
+def cond(status: str, reason: str, generation: int | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"type": "Suspended", "status": status, "reason": reason}
+    if generation is not None:
+        c["observedGeneration"] = generation
+    return c
+
+
+def body(
+    mode: str | None = None, conditions: list[dict[str, Any]] | None = None, generation: int = 3
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"image": "busybox", "nodeName": NODE}
+    if mode is not None:
+        spec["operatingMode"] = mode
+    return {
+        "metadata": {"namespace": "ns", "name": "box", "uid": "uid-1", "generation": generation},
+        "spec": spec,
+        "status": {"phase": "Running", "containerId": CID, "conditions": conditions or []},
+    }
+
+
+STATES = {
+    "asked-not-recorded": (body("Suspended"), False, False),
+    "recorded": (body("Suspended", [cond("True", "Suspended", 3)]), True, False),
+    "restored": (body("Running", [cond("False", "Restored", 4)]), False, False),
+    "refused-at-this-generation": (
+        body("Suspended", [cond("False", "SuspendFailed", 3)]),
+        False,
+        True,
+    ),
+    "refused-at-an-older-generation": (
+        body("Suspended", [cond("False", "SuspendFailed", 2)]),
+        False,
+        False,
+    ),
+    "restore-refused-stays-recorded": (
+        body("Running", [cond("True", "RestoreFailed", 3)]),
+        True,
+        True,
+    ),
+}
+
+
+@pytest.mark.parametrize(("obj", "suspended", "failed"), STATES.values(), ids=list(STATES))
+def test_sandbox_state_reads_the_suspended_condition(
+    obj: dict[str, Any], suspended: bool, failed: bool
+) -> None:
+    state = SandboxState.from_object(obj)
+    assert (state.suspended, state.suspend_failed) == (suspended, failed)
+
+
+# ---------------------------------------------------------------- the sync's rows
+
+
+def container() -> ContainerView:
+    return ContainerView(CID, {SANDBOX_LABEL: KEY})
+
+
+def sandbox(mode: OperatingMode, *, suspended: bool = False, failed: bool = False) -> SandboxState:
+    return SandboxState(
+        KEY, SandboxPhase.RUNNING, CID, mode=mode, suspended=suspended, suspend_failed=failed
+    )
+
+
+# (sandbox, container present, node drained) -> actions
+ROWS = {
+    "asked-suspended-is-committed": (
+        sandbox(M.SUSPENDED),
+        True,
+        False,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "recorded-with-its-container-left-removes-it": (
+        sandbox(M.SUSPENDED, suspended=True),
+        True,
+        False,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "suspended-without-container-is-not-lost": (
+        sandbox(M.SUSPENDED, suspended=True),
+        False,
+        False,
+        [],
+    ),
+    "asked-suspended-not-recorded-without-container-is-lost": (
+        sandbox(M.SUSPENDED),
+        False,
+        False,
+        [Action(ActionKind.END_LOST, KEY)],
+    ),
+    "running-again-restores": (
+        sandbox(M.RUNNING, suspended=True),
+        False,
+        False,
+        [Action(ActionKind.RESTORE, KEY)],
+    ),
+    "restored-container-unsaid-is-recorded": (
+        sandbox(M.RUNNING, suspended=True),
+        True,
+        False,
+        [Action(ActionKind.RESTORE, KEY, CID)],
+    ),
+    "no-restore-onto-a-drained-node": (sandbox(M.RUNNING, suspended=True), False, True, []),
+    "a-drained-node-stops-a-container-before-suspending-it": (
+        sandbox(M.SUSPENDED),
+        True,
+        True,
+        [Action(ActionKind.STOP_DRAINED, KEY, CID)],
+    ),
+    "a-refused-suspend-is-not-tried-again": (sandbox(M.SUSPENDED, failed=True), True, False, []),
+    "a-refused-restore-is-not-tried-again": (
+        sandbox(M.RUNNING, suspended=True, failed=True),
+        False,
+        False,
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize(("sb", "present", "drained", "expected"), ROWS.values(), ids=list(ROWS))
+def test_plan_sync_suspension_rows(
+    sb: SandboxState, present: bool, drained: bool, expected: list[Action]
+) -> None:
+    containers = [container()] if present else []
+    assert plan_sync([sb], containers, drained=drained, in_flight=()) == expected
+
+
+def _waiting() -> dict[str, Any]:
+    waiting = body()
+    waiting["metadata"] = {**waiting["metadata"], "name": "next"}
+    waiting["status"] = {"phase": "Scheduled"}
+    waiting["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
+    return waiting
+
+
+@pytest.mark.parametrize(
+    ("mode", "recorded", "present", "fits"),
+    [
+        ("Suspended", True, False, True),
+        ("Suspended", False, True, False),
+        ("Paused", False, True, False),
+        ("Running", True, True, False),
+    ],
+    ids=[
+        "suspended-counts-nothing",
+        "not-yet-suspended-counts",
+        "paused-counts",
+        "restored-counts",
+    ],
+)
+def test_node_capacity_counts_nothing_of_a_suspended_sandbox(
+    mode: str, recorded: bool, present: bool, fits: bool
+) -> None:
+    held = body(mode, [cond("True", "Suspended")] if recorded else [])
+    held["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
+    waiting = _waiting()
+    facts = StartFacts(NODE, Capacity(10, 2**30 + 1), {"ns/box": held, "ns/next": waiting})
+    states = [SandboxState.from_object(held), SandboxState.from_object(waiting)]
+    containers = [container()] if present else []
+    plan = plan_sync(states, containers, drained=False, in_flight=(), facts=facts)
+    kinds = {a.key: a.kind for a in plan}
+    assert kinds["ns/next"] is (ActionKind.START if fits else ActionKind.FAIL), plan
+
+
+# ---------------------------------------------------------------- streams and waiters
+
+
+REFUSALS = {
+    "asked-suspended": (body("Suspended"), "is Suspended (spec.operatingMode)"),
+    "recorded-suspended": (body("Suspended", [cond("True", "Suspended")]), "is Suspended"),
+    "restoring": (body("Running", [cond("True", "Suspended")]), "still suspended (restoring)"),
+    "restored": (body("Running", [cond("False", "Restored")]), None),
+}
+
+
+@pytest.mark.parametrize(("obj", "says"), REFUSALS.values(), ids=list(REFUSALS))
+def test_stream_refusal_of_a_suspended_sandbox(obj: dict[str, Any], says: str | None) -> None:
+    refusal = stream_refusal(obj, "exec")
+    if says is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and says in refusal and "ns/box" in refusal
+
+
+@pytest.mark.parametrize(
+    ("obj", "mode", "outcome"),
+    [
+        (body("Suspended"), M.SUSPENDED, None),
+        (body("Suspended", [cond("True", "Suspended")]), M.SUSPENDED, "applied"),
+        (body("Running", [cond("True", "Suspended")]), M.RUNNING, None),
+        (body("Running", [cond("False", "Restored")]), M.RUNNING, "applied"),
+        (
+            body("Suspended", [cond("False", "SuspendFailed", 3) | {"message": "why"}]),
+            M.SUSPENDED,
+            "why",
+        ),
+        (body("Running", [cond("True", "RestoreFailed", 3) | {"message": "no"}]), M.RUNNING, "no"),
+    ],
+    ids=["waits", "applied", "restore-waits", "restored", "suspend-refused", "restore-refused"],
+)
+def test_mode_outcome_of_suspend_and_restore(
+    obj: dict[str, Any], mode: OperatingMode, outcome: str | None
+) -> None:
+    assert mode_outcome(obj, mode) == outcome
+
+
+def test_conditions_say_what_was_done_and_where() -> None:
+    done = suspended_condition(True, NODE, 3)
+    assert (done.status, done.reason, done.observed_generation) == ("True", "Suspended", 3)
+    assert NODE in done.message
+    refused = suspended_condition(True, NODE, 3, "no diff")
+    assert (refused.status, refused.reason) == ("False", "SuspendFailed")
+    assert "no diff" in refused.message and "not tried again" in refused.message
+    restored = suspended_condition(False, NODE, 4)
+    assert (restored.status, restored.reason) == ("False", "Restored")
+    failed = suspended_condition(False, NODE, 4, "gone")
+    assert (failed.status, failed.reason) == ("True", "RestoreFailed")
+
+
+def test_the_committed_image_is_named_after_the_sandbox_and_held() -> None:
+    name = suspended_image_name("uid-1")
+    assert "uid-1" in name and is_suspended_image(name)
+    assert not is_suspended_image("docker.io/library/busybox:latest")
+
+
+# ---------------------------------------------------------------- the committed image
+
+
+def test_committed_documents_append_the_layer_to_config_and_manifest() -> None:
+    config = {"config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": ["sha256:a"]}}
+    layers = [
+        {
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "digest": "sha256:g",
+            "size": 9,
+        }
+    ]
+    layer = {"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": "sha256:b", "size": 4}
+    config_bytes, manifest_bytes = committed_documents(
+        config, layers, layer, datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    new_config, manifest = json.loads(config_bytes), json.loads(manifest_bytes)
+    assert new_config["rootfs"]["diff_ids"] == ["sha256:a", "sha256:b"]
+    assert new_config["config"] == {"Cmd": ["sh"]}
+    assert new_config["history"][-1]["created"] == "2026-01-01T00:00:00Z"
+    assert config["rootfs"]["diff_ids"] == ["sha256:a"], "the image's own config was changed"
+    assert [entry["digest"] for entry in manifest["layers"]] == ["sha256:g", "sha256:b"]
+    assert manifest["config"]["size"] == len(config_bytes)
