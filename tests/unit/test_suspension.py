@@ -4,16 +4,23 @@ they add, the streams and capacity they change, and the committed image's docume
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sandlot.adapters.containerd.commit import committed_documents
+from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
+from sandlot.agent.sandboxes import StartFailed
+from sandlot.agent.status import StatusWriter
+from sandlot.agent.suspend import Suspensions
+from sandlot.agent.teardown import teardown
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.capacity import Capacity
+from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.operatingmode import mode_outcome, stream_refusal
 from sandlot.policy.startrefusals import StartFacts
 from sandlot.policy.suspension import (
@@ -23,10 +30,14 @@ from sandlot.policy.suspension import (
     suspended_condition,
     suspended_image_name,
 )
+from tests.support.agent import FakeRuntime
+from tests.support.clock import FakeClock
+from tests.support.fakeobjects import FakeObjects
 
 M = OperatingMode
 S = SuspendStep
 KEY, CID, NODE = "ns/box", "sb-uid-1", "node-a"
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 # ---------------------------------------------------------------- decide_suspension
 
@@ -307,3 +318,124 @@ def test_committed_documents_append_the_layer_to_config_and_manifest() -> None:
     assert config["rootfs"]["diff_ids"] == ["sha256:a"], "the image's own config was changed"
     assert [entry["digest"] for entry in manifest["layers"]] == ["sha256:g", "sha256:b"]
     assert manifest["config"]["size"] == len(config_bytes)
+
+
+# ---------------------------------------------------------------- the agent's work
+
+
+class Work:
+    """What ``Suspensions`` uses of ``SandboxWork``: runtime, status, teardown, restart."""
+
+    def __init__(self, rt: FakeRuntime, objects: FakeObjects, clock: FakeClock) -> None:
+        self.rt, self.objects, self.node = rt, objects, NODE
+        self.status = StatusWriter(objects, NODE, clock.now)  # type: ignore[arg-type]
+        self.settings = SimpleNamespace(image_pull_deadline=timedelta(seconds=1))
+        self.call_timeout = 0.2
+        self.torn_down: list[str] = []
+        self.restarted: list[str] = []
+        self.refuse_restart: str | None = None
+
+    def teardown(self, container: ContainerInfo) -> None:
+        self.torn_down.append(container.id)
+        teardown(self.rt, container, kill_wait=0.2, call_timeout=0.2)
+
+    def restart_from(
+        self, sb: dict[str, Any], image: str
+    ) -> tuple[ContainerInfo, dict[str, Any]] | None:
+        if self.refuse_restart is not None:
+            raise StartFailed("ImageNotFound", self.refuse_restart)
+        self.restarted.append(image)
+        info = self.rt.add(CID, {SANDBOX_LABEL: KEY})
+        return info, {"containerId": CID, "pid": self.rt.tasks[CID].pid, "ip": "10.0.0.9"}
+
+
+class World:
+    def __init__(
+        self, mode: str, *, container: bool = True, conditions: list[Any] | None = None
+    ) -> None:
+        self.clock = FakeClock(T0)
+        self.objects = FakeObjects(self.clock.now)
+        self.rt = FakeRuntime()
+        self.info = self.rt.add(CID, {SANDBOX_LABEL: KEY}) if container else None
+        self.objects.add_sandbox("ns", "box", T0, node=NODE, phase="Running")
+        stored = self.objects.sandboxes[KEY]
+        stored["spec"]["operatingMode"] = mode
+        stored["metadata"]["generation"] = 2
+        stored["status"]["conditions"] = list(conditions or [])
+        self.uid = stored["metadata"]["uid"]
+        self.work = Work(self.rt, self.objects, self.clock)
+        self.suspensions = Suspensions(self.work)  # type: ignore[arg-type]
+
+    def body(self) -> dict[str, Any]:
+        return self.objects.get_sandbox("ns", "box")
+
+    def condition(self, kind: str = "Suspended") -> Any:
+        found = parse_conditions(self.objects.sandboxes[KEY]["status"].get("conditions"))
+        return next((c for c in found if c.type == kind), None)
+
+
+def test_suspend_commits_records_and_only_then_removes_the_container() -> None:
+    world = World("Suspended")
+    assert world.info is not None
+    assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
+    calls = [method for method, _ in world.rt.calls]
+    assert (
+        calls.index("pause_task")
+        < calls.index("commit_container")
+        < calls.index("delete_container")
+    )
+    assert suspended_image_name(world.uid) in world.rt.images
+    c = world.condition()
+    assert (c.status, c.reason, c.observed_generation) == ("True", "Suspended", 2)
+    assert world.work.torn_down == [CID] and CID not in world.rt.containers
+    assert world.objects.sandboxes[KEY]["status"]["phase"] == "Running"
+
+
+def test_a_refused_commit_is_recorded_and_the_task_runs_on() -> None:
+    world = World("Suspended")
+    assert world.info is not None
+
+    def refuse(container_id: str, image: str, labels: Any, *, timeout: float) -> str:
+        raise RuntimeError_("snapshot is a user namespace's copy", "unsupported")
+
+    world.rt.commit_container = refuse  # type: ignore[method-assign]
+    assert world.suspensions.suspend(world.body(), world.info) is None
+    c = world.condition()
+    assert (c.status, c.reason, c.observed_generation) == ("False", "SuspendFailed", 2)
+    assert "user namespace" in c.message
+    assert world.rt.tasks[CID].state is TaskState.RUNNING, "left frozen by a refused suspend"
+    assert not world.work.torn_down
+    state = SandboxState.from_object(world.body())
+    assert plan_sync([state], [container()], drained=False, in_flight=()) == []
+
+
+def test_a_silent_runtime_writes_nothing_and_keeps_the_container() -> None:
+    world = World("Suspended")
+    assert world.info is not None
+    world.rt.wedged.add(CID)
+    assert world.suspensions.suspend(world.body(), world.info) is None
+    assert world.condition() is None and not world.work.torn_down
+
+
+def test_restore_starts_from_the_committed_image_and_says_so() -> None:
+    paused = {"type": "Paused", "status": "True", "reason": "Paused", "message": "frozen"}
+    recorded = cond("True", "Suspended", 1) | {"message": "committed"}
+    world = World("Running", container=False, conditions=[recorded, paused])
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert world.work.restarted == [suspended_image_name(world.uid)]
+    c = world.condition()
+    assert (c.status, c.reason) == ("False", "Restored")
+    assert world.condition("Paused").status == "False", "its frozen processes are gone"
+    status = world.objects.sandboxes[KEY]["status"]
+    assert (status["ip"], status["pid"]) == ("10.0.0.9", world.rt.tasks[CID].pid)
+
+
+def test_a_refused_restore_is_recorded_and_not_tried_again() -> None:
+    recorded = cond("True", "Suspended", 1) | {"message": "committed"}
+    world = World("Running", container=False, conditions=[recorded])
+    world.work.refuse_restart = "image gone"
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    c = world.condition()
+    assert (c.status, c.reason, c.observed_generation) == ("True", "RestoreFailed", 2)
+    state = SandboxState.from_object(world.body())
+    assert plan_sync([state], [], drained=False, in_flight=()) == []

@@ -110,6 +110,16 @@ class Suspensions:
         work.teardown(container)
         return step
 
+    def _restored_pid(self, key: str, container: ContainerInfo) -> dict[str, Any]:
+        """The pid of a container restored before a crash left it unsaid (its address
+        was written with it, or is the node's)."""
+        try:
+            task = self.work.rt.get_task(container.id, timeout=self.work.call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("sandbox %s: cannot read its restored task: %s", key, exc)
+            return {}
+        return {"containerId": container.id, "pid": task.pid} if task is not None else {}
+
     def restore(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
         """Start ``sb`` again from its committed filesystem (or only say so when its
         container exists already); the step taken, None when nothing was done."""
@@ -129,7 +139,9 @@ class Suspensions:
                 return None  # not now: the next pass tries again
             if started is not None:
                 fields = started[1]
-        elif step is not SuspendStep.RECORD_RESTORED:
+        elif step is SuspendStep.RECORD_RESTORED and container is not None:
+            fields = self._restored_pid(key, container)
+        else:
             return None
         conditions = [suspended_condition(False, work.node, generation, error)]
         if error is None and recorded_paused(sb):  # its frozen processes are gone
