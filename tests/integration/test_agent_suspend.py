@@ -34,6 +34,7 @@ from tests.integration.test_agent_node import (
 from tests.integration.test_agent_pause import exec_refusal, log_of, set_mode
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
+from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -107,6 +108,7 @@ def wait_suspended(
     )
 
 
+@EVERY_CONTAINERD
 def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime) -> None:
     cid = "commit-me"
     script = "echo kept > /kept; sleep 1000"
@@ -129,11 +131,11 @@ def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime
     again = "again"
     spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=again)
     rt.create_container(ContainerSpec(id=again, image=name, oci_spec=spec, labels={}), timeout=10)
-    kept = Path(rt.writable_layer(again, timeout=5)).parent / "fs"
     rt.start_task(again, stdio="", timeout=10)
     try:
-        mounted = Path(f"/proc/{rt.get_task(again, timeout=5).pid}/root/kept")  # type: ignore[union-attr]
-        assert mounted.read_text() == "kept\n", kept
+        task = rt.get_task(again, timeout=5)
+        assert task is not None
+        assert Path(f"/proc/{task.pid}/root/kept").read_text() == "kept\n"
     finally:
         teardown(rt, again, kill_wait=KILL_WAIT, call_timeout=CALL_TIMEOUT)
 
