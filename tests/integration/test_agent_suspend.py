@@ -20,6 +20,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown
+from sandlot.api.common import GROUP, VERSION
 from sandlot.policy.ocispec import default_spec
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import (
@@ -211,3 +212,32 @@ def test_a_suspended_sandbox_has_no_container_and_comes_back_with_its_files(
         timeout=10,
         what="exec allowed again once restored",
     )
+
+
+def test_a_deleted_suspended_sandboxs_image_goes_with_the_next_gc_pass(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+) -> None:
+    agent = make_agent()
+    assert agent.start()
+    create_sandbox(kube, namespace, "gone", agent.node, command=WRITER)
+    running = wait_phase(kube, namespace, "gone", "Running", timeout=30)
+    image = suspended_image_name(running["metadata"]["uid"])
+    set_mode(kube, namespace, "gone", "Suspended")
+    wait_suspended(kube, namespace, "gone", "True", "Suspended")
+    assert agent.collector is not None
+    agent.collector.run_watermark()
+    assert image in {i.name for i in rt.list_images(timeout=10)}, "a live sandbox's state went"
+
+    client.CustomObjectsApi(kube).delete_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", "gone"
+    )
+    wait_for(
+        lambda: agent.sandbox_watch.get(f"{namespace}/gone") is None,
+        timeout=15,
+        what="the agent's watch to see the sandbox deleted",
+    )
+    agent.collector.run_watermark()
+    assert image not in {i.name for i in rt.list_images(timeout=10)}

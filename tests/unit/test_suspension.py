@@ -27,6 +27,8 @@ from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
     is_suspended_image,
+    live_uids,
+    orphaned_images,
     suspended_condition,
     suspended_image_name,
 )
@@ -293,6 +295,16 @@ def test_the_committed_image_is_named_after_the_sandbox_and_held() -> None:
     name = suspended_image_name("uid-1")
     assert "uid-1" in name and is_suspended_image(name)
     assert not is_suspended_image("docker.io/library/busybox:latest")
+
+
+def test_orphaned_images_are_those_of_no_live_sandbox() -> None:
+    ended = body("Suspended") | {"status": {"phase": "Stopped"}}
+    ended["metadata"] = {**ended["metadata"], "uid": "uid-2"}
+    live = live_uids([body("Suspended"), ended])
+    assert live == {"uid-1"}
+    names = [suspended_image_name("uid-1"), suspended_image_name("uid-2"), "busybox:latest"]
+    assert orphaned_images(names, live) == [suspended_image_name("uid-2")]
+    assert orphaned_images(names, None) == [], "unknown sandboxes orphan nothing"
 
 
 # ---------------------------------------------------------------- the committed image

@@ -23,8 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -45,6 +45,7 @@ from sandlot.policy.imagegc import (
     PassKind,
     ProtectedSet,
 )
+from sandlot.policy.suspension import orphaned_images
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,7 @@ class ImageCollector:
         metrics: GcMetrics | None = None,
         exhausted_until: datetime | None = None,
         starting: Callable[[], Iterable[str]] = frozenset,
+        live_uids: Callable[[], Collection[str] | None] = lambda: None,
     ) -> None:
         if call_timeout <= 0:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout}")
@@ -183,6 +185,9 @@ class ImageCollector:
         self._exhausted_until = exhausted_until
         # Images being pulled or started from: in use before any container holds them.
         self._starting = starting
+        # The node's non-terminal Sandboxes' uids (None: not known yet): a committed
+        # image of any other is an orphan, removed by every pass.
+        self._live_uids = live_uids
         self._lock = threading.Lock()
         self._touches = TouchLog()
         self.last_result: GcResult | None = None
@@ -289,6 +294,9 @@ class ImageCollector:
             live_job_prefixes=self.live_job_prefixes,
         )
         plan = gcpolicy.plan_pass(kind, records, protected, before, self.thresholds, now)
+        orphans = set(orphaned_images((r.name for r in records), self._live_uids()))
+        if orphans:  # a deleted or ended suspended sandbox's filesystem, held by nobody
+            plan = replace(plan, evict=(*(r for r in records if r.name in orphans), *plan.evict))
 
         removed, gone, failures = self._evict(plan, mark)
         errors: list[str] = []

@@ -26,11 +26,15 @@ other       no         any        None (the pause logic)
 
 A commit or restore the runtime refused is recorded with the spec's generation
 and not tried again until the spec changes (``NONE``), as a refused pause is.
+
+The committed image is held by the image collector while its Sandbox lives on
+the node, and removed by its next pass once the Sandbox is deleted or has ended
+(``orphaned_images``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -41,6 +45,7 @@ from sandlot.api.sandbox import (
     REASON_SUSPEND_FAILED,
     REASON_SUSPENDED,
     SUSPENDED_CONDITION,
+    TERMINAL_PHASES,
     OperatingMode,
 )
 
@@ -67,6 +72,31 @@ def suspended_image_name(uid: str) -> str:
 def is_suspended_image(name: str) -> bool:
     """An image sandlot committed for a suspended sandbox (never collected by age)."""
     return name.startswith(SUSPENDED_IMAGE_PREFIX)
+
+
+def image_uid(name: str) -> str | None:
+    """The Sandbox uid a committed image belongs to (None: not a committed image)."""
+    if not is_suspended_image(name):
+        return None
+    return name[len(SUSPENDED_IMAGE_PREFIX) :].rsplit(":", 1)[0]
+
+
+def orphaned_images(names: Iterable[str], live_uids: Collection[str] | None) -> list[str]:
+    """Committed images whose Sandbox is gone from this node or has ended: its state
+    serves nobody. ``live_uids``: the uids of the node's non-terminal Sandboxes;
+    None (not known yet) orphans nothing."""
+    if live_uids is None:
+        return []
+    return sorted(n for n in names if (uid := image_uid(n)) is not None and uid not in live_uids)
+
+
+def live_uids(sandboxes: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+    """The uids of the Sandboxes given (a node's) that have not ended."""
+    return frozenset(
+        str(o["metadata"]["uid"])
+        for o in sandboxes
+        if (o.get("status") or {}).get("phase") not in TERMINAL_PHASES
+    )
 
 
 def _condition(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -148,7 +178,10 @@ __all__ = [
     "SUSPENDED_IMAGE_PREFIX",
     "SuspendStep",
     "decide_suspension",
+    "image_uid",
     "is_suspended_image",
+    "live_uids",
+    "orphaned_images",
     "recorded_suspended",
     "suspend_failed",
     "suspended_condition",
