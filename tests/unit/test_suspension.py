@@ -174,7 +174,18 @@ ROWS = {
         False,
         [Action(ActionKind.RESTORE, KEY, CID)],
     ),
-    "no-restore-onto-a-drained-node": (sandbox(M.RUNNING, suspended=True), False, True, []),
+    "a-drained-node-ends-a-suspended-sandbox": (
+        sandbox(M.RUNNING, suspended=True),
+        False,
+        True,
+        [Action(ActionKind.END_DRAINED, KEY)],
+    ),
+    "a-drained-node-ends-one-asked-to-stay-suspended": (
+        sandbox(M.SUSPENDED, suspended=True),
+        False,
+        True,
+        [Action(ActionKind.END_DRAINED, KEY)],
+    ),
     "a-drained-node-stops-a-container-before-suspending-it": (
         sandbox(M.SUSPENDED),
         True,
@@ -234,6 +245,25 @@ def test_node_capacity_counts_nothing_of_a_suspended_sandbox(
     plan = plan_sync(states, containers, drained=False, in_flight=(), facts=facts)
     kinds = {a.key: a.kind for a in plan}
     assert kinds["ns/next"] is (ActionKind.START if fits else ActionKind.FAIL), plan
+
+
+@pytest.mark.parametrize(
+    ("other_limit", "restored"),
+    [("512Mi", True), ("1Gi", False)],
+    ids=["room-left-restores", "full-node-waits-suspended"],
+)
+def test_a_restore_waits_for_room_on_its_node(other_limit: str, restored: bool) -> None:
+    back = body("Running", [cond("True", "Suspended")])
+    back["spec"]["resources"] = {"limits": {"memory": "1Gi"}}
+    other = body("Running")
+    other["metadata"] = {**other["metadata"], "name": "other", "uid": "uid-2"}
+    other["status"]["containerId"] = "sb-uid-2"
+    other["spec"]["resources"] = {"limits": {"memory": other_limit}}
+    facts = StartFacts(NODE, Capacity(10, 2**30 + 2**29), {"ns/box": back, "ns/other": other})
+    states = [SandboxState.from_object(back), SandboxState.from_object(other)]
+    views = [ContainerView("sb-uid-2", {SANDBOX_LABEL: "ns/other"})]
+    plan = plan_sync(states, views, drained=False, in_flight=(), facts=facts)
+    assert plan == ([Action(ActionKind.RESTORE, KEY)] if restored else [])
 
 
 # ---------------------------------------------------------------- streams and waiters

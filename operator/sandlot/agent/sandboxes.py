@@ -234,6 +234,16 @@ class SandboxWork:
             allowed_from=UNSTARTED_PHASES,
         )
 
+    def end_drained(self, sb: Mapping[str, Any], reason: str) -> None:
+        """End a suspended sandbox (no container) on this drained node."""
+        self.status.end(
+            sb,
+            SandboxPhase.STOPPED,
+            reason,
+            f"node {self.node} is drained (the sandbox was suspended there)",
+            allowed_from=frozenset({SandboxPhase.RUNNING}),
+        )
+
     def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
         key = sandbox_key(sb)
         log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)

@@ -155,6 +155,8 @@ class SandboxSync:
             return partial(work.refuse_drained, sb, REASON_DRAINED)
         if kind is ActionKind.END_LOST:
             return partial(work.end_lost, key)
+        if kind is ActionKind.END_DRAINED and sb is not None:
+            return partial(work.end_drained, sb, REASON_DRAINED)
         if kind is ActionKind.RESTORE and sb is not None:
             return partial(self.suspensions.restore, sb, container)
         if container is None:

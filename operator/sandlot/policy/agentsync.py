@@ -15,6 +15,7 @@ Running, to suspend         present                     suspend (commit, remove)
 Running, suspended          none, node not drained,     restore (start from the
                             mode not Suspended          committed image)
 Running                     present, node drained       stop (Stopped/Drained)
+Running, suspended          none, node drained          end-drained (Stopped/Drained)
 Running, had a container    none, not suspended         end-lost (ContainerLost)
 Dead                        present                     fence (tear down, counted)
 Stopped/Failed              present                     cleanup (tear down)
@@ -29,7 +30,8 @@ is none of the sync's business: the start-up sweep removed those. "Mode to
 apply" is ``policy.operatingmode.mode_pending``: the spec's operatingMode differs
 from what the Paused condition records; a drained node stops the sandbox instead.
 Suspending and restoring are ``policy.suspension.decide_suspension``'s; a
-suspended sandbox counts nothing in the node's capacity.
+suspended sandbox counts nothing in the node's capacity, and its restore waits
+until the node has room for it (judged before the starts: it was here first).
 
 Given the node's facts (``policy.startrefusals.StartFacts``: capacity, limits,
 placement, RuntimeClasses, disk pressure), a start the node refuses becomes a
@@ -49,13 +51,14 @@ from typing import Any
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
+from sandlot.policy.capacity import over_capacity
 from sandlot.policy.operatingmode import (
     failed_at_generation,
     mode_pending,
     recorded_paused,
     wanted_mode,
 )
-from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts
+from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts, usage
 from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
@@ -77,6 +80,8 @@ class ActionKind(StrEnum):
     REFUSE_DRAINED = "refuse-drained"
     TEARDOWN_UNSTARTED = "teardown-unstarted"
     STOP_DRAINED = "stop-drained"
+    END_DRAINED = "end-drained"
+    """A suspended sandbox (no container) on a drained node: ended Stopped/Drained."""
     APPLY_MODE = "apply-mode"
     SUSPEND = "suspend"
     RESTORE = "restore"
@@ -157,6 +162,8 @@ def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: boo
 def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | None:
     if drained and cid is not None:
         return Action(ActionKind.STOP_DRAINED, sb.key, cid)
+    if drained and sb.suspended:  # its state stays on this node: it cannot move yet
+        return Action(ActionKind.END_DRAINED, sb.key)
     step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
     if step is SuspendStep.NONE:
         return None
@@ -206,7 +213,10 @@ def _judged(
     facts: StartFacts,
 ) -> list[Action]:
     starting = [a.key for a in actions if a.kind is ActionKind.START]
-    if not starting:
+    # A restore takes room as a start does: judged on capacity alone (it was placed
+    # here already), before the starts, and waits while the node is full.
+    restoring = [a.key for a in actions if a.kind is ActionKind.RESTORE and not a.container_id]
+    if not starting and not restoring:
         return actions
     started = [
         sb.key
@@ -215,9 +225,18 @@ def _judged(
         and (sb.phase not in UNSTARTED_PHASES or sb.key in with_container)
         and not (sb.suspended and sb.key not in with_container)  # holds nothing
     ]
-    refused = refused_starts(starting, started, facts)
+    no_room = over_capacity(
+        facts.node,
+        [usage(k, facts) for k in started],
+        [usage(k, facts) for k in restoring],
+        facts.capacity,
+    )
+    started += [k for k in restoring if k not in no_room]
+    refused = refused_starts(starting, started, facts) if starting else {}
     judged = []
     for action in actions:
+        if action.kind is ActionKind.RESTORE and action.key in no_room:
+            continue  # stays suspended until the node has room
         why = refused.get(action.key) if action.kind is ActionKind.START else None
         if why is None:
             judged.append(action)
