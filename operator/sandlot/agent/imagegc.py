@@ -30,7 +30,7 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.runtime import NotFound, Runtime
+from sandlot.adapters.runtime import ImageRecord, NotFound, Runtime
 from sandlot.agent.imagetouch import TouchLog
 from sandlot.agent.metrics import GcMetrics
 from sandlot.api.cacheprune import NodePruneResult
@@ -293,10 +293,7 @@ class ImageCollector:
             pinned=self.pinned,
             live_job_prefixes=self.live_job_prefixes,
         )
-        plan = gcpolicy.plan_pass(kind, records, protected, before, self.thresholds, now)
-        orphans = set(orphaned_images((r.name for r in records), self._live_uids()))
-        if orphans:  # a deleted or ended suspended sandbox's filesystem, held by nobody
-            plan = replace(plan, evict=(*(r for r in records if r.name in orphans), *plan.evict))
+        plan = self._plan(kind, records, protected, before, now)
 
         removed, gone, failures = self._evict(plan, mark)
         errors: list[str] = []
@@ -352,6 +349,22 @@ class ImageCollector:
             error="; ".join(errors) or None,
             finished_at=self._clock(),
         )
+
+    def _plan(
+        self,
+        kind: PassKind,
+        records: list[ImageRecord],
+        protected: ProtectedSet,
+        usage: DiskUsage,
+        now: datetime,
+    ) -> GcPlan:
+        """The policy's plan, with the committed images of sandboxes gone or ended
+        first: a filesystem kept for nobody goes whatever the pressure."""
+        plan = gcpolicy.plan_pass(kind, records, protected, usage, self.thresholds, now)
+        orphans = set(orphaned_images((r.name for r in records), self._live_uids()))
+        if not orphans:
+            return plan
+        return replace(plan, evict=(*(r for r in records if r.name in orphans), *plan.evict))
 
     def _evict(self, plan: GcPlan, mark: int) -> tuple[list[str], list[str], list[str]]:
         """Delete the plan's records: (removed, gone meanwhile, failures)."""
