@@ -32,7 +32,7 @@ from tests.integration.test_agent_node import (
     get_sandbox,
     wait_phase,
 )
-from tests.integration.test_agent_pause import exec_refusal, log_of, set_mode
+from tests.integration.test_agent_pause import exec_refusal, log_of, set_mode, watch_says
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
@@ -73,20 +73,21 @@ def log_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_agent(
-    kube: client.ApiClient,
-    namespace: str,
-    containerd: PrivateContainerd,
-    ctr_ns: str,
-    log_dir: Path,
-) -> Iterator[Callable[..., Agent]]:
+def fleet(containerd: PrivateContainerd, ctr_ns: str, log_dir: Path) -> Iterator[agents.AgentFleet]:
     defaults = {
         "kill_wait": f"{KILL_WAIT}s",
         "call_timeout": f"{CALL_TIMEOUT}s",
         "stop_grace": "2s",
     }
-    with agents.agent_fleet(containerd, ctr_ns, log_dir, **defaults) as fleet:
-        yield functools.partial(fleet.make, kube, namespace, "node-suspend")
+    with agents.agent_fleet(containerd, ctr_ns, log_dir, **defaults) as made:
+        yield made
+
+
+@pytest.fixture
+def make_agent(
+    kube: client.ApiClient, namespace: str, fleet: agents.AgentFleet
+) -> Callable[..., Agent]:
+    return functools.partial(fleet.make, kube, namespace, "node-suspend")
 
 
 def condition(sb: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
@@ -239,5 +240,34 @@ def test_a_deleted_suspended_sandboxs_image_goes_with_the_next_gc_pass(
         timeout=15,
         what="the agent's watch to see the sandbox deleted",
     )
+    agent.collector.run_watermark()
+    assert image not in {i.name for i in rt.list_images(timeout=10)}
+
+
+def test_a_drained_node_ends_a_suspended_sandbox_and_its_image_goes(
+    fleet: agents.AgentFleet, kube: client.ApiClient, namespace: str, rt: ContainerdRuntime
+) -> None:
+    node = f"node-drain-{namespace}"
+    agent = fleet.make(kube, namespace, node)
+    assert agent.start()
+    create_sandbox(kube, namespace, "parked", node, command=WRITER)
+    running = wait_phase(kube, namespace, "parked", "Running", timeout=30)
+    image = suspended_image_name(running["metadata"]["uid"])
+    set_mode(kube, namespace, "parked", "Suspended")
+    wait_suspended(kube, namespace, "parked", "True", "Suspended")
+
+    client.CustomObjectsApi(kube).patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", node, {"spec": {"unschedulable": True}}
+    )
+    status = wait_phase(kube, namespace, "parked", "Stopped", timeout=20)["status"]
+    assert status["reason"] == "Drained" and "suspended" in status["message"], status
+    wait_for(
+        lambda: watch_says(
+            agent, f"{namespace}/parked", lambda sb: sb["status"]["phase"] == "Stopped"
+        ),
+        timeout=10,
+        what="the agent's watch to see the sandbox Stopped",
+    )
+    assert agent.collector is not None
     agent.collector.run_watermark()
     assert image not in {i.name for i in rt.list_images(timeout=10)}
