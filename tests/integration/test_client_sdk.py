@@ -391,3 +391,30 @@ def test_commands_fed_stdin_from_parallel_callers_each_end_with_their_status(
         assert not failures, f"{len(failures)} of {FED_RUNS} runs failed: {failures[:5]}"
     finally:
         delete_sandbox(kube, tenant, "fed")
+
+
+def test_suspend_returns_once_committed_and_resume_brings_the_files_back(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], maker: Path
+) -> None:
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "stored", "sleep 1000")
+    with Client(maker, namespace=tenant) as sdk:
+        sb = sdk.get("stored")
+        sb.run(["sh", "-c", "echo kept > /tmp/state"])
+        assert sb.suspend(timeout=60) is sb
+        said = [c for c in sb.body["status"]["conditions"] if c["type"] == "Suspended"]
+        assert [(c["status"], c["reason"]) for c in said] == [("True", "Suspended")]
+        with pytest.raises(CommandError, match="Suspended"):
+            sb.run(["true"])
+        sb.resume(timeout=60)
+        assert sb.run(["cat", "/tmp/state"]).stdout == b"kept\n"
+
+    async def program() -> bytes:
+        async with AsyncClient(maker, namespace=tenant) as sdk:
+            sb = await sdk.get("stored")
+            await sb.suspend(timeout=60)
+            await sb.resume(timeout=60)
+            return (await sb.run(["cat", "/tmp/state"])).stdout
+
+    assert asyncio.run(asyncio.wait_for(program(), timeout=150)) == b"kept\n"
+    delete_sandbox(kube, tenant, "stored")

@@ -247,6 +247,17 @@ class FakeRuntime:
             raise NotFound(f"snapshot {key}")
         self.snapshots.discard(key)
 
+    def commit_container(
+        self, container_id: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        self._record("commit_container", container_id)
+        self._hang_if_wedged(container_id, "Diff.Diff", timeout)
+        info = self.containers.get(container_id)
+        if info is None:
+            raise NotFound(f"container {container_id}")
+        self.images[image] = self.images.get(info.image, ImageConfig())
+        return "sha256:" + "0" * 64
+
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
         self._record("writable_layer", container_id)
         if container_id not in self.containers:

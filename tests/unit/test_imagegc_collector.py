@@ -403,3 +403,26 @@ def test_disk_usage_of_measures_a_real_filesystem(tmp_path: Any) -> None:
     usage = disk_usage_of(str(tmp_path))
     assert usage.total_bytes > 0
     assert 0 <= usage.used_bytes <= usage.total_bytes
+
+
+@pytest.mark.parametrize(
+    ("live", "deleted"),
+    [
+        (None, []),
+        (frozenset({"uid-kept", "uid-gone"}), []),
+        (frozenset({"uid-kept"}), ["sandlot.local/suspended/uid-gone:latest"]),
+    ],
+    ids=["sandboxes-not-listed-yet", "both-live", "one-deleted-or-ended"],
+)
+def test_a_suspended_sandboxs_image_goes_only_with_its_sandbox(
+    live: frozenset[str] | None, deleted: list[str]
+) -> None:
+    runtime = store()
+    for uid in ("uid-kept", "uid-gone"):
+        name = f"sandlot.local/suspended/{uid}:latest"
+        runtime.images[name] = img(name, age=timedelta(days=30))
+    c, _ = collector(runtime, UNPRESSURED, live_uids=lambda: live)
+    c.run_watermark(NOW)  # no pressure: only an orphan goes
+    assert runtime.deleted == deleted
+    c.run_forced(NOW)  # a forced pass never takes a live one
+    assert "sandlot.local/suspended/uid-kept:latest" in runtime.images

@@ -163,6 +163,11 @@ VETO_CASES = {
     ),
     "pinned": VetoCase(ProtectedSet(pinned=frozenset({"app:v1"})), HoldReason.PINNED),
     "live_job_prefix": VetoCase(ProtectedSet(live_job_prefixes=("app:",)), HoldReason.LIVE_JOB),
+    "a_suspended_sandboxs_filesystem": VetoCase(
+        ProtectedSet(),
+        HoldReason.PINNED,
+        [img("sandlot.local/suspended/uid-1:latest"), img("free:v1")],
+    ),
 }
 
 

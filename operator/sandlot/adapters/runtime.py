@@ -145,6 +145,14 @@ class Runtime(Protocol):
     def delete_task(self, container_id: str, *, timeout: float) -> ExitStatus | None: ...
     def delete_container(self, container_id: str, *, timeout: float) -> None: ...
     def remove_snapshot(self, key: str, *, timeout: float) -> None: ...
+    def commit_container(
+        self, container_id: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        """Image ``image`` (created or replaced) holding the container's filesystem as
+        it is now, unpacked on this node; its manifest's digest. ``RuntimeError_``
+        with code ``UNSUPPORTED`` when its snapshot cannot be committed."""
+        ...
+
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
         """The directory holding what the container wrote to its root filesystem (its
         snapshot's overlay upper directory); ``RuntimeError_`` with code ``UNSUPPORTED``

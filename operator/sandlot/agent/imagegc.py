@@ -23,14 +23,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.runtime import NotFound, Runtime
+from sandlot.adapters.runtime import ImageRecord, NotFound, Runtime
 from sandlot.agent.imagetouch import TouchLog
 from sandlot.agent.metrics import GcMetrics
 from sandlot.api.cacheprune import NodePruneResult
@@ -46,6 +46,7 @@ from sandlot.policy.imagegc import (
     PassKind,
     ProtectedSet,
 )
+from sandlot.policy.suspension import orphaned_images
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class ImageCollector:
         metrics: GcMetrics | None = None,
         exhausted_until: datetime | None = None,
         starting: Callable[[], Iterable[str]] = frozenset,
+        live_uids: Callable[[], Collection[str] | None] = lambda: None,
     ) -> None:
         if call_timeout <= 0:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout}")
@@ -184,6 +186,9 @@ class ImageCollector:
         self._exhausted_until = exhausted_until
         # Images being pulled or started from: in use before any container holds them.
         self._starting = starting
+        # The node's non-terminal Sandboxes' uids (None: not known yet): a committed
+        # image of any other is an orphan, removed by every pass.
+        self._live_uids = live_uids
         self._lock = threading.Lock()
         self._touches = TouchLog()
         self.last_result: GcResult | None = None
@@ -289,7 +294,7 @@ class ImageCollector:
             pinned=self.pinned,
             live_job_prefixes=self.live_job_prefixes,
         )
-        plan = gcpolicy.plan_pass(kind, records, protected, before, self.thresholds, now)
+        plan = self._plan(kind, records, protected, before, now)
 
         removed, gone, failures = self._evict(plan, mark)
         errors: list[str] = []
@@ -345,6 +350,22 @@ class ImageCollector:
             error="; ".join(errors) or None,
             finished_at=self._clock(),
         )
+
+    def _plan(
+        self,
+        kind: PassKind,
+        records: list[ImageRecord],
+        protected: ProtectedSet,
+        usage: DiskUsage,
+        now: datetime,
+    ) -> GcPlan:
+        """The policy's plan, with the committed images of sandboxes gone or ended
+        first: a filesystem kept for nobody goes whatever the pressure."""
+        plan = gcpolicy.plan_pass(kind, records, protected, usage, self.thresholds, now)
+        orphans = set(orphaned_images((r.name for r in records), self._live_uids()))
+        if not orphans:
+            return plan
+        return replace(plan, evict=(*(r for r in records if r.name in orphans), *plan.evict))
 
     def _evict(self, plan: GcPlan, mark: int) -> tuple[list[str], list[str], list[str]]:
         """Delete the plan's records: (removed, gone meanwhile, failures)."""

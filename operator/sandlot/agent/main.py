@@ -86,6 +86,7 @@ from sandlot.agent.sync import unschedulable
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
+from sandlot.policy.suspension import live_uids
 
 log = logging.getLogger(__name__)
 
@@ -315,6 +316,12 @@ class Agent:
         self._start_work(parts)
         return True
 
+    def _live_uids(self) -> frozenset[str] | None:
+        """This node's non-terminal Sandboxes' uids; None until the watch has listed."""
+        if not self.sandbox_watch.synced.is_set():
+            return None
+        return live_uids(self.sandbox_watch.items())
+
     def _start_work(self, parts: AgentParts) -> None:
         """Sandboxes, then the reaper, the image collector and CachePrune requests."""
         settings = self.settings
@@ -330,6 +337,7 @@ class Agent:
             metrics=self.gc_metrics,
             exhausted_until=restored_exhausted_until(self.objects, self.node),
             starting=parts.image_gate.pulls.starting,
+            live_uids=self._live_uids,
         )
         for watched in self._watches:
             watched.start()

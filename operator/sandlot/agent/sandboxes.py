@@ -71,6 +71,7 @@ from sandlot.policy.runtimeclass import (
     as_pod_sandbox,
 )
 from sandlot.policy.sandboxlogs import log_stem
+from sandlot.policy.suspension import recorded_suspended
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,16 @@ class SandboxWork:
             allowed_from=UNSTARTED_PHASES,
         )
 
+    def end_drained(self, sb: Mapping[str, Any], reason: str) -> None:
+        """End a suspended sandbox (no container) on this drained node."""
+        self.status.end(
+            sb,
+            SandboxPhase.STOPPED,
+            reason,
+            f"node {self.node} is drained (the sandbox was suspended there)",
+            allowed_from=frozenset({SandboxPhase.RUNNING}),
+        )
+
     def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
         key = sandbox_key(sb)
         log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)
@@ -256,6 +267,8 @@ class SandboxWork:
         except Exception as exc:
             log.warning("sandbox %s: cannot read it to end it: %s", key, exc)
             return
+        if recorded_suspended(obj):
+            return  # suspended meanwhile: its container was removed on purpose
         log.warning("sandbox %s was Running here but its container is gone", key)
         self.status.end(
             obj,
@@ -321,7 +334,26 @@ class SandboxWork:
             log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
             self.teardown(container)
 
-    def _prepare(self, sb: Mapping[str, Any]) -> _Prepared | None:
+    def restart_from(
+        self, sb: Mapping[str, Any], image: str
+    ) -> tuple[ContainerInfo, dict[str, Any]] | None:
+        """A new container for Running ``sb`` from ``image`` (its committed filesystem),
+        started; its Running status fields to write. None: not now (the next pass
+        tries again); ``StartFailed``: refused."""
+        try:
+            prepared = self._prepare(sb, image)
+            if prepared is None:
+                return None
+            created = self._create(prepared)
+            if created is None:
+                return None
+            ip = self._attach(prepared, created)
+            task = self._run(prepared, created)
+        finally:
+            self.user_ranges.release(container_id_for(sb["metadata"]["uid"]))
+        return created, running(self.node, prepared.container_id, task.pid, ip, self._clock())
+
+    def _prepare(self, sb: Mapping[str, Any], committed: str | None = None) -> _Prepared | None:
         checked = self.rules.checked_spec(sb)
         limited = self.rules.limited(sb, checked) if checked is not None else None
         if limited is None:
@@ -337,7 +369,7 @@ class SandboxWork:
         except Exception as exc:  # the API server did not answer: the next pass asks again
             log.warning("sandbox %s: its RuntimeClass cannot be read: %s", sandbox_key(sb), exc)
             return None
-        if self.image_gate is not None:
+        if self.image_gate is not None and committed is None:
             try:
                 self.image_gate.check(sb, spec)
             except ImageNotReady:
@@ -353,7 +385,7 @@ class SandboxWork:
         ready, variables = self.environment.for_start(self.status, sb, spec)
         if not ready:
             return None  # held: CreateContainerConfigError, the next sync tries again
-        image = str((sb.get("spec") or {}).get("image", ""))
+        image = committed or str((sb.get("spec") or {}).get("image", ""))
         container_id = container_id_for(meta["uid"])
         config = self._image_config(image)
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)

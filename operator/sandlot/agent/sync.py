@@ -22,6 +22,7 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
+from sandlot.agent.suspend import Suspensions
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
@@ -75,6 +76,7 @@ class SandboxSync:
         self.refusal = refusal
         """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
+        self.suspensions = Suspensions(work)
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -153,12 +155,18 @@ class SandboxSync:
             return partial(work.refuse_drained, sb, SandboxReason.DRAINED)
         if kind is ActionKind.END_LOST:
             return partial(work.end_lost, key)
+        if kind is ActionKind.END_DRAINED and sb is not None:
+            return partial(work.end_drained, sb, SandboxReason.DRAINED)
+        if kind is ActionKind.RESTORE and sb is not None:
+            return partial(self.suspensions.restore, sb, container)
         if container is None:
             return None
         if kind is ActionKind.TEARDOWN_UNSTARTED:
             return partial(work.teardown_unstarted, key, container)
         if kind is ActionKind.APPLY_MODE and sb is not None:
             return partial(self.modes.apply, sb, container)
+        if kind is ActionKind.SUSPEND and sb is not None:
+            return partial(self.suspensions.suspend, sb, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
             return partial(work.stop_sandbox, sb, container, SandboxReason.DRAINED)
         if kind is ActionKind.STOP_DELETED:

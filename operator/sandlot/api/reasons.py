@@ -20,6 +20,8 @@ class ConditionType(StrEnum):
     """Sandbox: whether the scheduler bound it to a node."""
     PAUSED = "Paused"
     """Sandbox: kept by its agent once its operating mode was first applied."""
+    SUSPENDED = "Suspended"
+    """Sandbox: kept by its agent once it was first suspended."""
     DISK_PRESSURE = "DiskPressure"
     """SandboxNode: its agent's disk is over its high watermark."""
     GUARD_HOLDING = "GuardHolding"
@@ -99,6 +101,15 @@ class PausedReason(StrEnum):
     RESUMED = "Resumed"
     PAUSE_FAILED = "PauseFailed"
     RESUME_FAILED = "ResumeFailed"
+
+
+class SuspendedReason(StrEnum):
+    """A Sandbox's ``Suspended`` condition."""
+
+    SUSPENDED = "Suspended"
+    RESTORED = "Restored"
+    SUSPEND_FAILED = "SuspendFailed"
+    RESTORE_FAILED = "RestoreFailed"
 
 
 class ReadyReason(StrEnum):

@@ -4,9 +4,10 @@ Phases move Pending -> Scheduled -> Running -> one of Stopped, Failed, Dead, and
 the API server itself refuses a status update that leaves a terminal phase (a
 CEL transition rule on ``status``), so no controller bug can resurrect a sandbox.
 
-``spec.operatingMode`` is orthogonal to the phase: a paused sandbox stays
-``Running`` (its node, address and claim are its own still) and says so with its
-``Paused`` condition, so nothing that keys on the phase has to learn a new one.
+``spec.operatingMode`` is orthogonal to the phase: a paused or suspended sandbox
+stays ``Running`` (its node and claim are its own still) and says so with its
+``Paused`` or ``Suspended`` condition, so nothing that keys on the phase has to
+learn a new one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import AwareDatetime, Field
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
@@ -61,10 +62,7 @@ class OperatingMode(StrEnum):
     PAUSED = "Paused"
     """Frozen by the cgroup freezer: memory and processes kept, no CPU."""
     SUSPENDED = "Suspended"
-    """Reserved (filesystem committed, container removed): refused until implemented."""
-
-
-SUPPORTED_MODES: frozenset[str] = frozenset({OperatingMode.RUNNING, OperatingMode.PAUSED})
+    """Its filesystem committed to an image on its node, its container removed."""
 
 
 class SandboxPhase(StrEnum):
@@ -368,30 +366,18 @@ class SandboxSpec(Model):
     )
     operating_mode: OperatingMode = Field(
         default=OperatingMode.RUNNING,
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self != 'Suspended'",
-                    "message": "spec.operatingMode: Suspended is not supported yet "
-                    "(use Running or Paused)",
-                    "reason": "FieldValueForbidden",
-                }
-            ]
-        },
-        description="`Running` (the default) or `Paused`: the sandbox's processes frozen "
-        "by the cgroup freezer, their memory kept (and counted in the node's capacity), "
-        "no CPU used; `Running` again resumes them where they were, same process. A "
-        "paused sandbox stays phase Running on its node, with its address and claim, "
-        "and its `Paused` condition says when it was frozen; exec, files and "
-        "port-forward are refused (409) until it runs again. `Suspended` is reserved.",
+        description="`Running` (the default), `Paused` or `Suspended`. `Paused`: the "
+        "sandbox's processes frozen by the cgroup freezer, their memory kept (and counted "
+        "in the node's capacity), no CPU used; `Running` again resumes them where they "
+        "were, same process; its `Paused` condition says when it was frozen. `Suspended`: "
+        "its writable filesystem committed to an image on its node, its container and "
+        "processes removed (memory and CPU freed, nothing counted in the node's "
+        "capacity); `Running` again starts a new container from that image on the same "
+        "node, with the files written before (not the processes or memory; the address "
+        "may change); its `Suspended` condition says so. Either way the sandbox stays "
+        "phase Running on its node with its claim; exec, files and port-forward are "
+        "refused (409) until it runs again.",
     )
-
-    @field_validator("operating_mode")
-    @classmethod
-    def _supported_mode(cls, value: str) -> str:
-        if value not in SUPPORTED_MODES:
-            raise ValueError(f"{value} is not supported yet (use Running or Paused)")
-        return value
 
 
 class SandboxStatus(Model):

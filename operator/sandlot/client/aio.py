@@ -107,6 +107,11 @@ class AsyncSandbox:
         await asyncio.to_thread(self.sync.pause, timeout=timeout)
         return self
 
+    async def suspend(self, *, timeout: float = MODE_TIMEOUT) -> AsyncSandbox:
+        """``Sandbox.suspend``: committed and its container gone once this returns."""
+        await asyncio.to_thread(self.sync.suspend, timeout=timeout)
+        return self
+
     async def resume(self, *, timeout: float = MODE_TIMEOUT) -> AsyncSandbox:
         """``Sandbox.resume``: running again once this returns."""
         await asyncio.to_thread(self.sync.resume, timeout=timeout)

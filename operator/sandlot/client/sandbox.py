@@ -159,9 +159,17 @@ class Sandbox:
         condition). Commands and files are refused until ``resume``."""
         return self._set_mode(OperatingMode.PAUSED, timeout)
 
+    def suspend(self, *, timeout: float = MODE_TIMEOUT) -> Sandbox:
+        """Commit the sandbox's filesystem on its node and remove its container
+        (``spec.operatingMode: Suspended``): no memory or CPU held. Returns once its
+        agent reports it (the ``Suspended`` condition). Its processes end; its files
+        are there again after ``resume``."""
+        return self._set_mode(OperatingMode.SUSPENDED, timeout)
+
     def resume(self, *, timeout: float = MODE_TIMEOUT) -> Sandbox:
-        """Thaw a paused sandbox (``spec.operatingMode: Running``) and return once
-        its agent reports its processes running again."""
+        """Thaw a paused sandbox, or start a suspended one again from its committed
+        filesystem (``spec.operatingMode: Running``), and return once its agent
+        reports it running."""
         return self._set_mode(OperatingMode.RUNNING, timeout)
 
     def _set_mode(self, mode: OperatingMode, timeout: float) -> Sandbox:
@@ -184,10 +192,15 @@ class Sandbox:
             body = self._api.wait(SANDBOXES, self.namespace, self.name, settled, deadline)
         except TimeoutError:
             conditions = ((seen[0] or {}).get("status") or {}).get("conditions") or []
-            paused = [c for c in conditions if c.get("type") == ConditionType.PAUSED]
+            said = [
+                c
+                for c in conditions
+                if c.get("type") in (ConditionType.PAUSED, ConditionType.SUSPENDED)
+            ]
             raise TimedOut(
                 f"sandbox {self.namespace}/{self.name}: its agent did not report it "
-                f"{mode} within {timeout:.0f}s (Paused condition: {paused or 'none'}); "
+                f"{mode} within {timeout:.0f}s (Paused/Suspended conditions: "
+                f"{said or 'none'}); "
                 f"is it Running, and its node Ready?"
             ) from None
         except ApiRefused as e:

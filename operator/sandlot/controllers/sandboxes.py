@@ -76,7 +76,7 @@ class SandboxRecord:
     reason: str | None = None
     exit_code: int | None = None
     started_at: datetime | None = None  # status.startedAt: its process started (agent's clock)
-    paused: bool = False  # spec.operatingMode Paused: frozen, serving nobody
+    paused: bool = False  # spec.operatingMode Paused or Suspended: serving nobody
     ready: bool = False  # Running, and its readiness probe passed (or it has none)
     ready_since: datetime | None = None  # when it became ready (None: not ready)
     runtime_class: str | None = None  # spec.runtimeClassName
@@ -155,7 +155,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
         started_at=started_at,
-        paused=spec.get("operatingMode") == OperatingMode.PAUSED,
+        paused=spec.get("operatingMode", OperatingMode.RUNNING) != OperatingMode.RUNNING,
         ready=ready,
         ready_since=ready_since(status, probed, started_at) if ready else None,
         runtime_class=_shared(spec.get("runtimeClassName")),

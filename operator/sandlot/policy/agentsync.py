@@ -11,8 +11,12 @@ Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
 Running, mode to apply      present                     apply-mode (pause/resume)
+Running, to suspend         present                     suspend (commit, remove)
+Running, suspended          none, node not drained,     restore (start from the
+                            mode not Suspended          committed image)
 Running                     present, node drained       stop (Stopped/Drained)
-Running, had a container    none                        end-lost (ContainerLost)
+Running, suspended          none, node drained          end-drained (Stopped/Drained)
+Running, had a container    none, not suspended         end-lost (ContainerLost)
 Dead                        present                     fence (tear down, counted)
 Stopped/Failed              present                     cleanup (tear down)
 no Sandbox                  labelled with its key       stop-deleted
@@ -25,6 +29,9 @@ The pass after that work ends looks again. A container without a sandbox label
 is none of the sync's business: the start-up sweep removed those. "Mode to
 apply" is ``policy.operatingmode.mode_pending``: the spec's operatingMode differs
 from what the Paused condition records; a drained node stops the sandbox instead.
+Suspending and restoring are ``policy.suspension.decide_suspension``'s; a
+suspended sandbox counts nothing in the node's capacity, and its restore waits
+until the node has room for it (judged before the starts: it was here first).
 
 Given the node's facts (``policy.startrefusals.StartFacts``: capacity, limits,
 placement, RuntimeClasses, disk pressure), a start the node refuses becomes a
@@ -44,13 +51,20 @@ from typing import Any
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
+from sandlot.policy.capacity import over_capacity
 from sandlot.policy.operatingmode import (
     failed_at_generation,
     mode_pending,
     recorded_paused,
     wanted_mode,
 )
-from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts
+from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts, usage
+from sandlot.policy.suspension import (
+    SuspendStep,
+    decide_suspension,
+    recorded_suspended,
+    suspend_failed,
+)
 
 UNSTARTED_PHASES: frozenset[SandboxPhase] = frozenset(
     {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}
@@ -66,7 +80,11 @@ class ActionKind(StrEnum):
     REFUSE_DRAINED = "refuse-drained"
     TEARDOWN_UNSTARTED = "teardown-unstarted"
     STOP_DRAINED = "stop-drained"
+    END_DRAINED = "end-drained"
+    """A suspended sandbox (no container) on a drained node: ended Stopped/Drained."""
     APPLY_MODE = "apply-mode"
+    SUSPEND = "suspend"
+    RESTORE = "restore"
     END_LOST = "end-lost"
     FENCE = "fence"
     CLEANUP = "cleanup"
@@ -88,6 +106,10 @@ class SandboxState:
     """The Paused condition is True."""
     mode_failed: bool = False
     """The runtime refused the last pause or resume of this spec's generation."""
+    suspended: bool = False
+    """The Suspended condition is True: its filesystem is committed."""
+    suspend_failed: bool = False
+    """The runtime refused the last suspend or restore of this spec's generation."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
@@ -100,6 +122,8 @@ class SandboxState:
             mode=wanted_mode(obj),
             paused=recorded_paused(obj),
             mode_failed=failed_at_generation(obj),
+            suspended=recorded_suspended(obj),
+            suspend_failed=suspend_failed(obj),
         )
 
 
@@ -127,18 +151,31 @@ def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: boo
             return Action(ActionKind.TEARDOWN_UNSTARTED, sb.key, cid)
         return Action(ActionKind.REFUSE_DRAINED if drained else ActionKind.START, sb.key)
     if sb.phase is SandboxPhase.RUNNING:
-        if cid is None:
-            return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
-        if drained:
-            return Action(ActionKind.STOP_DRAINED, sb.key, cid)
-        if mode_pending(sb.mode, sb.paused, sb.mode_failed):
-            return Action(ActionKind.APPLY_MODE, sb.key, cid)
-        return None
+        return _for_running(sb, cid, drained)
     if cid is None:
         return None
     if sb.phase is SandboxPhase.DEAD:
         return Action(ActionKind.FENCE, sb.key, cid)
     return Action(ActionKind.CLEANUP, sb.key, cid)
+
+
+def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | None:
+    if drained and cid is not None:
+        return Action(ActionKind.STOP_DRAINED, sb.key, cid)
+    if drained and sb.suspended:  # its state stays on this node: it cannot move yet
+        return Action(ActionKind.END_DRAINED, sb.key)
+    step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
+    if step is SuspendStep.NONE:
+        return None
+    if step in (SuspendStep.COMMIT, SuspendStep.REMOVE):
+        return Action(ActionKind.SUSPEND, sb.key, cid)
+    if step is not None:  # restore, or record a restore: never onto a drained node
+        return None if drained else Action(ActionKind.RESTORE, sb.key, cid)
+    if cid is None:
+        return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
+    if mode_pending(sb.mode, sb.paused, sb.mode_failed):
+        return Action(ActionKind.APPLY_MODE, sb.key, cid)
+    return None
 
 
 def plan_sync(
@@ -176,17 +213,30 @@ def _judged(
     facts: StartFacts,
 ) -> list[Action]:
     starting = [a.key for a in actions if a.kind is ActionKind.START]
-    if not starting:
+    # A restore takes room as a start does: judged on capacity alone (it was placed
+    # here already), before the starts, and waits while the node is full.
+    restoring = [a.key for a in actions if a.kind is ActionKind.RESTORE and not a.container_id]
+    if not starting and not restoring:
         return actions
     started = [
         sb.key
         for sb in sandboxes
         if sb.phase not in TERMINAL_PHASES
         and (sb.phase not in UNSTARTED_PHASES or sb.key in with_container)
+        and not (sb.suspended and sb.key not in with_container)  # holds nothing
     ]
-    refused = refused_starts(starting, started, facts)
+    no_room = over_capacity(
+        facts.node,
+        [usage(k, facts) for k in started],
+        [usage(k, facts) for k in restoring],
+        facts.capacity,
+    )
+    started += [k for k in restoring if k not in no_room]
+    refused = refused_starts(starting, started, facts) if starting else {}
     judged = []
     for action in actions:
+        if action.kind is ActionKind.RESTORE and action.key in no_room:
+            continue  # stays suspended until the node has room
         why = refused.get(action.key) if action.kind is ActionKind.START else None
         if why is None:
             judged.append(action)

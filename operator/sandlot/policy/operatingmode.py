@@ -11,6 +11,8 @@ next pass) is recorded with the spec's generation and is not tried again until
 the spec changes, so a runtime that cannot freeze is not asked on every pass.
 Streams are refused while the spec asks for Paused or the task is still frozen
 (``stream_refusal``): an exec into a frozen task would hang until its deadline.
+They are refused as well while it asks for Suspended or the filesystem is not
+restored yet (``policy.suspension``): there is no container to run them in.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from sandlot.api.common import Condition
 from sandlot.api.reasons import ConditionType, PausedReason
 from sandlot.api.sandbox import OperatingMode
+from sandlot.policy.suspension import recorded_suspended, suspension_outcome
 
 FAILURE_REASONS = frozenset({PausedReason.PAUSE_FAILED, PausedReason.RESUME_FAILED})
 
@@ -94,6 +97,8 @@ def mode_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | None:
     not yet; ``"applied"`` the ``Paused`` condition records it (a sandbox never
     paused is running already); else the message of the runtime's refusal for this
     very spec."""
+    if mode is OperatingMode.SUSPENDED or recorded_suspended(obj):
+        return suspension_outcome(obj, mode)
     condition = _paused_condition(obj)
     if failed_at_generation(obj) and condition is not None:
         return str(condition.get("message") or condition.get("reason"))
@@ -143,6 +148,13 @@ def stream_refusal(obj: Mapping[str, Any], kind: str) -> str | None:
     because of its mode, or None. Its log stays readable."""
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
+    if wanted_mode(obj) is OperatingMode.SUSPENDED:
+        return (
+            f"sandbox {key} is Suspended (spec.operatingMode): its container is removed and "
+            f"{kind} needs it running; set spec.operatingMode to Running first"
+        )
+    if recorded_suspended(obj):
+        return f"sandbox {key} is still suspended (restoring): try {kind} again in a moment"
     if wanted_mode(obj) is OperatingMode.PAUSED:
         return (
             f"sandbox {key} is Paused (spec.operatingMode): {kind} needs it running; "

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from google.protobuf import empty_pb2
 
+from sandlot.adapters.containerd.commit import Committer
 from sandlot.adapters.containerd.connection import Connection
 from sandlot.adapters.containerd.containers import (
     DEFAULT_RUNTIME,
@@ -51,6 +52,7 @@ class ContainerdRuntime:
         self._containers = Containers(
             self._conn, self._images, snapshotter=snapshotter, runtime_name=runtime_name
         )
+        self._committer = Committer(self._conn, self._images, snapshotter)
 
     def version(self, *, timeout: float) -> str:
         response = self._conn.call(
@@ -92,6 +94,11 @@ class ContainerdRuntime:
 
     def delete_container(self, container_id: str, *, timeout: float) -> None:
         self._containers.delete_container(container_id, timeout=timeout)
+
+    def commit_container(
+        self, container_id: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        return self._committer.commit(container_id, image, labels, timeout=timeout)
 
     def remove_snapshot(self, key: str, *, timeout: float) -> None:
         self._containers.remove_snapshot(key, timeout=timeout)

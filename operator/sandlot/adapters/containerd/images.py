@@ -110,6 +110,13 @@ class Images:
         )
         return list(manifest.get("layers") or [])
 
+    def manifest(self, image: str, budget: Deadline) -> dict[str, Any]:
+        """The image's manifest for this platform."""
+        target = self._target(image, budget)
+        return self._platform_manifest(
+            image, {"digest": target.digest, "mediaType": target.media_type}, budget
+        )
+
     def config_json(self, image: str, budget: Deadline) -> dict[str, Any]:
         """The image's config blob (``config``, ``rootfs`` and the rest), parsed."""
         target = self._target(image, budget)

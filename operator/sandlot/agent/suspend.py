@@ -1,0 +1,163 @@
+"""Suspending a sandbox and bringing it back on its node: the steps, applied.
+
+``policy.suspension.decide_suspension`` says which step is due; this makes its
+runtime calls, each bounded. A suspend freezes the task (a consistent
+filesystem), commits its filesystem to the sandbox's image, records the
+``Suspended`` condition and only then removes the container: a crash in between
+leaves a recorded sandbox whose container the next pass removes, never a sandbox
+ended for a container it lost. A restore starts a new container from the image
+as a start would (its checks, network and log), then records it. A timeout
+writes nothing (the next pass tries again); a refusal is recorded with the
+spec's generation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
+from sandlot.adapters.statuswrite import WriteOutcome
+from sandlot.agent.sandboxes import SandboxWork, StartFailed
+from sandlot.agent.status import sandbox_key
+from sandlot.api.common import Condition
+from sandlot.api.reasons import ConditionType, SuspendedReason
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
+from sandlot.policy.operatingmode import recorded_paused, wanted_mode
+from sandlot.policy.suspension import (
+    SUSPENDED_IMAGE_LABEL,
+    SuspendStep,
+    decide_suspension,
+    recorded_suspended,
+    suspend_failed,
+    suspended_condition,
+    suspended_image_name,
+)
+
+log = logging.getLogger(__name__)
+
+RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
+
+
+class Suspensions:
+    """Suspends and restores this node's sandboxes through ``work``'s runtime."""
+
+    def __init__(self, work: SandboxWork) -> None:
+        self.work = work
+        # A commit writes the whole writable layer: a pull's budget, not a call's.
+        self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
+
+    def _step(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
+        return decide_suspension(
+            wanted_mode(sb), recorded_suspended(sb), container is not None, suspend_failed(sb)
+        )
+
+    def _write(
+        self, sb: Mapping[str, Any], conditions: list[Condition], fields: Mapping[str, Any]
+    ) -> WriteOutcome:
+        status = self.work.status
+
+        def merged(current: Mapping[str, Any]) -> dict[str, Any]:
+            existing = parse_conditions((current.get("status") or {}).get("conditions"))
+            for condition in conditions:
+                existing = set_condition(existing, condition, status.clock())
+            return {**fields, "conditions": wire_conditions(existing)}
+
+        return status.write(sb, merged, allowed_from=RUNNING_ONLY)
+
+    def suspend(self, sb: Mapping[str, Any], container: ContainerInfo) -> SuspendStep | None:
+        """Commit ``container``'s filesystem, say so, remove it (or only remove it when
+        that was said already); the step taken, None when nothing was done."""
+        step, key = self._step(sb, container), sandbox_key(sb)
+        if step is SuspendStep.REMOVE:
+            log.info("sandbox %s: suspended already, removing container %s", key, container.id)
+            self.work.teardown(container)
+            return step
+        if step is not SuspendStep.COMMIT:
+            return None
+        work, generation = self.work, (sb.get("metadata") or {}).get("generation")
+        rt, timeout = work.rt, work.call_timeout
+        error: str | None = None
+        try:
+            task = rt.get_task(container.id, timeout=timeout)
+            froze = task is not None and task.state is TaskState.RUNNING
+            if froze:  # a frozen task's files hold still while they are read
+                rt.pause_task(container.id, timeout=timeout)
+            try:
+                digest = rt.commit_container(
+                    container.id,
+                    suspended_image_name(sb["metadata"]["uid"]),
+                    {SUSPENDED_IMAGE_LABEL: key.replace("/", ".")},
+                    timeout=self.commit_timeout,
+                )
+            except RuntimeError_:
+                if froze:  # as it was: running
+                    rt.resume_task(container.id, timeout=timeout)
+                raise
+        except RuntimeTimeout as exc:
+            log.warning("sandbox %s: suspend got no answer: %s", key, exc)
+            return None
+        except RuntimeError_ as exc:
+            error = str(exc)
+            log.warning("sandbox %s: suspend refused: %s", key, exc)
+        condition = suspended_condition(True, work.node, generation, error)
+        outcome = self._write(sb, [condition], {})
+        if error is not None or outcome is not WriteOutcome.WRITTEN:
+            log.info("sandbox %s: suspend %s, condition %s", key, error or "done", outcome)
+            return None  # not said: the container stays, the next pass commits again
+        log.info("sandbox %s: committed as %s, removing container %s", key, digest, container.id)
+        work.teardown(container)
+        return step
+
+    def _restored_pid(self, key: str, container: ContainerInfo) -> dict[str, Any]:
+        """The pid of a container restored before a crash left it unsaid (its address
+        was written with it, or is the node's)."""
+        try:
+            task = self.work.rt.get_task(container.id, timeout=self.work.call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("sandbox %s: cannot read its restored task: %s", key, exc)
+            return {}
+        return {"containerId": container.id, "pid": task.pid} if task is not None else {}
+
+    def restore(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
+        """Start ``sb`` again from its committed filesystem (or only say so when its
+        container exists already); the step taken, None when nothing was done."""
+        step, key = self._step(sb, container), sandbox_key(sb)
+        work, generation = self.work, (sb.get("metadata") or {}).get("generation")
+        fields: dict[str, Any] = {}
+        error: str | None = None
+        if step is SuspendStep.RESTORE:
+            image = suspended_image_name(sb["metadata"]["uid"])
+            try:
+                started = work.restart_from(sb, image)
+            except StartFailed as exc:
+                error = f"{exc.reason}: {exc}"
+                log.warning("sandbox %s: restore refused: %s", key, error)
+                started = None
+            if started is None and error is None:
+                return None  # not now: the next pass tries again
+            if started is not None:
+                fields = started[1]
+        elif step is SuspendStep.RECORD_RESTORED and container is not None:
+            fields = self._restored_pid(key, container)
+        else:
+            return None
+        conditions = [suspended_condition(False, work.node, generation, error)]
+        if error is None and recorded_paused(sb):  # its frozen processes are gone
+            conditions.append(
+                Condition(
+                    type=ConditionType.PAUSED,
+                    status="False",
+                    reason=SuspendedReason.RESTORED,
+                    message=f"started again on node {work.node} from its committed filesystem",
+                    observed_generation=generation,
+                )
+            )
+        outcome = self._write(sb, conditions, fields)
+        log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
+        return step
+
+
+__all__ = ["Suspensions"]
