@@ -1,0 +1,317 @@
+"""What pausing and suspending a sandbox cost through sandlot, against containerd
+called bare for the same work, in one run.
+
+Starts a private containerd, a local control plane and an in-process agent, then:
+
+- pause round trip: ``spec.operatingMode`` set to Paused, then back to Running, each
+  waited for until the sandbox's ``Paused`` condition says so (a watch), against
+  containerd's ``Tasks.Pause`` then ``Tasks.Resume`` called on a container of the same
+  image (p50, p99 of ``--rounds`` each);
+- suspend: a sandbox that wrote ``--mib`` MiB of random bytes suspended (until its
+  ``Suspended`` condition is True), against ``commit_container`` (containerd's Diff
+  service, a layer, an image: what the agent calls) on a container that wrote the
+  same; ``--suspends`` rounds, each with fresh ones, which goes first alternating;
+- resume from the committed image to Running again, against a cold start of the
+  image (create to Running, seen by the same kind of watch); medians.
+
+Targets (issue: pause round trip <= 1.2x bare, suspend <= 1.2x bare commit, resume
+<= 1.5x cold start) print beside each ratio. Figures from one run on one machine:
+compare the rows of a run, not runs.
+
+    sudo .venv/bin/python bench/pause.py [--rounds 20] [--mib 100] [--suspends 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kubernetes import client, watch
+from prometheus_client import CollectorRegistry
+from tests.support.agents import agent_settings, schedule_sandbox
+from tests.support.containerd import start_private_containerd
+
+from bench.runtimes import exec_seconds
+from bench.start_latency import NS, percentile
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.containerd.execs import open_execs
+from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.runtime import ContainerSpec
+from sandlot.agent.main import Agent
+from sandlot.agent.sandboxes import container_id_for
+from sandlot.agent.teardown import teardown_many
+from sandlot.api import GROUP, VERSION
+from sandlot.api.crdgen import KINDS, crd_for
+from sandlot.devtools.controlplane import ControlPlane
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.policy.ocispec import default_spec
+
+IMAGE = "docker.io/sandlot/bench-pause:1"
+LEASE_NS = "sandlot-system"
+NODE = "bench-pause"
+WAIT = 180.0  # seconds any one state change may take before the bench gives up
+COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); sleep 0.1; done"]
+
+
+def write_mib(mib: int) -> list[str]:
+    return ["sh", "-c", f"dd if=/dev/urandom of=/state bs=1M count={mib} 2>/dev/null && sync"]
+
+
+class Sandboxes:
+    """Sandboxes of the bench's namespace: create, set the mode, wait for a state."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.objs: Any = client.CustomObjectsApi(api)
+
+    def get(self, name: str) -> dict[str, Any]:
+        return dict(self.objs.get_namespaced_custom_object(GROUP, VERSION, NS, "sandboxes", name))
+
+    def set_mode(self, name: str, mode: str) -> str:
+        body = self.objs.patch_namespaced_custom_object(
+            GROUP, VERSION, NS, "sandboxes", name, {"spec": {"operatingMode": mode}}
+        )
+        return str(body["metadata"]["resourceVersion"])
+
+    def wait(
+        self, name: str, since: str, done: Callable[[dict[str, Any]], bool], what: str
+    ) -> float:
+        """The monotonic time a watch from ``since`` first sees ``done``."""
+        deadline = time.monotonic() + WAIT
+        w = watch.Watch()
+        try:
+            for event in w.stream(
+                self.objs.list_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                NS,
+                "sandboxes",
+                field_selector=f"metadata.name={name}",
+                resource_version=since,
+                timeout_seconds=int(WAIT),
+            ):
+                if done(event["object"]):
+                    return time.monotonic()
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            w.stop()
+        raise TimeoutError(f"{name}: no {what} within {WAIT:.0f}s: {self.get(name).get('status')}")
+
+
+def condition(body: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    for c in (body.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return str(c.get("status")), str(c.get("reason"))
+    return None
+
+
+def running(body: dict[str, Any]) -> bool:
+    return (body.get("status") or {}).get("phase") == "Running"
+
+
+def start_sandbox(boxes: Sandboxes, api: client.ApiClient, name: str, command: list[str]) -> float:
+    """Create ``name`` bound to the node; seconds from the create to Running."""
+    began = time.monotonic()
+    schedule_sandbox(api, NS, name, NODE, {"image": IMAGE, "command": command})
+    body = boxes.get(name)
+    if running(body):
+        return time.monotonic() - began
+    return boxes.wait(name, body["metadata"]["resourceVersion"], running, "Running") - began
+
+
+def bare_container(rt: ContainerdRuntime, work: Path, command: list[str]) -> str:
+    cid = f"bare-{uuid.uuid4().hex[:8]}"
+    spec = default_spec(command, [], "/", host_network=True, hostname=cid)
+    rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=60)
+    rt.start_task(cid, stdio=f"file://{work / (cid + '.log')}", timeout=60)
+    return cid
+
+
+def pause_rows(
+    boxes: Sandboxes, api: client.ApiClient, rt: ContainerdRuntime, work: Path, rounds: int
+) -> tuple[list[float], list[float]]:
+    start_sandbox(boxes, api, "paused", COUNTER)
+    through: list[float] = []
+    for _ in range(rounds):
+        began = time.monotonic()
+        since = boxes.set_mode("paused", "Paused")
+        boxes.wait("paused", since, lambda b: condition(b, "Paused") == ("True", "Paused"), "pause")
+        since = boxes.set_mode("paused", "Running")
+        boxes.wait(
+            "paused", since, lambda b: condition(b, "Paused") == ("False", "Resumed"), "resume"
+        )
+        through.append(time.monotonic() - began)
+    cid = bare_container(rt, work, COUNTER)
+    bare: list[float] = []
+    for _ in range(rounds):
+        began = time.monotonic()
+        rt.pause_task(cid, timeout=60)
+        rt.resume_task(cid, timeout=60)
+        bare.append(time.monotonic() - began)
+    return through, bare
+
+
+def suspend_rows(
+    boxes: Sandboxes,
+    api: client.ApiClient,
+    rt: ContainerdRuntime,
+    work: Path,
+    args: argparse.Namespace,
+    address: str,
+    ctr_ns: str,
+) -> dict[str, list[float]]:
+    """Each round: a fresh sandbox and a fresh bare container write ``--mib`` MiB; the
+    sandbox is suspended and restored, the container committed (which goes first
+    alternates), and one more sandbox is cold-started."""
+    out: dict[str, list[float]] = {"suspend": [], "bare commit": [], "restore": [], "cold": []}
+    execs = open_execs(address, ctr_ns, str(work / "fifos"))
+    try:
+        for i in range(args.suspends):
+            name = f"stored-{i}"
+            start_sandbox(boxes, api, name, ["sleep", "100000"])
+            stored = container_id_for(boxes.get(name)["metadata"]["uid"])
+            exec_seconds(execs, stored, write_mib(args.mib))
+            cid = bare_container(rt, work, ["sleep", "100000"])
+            exec_seconds(execs, cid, write_mib(args.mib))
+            if i % 2 == 0:
+                suspend_one(boxes, name, out)
+                commit_one(rt, cid, out)
+            else:
+                commit_one(rt, cid, out)
+                suspend_one(boxes, name, out)
+            began = time.monotonic()
+            since = boxes.set_mode(name, "Running")
+            restored = boxes.wait(
+                name,
+                since,
+                lambda b: condition(b, "Suspended") == ("False", "Restored") and running(b),
+                "restore",
+            )
+            out["restore"].append(restored - began)
+            out["cold"].append(start_sandbox(boxes, api, f"cold-{i}", ["sleep", "100000"]))
+    finally:
+        execs.close()
+    return out
+
+
+def suspend_one(boxes: Sandboxes, name: str, out: dict[str, list[float]]) -> None:
+    began = time.monotonic()
+    since = boxes.set_mode(name, "Suspended")
+    ended = boxes.wait(
+        name, since, lambda b: condition(b, "Suspended") == ("True", "Suspended"), "suspend"
+    )
+    out["suspend"].append(ended - began)
+
+
+def commit_one(rt: ContainerdRuntime, cid: str, out: dict[str, list[float]]) -> None:
+    began = time.monotonic()
+    rt.commit_container(cid, f"sandlot.local/bench/{cid}:latest", {}, timeout=600)
+    out["bare commit"].append(time.monotonic() - began)
+
+
+def report(through: list[float], bare: list[float], suspended: dict[str, list[float]]) -> None:
+    med = {k: statistics.median(v) for k, v in suspended.items()}
+    rows = [
+        (
+            "pause+resume p50 (ms)",
+            1000 * percentile(through, 0.5),
+            1000 * percentile(bare, 0.5),
+            1.2,
+        ),
+        (
+            "pause+resume p99 (ms)",
+            1000 * percentile(through, 0.99),
+            1000 * percentile(bare, 0.99),
+            1.2,
+        ),
+        ("suspend, median (ms)", 1000 * med["suspend"], 1000 * med["bare commit"], 1.2),
+        ("resume from the image, median (ms)", 1000 * med["restore"], 1000 * med["cold"], 1.5),
+    ]
+    print("\n| what | sandlot | against | ratio | target |")
+    print("|---|---|---|---|---|")
+    for what, ours, theirs, target in rows:
+        ratio = ours / theirs if theirs else float("inf")
+        verdict = "met" if ratio <= target else "missed"
+        print(f"| {what} | {ours:.1f} | {theirs:.1f} | {ratio:.2f}x | <= {target}x {verdict} |")
+    print(
+        "against: containerd's Pause+Resume called bare; commit_container called bare on a "
+        "container that wrote the same; a cold start of the image (create to Running)"
+    )
+    print(f"load average at the end: {os.getloadavg()[0]:.1f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--mib", type=int, default=100)
+    parser.add_argument("--suspends", type=int, default=3)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="sl-bench-pause-"))
+    containerd = start_private_containerd()
+    plane = ControlPlane(workdir=work / "cp")
+    plane.start()
+    api = load_api_client(str(plane.kubeconfig), pool_size=8)
+    ctr_ns = f"bench-pause-{uuid.uuid4().hex[:6]}"
+    rt = ContainerdRuntime(containerd.address, ctr_ns)
+    agent: Agent | None = None
+    try:
+        apply_crds(api, [crd_for(k) for k in KINDS])
+        core = client.CoreV1Api(api)
+        for ns in (NS, LEASE_NS):
+            core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        build_image_archive(work / "image.tar", IMAGE)
+        import_archive(containerd.address, ctr_ns, work / "image.tar", timeout=120)
+        settings = agent_settings(
+            node=NODE,
+            namespace=LEASE_NS,
+            containerd=containerd,
+            ctr_ns=ctr_ns,
+            log_dir=work / "logs",
+            call_timeout="60s",
+            gc_disabled=True,
+            capacity_memory="64Gi",
+        )
+        agent = Agent(settings, api, registry=CollectorRegistry())
+        assert agent.start(), "the agent did not start"
+        boxes = Sandboxes(api)
+        print(f"containerd {containerd.line}; load {os.getloadavg()[0]:.1f}", flush=True)
+        through, bare = pause_rows(boxes, api, rt, work, args.rounds)
+        print(f"pause round trips: sandlot {len(through)}, bare {len(bare)}", flush=True)
+        suspended = suspend_rows(boxes, api, rt, work, args, containerd.address, ctr_ns)
+        print(
+            "suspend rounds: "
+            + "; ".join(
+                f"{k} " + ", ".join(f"{1000 * v:.0f}" for v in vs) for k, vs in suspended.items()
+            )
+            + " (ms)",
+            flush=True,
+        )
+        report(through, bare, suspended)
+    finally:
+        if agent is not None:
+            agent.shutdown()
+        with contextlib.suppress(Exception):
+            ids = [c.id for c in rt.list_containers(timeout=30)]
+            teardown_many(rt, ids, kill_wait=5, call_timeout=10, concurrency=8)
+        rt.close()
+        api.close()
+        plane.stop()
+        containerd.stop()
+        containerd.remove()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
