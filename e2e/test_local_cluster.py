@@ -196,8 +196,9 @@ def _layer_names(archive: Path, index: int) -> list[str]:
 
 
 def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Path) -> None:
-    """The recipe's /opt/sandlot: the package's modules as in the source tree, and
-    every dependency pyproject.toml names, installed (the Dockerfile's ``pip install .``)."""
+    """The recipe's /opt/sandlot: the package's runtime modules as in the source tree
+    (the development tools left out), and every dependency pyproject.toml names,
+    installed (the Dockerfile's ``pip install .``)."""
     names = _layer_names(image_archive, 1)
     assert all(n == "opt" or n.startswith(RECIPE.venv.lstrip("/")) for n in names), names[:5]
     site = next(n for n in names if n.endswith("site-packages/sandlot")).rsplit("/", 1)[0]
@@ -209,7 +210,10 @@ def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Pat
         for p in (ROOT / "operator" / "sandlot").rglob("*.py")
         if "/containerd/gen/" not in p.as_posix()
     }
-    assert source <= shipped, sorted(source - shipped)[:10]
+    runtime = {n for n in source if not n.startswith("sandlot/devtools/")}
+    assert runtime != source, "no development tools in the source tree to leave out"
+    assert runtime <= shipped, sorted(runtime - shipped)[:10]
+    assert not any(n.startswith("sandlot/devtools/") for n in shipped), "devtools shipped"
     dists = {
         n.split("/")[-1].split("-")[0].lower().replace("_", "-")
         for n in names

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sandlot.cli.devimport import devtools
+
 
 def register(sub: Any) -> None:
     demo = sub.add_parser("demo", help="the whole story on one machine (needs root)")
@@ -18,6 +20,5 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sandlot.devtools.demo import run_demo
-
-    return run_demo(args.dir, args.timeout, args.keep)
+    demo = devtools("demo", "demo")
+    return int(demo.run_demo(args.dir, args.timeout, args.keep))

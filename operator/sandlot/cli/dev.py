@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sandlot.cli.devimport import devtools
+
 DEFAULT_DIR = ".dev"
 CLUSTER_DIR = ".dev/cluster"
 
@@ -45,14 +47,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sandlot.devtools import dev
-
-    return dev.up(args.dir) if args.action == "up" else dev.down(args.dir)
+    dev = devtools("dev", f"dev {args.action}")
+    return int(dev.up(args.dir) if args.action == "up" else dev.down(args.dir))
 
 
 def run_cluster(args: argparse.Namespace) -> int:
-    from sandlot.devtools.cluster import commands
-
+    commands = devtools("cluster.commands", f"dev cluster {args.cluster_action}")
     if args.cluster_action == "up":
-        return commands.up(args.dir, args.nodes)
-    return commands.down(args.dir)
+        return int(commands.up(args.dir, args.nodes))
+    return int(commands.down(args.dir))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sandlot.api import admission, leaderfence, placementpolicy, writepolicy
+from sandlot.cli.devimport import devtools
 
 WHAT = {
     "crds": "write the CRD YAML into crds/ and the chart",
@@ -28,8 +29,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sandlot.devtools import generate
-
+    generate = devtools("generate", f"gen {args.what}")
     writers = {
         "crds": generate.write_crds,
         "admission": generate.write_admission,
