@@ -3,9 +3,10 @@ the node no view of them (``policy.runtimeclass.host_view``: gVisor's sentry
 serves the container's files, its task's ``/proc/<pid>/root`` is not them).
 
 Each operation is one short exec of a tool the image has (busybox's ``stat``,
-``find``, ``cat``, ``sh``, ``mkdir``, ``rm``, ``rmdir``), run as the sandbox's own
-process user, so it sees and can change exactly what the sandbox can. An image
-without the tool is refused by name. Every start and wait is bounded by
+``cat``, ``sh``, ``mv``, ``mkdir``, ``rm``, ``rmdir``; a tool the image does
+not link is run as ``busybox <tool>``), run as the sandbox's own process user, so
+it sees and can change exactly what the sandbox can. An image without the tool is
+refused by name. Every start and wait is bounded by
 ``call_timeout``, every silence on a stream by ``idle``.
 
 The same methods as ``adapters.sandboxfs.SandboxRoot``: ``stat``, ``list``,
@@ -32,6 +33,15 @@ from sandlot.adapters.sandboxfs import FileRefused
 CHUNK = 64 * 1024
 STAT_FORMAT = "%f %s %Y %n"  # raw mode (hex), size, mtime, name: lstat, links unfollowed
 STDERR_MAX = 4096
+TOOLS = "sh, stat, cat, mv, mkdir, rm, rmdir and nc"
+# In the scripts, ``b tool ...`` runs the image's tool, else busybox's applet.
+EITHER = 'b() { if command -v "$1" >/dev/null 2>&1; then "$@"; else busybox "$@"; fi; }; '
+LIST_SCRIPT = (
+    EITHER + 'cd -- "$1" || exit 1; set --; for f in .* *; do case "$f" in .|..) continue;; '
+    'esac; [ -e "$f" ] || [ -L "$f" ] || continue; set -- "$@" "$f"; done; '
+    f'[ $# -eq 0 ] || b stat -c "{STAT_FORMAT}" -- "$@"'
+)
+WRITE_SCRIPT = EITHER + 'b cat > "$1" && b mv -f -- "$1" "$2" || { b rm -f -- "$1"; exit 1; }'
 
 
 class ContainerRoot:
@@ -55,8 +65,7 @@ class ContainerRoot:
     def list(self, path: str, limit: int) -> list[dict[str, Any]]:
         if self.stat(path)["type"] != "dir":
             raise FileRefused(400, f"{path}: not a directory")
-        argv = ["find", _inside(path), "-mindepth", "1", "-maxdepth", "1"]
-        out = self._run([*argv, "-exec", "stat", "-c", STAT_FORMAT, "--", "{}", "+"], path)
+        out = self._run(["sh", "-c", LIST_SCRIPT, "sh", _inside(path)], path)
         lines = [line for line in out.decode(errors="replace").split("\n") if line]
         if len(lines) > limit:
             raise FileRefused(413, f"{path}: more than {limit} entries")
@@ -90,8 +99,7 @@ class ContainerRoot:
         temp = (
             f"{os.path.dirname(target)}/.{os.path.basename(target)}.sandlot-{uuid.uuid4().hex[:8]}"
         )
-        script = 'cat > "$1" && mv -f -- "$1" "$2" || { rm -f -- "$1"; exit 1; }'
-        process = self._start(["sh", "-c", script, "sh", temp, target], stdin=True)
+        process = self._start(["sh", "-c", WRITE_SCRIPT, "sh", temp, target], stdin=True)
         try:
             written = 0
             assert process.stdin is not None, "started with stdin"
@@ -135,6 +143,22 @@ class ContainerRoot:
             self._end(process)
 
     def _start(self, argv: Sequence[str], *, stdin: bool) -> ExecProcess:
+        """Start ``argv``; when the image does not link the tool, busybox's applet of
+        that name; refused naming the tool when neither is there."""
+        try:
+            return self._exec(argv, stdin=stdin)
+        except _MissingTool:
+            pass
+        try:
+            return self._exec(["busybox", *argv], stdin=stdin)
+        except _MissingTool:
+            raise FileRefused(
+                501,
+                f"the sandbox's image has no {argv[0]} (nor busybox): under this runtime "
+                f"handler files and ports are reached with the image's own {TOOLS}",
+            ) from None
+
+    def _exec(self, argv: Sequence[str], *, stdin: bool) -> ExecProcess:
         exec_id = f"files-{uuid.uuid4().hex[:12]}"
         try:
             return self.execs.start(
@@ -147,11 +171,7 @@ class ContainerRoot:
             )
         except Exception as e:
             if _missing_tool(str(e)):
-                raise FileRefused(
-                    501,
-                    f"the sandbox's image has no {argv[0]}: files under this runtime handler "
-                    "need the image's stat, find, cat, sh, mv, mkdir, rm and rmdir (busybox has them)",
-                ) from None
+                raise _MissingTool(argv[0]) from None
             raise FileRefused(503, f"cannot reach the sandbox's files: {e}") from None
 
     def _stdout(self, process: ExecProcess) -> Iterator[bytes]:
@@ -244,6 +264,10 @@ class ContainerPort:
         with contextlib.suppress(Exception):
             self.execs.wait(self.process, timeout=self.call_timeout)
         self._root._end(self.process)
+
+
+class _MissingTool(Exception):
+    pass
 
 
 def _inside(path: str) -> str:
