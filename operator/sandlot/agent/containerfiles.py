@@ -214,6 +214,10 @@ class ContainerRoot:
             self.execs.delete(self.container, process.exec_id, timeout=self.call_timeout)
 
 
+class PortUnreachable(OSError):
+    """The container's ``nc`` could not connect; its message says why."""
+
+
 class ContainerPort:
     """A TCP connection to ``127.0.0.1:port`` made by the container's own ``nc``, so
     the port is reached on the sandbox's loopback as under runc (gVisor's netstack
@@ -232,13 +236,21 @@ class ContainerPort:
         self._root = root
 
     def recv(self, size: int) -> bytes:
+        """Bytes from the port; b"" at its end. ``PortUnreachable`` when ``nc`` ended
+        in failure (no connection: nothing listens, or no network), with its why."""
         while not self._closed:
             ready, _, _ = select.select([self.process.stdout], [], [], 0.5)
-            if ready:
-                try:
-                    return os.read(self.process.stdout, size)
-                except BlockingIOError:
-                    continue
+            if not ready:
+                continue
+            try:
+                data = os.read(self.process.stdout, size)
+            except BlockingIOError:
+                continue
+            if not data and not self._closed:
+                code = self.execs.wait(self.process, timeout=self.call_timeout)
+                if code != 0:
+                    raise PortUnreachable(_stderr(self.process) or f"nc exited with {code}")
+            return data
         return b""
 
     def sendall(self, data: bytes) -> None:
@@ -324,4 +336,4 @@ def _parse_stat(line: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["ContainerPort", "ContainerRoot"]
+__all__ = ["ContainerPort", "ContainerRoot", "PortUnreachable"]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sandlot.adapters.sandboxfs import FileRefused, SandboxRoot
-from sandlot.agent.containerfiles import ContainerRoot
+from sandlot.agent.containerfiles import ContainerRoot, PortUnreachable
 from sandlot.policy.streams import (
     CLOSE,
     LIST,
@@ -144,11 +144,14 @@ def serve_port(
         connection.close()
         return
     done = threading.Event()
+    unreachable: list[str] = []
 
     def from_sandbox() -> None:
         try:
             while data := conn.recv(64 * 1024):
                 connection.send(encode_frame(STDOUT, data))
+        except PortUnreachable as e:
+            unreachable.append(str(e))
         except Exception as e:
             log.debug("port-forward %s: %s", request.port, e)
         finally:
@@ -182,8 +185,11 @@ def serve_port(
             conn.shutdown(socket.SHUT_RDWR)
         conn.close()
         reader.join(timeout)
+        status = exit_status(0)
+        if unreachable:
+            status = error_status(f"port {request.port}: {unreachable[0]}", 502)
         with contextlib.suppress(Exception):
-            connection.send(encode_frame(STATUS, exit_status(0)))
+            connection.send(encode_frame(STATUS, status))
         connection.close()
 
 
