@@ -11,15 +11,34 @@ lists its container.
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import re
+import ssl
+import threading
+from typing import Any
 
 import pytest
 
 from sandlot.adapters.containerd.execs import open_execs
 from sandlot.agent.sandboxes import container_id_for
+from sandlot.agent.streams import StreamServer
 from sandlot.devtools.containerd import PrivateContainerd, gvisor_bin_dir
 from sandlot.policy.ocispec import DEFAULT_CAPABILITIES, capability_mask
+from sandlot.policy.streams import (
+    FILES,
+    LIST,
+    READ,
+    STATUS,
+    STDIN,
+    STDOUT,
+    WRITE,
+    StreamRequest,
+    close_stdin_frame,
+    decode_frame,
+    encode_frame,
+)
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
 from tests.support.runtimeclasses import (
     HandlerRig,
@@ -137,3 +156,111 @@ def test_a_gvisor_class_runs_on_gvisor_s_kernel(
         containerd, handler_rig, container_id_for(uid), "sh", "-c", "uname -r"
     )
     assert exec_kernel.strip() == kernel, exec_kernel
+
+
+class _Gateway:
+    """The gateway's end of one agent session: the frames it sends, then silence."""
+
+    def __init__(self, *frames: bytes) -> None:
+        self.incoming: queue.Queue[bytes] = queue.Queue()
+        for frame in frames:
+            self.incoming.put(frame)
+        self.sent: list[bytes] = []
+
+    def send(self, message: bytes) -> None:
+        self.sent.append(message)
+
+    def recv(self, timeout: float | None = None) -> bytes:
+        try:
+            return self.incoming.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError from None
+
+    def close(self) -> None:
+        pass
+
+    def channel(self, wanted: int) -> bytes:
+        frames = [decode_frame(m) for m in self.sent]
+        return b"".join(data for channel, data in frames if channel == wanted)
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(self.channel(STATUS) or b"{}"))
+
+
+def _agent_session(
+    containerd: PrivateContainerd, rig: HandlerRig, name: str, asked: StreamRequest, *frames: bytes
+) -> _Gateway:
+    """One files (or port-forward) session served by the agent's stream server code
+    (its per-handler choice included) over real containerd execs; at most 60s."""
+    sandbox = rig.get(name)
+    uid = sandbox["metadata"]["uid"]
+    execs = open_execs(containerd.address, rig.ctr_ns, str(rig.log_dir.parent / "fifos"))
+    server = StreamServer(
+        rig.node,
+        bind="127.0.0.1",
+        port=0,
+        tls=ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER),
+        client_names=("gateway",),
+        sandbox=lambda _key: rig.get(name),
+        log_dir=str(rig.log_dir),
+        execs=execs,
+        call_timeout=20,
+        stop=threading.Event(),
+        idle=20,
+    )
+    gateway = _Gateway(*frames)
+    session = threading.Thread(
+        target=server._reach_in,
+        args=(gateway, asked, container_id_for(uid), f"{rig.namespace}/{name}", uid),
+        daemon=True,
+    )
+    try:
+        session.start()
+        session.join(60)
+        assert not session.is_alive(), f"the {asked.kind} session did not end within 60s"
+    finally:
+        execs.close()
+    return gateway
+
+
+def _files(
+    containerd: PrivateContainerd, rig: HandlerRig, name: str, op: str, path: str, *frames: bytes
+) -> _Gateway:
+    asked = StreamRequest(FILES, rig.namespace, name, op=op, path=path)
+    return _agent_session(containerd, rig, name, asked, *frames)
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_files_are_written_read_and_listed_inside_a_gvisor_sandbox(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
+    with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
+        name = handler_rig.run(f"echo {DONE}; {SLEEP}", runtimeClassName=gvisor_class)
+        uid = handler_rig.wait(name, "Running")["metadata"]["uid"]
+        handler_rig.output(name, DONE)
+    body = b"written through the agent\n" * 1000
+    wrote = _files(
+        containerd,
+        handler_rig,
+        name,
+        WRITE,
+        "/tmp/note.txt",
+        encode_frame(STDIN, body[:10000]),
+        encode_frame(STDIN, body[10000:]),
+        close_stdin_frame(),
+    )
+    assert wrote.status()["status"] == "Success", wrote.status()
+    read = _files(containerd, handler_rig, name, READ, "/tmp/note.txt")
+    assert read.status()["status"] == "Success", read.status()
+    assert read.channel(STDOUT) == body
+    listed = _files(containerd, handler_rig, name, LIST, "/tmp")
+    entries = {e["name"]: e for e in json.loads(listed.channel(STDOUT))}
+    assert entries["note.txt"]["type"] == "file", entries
+    assert entries["note.txt"]["size"] == len(body), entries
+    # The sandbox's own processes (on gVisor's kernel) see the same file.
+    seen = _exec_output(
+        containerd, handler_rig, container_id_for(uid), "sh", "-c", "busybox wc -c < /tmp/note.txt"
+    )
+    assert seen.strip() == str(len(body)), seen
+    missing = _files(containerd, handler_rig, name, READ, "/tmp/absent")
+    assert missing.status().get("code") == 404, missing.status()

@@ -28,6 +28,7 @@ from sandlot.policy.runtimeclass import (
     as_pod_sandbox,
     check_handler,
     discover_handlers,
+    host_view,
     joined_placement,
     read_runtime_class,
     shim_binary,
@@ -110,6 +111,23 @@ def test_only_a_shim_of_its_own_kind_gets_the_pod_sandbox_annotation() -> None:
     marked = as_pod_sandbox(spec, RuntimeHandler("gvisor", "io.containerd.runsc.v1"))
     assert marked["annotations"] == {"a": "b", "io.kubernetes.cri.container-type": "sandbox"}
     assert spec["annotations"] == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("runtime_name", "seen_from_host"),
+    [
+        ("", True),  # containerd's default runtime: runc
+        (RUNC_RUNTIME_TYPE, True),  # runc, and crun through the runc shim's BinaryName
+        ("/opt/sandlot/bin/containerd-shim-runc-v2", True),
+        ("io.containerd.runsc.v1", False),  # gVisor: the sentry serves files and loopback
+        ("/opt/gvisor/containerd-shim-runsc-v1", False),
+        ("io.containerd.kata.v2", False),
+    ],
+)
+def test_only_the_runc_shim_gives_the_node_a_view_of_the_container(
+    runtime_name: str, seen_from_host: bool
+) -> None:
+    assert host_view(runtime_name) is seen_from_host
 
 
 @pytest.mark.parametrize(

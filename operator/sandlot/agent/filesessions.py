@@ -24,7 +24,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sandlot.adapters.sandboxfs import FileRefused, SandboxRoot, connect_in_netns
+from sandlot.adapters.sandboxfs import FileRefused, SandboxRoot
+from sandlot.agent.containerfiles import ContainerRoot, PortUnreachable
 from sandlot.policy.streams import (
     CLOSE,
     LIST,
@@ -49,13 +50,22 @@ MAX_ENTRIES = 10_000
 RECV_WAIT = 1.0
 
 
+Root = SandboxRoot | ContainerRoot
+
+
 def serve_files(
-    connection: Any, request: StreamRequest, proc: str, pid: int, *, limit: int, idle: float
+    connection: Any,
+    request: StreamRequest,
+    open_root: Callable[[], Root],
+    *,
+    limit: int,
+    idle: float,
 ) -> None:
-    """One files operation for ``connection``; the status always ends it."""
+    """One files operation for ``connection``, on the root ``open_root`` gives (the
+    task's, or the container's own tools); the status always ends it."""
     status = exit_status(0)
     try:
-        root = SandboxRoot(proc, pid)
+        root = open_root()
     except OSError as e:
         status = error_status(f"cannot reach the sandbox's files: {e}", 503)
     else:
@@ -77,7 +87,7 @@ class _ClientGone(Exception):
 
 
 def _operate(
-    connection: Any, request: StreamRequest, root: SandboxRoot, *, limit: int, idle: float
+    connection: Any, request: StreamRequest, root: Root, *, limit: int, idle: float
 ) -> None:
     path = request.path
     if request.op == READ:
@@ -118,27 +128,30 @@ def _stdin(connection: Any, idle: float) -> Iterator[bytes]:
 def serve_port(
     connection: Any,
     request: StreamRequest,
-    proc: str,
-    pid: int,
+    connect: Callable[[], socket.socket],
     *,
     timeout: float,
     idle: float,
     running: Callable[[], bool],
 ) -> None:
-    """Relay ``connection`` to ``request.port`` in the sandbox's network namespace."""
+    """Relay ``connection`` to ``request.port`` in the sandbox, reached by ``connect``
+    (the loopback of its network namespace, or its own address)."""
     try:
-        conn = connect_in_netns(proc, pid, request.port, timeout=timeout)
+        conn = connect()
     except (OSError, TimeoutError) as e:
         with contextlib.suppress(Exception):
             connection.send(encode_frame(STATUS, error_status(f"port {request.port}: {e}", 502)))
         connection.close()
         return
     done = threading.Event()
+    unreachable: list[str] = []
 
     def from_sandbox() -> None:
         try:
             while data := conn.recv(64 * 1024):
                 connection.send(encode_frame(STDOUT, data))
+        except PortUnreachable as e:
+            unreachable.append(str(e))
         except Exception as e:
             log.debug("port-forward %s: %s", request.port, e)
         finally:
@@ -172,9 +185,12 @@ def serve_port(
             conn.shutdown(socket.SHUT_RDWR)
         conn.close()
         reader.join(timeout)
+        status = exit_status(0)
+        if unreachable:
+            status = error_status(f"port {request.port}: {unreachable[0]}", 502)
         with contextlib.suppress(Exception):
-            connection.send(encode_frame(STATUS, exit_status(0)))
+            connection.send(encode_frame(STATUS, status))
         connection.close()
 
 
-__all__ = ["serve_files", "serve_port"]
+__all__ = ["Root", "serve_files", "serve_port"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import ssl
 import threading
 import time
@@ -30,14 +31,17 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
+from sandlot.adapters.sandboxfs import SandboxRoot, connect_in_netns
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
+from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
 from sandlot.agent.execsession import ExecSession, idle_past
-from sandlot.agent.filesessions import serve_files, serve_port
+from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.policy.operatingmode import stream_refusal
+from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
     CALLER_HEADER,
     EXEC,
@@ -253,16 +257,22 @@ class StreamServer:
     def _reach_in(
         self, connection: ServerConnection, asked: StreamRequest, container: str, key: str, uid: str
     ) -> None:
-        assert self._execs is not None, "admitted only with a runtime"
+        execs = self._execs
+        assert execs is not None, "admitted only with a runtime"
         try:
-            pid = self._execs.task_pid(container, timeout=self.call_timeout)
+            pid = execs.task_pid(container, timeout=self.call_timeout)
+            from_host = host_view(execs.runtime_of(container, timeout=self.call_timeout))
         except Exception as e:
             connection.send(encode_frame(STATUS, error_status(f"no running task: {e}", 409)))
             connection.close()
             return
         if asked.kind == FILES:
             serve_files(
-                connection, asked, self.proc_root, pid, limit=self.file_limit, idle=self.idle
+                connection,
+                asked,
+                self._root_opener(from_host, pid, container),
+                limit=self.file_limit,
+                idle=self.idle,
             )
             return
 
@@ -274,12 +284,35 @@ class StreamServer:
         serve_port(
             connection,
             asked,
-            self.proc_root,
-            pid,
+            self._port_connector(from_host, pid, asked.port, container),
             timeout=self.call_timeout,
             idle=self.idle,
             running=running,
         )
+
+    def _root_opener(self, from_host: bool, pid: int, container: str) -> Callable[[], Root]:
+        """The task's root seen from the node, or (a handler with no host view) the
+        container's own tools through execs."""
+        execs = self._execs
+        assert execs is not None, "admitted only with a runtime"
+        if from_host:
+            return lambda: SandboxRoot(self.proc_root, pid)
+        return lambda: ContainerRoot(
+            execs, container, call_timeout=self.call_timeout, idle=self.idle
+        )
+
+    def _port_connector(
+        self, from_host: bool, pid: int, port: int, container: str
+    ) -> Callable[[], socket.socket]:
+        """Loopback in the task's network namespace, or (a handler with no host view:
+        gVisor's netstack owns the sandbox's loopback) loopback reached by the
+        container's own ``nc``."""
+        timeout = self.call_timeout
+        if from_host:
+            return lambda: connect_in_netns(self.proc_root, pid, port, timeout=timeout)
+        execs = self._execs
+        assert execs is not None, "admitted only with a runtime"
+        return lambda: ContainerPort(execs, container, port, call_timeout=timeout)  # type: ignore[return-value]  # socket-like
 
     def _send_log(
         self, connection: ServerConnection, asked: StreamRequest, sandbox: Mapping[str, Any]

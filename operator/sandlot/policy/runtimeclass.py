@@ -131,6 +131,20 @@ def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -
     return Discovery(tuple(handlers), tuple(skipped))
 
 
+def host_view(runtime_name: str) -> bool:
+    """Whether the node sees a container of this shim from outside: its task's
+    ``/proc/<pid>/root`` is the container's filesystem and its network namespace's
+    loopback is the container's. True for the runc shim (runc, crun through
+    ``BinaryName``, or a blank name: containerd's default); False for any other
+    shim (gVisor's: its task is the sandbox process, whose files and loopback are
+    the sentry's), whose files are reached through the container and ports through
+    the sandbox's own address."""
+    if not runtime_name:
+        return True
+    shim = runtime_name.rsplit("/", 1)[-1]
+    return runtime_name == RUNC_RUNTIME_TYPE or shim == shim_binary(RUNC_RUNTIME_TYPE)
+
+
 def as_pod_sandbox(oci_spec: dict[str, Any], handler: RuntimeHandler | None) -> dict[str, Any]:
     """The spec with CRI's annotations saying it is a pod's sandbox, for a shim of
     its own kind (gVisor's): such a shim runs a spec without them as a container
@@ -218,6 +232,7 @@ __all__ = [
     "as_pod_sandbox",
     "check_handler",
     "discover_handlers",
+    "host_view",
     "joined_placement",
     "read_runtime_class",
     "shim_binary",

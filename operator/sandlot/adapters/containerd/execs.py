@@ -274,6 +274,16 @@ class Execs:
         )
         return int(response.process.pid)
 
+    def runtime_of(self, container_id: str, *, timeout: float) -> str:
+        """The shim containerd runs the container with (its ``runtime.name``)."""
+        response = self._conn.call(
+            self._conn.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=timeout,
+            what=f"Containers.Get {container_id}",
+        )
+        return str(response.container.runtime.name)
+
     def close(self) -> None:
         self._conn.close()
 
