@@ -263,7 +263,26 @@ def test_a_restore_waits_for_room_on_its_node(other_limit: str, restored: bool) 
     states = [SandboxState.from_object(back), SandboxState.from_object(other)]
     views = [ContainerView("sb-uid-2", {SANDBOX_LABEL: "ns/other"})]
     plan = plan_sync(states, views, drained=False, in_flight=(), facts=facts)
-    assert plan == ([Action(ActionKind.RESTORE, KEY)] if restored else [])
+    if restored:
+        assert plan == [Action(ActionKind.RESTORE, KEY)]
+    else:
+        assert [(a.kind, a.key) for a in plan] == [(ActionKind.WAIT_RESTORE, KEY)], plan
+        assert f"node {NODE} is full" in plan[0].message and "memory" in plan[0].message
+
+
+def test_a_restore_waiting_for_room_says_why_once() -> None:
+    recorded = cond("True", "Suspended", 1) | {"message": "committed"}
+    world = World("Running", container=False, conditions=[recorded])
+    why = f"node {NODE} is full: its memory limit 1.0Gi does not fit"
+    world.suspensions.wait_for_room(world.body(), why)
+    c = world.condition()
+    assert (c.status, c.reason) == ("True", "Suspended"), "still suspended"
+    assert c.message == f"waiting for room to run again on node {world.work.node}: {why}"
+    writes = list(world.objects.writes)
+    assert writes, "nothing was written"
+    world.suspensions.wait_for_room(world.body(), why)
+    assert world.objects.writes == writes, "the same words were written again"
+    assert not world.work.restarted
 
 
 # ---------------------------------------------------------------- streams and waiters

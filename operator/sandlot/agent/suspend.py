@@ -31,9 +31,11 @@ from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
     recorded_suspended,
+    says,
     suspend_failed,
     suspended_condition,
     suspended_image_name,
+    waiting_condition,
 )
 
 log = logging.getLogger(__name__)
@@ -158,6 +160,18 @@ class Suspensions:
         outcome = self._write(sb, conditions, fields)
         log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
         return step
+
+    def wait_for_room(self, sb: Mapping[str, Any], why: str) -> None:
+        """Say on ``sb``'s Suspended condition why it is not running again yet, once
+        (nothing is written while it already says so)."""
+        generation = (sb.get("metadata") or {}).get("generation")
+        condition = waiting_condition(self.work.node, generation, why)
+        if says(sb, condition):
+            return
+        outcome = self._write(sb, [condition], {})
+        log.info(
+            "sandbox %s: restore waits for room (%s), condition %s", sandbox_key(sb), why, outcome
+        )
 
 
 __all__ = ["Suspensions"]

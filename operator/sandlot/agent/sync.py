@@ -159,6 +159,8 @@ class SandboxSync:
             return partial(work.end_drained, sb, SandboxReason.DRAINED)
         if kind is ActionKind.RESTORE and sb is not None:
             return partial(self.suspensions.restore, sb, container)
+        if kind is ActionKind.WAIT_RESTORE and sb is not None:
+            return partial(self.suspensions.wait_for_room, sb, action.message)
         if container is None:
             return None
         if kind is ActionKind.TEARDOWN_UNSTARTED:

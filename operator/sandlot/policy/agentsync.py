@@ -85,6 +85,9 @@ class ActionKind(StrEnum):
     APPLY_MODE = "apply-mode"
     SUSPEND = "suspend"
     RESTORE = "restore"
+    WAIT_RESTORE = "wait-restore"
+    """A restore the node has no room for yet: its Suspended condition says why
+    (``message``); it stays suspended until a pass finds room."""
     END_LOST = "end-lost"
     FENCE = "fence"
     CLEANUP = "cleanup"
@@ -236,7 +239,9 @@ def _judged(
     judged = []
     for action in actions:
         if action.kind is ActionKind.RESTORE and action.key in no_room:
-            continue  # stays suspended until the node has room
+            # Stays suspended until the node has room, saying so.
+            judged.append(Action(ActionKind.WAIT_RESTORE, action.key, message=no_room[action.key]))
+            continue
         why = refused.get(action.key) if action.kind is ActionKind.START else None
         if why is None:
             judged.append(action)

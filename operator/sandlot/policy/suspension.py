@@ -166,6 +166,28 @@ def suspended_condition(
     )
 
 
+def waiting_condition(node: str, generation: int | None, why: str) -> Condition:
+    """The condition of a sandbox asked to run again whose node has no room for it
+    yet (``why``, the capacity's words): still suspended, and saying why."""
+    return Condition(
+        type=ConditionType.SUSPENDED,
+        status="True",
+        reason=SuspendedReason.SUSPENDED,
+        message=f"waiting for room to run again on node {node}: {why}",
+        observed_generation=generation,
+    )
+
+
+def says(obj: Mapping[str, Any], condition: Condition) -> bool:
+    """Whether ``obj``'s Suspended condition already reads as ``condition``."""
+    current = _condition(obj)
+    return current is not None and (
+        current.get("status"),
+        current.get("reason"),
+        current.get("message"),
+    ) == (condition.status, condition.reason, condition.message)
+
+
 __all__ = [
     "SUSPENDED_IMAGE_LABEL",
     "SUSPENDED_IMAGE_PREFIX",
@@ -176,8 +198,10 @@ __all__ = [
     "live_uids",
     "orphaned_images",
     "recorded_suspended",
+    "says",
     "suspend_failed",
     "suspended_condition",
     "suspended_image_name",
     "suspension_outcome",
+    "waiting_condition",
 ]
