@@ -24,7 +24,7 @@ import select
 import socket
 import stat
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from sandlot.adapters.containerd.execs import ExecProcess, Execs
@@ -33,6 +33,10 @@ from sandlot.adapters.sandboxfs import FileRefused
 CHUNK = 64 * 1024
 STAT_FORMAT = "%f %s %Y %n"  # raw mode (hex), size, mtime, name: lstat, links unfollowed
 STDERR_MAX = 4096
+# The most a stat line may take (mode, size, mtime and a name of up to 255 bytes,
+# escaped): the image's own tools print these, so what the agent reads of them is
+# capped, never taken whole.
+STAT_LINE_MAX = 2048
 TOOLS = "sh, stat, cat, mv, mkdir, rm, rmdir and nc"
 # In the scripts, ``b tool ...`` runs the image's tool, else busybox's applet.
 EITHER = 'b() { if command -v "$1" >/dev/null 2>&1; then "$@"; else busybox "$@"; fi; }; '
@@ -57,7 +61,7 @@ class ContainerRoot:
         pass
 
     def stat(self, path: str) -> dict[str, Any]:
-        out = self._run(["stat", "-c", STAT_FORMAT, "--", _inside(path)], path)
+        out = self._run(["stat", "-c", STAT_FORMAT, "--", _inside(path)], path, STAT_LINE_MAX)
         entry = _parse_stat(out.decode(errors="replace").rstrip("\n"))
         entry["name"] = os.path.basename(path.rstrip("/")) or "/"
         return entry
@@ -65,7 +69,8 @@ class ContainerRoot:
     def list(self, path: str, limit: int) -> list[dict[str, Any]]:
         if self.stat(path)["type"] != "dir":
             raise FileRefused(400, f"{path}: not a directory")
-        out = self._run(["sh", "-c", LIST_SCRIPT, "sh", _inside(path)], path)
+        most = (limit + 1) * STAT_LINE_MAX
+        out = self._run(["sh", "-c", LIST_SCRIPT, "sh", _inside(path)], path, most)
         lines = [line for line in out.decode(errors="replace").split("\n") if line]
         if len(lines) > limit:
             raise FileRefused(413, f"{path}: more than {limit} entries")
@@ -120,7 +125,7 @@ class ContainerRoot:
         """Make the directory ``path`` (its parent must exist); True when made, False
         when a directory was already there. Anything else already there is refused."""
         try:
-            self._run(["mkdir", "--", _inside(path)], path)
+            self._run(["mkdir", "--", _inside(path)], path, STAT_LINE_MAX)
             return True
         except FileRefused:
             if self.stat(path)["type"] == "dir":
@@ -129,14 +134,14 @@ class ContainerRoot:
 
     def remove(self, path: str) -> None:
         tool = "rmdir" if self.stat(path)["type"] == "dir" else "rm"
-        self._run([tool, "--", _inside(path)], path)
+        self._run([tool, "--", _inside(path)], path, STAT_LINE_MAX)
 
     # -- one exec -------------------------------------------------------------------------
 
-    def _run(self, argv: Sequence[str], path: str) -> bytes:
+    def _run(self, argv: Sequence[str], path: str, most: int) -> bytes:
         process = self._start(argv, stdin=False)
         try:
-            out = b"".join(self._stdout(process))
+            out = collect(self._stdout(process), most, path)
             self._finish(process, path)
             return out
         finally:
@@ -336,4 +341,15 @@ def _parse_stat(line: str) -> dict[str, Any]:
     }
 
 
-__all__ = ["ContainerPort", "ContainerRoot", "PortUnreachable"]
+def collect(chunks: Iterable[bytes], most: int, path: str) -> bytes:
+    """The chunks joined, refused once past ``most`` bytes: a tool in the tenant's
+    image chooses how much it prints, and the agent's memory is not the tenant's."""
+    out = bytearray()
+    for chunk in chunks:
+        out += chunk
+        if len(out) > most:
+            raise FileRefused(413, f"{path}: the sandbox's answer ran past {most} bytes")
+    return bytes(out)
+
+
+__all__ = ["ContainerPort", "ContainerRoot", "PortUnreachable", "collect"]
