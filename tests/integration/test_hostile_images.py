@@ -15,19 +15,12 @@ a socket and stops each at its cap.
 from __future__ import annotations
 
 import contextlib
-import gzip
-import hashlib
-import http.server
-import io
-import json
 import subprocess
-import tarfile
-import threading
 import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -39,15 +32,6 @@ from sandlot.adapters.runtime import ImageTooLarge
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.reasons import SandboxReason
-from sandlot.devtools.ociarchive import (
-    ANNOTATION_IMAGE_NAME,
-    ANNOTATION_REF_NAME,
-    MEDIA_CONFIG,
-    MEDIA_INDEX,
-    MEDIA_LAYER_GZIP,
-    MEDIA_MANIFEST,
-    host_platform,
-)
 from sandlot.policy.imagecaps import (
     MAX_CONFIG_BYTES,
     MAX_MANIFEST_BYTES,
@@ -56,7 +40,7 @@ from sandlot.policy.imagecaps import (
 )
 from sandlot.policy.imagepull import FailureKind
 from sandlot.policy.imageref import parse_reference
-from tests.support import agents
+from tests.support import agents, hostile
 from tests.support.containerd import PrivateContainerd
 from tests.support.registry import LOOPBACK_ACCESS
 from tests.support.wait import wait_for
@@ -65,114 +49,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.containerd]
 
 BOMB = "docker.io/sandlot/gzip-bomb:test"
 BUSYBOX = "docker.io/sandlot/hostile-neighbour-busybox:test"
-ZEROS = 2 * 2**30
 # What the lookup may hold at its peak: a few read buffers, never the layer.
 PEAK_BOUND = 32 * 2**20
-PASSWD = b"nobody:x:65534:65534:nobody:/:/bin/sh\n"
-
-
-class _Zeros(io.RawIOBase):
-    def __init__(self, size: int) -> None:
-        self.left = size
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        count = min(len(buffer), self.left)
-        buffer[:count] = bytes(count)
-        self.left -= count
-        return count
-
-
-class _Hashing:
-    """A write-only file that hashes what passes through it (the layer's diff ID)."""
-
-    def __init__(self, out: IO[bytes]) -> None:
-        self.out = out
-        self.sha = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self.sha.update(data)
-        return self.out.write(data)
-
-    def tell(self) -> int:
-        return 0
-
-
-def _bomb_layer() -> tuple[bytes, str]:
-    """The gzipped layer (2 GiB of zeros, then /etc/passwd) and its diff ID, streamed."""
-    compressed = io.BytesIO()
-    with gzip.GzipFile(fileobj=compressed, mode="wb", compresslevel=1, mtime=0) as gz:
-        plain = _Hashing(gz)  # type: ignore[arg-type]
-        with tarfile.open(
-            fileobj=plain,  # type: ignore[arg-type]
-            mode="w",
-            format=tarfile.PAX_FORMAT,
-            copybufsize=2**20,
-        ) as tar:
-            zeros = tarfile.TarInfo("zeros")
-            zeros.size = ZEROS
-            tar.addfile(zeros, _Zeros(ZEROS))
-            passwd = tarfile.TarInfo("etc/passwd")
-            passwd.size = len(PASSWD)
-            tar.addfile(passwd, io.BytesIO(PASSWD))
-    return compressed.getvalue(), "sha256:" + plain.sha.hexdigest()
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _descriptor(media_type: str, data: bytes) -> dict[str, Any]:
-    return {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
-
-
-def _bomb_archive(dest: Path) -> Path:
-    """An OCI archive of the bomb image named ``BOMB``."""
-    layer, diff_id = _bomb_layer()
-    plat = host_platform()
-    config = json.dumps(
-        {
-            **plat,
-            "config": {"User": "nobody", "Cmd": ["/bin/sh"]},
-            "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        }
-    ).encode()
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": _descriptor(MEDIA_CONFIG, config),
-            "layers": [_descriptor(MEDIA_LAYER_GZIP, layer)],
-        }
-    ).encode()
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_INDEX,
-            "manifests": [
-                {
-                    **_descriptor(MEDIA_MANIFEST, manifest),
-                    "platform": plat,
-                    "annotations": {ANNOTATION_IMAGE_NAME: BOMB, ANNOTATION_REF_NAME: "test"},
-                }
-            ],
-        }
-    ).encode()
-    files = {f"blobs/sha256/{_digest(b)[7:]}": b for b in (layer, config, manifest)}
-    files.update({"oci-layout": b'{"imageLayoutVersion":"1.0.0"}', "index.json": index})
-    with tarfile.open(dest, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return dest
 
 
 @pytest.fixture(scope="module")
 def bomb_archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _bomb_archive(tmp_path_factory.mktemp("hostile") / "bomb.tar")
+    return hostile.bomb_archive(tmp_path_factory.mktemp("hostile") / "bomb.tar", BOMB)
 
 
 @pytest.fixture(scope="module")
@@ -277,78 +160,10 @@ def test_the_agent_fails_the_bombs_sandbox_naming_the_cap_and_keeps_working(
         assert agent.node == node
 
 
-# ------------------------------------------------------------------ a hostile registry
-
-_CONFIG_DIGEST = "sha256:" + "c" * 64
-
-
-def _manifest(config_size: int) -> bytes:
-    return json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": {"mediaType": MEDIA_CONFIG, "digest": _CONFIG_DIGEST, "size": config_size},
-            "layers": [],
-        }
-    ).encode()
-
-
-# Each repository is one way of lying: (manifest bytes or a size of junk to send, the
-# config's size in the manifest, bytes of config actually sent).
-HOSTILE: dict[str, tuple[bytes | int, int, int]] = {
-    "huge-manifest": (100 * 2**20, 0, 0),
-    "huge-config": (_manifest(2**30), 2**30, 0),
-    "lying-config": (_manifest(1000), 1000, 2**30),
-}
-
-
-class _Hostile(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def _send_stream(self, size: int, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(size))
-        self.end_headers()
-        chunk = b" " * 2**20
-        with contextlib.suppress(OSError):  # the client hangs up at its cap
-            for _ in range(size // len(chunk)):
-                self.wfile.write(chunk)
-
-    def do_GET(self) -> None:
-        parts = self.path.split("/")  # /v2/<repo>/{manifests,blobs}/<ref>
-        if len(parts) != 5 or parts[2] not in HOSTILE:
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        manifest, _, config_sent = HOSTILE[parts[2]]
-        if parts[3] == "blobs":
-            self._send_stream(config_sent, "application/octet-stream")
-        elif isinstance(manifest, int):
-            self._send_stream(manifest, MEDIA_MANIFEST)
-        else:
-            self.send_response(200)
-            self.send_header("Content-Type", MEDIA_MANIFEST)
-            self.send_header("Content-Length", str(len(manifest)))
-            self.end_headers()
-            self.wfile.write(manifest)
-
-
 @pytest.fixture(scope="module")
 def hostile_registry() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hostile)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with hostile.hostile_registry() as host:
+        yield host
 
 
 @pytest.mark.parametrize(
@@ -380,3 +195,24 @@ def test_a_hostile_registry_is_refused_at_the_cap_in_bounded_memory(
     assert refused.value.kind is FailureKind.TOO_LARGE, refused.value
     assert cap in str(refused.value), refused.value
     assert peak < 2 * MAX_CONFIG_BYTES, f"the pull held {peak / 2**20:.1f} MiB at its peak"
+
+
+def test_the_agent_fails_a_hostile_registrys_sandbox_as_too_large_naming_the_cap(
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+    hostile_registry: str,
+    tmp_path: Path,
+) -> None:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    with contextlib.ExitStack() as stack:
+        stack.callback(agents.delete_node, kube, node)
+        fleet = stack.enter_context(agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs"))
+        fleet.start(kube, namespace, node, call_timeout="10s", image_pull_backoff="0.2s")
+        image = f"{hostile_registry}/huge-manifest:1"
+        agents.schedule_sandbox(kube, namespace, "lying", node, {"image": image})
+        status = _decided(kube, namespace, "lying")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == SandboxReason.IMAGE_TOO_LARGE, status
+    assert f"more than {mib(MAX_MANIFEST_BYTES)}, the cap" in status["message"], status

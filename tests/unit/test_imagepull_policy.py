@@ -127,6 +127,7 @@ def test_failed_pull_backs_off_then_retries_at_the_exact_moment() -> None:
         ([FailureKind.NOT_FOUND, FailureKind.UNAUTHORIZED, FailureKind.NOT_FOUND], PullAction.FAIL),
         ([FailureKind.TRANSIENT] * 50, PullAction.BACK_OFF),
         ([FailureKind.NOT_FOUND] * 2 + [FailureKind.TRANSIENT], PullAction.BACK_OFF),
+        ([FailureKind.TOO_LARGE] * 3, PullAction.FAIL),
     ],
     ids=[
         "two-not-found-back-off",
@@ -135,6 +136,7 @@ def test_failed_pull_backs_off_then_retries_at_the_exact_moment() -> None:
         "final-kinds-mixed-fail",
         "transient-never-fails",
         "a-transient-failure-resets-the-final-count",
+        "three-too-large-fail",
     ],
 )
 def test_only_final_failures_in_a_row_end_the_sandbox(
@@ -148,7 +150,8 @@ def test_only_final_failures_in_a_row_end_the_sandbox(
     )
     assert decision.action is action
     if action is PullAction.FAIL:
-        assert decision.reason == "ErrImagePull"
+        too_large = kinds[-1] is FailureKind.TOO_LARGE
+        assert decision.reason == ("ImageTooLarge" if too_large else "ErrImagePull")
 
 
 def test_a_later_pull_in_flight_is_waited_for_and_an_older_success_does_not_count() -> None:

@@ -172,6 +172,13 @@ def decide_pull(
     return _retry_or(PullAction.PULL, history, now, final_attempts, base, cap)
 
 
+def _final_reason(history: PullHistory) -> SandboxReason:
+    """A hostile image ends as the USER lookup's cap does, whichever read met the cap."""
+    if history.last_kind is FailureKind.TOO_LARGE:
+        return SandboxReason.IMAGE_TOO_LARGE
+    return SandboxReason.ERR_IMAGE_PULL
+
+
 def _retry_or(
     action: PullAction,
     history: PullHistory,
@@ -183,7 +190,7 @@ def _retry_or(
     """``action`` unless the last failures end the sandbox or their back-off holds."""
     if history.failures and history.last_failed_at is not None:
         if history.final_failures >= final_attempts:
-            return PullDecision(PullAction.FAIL, SandboxReason.ERR_IMAGE_PULL, history.last_message)
+            return PullDecision(PullAction.FAIL, _final_reason(history), history.last_message)
         retry_at = history.last_failed_at + pull_backoff(history.failures, base=base, cap=cap)
         if now < retry_at:
             return PullDecision(
