@@ -3,7 +3,8 @@
 #   - OS packages (as root on Debian/Ubuntu): containerd, runc, crun (a second
 #     runtime handler), busybox-static
 #     (test images), containerd's API definitions (stubs), CNI plugins, openssl,
-#     docker-registry and skopeo (a real registry on loopback for pull tests);
+#     docker-registry and skopeo (a real registry on loopback for pull tests),
+#     btrfs-progs (a small btrfs with quotas for the write-cap tests);
 #   - a virtualenv in .venv with sandlot and its development tools;
 #   - Python stubs for containerd's gRPC API, generated from its .proto files;
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
@@ -18,7 +19,7 @@ cd "$(dirname "$0")/.."
 
 log() { echo "bootstrap: $*" >&2; }
 
-os_packages=(containerd runc crun busybox-static golang-github-containerd-containerd-dev
+os_packages=(containerd runc crun busybox-static btrfs-progs golang-github-containerd-containerd-dev
              golang-github-gogo-protobuf-dev containernetworking-plugins iproute2 openssl
              docker-registry skopeo debootstrap gcc libc6-dev)
 missing=()

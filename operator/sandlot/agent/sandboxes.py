@@ -49,6 +49,7 @@ from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.agent.userns import UserRanges
+from sandlot.agent.writecap import WriteCaps
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
@@ -149,6 +150,7 @@ class SandboxWork:
         # work item of that key touches its entry (one operation per key at a time).
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
         self.user_ranges = UserRanges()
+        self.write_caps = WriteCaps(rt, self.call_timeout)
         self.runtime_classes = RuntimeClasses(objects.get_runtime_class, self.node, facts.runtimes)
 
     # ------------------------------------------------------------ teardown and stop
@@ -297,6 +299,7 @@ class SandboxWork:
             created = self._create(prepared)
             if created is None:
                 return  # a leftover of that name was torn down: the next sync starts it
+            self.write_caps.apply(prepared.container_id, prepared.labels)
             ip = self._attach(prepared, created)
             task = self._run(prepared, created)
         except StartFailed as exc:
@@ -347,6 +350,7 @@ class SandboxWork:
             created = self._create(prepared)
             if created is None:
                 return None
+            self.write_caps.apply(prepared.container_id, prepared.labels)
             ip = self._attach(prepared, created)
             task = self._run(prepared, created)
         finally:

@@ -79,6 +79,18 @@ def decide_storage(use: DiskUse, limit: int) -> StorageDecision:
     return KEEP
 
 
+WRITE_CAP_MARGIN = 4 * 2**20
+"""Bytes a filesystem cap on a writable layer sits above the sandbox's limit: a
+writer held at the cap is seen over its limit by the next measurement and stopped
+as any other (the cap only ends the overshoot), whatever the filesystem's own
+accounting leaves unused of the last extent."""
+
+
+def write_cap(limit: int) -> int:
+    """The most bytes a sandbox limited to ``limit`` may write to its layer at all."""
+    return limit + WRITE_CAP_MARGIN
+
+
 MIN_CHECK = 0.25
 """Seconds: the soonest a growing sandbox is measured again."""
 
@@ -122,6 +134,7 @@ __all__ = [
     "KEEP",
     "MAX_ENTRIES",
     "MIN_CHECK",
+    "WRITE_CAP_MARGIN",
     "DiskUse",
     "Sample",
     "StorageDecision",
@@ -130,4 +143,5 @@ __all__ = [
     "limit_labels",
     "limit_of",
     "next_check",
+    "write_cap",
 ]
