@@ -20,6 +20,8 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SNAPSHOT_FINALIZER
+from tests.integration.test_agent_pause import paused_condition, set_mode
+from tests.integration.test_agent_suspend import condition
 from tests.support.pools import (  # the pool tests' cluster of real agents
     IMAGE,
     Cluster,
@@ -53,6 +55,7 @@ CHECK = [
     'trap "exit 143" TERM; sleep 1000 & wait',
 ]
 SNAPSHOTS = "sandboxsnapshots"
+SLEEP = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
 
 
 def create(c: Cluster, plural: str, kind: str, name: str, spec: dict[str, Any]) -> None:
@@ -190,6 +193,64 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
     )
     assert agent.collector.run_watermark().error is None
     assert image not in {i.name for i in node.runtime.list_images(timeout=10)}
+
+
+def wait_snapshot(c: Cluster, name: str, timeout: float = 60) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        body = read(c, SNAPSHOTS, name)
+        status = (body or {}).get("status") or {}
+        assert status.get("phase") != "Failed", status
+        return body if status.get("phase") == "Ready" else None
+
+    return wait_for(probe, timeout=timeout, what=f"snapshot {name} Ready")
+
+
+def test_a_paused_sandbox_stays_paused_and_a_suspended_ones_state_forks(
+    cluster: Cluster, operators: Start, unheld: None
+) -> None:
+    node = cluster.add_node("a", capacity=4)
+    start_operator(cluster, operators)
+    write = ["sh", "-c", 'echo prepared > /kept; trap "exit 143" TERM; sleep 1000 & wait']
+    create(cluster, "sandboxes", "Sandbox", "src", {"image": IMAGE, "command": write})
+    src = wait_running(cluster, "src")
+    wait_for(lambda: in_sandbox(src, "/kept").exists(), timeout=30, what="the file in src")
+
+    set_mode(cluster.kube, cluster.namespace, "src", "Paused")
+    wait_for(
+        lambda: (paused_condition(read(cluster, "sandboxes", "src")) or {}).get("status") == "True",
+        timeout=30,
+        what="src Paused",
+    )
+    create(cluster, SNAPSHOTS, "SandboxSnapshot", "of-paused", {"sandboxName": "src"})
+    wait_snapshot(cluster, "of-paused")
+    assert node.tasks()[src["status"]["containerId"]].value == "paused", "a take thawed it"
+
+    set_mode(cluster.kube, cluster.namespace, "src", "Suspended")
+    wait_for(
+        lambda: (
+            (condition(read(cluster, "sandboxes", "src"), "Suspended") or {}).get("status")
+            == "True"
+        ),
+        timeout=60,
+        what="src Suspended",
+    )
+    wait_for(
+        lambda: src["status"]["containerId"] not in node.containers(),
+        timeout=30,
+        what="src's container removed",
+    )
+    create(cluster, SNAPSHOTS, "SandboxSnapshot", "of-suspended", {"sandboxName": "src"})
+    taken = wait_snapshot(cluster, "of-suspended")
+    assert taken["status"]["imageRef"] != (read(cluster, SNAPSHOTS, "of-paused") or {}).get(
+        "status", {}
+    ).get("imageRef")
+
+    for snapshot in ("of-paused", "of-suspended"):
+        fork = f"from-{snapshot}"
+        spec = {"image": IMAGE, "command": SLEEP, "snapshotRef": {"name": snapshot}}
+        create(cluster, "sandboxes", "Sandbox", fork, spec)
+        running = wait_running(cluster, fork)
+        assert in_sandbox(running, "/kept").read_text() == "prepared\n", fork
 
 
 def test_a_snapshot_of_a_missing_sandbox_fails(
