@@ -145,7 +145,8 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
     assert status["sizeBytes"] >= FILES * FILE_KIB * 1024, status
     assert node.runtime is not None
     assert image in {i.name for i in node.runtime.list_images(timeout=10)}
-    assert phase(read(cluster, "sandboxes", "prep") or {}) == "Running"  # thawed, still there
+    assert phase(read(cluster, "sandboxes", "prep") or {}) == "Running"
+    assert node.tasks()[prep["status"]["containerId"]].value == "running", "frozen after the take"
 
     forks = [f"fork-{i}" for i in range(FORKS)]
     for name in forks:
