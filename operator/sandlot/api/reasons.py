@@ -122,9 +122,8 @@ class SnapshotReason(StrEnum):
     TAKE_FAILED = "TakeFailed"
     """The node's runtime refused the commit."""
     SNAPSHOT_NOT_READY = "SnapshotNotReady"
-    """A Sandbox's Scheduled condition: its spec.snapshotRef is not Ready yet."""
-    SNAPSHOT_FAILED = "SnapshotFailed"
-    """A Sandbox ended Failed: its spec.snapshotRef failed, or is gone from its node."""
+    """A Sandbox's Scheduled condition: its spec.snapshotRef is missing, not Ready
+    yet, or Failed (the message says which)."""
 
 
 class ReadyReason(StrEnum):

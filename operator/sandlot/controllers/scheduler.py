@@ -16,7 +16,8 @@ a fleet with no room costs nothing while it stays so.
 
 A fork (``spec.snapshotRef``) goes only to its snapshot's node, once the snapshot
 is Ready; until then it stays Pending, reason ``SnapshotNotReady``, looked at
-again every ``RETRY_FORK`` seconds.
+again every ``RETRY_FORK`` seconds (every ``RETRY_CLASS`` while the snapshot is
+Failed: one of that name may be made again).
 
 A sandbox with ``spec.runtimeClassName`` goes only to nodes whose
 ``status.runtimeHandlers`` have its class's handler, with the class's node
@@ -312,7 +313,7 @@ class Scheduler:
             if fork.node is None:
                 why = fork.fail or fork.wait or ""
                 await self._report_waiting(rec, SnapshotReason.SNAPSHOT_NOT_READY, why, now)
-                return RETRY_FORK if fork.fail is None else None
+                return RETRY_FORK if fork.fail is None else RETRY_CLASS
             only = fork.node
         choice = self.choose(rec, runtime_class, only)
         if choice.node is None:
