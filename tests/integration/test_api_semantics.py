@@ -47,10 +47,12 @@ def test_crds_are_served_with_short_names_and_category(kubectl):
             "sandboxes.sandlot.dev",
             "sandboxnodes.sandlot.dev",
             "sandboxpools.sandlot.dev",
+            "sandboxsnapshots.sandlot.dev",
         ]
     )
     wide = kubectl("api-resources", "--api-group=sandlot.dev").stdout
     assert " sb " in wide and " snode " in wide and " sbpool " in wide and " sbclaim " in wide
+    assert " sbsnap " in wide
 
 
 @pytest.mark.parametrize(
@@ -222,6 +224,60 @@ def test_node_name_is_immutable_once_set(objs, namespace):
             GROUP, VERSION, namespace, "sandboxes", "pinned", {"spec": {"nodeName": "n2"}}
         )
     assert err.value.status == 422 and "immutable" in err.value.body
+
+
+def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace):
+    create(objs, namespace, sandbox("forked", snapshotRef={"name": "s1"}))
+    create(objs, namespace, sandbox("plain"))
+    for name, spec in (
+        ("forked", {"snapshotRef": {"name": "s2"}}),
+        ("forked", {"snapshotRef": None}),
+        ("plain", {"snapshotRef": {"name": "s1"}}),
+    ):
+        with pytest.raises(ApiException) as err:
+            objs.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "sandboxes", name, {"spec": spec}
+            )
+        assert err.value.status == 422 and "snapshotRef is immutable" in err.value.body, name
+    snap = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": "s1"},
+        "spec": {"sandboxName": "forked", "nodeName": "n1"},
+    }
+    objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxsnapshots", snap)
+    for spec in ({"nodeName": "n2"}, {"sandboxName": "plain"}):
+        with pytest.raises(ApiException) as err:
+            objs.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "sandboxsnapshots", "s1", {"spec": spec}
+            )
+        assert err.value.status == 422 and "immutable" in err.value.body, spec
+
+
+def test_snapshot_printer_columns(objs, namespace, kubectl):
+    snap = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": "shown"},
+        "spec": {"sandboxName": "prep", "nodeName": "n1"},
+    }
+    objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxsnapshots", snap)
+    status = {
+        "phase": "Ready",
+        "reason": "Taken",
+        "imageRef": "sandlot.local/snapshots/u:latest",
+        "digest": "sha256:" + "a" * 64,
+        "sizeBytes": 6291456,
+    }
+    objs.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, "sandboxsnapshots", "shown", {"status": status}
+    )
+    narrow = kubectl("get", "sbsnap", "-n", namespace).stdout.splitlines()
+    assert narrow[0].split() == ["NAME", "SANDBOX", "PHASE", "NODE", "SIZE", "AGE"]
+    assert narrow[1].split()[:5] == ["shown", "prep", "Ready", "n1", "6291456"]
+    wide = kubectl("get", "sbsnap", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-3:] == ["IMAGE", "DIGEST", "REASON"]
+    assert wide[1].split()[-3:] == [status["imageRef"], status["digest"], "Taken"]
 
 
 def test_stale_resource_version_gets_a_conflict(objs, namespace):

@@ -115,6 +115,8 @@ AGENT_REACH = {
     "sandboxes.sandlot.dev/status": "patch",
     "cacheprunes.sandlot.dev": "list watch",
     "cacheprunes.sandlot.dev/status": "patch",
+    "sandboxsnapshots.sandlot.dev": "list watch",
+    "sandboxsnapshots.sandlot.dev/status": "patch",
     "namespaces": "get",
     # Its Kubernetes Node's taints, mirrored at registration.
     "nodes": "get",
@@ -139,6 +141,8 @@ OPERATOR_REACH = {
     "sandboxpools.sandlot.dev/finalizers": "update",
     "cacheprunes.sandlot.dev": "get list watch",
     "cacheprunes.sandlot.dev/status": "get patch",
+    "sandboxsnapshots.sandlot.dev": "get list patch watch",
+    "sandboxsnapshots.sandlot.dev/status": "get patch",
     "sandboxclaims.sandlot.dev": "delete get list watch",
     "sandboxclaims.sandlot.dev/status": "get patch",
     # The scheduler: a sandbox's RuntimeClass (handler, scheduling).

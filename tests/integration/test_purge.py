@@ -84,6 +84,21 @@ def cacheprune(fleet: Fleet, name: str, node: str) -> None:
     )
 
 
+def snapshot(fleet: Fleet, name: str, sandbox: str) -> None:
+    fleet.objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        fleet.namespace,
+        "sandboxsnapshots",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxSnapshot",
+            "metadata": {"name": name},
+            "spec": {"sandboxName": sandbox},
+        },
+    )
+
+
 def unscheduled_sandbox(fleet: Fleet, name: str) -> None:
     fleet.objs.create_namespaced_custom_object(
         GROUP,
@@ -106,7 +121,7 @@ def agent_leases(kube: client.ApiClient, namespace: str) -> list[str]:
     return [lease.metadata.name for lease in out.items]
 
 
-WORKLOAD_KINDS = ("sandboxclaims", "sandboxpools", "sandboxes", "cacheprunes")
+WORKLOAD_KINDS = ("sandboxclaims", "sandboxpools", "sandboxes", "sandboxsnapshots", "cacheprunes")
 
 
 def claim(fleet: Fleet, name: str, pool_name: str) -> None:
@@ -147,6 +162,7 @@ def test_workloads_then_nodes_leave_no_object_of_any_kind(
     fleet.sandbox("done", live, "Stopped")  # its agent already tore it down
     fleet.sandbox("stranded", lost, "Running")  # no agent left to wait for
     unscheduled_sandbox(fleet, "pending")
+    snapshot(fleet, "taken", "done")
     cacheprune(fleet, f"{fleet.prefix}-prune", live)
 
     assert purge(control_plane, lease_namespace, "--workloads", "--yes", "--wait", "30s") == 0
@@ -155,7 +171,10 @@ def test_workloads_then_nodes_leave_no_object_of_any_kind(
     for node in (live, lost):  # nodes stay for the agents, cordoned
         assert fleet.get_node(node)["spec"]["unschedulable"] is True
     out = capsys.readouterr().out
-    assert "cordoned 2 SandboxNodes" in out and "no SandboxPool, Sandbox or CachePrune left" in out
+    assert (
+        "cordoned 2 SandboxNodes" in out
+        and "no SandboxPool, Sandbox, SandboxSnapshot or CachePrune left" in out
+    )
 
     agent.stop()  # the DaemonSet is gone before the post-delete hook runs
     assert purge(control_plane, lease_namespace, "--nodes", "--yes", "--wait", "30s") == 0

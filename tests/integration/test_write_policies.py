@@ -328,6 +328,39 @@ def test_agent_writes_status_only_of_sandboxes_on_its_node(nodes: Nodes) -> None
     assert (got.get("status") or {}).get("phase") != "Running"
 
 
+def test_agent_writes_status_only_of_snapshots_on_its_node(nodes: Nodes) -> None:
+    for name, node in (("snap-a", nodes.a), ("snap-b", nodes.b), ("snap-none", None)):
+        spec = {"sandboxName": "src", **({"nodeName": node} if node else {})}
+        body = {"apiVersion": API_VERSION, "kind": "SandboxSnapshot", "metadata": {"name": name}}
+        nodes.admin.create_namespaced_custom_object(
+            GROUP, VERSION, nodes.tenant, "sandboxsnapshots", {**body, "spec": spec}
+        )
+    ready = {"status": {"phase": "Ready", "imageRef": "sandlot.local/snapshots/x:latest"}}
+
+    def patch(name: str) -> Any:
+        return nodes.agent.patch_namespaced_custom_object_status(
+            GROUP, VERSION, nodes.tenant, "sandboxsnapshots", name, ready
+        )
+
+    try:
+        message = _refused(lambda: patch("snap-b"), "agent-snapshot-status-on-its-node")
+        assert f"spec.nodeName {nodes.b}" in message
+        message = _refused(lambda: patch("snap-none"), "agent-snapshot-status-on-its-node")
+        assert "spec.nodeName unset" in message
+        assert patch("snap-a")["status"]["phase"] == "Ready"
+        # Its spec (the node, the sandbox) is the operator's, even on its own node.
+        with pytest.raises(ApiException) as info:
+            nodes.agent.patch_namespaced_custom_object(
+                GROUP, VERSION, nodes.tenant, "sandboxsnapshots", "snap-a", {"spec": {}}
+            )
+        assert info.value.status == 403, _message(info.value)
+    finally:
+        for name in ("snap-a", "snap-b", "snap-none"):
+            nodes.admin.delete_namespaced_custom_object(
+                GROUP, VERSION, nodes.tenant, "sandboxsnapshots", name
+            )
+
+
 def test_agent_changes_only_its_own_entry_of_a_cacheprune(nodes: Nodes) -> None:
     name = nodes.a  # deleted with the node names by the fixture
     body = {"apiVersion": API_VERSION, "kind": "CachePrune", "metadata": {"name": name}}

@@ -258,6 +258,15 @@ class FakeRuntime:
         self.images[image] = self.images.get(info.image, ImageConfig())
         return "sha256:" + "0" * 64
 
+    def copy_image(
+        self, source: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        self._record("copy_image", source)
+        if source not in self.images:
+            raise NotFound(f"image {source}")
+        self.images[image] = self.images[source]
+        return "sha256:" + "0" * 64
+
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
         self._record("writable_layer", container_id)
         if container_id not in self.containers:

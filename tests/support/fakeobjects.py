@@ -44,6 +44,7 @@ class FakeObjects:
         self.sandboxes: dict[str, dict[str, Any]] = {}  # "ns/name" -> body
         self.pools: dict[str, dict[str, Any]] = {}
         self.claims: dict[str, dict[str, Any]] = {}
+        self.snapshots: dict[str, dict[str, Any]] = {}  # "ns/name" -> body
         self.writes: list[tuple[str, str]] = []  # (verb, key), in order
         self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
         self.before_write: Callable[[str, str], None] | None = None
@@ -164,6 +165,10 @@ class FakeObjects:
             self.pages.append((node, limit, len(page)))
             more = page[-1] if len(keys) > limit else None
             return [copy.deepcopy(self.sandboxes[k]) for k in page], more
+
+    def get_snapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
+        body = self.snapshots.get(f"{namespace}/{name}")
+        return copy.deepcopy(body) if body is not None else None
 
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:

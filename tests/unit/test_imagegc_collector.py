@@ -399,6 +399,29 @@ def test_touched_image_is_no_longer_first_to_go() -> None:
     assert runtime.deleted == ["old:b", "old:a"]
 
 
+@pytest.mark.parametrize(
+    ("live", "deleted"),
+    [
+        (None, []),
+        (frozenset({"uid-kept", "uid-gone"}), []),
+        (frozenset({"uid-kept"}), ["sandlot.local/snapshots/uid-gone:latest"]),
+    ],
+    ids=["snapshots-not-listed-yet", "both-live", "one-deleted"],
+)
+def test_a_snapshots_image_goes_only_with_its_object(
+    live: frozenset[str] | None, deleted: list[str]
+) -> None:
+    runtime = store()
+    for uid in ("uid-kept", "uid-gone"):
+        name = f"sandlot.local/snapshots/{uid}:latest"
+        runtime.images[name] = img(name, age=timedelta(days=30))
+    c, _ = collector(runtime, UNPRESSURED, live_snapshots=lambda: live)
+    c.run_watermark(NOW)  # no pressure: only an orphan goes
+    assert runtime.deleted == deleted
+    c.run_forced(NOW)  # a forced pass never takes a live one
+    assert "sandlot.local/snapshots/uid-kept:latest" in runtime.images
+
+
 def test_disk_usage_of_measures_a_real_filesystem(tmp_path: Any) -> None:
     usage = disk_usage_of(str(tmp_path))
     assert usage.total_bytes > 0

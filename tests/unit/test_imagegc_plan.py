@@ -168,6 +168,11 @@ VETO_CASES = {
         HoldReason.PINNED,
         [img("sandlot.local/suspended/uid-1:latest"), img("free:v1")],
     ),
+    "a_snapshot": VetoCase(
+        ProtectedSet(),
+        HoldReason.PINNED,
+        [img("sandlot.local/snapshots/uid-1:latest"), img("free:v1")],
+    ),
 }
 
 

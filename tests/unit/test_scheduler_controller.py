@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sandlot.controllers.scheduler import RETRY_AFTER_ERROR
+from sandlot.controllers.scheduler import RETRY_AFTER_ERROR, RETRY_FORK
 from tests.support.workloads import WorkloadWorld
 
 
@@ -101,3 +101,34 @@ def test_a_new_leader_judges_sandboxes_it_saw_as_a_standby_bound_ones_included()
     waiting = w.condition("ns/prebound", "Scheduled")
     assert waiting is not None, "the sandbox bound to a missing node was never judged"
     assert (waiting["status"], waiting["reason"]) == ("False", "NodeNotFound")
+
+
+def test_a_fork_waits_for_its_snapshot_then_goes_to_its_node() -> None:
+    w = WorkloadWorld()
+    w.node("a", capacity=5)
+    w.node("b", capacity=5)
+    for i in range(3):  # b is the busier node: the spread alone would pick a
+        busy = w.objects.add_sandbox("ns", f"busy-{i}", w.clock.now(), node="b", phase="Running")
+        w.cache.on_event(None, busy)
+    snapshot = {
+        "metadata": {"name": "prepared", "namespace": "ns"},
+        "spec": {"sandboxName": "src", "nodeName": "b"},
+        "status": {"phase": "Taking"},
+    }
+    w.objects.snapshots["ns/prepared"] = snapshot
+    body = w.objects.add_sandbox("ns", "fork", w.clock.now())
+    body["spec"]["snapshotRef"] = {"name": "prepared"}
+    w.objects.sandboxes["ns/fork"]["spec"]["snapshotRef"] = {"name": "prepared"}
+    w.cache.on_event(None, body)
+    w.step()
+    assert w.bound("ns/fork") is None
+    waiting = w.condition("ns/fork", "Scheduled")
+    assert waiting is not None
+    assert (waiting["status"], waiting["reason"]) == ("False", "SnapshotNotReady")
+    assert "snapshot prepared is Taking, not Ready" in waiting["message"]
+    assert w.scheduler.queue.due_at("ns/fork") == w.clock.monotonic() + RETRY_FORK
+
+    snapshot["status"] = {"phase": "Ready", "imageRef": "sandlot.local/snapshots/u:latest"}
+    w.clock.advance(RETRY_FORK)
+    w.step()
+    assert w.bound("ns/fork") == "b"

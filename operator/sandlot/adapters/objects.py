@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.mergepatch import MergePatcher
-from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION
+from sandlot.api.common import GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION
 from sandlot.api.timestamps import parse_time
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,15 @@ class Objects:
             self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
         )
 
+    def find_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Sandbox, None when there is none."""
+        try:
+            return self.get_sandbox(namespace, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def patch_sandbox_status(
         self,
         namespace: str,
@@ -91,6 +100,34 @@ class Objects:
             body["metadata"] = {"resourceVersion": resource_version}
         path = ("apis", GROUP, VERSION, "namespaces", namespace, SANDBOXES, name, "status")
         return self.patcher.patch(*path, body=body)
+
+    # -- snapshots --------------------------------------------------------------
+
+    def get_snapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The SandboxSnapshot, None when there is none."""
+        try:
+            return dict(
+                self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SNAPSHOTS, name)
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_snapshot(
+        self, namespace: str, name: str, body: Mapping[str, Any], *, status: bool = False
+    ) -> dict[str, Any]:
+        """Merge-patch ``body`` onto the SandboxSnapshot (its status subresource when
+        ``status``)."""
+        path = ("apis", GROUP, VERSION, "namespaces", namespace, SNAPSHOTS, name)
+        return self.patcher.patch(*path, *(("status",) if status else ()), body=body)
+
+    def list_namespaced(self, plural: str, namespace: str) -> list[dict[str, Any]]:
+        """Every object of sandlot kind ``plural`` in ``namespace``."""
+        out = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, _request_timeout=30
+        )
+        return list(out.get("items", []))
 
     def get_runtime_class(self, name: str) -> dict[str, Any] | None:
         """The RuntimeClass ``name`` (node.k8s.io/v1) as JSON, None when it does not exist."""

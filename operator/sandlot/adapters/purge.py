@@ -13,13 +13,23 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import CACHEPRUNES, CLAIMS, GROUP, NODES, POOLS, SANDBOXES, VERSION
+from sandlot.api.common import (
+    CACHEPRUNES,
+    CLAIMS,
+    GROUP,
+    NODES,
+    POOLS,
+    SANDBOXES,
+    SNAPSHOTS,
+    VERSION,
+)
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.purge import AgentLease, SandboxRef
 
-WORKLOADS = (CLAIMS, POOLS, SANDBOXES, CACHEPRUNES)
+WORKLOADS = (CLAIMS, POOLS, SANDBOXES, SNAPSHOTS, CACHEPRUNES)
 """Deleted in this order: a pool deleted first no longer replaces its members
-(nor a claim's, which leave their pool)."""
+(nor a claim's, which leave their pool); snapshots after the sandboxes forked
+from them, so the operator lets them go at once."""
 
 
 @dataclass(frozen=True)

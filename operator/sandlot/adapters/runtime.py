@@ -153,6 +153,13 @@ class Runtime(Protocol):
         with code ``UNSUPPORTED`` when its snapshot cannot be committed."""
         ...
 
+    def copy_image(
+        self, source: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        """Image ``image`` (created or replaced) naming the same content as ``source``;
+        its manifest's digest."""
+        ...
+
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
         """The directory holding what the container wrote to its root filesystem (its
         snapshot's overlay upper directory); ``RuntimeError_`` with code ``UNSUPPORTED``

@@ -41,9 +41,10 @@ from typing import Any
 from kubernetes import client
 
 from sandlot.adapters.informer import Informer, key_of, liveness_bound, read_timeout_for
-from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, VERSION
+from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION
 
-__all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "own_node",
+__all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "node_snapshots",
+           "own_node",
            "read_timeout_for"]  # fmt: skip
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,13 @@ def node_sandboxes(api: client.ApiClient, node: str, **kwargs: Any) -> WatchCach
     """The Sandboxes bound to ``node`` (server-side: ``spec.nodeName``), by ``ns/name``."""
     return WatchCache(
         api, SANDBOXES, field_selector=f"spec.nodeName={node}", name="sandboxes", **kwargs
+    )
+
+
+def node_snapshots(api: client.ApiClient, node: str, **kwargs: Any) -> WatchCache:
+    """The SandboxSnapshots bound to ``node`` (server-side: ``spec.nodeName``)."""
+    return WatchCache(
+        api, SNAPSHOTS, field_selector=f"spec.nodeName={node}", name="snapshots", **kwargs
     )
 
 

@@ -269,6 +269,9 @@ class WorkloadApi:
     def get_runtime_class(self, name: str) -> dict[str, Any] | None:
         return self.objects.get_runtime_class(name)
 
+    def get_snapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get_snapshot(namespace, name)
+
 
 # -- Service and EndpointSlices ------------------------------------------------------
 

@@ -46,6 +46,7 @@ from sandlot.policy.imagegc import (
     PassKind,
     ProtectedSet,
 )
+from sandlot.policy.snapshots import orphaned_snapshot_images
 from sandlot.policy.suspension import orphaned_images
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ class ImageCollector:
         exhausted_until: datetime | None = None,
         starting: Callable[[], Iterable[str]] = frozenset,
         live_uids: Callable[[], Collection[str] | None] = lambda: None,
+        live_snapshots: Callable[[], Collection[str] | None] = lambda: None,
     ) -> None:
         if call_timeout <= 0:
             raise ValueError(f"call_timeout must be > 0 seconds, got {call_timeout}")
@@ -189,6 +191,7 @@ class ImageCollector:
         # The node's non-terminal Sandboxes' uids (None: not known yet): a committed
         # image of any other is an orphan, removed by every pass.
         self._live_uids = live_uids
+        self._live_snapshots = live_snapshots  # the node's SandboxSnapshots' uids, as above
         self._lock = threading.Lock()
         self._touches = TouchLog()
         self.last_result: GcResult | None = None
@@ -362,7 +365,9 @@ class ImageCollector:
         """The policy's plan, with the committed images of sandboxes gone or ended
         first: a filesystem kept for nobody goes whatever the pressure."""
         plan = gcpolicy.plan_pass(kind, records, protected, usage, self.thresholds, now)
-        orphans = set(orphaned_images((r.name for r in records), self._live_uids()))
+        names = [r.name for r in records]
+        orphans = set(orphaned_images(names, self._live_uids()))
+        orphans |= set(orphaned_snapshot_images(names, self._live_snapshots()))
         if not orphans:
             return plan
         return replace(plan, evict=(*(r for r in records if r.name in orphans), *plan.evict))

@@ -59,7 +59,7 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.nodelock import NodeLock
 from sandlot.adapters.objects import Leases, Objects
 from sandlot.adapters.runtime import Runtime
-from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, own_node
+from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, node_snapshots, own_node
 from sandlot.agent.bringup import (
     connect_containerd,
     limit_sandbox_parent,
@@ -79,6 +79,7 @@ from sandlot.agent.parts import AgentParts, AgentWiring, build_agent_parts
 from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.snapshots import SNAPSHOT_TICK, Snapshots
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer, start_streams
 from sandlot.agent.sweep import SweepReport
@@ -166,6 +167,7 @@ class Agent:
         )
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
+        self.snapshot_watch = node_snapshots(api, self.node, **watched)
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
@@ -325,6 +327,10 @@ class Agent:
     def _start_work(self, parts: AgentParts) -> None:
         """Sandboxes, then the reaper, the image collector and CachePrune requests."""
         settings = self.settings
+        self.snapshots = Snapshots(
+            parts.work, self.pool, self.snapshot_watch, self.sandbox_watch, self._clock
+        )
+        parts.work.fork_image = self.snapshots.fork_image
         self.collector = ImageCollector(
             parts.runtime,
             self._disk_usage,
@@ -338,6 +344,7 @@ class Agent:
             exhausted_until=restored_exhausted_until(self.objects, self.node),
             starting=parts.image_gate.pulls.starting,
             live_uids=self._live_uids,
+            live_snapshots=self.snapshots.live_uids,
         )
         for watched in self._watches:
             watched.start()
@@ -347,6 +354,7 @@ class Agent:
         self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", parts.logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn_due("storage", parts.storage.step, settings.log_interval.total_seconds())
+        self.loops.spawn("snapshots", self.snapshots.pass_once, SNAPSHOT_TICK)
         self.loops.spawn("diskpressure", parts.pressure.pass_once, PRESSURE_TICK)
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if parts.networking.enabled and parts.work.network_policies.enabled:
@@ -413,7 +421,7 @@ class Agent:
 
     @property
     def _watches(self) -> tuple[Any, ...]:
-        return (self.sandbox_watch, self.node_watch, self.prune_watch)
+        return (self.sandbox_watch, self.node_watch, self.prune_watch, self.snapshot_watch)
 
     def _sandbox_changed(self, _event: str, _old: object, _new: object) -> None:
         # Every change may matter (phase, deletion, containerId); the agent's own

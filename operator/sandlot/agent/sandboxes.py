@@ -146,6 +146,8 @@ class SandboxWork:
         self.log_writer = log_writer
         self.kill_wait = settings.kill_wait.total_seconds()
         self.call_timeout = settings.call_timeout.total_seconds()
+        # The image a forked sandbox (spec.snapshotRef) starts from; None: not Ready here.
+        self.fork_image: Callable[[Mapping[str, Any]], str | None] = lambda _sb: None
         # Running bodies not yet written, by key: (container id, status). Only the
         # work item of that key touches its entry (one operation per key at a time).
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -284,13 +286,18 @@ class SandboxWork:
 
     def start_sandbox(self, sb: Mapping[str, Any]) -> None:
         image = str((sb.get("spec") or {}).get("image", ""))
+        forked = None
+        if (sb.get("spec") or {}).get("snapshotRef"):
+            forked = self.fork_image(sb)  # pinned by the collector while its snapshot lives
+            if forked is None:
+                return  # its snapshot is not Ready on this node yet: the next sync looks again
         # Held from the image check to the container: the collector must not evict it.
         with self.image_gate.pulls.hold(image) if self.image_gate else contextlib.nullcontext():
-            self._start(sb)
+            self._start(sb, forked)
 
-    def _start(self, sb: Mapping[str, Any]) -> None:
+    def _start(self, sb: Mapping[str, Any], forked: str | None = None) -> None:
         try:
-            prepared = self._prepare(sb)
+            prepared = self._prepare(sb, forked)
             if prepared is None:
                 return  # level unknown, or the image on its way: the next sync goes on
             # Before the container exists nothing else protects its image from the

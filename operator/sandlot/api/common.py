@@ -21,6 +21,7 @@ NODES = "sandboxnodes"
 POOLS = "sandboxpools"
 CLAIMS = "sandboxclaims"
 CACHEPRUNES = "cacheprunes"
+SNAPSHOTS = "sandboxsnapshots"
 
 # Size limits on every string, list and map of the CRDs: bad input fails closed at
 # the API server, cheaply, and CEL rules get a bounded cost. Kubernetes' own limits

@@ -21,8 +21,16 @@ from sandlot.api.common import GROUP, VERSION, Resource
 from sandlot.api.node import SandboxNode
 from sandlot.api.pool import SandboxPool
 from sandlot.api.sandbox import Sandbox
+from sandlot.api.snapshot import SandboxSnapshot
 
-KINDS: tuple[type[Resource], ...] = (Sandbox, SandboxNode, SandboxPool, CachePrune, SandboxClaim)
+KINDS: tuple[type[Resource], ...] = (
+    Sandbox,
+    SandboxNode,
+    SandboxPool,
+    CachePrune,
+    SandboxClaim,
+    SandboxSnapshot,
+)
 
 # Where generated CRDs go, relative to the repository root.
 CRD_DIRS = ("crds", "charts/sandlot/crds")

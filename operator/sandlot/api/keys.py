@@ -116,6 +116,8 @@ LAST_HANDLED_CONFIGURATION_KEY: Final = "last-handled-configuration"
 NODE_HEALTH_FINALIZER: Final = f"{GROUP}/node-health"
 """Finalizer on every SandboxNode: its deletion waits until the operator has
 marked the node's sandboxes Dead."""
+SNAPSHOT_FINALIZER: Final = f"{GROUP}/snapshot-in-use"
+"""On a SandboxSnapshot: kept while a live Sandbox or a pool template names it."""
 
 __all__ = [
     "AGENT_LEASE_LABEL",
@@ -142,6 +144,7 @@ __all__ = [
     "SERVICE_MANAGED_BY_LABEL",
     "SERVICE_MANAGER",
     "SERVICE_NAME_LABEL",
+    "SNAPSHOT_FINALIZER",
     "TAINTED_LABEL",
     "USERNS_LABEL",
 ]

@@ -40,6 +40,8 @@ LEADER_ONLY_RESOURCES = (
     "sandboxclaims",
     "sandboxclaims/status",
     "cacheprunes/status",
+    "sandboxsnapshots",
+    "sandboxsnapshots/status",
 )
 """sandlot's resources only the leader writes (a SandboxNode itself is not: kopf
 keeps its finalizer and annotations there from every replica)."""

@@ -112,6 +112,20 @@ class SuspendedReason(StrEnum):
     RESTORE_FAILED = "RestoreFailed"
 
 
+class SnapshotReason(StrEnum):
+    """A SandboxSnapshot's ``status.reason`` (with its phase)."""
+
+    TAKING = "Taking"
+    TAKEN = "Taken"
+    SANDBOX_NOT_FOUND = "SandboxNotFound"
+    """Its sandbox does not exist, has ended, or never ran on a node."""
+    TAKE_FAILED = "TakeFailed"
+    """The node's runtime refused the commit."""
+    SNAPSHOT_NOT_READY = "SnapshotNotReady"
+    """A Sandbox's Scheduled condition: its spec.snapshotRef is missing, not Ready
+    yet, or Failed (the message says which)."""
+
+
 class ReadyReason(StrEnum):
     """A Sandbox's ``Ready`` condition, kept by its readiness probe (a Dead marking
     writes the Dead reason instead)."""

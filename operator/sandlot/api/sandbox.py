@@ -364,6 +364,14 @@ class SandboxSpec(Model):
         "kept, counted from status.finishedAt on the operator's clock; then it is "
         "deleted. A pool keeps the failed members its crash back-off counts.",
     )
+    snapshot_ref: LocalObjectReference | None = Field(
+        default=None,
+        description='A SandboxSnapshot (same namespace) to start from ("fork"): the '
+        "sandbox is placed on the snapshot's node once it is Ready and its container "
+        "starts from the snapshot's image (status.imageRef) instead of `image`, which "
+        "stays the base it was taken over. The snapshot is kept while any sandbox names "
+        "it. Immutable.",
+    )
     operating_mode: OperatingMode = Field(
         default=OperatingMode.RUNNING,
         description="`Running` (the default), `Paused` or `Suspended`. `Paused`: the "
@@ -443,7 +451,13 @@ class Sandbox(Resource):
                     "rule": "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
                     "message": "spec.nodeName is immutable once set",
                     "reason": "FieldValueForbidden",
-                }
+                },
+                {
+                    "rule": "has(self.snapshotRef) == has(oldSelf.snapshotRef) && "
+                    "(!has(self.snapshotRef) || self.snapshotRef == oldSelf.snapshotRef)",
+                    "message": "spec.snapshotRef is immutable",
+                    "reason": "FieldValueForbidden",
+                },
             ],
             "status": [
                 {

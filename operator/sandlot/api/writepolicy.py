@@ -254,7 +254,8 @@ def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
 
 
 def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
-    """Rules on what runs on the node: Sandbox status, CachePrune results, Events."""
+    """Rules on what runs on the node: Sandbox and SandboxSnapshot status, CachePrune
+    results, Events."""
     node, resource, obj, who = _NODE, _RESOURCE, _OBJ, _WHO
     prefix = f"'{ids.fullname}-agent-writes: rule "
     results = "object.?status.?results.orValue({})"
@@ -266,6 +267,16 @@ def _agent_workload_rules(ids: Identities) -> list[dict[str, Any]]:
             f"object.spec.?nodeName.orValue('') == {node})",
             f"{prefix}agent-sandbox-status-on-its-node:{who}may write only the status of "
             "Sandboxes whose spec.nodeName is ' + " + node + " + ', not ' + "
+            f"request.operation.lowerAscii() + ' ' + request.namespace + '/' + "
+            f"{obj}.metadata.name + (variables.status ? ' status' : '') + ' (spec.nodeName ' "
+            f"+ {obj}.spec.?nodeName.orValue('unset') + ')'",
+        ),
+        cel_validation(
+            f"{resource} != 'sandboxsnapshots' || (request.operation == 'UPDATE' && "
+            f"variables.status && oldObject.spec.?nodeName.orValue('') == {node} && "
+            f"object.spec.?nodeName.orValue('') == {node})",
+            f"{prefix}agent-snapshot-status-on-its-node:{who}may write only the status of "
+            "SandboxSnapshots whose spec.nodeName is ' + " + node + " + ', not ' + "
             f"request.operation.lowerAscii() + ' ' + request.namespace + '/' + "
             f"{obj}.metadata.name + (variables.status ? ' status' : '') + ' (spec.nodeName ' "
             f"+ {obj}.spec.?nodeName.orValue('unset') + ')'",
@@ -302,6 +313,8 @@ def agent_policy(ids: Identities) -> list[dict[str, Any]]:
             "sandboxnodes/status",
             "sandboxes",
             "sandboxes/status",
+            "sandboxsnapshots",
+            "sandboxsnapshots/status",
             "cacheprunes",
             "cacheprunes/status",
         ),

@@ -8,8 +8,9 @@ The chart runs it from two hook Jobs of ``helm uninstall``:
   agent renews its Lease (the agent writes ``Stopped`` only after the container is
   torn down, so this is the moment the containers are gone; see
   ``sandlot.policy.purge`` for why deleting alone is not enough), then deletes every
-  SandboxPool, Sandbox and CachePrune in every namespace and waits until none is
-  left. Deleting sandboxes whose containers still run would leave those containers
+  SandboxPool, Sandbox, SandboxSnapshot and CachePrune in every namespace and waits
+  until none is left (the operator lets a snapshot go once no sandbox forks from
+  it). Deleting sandboxes whose containers still run would leave those containers
   behind once the DaemonSet is gone.
 - ``purge --nodes`` (post-delete, once the operator and the agents are gone):
   strips the operator's finalizer from every SandboxNode, deletes it, and deletes
@@ -37,7 +38,7 @@ from typing import Any
 from sandlot.adapters import purge
 from sandlot.adapters.kube import load_api_client
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import CACHEPRUNES, CLAIMS, NODES, POOLS, SANDBOXES
+from sandlot.api.common import CACHEPRUNES, CLAIMS, NODES, POOLS, SANDBOXES, SNAPSHOTS
 from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
 from sandlot.cli.options import duration
@@ -49,6 +50,7 @@ KIND_NAMES = {
     CLAIMS: "SandboxClaims",
     POOLS: "SandboxPools",
     SANDBOXES: "Sandboxes",
+    SNAPSHOTS: "SandboxSnapshots",
     CACHEPRUNES: "CachePrunes",
     NODES: "SandboxNodes",
 }
@@ -60,11 +62,13 @@ def register(sub: Any) -> None:
         help="delete every sandlot object in the cluster (for uninstalling)",
         description="Delete sandlot's objects cluster-wide. --workloads: cordon every "
         "SandboxNode, wait until the agents have stopped the sandboxes, then delete every "
-        "SandboxPool, Sandbox and CachePrune; run it while the operator and the agents still "
+        "SandboxPool, Sandbox, SandboxSnapshot and CachePrune; run it while the operator and the agents still "
         "run. --nodes: delete every SandboxNode (finalizers removed first) and the agents' "
         "node Leases; run it once the agents are gone.",
     )
-    p.add_argument("--workloads", action="store_true", help="pools, sandboxes, CachePrunes")
+    p.add_argument(
+        "--workloads", action="store_true", help="pools, sandboxes, snapshots, CachePrunes"
+    )
     p.add_argument("--nodes", action="store_true", help="SandboxNodes and node Leases")
     p.add_argument("--yes", action="store_true", help="confirm: this deletes cluster-wide")
     p.add_argument(
@@ -169,7 +173,7 @@ def purge_workloads(
 
     if not _until(deadline, gone, delete_timeout):
         return False
-    print("no SandboxPool, Sandbox or CachePrune left", flush=True)
+    print("no SandboxPool, Sandbox, SandboxSnapshot or CachePrune left", flush=True)
     return True
 
 
@@ -212,7 +216,7 @@ def run_purge(args: argparse.Namespace) -> int:
         what = " and ".join(
             w
             for w, on in (
-                ("every SandboxPool, Sandbox and CachePrune", args.workloads),
+                ("every SandboxPool, Sandbox, SandboxSnapshot and CachePrune", args.workloads),
                 ("every SandboxNode", args.nodes),
             )
             if on

@@ -47,7 +47,7 @@ from sandlot.api.keys import (
     LAST_HANDLED_CONFIGURATION_KEY,
     NODE_HEALTH_FINALIZER,
 )
-from sandlot.controllers import cacheprune, pullcredentials, taintlabels
+from sandlot.controllers import cacheprune, pullcredentials, snapshots, taintlabels
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
@@ -187,6 +187,9 @@ def build_registry(
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
     taintlabels.register(registry, nodehealth.objects, leading)
+    snapshots.register(
+        registry, nodehealth.objects, leading, workloads.cache if workloads else None
+    )
     return registry
 
 

@@ -80,6 +80,7 @@ class SandboxRecord:
     ready: bool = False  # Running, and its readiness probe passed (or it has none)
     ready_since: datetime | None = None  # when it became ready (None: not ready)
     runtime_class: str | None = None  # spec.runtimeClassName
+    snapshot: str | None = None  # spec.snapshotRef.name: a fork, placed on its snapshot's node
 
     @property
     def key(self) -> str:
@@ -159,6 +160,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         ready=ready,
         ready_since=ready_since(status, probed, started_at) if ready else None,
         runtime_class=_shared(spec.get("runtimeClassName")),
+        snapshot=(spec.get("snapshotRef") or {}).get("name"),
     )
 
 

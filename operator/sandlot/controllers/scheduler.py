@@ -14,6 +14,11 @@ something may have made room (a node became Ready, was uncordoned or reported
 more capacity; a bound sandbox ended or was deleted). There is no retry timer, so
 a fleet with no room costs nothing while it stays so.
 
+A fork (``spec.snapshotRef``) goes only to its snapshot's node, once the snapshot
+is Ready; until then it stays Pending, reason ``SnapshotNotReady``, looked at
+again every ``RETRY_FORK`` seconds (every ``RETRY_CLASS`` while the snapshot is
+Failed: one of that name may be made again).
+
 A sandbox with ``spec.runtimeClassName`` goes only to nodes whose
 ``status.runtimeHandlers`` have its class's handler, with the class's node
 selector and tolerations joined to its own; a missing or unusable class keeps it
@@ -42,7 +47,7 @@ from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import GROUP, NODES, VERSION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.placement import Taint
-from sandlot.api.reasons import ConditionType, ScheduledReason
+from sandlot.api.reasons import ConditionType, ScheduledReason, SnapshotReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
@@ -57,6 +62,7 @@ from sandlot.policy.runtimeclass import (
     read_runtime_class,
 )
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
+from sandlot.policy.snapshots import fork_placement
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ RETRY_AFTER_ERROR = 2.0  # first retry after an API error; doubles up to RETRY_C
 RETRY_CAP = 60.0
 MAX_BIND_ATTEMPTS = 3
 CLASS_TTL = 5.0  # seconds a RuntimeClass read is reused
+RETRY_FORK = 1.0  # a fork whose snapshot is not Ready yet is looked at again (not watched)
 RETRY_CLASS = 10.0  # a sandbox whose RuntimeClass is missing or unusable is tried again
 
 
@@ -259,7 +266,12 @@ class Scheduler:
             self._classes[name] = (now, body)
         return read_runtime_class(name, body)
 
-    def choose(self, rec: SandboxRecord, runtime_class: RuntimeClassInfo | None = None) -> Choice:
+    def choose(
+        self,
+        rec: SandboxRecord,
+        runtime_class: RuntimeClassInfo | None = None,
+        only: str | None = None,
+    ) -> Choice:
         placement, handler = rec.placement, None
         if runtime_class is not None:
             placement = joined_placement(rec.placement, runtime_class)
@@ -267,7 +279,8 @@ class Scheduler:
         request = SandboxRequest(rec.key, rec.pool_key, placement, handler)
         # Liveness is judged on its own steady clock, never on the wall clock.
         now = self.liveness.clock()
-        return choose_node(request, self.slots(now), now)
+        slots = [s for s in self.slots(now) if only is None or s.name == only]
+        return choose_node(request, slots, now)
 
     async def schedule(self, key: str) -> float | None:
         rec = self.cache.get(key)
@@ -293,7 +306,16 @@ class Scheduler:
                 self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
                 await self._report_waiting(rec, exc.reason, str(exc), now)
                 return RETRY_CLASS  # no watch on RuntimeClasses: look again later
-        choice = self.choose(rec, runtime_class)
+        only = None
+        if rec.snapshot:  # a fork goes to its snapshot's node once the snapshot is Ready
+            snapshot = await asyncio.to_thread(self.api.get_snapshot, rec.namespace, rec.snapshot)
+            fork = fork_placement(rec.snapshot, snapshot)
+            if fork.node is None:
+                why = fork.fail or fork.wait or ""
+                await self._report_waiting(rec, SnapshotReason.SNAPSHOT_NOT_READY, why, now)
+                return RETRY_FORK if fork.fail is None else RETRY_CLASS
+            only = fork.node
+        choice = self.choose(rec, runtime_class, only)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
             return await self._report_waiting(

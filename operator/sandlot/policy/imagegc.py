@@ -35,6 +35,7 @@ from enum import StrEnum
 from typing import Literal, Protocol
 
 from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.policy.snapshots import is_snapshot_image
 from sandlot.policy.suspension import is_suspended_image
 
 PassKind = Literal["watermark", "forced"]
@@ -183,8 +184,9 @@ class ProtectedSet:
             }
         if keys & self.in_use_images:
             return HoldReason.IN_USE
-        if keys & self.pinned or is_suspended_image(record.name):
-            return HoldReason.PINNED  # a suspended sandbox's filesystem is its state
+        if keys & self.pinned or is_suspended_image(record.name) or is_snapshot_image(record.name):
+            # A suspended sandbox's filesystem is its state; a snapshot goes with its object.
+            return HoldReason.PINNED
         if any(record.name.startswith(p) for p in self.live_job_prefixes if p):
             return HoldReason.LIVE_JOB
         return None

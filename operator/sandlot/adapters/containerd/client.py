@@ -100,6 +100,11 @@ class ContainerdRuntime:
     ) -> str:
         return self._committer.commit(container_id, image, labels, timeout=timeout)
 
+    def copy_image(
+        self, source: str, image: str, labels: Mapping[str, str], *, timeout: float
+    ) -> str:
+        return self._committer.copy(source, image, labels, timeout=timeout)
+
     def remove_snapshot(self, key: str, *, timeout: float) -> None:
         self._containers.remove_snapshot(key, timeout=timeout)
 

@@ -134,6 +134,14 @@ class Committer:
             self._conn.delete_lease_quietly(lease, budget)
         return manifest_digest
 
+    def copy(self, source: str, name: str, labels: Mapping[str, str], *, timeout: float) -> str:
+        """Image ``name`` pointing at what image ``source`` points at (its content and
+        snapshots then held by both records); the manifest's digest."""
+        budget = Deadline(timeout, expired=RuntimeTimeout)
+        target = self._images.target(source, budget)
+        self._put_image(name, target, labels, budget)
+        return str(target.digest)
+
     def _check_parent(self, key: str, parent: str, budget: Deadline) -> None:
         what = f"Snapshots.Stat {key}"
         info = self._conn.call(

@@ -102,6 +102,10 @@ class Images:
             raise NotFound(f"image {image} not found in namespace {self._conn.namespace}") from exc
         return response.image.target
 
+    def target(self, image: str, budget: Deadline) -> Any:
+        """The descriptor the image record ``image`` points at."""
+        return self._target(image, budget)
+
     def layers(self, image: str, budget: Deadline) -> list[dict[str, Any]]:
         """The descriptors of the image's layers (this platform's manifest), base first."""
         target = self._target(image, budget)

@@ -1,0 +1,178 @@
+"""Taking the SandboxSnapshots bound to this node, and the image a fork starts from.
+
+A pass (every second, reading the watch caches only) hands each snapshot due to
+the sandbox work pool under its sandbox's key, so a take never overlaps a suspend,
+a restore or a stop of the same sandbox. The take says Taking, then commits: a
+running sandbox is frozen for the length of the commit (its files hold still
+while they are read) and thawed after, a paused one stays paused, a suspended
+one's committed image is named again as the snapshot's. Then Ready with the image,
+its digest and size; a refusal ends it Failed. A timeout writes nothing more: the
+snapshot stays Taking and the next pass takes it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout, TaskState
+from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.sandboxes import SandboxWork, container_id_for
+from sandlot.agent.status import sandbox_key
+from sandlot.agent.workpools import SandboxPools
+from sandlot.api.reasons import SnapshotReason
+from sandlot.api.snapshot import SnapshotPhase
+from sandlot.policy.snapshots import (
+    SNAPSHOT_IMAGE_LABEL,
+    TakeStep,
+    fork_image,
+    snapshot_image_name,
+    snapshot_ref,
+    snapshot_status,
+    take_step,
+)
+from sandlot.policy.suspension import recorded_suspended, suspended_image_name
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_TICK = 1.0
+"""Seconds between passes (each reads the watch caches only)."""
+
+
+def snapshot_key(obj: Mapping[str, Any]) -> str:
+    return sandbox_key(obj)
+
+
+class Snapshots:
+    """Takes this node's snapshots through ``work``'s runtime."""
+
+    def __init__(
+        self,
+        work: SandboxWork,
+        pool: SandboxPools,
+        snapshots: WatchCache,
+        sandboxes: WatchCache,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.work, self.pool, self.clock = work, pool, clock
+        self.snapshots, self.sandboxes = snapshots, sandboxes
+        self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
+        self._ended: set[str] = set()  # uids made Ready or Failed here (the cache may lag)
+
+    def live_uids(self) -> frozenset[str] | None:
+        """This node's SandboxSnapshots' uids; None until the watch has listed."""
+        if not self.snapshots.synced.is_set():
+            return None
+        return frozenset(str(o["metadata"]["uid"]) for o in self.snapshots.items())
+
+    def fork_image(self, sb: Mapping[str, Any]) -> str | None:
+        """The image forked ``sb`` starts from here; None: its snapshot is not Ready on
+        this node (yet)."""
+        name = snapshot_ref(sb.get("spec") or {})
+        if name is None:
+            return None
+        snapshot = self.snapshots.get(f"{sb['metadata']['namespace']}/{name}")
+        return fork_image(snapshot, self.work.node)
+
+    def pass_once(self) -> None:
+        if not (self.snapshots.synced.is_set() and self.sandboxes.synced.is_set()):
+            return
+        for snapshot in self.snapshots.items():
+            meta = snapshot["metadata"]
+            key = f"{meta['namespace']}/{(snapshot.get('spec') or {}).get('sandboxName')}"
+            sb = self.sandboxes.get(key)
+            if meta["uid"] in self._ended or take_step(snapshot, sb, True, False) is None:
+                continue
+            self.pool.submit(key, partial(self.take, snapshot_key(snapshot), key))
+
+    def _write(self, snapshot: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        meta = snapshot["metadata"]
+        if status["phase"] != SnapshotPhase.TAKING:
+            self._ended.add(meta["uid"])
+        self.work.objects.patch_snapshot(
+            meta["namespace"], meta["name"], {"status": dict(status)}, status=True
+        )
+
+    def take(self, key: str, sb_key: str) -> None:
+        """Take snapshot ``key`` of sandbox ``sb_key`` (both re-read from the caches:
+        the pass that queued it may be old)."""
+        snapshot, sb = self.snapshots.get(key), self.sandboxes.get(sb_key)
+        if snapshot is None:
+            return
+        rt, timeout = self.work.rt, self.work.call_timeout
+        cid = container_id_for(sb["metadata"]["uid"]) if sb is not None else ""
+        task = rt.get_task(cid, timeout=timeout) if sb is not None else None
+        suspended = sb is not None and recorded_suspended(sb) and task is None
+        step = take_step(snapshot, sb, task is not None, suspended)
+        if step is None or step is TakeStep.WAIT:
+            return
+        if step is TakeStep.FAIL:
+            message = f"sandbox {sb_key} is gone or has ended"
+            log.info("snapshot %s: %s", key, message)
+            self._write(
+                snapshot,
+                snapshot_status(SnapshotPhase.FAILED, SnapshotReason.SANDBOX_NOT_FOUND, message),
+            )
+            return
+        node = self.work.node
+        self._write(
+            snapshot,
+            snapshot_status(SnapshotPhase.TAKING, SnapshotReason.TAKING, f"taking on node {node}"),
+        )
+        image = snapshot_image_name(snapshot["metadata"]["uid"])
+        labels = {SNAPSHOT_IMAGE_LABEL: key.replace("/", ".")}
+        try:
+            if step is TakeStep.COPY:
+                source = suspended_image_name(sb["metadata"]["uid"])  # type: ignore[index]
+                digest = rt.copy_image(source, image, labels, timeout=self.commit_timeout)
+            else:
+                frozen = task is not None and task.state is TaskState.RUNNING
+                digest = self._commit(cid, image, labels, frozen)
+        except RuntimeTimeout as exc:
+            log.warning("snapshot %s: the commit got no answer: %s", key, exc)
+            return
+        except RuntimeError_ as exc:
+            log.warning("snapshot %s: refused: %s", key, exc)
+            message = f"taking on node {node} failed: {exc}"
+            self._write(
+                snapshot, snapshot_status(SnapshotPhase.FAILED, SnapshotReason.TAKE_FAILED, message)
+            )
+            return
+        size = self._size(image)
+        log.info("snapshot %s of %s taken: %s (%s bytes)", key, sb_key, digest, size)
+        fields: dict[str, Any] = {
+            "imageRef": image,
+            "digest": digest,
+            "takenAt": self.clock().isoformat(),
+        }
+        if size is not None:
+            fields["sizeBytes"] = size
+        message = f"kept on node {node} as {image}"
+        self._write(
+            snapshot, snapshot_status(SnapshotPhase.READY, SnapshotReason.TAKEN, message, **fields)
+        )
+
+    def _commit(self, cid: str, image: str, labels: Mapping[str, str], frozen: bool) -> str:
+        """Commit ``cid``; a running task (``frozen``) is paused for the length of it."""
+        rt, timeout = self.work.rt, self.work.call_timeout
+        if frozen:
+            rt.pause_task(cid, timeout=timeout)
+        try:
+            return rt.commit_container(cid, image, labels, timeout=self.commit_timeout)
+        finally:
+            if frozen:
+                rt.resume_task(cid, timeout=timeout)
+
+    def _size(self, image: str) -> int | None:
+        try:
+            records = self.work.rt.list_images(timeout=self.work.call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("snapshot image %s: cannot read its size: %s", image, exc)
+            return None
+        return next((r.size for r in records if r.name == image), None)
+
+
+__all__ = ["SNAPSHOT_TICK", "Snapshots"]
