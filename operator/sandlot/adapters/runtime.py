@@ -9,7 +9,7 @@ method takes ``timeout`` (seconds) and raises ``RuntimeTimeout`` when it passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -151,6 +151,15 @@ class Runtime(Protocol):
         """Image ``image`` (created or replaced) holding the container's filesystem as
         it is now, unpacked on this node; its manifest's digest. ``RuntimeError_``
         with code ``UNSUPPORTED`` when its snapshot cannot be committed."""
+        ...
+
+    def image_manifest(self, image: str, *, timeout: float) -> tuple[bytes, str]:
+        """The bytes and media type of the manifest image ``image`` names (as stored:
+        what a push sends)."""
+        ...
+
+    def open_blob(self, digest: str, *, timeout: float) -> Iterator[bytes]:
+        """A blob of the node's content store in chunks as they are read."""
         ...
 
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
