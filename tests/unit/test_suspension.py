@@ -130,9 +130,17 @@ def container() -> ContainerView:
     return ContainerView(CID, {SANDBOX_LABEL: KEY})
 
 
-def sandbox(mode: OperatingMode, *, suspended: bool = False, failed: bool = False) -> SandboxState:
+def sandbox(
+    mode: OperatingMode, *, suspended: bool = False, failed: bool = False, pushed: bool = False
+) -> SandboxState:
     return SandboxState(
-        KEY, SandboxPhase.RUNNING, CID, mode=mode, suspended=suspended, suspend_failed=failed
+        KEY,
+        SandboxPhase.RUNNING,
+        CID,
+        mode=mode,
+        suspended=suspended,
+        suspend_failed=failed,
+        pushed=pushed,
     )
 
 
@@ -186,11 +194,35 @@ ROWS = {
         True,
         [Action(ActionKind.END_DRAINED, KEY)],
     ),
-    "a-drained-node-stops-a-container-before-suspending-it": (
+    "a-drained-node-suspends-one-asked-to-suspend-its-work-kept": (
         sandbox(M.SUSPENDED),
         True,
         True,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "a-drained-node-stops-one-whose-suspend-was-refused": (
+        sandbox(M.SUSPENDED, failed=True),
+        True,
+        True,
         [Action(ActionKind.STOP_DRAINED, KEY, CID)],
+    ),
+    "a-drained-node-removes-the-container-of-a-recorded-suspension": (
+        sandbox(M.SUSPENDED, suspended=True, pushed=True),
+        True,
+        True,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "a-drained-node-leaves-a-pushed-state-to-be-moved": (
+        sandbox(M.SUSPENDED, suspended=True, pushed=True),
+        False,
+        True,
+        [],
+    ),
+    "a-drained-node-neither-ends-nor-restores-a-pushed-one-asked-to-run": (
+        sandbox(M.RUNNING, suspended=True, pushed=True),
+        False,
+        True,
+        [],
     ),
     "a-refused-suspend-is-not-tried-again": (sandbox(M.SUSPENDED, failed=True), True, False, []),
     "a-refused-restore-is-not-tried-again": (
