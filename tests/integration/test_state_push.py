@@ -145,3 +145,28 @@ def test_a_pushed_state_starts_on_another_node_with_its_files(
         assert Path(f"/proc/{task.pid}/root/kept").read_text() == "kept\n"
     finally:
         teardown(node_b, "moved", kill_wait=KILL_WAIT, call_timeout=CALL_TIMEOUT)
+
+
+def test_a_push_behind_bearer_tokens_asks_for_push_after_pull(
+    node_a: ContainerdRuntime, token_registry: Registry
+) -> None:
+    """The blob checks get a pull token; the upload's challenge names push as well,
+    and a second token (with it) is asked for instead of giving up."""
+    uid = uuid.uuid4().hex
+    local = suspended_image_name(uid)
+    commit_written(node_a, "commit-token", local)
+    manifest, media_type = node_a.image_manifest(local, timeout=10)
+
+    def open_blob(digest: str) -> Iterator[bytes]:
+        return node_a.open_blob(digest, timeout=30)
+
+    credential = Credential(AUTH_USER, AUTH_PASSWORD)
+    pushed = push_image(
+        client_for(token_registry, "state/t", credential), uid, manifest, media_type, open_blob
+    )
+    assert pushed.uploaded >= 2
+    reader = client_for(token_registry, "state/t", credential)
+    try:
+        reader.manifest_exists(pushed.digest)
+    finally:
+        reader.close()
