@@ -185,3 +185,34 @@ def test_drain_move_runs_every_sandbox_of_the_node_elsewhere_with_its_files(
     assert "2 of 2 sandboxes moved" in out, out
     assert not a.containers()
     assert fleet.get_node(a.name)["spec"]["unschedulable"] is True
+
+
+def test_a_lost_nodes_pushed_sandbox_is_moved_not_marked_dead(
+    moving: Cluster, operators: Start
+) -> None:
+    a, b = moving.add_node("a"), moving.add_node("b")
+    start_operator(moving, operators)
+    create(moving, "survivor", a.name)
+    started_and_rewritten(moving, "survivor", a)
+    create(moving, "kept-here", a.name)  # not suspended: the lost node takes it
+    wait_for(
+        lambda: get(moving, "kept-here").get("status", {}).get("phase") == "Running",
+        timeout=40,
+        what="kept-here running",
+    )
+    set_mode(moving, "survivor", "Suspended")
+    wait_for(
+        lambda: get(moving, "survivor").get("status", {}).get("suspendedState"),
+        timeout=60,
+        what="the state pushed",
+    )
+    moving.kill_agent(a)
+    wait_for(lambda: node_of(get(moving, "survivor")) == b.name, timeout=30, what="moved to b")
+    wait_for(
+        lambda: get(moving, "kept-here")["status"]["phase"] == "Dead",
+        timeout=30,
+        what="the lost node's other sandbox marked Dead",
+    )
+    assert get(moving, "survivor")["status"]["phase"] == "Running"
+    set_mode(moving, "survivor", "Running")
+    running_with_file(moving, "survivor", b)

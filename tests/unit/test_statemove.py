@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandlot.api.node import NodePhase
-from sandlot.policy.statemove import move_wanted, state_movable
+from sandlot.policy.statemove import movable_object, move_wanted, state_movable
 
 SUSPENDED = (("Suspended", "True", "Suspended"),)
 RESTORED = (("Suspended", "False", "Restored"),)
@@ -43,3 +43,23 @@ def test_a_movable_sandbox_moves_only_off_a_node_that_cannot_start_it(
     movable: bool, node_phase: NodePhase | None, wanted: bool
 ) -> None:
     assert move_wanted(movable, node_phase) is wanted
+
+
+def body(phase: str, suspended: str, pushed: bool) -> dict[str, object]:
+    status: dict[str, object] = {
+        "phase": phase,
+        "conditions": [{"type": "Suspended", "status": suspended, "reason": "Suspended"}],
+    }
+    if pushed:
+        status["suspendedState"] = {"image": "r/s:u@sha256:0", "digest": "sha256:0", "node": "a"}
+    return {"status": status}
+
+
+def test_a_lost_nodes_marking_leaves_only_pushed_suspended_sandboxes_alone() -> None:
+    from sandlot.controllers.marking import _live
+
+    assert movable_object(body("Running", "True", True))
+    assert not _live(body("Running", "True", True))
+    assert _live(body("Running", "True", False))  # its state is on the lost node
+    assert _live(body("Running", "False", True))
+    assert not movable_object({"status": {}}) and _live({"status": {}})

@@ -133,6 +133,7 @@ class Scheduler:
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
         self.seen_nodes: set[str] = set()  # every node handed over, deleted ones too
+        self._phases: dict[str, str | None] = {}  # status.phase last seen, by node
         # The node-health controller's view of liveness: both judge READY alike.
         self.liveness = liveness
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
@@ -159,13 +160,18 @@ class Scheduler:
         self.seen_nodes.add(name)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
+            self._phases.pop(name, None)
             self.move_from(name)
             return
         old = self.nodes.get(name)
         new = _node_info(body)
         self.nodes[name] = new
-        if new.unschedulable and (old is None or not old.unschedulable):
-            self.move_from(name)  # a drain: what was pushed may go elsewhere
+        phase = (body.get("status") or {}).get("phase")
+        if (new.unschedulable and (old is None or not old.unschedulable)) or (
+            phase == NodePhase.NOT_READY and self._phases.get(name) != phase
+        ):
+            self.move_from(name)  # drained or lost: what was pushed may go elsewhere
+        self._phases[name] = phase
         if (
             old is None
             or (old.unschedulable and not new.unschedulable)

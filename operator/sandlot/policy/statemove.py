@@ -10,12 +10,14 @@ node, one asked to run again starts there (its new node's agent pulls the state
 first), and its address is the new node's, which routing reads from its status.
 
 A sandbox whose node is Ready stays: it starts again there from the local image,
-without a pull.
+without a pull. A lost node's sandboxes are marked Dead, but for these: their
+state is safe elsewhere, and the scheduler moves them once the node is NotReady.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from sandlot.api.node import NodePhase
 from sandlot.api.reasons import ConditionType
@@ -31,10 +33,23 @@ def state_movable(
     return phase == SandboxPhase.RUNNING and suspended and state_node is not None
 
 
+def movable_object(obj: Mapping[str, Any]) -> bool:
+    """``state_movable`` of a Sandbox as the API server gives it: a lost node's
+    marking leaves such a sandbox to the scheduler, which moves it."""
+    status = obj.get("status") or {}
+    conditions = [
+        (str(c.get("type")), str(c.get("status")), str(c.get("reason")))
+        for c in status.get("conditions") or ()
+        if isinstance(c, Mapping)
+    ]
+    state = status.get("suspendedState") or {}
+    return state_movable(str(status.get("phase")), conditions, state.get("node"))
+
+
 def move_wanted(movable: bool, node_phase: NodePhase | None) -> bool:
     """Whether to bind a sandbox to another node: it is ``movable`` and its node
     (``node_phase``, None when it is gone) cannot start it."""
     return movable and node_phase is not NodePhase.READY
 
 
-__all__ = ["move_wanted", "state_movable"]
+__all__ = ["movable_object", "move_wanted", "state_movable"]
