@@ -631,3 +631,12 @@ def test_a_state_pushed_from_this_node_starts_from_the_local_image() -> None:
     world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
     assert world.suspensions.restore(world.body(), None) is S.RESTORE
     assert not store.pulled and world.work.restarted == [suspended_image_name(world.uid)]
+
+
+def test_a_restore_a_crash_left_unsaid_is_recorded_and_its_pushed_state_cleared() -> None:
+    world = moved_world(FakeStore())
+    world.info = world.rt.add(CID, {SANDBOX_LABEL: KEY})
+    assert world.suspensions.restore(world.body(), world.info) is S.RECORD_RESTORED
+    status = world.objects.sandboxes[KEY]["status"]
+    assert "suspendedState" not in status and status["pid"] == world.rt.tasks[CID].pid
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")

@@ -176,7 +176,7 @@ class Suspensions:
             if started is not None:
                 fields = {**started[1], "suspendedState": None}
         elif step is SuspendStep.RECORD_RESTORED and container is not None:
-            fields = self._restored_pid(key, container)
+            fields = {**self._restored_pid(key, container), "suspendedState": None}
         else:
             return None
         conditions = [suspended_condition(False, work.node, generation, error)]
