@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from sandlot.adapters.deadline import Deadline
@@ -84,9 +85,13 @@ class StateStore:
 
         client = self._client(self.repository, deadline)
         try:
-            return push_image(client, uid, manifest, media_type, open_blob)
+            pushed = push_image(client, uid, manifest, media_type, open_blob)
         finally:
             client.close()
+        # Named as the repository is (docker.io, not the endpoint's host): what a pull
+        # on any node resolves through its own endpoints and mirrors.
+        repo = f"{self.repository.registry}/{self.repository.repository}"
+        return replace(pushed, reference=f"{repo}:{uid}@{pushed.digest}")
 
     def pull(self, reference: str, image: str) -> None:
         """The pushed ``reference`` pulled into this node's store as ``image``."""
