@@ -280,6 +280,34 @@ def test_snapshot_printer_columns(objs, namespace, kubectl):
     assert wide[1].split()[-3:] == [status["imageRef"], status["digest"], "Taken"]
 
 
+def test_node_name_moves_only_while_a_pushed_state_is_recorded(objs, namespace):
+    create(objs, namespace, sandbox("moved", nodeName="n1"))
+    state = {"image": "r.example/s:u@sha256:" + "0" * 64, "digest": "sha256:" + "0" * 64}
+    # The main resource cannot record it: its status is the subresource's.
+    with pytest.raises(ApiException) as err:
+        objs.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            "moved",
+            {"spec": {"nodeName": "n2"}, "status": {"suspendedState": {**state, "node": "n1"}}},
+        )
+    assert err.value.status == 422 and "immutable" in err.value.body
+    set_status(
+        objs, namespace, "moved", {"phase": "Running", "suspendedState": {**state, "node": "n1"}}
+    )
+    moved = objs.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", "moved", {"spec": {"nodeName": "n2"}}
+    )
+    assert moved["spec"]["nodeName"] == "n2"
+    with pytest.raises(ApiException) as err:  # bound it stays: only a change is allowed
+        objs.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes", "moved", {"spec": {"nodeName": None}}
+        )
+    assert err.value.status == 422
+
+
 def test_stale_resource_version_gets_a_conflict(objs, namespace):
     created = create(objs, namespace, sandbox("rv", nodeName="n1"))
     set_status(objs, namespace, "rv", {"phase": "Running"})

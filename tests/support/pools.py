@@ -82,6 +82,8 @@ class Cluster:
     fleet: Fleet
     kubeconfig: Path
     nodes: dict[str, LocalNode] = field(default_factory=dict)
+    agent_overrides: dict[str, Any] = field(default_factory=dict)
+    """More settings for every agent started (a state repository, say)."""
 
     @property
     def objs(self) -> Any:
@@ -117,6 +119,7 @@ class Cluster:
             node_address=node.address,
             log_dir=str(self.workdir / "logs" / node.name),
             gc_disabled=True,
+            **self.agent_overrides,
         )
         agent = Agent(settings, self.kube, registry=CollectorRegistry())
         assert agent.start(), f"agent of {node.name} did not start"

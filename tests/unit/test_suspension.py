@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.containerd.commit import committed_documents
+from sandlot.adapters.registry import RegistryError
+from sandlot.adapters.registrypush import Pushed
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
 from sandlot.agent.status import StatusWriter
@@ -130,9 +132,17 @@ def container() -> ContainerView:
     return ContainerView(CID, {SANDBOX_LABEL: KEY})
 
 
-def sandbox(mode: OperatingMode, *, suspended: bool = False, failed: bool = False) -> SandboxState:
+def sandbox(
+    mode: OperatingMode, *, suspended: bool = False, failed: bool = False, pushed: bool = False
+) -> SandboxState:
     return SandboxState(
-        KEY, SandboxPhase.RUNNING, CID, mode=mode, suspended=suspended, suspend_failed=failed
+        KEY,
+        SandboxPhase.RUNNING,
+        CID,
+        mode=mode,
+        suspended=suspended,
+        suspend_failed=failed,
+        pushed=pushed,
     )
 
 
@@ -186,11 +196,35 @@ ROWS = {
         True,
         [Action(ActionKind.END_DRAINED, KEY)],
     ),
-    "a-drained-node-stops-a-container-before-suspending-it": (
+    "a-drained-node-suspends-one-asked-to-suspend-its-work-kept": (
         sandbox(M.SUSPENDED),
         True,
         True,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "a-drained-node-stops-one-whose-suspend-was-refused": (
+        sandbox(M.SUSPENDED, failed=True),
+        True,
+        True,
         [Action(ActionKind.STOP_DRAINED, KEY, CID)],
+    ),
+    "a-drained-node-removes-the-container-of-a-recorded-suspension": (
+        sandbox(M.SUSPENDED, suspended=True, pushed=True),
+        True,
+        True,
+        [Action(ActionKind.SUSPEND, KEY, CID)],
+    ),
+    "a-drained-node-leaves-a-pushed-state-to-be-moved": (
+        sandbox(M.SUSPENDED, suspended=True, pushed=True),
+        False,
+        True,
+        [],
+    ),
+    "a-drained-node-neither-ends-nor-restores-a-pushed-one-asked-to-run": (
+        sandbox(M.RUNNING, suspended=True, pushed=True),
+        False,
+        True,
+        [],
     ),
     "a-refused-suspend-is-not-tried-again": (sandbox(M.SUSPENDED, failed=True), True, False, []),
     "a-refused-restore-is-not-tried-again": (
@@ -505,3 +539,104 @@ def test_a_refused_restore_is_recorded_and_not_tried_again() -> None:
     assert (c.status, c.reason, c.observed_generation) == ("True", "RestoreFailed", 2)
     state = SandboxState.from_object(world.body())
     assert plan_sync([state], [], drained=False, in_flight=()) == []
+
+
+class FakeStore:
+    """A state store that records pushes and pulls (or refuses them)."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.refuse = refuse
+        self.pushed: list[tuple[str, str]] = []
+        self.pulled: list[tuple[str, str]] = []
+
+    def push(self, uid: str, image: str) -> Pushed:
+        if self.refuse is not None:
+            raise RegistryError(self.refuse)
+        self.pushed.append((uid, image))
+        digest = "sha256:" + "1" * 64
+        return Pushed(f"reg.example/state:{uid}@{digest}", digest, 2)
+
+    def pull(self, reference: str, image: str) -> None:
+        if self.refuse is not None:
+            raise RegistryError(self.refuse)
+        self.pulled.append((reference, image))
+
+
+def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
+    world = World("Suspended")
+    assert world.info is not None
+    store = FakeStore()
+    world.suspensions.store = store  # type: ignore[assignment]
+    assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
+    assert store.pushed == [(world.uid, suspended_image_name(world.uid))]
+    state = world.objects.sandboxes[KEY]["status"]["suspendedState"]
+    assert state["node"] == NODE and state["image"].startswith(f"reg.example/state:{world.uid}@")
+    c = world.condition()
+    assert (c.status, c.reason) == ("True", "Suspended")
+    assert "pushed to reg.example/state" in c.message
+    assert SandboxState.from_object(world.body()).pushed
+
+
+def test_a_refused_push_keeps_the_state_on_its_node_and_says_why() -> None:
+    world = World("Suspended")
+    assert world.info is not None
+    world.suspensions.store = FakeStore(refuse="HTTP 401 Unauthorized")  # type: ignore[assignment]
+    assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
+    assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
+    c = world.condition()
+    assert (c.status, c.reason) == ("True", "Suspended")
+    assert "not pushed (HTTP 401 Unauthorized): it stays on this node" in c.message
+    assert world.work.torn_down == [CID]  # suspended all the same, on this node
+
+
+def moved_world(store: FakeStore | None) -> World:
+    world = World("Running", container=False, conditions=[cond("True", "Suspended", 1)])
+    world.objects.sandboxes[KEY]["status"]["suspendedState"] = {
+        "image": "reg.example/state:u@sha256:" + "1" * 64,
+        "digest": "sha256:" + "1" * 64,
+        "node": "node-elsewhere",
+    }
+    world.suspensions.store = store  # type: ignore[assignment]
+    return world
+
+
+def test_a_state_pushed_from_another_node_is_pulled_then_started_and_cleared() -> None:
+    store = FakeStore()
+    world = moved_world(store)
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    image = suspended_image_name(world.uid)
+    assert store.pulled == [("reg.example/state:u@sha256:" + "1" * 64, image)]
+    assert world.work.restarted == [image]
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+    assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
+
+
+@pytest.mark.parametrize(
+    ("store", "said"),
+    [(None, "this node has no state repository"), (FakeStore("stalled"), "failed: stalled")],
+)
+def test_a_state_this_node_cannot_pull_is_a_refused_restore(
+    store: FakeStore | None, said: str
+) -> None:
+    world = moved_world(store)
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert not world.work.restarted
+    c = world.condition()
+    assert (c.status, c.reason) == ("True", "RestoreFailed") and said in c.message
+
+
+def test_a_state_pushed_from_this_node_starts_from_the_local_image() -> None:
+    store = FakeStore()
+    world = moved_world(store)
+    world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert not store.pulled and world.work.restarted == [suspended_image_name(world.uid)]
+
+
+def test_a_restore_a_crash_left_unsaid_is_recorded_and_its_pushed_state_cleared() -> None:
+    world = moved_world(FakeStore())
+    world.info = world.rt.add(CID, {SANDBOX_LABEL: KEY})
+    assert world.suspensions.restore(world.body(), world.info) is S.RECORD_RESTORED
+    status = world.objects.sandboxes[KEY]["status"]
+    assert "suspendedState" not in status and status["pid"] == world.rt.tasks[CID].pid
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")

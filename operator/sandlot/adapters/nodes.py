@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import getpass
 from datetime import UTC, datetime
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, NODES, VERSION
+from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.timestamps import rfc3339
@@ -33,6 +34,29 @@ def set_unschedulable(objects: Objects, node: str, unschedulable: bool) -> None:
         if e.status == 404:
             raise NodeNotFound(f"SandboxNode {node} does not exist") from e
         raise
+
+
+def read_sandbox(objects: Objects, key: str) -> dict[str, Any] | None:
+    """The sandbox ``namespace/name`` as it is now; None once it is gone."""
+    namespace, name = key.split("/", 1)
+    try:
+        return objects.get_sandbox(namespace, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def set_operating_mode(objects: Objects, key: str, mode: str) -> None:
+    """``spec.operatingMode`` of sandbox ``namespace/name`` (nothing when it is gone)."""
+    namespace, name = key.split("/", 1)
+    try:
+        objects.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOXES, name, {"spec": {"operatingMode": mode}}
+        )
+    except ApiException as e:
+        if e.status != 404:
+            raise
 
 
 def live_sandboxes(objects: Objects, node: str) -> list[str]:

@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -61,6 +61,8 @@ CHUNK = 1024 * 1024
 ERROR_BODY_BYTES = 64 * 1024
 """What is read of a refusal's body (or a token answer): the registry's words fit."""
 _PARAM = re.compile(r'(\w+)="([^"]*)"')
+Body = bytes | Iterable[bytes]
+"""A request's body: whole, or streamed in chunks (with its ``Content-Length`` given)."""
 
 
 class RegistryError(Exception):
@@ -184,6 +186,8 @@ class RegistryClient:
                 kwargs["ca_certs"] = endpoint.ca_file
         self._http = _pool_manager(self.access, **kwargs)
         self._authorization: str | None = None
+        self._scope = ""
+        """What the bearer token held was asked for (a push asks for more than a pull)."""
         self._cut_by_deadline = False
 
     def close(self) -> None:
@@ -192,30 +196,45 @@ class RegistryClient:
     # ------------------------------------------------------------ requests
 
     def _request(
-        self, path: str, headers: Mapping[str, str], *, stream: bool = False, method: str = "GET"
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        *,
+        stream: bool = False,
+        method: str = "GET",
+        body: Callable[[], Body] | None = None,
     ) -> urllib3.BaseHTTPResponse:
-        url = self.endpoint.api(path)
-        response = self._follow(method, url, headers, stream)
+        """``path`` under the API (or a whole URL of the registry's, as an upload's
+        ``Location``); ``body`` makes the request's body, again for the retry a
+        challenge asks for (a streamed body is read once)."""
+        url = path if path.startswith(("http://", "https://")) else self.endpoint.api(path)
+        response = self._follow(method, url, headers, stream, body)
         if response.status == 401 and self._authorize(response):
             _drop(response)
-            response = self._follow(method, url, headers, stream)
+            response = self._follow(method, url, headers, stream, body)
         if response.status >= 400:
-            body = _drop(response)
+            said = _drop(response)
             raise RegistryError(
-                f"{method} {url}: {status_message(response.status, body)}",
+                f"{method} {url}: {status_message(response.status, said)}",
                 _kind(response.status),
             )
         return response
 
     def _follow(
-        self, method: str, url: str, headers: Mapping[str, str], stream: bool
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        stream: bool,
+        body: Callable[[], Body] | None = None,
     ) -> urllib3.BaseHTTPResponse:
         """The answer to ``url``, redirects followed one hop at a time where
         ``policy.registryaddress`` allows; the credential only to the registry's host."""
         hops = 0
         while True:
             own = same_host(url, self.endpoint.url)
-            response = self._send(method, url, headers, stream, authorize=own)
+            made = body() if body is not None else None
+            response = self._send(method, url, headers, stream, authorize=own, body=made)
             location = response.headers.get("Location")
             if response.status not in (301, 302, 303, 307, 308) or not location:
                 return response
@@ -242,7 +261,14 @@ class RegistryClient:
         return RegistryError(f"{what}: no bytes for {self.stall_timeout:g}s (stalled): {exc}")
 
     def _send(
-        self, method: str, url: str, headers: Mapping[str, str], stream: bool, *, authorize: bool
+        self,
+        method: str,
+        url: str,
+        headers: Mapping[str, str],
+        stream: bool,
+        *,
+        authorize: bool,
+        body: Body | None = None,
     ) -> urllib3.BaseHTTPResponse:
         all_headers = dict(headers)
         if self._authorization and authorize:
@@ -252,6 +278,7 @@ class RegistryClient:
             return self._http.request(
                 method,
                 url,
+                body=body,
                 headers=all_headers,
                 preload_content=not stream,
                 decode_content=False,
@@ -275,9 +302,11 @@ class RegistryClient:
             self._authorization = "Basic " + base64.b64encode(pair).decode()
             return True
         if scheme.lower() == "bearer" and "realm" in params:
-            if self._authorization is not None and self._authorization.startswith("Bearer"):
-                return False  # a token was refused: another one would be too
-            self._authorization = "Bearer " + self._token(params)
+            scope = params.get("scope") or f"repository:{self.repository}:pull"
+            bearer = self._authorization is not None and self._authorization.startswith("Bearer")
+            if bearer and scope == self._scope:
+                return False  # a token was refused: another one for that scope would be too
+            self._authorization, self._scope = "Bearer " + self._token(params), scope
             return True
         return False
 
@@ -328,6 +357,20 @@ class RegistryClient:
             raise RegistryError(f"token for {self.repository}: no token in the answer") from exc
 
     # ------------------------------------------------------------ the API
+
+    def request(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        *,
+        method: str = "GET",
+        body: Callable[[], Body] | None = None,
+    ) -> tuple[int, Mapping[str, str]]:
+        """One request under this client's bounds and auth (``registrypush`` builds on
+        it); its status and headers, the body dropped; ``RegistryError`` past 399."""
+        response = self._request(path, headers, method=method, body=body, stream=True)
+        _drop(response)
+        return response.status, response.headers
 
     def manifest(self, reference: str) -> tuple[bytes, str]:
         """The manifest or index named by a tag or digest, and its media type; past

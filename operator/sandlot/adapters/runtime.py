@@ -9,7 +9,7 @@ method takes ``timeout`` (seconds) and raises ``RuntimeTimeout`` when it passes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -158,6 +158,15 @@ class Runtime(Protocol):
     ) -> str:
         """Image ``image`` (created or replaced) naming the same content as ``source``;
         its manifest's digest."""
+        ...
+
+    def image_manifest(self, image: str, *, timeout: float) -> tuple[bytes, str]:
+        """The bytes and media type of the manifest image ``image`` names (as stored:
+        what a push sends)."""
+        ...
+
+    def open_blob(self, digest: str, *, timeout: float) -> Iterator[bytes]:
+        """A blob of the node's content store in chunks as they are read."""
         ...
 
     def writable_layer(self, container_id: str, *, timeout: float) -> str:

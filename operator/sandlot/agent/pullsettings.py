@@ -75,6 +75,18 @@ class PullSettings(SettingsModel):
         "redirects may go to, such as its blob storage; credentials are never sent there "
         "(repeatable).",
     )
+    suspend_state_repository: str = Field(
+        default="",
+        description="A registry repository (registry/path) a suspended sandbox's committed "
+        "filesystem is pushed to, tagged with its uid, so that any node may start it "
+        "again (a drain may move it); empty: the state stays on its node.",
+    )
+    suspend_state_auth_file: str = Field(
+        default="",
+        description="A .dockerconfigjson file with the credential for "
+        "suspend_state_repository's registry (the chart mounts it from one Secret); used "
+        "for that repository only, never for a sandbox's image; empty: anonymous.",
+    )
     image_pull_by_daemon: bool = Field(
         default=False,
         description="Let containerd 2.x's Transfer service pull when it can: the daemon then "

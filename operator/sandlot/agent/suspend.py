@@ -17,9 +17,11 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from sandlot.adapters.registry import RegistryError
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
+from sandlot.agent.statestore import StateStore
 from sandlot.agent.status import sandbox_key
 from sandlot.api.common import Condition
 from sandlot.api.reasons import ConditionType, SuspendedReason
@@ -46,10 +48,38 @@ RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 class Suspensions:
     """Suspends and restores this node's sandboxes through ``work``'s runtime."""
 
-    def __init__(self, work: SandboxWork) -> None:
+    def __init__(self, work: SandboxWork, store: StateStore | None = None) -> None:
         self.work = work
         # A commit writes the whole writable layer: a pull's budget, not a call's.
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
+        self.store = store
+
+    def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
+        """The committed ``image`` pushed when a repository is set: the status fields
+        that say where, and a note for the condition (None: nothing to say)."""
+        if self.store is None:
+            return {}, None
+        try:
+            pushed = self.store.push(sb["metadata"]["uid"], image)
+        except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
+            log.warning("sandbox %s: state not pushed: %s", sandbox_key(sb), exc)
+            return {}, f"not pushed ({exc}): it stays on this node"
+        state = {"image": pushed.reference, "digest": pushed.digest, "node": self.work.node}
+        return {"suspendedState": state}, f"pushed to {pushed.reference}"
+
+    def _pull(self, sb: Mapping[str, Any], image: str) -> str | None:
+        """Pull ``sb``'s pushed state as ``image`` when another node committed it; the
+        refusal, None when the image is here."""
+        state = (sb.get("status") or {}).get("suspendedState") or {}
+        if not state or state.get("node") == self.work.node:
+            return None
+        if self.store is None:
+            return f"its state is in {state.get('image')}, and this node has no state repository"
+        try:
+            self.store.pull(str(state.get("image")), image)
+        except (RegistryError, RuntimeError_) as exc:
+            return f"pull of its state {state.get('image')} failed: {exc}"
+        return None
 
     def _step(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
         return decide_suspension(
@@ -87,10 +117,11 @@ class Suspensions:
             froze = task is not None and task.state is TaskState.RUNNING
             if froze:  # a frozen task's files hold still while they are read
                 rt.pause_task(container.id, timeout=timeout)
+            image = suspended_image_name(sb["metadata"]["uid"])
             try:
                 digest = rt.commit_container(
                     container.id,
-                    suspended_image_name(sb["metadata"]["uid"]),
+                    image,
                     {SUSPENDED_IMAGE_LABEL: key.replace("/", ".")},
                     timeout=self.commit_timeout,
                 )
@@ -104,8 +135,9 @@ class Suspensions:
         except RuntimeError_ as exc:
             error = str(exc)
             log.warning("sandbox %s: suspend refused: %s", key, exc)
-        condition = suspended_condition(True, work.node, generation, error)
-        outcome = self._write(sb, [condition], {})
+        fields, note = self._push(sb, image) if error is None else ({}, None)
+        condition = suspended_condition(True, work.node, generation, error, note)
+        outcome = self._write(sb, [condition], fields)
         if error is not None or outcome is not WriteOutcome.WRITTEN:
             log.info("sandbox %s: suspend %s, condition %s", key, error or "done", outcome)
             return None  # not said: the container stays, the next pass commits again
@@ -132,18 +164,19 @@ class Suspensions:
         error: str | None = None
         if step is SuspendStep.RESTORE:
             image = suspended_image_name(sb["metadata"]["uid"])
+            error = self._pull(sb, image)
+            started = None
             try:
-                started = work.restart_from(sb, image)
+                started = work.restart_from(sb, image) if error is None else None
             except StartFailed as exc:
                 error = f"{exc.reason}: {exc}"
                 log.warning("sandbox %s: restore refused: %s", key, error)
-                started = None
             if started is None and error is None:
                 return None  # not now: the next pass tries again
             if started is not None:
-                fields = started[1]
+                fields = {**started[1], "suspendedState": None}
         elif step is SuspendStep.RECORD_RESTORED and container is not None:
-            fields = self._restored_pid(key, container)
+            fields = {**self._restored_pid(key, container), "suspendedState": None}
         else:
             return None
         conditions = [suspended_condition(False, work.node, generation, error)]

@@ -22,6 +22,7 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
+from sandlot.agent.statestore import StateStore
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.reasons import SandboxReason
@@ -76,7 +77,7 @@ class SandboxSync:
         self.refusal = refusal
         """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
-        self.suspensions = Suspensions(work)
+        self.suspensions = Suspensions(work, StateStore.from_settings(work.settings, rt))
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):

@@ -120,7 +120,9 @@ def _schema_of(kind: type[Resource]) -> dict[str, Any]:
     status.pop("default", None)
     schema["properties"]["status"] = status
     for prop, rules in kind.crd.validations.items():
-        schema["properties"][prop]["x-kubernetes-validations"] = rules
+        # "": rules on the whole object (they may compare its spec with its status).
+        target = schema if prop == "" else schema["properties"][prop]
+        target["x-kubernetes-validations"] = rules
     # A missing spec behaves as the model's defaults (SandboxNode, CachePrune).
     if "spec" not in schema.get("required", []):
         schema["properties"]["spec"].setdefault("default", {})

@@ -107,6 +107,15 @@ class ImagePullProgress(Model):
     total_bytes: int = Field(default=0, ge=0, description="Bytes of the image's config and layers.")
 
 
+class SuspendedState(Model):
+    image: str = Field(
+        max_length=512,
+        description="Where the suspended filesystem was pushed: `registry/repository:tag@digest`.",
+    )
+    digest: str = Field(max_length=80, description="The pushed manifest's digest.")
+    node: str = Field(max_length=MAX_NAME, description="The node that committed and pushed it.")
+
+
 class SandboxPort(Model):
     name: str | None = Field(
         default=None,
@@ -415,6 +424,11 @@ class SandboxStatus(Model):
     image_pull: ImagePullProgress | None = Field(
         default=None, description="Progress of the image pull while the reason is Pulling."
     )
+    suspended_state: SuspendedState | None = Field(
+        default=None,
+        description="Set while suspended when the agent's suspend_state_repository is "
+        "set: the committed filesystem pushed there, so any node may start it again.",
+    )
     conditions: list[Condition] = Field(
         default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
     )
@@ -446,12 +460,20 @@ class Sandbox(Resource):
         ),
         selectable_fields=(".spec.nodeName",),
         validations={
-            "spec": [
+            # A sandbox whose suspended state was pushed may be bound to another node
+            # (a move); a main-resource write cannot change the status the rule reads.
+            "": [
                 {
-                    "rule": "!has(oldSelf.nodeName) || (has(self.nodeName) && self.nodeName == oldSelf.nodeName)",
-                    "message": "spec.nodeName is immutable once set",
+                    "rule": "!has(oldSelf.spec.nodeName) || (has(self.spec.nodeName) && "
+                    "(self.spec.nodeName == oldSelf.spec.nodeName || (has(oldSelf.status) "
+                    "&& has(oldSelf.status.suspendedState))))",
+                    "message": "spec.nodeName is immutable once set (but for a move of a "
+                    "sandbox whose suspended state was pushed)",
                     "reason": "FieldValueForbidden",
-                },
+                    "fieldPath": ".spec.nodeName",
+                }
+            ],
+            "spec": [
                 {
                     "rule": "has(self.snapshotRef) == has(oldSelf.snapshotRef) && "
                     "(!has(self.snapshotRef) || self.snapshotRef == oldSelf.snapshotRef)",

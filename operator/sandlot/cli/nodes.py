@@ -1,4 +1,5 @@
-"""``sandlot drain NODE``, ``sandlot uncordon NODE`` and ``sandlot nodes reap NODE``.
+"""``sandlot drain NODE`` (also ``sandlot nodes drain``; ``--move``: ``cli.drainmove``),
+``sandlot uncordon NODE`` and ``sandlot nodes reap NODE``.
 
 ``drain`` marks the node unschedulable and waits, with a deadline, until no
 non-terminal sandbox is left on it: the agent stops them (each ends ``Stopped``,
@@ -27,18 +28,21 @@ from sandlot.adapters.nodes import (
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
 from sandlot.api.settings import parse_duration
+from sandlot.cli.drainmove import drain_move
 from sandlot.cli.options import duration
 
 POLL_INTERVAL = 1.0
 SHOWN = 10
 
 
-def register(sub: Any) -> None:
+def _add_drain(sub: Any) -> None:
     drain = sub.add_parser(
         "drain",
-        help="stop a node's sandboxes and keep new ones off it",
+        help="stop (or, with --move, move) a node's sandboxes and keep new ones off it",
         description="Set spec.unschedulable on the SandboxNode and wait until its agent "
-        "has stopped every sandbox there (pools replace them on other nodes).",
+        "has stopped every sandbox there (pools replace them on other nodes); with "
+        "--move, each sandbox is suspended, its state pushed, and started again on "
+        "another node.",
     )
     drain.add_argument("node", metavar="NODE", help="SandboxNode name")
     drain.add_argument(
@@ -53,9 +57,18 @@ def register(sub: Any) -> None:
         type=duration,
         help="repeat the progress line this often (10s)",
     )
+    drain.add_argument(
+        "--move",
+        action="store_true",
+        help="suspend each sandbox with its state pushed and start it again on another "
+        "node, instead of stopping it (needs the agents' suspend_state_repository)",
+    )
     drain.add_argument("--kubeconfig", default=None, help="kubeconfig file")
     drain.set_defaults(func=run_drain)
 
+
+def register(sub: Any) -> None:
+    _add_drain(sub)
     uncordon = sub.add_parser(
         "uncordon",
         help="let sandboxes be scheduled on a drained node again",
@@ -69,6 +82,7 @@ def register(sub: Any) -> None:
         "nodes", help="SandboxNode commands", description="SandboxNode commands."
     )
     commands = nodes.add_subparsers(dest="nodes_command", metavar="COMMAND", required=True)
+    _add_drain(commands)  # `sandlot nodes drain`, the same as `sandlot drain`
     reap = commands.add_parser(
         "reap",
         help="declare a NotReady node lost: mark its sandboxes Dead now",
@@ -98,6 +112,11 @@ def run_drain(args: argparse.Namespace) -> int:
     every = parse_duration(args.progress_every).total_seconds()
     objects = _objects(args)
     try:
+        if getattr(args, "move", False):
+            try:
+                return drain_move(objects, args.node, timeout, args.timeout)
+            except NodeNotFound as e:
+                raise UsageError(str(e)) from e
         try:
             set_unschedulable(objects, args.node, True)
         except NodeNotFound as e:

@@ -42,6 +42,7 @@ from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.policy.marking import dead_status
+from sandlot.policy.statemove import movable_object
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,10 @@ class NodeMarking:
 
 
 def _live(sandbox: Mapping[str, Any]) -> bool:
-    # Non-terminal: Scheduled and Running, and Pending ones already bound to the node.
-    return (sandbox.get("status") or {}).get("phase", SandboxPhase.PENDING) not in TERMINAL_PHASES
+    # Non-terminal: Scheduled and Running, and Pending ones already bound to the node;
+    # not a suspended one whose state was pushed: the scheduler moves that one.
+    phase = (sandbox.get("status") or {}).get("phase", SandboxPhase.PENDING)
+    return phase not in TERMINAL_PHASES and not movable_object(sandbox)
 
 
 def _key(sandbox: Mapping[str, Any]) -> tuple[str, str]:

@@ -41,6 +41,7 @@ from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
 from sandlot.policy.placement import Placement
 from sandlot.policy.pools import ended_by_fault, spec_hash
 from sandlot.policy.readiness import ready_since, recorded_ready, sandbox_ready
+from sandlot.policy.statemove import state_movable
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,12 @@ class SandboxRecord:
     ready_since: datetime | None = None  # when it became ready (None: not ready)
     runtime_class: str | None = None  # spec.runtimeClassName
     snapshot: str | None = None  # spec.snapshotRef.name: a fork, placed on its snapshot's node
+    state_node: str | None = None  # status.suspendedState.node: its state was pushed from there
+
+    @property
+    def movable(self) -> bool:
+        """Suspended, its state pushed: any node may start it again (``policy.statemove``)."""
+        return state_movable(self.phase, self.conditions, self.state_node)
 
     @property
     def key(self) -> str:
@@ -161,6 +168,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         ready_since=ready_since(status, probed, started_at) if ready else None,
         runtime_class=_shared(spec.get("runtimeClassName")),
         snapshot=(spec.get("snapshotRef") or {}).get("name"),
+        state_node=_shared((status.get("suspendedState") or {}).get("node")),
     )
 
 

@@ -63,6 +63,7 @@ from sandlot.policy.runtimeclass import (
 )
 from sandlot.policy.scheduling import Choice, NodeSlot, SandboxRequest, choose_node
 from sandlot.policy.snapshots import fork_placement
+from sandlot.policy.statemove import move_wanted
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class Scheduler:
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
         self.seen_nodes: set[str] = set()  # every node handed over, deleted ones too
+        self._phases: dict[str, str | None] = {}  # status.phase last seen, by node
         # The node-health controller's view of liveness: both judge READY alike.
         self.liveness = liveness
         self.waiting: dict[str, str] = {}  # unschedulable sandbox key -> message written
@@ -165,10 +167,18 @@ class Scheduler:
         self.seen_nodes.add(name)
         if event_type == "DELETED":
             self.nodes.pop(name, None)
+            self._phases.pop(name, None)
+            self.move_from(name)
             return
         old = self.nodes.get(name)
         new = _node_info(body)
         self.nodes[name] = new
+        phase = (body.get("status") or {}).get("phase")
+        if (new.unschedulable and (old is None or not old.unschedulable)) or (
+            phase == NodePhase.NOT_READY and self._phases.get(name) != phase
+        ):
+            self.move_from(name)  # drained or lost: what was pushed may go elsewhere
+        self._phases[name] = phase
         if (
             old is None
             or (old.unschedulable and not new.unschedulable)
@@ -184,7 +194,7 @@ class Scheduler:
             self.retry_waiting()
 
     def on_sandbox(self, old: SandboxRecord | None, new: SandboxRecord | None) -> None:
-        if new is not None and (new.wants_node or _prebound_pending(new)):
+        if new is not None and (new.wants_node or _prebound_pending(new) or new.movable):
             self.enqueue(new.key)
         elif old is not None:
             self.waiting.pop(old.key, None)
@@ -192,6 +202,10 @@ class Scheduler:
                 self.queue.forget(old.key)
         if old is not None and old.holds_slot and (new is None or not new.holds_slot):
             self.retry_waiting()  # a slot was freed
+
+    def move_from(self, node: str) -> None:
+        """Look again at the sandboxes on ``node`` whose state was pushed."""
+        self.queue.add_all([r.key for r in self.cache if r.node == node and r.movable])
 
     def enqueue(self, key: str) -> None:
         self.queue.add(key)
@@ -204,7 +218,11 @@ class Scheduler:
         standby's drops its work), and the sandbox feed delivered most sandboxes
         before this replica led."""
         self.queue.add_all(
-            [rec.key for rec in self.cache if rec.wants_node or _prebound_pending(rec)]
+            [
+                rec.key
+                for rec in self.cache
+                if rec.wants_node or _prebound_pending(rec) or rec.movable
+            ]
         )
 
     # -- the worker -----------------------------------------------------------------
@@ -270,8 +288,12 @@ class Scheduler:
         self,
         rec: SandboxRecord,
         runtime_class: RuntimeClassInfo | None = None,
+        *,
         only: str | None = None,
+        leaving: str | None = None,
     ) -> Choice:
+        """A node for ``rec``: ``only`` that one if set (a fork's snapshot's node);
+        ``leaving``: the node it moves away from (never chosen)."""
         placement, handler = rec.placement, None
         if runtime_class is not None:
             placement = joined_placement(rec.placement, runtime_class)
@@ -279,11 +301,17 @@ class Scheduler:
         request = SandboxRequest(rec.key, rec.pool_key, placement, handler)
         # Liveness is judged on its own steady clock, never on the wall clock.
         now = self.liveness.clock()
-        slots = [s for s in self.slots(now) if only is None or s.name == only]
+        slots = [
+            slot
+            for slot in self.slots(now)
+            if (only is None or slot.name == only) and slot.name != leaving
+        ]
         return choose_node(request, slots, now)
 
     async def schedule(self, key: str) -> float | None:
         rec = self.cache.get(key)
+        if rec is not None and rec.movable and rec.node is not None:
+            return await self._move(rec, rec.node)
         if rec is not None and _prebound_pending(rec) and rec.node not in self.nodes:
             # Bound by its author to a node that does not exist: say so, and wait for
             # the node (its agent may be about to register it); nothing else changes.
@@ -315,7 +343,7 @@ class Scheduler:
                 await self._report_waiting(rec, SnapshotReason.SNAPSHOT_NOT_READY, why, now)
                 return RETRY_FORK if fork.fail is None else RETRY_CLASS
             only = fork.node
-        choice = self.choose(rec, runtime_class, only)
+        choice = self.choose(rec, runtime_class, only=only)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
             return await self._report_waiting(
@@ -323,6 +351,43 @@ class Scheduler:
             )
         self.waiting.pop(key, None)
         return await self._bind(rec, choice.node, now)
+
+    async def _move(self, rec: SandboxRecord, node: str) -> float | None:
+        """Bind a sandbox whose pushed state its node cannot start to another node."""
+        slot = self.nodes.get(node)
+        phase = None
+        if slot is not None:
+            tracking = self.liveness.from_status(node, slot.tracking)
+            phase = self.liveness.phase(node, slot.unschedulable, tracking, self.liveness.clock())
+        if not move_wanted(rec.movable, phase):
+            self.waiting.pop(rec.key, None)
+            return None
+        runtime_class = None
+        if rec.runtime_class:
+            try:
+                runtime_class = await self.runtime_class(rec.runtime_class)
+            except RuntimeClassRefused as exc:
+                log.info("sandbox %s cannot move from %s: %s", rec.key, node, exc)
+                return RETRY_CLASS
+        choice = self.choose(rec, runtime_class, leaving=node)
+        if choice.node is None:
+            if self.waiting.get(rec.key) != choice.message:
+                log.info("sandbox %s cannot move from %s: %s", rec.key, node, choice.message)
+            self.waiting[rec.key] = choice.message  # tried again when room is made
+            return None
+        self.waiting.pop(rec.key, None)
+        if not self.is_leader():
+            return None
+        result = await asyncio.to_thread(
+            self.api.bind, rec.namespace, rec.name, choice.node, str(rec.resource_version)
+        )
+        self.metrics.scheduling_attempts.labels(result=result.outcome).inc()
+        if result.body is not None:
+            self.cache.upsert(result.body)
+        if result.outcome == "bound":
+            log.info("sandbox %s moved from node %s to %s", rec.key, node, choice.node)
+            return None
+        return 0.0 if result.outcome != "gone" else None  # changed meanwhile: decide afresh
 
     async def _bind(self, rec: SandboxRecord, node: str, now: datetime) -> float | None:
         rv = str(rec.resource_version)

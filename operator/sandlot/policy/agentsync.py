@@ -11,10 +11,12 @@ Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
 Running, mode to apply      present                     apply-mode (pause/resume)
-Running, to suspend         present                     suspend (commit, remove)
+Running, to suspend         present                     suspend (commit, remove;
+                                                        on a drained node too)
 Running, suspended          none, node not drained,     restore (start from the
                             mode not Suspended          committed image)
 Running                     present, node drained       stop (Stopped/Drained)
+Running, suspended, pushed  none, node drained          none (the scheduler moves it)
 Running, suspended          none, node drained          end-drained (Stopped/Drained)
 Running, had a container    none, not suspended         end-lost (ContainerLost)
 Dead                        present                     fence (tear down, counted)
@@ -113,6 +115,8 @@ class SandboxState:
     """The Suspended condition is True: its filesystem is committed."""
     suspend_failed: bool = False
     """The runtime refused the last suspend or restore of this spec's generation."""
+    pushed: bool = False
+    """``status.suspendedState`` is set: its committed state is in a registry."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
@@ -127,6 +131,7 @@ class SandboxState:
             mode_failed=failed_at_generation(obj),
             suspended=recorded_suspended(obj),
             suspend_failed=suspend_failed(obj),
+            pushed=bool(status.get("suspendedState")),
         )
 
 
@@ -163,11 +168,15 @@ def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: boo
 
 
 def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | None:
+    step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
+    if drained and step in (SuspendStep.COMMIT, SuspendStep.REMOVE):  # kept, not ended
+        return Action(ActionKind.SUSPEND, sb.key, cid)
     if drained and cid is not None:
         return Action(ActionKind.STOP_DRAINED, sb.key, cid)
-    if drained and sb.suspended:  # its state stays on this node: it cannot move yet
+    if drained and sb.suspended and sb.pushed:  # pushed: the scheduler moves it
+        return None
+    if drained and sb.suspended:  # its state stays on this node: it cannot move
         return Action(ActionKind.END_DRAINED, sb.key)
-    step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
     if step is SuspendStep.NONE:
         return None
     if step in (SuspendStep.COMMIT, SuspendStep.REMOVE):

@@ -142,10 +142,15 @@ def suspension_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | Non
 
 
 def suspended_condition(
-    suspending: bool, node: str, generation: int | None, error: str | None = None
+    suspending: bool,
+    node: str,
+    generation: int | None,
+    error: str | None = None,
+    pushed: str | None = None,
 ) -> Condition:
     """The condition after a suspend (``suspending``) or a restore on ``node``;
-    ``error``: the runtime refused (then the sandbox is as it was)."""
+    ``error``: the runtime refused (then the sandbox is as it was); ``pushed``: what
+    became of the push of a suspend's state (where it went, or why it did not)."""
     if error is not None:
         return Condition(
             type=ConditionType.SUSPENDED,
@@ -159,7 +164,9 @@ def suspended_condition(
         type=ConditionType.SUSPENDED,
         status="True" if suspending else "False",
         reason=SuspendedReason.SUSPENDED if suspending else SuspendedReason.RESTORED,
-        message=f"filesystem committed on node {node}, container removed"
+        message=f"filesystem committed on node {node}"
+        + (f", {pushed}" if pushed else "")
+        + ", container removed"
         if suspending
         else f"running again on node {node} from its committed filesystem",
         observed_generation=generation,

@@ -9,7 +9,7 @@ behind the ``Runtime`` protocol.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from google.protobuf import empty_pb2
 
@@ -22,12 +22,14 @@ from sandlot.adapters.containerd.containers import (
     chain_id,
 )
 from sandlot.adapters.containerd.images import Images
+from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ContainerInfo,
     ContainerSpec,
     ExitStatus,
     ImageConfig,
     ImageRecord,
+    RuntimeTimeout,
     TaskInfo,
 )
 
@@ -104,6 +106,12 @@ class ContainerdRuntime:
         self, source: str, image: str, labels: Mapping[str, str], *, timeout: float
     ) -> str:
         return self._committer.copy(source, image, labels, timeout=timeout)
+
+    def image_manifest(self, image: str, *, timeout: float) -> tuple[bytes, str]:
+        return self._images.stored_manifest(image, Deadline(timeout, expired=RuntimeTimeout))
+
+    def open_blob(self, digest: str, *, timeout: float) -> Iterator[bytes]:
+        return self._conn.open_blob(digest, timeout=timeout, what=f"blob {digest}")
 
     def remove_snapshot(self, key: str, *, timeout: float) -> None:
         self._containers.remove_snapshot(key, timeout=timeout)

@@ -114,6 +114,15 @@ class Images:
         )
         return list(manifest.get("layers") or [])
 
+    def stored_manifest(self, image: str, budget: Deadline) -> tuple[bytes, str]:
+        """The bytes and media type of the manifest (or index) the image's record names."""
+        target = self._target(image, budget)
+        what = f"image {image} manifest"
+        data = self._conn.read_blob(
+            target.digest, timeout=budget.remaining(what), what=what, limit=MAX_MANIFEST_BYTES
+        )
+        return data, str(target.media_type)
+
     def manifest(self, image: str, budget: Deadline) -> dict[str, Any]:
         """The image's manifest for this platform."""
         target = self._target(image, budget)
