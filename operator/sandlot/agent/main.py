@@ -357,6 +357,8 @@ class Agent:
             )
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
+            parts.idle.sessions, self.streams.wake = self.streams.sessions, parts.idle.wake
+        self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
     def _take_output_back(self, parts: AgentParts) -> None:

@@ -269,6 +269,18 @@ class AgentSettings(NetworkSettings, PullSettings):
         description="Streams open at once on this node, whatever the gateways let through "
         "(each caps its own users): past it, a 429 naming the node, not a thread per caller.",
     )
+    idle_interval: PositiveDuration = Field(
+        default=timedelta(seconds=10),
+        description="How often sandboxes with spec.idleTimeoutSeconds are sampled (their "
+        "sessions and CPU) for an idle pause.",
+    )
+    idle_cpu_cores: float = Field(
+        default=0.01,
+        ge=0,
+        le=64,
+        description="CPU (in cores, averaged between two samples) below which a sandbox "
+        "without a stream session counts as idle.",
+    )
     stream_idle_timeout: PositiveDuration = Field(
         default=timedelta(minutes=10),
         description="An exec, log follow, file write or port-forward with no data this long ends.",

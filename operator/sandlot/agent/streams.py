@@ -23,6 +23,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,8 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.policy.operatingmode import stream_refusal
+from sandlot.api.sandbox import OperatingMode
+from sandlot.policy.operatingmode import idle_paused, stream_refusal, wanted_mode
 from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
     CALLER_HEADER,
@@ -102,6 +104,7 @@ class StreamServer:
         self.idle = idle
         self.max_sessions = max_sessions
         self._open: set[int] = set()  # the admitted connections, until their session ends
+        self._in_use: Counter[str] = Counter()  # exec, files, port-forward open per sandbox
         self._open_lock = threading.Lock()
         self._tls = tls
         self.client_names = client_names
@@ -143,6 +146,14 @@ class StreamServer:
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 
     tls_files: ReloadingTls | None = None
+    wake: Callable[[Mapping[str, Any], str], str | None] | None = None
+    """Thaws an idle-paused sandbox before a stream into it (``agent.idle``): None
+    once it runs, else why not."""
+
+    def sessions(self, key: str) -> int:
+        """Exec, files and port-forward sessions open into sandbox ``key``."""
+        with self._open_lock:
+            return self._in_use[key]
 
     def refresh_tls(self) -> None:
         """Take rotated certificate files into use (new connections get them)."""
@@ -203,6 +214,10 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
+            if idle_paused(sandbox) and wanted_mode(sandbox) is OperatingMode.RUNNING:
+                # paused by its agent for being idle: use resumes it (a pause the spec
+                # asks for is refused below, naming spec.operatingMode)
+                return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
             if frozen is not None:  # a frozen task would hang the stream until its deadline
                 return 409, f"{frozen}\n"
@@ -214,6 +229,12 @@ class StreamServer:
             return 404, f"sandbox {key} has no log on node {self.node} (phase {phase})\n"
         return None
 
+    def _woken(self, sandbox: Mapping[str, Any], kind: str) -> tuple[int, str] | None:
+        why = self.wake(sandbox, kind) if self.wake is not None else "no resumer on this node"
+        if why is not None:
+            return 409, f"{why}\n"
+        return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
+
     def _log_path(self, sandbox: Mapping[str, Any]) -> Path | None:
         meta = sandbox.get("metadata") or {}
         if self.log_dir is None:
@@ -223,10 +244,25 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
+        request = connection.request
+        asked = (
+            parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
+            if request is not None
+            else None
+        )
+        key = f"{asked.namespace}/{asked.name}" if asked and asked.kind != LOG else None
+        if key is not None:  # a session in use keeps its sandbox from an idle pause
+            with self._open_lock:
+                self._in_use[key] += 1
         try:
             self._serve(connection)
         finally:
             self._close(connection)
+            if key is not None:
+                with self._open_lock:
+                    self._in_use[key] -= 1
+                    if self._in_use[key] <= 0:
+                        del self._in_use[key]
 
     def _serve(self, connection: ServerConnection) -> None:
         request = connection.request

@@ -101,6 +101,9 @@ class PausedReason(StrEnum):
     RESUMED = "Resumed"
     PAUSE_FAILED = "PauseFailed"
     RESUME_FAILED = "ResumeFailed"
+    IDLE = "Idle"
+    """Frozen by its agent after ``spec.idleTimeout`` without use (the spec still
+    asks for Running): the next exec, files call or port-forward resumes it."""
 
 
 class SuspendedReason(StrEnum):
@@ -136,7 +139,8 @@ class NodeReason(StrEnum):
 
 
 class EventReason(StrEnum):
-    """The ``reason`` of the Events the operator posts."""
+    """The ``reason`` of the Events the operator (and, for a sandbox's idle pause,
+    its node's agent) posts."""
 
     NODE_NOT_READY = "NodeNotReady"
     NODE_RECOVERED = "NodeRecovered"
@@ -149,6 +153,8 @@ class EventReason(StrEnum):
     REPLICAS_CAPPED = "ReplicasCapped"
     BACK_OFF = "BackOff"
     SERVICE_TAKEN = "ServiceTaken"
+    IDLE_PAUSED = "IdlePaused"
+    RESUMED_ON_USE = "ResumedOnUse"
 
 
 class ExecReason(StrEnum):

@@ -378,6 +378,16 @@ class SandboxSpec(Model):
         "phase Running on its node with its claim; exec, files and port-forward are "
         "refused (409) until it runs again.",
     )
+    idle_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds without use after which the node's agent pauses the sandbox "
+        "on its own (off when unset): no exec, files or port-forward session open and its "
+        "CPU below the agent's idle threshold for that long. The spec keeps asking for "
+        "Running; the `Paused` condition says True with reason `Idle`, and the next exec, "
+        "files call or port-forward resumes it before it is served. Each transition is an "
+        "Event (`IdlePaused`, `ResumedOnUse`).",
+    )
 
 
 class SandboxStatus(Model):

@@ -11,6 +11,7 @@ Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
 Running, mode to apply      present                     apply-mode (pause/resume)
+Running, idle-paused        present                     none (use resumes it)
 Running, to suspend         present                     suspend (commit, remove)
 Running, suspended          none, node not drained,     restore (start from the
                             mode not Suspended          committed image)
@@ -54,6 +55,7 @@ from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.capacity import over_capacity
 from sandlot.policy.operatingmode import (
     failed_at_generation,
+    idle_paused,
     mode_pending,
     recorded_paused,
     wanted_mode,
@@ -109,6 +111,8 @@ class SandboxState:
     """The Paused condition is True."""
     mode_failed: bool = False
     """The runtime refused the last pause or resume of this spec's generation."""
+    idle_paused: bool = False
+    """Its agent froze it for being idle (the spec still asks for Running)."""
     suspended: bool = False
     """The Suspended condition is True: its filesystem is committed."""
     suspend_failed: bool = False
@@ -125,6 +129,7 @@ class SandboxState:
             mode=wanted_mode(obj),
             paused=recorded_paused(obj),
             mode_failed=failed_at_generation(obj),
+            idle_paused=idle_paused(obj),
             suspended=recorded_suspended(obj),
             suspend_failed=suspend_failed(obj),
         )
@@ -176,7 +181,7 @@ def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | N
         return None if drained else Action(ActionKind.RESTORE, sb.key, cid)
     if cid is None:
         return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
-    if mode_pending(sb.mode, sb.paused, sb.mode_failed):
+    if mode_pending(sb.mode, sb.paused, sb.mode_failed, sb.idle_paused):
         return Action(ActionKind.APPLY_MODE, sb.key, cid)
     return None
 
