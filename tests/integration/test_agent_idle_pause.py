@@ -26,6 +26,7 @@ from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
 from sandlot.adapters.runtime import TaskState
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import free_port
@@ -96,6 +97,14 @@ def idle_sandbox(kube: client.ApiClient, agent: Agent, namespace: str, name: str
     return str(sandbox["status"]["containerId"])
 
 
+def hold_still(kube: client.ApiClient, namespace: str, name: str) -> None:
+    """A long timeout from now on: once resumed, it is not paused again under the
+    checks (an idle pause is resumed whatever the timeout says)."""
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name, {"spec": {"idleTimeoutSeconds": 3600}}
+    )
+
+
 def condition_is(
     kube: client.ApiClient, namespace: str, name: str, status: str, reason: str, timeout: float
 ) -> dict[str, Any]:
@@ -138,6 +147,7 @@ def test_an_idle_sandbox_is_paused_after_its_timeout_and_an_exec_resumes_it_and_
         timeout=10,
         what="an IdlePaused Event about the sandbox",
     )
+    hold_still(kube, tenant, "dozer")
     wait_for(  # the stream server decides from the agent's watch
         lambda: paused_condition(agent.sandbox_watch.get(f"{tenant}/dozer")) is not None,
         timeout=10,
@@ -211,3 +221,25 @@ def test_an_open_exec_session_keeps_a_quiet_sandbox_from_pausing_until_it_ends(
     condition_is(kube, tenant, "reader", "True", "Idle", timeout=IDLE_TIMEOUT + 20)
     assert frozen(agent, cid)
     delete_sandbox(kube, tenant, "reader")
+
+
+def test_a_claim_binding_an_idle_paused_pool_member_resumes_it(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str]
+) -> None:
+    _, tenant = places
+    api = client.CustomObjectsApi(kube)
+    cid = idle_sandbox(kube, agent, tenant, "spare")
+    # As a pool's member carries its pool's label, and a claim's bind swaps it.
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, tenant, "sandboxes", "spare", {"metadata": {"labels": {POOL_LABEL: "p"}}}
+    )
+    condition_is(kube, tenant, "spare", "True", "Idle", timeout=IDLE_TIMEOUT + 20)
+    assert frozen(agent, cid)
+    hold_still(kube, tenant, "spare")
+    bind = {"metadata": {"labels": {POOL_LABEL: None, CLAIM_LABEL: "someone"}}}
+    api.patch_namespaced_custom_object(GROUP, VERSION, tenant, "sandboxes", "spare", bind)
+    resumed = condition_is(kube, tenant, "spare", "False", "Resumed", timeout=15)
+    c = paused_condition(resumed)
+    assert c is not None and "claim" in c["message"]
+    assert not frozen(agent, cid)
+    delete_sandbox(kube, tenant, "spare")

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL, SANDBOX_LABEL
 from sandlot.api.sandbox import OperatingMode
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import ActionKind, SandboxState, plan_sync
@@ -15,12 +15,15 @@ from sandlot.policy.idle import (
     IdleSample,
     IdleStep,
     IdleTrack,
+    claim_wakes,
     idle_condition,
     idle_timeout,
     observe,
+    unclaimed_member,
     wake_condition,
 )
 from sandlot.policy.operatingmode import idle_paused, mode_pending, stream_refusal
+from sandlot.policy.readiness import probe_target
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 TIMEOUT = timedelta(seconds=60)
@@ -160,3 +163,47 @@ def test_idle_and_wake_conditions_say_the_reason_and_the_way_back() -> None:
 def test_a_pause_the_spec_asks_for_is_still_refused_naming_the_field() -> None:
     refusal = stream_refusal(sandbox(mode="Paused", paused=("True", "Idle")), "exec")
     assert refusal is not None and "spec.operatingMode" in refusal
+
+
+def labelled(labels: dict[str, str], paused: tuple[str, str] | None = ("True", "Idle")) -> Any:
+    obj = sandbox(paused=paused)
+    obj["metadata"]["labels"] = labels
+    return obj
+
+
+CLAIMS = [
+    ("claimed-after-an-unclaimed-pause", labelled({CLAIM_LABEL: "c"}), True, True),
+    ("paused-after-its-claim-waits-for-use", labelled({CLAIM_LABEL: "c"}), False, False),
+    ("still-unclaimed", labelled({POOL_LABEL: "p"}), True, False),
+    (
+        "claimed-but-resumed-already",
+        labelled({CLAIM_LABEL: "c"}, ("False", "Resumed")),
+        True,
+        False,
+    ),
+    (
+        "claimed-but-paused-by-its-spec",
+        labelled({CLAIM_LABEL: "c"}, ("True", "Paused")),
+        True,
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "paused_unclaimed", "wakes"), [c[1:] for c in CLAIMS], ids=[c[0] for c in CLAIMS]
+)
+def test_a_claim_resumes_only_a_member_idle_paused_before_it_was_claimed(
+    obj: dict[str, Any], paused_unclaimed: bool, wakes: bool
+) -> None:
+    assert claim_wakes(obj, paused_unclaimed) is wakes
+
+
+def test_an_unclaimed_member_carries_its_pools_label() -> None:
+    assert unclaimed_member(labelled({POOL_LABEL: "p"}))
+    assert not unclaimed_member(labelled({CLAIM_LABEL: "c"}))
+
+
+def test_an_idle_paused_sandbox_is_not_probed() -> None:
+    assert probe_target(sandbox(), "c1", None) is not None
+    assert probe_target(sandbox(paused=("True", "Idle")), "c1", None) is None

@@ -31,13 +31,15 @@ from sandlot.policy.idle import (
     IdleSample,
     IdleStep,
     IdleTrack,
+    claim_wakes,
     idle_condition,
     idle_timeout,
     observe,
+    unclaimed_member,
     wake_condition,
 )
 from sandlot.policy.ocispec import cgroups_path_for
-from sandlot.policy.operatingmode import FROZEN
+from sandlot.policy.operatingmode import FROZEN, idle_paused
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +91,20 @@ class IdlePauses:
         self.rt = rt
         self.sessions: Callable[[str], int] = lambda _key: 0
         self._tracks: dict[str, IdleTrack] = {}
+        # Idle-paused while unclaimed pool members: a claim binding one resumes it.
+        # Memory only: after a restart, one seen with its pool's label again counts.
+        self._unclaimed: set[str] = set()
         self._lock = threading.Lock()
 
     def pass_once(self) -> None:
         """Sample each sandbox with an idle timeout; pause those quiet for it."""
         seen: set[str] = set()
+        present: set[str] = set()
         for sb in self.sandboxes():
+            present.add(sandbox_key(sb))
+            if idle_paused(sb):
+                self._claimed(sb)
+                continue
             timeout = idle_timeout(sb)
             container = (sb.get("status") or {}).get("containerId")
             if timeout is None or not container:
@@ -116,6 +126,8 @@ class IdlePauses:
                 self._tracks[key] = track
                 paused = step is IdleStep.PAUSE and self._pause(key, container)
             if paused:
+                if unclaimed_member(sb):
+                    self._unclaimed.add(key)
                 self._say(sb, idle_condition(self.node, timeout, _generation(sb)))
                 self.metrics.idle_pauses.inc()
                 self._event(
@@ -126,7 +138,17 @@ class IdlePauses:
         with self._lock:
             for gone in set(self._tracks) - seen:
                 del self._tracks[gone]
+            self._unclaimed &= present
         self.metrics.idle_passes.inc()
+
+    def _claimed(self, sb: Mapping[str, Any]) -> None:
+        """Resume an idle-paused member a claim has bound since its pause."""
+        key = sandbox_key(sb)
+        if unclaimed_member(sb):
+            self._unclaimed.add(key)
+        elif claim_wakes(sb, key in self._unclaimed):
+            self._unclaimed.discard(key)
+            self.wake(sb, "claim")
 
     def _pause(self, key: str, container: str) -> bool:
         """Freeze ``container`` if it is running; its quiet clock starts again."""

@@ -12,6 +12,7 @@ its sandboxes' status, and a spec the user owns is not rewritten under them.
 ``policy.operatingmode`` therefore treats an idle pause as settled for a
 Running spec (the sync does not thaw it), and the stream server resumes it
 before serving the next exec, files call or port-forward (``wake_condition``).
+A claim binding an idle-paused pool member resumes it too (``claim_wakes``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from enum import StrEnum
 from typing import Any
 
 from sandlot.api.common import Condition
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.reasons import ConditionType, PausedReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.operatingmode import idle_paused, recorded_paused, wanted_mode
@@ -67,6 +69,20 @@ def idle_timeout(obj: Mapping[str, Any]) -> timedelta | None:
     if recorded_suspended(obj):
         return None
     return timedelta(seconds=int(seconds))
+
+
+def unclaimed_member(obj: Mapping[str, Any]) -> bool:
+    """A pool's member no claim has taken yet (a bind moves it from the pool's
+    label to the claim's)."""
+    return POOL_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
+
+
+def claim_wakes(obj: Mapping[str, Any], paused_unclaimed: bool) -> bool:
+    """Whether a claim binding an idle-paused member resumes it now: it was paused
+    as an unclaimed member (``paused_unclaimed``, the agent's memory) and a claim
+    holds it since. A sandbox idle-paused after its claim waits for use instead."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return paused_unclaimed and idle_paused(obj) and CLAIM_LABEL in labels
 
 
 def _busy(last: IdleSample, sample: IdleSample, threshold_cores: float) -> bool:
@@ -122,9 +138,11 @@ __all__ = [
     "IdleSample",
     "IdleStep",
     "IdleTrack",
+    "claim_wakes",
     "idle_condition",
     "idle_paused",
     "idle_timeout",
     "observe",
+    "unclaimed_member",
     "wake_condition",
 ]
