@@ -361,6 +361,8 @@ def _with_paused(status: str | None, reason: str = "Paused", observed: int = 2) 
         (_with_paused("False", "Resumed"), M.RUNNING, "applied"),
         (_with_paused("False", "PauseFailed"), M.PAUSED, "why"),
         (_with_paused("False", "PauseFailed", observed=1), M.PAUSED, None),
+        (_with_paused("True", "Idle"), M.RUNNING, "applied"),
+        (_with_paused("True", "Idle"), M.PAUSED, "applied"),
     ],
     ids=[
         "never-paused-pause-waits",
@@ -370,6 +372,8 @@ def _with_paused(status: str | None, reason: str = "Paused", observed: int = 2) 
         "resumed-applied",
         "refused-for-this-spec",
         "refused-for-an-older-spec-waits",
+        "idle-paused-is-running-as-asked",
+        "idle-paused-is-frozen-as-asked",
     ],
 )
 def test_mode_outcome_tells_a_waiter_applied_refused_or_not_yet(

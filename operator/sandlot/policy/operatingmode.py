@@ -109,13 +109,16 @@ def mode_pending(mode: OperatingMode, paused: bool, failed: bool, idle: bool = F
 def mode_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | None:
     """Whether the sandbox's agent has applied ``mode``, as a waiter sees it: None
     not yet; ``"applied"`` the ``Paused`` condition records it (a sandbox never
-    paused is running already); else the message of the runtime's refusal for this
+    paused is running already; one idle-paused counts as Running, its next use
+    thaws it); else the message of the runtime's refusal for this
     very spec."""
     if mode is OperatingMode.SUSPENDED or recorded_suspended(obj):
         return suspension_outcome(obj, mode)
     condition = _paused_condition(obj)
     if failed_at_generation(obj) and condition is not None:
         return str(condition.get("message") or condition.get("reason"))
+    if mode is OperatingMode.RUNNING and idle_paused(obj):
+        return "applied"  # Running as asked: its next exec, files call or port-forward thaws it
     return "applied" if recorded_paused(obj) == (mode is OperatingMode.PAUSED) else None
 
 
