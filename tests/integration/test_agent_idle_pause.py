@@ -6,6 +6,10 @@ agent after that long (the cgroup freezer says so) with the spec still Running,
 its ``Paused`` condition ``Idle`` and an Event; an exec then resumes it and runs.
 An exec session held open keeps a quiet sandbox from pausing until it ends. The
 rig is ``tests/support/streams.py``'s; only the agent here is its own.
+
+With ``paused_streams: Resume`` a sandbox paused by its spec is thawed for an
+exec and frozen again once the exec ends (the default, Refuse, is
+``test_agent_pause``'s).
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ def agent(
     gateway: GatewayParts,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Agent]:
-    """The stream rig's agent, sampling idleness every 0.3 s."""
+    """The stream rig's agent, sampling idleness every 0.3 s, thawing a sandbox
+    paused by its spec for a stream (``paused_streams: Resume``)."""
     system, _ = places
     workdir = tmp_path_factory.mktemp("idle-pause")
     ctr_ns = f"idlepause-{uuid.uuid4().hex[:8]}"
@@ -77,6 +82,7 @@ def agent(
         stream_tls_key=str(stream_certs.agent.key),
         stream_client_ca=str(stream_certs.ca.cert),
         idle_interval="0.3s",
+        paused_streams="Resume",
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:
@@ -243,3 +249,44 @@ def test_a_claim_binding_an_idle_paused_pool_member_resumes_it(
     assert c is not None and "claim" in c["message"]
     assert not frozen(agent, cid)
     delete_sandbox(kube, tenant, "spare")
+
+
+def test_with_paused_streams_resume_an_exec_thaws_a_paused_sandbox_until_it_ends(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    _, tenant = places
+    sandbox = running_sandbox(kube, agent, tenant, "napper", "sleep 100000")
+    cid = sandbox["status"]["containerId"]
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, tenant, "sandboxes", "napper", {"spec": {"operatingMode": "Paused"}}
+    )
+    condition_is(kube, tenant, "napper", "True", "Paused", timeout=15)
+    assert frozen(agent, cid)
+    wait_for(
+        lambda: paused_condition(agent.sandbox_watch.get(f"{tenant}/napper")) is not None,
+        timeout=10,
+        what="the agent's watch to see the pause",
+    )
+    done = sandlot(
+        "exec",
+        "napper",
+        "-n",
+        tenant,
+        "--",
+        "sh",
+        "-c",
+        "sleep 1; echo thawed",
+        kubeconfig=users["operator-person"],
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "thawed"), done.stderr
+    events = event_reasons(kube, tenant, "napper")
+    wait_for(
+        lambda: "ResumedOnUse" in event_reasons(kube, tenant, "napper"),
+        timeout=10,
+        what=f"a ResumedOnUse Event about the sandbox (seen: {events})",
+    )
+    # Its streams ended: the spec's pause holds again.
+    again = condition_is(kube, tenant, "napper", "True", "Paused", timeout=15)
+    assert again["spec"]["operatingMode"] == "Paused"
+    assert frozen(agent, cid)
+    delete_sandbox(kube, tenant, "napper")

@@ -207,3 +207,19 @@ def test_an_unclaimed_member_carries_its_pools_label() -> None:
 def test_an_idle_paused_sandbox_is_not_probed() -> None:
     assert probe_target(sandbox(), "c1", None) is not None
     assert probe_target(sandbox(paused=("True", "Idle")), "c1", None) is None
+
+
+def test_a_pause_the_spec_asks_for_waits_while_a_stream_is_open() -> None:
+    obj = sandbox(mode="Paused", paused=("False", "ResumedForUse"))
+    state = SandboxState.from_object(obj)
+    container = ContainerView(id="c1", labels={SANDBOX_LABEL: "ns/sb"})
+    in_use = plan_sync([state], [container], drained=False, in_flight=(), in_use={"ns/sb"})
+    assert in_use == []
+    ended = plan_sync([state], [container], drained=False, in_flight=())
+    assert [a.kind for a in ended] == [ActionKind.APPLY_MODE]
+
+
+def test_a_thaw_for_use_under_a_paused_spec_says_it_is_frozen_again_after() -> None:
+    c = wake_condition("node-a", "exec", 4, spec_paused=True)
+    assert (c.status, c.reason) == ("False", "ResumedForUse")
+    assert "spec.operatingMode" in c.message and "streams end" in c.message

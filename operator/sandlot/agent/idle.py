@@ -25,7 +25,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.reasons import EventReason
-from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import (
     IdleSample,
@@ -39,7 +39,7 @@ from sandlot.policy.idle import (
     wake_condition,
 )
 from sandlot.policy.ocispec import cgroups_path_for
-from sandlot.policy.operatingmode import FROZEN, idle_paused
+from sandlot.policy.operatingmode import FROZEN, idle_paused, wanted_mode
 
 log = logging.getLogger(__name__)
 
@@ -165,8 +165,9 @@ class IdlePauses:
         return True
 
     def wake(self, sb: Mapping[str, Any], kind: str) -> str | None:
-        """Thaw an idle-paused sandbox before a ``kind`` stream is served; None when
-        it runs, else why not (the stream is refused with it)."""
+        """Thaw a paused sandbox before a ``kind`` stream is served (idle-paused, or
+        paused by its spec when the agent resumes those for use); None when it
+        runs, else why not (the stream is refused with it)."""
         key = sandbox_key(sb)
         container = (sb.get("status") or {}).get("containerId")
         rt = self.rt
@@ -182,13 +183,15 @@ class IdlePauses:
                     rt.resume_task(container, timeout=self.call_timeout)
             except RuntimeError_ as exc:
                 log.warning("sandbox %s: resume for %s failed: %s", key, kind, exc)
-                return f"sandbox {key} is paused for being idle and did not resume: {exc}"
+                return f"sandbox {key} is paused and did not resume for {kind}: {exc}"
             self._tracks.pop(key, None)  # its quiet clock starts on the next sample
-        self._say(sb, wake_condition(self.node, kind, _generation(sb)))
+        spec_paused = wanted_mode(sb) is OperatingMode.PAUSED
+        self._say(sb, wake_condition(self.node, kind, _generation(sb), spec_paused))
         if thawed:
             log.info("sandbox %s: resumed for %s", key, kind)
             self.metrics.idle_resumes.inc()
-            self._event(sb, EventReason.RESUMED_ON_USE, f"resumed for {kind} after an idle pause")
+            why = "while spec.operatingMode is Paused" if spec_paused else "after an idle pause"
+            self._event(sb, EventReason.RESUMED_ON_USE, f"resumed for {kind} {why}")
         return None
 
     def _say(self, sb: Mapping[str, Any], condition: Condition) -> None:

@@ -12,6 +12,7 @@ wedged shim holds one slot, never the node).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -280,6 +281,13 @@ class AgentSettings(NetworkSettings, PullSettings):
         le=64,
         description="CPU (in cores, averaged between two samples) below which a sandbox "
         "without a stream session counts as idle.",
+    )
+    paused_streams: Literal["Refuse", "Resume"] = Field(
+        default="Refuse",
+        description="An exec, files call or port-forward into a sandbox whose "
+        "spec.operatingMode is Paused: Refuse (409 naming spec.operatingMode) or Resume "
+        "(thawed for the stream, frozen again when its streams end). A sandbox paused for "
+        "being idle is always resumed.",
     )
     stream_idle_timeout: PositiveDuration = Field(
         default=timedelta(minutes=10),

@@ -23,7 +23,6 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +59,7 @@ from sandlot.policy.streams import (
     exit_status,
     parse_agent_request,
 )
+from sandlot.policy.suspension import recorded_suspended
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,17 @@ class StreamServer:
         self.file_limit = file_limit
         self.idle = idle
         self.max_sessions = max_sessions
-        self._open: set[int] = set()  # the admitted connections, until their session ends
-        self._in_use: Counter[str] = Counter()  # exec, files, port-forward open per sandbox
+        # The admitted connections, until their session ends: the sandbox each uses
+        # (None: a log, which needs no running task).
+        self._open: dict[int, str | None] = {}
         self._open_lock = threading.Lock()
+        # Thaws a paused sandbox before a stream into it (``agent.idle``): None once
+        # it runs, else why not. Set once containerd answers.
+        self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
+        # A pause the spec asks for is thawed for a stream too (``paused_streams``).
+        self.paused_resume = False
+        # Called when a stream into a sandbox ends (the sync may freeze it again).
+        self.ended: Callable[[], None] = lambda: None
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -146,14 +154,16 @@ class StreamServer:
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 
     tls_files: ReloadingTls | None = None
-    wake: Callable[[Mapping[str, Any], str], str | None] | None = None
-    """Thaws an idle-paused sandbox before a stream into it (``agent.idle``): None
-    once it runs, else why not."""
 
     def sessions(self, key: str) -> int:
         """Exec, files and port-forward sessions open into sandbox ``key``."""
         with self._open_lock:
-            return self._in_use[key]
+            return sum(1 for used in self._open.values() if used == key)
+
+    def in_use(self) -> frozenset[str]:
+        """The sandboxes with an exec, files or port-forward session open."""
+        with self._open_lock:
+            return frozenset(used for used in self._open.values() if used)
 
     def refresh_tls(self) -> None:
         """Take rotated certificate files into use (new connections get them)."""
@@ -179,16 +189,20 @@ class StreamServer:
             )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
-        refusal = self._sandbox_refusal(asked)
-        if refusal is not None:
-            return connection.respond(*refusal)
+        # Counted before the sandbox is judged (and maybe thawed): no pass freezes it
+        # between the thaw and the session.
+        used = None if asked.kind == LOG else f"{asked.namespace}/{asked.name}"
         with self._open_lock:
             if len(self._open) >= self.max_sessions:
                 log.warning("stream refused: %d streams open on this node", len(self._open))
                 return connection.respond(
                     429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
                 )
-            self._open.add(id(connection))
+            self._open[id(connection)] = used
+        refusal = self._sandbox_refusal(asked)
+        if refusal is not None:
+            self._close(connection)
+            return connection.respond(*refusal)
         caller = request.headers.get(CALLER_HEADER, "?")
         log.info(
             "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
@@ -201,7 +215,9 @@ class StreamServer:
 
     def _close(self, connection: ServerConnection) -> None:
         with self._open_lock:
-            self._open.discard(id(connection))
+            used = self._open.pop(id(connection), None)
+        if used is not None:
+            self.ended()
 
     def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
         key = f"{asked.namespace}/{asked.name}"
@@ -214,9 +230,7 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
-            if idle_paused(sandbox) and wanted_mode(sandbox) is OperatingMode.RUNNING:
-                # paused by its agent for being idle: use resumes it (a pause the spec
-                # asks for is refused below, naming spec.operatingMode)
+            if _thawed_for_use(sandbox, self.paused_resume):
                 return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
             if frozen is not None:  # a frozen task would hang the stream until its deadline
@@ -244,25 +258,10 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
-        request = connection.request
-        asked = (
-            parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
-            if request is not None
-            else None
-        )
-        key = f"{asked.namespace}/{asked.name}" if asked and asked.kind != LOG else None
-        if key is not None:  # a session in use keeps its sandbox from an idle pause
-            with self._open_lock:
-                self._in_use[key] += 1
         try:
             self._serve(connection)
         finally:
             self._close(connection)
-            if key is not None:
-                with self._open_lock:
-                    self._in_use[key] -= 1
-                    if self._in_use[key] <= 0:
-                        del self._in_use[key]
 
     def _serve(self, connection: ServerConnection) -> None:
         request = connection.request
@@ -402,6 +401,16 @@ class StreamServer:
             log.debug("log stream of %s ended: %s", key, e)
         finally:
             connection.close()
+
+
+def _thawed_for_use(sandbox: Mapping[str, Any], paused_resume: bool) -> bool:
+    """Whether a stream thaws this sandbox before it is served: its agent paused it
+    for being idle, or (``paused_resume``) its spec asks for Paused and it is not
+    suspended; else a pause is refused, naming spec.operatingMode."""
+    mode = wanted_mode(sandbox)
+    if mode is OperatingMode.RUNNING:
+        return idle_paused(sandbox)
+    return paused_resume and mode is OperatingMode.PAUSED and not recorded_suspended(sandbox)
 
 
 def start_streams(

@@ -104,6 +104,9 @@ class PausedReason(StrEnum):
     IDLE = "Idle"
     """Frozen by its agent after ``spec.idleTimeout`` without use (the spec still
     asks for Running): the next exec, files call or port-forward resumes it."""
+    RESUMED_FOR_USE = "ResumedForUse"
+    """Thawed for a stream while the spec asks for Paused (the agent's
+    ``paused_streams`` is Resume); the sync freezes it again when its streams end."""
 
 
 class SuspendedReason(StrEnum):

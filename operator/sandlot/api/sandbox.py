@@ -375,8 +375,9 @@ class SandboxSpec(Model):
         "capacity); `Running` again starts a new container from that image on the same "
         "node, with the files written before (not the processes or memory; the address "
         "may change); its `Suspended` condition says so. Either way the sandbox stays "
-        "phase Running on its node with its claim; exec, files and port-forward are "
-        "refused (409) until it runs again.",
+        "phase Running on its node with its claim. Exec, files and port-forward are "
+        "refused (409) while it is Suspended, and while it is Paused unless the node's "
+        "agent is set to thaw a paused sandbox for them (paused_streams: Resume).",
     )
     idle_timeout_seconds: int | None = Field(
         default=None,

@@ -124,7 +124,22 @@ def idle_condition(node: str, timeout: timedelta, generation: int | None) -> Con
     )
 
 
-def wake_condition(node: str, kind: str, generation: int | None) -> Condition:
+def wake_condition(
+    node: str, kind: str, generation: int | None, spec_paused: bool = False
+) -> Condition:
+    """The ``Paused`` condition once a ``kind`` stream thawed it: after an idle pause,
+    or (``spec_paused``) while the spec asks for Paused and the agent is set to
+    thaw such sandboxes for use: the sync freezes it again once its streams end."""
+    if spec_paused:
+        return Condition(
+            type=ConditionType.PAUSED,
+            status="False",
+            reason=PausedReason.RESUMED_FOR_USE,
+            message=f"processes running on node {node} for {kind} while spec.operatingMode "
+            "is Paused (the agent's paused_streams is Resume); frozen again when its "
+            "streams end",
+            observed_generation=generation,
+        )
     return Condition(
         type=ConditionType.PAUSED,
         status="False",
