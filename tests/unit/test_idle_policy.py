@@ -19,6 +19,7 @@ from sandlot.policy.idle import (
     idle_condition,
     idle_timeout,
     observe,
+    thaws_for_stream,
     unclaimed_member,
     wake_condition,
 )
@@ -223,3 +224,27 @@ def test_a_thaw_for_use_under_a_paused_spec_says_it_is_frozen_again_after() -> N
     c = wake_condition("node-a", "exec", 4, spec_paused=True)
     assert (c.status, c.reason) == ("False", "ResumedForUse")
     assert "spec.operatingMode" in c.message and "streams end" in c.message
+
+
+THAWS = [
+    ("idle-paused-always", sandbox(paused=("True", "Idle")), False, True),
+    ("running-nothing-to-thaw", sandbox(), True, False),
+    (
+        "spec-paused-refused-by-default",
+        sandbox(mode="Paused", paused=("True", "Paused")),
+        False,
+        False,
+    ),
+    ("spec-paused-thawed-when-set", sandbox(mode="Paused", paused=("True", "Paused")), True, True),
+    ("suspended-never", sandbox(mode="Paused", suspended=True), True, False),
+    ("spec-suspended-never", sandbox(mode="Suspended"), True, False),
+]
+
+
+@pytest.mark.parametrize(
+    ("obj", "paused_resume", "thaws"), [c[1:] for c in THAWS], ids=[c[0] for c in THAWS]
+)
+def test_a_stream_thaws_an_idle_pause_always_and_a_spec_pause_only_when_set(
+    obj: dict[str, Any], paused_resume: bool, thaws: bool
+) -> None:
+    assert thaws_for_stream(obj, paused_resume) is thaws

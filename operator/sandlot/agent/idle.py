@@ -16,12 +16,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskState
 from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.reasons import EventReason
@@ -40,6 +41,10 @@ from sandlot.policy.idle import (
 )
 from sandlot.policy.ocispec import cgroups_path_for
 from sandlot.policy.operatingmode import FROZEN, idle_paused, wanted_mode
+
+if TYPE_CHECKING:
+    from sandlot.agent.streams import StreamServer
+    from sandlot.agent.sync import SandboxSync
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +100,20 @@ class IdlePauses:
         # Memory only: after a restart, one seen with its pool's label again counts.
         self._unclaimed: set[str] = set()
         self._lock = threading.Lock()
+
+    def serve(
+        self,
+        streams: StreamServer,
+        sync: SandboxSync,
+        wake_sync: Callable[[], None],
+        settings: AgentSettings,
+    ) -> None:
+        """Wire the stream server in: its sessions hold off pauses (idle ones here,
+        the spec's in the sync), it thaws through ``wake``, and the end of a stream
+        wakes the sync (a spec's pause held for it is due)."""
+        self.sessions, streams.wake = streams.sessions, self.wake
+        sync.in_use, streams.ended = streams.in_use, wake_sync
+        streams.paused_resume = settings.paused_streams == "Resume"
 
     def pass_once(self) -> None:
         """Sample each sandbox with an idle timeout; pause those quiet for it."""

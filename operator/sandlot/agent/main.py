@@ -357,9 +357,7 @@ class Agent:
             )
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
-            parts.idle.sessions, self.streams.wake = self.streams.sessions, parts.idle.wake
-            parts.sync.in_use, self.streams.ended = self.streams.in_use, self._sync_wake.set
-            self.streams.paused_resume = settings.paused_streams == "Resume"
+            parts.idle.serve(self.streams, parts.sync, self._sync_wake.set, settings)
         self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 

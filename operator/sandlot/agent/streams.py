@@ -40,8 +40,8 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.api.sandbox import OperatingMode
-from sandlot.policy.operatingmode import idle_paused, stream_refusal, wanted_mode
+from sandlot.policy.idle import thaws_for_stream
+from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
     CALLER_HEADER,
@@ -59,7 +59,6 @@ from sandlot.policy.streams import (
     exit_status,
     parse_agent_request,
 )
-from sandlot.policy.suspension import recorded_suspended
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +106,7 @@ class StreamServer:
         # (None: a log, which needs no running task).
         self._open: dict[int, str | None] = {}
         self._open_lock = threading.Lock()
-        # Thaws a paused sandbox before a stream into it (``agent.idle``): None once
-        # it runs, else why not. Set once containerd answers.
+        # Thaws a paused sandbox for a stream (``agent.idle``): None once it runs, else why not.
         self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
         # A pause the spec asks for is thawed for a stream too (``paused_streams``).
         self.paused_resume = False
@@ -230,7 +228,7 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
-            if _thawed_for_use(sandbox, self.paused_resume):
+            if thaws_for_stream(sandbox, self.paused_resume):
                 return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
             if frozen is not None:  # a frozen task would hang the stream until its deadline
@@ -401,16 +399,6 @@ class StreamServer:
             log.debug("log stream of %s ended: %s", key, e)
         finally:
             connection.close()
-
-
-def _thawed_for_use(sandbox: Mapping[str, Any], paused_resume: bool) -> bool:
-    """Whether a stream thaws this sandbox before it is served: its agent paused it
-    for being idle, or (``paused_resume``) its spec asks for Paused and it is not
-    suspended; else a pause is refused, naming spec.operatingMode."""
-    mode = wanted_mode(sandbox)
-    if mode is OperatingMode.RUNNING:
-        return idle_paused(sandbox)
-    return paused_resume and mode is OperatingMode.PAUSED and not recorded_suspended(sandbox)
 
 
 def start_streams(

@@ -85,6 +85,17 @@ def claim_wakes(obj: Mapping[str, Any], paused_unclaimed: bool) -> bool:
     return paused_unclaimed and idle_paused(obj) and CLAIM_LABEL in labels
 
 
+def thaws_for_stream(obj: Mapping[str, Any], paused_resume: bool) -> bool:
+    """Whether an exec, files call or port-forward thaws this sandbox before it is
+    served: its agent paused it for being idle, or (``paused_resume``, the agent's
+    ``paused_streams: Resume``) its spec asks for Paused and it is not suspended.
+    Otherwise a pause is refused naming spec.operatingMode (``stream_refusal``)."""
+    mode = wanted_mode(obj)
+    if mode is OperatingMode.RUNNING:
+        return idle_paused(obj)
+    return paused_resume and mode is OperatingMode.PAUSED and not recorded_suspended(obj)
+
+
 def _busy(last: IdleSample, sample: IdleSample, threshold_cores: float) -> bool:
     if sample.sessions > 0 or sample.cpu_ns is None or last.cpu_ns is None:
         return True
@@ -158,6 +169,7 @@ __all__ = [
     "idle_paused",
     "idle_timeout",
     "observe",
+    "thaws_for_stream",
     "unclaimed_member",
     "wake_condition",
 ]
