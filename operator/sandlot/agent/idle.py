@@ -113,6 +113,7 @@ class IdlePauses:
         wakes the sync (a spec's pause held for it is due)."""
         self.sessions, streams.wake = streams.sessions, self.wake
         sync.in_use, streams.ended = streams.in_use, wake_sync
+        sync.modes.in_use, sync.modes.thaws = streams.in_use, self._lock
         streams.paused_resume = settings.paused_streams == "Resume"
 
     def pass_once(self) -> None:
