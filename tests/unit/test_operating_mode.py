@@ -361,6 +361,8 @@ def _with_paused(status: str | None, reason: str = "Paused", observed: int = 2) 
         (_with_paused("False", "Resumed"), M.RUNNING, "applied"),
         (_with_paused("False", "PauseFailed"), M.PAUSED, "why"),
         (_with_paused("False", "PauseFailed", observed=1), M.PAUSED, None),
+        (_with_paused("True", "Idle"), M.RUNNING, "applied"),
+        (_with_paused("True", "Idle"), M.PAUSED, "applied"),
     ],
     ids=[
         "never-paused-pause-waits",
@@ -370,9 +372,22 @@ def _with_paused(status: str | None, reason: str = "Paused", observed: int = 2) 
         "resumed-applied",
         "refused-for-this-spec",
         "refused-for-an-older-spec-waits",
+        "idle-paused-is-running-as-asked",
+        "idle-paused-is-frozen-as-asked",
     ],
 )
 def test_mode_outcome_tells_a_waiter_applied_refused_or_not_yet(
     body: dict[str, Any], mode: OperatingMode, outcome: str | None
 ) -> None:
     assert mode_outcome(body, mode) == outcome
+
+
+def test_apply_holds_a_pause_off_while_a_stream_uses_the_sandbox() -> None:
+    world = World("Paused")
+    world.modes.in_use = lambda: {KEY}
+    assert world.apply() is ModeStep.WAIT
+    assert world.rt.tasks[CID].state is T.RUNNING, "frozen under an open stream"
+    assert world.condition() is None, "said paused while it runs"
+    world.modes.in_use = frozenset
+    assert world.apply() is ModeStep.PAUSE
+    assert world.rt.tasks[CID].state is T.PAUSED

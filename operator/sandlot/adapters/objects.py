@@ -289,10 +289,12 @@ def post_event(
     message: str,
     component: str,
     now: datetime | None = None,
+    host: str | None = None,
 ) -> None:
     """Record a core/v1 Event about ``involved`` (``kubectl describe`` shows it).
 
     Events of cluster-scoped objects go to ``default``, as the kubelet's node events do.
+    ``host``: the node reporting it (an agent's Events must name their node).
     """
     meta = involved["metadata"]
     namespace = meta.get("namespace") or "default"
@@ -310,7 +312,7 @@ def post_event(
         type=type_,
         reason=reason,
         message=message[:1024],
-        source=client.V1EventSource(component=component),
+        source=client.V1EventSource(component=component, host=host),
         first_timestamp=stamp,
         last_timestamp=stamp,
         count=1,

@@ -365,6 +365,8 @@ class Agent:
             )
         if self.streams is not None:  # rotated stream certificates, without a restart
             self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
+            parts.idle.serve(self.streams, parts.sync, self._sync_wake.set, settings)
+        self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
 
     def _take_output_back(self, parts: AgentParts) -> None:

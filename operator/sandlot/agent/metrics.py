@@ -61,6 +61,21 @@ class AgentMetrics:
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )
+        self.idle_passes = Counter(
+            "sandlot_agent_idle_passes_total",
+            "Passes sampling the sandboxes with an idle timeout (sessions, CPU).",
+            registry=registry,
+        )
+        self.idle_pauses = Counter(
+            "sandlot_agent_idle_pauses_total",
+            "Sandboxes paused for being idle past their idleTimeoutSeconds.",
+            registry=registry,
+        )
+        self.idle_resumes = Counter(
+            "sandlot_agent_idle_resumes_total",
+            "Idle-paused sandboxes resumed by an exec, files call or port-forward.",
+            registry=registry,
+        )
         self.storage_passes = Counter(
             "sandlot_agent_ephemeral_storage_passes_total",
             "Passes measuring the disk use of sandboxes with an ephemeral storage limit.",

@@ -11,7 +11,8 @@ last read, and written only while it is Running here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_, RuntimeTimeout
@@ -33,6 +34,10 @@ class ModeChanges:
         self.status = status
         self.node = node
         self.call_timeout = call_timeout
+        # The stream server's open sandboxes and the lock its thaws take: a pause is
+        # held off while a stream uses the sandbox, and never lands on a thaw's heels.
+        self.in_use: Callable[[], Collection[str]] = frozenset
+        self.thaws: AbstractContextManager[Any] = nullcontext()
 
     def apply(self, sb: Mapping[str, Any], container: ContainerInfo) -> ModeStep | None:
         """Bring ``container``'s task to the mode ``sb`` asks for; the step taken, or
@@ -51,7 +56,11 @@ class ModeChanges:
         error: str | None = None
         try:
             if step is ModeStep.PAUSE:
-                rt.pause_task(container.id, timeout=self.call_timeout)
+                with self.thaws:
+                    if key in self.in_use():  # thawed for a stream: frozen after it
+                        log.info("sandbox %s: pause waits for its streams to end", key)
+                        return ModeStep.WAIT
+                    rt.pause_task(container.id, timeout=self.call_timeout)
             elif step is ModeStep.RESUME:
                 rt.resume_task(container.id, timeout=self.call_timeout)
         except RuntimeTimeout as exc:

@@ -23,6 +23,7 @@ from sandlot.agent.capacity import node_capacity, node_security
 from sandlot.agent.diskpressure import DiskPressure
 from sandlot.agent.environment import Environment, node_brokered_data
 from sandlot.agent.ephemeralstorage import EphemeralStorage
+from sandlot.agent.idle import IdlePauses, post_sandbox_event
 from sandlot.agent.logs import SandboxLogs, sandbox_logs
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
@@ -73,6 +74,7 @@ class AgentParts:
     reaper: Reaper
     storage: EphemeralStorage
     pressure: DiskPressure
+    idle: IdlePauses
 
     def close(self) -> None:
         """What the parts hold beside the loops (the runtime's channel, the pulls)."""
@@ -92,6 +94,24 @@ def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
         security=node_security(),
         capacity=node_capacity(settings),
         runtimes=discover(settings.containerd_config),
+    )
+
+
+def idle_pauses(w: AgentWiring, runtime: Runtime, call_timeout: float) -> IdlePauses:
+    """Idle auto-pause over ``runtime``; its Events name this node as their source."""
+    settings = w.settings
+    return IdlePauses(
+        runtime,
+        settings.node_name,
+        w.status,
+        w.sandbox_watch.items,
+        w.metrics,
+        partial(post_sandbox_event, w.objects, settings.node_name),
+        clock=w.clock,
+        threshold_cores=settings.idle_cpu_cores,
+        cgroup_root=settings.cgroup_root,
+        cgroup_parent=settings.cgroup_parent,
+        call_timeout=call_timeout,
     )
 
 
@@ -160,7 +180,17 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         call_timeout=call_timeout,
     )
     return AgentParts(
-        runtime, networking, image_gate, close_pulls, logs, work, sync, reaper, storage, pressure
+        runtime,
+        networking,
+        image_gate,
+        close_pulls,
+        logs,
+        work,
+        sync,
+        reaper,
+        storage,
+        pressure,
+        idle_pauses(w, runtime, call_timeout),
     )
 
 

@@ -12,6 +12,7 @@ wedged shim holds one slot, never the node).
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -268,6 +269,25 @@ class AgentSettings(NetworkSettings, PullSettings):
         le=65536,
         description="Streams open at once on this node, whatever the gateways let through "
         "(each caps its own users): past it, a 429 naming the node, not a thread per caller.",
+    )
+    idle_interval: PositiveDuration = Field(
+        default=timedelta(seconds=10),
+        description="How often sandboxes with spec.idleTimeoutSeconds are sampled (their "
+        "sessions and CPU) for an idle pause.",
+    )
+    idle_cpu_cores: float = Field(
+        default=0.01,
+        ge=0,
+        le=64,
+        description="CPU (in cores, averaged between two samples) below which a sandbox "
+        "without a stream session counts as idle.",
+    )
+    paused_streams: Literal["Refuse", "Resume"] = Field(
+        default="Refuse",
+        description="An exec, files call or port-forward into a sandbox whose "
+        "spec.operatingMode is Paused: Refuse (409 naming spec.operatingMode) or Resume "
+        "(thawed for the stream, frozen again when its streams end). A sandbox paused for "
+        "being idle is always resumed.",
     )
     stream_idle_timeout: PositiveDuration = Field(
         default=timedelta(minutes=10),

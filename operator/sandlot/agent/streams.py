@@ -40,6 +40,7 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.policy.idle import thaws_for_stream
 from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
@@ -101,8 +102,16 @@ class StreamServer:
         self.file_limit = file_limit
         self.idle = idle
         self.max_sessions = max_sessions
-        self._open: set[int] = set()  # the admitted connections, until their session ends
+        # The admitted connections, until their session ends: the sandbox each uses
+        # (None: a log, which needs no running task).
+        self._open: dict[int, str | None] = {}
         self._open_lock = threading.Lock()
+        # Thaws a paused sandbox for a stream (``agent.idle``): None once it runs, else why not.
+        self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
+        # A pause the spec asks for is thawed for a stream too (``paused_streams``).
+        self.paused_resume = False
+        # Called when a stream into a sandbox ends (the sync may freeze it again).
+        self.ended: Callable[[], None] = lambda: None
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -144,6 +153,16 @@ class StreamServer:
 
     tls_files: ReloadingTls | None = None
 
+    def sessions(self, key: str) -> int:
+        """Exec, files and port-forward sessions open into sandbox ``key``."""
+        with self._open_lock:
+            return sum(1 for used in self._open.values() if used == key)
+
+    def in_use(self) -> frozenset[str]:
+        """The sandboxes with an exec, files or port-forward session open."""
+        with self._open_lock:
+            return frozenset(used for used in self._open.values() if used)
+
     def refresh_tls(self) -> None:
         """Take rotated certificate files into use (new connections get them)."""
         if self.tls_files is not None:
@@ -168,16 +187,20 @@ class StreamServer:
             )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
-        refusal = self._sandbox_refusal(asked)
-        if refusal is not None:
-            return connection.respond(*refusal)
+        # Counted before the sandbox is judged (and maybe thawed): no pass freezes it
+        # between the thaw and the session.
+        used = None if asked.kind == LOG else f"{asked.namespace}/{asked.name}"
         with self._open_lock:
             if len(self._open) >= self.max_sessions:
                 log.warning("stream refused: %d streams open on this node", len(self._open))
                 return connection.respond(
                     429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
                 )
-            self._open.add(id(connection))
+            self._open[id(connection)] = used
+        refusal = self._sandbox_refusal(asked)
+        if refusal is not None:
+            self._close(connection)
+            return connection.respond(*refusal)
         caller = request.headers.get(CALLER_HEADER, "?")
         log.info(
             "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
@@ -190,7 +213,9 @@ class StreamServer:
 
     def _close(self, connection: ServerConnection) -> None:
         with self._open_lock:
-            self._open.discard(id(connection))
+            used = self._open.pop(id(connection), None)
+        if used is not None:
+            self.ended()
 
     def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
         key = f"{asked.namespace}/{asked.name}"
@@ -203,6 +228,8 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
+            if thaws_for_stream(sandbox, self.paused_resume):
+                return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
             if frozen is not None:  # a frozen task would hang the stream until its deadline
                 return 409, f"{frozen}\n"
@@ -213,6 +240,12 @@ class StreamServer:
         if path is None or not path.exists():
             return 404, f"sandbox {key} has no log on node {self.node} (phase {phase})\n"
         return None
+
+    def _woken(self, sandbox: Mapping[str, Any], kind: str) -> tuple[int, str] | None:
+        why = self.wake(sandbox, kind) if self.wake is not None else "no resumer on this node"
+        if why is not None:
+            return 409, f"{why}\n"
+        return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
 
     def _log_path(self, sandbox: Mapping[str, Any]) -> Path | None:
         meta = sandbox.get("metadata") or {}

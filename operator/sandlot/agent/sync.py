@@ -13,7 +13,7 @@ wrote Running) is never judged on the stale view of it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from typing import Any
 
@@ -78,6 +78,8 @@ class SandboxSync:
         """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
         self.suspensions = Suspensions(work, StateStore.from_settings(work.settings, rt))
+        # Sandboxes with a stream open (the stream server's, handed over once it runs).
+        self.in_use: Callable[[], Collection[str]] = frozenset
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -119,7 +121,9 @@ class SandboxSync:
             class_unreadable=survey.unreadable,
             hold=self.refusal(),
         )
-        actions = plan_sync(states, views, drained=drained, in_flight=in_flight, facts=facts)
+        actions = plan_sync(
+            states, views, drained=drained, in_flight=in_flight, facts=facts, in_use=self.in_use()
+        )
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
             container = by_id[action.container_id] if action.container_id else None

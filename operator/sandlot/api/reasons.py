@@ -101,6 +101,12 @@ class PausedReason(StrEnum):
     RESUMED = "Resumed"
     PAUSE_FAILED = "PauseFailed"
     RESUME_FAILED = "ResumeFailed"
+    IDLE = "Idle"
+    """Frozen by its agent after ``spec.idleTimeout`` without use (the spec still
+    asks for Running): the next exec, files call or port-forward resumes it."""
+    RESUMED_FOR_USE = "ResumedForUse"
+    """Thawed for a stream while the spec asks for Paused (the agent's
+    ``paused_streams`` is Resume); the sync freezes it again when its streams end."""
 
 
 class SuspendedReason(StrEnum):
@@ -150,7 +156,8 @@ class NodeReason(StrEnum):
 
 
 class EventReason(StrEnum):
-    """The ``reason`` of the Events the operator posts."""
+    """The ``reason`` of the Events the operator (and, for a sandbox's idle pause,
+    its node's agent) posts."""
 
     NODE_NOT_READY = "NodeNotReady"
     NODE_RECOVERED = "NodeRecovered"
@@ -163,6 +170,8 @@ class EventReason(StrEnum):
     REPLICAS_CAPPED = "ReplicasCapped"
     BACK_OFF = "BackOff"
     SERVICE_TAKEN = "ServiceTaken"
+    IDLE_PAUSED = "IdlePaused"
+    RESUMED_ON_USE = "ResumedOnUse"
 
 
 class ExecReason(StrEnum):

@@ -392,8 +392,19 @@ class SandboxSpec(Model):
         "capacity); `Running` again starts a new container from that image on the same "
         "node, with the files written before (not the processes or memory; the address "
         "may change); its `Suspended` condition says so. Either way the sandbox stays "
-        "phase Running on its node with its claim; exec, files and port-forward are "
-        "refused (409) until it runs again.",
+        "phase Running on its node with its claim. Exec, files and port-forward are "
+        "refused (409) while it is Suspended, and while it is Paused unless the node's "
+        "agent is set to thaw a paused sandbox for them (paused_streams: Resume).",
+    )
+    idle_timeout_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        description="Seconds without use after which the node's agent pauses the sandbox "
+        "on its own (off when unset): no exec, files or port-forward session open and its "
+        "CPU below the agent's idle threshold for that long. The spec keeps asking for "
+        "Running; the `Paused` condition says True with reason `Idle`, and the next exec, "
+        "files call or port-forward resumes it before it is served. Each transition is an "
+        "Event (`IdlePaused`, `ResumedOnUse`).",
     )
 
 

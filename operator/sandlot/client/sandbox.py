@@ -169,7 +169,8 @@ class Sandbox:
     def resume(self, *, timeout: float = MODE_TIMEOUT) -> Sandbox:
         """Thaw a paused sandbox, or start a suspended one again from its committed
         filesystem (``spec.operatingMode: Running``), and return once its agent
-        reports it running."""
+        reports it running. One its agent paused for being idle returns at once:
+        its next exec, file call or port-forward resumes it."""
         return self._set_mode(OperatingMode.RUNNING, timeout)
 
     def _set_mode(self, mode: OperatingMode, timeout: float) -> Sandbox:

@@ -11,6 +11,8 @@ Pending/Scheduled           none, node drained          refuse (Stopped/Drained)
 Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
 Running, mode to apply      present                     apply-mode (pause/resume)
+Running, idle-paused        present                     none (use resumes it)
+Running, to pause, in use   present                     none (until its streams end)
 Running, to suspend         present                     suspend (commit, remove;
                                                         on a drained node too)
 Running, suspended          none, node not drained,     restore (start from the
@@ -56,6 +58,7 @@ from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.capacity import over_capacity
 from sandlot.policy.operatingmode import (
     failed_at_generation,
+    idle_paused,
     mode_pending,
     recorded_paused,
     wanted_mode,
@@ -111,6 +114,8 @@ class SandboxState:
     """The Paused condition is True."""
     mode_failed: bool = False
     """The runtime refused the last pause or resume of this spec's generation."""
+    idle_paused: bool = False
+    """Its agent froze it for being idle (the spec still asks for Running)."""
     suspended: bool = False
     """The Suspended condition is True: its filesystem is committed."""
     suspend_failed: bool = False
@@ -129,6 +134,7 @@ class SandboxState:
             mode=wanted_mode(obj),
             paused=recorded_paused(obj),
             mode_failed=failed_at_generation(obj),
+            idle_paused=idle_paused(obj),
             suspended=recorded_suspended(obj),
             suspend_failed=suspend_failed(obj),
             pushed=bool(status.get("suspendedState")),
@@ -152,14 +158,16 @@ def containers_by_key(containers: Iterable[ContainerView]) -> dict[str, Containe
     return {c.labels[SANDBOX_LABEL]: c for c in containers if c.labels.get(SANDBOX_LABEL)}
 
 
-def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: bool) -> Action | None:
+def _for_sandbox(
+    sb: SandboxState, container: ContainerView | None, drained: bool, in_use: bool = False
+) -> Action | None:
     cid = container.id if container is not None else None
     if sb.phase in UNSTARTED_PHASES:
         if cid is not None:
             return Action(ActionKind.TEARDOWN_UNSTARTED, sb.key, cid)
         return Action(ActionKind.REFUSE_DRAINED if drained else ActionKind.START, sb.key)
     if sb.phase is SandboxPhase.RUNNING:
-        return _for_running(sb, cid, drained)
+        return _for_running(sb, cid, drained, in_use)
     if cid is None:
         return None
     if sb.phase is SandboxPhase.DEAD:
@@ -167,7 +175,9 @@ def _for_sandbox(sb: SandboxState, container: ContainerView | None, drained: boo
     return Action(ActionKind.CLEANUP, sb.key, cid)
 
 
-def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | None:
+def _for_running(
+    sb: SandboxState, cid: str | None, drained: bool, in_use: bool = False
+) -> Action | None:
     step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
     if drained and step in (SuspendStep.COMMIT, SuspendStep.REMOVE):  # kept, not ended
         return Action(ActionKind.SUSPEND, sb.key, cid)
@@ -185,7 +195,9 @@ def _for_running(sb: SandboxState, cid: str | None, drained: bool) -> Action | N
         return None if drained else Action(ActionKind.RESTORE, sb.key, cid)
     if cid is None:
         return Action(ActionKind.END_LOST, sb.key) if sb.container_id else None
-    if mode_pending(sb.mode, sb.paused, sb.mode_failed):
+    if mode_pending(sb.mode, sb.paused, sb.mode_failed, sb.idle_paused):
+        if in_use and sb.mode is OperatingMode.PAUSED:
+            return None  # thawed for a stream: frozen again once it ends
         return Action(ActionKind.APPLY_MODE, sb.key, cid)
     return None
 
@@ -197,18 +209,20 @@ def plan_sync(
     drained: bool,
     in_flight: Collection[str],
     facts: StartFacts | None = None,
+    in_use: Collection[str] = (),
 ) -> list[Action]:
     """One action per difference, Sandboxes first (in the order given), then the
     containers whose Sandbox is gone. ``drained``: the node is unschedulable.
     ``in_flight``: keys with work running; they get nothing this pass. ``facts``:
     the node's, judging each start (``policy.startrefusals``); without them every
-    start stands."""
+    start stands. ``in_use``: keys with a stream open; a pause the spec asks
+    for waits until it ends (the stream server thawed it to serve it)."""
     by_key = containers_by_key(containers)
     actions: list[Action] = []
     for sb in sandboxes:
         if sb.key in in_flight:
             continue
-        action = _for_sandbox(sb, by_key.get(sb.key), drained)
+        action = _for_sandbox(sb, by_key.get(sb.key), drained, sb.key in in_use)
         if action is not None:
             actions.append(action)
     seen = {sb.key for sb in sandboxes}

@@ -77,6 +77,17 @@ def recorded_paused(obj: Mapping[str, Any]) -> bool:
     return condition is not None and condition.get("status") == "True"
 
 
+def idle_paused(obj: Mapping[str, Any]) -> bool:
+    """Its agent froze it for being idle (``policy.idle``): the ``Paused`` condition
+    True with reason ``Idle`` while the spec asks for Running."""
+    condition = _paused_condition(obj)
+    return (
+        condition is not None
+        and condition.get("status") == "True"
+        and condition.get("reason") == PausedReason.IDLE
+    )
+
+
 def failed_at_generation(obj: Mapping[str, Any]) -> bool:
     """The last pause or resume was refused by the runtime for this very spec."""
     condition = _paused_condition(obj)
@@ -86,22 +97,28 @@ def failed_at_generation(obj: Mapping[str, Any]) -> bool:
     return generation is not None and condition.get("observedGeneration") == generation
 
 
-def mode_pending(mode: OperatingMode, paused: bool, failed: bool) -> bool:
+def mode_pending(mode: OperatingMode, paused: bool, failed: bool, idle: bool = False) -> bool:
     """Whether a Running sandbox needs its mode applied: the spec asks for another
-    state than the condition records, and this spec has not failed already."""
+    state than the condition records, and this spec has not failed already. An
+    idle pause (``idle``) is settled for a Running spec: use resumes it, not the sync."""
+    if idle:  # a spec asking for Paused takes the frozen task over (RECORD)
+        return mode is OperatingMode.PAUSED and not failed
     return not failed and (mode is OperatingMode.PAUSED) != paused
 
 
 def mode_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | None:
     """Whether the sandbox's agent has applied ``mode``, as a waiter sees it: None
     not yet; ``"applied"`` the ``Paused`` condition records it (a sandbox never
-    paused is running already); else the message of the runtime's refusal for this
+    paused is running already; one idle-paused counts as Running, its next use
+    thaws it); else the message of the runtime's refusal for this
     very spec."""
     if mode is OperatingMode.SUSPENDED or recorded_suspended(obj):
         return suspension_outcome(obj, mode)
     condition = _paused_condition(obj)
     if failed_at_generation(obj) and condition is not None:
         return str(condition.get("message") or condition.get("reason"))
+    if mode is OperatingMode.RUNNING and idle_paused(obj):
+        return "applied"  # Running as asked: its next exec, files call or port-forward thaws it
     return "applied" if recorded_paused(obj) == (mode is OperatingMode.PAUSED) else None
 
 
@@ -171,6 +188,7 @@ __all__ = [
     "TaskState",
     "decide_mode",
     "failed_at_generation",
+    "idle_paused",
     "mode_pending",
     "paused_condition",
     "recorded_paused",

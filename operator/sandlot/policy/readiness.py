@@ -26,6 +26,7 @@ from sandlot.api.probe import Probe
 from sandlot.api.reasons import ConditionType, ReadyReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.api.timestamps import parse_time
+from sandlot.policy.operatingmode import idle_paused
 
 
 @dataclass(frozen=True)
@@ -140,12 +141,15 @@ def probe_target(
     obj: Mapping[str, Any], container_id: str, started_at: datetime | None
 ) -> ProbeTarget | None:
     """What to probe of a Sandbox body; None for one that is not Running or is paused
-    (a frozen process would fail every probe, and nothing routes to it anyway)."""
+    (a frozen process would fail every probe, and nothing routes to it anyway), its
+    agent's idle pause included: its Ready verdict stands until use resumes it."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     status = obj.get("status") or {}
     if status.get("phase") != SandboxPhase.RUNNING:
         return None
     if spec.get("operatingMode", OperatingMode.RUNNING) != OperatingMode.RUNNING:
+        return None
+    if idle_paused(obj):
         return None
     return ProbeTarget(
         key=f"{meta.get('namespace')}/{meta.get('name')}",

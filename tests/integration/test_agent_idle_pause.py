@@ -1,0 +1,292 @@
+"""Idle auto-pause, end to end: the CLI, the real API server, the stream gateway,
+an agent sampling every 0.3 s and the real containerd.
+
+A sandbox with ``spec.idleTimeoutSeconds`` and nothing to do is frozen by its
+agent after that long (the cgroup freezer says so) with the spec still Running,
+its ``Paused`` condition ``Idle`` and an Event; an exec then resumes it and runs.
+An exec session held open keeps a quiet sandbox from pausing until it ends. The
+rig is ``tests/support/streams.py``'s; only the agent here is its own.
+
+With ``paused_streams: Resume`` a sandbox paused by its spec is thawed for an
+exec and frozen again once the exec ends (the default, Refuse, is
+``test_agent_pause``'s).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
+from sandlot.adapters.runtime import TaskState
+from sandlot.agent.main import Agent
+from sandlot.api.common import GROUP, VERSION
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
+from sandlot.devtools.certs import StreamCerts
+from sandlot.devtools.containerd import PrivateContainerd
+from sandlot.devtools.controlplane import free_port
+from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from sandlot.devtools.streamnet import StreamAddress
+from sandlot.gateway.runner import GatewayParts
+from tests.integration.test_agent_node import get_sandbox
+from tests.integration.test_agent_pause import frozen, paused_condition
+from tests.support.agents import agent_settings, clear_namespace
+from tests.support.streams import IMAGE, delete_sandbox, running_sandbox, sandlot
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+
+IDLE_TIMEOUT = 2  # seconds, the sandboxes' spec.idleTimeoutSeconds
+
+
+@pytest.fixture(scope="module")
+def agent(
+    kube: client.ApiClient,
+    containerd: PrivateContainerd,
+    places: tuple[str, str],
+    stream_address: StreamAddress,
+    stream_certs: StreamCerts,
+    gateway: GatewayParts,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Agent]:
+    """The stream rig's agent, sampling idleness every 0.3 s, thawing a sandbox
+    paused by its spec for a stream (``paused_streams: Resume``)."""
+    system, _ = places
+    workdir = tmp_path_factory.mktemp("idle-pause")
+    ctr_ns = f"idlepause-{uuid.uuid4().hex[:8]}"
+    archive = workdir / "busybox.tar"
+    build_image_archive(archive, IMAGE)
+    import_archive(containerd.address, ctr_ns, archive, timeout=60)
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    pod = f"sandlot-agent-{node}"
+    publish_agent_pod(kube, system, pod, stream_address.ip, port, node)
+    settings = agent_settings(
+        node=node,
+        namespace=system,
+        containerd=containerd,
+        ctr_ns=ctr_ns,
+        log_dir=workdir / "logs",
+        stream_port=port,
+        stream_bind=stream_address.ip,
+        stream_tls_cert=str(stream_certs.agent.cert),
+        stream_tls_key=str(stream_certs.agent.key),
+        stream_client_ca=str(stream_certs.ca.cert),
+        idle_interval="0.3s",
+        paused_streams="Resume",
+    )
+    started = Agent(settings, kube, registry=CollectorRegistry())
+    try:
+        assert started.start(), "the agent did not start"
+        yield started
+    finally:
+        started.shutdown()
+        remove_agent_pod(kube, system, pod)
+        clear_namespace(containerd, ctr_ns)
+
+
+def idle_sandbox(kube: client.ApiClient, agent: Agent, namespace: str, name: str) -> str:
+    """A Running sandbox that sleeps, with an idle timeout; its container id."""
+    sandbox = running_sandbox(kube, agent, namespace, name, "sleep 100000")
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name, {"spec": {"idleTimeoutSeconds": IDLE_TIMEOUT}}
+    )
+    return str(sandbox["status"]["containerId"])
+
+
+def hold_still(kube: client.ApiClient, namespace: str, name: str) -> None:
+    """A long timeout from now on: once resumed, it is not paused again under the
+    checks (an idle pause is resumed whatever the timeout says)."""
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name, {"spec": {"idleTimeoutSeconds": 3600}}
+    )
+
+
+def condition_is(
+    kube: client.ApiClient, namespace: str, name: str, status: str, reason: str, timeout: float
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        sb = get_sandbox(kube, namespace, name)
+        c = paused_condition(sb)
+        return sb if c and (c["status"], c["reason"]) == (status, reason) else None
+
+    return wait_for(
+        probe, timeout=timeout, what=f"sandbox {name}'s Paused condition {status} ({reason})"
+    )
+
+
+def event_reasons(kube: client.ApiClient, namespace: str, name: str) -> list[str]:
+    events = client.CoreV1Api(kube).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    return [e.reason for e in events.items]
+
+
+def idle_passes(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_idle_passes_total") or 0
+
+
+def test_an_idle_sandbox_is_paused_after_its_timeout_and_an_exec_resumes_it_and_runs(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    _, tenant = places
+    cid = idle_sandbox(kube, agent, tenant, "dozer")
+    began = time.monotonic()
+    paused = condition_is(kube, tenant, "dozer", "True", "Idle", timeout=IDLE_TIMEOUT + 20)
+    assert time.monotonic() - began >= IDLE_TIMEOUT - 0.5, "paused before its idle timeout"
+    assert paused["spec"]["operatingMode"] == "Running", "the spec was rewritten"
+    assert paused["status"]["phase"] == "Running"
+    assert frozen(agent, cid), "the condition says Idle but the cgroup is not frozen"
+    task = agent.parts.runtime.get_task(cid, timeout=5)
+    assert task is not None and task.state is TaskState.PAUSED
+    wait_for(
+        lambda: "IdlePaused" in event_reasons(kube, tenant, "dozer"),
+        timeout=10,
+        what="an IdlePaused Event about the sandbox",
+    )
+    hold_still(kube, tenant, "dozer")
+    wait_for(  # the stream server decides from the agent's watch
+        lambda: paused_condition(agent.sandbox_watch.get(f"{tenant}/dozer")) is not None,
+        timeout=10,
+        what="the agent's watch to see the idle pause",
+    )
+
+    done = sandlot(
+        "exec", "dozer", "-n", tenant, "--", "echo", "awake", kubeconfig=users["operator-person"]
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "awake"), done.stderr
+    resumed = condition_is(kube, tenant, "dozer", "False", "Resumed", timeout=10)
+    c = paused_condition(resumed)
+    assert c is not None and "exec" in c["message"]
+    assert not frozen(agent, cid)
+    assert resumed["status"]["pid"] == paused["status"]["pid"], "not the same process"
+    wait_for(
+        lambda: "ResumedOnUse" in event_reasons(kube, tenant, "dozer"),
+        timeout=10,
+        what="a ResumedOnUse Event about the sandbox",
+    )
+    assert agent.registry.get_sample_value("sandlot_agent_idle_resumes_total") == 1
+    delete_sandbox(kube, tenant, "dozer")
+
+
+def test_an_open_exec_session_keeps_a_quiet_sandbox_from_pausing_until_it_ends(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    _, tenant = places
+    kubeconfig = users["operator-person"]
+    cid = idle_sandbox(kube, agent, tenant, "reader")
+    held = 4 * IDLE_TIMEOUT
+    session = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandlot.cli.main",
+            "exec",
+            "--kubeconfig",
+            str(kubeconfig),
+            "reader",
+            "-n",
+            tenant,
+            "--",
+            "sleep",
+            str(held),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(
+            lambda: agent.streams is not None and agent.streams.sessions(f"{tenant}/reader") == 1,
+            timeout=30,
+            what="the exec session to open on the agent",
+        )
+        opened, passes = time.monotonic(), idle_passes(agent)
+        while session.poll() is None and time.monotonic() - opened < 2 * IDLE_TIMEOUT:
+            assert not frozen(agent, cid), "paused under an open exec session"
+            time.sleep(0.2)
+        assert idle_passes(agent) >= passes + 5, "the idle loop did not sample meanwhile"
+        assert session.poll() is None, "the exec ended early: the session held nothing"
+        c = paused_condition(get_sandbox(kube, tenant, "reader"))
+        assert c is None or c["status"] == "False", f"paused under an open session: {c}"
+        _, err = session.communicate(timeout=held + 30)
+        assert session.returncode == 0, err
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.communicate(timeout=10)
+    condition_is(kube, tenant, "reader", "True", "Idle", timeout=IDLE_TIMEOUT + 20)
+    assert frozen(agent, cid)
+    delete_sandbox(kube, tenant, "reader")
+
+
+def test_a_claim_binding_an_idle_paused_pool_member_resumes_it(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str]
+) -> None:
+    _, tenant = places
+    api = client.CustomObjectsApi(kube)
+    cid = idle_sandbox(kube, agent, tenant, "spare")
+    # As a pool's member carries its pool's label, and a claim's bind swaps it.
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, tenant, "sandboxes", "spare", {"metadata": {"labels": {POOL_LABEL: "p"}}}
+    )
+    condition_is(kube, tenant, "spare", "True", "Idle", timeout=IDLE_TIMEOUT + 20)
+    assert frozen(agent, cid)
+    hold_still(kube, tenant, "spare")
+    bind = {"metadata": {"labels": {POOL_LABEL: None, CLAIM_LABEL: "someone"}}}
+    api.patch_namespaced_custom_object(GROUP, VERSION, tenant, "sandboxes", "spare", bind)
+    resumed = condition_is(kube, tenant, "spare", "False", "Resumed", timeout=15)
+    c = paused_condition(resumed)
+    assert c is not None and "claim" in c["message"]
+    assert not frozen(agent, cid)
+    delete_sandbox(kube, tenant, "spare")
+
+
+def test_with_paused_streams_resume_an_exec_thaws_a_paused_sandbox_until_it_ends(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    _, tenant = places
+    sandbox = running_sandbox(kube, agent, tenant, "napper", "sleep 100000")
+    cid = sandbox["status"]["containerId"]
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, tenant, "sandboxes", "napper", {"spec": {"operatingMode": "Paused"}}
+    )
+    condition_is(kube, tenant, "napper", "True", "Paused", timeout=15)
+    assert frozen(agent, cid)
+    wait_for(
+        lambda: paused_condition(agent.sandbox_watch.get(f"{tenant}/napper")) is not None,
+        timeout=10,
+        what="the agent's watch to see the pause",
+    )
+    done = sandlot(
+        "exec",
+        "napper",
+        "-n",
+        tenant,
+        "--",
+        "sh",
+        "-c",
+        "sleep 1; echo thawed",
+        kubeconfig=users["operator-person"],
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "thawed"), done.stderr
+    events = event_reasons(kube, tenant, "napper")
+    wait_for(
+        lambda: "ResumedOnUse" in event_reasons(kube, tenant, "napper"),
+        timeout=10,
+        what=f"a ResumedOnUse Event about the sandbox (seen: {events})",
+    )
+    # Its streams ended: the spec's pause holds again.
+    again = condition_is(kube, tenant, "napper", "True", "Paused", timeout=15)
+    assert again["spec"]["operatingMode"] == "Paused"
+    assert frozen(agent, cid)
+    delete_sandbox(kube, tenant, "napper")
