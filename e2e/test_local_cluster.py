@@ -58,6 +58,7 @@ from sandlot.devtools.cluster.commands import IMAGE as CLUSTER_IMAGE
 from sandlot.devtools.cluster.images import (
     PAUSE_IMAGE,
     RECIPE,
+    RUNTIMES_IMAGE,
     pause_archive,
     runtimes_archive,
     sandlot_archive,
@@ -96,7 +97,7 @@ TAKEOVER_S = 12 + 2 + 16
 # the one node the chart installs gVisor on, from the runtimes image imported there.
 GVISOR_NODE = "worker2"
 CONTAINERD2_LABEL = ("e2e.sandlot.dev/containerd", "2")
-RUNTIMES_REPOSITORY, RUNTIMES_TAG = "sandlot.local/sandlot-runtimes", "e2e"
+RUNTIMES_REPOSITORY, RUNTIMES_TAG = RUNTIMES_IMAGE.rsplit(":", 1)  # as `make setup` builds it
 RUNTIMES_DIR = "/var/lib/sandlot-runtimes"  # the chart's default agent.runtimes.hostDir
 LOCAL_VALUES = merged(
     VALUES,
@@ -188,7 +189,7 @@ def cluster(
     )
     api = None
     try:
-        runtimes = runtimes_archive(f"{RUNTIMES_REPOSITORY}:{RUNTIMES_TAG}")
+        runtimes = runtimes_archive(RUNTIMES_IMAGE)
         local.start(pause_archive(), PAUSE_IMAGE)
         local.import_images(local.node(GVISOR_NODE), [runtimes])
         busybox = build_image_archive(work / "busybox.tar", SANDBOX_IMAGE)

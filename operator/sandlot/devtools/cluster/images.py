@@ -135,6 +135,7 @@ def pause_archive() -> Path:
 
 GVISOR_BUILD_SCRIPT = Path(__file__).parents[1] / "controlplane" / "build-gvisor.sh"
 GVISOR_BINARIES = ("runsc", "containerd-shim-runsc-v1")
+RUNTIMES_IMAGE = "sandlot.local/sandlot-runtimes:dev"  # the chart's agent.runtimes.*.image
 
 
 def runtimes_archive(name: str, build_timeout: float = 3000.0) -> Path:
@@ -298,6 +299,7 @@ def main() -> int:
 
     print(f"pause image: {pause_archive()}")
     print(f"sandlot image: {sandlot_archive(repo_root(), IMAGE)}")
+    print(f"runtimes image: {runtimes_archive(RUNTIMES_IMAGE)}")
     return 0
 
 
