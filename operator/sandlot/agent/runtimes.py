@@ -1,13 +1,13 @@
 """The node's runtime handlers, and the RuntimeClasses of the sandboxes it starts.
 
 Discovery reads containerd's configuration and the runtime fragments at start-up,
-and again every ``HANDLERS_REFRESH`` seconds: a runtime an installer puts on the
-node later (the chart's, into ``runtimes_dir``) needs no containerd restart, since
-the agent names the shim by its path and hands it its options itself, so the
-handler is published (and a removed one withdrawn) while the agent runs. The
-decisions are ``policy.runtimeclass``'s. RuntimeClasses are read through the API server when
-a sandbox names one and kept for a few seconds: a sync pass asks for every
-sandbox's class, and a fleet uses few classes.
+and again on the sync passes, at most every ``HANDLERS_REFRESH`` seconds: a
+runtime an installer puts on the node later (the chart's, into ``runtimes_dir``)
+needs no containerd restart, since the agent names the shim by its path and hands
+it its options itself, so the handler is published (and a removed one withdrawn)
+while the agent runs. The decisions are ``policy.runtimeclass``'s. RuntimeClasses
+are read through the API server when a sandbox names one and kept for a few
+seconds: a sync pass asks for every sandbox's class, and a fleet uses few classes.
 """
 
 from __future__ import annotations

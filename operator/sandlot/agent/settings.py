@@ -59,8 +59,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         max_length=256,
         description="Directory of containerd configuration fragments (*.toml) declaring "
         "more runtime handlers beside containerd_config's, as a runtime installer (the "
-        "chart's) writes them; read again every few seconds, so a runtime installed later "
-        "is offered without restarts. Empty: none.",
+        "chart's) writes them; read again on the sync passes (at most every 10 s), so a "
+        "runtime installed later is offered without restarts. Empty: none.",
     )
     containerd_root: str = Field(
         default="/var/lib/containerd",
