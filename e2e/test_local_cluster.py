@@ -1,8 +1,10 @@
 """sandlot on the local kubelet cluster (``sandlot.devtools.cluster``): a control
 plane with kube-controller-manager and kube-scheduler, two nodes each running its
-own containerd (the OS package, CRI on) and kubelet in namespaces of their own,
-the sandlot image built here from the Dockerfile's recipe and imported, the chart
-installed by helm. The scenarios of e2e/scenarios.py run in order on one cluster
+own containerd (CRI on: worker1 the OS package, 1.6; worker2 2.x, built from its
+module) and kubelet in namespaces of their own, the sandlot image built here from
+the Dockerfile's recipe and imported, the chart installed by helm, with gVisor
+installed by its value on worker2 alone (from the runtimes image, imported there).
+The scenarios of e2e/scenarios.py run in order on one cluster
 (one xdist group), a node stopped by killing everything it runs (containerd,
 kubelet, agent, sandboxes) and booted again.
 
@@ -30,6 +32,7 @@ import pytest
 from kubernetes import client
 from tests.support.wait import wait_for
 
+from e2e.runtimes import a_gvisor_sandbox_runs_on_gvisor_s_kernel
 from e2e.scenarios import (
     NAMESPACE,
     ROOT,
@@ -52,7 +55,14 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.cluster import LocalCluster
 from sandlot.devtools.cluster.commands import IMAGE as CLUSTER_IMAGE
-from sandlot.devtools.cluster.images import PAUSE_IMAGE, RECIPE, pause_archive, sandlot_archive
+from sandlot.devtools.cluster.images import (
+    PAUSE_IMAGE,
+    RECIPE,
+    RUNTIMES_IMAGE,
+    pause_archive,
+    runtimes_archive,
+    sandlot_archive,
+)
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 
 NEEDED = ("containerd", "runc", "ctr", "nsenter", "unshare", "ip", "gcc", "debootstrap")
@@ -83,6 +93,12 @@ LEADER_LEASE = "sandlot-operator"
 # A standby takes over within the leader Lease's duration plus one retry period
 # (the chart's 12 s and 2 s), here with room for a loaded machine's API server.
 TAKEOVER_S = 12 + 2 + 16
+# worker2 runs containerd 2.x (gVisor's shim speaks its shim protocol only) and is
+# the one node the chart installs gVisor on, from the runtimes image imported there.
+GVISOR_NODE = "worker2"
+CONTAINERD2_LABEL = ("e2e.sandlot.dev/containerd", "2")
+RUNTIMES_REPOSITORY, RUNTIMES_TAG = RUNTIMES_IMAGE.rsplit(":", 1)  # as `make setup` builds it
+RUNTIMES_DIR = "/var/lib/sandlot-runtimes"  # the chart's default agent.runtimes.hostDir
 LOCAL_VALUES = merged(
     VALUES,
     {
@@ -93,6 +109,17 @@ LOCAL_VALUES = merged(
             "readinessProbe": PROBE,
             "hostProc": True,
             "privileged": True,
+            "runtimes": {
+                "gvisor": {
+                    "install": True,
+                    "nodeSelector": dict([CONTAINERD2_LABEL]),
+                    "image": {
+                        "repository": RUNTIMES_REPOSITORY,
+                        "tag": RUNTIMES_TAG,
+                        "pullPolicy": "Never",
+                    },
+                }
+            },
         },
     },
 )
@@ -157,10 +184,14 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, image_archive: Path
 ) -> Iterator[LocalKubeletCluster]:
     work = tmp_path_factory.mktemp("cluster")
-    local = LocalCluster(work / "c", node_count=2, images=[image_archive])
+    local = LocalCluster(
+        work / "c", node_count=2, images=[image_archive], containerd2=(GVISOR_NODE,)
+    )
     api = None
     try:
+        runtimes = runtimes_archive(RUNTIMES_IMAGE)
         local.start(pause_archive(), PAUSE_IMAGE)
+        local.import_images(local.node(GVISOR_NODE), [runtimes])
         busybox = build_image_archive(work / "busybox.tar", SANDBOX_IMAGE)
         api = load_api_client(str(local.kubeconfig))
         repository, tag = IMAGE_NAME.rsplit(":", 1)
@@ -169,6 +200,7 @@ def cluster(
         c.local, c.sandbox_archive = local, busybox.path
         for name in c.workers:  # the agent runs images present in its containerd namespace
             c.import_sandbox_image(name)
+        c.kubectl("label", "node", GVISOR_NODE, "=".join(CONTAINERD2_LABEL))
         ALLOCATIONS.update({n: c.ip_allocations(n) for n in c.workers})
         VALUES_FILE.append(work / "values.yaml")
         install(c, VALUES_FILE[0], LOCAL_VALUES)
@@ -233,6 +265,13 @@ def test_a_tenant_with_edit_streams_through_the_gateway(
     cluster: LocalKubeletCluster, tmp_path: Path
 ) -> None:
     a_tenant_with_edit_streams_through_the_gateway(cluster, tmp_path)
+
+
+def test_a_gvisor_sandbox_runs_on_gvisor_s_kernel_on_the_node_it_was_installed_on(
+    cluster: LocalKubeletCluster, tmp_path: Path
+) -> None:
+    a_gvisor_sandbox_runs_on_gvisor_s_kernel(cluster, GVISOR_NODE, tmp_path)
+    assert_chart_pods_ready(cluster)
 
 
 def test_a_stopped_nodes_sandboxes_go_dead_and_are_replaced(cluster: LocalKubeletCluster) -> None:
@@ -439,4 +478,16 @@ def test_a_stuck_operator_is_restarted_by_its_liveness_probe(
 
 
 def test_helm_uninstall_leaves_nothing_behind(cluster: LocalKubeletCluster) -> None:
+    installed = cluster.local.node(GVISOR_NODE).directory / RUNTIMES_DIR.lstrip("/")
+    assert (installed / "conf.d" / "gvisor.toml").is_file(), "gVisor was not installed"
     helm_uninstall_leaves_nothing(cluster, ALLOCATIONS)
+
+    def removed() -> list[str]:  # the installer's pod, stopped, removes what it put there
+        return [] if not installed.exists() else sorted(p.name for p in installed.rglob("*"))
+
+    wait_for(
+        lambda: not removed() or None,
+        timeout=60,
+        what=f"gVisor's files gone from {GVISOR_NODE}'s {RUNTIMES_DIR}",
+        interval=1,
+    )

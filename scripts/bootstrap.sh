@@ -66,5 +66,5 @@ log "gVisor (runsc and its shim: the gvisor runtime handler; built once, then ca
 bash operator/sandlot/devtools/controlplane/build-gvisor.sh >/dev/null
 log "kubelet and kube-scheduler (the local cluster's nodes; built once, then cached)"
 bash operator/sandlot/devtools/controlplane/build-node.sh >/dev/null
-log "local cluster images (pause; sandlot from the Dockerfile's recipe; cached by their inputs)"
+log "local cluster images (pause; sandlot from the Dockerfile's recipe; runtimes from the gVisor build; cached by their inputs)"
 .venv/bin/python -m sandlot.devtools.cluster.images >&2

@@ -23,7 +23,9 @@ from tests.support.chart import (
     apply,
     can_i,
     helm,
+    hook_of,
     installed,
+    render,
     sa_kubeconfig,
 )
 from tests.support.kube import Kubectl
@@ -45,6 +47,47 @@ def test_chart_objects_pass_server_side_validation(installed: Installed, kubectl
     for doc in installed.docs:
         if doc["metadata"].get("namespace") == installed.namespace:
             assert doc["metadata"]["name"] in got, f"{doc['kind']} {doc['metadata']['name']}"
+
+
+def test_the_gvisor_installer_passes_validation_and_holds_no_identity(
+    installed: Installed, helm: Path, kubectl: Kubectl
+) -> None:
+    """agent.runtimes.gvisor.install's objects (the installer DaemonSet, its
+    NetworkPolicy, the RuntimeClass, the agent reading the fragments) validate on the
+    API server; the installer's pod runs without an API token under the namespace's
+    default ServiceAccount, which no chart binding names."""
+    docs = [
+        d
+        for d in render(
+            helm,
+            "--set",
+            "agent.runtimes.gvisor.install=true,admissionPolicy.enabled=false,"
+            "placementPolicy.enabled=false,writePolicies.leaderFence=false",
+            release=installed.release,
+            namespace=installed.namespace,
+        )
+        if not hook_of(d)
+        and d["kind"] in {"DaemonSet", "RuntimeClass", "NetworkPolicy"}
+        and (d["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+        in {"runtime-gvisor", "agent"}
+    ]
+    assert {d["kind"] for d in docs} == {"DaemonSet", "RuntimeClass", "NetworkPolicy"}, docs
+    out = apply(kubectl, docs, "--dry-run=server")
+    for doc in docs:
+        assert f"/{doc['metadata']['name']} serverside-applied" in out, (doc["kind"], out)
+    (pod,) = [
+        d["spec"]["template"]["spec"]
+        for d in docs
+        if d["kind"] == "DaemonSet" and d["metadata"]["name"].endswith("-runtime-gvisor")
+    ]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    bound = {
+        (s.get("kind"), s.get("name"))
+        for d in installed.docs
+        if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}
+        for s in d.get("subjects") or []
+    }
+    assert ("ServiceAccount", "default") not in bound, bound
 
 
 @pytest.mark.parametrize(

@@ -252,6 +252,12 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
             {"agent": {"sandboxNetworkPolicy": {"reservedPorts": [0]}}},
             "agent.sandboxNetworkPolicy.reservedPorts",
         ),
+        ({"agent": {"runtimes": {"hostDir": "var/lib/x"}}}, "agent.runtimes.hostDir"),
+        (
+            {"agent": {"runtimes": {"gvisor": {"runscConfig": {"debug": 'x" y'}}}}},
+            "agent.runtimes.gvisor.runscConfig",
+        ),
+        ({"agent": {"runtimes": {"gvisor": {"install": "yes"}}}}, "agent.runtimes.gvisor.install"),
     ],
     ids=[
         "duration-without-unit-syntax",
@@ -270,6 +276,9 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "agent-surge",
         "blocked-egress-not-a-cidr",
         "reserved-port-zero",
+        "runtimes-dir-relative",
+        "runsc-flag-with-a-quote",
+        "gvisor-install-not-a-boolean",
     ],
 )
 def test_bad_values_are_refused_naming_the_value(
@@ -337,3 +346,110 @@ def test_the_stream_certificates_come_from_the_chart_or_from_cert_manager(helm: 
     )  # fmt: skip
     assert not by_kind(own, "Issuer"), "no self-signed CA when an issuer is named"
     assert {c["spec"]["issuerRef"]["name"] for c in by_kind(own, "Certificate")} == {"corp-ca"}
+
+
+GVISOR_ON = (
+    "--set",
+    "agent.runtimes.gvisor.install=true,agent.nodeSelector.pool=sandboxes,"
+    "agent.runtimes.gvisor.nodeSelector.containerd=v2,"
+    "agent.runtimes.gvisor.runscConfig.platform=systrap",
+)
+
+
+def _installer(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (installer,) = [
+        d for d in by_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("-gvisor")
+    ]
+    return installer
+
+
+def test_gvisor_is_installed_only_where_its_value_says_and_the_agent_reads_it(helm: Path) -> None:
+    off = render(helm)
+    assert [d["metadata"]["name"] for d in by_kind(off, "DaemonSet")] == ["sl-sandlot-agent"]
+    assert not by_kind(off, "RuntimeClass")
+    assert container_env(by_kind(off, "DaemonSet")[0])["SANDLOT_RUNTIMES_DIR"] == ""
+
+    docs = render(helm, *GVISOR_ON)
+    agent = next(d for d in by_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("-agent"))
+    pod = _installer(docs)["spec"]["template"]["spec"]
+    # The agent's nodes that the value selects, tolerating what the agent tolerates.
+    assert pod["nodeSelector"] == {"pool": "sandboxes", "containerd": "v2"}
+    assert pod["tolerations"] == agent["spec"]["template"]["spec"]["tolerations"]
+    assert pod["automountServiceAccountToken"] is False, "the installer needs no API identity"
+    (install,) = pod["containers"]
+    assert install["image"] == "ghcr.io/sandlot/sandlot-runtimes:0.1.0"
+    sc = install["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["readOnlyRootFilesystem"] is True
+    assert [v["hostPath"]["path"] for v in pod["volumes"]] == ["/var/lib/sandlot-runtimes"]
+    # The agent: the fragments' directory, the host directory read-only at its own path.
+    assert container_env(agent)["SANDLOT_RUNTIMES_DIR"] == "/var/lib/sandlot-runtimes/conf.d"
+    spec = agent["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert mounts["runtimes"] == {
+        "name": "runtimes", "mountPath": "/var/lib/sandlot-runtimes", "readOnly": True
+    }  # fmt: skip
+    (rc,) = by_kind(docs, "RuntimeClass")
+    assert rc["metadata"]["name"] == "gvisor" and rc["handler"] == "gvisor"
+    assert "scheduling" not in rc, "sandlot places by the published handler"
+    no_class = render(helm, *GVISOR_ON, "--set", "agent.runtimes.gvisor.runtimeClass.create=false")
+    assert not by_kind(no_class, "RuntimeClass")
+
+
+def test_the_installer_writes_what_the_agent_offers_and_removes_it_when_stopped(
+    helm: Path, tmp_path: Path
+) -> None:
+    """The installer's own script, run by busybox in a root of its own (its image's
+    layout: /bin/busybox, /gvisor/bin; the host directory at /host-runtimes): the
+    fragment it writes is a handler the agent offers, with the shim's path and its
+    options file, which names runsc and the flags; a SIGTERM removes it all."""
+    import signal
+    import stat
+    import time
+    import tomllib
+
+    from sandlot.agent.runtimes import discover
+
+    (script,) = _installer(render(helm, *GVISOR_ON))["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    root, host = tmp_path / "root", tmp_path / "root" / "host-runtimes"
+    for d in ("bin", "dev", "gvisor/bin", "host-runtimes"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    os.mknod(root / "dev" / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as a runtime gives
+    (root / "bin" / "busybox").write_bytes(Path("/bin/busybox").read_bytes())
+    (root / "bin" / "busybox").chmod(0o755)
+    for b in ("runsc", "containerd-shim-runsc-v1"):
+        (root / "gvisor" / "bin" / b).write_text(f"#!{b}\n")
+    proc = subprocess.Popen(["chroot", str(root), "/bin/busybox", "sh", "-c", script])
+    try:
+        fragment = host / "conf.d" / "gvisor.toml"
+        deadline = time.monotonic() + 30
+        while not fragment.exists():
+            assert proc.poll() is None, f"the installer exited ({proc.returncode})"
+            assert time.monotonic() < deadline, "the installer wrote no fragment within 30s"
+            time.sleep(0.1)
+        # Paths in the fragment are the node's (hostDir): seen here under host/.
+        offered = discover(
+            str(tmp_path / "absent.toml"),
+            str(host / "conf.d"),
+            lambda p: (host / Path(p).relative_to("/var/lib/sandlot-runtimes")).is_file(),
+        )
+        handler = offered.get("gvisor")
+        assert handler is not None, offered
+        assert handler.shim == "/var/lib/sandlot-runtimes/gvisor/bin/containerd-shim-runsc-v1"
+        assert handler.config_path == "/var/lib/sandlot-runtimes/gvisor/runsc.toml"
+        options = tomllib.loads((host / "gvisor" / "runsc.toml").read_text())
+        assert options == {
+            "binary_name": "/var/lib/sandlot-runtimes/gvisor/bin/runsc",
+            "runsc_config": {"platform": "systrap"},
+        }
+        assert (host / "gvisor" / "bin" / "runsc").read_text() == "#!runsc\n"
+        assert os.access(host / "gvisor" / "bin" / "runsc", os.X_OK)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not list(host.iterdir()), sorted(str(p) for p in host.rglob("*"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

@@ -17,6 +17,9 @@ import queue
 import re
 import ssl
 import threading
+import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,6 +42,7 @@ from sandlot.policy.streams import (
     decode_frame,
     encode_frame,
 )
+from tests.support import agents
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
 from tests.support.runtimeclasses import (
     HandlerRig,
@@ -46,6 +50,7 @@ from tests.support.runtimeclasses import (
     runsc_list,
     runtime_class,
 )
+from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd, EVERY_CONTAINERD]
 
@@ -264,3 +269,56 @@ def test_files_are_written_read_and_listed_inside_a_gvisor_sandbox(
     assert seen.strip() == str(len(body)), seen
     missing = _files(containerd, handler_rig, name, READ, "/tmp/absent")
     assert missing.status().get("code") == 404, missing.status()
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
+    kube: Any,
+    namespace: str,
+    containerd: PrivateContainerd,
+    handler_rig_archive: Path,
+    tmp_path: Path,
+) -> None:
+    """As the chart's installer does it: a containerd fragment put in the agent's
+    runtimes_dir while it runs (gVisor's shim by its path, runsc through the options
+    file) is published and runs a sandbox on gVisor's kernel, with no restart of
+    containerd or the agent; removed, it is withdrawn."""
+    gvisor = gvisor_bin_dir()
+    assert gvisor is not None, "gVisor is not built (make setup builds it)"
+    fragments, handler = tmp_path / "conf.d", "gvisor-late"
+    fragments.mkdir()
+    options = tmp_path / "runsc.toml"
+    options.write_text(f'binary_name = "{gvisor / "runsc"}"\n')
+    table = f'plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}'
+    fragment = fragments / f"{handler}.toml"
+    node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
+    with (
+        agents.containerd_namespace(containerd, "late", handler_rig_archive) as ctr_ns,
+        agents.agent_fleet(containerd, ctr_ns, log_dir) as fleet,
+    ):
+        fleet.start(
+            kube, namespace, node, capacity_memory="1Gi", runtimes_dir=str(fragments),
+            resync_interval=timedelta(seconds=1),
+        )  # fmt: skip
+        rig = HandlerRig(kube, namespace, node, ctr_ns, log_dir)
+        try:
+
+            def offered() -> list[str]:
+                return [h["name"] for h in rig.sandbox_node()["status"]["runtimeHandlers"]]
+
+            assert handler not in offered()
+            fragment.write_text(
+                f'version = 3\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
+                f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
+                f'[{table}.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n'
+                f'  ConfigPath = "{options}"\n'
+            )
+            wait_for(lambda: handler in offered(), timeout=30, what=f"{handler} published")
+            with runtime_class(kube, handler) as late_class:
+                name = rig.run(f"uname -r; echo {DONE}; {SLEEP}", runtimeClassName=late_class)
+                rig.wait(name, "Running")
+                assert rig.output(name, DONE).splitlines()[0].endswith("gvisor")
+            fragment.unlink()
+            wait_for(lambda: handler not in offered(), timeout=30, what=f"{handler} withdrawn")
+        finally:
+            agents.delete_node(kube, node)

@@ -93,7 +93,7 @@ def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
         node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
         security=node_security(),
         capacity=node_capacity(settings),
-        runtimes=discover(settings.containerd_config),
+        runtimes=discover(settings.containerd_config, settings.runtimes_dir),
     )
 
 

@@ -44,7 +44,7 @@ from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.network import Networking
 from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
-from sandlot.agent.runtimes import RuntimeClasses
+from sandlot.agent.runtimes import RuntimeClasses, discover
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, running, sandbox_key
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
@@ -153,7 +153,17 @@ class SandboxWork:
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
         self.user_ranges = UserRanges()
         self.write_caps = WriteCaps(rt, self.call_timeout)
-        self.runtime_classes = RuntimeClasses(objects.get_runtime_class, self.node, facts.runtimes)
+        self.runtime_classes = RuntimeClasses(
+            objects.get_runtime_class,
+            self.node,
+            facts.runtimes,
+            rediscover=partial(
+                discover, settings.containerd_config, settings.runtimes_dir, quiet=True
+            ),
+            publish=lambda found: objects.patch_node_status(
+                self.node, {"runtimeHandlers": [{"name": n} for n in found.names]}
+            ),
+        )
 
     # ------------------------------------------------------------ teardown and stop
 

@@ -55,6 +55,14 @@ class AgentSettings(NetworkSettings, PullSettings):
         "runtimes are the runtime handlers the node offers (status.runtimeHandlers), each "
         "only when its binaries exist; runc always. A missing file offers runc alone.",
     )
+    runtimes_dir: str = Field(
+        default="",
+        max_length=256,
+        description="Directory of containerd configuration fragments (*.toml) declaring "
+        "more runtime handlers beside containerd_config's, as a runtime installer (the "
+        "chart's) writes them; read again on the sync passes (at most every 10 s), so a "
+        "runtime installed later is offered without restarts. Empty: none.",
+    )
     containerd_root: str = Field(
         default="/var/lib/containerd",
         min_length=1,

@@ -266,9 +266,6 @@ class PrivateContainerd:
             env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         if self.path_prefix is not None:
             env["PATH"] = f"{self.path_prefix}{os.pathsep}{env.get('PATH', '')}"
-        gvisor = self._gvisor()
-        if gvisor is not None:  # the runsc shim runs `runsc` from its PATH
-            env["PATH"] = f"{env.get('PATH', '')}{os.pathsep}{gvisor}"
         return env
 
     def _gvisor(self) -> Path | None:
@@ -330,10 +327,18 @@ class PrivateContainerd:
             ]
         gvisor = self._gvisor()
         if gvisor is not None:
+            # runsc is not on containerd's PATH: the shim finds it through its options
+            # file (ConfigPath), which the agent hands it as CRI would.
+            runsc_toml = self.root_dir / "runsc.toml"
+            runsc_toml.write_text(f'binary_name = "{gvisor / "runsc"}"\n')
+            table = f'plugins."{plugin}".containerd.runtimes.{GVISOR_HANDLER}'
             lines += [
-                f'[plugins."{plugin}".containerd.runtimes.{GVISOR_HANDLER}]',
+                f"[{table}]",
                 '  runtime_type = "io.containerd.runsc.v1"',
                 f'  runtime_path = "{gvisor / RUNSC_SHIM}"',
+                f"[{table}.options]",
+                '  TypeUrl = "io.containerd.runsc.v1.options"',
+                f'  ConfigPath = "{runsc_toml}"',
                 "",
             ]
         return lines

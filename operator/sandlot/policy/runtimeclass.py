@@ -50,6 +50,10 @@ class RuntimeHandler:
     runtime_path: str = ""
     """The shim binary's path when the configuration names it (``runtime_path``),
     else "" (containerd finds the shim by ``runtime_type`` on its PATH)."""
+    config_path: str = ""
+    """For a shim of its own kind (gVisor's), its ``options.ConfigPath``: the file of
+    the shim's own options (runsc's path, its flags), handed to the shim as CRI
+    does (``runtimeoptions.v1.Options``); "" when the configuration names none."""
 
     @property
     def shim(self) -> str:
@@ -117,6 +121,9 @@ def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -
         options = body.get("options") or {}
         binary = str(options.get("BinaryName") or "") if runtime_type == RUNC_RUNTIME_TYPE else ""
         path = str(body.get("runtime_path") or "")
+        config_path = (
+            str(options.get("ConfigPath") or "") if runtime_type != RUNC_RUNTIME_TYPE else ""
+        )
         shim = path or shim_binary(runtime_type)
         if not HANDLER_NAME.match(name) or len(name) > 63:
             skipped.append((name, "not a valid handler name (a DNS label)"))
@@ -125,7 +132,7 @@ def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -
         elif binary and not found(binary):
             skipped.append((name, f"its BinaryName {binary} does not exist"))
         else:
-            handlers.append(RuntimeHandler(name, runtime_type, binary, path))
+            handlers.append(RuntimeHandler(name, runtime_type, binary, path, config_path))
     if not any(h.name == RUNC for h in handlers) and RUNC not in dict(skipped):
         handlers.insert(0, RuntimeHandler(RUNC))
     return Discovery(tuple(handlers), tuple(skipped))

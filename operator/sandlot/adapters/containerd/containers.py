@@ -49,6 +49,27 @@ DEFAULT_SNAPSHOTTER = "overlayfs"
 SPEC_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Spec"
 # containerd's typeurl registry names protobuf messages by their full name.
 RUNC_OPTIONS_TYPE_URL = "containerd.runc.v1.Options"
+# containerd's runtimeoptions.v1.Options (type_url = 1, config_path = 2): how CRI
+# hands a shim of its own kind (gVisor's) the file of its options.
+RUNTIME_OPTIONS_TYPE_URL = "runtimeoptions.v1.Options"
+RUNSC_OPTIONS_TYPE = "io.containerd.runsc.v1.options"
+
+
+def runtime_options(config_path: str, options_type: str = RUNSC_OPTIONS_TYPE) -> bytes:
+    """``runtimeoptions.v1.Options{type_url, config_path}`` in protobuf's wire format."""
+
+    def field(number: int, text: str) -> bytes:
+        data, size, length = text.encode(), bytearray(), len(text.encode())
+        while True:
+            byte, length = length & 0x7F, length >> 7
+            size.append(byte | (0x80 if length else 0))
+            if not length:
+                break
+        return bytes([number << 3 | 2]) + bytes(size) + data
+
+    return field(1, options_type) + field(2, config_path)
+
+
 # A create lease outlives a crashed agent by this much, then containerd's GC drops it.
 CREATE_LEASE_TTL = timedelta(hours=1)
 
@@ -195,6 +216,13 @@ class Containers:
             runtime.options.CopyFrom(
                 any_pb2.Any(type_url=RUNC_OPTIONS_TYPE_URL, value=options.SerializeToString())
             )
+        elif handler.config_path:
+            runtime.options.CopyFrom(
+                any_pb2.Any(
+                    type_url=RUNTIME_OPTIONS_TYPE_URL,
+                    value=runtime_options(handler.config_path),
+                )
+            )
         return runtime
 
     def _prepare(self, spec: ContainerSpec, parent: str, budget: Deadline, lease: str) -> None:
@@ -232,9 +260,11 @@ class Containers:
         request = tasks_pb2.CreateTaskRequest(
             container_id=container_id, rootfs=mounts, stdout=stdio, stderr=stdio
         )
-        if container.runtime.HasField("options"):
+        if container.runtime.options.type_url == RUNC_OPTIONS_TYPE_URL:
             # As containerd's Go client does for the runc shim: its options (the OCI
             # runtime binary) go with the task, which is where the shim reads them.
+            # containerd 2.x takes no other kind there: another shim's options (the
+            # runsc shim's ConfigPath) reach it from the container's runtime.
             request.options.CopyFrom(container.runtime.options)
         self._conn.call(
             self._conn.tasks.Create,

@@ -30,8 +30,14 @@ from sandlot.devtools.controlplane import (
 from sandlot.devtools.ociarchive import import_archive
 
 NODE_BUILD_SCRIPT = Path(__file__).parents[1] / "controlplane" / "build-node.sh"
+CONTAINERD2_BUILD_SCRIPT = Path(__file__).parents[1] / "controlplane" / "build-containerd.sh"
 API_PORT = 443  # the port of the `kubernetes` Service, which pods dial
 IMAGE_NAMESPACE = "k8s.io"  # the kubelet's containerd namespace
+
+
+def containerd2_dir(build_timeout: float = 3000.0) -> Path:
+    """containerd 2.x's binaries, built once from its module (build-containerd.sh)."""
+    return _run_build(CONTAINERD2_BUILD_SCRIPT, "containerd 2.x", build_timeout)
 
 
 def node_binaries_dir(build_timeout: float = 3000.0) -> Path:
@@ -51,6 +57,8 @@ class LocalCluster:
     node_count: int = 2
     images: list[Path] = field(default_factory=list)  # archives imported into every node
     ready_timeout: float = 180.0
+    containerd2: tuple[str, ...] = ()
+    """Nodes (by name) running containerd 2.x (built and cached) instead of the OS's."""
     net: ClusterNet | None = None
     plane: ControlPlane | None = None
     nodes: list[Node] = field(default_factory=list)
@@ -114,6 +122,8 @@ class LocalCluster:
         )  # fmt: skip
         for i, name in enumerate(names):
             node = Node(name, i, self.workdir / name, net, pause_image, bins / "kubelet")
+            if name in self.containerd2:
+                node.containerd_bin = containerd2_dir()
             node.write_config(self.plane.url, self.plane.ca_file, tokens[name])
             self.nodes.append(node)
         self._save_state()

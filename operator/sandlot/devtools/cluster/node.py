@@ -1,5 +1,6 @@
-"""One node of the local cluster: its own containerd (CRI on, the OS package) and
-kubelet, in the node's network namespace and in a mount namespace of their own.
+"""One node of the local cluster: its own containerd (CRI on; the OS package, or
+2.x built from its module when the node is given its binaries) and kubelet, in
+the node's network namespace and in a mount namespace of their own.
 
 The kubelet and containerd write to fixed host paths (``/var/lib/kubelet``,
 ``/var/log/pods``, ``/run/containerd``) and the chart mounts the standard node
@@ -44,7 +45,7 @@ for d in {binds}; do
 done
 mount --make-rshared /
 mkdir -p /run/containerd /var/lib/kubelet /var/log/pods /var/log/containers
-containerd --config "$node/containerd.toml" >>"$node/containerd.log" 2>&1 &
+{path}containerd --config "$node/containerd.toml" >>"$node/containerd.log" 2>&1 &
 tries=0
 until [ -S /run/containerd/containerd.sock ]; do
   tries=$((tries + 1))
@@ -66,6 +67,9 @@ class Node:
     pause_image: str
     kubelet: Path
     process: subprocess.Popen[bytes] | None = None
+    containerd_bin: Path | None = None
+    """The directory of containerd 2.x's binaries (its daemon and runc shim, found
+    first on the node's PATH); None: the OS package's, on PATH."""
 
     @property
     def address(self) -> str:
@@ -108,7 +112,8 @@ class Node:
                 }
             )
         )
-        (d / "launch.sh").write_text(LAUNCHER.format(binds=" ".join(BIND_DIRS)))
+        path = f'export PATH="{self.containerd_bin}:$PATH"\n' if self.containerd_bin else ""
+        (d / "launch.sh").write_text(LAUNCHER.format(binds=" ".join(BIND_DIRS), path=path))
 
     def _containerd_config(self) -> str:
         cri = 'plugins."io.containerd.grpc.v1.cri"'
@@ -300,12 +305,15 @@ class Node:
         """Start containerd again inside the node's namespaces (the kubelet's)."""
         kubelet = next(p for p in self.processes() if _argv0(p) == "kubelet")
         log = (self.directory / "containerd.log").open("ab")
+        env = dict(os.environ)
+        if self.containerd_bin is not None:
+            env["PATH"] = f"{self.containerd_bin}{os.pathsep}{env.get('PATH', '')}"
         proc = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{self.net.netns(self.index)}",
              f"--mount=/proc/{kubelet}/ns/mnt", "containerd",
              "--config", str(self.directory / "containerd.toml")],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )  # fmt: skip
         log.close()
         return proc
