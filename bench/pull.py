@@ -27,12 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.containerd import start_private_containerd
 
-from sandlot.adapters.containerd.pull import ContainerdPuller
-from sandlot.adapters.registry import Endpoint
+from sandlot.adapters.pulling import ContainerdPuller, Endpoint
 from sandlot.devtools.ociarchive import build_image_archive
 from sandlot.devtools.registry import LOOPBACK_HOSTS, start_registry, unavailable_reason
-from sandlot.policy.imageref import parse_reference
-from sandlot.policy.registryaddress import RegistryAccess
+from sandlot.policy.pulling import RegistryAccess, parse_reference
 
 TARGET_RATIO = 1.2
 

@@ -26,8 +26,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.pull import ContainerdPuller
-from sandlot.adapters.registry import Endpoint, RegistryError
+from sandlot.adapters.pulling import ContainerdPuller, Endpoint, RegistryError
 from sandlot.adapters.runtime import ImageTooLarge
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
@@ -38,8 +37,7 @@ from sandlot.policy.imagecaps import (
     MAX_USER_LOOKUP_BYTES,
     mib,
 )
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.imageref import parse_reference
+from sandlot.policy.pulling import FailureKind, parse_reference
 from tests.support import agents, hostile
 from tests.support.containerd import PrivateContainerd
 from tests.support.registry import LOOPBACK_ACCESS

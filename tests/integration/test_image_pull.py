@@ -22,18 +22,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.pull import ContainerdPuller
-from sandlot.adapters.registry import Credential, Endpoint, RegistryError
+from sandlot.adapters.pulling import ContainerdPuller, Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
 from sandlot.agent.imagegc import ImageCollector
-from sandlot.agent.pullmetrics import PullMetrics
-from sandlot.agent.pulls import ImagePulls, PullOptions
+from sandlot.agent.pulling import ImagePulls, PullMetrics, PullOptions
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.imageref import parse_reference
 from sandlot.policy.ocispec import default_spec
-from sandlot.policy.registryaddress import RegistryAccess
+from sandlot.policy.pulling import FailureKind, RegistryAccess, parse_reference
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import (

@@ -15,13 +15,17 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.pull import ContainerdPuller, PullMethod
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, Endpoint, RegistryError
+from sandlot.adapters.pulling import (
+    ContainerdPuller,
+    Credential,
+    Endpoint,
+    PullMethod,
+    RegistryError,
+)
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.api.keys import LAST_USED_LABEL
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.imageref import parse_reference
+from sandlot.policy.pulling import FailureKind, parse_reference
 from tests.integration.test_image_pull import SLACK, _pull, _run
 from tests.support.containerd import (
     PrivateContainerd,

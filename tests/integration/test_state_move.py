@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, Endpoint, RegistryClient
+from sandlot.adapters.pulling import Credential, Endpoint, RegistryClient
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.registry import LOOPBACK_HOSTS

@@ -1,7 +1,7 @@
 """A committed filesystem pushed to a real registry and started on another node.
 
 A container writes a file, is committed in one containerd namespace (node A) and
-pushed with ``registrypush.push_image`` to the loopback registry behind htpasswd;
+pushed with ``adapters.pulling.push_image`` to the loopback registry behind htpasswd;
 another namespace (node B, nothing of A's in its store) pulls that exact
 reference under the local name and starts a container that sees the file. A
 second push of the same state sends no blob (the registry has them all).
@@ -16,15 +16,19 @@ from pathlib import Path
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.containerd.pull import ContainerdPuller
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
-from sandlot.adapters.registrypush import push_image
+from sandlot.adapters.pulling import (
+    ContainerdPuller,
+    Credential,
+    Endpoint,
+    RegistryClient,
+    RegistryError,
+    push_image,
+)
 from sandlot.adapters.runtime import ContainerSpec, RuntimeTimeout
 from sandlot.agent.teardown import teardown
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.imageref import parse_reference
 from sandlot.policy.ocispec import default_spec
+from sandlot.policy.pulling import FailureKind, parse_reference
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import CALL_TIMEOUT, IMAGE, KILL_WAIT
 from tests.support import agents

@@ -62,21 +62,34 @@ def start_pull_agent(
 
 
 class StatusLog:
-    """Every (phase, reason) a Sandbox's status showed, seen by a watch."""
+    """Every (phase, reason) a Sandbox's status showed from its construction on, seen
+    by a watch.
+
+    The watch starts from the resourceVersion of a listing made before the constructor
+    returns, so no status written after that is missed however late the watch's own
+    connection is made: a watch without one starts wherever the API server is when
+    it connects, and a status shown only briefly (``Pulling`` for a fast pull) may
+    already be gone by then."""
 
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.seen: dict[str, list[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         self._watch = watch.Watch()
-        self._thread = threading.Thread(target=self._run, args=(api, namespace), daemon=True)
+        listing = client.CustomObjectsApi(api).list_namespaced_custom_object(
+            GROUP, VERSION, namespace, "sandboxes"
+        )
+        for obj in listing["items"]:
+            self._record(obj)
+        since = listing["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, args=(api, namespace, since), daemon=True)
         self._thread.start()
 
-    def _run(self, api: client.ApiClient, namespace: str) -> None:
+    def _run(self, api: client.ApiClient, namespace: str, since: str) -> None:
         # The namespace's deletion at the test's end cuts the watch: that is its end.
         with contextlib.suppress(ProtocolError, client.ApiException):
-            self._follow(api, namespace)
+            self._follow(api, namespace, since)
 
-    def _follow(self, api: client.ApiClient, namespace: str) -> None:
+    def _follow(self, api: client.ApiClient, namespace: str, since: str) -> None:
         objs = client.CustomObjectsApi(api)
         for event in self._watch.stream(
             objs.list_namespaced_custom_object,
@@ -84,15 +97,18 @@ class StatusLog:
             VERSION,
             namespace,
             "sandboxes",
+            resource_version=since,
             timeout_seconds=120,
         ):
-            obj = event["object"]
-            status = obj.get("status") or {}
-            entry = (str(status.get("phase", "")), str(status.get("reason", "")))
-            with self._lock:
-                history = self.seen.setdefault(obj["metadata"]["name"], [])
-                if not history or history[-1] != entry:
-                    history.append(entry)
+            self._record(event["object"])
+
+    def _record(self, obj: dict[str, Any]) -> None:
+        status = obj.get("status") or {}
+        entry = (str(status.get("phase", "")), str(status.get("reason", "")))
+        with self._lock:
+            history = self.seen.setdefault(obj["metadata"]["name"], [])
+            if not history or history[-1] != entry:
+                history.append(entry)
 
     def reasons(self, name: str) -> list[str]:
         with self._lock:

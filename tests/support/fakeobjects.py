@@ -47,6 +47,9 @@ class FakeObjects:
         self.snapshots: dict[str, dict[str, Any]] = {}  # "ns/name" -> body
         self.writes: list[tuple[str, str]] = []  # (verb, key), in order
         self.failing: dict[str, int] = {}  # "ns/name" -> HTTP status its writes fail with
+        # verb ("get" or a write's, as in ``writes``) -> what its next calls raise, in order
+        self.faults: dict[str, list[Exception]] = {}
+        self.status_versions: list[str | None] = []  # resourceVersion each status patch sent
         self.before_write: Callable[[str, str], None] | None = None
         self.on_list: Callable[[str], None] | None = None  # each listing, each page
         # (node, limit, items) a listing of a node's sandboxes; limit None for a whole one
@@ -113,6 +116,16 @@ class FakeObjects:
         """A change made behind the controllers' back gets a new resourceVersion."""
         body["metadata"]["resourceVersion"] = self._next_rv()
 
+    def fail_next(self, verb: str, *answers: Exception) -> None:
+        """The next calls of ``verb`` raise ``answers`` in turn, before looking at
+        anything (an API error, or a transport error for no answer at all)."""
+        self.faults.setdefault(verb, []).extend(answers)
+
+    def _fault(self, verb: str) -> None:
+        pending = self.faults.get(verb)
+        if pending:
+            raise pending.pop(0)
+
     def phase(self, key: str) -> str | None:
         body = self.sandboxes.get(key)
         return None if body is None else body["status"].get("phase")
@@ -120,6 +133,7 @@ class FakeObjects:
     def _write(self, verb: str, key: str) -> None:
         if self.before_write is not None:
             self.before_write(verb, key)
+        self._fault(verb)
         status = self.failing.get(key)
         if status is not None:
             raise ApiException(status=status, reason="injected failure")
@@ -172,6 +186,7 @@ class FakeObjects:
 
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
+            self._fault("get")
             return copy.deepcopy(self._sandbox(namespace, name))
 
     def patch_sandbox_status(
@@ -182,6 +197,7 @@ class FakeObjects:
         resource_version: str | None = None,
     ) -> dict[str, Any]:
         with self._lock:
+            self.status_versions.append(resource_version)
             self._write("patch-status", f"{namespace}/{name}")
             body = self._sandbox(namespace, name)
             if resource_version is not None and body["metadata"]["resourceVersion"] != str(

@@ -30,7 +30,7 @@ from sandlot.devtools.registry import (
     start_registry,
     unavailable_reason,
 )
-from sandlot.policy.registryaddress import RegistryAccess
+from sandlot.policy.pulling import RegistryAccess
 
 LOOPBACK_ACCESS = RegistryAccess(private_hosts=frozenset(LOOPBACK_HOSTS))
 """What a puller of these registries (all on loopback) must be allowed."""

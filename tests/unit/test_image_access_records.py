@@ -1,13 +1,13 @@
-"""agent.imageaccess: the verified pairs on disk, and what a lost or broken file means
+"""agent.pulling.access: the verified pairs on disk, and what a lost or broken file means
 (a verification more, never one skipped)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sandlot.agent.imageaccess import ImageAccess, access_file
+from sandlot.agent.pulling.access import ImageAccess, access_file
 from sandlot.api.keys import PULLED_BY_AGENT_LABEL
-from sandlot.policy.imagecreds import VerifyPolicy
+from sandlot.policy.pulling.credentials import VerifyPolicy
 
 IMAGE = "reg.example/team/private:1"
 PULLED = {PULLED_BY_AGENT_LABEL: "true"}

@@ -1,4 +1,4 @@
-"""policy.imagecreds and the verify step of policy.imagepull: which images a
+"""policy.pulling.credentials and the verify step of policy.pulling.decision: which images a
 sandbox's credential must verify before running, and the bounded records."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.policy.imagecreds import (
+from sandlot.policy.pulling.credentials import (
     SHARED_IDENTITY,
     AccessRecords,
     InvalidAllowlistEntry,
@@ -17,7 +17,13 @@ from sandlot.policy.imagecreds import (
     credential_identity,
     needs_verification,
 )
-from sandlot.policy.imagepull import FailureKind, PullAction, PullHistory, PullPolicy, decide_pull
+from sandlot.policy.pulling.decision import (
+    FailureKind,
+    PullAction,
+    PullHistory,
+    PullPolicy,
+    decide_pull,
+)
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 A = credential_identity("reg:5000", ("a", "pw-a"))

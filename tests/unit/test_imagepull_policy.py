@@ -1,4 +1,4 @@
-"""policy.imagepull: the kubelet's pull policies and ImagePullBackOff, on a fake clock."""
+"""policy.pulling.decision: the kubelet's pull policies and ImagePullBackOff, on a fake clock."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sandlot.policy.imagepull import (
+from sandlot.policy.pulling.decision import (
     FailureKind,
     PullAction,
     PullHistory,

@@ -1,10 +1,10 @@
-"""policy.imageref: references read as docker and containerd read them."""
+"""policy.pulling.reference: references read as docker and containerd read them."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandlot.policy.imageref import InvalidReference, parse_reference
+from sandlot.policy.pulling.reference import InvalidReference, parse_reference
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,11 @@
-"""policy.registryaddress: which addresses, redirects and realms a registry request
+"""policy.pulling.access: which addresses, redirects and realms a registry request
 may reach, and what of a registry's answer a status message repeats."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandlot.policy.registryaddress import (
+from sandlot.policy.pulling.access import (
     MAX_REDIRECTS,
     RegistryAccess,
     address_refusal,

@@ -1,4 +1,4 @@
-"""policy.registryauth: the credential of a registry among dockerconfigjson documents."""
+"""policy.pulling.auth: the credential of a registry among dockerconfigjson documents."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sandlot.policy.registryauth import credential_for
+from sandlot.policy.pulling.auth import credential_for
 
 
 def _auth(user: str, password: str) -> dict[str, str]:

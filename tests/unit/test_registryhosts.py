@@ -1,4 +1,4 @@
-"""adapters.registryhosts: containerd's hosts.toml conventions, and the pull-path seam."""
+"""adapters.pulling.hosts: containerd's hosts.toml conventions, and the pull-path seam."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.adapters.registryhosts import HostsConfigError, endpoints_for
-from sandlot.policy.imageref import parse_reference
+from sandlot.adapters.pulling.hosts import HostsConfigError, endpoints_for
+from sandlot.policy.pulling.reference import parse_reference
 
 
 @pytest.mark.parametrize(
@@ -79,5 +79,5 @@ def test_unreadable_hosts_file_names_itself(tmp_path: Path) -> None:
 def test_pull_path_is_chosen_by_what_the_daemon_offers(
     transfer_offered: bool, agent_hosts: bool, method: str
 ) -> None:
-    pull = pytest.importorskip("sandlot.adapters.containerd.pull")
+    pull = pytest.importorskip("sandlot.adapters.pulling.puller")
     assert pull.pull_method(transfer_offered=transfer_offered, agent_hosts=agent_hosts) == method

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from sandlot.adapters.registry import Credential, RegistryError
-from sandlot.adapters.registrypush import Pushed
+from sandlot.adapters.pulling import Credential, Pushed, RegistryError
 from sandlot.agent import statestore
 from sandlot.agent.statestore import StateStore
 

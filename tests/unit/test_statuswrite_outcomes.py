@@ -1,10 +1,12 @@
 """``adapters.statuswrite.write_status`` decided on what the Objects boundary answers:
-each outcome, with a fake of that boundary (its real behaviour against the API
-server is claimed in tests/integration/test_statuswrite.py)."""
+each outcome, on the stateful fake of that boundary (``tests/support/fakeobjects.py``)
+with what happened between the read and the write made to happen in it; its real
+behaviour against the API server is claimed in tests/integration/test_statuswrite.py."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -12,45 +14,17 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.statuswrite import WriteOutcome, write_status
 from sandlot.api.sandbox import SandboxPhase
+from tests.support.fakeobjects import FakeObjects
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+KEY = "ns/box"
 
 
-def body(
-    phase: str = "Scheduled", *, rv: str = "a1", uid: str = "u1", node: str = "n1"
-) -> dict[str, Any]:
-    return {
-        "metadata": {"namespace": "ns", "name": "box", "uid": uid, "resourceVersion": rv},
-        "spec": {"nodeName": node},
-        "status": {"phase": phase},
-    }
-
-
-class FakeObjects:
-    """Answers patches from ``patches`` (an exception or None) and re-reads from
-    ``reads``, recording the resourceVersions sent."""
-
-    def __init__(self, patches: list[Exception | None], reads: list[Any] = ()) -> None:
-        self.patches = list(patches)
-        self.reads = list(reads)
-        self.sent: list[str | None] = []
-
-    def patch_sandbox_status(
-        self,
-        namespace: str,
-        name: str,
-        status: Mapping[str, Any],
-        resource_version: str | None = None,
-    ) -> dict[str, Any]:
-        self.sent.append(resource_version)
-        answer = self.patches.pop(0)
-        if answer is not None:
-            raise answer
-        return {}
-
-    def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
-        answer = self.reads.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return dict(answer)
+def world(phase: str = "Scheduled") -> tuple[FakeObjects, dict[str, Any]]:
+    """The fake holding one Sandbox bound to n1, and that Sandbox as the writer read it."""
+    objects = FakeObjects(lambda: T0)
+    read = objects.add_sandbox("ns", "box", T0, node="n1", phase=phase)
+    return objects, read
 
 
 def api(status: int) -> ApiException:
@@ -59,7 +33,6 @@ def api(status: int) -> ApiException:
         reason={
             400: "Bad Request",
             403: "Forbidden",
-            404: "Not Found",
             409: "Conflict",
             422: "Unprocessable Entity",
             429: "Too Many Requests",
@@ -69,55 +42,106 @@ def api(status: int) -> ApiException:
     )
 
 
-CASES = {
-    "written-first-time": ([None], [], WriteOutcome.WRITTEN, ["a1"]),
-    "conflict-then-written-with-the-reread-version": (
-        [api(409), None],
-        [body(rv="zz9")],
-        WriteOutcome.WRITTEN,
-        ["a1", "zz9"],
-    ),
-    "not-found-on-patch-is-gone": ([api(404)], [], WriteOutcome.GONE, ["a1"]),
-    "not-found-on-reread-is-gone": ([api(409)], [api(404)], WriteOutcome.GONE, ["a1"]),
-    "recreated-new-uid-is-gone": ([api(409)], [body(uid="u2", rv="b")], WriteOutcome.GONE, ["a1"]),
-    "rebound-other-node-is-gone": (
-        [api(409)],
-        [body(node="n2", rv="b")],
-        WriteOutcome.GONE,
-        ["a1"],
-    ),
-    "terminal-on-reread-is-skipped": ([api(409)], [body("Stopped")], WriteOutcome.SKIPPED, ["a1"]),
-    "dead-on-reread-is-skipped": ([api(409)], [body("Dead")], WriteOutcome.SKIPPED, ["a1"]),
-    "other-api-error-fails": ([api(500)], [], WriteOutcome.FAILED, ["a1"]),
-    "unavailable-fails": ([api(503)], [], WriteOutcome.FAILED, ["a1"]),
-    "too-many-requests-fails-transiently": ([api(429)], [], WriteOutcome.FAILED, ["a1"]),
-    "invalid-is-refused": ([api(422)], [], WriteOutcome.REFUSED, ["a1"]),
-    "forbidden-is-refused": ([api(403)], [], WriteOutcome.REFUSED, ["a1"]),
-    "bad-request-is-refused": ([api(400)], [], WriteOutcome.REFUSED, ["a1"]),
+# What happens to the stored Sandbox after the writer read it (a change by someone
+# else gets a new resourceVersion, so the writer's patch meets a real 409).
+
+
+def nothing(objects: FakeObjects) -> None:
+    pass
+
+
+def changed(objects: FakeObjects) -> None:
+    objects.touch(objects.sandboxes[KEY])
+
+
+def deleted(objects: FakeObjects) -> None:
+    del objects.sandboxes[KEY]
+
+
+def conflict_then_deleted(objects: FakeObjects) -> None:
+    objects.fail_next("patch-status", api(409))
+    deleted(objects)
+
+
+def recreated(objects: FakeObjects) -> None:
+    objects.sandboxes[KEY]["metadata"]["uid"] = "uid-recreated"
+    changed(objects)
+
+
+def rebound(objects: FakeObjects) -> None:
+    objects.sandboxes[KEY]["spec"]["nodeName"] = "n2"
+    changed(objects)
+
+
+def ended_as(phase: str) -> Callable[[FakeObjects], None]:
+    def end(objects: FakeObjects) -> None:
+        objects.sandboxes[KEY]["status"]["phase"] = phase
+        changed(objects)
+
+    return end
+
+
+def patch_answers(answer: Exception) -> Callable[[FakeObjects], None]:
+    return lambda objects: objects.fail_next("patch-status", answer)
+
+
+def changed_then_reread_answers(answer: Exception) -> Callable[[FakeObjects], None]:
+    def happen(objects: FakeObjects) -> None:
+        changed(objects)
+        objects.fail_next("get", answer)
+
+    return happen
+
+
+def changed_before_every_patch(objects: FakeObjects) -> None:
+    objects.before_write = lambda verb, key: changed(objects)
+
+
+Happening = Callable[[FakeObjects], None]
+
+# name: (what happens, outcome, status patches sent)
+CASES: dict[str, tuple[Happening, WriteOutcome, int]] = {
+    "written-first-time": (nothing, WriteOutcome.WRITTEN, 1),
+    "conflict-then-written-with-the-reread-version": (changed, WriteOutcome.WRITTEN, 2),
+    "not-found-on-patch-is-gone": (deleted, WriteOutcome.GONE, 1),
+    "not-found-on-reread-is-gone": (conflict_then_deleted, WriteOutcome.GONE, 1),
+    "recreated-new-uid-is-gone": (recreated, WriteOutcome.GONE, 1),
+    "rebound-other-node-is-gone": (rebound, WriteOutcome.GONE, 1),
+    "terminal-on-reread-is-skipped": (ended_as("Stopped"), WriteOutcome.SKIPPED, 1),
+    "dead-on-reread-is-skipped": (ended_as("Dead"), WriteOutcome.SKIPPED, 1),
+    "other-api-error-fails": (patch_answers(api(500)), WriteOutcome.FAILED, 1),
+    "unavailable-fails": (patch_answers(api(503)), WriteOutcome.FAILED, 1),
+    "too-many-requests-fails-transiently": (patch_answers(api(429)), WriteOutcome.FAILED, 1),
+    "invalid-is-refused": (patch_answers(api(422)), WriteOutcome.REFUSED, 1),
+    "forbidden-is-refused": (patch_answers(api(403)), WriteOutcome.REFUSED, 1),
+    "bad-request-is-refused": (patch_answers(api(400)), WriteOutcome.REFUSED, 1),
     "no-answer-fails-without-raising": (
-        [ConnectionError("reset")],
-        [],
+        patch_answers(ConnectionError("reset")),
         WriteOutcome.FAILED,
-        ["a1"],
+        1,
     ),
-    "reread-error-fails": ([api(409)], [api(500)], WriteOutcome.FAILED, ["a1"]),
-    "conflicting-every-time": (
-        [api(409)] * 3,
-        [body(rv="b"), body(rv="c"), body(rv="d")],
-        WriteOutcome.CONFLICTED,
-        ["a1", "b", "c"],
-    ),
+    "reread-error-fails": (changed_then_reread_answers(api(500)), WriteOutcome.FAILED, 1),
+    "conflicting-every-time": (changed_before_every_patch, WriteOutcome.CONFLICTED, 3),
 }
 
 
-@pytest.mark.parametrize(("patches", "reads", "outcome", "sent"), CASES.values(), ids=list(CASES))
-def test_write_outcome(
-    patches: list[Exception | None], reads: list[Any], outcome: WriteOutcome, sent: list[str]
-) -> None:
-    objects = FakeObjects(patches, reads)
-    result = write_status(objects, body(), {"phase": "Running"}, node="n1", max_attempts=3)
+@pytest.mark.parametrize(("happen", "outcome", "patches"), CASES.values(), ids=list(CASES))
+def test_write_outcome(happen: Happening, outcome: WriteOutcome, patches: int) -> None:
+    objects, read = world()
+    happen(objects)
+    stored_before = objects.sandboxes.get(KEY, {}).get("metadata", {}).get("resourceVersion")
+
+    result = write_status(objects, read, {"phase": "Running"}, node="n1", max_attempts=3)
+
     assert result.outcome is outcome, result
-    assert objects.sent == sent
+    sent = objects.status_versions
+    assert len(sent) == patches, sent
+    assert sent[0] == read["metadata"]["resourceVersion"]
+    # Each retry carries the version its re-read found, never the one that conflicted.
+    assert len(set(sent)) == len(sent), sent
+    if patches == 2:
+        assert sent[1] == stored_before
+    assert (objects.phase(KEY) == "Running") is (outcome is WriteOutcome.WRITTEN)
 
 
 @pytest.mark.parametrize(
@@ -132,18 +156,21 @@ def test_write_outcome(
 def test_allowed_from_is_checked_before_any_write(
     phase: str, outcome: WriteOutcome, patched: bool
 ) -> None:
-    objects = FakeObjects([None])
+    objects, read = world(phase)
     allowed = {SandboxPhase.PENDING, SandboxPhase.SCHEDULED}
-    result = write_status(objects, body(phase), {"phase": "Running"}, allowed_from=allowed)
+    result = write_status(objects, read, {"phase": "Dead"}, allowed_from=allowed)
     assert result.outcome is outcome
-    assert bool(objects.sent) is patched
+    assert bool(objects.status_versions) is patched
 
 
 def test_node_defaults_to_the_one_the_object_was_read_on() -> None:
-    objects = FakeObjects([api(409)], [body(node="elsewhere", rv="b")])
-    assert write_status(objects, body(), {"phase": "Dead"}).outcome is WriteOutcome.GONE
+    objects, read = world()
+    rebound(objects)
+    assert write_status(objects, read, {"phase": "Dead"}).outcome is WriteOutcome.GONE
+    assert objects.phase(KEY) == "Scheduled"
 
 
 def test_detail_names_the_failure() -> None:
-    objects = FakeObjects([api(500)])
-    assert write_status(objects, body(), {"phase": "Dead"}).detail == "500 Boom"
+    objects, read = world()
+    objects.fail_next("patch-status", api(500))
+    assert write_status(objects, read, {"phase": "Dead"}).detail == "500 Boom"

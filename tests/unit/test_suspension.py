@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.containerd.commit import committed_documents
-from sandlot.adapters.registry import RegistryError
-from sandlot.adapters.registrypush import Pushed
+from sandlot.adapters.pulling import Pushed, RegistryError
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
 from sandlot.agent.status import StatusWriter

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-transfer = pytest.importorskip("sandlot.adapters.containerd.transfer")
+transfer = pytest.importorskip("sandlot.adapters.pulling.transfer")
 progress_pb2 = pytest.importorskip("sandlot.adapters.containerd.gen.types.transfer.progress_pb2")
 descriptor_pb2 = pytest.importorskip("sandlot.adapters.containerd.gen.types.descriptor_pb2")
 

@@ -27,7 +27,7 @@ from sandlot.agent.idle import IdlePauses, post_sandbox_event
 from sandlot.agent.logs import SandboxLogs, sandbox_logs
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.network import Networking
-from sandlot.agent.pullgate import ImageGate, build_image_gate
+from sandlot.agent.pulling import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.runtimes import discover
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork

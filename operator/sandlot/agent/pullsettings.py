@@ -10,7 +10,7 @@ from datetime import timedelta
 from pydantic import Field
 
 from sandlot.api.settings import PositiveDuration, SettingsModel
-from sandlot.policy.imagecreds import VerifyPolicy
+from sandlot.policy.pulling import VerifyPolicy
 
 
 class PullSettings(SettingsModel):

@@ -42,7 +42,7 @@ from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.network import Networking
-from sandlot.agent.pullgate import ImageGate, ImageNotReady, PullRefused
+from sandlot.agent.pulling import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.runtimes import RuntimeClasses, discover
 from sandlot.agent.settings import AgentSettings

@@ -22,9 +22,9 @@ from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
 from sandlot.api.settings import Duration, PositiveDuration
 from sandlot.policy import limits
-from sandlot.policy.imagecreds import check_allowlist
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
+from sandlot.policy.pulling import check_allowlist
 from sandlot.policy.quantity import parse_quantity
 from sandlot.policy.syncpacing import Pacing
 

@@ -22,13 +22,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, RegistryClient, RegistryError
-from sandlot.adapters.registrypush import Pushed, push_image
+from sandlot.adapters.pulling import (
+    ContainerdPuller,
+    Credential,
+    Pushed,
+    RegistryClient,
+    RegistryError,
+    endpoints_for,
+    push_image,
+)
 from sandlot.adapters.runtime import Runtime, RuntimeTimeout
-from sandlot.agent.pullgate import registry_access
+from sandlot.agent.pulling import registry_access
 from sandlot.agent.settings import AgentSettings
-from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
-from sandlot.policy.registryauth import credential_for
+from sandlot.policy.pulling import (
+    ImageReference,
+    InvalidReference,
+    credential_for,
+    parse_reference,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +72,6 @@ class StateStore:
         return Credential(*found) if found is not None else None
 
     def _client(self, ref: ImageReference, deadline: Deadline) -> RegistryClient:
-        from sandlot.adapters.registryhosts import endpoints_for
-
         endpoint = endpoints_for(ref, self.settings.registry_config_dir or None)[-1]
         return RegistryClient(
             endpoint,
@@ -95,9 +104,6 @@ class StateStore:
 
     def pull(self, reference: str, image: str) -> None:
         """The pushed ``reference`` pulled into this node's store as ``image``."""
-        from sandlot.adapters.containerd.pull import ContainerdPuller
-        from sandlot.adapters.registryhosts import endpoints_for
-
         try:
             ref = parse_reference(reference)
         except InvalidReference as exc:

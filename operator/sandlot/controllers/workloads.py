@@ -2,7 +2,7 @@
 the sandbox cache they share, the scheduler, the pool controller and its router,
 the lifetime controller and the claim controller.
 
-``operator.run`` builds one ``Workloads``, feeds it the agents' Lease events,
+``operator.build_parts`` builds one ``Workloads``, feeds it the agents' Lease events,
 tells it about leadership, and runs its workers; ``register`` adds its kopf
 handlers (watch-only ``on.event``: nothing is written to the watched objects).
 

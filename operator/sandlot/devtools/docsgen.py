@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
 from sandlot.agent.metrics import AgentMetrics, GcMetrics
-from sandlot.agent.pullmetrics import PullMetrics
+from sandlot.agent.pulling import PullMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.settings import setting_fields
 from sandlot.cli.options import env_name, flag_name

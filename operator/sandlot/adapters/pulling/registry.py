@@ -11,7 +11,7 @@ Errors say the HTTP status, its reason and the spec's error codes
 (``HTTP 404 Not Found (MANIFEST_UNKNOWN)``), never the registry's own text (it
 reaches a tenant's status), sorted into what the pull policy needs to know: not
 found, unauthorized, or something that may pass. Where requests may go (private
-addresses, redirects, token realms) is ``policy.registryaddress``'s decision,
+addresses, redirects, token realms) is ``policy.pulling.access``'s decision,
 applied here on every connection after DNS and on every redirect hop.
 
 A stall is a read that gets no byte for ``stall_timeout`` seconds (the socket's
@@ -39,8 +39,8 @@ from urllib3.exceptions import HTTPError, NewConnectionError, ReadTimeoutError
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.policy.imagecaps import MAX_MANIFEST_BYTES, mib
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.registryaddress import (
+from sandlot.policy.pulling import (
+    FailureKind,
     RegistryAccess,
     address_refusal,
     realm_refusal,
@@ -229,7 +229,7 @@ class RegistryClient:
         body: Callable[[], Body] | None = None,
     ) -> urllib3.BaseHTTPResponse:
         """The answer to ``url``, redirects followed one hop at a time where
-        ``policy.registryaddress`` allows; the credential only to the registry's host."""
+        ``policy.pulling.access`` allows; the credential only to the registry's host."""
         hops = 0
         while True:
             own = same_host(url, self.endpoint.url)
@@ -366,7 +366,7 @@ class RegistryClient:
         method: str = "GET",
         body: Callable[[], Body] | None = None,
     ) -> tuple[int, Mapping[str, str]]:
-        """One request under this client's bounds and auth (``registrypush`` builds on
+        """One request under this client's bounds and auth (``push`` builds on
         it); its status and headers, the body dropped; ``RegistryError`` past 399."""
         response = self._request(path, headers, method=method, body=body, stream=True)
         _drop(response)

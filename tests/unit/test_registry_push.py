@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandlot.adapters.registry import RegistryError
-from sandlot.adapters.registrypush import MAX_PUSH_BLOBS, manifest_blobs
-from sandlot.policy.imagepull import FailureKind
+from sandlot.adapters.pulling import RegistryError
+from sandlot.adapters.pulling.push import MAX_PUSH_BLOBS, manifest_blobs
+from sandlot.policy.pulling import FailureKind
 
 
 def blob(n: int, size: int = 10) -> dict[str, object]:

@@ -19,11 +19,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sandlot.adapters.pulling import Credential
 from sandlot.adapters.pullsecrets import brokered_key
-from sandlot.adapters.registry import Credential
-from sandlot.policy.imagecreds import SHARED_IDENTITY, credential_identity
-from sandlot.policy.imageref import ImageReference
-from sandlot.policy.registryauth import credential_for
+from sandlot.policy.pulling import (
+    SHARED_IDENTITY,
+    ImageReference,
+    credential_for,
+    credential_identity,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,7 @@ class Credentials:
         return self.resolve(sb, ref)[0]
 
     def resolve(self, sb: Mapping[str, Any], ref: ImageReference) -> tuple[Credential | None, str]:
-        """The credential for ``ref`` and its identity (``policy.imagecreds``): the
+        """The credential for ``ref`` and its identity (``policy.pulling.credentials``): the
         sandbox's own, else the node-wide one or none, which share one identity."""
         own = credential_for(ref.registry, self.documents(sb, node_default=False))
         if own is not None:

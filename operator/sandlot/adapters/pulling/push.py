@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
-from sandlot.adapters.registry import RegistryClient, RegistryError
-from sandlot.policy.imagepull import FailureKind
+from sandlot.adapters.pulling.registry import RegistryClient, RegistryError
+from sandlot.policy.pulling import FailureKind
 
 MAX_PUSH_BLOBS = 256
 """Blobs one push sends at most (a config and its layers): bounds its requests."""

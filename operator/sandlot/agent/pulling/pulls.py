@@ -2,11 +2,11 @@
 sandboxes want it.
 
 A start that needs an image asks ``ImagePulls``: the decision is
-``policy.imagepull.decide_pull`` over the history of this image for this
-sandbox's credential identity (``policy.imagecreds``), so one tenant's failures
+``policy.pulling.decision.decide_pull`` over the history of this image for this
+sandbox's credential identity (``policy.pulling.credentials``), so one tenant's failures
 never back off another's, and nobody joins a pull made with another's
 credential. An image the node has is run for an identity only once it is
-verified (``agent.imageaccess``); a verification, one manifest HEAD, runs on
+verified (``agent.pulling.access``); a verification, one manifest HEAD, runs on
 the same pool as pulls, with the same history and back-off. A pull runs on the
 pull pool (never on the sandbox work pool, so a slow registry holds no start,
 stop or teardown, and never the heartbeat) and the start returns at once with
@@ -32,22 +32,24 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sandlot.adapters.registry import Credential, Endpoint, RegistryError
+from sandlot.adapters.pulling import Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import RuntimeError_
-from sandlot.agent.imageaccess import ImageAccess
+from sandlot.agent.pulling.access import ImageAccess
 from sandlot.api.keys import LAST_USED_LABEL, PULLED_BY_AGENT_LABEL
 from sandlot.api.timestamps import rfc3339
-from sandlot.policy.imagecreds import VerifyPolicy
-from sandlot.policy.imagepull import (
+from sandlot.policy.pulling import (
     BACKOFF_BASE,
     BACKOFF_CAP,
     FailureKind,
+    ImageReference,
+    InvalidReference,
     PullDecision,
     PullHistory,
     PullPolicy,
+    VerifyPolicy,
     decide_pull,
+    parse_reference,
 )
-from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
 
 log = logging.getLogger(__name__)
 

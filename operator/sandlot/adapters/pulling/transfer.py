@@ -51,11 +51,11 @@ from sandlot.adapters.containerd.gen.types.transfer import (
     registry_pb2,
 )
 from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
-from sandlot.adapters.containerd.pullsteps import Progress
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, RegistryError
+from sandlot.adapters.pulling.registry import Credential, RegistryError
+from sandlot.adapters.pulling.steps import Progress
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
-from sandlot.policy.imagepull import FailureKind
+from sandlot.policy.pulling import FailureKind
 
 # Blobs that are not counted: the index and manifests (the client-side path counts
 # config and layers only, so both paths report the same total).

@@ -21,24 +21,29 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.registry import Credential
-from sandlot.agent.pulls import ImagePulls
+from sandlot.adapters.pulling import Credential
+from sandlot.agent.pulling.pulls import ImagePulls
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.api.timestamps import rfc3339
 from sandlot.policy.agentsync import UNSTARTED_PHASES
-from sandlot.policy.imagepull import PullAction, PullPolicy
-from sandlot.policy.imageref import ImageReference, InvalidReference, parse_reference
-from sandlot.policy.registryaddress import RegistryAccess
+from sandlot.policy.pulling import (
+    ImageReference,
+    InvalidReference,
+    PullAction,
+    PullPolicy,
+    RegistryAccess,
+    parse_reference,
+)
 
 log = logging.getLogger(__name__)
 
 PROGRESS_WRITE_SECONDS = 2.0
 
 CredentialLookup = Callable[[Mapping[str, Any], ImageReference], tuple[Credential | None, str]]
-"""The credential for a sandbox's image and its identity (``policy.imagecreds``)."""
+"""The credential for a sandbox's image and its identity (``policy.pulling.credentials``)."""
 
 
 class ImageNotReady(Exception):
@@ -149,8 +154,8 @@ __all__ = [
 
 
 def registry_access(settings: AgentSettings) -> RegistryAccess:
-    """Where this agent's registry requests may go (``policy.registryaddress``)."""
-    from sandlot.adapters.registryhosts import node_addresses
+    """Where this agent's registry requests may go (``policy.pulling.access``)."""
+    from sandlot.adapters.pulling import node_addresses
 
     return RegistryAccess(
         private_hosts=frozenset(settings.registry_private_hosts),
@@ -169,13 +174,12 @@ def build_image_gate(
 ) -> tuple[ImageGate, Callable[[], None]]:
     """The gate over a containerd puller from the agent's settings, and its closer;
     credentials come from this node's brokered Secret and the node-wide default."""
-    from sandlot.adapters.containerd.pull import ContainerdPuller
+    from sandlot.adapters.pulling import ContainerdPuller, endpoints_for
     from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
-    from sandlot.adapters.registryhosts import endpoints_for
-    from sandlot.agent.credentials import Credentials
-    from sandlot.agent.imageaccess import ImageAccess, access_file
-    from sandlot.agent.pullmetrics import PullMetrics
-    from sandlot.agent.pulls import PullOptions
+    from sandlot.agent.pulling.access import ImageAccess, access_file
+    from sandlot.agent.pulling.credentials import Credentials
+    from sandlot.agent.pulling.metrics import PullMetrics
+    from sandlot.agent.pulling.pulls import PullOptions
 
     puller = ContainerdPuller(
         settings.containerd_address,

@@ -15,7 +15,7 @@ the agent (what the kubelet does too): one tenant's failures never back off or
 fail another's sandboxes of the same image; after an agent restart a failing
 image starts its back-off from the beginning, which costs one request. An image
 the node has but the sandbox's credential has not been seen to reach
-(``policy.imagecreds``) is verified first: one manifest request, with the same
+(``policy.pulling.credentials``) is verified first: one manifest request, with the same
 back-off and final failures as a pull.
 """
 
@@ -149,7 +149,7 @@ def decide_pull(
     joined counts as its pull (sandboxes of one image share one), never one that
     finished before it asked (a creation time, in whole seconds, cannot tell).
     ``verified``: the sandbox's credential may use the image the node has
-    (``policy.imagecreds``); if not, a present image is verified (with the
+    (``policy.pulling.credentials``); if not, a present image is verified (with the
     back-off of a pull) before it runs, under every pull policy.
     """
     if history.in_flight:

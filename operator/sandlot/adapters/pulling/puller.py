@@ -2,7 +2,7 @@
 service where it has one (``transfer.py``), else client-side, as containerd 1.6's
 own client does (1.6 has no Transfer service).
 
-Resolve the reference (``adapters.registry``), pick this platform's manifest from
+Resolve the reference (``adapters.pulling.registry``), pick this platform's manifest from
 an index, stream the config and layer blobs into the Content service (``Write``,
 digest and size checked by us while streaming and by containerd on commit), unpack
 the layers for the snapshotter (``Snapshots.Prepare`` on the parent chain ID,
@@ -21,7 +21,7 @@ that gets no byte within the stall timeout fails at once (see the registry clien
 
 ``pull_method`` chooses (the agent asks for the Transfer service only with its
 ``image_pull_by_daemon`` setting: the daemon follows redirects and reaches addresses
-outside ``policy.registryaddress``): the Transfer service when the daemon offers it (asked
+outside ``policy.pulling.access``): the Transfer service when the daemon offers it (asked
 once per puller) and the pull needs none of the agent's own registry-host
 settings (mirrors, private CAs, skip-verify from the agent's ``hosts.toml``
 directory, which containerd would read from its own filesystem instead); else
@@ -49,16 +49,15 @@ from sandlot.adapters.containerd.containers import chain_id
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
 from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
-from sandlot.adapters.containerd.pullsteps import Counter, Progress, PullSteps, descriptor
-from sandlot.adapters.containerd.transfer import TransferNotOffered, TransferPull
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import Credential, Endpoint, RegistryClient, RegistryError
-from sandlot.adapters.registryhosts import endpoints_for
+from sandlot.adapters.pulling.hosts import endpoints_for
+from sandlot.adapters.pulling.registry import Credential, Endpoint, RegistryClient, RegistryError
+from sandlot.adapters.pulling.steps import Counter, Progress, PullSteps, descriptor
+from sandlot.adapters.pulling.transfer import TransferNotOffered, TransferPull
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecaps import MAX_CONFIG_BYTES, mib
-from sandlot.policy.imagepull import FailureKind
-from sandlot.policy.imageref import ImageReference
+from sandlot.policy.pulling import FailureKind, ImageReference
 
 log = logging.getLogger(__name__)
 

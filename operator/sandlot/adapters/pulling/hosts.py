@@ -20,7 +20,7 @@ Hosts without ``resolve`` and ``pull`` are skipped (they cannot serve a pull by
 tag). Without any file, ``docker.io`` is ``https://registry-1.docker.io``, other
 registries are ``https://<host>``, and a loopback registry (``localhost``,
 ``127.0.0.1``) is plain HTTP, as containerd and Docker allow; it is reached at all
-only when the agent's ``registry_private_hosts`` lists it (``policy.registryaddress``).
+only when the agent's ``registry_private_hosts`` lists it (``policy.pulling.access``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from sandlot.adapters.registry import Endpoint
-from sandlot.policy.imageref import ImageReference
+from sandlot.adapters.pulling.registry import Endpoint
+from sandlot.policy.pulling import ImageReference
 
 NEEDED_CAPABILITIES = frozenset({"pull", "resolve"})
 

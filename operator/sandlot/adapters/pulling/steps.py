@@ -30,9 +30,9 @@ from sandlot.adapters.containerd.gen.services.snapshots.v1 import (
 )
 from sandlot.adapters.containerd.gen.types import descriptor_pb2
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.registry import RegistryClient, RegistryError
+from sandlot.adapters.pulling.registry import RegistryClient, RegistryError
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
-from sandlot.policy.registryaddress import RegistryAccess
+from sandlot.policy.pulling import RegistryAccess
 
 Progress = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``, called as bytes arrive."""

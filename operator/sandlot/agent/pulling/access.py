@@ -1,6 +1,6 @@
 """The agent's record of which credential identities may use which images, kept on disk.
 
-``policy.imagecreds`` decides; this module keeps the verified (image, identity)
+``policy.pulling.credentials`` decides; this module keeps the verified (image, identity)
 pairs in ``<stateDir>/image-access-<node>.json`` so that they survive an agent
 restart (a sandbox that was verified is not checked again for every start). The
 file is written whole, through a temporary file and a rename, after each new
@@ -23,8 +23,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sandlot.api.keys import PULLED_BY_AGENT_LABEL
-from sandlot.policy.imagecreds import AccessRecords, VerifyPolicy, needs_verification
-from sandlot.policy.imageref import InvalidReference, parse_reference
+from sandlot.policy.pulling import (
+    AccessRecords,
+    InvalidReference,
+    VerifyPolicy,
+    needs_verification,
+    parse_reference,
+)
 
 log = logging.getLogger(__name__)
 
