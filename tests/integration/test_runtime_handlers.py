@@ -23,15 +23,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from sandlot.adapters.containerd.execs import open_execs
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.streams import StreamServer
+from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import PrivateContainerd, gvisor_bin_dir
 from sandlot.policy.ocispec import DEFAULT_CAPABILITIES, capability_mask
 from sandlot.policy.streams import (
     FILES,
     LIST,
+    PORTFORWARD,
     READ,
     STATUS,
     STDIN,
@@ -269,6 +272,47 @@ def test_files_are_written_read_and_listed_inside_a_gvisor_sandbox(
     assert seen.strip() == str(len(body)), seen
     missing = _files(containerd, handler_rig, name, READ, "/tmp/absent")
     assert missing.status().get("code") == 404, missing.status()
+
+
+# A server on the sandbox's loopback, and its own client of it: gVisor's netstack has
+# a loopback only when the namespace it is given has one up.
+LOOPBACK_SERVER = (
+    "mkdir -p /tmp/www && echo hello-from-gvisor > /tmp/www/index.html && "
+    "busybox httpd -p 127.0.0.1:8080 -h /tmp/www && "
+    "busybox wget -q -O- http://127.0.0.1:8080/index.html; "
+    f"echo {DONE}; {SLEEP}"
+)
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_gvisor_sandbox_has_a_loopback_and_its_port_is_forwarded(
+    handler_rig: HandlerRig, containerd: PrivateContainerd
+) -> None:
+    with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
+        name = handler_rig.run(LOOPBACK_SERVER, runtimeClassName=gvisor_class)
+        uid = handler_rig.wait(name, "Running")["metadata"]["uid"]
+        out = handler_rig.output(name, DONE)
+    # Its own processes reach its loopback (before: "Cannot assign requested address").
+    assert "hello-from-gvisor" in out, out
+    asked = StreamRequest(PORTFORWARD, handler_rig.namespace, name, port=8080)
+    forwarded = _agent_session(
+        containerd,
+        handler_rig,
+        name,
+        asked,
+        encode_frame(STDIN, b"GET /index.html HTTP/1.0\r\n\r\n"),
+        close_stdin_frame(),
+    )
+    answer = forwarded.channel(STDOUT)
+    assert answer.startswith(b"HTTP/1."), (answer, forwarded.status())
+    assert b"hello-from-gvisor" in answer, answer
+    # The namespace is the agent's: made with the sandbox, gone with it.
+    netns = Path("/run/netns") / f"sandlot-{container_id_for(uid)}"
+    assert netns.exists(), netns
+    client.CustomObjectsApi(handler_rig.kube).delete_namespaced_custom_object(
+        GROUP, VERSION, handler_rig.namespace, "sandboxes", name
+    )
+    wait_for(lambda: not netns.exists(), timeout=60, what=f"{netns} removed with its sandbox")
 
 
 @pytest.mark.containerd_lines(LINE_2)

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client
 from prometheus_client import CollectorRegistry
 
+from sandlot.adapters.cni import CniError, Netns
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import Runtime, RuntimeError_
 from sandlot.agent.main import Agent
@@ -73,6 +74,10 @@ def clear_namespace(containerd: PrivateContainerd, ctr_ns: str) -> None:
     try:
         ids = [c.id for c in rt.list_containers(timeout=10)]
         teardown_many(rt, ids, kill_wait=3, call_timeout=3, concurrency=8)
+        netns = Netns(timeout=10)
+        for cid in ids:  # the agent's own namespaces (gVisor's loopback), not released here
+            with contextlib.suppress(CniError):
+                netns.delete(Netns.name_for(cid))
     except RuntimeError_:
         pass
     finally:

@@ -85,6 +85,11 @@ class Networking:
     def plan(self, container_id: str) -> Attachment:
         return self.network.plan(container_id)
 
+    def plan_loopback(self, container_id: str) -> Attachment:
+        """A namespace with only its loopback up, made by the agent: for a runtime
+        that leaves a fresh namespace's loopback down (runsc) when CNI is off."""
+        return self.network.plan_loopback(container_id)
+
     def attach(self, attachment: Attachment, labels: Mapping[str, str]) -> CniResult:
         return self.network.attach(attachment, cni_args(labels, attachment.container_id))
 

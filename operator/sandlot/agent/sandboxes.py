@@ -70,6 +70,7 @@ from sandlot.policy.runtimeclass import (
     RuntimeClassRefused,
     RuntimeHandler,
     as_pod_sandbox,
+    host_view,
 )
 from sandlot.policy.sandboxlogs import log_stem
 from sandlot.policy.suspension import recorded_suspended
@@ -411,7 +412,7 @@ class SandboxWork:
         config = self._image_config(image)
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
         oci = as_pod_sandbox(oci, handler)
-        attachment = self._plan_network(container_id, spec, oci)
+        attachment = self._plan_network(container_id, spec, oci, handler)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec))  # the disk limit, for the storage pass
         if attachment is not None:
@@ -478,10 +479,23 @@ class SandboxWork:
             raise StartFailed(SandboxReason.INVALID_SPEC, str(exc)) from None
 
     def _plan_network(
-        self, container_id: str, spec: SandboxSpec, oci: dict[str, Any]
+        self,
+        container_id: str,
+        spec: SandboxSpec,
+        oci: dict[str, Any],
+        handler: RuntimeHandler | None,
     ) -> Attachment | None:
-        if not self.networking.enabled or spec.host_network:
+        """CNI's namespace; without CNI, runc's own, or for a handler with no host
+        view (runsc, which leaves a fresh namespace's loopback down) the agent's,
+        with only its loopback up."""
+        if spec.host_network:
             return None
+        if not self.networking.enabled:
+            if handler is None or host_view(handler.shim):
+                return None
+            attachment = self.networking.plan_loopback(container_id)
+            join_netns(oci, attachment.netns_path)
+            return attachment
         try:
             attachment = self.networking.plan(container_id)
         except CniError as exc:

@@ -43,7 +43,7 @@ detach). Callers import from the package.
 
 from __future__ import annotations
 
-from sandlot.adapters.cni.attachment import Attachment, SandboxNetwork
+from sandlot.adapters.cni.attachment import LOOPBACK_ONLY, Attachment, SandboxNetwork
 from sandlot.adapters.cni.config import (
     CONFIG_SUFFIXES,
     NetworkConfigList,
@@ -74,6 +74,7 @@ __all__ = [
     "CONFIG_SUFFIXES",
     "DEFAULT_IFNAME",
     "ERROR_CODES",
+    "LOOPBACK_ONLY",
     "NETNS_DIR",
     "NETNS_PREFIX",
     "Attachment",

@@ -20,6 +20,12 @@ from sandlot.api.keys import IFNAME_LABEL, NETNS_LABEL, NETWORK_LABEL
 
 log = logging.getLogger(__name__)
 
+# The network of an attachment that is a namespace with its loopback up and nothing
+# else (no CNI network: no ADD, no DEL), for a runtime that does not bring a fresh
+# namespace's loopback up itself (gVisor's runsc) when the node has no CNI. Never a
+# CNI network's name (those begin with a letter or digit).
+LOOPBACK_ONLY = "-loopback"
+
 
 @dataclass(frozen=True)
 class Attachment:
@@ -33,6 +39,10 @@ class Attachment:
     @property
     def netns_name(self) -> str:
         return os.path.basename(self.netns_path)
+
+    @property
+    def loopback_only(self) -> bool:
+        return self.network == LOOPBACK_ONLY
 
     def labels(self) -> dict[str, str]:
         return {
@@ -90,9 +100,17 @@ class SandboxNetwork:
             container_id, config.name, Netns.path_of(Netns.name_for(container_id)), self.ifname
         )
 
+    def plan_loopback(self, container_id: str) -> Attachment:
+        """A namespace of the container's own with only its loopback (no CNI)."""
+        return Attachment(container_id, LOOPBACK_ONLY, Netns.path_of(Netns.name_for(container_id)))
+
     def attach(self, attachment: Attachment, args: Mapping[str, str]) -> CniResult:
         """Create the namespace and ADD; on failure nothing is undone here: the caller
-        tears the container down, which detaches (DEL is safe after a partial ADD)."""
+        tears the container down, which detaches (DEL is safe after a partial ADD).
+        A loopback-only attachment gets its namespace and no address."""
+        if attachment.loopback_only:
+            self.netns.create(attachment.netns_name)
+            return CniResult(cni_version="")
         config = load_config(self.conf_dir, attachment.network)
         self.netns.create(attachment.netns_name)
         if not self._add_lock.acquire(timeout=self.timeout):
@@ -160,6 +178,9 @@ class SandboxNetwork:
         removed from the node cannot be DELeted: that is logged and the namespace
         still removed. Other failures raise, and the caller keeps the container for
         a later retry."""
+        if attachment.loopback_only:
+            self.netns.delete(attachment.netns_name)
+            return
         netns = attachment.netns_path if os.path.exists(attachment.netns_path) else ""
         try:
             config = load_config(self.conf_dir, attachment.network or None)
