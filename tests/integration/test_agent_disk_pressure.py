@@ -14,9 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ from kubernetes import client
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.containerd import start_private_containerd
 from tests.support import agents
+from tests.support.loopdisk import loop_disk
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -43,34 +42,10 @@ def _used_fraction(path: Path) -> float:
     return 1 - st.f_bavail / st.f_blocks
 
 
-@contextlib.contextmanager
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 GiB ext4 filesystem without journal, loop-mounted; always unmounted and
-    its loop device released."""
-    image = tmp_path / "disk.img"
-    # short: containerd's sockets under it must stay within a socket path's 104 bytes
-    mount = Path(tempfile.mkdtemp(prefix="dp-", dir="/tmp"))
-    with image.open("wb") as f:
-        f.truncate(SIZE)
-    subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", str(image)],
-        check=True,
-        timeout=120,
-    )
-    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, timeout=60)
-    try:
-        yield mount
-    finally:
-        done = subprocess.run(["umount", str(mount)], capture_output=True, timeout=120)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
-        attached = subprocess.run(
-            ["losetup", "-j", str(image)], capture_output=True, text=True, timeout=30
-        )
-        for line in attached.stdout.splitlines():
-            subprocess.run(["losetup", "-d", line.split(":", 1)[0]], timeout=30, check=False)
-        with contextlib.suppress(OSError):
-            mount.rmdir()
+def small_disk(tmp_path: Path) -> contextlib.AbstractContextManager[Path]:
+    """A 1 GiB ext4 filesystem without journal, loop-mounted."""
+    mkfs = ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0"]
+    return loop_disk(tmp_path, SIZE, mkfs, "dp-")
 
 
 class Peak:

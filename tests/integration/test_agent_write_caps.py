@@ -12,7 +12,6 @@ import contextlib
 import os
 import re
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sandlot.devtools.containerd import start_private_containerd
 from sandlot.policy.ephemeralstorage import write_cap
 from tests.integration.test_agent_disk_pressure import Peak, _status, _used_fraction
 from tests.support import agents
+from tests.support.loopdisk import loop_disk
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -44,28 +44,10 @@ def _btrfs_available() -> str | None:
 
 @contextlib.contextmanager
 def quota_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 1 GiB btrfs with quotas enabled, loop-mounted; always unmounted and its loop
-    device released."""
-    image = tmp_path / "disk.img"
-    mount = Path(tempfile.mkdtemp(prefix="wc-", dir="/tmp"))  # short socket paths
-    with image.open("wb") as f:
-        f.truncate(SIZE)
-    subprocess.run(["mkfs.btrfs", "-q", "-f", str(image)], check=True, timeout=120)
-    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True, timeout=60)
-    try:
+    """A 1 GiB btrfs with quotas enabled, loop-mounted."""
+    with loop_disk(tmp_path, SIZE, ["mkfs.btrfs", "-q", "-f"], "wc-") as mount:
         subprocess.run(["btrfs", "quota", "enable", str(mount)], check=True, timeout=60)
         yield mount
-    finally:
-        done = subprocess.run(["umount", str(mount)], capture_output=True, timeout=120)
-        if done.returncode != 0:
-            subprocess.run(["umount", "-l", str(mount)], capture_output=True, timeout=60)
-        attached = subprocess.run(
-            ["losetup", "-j", str(image)], capture_output=True, text=True, timeout=30
-        )
-        for line in attached.stdout.splitlines():
-            subprocess.run(["losetup", "-d", line.split(":", 1)[0]], timeout=30, check=False)
-        with contextlib.suppress(OSError):
-            mount.rmdir()
 
 
 def test_writers_meet_their_cap_as_they_write_and_the_disk_stays_under_high(
