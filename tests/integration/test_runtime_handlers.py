@@ -315,6 +315,48 @@ def test_a_gvisor_sandbox_has_a_loopback_and_its_port_is_forwarded(
     wait_for(lambda: not netns.exists(), timeout=60, what=f"{netns} removed with its sandbox")
 
 
+def _ready(rig: HandlerRig, name: str) -> dict[str, Any] | None:
+    for c in (rig.get(name).get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return dict(c)
+    return None
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_tcp_and_http_probes_of_a_gvisor_sandbox_are_made_inside_it(
+    handler_rig: HandlerRig,
+) -> None:
+    every_second = {"periodSeconds": 1, "timeoutSeconds": 2}
+    probes = {
+        "tcp": {"tcpSocket": {"port": 8080}, **every_second},
+        "http": {"httpGet": {"path": "/index.html", "port": 8080}, **every_second},
+        "http-missing": {"httpGet": {"path": "/absent.html", "port": 8080}, **every_second},
+        "tcp-closed": {"tcpSocket": {"port": 8081}, **every_second},
+    }
+    with runtime_class(handler_rig.kube, "gvisor") as gvisor_class:
+        names = {
+            kind: handler_rig.run(
+                LOOPBACK_SERVER, runtimeClassName=gvisor_class, readinessProbe=probe
+            )
+            for kind, probe in probes.items()
+        }
+        for kind in ("tcp", "http"):
+            wait_for(
+                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c["status"] == "True",
+                timeout=60,
+                what=f"the {kind} probe's sandbox Ready",
+            )
+        for kind in ("http-missing", "tcp-closed"):
+            # Probed and failing: the condition says False with the probe's own words.
+            seen = wait_for(
+                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c.get("message") and c,
+                timeout=60,
+                what=f"the {kind} probe's sandbox probed",
+            )
+            assert seen["status"] == "False", seen
+            assert "exited 1" in seen["message"], seen
+
+
 @pytest.mark.containerd_lines(LINE_2)
 def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
     kube: Any,

@@ -26,6 +26,7 @@ from sandlot.adapters.containerd.execs import ExecProcess, Execs
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
 from sandlot.adapters.sandboxfs import connect_in_netns
 from sandlot.api.probe import Probe
+from sandlot.policy.runtimeclass import host_view
 
 OUTPUT_KEPT = 512  # bytes of a command's output kept for the message
 DRAIN_WAIT = 1.0  # seconds the output gets to reach EOF after the exit
@@ -106,6 +107,9 @@ class ProbeRunner:
         try:
             if probe.exec is not None:
                 return self._exec(container_id, probe.exec.command, timeout)
+            runtime = self.execs.runtime_of(container_id, timeout=self.call_timeout)
+            if not host_view(runtime):  # its sockets are the sandbox kernel's, not the node's
+                return self._inside(container_id, probe, timeout)
             pid = self.execs.task_pid(container_id, timeout=self.call_timeout)
             if probe.tcp_socket is not None:
                 port = probe.tcp_socket.port
@@ -140,6 +144,23 @@ class ProbeRunner:
             with contextlib.suppress(RuntimeError_):
                 self.execs.delete(container_id, exec_id, timeout=self.call_timeout)
 
+    def _inside(self, container_id: str, probe: Probe, timeout: float) -> tuple[bool, str]:
+        """A tcpSocket or httpGet probe made by the container's own tools (busybox's
+        where the image lacks them), for a runtime whose network the node cannot
+        enter (gVisor): ``nc`` to the port, ``wget`` of the path (a 4xx or 5xx answer
+        fails, as the kubelet's; a redirect is followed). The exec's own deadline
+        bounds it."""
+        argv = inside_probe_argv(probe, timeout)
+        try:
+            passed, said = self._exec(container_id, argv, timeout)
+        except RuntimeTimeout:
+            raise
+        except RuntimeError_:  # not started: the image has no such tool
+            passed, said = False, f"exec {argv[0]!r} exited 127"
+        if not passed and said.startswith(f"exec {argv[0]!r} exited 127"):
+            return self._exec(container_id, ["busybox", *argv], timeout)
+        return passed, said
+
     def _http(self, pid: int, port: int, path: str, timeout: float) -> tuple[bool, str]:
         began = time.monotonic()
         with connect_in_netns(self.proc_root, pid, port, timeout=timeout) as conn:
@@ -157,6 +178,19 @@ class ProbeRunner:
         return 200 <= code < 400, f"GET {path} on port {port}: HTTP {code}"
 
 
+def inside_probe_argv(probe: Probe, timeout: float) -> list[str]:
+    """The command a tcpSocket or httpGet probe runs inside the container: busybox's
+    ``nc`` and ``wget`` take these (its ``nc`` has no ``-z``: it connects and, its
+    input empty, exits 0; its ``wget -T`` crashes under gVisor, and the exec's own
+    deadline bounds the request anyway)."""
+    if probe.tcp_socket is not None:
+        wait = str(max(int(timeout), 1))
+        return ["nc", "-w", wait, "127.0.0.1", str(probe.tcp_socket.port)]
+    assert probe.http_get is not None, "a probe has exactly one handler"
+    url = f"http://127.0.0.1:{probe.http_get.port}{probe.http_get.path}"
+    return ["wget", "-q", "-O", "/dev/null", url]
+
+
 def _status_line(conn: socket.socket, deadline: float) -> bytes:
     """The answer's first line (capped), read before ``deadline`` (monotonic)."""
     received = b""
@@ -172,4 +206,4 @@ def _status_line(conn: socket.socket, deadline: float) -> bytes:
     return received.split(b"\r\n", 1)[0]
 
 
-__all__ = ["ProbeRunner", "handler_of"]
+__all__ = ["ProbeRunner", "handler_of", "inside_probe_argv"]
