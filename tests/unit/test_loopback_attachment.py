@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandlot.adapters.cni import LOOPBACK_ONLY, Attachment, SandboxNetwork
+from sandlot.agent.network import may_make_namespaces
 
 
 def test_a_loopback_only_attachment_is_read_back_from_its_labels(tmp_path: Path) -> None:
@@ -26,3 +27,11 @@ def test_no_cni_network_name_is_the_loopback_marker() -> None:
     assert not cni.loopback_only
     read = Attachment.from_labels("sb-2", cni.labels())
     assert read is not None and not read.loopback_only and read.network == "bridge-net"
+
+
+def test_namespaces_are_made_only_with_cap_sys_admin(tmp_path: Path) -> None:
+    status = tmp_path / "status"
+    status.write_text("Name:\tagent\nCapEff:\t00000000a80425fb\n")  # a container's default set
+    assert not may_make_namespaces(str(status))
+    status.write_text("Name:\tagent\nCapEff:\t000001ffffffffff\n")  # root, every capability
+    assert may_make_namespaces(str(status))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from sandlot.adapters.cni import (
     Attachment,
@@ -59,6 +60,17 @@ def cni_args(labels: Mapping[str, str], container_id: str) -> dict[str, str]:
     return {k: v for k, v in args.items() if v}
 
 
+CAP_SYS_ADMIN = 21
+
+
+def may_make_namespaces(status: str = "/proc/self/status") -> bool:
+    """Whether this process holds CAP_SYS_ADMIN (``ip netns add`` needs it)."""
+    for line in Path(status).read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    return False
+
+
 class Networking:
     """The agent's CNI use: ``enabled`` per the network mode; ``release`` always works
     (a container attached under an earlier setting is still detached)."""
@@ -74,6 +86,16 @@ class Networking:
             timeout=settings.cni_timeout.total_seconds(),
         )
         self.enabled = resolve_network_mode(settings)
+        # Whether it may make a namespace of its own for a runtime that leaves a fresh
+        # one's loopback down (runsc) when CNI is off: only with CAP_SYS_ADMIN. The
+        # chart's unprivileged agent has no such right and no shared /run/netns; there
+        # a gVisor sandbox keeps the runtime's namespace (no loopback) as before.
+        self.own_namespaces = may_make_namespaces()
+        if not self.enabled:
+            log.info(
+                "loopback namespaces for runtimes without a host view: %s",
+                "made by the agent" if self.own_namespaces else "not made (no CAP_SYS_ADMIN)",
+            )
         self._list_containers = list_containers
         self._failing_since: dict[str, float] = {}
 
@@ -129,4 +151,10 @@ class Networking:
         self._failing_since.pop(container.id, None)
 
 
-__all__ = ["RELEASE_PATIENCE", "Networking", "cni_args", "resolve_network_mode"]
+__all__ = [
+    "RELEASE_PATIENCE",
+    "Networking",
+    "cni_args",
+    "may_make_namespaces",
+    "resolve_network_mode",
+]

@@ -491,7 +491,7 @@ class SandboxWork:
         if spec.host_network:
             return None
         if not self.networking.enabled:
-            if handler is None or host_view(handler.shim):
+            if handler is None or host_view(handler.shim) or not self.networking.own_namespaces:
                 return None
             attachment = self.networking.plan_loopback(container_id)
             join_netns(oci, attachment.netns_path)
