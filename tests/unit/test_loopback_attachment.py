@@ -29,9 +29,14 @@ def test_no_cni_network_name_is_the_loopback_marker() -> None:
     assert read is not None and not read.loopback_only and read.network == "bridge-net"
 
 
-def test_namespaces_are_made_only_with_cap_sys_admin(tmp_path: Path) -> None:
+def test_namespaces_are_made_only_with_cap_sys_admin_where_they_can_be_kept(
+    tmp_path: Path,
+) -> None:
     status = tmp_path / "status"
+    kept = tmp_path / "netns"
     status.write_text("Name:\tagent\nCapEff:\t00000000a80425fb\n")  # a container's default set
-    assert not may_make_namespaces(str(status))
+    assert not may_make_namespaces(str(status), str(kept))
     status.write_text("Name:\tagent\nCapEff:\t000001ffffffffff\n")  # root, every capability
-    assert may_make_namespaces(str(status))
+    assert may_make_namespaces(str(status), str(kept))
+    # Nowhere to keep them (as a read-only /run in the chart's pod): none made.
+    assert not may_make_namespaces(str(status), str(tmp_path / "absent" / "netns"))

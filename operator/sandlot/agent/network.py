@@ -10,11 +10,13 @@ and a broken or removed network configuration must not keep a node retrying fore
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from sandlot.adapters.cni import (
+    NETNS_DIR,
     Attachment,
     CniError,
     CniResult,
@@ -63,12 +65,16 @@ def cni_args(labels: Mapping[str, str], container_id: str) -> dict[str, str]:
 CAP_SYS_ADMIN = 21
 
 
-def may_make_namespaces(status: str = "/proc/self/status") -> bool:
-    """Whether this process holds CAP_SYS_ADMIN (``ip netns add`` needs it)."""
+def may_make_namespaces(status: str = "/proc/self/status", netns_dir: str = NETNS_DIR) -> bool:
+    """Whether this process can make named namespaces: it holds CAP_SYS_ADMIN
+    (``ip netns add`` needs it) and may write where they are kept (in the chart's
+    pod, without the CNI mount, ``/run`` is read-only)."""
+    held = False
     for line in Path(status).read_text().splitlines():
         if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
-    return False
+            held = bool(int(line.split()[1], 16) >> CAP_SYS_ADMIN & 1)
+    where = Path(netns_dir)
+    return held and os.access(where if where.exists() else where.parent, os.W_OK)
 
 
 class Networking:
@@ -94,7 +100,9 @@ class Networking:
         if not self.enabled:
             log.info(
                 "loopback namespaces for runtimes without a host view: %s",
-                "made by the agent" if self.own_namespaces else "not made (no CAP_SYS_ADMIN)",
+                "made by the agent"
+                if self.own_namespaces
+                else "not made (no CAP_SYS_ADMIN, or /run/netns not writable)",
             )
         self._list_containers = list_containers
         self._failing_since: dict[str, float] = {}
