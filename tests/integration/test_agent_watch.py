@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
 IMAGE = "docker.io/sandlot/watch-busybox:test"
 SLEEPER = ["sh", "-c", 'trap "exit 143" TERM; sleep 1000 & wait']
-WATCHED = ("sandboxes", "sandboxnodes", "cacheprunes")
+WATCHED = ("sandboxes", "sandboxnodes", "cacheprunes", "sandboxsnapshots")
 
 
 # Beside agent_settings: a slower heartbeat and graceful stop, the reaper at its default.

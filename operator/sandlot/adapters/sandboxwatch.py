@@ -15,6 +15,12 @@ Trade-offs:
   that looks unstarted) re-reads the object first; everything else either writes
   with the object's resourceVersion (a stale view gets a 409 and re-reads) or is
   harmless to repeat.
+- The agent's own writes are seen at once: ``observe`` puts the object a write
+  returned into the map when it is newer than what the watch last brought
+  (resourceVersions ordered as KEP-5504 defines), and wakes listeners as an event
+  would; the watch's echo of that write, no newer, then changes nothing. A pass
+  woken by finished work so sees that work, without a 409 and a re-read for a
+  write it made itself (client-go's mutation cache does the same for controllers).
 - The list, watch, resume and back-off are the operator's informers' own loop
   (``adapters.informer.Informer``): a watch that ends at its ``timeout_seconds``
   resumes from the last resourceVersion seen (bookmarks keep it current), so no
@@ -42,6 +48,7 @@ from kubernetes import client
 
 from sandlot.adapters.informer import Informer, key_of, liveness_bound, read_timeout_for
 from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION
+from sandlot.api.resourceversion import newer
 
 __all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "node_snapshots",
            "own_node",
@@ -112,6 +119,10 @@ class WatchCache(Informer):
 
     def _listed(self, keys: set[str]) -> None:
         with self._lock:
+            for key, listed in self._filling.items():  # a write seen after the LIST's read
+                held = self._objects.get(key)
+                if held is not None and newer(_version(held), _version(listed)):
+                    self._filling[key] = held
             self._objects, self._filling = self._filling, {}
         self.lists += 1
         self._notify("LISTED", None, None)
@@ -125,9 +136,24 @@ class WatchCache(Informer):
             old = self._objects.get(key)
             if event_type == "DELETED":
                 self._objects.pop(key, None)
+            elif old is not None and newer(_version(raw), _version(old)) is False:
+                return  # the echo of a write ``observe`` already put here, or older
             else:
                 self._objects[key] = dict(raw)
         self._notify(event_type, old, None if event_type == "DELETED" else raw)
+
+    def observe(self, written: Mapping[str, Any]) -> bool:
+        """Hold ``written`` (an object as a write to the API server returned it) if it
+        is newer than the watch's latest, waking listeners as its event would; True
+        if it was. An object the map does not hold yet is left to the watch."""
+        key = key_of(written)
+        with self._lock:
+            old = self._objects.get(key)
+            if old is None or not newer(_version(written), _version(old)):
+                return False
+            self._objects[key] = dict(written)
+        self._notify("MODIFIED", old, written)
+        return True
 
     def _notify(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
@@ -138,6 +164,11 @@ class WatchCache(Informer):
             self.on_change(event, old, new)
         except Exception:  # a listener's bug must not end the watch
             log.exception("%s watch: change listener failed on %s", self.name, event)
+
+
+def _version(obj: Mapping[str, Any]) -> str | None:
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
 
 
 def node_sandboxes(api: client.ApiClient, node: str, **kwargs: Any) -> WatchCache:

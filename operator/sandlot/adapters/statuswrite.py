@@ -69,6 +69,8 @@ class WriteOutcome(StrEnum):
 class WriteResult:
     outcome: WriteOutcome
     detail: str = ""
+    written: Mapping[str, Any] | None = None
+    """The Sandbox as the API server returned it from the write (WRITTEN only)."""
 
 
 def phase_of(obj: Mapping[str, Any]) -> SandboxPhase:
@@ -137,10 +139,10 @@ def write_status(
             return WriteResult(WriteOutcome.SKIPPED, f"phase {phase_of(current)}")
         try:
             body = status(current) if callable(status) else status
-            objects.patch_sandbox_status(
+            written = objects.patch_sandbox_status(
                 ns, name, body, resource_version=current["metadata"].get("resourceVersion")
             )
-            return WriteResult(WriteOutcome.WRITTEN)
+            return WriteResult(WriteOutcome.WRITTEN, written=written)
         except Exception as exc:
             if _status(exc) == 404:
                 return WriteResult(WriteOutcome.GONE, "deleted")

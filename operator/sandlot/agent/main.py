@@ -176,7 +176,9 @@ class Agent:
         self.pool = SandboxPools(
             settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
         )
-        self.status = StatusWriter(self.objects, self.node, self._clock)
+        self.status = StatusWriter(
+            self.objects, self.node, self._clock, observe=self.sandbox_watch.observe
+        )
         self.cache = CacheUpkeep(
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )

@@ -65,10 +65,17 @@ def running(node: str, container_id: str, pid: int, ip: str, now: datetime) -> d
 class StatusWriter:
     """Status writes for this node's Sandboxes, with their outcome logged once here."""
 
-    def __init__(self, objects: Objects, node: str, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        objects: Objects,
+        node: str,
+        clock: Callable[[], datetime],
+        observe: Callable[[Mapping[str, Any]], object] | None = None,
+    ) -> None:
         self.objects = objects
         self.node = node
         self.clock = clock
+        self.observe = observe  # handed every Sandbox as a write returned it
         self._holds: dict[str, Hold] = {}
         self._lock = threading.Lock()
 
@@ -112,6 +119,8 @@ class StatusWriter:
                 "sandbox %s: status write %s: %s", sandbox_key(obj), result.outcome, result.detail
             )
         self._note(obj, result.outcome)
+        if result.written is not None and self.observe is not None:
+            self.observe(result.written)
         return result.outcome
 
     def end(
