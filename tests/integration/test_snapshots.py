@@ -11,6 +11,7 @@ fork gone, the object goes and the next collection removes the image.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from kubernetes.client.rest import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SNAPSHOT_FINALIZER
+from sandlot.client import AsyncClient, Client, CommandError
 from tests.integration.test_agent_pause import paused_condition, set_mode
 from tests.integration.test_agent_suspend import condition
 from tests.support.pools import (  # the pool tests' cluster of real agents
@@ -269,3 +271,49 @@ def test_a_snapshot_of_a_missing_sandbox_fails(
     assert status["reason"] == "SandboxNotFound" and "nobody" in status["message"], status
     delete(cluster, SNAPSHOTS, "orphan")  # nothing refers to it: it goes at once
     wait_for(lambda: read(cluster, SNAPSHOTS, "orphan") is None, timeout=30, what="orphan gone")
+
+
+def test_a_program_snapshots_a_sandbox_and_forks_it_through_the_sdk(
+    cluster: Cluster, operators: Start, unheld: None
+) -> None:
+    """``Sandbox.snapshot`` returns once the node has it; ``create(snapshot=...)``
+    starts a fork with its files; the async twin too; a snapshot that fails raises
+    naming why and leaves no object behind."""
+    node = cluster.add_node("a", capacity=4)
+    start_operator(cluster, operators)
+    write = ["sh", "-c", 'echo from-sdk > /kept; trap "exit 143" TERM; sleep 1000 & wait']
+    create(cluster, "sandboxes", "Sandbox", "sdk-src", {"image": IMAGE, "command": write})
+    src = wait_running(cluster, "sdk-src")
+    wait_for(lambda: in_sandbox(src, "/kept").exists(), timeout=30, what="the file in sdk-src")
+
+    with Client(cluster.kubeconfig, namespace=cluster.namespace) as sdk:
+        snap = sdk.get("sdk-src").snapshot("sdk-snap", timeout=120)
+        assert (snap.phase, snap.node, snap.sandbox) == ("Ready", node.name, "sdk-src")
+        assert snap.digest and snap.digest.startswith("sha256:")
+        assert sdk.snapshot("sdk-snap").digest == snap.digest
+        fork = sdk.create(IMAGE, SLEEP, name="sdk-fork", snapshot=snap, timeout=120)
+        assert fork.body["spec"]["nodeName"] == node.name
+        assert in_sandbox(fork.body, "/kept").read_text() == "from-sdk\n"
+
+        doomed = sdk.get("sdk-fork")
+        doomed.terminate()
+        wait_for(
+            lambda: read(cluster, "sandboxes", "sdk-fork") is None,
+            timeout=30,
+            what="sdk-fork deleted",
+        )
+        with pytest.raises(CommandError, match="SandboxNotFound"):
+            doomed.snapshot("sdk-orphan", timeout=60)
+        wait_for(  # deleted by the SDK; its finalizer goes once the operator sees that
+            lambda: read(cluster, SNAPSHOTS, "sdk-orphan") is None,
+            timeout=30,
+            what="the failed snapshot the SDK made to go",
+        )
+
+    async def program() -> str:
+        async with AsyncClient(cluster.kubeconfig, namespace=cluster.namespace) as sdk:
+            taken = await (await sdk.get("sdk-src")).snapshot(timeout=120)
+            made = await sdk.create(IMAGE, SLEEP, snapshot=taken.name, timeout=120)
+            return in_sandbox(made.sync.body, "/kept").read_text()
+
+    assert asyncio.run(asyncio.wait_for(program(), timeout=300)) == "from-sdk\n"

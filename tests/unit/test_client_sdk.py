@@ -378,3 +378,59 @@ def test_bad_lifecycle_arguments_are_refused_naming_them(
     with pytest.raises(ValueError, match=named):
         client_with(api).claim("warm", **options)
     assert api.created == [], "nothing created"
+
+
+def snapshot(phase: str | None, **status: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "c1", "namespace": "ns"},
+        "spec": {"sandboxName": "sb1", "nodeName": "node-a"},
+    }
+    if phase is not None:
+        body["status"] = {"phase": phase, **status}
+    return body
+
+
+def test_a_snapshot_returns_once_ready_and_a_fork_names_it() -> None:
+    ready = snapshot("Ready", digest="sha256:ab", sizeBytes=4096)
+    api = FakeApi({"c1": [snapshot(None), snapshot("Taking"), ready]})
+    sb = Sandbox(api, sandbox("Running"))  # type: ignore[arg-type]
+    taken = sb.snapshot()
+    assert api.created[0]["spec"] == {"sandboxName": "sb1"}
+    assert api.created[0]["metadata"] == {"generateName": "sb1-"}
+    assert (taken.phase, taken.digest, taken.size_bytes, taken.node) == (
+        "Ready",
+        "sha256:ab",
+        4096,
+        "node-a",
+    )
+    assert api.deleted == []
+
+    api.events["c1"] = [sandbox("Running")]
+    client_with(api).create("busybox", snapshot=taken, timeout=1)
+    assert api.created[-1]["spec"]["snapshotRef"] == {"name": "c1"}
+    client_with(api).create("busybox", snapshot="by-name", timeout=1)
+    assert api.created[-1]["spec"]["snapshotRef"] == {"name": "by-name"}
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "said"),
+    [
+        ([snapshot("Pending")], TimedOut, "phase Pending; node node-a"),
+        (
+            [snapshot("Failed", reason="SandboxNotFound", message="no sandbox sb1")],
+            CommandError,
+            "it failed \\(SandboxNotFound: no sandbox sb1\\)",
+        ),
+        ([None], CommandError, "it was deleted"),
+    ],
+    ids=["never_taken", "failed", "deleted"],
+)
+def test_a_snapshot_that_is_not_taken_says_why_and_is_deleted(
+    events: list[dict[str, Any] | None], error: type[SandlotError], said: str
+) -> None:
+    api = FakeApi({"c1": events})
+    sb = Sandbox(api, sandbox("Running"))  # type: ignore[arg-type]
+    with pytest.raises(error, match=said):
+        sb.snapshot("mine", timeout=1)
+    assert api.created[0]["metadata"] == {"name": "mine"}
+    assert api.deleted == [("sandboxsnapshots", "c1")]

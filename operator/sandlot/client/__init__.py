@@ -24,6 +24,7 @@ from sandlot.client.errors import (
 )
 from sandlot.client.files import FileInfo, Files
 from sandlot.client.sandbox import Sandbox
+from sandlot.client.snapshots import Snapshot
 from sandlot.client.tunnel import Tunnel
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "SandboxGone",
     "SandboxNotFound",
     "SandlotError",
+    "Snapshot",
     "TimedOut",
     "Tunnel",
 ]

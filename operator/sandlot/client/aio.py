@@ -18,6 +18,7 @@ from sandlot.client.client import CLAIM_TIMEOUT, CREATE_TIMEOUT, Client
 from sandlot.client.commands import Channel, Result
 from sandlot.client.files import FILE_TIMEOUT, FileInfo, Files
 from sandlot.client.sandbox import MODE_TIMEOUT, Sandbox
+from sandlot.client.snapshots import SNAPSHOT_TIMEOUT, Snapshot
 from sandlot.client.tunnel import Tunnel
 
 
@@ -117,6 +118,13 @@ class AsyncSandbox:
         await asyncio.to_thread(self.sync.resume, timeout=timeout)
         return self
 
+    async def snapshot(
+        self, name: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT
+    ) -> Snapshot:
+        """``Sandbox.snapshot``: taken once this returns. The ``Snapshot`` is the sync
+        one (its ``delete`` is one short call)."""
+        return await asyncio.to_thread(self.sync.snapshot, name, timeout=timeout)
+
     async def terminate(self) -> None:
         await asyncio.to_thread(self.sync.terminate)
 
@@ -150,6 +158,9 @@ class AsyncClient:
     ) -> AsyncSandbox:
         made = await asyncio.to_thread(self.sync.create, image, command, timeout=timeout, **options)
         return AsyncSandbox(made)
+
+    async def snapshot(self, name: str, *, namespace: str | None = None) -> Snapshot:
+        return await asyncio.to_thread(self.sync.snapshot, name, namespace=namespace)
 
     async def claim(
         self, pool: str, *, timeout: float = CLAIM_TIMEOUT, **options: Any

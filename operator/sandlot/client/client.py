@@ -17,13 +17,14 @@ from typing import Any
 
 from sandlot.adapters.sandboxapi import ApiRefused, SandboxApi
 from sandlot.api.claim import ClaimPhase
-from sandlot.api.common import CLAIMS, GROUP, SANDBOXES, VERSION
+from sandlot.api.common import CLAIMS, GROUP, SANDBOXES, SNAPSHOTS, VERSION
 from sandlot.api.errors import UsageError
 from sandlot.api.keys import CLAIM_LABEL
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
 from sandlot.client.errors import SandboxGone, SandlotError, TimedOut
 from sandlot.client.sandbox import Sandbox, gone_from, refusal
+from sandlot.client.snapshots import Snapshot
 
 CREATE_TIMEOUT = 120.0  # seconds: an image pull may come first
 CLAIM_TIMEOUT = 60.0
@@ -90,13 +91,16 @@ class Client:
         shutdown_time: datetime | None = None,
         shutdown_policy: str | None = None,
         ttl_seconds_after_finished: int | None = None,
+        snapshot: str | Snapshot | None = None,
     ) -> Sandbox:
         """A new Sandbox of ``image`` (running ``command``, else the image's own),
         returned once Running. ``spec`` adds any other Sandbox spec field (camelCase,
         as in YAML); ``name`` defaults to a generated ``sandbox-xxxxx``. At
         ``shutdown_time`` (an aware datetime) it is stopped (``shutdown_policy``
         ``"Retain"``, the default) or deleted (``"Delete"``); once finished it is
-        deleted after ``ttl_seconds_after_finished``."""
+        deleted after ``ttl_seconds_after_finished``. With ``snapshot`` (a ``Snapshot``
+        or its name) it starts from that snapshot's filesystem, on the node that
+        keeps it ("fork")."""
         ns = namespace or self.namespace
         ending = lifecycle_fields(shutdown_time, shutdown_policy, ttl_seconds_after_finished)
         body: dict[str, Any] = {
@@ -110,6 +114,7 @@ class Client:
                 **({"command": list(command)} if command else {}),
                 **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {}),
                 **({"nodeName": node_name} if node_name else {}),
+                **({"snapshotRef": {"name": _name_of(snapshot)}} if snapshot else {}),
             },
         }
         try:
@@ -123,6 +128,14 @@ class Client:
             self._release(SANDBOXES, ns, made_name)
             raise
         return Sandbox(self._api, running)
+
+    def snapshot(self, name: str, *, namespace: str | None = None) -> Snapshot:
+        """An existing SandboxSnapshot."""
+        ns = namespace or self.namespace
+        try:
+            return Snapshot(self._api, self._api.get(SNAPSHOTS, ns, name))
+        except ApiRefused as e:
+            raise refusal(e, ns, name, "snapshot") from None
 
     def claim(
         self,
@@ -217,6 +230,10 @@ class Client:
 
 
 SHUTDOWN_POLICIES = ("Retain", "Delete")
+
+
+def _name_of(snapshot: str | Snapshot) -> str:
+    return snapshot if isinstance(snapshot, str) else snapshot.name
 
 
 def lifecycle_fields(

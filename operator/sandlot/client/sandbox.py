@@ -21,31 +21,15 @@ from sandlot.api.common import CLAIMS, SANDBOXES
 from sandlot.api.reasons import ConditionType
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
 from sandlot.client.commands import Execution, Result, collect, command_argv
-from sandlot.client.errors import (
-    CommandError,
-    Forbidden,
-    SandboxGone,
-    SandboxNotFound,
-    SandlotError,
-    TimedOut,
-)
+from sandlot.client.errors import CommandError, Forbidden, SandboxGone, SandlotError, TimedOut
 from sandlot.client.files import Files
+from sandlot.client.refusals import refusal
+from sandlot.client.snapshots import SNAPSHOT_TIMEOUT, Snapshot, take_snapshot
 from sandlot.client.tunnel import Tunnel
 from sandlot.policy.operatingmode import mode_outcome
 from sandlot.policy.streams import EXEC, FILES, PORTFORWARD, StreamRequest, api_path
 
 MODE_TIMEOUT = 30.0  # seconds for the agent to freeze or thaw the processes
-
-
-def refusal(e: ApiRefused, namespace: str, name: str, what: str = "sandbox") -> SandlotError:
-    """The SDK's error for an API server refusal about ``what`` ``name``."""
-    if e.status in (401, 403):
-        return Forbidden(e.message, e.status)
-    if e.status == 404:
-        return SandboxNotFound(namespace, name, what)
-    return SandlotError(
-        f"{what} {namespace}/{name}: the API server answered {e.status}: {e.message}"
-    )
 
 
 def gone_from(name: str, body: Mapping[str, Any] | None) -> SandboxGone | None:
@@ -213,6 +197,16 @@ class Sandbox:
         if (outcome := mode_outcome(body, mode)) != "applied":
             raise CommandError(f"sandbox {self.namespace}/{self.name}: {outcome}")
         return self
+
+    # -- snapshots -----------------------------------------------------------------
+
+    def snapshot(self, name: str | None = None, *, timeout: float = SNAPSHOT_TIMEOUT) -> Snapshot:
+        """Take its filesystem as it is now (a SandboxSnapshot, ``name`` or a generated
+        ``<sandbox>-xxxxx``) and return once its node has it; the sandbox goes on
+        running (frozen for the length of the commit). Start others from it with
+        ``Client.create(..., snapshot=...)``. A snapshot that fails raises
+        ``CommandError`` naming why, and is deleted."""
+        return take_snapshot(self._api, self.namespace, self.name, name, timeout)
 
     # -- the end -------------------------------------------------------------------
 
