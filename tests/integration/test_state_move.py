@@ -161,8 +161,19 @@ def test_a_pushed_sandbox_moves_off_its_cordoned_node_and_runs_there_with_its_fi
     )
     wait_for(lambda: node_of(get(moving, "mover")) == b.name, timeout=30, what="moved to b")
     assert suspended(get(moving, "mover")) == ("True", "Suspended")  # moved, still suspended
-    set_mode(moving, "mover", "Running")
-    again = running_with_file(moving, "mover", b)
+
+    auth_registry.stop()  # the pull of its state on b fails: b backs off, then tries again
+    try:
+        set_mode(moving, "mover", "Running")
+        wait_for(
+            lambda: suspended(get(moving, "mover")) == ("True", "RestorePullBackOff"),
+            timeout=30,
+            what="the failed pull of mover's state said on its condition",
+        )
+        assert node_of(get(moving, "mover")) == b.name and not b.containers()
+    finally:
+        auth_registry.start()
+    again = running_with_file(moving, "mover", b)  # no spec change since the failure
     assert again["metadata"]["uid"] == first["metadata"]["uid"]
 
 

@@ -29,7 +29,9 @@ from sandlot.policy.suspension import (
     decide_suspension,
     is_suspended_image,
     live_uids,
+    next_pull_retry,
     orphaned_images,
+    pull_retry_due,
     suspended_condition,
     suspended_image_name,
 )
@@ -610,18 +612,53 @@ def test_a_state_pushed_from_another_node_is_pulled_then_started_and_cleared() -
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
 
 
-@pytest.mark.parametrize(
-    ("store", "said"),
-    [(None, "this node has no state repository"), (FakeStore("stalled"), "failed: stalled")],
-)
-def test_a_state_this_node_cannot_pull_is_a_refused_restore(
-    store: FakeStore | None, said: str
-) -> None:
-    world = moved_world(store)
+def test_a_state_this_node_has_no_repository_for_is_a_refused_restore() -> None:
+    world = moved_world(None)
     assert world.suspensions.restore(world.body(), None) is S.RESTORE
     assert not world.work.restarted
     c = world.condition()
-    assert (c.status, c.reason) == ("True", "RestoreFailed") and said in c.message
+    assert (c.status, c.reason) == ("True", "RestoreFailed")
+    assert "this node has no state repository" in c.message
+
+
+def test_a_state_pull_that_fails_backs_off_and_is_tried_again_without_a_spec_change() -> None:
+    store = FakeStore("stalled")
+    world = moved_world(store)
+    wakes: list[float] = []
+    world.suspensions.wake_in = wakes.append
+    assert world.suspensions.restore(world.body(), None) is None
+    c = world.condition()
+    assert (c.status, c.reason) == ("True", "RestorePullBackOff")
+    assert "failed: stalled; tried again in 5s (failure 1)" in c.message
+    assert wakes == [5.0] and not world.work.restarted
+
+    world.clock.advance(4)  # not due: nothing tried, nothing written
+    version = world.body()["metadata"]["resourceVersion"]
+    assert world.suspensions.restore(world.body(), None) is None
+    assert world.body()["metadata"]["resourceVersion"] == version and wakes == [5.0]
+
+    world.clock.advance(1)  # due, and still failing: twice as long
+    assert world.suspensions.restore(world.body(), None) is None
+    assert "tried again in 10s (failure 2)" in world.condition().message and wakes[-1] == 10.0
+
+    store.refuse = None  # the registry is back
+    world.clock.advance(10)
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert world.work.restarted == [suspended_image_name(world.uid)]
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+
+
+@pytest.mark.parametrize(
+    ("failures", "delay"), [(1, 5), (2, 10), (3, 20), (6, 160), (7, 300), (30, 300)]
+)
+def test_state_pull_retries_double_up_to_five_minutes(failures: int, delay: int) -> None:
+    retry = None
+    for _ in range(failures):
+        retry = next_pull_retry(retry, T0)
+    assert retry is not None and retry.failures == failures
+    assert retry.not_before - T0 == timedelta(seconds=delay)
+    assert not pull_retry_due(retry, T0 + timedelta(seconds=delay - 1))
+    assert pull_retry_due(retry, T0 + timedelta(seconds=delay))
 
 
 def test_a_state_pushed_from_this_node_starts_from_the_local_image() -> None:

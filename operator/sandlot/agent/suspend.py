@@ -14,7 +14,7 @@ spec's generation.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sandlot.adapters.pulling import RegistryError
@@ -30,8 +30,12 @@ from sandlot.policy.conditions import parse_conditions, set_condition, wire_cond
 from sandlot.policy.operatingmode import recorded_paused, wanted_mode
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
+    PullRetry,
     SuspendStep,
     decide_suspension,
+    next_pull_retry,
+    pull_backoff_condition,
+    pull_retry_due,
     recorded_suspended,
     says,
     suspend_failed,
@@ -48,11 +52,18 @@ RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 class Suspensions:
     """Suspends and restores this node's sandboxes through ``work``'s runtime."""
 
-    def __init__(self, work: SandboxWork, store: StateStore | None = None) -> None:
+    def __init__(
+        self,
+        work: SandboxWork,
+        store: StateStore | None = None,
+        wake_in: Callable[[float], None] = lambda _seconds: None,
+    ) -> None:
         self.work = work
         # A commit writes the whole writable layer: a pull's budget, not a call's.
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
         self.store = store
+        self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
+        self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
 
     def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
         """The committed ``image`` pushed when a repository is set: the status fields
@@ -67,19 +78,33 @@ class Suspensions:
         state = {"image": pushed.reference, "digest": pushed.digest, "node": self.work.node}
         return {"suspendedState": state}, f"pushed to {pushed.reference}"
 
-    def _pull(self, sb: Mapping[str, Any], image: str) -> str | None:
-        """Pull ``sb``'s pushed state as ``image`` when another node committed it; the
-        refusal, None when the image is here."""
+    def _pull(self, sb: Mapping[str, Any], image: str) -> tuple[str | None, bool]:
+        """Pull ``sb``'s pushed state as ``image`` when another node committed it: the
+        refusal (None when the image is here), and whether trying again may help."""
         state = (sb.get("status") or {}).get("suspendedState") or {}
         if not state or state.get("node") == self.work.node:
-            return None
+            return None, False
         if self.store is None:
-            return f"its state is in {state.get('image')}, and this node has no state repository"
+            no_store = (
+                f"its state is in {state.get('image')}, and this node has no state repository"
+            )
+            return no_store, False
         try:
             self.store.pull(str(state.get("image")), image)
-        except (RegistryError, RuntimeError_) as exc:
-            return f"pull of its state {state.get('image')} failed: {exc}"
-        return None
+        except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
+            return f"pull of its state {state.get('image')} failed: {exc}", True
+        return None, False
+
+    def _back_off(self, sb: Mapping[str, Any], error: str) -> None:
+        """Record a failed pull of ``sb``'s state and when it is tried again."""
+        uid, now = sb["metadata"]["uid"], self.work.status.clock()
+        retry = next_pull_retry(self._pull_retries.get(uid), now)
+        self._pull_retries[uid] = retry
+        generation = (sb.get("metadata") or {}).get("generation")
+        condition = pull_backoff_condition(self.work.node, generation, error, retry, now)
+        outcome = self._write(sb, [condition], {})
+        log.warning("sandbox %s: %s, condition %s", sandbox_key(sb), condition.message, outcome)
+        self.wake_in((retry.not_before - now).total_seconds())
 
     def _step(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
         return decide_suspension(
@@ -163,8 +188,15 @@ class Suspensions:
         fields: dict[str, Any] = {}
         error: str | None = None
         if step is SuspendStep.RESTORE:
-            image = suspended_image_name(sb["metadata"]["uid"])
-            error = self._pull(sb, image)
+            uid = sb["metadata"]["uid"]
+            if not pull_retry_due(self._pull_retries.get(uid), work.status.clock()):
+                return None  # its pull backs off: the sync is woken when it is due
+            image = suspended_image_name(uid)
+            error, transient = self._pull(sb, image)
+            if error is not None and transient:
+                self._back_off(sb, error)
+                return None
+            self._pull_retries.pop(uid, None)
             started = None
             try:
                 started = work.restart_from(sb, image) if error is None else None

@@ -77,7 +77,9 @@ class SandboxSync:
         self.refusal = refusal
         """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
-        self.suspensions = Suspensions(work, StateStore.from_settings(work.settings, rt))
+        self.suspensions = Suspensions(
+            work, StateStore.from_settings(work.settings, rt), wake_in=pool.wake_in
+        )
         # Sandboxes with a stream open (the stream server's, handed over once it runs).
         self.in_use: Callable[[], Collection[str]] = frozenset
 

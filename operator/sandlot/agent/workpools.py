@@ -33,6 +33,20 @@ class SandboxPools:
         self.bounded = WorkPool(workers, stop, done)
         self.graceful = WorkPool(max(1, stop_workers), stop, done)
         self._lock = threading.Lock()
+        self._stop = stop
+        self._done = done
+
+    def wake_in(self, seconds: float) -> None:
+        """Wake the sync in ``seconds`` (work that waits out a back-off is due then),
+        unless the agent is stopping by then."""
+
+        def wake() -> None:
+            if not self._stop.is_set():
+                self._done.set()
+
+        timer = threading.Timer(max(0.0, seconds), wake)
+        timer.daemon = True
+        timer.start()
 
     def in_flight(self) -> frozenset[str]:
         return self.bounded.in_flight() | self.graceful.in_flight()

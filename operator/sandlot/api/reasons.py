@@ -116,6 +116,8 @@ class SuspendedReason(StrEnum):
     RESTORED = "Restored"
     SUSPEND_FAILED = "SuspendFailed"
     RESTORE_FAILED = "RestoreFailed"
+    RESTORE_PULL_BACK_OFF = "RestorePullBackOff"
+    """The pull of its pushed state failed; tried again after a back-off."""
 
 
 class SnapshotReason(StrEnum):

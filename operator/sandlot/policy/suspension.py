@@ -35,6 +35,8 @@ the node, and removed by its next pass once the Sandbox is deleted or has ended
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -185,6 +187,47 @@ def waiting_condition(node: str, generation: int | None, why: str) -> Condition:
     )
 
 
+RESTORE_PULL_FIRST_RETRY = timedelta(seconds=5)
+RESTORE_PULL_LONGEST_RETRY = timedelta(minutes=5)
+
+
+@dataclass(frozen=True)
+class PullRetry:
+    """A restore whose pull of pushed state failed: how often, and when to try again."""
+
+    failures: int
+    not_before: datetime
+
+
+def next_pull_retry(last: PullRetry | None, now: datetime) -> PullRetry:
+    """After another failed pull of pushed state: doubling from 5 s to at most 5 min,
+    as the kubelet backs off an image pull. A registry that is down or a network
+    that is cut comes back without the spec changing; one that lost the state
+    keeps failing, each try named on the condition."""
+    failures = (last.failures if last else 0) + 1
+    delay = min(RESTORE_PULL_FIRST_RETRY * 2 ** (failures - 1), RESTORE_PULL_LONGEST_RETRY)
+    return PullRetry(failures, now + delay)
+
+
+def pull_retry_due(retry: PullRetry | None, now: datetime) -> bool:
+    return retry is None or now >= retry.not_before
+
+
+def pull_backoff_condition(
+    node: str, generation: int | None, error: str, retry: PullRetry, now: datetime
+) -> Condition:
+    """Still suspended: the pull of its state failed on ``node``, and when it is tried again."""
+    seconds = max(0.0, (retry.not_before - now).total_seconds())
+    return Condition(
+        type=ConditionType.SUSPENDED,
+        status="True",
+        reason=SuspendedReason.RESTORE_PULL_BACK_OFF,
+        message=f"restore on node {node}: {error}; tried again in {seconds:g}s "
+        f"(failure {retry.failures})",
+        observed_generation=generation,
+    )
+
+
 def says(obj: Mapping[str, Any], condition: Condition) -> bool:
     """Whether ``obj``'s Suspended condition already reads as ``condition``."""
     current = _condition(obj)
@@ -196,14 +239,20 @@ def says(obj: Mapping[str, Any], condition: Condition) -> bool:
 
 
 __all__ = [
+    "RESTORE_PULL_FIRST_RETRY",
+    "RESTORE_PULL_LONGEST_RETRY",
     "SUSPENDED_IMAGE_LABEL",
     "SUSPENDED_IMAGE_PREFIX",
+    "PullRetry",
     "SuspendStep",
     "decide_suspension",
     "image_uid",
     "is_suspended_image",
     "live_uids",
+    "next_pull_retry",
     "orphaned_images",
+    "pull_backoff_condition",
+    "pull_retry_due",
     "recorded_suspended",
     "says",
     "suspend_failed",
