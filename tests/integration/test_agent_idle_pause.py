@@ -30,7 +30,7 @@ from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
 from sandlot.adapters.runtime import TaskState
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
+from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL, SANDBOX_LABEL
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import free_port
@@ -290,3 +290,119 @@ def test_with_paused_streams_resume_an_exec_thaws_a_paused_sandbox_until_it_ends
     assert again["spec"]["operatingMode"] == "Paused"
     assert frozen(agent, cid)
     delete_sandbox(kube, tenant, "napper")
+
+
+def suspended_is(
+    kube: client.ApiClient, namespace: str, name: str, status: str, reason: str, timeout: float
+) -> dict[str, Any]:
+    def probe() -> dict[str, Any] | None:
+        sb = get_sandbox(kube, namespace, name)
+        said = [
+            c
+            for c in (sb.get("status") or {}).get("conditions") or []
+            if c["type"] == "Suspended" and (c["status"], c["reason"]) == (status, reason)
+        ]
+        return sb if said else None
+
+    return wait_for(
+        probe, timeout=timeout, what=f"sandbox {name}'s Suspended condition {status} ({reason})"
+    )
+
+
+def idle_suspending_sandbox(
+    kube: client.ApiClient, agent: Agent, namespace: str, name: str
+) -> dict[str, Any]:
+    """A Running sandbox that wrote a file, then got an idle timeout with
+    ``idleAction: Suspend``: its body."""
+    sandbox = running_sandbox(
+        kube, agent, namespace, name, "echo before > /kept; exec sleep 100000"
+    )
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        "sandboxes",
+        name,
+        {"spec": {"idleTimeoutSeconds": IDLE_TIMEOUT, "idleAction": "Suspend"}},
+    )
+    return sandbox
+
+
+def test_an_idle_sandbox_set_to_suspend_is_suspended_and_an_exec_starts_it_again(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str], users: dict[str, Path]
+) -> None:
+    """Quiet past its timeout, it is committed and its container removed with the
+    spec still Running (the Suspended condition says Idle, an Event too); the sync
+    leaves it so; an exec starts it again from its files and runs in it."""
+    _, tenant = places
+    first = idle_suspending_sandbox(kube, agent, tenant, "sleeper")
+    cid = first["status"]["containerId"]
+    suspended = suspended_is(kube, tenant, "sleeper", "True", "Idle", timeout=IDLE_TIMEOUT + 30)
+    assert suspended["spec"]["operatingMode"] == "Running", "the spec was rewritten"
+    assert suspended["status"]["phase"] == "Running"
+    wait_for(
+        lambda: cid not in {c.id for c in agent.parts.runtime.list_containers(timeout=5)},
+        timeout=20,
+        what="the idle sandbox's container removed",
+    )
+    wait_for(
+        lambda: "IdleSuspended" in event_reasons(kube, tenant, "sleeper"),
+        timeout=10,
+        what="an IdleSuspended Event about the sandbox",
+    )
+    passes = agent.registry.get_sample_value("sandlot_agent_sync_passes_total") or 0
+    hold_still(kube, tenant, "sleeper")  # a spec change: it wakes a sync pass
+    wait_for(
+        lambda: (
+            (agent.sandbox_watch.get(f"{tenant}/sleeper") or {})
+            .get("spec", {})
+            .get("idleTimeoutSeconds")
+            == 3600
+        ),
+        timeout=10,
+        what="the agent's watch to see the longer timeout",
+    )
+    wait_for(  # the sync holds it suspended: no restore for a Running spec
+        lambda: (
+            (agent.registry.get_sample_value("sandlot_agent_sync_passes_total") or 0) >= passes + 1
+        ),
+        timeout=20,
+        what="a sync pass after the spec change",
+    )
+    assert cid not in {c.id for c in agent.parts.runtime.list_containers(timeout=5)}
+    containers = agent.parts.runtime.list_containers(timeout=5)
+    mine = [c for c in containers if c.labels.get(SANDBOX_LABEL) == f"{tenant}/sleeper"]
+    assert not mine, "started again without a use"
+
+    done = sandlot(
+        "exec", "sleeper", "-n", tenant, "--", "cat", "/kept", kubeconfig=users["operator-person"]
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "before"), done.stderr
+    again = suspended_is(kube, tenant, "sleeper", "False", "Restored", timeout=10)
+    assert again["status"]["pid"] != first["status"]["pid"], "the same process: never suspended"
+    assert agent.registry.get_sample_value("sandlot_agent_idle_suspends_total") == 1
+    delete_sandbox(kube, tenant, "sleeper")
+
+
+def test_a_claim_binding_an_idle_suspended_pool_member_starts_it_again(
+    kube: client.ApiClient, agent: Agent, places: tuple[str, str]
+) -> None:
+    _, tenant = places
+    api = client.CustomObjectsApi(kube)
+    idle_suspending_sandbox(kube, agent, tenant, "stored-spare")
+    api.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        tenant,
+        "sandboxes",
+        "stored-spare",
+        {"metadata": {"labels": {POOL_LABEL: "p"}}},
+    )
+    suspended_is(kube, tenant, "stored-spare", "True", "Idle", timeout=IDLE_TIMEOUT + 30)
+    hold_still(kube, tenant, "stored-spare")
+    bind = {"metadata": {"labels": {POOL_LABEL: None, CLAIM_LABEL: "someone"}}}
+    api.patch_namespaced_custom_object(GROUP, VERSION, tenant, "sandboxes", "stored-spare", bind)
+    again = suspended_is(kube, tenant, "stored-spare", "False", "Restored", timeout=30)
+    pid = again["status"]["pid"]
+    assert Path(f"/proc/{pid}/root/kept").read_text() == "before\n"
+    delete_sandbox(kube, tenant, "stored-spare")

@@ -21,21 +21,24 @@ from typing import TYPE_CHECKING, Any
 from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskState
+from sandlot.agent.idlewake import IdleSuspends
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter, sandbox_key
 from sandlot.api.common import GROUP, VERSION, Condition
 from sandlot.api.reasons import EventReason
-from sandlot.api.sandbox import OperatingMode, SandboxPhase
+from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import (
     IdleSample,
     IdleStep,
     IdleTrack,
     claim_wakes,
+    idle_action,
     idle_condition,
     idle_timeout,
     observe,
+    restores_for_stream,
     unclaimed_member,
     wake_condition,
 )
@@ -82,6 +85,7 @@ class IdlePauses:
         cgroup_root: str,
         cgroup_parent: str,
         call_timeout: float,
+        sandbox_of: Callable[[str], Mapping[str, Any] | None] = lambda _key: None,
     ) -> None:
         self.node = node
         self.status = status
@@ -100,6 +104,7 @@ class IdlePauses:
         # Memory only: after a restart, one seen with its pool's label again counts.
         self._unclaimed: set[str] = set()
         self._lock = threading.Lock()
+        self.suspends = IdleSuspends(sandbox_of)  # idleAction Suspend: due, and woken
 
     def serve(
         self,
@@ -115,14 +120,20 @@ class IdlePauses:
         sync.in_use, streams.ended = streams.in_use, wake_sync
         sync.modes.in_use, sync.modes.thaws = streams.in_use, self._lock
         streams.paused_resume = settings.paused_streams == "Resume"
+        self.suspends.wake_sync, self.suspends.sessions = wake_sync, streams.sessions
+        streams.restore, sync.idle_flags = self.suspends.wake_for_use, self.suspends.flags
+        sync.suspensions.idle = self
 
     def pass_once(self) -> None:
         """Sample each sandbox with an idle timeout; pause those quiet for it."""
         seen: set[str] = set()
         present: set[str] = set()
+        suspended: set[str] = set()
         for sb in self.sandboxes():
             present.add(sandbox_key(sb))
-            if idle_paused(sb):
+            if restores_for_stream(sb):
+                suspended.add(sandbox_key(sb))
+            if idle_paused(sb) or restores_for_stream(sb):
                 self._claimed(sb)
                 continue
             timeout = idle_timeout(sb)
@@ -144,6 +155,10 @@ class IdlePauses:
                     threshold_cores=self.threshold_cores,
                 )
                 self._tracks[key] = track
+                suspend = step is IdleStep.PAUSE and idle_action(sb) is IdleAction.SUSPEND
+                if suspend and self.suspends.request(key):
+                    self._tracks.pop(key, None)
+                    continue  # the sync suspends it (``suspend_idle``), or a use cancels
                 paused = step is IdleStep.PAUSE and self._pause(key, container)
             if paused:
                 if unclaimed_member(sb):
@@ -159,6 +174,7 @@ class IdlePauses:
             for gone in set(self._tracks) - seen:
                 del self._tracks[gone]
             self._unclaimed &= present
+        self.suspends.forget(present, suspended)
         self.metrics.idle_passes.inc()
 
     def _claimed(self, sb: Mapping[str, Any]) -> None:
@@ -168,7 +184,10 @@ class IdlePauses:
             self._unclaimed.add(key)
         elif claim_wakes(sb, key in self._unclaimed):
             self._unclaimed.discard(key)
-            self.wake(sb, "claim")
+            if restores_for_stream(sb):
+                self.suspends.wake_for_claim(sb)
+            else:
+                self.wake(sb, "claim")
 
     def _pause(self, key: str, container: str) -> bool:
         """Freeze ``container`` if it is running; its quiet clock starts again."""
@@ -213,6 +232,26 @@ class IdlePauses:
             why = "while spec.operatingMode is Paused" if spec_paused else "after an idle pause"
             self._event(sb, EventReason.RESUMED_ON_USE, f"resumed for {kind} {why}")
         return None
+
+    # -- what suspending for idleness asks (``agent.suspend.IdleHooks``)
+
+    def begin(self, key: str) -> bool:
+        return self.suspends.begin(key)
+
+    def refused(self, key: str) -> None:
+        log.warning("sandbox %s: its filesystem cannot be committed: paused when idle", key)
+        self.suspends.refused(key)
+
+    def waking(self, key: str) -> bool:
+        return self.suspends.waking(key)
+
+    def suspended(self, sb: Mapping[str, Any]) -> None:
+        key = sandbox_key(sb)
+        if unclaimed_member(sb):
+            self._unclaimed.add(key)
+        self.metrics.idle_suspends.inc()
+        seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds")
+        self._event(sb, EventReason.IDLE_SUSPENDED, f"suspended after {seconds}s without use")
 
     def _say(self, sb: Mapping[str, Any], condition: Condition) -> None:
         def merged(current: Mapping[str, Any]) -> dict[str, Any]:

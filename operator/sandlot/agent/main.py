@@ -431,6 +431,8 @@ class Agent:
         # Every change may matter (phase, deletion, containerId); the agent's own
         # status writes come back here too, and their pass finds nothing to do.
         self._sync_wake.set()
+        if self._parts is not None:  # a use waiting for an idle-suspended sandbox looks again
+            self._parts.idle.suspends.changed()
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -76,6 +76,17 @@ class AgentMetrics:
             "Idle-paused sandboxes resumed by an exec, files call or port-forward.",
             registry=registry,
         )
+        self.idle_suspends = Counter(
+            "sandlot_agent_idle_suspends_total",
+            "Sandboxes suspended for being idle past their idleTimeoutSeconds "
+            "(idleAction Suspend).",
+            registry=registry,
+        )
+        self.idle_restores = Counter(
+            "sandlot_agent_idle_restores_total",
+            "Idle-suspended sandboxes started again by an exec, files call, port-forward or claim.",
+            registry=registry,
+        )
         self.storage_passes = Counter(
             "sandlot_agent_ephemeral_storage_passes_total",
             "Passes measuring the disk use of sandboxes with an ephemeral storage limit.",

@@ -40,7 +40,7 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.policy.idle import thaws_for_stream
+from sandlot.policy.idle import restores_for_stream, thaws_for_stream
 from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
@@ -108,6 +108,8 @@ class StreamServer:
         self._open_lock = threading.Lock()
         # Thaws a paused sandbox for a stream (``agent.idle``): None once it runs, else why not.
         self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
+        # Starts an idle-suspended sandbox again and waits for it (``agent.idlewake``).
+        self.restore: Callable[[Mapping[str, Any], str], str | None] | None = None
         # A pause the spec asks for is thawed for a stream too (``paused_streams``).
         self.paused_resume = False
         # Called when a stream into a sandbox ends (the sync may freeze it again).
@@ -228,6 +230,8 @@ class StreamServer:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
+            if restores_for_stream(sandbox):
+                return self._restored(sandbox, asked.kind)
             if thaws_for_stream(sandbox, self.paused_resume):
                 return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
@@ -245,6 +249,16 @@ class StreamServer:
         why = self.wake(sandbox, kind) if self.wake is not None else "no resumer on this node"
         if why is not None:
             return 409, f"{why}\n"
+        return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
+
+    def _restored(self, sandbox: Mapping[str, Any], kind: str) -> tuple[int, str] | None:
+        if self.restore is None:
+            meta = sandbox.get("metadata") or {}
+            key = f"{meta.get('namespace')}/{meta.get('name')}"
+            return 409, f"sandbox {key} is suspended and node {self.node} cannot start it\n"
+        why = self.restore(sandbox, kind)
+        if why is not None:
+            return 503, f"{why}\n"
         return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
 
     def _log_path(self, sandbox: Mapping[str, Any]) -> Path | None:

@@ -13,9 +13,11 @@ spec's generation.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from datetime import timedelta
+from typing import Any, Protocol
 
 from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
@@ -27,7 +29,8 @@ from sandlot.api.common import Condition
 from sandlot.api.reasons import ConditionType, SuspendedReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
-from sandlot.policy.operatingmode import recorded_paused, wanted_mode
+from sandlot.policy.idle import effective_mode, idle_suspend_condition
+from sandlot.policy.operatingmode import recorded_paused
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
     PullRetry,
@@ -45,6 +48,19 @@ from sandlot.policy.suspension import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class IdleHooks(Protocol):
+    """What suspending for idleness asks of the idle loop (``agent.idle.IdlePauses``)."""
+
+    def begin(self, key: str) -> bool: ...
+
+    def refused(self, key: str) -> None: ...
+
+    def waking(self, key: str) -> bool: ...
+
+    def suspended(self, sb: Mapping[str, Any]) -> None: ...
+
 
 RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 
@@ -64,6 +80,7 @@ class Suspensions:
         self.store = store
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
+        self.idle: IdleHooks | None = None  # the idle loop's, once it runs
 
     def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
         """The committed ``image`` pushed when a repository is set: the status fields
@@ -107,8 +124,12 @@ class Suspensions:
         self.wake_in((retry.not_before - now).total_seconds())
 
     def _step(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
+        waking = self.idle is not None and self.idle.waking(sandbox_key(sb))
         return decide_suspension(
-            wanted_mode(sb), recorded_suspended(sb), container is not None, suspend_failed(sb)
+            effective_mode(sb, waking),
+            recorded_suspended(sb),
+            container is not None,
+            suspend_failed(sb),
         )
 
     def _write(
@@ -134,7 +155,22 @@ class Suspensions:
             return step
         if step is not SuspendStep.COMMIT:
             return None
-        work, generation = self.work, (sb.get("metadata") or {}).get("generation")
+        return step if self._commit(sb, container, idle=False) else None
+
+    def suspend_idle(self, sb: Mapping[str, Any], container: ContainerInfo) -> SuspendStep | None:
+        """Suspend a sandbox its agent found idle (``spec.idleAction: Suspend``), if it
+        still is (no stream open, no use waiting): as ``suspend``, its condition
+        saying ``Idle``. A commit the runtime refuses is not recorded (nobody asked for
+        it): the idle loop pauses that sandbox from then on."""
+        key = sandbox_key(sb)
+        if self.idle is None or not self.idle.begin(key):
+            return None
+        return SuspendStep.COMMIT if self._commit(sb, container, idle=True) else None
+
+    def _commit(self, sb: Mapping[str, Any], container: ContainerInfo, *, idle: bool) -> bool:
+        """Freeze, commit, record, remove; whether the container was removed."""
+        key, work = sandbox_key(sb), self.work
+        generation = (sb.get("metadata") or {}).get("generation")
         rt, timeout = work.rt, work.call_timeout
         error: str | None = None
         try:
@@ -156,19 +192,33 @@ class Suspensions:
                 raise
         except RuntimeTimeout as exc:
             log.warning("sandbox %s: suspend got no answer: %s", key, exc)
-            return None
+            return False
         except RuntimeError_ as exc:
             error = str(exc)
             log.warning("sandbox %s: suspend refused: %s", key, exc)
+            if idle and self.idle is not None:
+                self.idle.refused(key)
+                return False
         fields, note = self._push(sb, image) if error is None else ({}, None)
-        condition = suspended_condition(True, work.node, generation, error, note)
+        if idle and error is None:
+            seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds") or 0
+            condition = idle_suspend_condition(
+                work.node, timedelta(seconds=int(seconds)), generation, note
+            )
+        else:
+            condition = suspended_condition(True, work.node, generation, error, note)
         outcome = self._write(sb, [condition], fields)
         if error is not None or outcome is not WriteOutcome.WRITTEN:
             log.info("sandbox %s: suspend %s, condition %s", key, error or "done", outcome)
-            return None  # not said: the container stays, the next pass commits again
+            if idle and error is None and froze:  # not said: running again, idle later
+                with contextlib.suppress(RuntimeError_):
+                    rt.resume_task(container.id, timeout=timeout)
+            return False  # not said: the container stays, the next pass commits again
         log.info("sandbox %s: committed as %s, removing container %s", key, digest, container.id)
         work.teardown(container)
-        return step
+        if idle and self.idle is not None:
+            self.idle.suspended(sb)
+        return True
 
     def _restored_pid(self, key: str, container: ContainerInfo) -> dict[str, Any]:
         """The pid of a container restored before a crash left it unsaid (its address

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Mapping
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -82,6 +83,11 @@ class SandboxSync:
         )
         # Sandboxes with a stream open (the stream server's, handed over once it runs).
         self.in_use: Callable[[], Collection[str]] = frozenset
+        # (due for an idle suspension, waited for by a use): the idle loop's, once it runs.
+        self.idle_flags: Callable[[], tuple[frozenset[str], frozenset[str]]] = lambda: (
+            frozenset(),
+            frozenset(),
+        )
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -96,6 +102,11 @@ class SandboxSync:
             k: str(o["metadata"].get("resourceVersion") or "") for k, (_, o) in bodies.items()
         }
         in_flight |= self.work.status.held(versions)
+        due, waking = self.idle_flags()
+        if due or waking:
+            for key, (state, held) in list(bodies.items()):
+                flagged = replace(state, idle_suspend_due=key in due, waking=key in waking)
+                bodies[key] = (flagged, held)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self.rt.list_containers(timeout=self.call_timeout)
         by_id = {c.id: c for c in containers}
@@ -176,6 +187,8 @@ class SandboxSync:
             return partial(self.modes.apply, sb, container)
         if kind is ActionKind.SUSPEND and sb is not None:
             return partial(self.suspensions.suspend, sb, container)
+        if kind is ActionKind.IDLE_SUSPEND and sb is not None:
+            return partial(self.suspensions.suspend_idle, sb, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
             return partial(work.stop_sandbox, sb, container, SandboxReason.DRAINED)
         if kind is ActionKind.STOP_DELETED:

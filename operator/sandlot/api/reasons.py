@@ -116,6 +116,10 @@ class SuspendedReason(StrEnum):
     RESTORED = "Restored"
     SUSPEND_FAILED = "SuspendFailed"
     RESTORE_FAILED = "RestoreFailed"
+    IDLE = "Idle"
+    """Suspended by its agent after ``spec.idleTimeoutSeconds`` without use
+    (``spec.idleAction: Suspend``; the spec still asks for Running): the next exec,
+    files call, port-forward or claim starts it again from its committed files."""
     RESTORE_PULL_BACK_OFF = "RestorePullBackOff"
     """The pull of its pushed state failed; tried again after a back-off."""
 
@@ -173,6 +177,7 @@ class EventReason(StrEnum):
     BACK_OFF = "BackOff"
     SERVICE_TAKEN = "ServiceTaken"
     IDLE_PAUSED = "IdlePaused"
+    IDLE_SUSPENDED = "IdleSuspended"
     RESUMED_ON_USE = "ResumedOnUse"
 
 

@@ -65,6 +65,15 @@ class OperatingMode(StrEnum):
     """Its filesystem committed to an image on its node, its container removed."""
 
 
+class IdleAction(StrEnum):
+    """What ``spec.idleTimeoutSeconds`` does to an idle sandbox (``spec.idleAction``)."""
+
+    PAUSE = "Pause"
+    """Processes frozen, memory kept: back in milliseconds."""
+    SUSPEND = "Suspend"
+    """Filesystem committed, container removed: nothing held; back from its files."""
+
+
 class SandboxPhase(StrEnum):
     PENDING = "Pending"
     SCHEDULED = "Scheduled"
@@ -405,6 +414,14 @@ class SandboxSpec(Model):
         "Running; the `Paused` condition says True with reason `Idle`, and the next exec, "
         "files call or port-forward resumes it before it is served. Each transition is an "
         "Event (`IdlePaused`, `ResumedOnUse`).",
+    )
+    idle_action: IdleAction | None = Field(
+        default=None,
+        description="What the idle timeout does: `Pause` (the default: processes frozen, "
+        "memory kept) or `Suspend` (filesystem committed and container removed, no memory "
+        "held: the `Suspended` condition says True with reason `Idle`; the next exec, files "
+        "call, port-forward or claim starts it again from its files, its processes new). "
+        "Events `IdleSuspended`, `ResumedOnUse`.",
     )
 
 

@@ -12,6 +12,10 @@ Pending/Scheduled           present                     teardown-unstarted
 Running                     present                     none (adopted)
 Running, mode to apply      present                     apply-mode (pause/resume)
 Running, idle-paused        present                     none (use resumes it)
+Running, idle, to suspend   present                     idle-suspend (as suspend,
+                                                        the condition says Idle)
+Running, idle-suspended     none                        none, until a use wakes it
+                                                        (then restore)
 Running, to pause, in use   present                     none (until its streams end)
 Running, to suspend         present                     suspend (commit, remove;
                                                         on a drained node too)
@@ -67,6 +71,7 @@ from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts, us
 from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
+    idle_suspended,
     recorded_suspended,
     suspend_failed,
 )
@@ -89,6 +94,8 @@ class ActionKind(StrEnum):
     """A suspended sandbox (no container) on a drained node: ended Stopped/Drained."""
     APPLY_MODE = "apply-mode"
     SUSPEND = "suspend"
+    IDLE_SUSPEND = "idle-suspend"
+    """Suspend a sandbox its agent found idle (``spec.idleAction: Suspend``)."""
     RESTORE = "restore"
     WAIT_RESTORE = "wait-restore"
     """A restore the node has no room for yet: its Suspended condition says why
@@ -122,6 +129,12 @@ class SandboxState:
     """The runtime refused the last suspend or restore of this spec's generation."""
     pushed: bool = False
     """``status.suspendedState`` is set: its committed state is in a registry."""
+    idle_suspended: bool = False
+    """Its agent suspended it for being idle (the spec still asks for Running)."""
+    idle_suspend_due: bool = False
+    """The agent's idle loop found it idle past its timeout (``idleAction: Suspend``)."""
+    waking: bool = False
+    """A use (exec, files, port-forward, claim) waits for it to run again."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
@@ -138,6 +151,7 @@ class SandboxState:
             suspended=recorded_suspended(obj),
             suspend_failed=suspend_failed(obj),
             pushed=bool(status.get("suspendedState")),
+            idle_suspended=idle_suspended(obj),
         )
 
 
@@ -175,10 +189,20 @@ def _for_sandbox(
     return Action(ActionKind.CLEANUP, sb.key, cid)
 
 
+def _held_mode(sb: SandboxState) -> OperatingMode:
+    """``policy.idle.effective_mode`` on the state: an idle suspension holds until woken."""
+    if sb.mode is OperatingMode.RUNNING and sb.idle_suspended and not sb.waking:
+        return OperatingMode.SUSPENDED
+    return sb.mode
+
+
 def _for_running(
     sb: SandboxState, cid: str | None, drained: bool, in_use: bool = False
 ) -> Action | None:
-    step = decide_suspension(sb.mode, sb.suspended, cid is not None, sb.suspend_failed)
+    idle_due = sb.idle_suspend_due and not (sb.waking or in_use or drained)
+    if idle_due and sb.mode is OperatingMode.RUNNING and cid and not sb.suspended:
+        return Action(ActionKind.IDLE_SUSPEND, sb.key, cid)
+    step = decide_suspension(_held_mode(sb), sb.suspended, cid is not None, sb.suspend_failed)
     if drained and step in (SuspendStep.COMMIT, SuspendStep.REMOVE):  # kept, not ended
         return Action(ActionKind.SUSPEND, sb.key, cid)
     if drained and cid is not None:

@@ -25,10 +25,10 @@ from typing import Any
 
 from sandlot.api.common import Condition
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
-from sandlot.api.reasons import ConditionType, PausedReason
-from sandlot.api.sandbox import OperatingMode, SandboxPhase
+from sandlot.api.reasons import ConditionType, PausedReason, SuspendedReason
+from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
 from sandlot.policy.operatingmode import idle_paused, recorded_paused, wanted_mode
-from sandlot.policy.suspension import recorded_suspended
+from sandlot.policy.suspension import idle_suspended, recorded_suspended
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,47 @@ def idle_timeout(obj: Mapping[str, Any]) -> timedelta | None:
     return timedelta(seconds=int(seconds))
 
 
+def idle_action(obj: Mapping[str, Any]) -> IdleAction:
+    """``spec.idleAction``: Pause unless it says Suspend."""
+    raw = (obj.get("spec") or {}).get("idleAction")
+    return IdleAction.SUSPEND if raw == IdleAction.SUSPEND else IdleAction.PAUSE
+
+
+def effective_mode(obj: Mapping[str, Any], waking: bool = False) -> OperatingMode:
+    """The mode the node holds the sandbox to: its spec's, but one its agent
+    suspended for being idle stays suspended (settled, as an idle pause is) until a
+    use wakes it (``waking``: an exec, files call, port-forward or claim asked)."""
+    mode = wanted_mode(obj)
+    if mode is OperatingMode.RUNNING and idle_suspended(obj) and not waking:
+        return OperatingMode.SUSPENDED
+    return mode
+
+
+def restores_for_stream(obj: Mapping[str, Any]) -> bool:
+    """Whether a stream into this sandbox starts it again first: its agent
+    suspended it for being idle and its spec still asks for Running."""
+    return wanted_mode(obj) is OperatingMode.RUNNING and idle_suspended(obj)
+
+
+def woken_outcome(obj: Mapping[str, Any] | None, uid: str) -> str | None:
+    """What became of an idle-suspended sandbox a use asked to run again, as its
+    agent's view shows it: ``"running"``, why it will not be served (gone, ended,
+    a refused restore, no room), or None while the restore is still on its way."""
+    if obj is None or (obj.get("metadata") or {}).get("uid") != uid:
+        return "it was deleted"
+    status = obj.get("status") or {}
+    if status.get("phase") != SandboxPhase.RUNNING:
+        return f"it is {status.get('phase')} ({status.get('reason')})"
+    if idle_suspended(obj):
+        return None
+    if recorded_suspended(obj):  # waiting for room, a failed restore, or suspended on purpose
+        condition = next(
+            c for c in status.get("conditions") or () if c.get("type") == ConditionType.SUSPENDED
+        )
+        return str(condition.get("message") or condition.get("reason"))
+    return "running" if status.get("containerId") else None
+
+
 def unclaimed_member(obj: Mapping[str, Any]) -> bool:
     """A pool's member no claim has taken yet (a bind moves it from the pool's
     label to the claim's)."""
@@ -78,11 +119,12 @@ def unclaimed_member(obj: Mapping[str, Any]) -> bool:
 
 
 def claim_wakes(obj: Mapping[str, Any], paused_unclaimed: bool) -> bool:
-    """Whether a claim binding an idle-paused member resumes it now: it was paused
-    as an unclaimed member (``paused_unclaimed``, the agent's memory) and a claim
-    holds it since. A sandbox idle-paused after its claim waits for use instead."""
+    """Whether a claim binding an idle-paused (or idle-suspended) member resumes it
+    now: it went idle as an unclaimed member (``paused_unclaimed``, the agent's
+    memory) and a claim holds it since. One idle after its claim waits for use."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
-    return paused_unclaimed and idle_paused(obj) and CLAIM_LABEL in labels
+    idle = idle_paused(obj) or restores_for_stream(obj)
+    return paused_unclaimed and idle and CLAIM_LABEL in labels
 
 
 def thaws_for_stream(obj: Mapping[str, Any], paused_resume: bool) -> bool:
@@ -135,6 +177,23 @@ def idle_condition(node: str, timeout: timedelta, generation: int | None) -> Con
     )
 
 
+def idle_suspend_condition(
+    node: str, timeout: timedelta, generation: int | None, pushed: str | None = None
+) -> Condition:
+    """The ``Suspended`` condition of a sandbox its agent suspended for being idle."""
+    return Condition(
+        type=ConditionType.SUSPENDED,
+        status="True",
+        reason=SuspendedReason.IDLE,
+        message=f"filesystem committed and container removed on node {node} after "
+        f"{timeout.total_seconds():g}s without use (spec.idleTimeoutSeconds, idleAction "
+        "Suspend)"
+        + (f", {pushed}" if pushed else "")
+        + "; the next exec, files call, port-forward or claim starts it again",
+        observed_generation=generation,
+    )
+
+
 def wake_condition(
     node: str, kind: str, generation: int | None, spec_paused: bool = False
 ) -> Condition:
@@ -165,11 +224,16 @@ __all__ = [
     "IdleStep",
     "IdleTrack",
     "claim_wakes",
+    "effective_mode",
+    "idle_action",
     "idle_condition",
     "idle_paused",
+    "idle_suspend_condition",
     "idle_timeout",
     "observe",
+    "restores_for_stream",
     "thaws_for_stream",
     "unclaimed_member",
     "wake_condition",
+    "woken_outcome",
 ]

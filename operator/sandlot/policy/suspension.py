@@ -108,6 +108,17 @@ def recorded_suspended(obj: Mapping[str, Any]) -> bool:
     return condition is not None and condition.get("status") == "True"
 
 
+def idle_suspended(obj: Mapping[str, Any]) -> bool:
+    """Its agent suspended it for being idle (``spec.idleAction: Suspend``): the
+    ``Suspended`` condition True with reason ``Idle`` while the spec asks for Running."""
+    condition = _condition(obj)
+    return (
+        condition is not None
+        and condition.get("status") == "True"
+        and condition.get("reason") == SuspendedReason.IDLE
+    )
+
+
 def suspend_failed(obj: Mapping[str, Any]) -> bool:
     """The last suspend or restore was refused for this very spec."""
     condition = _condition(obj)
@@ -140,6 +151,8 @@ def suspension_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | Non
     condition = _condition(obj)
     if suspend_failed(obj) and condition is not None:
         return str(condition.get("message") or condition.get("reason"))
+    if mode is OperatingMode.RUNNING and idle_suspended(obj):
+        return "applied"  # as an idle pause: its next use starts it again
     return "applied" if recorded_suspended(obj) == (mode is OperatingMode.SUSPENDED) else None
 
 
@@ -246,6 +259,7 @@ __all__ = [
     "PullRetry",
     "SuspendStep",
     "decide_suspension",
+    "idle_suspended",
     "image_uid",
     "is_suspended_image",
     "live_uids",
