@@ -68,6 +68,7 @@ def test_claim_is_bound_to_a_warm_member_which_the_pool_replaces(
     labels = sandbox["metadata"]["labels"]
     assert "sandlot.dev/pool" not in labels
     assert (labels["sandlot.dev/claim"], labels["sandlot.dev/claimed-from"]) == ("mine", "warm")
+    assert sandbox["metadata"]["annotations"]["sandlot.dev/claimed-at"] == status["boundAt"]
     assert sandbox["status"]["phase"] == "Running"
     container = sandbox["status"]["containerId"]
 

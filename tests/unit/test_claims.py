@@ -176,6 +176,7 @@ def test_a_claim_is_bound_to_a_running_member_which_leaves_the_pool_and_is_repla
     assert "sandlot.dev/pool" not in meta["labels"]
     assert meta["labels"]["sandlot.dev/claim"] == "mine"
     assert meta["labels"]["sandlot.dev/claimed-from"] == "web"
+    assert meta["annotations"]["sandlot.dev/claimed-at"] == status["boundAt"]
     assert meta["ownerReferences"] == [
         {
             "apiVersion": API_VERSION,

@@ -24,6 +24,11 @@ CLAIM_LABEL: Final = f"{GROUP}/claim"
 CLAIMED_FROM_LABEL: Final = f"{GROUP}/claimed-from"
 """Sandbox label: the SandboxPool a claimed sandbox was taken from."""
 
+CLAIMED_AT_ANNOTATION: Final = f"{GROUP}/claimed-at"
+"""Sandbox annotation: when a claim took it from its pool (RFC 3339). Its agent
+tells from it whether an idle pause or suspension came before the claim (then the
+claim wakes it), even after a restart."""
+
 LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
@@ -123,6 +128,7 @@ __all__ = [
     "AGENT_LEASE_LABEL",
     "APP_NAME",
     "APP_NAME_LABEL",
+    "CLAIMED_AT_ANNOTATION",
     "CLAIMED_FROM_LABEL",
     "CLAIM_LABEL",
     "DEFAULT_LIMITS_ANNOTATION",

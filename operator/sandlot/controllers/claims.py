@@ -52,7 +52,7 @@ import kopf
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION
-from sandlot.api.keys import CLAIM_LABEL, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.keys import CLAIM_LABEL, CLAIMED_AT_ANNOTATION, CLAIMED_FROM_LABEL, POOL_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time, rfc3339
@@ -347,12 +347,14 @@ class ClaimController:
         after a round through the event loop, which at that moment is busy with the
         events the take itself sets off (the member leaving, its replacement). False
         when the member was taken, changed or deleted meanwhile (the next one, then)."""
+        bound_at = rfc3339(self.clock())
         metadata = {
             "labels": {
                 POOL_LABEL: None,
                 CLAIM_LABEL: claim.name,
                 CLAIMED_FROM_LABEL: claim.pool_name,
             },
+            "annotations": {CLAIMED_AT_ANNOTATION: bound_at},
             "ownerReferences": [claim.owner_reference()],
         }
         taken: dict[str, Any] | None = None
@@ -366,7 +368,7 @@ class ClaimController:
                 return None
             status = {
                 **bound_status(_candidate(record_of(taken))),
-                "boundAt": rfc3339(self.clock()),
+                "boundAt": bound_at,
                 "message": None,
             }
             return self.api.patch_claim_status(claim.namespace, claim.name, status)
