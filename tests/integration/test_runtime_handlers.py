@@ -46,7 +46,7 @@ from sandlot.policy.streams import (
     encode_frame,
 )
 from tests.support import agents
-from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_2, LINE_OS
 from tests.support.runtimeclasses import (
     HandlerRig,
     oci_runtime_list,
@@ -406,5 +406,43 @@ def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
                 assert rig.output(name, DONE).splitlines()[0].endswith("gvisor")
             fragment.unlink()
             wait_for(lambda: handler not in offered(), timeout=30, what=f"{handler} withdrawn")
+        finally:
+            agents.delete_node(kube, node)
+
+
+@pytest.mark.containerd_lines(LINE_OS)
+def test_gvisor_is_not_offered_by_a_containerd_1_node(
+    kube: Any,
+    namespace: str,
+    containerd: PrivateContainerd,
+    handler_rig_archive: Path,
+    tmp_path: Path,
+) -> None:
+    """gVisor's shim speaks containerd 2's bootstrap: on a 1.x node the agent leaves
+    a gVisor handler out (every start would fail) while the node offers the rest."""
+    gvisor = gvisor_bin_dir()
+    assert gvisor is not None, "gVisor is not built (make setup builds it)"
+    fragments, handler = tmp_path / "conf.d", "gvisor-on-1x"
+    fragments.mkdir()
+    table = f'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}'
+    (fragments / f"{handler}.toml").write_text(
+        f'version = 2\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
+        f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
+    )
+    node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
+    with (
+        agents.containerd_namespace(containerd, "old", handler_rig_archive) as ctr_ns,
+        agents.agent_fleet(containerd, ctr_ns, log_dir) as fleet,
+    ):
+        fleet.start(kube, namespace, node, runtimes_dir=str(fragments))
+        rig = HandlerRig(kube, namespace, node, ctr_ns, log_dir)
+        try:
+            published = wait_for(
+                lambda: rig.sandbox_node().get("status", {}).get("runtimeHandlers"),
+                timeout=30,
+                what="the node's runtime handlers published",
+            )
+            names = sorted(h["name"] for h in published)
+            assert "runc" in names and handler not in names, names
         finally:
             agents.delete_node(kube, node)

@@ -90,6 +90,28 @@ def test_discovery_offers_what_exists_and_runc_always(
     assert [name for name, _ in found.skipped] == skipped
 
 
+RUNSC = {"runtime_type": "io.containerd.runsc.v1", "runtime_path": "/opt/shim-runsc"}
+
+
+@pytest.mark.parametrize(
+    ("version", "offered"),
+    [("1.6.20~ds1", False), ("v1.7.2", False), ("2.4.2", True), ("v2.0.0", True), ("", True)],
+    ids=["debian-1.6", "1.7", "2.4", "v2.0", "unknown"],
+)
+def test_gvisors_shim_is_offered_only_on_containerd_2(version: str, offered: bool) -> None:
+    found = discover_handlers(
+        config(V3, gvisor=RUNSC, crun=CRUN),
+        {"/opt/shim-runsc", "/usr/bin/crun"}.__contains__,
+        version,
+    )
+    assert ("gvisor" in found.names) is offered
+    assert "crun" in found.names  # the runc shim runs on either
+    if not offered:
+        assert dict(found.skipped)["gvisor"] == (
+            f"its shim /opt/shim-runsc needs containerd 2.x; this node runs {version}"
+        )
+
+
 def test_a_crun_handler_carries_its_binary_and_the_runc_shim() -> None:
     found = discover_handlers(config(V2, crun=CRUN), INSTALLED.__contains__)
     assert found.get("crun") == RuntimeHandler("crun", RUNC_RUNTIME_TYPE, "/usr/bin/crun")

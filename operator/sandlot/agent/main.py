@@ -210,6 +210,7 @@ class Agent:
             sync_wake=self._sync_wake,
             disk_usages=self._disk_usages,
             collect_images=self.cache.gc_once,
+            containerd_version=self.containerd_version,
         )
         return build_agent_parts(wiring, runtime)
 

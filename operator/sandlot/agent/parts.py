@@ -60,6 +60,8 @@ class AgentWiring:
     """containerd's root's filesystem, and the logs' where they are kept, now."""
     collect_images: Callable[[], object]
     """One image GC pass (disk pressure runs it before it evicts)."""
+    containerd_version: str = ""
+    """What containerd said it is, once it answered."""
 
 
 @dataclass
@@ -84,7 +86,7 @@ class AgentParts:
         self.runtime.close()
 
 
-def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
+def node_facts(settings: AgentSettings, address: str, containerd_version: str = "") -> NodeFacts:
     return NodeFacts(
         address=address,
         limit_swap=swap_accounted(settings.cgroup_root),
@@ -93,7 +95,12 @@ def node_facts(settings: AgentSettings, address: str) -> NodeFacts:
         node_capabilities=tuple(bounding_capabilities(ALL_CAPABILITIES)),
         security=node_security(),
         capacity=node_capacity(settings),
-        runtimes=discover(settings.containerd_config, settings.runtimes_dir),
+        runtimes=discover(
+            settings.containerd_config,
+            settings.runtimes_dir,
+            containerd_version=containerd_version,
+        ),
+        containerd_version=containerd_version,
     )
 
 
@@ -134,7 +141,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         networking,
         w.status,
         w.metrics,
-        node_facts(settings, w.address),
+        node_facts(settings, w.address, w.containerd_version),
         w.touch_image,
         w.clock,
         cancel=w.stop,

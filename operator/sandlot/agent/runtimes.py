@@ -61,6 +61,7 @@ def discover(
     found: Callable[[str], bool] = binary_found,
     *,
     quiet: bool = False,
+    containerd_version: str = "",
 ) -> Discovery:
     """The handlers containerd's configuration at ``config_path`` offers, with those
     the fragments ``runtimes_dir/*.toml`` declare (the chart's runtime installers
@@ -82,7 +83,7 @@ def discover(
             _merge_missing(config, tomllib.loads(fragment.read_text()))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             log.warning("runtime fragment %s is left out: %s", fragment, exc)
-    found_here = discover_handlers(config, found)
+    found_here = discover_handlers(config, found, containerd_version)
     if not quiet:
         for name, why in found_here.skipped:
             log.warning("runtime handler %s of %s is not offered: %s", name, path, why)

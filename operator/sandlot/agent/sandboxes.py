@@ -107,6 +107,7 @@ class NodeFacts:
     security: NodeSecurity = field(default_factory=NodeSecurity)
     capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
     runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
+    containerd_version: str = ""
 
 
 class SandboxWork:
@@ -159,7 +160,11 @@ class SandboxWork:
             self.node,
             facts.runtimes,
             rediscover=partial(
-                discover, settings.containerd_config, settings.runtimes_dir, quiet=True
+                discover,
+                settings.containerd_config,
+                settings.runtimes_dir,
+                quiet=True,
+                containerd_version=facts.containerd_version,
             ),
             publish=lambda found: objects.patch_node_status(
                 self.node, {"runtimeHandlers": [{"name": n} for n in found.names]}

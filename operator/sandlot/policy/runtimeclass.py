@@ -104,9 +104,35 @@ def shim_binary(runtime_type: str) -> str:
     return f"containerd-shim-{parts[-2]}-{parts[-1]}" if len(parts) >= 2 else runtime_type
 
 
-def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -> Discovery:
+RUNSC_SHIM = "containerd-shim-runsc-v1"
+
+
+def containerd_major(version: str) -> int | None:
+    """The major version of containerd's ``version`` ("1.6.20", "v2.4.2"); None if
+    it cannot be read."""
+    head = version.strip().lstrip("v").split(".", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def needs_containerd2(runtime_type: str, path: str, containerd_version: str) -> str | None:
+    """Why this node's containerd cannot run the handler's shim, or None. gVisor's
+    shim (as built from its Go module's ``go`` branch, which sandlot installs)
+    answers containerd's start with 2.x's bootstrap, which 1.x cannot read: every
+    start would fail, so the handler is not offered there."""
+    major = containerd_major(containerd_version)
+    shim = path or shim_binary(runtime_type)
+    runsc = shim_binary(runtime_type) == RUNSC_SHIM or shim.rsplit("/", 1)[-1] == RUNSC_SHIM
+    if runsc and major is not None and major < 2:
+        return f"its shim {shim} needs containerd 2.x; this node runs {containerd_version}"
+    return None
+
+
+def discover_handlers(
+    config: Mapping[str, Any], found: Callable[[str], bool], containerd_version: str = ""
+) -> Discovery:
     """The handlers of containerd's configuration ``config`` (its TOML, parsed);
-    ``found(binary)`` says whether a binary (a path or a name on PATH) exists."""
+    ``found(binary)`` says whether a binary (a path or a name on PATH) exists;
+    ``containerd_version`` (when known) leaves out shims it cannot run."""
     declared: dict[str, Mapping[str, Any]] = {}
     plugins = config.get("plugins") or {}
     for plugin in CRI_PLUGINS:
@@ -131,6 +157,8 @@ def discover_handlers(config: Mapping[str, Any], found: Callable[[str], bool]) -
             skipped.append((name, f"its shim {shim} is not installed"))
         elif binary and not found(binary):
             skipped.append((name, f"its BinaryName {binary} does not exist"))
+        elif too_old := needs_containerd2(runtime_type, path, containerd_version):
+            skipped.append((name, too_old))
         else:
             handlers.append(RuntimeHandler(name, runtime_type, binary, path, config_path))
     if not any(h.name == RUNC for h in handlers) and RUNC not in dict(skipped):
