@@ -11,6 +11,7 @@ containerd and the kernel's cgroups:
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.agent.main import Agent
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
+from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION, EPHEMERAL_STORAGE_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.limits import PIDS_RESERVE
@@ -255,3 +256,47 @@ def test_a_control_plane_nodes_taint_is_mirrored_onto_its_sandbox_node(
     finally:
         with contextlib.suppress(client.ApiException):
             core.delete_node(name)
+
+
+def test_ephemeral_storage_is_admitted_against_the_nodes_disk_room(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent, containerd: PrivateContainerd
+) -> None:
+    """A sandbox without a disk limit gets the node's default (recorded on its
+    container); with its namespace's default for one and its own limit for another,
+    their sum against the room refuses the one that does not fit, naming ephemeral
+    storage, while a smaller one still starts. The node reports its room: by default
+    its disk below gcHigh."""
+    client.CoreV1Api(kube).patch_namespace(
+        namespace,
+        {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: "ephemeralStorage=3Gi"}}},
+    )
+    agent = start_agent(capacity_ephemeral_storage="6Gi", default_ephemeral_storage_limit="2Gi")
+    uid = _create(kube, namespace, "ns-default-disk", agent.node)  # 3Gi, its namespace's
+    assert _decided(kube, namespace, "ns-default-disk")["phase"] == "Running"
+    labels = {c.id: c.labels for c in agent.parts.runtime.list_containers(timeout=5)}[
+        container_id_for(uid)
+    ]
+    assert labels[EPHEMERAL_STORAGE_LABEL] == str(3 * 2**30)
+
+    limit = {"resources": {"limits": {"ephemeralStorage": "4Gi"}}}
+    _create(kube, namespace, "too-big", agent.node, **limit)
+    status = _decided(kube, namespace, "too-big")
+    assert (status["phase"], status["reason"]) == ("Failed", SandboxReason.OVER_CAPACITY), status
+    assert "ephemeral-storage limit 4.00Gi does not fit: 3.00Gi of 6.00Gi" in status["message"]
+
+    small = {"resources": {"limits": {"ephemeralStorage": "3Gi"}}}
+    _create(kube, namespace, "fits", agent.node, **small)
+    assert _decided(kube, namespace, "fits")["phase"] == "Running"
+
+    plain = start_agent()  # no setting: its disk below gcHigh
+    st = os.statvfs(containerd.root)
+
+    def reported() -> dict[str, Any] | None:
+        node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+            GROUP, VERSION, "sandboxnodes", plain.node
+        )
+        cap = dict((node.get("status") or {}).get("capacity") or {})
+        return cap if "ephemeralStorage" in cap else None
+
+    cap = wait_for(reported, timeout=20, what="the SandboxNode's ephemeral storage capacity")
+    assert int(cap["ephemeralStorage"]) == int(st.f_blocks * st.f_frsize * 85 / 100)

@@ -26,6 +26,11 @@ from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.registry import LOOPBACK_HOSTS
 
+NOT_ABOUT_DISK: dict[str, Any] = {"default_ephemeral_storage_limit": ""}
+"""No node-wide disk limit for sandboxes that set none: a test not about disk must
+not pass or fail by the size of its host's disk (the capacity counts those limits).
+The tests about disk set their limits themselves."""
+
 
 def agent_settings(
     *,
@@ -56,6 +61,7 @@ def agent_settings(
         "state_dir": str(log_dir.parent / "agent-state"),
         # Every test registry is on loopback: a private address, used only when listed.
         "registry_private_hosts": list(LOOPBACK_HOSTS),
+        **NOT_ABOUT_DISK,
     }
     values.update(overrides)
     return AgentSettings(**values)

@@ -32,6 +32,7 @@ from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.cli.main import main as sandlot_main
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
+from tests.support.agents import NOT_ABOUT_DISK
 from tests.support.containerd import PrivateContainerd
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
@@ -119,7 +120,7 @@ class Cluster:
             node_address=node.address,
             log_dir=str(self.workdir / "logs" / node.name),
             gc_disabled=True,
-            **self.agent_overrides,
+            **{**NOT_ABOUT_DISK, **self.agent_overrides},
         )
         agent = Agent(settings, self.kube, registry=CollectorRegistry())
         assert agent.start(), f"agent of {node.name} did not start"

@@ -9,7 +9,7 @@ import pytest
 
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
-from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
+from sandlot.policy.capacity import Capacity, Usage, over_capacity, storage_room, usage_of
 from sandlot.policy.limits import (
     DefaultLimits,
     LimitRefused,
@@ -164,8 +164,8 @@ def test_a_spec_without_resources_gets_them() -> None:
     assert filled.command == ["sh"]
 
 
-def u(key: str, memory_gi: float, cpu: int = 0, created: str = "") -> Usage:
-    return Usage(key, int(memory_gi * GI), cpu, created)
+def u(key: str, memory_gi: float, cpu: int = 0, created: str = "", disk_gi: float = 0) -> Usage:
+    return Usage(key, int(memory_gi * GI), cpu, created, int(disk_gi * GI))
 
 
 @pytest.mark.parametrize(
@@ -182,6 +182,14 @@ def u(key: str, memory_gi: float, cpu: int = 0, created: str = "") -> Usage:
             {"new": "memory"},
         ),
         ([], [u("a", 2), u("b", 3), u("c", 1)], Capacity(10, 4 * GI), {"b": "memory"}),
+        (
+            [u("r", 0, disk_gi=6)],
+            [u("a", 0, disk_gi=4), u("b", 0, disk_gi=2)],
+            Capacity(10, None, None, 8 * GI),
+            {"a": "ephemeral-storage limit 4.00Gi does not fit: 6.00Gi of 8.00Gi"},
+        ),
+        ([u("r", 0, disk_gi=6)], [u("a", 0)], Capacity(10, None, None, 6 * GI), {}),
+        ([u("r", 0, disk_gi=600)], [u("a", 0, disk_gi=4)], Capacity(10), {}),
     ],
     ids=[
         "fits",
@@ -190,6 +198,9 @@ def u(key: str, memory_gi: float, cpu: int = 0, created: str = "") -> Usage:
         "cpu",
         "oldest first",
         "a smaller later one still fits",
+        "ephemeral storage",
+        "no disk limit counts nothing",
+        "storage not bounded",
     ],
 )
 def test_over_capacity(
@@ -204,3 +215,8 @@ def test_over_capacity(
 def test_usage_of_quantities() -> None:
     assert usage_of("k", "512Ki", "250m") == Usage("k", 512 * 1024, 250)
     assert usage_of("k", "", "") == Usage("k", 0, 0)
+    assert usage_of("k", "", "", storage="2Gi").storage == 2 * GI
+
+
+def test_a_nodes_disk_room_is_below_its_image_gc_high_mark() -> None:
+    assert storage_room(100 * GI, 85.0) == 85 * GI

@@ -25,10 +25,12 @@ def sandbox(
     *,
     memory: str = "",
     cpu: str = "",
+    disk: str = "",
     created: str = "2026-01-01T12:00:00Z",
     **spec: Any,
 ) -> dict[str, Any]:
-    limits = {k: v for k, v in (("memory", memory), ("cpu", cpu)) if v}
+    pairs = (("memory", memory), ("cpu", cpu), ("ephemeralStorage", disk))
+    limits = {k: v for k, v in pairs if v}
     return {
         "metadata": {"namespace": "ns", "name": name, "uid": name, "creationTimestamp": created},
         "spec": {"image": "i", "nodeName": NODE, "resources": {"limits": limits}, **spec},
@@ -120,6 +122,26 @@ ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[tuple[str, str,
     "a RuntimeClass's overhead counts for the one running": (
         [running("a", cpu="1"), sandbox("b", cpu="1")],
         {"capacity": Capacity(10, None, 2000), "classes": {"ns/a": HEAVY}},
+        [(FAIL, "ns/b", OVER)],
+    ),
+    "over capacity by ephemeral storage": (
+        [running("a", disk="6Gi"), sandbox("b", disk="4Gi")],
+        {"capacity": Capacity(10, None, None, 8 * GI)},
+        [(FAIL, "ns/b", OVER)],
+    ),
+    "over capacity by ephemeral storage through the node's default": (
+        [running("a", disk="6Gi"), sandbox("b")],
+        {"capacity": Capacity(10, None, None, 8 * GI), "default_storage": "4Gi"},
+        [(FAIL, "ns/b", OVER)],
+    ),
+    "no disk limit anywhere counts nothing": (
+        [running("a", disk="6Gi"), sandbox("b")],
+        {"capacity": Capacity(10, None, None, 8 * GI)},
+        [(START, "ns/b", "")],
+    ),
+    "a started one counts the disk limit its container records": (
+        [running("a"), sandbox("b", disk="4Gi")],
+        {"capacity": Capacity(10, None, None, 8 * GI), "recorded_storage": {"ns/a": 5 * GI}},
         [(FAIL, "ns/b", OVER)],
     ),
     "a taint it does not tolerate is a misfit": (

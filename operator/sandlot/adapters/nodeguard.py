@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,15 @@ def node_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def filesystem_bytes(path: str | Path) -> int | None:
+    """The size of the filesystem holding ``path``, or None when it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
 
 
 def cgroup_v2(root: str | Path) -> bool:

@@ -10,12 +10,13 @@ from typing import Any
 
 from sandlot.adapters.nodeguard import (
     apparmor_profiles,
+    filesystem_bytes,
     kubernetes_node_taints,
     node_memory_bytes,
     user_namespaces_allowed,
 )
 from sandlot.agent.settings import AgentSettings
-from sandlot.policy.capacity import Capacity, cpu_millis
+from sandlot.policy.capacity import Capacity, cpu_millis, storage_room
 from sandlot.policy.nodesecurity import NodeSecurity
 from sandlot.policy.quantity import memory_bytes
 from sandlot.policy.seccomp import kernel_version
@@ -53,7 +54,22 @@ def node_capacity(settings: AgentSettings) -> Capacity:
         memory_bytes(settings.capacity_memory) if settings.capacity_memory else node_memory_bytes()
     )
     cpus = cpu_millis(settings.capacity_cpu) if settings.capacity_cpu else None
-    return Capacity(settings.capacity, memory, cpus)
+    return Capacity(settings.capacity, memory, cpus, node_storage(settings))
+
+
+def node_storage(settings: AgentSettings) -> int | None:
+    """Ephemeral storage: the setting, else the disk below image GC's high mark (the
+    collector keeps images and everything else under it); None if neither is known."""
+    if settings.capacity_ephemeral_storage:
+        return memory_bytes(settings.capacity_ephemeral_storage)
+    size = filesystem_bytes(settings.containerd_root)
+    if size is None:
+        log.warning(
+            "cannot size the filesystem of %s: ephemeral storage not bounded",
+            settings.containerd_root,
+        )
+        return None
+    return storage_room(size, settings.gc_high)
 
 
 def capacity_status(capacity: Capacity) -> dict[str, Any]:
@@ -63,6 +79,8 @@ def capacity_status(capacity: Capacity) -> dict[str, Any]:
         status["memory"] = str(capacity.memory)
     if capacity.cpu_millis is not None:
         status["cpu"] = f"{capacity.cpu_millis}m"
+    if capacity.storage is not None:
+        status["ephemeralStorage"] = str(capacity.storage)
     return status
 
 
@@ -71,4 +89,5 @@ __all__ = [
     "mirrored_taints",
     "node_capacity",
     "node_security",
+    "node_storage",
 ]

@@ -148,6 +148,13 @@ class AgentSettings(NetworkSettings, PullSettings):
         "the agent refuses a sandbox beyond it (OverCapacity). Empty: not bounded (CPU "
         "is compressible; limits may exceed the node's CPUs, as in Kubernetes).",
     )
+    capacity_ephemeral_storage: str = Field(
+        default="",
+        max_length=64,
+        description="Sum of the sandboxes' ephemeral-storage limits this node accepts (a "
+        "quantity); the agent refuses a sandbox beyond it (OverCapacity). Empty: the "
+        "filesystem holding containerd_root below gc_high (what image GC keeps it under).",
+    )
     metrics_port: int = Field(
         default=9090, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
@@ -218,6 +225,14 @@ class AgentSettings(NetworkSettings, PullSettings):
         max_length=64,
         description=f"CPU limit of a sandbox that sets none, at least {MIN_CPU_LIMIT} "
         "(a namespace's sandlot.dev/default-limits annotation overrides it).",
+    )
+    default_ephemeral_storage_limit: str = Field(
+        default="4Gi",
+        max_length=64,
+        description="Ephemeral-storage limit (writable layer and logs) of a sandbox that "
+        "sets none and whose namespace's sandlot.dev/default-limits names none: measured, "
+        "capped where the filesystem can, and counted in the node's capacity. Empty: such "
+        "a sandbox is neither limited nor counted.",
     )
     log_max_bytes: int = Field(
         default=10 * 2**20,
@@ -385,12 +400,17 @@ class AgentSettings(NetworkSettings, PullSettings):
                 f"gc_target_free ({self.gc_target_free}) must be >= gc_min_free "
                 f"({self.gc_min_free}) or 0 (off)"
             )
-        for name in ("capacity_memory", "capacity_cpu"):
+        for name in ("capacity_memory", "capacity_cpu", "capacity_ephemeral_storage"):
             value = getattr(self, name)
             if value and parse_quantity(value) <= 0:
                 raise ValueError(f"{name} ({value}) must be a positive quantity or empty")
         refusal = limits.defaults_refusal(self.default_memory_limit, self.default_cpu_limit)
         if refusal:
+            raise ValueError(refusal)
+        storage = self.default_ephemeral_storage_limit
+        if storage and (
+            refusal := limits.storage_floor_refusal(storage, "default_ephemeral_storage_limit")
+        ):
             raise ValueError(refusal)
         if self.stream_port and not (
             self.stream_tls_cert and self.stream_tls_key and self.stream_client_ca
@@ -411,7 +431,10 @@ class AgentSettings(NetworkSettings, PullSettings):
     def default_limits(self) -> limits.DefaultLimits:
         """The limits of a sandbox that sets none, before its namespace's say."""
         return limits.DefaultLimits(
-            self.default_memory_limit, self.default_cpu_limit, self.pids_limit
+            self.default_memory_limit,
+            self.default_cpu_limit,
+            self.pids_limit,
+            self.default_ephemeral_storage_limit,
         )
 
     @property

@@ -26,6 +26,7 @@ from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.statestore import StateStore
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
@@ -38,6 +39,7 @@ from sandlot.policy.agentsync import (
     plan_sync,
     startable,
 )
+from sandlot.policy.ephemeralstorage import limit_of
 from sandlot.policy.startrefusals import StartFacts
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,8 @@ class SandboxSync:
             node_body=self.node_watch.get(self.node),
             default_memory=self.work.settings.default_memory_limit,
             default_cpu=self.work.settings.default_cpu_limit,
+            default_storage=self.work.settings.default_ephemeral_storage_limit,
+            recorded_storage=recorded_storage(containers),
             classes=survey.classes,
             class_refused=survey.refused,
             class_unreadable=survey.unreadable,
@@ -200,4 +204,15 @@ class SandboxSync:
         return None
 
 
-__all__ = ["SandboxSync", "unschedulable"]
+def recorded_storage(containers: Collection[ContainerInfo]) -> dict[str, int]:
+    """Each sandbox's disk limit as its container's label records it (the limit its
+    start decided), by key."""
+    recorded = {}
+    for c in containers:
+        key, limit = c.labels.get(SANDBOX_LABEL), limit_of(c.labels)
+        if key and limit is not None:
+            recorded[key] = limit
+    return recorded
+
+
+__all__ = ["SandboxSync", "recorded_storage", "unschedulable"]

@@ -93,6 +93,13 @@ class NodeCapacity(Model):
         description="Sum of the sandboxes' CPU limits the node accepts (a quantity), when "
         "the agent's setting bounds it.",
     )
+    ephemeral_storage: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Sum of the sandboxes' ephemeral-storage limits the node accepts "
+        "(bytes, as a quantity): the agent's setting, else its disk below the image "
+        "collector's high watermark.",
+    )
 
 
 class ObservedRenewal(Model):

@@ -1,15 +1,21 @@
 """Which of a node's waiting sandboxes would take it beyond its capacity: pure.
 
 The scheduler places by free slots, but a Sandbox may arrive with ``spec.nodeName``
-set by hand, bypassing it; the agent is the last line. A node's capacity has three
-dimensions: sandboxes, memory and CPU (the sum of the sandboxes' limits, each
-sandbox counted with its own limits or the agent's defaults). Sandboxes that run
+set by hand, bypassing it; the agent is the last line. A node's capacity has four
+dimensions: sandboxes, memory, CPU and ephemeral storage (the sum of the
+sandboxes' limits, each sandbox counted with its own limits or the agent's
+defaults; a started one's disk limit as its container records it, its namespace's
+default included). Sandboxes that run
 already (or whose container exists) are counted first; the waiting ones are
 admitted oldest first, each only if it fits beside everything admitted before it.
 The others are refused with a reason naming the full dimension.
 
 Memory capacity defaults to the node's own memory when the agent's settings leave
-it empty; CPU, compressible, is bounded only when configured.
+it empty; CPU, compressible, is bounded only when configured. Ephemeral storage
+defaults to the room below the image collector's high watermark on the filesystem
+holding containerd's root (``storage_room``): the collector keeps images and
+everything else under that mark, as the kubelet's allocatable ephemeral storage
+is its capacity less the eviction threshold.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ class Capacity:
     """Bytes; None: not limited."""
     cpu_millis: int | None = None
     """Thousandths of a CPU; None: not limited."""
+    storage: int | None = None
+    """Bytes of ephemeral storage (writable layers and logs); None: not limited."""
 
 
 @dataclass(frozen=True)
@@ -37,14 +45,28 @@ class Usage:
     cpu_millis: int
     created: str = ""
     """``metadata.creationTimestamp`` (RFC 3339 sorts as text)."""
+    storage: int = 0
+    """Bytes of its ephemeral-storage limit (0: none)."""
+
+
+def storage_room(filesystem_bytes: int, high_percent: float) -> int:
+    """The ephemeral storage a node admits by default: its filesystem below the image
+    collector's high watermark."""
+    return int(filesystem_bytes * high_percent / 100)
 
 
 def cpu_millis(text: str) -> int:
     return int(parse_quantity(text) * 1000) if text else 0
 
 
-def usage_of(key: str, memory: str, cpu: str, created: str = "") -> Usage:
-    return Usage(key, memory_bytes(memory) if memory else 0, cpu_millis(cpu), created)
+def usage_of(key: str, memory: str, cpu: str, created: str = "", storage: str = "") -> Usage:
+    return Usage(
+        key,
+        memory_bytes(memory) if memory else 0,
+        cpu_millis(cpu),
+        created,
+        memory_bytes(storage) if storage else 0,
+    )
 
 
 def _gib(n: int) -> str:
@@ -58,6 +80,7 @@ def over_capacity(
     count = len(started)
     memory = sum(u.memory for u in started)
     cpu = sum(u.cpu_millis for u in started)
+    storage = sum(u.storage for u in started)
     refused: dict[str, str] = {}
     for u in sorted(waiting, key=lambda u: (u.created, u.key)):
         if count + 1 > capacity.sandboxes:
@@ -72,8 +95,14 @@ def over_capacity(
                 f"its CPU limit {u.cpu_millis}m does not fit: {cpu}m of "
                 f"{capacity.cpu_millis}m taken"
             )
+        elif capacity.storage is not None and storage + u.storage > capacity.storage:
+            why = (
+                f"its ephemeral-storage limit {_gib(u.storage)} does not fit: "
+                f"{_gib(storage)} of {_gib(capacity.storage)} taken"
+            )
         else:
             count, memory, cpu = count + 1, memory + u.memory, cpu + u.cpu_millis
+            storage += u.storage
             continue
         refused[u.key] = f"node {node} is full: {why}"
     return refused
@@ -84,5 +113,6 @@ __all__ = [
     "Usage",
     "cpu_millis",
     "over_capacity",
+    "storage_room",
     "usage_of",
 ]

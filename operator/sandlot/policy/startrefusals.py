@@ -21,7 +21,7 @@ limits or the node's defaults, plus its RuntimeClass's overhead.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -60,6 +60,11 @@ class StartFacts:
     default_memory: str = ""
     """The memory limit a sandbox without one counts with."""
     default_cpu: str = ""
+    default_storage: str = ""
+    """The ephemeral-storage limit a sandbox without one counts with (the node's)."""
+    recorded_storage: Mapping[str, int] = field(default_factory=dict)
+    """A started sandbox's disk limit as its container records it (bytes, by key):
+    what its start decided, its namespace's default included."""
     classes: Mapping[str, RuntimeClassInfo] = field(default_factory=dict)
     """Each sandbox's RuntimeClass, by key (its overhead and placement count)."""
     class_refused: Mapping[str, tuple[str, str]] = field(default_factory=dict)
@@ -71,7 +76,8 @@ class StartFacts:
 
 
 def usage(key: str, facts: StartFacts) -> Usage:
-    """Its limits (or the defaults), plus its RuntimeClass's overhead."""
+    """Its limits (or the defaults), plus its RuntimeClass's overhead; a started
+    sandbox's disk limit as its container records it."""
     obj = facts.bodies.get(key) or {}
     limits = ((obj.get("spec") or {}).get("resources") or {}).get("limits") or {}
     created = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
@@ -80,12 +86,17 @@ def usage(key: str, facts: StartFacts) -> Usage:
         limits.get("memory") or facts.default_memory,
         limits.get("cpu") or facts.default_cpu,
         created,
+        limits.get("ephemeralStorage") or facts.default_storage,
     )
+    if key in facts.recorded_storage:
+        used = replace(used, storage=facts.recorded_storage[key])
     rc = facts.classes.get(key)
     if rc is None:
         return used
-    return Usage(
-        key, used.memory + rc.overhead_memory, used.cpu_millis + rc.overhead_cpu_millis, created
+    return replace(
+        used,
+        memory=used.memory + rc.overhead_memory,
+        cpu_millis=used.cpu_millis + rc.overhead_cpu_millis,
     )
 
 
