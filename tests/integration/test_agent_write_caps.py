@@ -1,9 +1,11 @@
 """Writers held at their limits by the filesystem as they write, against the real
 API server and containerd: containerd's root, state and the sandboxes' logs on a
 small loop-mounted btrfs with quotas on (1 GiB), watermarks 50% / 40%; two
-sandboxes limited to 128 MiB writing as fast as they can. Each writer's ``dd``
-meets EDQUOT at its cap, the agent ends it Failed/EphemeralStorageExceeded, and the
-disk, sampled every 50 ms, never reaches the high watermark. On ext4 without the cap
+sandboxes limited to 128 MiB (one by its own limit, one by the node's default)
+writing as fast as they can. Each writer's ``dd`` meets EDQUOT at its cap, the
+agent ends it Failed/EphemeralStorageExceeded, and the disk, sampled every 50 ms,
+never reaches the high watermark; a third whose limit does not fit in the room
+below it (512 MiB, 256 taken) is refused, OverCapacity. On ext4 without the cap
 the same writers overshoot their limits between two measurements."""
 
 from __future__ import annotations
@@ -68,14 +70,35 @@ def test_writers_meet_their_cap_as_they_write_and_the_disk_stays_under_high(
         agent = agents.start_agent(
             stack, kube, namespace, containerd, archive, mount / "logs", "wc", node,
             gc_high=HIGH, gc_low=LOW, log_interval="0.5s",
+            default_ephemeral_storage_limit="128Mi",
         )  # fmt: skip
         before = _used_fraction(mount)
         peak = Peak(mount)
         stack.callback(peak.close)
-        limits = {"resources": {"limits": {"ephemeralStorage": "128Mi"}}}
-        for name in ("writer-a", "writer-b"):
+        own = {"resources": {"limits": {"ephemeralStorage": "128Mi"}}}
+        for name, limits in (("writer-a", own), ("writer-b", {})):  # b: the node's default
             spec = {"image": IMAGE, "command": WRITE_FOREVER, **limits}
             agents.schedule_sandbox(kube, namespace, name, node, spec)
+        wait_for(
+            lambda: all(
+                _status(kube, namespace, n).get("phase") in ("Running", "Failed")
+                for n in ("writer-a", "writer-b")
+            ),
+            timeout=60,
+            what="both writers started",
+        )
+        too_big = {"resources": {"limits": {"ephemeralStorage": "300Mi"}}}
+        spec = {"image": IMAGE, "command": WRITE_FOREVER, **too_big}
+        agents.schedule_sandbox(kube, namespace, "writer-c", node, spec)
+        refused = wait_for(
+            lambda: (s := _status(kube, namespace, "writer-c")).get("phase") == "Failed" and s,
+            timeout=60,
+            what="writer-c refused: its limit does not fit below the high watermark",
+        )
+        assert refused["reason"] == SandboxReason.OVER_CAPACITY, refused
+        assert (
+            "ephemeral-storage limit 0.29Gi does not fit: 0.25Gi of 0.50Gi" in (refused["message"])
+        ), refused
         for name in ("writer-a", "writer-b"):
             status = wait_for(
                 lambda n=name: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
