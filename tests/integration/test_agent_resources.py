@@ -24,7 +24,7 @@ from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.agent.main import Agent
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION, EPHEMERAL_STORAGE_LABEL
+from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION, EPHEMERAL_STORAGE_LABEL, MEMORY_LIMIT_LABEL
 from sandlot.api.placement import CONTROL_PLANE_TAINT
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.limits import PIDS_RESERVE
@@ -300,3 +300,23 @@ def test_ephemeral_storage_is_admitted_against_the_nodes_disk_room(
 
     cap = wait_for(reported, timeout=20, what="the SandboxNode's ephemeral storage capacity")
     assert int(cap["ephemeralStorage"]) == int(st.f_blocks * st.f_frsize * 85 / 100)
+
+
+def test_capacity_counts_a_namespaces_default_limits(
+    kube: client.ApiClient, namespace: str, start_agent: StartAgent
+) -> None:
+    """The node counts what a start decided (its namespace's default, recorded on
+    its container) and, for one waiting, its namespace's default before it starts:
+    96Mi each, not the agent's 32Mi, so a second one does not fit in 150Mi."""
+    client.CoreV1Api(kube).patch_namespace(
+        namespace, {"metadata": {"annotations": {DEFAULT_LIMITS_ANNOTATION: "memory=96Mi"}}}
+    )
+    agent = start_agent(capacity_memory="150Mi", default_memory_limit="32Mi")
+    uid = _create(kube, namespace, "first-ns", agent.node)
+    assert _decided(kube, namespace, "first-ns")["phase"] == "Running"
+    labels = {c.id: c.labels for c in agent.parts.runtime.list_containers(timeout=5)}
+    assert labels[container_id_for(uid)][MEMORY_LIMIT_LABEL] == str(96 * 2**20)
+    _create(kube, namespace, "second-ns", agent.node)
+    status = _decided(kube, namespace, "second-ns")
+    assert (status["phase"], status["reason"]) == ("Failed", SandboxReason.OVER_CAPACITY), status
+    assert "memory limit 0.09Gi does not fit: 0.09Gi of 0.15Gi taken" in status["message"]

@@ -9,9 +9,11 @@ from typing import Any
 import pytest
 
 from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync, startable
-from sandlot.policy.capacity import Capacity
+from sandlot.policy.capacity import Capacity, Recorded, capacity_labels, recorded_limits
+from sandlot.policy.limits import DefaultLimits
 from sandlot.policy.runtimeclass import RuntimeClassInfo
 from sandlot.policy.startrefusals import StartFacts
 
@@ -141,8 +143,38 @@ ROWS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], list[tuple[str, str,
     ),
     "a started one counts the disk limit its container records": (
         [running("a"), sandbox("b", disk="4Gi")],
-        {"capacity": Capacity(10, None, None, 8 * GI), "recorded_storage": {"ns/a": 5 * GI}},
+        {
+            "capacity": Capacity(10, None, None, 8 * GI),
+            "recorded": {"ns/a": Recorded(storage=5 * GI)},
+        },
         [(FAIL, "ns/b", OVER)],
+    ),
+    "a started one counts the memory its container records, not today's default": (
+        [running("a"), sandbox("b", memory="1Gi")],
+        {
+            "capacity": Capacity(10, 2 * GI),
+            "default_memory": "256Mi",
+            "recorded": {"ns/a": Recorded(memory=3 * GI // 2)},
+        },
+        [(FAIL, "ns/b", OVER)],
+    ),
+    "a waiting one counts its namespace's defaults": (
+        [running("a", memory="1Gi"), sandbox("b")],
+        {
+            "capacity": Capacity(10, 2 * GI),
+            "default_memory": "256Mi",
+            "namespace_defaults": {"ns": DefaultLimits(memory="1536Mi")},
+        },
+        [(FAIL, "ns/b", OVER)],
+    ),
+    "another namespace's defaults do not count": (
+        [running("a", memory="1Gi"), sandbox("b")],
+        {
+            "capacity": Capacity(10, 2 * GI),
+            "default_memory": "256Mi",
+            "namespace_defaults": {"other": DefaultLimits(memory="1536Mi")},
+        },
+        [(START, "ns/b", "")],
     ),
     "a taint it does not tolerate is a misfit": (
         [sandbox("b")],
@@ -260,3 +292,12 @@ def test_a_sandbox_whose_placement_cannot_be_read_is_refused_naming_why() -> Non
 def test_without_facts_every_start_stands() -> None:
     states = [SandboxState.from_object(sandbox("b"))]
     assert plan_sync(states, [], drained=False, in_flight=()) == [Action(ActionKind.START, "ns/b")]
+
+
+def test_a_start_records_its_limits_on_its_container_for_the_passes_after() -> None:
+    spec = SandboxSpec.model_validate(
+        {"image": "i", "resources": {"limits": {"memory": "512Mi", "cpu": "250m"}}}
+    )
+    labels = capacity_labels(spec)
+    assert recorded_limits(labels) == Recorded(memory=512 * 2**20, cpu_millis=250)
+    assert recorded_limits({"sandlot.dev/memory-limit": "lots"}) == Recorded()

@@ -10,7 +10,8 @@ wait for the next sync; a bad annotation fails the start naming it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -45,10 +46,41 @@ class StartFailed(Exception):
         self.reason = reason
 
 
+DEFAULTS_TTL = 30.0
+"""Seconds a namespace's default limits are counted as last read by the capacity
+judgement (a start reads them again, always)."""
+
+
 class NamespaceRules:
-    def __init__(self, settings: AgentSettings, objects: Objects) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        objects: Objects,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.settings = settings
         self.objects = objects
+        self._clock = clock
+        self._read: dict[str, tuple[float, DefaultLimits | None]] = {}
+
+    def defaults_of(self, sandboxes: Iterable[Mapping[str, Any]]) -> dict[str, DefaultLimits]:
+        """The default limits of these sandboxes' namespaces, for the capacity
+        judgement, each read at most every ``DEFAULTS_TTL`` seconds. One that cannot
+        be read, or whose annotation is bad, is left out: the agent's own count until
+        its start reads it again (and fails naming a bad annotation)."""
+        now, found = self._clock(), {}
+        for sb in sandboxes:
+            ns = sb["metadata"]["namespace"]
+            seen = self._read.get(ns)
+            if seen is None or now - seen[0] >= DEFAULTS_TTL:
+                try:
+                    seen = (now, self.defaults(sb))
+                except StartFailed:
+                    seen = (now, None)
+                self._read[ns] = seen
+            if seen[1] is not None:
+                found[ns] = seen[1]
+        return found
 
     def checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
         """The spec, validated and within the namespace's level; None if the level is unknown."""

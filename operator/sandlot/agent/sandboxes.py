@@ -54,7 +54,7 @@ from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.policy.agentsync import UNSTARTED_PHASES
-from sandlot.policy.capacity import Capacity
+from sandlot.policy.capacity import Capacity, capacity_labels
 from sandlot.policy.ephemeralstorage import limit_labels
 from sandlot.policy.imageuser import UnknownImageUser
 from sandlot.policy.nodesecurity import (
@@ -419,7 +419,7 @@ class SandboxWork:
         oci = as_pod_sandbox(oci, handler)
         attachment = self._plan_network(container_id, spec, oci, handler)
         labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
-        labels.update(limit_labels(spec))  # the disk limit, for the storage pass
+        labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity
         if attachment is not None:
             labels.update(attachment.labels())
         if spec.host_users is False:  # a range of its own, reserved until _start ends

@@ -39,7 +39,7 @@ from sandlot.policy.agentsync import (
     plan_sync,
     startable,
 )
-from sandlot.policy.ephemeralstorage import limit_of
+from sandlot.policy.capacity import Recorded, recorded_limits
 from sandlot.policy.startrefusals import StartFacts
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,8 @@ class SandboxSync:
             default_memory=self.work.settings.default_memory_limit,
             default_cpu=self.work.settings.default_cpu_limit,
             default_storage=self.work.settings.default_ephemeral_storage_limit,
-            recorded_storage=recorded_storage(containers),
+            recorded=recorded(containers),
+            namespace_defaults=self.work.rules.defaults_of(bodies[k][1] for k in starting),
             classes=survey.classes,
             class_refused=survey.refused,
             class_unreadable=survey.unreadable,
@@ -204,15 +205,14 @@ class SandboxSync:
         return None
 
 
-def recorded_storage(containers: Collection[ContainerInfo]) -> dict[str, int]:
-    """Each sandbox's disk limit as its container's label records it (the limit its
+def recorded(containers: Collection[ContainerInfo]) -> dict[str, Recorded]:
+    """Each sandbox's limits as its container's labels record them (the limits its
     start decided), by key."""
-    recorded = {}
-    for c in containers:
-        key, limit = c.labels.get(SANDBOX_LABEL), limit_of(c.labels)
-        if key and limit is not None:
-            recorded[key] = limit
-    return recorded
+    return {
+        c.labels[SANDBOX_LABEL]: recorded_limits(c.labels)
+        for c in containers
+        if c.labels.get(SANDBOX_LABEL)
+    }
 
 
-__all__ = ["SandboxSync", "recorded_storage", "unschedulable"]
+__all__ = ["SandboxSync", "recorded", "unschedulable"]

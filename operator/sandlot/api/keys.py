@@ -33,6 +33,14 @@ LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
 
+MEMORY_LIMIT_LABEL: Final = f"{GROUP}/memory-limit"
+"""containerd container label: its sandbox's memory limit in bytes, as its start
+decided it (its own, its namespace's default or the agent's): what capacity counts."""
+
+CPU_LIMIT_LABEL: Final = f"{GROUP}/cpu-limit"
+"""containerd container label: its sandbox's CPU limit in thousandths of a CPU, as
+its start decided it."""
+
 EPHEMERAL_STORAGE_LABEL: Final = f"{GROUP}/ephemeral-storage-limit"
 """containerd container label: its sandbox's disk limit in bytes, decided when it
 started (its own, else its namespace's default); the agent measures only these."""
@@ -131,6 +139,7 @@ __all__ = [
     "CLAIMED_AT_ANNOTATION",
     "CLAIMED_FROM_LABEL",
     "CLAIM_LABEL",
+    "CPU_LIMIT_LABEL",
     "DEFAULT_LIMITS_ANNOTATION",
     "ENDPOINTSLICE_MANAGED_BY_LABEL",
     "ENDPOINTSLICE_MANAGER",
@@ -140,6 +149,7 @@ __all__ = [
     "LAST_HANDLED_CONFIGURATION_KEY",
     "LAST_USED_LABEL",
     "LEVEL_LABEL",
+    "MEMORY_LIMIT_LABEL",
     "NETNS_LABEL",
     "NETWORK_LABEL",
     "NODE_HEALTH_FINALIZER",

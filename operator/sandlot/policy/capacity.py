@@ -20,9 +20,11 @@ is its capacity less the eviction threshold.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sandlot.api.keys import CPU_LIMIT_LABEL, EPHEMERAL_STORAGE_LABEL, MEMORY_LIMIT_LABEL
+from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.quantity import memory_bytes, parse_quantity
 
 
@@ -47,6 +49,42 @@ class Usage:
     """``metadata.creationTimestamp`` (RFC 3339 sorts as text)."""
     storage: int = 0
     """Bytes of its ephemeral-storage limit (0: none)."""
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A started sandbox's limits as its container's labels record them (None: not
+    recorded, as on a container started before they were)."""
+
+    memory: int | None = None
+    cpu_millis: int | None = None
+    storage: int | None = None
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and int(text) > 0 else None
+
+
+def recorded_limits(labels: Mapping[str, str]) -> Recorded:
+    """What a container's labels record of its sandbox's limits (a value that is no
+    count, a label written by something else, is not recorded)."""
+    return Recorded(
+        _count(labels.get(MEMORY_LIMIT_LABEL)),
+        _count(labels.get(CPU_LIMIT_LABEL)),
+        _count(labels.get(EPHEMERAL_STORAGE_LABEL)),
+    )
+
+
+def capacity_labels(spec: SandboxSpec) -> dict[str, str]:
+    """The labels recording a start's memory and CPU limits (``spec`` with its
+    defaults filled) for the capacity judgement of the passes after it."""
+    limits = spec.resources.limits if spec.resources else None
+    labels = {}
+    if limits is not None and limits.memory:
+        labels[MEMORY_LIMIT_LABEL] = str(memory_bytes(limits.memory))
+    if limits is not None and limits.cpu:
+        labels[CPU_LIMIT_LABEL] = str(cpu_millis(limits.cpu))
+    return labels
 
 
 def storage_room(filesystem_bytes: int, high_percent: float) -> int:
@@ -110,9 +148,12 @@ def over_capacity(
 
 __all__ = [
     "Capacity",
+    "Recorded",
     "Usage",
+    "capacity_labels",
     "cpu_millis",
     "over_capacity",
+    "recorded_limits",
     "storage_room",
     "usage_of",
 ]

@@ -26,7 +26,8 @@ from enum import StrEnum
 from typing import Any
 
 from sandlot.api.reasons import SandboxReason
-from sandlot.policy.capacity import Capacity, Usage, over_capacity, usage_of
+from sandlot.policy.capacity import Capacity, Recorded, Usage, over_capacity, usage_of
+from sandlot.policy.limits import DefaultLimits
 from sandlot.policy.placement import Placement, misfit, taints_of
 from sandlot.policy.runtimeclass import RuntimeClassInfo, joined_placement
 
@@ -62,9 +63,12 @@ class StartFacts:
     default_cpu: str = ""
     default_storage: str = ""
     """The ephemeral-storage limit a sandbox without one counts with (the node's)."""
-    recorded_storage: Mapping[str, int] = field(default_factory=dict)
-    """A started sandbox's disk limit as its container records it (bytes, by key):
-    what its start decided, its namespace's default included."""
+    recorded: Mapping[str, Recorded] = field(default_factory=dict)
+    """A started sandbox's limits as its container records them (by key): what its
+    start decided, its namespace's defaults included."""
+    namespace_defaults: Mapping[str, DefaultLimits] = field(default_factory=dict)
+    """Each waiting sandbox's namespace's default limits (by namespace; the agent's
+    where the namespace names none), as last read."""
     classes: Mapping[str, RuntimeClassInfo] = field(default_factory=dict)
     """Each sandbox's RuntimeClass, by key (its overhead and placement count)."""
     class_refused: Mapping[str, tuple[str, str]] = field(default_factory=dict)
@@ -76,20 +80,26 @@ class StartFacts:
 
 
 def usage(key: str, facts: StartFacts) -> Usage:
-    """Its limits (or the defaults), plus its RuntimeClass's overhead; a started
-    sandbox's disk limit as its container records it."""
+    """Its limits, else its namespace's defaults, else the agent's, plus its
+    RuntimeClass's overhead; a started sandbox's limits as its container records them."""
     obj = facts.bodies.get(key) or {}
     limits = ((obj.get("spec") or {}).get("resources") or {}).get("limits") or {}
     created = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
+    ns = facts.namespace_defaults.get(key.split("/", 1)[0]) or DefaultLimits()
     used = usage_of(
         key,
-        limits.get("memory") or facts.default_memory,
-        limits.get("cpu") or facts.default_cpu,
+        limits.get("memory") or ns.memory or facts.default_memory,
+        limits.get("cpu") or ns.cpu or facts.default_cpu,
         created,
-        limits.get("ephemeralStorage") or facts.default_storage,
+        limits.get("ephemeralStorage") or ns.ephemeral_storage or facts.default_storage,
     )
-    if key in facts.recorded_storage:
-        used = replace(used, storage=facts.recorded_storage[key])
+    if (recorded := facts.recorded.get(key)) is not None:
+        used = replace(
+            used,
+            memory=used.memory if recorded.memory is None else recorded.memory,
+            cpu_millis=used.cpu_millis if recorded.cpu_millis is None else recorded.cpu_millis,
+            storage=used.storage if recorded.storage is None else recorded.storage,
+        )
     rc = facts.classes.get(key)
     if rc is None:
         return used
