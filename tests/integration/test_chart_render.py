@@ -396,6 +396,18 @@ def test_gvisor_is_installed_only_where_its_value_says_and_the_agent_reads_it(he
     assert not by_kind(no_class, "RuntimeClass")
 
 
+def test_gvisor_gets_a_loopback_of_its_own_unless_cni_gives_it_a_network(helm: Path) -> None:
+    def script(*values: str) -> str:
+        pod = _installer(render(helm, *GVISOR_ON, *values))["spec"]["template"]["spec"]
+        return str(pod["containers"][0]["args"][0])
+
+    assert 'network = "none"' in script()
+    cni = ("--set", "agent.privileged=true,agent.cni.mount=true")
+    assert "network =" not in script(*cni)
+    chosen = script("--set", "agent.runtimes.gvisor.runscConfig.network=host")
+    assert 'network = "host"' in chosen and 'network = "none"' not in chosen
+
+
 def test_the_installer_writes_what_the_agent_offers_and_removes_it_when_stopped(
     helm: Path, tmp_path: Path
 ) -> None:
@@ -440,9 +452,9 @@ def test_the_installer_writes_what_the_agent_offers_and_removes_it_when_stopped(
         assert handler.shim == "/var/lib/sandlot-runtimes/gvisor/bin/containerd-shim-runsc-v1"
         assert handler.config_path == "/var/lib/sandlot-runtimes/gvisor/runsc.toml"
         options = tomllib.loads((host / "gvisor" / "runsc.toml").read_text())
-        assert options == {
+        assert options == {  # no CNI: gVisor's own loopback, nothing else
             "binary_name": "/var/lib/sandlot-runtimes/gvisor/bin/runsc",
-            "runsc_config": {"platform": "systrap"},
+            "runsc_config": {"network": "none", "platform": "systrap"},
         }
         assert (host / "gvisor" / "bin" / "runsc").read_text() == "#!runsc\n"
         assert os.access(host / "gvisor" / "bin" / "runsc", os.X_OK)

@@ -446,3 +446,51 @@ def test_gvisor_is_not_offered_by_a_containerd_1_node(
             assert "runc" in names and handler not in names, names
         finally:
             agents.delete_node(kube, node)
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_gvisor_sandbox_has_a_loopback_where_the_agent_makes_no_namespaces(
+    kube: Any,
+    namespace: str,
+    containerd: PrivateContainerd,
+    handler_rig_archive: Path,
+    tmp_path: Path,
+) -> None:
+    """The chart's agent without CNI cannot make network namespaces (its /run is
+    read-only): a gVisor sandbox keeps the runtime's namespace, where no interface is
+    up. With the runsc.toml the chart's installer writes then (network = "none"),
+    gVisor gives it a loopback of its own: its httpd binds 127.0.0.1 and its wget
+    reaches it (without it: "Cannot assign requested address")."""
+    gvisor = gvisor_bin_dir()
+    assert gvisor is not None, "gVisor is not built (make setup builds it)"
+    fragments, handler = tmp_path / "conf.d", "gvisor-none"
+    fragments.mkdir()
+    options = tmp_path / "runsc.toml"
+    options.write_text(f'binary_name = "{gvisor / "runsc"}"\n[runsc_config]\n  network = "none"\n')
+    table = f'plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}'
+    (fragments / f"{handler}.toml").write_text(
+        f'version = 3\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
+        f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
+        f'[{table}.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n'
+        f'  ConfigPath = "{options}"\n'
+    )
+    node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
+    with (
+        agents.containerd_namespace(containerd, "nonet", handler_rig_archive) as ctr_ns,
+        agents.agent_fleet(containerd, ctr_ns, log_dir) as fleet,
+    ):
+        agent = fleet.start(
+            kube, namespace, node, capacity_memory="1Gi", runtimes_dir=str(fragments)
+        )
+        agent.parts.networking.own_namespaces = False  # as the chart's agent without CNI
+        rig = HandlerRig(kube, namespace, node, ctr_ns, log_dir)
+        try:
+            with runtime_class(kube, handler) as none_class:
+                name = rig.run(LOOPBACK_SERVER, runtimeClassName=none_class)
+                uid = rig.wait(name, "Running")["metadata"]["uid"]
+                out = rig.output(name, DONE)
+            assert "hello-from-gvisor" in out, out
+            netns = Path("/run/netns") / f"sandlot-{container_id_for(uid)}"
+            assert not netns.exists(), "the agent made a namespace: not the case under test"
+        finally:
+            agents.delete_node(kube, node)
