@@ -84,6 +84,7 @@ def main() -> int:
         shims = [find_shim_pid(containerd.address, cid, pid) for cid, pid in made[: args.wedged]]
 
         settings = AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name="bench-node",
             namespace="default",
             containerd_address=containerd.address,

@@ -197,6 +197,7 @@ def start_agent(bench: Bench, containerd: Any, work: Path, capacity: int) -> Age
     import_archive(containerd.address, ctr_ns, archive, timeout=120)
     agent = Agent(
         AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name="bench-claims",
             namespace=bench.lease_ns,
             containerd_address=containerd.address,

@@ -244,6 +244,7 @@ def main() -> int:
         import_archive(containerd.address, ctr_ns, work / "image.tar", timeout=120)
 
         settings = AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name="bench-node",
             namespace=LEASE_NS,
             containerd_address=containerd.address,

@@ -118,6 +118,7 @@ def real_node(
         port = free_port()
         publish_agent_pod(bench.api, bench.lease_ns, f"agent-{node}", address.ip, port, node)
         settings = AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name=node,
             namespace=bench.lease_ns,
             containerd_address=containerd.address,

@@ -201,6 +201,7 @@ class Harness:
 
     def start_agent(self, node: Node) -> Agent:
         settings = AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name=node.name,
             namespace=self.lease_namespace,
             containerd_address=self.containerd.address,

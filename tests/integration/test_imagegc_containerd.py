@@ -355,6 +355,7 @@ def gc_agent(
 
     def start(lease_namespace: str) -> Agent:
         settings = AgentSettings(
+            default_ephemeral_storage_limit="",  # not about disk: no node-wide limit
             node_name=f"gc-node-{uuid.uuid4().hex[:6]}",
             namespace=lease_namespace,
             containerd_address=containerd.address,
