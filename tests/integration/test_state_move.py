@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.pulling import Credential, Endpoint, RegistryClient
+from sandlot.adapters.pulling import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.registry import LOOPBACK_HOSTS
@@ -108,6 +108,19 @@ def running_with_file(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     return sb
 
 
+def state_registry(registry: Registry) -> RegistryClient:
+    """A client of the state repository, with the agents' credential."""
+    return RegistryClient(
+        Endpoint(f"http://{registry.host}"),
+        "sandlot/state",
+        Credential(AUTH_USER, AUTH_PASSWORD),
+        connect_timeout=5,
+        stall_timeout=5,
+        deadline=Deadline(20, expired=RuntimeTimeout),
+        access=LOOPBACK_ACCESS,
+    )
+
+
 def started_and_rewritten(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     """Wait for ``name`` Running on ``node``, then rewrite its file (a fresh start
     would write ``written-fresh`` instead)."""
@@ -142,15 +155,7 @@ def test_a_pushed_sandbox_moves_off_its_cordoned_node_and_runs_there_with_its_fi
     assert state["image"].startswith(
         f"{auth_registry.host}/sandlot/state:{first['metadata']['uid']}@"
     )
-    registry = RegistryClient(
-        Endpoint(f"http://{auth_registry.host}"),
-        "sandlot/state",
-        Credential(AUTH_USER, AUTH_PASSWORD),
-        connect_timeout=5,
-        stall_timeout=5,
-        deadline=Deadline(20, expired=RuntimeTimeout),
-        access=LOOPBACK_ACCESS,
-    )
+    registry = state_registry(auth_registry)
     registry.manifest_exists(state["digest"])  # the registry has it
     registry.close()
     wait_for(lambda: not a.containers(), timeout=20, what="the container removed on a")
@@ -175,6 +180,18 @@ def test_a_pushed_sandbox_moves_off_its_cordoned_node_and_runs_there_with_its_fi
         auth_registry.start()
     again = running_with_file(moving, "mover", b)  # no spec change since the failure
     assert again["metadata"]["uid"] == first["metadata"]["uid"]
+
+    def deleted() -> bool:  # restored, nothing needs the pushed state: b deleted it
+        registry = state_registry(auth_registry)
+        try:
+            registry.manifest_exists(state["digest"])
+        except RegistryError as exc:
+            return exc.status == 404
+        finally:
+            registry.close()
+        return False
+
+    wait_for(deleted, timeout=30, what=f"the pushed state {state['digest']} deleted")
 
 
 def test_drain_move_runs_every_sandbox_of_the_node_elsewhere_with_its_files(

@@ -51,6 +51,7 @@ class StateStore:
         self.settings, self.rt = settings, rt
         self.deadline = settings.image_pull_deadline.total_seconds()
         self.repository = parse_reference(settings.suspend_state_repository)
+        self._no_deletes: set[str] = set()  # registries that answered a delete with 405
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, rt: Runtime) -> StateStore | None:
@@ -101,6 +102,28 @@ class StateStore:
         # on any node resolves through its own endpoints and mirrors.
         repo = f"{self.repository.registry}/{self.repository.repository}"
         return replace(pushed, reference=f"{repo}:{uid}@{pushed.digest}")
+
+    def forget(self, reference: str) -> None:
+        """Delete the pushed state ``reference`` (``repo:tag@digest``) from its
+        registry, once nothing needs it; raises ``RegistryError``. A registry that
+        does not delete is said once and left alone."""
+        ref = parse_reference(reference)
+        if not ref.digest or ref.registry in self._no_deletes:
+            return
+        deadline = Deadline(self.settings.call_timeout.total_seconds() * 4, expired=RegistryError)
+        client = self._client(ref, deadline)
+        try:
+            deleted = client.delete_manifest(ref.digest)
+        finally:
+            client.close()
+        if not deleted:
+            self._no_deletes.add(ref.registry)
+            log.warning(
+                "registry %s does not delete manifests (405): pushed states stay there",
+                ref.registry,
+            )
+        else:
+            log.info("pushed state %s deleted", reference)
 
     def pull(self, reference: str, image: str) -> None:
         """The pushed ``reference`` pulled into this node's store as ``image``."""

@@ -31,6 +31,7 @@ from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import effective_mode, idle_suspend_condition
 from sandlot.policy.operatingmode import recorded_paused
+from sandlot.policy.pulling import InvalidReference
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
     PullRetry,
@@ -274,7 +275,20 @@ class Suspensions:
             )
         outcome = self._write(sb, conditions, fields)
         log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
+        pushed = (sb.get("status") or {}).get("suspendedState") or {}
+        if outcome is WriteOutcome.WRITTEN and "suspendedState" in fields and pushed:
+            self._forget(key, str(pushed.get("image") or ""))
         return step
+
+    def _forget(self, key: str, reference: str) -> None:
+        """Delete a restored sandbox's pushed state from its registry: nothing needs it
+        now (its next suspend pushes anew). A failure leaves it there, logged."""
+        if self.store is None or not reference:
+            return
+        try:
+            self.store.forget(reference)
+        except (RegistryError, InvalidReference) as exc:
+            log.warning("sandbox %s: pushed state %s not deleted: %s", key, reference, exc)
 
     def wait_for_room(self, sb: Mapping[str, Any], why: str) -> None:
         """Say on ``sb``'s Suspended condition why it is not running again yet, once

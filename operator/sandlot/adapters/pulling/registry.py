@@ -68,9 +68,13 @@ Body = bytes | Iterable[bytes]
 class RegistryError(Exception):
     """A registry request failed; ``kind`` says whether retrying may help."""
 
-    def __init__(self, message: str, kind: FailureKind = FailureKind.TRANSIENT) -> None:
+    def __init__(
+        self, message: str, kind: FailureKind = FailureKind.TRANSIENT, status: int | None = None
+    ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.status = status
+        """The registry's HTTP status, when it answered with one."""
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,7 @@ class RegistryClient:
             raise RegistryError(
                 f"{method} {url}: {status_message(response.status, said)}",
                 _kind(response.status),
+                response.status,
             )
         return response
 
@@ -387,6 +392,20 @@ class RegistryClient:
         HEAD, nothing of the manifest fetched); else raise ``RegistryError``."""
         path = f"/{self.repository}/manifests/{reference}"
         _drop(self._request(path, {"Accept": ", ".join(MANIFEST_TYPES)}, method="HEAD"))
+
+    def delete_manifest(self, digest: str) -> bool:
+        """Delete the manifest ``digest``, and with it the tags naming it: True when it
+        is gone (deleted now, or before); False when this registry does not delete
+        (405: deletes disabled, as the distribution registry is by default)."""
+        try:
+            self.request(f"/{self.repository}/manifests/{digest}", {}, method="DELETE")
+        except RegistryError as exc:
+            if exc.status == 404:
+                return True
+            if exc.status == 405:
+                return False
+            raise
+        return True
 
     def blob(self, digest: str, *, limit: int | None = None) -> Iterator[bytes]:
         """The blob's bytes in chunks as they arrive; a stall raises ``RegistryError``,
