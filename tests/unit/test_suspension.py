@@ -549,6 +549,7 @@ class FakeStore:
         self.refuse = refuse
         self.pushed: list[tuple[str, str]] = []
         self.pulled: list[tuple[str, str]] = []
+        self.forgotten: list[str] = []
 
     def push(self, uid: str, image: str) -> Pushed:
         if self.refuse is not None:
@@ -561,6 +562,9 @@ class FakeStore:
         if self.refuse is not None:
             raise RegistryError(self.refuse)
         self.pulled.append((reference, image))
+
+    def forget(self, reference: str) -> None:
+        self.forgotten.append(reference)
 
 
 def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
@@ -610,6 +614,7 @@ def test_a_state_pushed_from_another_node_is_pulled_then_started_and_cleared() -
     assert world.work.restarted == [image]
     assert (world.condition().status, world.condition().reason) == ("False", "Restored")
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
+    assert store.forgotten == ["reg.example/state:u@sha256:" + "1" * 64]  # nothing needs it
 
 
 def test_a_state_this_node_has_no_repository_for_is_a_refused_restore() -> None:
