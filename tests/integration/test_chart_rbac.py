@@ -158,7 +158,7 @@ AGENT_REACH = {
     "sandboxes.sandlot.dev/status": "patch",
     "cacheprunes.sandlot.dev": "list watch",
     "cacheprunes.sandlot.dev/status": "patch",
-    "sandboxsnapshots.sandlot.dev": "list watch",
+    "sandboxsnapshots.sandlot.dev": "get list watch",
     "sandboxsnapshots.sandlot.dev/status": "patch",
     "namespaces": "get",
     # Its Kubernetes Node's taints, mirrored at registration.

@@ -244,3 +244,57 @@ def test_a_lost_nodes_pushed_sandbox_is_moved_not_marked_dead(
     assert get(moving, "survivor")["status"]["phase"] == "Running"
     set_mode(moving, "survivor", "Running")
     running_with_file(moving, "survivor", b)
+
+
+def test_a_pushed_snapshot_forks_on_another_node_with_its_files(
+    moving: Cluster, operators: Start, auth_registry: Registry
+) -> None:
+    """A snapshot taken on a node with a state repository is pushed there too; with
+    its node cordoned a fork is placed on another, whose agent pulls the snapshot and
+    starts it with the files it was taken with."""
+    a, b = moving.add_node("a"), moving.add_node("b")
+    start_operator(moving, operators)
+    create(moving, "origin", a.name)
+    origin = started_and_rewritten(moving, "origin", a)
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxSnapshot",
+        "metadata": {"name": "shot"},
+        "spec": {"sandboxName": "origin"},
+    }
+    moving.objs.create_namespaced_custom_object(
+        GROUP, VERSION, moving.namespace, "sandboxsnapshots", body
+    )
+
+    def ready() -> dict[str, Any] | None:
+        shot = moving.objs.get_namespaced_custom_object(
+            GROUP, VERSION, moving.namespace, "sandboxsnapshots", "shot"
+        )
+        status = shot.get("status") or {}
+        assert status.get("phase") != "Failed", status
+        return dict(shot) if status.get("phase") == "Ready" else None
+
+    shot = wait_for(ready, timeout=120, what="snapshot shot Ready")
+    pushed = shot["status"]["pushedImage"]
+    uid = shot["metadata"]["uid"]
+    assert pushed.startswith(f"{auth_registry.host}/sandlot/state:snapshot-{uid}@sha256:"), pushed
+    assert shot["spec"]["nodeName"] == a.name
+
+    moving.objs.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", a.name, {"spec": {"unschedulable": True}}
+    )
+    fork = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Sandbox",
+        "metadata": {"name": "forked"},
+        "spec": {"image": IMAGE, "command": WRITER, "snapshotRef": {"name": "shot"}},
+    }
+    moving.objs.create_namespaced_custom_object(GROUP, VERSION, moving.namespace, "sandboxes", fork)
+    running = wait_for(
+        lambda: (s := get(moving, "forked")).get("status", {}).get("phase") == "Running" and s,
+        timeout=90,
+        what="the fork Running",
+    )
+    assert node_of(running) == b.name, "placed on the snapshot's cordoned node"
+    kept = Path(f"/proc/{running['status']['pid']}/root/kept").read_text()
+    assert kept == f"kept-{origin['metadata']['name']}\n", kept

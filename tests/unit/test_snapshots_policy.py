@@ -7,6 +7,7 @@ from typing import Any
 from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.policy.snapshots import (
     ForkPlacement,
+    ForkSource,
     SnapshotDecision,
     TakeStep,
     decide_snapshot,
@@ -123,10 +124,23 @@ def test_a_fork_goes_to_its_ready_snapshots_node() -> None:
 
 
 def test_a_fork_starts_from_the_image_only_on_the_snapshots_node() -> None:
-    assert fork_image(snap(phase="Ready", node="n1"), "n1") == IMAGE
+    assert fork_image(snap(phase="Ready", node="n1"), "n1") == ForkSource(IMAGE)
     assert fork_image(snap(phase="Ready", node="n1"), "n2") is None
     assert fork_image(snap(phase="Taking", node="n1"), "n1") is None
     assert fork_image(None, "n1") is None
+
+
+PUSHED = "reg.example/state:snapshot-u1@sha256:" + "2" * 64
+
+
+def test_a_pushed_snapshot_forks_anywhere_pulled_first_off_its_node() -> None:
+    pushed = snap(phase="Ready", node="n1")
+    pushed["status"]["pushedImage"] = PUSHED
+    assert fork_placement("s", pushed) == ForkPlacement(node="n1", anywhere=True)
+    assert fork_image(pushed, "n1") == ForkSource(IMAGE)  # its own node has it
+    assert fork_image(pushed, "n2") == ForkSource(IMAGE, PUSHED)
+    pushed["status"]["phase"] = "Taking"
+    assert fork_image(pushed, "n2") is None
 
 
 def test_a_snapshot_image_is_orphaned_once_its_object_is_gone() -> None:

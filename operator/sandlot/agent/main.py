@@ -331,7 +331,12 @@ class Agent:
         """Sandboxes, then the reaper, the image collector and CachePrune requests."""
         settings = self.settings
         self.snapshots = Snapshots(
-            parts.work, self.pool, self.snapshot_watch, self.sandbox_watch, self._clock
+            parts.work,
+            self.pool,
+            self.snapshot_watch,
+            self.sandbox_watch,
+            self._clock,
+            store=parts.sync.suspensions.store,
         )
         parts.work.fork_image = self.snapshots.fork_image
         self.collector = ImageCollector(

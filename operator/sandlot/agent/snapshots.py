@@ -18,12 +18,15 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
+from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.sandboxes import SandboxWork, container_id_for
+from sandlot.agent.statestore import StateStore
 from sandlot.agent.status import sandbox_key
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.reasons import SnapshotReason
+from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.snapshot import SnapshotPhase
 from sandlot.policy.snapshots import (
     SNAPSHOT_IMAGE_LABEL,
@@ -34,7 +37,13 @@ from sandlot.policy.snapshots import (
     snapshot_status,
     take_step,
 )
-from sandlot.policy.suspension import recorded_suspended, suspended_image_name
+from sandlot.policy.suspension import (
+    PullRetry,
+    next_pull_retry,
+    pull_retry_due,
+    recorded_suspended,
+    suspended_image_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,26 +65,83 @@ class Snapshots:
         snapshots: WatchCache,
         sandboxes: WatchCache,
         clock: Callable[[], datetime],
+        store: StateStore | None = None,
     ) -> None:
         self.work, self.pool, self.clock = work, pool, clock
         self.snapshots, self.sandboxes = snapshots, sandboxes
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
+        self.store = store  # the state repository: snapshots pushed there fork anywhere
         self._ended: set[str] = set()  # uids made Ready or Failed here (the cache may lag)
+        self._pulled: dict[str, str] = {}  # "ns/name" -> uid of a snapshot pulled here
+        self._retries: dict[str, PullRetry] = {}  # "ns/name" -> a failed pull's back-off
 
     def live_uids(self) -> frozenset[str] | None:
-        """This node's SandboxSnapshots' uids; None until the watch has listed."""
-        if not self.snapshots.synced.is_set():
+        """This node's SandboxSnapshots' uids, and those of snapshots pulled here that a
+        sandbox on this node still forks from; None until the watches have listed."""
+        if not (self.snapshots.synced.is_set() and self.sandboxes.synced.is_set()):
             return None
-        return frozenset(str(o["metadata"]["uid"]) for o in self.snapshots.items())
+        live = {str(o["metadata"]["uid"]) for o in self.snapshots.items()}
+        forking = {
+            f"{sb['metadata']['namespace']}/{snapshot_ref(sb.get('spec') or {})}"
+            for sb in self.sandboxes.items()
+            if (sb.get("status") or {}).get("phase") not in TERMINAL_PHASES
+        }
+        return frozenset(live | {uid for key, uid in self._pulled.items() if key in forking})
 
     def fork_image(self, sb: Mapping[str, Any]) -> str | None:
-        """The image forked ``sb`` starts from here; None: its snapshot is not Ready on
-        this node (yet)."""
+        """The image forked ``sb`` starts from here; None: its snapshot is not usable on
+        this node yet (not Ready; kept on another node and not pushed; its pull failed
+        and backs off)."""
         name = snapshot_ref(sb.get("spec") or {})
         if name is None:
             return None
-        snapshot = self.snapshots.get(f"{sb['metadata']['namespace']}/{name}")
-        return fork_image(snapshot, self.work.node)
+        key = f"{sb['metadata']['namespace']}/{name}"
+        snapshot = self.snapshots.get(key) or self._read(key)
+        source = fork_image(snapshot, self.work.node)
+        if source is None or source.pull is None:
+            return source.image if source is not None else None
+        assert snapshot is not None  # a source came from it
+        uid = str(snapshot["metadata"]["uid"])
+        if self._pulled.get(key) == uid:
+            return source.image
+        return source.image if self._pull(key, uid, source.pull, source.image) else None
+
+    def _read(self, key: str) -> Mapping[str, Any] | None:
+        """A snapshot bound to another node (this node's watch holds only its own)."""
+        namespace, name = key.split("/", 1)
+        try:
+            return self.work.objects.get_snapshot(namespace, name)
+        except Exception as exc:
+            log.warning("snapshot %s: cannot read it: %s", key, exc)
+            return None
+
+    def _pull(self, key: str, uid: str, reference: str, image: str) -> bool:
+        """Pull the pushed snapshot into this node's store, backing off after a failure."""
+        now = self.clock()
+        if self.store is None:
+            log.warning(
+                "snapshot %s: pushed to %s; this node has no state repository", key, reference
+            )
+            return False
+        if not pull_retry_due(self._retries.get(key), now):
+            return False
+        try:
+            self.store.pull(reference, image)
+        except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
+            retry = next_pull_retry(self._retries.get(key), now)
+            self._retries[key] = retry
+            log.warning(
+                "snapshot %s: pull of %s failed (%s); tried again after %s",
+                key,
+                reference,
+                exc,
+                retry.not_before.isoformat(),
+            )
+            return False
+        self._retries.pop(key, None)
+        self._pulled[key] = uid
+        log.info("snapshot %s: pulled %s as %s", key, reference, image)
+        return True
 
     def pass_once(self) -> None:
         if not (self.snapshots.synced.is_set() and self.sandboxes.synced.is_set()):
@@ -150,10 +216,24 @@ class Snapshots:
         }
         if size is not None:
             fields["sizeBytes"] = size
-        message = f"kept on node {node} as {image}"
+        pushed, note = self._push(key, snapshot["metadata"]["uid"], image)
+        fields.update(pushed)
+        message = f"kept on node {node} as {image}{note}"
         self._write(
             snapshot, snapshot_status(SnapshotPhase.READY, SnapshotReason.TAKEN, message, **fields)
         )
+
+    def _push(self, key: str, uid: str, image: str) -> tuple[dict[str, str], str]:
+        """Push the taken image when this node has a state repository: the status
+        field saying where, and a note for the message."""
+        if self.store is None:
+            return {}, ""
+        try:
+            pushed = self.store.push(f"snapshot-{uid}", image)
+        except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
+            log.warning("snapshot %s: not pushed: %s", key, exc)
+            return {}, f"; not pushed ({exc}): only this node forks it"
+        return {"pushedImage": pushed.reference}, f", pushed to {pushed.reference}"
 
     def _commit(self, cid: str, image: str, labels: Mapping[str, str], frozen: bool) -> str:
         """Commit ``cid``; a running task (``frozen``) is paused for the length of it."""

@@ -79,6 +79,13 @@ class SandboxSnapshotStatus(Model):
     digest: str | None = Field(
         default=None, max_length=MAX_WORD, description="The image's manifest digest."
     )
+    pushed_image: str | None = Field(
+        default=None,
+        max_length=MAX_IMAGE,
+        description="Where it was pushed (`<registry>/<repository>:snapshot-<uid>@<digest>`), "
+        "when its node has a state repository: forks may then run on any node, which pulls "
+        "it into its own store first.",
+    )
     size_bytes: int | None = Field(
         default=None,
         ge=0,

@@ -334,7 +334,7 @@ class Scheduler:
                 self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
                 await self._report_waiting(rec, exc.reason, str(exc), now)
                 return RETRY_CLASS  # no watch on RuntimeClasses: look again later
-        only = None
+        only, anywhere = None, False
         if rec.snapshot:  # a fork goes to its snapshot's node once the snapshot is Ready
             snapshot = await asyncio.to_thread(self.api.get_snapshot, rec.namespace, rec.snapshot)
             fork = fork_placement(rec.snapshot, snapshot)
@@ -342,8 +342,10 @@ class Scheduler:
                 why = fork.fail or fork.wait or ""
                 await self._report_waiting(rec, SnapshotReason.SNAPSHOT_NOT_READY, why, now)
                 return RETRY_FORK if fork.fail is None else RETRY_CLASS
-            only = fork.node
+            only, anywhere = fork.node, fork.anywhere
         choice = self.choose(rec, runtime_class, only=only)
+        if choice.node is None and anywhere:  # pushed: another node pulls it
+            choice = self.choose(rec, runtime_class)
         if choice.node is None:
             self.metrics.scheduling_attempts.labels(result="unschedulable").inc()
             return await self._report_waiting(

@@ -169,6 +169,8 @@ class ForkPlacement:
     node: str | None = None
     wait: str | None = None
     fail: str | None = None
+    anywhere: bool = False
+    """The snapshot was pushed: any node may pull it (``node`` preferred: it has it)."""
 
 
 def fork_placement(name: str, snapshot: Mapping[str, Any] | None) -> ForkPlacement:
@@ -182,23 +184,37 @@ def fork_placement(name: str, snapshot: Mapping[str, Any] | None) -> ForkPlaceme
     node = _spec(snapshot).get("nodeName")
     if phase != SnapshotPhase.READY or not node or not status.get("imageRef"):
         return ForkPlacement(wait=f"snapshot {name} is {phase}, not Ready")
-    return ForkPlacement(node=str(node))
+    return ForkPlacement(node=str(node), anywhere=bool(status.get("pushedImage")))
 
 
-def fork_image(snapshot: Mapping[str, Any] | None, node: str) -> str | None:
-    """The image a forked sandbox starts from on ``node``; None: not (yet) usable here."""
+@dataclass(frozen=True)
+class ForkSource:
+    """What a fork starts from on a node: ``image`` in its store, pulled first from
+    ``pull`` (the snapshot's pushed reference) when the snapshot was taken elsewhere."""
+
+    image: str
+    pull: str | None = None
+
+
+def fork_image(snapshot: Mapping[str, Any] | None, node: str) -> ForkSource | None:
+    """The image a forked sandbox starts from on ``node``; None: not (yet) usable here
+    (not Ready, or kept on another node and not pushed)."""
     if snapshot is None or _status(snapshot).get("phase") != SnapshotPhase.READY:
         return None
-    if _spec(snapshot).get("nodeName") != node:
-        return None
     ref = _status(snapshot).get("imageRef")
-    return str(ref) if ref else None
+    if not ref:
+        return None
+    if _spec(snapshot).get("nodeName") == node:
+        return ForkSource(str(ref))
+    pushed = _status(snapshot).get("pushedImage")
+    return ForkSource(str(ref), str(pushed)) if pushed else None
 
 
 __all__ = [
     "SNAPSHOT_IMAGE_LABEL",
     "SNAPSHOT_IMAGE_PREFIX",
     "ForkPlacement",
+    "ForkSource",
     "SnapshotDecision",
     "TakeStep",
     "decide_snapshot",
