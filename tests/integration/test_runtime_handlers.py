@@ -357,6 +357,24 @@ def test_tcp_and_http_probes_of_a_gvisor_sandbox_are_made_inside_it(
             assert "exited 1" in seen["message"], seen
 
 
+def gvisor_fragment(gvisor: Path, handler: str, options: Path | None, version: int = 3) -> str:
+    """A containerd configuration fragment declaring ``handler`` as gVisor's shim by
+    its path, with its options file when given (as the chart's installer writes it;
+    ``version`` 2 is containerd 1.x's CRI plugin table)."""
+    plugin = "io.containerd.cri.v1.runtime" if version == 3 else "io.containerd.grpc.v1.cri"
+    table = f'plugins."{plugin}".containerd.runtimes.{handler}'
+    text = (
+        f'version = {version}\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
+        f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
+    )
+    if options is not None:
+        text += (
+            f'[{table}.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n'
+            f'  ConfigPath = "{options}"\n'
+        )
+    return text
+
+
 @pytest.mark.containerd_lines(LINE_2)
 def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
     kube: Any,
@@ -375,7 +393,6 @@ def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
     fragments.mkdir()
     options = tmp_path / "runsc.toml"
     options.write_text(f'binary_name = "{gvisor / "runsc"}"\n')
-    table = f'plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}'
     fragment = fragments / f"{handler}.toml"
     node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
     with (
@@ -393,12 +410,7 @@ def test_a_runtime_installed_while_the_agent_runs_is_offered_then_withdrawn(
                 return [h["name"] for h in rig.sandbox_node()["status"]["runtimeHandlers"]]
 
             assert handler not in offered()
-            fragment.write_text(
-                f'version = 3\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
-                f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
-                f'[{table}.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n'
-                f'  ConfigPath = "{options}"\n'
-            )
+            fragment.write_text(gvisor_fragment(gvisor, handler, options))
             wait_for(lambda: handler in offered(), timeout=30, what=f"{handler} published")
             with runtime_class(kube, handler) as late_class:
                 name = rig.run(f"uname -r; echo {DONE}; {SLEEP}", runtimeClassName=late_class)
@@ -424,11 +436,7 @@ def test_gvisor_is_not_offered_by_a_containerd_1_node(
     assert gvisor is not None, "gVisor is not built (make setup builds it)"
     fragments, handler = tmp_path / "conf.d", "gvisor-on-1x"
     fragments.mkdir()
-    table = f'plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{handler}'
-    (fragments / f"{handler}.toml").write_text(
-        f'version = 2\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
-        f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
-    )
+    (fragments / f"{handler}.toml").write_text(gvisor_fragment(gvisor, handler, None, 2))
     node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
     with (
         agents.containerd_namespace(containerd, "old", handler_rig_archive) as ctr_ns,
@@ -467,13 +475,7 @@ def test_a_gvisor_sandbox_has_a_loopback_where_the_agent_makes_no_namespaces(
     fragments.mkdir()
     options = tmp_path / "runsc.toml"
     options.write_text(f'binary_name = "{gvisor / "runsc"}"\n[runsc_config]\n  network = "none"\n')
-    table = f'plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{handler}'
-    (fragments / f"{handler}.toml").write_text(
-        f'version = 3\n[{table}]\n  runtime_type = "io.containerd.runsc.v1"\n'
-        f'  runtime_path = "{gvisor / "containerd-shim-runsc-v1"}"\n'
-        f'[{table}.options]\n  TypeUrl = "io.containerd.runsc.v1.options"\n'
-        f'  ConfigPath = "{options}"\n'
-    )
+    (fragments / f"{handler}.toml").write_text(gvisor_fragment(gvisor, handler, options))
     node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
     with (
         agents.containerd_namespace(containerd, "nonet", handler_rig_archive) as ctr_ns,

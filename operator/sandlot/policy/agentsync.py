@@ -71,6 +71,7 @@ from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts, us
 from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
+    held_mode,
     idle_suspended,
     recorded_suspended,
     suspend_failed,
@@ -189,20 +190,14 @@ def _for_sandbox(
     return Action(ActionKind.CLEANUP, sb.key, cid)
 
 
-def _held_mode(sb: SandboxState) -> OperatingMode:
-    """``policy.idle.effective_mode`` on the state: an idle suspension holds until woken."""
-    if sb.mode is OperatingMode.RUNNING and sb.idle_suspended and not sb.waking:
-        return OperatingMode.SUSPENDED
-    return sb.mode
-
-
 def _for_running(
     sb: SandboxState, cid: str | None, drained: bool, in_use: bool = False
 ) -> Action | None:
     idle_due = sb.idle_suspend_due and not (sb.waking or in_use or drained)
     if idle_due and sb.mode is OperatingMode.RUNNING and cid and not sb.suspended:
         return Action(ActionKind.IDLE_SUSPEND, sb.key, cid)
-    step = decide_suspension(_held_mode(sb), sb.suspended, cid is not None, sb.suspend_failed)
+    mode = held_mode(sb.mode, sb.idle_suspended, sb.waking)
+    step = decide_suspension(mode, sb.suspended, cid is not None, sb.suspend_failed)
     if drained and step in (SuspendStep.COMMIT, SuspendStep.REMOVE):  # kept, not ended
         return Action(ActionKind.SUSPEND, sb.key, cid)
     if drained and cid is not None:

@@ -29,7 +29,7 @@ from sandlot.api.reasons import ConditionType, PausedReason, SuspendedReason
 from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
 from sandlot.api.timestamps import parse_time
 from sandlot.policy.operatingmode import idle_paused, recorded_paused, wanted_mode
-from sandlot.policy.suspension import idle_suspended, recorded_suspended
+from sandlot.policy.suspension import held_mode, idle_suspended, recorded_suspended
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,8 @@ def idle_action(obj: Mapping[str, Any]) -> IdleAction:
 
 
 def effective_mode(obj: Mapping[str, Any], waking: bool = False) -> OperatingMode:
-    """The mode the node holds the sandbox to: its spec's, but one its agent
-    suspended for being idle stays suspended (settled, as an idle pause is) until a
-    use wakes it (``waking``: an exec, files call, port-forward or claim asked)."""
-    mode = wanted_mode(obj)
-    if mode is OperatingMode.RUNNING and idle_suspended(obj) and not waking:
-        return OperatingMode.SUSPENDED
-    return mode
+    """``policy.suspension.held_mode`` of a Sandbox body."""
+    return held_mode(wanted_mode(obj), idle_suspended(obj), waking)
 
 
 def restores_for_stream(obj: Mapping[str, Any]) -> bool:

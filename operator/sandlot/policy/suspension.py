@@ -119,6 +119,15 @@ def idle_suspended(obj: Mapping[str, Any]) -> bool:
     )
 
 
+def held_mode(mode: OperatingMode, idle: bool, waking: bool) -> OperatingMode:
+    """The mode the node holds a sandbox to: ``mode`` (its spec's), but one its agent
+    suspended for being idle (``idle``) stays suspended, settled as an idle pause is,
+    until a use wakes it (``waking``: an exec, files call, port-forward or claim)."""
+    if mode is OperatingMode.RUNNING and idle and not waking:
+        return OperatingMode.SUSPENDED
+    return mode
+
+
 def suspend_failed(obj: Mapping[str, Any]) -> bool:
     """The last suspend or restore was refused for this very spec."""
     condition = _condition(obj)
@@ -259,6 +268,7 @@ __all__ = [
     "PullRetry",
     "SuspendStep",
     "decide_suspension",
+    "held_mode",
     "idle_suspended",
     "image_uid",
     "is_suspended_image",
