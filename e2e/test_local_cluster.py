@@ -392,6 +392,7 @@ def _cut_off(c: LocalKubeletCluster, pod: Any) -> Iterator[None]:
 
 def _leader(c: LocalKubeletCluster) -> str:
     lease = client.CoordinationV1Api(c.api).read_namespaced_lease(LEADER_LEASE, NAMESPACE)
+    assert lease.spec is not None, f"Lease {LEADER_LEASE} without a spec"
     return str(lease.spec.holder_identity)
 
 
