@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync, startable
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.runtimeclass import RuntimeClassInfo
