@@ -75,7 +75,7 @@ def test_bad_spec_is_refused_with_a_message_naming_the_field(objs, namespace, sp
     with pytest.raises(ApiException) as err:
         create(objs, namespace, body)
     assert err.value.status == 422
-    assert field in err.value.body and words in err.value.body, err.value.body
+    assert field in str(err.value.body) and words in str(err.value.body), err.value.body
     with pytest.raises(ApiException) as gone:
         objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "bad")
     assert gone.value.status == 404, "a refused object must not be stored"
@@ -192,7 +192,7 @@ def test_terminal_phase_cannot_be_left(objs, namespace, terminal):
     with pytest.raises(ApiException) as err:
         set_status(objs, namespace, "s", {"phase": "Running"})
     assert err.value.status == 422
-    assert "terminal" in err.value.body
+    assert "terminal" in str(err.value.body)
     current = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "s")
     assert current["status"]["phase"] == terminal
     # Same phase with new detail is still allowed (a reaper adding the exit code).
@@ -223,7 +223,7 @@ def test_node_name_is_immutable_once_set(objs, namespace):
         objs.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", "pinned", {"spec": {"nodeName": "n2"}}
         )
-    assert err.value.status == 422 and "immutable" in err.value.body
+    assert err.value.status == 422 and "immutable" in str(err.value.body)
 
 
 def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace):
@@ -238,7 +238,7 @@ def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace
             objs.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, "sandboxes", name, {"spec": spec}
             )
-        assert err.value.status == 422 and "snapshotRef is immutable" in err.value.body, name
+        assert err.value.status == 422 and "snapshotRef is immutable" in str(err.value.body), name
     snap = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SandboxSnapshot",
@@ -251,7 +251,7 @@ def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace
             objs.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, "sandboxsnapshots", "s1", {"spec": spec}
             )
-        assert err.value.status == 422 and "immutable" in err.value.body, spec
+        assert err.value.status == 422 and "immutable" in str(err.value.body), spec
 
 
 def test_snapshot_printer_columns(objs, namespace, kubectl):
@@ -293,7 +293,7 @@ def test_node_name_moves_only_while_a_pushed_state_is_recorded(objs, namespace):
             "moved",
             {"spec": {"nodeName": "n2"}, "status": {"suspendedState": {**state, "node": "n1"}}},
         )
-    assert err.value.status == 422 and "immutable" in err.value.body
+    assert err.value.status == 422 and "immutable" in str(err.value.body)
     set_status(
         objs, namespace, "moved", {"phase": "Running", "suspendedState": {**state, "node": "n1"}}
     )

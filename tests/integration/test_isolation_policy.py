@@ -60,7 +60,7 @@ def _create(kube: client.ApiClient, namespace: str, body: dict[str, Any], *, dry
         )
     except client.ApiException as exc:
         if exc.status in (400, 403, 422):
-            return str(json.loads(exc.body)["message"])
+            return str(json.loads(exc.body or "")["message"])
         raise
     return ""
 
@@ -174,7 +174,7 @@ def test_an_update_that_leaves_the_spec_alone_passes_after_the_level_was_lowered
         api.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", "hn", {"spec": {"command": ["true"]}}
         )
-    assert "spec.hostNetwork is not allowed" in json.loads(refused.value.body)["message"]
+    assert "spec.hostNetwork is not allowed" in json.loads(refused.value.body or "")["message"]
 
 
 # (level label, spec) pairs: the API server and the agent's check must agree on each.

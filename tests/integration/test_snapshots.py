@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SNAPSHOT_FINALIZER

@@ -143,7 +143,7 @@ def _dump(docs: list[dict[str, Any]]) -> str:
 
 def _message(e: ApiException) -> str:
     try:
-        return str(json.loads(e.body)["message"])
+        return str(json.loads(e.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(e.body)
 
