@@ -15,6 +15,7 @@ import contextlib
 import os
 import subprocess
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,10 @@ def test_writers_are_evicted_and_the_disk_goes_back_under_its_high_watermark(
             )
         for name in ("writer-a", "writer-b"):
             status = wait_for(
-                lambda n=name: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                partial(
+                    lambda n: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                    name,
+                ),
                 timeout=DEADLINE,
                 what=f"{name} to be evicted (Failed) for the node's disk",
             )

@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +246,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         op.wait_metrics()
         for n in nodes:
             wait_for(
-                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
                 timeout=20,
                 what=f"{n} Ready",
             )
@@ -259,7 +260,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         # trying); the operator must judge READY from those renewals.
         for n in nodes:
             wait_for(
-                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
                 timeout=30,
                 what=f"{n} Ready again",
             )

@@ -79,7 +79,7 @@ def _wait_admission(
 
 
 def _remove_policy(kube: client.ApiClient) -> None:
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     with contextlib.suppress(client.ApiException):
         adm.delete_validating_admission_policy_binding(POLICY_NAME)
     with contextlib.suppress(client.ApiException):
@@ -104,7 +104,7 @@ def admission(kube: client.ApiClient, namespace: str) -> Iterator[None]:
     refused once the policy works, admitted again once it is removed (other
     tests on this control plane create hostNetwork sandboxes).
     """
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     policy, binding = admission_policy()
     probe = _sandbox(f"probe-{uuid.uuid4().hex[:6]}", securityContext={"privileged": True})
     _remove_policy(kube)  # a chart test on this control plane may have installed it

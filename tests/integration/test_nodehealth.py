@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -50,7 +51,7 @@ def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, o
     last_renew = lease.pause()
     deadline = last_renew + timedelta(seconds=2 + 3)
     for name in ("run-a", "run-b", "sched"):
-        wait_for(lambda n=name: fleet.phase(n) == "Dead", timeout=20, what=f"{name} Dead")
+        wait_for(partial(lambda n: fleet.phase(n) == "Dead", name), timeout=20, what=f"{name} Dead")
 
     for name in ("run-a", "run-b", "sched"):
         sb = fleet.get(name)
@@ -412,7 +413,7 @@ def test_mass_failure_guard_holds_then_resumes(fleet, operators):
     op = operators(*FAST)
     for n in nodes:
         wait_for(
-            lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+            partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
             timeout=15,
             what=f"{n} Ready",
         )

@@ -19,6 +19,7 @@ import ssl
 import threading
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -342,14 +343,18 @@ def test_tcp_and_http_probes_of_a_gvisor_sandbox_are_made_inside_it(
         }
         for kind in ("tcp", "http"):
             wait_for(
-                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c["status"] == "True",
+                partial(
+                    lambda n: (c := _ready(handler_rig, n)) and c["status"] == "True", names[kind]
+                ),
                 timeout=60,
                 what=f"the {kind} probe's sandbox Ready",
             )
         for kind in ("http-missing", "tcp-closed"):
             # Probed and failing: the condition says False with the probe's own words.
             seen = wait_for(
-                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c.get("message") and c,
+                partial(
+                    lambda n: (c := _ready(handler_rig, n)) and c.get("message") and c, names[kind]
+                ),
                 timeout=60,
                 what=f"the {kind} probe's sandbox probed",
             )

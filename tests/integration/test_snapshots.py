@@ -12,6 +12,7 @@ fork gone, the object goes and the next collection removes the image.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -156,7 +157,9 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
     for sb in running:
         assert sb["spec"]["nodeName"] == node.name
         rc = wait_for(
-            lambda sb=sb: (p := in_sandbox(sb, "/tmp/rc")).exists() and p.read_text().strip(),
+            partial(
+                lambda sb: (p := in_sandbox(sb, "/tmp/rc")).exists() and p.read_text().strip(), sb
+            ),
             timeout=60,
             what=f"the tree check in {sb['metadata']['name']}",
         )
@@ -176,7 +179,7 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
         assert image in {i.name for i in node.runtime.list_images(timeout=10)}, keeper
         delete(cluster, "sandboxes", keeper)
         wait_for(
-            lambda k=keeper: read(cluster, "sandboxes", k) is None,
+            partial(lambda k: read(cluster, "sandboxes", k) is None, keeper),
             timeout=30,
             what=f"sandbox {keeper} deleted",
         )
