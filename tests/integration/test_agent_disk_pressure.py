@@ -68,14 +68,14 @@ class Peak:
 
 
 def _node_disk(kube: client.ApiClient, node: str) -> dict[str, Any]:
-    body = client.CustomObjectsApi(kube).get_cluster_custom_object(
+    body: Any = client.CustomObjectsApi(kube).get_cluster_custom_object(
         GROUP, VERSION, "sandboxnodes", node
     )
     return dict((body.get("status") or {}).get("disk") or {})
 
 
 def _status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return dict(sb.get("status") or {})

@@ -84,11 +84,8 @@ def _create(
 
 
 def _get(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    return dict(
-        client.CustomObjectsApi(kube).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, "sandboxes", name
-        )
-    )
+    objs: Any = client.CustomObjectsApi(kube)
+    return dict(objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", name))
 
 
 def _status_write_refused(
@@ -187,10 +184,11 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
             image="docker.io/sandlot/absent:1",
             imagePullPolicy="Never",
         )
-        starts = lambda: sum(  # noqa: E731
-            "sandbox " + namespace + "/nope failed: ImageNotFound" in r.getMessage()
-            for r in caplog.records
-        )
+
+        def starts() -> int:
+            failed = "sandbox " + namespace + "/nope failed: ImageNotFound"
+            return sum(failed in r.getMessage() for r in caplog.records)
+
         wait_for(lambda: starts() >= 1, timeout=30, what="the agent to try the sandbox")
         time.sleep(6)  # six sync intervals: a hot retry would have made about six tries
         assert starts() <= 2, f"{starts()} tries in 6s: the refused write is retried hot"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -30,8 +31,8 @@ def sandbox(name: str) -> dict[str, Any]:
 
 
 def next_of(
-    events: queue.Queue[tuple[str, dict[str, Any]]], namespace: str, name: str
-) -> tuple[str, dict[str, Any]]:
+    events: queue.Queue[tuple[str, Mapping[str, Any]]], namespace: str, name: str
+) -> tuple[str, Mapping[str, Any]]:
     """The next event about ``namespace/name`` (others' are passed over), bounded."""
     deadline = time.monotonic() + WAIT
     while (left := deadline - time.monotonic()) > 0:
@@ -51,7 +52,7 @@ def test_the_sandbox_informer_lists_in_pages_then_delivers_every_change(kube, na
         objs.create_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", sandbox(f"s{i}")
         )
-    events: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+    events: queue.Queue[tuple[str, Mapping[str, Any]]] = queue.Queue()
     listed: list[set[str]] = []
     informer = SandboxInformer(
         kube, lambda kind, body: events.put((kind, body)), listed.append, page=2, watch_timeout=60

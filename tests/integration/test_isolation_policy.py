@@ -151,7 +151,7 @@ def test_privileged_sandbox_is_admitted_in_a_namespace_labelled_privileged(
     body = _sandbox("root", hostNetwork=True, securityContext={"privileged": True})
     _wait_admission(kube, namespace, body, admitted=True)
     assert _create(kube, namespace, body, dry_run=False) == ""
-    stored = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    stored: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", "root"
     )
     assert stored["spec"]["securityContext"]["privileged"] is True
@@ -178,7 +178,7 @@ def test_an_update_that_leaves_the_spec_alone_passes_after_the_level_was_lowered
 
 
 # (level label, spec) pairs: the API server and the agent's check must agree on each.
-AGREEMENT_CASES = [
+AGREEMENT_CASES: list[tuple[str | None, dict[str, Any]]] = [
     (None, {}),
     (None, {"hostNetwork": True}),
     (None, {"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}),
@@ -277,7 +277,7 @@ def _wait_status(
     kube: client.ApiClient, namespace: str, name: str, phases: set[str], timeout: float = 30
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", name
         )
         status = dict(sb.get("status") or {})

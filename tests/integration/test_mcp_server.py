@@ -73,8 +73,9 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
     result = await session.call_tool(tool, arguments)
     said = " ".join(getattr(block, "text", "") for block in result.content)
     assert not result.is_error, f"{tool} failed: {said}"
-    assert result.structured_content is not None, f"{tool} returned no structured result: {said}"
-    return result.structured_content
+    structured: dict[str, Any] | None = result.structured_content
+    assert structured is not None, f"{tool} returned no structured result: {said}"
+    return structured
 
 
 def run_session(scenario: Any, errlog_path: Path) -> None:
@@ -148,7 +149,7 @@ def maker(
 
 def schedule_the_new_sandbox(kube: client.ApiClient, namespace: str, node: str) -> str:
     """The scheduler's write, once a sandbox appears in ``namespace``: onto ``node``."""
-    custom = client.CustomObjectsApi(kube)
+    custom: Any = client.CustomObjectsApi(kube)
 
     def unplaced() -> str | None:
         items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes")[

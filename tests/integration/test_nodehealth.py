@@ -276,7 +276,7 @@ def test_a_failed_mark_leaves_the_latch_unset_and_the_next_pass_finishes(
             fleet.set_phase("stuck", "Running")
             return False
         except client.ApiException as e:
-            return e.status == 422 or e.status == 403
+            return bool(e.status == 422 or e.status == 403)
 
     wait_for(refused, timeout=20, what="the admission policy to refuse status writes")
     # The default resync (30 s): the retry must come from the failure's own backoff
@@ -338,7 +338,9 @@ def test_operator_restart_mid_grace_keeps_the_original_deadline(fleet, operators
     up_at = datetime.now(UTC)
     wait_for(lambda: fleet.phase("s") == "Dead", timeout=20, what="the sandbox Dead")
     assert fleet.health(n1)["unhealthySince"] == since
-    deadline = parse_time(since) + timedelta(seconds=6)
+    began = parse_time(since)
+    assert began is not None, since
+    deadline = began + timedelta(seconds=6)
     assert marked_at(fleet, "s") < up_at + timedelta(seconds=6), (
         "the restarted operator began a new grace period instead of keeping the deadline "
         f"{deadline}"
@@ -390,9 +392,11 @@ def test_a_handled_node_costs_no_api_call_per_pass(fleet, operators):
     time.sleep(1)  # let the writes that set the latch settle
 
     def calls() -> float:
-        return sum(
-            op.metric("sandlot_operator_api_requests_total", resource=r)
-            for r in ("sandboxes", "sandboxnodes", "events")
+        return float(
+            sum(
+                op.metric("sandlot_operator_api_requests_total", resource=r)
+                for r in ("sandboxes", "sandboxnodes", "events")
+            )
         )
 
     before = calls()

@@ -168,6 +168,7 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
 
     from websockets.exceptions import InvalidStatus
     from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
 
     from sandlot.agent.streams import StreamServer
 
@@ -201,7 +202,7 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
             ssl=ctx,
             server_hostname="sandlot-agent",
             additional_headers={"X-Sandlot-Stream-Options": "follow=true"},
-            subprotocols=["v5.channel.k8s.io"],  # type: ignore[list-item]
+            subprotocols=[Subprotocol("v5.channel.k8s.io")],
             open_timeout=10,
             proxy=None,
             legacy=True,
