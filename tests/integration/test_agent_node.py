@@ -222,7 +222,7 @@ def test_orphans_are_removed_before_the_lease_is_first_renewed(
     seen_at_first_renewal: list[set[str]] = []
     renew = agent.heartbeat.renew
 
-    def watched_renew():  # type: ignore[no-untyped-def]
+    def watched_renew():
         if not seen_at_first_renewal:
             seen_at_first_renewal.append(container_ids(rt))
         return renew()

@@ -289,7 +289,7 @@ def test_pass_aborts_with_nothing_deleted_when_containers_cannot_be_listed(
     try:
         with pytest.raises(RuntimeError_):
             broken.list_containers(timeout=5)  # premise: the listing really fails
-        collector = ImageCollector(broken, disk, NO_AGE, call_timeout=5)  # type: ignore[arg-type]
+        collector = ImageCollector(broken, disk, NO_AGE, call_timeout=5)
         result = collector.run(kind, now=datetime.now(UTC))  # type: ignore[arg-type]
     finally:
         broken.close()

@@ -135,7 +135,7 @@ def test_logs_follow_streams_new_output_and_ends_with_the_sandbox(
                 seen += chunk
         delete_sandbox(kube, tenant, "ticker")
         code = proc.wait(timeout=30)  # the sandbox ended: so does the stream
-        assert code == 0, proc.stderr.read()  # type: ignore[union-attr]
+        assert code == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
