@@ -21,6 +21,7 @@ import anyio
 import pytest
 from kubernetes import client
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.types import TextContent
 
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
@@ -215,8 +216,10 @@ def test_a_model_client_creates_a_sandbox_runs_a_command_moves_a_file_and_termin
 
             missing = await session.call_tool("read_file", {"sandbox": name, "path": "/tmp/nope"})
             assert missing.is_error
-            assert "FileError" in missing.content[0].text  # type: ignore[union-attr]
-            assert "look with list_files" in missing.content[0].text  # type: ignore[union-attr]
+            said = missing.content[0]
+            assert isinstance(said, TextContent), said
+            assert "FileError" in said.text
+            assert "look with list_files" in said.text
 
             released = await call(session, "terminate_sandbox", sandbox=name)
             assert released["deleted"] == f"sandbox {name}"

@@ -28,7 +28,9 @@ FAST = ("--grace-period", "3s", "--resync-interval", "1s")
 
 
 def marked_at(fleet: Fleet, name: str) -> datetime:
-    return parse_time(fleet.get(name)["status"]["finishedAt"])  # type: ignore[return-value]
+    finished = parse_time(fleet.get(name)["status"]["finishedAt"])
+    assert finished is not None, name
+    return finished
 
 
 def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, operators):

@@ -108,7 +108,9 @@ def _isolation(rig: HandlerRig, handler: str, runtime_class_name: str) -> dict[s
     seen = dict(re.findall(r"^(\w+):\s*(\S+)$", out, re.MULTILINE))
     seen.update(re.findall(r"^(size \S+) (\d*)$", out, re.MULTILINE))
     seen["sysctl"] = "written" if "sysctl written" in out else "refused"
-    seen["firmware"] = re.search(r"^firmware (\d+)$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    firmware = re.search(r"^firmware (\d+)$", out, re.MULTILINE)
+    assert firmware is not None, out
+    seen["firmware"] = firmware.group(1)
     return seen
 
 
