@@ -17,6 +17,7 @@ lint: setup
 	$(VENV)/ruff format --check $(LINT_DIRS)
 	$(VENV)/mypy
 	$(VENV)/mypy bench  # the benchmarks, apart: pyproject's mypy section names the package
+	$(VENV)/mypy tests e2e  # the tests, apart too: their fixtures may go unannotated
 	$(VENV)/lint-imports
 
 # Two runs, both always: every test but the local cluster's on $(PYTEST_WORKERS)

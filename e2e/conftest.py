@@ -4,7 +4,7 @@ log (the previous container's too), read while the cluster still runs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -34,7 +34,9 @@ def _diagnostics(cluster: Any) -> str:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     cluster = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and call.when == "call" and cluster is not None:

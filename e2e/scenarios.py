@@ -100,7 +100,7 @@ def run(*argv: str, timeout: float = 600, check: bool = True, **kw: Any) -> str:
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr}")
-    return proc.stdout
+    return str(proc.stdout)  # text=True: a str
 
 
 @dataclass
@@ -244,9 +244,10 @@ def a_tenant_with_edit_streams_through_the_gateway(c: Cluster, work: Path) -> No
     namespace (sandlot's roles aggregate into it) reads a member's log, execs in it and
     copies a file in and out, through the API server and the chart's gateway; the
     same in another namespace is refused."""
-    core = client.CoreV1Api(c.api)
+    core: Any = client.CoreV1Api(c.api)  # bodies as plain JSON
     core.create_namespaced_service_account(WORKLOADS, {"metadata": {"name": "tenant"}})
-    client.RbacAuthorizationV1Api(c.api).create_namespaced_role_binding(
+    rbac: Any = client.RbacAuthorizationV1Api(c.api)
+    rbac.create_namespaced_role_binding(
         WORKLOADS,
         {
             "metadata": {"name": "tenant-edit"},
@@ -482,8 +483,10 @@ def helm_uninstall_leaves_nothing(c: Cluster, allocations_before: dict[str, set[
         if ns:
             args += ["-n", ns]
         assert not c.kubectl(*args).strip(), f"{kind} {name} left behind"
-    left = c.kubectl("get", "sandboxes,sandboxpools,sandboxnodes,cacheprunes", "-A", "-o", "name")
-    assert not left.strip(), f"sandlot objects left behind:\n{left}"
+    objects = c.kubectl(
+        "get", "sandboxes,sandboxpools,sandboxnodes,cacheprunes", "-A", "-o", "name"
+    )
+    assert not objects.strip(), f"sandlot objects left behind:\n{objects}"
     leases = c.kubectl(
         "get", "leases", "-n", NAMESPACE, "-l", "sandlot.dev/agent-lease=true", "-o", "name"
     )

@@ -220,7 +220,9 @@ def _layer_names(archive: Path, index: int) -> list[str]:
             assert member is not None
             return member.read()
 
-        top = json.loads(outer.extractfile("index.json").read())["manifests"][0]  # type: ignore[union-attr]
+        listing = outer.extractfile("index.json")
+        assert listing is not None
+        top = json.loads(listing.read())["manifests"][0]
         manifest = json.loads(blob(top["digest"]))
         layer = blob(manifest["layers"][index]["digest"])
     with tarfile.open(fileobj=io.BytesIO(layer)) as tar:
@@ -392,6 +394,7 @@ def _cut_off(c: LocalKubeletCluster, pod: Any) -> Iterator[None]:
 
 def _leader(c: LocalKubeletCluster) -> str:
     lease = client.CoordinationV1Api(c.api).read_namespaced_lease(LEADER_LEASE, NAMESPACE)
+    assert lease.spec is not None, f"Lease {LEADER_LEASE} without a spec"
     return str(lease.spec.holder_identity)
 
 

@@ -15,6 +15,7 @@ import contextlib
 import os
 import subprocess
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,14 +68,14 @@ class Peak:
 
 
 def _node_disk(kube: client.ApiClient, node: str) -> dict[str, Any]:
-    body = client.CustomObjectsApi(kube).get_cluster_custom_object(
+    body: Any = client.CustomObjectsApi(kube).get_cluster_custom_object(
         GROUP, VERSION, "sandboxnodes", node
     )
     return dict((body.get("status") or {}).get("disk") or {})
 
 
 def _status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return dict(sb.get("status") or {})
@@ -113,7 +114,10 @@ def test_writers_are_evicted_and_the_disk_goes_back_under_its_high_watermark(
             )
         for name in ("writer-a", "writer-b"):
             status = wait_for(
-                lambda n=name: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                partial(
+                    lambda n: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                    name,
+                ),
                 timeout=DEADLINE,
                 what=f"{name} to be evicted (Failed) for the node's disk",
             )

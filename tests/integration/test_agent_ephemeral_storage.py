@@ -36,7 +36,7 @@ DEADLINE = 60.0  # seconds for a write of 32 MiB and a pass or two, on a busy ma
 
 
 def _status(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return dict(sb.get("status") or {})

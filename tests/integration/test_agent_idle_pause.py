@@ -128,7 +128,7 @@ def event_reasons(kube: client.ApiClient, namespace: str, name: str) -> list[str
     events = client.CoreV1Api(kube).list_namespaced_event(
         namespace, field_selector=f"involvedObject.name={name}"
     )
-    return [e.reason for e in events.items]
+    return [e.reason or "" for e in events.items]
 
 
 def idle_passes(agent: Agent) -> float:
@@ -297,6 +297,8 @@ def suspended_is(
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
         sb = get_sandbox(kube, namespace, name)
+        if sb is None:
+            return None
         said = [
             c
             for c in (sb.get("status") or {}).get("conditions") or []

@@ -49,12 +49,12 @@ def _run(kube: client.ApiClient, namespace: str, node: str, script: str) -> str:
         "metadata": {"name": name},
         "spec": {"image": IMAGE, "command": ["sh", "-c", script], "nodeName": node},
     }
-    created = client.CustomObjectsApi(kube).create_namespaced_custom_object(
+    created: Any = client.CustomObjectsApi(kube).create_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", body
     )
 
     def running() -> bool:
-        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", name
         )
         phase = (sb.get("status") or {}).get("phase")

@@ -174,7 +174,9 @@ def test_restarted_agent_readopts_running_sandboxes_with_the_same_pids(
     assert second.registry.get_sample_value("sandlot_agent_readopted_total") == 2
     time.sleep(1.0)  # let a few sync passes run: they must not touch adopted sandboxes
     for name in ("a", "b"):
-        status = get_sandbox(kube, namespace, name)["status"]  # type: ignore[index]
+        sb = get_sandbox(kube, namespace, name)
+        assert sb is not None, name
+        status = sb["status"]
         assert status["phase"] == "Running"
         assert status["pid"] == before[name]["pid"]
         task = rt.get_task(status["containerId"], timeout=5)
@@ -199,7 +201,8 @@ def test_sandbox_marked_dead_while_agent_was_down_is_torn_down_on_boot(
     # start() returns after the sweep: the container is gone already, never re-adopted.
     assert container not in container_ids(rt)
     assert second.registry.get_sample_value("sandlot_agent_fenced_total") == 1
-    assert get_sandbox(kube, namespace, "fenced")["status"]["phase"] == "Dead"  # type: ignore[index]
+    fenced = get_sandbox(kube, namespace, "fenced")
+    assert fenced is not None and fenced["status"]["phase"] == "Dead", fenced
 
 
 def test_orphans_are_removed_before_the_lease_is_first_renewed(
@@ -222,7 +225,7 @@ def test_orphans_are_removed_before_the_lease_is_first_renewed(
     seen_at_first_renewal: list[set[str]] = []
     renew = agent.heartbeat.renew
 
-    def watched_renew():  # type: ignore[no-untyped-def]
+    def watched_renew():
         if not seen_at_first_renewal:
             seen_at_first_renewal.append(container_ids(rt))
         return renew()

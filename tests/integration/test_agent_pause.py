@@ -297,7 +297,7 @@ def test_the_api_server_defaults_the_mode_and_refuses_an_unknown_one_naming_the_
     api = client.CustomObjectsApi(kube)
     sb = create_sandbox(kube, namespace, "plain", "node-pause")
     assert sb["spec"]["operatingMode"] == "Running"
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
         "metadata": {"name": "later"},
@@ -306,6 +306,6 @@ def test_the_api_server_defaults_the_mode_and_refuses_an_unknown_one_naming_the_
     with pytest.raises(client.ApiException) as caught:
         api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
     assert caught.value.status == 422
-    assert "spec.operatingMode" in caught.value.body and "Suspended" in caught.value.body
-    body["spec"]["operatingMode"] = "Suspended"  # type: ignore[index]
+    assert "spec.operatingMode" in str(caught.value.body) and "Suspended" in str(caught.value.body)
+    body["spec"]["operatingMode"] = "Suspended"
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)

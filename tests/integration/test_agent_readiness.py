@@ -52,7 +52,8 @@ def agent(
 
 
 def _sandbox(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    objs: Any = client.CustomObjectsApi(kube)
+    found: dict[str, Any] = objs.get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return found

@@ -25,6 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,11 +84,8 @@ def _create(
 
 
 def _get(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    return dict(
-        client.CustomObjectsApi(kube).get_namespaced_custom_object(
-            GROUP, VERSION, namespace, "sandboxes", name
-        )
-    )
+    objs: Any = client.CustomObjectsApi(kube)
+    return dict(objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", name))
 
 
 def _status_write_refused(
@@ -112,7 +110,7 @@ def _status_write_refused(
 def _deny_failed_status(kube: client.ApiClient, mark: str) -> Iterator[None]:
     """A ValidatingAdmissionPolicy refusing (422) a Failed status on Sandboxes with
     the mark."""
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     name = f"deny-failed-{mark}"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -186,10 +184,11 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
             image="docker.io/sandlot/absent:1",
             imagePullPolicy="Never",
         )
-        starts = lambda: sum(  # noqa: E731
-            "sandbox " + namespace + "/nope failed: ImageNotFound" in r.getMessage()
-            for r in caplog.records
-        )
+
+        def starts() -> int:
+            failed = "sandbox " + namespace + "/nope failed: ImageNotFound"
+            return sum(failed in r.getMessage() for r in caplog.records)
+
         wait_for(lambda: starts() >= 1, timeout=30, what="the agent to try the sandbox")
         time.sleep(6)  # six sync intervals: a hot retry would have made about six tries
         assert starts() <= 2, f"{starts()} tries in 6s: the refused write is retried hot"
@@ -200,7 +199,7 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
 def _status_webhook_down(kube: client.ApiClient, mark: str) -> Iterator[None]:
     """An admission webhook nobody answers, failurePolicy Fail, on the marked
     Sandboxes' status writes that say Running: the API server answers them with 500."""
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     name = f"down-{mark}.sandlot.test"
     body = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -302,7 +301,7 @@ def test_host_users_false_runs_each_sandbox_in_a_host_id_range_of_its_own(
         return status if status.get("phase") == "Running" else None
 
     statuses = [
-        wait_for(lambda n=n: running(n), timeout=60, what=f"{n} to run in a user namespace")
+        wait_for(partial(running, n), timeout=60, what=f"{n} to run in a user namespace")
         for n in names
     ]
     rt = ContainerdRuntime(containerd.address, ctr_ns)

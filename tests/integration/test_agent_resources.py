@@ -82,7 +82,7 @@ def _create(kube: client.ApiClient, namespace: str, name: str, node: str, **spec
 
 def _decided(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", name
         )
         status = dict(sb.get("status") or {})
@@ -193,7 +193,7 @@ def test_the_node_reports_its_memory_and_cpu_capacity(
     agent = start_agent(capacity_cpu="3")
 
     def capacity() -> dict[str, Any] | None:
-        node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+        node: Any = client.CustomObjectsApi(kube).get_cluster_custom_object(
             GROUP, VERSION, "sandboxnodes", agent.node
         )
         cap = dict((node.get("status") or {}).get("capacity") or {})
@@ -235,7 +235,7 @@ def test_a_control_plane_nodes_taint_is_mirrored_onto_its_sandbox_node(
     kube: client.ApiClient, start_agent: StartAgent
 ) -> None:
     name = f"cp-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # the body as plain JSON
     core.create_node(
         {
             "metadata": {"name": name},
@@ -246,7 +246,7 @@ def test_a_control_plane_nodes_taint_is_mirrored_onto_its_sandbox_node(
         agent = start_agent(node=name)
 
         def taints() -> list[dict[str, Any]] | None:
-            node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+            node: Any = client.CustomObjectsApi(kube).get_cluster_custom_object(
                 GROUP, VERSION, "sandboxnodes", agent.node
             )
             return (node.get("status") or {}).get("nodeTaints")
@@ -292,7 +292,7 @@ def test_ephemeral_storage_is_admitted_against_the_nodes_disk_room(
     st = os.statvfs(containerd.root)
 
     def reported() -> dict[str, Any] | None:
-        node = client.CustomObjectsApi(kube).get_cluster_custom_object(
+        node: Any = client.CustomObjectsApi(kube).get_cluster_custom_object(
             GROUP, VERSION, "sandboxnodes", plain.node
         )
         cap = dict((node.get("status") or {}).get("capacity") or {})

@@ -193,7 +193,8 @@ def test_a_suspended_sandbox_has_no_container_and_comes_back_with_its_files(
     )
     again = get_sandbox(kube, namespace, "writer")
     assert again is not None and again["status"]["phase"] == "Running", again
-    assert condition(again, "Suspended")["status"] == "True"  # type: ignore[index]
+    held = condition(again, "Suspended")
+    assert held is not None and held["status"] == "True", again
     assert cid not in container_ids(rt)
 
     log.write_text("")

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,10 @@ def test_writers_meet_their_cap_as_they_write_and_the_disk_stays_under_high(
         ), refused
         for name in ("writer-a", "writer-b"):
             status = wait_for(
-                lambda n=name: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                partial(
+                    lambda n: (s := _status(kube, namespace, n)).get("phase") == "Failed" and s,
+                    name,
+                ),
                 timeout=DEADLINE,
                 what=f"{name} to end Failed past its ephemeral-storage limit",
             )

@@ -4,6 +4,8 @@ selection, terminal phases, and status writes that leave spec alone."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -14,7 +16,7 @@ from sandlot.api import GROUP, VERSION
 pytestmark = pytest.mark.integration
 
 
-def sandbox(name: str, **spec: object) -> dict:
+def sandbox(name: str, **spec: object) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
@@ -24,18 +26,22 @@ def sandbox(name: str, **spec: object) -> dict:
 
 
 @pytest.fixture
-def objs(kube: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(kube)
+def objs(kube: client.ApiClient) -> Any:
+    return client.CustomObjectsApi(kube)  # custom objects: plain JSON
 
 
-def create(objs: client.CustomObjectsApi, ns: str, body: dict) -> dict:
-    return objs.create_namespaced_custom_object(GROUP, VERSION, ns, "sandboxes", body)
+def create(objs: Any, ns: str, body: dict[str, Any]) -> dict[str, Any]:
+    made: dict[str, Any] = objs.create_namespaced_custom_object(
+        GROUP, VERSION, ns, "sandboxes", body
+    )
+    return made
 
 
-def set_status(objs, ns: str, name: str, status: dict) -> dict:
-    return objs.patch_namespaced_custom_object_status(
+def set_status(objs: Any, ns: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    patched: dict[str, Any] = objs.patch_namespaced_custom_object_status(
         GROUP, VERSION, ns, "sandboxes", name, {"status": status}
     )
+    return patched
 
 
 def test_crds_are_served_with_short_names_and_category(kubectl):
@@ -75,7 +81,7 @@ def test_bad_spec_is_refused_with_a_message_naming_the_field(objs, namespace, sp
     with pytest.raises(ApiException) as err:
         create(objs, namespace, body)
     assert err.value.status == 422
-    assert field in err.value.body and words in err.value.body, err.value.body
+    assert field in str(err.value.body) and words in str(err.value.body), err.value.body
     with pytest.raises(ApiException) as gone:
         objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "bad")
     assert gone.value.status == 404, "a refused object must not be stored"
@@ -192,7 +198,7 @@ def test_terminal_phase_cannot_be_left(objs, namespace, terminal):
     with pytest.raises(ApiException) as err:
         set_status(objs, namespace, "s", {"phase": "Running"})
     assert err.value.status == 422
-    assert "terminal" in err.value.body
+    assert "terminal" in str(err.value.body)
     current = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "s")
     assert current["status"]["phase"] == terminal
     # Same phase with new detail is still allowed (a reaper adding the exit code).
@@ -223,7 +229,7 @@ def test_node_name_is_immutable_once_set(objs, namespace):
         objs.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", "pinned", {"spec": {"nodeName": "n2"}}
         )
-    assert err.value.status == 422 and "immutable" in err.value.body
+    assert err.value.status == 422 and "immutable" in str(err.value.body)
 
 
 def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace):
@@ -238,7 +244,7 @@ def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace
             objs.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, "sandboxes", name, {"spec": spec}
             )
-        assert err.value.status == 422 and "snapshotRef is immutable" in err.value.body, name
+        assert err.value.status == 422 and "snapshotRef is immutable" in str(err.value.body), name
     snap = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SandboxSnapshot",
@@ -246,12 +252,12 @@ def test_snapshot_ref_is_immutable_and_a_snapshots_node_once_set(objs, namespace
         "spec": {"sandboxName": "forked", "nodeName": "n1"},
     }
     objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxsnapshots", snap)
-    for spec in ({"nodeName": "n2"}, {"sandboxName": "plain"}):
+    for change in ({"nodeName": "n2"}, {"sandboxName": "plain"}):
         with pytest.raises(ApiException) as err:
             objs.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, "sandboxsnapshots", "s1", {"spec": spec}
+                GROUP, VERSION, namespace, "sandboxsnapshots", "s1", {"spec": change}
             )
-        assert err.value.status == 422 and "immutable" in err.value.body, spec
+        assert err.value.status == 422 and "immutable" in str(err.value.body), change
 
 
 def test_snapshot_printer_columns(objs, namespace, kubectl):
@@ -293,7 +299,7 @@ def test_node_name_moves_only_while_a_pushed_state_is_recorded(objs, namespace):
             "moved",
             {"spec": {"nodeName": "n2"}, "status": {"suspendedState": {**state, "node": "n1"}}},
         )
-    assert err.value.status == 422 and "immutable" in err.value.body
+    assert err.value.status == 422 and "immutable" in str(err.value.body)
     set_status(
         objs, namespace, "moved", {"phase": "Running", "suspendedState": {**state, "node": "n1"}}
     )

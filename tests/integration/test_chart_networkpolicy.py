@@ -25,12 +25,13 @@ def helm() -> Path:
 
 
 def render_policies(helm: Path, *args: str) -> list[dict[str, Any]]:
-    return render(
+    policies: list[dict[str, Any]] = render(
         helm,
         "--set", "metrics.networkPolicy.enabled=true",
         "--set-json", f"metrics.networkPolicy.from=[{json.dumps(PROMETHEUS)}]",
         *args,
     )  # fmt: skip
+    return policies
 
 
 def by_component(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

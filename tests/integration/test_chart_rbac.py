@@ -235,7 +235,7 @@ def test_agent_mirrors_its_nodes_taints_with_its_service_account_only(
     from sandlot.agent.capacity import mirrored_taints
 
     node = f"cp-{uuid.uuid4().hex[:8]}"
-    core = client.CoreV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
     taint = {"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}
     core.create_node({"metadata": {"name": node}, "spec": {"taints": [taint]}})
     config = sa_kubeconfig(
@@ -264,7 +264,8 @@ def test_operator_brokers_pull_credentials_with_its_service_account_only(
     from sandlot.adapters.pullsecrets import brokered_data, brokered_key
     from sandlot.controllers.pullcredentials import broker_node
 
-    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
+    rbac: Any = client.RbacAuthorizationV1Api(kube)
     # The tenant namespace's admin lets the operator read its pull secrets.
     rbac.create_namespaced_role_binding(
         namespace,
@@ -353,7 +354,8 @@ def test_operator_brokers_env_references_in_opted_in_namespaces_only(
     from sandlot.controllers.pullcredentials import broker_node
     from sandlot.policy.envrefs import Referenced, decode
 
-    core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
+    rbac: Any = client.RbacAuthorizationV1Api(kube)
     closed = f"closed-{uuid.uuid4().hex[:6]}"
     core.create_namespace({"metadata": {"name": closed}})
     rbac.create_namespaced_role_binding(

@@ -205,7 +205,7 @@ def _exported_metric_names() -> set[str]:
     OperatorMetrics(registry)
     AgentMetrics(registry)
     GcMetrics(registry)
-    names = set()
+    names: set[str] = set()
     for family in registry.collect():
         suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}
         names.update(family.name + s for s in suffixes.get(family.type, [""]))

@@ -151,7 +151,7 @@ def test_uninstall_hooks_purge_with_exactly_their_own_rbac(
             left = objs.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
             assert not left, f"{plural} left: {[i['metadata']['name'] for i in left]}"
         leases = client.CoordinationV1Api(kube).list_namespaced_lease(lease_namespace).items
-        assert not leases, [lease.metadata.name for lease in leases]
+        assert not leases, [lease.metadata and lease.metadata.name for lease in leases]
     finally:
         kubectl(
             "delete", "--ignore-not-found", "--wait=false", "-f", "-",

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339

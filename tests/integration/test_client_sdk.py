@@ -78,8 +78,8 @@ def maker(
     return path
 
 
-def _custom(kube: client.ApiClient) -> client.CustomObjectsApi:
-    return client.CustomObjectsApi(kube)
+def _custom(kube: client.ApiClient) -> Any:
+    return client.CustomObjectsApi(kube)  # custom objects: plain JSON
 
 
 def _get(kube: client.ApiClient, plural: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -20,6 +20,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from sandlot.adapters.cni import NETNS_DIR, Attachment, SandboxNetwork
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_
 from sandlot.agent.main import Agent
+from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
@@ -208,21 +210,21 @@ class Harness:
             containerd_namespace=node.ctr_ns,
             containerd_root=str(self.containerd.root),
             capacity=60,
-            kill_wait="2s",
-            call_timeout="3s",
-            stop_grace="1s",
-            reap_interval="1s",
-            sync_interval="0.3s",
-            lease_duration=f"{LEASE_SECONDS}s",
-            renew_interval="0.5s",
+            kill_wait=timedelta(seconds=2),
+            call_timeout=timedelta(seconds=3),
+            stop_grace=timedelta(seconds=1),
+            reap_interval=timedelta(seconds=1),
+            sync_interval=timedelta(seconds=0.3),
+            lease_duration=timedelta(seconds=LEASE_SECONDS),
+            renew_interval=timedelta(seconds=0.5),
             metrics_port=0,
             node_address="10.99.0.2",
             log_dir=str(self.workdir / "logs" / node.name),
             gc_disabled=True,
-            network_mode="cni",
+            network_mode=NetworkMode.CNI,
             cni_conf_dir=str(node.conf_dir),
             cni_bin_dir=self.net.bin_dirs,
-            cni_timeout="10s",
+            cni_timeout=timedelta(seconds=10),
         )
         agent = Agent(settings, self.kube, registry=CollectorRegistry())
         assert agent.start(), f"agent of {node.name} did not start"
@@ -307,7 +309,12 @@ class Harness:
             if e.status == 404:
                 return {}
             raise
-        return {a: e.target_ref.name for e in es.endpoints or [] for a in e.addresses}
+        return {
+            a: e.target_ref.name
+            for e in es.endpoints or []
+            if e.target_ref and e.target_ref.name
+            for a in e.addresses
+        }
 
     def cleanup(self) -> None:
         for kind in ("sandboxpools", "sandboxes"):

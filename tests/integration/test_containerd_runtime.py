@@ -44,13 +44,14 @@ def _new_id(prefix: str) -> str:
 
 def _teardown(runtime: ContainerdRuntime, container_id: str) -> None:
     """Best-effort cleanup with short deadlines (a test may have left anything behind)."""
-    for step in (
+    steps: list[Callable[[], object]] = [
         lambda: runtime.kill_task(container_id, signal.SIGKILL, timeout=3),
         lambda: runtime.wait_task(container_id, timeout=5),
         lambda: runtime.delete_task(container_id, timeout=5),
         lambda: runtime.delete_container(container_id, timeout=5),
         lambda: runtime.remove_snapshot(container_id, timeout=5),
-    ):
+    ]
+    for step in steps:
         with contextlib.suppress(RuntimeError_):
             step()
 
@@ -258,10 +259,11 @@ def test_wedged_shim_teardown_calls_are_each_bounded(
     container_id, task, _ = run_container("wedged-td", ["sleep", "1000"])
     shim = find_shim_pid(containerd.address, container_id, task.pid)
     with stopped_process(shim):
-        for name, call in (
+        calls: list[tuple[str, Callable[[], object]]] = [
             ("wait_task", lambda: runtime.wait_task(container_id, timeout=1)),
             ("delete_task", lambda: runtime.delete_task(container_id, timeout=1)),
-        ):
+        ]
+        for name, call in calls:
             began = time.monotonic()
             with pytest.raises(RuntimeTimeout, match=container_id):
                 call()

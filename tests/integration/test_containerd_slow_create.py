@@ -17,7 +17,7 @@ import shutil
 import signal
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,13 +113,14 @@ def container_id(runtime: ContainerdRuntime) -> Iterator[str]:
     spec = default_spec(["sleep", "1000"], [], "/", host_network=False, hostname=cid)
     runtime.create_container(ContainerSpec(id=cid, image=BUSYBOX_IMAGE, oci_spec=spec), timeout=10)
     yield cid
-    for step in (
+    steps: list[Callable[[], object]] = [
         lambda: runtime.kill_task(cid, signal.SIGKILL, timeout=3),
         lambda: runtime.wait_task(cid, timeout=5),
         lambda: runtime.delete_task(cid, timeout=5),
         lambda: runtime.delete_container(cid, timeout=5),
         lambda: runtime.remove_snapshot(cid, timeout=5),
-    ):
+    ]
+    for step in steps:
         with contextlib.suppress(RuntimeError_):
             step()
 

@@ -43,7 +43,7 @@ def _refusal(call: Any) -> str:
     with pytest.raises(ApiException) as err:
         call()
     assert err.value.status == 422, err.value.body
-    return str(json.loads(err.value.body)["message"])
+    return str(json.loads(err.value.body or "")["message"])
 
 
 OVERSIZED_SANDBOX = [
@@ -90,7 +90,7 @@ OVERSIZED_SANDBOX = [
 def test_oversized_sandbox_field_is_refused_naming_it(
     kube: client.ApiClient, namespace: str, spec: dict[str, Any], field: str
 ) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     message = _refusal(
         lambda: api.create_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", _sandbox("big", **spec), dry_run="All"
@@ -100,7 +100,7 @@ def test_oversized_sandbox_field_is_refused_naming_it(
 
 
 def test_oversized_status_message_is_refused(kube: client.ApiClient, namespace: str) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", _sandbox("st"))
     message = _refusal(
         lambda: api.patch_namespaced_custom_object_status(
@@ -116,7 +116,7 @@ def test_oversized_status_message_is_refused(kube: client.ApiClient, namespace: 
 
 
 def test_oversized_pool_template_labels_are_refused(kube: client.ApiClient, namespace: str) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     labels = {f"k{i}": "v" for i in range(MAX_ENTRIES + 1)}
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -137,7 +137,7 @@ def test_oversized_pool_template_labels_are_refused(kube: client.ApiClient, name
 def test_a_pool_asking_more_than_any_operator_keeps_is_refused(
     kube: client.ApiClient, namespace: str
 ) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SandboxPool",
@@ -153,7 +153,7 @@ def test_a_pool_asking_more_than_any_operator_keeps_is_refused(
 
 
 def test_oversized_cache_prune_node_list_is_refused(kube: client.ApiClient) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "CachePrune",
@@ -173,7 +173,7 @@ def test_every_quantity_the_agent_parses_is_accepted(
     kube: client.ApiClient, namespace: str, memory: str
 ) -> None:
     assert memory_bytes(memory) > 0
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = _sandbox("q", resources={"limits": {"memory": memory, "cpu": memory}})
     created = api.create_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", body, dry_run="All"
@@ -185,7 +185,7 @@ def test_every_quantity_the_agent_parses_is_accepted(
 def test_a_memory_limit_that_is_not_a_quantity_is_refused(
     kube: client.ApiClient, namespace: str, memory: str
 ) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = _sandbox("q", resources={"limits": {"memory": memory}})
     message = _refusal(
         lambda: api.create_namespaced_custom_object(
@@ -220,7 +220,7 @@ def test_a_limit_that_would_mean_none_is_refused_naming_the_field(
     kube: client.ApiClient, namespace: str, limits: dict[str, str], field: str
 ) -> None:
     # runc reads a memory limit of 0 as none: the API server must never store one.
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = _sandbox("tiny", resources={"limits": limits})
     message = _refusal(
         lambda: api.create_namespaced_custom_object(
@@ -233,7 +233,7 @@ def test_a_limit_that_would_mean_none_is_refused_naming_the_field(
 def test_a_pool_template_with_a_zero_memory_limit_is_refused(
     kube: client.ApiClient, namespace: str
 ) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "SandboxPool",
@@ -269,7 +269,7 @@ def test_a_pool_template_with_a_zero_memory_limit_is_refused(
 def test_a_readiness_probe_outside_its_shape_is_refused(
     kube: client.ApiClient, namespace: str, probe: dict[str, Any], says: str
 ) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = _sandbox("probed", readinessProbe=probe)
     message = _refusal(
         lambda: api.create_namespaced_custom_object(
@@ -280,7 +280,7 @@ def test_a_readiness_probe_outside_its_shape_is_refused(
 
 
 def test_a_readiness_probe_gets_the_pods_defaults(kube: client.ApiClient, namespace: str) -> None:
-    api = client.CustomObjectsApi(kube)
+    api: Any = client.CustomObjectsApi(kube)
     body = _sandbox("probed", readinessProbe={"httpGet": {"port": 8080}})
     created = api.create_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", body, dry_run="All"

@@ -108,9 +108,9 @@ def scrub(workdir: Path, paths: tuple[str, ...], netns: set[str], links: set[str
         pids = subprocess.run(
             ["ip", "netns", "pids", name], capture_output=True, text=True, timeout=30
         ).stdout.split()
-        for pid in pids:
+        for held in pids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(int(held), signal.SIGKILL)
         subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
     for name in links - {CNI_BRIDGE}:
         subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=30)

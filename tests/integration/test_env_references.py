@@ -59,14 +59,17 @@ def agent(
 
 
 def _secret(kube: client.ApiClient, namespace: str, name: str, data: dict[str, str]) -> None:
-    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    encoded: dict[str, bytes | str] = {
+        k: base64.b64encode(v.encode()).decode() for k, v in data.items()
+    }
     client.CoreV1Api(kube).create_namespaced_secret(
         namespace, client.V1Secret(metadata=client.V1ObjectMeta(name=name), data=encoded)
     )
 
 
 def _sandbox(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    objs: Any = client.CustomObjectsApi(kube)
+    found: dict[str, Any] = objs.get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return found

@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -245,7 +246,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         op.wait_metrics()
         for n in nodes:
             wait_for(
-                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
                 timeout=20,
                 what=f"{n} Ready",
             )
@@ -259,7 +260,7 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         # trying); the operator must judge READY from those renewals.
         for n in nodes:
             wait_for(
-                lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+                partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
                 timeout=30,
                 what=f"{n} Ready again",
             )
@@ -271,8 +272,13 @@ def test_api_server_away_longer_than_the_lease_marks_nothing_dead(
         # It looked: a pass per node per second of lease + grace after the restart,
         # the window in which a stale view would have reaped (each pass resyncs).
         looked = len(nodes) * (5 + 2 + 1)
+
+        def looked_and_nothing_dead() -> bool:
+            nothing_dead()
+            return node_passes(op) >= at_restart + looked
+
         wait_for(
-            lambda: (nothing_dead(), node_passes(op) >= at_restart + looked)[1],
+            looked_and_nothing_dead,
             timeout=60,
             interval=0.2,
             what=f"{looked} node-health passes after the restart (from {at_restart})",

@@ -91,7 +91,7 @@ def test_deleting_a_namespace_deletes_its_sandboxes(kube: client.ApiClient) -> N
         try:
             core.read_namespace(name)
         except ApiException as e:
-            return e.status == 404
+            return bool(e.status == 404)
         return False
 
     wait_for(namespace_gone, timeout=90, what=f"namespace {name} to be emptied and deleted")

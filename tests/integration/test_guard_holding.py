@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from functools import partial
 from typing import Any
 
 import pytest
@@ -52,7 +53,7 @@ def test_a_lasting_hold_is_raised_and_a_reap_decision_marks_only_its_node(
     op = operators(*FAST)
     for n in nodes:
         wait_for(
-            lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+            partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
             timeout=15,
             what=f"{n} Ready",
         )
@@ -65,13 +66,18 @@ def test_a_lasting_hold_is_raised_and_a_reap_decision_marks_only_its_node(
     )
     for n in nodes[:2]:
         wait_for(
-            lambda n=n: (condition(fleet, n, "GuardHolding") or {}).get("status") == "True",
+            partial(
+                lambda n: (condition(fleet, n, "GuardHolding") or {}).get("status") == "True", n
+            ),
             timeout=15,
             what=f"GuardHolding=True on {n}",
         )
         wait_for(
-            lambda n=n: any(
-                "held this node" in e.message for e in events(fleet, n, "MassFailureHold")
+            partial(
+                lambda n: any(
+                    "held this node" in e.message for e in events(fleet, n, "MassFailureHold")
+                ),
+                n,
             ),
             timeout=15,
             what=f"a MassFailureHold Event on {n} saying for how long",

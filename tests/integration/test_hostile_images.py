@@ -125,7 +125,7 @@ def test_a_gzip_bomb_under_a_named_user_stops_at_the_cap_in_bounded_memory(
 
 def _decided(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", name
         )
         status = dict(sb.get("status") or {})

@@ -12,7 +12,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -96,12 +96,13 @@ def _run(runtime: ContainerdRuntime, image: str, tmp_path: Path) -> str:
         runtime.wait_task(container_id, timeout=10)
         return log_path.read_text()
     finally:
-        for step in (
+        steps: list[Callable[[], object]] = [
             lambda: runtime.kill_task(container_id, signal.SIGKILL, timeout=3),
             lambda: runtime.delete_task(container_id, timeout=5),
             lambda: runtime.delete_container(container_id, timeout=5),
             lambda: runtime.remove_snapshot(container_id, timeout=5),
-        ):
+        ]
+        for step in steps:
             with contextlib.suppress(RuntimeError_):
                 step()
 

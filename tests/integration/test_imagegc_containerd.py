@@ -289,7 +289,7 @@ def test_pass_aborts_with_nothing_deleted_when_containers_cannot_be_listed(
     try:
         with pytest.raises(RuntimeError_):
             broken.list_containers(timeout=5)  # premise: the listing really fails
-        collector = ImageCollector(broken, disk, NO_AGE, call_timeout=5)  # type: ignore[arg-type]
+        collector = ImageCollector(broken, disk, NO_AGE, call_timeout=5)
         result = collector.run(kind, now=datetime.now(UTC))  # type: ignore[arg-type]
     finally:
         broken.close()
@@ -361,17 +361,17 @@ def gc_agent(
             containerd_address=containerd.address,
             containerd_namespace=gc_ns,
             containerd_root=str(containerd.root),
-            kill_wait="2s",
-            call_timeout="10s",
-            sync_interval="0.3s",
-            reap_interval="1s",
-            lease_duration="10s",
-            renew_interval="1s",
+            kill_wait=timedelta(seconds=2),
+            call_timeout=timedelta(seconds=10),
+            sync_interval=timedelta(seconds=0.3),
+            reap_interval=timedelta(seconds=1),
+            lease_duration=timedelta(seconds=10),
+            renew_interval=timedelta(seconds=1),
             metrics_port=0,
             node_address="10.9.8.7",
             pinned_image=[PINNED],
-            gc_min_age="0s",
-            gc_interval="1h",
+            gc_min_age=timedelta(seconds=0),
+            gc_interval=timedelta(hours=1),
         )
         disk = ImageSizedDisk(rt, total=100 * sum(sizes(rt).values()))
         agent = Agent(settings, kube, registry=CollectorRegistry(), disk_usage=disk)

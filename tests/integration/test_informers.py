@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import queue
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from sandlot.adapters.informer import LeaseInformer, SandboxInformer
+from sandlot.adapters.objects import LeaseRecord
 from sandlot.api import GROUP, VERSION
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
@@ -18,7 +21,7 @@ pytestmark = pytest.mark.integration
 WAIT = 30.0  # seconds an event may take to arrive
 
 
-def sandbox(name: str) -> dict:
+def sandbox(name: str) -> dict[str, Any]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
@@ -27,7 +30,9 @@ def sandbox(name: str) -> dict:
     }
 
 
-def next_of(events: queue.Queue, namespace: str, name: str) -> tuple[str, dict]:
+def next_of(
+    events: queue.Queue[tuple[str, Mapping[str, Any]]], namespace: str, name: str
+) -> tuple[str, Mapping[str, Any]]:
     """The next event about ``namespace/name`` (others' are passed over), bounded."""
     deadline = time.monotonic() + WAIT
     while (left := deadline - time.monotonic()) > 0:
@@ -42,12 +47,12 @@ def next_of(events: queue.Queue, namespace: str, name: str) -> tuple[str, dict]:
 
 
 def test_the_sandbox_informer_lists_in_pages_then_delivers_every_change(kube, namespace):
-    objs = client.CustomObjectsApi(kube)
+    objs: Any = client.CustomObjectsApi(kube)
     for i in range(5):
         objs.create_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", sandbox(f"s{i}")
         )
-    events: queue.Queue = queue.Queue()
+    events: queue.Queue[tuple[str, Mapping[str, Any]]] = queue.Queue()
     listed: list[set[str]] = []
     informer = SandboxInformer(
         kube, lambda kind, body: events.put((kind, body)), listed.append, page=2, watch_timeout=60
@@ -79,7 +84,7 @@ def test_the_sandbox_informer_lists_in_pages_then_delivers_every_change(kube, na
 
 
 def test_the_lease_informer_lists_without_losing_a_lease_then_sees_one_deleted(kube, namespace):
-    leases = client.CoordinationV1Api(kube)
+    leases: Any = client.CoordinationV1Api(kube)  # bodies as plain JSON
     for name in ("n1", "n2"):
         leases.create_namespaced_lease(
             namespace,
@@ -88,7 +93,7 @@ def test_the_lease_informer_lists_without_losing_a_lease_then_sees_one_deleted(k
                 "spec": {"holderIdentity": name, "leaseDurationSeconds": 10},
             },
         )
-    events: queue.Queue = queue.Queue()
+    events: queue.Queue[tuple[str, LeaseRecord]] = queue.Queue()
     informer = LeaseInformer(kube, namespace, lambda kind, record: events.put((kind, record)))
     informer.start()
     try:

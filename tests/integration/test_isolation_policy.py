@@ -60,7 +60,7 @@ def _create(kube: client.ApiClient, namespace: str, body: dict[str, Any], *, dry
         )
     except client.ApiException as exc:
         if exc.status in (400, 403, 422):
-            return str(json.loads(exc.body)["message"])
+            return str(json.loads(exc.body or "")["message"])
         raise
     return ""
 
@@ -79,7 +79,7 @@ def _wait_admission(
 
 
 def _remove_policy(kube: client.ApiClient) -> None:
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     with contextlib.suppress(client.ApiException):
         adm.delete_validating_admission_policy_binding(POLICY_NAME)
     with contextlib.suppress(client.ApiException):
@@ -104,7 +104,7 @@ def admission(kube: client.ApiClient, namespace: str) -> Iterator[None]:
     refused once the policy works, admitted again once it is removed (other
     tests on this control plane create hostNetwork sandboxes).
     """
-    adm = client.AdmissionregistrationV1Api(kube)
+    adm: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     policy, binding = admission_policy()
     probe = _sandbox(f"probe-{uuid.uuid4().hex[:6]}", securityContext={"privileged": True})
     _remove_policy(kube)  # a chart test on this control plane may have installed it
@@ -151,7 +151,7 @@ def test_privileged_sandbox_is_admitted_in_a_namespace_labelled_privileged(
     body = _sandbox("root", hostNetwork=True, securityContext={"privileged": True})
     _wait_admission(kube, namespace, body, admitted=True)
     assert _create(kube, namespace, body, dry_run=False) == ""
-    stored = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+    stored: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", "root"
     )
     assert stored["spec"]["securityContext"]["privileged"] is True
@@ -174,11 +174,11 @@ def test_an_update_that_leaves_the_spec_alone_passes_after_the_level_was_lowered
         api.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", "hn", {"spec": {"command": ["true"]}}
         )
-    assert "spec.hostNetwork is not allowed" in json.loads(refused.value.body)["message"]
+    assert "spec.hostNetwork is not allowed" in json.loads(refused.value.body or "")["message"]
 
 
 # (level label, spec) pairs: the API server and the agent's check must agree on each.
-AGREEMENT_CASES = [
+AGREEMENT_CASES: list[tuple[str | None, dict[str, Any]]] = [
     (None, {}),
     (None, {"hostNetwork": True}),
     (None, {"securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}}),
@@ -277,7 +277,7 @@ def _wait_status(
     kube: client.ApiClient, namespace: str, name: str, phases: set[str], timeout: float = 30
 ) -> dict[str, Any]:
     def probe() -> dict[str, Any] | None:
-        sb = client.CustomObjectsApi(kube).get_namespaced_custom_object(
+        sb: Any = client.CustomObjectsApi(kube).get_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes", name
         )
         status = dict(sb.get("status") or {})

@@ -50,7 +50,7 @@ def run_sandbox(runtime: ContainerdRuntime, busybox_image: str, tmp_path: Path) 
     built by the agent's own ``build_oci_spec``; torn down after the test."""
     started: list[str] = []
 
-    def run(script: str, *, pids_limit: int | None = 1024, **spec: Any) -> RunResult:
+    def run(script: str, *, pids_limit: int = 1024, **spec: Any) -> RunResult:
         container_id = f"iso-{uuid.uuid4().hex[:10]}"
         started.append(container_id)
         # The shim copies output to the log asynchronously, so the task's exit can

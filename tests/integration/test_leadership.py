@@ -106,7 +106,7 @@ def install_fence(plane: ControlPlane, fleet: Fleet, tmp_path: Path) -> Installe
                 "sandlot.dev", "v1alpha1", fleet.namespace, "sandboxes", probe, {"status": {}}
             )
         except ApiException as e:
-            return e.status == 403
+            return bool(e.status == 403)
         return False
 
     wait_for(refused, timeout=30, interval=0.3, what="the leader fence to take effect")

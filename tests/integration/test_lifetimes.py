@@ -107,7 +107,7 @@ def test_shutdown_time_must_be_rfc3339(cluster: Cluster) -> None:
 
 
 def wait_gone(c: Cluster, name: str, timeout: float) -> None:
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     def gone() -> bool:
         try:
@@ -149,7 +149,7 @@ def test_retain_keeps_it_stopped_then_ttl_deletes_it_after_finished_at(
 
 
 def test_shutdown_policy_must_be_retain_or_delete(cluster: Cluster) -> None:
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     with pytest.raises(ApiException) as refused:
         create(cluster, "badpolicy", shutdownPolicy="Explode")

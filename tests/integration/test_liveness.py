@@ -30,7 +30,7 @@ def node_phase(fleet: Fleet, node: str) -> str | None:
     return (fleet.get_node(node).get("status") or {}).get("phase")
 
 
-def hold(seconds: float, check, what: str) -> None:  # type: ignore[no-untyped-def]
+def hold(seconds: float, check, what: str) -> None:
     """Assert ``check()`` on every poll for ``seconds``."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:

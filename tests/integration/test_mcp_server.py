@@ -21,6 +21,7 @@ import anyio
 import pytest
 from kubernetes import client
 from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.types import TextContent
 
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
@@ -73,8 +74,9 @@ async def call(session: ClientSession, tool: str, **arguments: Any) -> dict[str,
     result = await session.call_tool(tool, arguments)
     said = " ".join(getattr(block, "text", "") for block in result.content)
     assert not result.is_error, f"{tool} failed: {said}"
-    assert result.structured_content is not None, f"{tool} returned no structured result: {said}"
-    return result.structured_content
+    structured: dict[str, Any] | None = result.structured_content
+    assert structured is not None, f"{tool} returned no structured result: {said}"
+    return structured
 
 
 def run_session(scenario: Any, errlog_path: Path) -> None:
@@ -148,7 +150,7 @@ def maker(
 
 def schedule_the_new_sandbox(kube: client.ApiClient, namespace: str, node: str) -> str:
     """The scheduler's write, once a sandbox appears in ``namespace``: onto ``node``."""
-    custom = client.CustomObjectsApi(kube)
+    custom: Any = client.CustomObjectsApi(kube)
 
     def unplaced() -> str | None:
         items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes")[
@@ -214,8 +216,10 @@ def test_a_model_client_creates_a_sandbox_runs_a_command_moves_a_file_and_termin
 
             missing = await session.call_tool("read_file", {"sandbox": name, "path": "/tmp/nope"})
             assert missing.is_error
-            assert "FileError" in missing.content[0].text  # type: ignore[union-attr]
-            assert "look with list_files" in missing.content[0].text  # type: ignore[union-attr]
+            said = missing.content[0]
+            assert isinstance(said, TextContent), said
+            assert "FileError" in said.text
+            assert "look with list_files" in said.text
 
             released = await call(session, "terminate_sandbox", sandbox=name)
             assert released["deleted"] == f"sandbox {name}"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api import GROUP, VERSION
 
@@ -68,7 +68,7 @@ def test_a_bad_network_policy_is_refused_naming_the_field(
     with pytest.raises(ApiException) as err:
         _create(kube, namespace, "bad", policy)
     assert err.value.status == 422, err.value.body
-    message = str(json.loads(err.value.body)["message"])
+    message = str(json.loads(err.value.body or "")["message"])
     assert field in message and says in message, message
 
 

@@ -7,7 +7,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.operator import KOPF_WATCH_CLIENT_SECONDS, register_kopf
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.devtools.controlplane import ControlPlane
+from sandlot.policy.nodehealth import NodeHealthSettings
 from tests.support.netfault import SeveringRelay, relayed_kubeconfig
 from tests.support.operator import Fleet
 from tests.support.wait import wait_for
@@ -36,7 +37,7 @@ NODES = "sandboxnodes"
 NOTICED_WITHIN = KOPF_WATCH_CLIENT_SECONDS + 15
 
 
-def rv(body: dict[str, Any]) -> str:
+def rv(body: Mapping[str, Any]) -> str:
     return str(body["metadata"]["resourceVersion"])
 
 
@@ -84,7 +85,10 @@ def test_a_status_write_that_changed_nothing_leaves_the_node_cache_taking_events
     name = fleet.node("echo")
     listed = objs.get_cluster_custom_object(GROUP, VERSION, NODES, name)
     ctl = NodeHealthController(
-        OperatorSettings(leader_election=False, grace_period=timedelta(minutes=5)),
+        OperatorSettings(
+            leader_election=False,
+            node_health=NodeHealthSettings(grace_period=timedelta(minutes=5)),
+        ),
         Objects(kube),
         OperatorMetrics(CollectorRegistry()),
         is_leader=lambda: True,

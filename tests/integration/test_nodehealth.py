@@ -8,6 +8,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -27,7 +28,9 @@ FAST = ("--grace-period", "3s", "--resync-interval", "1s")
 
 
 def marked_at(fleet: Fleet, name: str) -> datetime:
-    return parse_time(fleet.get(name)["status"]["finishedAt"])  # type: ignore[return-value]
+    finished = parse_time(fleet.get(name)["status"]["finishedAt"])
+    assert finished is not None, name
+    return finished
 
 
 def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, operators):
@@ -50,7 +53,7 @@ def test_lost_node_sandboxes_go_dead_after_grace_and_terminal_ones_stay(fleet, o
     last_renew = lease.pause()
     deadline = last_renew + timedelta(seconds=2 + 3)
     for name in ("run-a", "run-b", "sched"):
-        wait_for(lambda n=name: fleet.phase(n) == "Dead", timeout=20, what=f"{name} Dead")
+        wait_for(partial(lambda n: fleet.phase(n) == "Dead", name), timeout=20, what=f"{name} Dead")
 
     for name in ("run-a", "run-b", "sched"):
         sb = fleet.get(name)
@@ -275,7 +278,7 @@ def test_a_failed_mark_leaves_the_latch_unset_and_the_next_pass_finishes(
             fleet.set_phase("stuck", "Running")
             return False
         except client.ApiException as e:
-            return e.status == 422 or e.status == 403
+            return bool(e.status == 422 or e.status == 403)
 
     wait_for(refused, timeout=20, what="the admission policy to refuse status writes")
     # The default resync (30 s): the retry must come from the failure's own backoff
@@ -337,7 +340,9 @@ def test_operator_restart_mid_grace_keeps_the_original_deadline(fleet, operators
     up_at = datetime.now(UTC)
     wait_for(lambda: fleet.phase("s") == "Dead", timeout=20, what="the sandbox Dead")
     assert fleet.health(n1)["unhealthySince"] == since
-    deadline = parse_time(since) + timedelta(seconds=6)
+    began = parse_time(since)
+    assert began is not None, since
+    deadline = began + timedelta(seconds=6)
     assert marked_at(fleet, "s") < up_at + timedelta(seconds=6), (
         "the restarted operator began a new grace period instead of keeping the deadline "
         f"{deadline}"
@@ -389,9 +394,11 @@ def test_a_handled_node_costs_no_api_call_per_pass(fleet, operators):
     time.sleep(1)  # let the writes that set the latch settle
 
     def calls() -> float:
-        return sum(
-            op.metric("sandlot_operator_api_requests_total", resource=r)
-            for r in ("sandboxes", "sandboxnodes", "events")
+        return float(
+            sum(
+                op.metric("sandlot_operator_api_requests_total", resource=r)
+                for r in ("sandboxes", "sandboxnodes", "events")
+            )
         )
 
     before = calls()
@@ -412,7 +419,7 @@ def test_mass_failure_guard_holds_then_resumes(fleet, operators):
     op = operators(*FAST)
     for n in nodes:
         wait_for(
-            lambda n=n: fleet.get_node(n).get("status", {}).get("phase") == "Ready",
+            partial(lambda n: fleet.get_node(n).get("status", {}).get("phase") == "Ready", n),
             timeout=15,
             what=f"{n} Ready",
         )

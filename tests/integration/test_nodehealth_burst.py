@@ -22,6 +22,8 @@ from sandlot.adapters.objects import LeaseRecord, Objects
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.policy.disruption import GuardSettings
+from sandlot.policy.nodehealth import NodeHealthSettings
 from tests.support.operator import Fleet
 
 pytestmark = pytest.mark.integration
@@ -64,10 +66,11 @@ def test_nodes_lost_at_once_are_marked_in_parallel(kube: client.ApiClient, fleet
     ]
     objects = ListingBarrier(kube, parties=LOST)
     settings = OperatorSettings(
-        grace_period=timedelta(seconds=2),
-        agent_lease_duration=timedelta(seconds=2),
+        node_health=NodeHealthSettings(
+            grace_period=timedelta(seconds=2), unseen_lease_duration=timedelta(seconds=2)
+        ),
         lease_view_max_age=timedelta(seconds=2),
-        min_nodes_for_guard=LOST + 1,  # the guard off: every node here is lost
+        guard=GuardSettings(min_nodes=LOST + 1),  # the guard off: every node here is lost
         leader_election=False,
     )
     ctl = NodeHealthController(

@@ -146,7 +146,8 @@ def ready_endpoints(api: client.ApiClient) -> dict[str, int]:
     """Ready endpoints per Service, over its sandlot EndpointSlices."""
     found: dict[str, int] = {}
     for es in client.DiscoveryV1Api(api).list_namespaced_endpoint_slice(NS).items:
-        service = (es.metadata.labels or {}).get("kubernetes.io/service-name")
+        assert es.metadata is not None
+        service = (es.metadata.labels or {}).get("kubernetes.io/service-name", "")
         ready = sum(1 for e in es.endpoints or () if e.conditions and e.conditions.ready)
         found[service] = found.get(service, 0) + ready
     return found

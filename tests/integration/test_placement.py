@@ -29,7 +29,7 @@ def _ready_node(
     name: str,
     *,
     labels: dict[str, str],
-    taints: list[dict],
+    taints: list[dict[str, Any]],
     handlers: tuple[str, ...] = ("runc",),
 ) -> str:
     node = fleet.node(name)
@@ -80,11 +80,12 @@ def _waiting_message(fleet: Fleet, name: str, reason: str) -> str:
 
 
 def _bound(fleet: Fleet, name: str) -> str:
-    return wait_for(
+    node: str = wait_for(
         lambda: (fleet.get(name).get("spec") or {}).get("nodeName"),
         timeout=30,
         what=f"sandbox {name} to be bound",
     )
+    return node
 
 
 def test_scheduler_honours_taints_tolerations_and_node_selectors(
@@ -217,12 +218,12 @@ def test_scheduler_places_a_runtime_class_only_on_nodes_with_its_handler(
         assert not (fleet.get(name).get("spec") or {}).get("nodeName")
 
 
-def _disk_condition(fleet: Fleet, node: str) -> dict | None:
+def _disk_condition(fleet: Fleet, node: str) -> dict[str, Any] | None:
     conditions = (fleet.get_node(node).get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c.get("type") == "DiskPressure"), None)
 
 
-def _set_disk(fleet: Fleet, node: str, disk: dict) -> None:
+def _set_disk(fleet: Fleet, node: str, disk: dict[str, Any]) -> None:
     fleet.objs.patch_cluster_custom_object_status(
         GROUP, VERSION, "sandboxnodes", node, {"status": {"disk": disk}}
     )
@@ -247,7 +248,7 @@ def test_a_node_under_disk_pressure_gets_the_condition_and_no_new_sandbox(
     _set_disk(fleet, free, {"pressure": False, "since": None, "message": ""})
     operators("--resync-interval", "1s")
 
-    def condition_is(node: str, status: str) -> dict | None:
+    def condition_is(node: str, status: str) -> dict[str, Any] | None:
         found = _disk_condition(fleet, node)
         return found if found is not None and found.get("status") == status else None
 

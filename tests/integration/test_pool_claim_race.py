@@ -85,14 +85,16 @@ def test_a_member_claimed_between_the_pools_plan_and_its_delete_stays_with_the_c
     delete = api.delete_sandbox
     taken: list[str] = []
 
-    def claim_then_delete(namespace: str, name: str, uid: str, *rest: Any) -> bool:
+    def claim_then_delete(
+        namespace: str, name: str, uid: str, resource_version: str | None = None
+    ) -> bool:
         rec = next(m for m in w.cache.members(f"{ns}/{POOL}") if m.name == name)
         labels = {POOL_LABEL: None, CLAIM_LABEL: CLAIM, CLAIMED_FROM_LABEL: POOL}
         took = api.take_sandbox(namespace, name, str(rec.resource_version), {"labels": labels})
         assert took is not None, "the claim could not take the member"
         api.patch_claim_status(namespace, CLAIM, {"phase": "Bound", "sandboxName": name})
         taken.append(name)
-        return delete(namespace, name, uid, *rest)
+        return delete(namespace, name, uid, resource_version)
 
     api.delete_sandbox = claim_then_delete  # type: ignore[method-assign]
     scaled = objs.patch_namespaced_custom_object(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -51,12 +52,14 @@ def test_pool_spreads_routes_and_replaces_the_members_of_a_lost_node(
     es = client.DiscoveryV1Api(cluster.kube).read_namespaced_endpoint_slice(
         "web-sandlot", cluster.namespace
     )
+    assert es.metadata and es.metadata.labels and es.ports and es.endpoints, es
     assert es.metadata.labels["kubernetes.io/service-name"] == "web"
     assert es.metadata.labels["endpointslice.kubernetes.io/managed-by"] == "sandlot.dev"
     assert es.address_type == "IPv4"
     assert [(p.name, p.port, p.protocol) for p in es.ports] == [("http", 8080, "TCP")]
     by_name = {m["metadata"]["name"]: m for m in running}
     for ep in es.endpoints:
+        assert ep.target_ref and ep.target_ref.name and ep.conditions, ep
         member = by_name[ep.target_ref.name]
         assert ep.addresses == [member["status"]["ip"]]
         assert ep.conditions.ready is True
@@ -64,10 +67,11 @@ def test_pool_spreads_routes_and_replaces_the_members_of_a_lost_node(
         assert (ep.target_ref.kind, ep.target_ref.uid) == ("Sandbox", member["metadata"]["uid"])
     pool = cluster.pool("web")
     svc = client.CoreV1Api(cluster.kube).read_namespaced_service("web", cluster.namespace)
+    assert svc.metadata and svc.spec and svc.spec.ports, svc
     assert svc.spec.selector is None
     assert [(p.name, p.port, p.target_port) for p in svc.spec.ports] == [("http", 8080, 8080)]
     for owned in (svc.metadata, es.metadata):
-        (ref,) = owned.owner_references
+        (ref,) = owned.owner_references or []
         assert (ref.kind, ref.uid, ref.controller) == ("SandboxPool", pool["metadata"]["uid"], True)
     member = running[0]
     (ref,) = member["metadata"]["ownerReferences"]
@@ -192,13 +196,14 @@ def test_scale_subresource_scales_up_and_down_and_removes_containers(
 
     # What a HorizontalPodAutoscaler reads (the scale subresource with the pool's
     # selector) and the HPA object itself, accepted against the pool.
-    api = client.CustomObjectsApi(cluster.kube)
+    api: Any = client.CustomObjectsApi(cluster.kube)
     scale_obj = api.get_namespaced_custom_object_scale(
         "sandlot.dev", "v1alpha1", cluster.namespace, "sandboxpools", "svc"
     )
     assert scale_obj["spec"]["replicas"] == 2
     assert scale_obj["status"]["selector"] == "sandlot.dev/pool=svc", scale_obj
-    hpa = client.AutoscalingV2Api(cluster.kube).create_namespaced_horizontal_pod_autoscaler(
+    autoscaling: Any = client.AutoscalingV2Api(cluster.kube)  # the body as plain JSON
+    hpa = autoscaling.create_namespaced_horizontal_pod_autoscaler(
         cluster.namespace,
         {
             "metadata": {"name": "svc"},

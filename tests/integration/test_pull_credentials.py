@@ -163,11 +163,11 @@ def _token(kube: client.ApiClient, namespace: str, account: str, pod: Any = None
             kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid
         )
     request = client.AuthenticationV1TokenRequest(spec=spec)
-    return str(
-        client.CoreV1Api(kube)
-        .create_namespaced_service_account_token(account, namespace, request)
-        .status.token
+    issued = client.CoreV1Api(kube).create_namespaced_service_account_token(
+        account, namespace, request
     )
+    assert issued.status is not None, f"no token issued for {account}"
+    return str(issued.status.token)
 
 
 def _client(plane: ControlPlane, token: str) -> client.ApiClient:
@@ -185,7 +185,7 @@ def test_an_agent_gets_the_token_of_its_own_node_identity_only(
     same request for another node's identity is refused."""
     node_a, node_b = f"a-{uuid.uuid4().hex[:6]}", f"b-{uuid.uuid4().hex[:6]}"
     core, rbac = client.CoreV1Api(kube), client.RbacAuthorizationV1Api(kube)
-    admission = client.AdmissionregistrationV1Api(kube)
+    admission: Any = client.AdmissionregistrationV1Api(kube)  # bodies as plain JSON
     docs = _render_identity_policy(system_ns)
     policy, binding = docs[0], docs[1]
     agent_sa = "sl-sandlot-agent"

@@ -118,7 +118,7 @@ def agent_leases(kube: client.ApiClient, namespace: str) -> list[str]:
     out = client.CoordinationV1Api(kube).list_namespaced_lease(
         namespace, label_selector=f"{AGENT_LEASE_LABEL}=true"
     )
-    return [lease.metadata.name for lease in out.items]
+    return [lease.metadata.name for lease in out.items if lease.metadata and lease.metadata.name]
 
 
 WORKLOAD_KINDS = ("sandboxclaims", "sandboxpools", "sandboxes", "sandboxsnapshots", "cacheprunes")

@@ -10,6 +10,8 @@ controller would; the API server's quota admission does the rest.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from kubernetes import client
 
@@ -23,7 +25,7 @@ QUOTA = "count/sandboxclaims.sandlot.dev"
 def test_claims_past_the_namespaces_quota_are_refused_naming_it(
     kube: client.ApiClient, namespace: str
 ) -> None:
-    core = client.CoreV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
     core.create_namespaced_resource_quota(
         namespace,
         {"metadata": {"name": "sandboxes"}, "spec": {"hard": {QUOTA: "2"}}},
@@ -47,6 +49,6 @@ def test_claims_past_the_namespaces_quota_are_refused_naming_it(
     with pytest.raises(client.ApiException) as refused:
         claim("three")
     assert refused.value.status == 403, refused.value
-    assert "exceeded quota" in refused.value.body and QUOTA in refused.value.body
+    assert "exceeded quota" in str(refused.value.body) and QUOTA in str(refused.value.body)
     used = core.read_namespaced_resource_quota("sandboxes", namespace).status.used
     assert used == {QUOTA: "2"}, used

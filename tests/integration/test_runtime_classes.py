@@ -8,6 +8,8 @@ fit beside the sandbox's limits (OverCapacity). None of them gets a container.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
@@ -21,7 +23,7 @@ SLEEP = "sleep 1000"
 
 
 def _refused(rig: HandlerRig, containerd: PrivateContainerd, name: str) -> dict[str, str]:
-    status = rig.wait(name, "Failed")["status"]
+    status: dict[str, str] = rig.wait(name, "Failed")["status"]
     rt = ContainerdRuntime(containerd.address, rig.ctr_ns)
     try:
         uid = rig.get(name)["metadata"]["uid"]
@@ -63,7 +65,7 @@ def test_the_class_overhead_counts_in_the_node_capacity(
     handler_rig: HandlerRig, containerd: PrivateContainerd
 ) -> None:
     """The rig's node holds 1Gi: a 600Mi sandbox fits alone, not with 600Mi of overhead."""
-    limits = {"resources": {"limits": {"memory": "600Mi"}}}
+    limits: dict[str, Any] = {"resources": {"limits": {"memory": "600Mi"}}}
     with runtime_class(handler_rig.kube, "crun", overhead={"podFixed": {"memory": "600Mi"}}) as rc:
         heavy = handler_rig.run(SLEEP, runtimeClassName=rc, **limits)
         status = _refused(handler_rig, containerd, heavy)

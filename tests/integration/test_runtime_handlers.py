@@ -19,6 +19,7 @@ import ssl
 import threading
 import uuid
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,9 @@ def _isolation(rig: HandlerRig, handler: str, runtime_class_name: str) -> dict[s
     seen = dict(re.findall(r"^(\w+):\s*(\S+)$", out, re.MULTILINE))
     seen.update(re.findall(r"^(size \S+) (\d*)$", out, re.MULTILINE))
     seen["sysctl"] = "written" if "sysctl written" in out else "refused"
-    seen["firmware"] = re.search(r"^firmware (\d+)$", out, re.MULTILINE).group(1)  # type: ignore[union-attr]
+    firmware = re.search(r"^firmware (\d+)$", out, re.MULTILINE)
+    assert firmware is not None, out
+    seen["firmware"] = firmware.group(1)
     return seen
 
 
@@ -342,14 +345,18 @@ def test_tcp_and_http_probes_of_a_gvisor_sandbox_are_made_inside_it(
         }
         for kind in ("tcp", "http"):
             wait_for(
-                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c["status"] == "True",
+                partial(
+                    lambda n: (c := _ready(handler_rig, n)) and c["status"] == "True", names[kind]
+                ),
                 timeout=60,
                 what=f"the {kind} probe's sandbox Ready",
             )
         for kind in ("http-missing", "tcp-closed"):
             # Probed and failing: the condition says False with the probe's own words.
             seen = wait_for(
-                lambda n=names[kind]: (c := _ready(handler_rig, n)) and c.get("message") and c,
+                partial(
+                    lambda n: (c := _ready(handler_rig, n)) and c.get("message") and c, names[kind]
+                ),
                 timeout=60,
                 what=f"the {kind} probe's sandbox probed",
             )

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SNAPSHOT_FINALIZER
@@ -158,7 +159,9 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
     for sb in running:
         assert sb["spec"]["nodeName"] == node.name
         rc = wait_for(
-            lambda sb=sb: (p := in_sandbox(sb, "/tmp/rc")).exists() and p.read_text().strip(),
+            partial(
+                lambda sb: (p := in_sandbox(sb, "/tmp/rc")).exists() and p.read_text().strip(), sb
+            ),
             timeout=60,
             what=f"the tree check in {sb['metadata']['name']}",
         )
@@ -178,7 +181,7 @@ def test_twenty_forks_see_the_prepared_tree_and_keep_the_snapshot(
         assert image in {i.name for i in node.runtime.list_images(timeout=10)}, keeper
         delete(cluster, "sandboxes", keeper)
         wait_for(
-            lambda k=keeper: read(cluster, "sandboxes", k) is None,
+            partial(lambda k: read(cluster, "sandboxes", k) is None, keeper),
             timeout=30,
             what=f"sandbox {keeper} deleted",
         )

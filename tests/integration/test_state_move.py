@@ -124,7 +124,7 @@ def state_registry(registry: Registry) -> RegistryClient:
 def started_and_rewritten(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     """Wait for ``name`` Running on ``node``, then rewrite its file (a fresh start
     would write ``written-fresh`` instead)."""
-    sb = wait_for(
+    sb: dict[str, Any] = wait_for(
         lambda: (s := get(c, name)).get("status", {}).get("pid") and s,
         timeout=40,
         what=f"{name} running",

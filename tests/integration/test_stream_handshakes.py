@@ -167,7 +167,8 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
     import time
 
     from websockets.exceptions import InvalidStatus
-    from websockets.sync.client import connect
+    from websockets.sync.client import ClientConnection, connect
+    from websockets.typing import Subprotocol
 
     from sandlot.agent.streams import StreamServer
 
@@ -195,13 +196,13 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
     server.start()
     ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
 
-    def follow() -> object:
+    def follow() -> ClientConnection:
         return connect(
             f"wss://127.0.0.1:{server.port}/sandboxes/ns/sb/log",
             ssl=ctx,
             server_hostname="sandlot-agent",
             additional_headers={"X-Sandlot-Stream-Options": "follow=true"},
-            subprotocols=["v5.channel.k8s.io"],  # type: ignore[list-item]
+            subprotocols=[Subprotocol("v5.channel.k8s.io")],
             open_timeout=10,
             proxy=None,
             legacy=True,
@@ -209,12 +210,12 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
 
     try:
         first = follow()
-        assert first.recv(timeout=10)[1:] == b"line\n"  # type: ignore[attr-defined]
+        assert first.recv(timeout=10)[1:] == b"line\n"
         with pytest.raises(InvalidStatus) as refused:
             follow()
         assert refused.value.response.status_code == 429
         assert b"node-x has 1 streams open" in refused.value.response.body
-        first.close()  # type: ignore[attr-defined]
+        first.close()
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -223,6 +224,6 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
             except InvalidStatus as e:
                 assert e.response.status_code == 429
                 assert time.monotonic() < deadline, "the place was never freed"
-        again.close()  # type: ignore[attr-defined]
+        again.close()
     finally:
         server.shutdown()

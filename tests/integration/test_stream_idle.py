@@ -252,7 +252,7 @@ def test_a_follow_of_a_sandbox_that_keeps_writing_is_not_cut(
         kubeconfig=users["operator-person"],
         stdin=subprocess.DEVNULL,
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None  # both PIPE
     try:
         seen = b""
         first: float | None = None
@@ -263,10 +263,10 @@ def test_a_follow_of_a_sandbox_that_keeps_writing_is_not_cut(
             ready, _, _ = select.select([proc.stdout], [], [], 1.0)
             if ready:
                 chunk = os.read(proc.stdout.fileno(), 4096)
-                assert chunk, f"the follow ended: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+                assert chunk, f"the follow ended: {proc.stderr.read()!r}"
                 seen += chunk
                 first = first or time.monotonic()
-        assert proc.poll() is None, f"the follow ended: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+        assert proc.poll() is None, f"the follow ended: {proc.stderr.read()!r}"
         delete_sandbox(kube, tenant, "ticking-log")
         code, err = _finish(proc, 30, "the follow after its sandbox was deleted")
         assert code == 0, f"the follow of a deleted sandbox ended with {code}: {err!r}"

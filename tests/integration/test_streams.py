@@ -122,6 +122,7 @@ def test_logs_follow_streams_new_output_and_ends_with_the_sandbox(
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )
+    assert proc.stdout is not None and proc.stderr is not None  # both PIPE
     try:
         seen = b""
         deadline = time.monotonic() + 30
@@ -129,12 +130,12 @@ def test_logs_follow_streams_new_output_and_ends_with_the_sandbox(
             assert time.monotonic() < deadline, f"follow showed only {seen[-200:]!r}"
             ready, _, _ = select.select([proc.stdout], [], [], 1.0)
             if ready:
-                chunk = os.read(proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
-                assert chunk, f"follow ended early: {proc.stderr.read()!r}"  # type: ignore[union-attr]
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                assert chunk, f"follow ended early: {proc.stderr.read()!r}"
                 seen += chunk
         delete_sandbox(kube, tenant, "ticker")
         code = proc.wait(timeout=30)  # the sandbox ended: so does the stream
-        assert code == 0, proc.stderr.read()  # type: ignore[union-attr]
+        assert code == 0, proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -281,7 +282,8 @@ def test_a_viewer_reads_logs_and_is_refused_exec_by_the_api_server(
     for user, answer in (("onlooker", False), ("operator-person", True)):
         api = load_api_client(str(users[user]))
         try:
-            review = client.AuthorizationV1Api(api).create_self_subject_access_review(
+            authz: Any = client.AuthorizationV1Api(api)  # the body as plain JSON
+            review = authz.create_self_subject_access_review(
                 {
                     "spec": {
                         "resourceAttributes": {

@@ -159,10 +159,11 @@ def test_port_forward_carries_several_connections_into_the_sandbox(
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
     )
+    assert proc.stdout is not None  # PIPE
     try:
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         assert ready, "port-forward did not say it was listening"
-        assert b"Forwarding from" in proc.stdout.readline()  # type: ignore[union-attr]
+        assert b"Forwarding from" in proc.stdout.readline()
 
         def fetch(_: int) -> bytes:
             url = f"http://127.0.0.1:{local}/index.html"
@@ -213,8 +214,9 @@ def test_a_user_past_the_session_cap_is_refused_by_name(
                 )
             )
         for proc in held:  # each is streaming: its first line came
+            assert proc.stdout is not None  # PIPE
             ready, _, _ = select.select([proc.stdout], [], [], 60)
-            assert ready and proc.stdout.readline() == b"tick\n"  # type: ignore[union-attr]
+            assert ready and proc.stdout.readline() == b"tick\n"
         assert sessions.open == 2
         third = sandlot("logs", "capped", "-n", tenant, kubeconfig=users["operator-person"])
         assert third.returncode == 1

@@ -143,7 +143,7 @@ def _dump(docs: list[dict[str, Any]]) -> str:
 
 def _message(e: ApiException) -> str:
     try:
-        return str(json.loads(e.body)["message"])
+        return str(json.loads(e.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(e.body)
 
@@ -214,7 +214,8 @@ def nodes(release: Release, kube: client.ApiClient, namespace: str) -> Iterator[
 
 
 def test_agent_token_is_bound_to_its_pod_and_names_its_node(release: Release, nodes: Nodes) -> None:
-    review = client.AuthenticationV1Api(nodes.agent_api).create_self_subject_review(
+    auth: Any = client.AuthenticationV1Api(nodes.agent_api)  # the body as plain JSON
+    review = auth.create_self_subject_review(
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     )
     extra = review.status.user_info.extra
@@ -292,9 +293,8 @@ def test_agent_creates_and_renews_only_its_own_lease(release: Release, nodes: No
         "agent-not-leader-lease",
     )
     assert release.ids.leader_lease in message
-    assert admin.read_namespaced_lease(release.ids.leader_lease, ns).spec.holder_identity == (
-        "operator-0"
-    )
+    kept = admin.read_namespaced_lease(release.ids.leader_lease, ns).spec
+    assert kept is not None and kept.holder_identity == "operator-0"
     for name in (nodes.a, nodes.b):
         admin.delete_namespaced_lease(name, ns)
 
@@ -474,8 +474,8 @@ def test_operator_writes_only_services_labelled_as_sandlots(
 ) -> None:
     api = release.api("operator")
     try:
-        core = client.CoreV1Api(api)
-        admin = client.CoreV1Api(kube)
+        core: Any = client.CoreV1Api(api)  # bodies as plain JSON
+        admin: Any = client.CoreV1Api(kube)
         ours = {SERVICE_MANAGED_BY_LABEL: SERVICE_MANAGER}
         rule = "operator-managed-services"
         _refused(lambda: core.create_namespaced_service(namespace, _service("plain", {})), rule)
@@ -502,8 +502,8 @@ def test_operator_writes_only_endpointslices_labelled_as_sandlots(
 ) -> None:
     api = release.api("operator")
     try:
-        discovery = client.DiscoveryV1Api(api)
-        admin = client.DiscoveryV1Api(kube)
+        discovery: Any = client.DiscoveryV1Api(api)  # bodies as plain JSON
+        admin: Any = client.DiscoveryV1Api(kube)
         ours = {ENDPOINTSLICE_MANAGED_BY_LABEL: ENDPOINTSLICE_MANAGER}
         rule = "operator-managed-endpointslices"
         foreign = {ENDPOINTSLICE_MANAGED_BY_LABEL: "endpointslice-controller.k8s.io"}
@@ -553,7 +553,7 @@ class Routing:
     objects: Objects
     router: Router
     pool: PoolRef
-    admin: client.CoreV1Api
+    admin: Any  # a CoreV1Api, given bodies as plain JSON
 
     def service(self) -> Any:
         return self.admin.read_namespaced_service("web", self.pool.namespace)

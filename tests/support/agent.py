@@ -11,7 +11,7 @@ resume). Nothing here waits longer than the timeout it is given.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -266,6 +266,16 @@ class FakeRuntime:
             raise NotFound(f"image {source}")
         self.images[image] = self.images[source]
         return "sha256:" + "0" * 64
+
+    def image_manifest(self, image: str, *, timeout: float) -> tuple[bytes, str]:
+        self._record("image_manifest", image)
+        if image not in self.images:
+            raise NotFound(f"image {image}")
+        raise RuntimeError_(f"image {image}: no content in memory", UNSUPPORTED)
+
+    def open_blob(self, digest: str, *, timeout: float) -> Iterator[bytes]:
+        self._record("open_blob", digest)
+        raise NotFound(f"blob {digest}")  # the content store holds nothing
 
     def writable_layer(self, container_id: str, *, timeout: float) -> str:
         self._record("writable_layer", container_id)

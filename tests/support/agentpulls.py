@@ -75,7 +75,7 @@ class StatusLog:
         self.seen: dict[str, list[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         self._watch = watch.Watch()
-        listing = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        listing: Any = client.CustomObjectsApi(api).list_namespaced_custom_object(
             GROUP, VERSION, namespace, "sandboxes"
         )
         for obj in listing["items"]:
@@ -133,7 +133,7 @@ def create_sandbox(
 
 
 def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
-    sb = client.CustomObjectsApi(api).get_namespaced_custom_object(
+    sb: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", name
     )
     return dict(sb.get("status") or {})
@@ -142,11 +142,12 @@ def status_of(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any
 def wait_phase(
     api: client.ApiClient, namespace: str, name: str, phase: str, timeout: float = 60
 ) -> dict[str, Any]:
-    return wait_for(
+    reached: dict[str, Any] = wait_for(
         lambda: (s := status_of(api, namespace, name)).get("phase") == phase and s,
         timeout=timeout,
         what=f"sandbox {namespace}/{name} {phase}",
     )
+    return reached
 
 
 def pulls(agent: Agent, outcome: str) -> float:

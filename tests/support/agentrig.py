@@ -20,7 +20,7 @@ DEFAULT_IMAGE = "docker.io/sandlot/agent-busybox:test"
 
 def _prefix(request: pytest.FixtureRequest) -> str:
     """The namespace's prefix: the test module's name without ``test_``."""
-    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    name: str = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
     return name.replace("_", "-")[:20]
 
 

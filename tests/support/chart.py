@@ -82,7 +82,7 @@ def sa_token(
     name): no kubelet runs it, the Pod object is what the token is bound to, and
     what puts the node and the pod's name into it."""
     name = installed.service_account(component)
-    core = client.CoreV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # the Pod's body as plain JSON
     spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
     if node is not None or pod_name is not None:
         pod_spec: dict[str, Any] = {

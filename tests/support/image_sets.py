@@ -33,7 +33,9 @@ def build_image_set(dest: Path, names: Sequence[str], *, filler_bytes: int = 0) 
                 for member in tar.getmembers():
                     if not member.isfile():
                         continue
-                    data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                    extracted = tar.extractfile(member)
+                    assert extracted is not None, member.name
+                    data = extracted.read()
                     if member.name.startswith("blobs/sha256/"):
                         blobs[member.name] = data
                     elif member.name == "index.json":

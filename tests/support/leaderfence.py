@@ -77,7 +77,7 @@ class Release:
 
 def message_of(e: ApiException) -> str:
     try:
-        return str(json.loads(e.body)["message"])
+        return str(json.loads(e.body or "")["message"])
     except (TypeError, ValueError, KeyError):
         return str(e.body)
 
@@ -89,7 +89,9 @@ def refused_with(call: Callable[[], object]) -> str:
     return message_of(info.value)
 
 
-def make_sandbox(kube: client.ApiClient, namespace: str, name: str, phase: str = "Running") -> dict:
+def make_sandbox(
+    kube: client.ApiClient, namespace: str, name: str, phase: str = "Running"
+) -> dict[str, Any]:
     objs: Any = client.CustomObjectsApi(kube)
     body = {
         "apiVersion": API_VERSION,
@@ -105,7 +107,7 @@ def make_sandbox(kube: client.ApiClient, namespace: str, name: str, phase: str =
     )
 
 
-def patch_status(api: client.ApiClient, namespace: str, name: str, status: dict) -> Any:
+def patch_status(api: client.ApiClient, namespace: str, name: str, status: dict[str, Any]) -> Any:
     return client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, "sandboxes", name, {"status": status}
     )

@@ -14,7 +14,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -109,13 +110,13 @@ class Cluster:
             containerd_namespace=node.ctr_ns,
             containerd_root=str(self.containerd.root),
             capacity=node.capacity,
-            kill_wait="2s",
-            call_timeout="2s",
-            stop_grace="2s",
-            reap_interval="1s",
-            sync_interval="0.3s",
-            lease_duration=f"{LEASE_SECONDS}s",
-            renew_interval="0.5s",
+            kill_wait=timedelta(seconds=2),
+            call_timeout=timedelta(seconds=2),
+            stop_grace=timedelta(seconds=2),
+            reap_interval=timedelta(seconds=1),
+            sync_interval=timedelta(seconds=0.3),
+            lease_duration=timedelta(seconds=LEASE_SECONDS),
+            renew_interval=timedelta(seconds=0.5),
             metrics_port=0,
             node_address=node.address,
             log_dir=str(self.workdir / "logs" / node.name),
@@ -214,7 +215,7 @@ class Cluster:
             if e.status == 404:
                 return None
             raise
-        return {e.target_ref.name for e in es.endpoints or []}
+        return {e.target_ref.name for e in es.endpoints or [] if e.target_ref and e.target_ref.name}
 
     def node_phase(self, name: str) -> str | None:
         return (self.fleet.get_node(name).get("status") or {}).get("phase")
@@ -301,13 +302,13 @@ def cluster(
 Start = Callable[..., Any]
 
 
+def _ready(cluster: Cluster, node: str) -> bool:
+    return cluster.node_phase(node) == "Ready"
+
+
 def start_operator(cluster: Cluster, operators: Start) -> Any:
     op = operators(*OPERATOR_FLAGS)
     wait_for(op.is_leader, timeout=30, what="the operator to lead")
     for name in cluster.nodes:
-        wait_for(
-            lambda n=name: cluster.node_phase(n) == "Ready",
-            timeout=20,
-            what=f"node {name} Ready",
-        )
+        wait_for(partial(_ready, cluster, name), timeout=20, what=f"node {name} Ready")
     return op

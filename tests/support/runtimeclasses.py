@@ -41,7 +41,7 @@ def runtime_class(kube: client.ApiClient, handler: str, **fields: Any) -> Iterat
     """A RuntimeClass naming ``handler`` (and ``scheduling``/``overhead`` from
     ``fields``) for the block; yields its name."""
     name = f"rc-{handler}-{uuid.uuid4().hex[:6]}"
-    api = client.NodeV1Api(kube)
+    api: Any = client.NodeV1Api(kube)  # the body as plain JSON
     body = {
         "apiVersion": "node.k8s.io/v1",
         "kind": "RuntimeClass",
@@ -115,18 +115,14 @@ class HandlerRig:
         return name
 
     def get(self, name: str) -> dict[str, Any]:
+        objs: Any = client.CustomObjectsApi(self.kube)
         return dict(
-            client.CustomObjectsApi(self.kube).get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "sandboxes", name
-            )
+            objs.get_namespaced_custom_object(GROUP, VERSION, self.namespace, "sandboxes", name)
         )
 
     def sandbox_node(self) -> dict[str, Any]:
-        return dict(
-            client.CustomObjectsApi(self.kube).get_cluster_custom_object(
-                GROUP, VERSION, "sandboxnodes", self.node
-            )
-        )
+        objs: Any = client.CustomObjectsApi(self.kube)
+        return dict(objs.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", self.node))
 
     def wait(self, name: str, *phases: str, timeout: float = 90) -> dict[str, Any]:
         """The sandbox once its phase is one of ``phases``; failing at once, with its

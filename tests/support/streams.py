@@ -54,7 +54,8 @@ def stream_address() -> Iterator[StreamAddress]:
 
 def _create_namespace(kube: client.ApiClient, prefix: str) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    client.CoreV1Api(kube).create_namespace({"metadata": {"name": name}})
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
+    core.create_namespace({"metadata": {"name": name}})
     return name
 
 
@@ -149,7 +150,7 @@ def _user_kubeconfig(
     user: str,
     workdir: Path,
 ) -> Path:
-    core = client.CoreV1Api(kube)
+    core: Any = client.CoreV1Api(kube)  # bodies as plain JSON
     core.create_namespaced_service_account(namespace, {"metadata": {"name": user}})
     token = core.create_namespaced_service_account_token(
         user, namespace, {"spec": {"expirationSeconds": 3600}}
@@ -168,7 +169,7 @@ def _grant(
     rules: list[dict[str, Any]],
     subject: tuple[str, str],
 ) -> None:
-    rbac = client.RbacAuthorizationV1Api(kube)
+    rbac: Any = client.RbacAuthorizationV1Api(kube)  # bodies as plain JSON
     rbac.create_namespaced_role(namespace, {"metadata": {"name": name}, "rules": rules})
     rbac.create_namespaced_role_binding(
         namespace,

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
 
 def wait_for(
-    probe: Callable[[], T | None],
+    probe: Callable[[], T | Literal[False] | None],
     *,
     timeout: float,
     what: str,
     interval: float = 0.05,
 ) -> T:
-    """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
+    """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds.
+    A probe may answer ``cond and value``: what it returns once true is typed ``value``."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:

@@ -50,9 +50,12 @@ def world(rt: FakeRuntime, conditions: list[dict[str, Any]] | None = None) -> An
         "spec": {"sandboxName": "src", "nodeName": "n1"},
     }
     writes: list[dict[str, Any]] = []
-    objects = SimpleNamespace(
-        patch_snapshot=lambda ns, name, body, status: writes.append(body["status"]) or {}
-    )
+
+    def patch_snapshot(ns: str, name: str, body: dict[str, Any], status: bool) -> dict[str, Any]:
+        writes.append(body["status"])
+        return {}
+
+    objects = SimpleNamespace(patch_snapshot=patch_snapshot)
     settings = SimpleNamespace(image_pull_deadline=timedelta(seconds=60))
     work = SimpleNamespace(rt=rt, call_timeout=5.0, settings=settings, node="n1", objects=objects)
     submitted: list[str] = []

@@ -3,12 +3,15 @@ over an in-memory runtime."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from prometheus_client import CollectorRegistry
 
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sweep import readopt, sweep_orphans
 from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.agentsweep import (
     ContainerView,
     SandboxView,
@@ -23,7 +26,7 @@ NODE = "n1"
 
 
 def _sb(phase: str, node: str | None = NODE, container: str | None = "c1") -> SandboxView:
-    return SandboxView("ns/a", node, phase, container)
+    return SandboxView("ns/a", node, SandboxPhase(phase), container)
 
 
 CASES = [
@@ -65,12 +68,13 @@ def test_classification(labels, sandbox, action, reason) -> None:
 
 
 def test_running_sandbox_without_container_is_lost() -> None:
-    sandboxes = [SandboxView("ns/a", NODE, "Running", "c1"), SandboxView("ns/b", NODE, "Running")]
+    running = SandboxPhase.RUNNING
+    sandboxes = [SandboxView("ns/a", NODE, running, "c1"), SandboxView("ns/b", NODE, running)]
     decisions = classify([ContainerView("c1", {SANDBOX_LABEL: "ns/a"})], sandboxes, NODE)
     assert [s.key for s in lost_sandboxes(decisions, sandboxes, NODE)] == ["ns/b"]
 
 
-def _obj(name: str, phase: str, node: str = NODE, container: str | None = None) -> dict:
+def _obj(name: str, phase: str, node: str = NODE, container: str | None = None) -> dict[str, Any]:
     return {
         "metadata": {"namespace": "ns", "name": name},
         "spec": {"nodeName": node, "image": "img"},

@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import SandboxPhase
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
     Action,
     ActionKind,

@@ -29,14 +29,14 @@ def test_each_cycle_is_read_with_its_start_clock_and_cpu() -> None:
 
 def test_a_window_gets_the_share_of_each_cycle_it_overlaps() -> None:
     cycles = [(10.0, 1.0, 0.6), (20.0, 0.5, 0.4)]
-    assert spent_in(cycles, 0.0, 30.0) == (2, pytest.approx(1.0))
+    assert spent_in(cycles, 0.0, 30.0) == pytest.approx((2, 1.0))
     # Half of the first cycle's clock time falls inside: half its CPU.
-    assert spent_in(cycles, 10.5, 15.0) == (1, pytest.approx(0.3))
+    assert spent_in(cycles, 10.5, 15.0) == pytest.approx((1, 0.3))
     assert spent_in(cycles, 12.0, 19.0) == (0, 0.0)
 
 
 def test_a_cycle_with_no_clock_time_counts_whole_where_it_starts() -> None:
-    assert spent_in([(5.0, 0.0, 0.2)], 4.0, 6.0) == (1, pytest.approx(0.2))
+    assert spent_in([(5.0, 0.0, 0.2)], 4.0, 6.0) == pytest.approx((1, 0.2))
     assert spent_in([(5.0, 0.0, 0.2)], 6.0, 7.0) == (0, 0.0)
 
 

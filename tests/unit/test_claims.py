@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import copy
 import threading
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -481,11 +482,13 @@ def test_claims_bound_at_once_never_take_the_same_member() -> None:
     together = threading.Barrier(CLAIM_WORKERS)
     take = w.objects.take_sandbox
 
-    def held_take(namespace: str, name: str, *args: Any) -> dict[str, Any] | None:
+    def held_take(
+        namespace: str, name: str, resource_version: str, metadata: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
         if not together.broken:
             with contextlib.suppress(threading.BrokenBarrierError):
                 together.wait(timeout=20)  # broken: checked after the run
-        return take(namespace, name, *args)
+        return take(namespace, name, resource_version, metadata)
 
     w.objects.take_sandbox = held_take  # type: ignore[method-assign]
 

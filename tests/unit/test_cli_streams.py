@@ -10,7 +10,7 @@ from sandlot.cli.streams import exec_request, log_request
 from sandlot.policy.streams import EXEC, LOG, StreamRequest
 
 
-def _args(argv: list[str]):  # type: ignore[no-untyped-def]
+def _args(argv: list[str]):
     words, trailing = split_trailing(argv)
     args = build_parser(words).parse_args(words)
     args.trailing = trailing

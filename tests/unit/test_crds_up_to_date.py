@@ -1,6 +1,7 @@
 """The committed CRD YAML is exactly what the models generate."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -35,7 +36,7 @@ def test_sandbox_crd_declares_columns_selectable_field_and_terminal_rule():
 
 
 def test_generated_schema_is_structural():
-    def walk(node, path):
+    def walk(node: dict[str, Any], path: str) -> None:
         assert "$ref" not in node and "anyOf" not in node, path
         # Kubernetes' int-or-string (maxSurge) is the one structural node without a type.
         assert "type" in node or node.get("x-kubernetes-int-or-string") is True, (

@@ -57,7 +57,9 @@ def test_unchanged_is_none_and_the_transition_time_moves_only_with_the_status() 
     assert disk_conditions(False, "", off, LATER + timedelta(minutes=1)) is None
 
 
-def body(disk: dict[str, Any] | None, conditions: list[dict[str, Any]] | None = None) -> dict:
+def body(
+    disk: dict[str, Any] | None, conditions: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     status: dict[str, Any] = {"phase": "Ready", "conditions": conditions or []}
     if disk is not None:
         status["disk"] = disk

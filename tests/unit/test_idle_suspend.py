@@ -118,8 +118,12 @@ ROWS = [
 def test_the_sync_plans_idle_suspensions(
     obj: dict[str, Any], container: bool, flags: dict[str, bool], actions: list[ActionKind]
 ) -> None:
-    in_use = flags.pop("in_use", False)
-    state = replace(SandboxState.from_object(obj), **flags)
+    state = replace(
+        SandboxState.from_object(obj),
+        idle_suspend_due=flags.get("idle_suspend_due", False),
+        waking=flags.get("waking", False),
+    )
+    in_use = flags.get("in_use", False)
     views = [CONTAINER] if container else []
     planned = plan_sync([state], views, drained=False, in_flight=(), in_use={KEY} if in_use else ())
     assert [a.kind for a in planned] == actions

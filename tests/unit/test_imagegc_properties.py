@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from sandlot.policy.imagegc import (
     DiskUsage,
     GcThresholds,
+    ImageLike,
     ProtectedSet,
     plan_eviction,
     plan_forced,
@@ -57,8 +58,8 @@ def stores(draw: st.DrawFn) -> tuple[list[Rec], ProtectedSet]:
     return records, ProtectedSet(in_use, pinned, prefixes)
 
 
-def _protected(record: Rec, protected: ProtectedSet) -> bool:
-    return protected.reason(record) is not None  # type: ignore[arg-type]
+def _protected(record: ImageLike, protected: ProtectedSet) -> bool:
+    return protected.reason(record) is not None
 
 
 @settings(max_examples=300, deadline=None)

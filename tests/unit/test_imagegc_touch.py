@@ -64,7 +64,7 @@ def test_image_touched_after_the_pass_listed_it_is_not_deleted(
         return DiskUsage(100 * GIB, 95 * GIB)
 
     collector = ImageCollector(
-        runtime,  # type: ignore[arg-type]
+        runtime,
         disk,
         GcThresholds(high_percent=85, low_percent=80),
         clock=lambda: NOW,

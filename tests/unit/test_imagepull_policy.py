@@ -10,6 +10,7 @@ import pytest
 from sandlot.policy.pulling.decision import (
     FailureKind,
     PullAction,
+    PullDecision,
     PullHistory,
     PullPolicy,
     decide_pull,
@@ -98,7 +99,7 @@ def test_failed_pull_backs_off_then_retries_at_the_exact_moment() -> None:
     clock = FakeClock(T0)
     history = _failed(1, FailureKind.TRANSIENT, clock.now())
 
-    def decide() -> object:
+    def decide() -> PullDecision:
         return decide_pull(
             PullPolicy.IF_NOT_PRESENT,
             present=False,
@@ -108,14 +109,14 @@ def test_failed_pull_backs_off_then_retries_at_the_exact_moment() -> None:
         )
 
     first = decide()
-    assert first.action is PullAction.BACK_OFF  # type: ignore[attr-defined]
-    assert first.reason == "ImagePullBackOff"  # type: ignore[attr-defined]
-    assert first.retry_at == T0 + timedelta(seconds=10)  # type: ignore[attr-defined]
-    assert "the registry said so" in first.message  # type: ignore[attr-defined]
+    assert first.action is PullAction.BACK_OFF
+    assert first.reason == "ImagePullBackOff"
+    assert first.retry_at == T0 + timedelta(seconds=10)
+    assert "the registry said so" in first.message
     clock.advance(9.999)
-    assert decide().action is PullAction.BACK_OFF  # type: ignore[attr-defined]
+    assert decide().action is PullAction.BACK_OFF
     clock.advance(0.001)
-    assert decide().action is PullAction.PULL  # type: ignore[attr-defined]
+    assert decide().action is PullAction.PULL
 
 
 @pytest.mark.parametrize(

@@ -140,7 +140,9 @@ def test_read_only_root_filesystem() -> None:
     ],
     ids=["memory", "memory with no swap beyond it", "millicores", "cores"],
 )
-def test_resource_limits(limits: dict[str, str], limit_swap: bool, resources: dict) -> None:
+def test_resource_limits(
+    limits: dict[str, str], limit_swap: bool, resources: dict[str, Any]
+) -> None:
     spec = SandboxSpec.model_validate(
         {"image": "img", "command": ["sh"], "resources": {"limits": limits}}
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 from sandlot.controllers.kopflisted import KopfListed
 from tests.support.clock import FakeClock
@@ -27,7 +28,7 @@ class World:
         self.opened = 0
         self.listings = 0
         self.listed = KopfListed(
-            {plural: (lambda p=plural: self.seen[p]) for plural in lists},
+            {plural: partial(self.seen.__getitem__, plural) for plural in lists},
             self.list_keys,
             on_listed=self.open,
             relist=RELIST,

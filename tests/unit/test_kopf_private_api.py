@@ -26,7 +26,8 @@ MODULE = repo_root() / "operator" / "sandlot" / "adapters" / "kopfprivate.py"
 def kopf_pin() -> str:
     """The kopf requirement as pyproject.toml declares it, e.g. ``kopf>=1.45.2,<1.46``."""
     project = tomllib.loads((repo_root() / "pyproject.toml").read_text())["project"]
-    return next(d for d in project["dependencies"] if Requirement(d).name == "kopf")
+    pin: str = next(d for d in project["dependencies"] if Requirement(d).name == "kopf")
+    return pin
 
 
 def private_imports(tree: ast.Module) -> list[tuple[str, str]]:

@@ -23,7 +23,8 @@ def test_the_session_carries_the_connection_and_a_bounded_pool() -> None:
         assert isinstance(answer, kopf.AiohttpSession)
         session = answer.aiohttp_session
         try:
-            return answer.server, session.connector.limit, session.headers.get("Authorization")  # type: ignore[union-attr]
+            assert session.connector is not None
+            return answer.server, session.connector.limit, session.headers.get("Authorization")
         finally:
             await session.close()
 

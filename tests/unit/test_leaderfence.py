@@ -119,14 +119,16 @@ def through(server: Server, leading: list[bool], counter: RequestCounter, waits:
 
 def test_a_leader_refused_at_the_handover_resends_until_admitted() -> None:
     admitted = response("{}", status=OK)
-    server, counter, waits = Server(response(), response(), admitted), RequestCounter(), []
+    waits: list[float] = []
+    server, counter = Server(response(), response(), admitted), RequestCounter()
     assert through(server, [True], counter, waits) is admitted
     assert (server.sent, waits) == (3, [0.05, 0.1])
     assert counter.fenced[("PATCH", "/x")] == 2
 
 
 def test_a_deposed_leader_refused_by_the_server_does_not_resend() -> None:
-    server, counter, waits = Server(response(), response("{}", status=OK)), RequestCounter(), []
+    waits: list[float] = []
+    server, counter = Server(response(), response("{}", status=OK)), RequestCounter()
     with pytest.raises(ServerFenced) as info:
         through(server, [False], counter, waits)
     assert isinstance(info.value, NotLeader)
@@ -136,7 +138,8 @@ def test_a_deposed_leader_refused_by_the_server_does_not_resend() -> None:
 
 
 def test_a_refusal_that_outlasts_every_wait_is_raised() -> None:
-    server, counter, waits = Server(response(), response(), response()), RequestCounter(), []
+    waits: list[float] = []
+    server, counter = Server(response(), response(), response()), RequestCounter()
     with pytest.raises(ServerFenced):
         through(server, [True], counter, waits)
     assert (server.sent, waits) == (3, [0.05, 0.1])
@@ -152,6 +155,7 @@ def test_a_refusal_that_outlasts_every_wait_is_raised() -> None:
     ids=["another-403", "conflict", "admitted"],
 )
 def test_other_answers_pass_through_unchanged(answer: RESTResponse) -> None:
-    server, counter, waits = Server(answer), RequestCounter(), []
+    waits: list[float] = []
+    server, counter = Server(answer), RequestCounter()
     assert through(server, [True], counter, waits) is answer
     assert (server.sent, waits, sum(counter.fenced.values())) == (1, [], 0)

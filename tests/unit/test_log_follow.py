@@ -7,7 +7,7 @@ nothing here sleeps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.policy.streams import STDOUT, decode_frame
 
 
-def _follow(path: Path, steps: list[Callable[[], None]], tail: int | None = None) -> bytes:
+def _follow(path: Path, steps: Sequence[Callable[[], object]], tail: int | None = None) -> bytes:
     """Follow ``path``; each wait runs the next step; the sandbox ends after the last."""
     sent: list[bytes] = []
     pending = list(steps)
@@ -44,8 +44,8 @@ def test_follow_sends_what_is_appended_until_the_sandbox_ends(tmp_path: Path) ->
     log = tmp_path / "ns_box_uid.log"
     log.write_bytes(b"one\n")
 
-    def append(data: bytes) -> Callable[[], None]:
-        return lambda: log.open("ab").write(data) and None
+    def append(data: bytes) -> Callable[[], object]:
+        return lambda: log.open("ab").write(data)
 
     assert _follow(log, [append(b"two\n"), append(b"three\n")]) == b"one\ntwo\nthree\n"
 
@@ -81,7 +81,7 @@ def test_two_rotations_between_looks_lose_only_the_generation_no_longer_kept(
 def test_tail_then_follow_starts_at_the_last_lines(tmp_path: Path) -> None:
     log = tmp_path / "ns_box_uid.log"
     log.write_bytes(b"a\nb\nc\n")
-    assert _follow(log, [lambda: log.open("ab").write(b"d\n") and None], tail=1) == b"c\nd\n"
+    assert _follow(log, [lambda: log.open("ab").write(b"d\n")], tail=1) == b"c\nd\n"
 
 
 def test_the_file_removed_at_teardown_ends_the_follow(tmp_path: Path) -> None:

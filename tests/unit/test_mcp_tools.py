@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp.types import TextContent
 
 from sandlot.api.keys import CLAIM_LABEL
 from sandlot.client import (
@@ -435,7 +436,9 @@ def test_the_server_offers_every_tool_and_turns_failures_into_tool_errors(
                 }
                 missing = await mcp.call_tool("read_file", {"sandbox": "nope", "path": "/x"})
                 assert missing.is_error
-                text = missing.content[0].text  # type: ignore[union-attr]
+                said = missing.content[0]
+                assert isinstance(said, TextContent), said
+                text = said.text
                 assert 'SandboxNotFound: sandbox "nope" not found in namespace team-a.' in text
                 assert "Check the name and the namespace" in text
 

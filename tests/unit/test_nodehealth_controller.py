@@ -14,6 +14,7 @@ from sandlot.api.timestamps import parse_time
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import RETRY_AFTER_FAILURE, NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
+from sandlot.policy.nodehealth import NodeHealthSettings
 from tests.support.clock import FakeClock
 from tests.support.fakeobjects import FakeObjects
 
@@ -33,7 +34,10 @@ class World:
         self.silent = False  # the lease watch died silently: nothing is heard
         self.registry = CollectorRegistry()
         self.ctl = NodeHealthController(
-            OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+            OperatorSettings(
+                node_health=NodeHealthSettings(grace_period=timedelta(seconds=GRACE)),
+                leader_election=False,
+            ),
             self.objects,  # type: ignore[arg-type]
             OperatorMetrics(self.registry),
             is_leader=lambda: self.leader,
@@ -332,7 +336,10 @@ def test_a_new_leader_finding_the_lease_unchanged_keeps_the_recorded_deadline() 
     new = World.__new__(World)
     new.__dict__.update(w.__dict__)
     new.ctl = NodeHealthController(
-        OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+        OperatorSettings(
+            node_health=NodeHealthSettings(grace_period=timedelta(seconds=GRACE)),
+            leader_election=False,
+        ),
         w.objects,  # type: ignore[arg-type]
         OperatorMetrics(CollectorRegistry()),
         is_leader=lambda: True,
@@ -465,7 +472,8 @@ TEN_MINUTES = timedelta(minutes=10)
 
 
 def phase_of(w: World, node: str = "n1") -> str:
-    return w.objects.nodes[node]["status"]["phase"]
+    phase: str = w.objects.nodes[node]["status"]["phase"]
+    return phase
 
 
 @pytest.mark.parametrize("step", [TEN_MINUTES, -TEN_MINUTES], ids=["forward", "back"])
@@ -523,7 +531,10 @@ def successor(w: World) -> World:
     new = World.__new__(World)
     new.__dict__.update(w.__dict__)
     new.ctl = NodeHealthController(
-        OperatorSettings(grace_period=timedelta(seconds=GRACE), leader_election=False),
+        OperatorSettings(
+            node_health=NodeHealthSettings(grace_period=timedelta(seconds=GRACE)),
+            leader_election=False,
+        ),
         w.objects,  # type: ignore[arg-type]
         OperatorMetrics(CollectorRegistry()),
         is_leader=lambda: True,

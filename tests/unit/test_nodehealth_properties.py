@@ -64,7 +64,7 @@ steps = st.builds(
 
 
 @st.composite
-def histories(draw: st.DrawFn, *, lossy: bool, drains: bool, holds: bool):  # type: ignore[no-untyped-def]
+def histories(draw: st.DrawFn, *, lossy: bool, drains: bool, holds: bool):
     duration = draw(st.integers(min_value=1, max_value=120))
     node_settings = NodeHealthSettings(
         grace_period=timedelta(seconds=draw(st.integers(min_value=1, max_value=600))),
@@ -132,7 +132,7 @@ def simulate(
 
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=True, drains=True, holds=True))
-def test_never_reaps_a_node_whose_lease_was_valid_within_the_grace_window(history) -> None:  # type: ignore[no-untyped-def]
+def test_never_reaps_a_node_whose_lease_was_valid_within_the_grace_window(history) -> None:
     duration, node_settings, first_seen, has_lease, steps_ = history
     for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         # The lease was valid up to (not including) last_valid; nothing is marked Dead
@@ -147,7 +147,7 @@ def test_never_reaps_a_node_whose_lease_was_valid_within_the_grace_window(histor
 
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=True, drains=True, holds=True))
-def test_unhealthy_since_is_a_lease_expiry_never_the_time_of_notice(history) -> None:  # type: ignore[no-untyped-def]
+def test_unhealthy_since_is_a_lease_expiry_never_the_time_of_notice(history) -> None:
     duration, node_settings, first_seen, has_lease, steps_ = history
     for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
         since = p.decision.unhealthy_since
@@ -161,7 +161,7 @@ def test_unhealthy_since_is_a_lease_expiry_never_the_time_of_notice(history) -> 
 
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=False, drains=True, holds=True))
-def test_a_dead_node_is_reaped_once_per_episode_then_costs_nothing(history) -> None:  # type: ignore[no-untyped-def]
+def test_a_dead_node_is_reaped_once_per_episode_then_costs_nothing(history) -> None:
     duration, node_settings, first_seen, has_lease, steps_ = history
     reaped = was_disabled = False
     for p in simulate(duration, node_settings, first_seen, has_lease, steps_):
@@ -184,7 +184,7 @@ def test_a_dead_node_is_reaped_once_per_episode_then_costs_nothing(history) -> N
 
 @settings(max_examples=400, deadline=None)
 @given(histories(lossy=False, drains=False, holds=True))
-def test_once_the_grace_is_over_and_the_guard_lifts_the_node_is_reaped(history) -> None:  # type: ignore[no-untyped-def]
+def test_once_the_grace_is_over_and_the_guard_lifts_the_node_is_reaped(history) -> None:
     duration, node_settings, first_seen, has_lease, steps_ = history
     reaped = False
     for p in simulate(duration, node_settings, first_seen, has_lease, steps_):

@@ -71,6 +71,6 @@ def test_decide_refuses_a_naive_now() -> None:
         "node_refuses_a_naive_first_seen",
     ],
 )
-def test_inputs_refuse_bad_values(build) -> None:  # type: ignore[no-untyped-def]
+def test_inputs_refuse_bad_values(build) -> None:
     with pytest.raises(ValueError):
         build()

@@ -65,7 +65,9 @@ def test_concurrent_writers_of_one_archive_each_rename_a_whole_file(
 
     assert dest.read_bytes() == expected.path.read_bytes()
     with tarfile.open(dest) as tar:
-        index = json.loads(tar.extractfile("index.json").read())  # type: ignore[union-attr]
+        member = tar.extractfile("index.json")
+        assert member is not None
+        index = json.loads(member.read())
     assert index["manifests"][0]["digest"] == expected.manifest_digest
     assert sorted(p.name for p in dest.parent.iterdir()) == ["writers.tar"], (
         "a temporary file stayed"

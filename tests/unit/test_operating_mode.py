@@ -14,8 +14,9 @@ from sandlot.adapters.runtime import RuntimeError_, TaskState
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.teardown import stop, teardown
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import OperatingMode, SandboxPhase, SandboxSpec
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.conditions import parse_conditions, set_condition

@@ -17,15 +17,15 @@ async def _noop(**_: Any) -> None:
     return None
 
 
-def _event(plural: str) -> Callable[[kopf.OperatorRegistry], None]:
+def _event(plural: str) -> Callable[[kopf.OperatorRegistry], object]:
     return lambda r: kopf.on.event(GROUP, VERSION, plural, registry=r)(_noop)
 
 
-def _timer(plural: str) -> Callable[[kopf.OperatorRegistry], None]:
+def _timer(plural: str) -> Callable[[kopf.OperatorRegistry], object]:
     return lambda r: kopf.timer(GROUP, VERSION, plural, interval=30, registry=r)(_noop)
 
 
-def _on_delete(plural: str) -> Callable[[kopf.OperatorRegistry], None]:
+def _on_delete(plural: str) -> Callable[[kopf.OperatorRegistry], object]:
     return lambda r: kopf.on.delete(GROUP, VERSION, plural, registry=r)(_noop)
 
 
@@ -49,7 +49,7 @@ def _on_delete(plural: str) -> Callable[[kopf.OperatorRegistry], None]:
     ],
 )
 def test_watch_only_kinds_come_from_the_registry(
-    handlers: list[Callable[[kopf.OperatorRegistry], None]], expected: set[str]
+    handlers: list[Callable[[kopf.OperatorRegistry], object]], expected: set[str]
 ) -> None:
     registry = kopf.OperatorRegistry()
     for add in handlers:
@@ -72,7 +72,11 @@ def test_watch_only_kinds_come_from_the_registry(
 )
 def test_memories_remember_only_what_is_read_again(kind: str, api_version: str, kept: bool) -> None:
     memories = WatchOnlyMemories({"Sandbox"})
-    body = {"apiVersion": api_version, "kind": kind, "metadata": {"uid": "u1", "name": "a"}}
+    body: kopf.RawBody = {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"uid": "u1", "name": "a"},
+    }
 
     async def recall_twice() -> tuple[object, object]:
         first = await memories.recall(body)

@@ -8,7 +8,7 @@ import argparse
 from datetime import timedelta
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from sandlot.api.settings import setting_fields
 from sandlot.cli.options import SettingsError, env_name, settings_from
@@ -16,7 +16,7 @@ from sandlot.controllers.settings import OperatorSettings
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
-NESTED = {
+NESTED: dict[str, tuple[type[BaseModel], str]] = {
     "grace_period": (NodeHealthSettings, "grace_period"),
     "drain_timeout": (NodeHealthSettings, "drain_timeout"),
     "agent_lease_duration": (NodeHealthSettings, "unseen_lease_duration"),

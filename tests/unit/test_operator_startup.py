@@ -163,8 +163,12 @@ def test_leadership_stop_keeps_the_lease_while_a_write_is_still_in_flight():
     # The write below outlives the drain: any drain bound shows it (no timing claim).
     part = leadership_part(fence, elector, drain_seconds=0.05)
     thread, finish = _write_in_flight(fence, until_closed=False)
+
+    async def stop() -> None:
+        await part.stop()
+
     try:
-        asyncio.run(part.stop())
+        asyncio.run(stop())
     finally:
         finish.set()
         thread.join(DEADLINE)

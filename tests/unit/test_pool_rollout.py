@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -150,7 +151,7 @@ def test_rollout_converges_step_by_step_within_its_bounds() -> None:
     assert all(x.current for x in members) and len(members) == 4
 
 
-CRASH = {"reason": "Exited", "exit_code": 1}
+CRASH: dict[str, Any] = {"reason": "Exited", "exit_code": 1}
 BACKOFF = {
     "one_failure_waits_ten_seconds": (
         [m("f1", "Failed", ended=0)],

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from sandlot.api.timestamps import parse_time, rfc3339
 from sandlot.controllers.pools import RETRY_AFTER_ERROR
@@ -162,6 +163,12 @@ def test_members_that_keep_failing_back_off_with_an_event_and_a_status() -> None
     assert [r for _, r in w.events].count("BackOff") == 2
 
 
+def _started(status: dict[str, Any]) -> datetime:
+    started = parse_time(status["startedAt"])
+    assert started is not None, f"a Running member without startedAt: {status}"
+    return started
+
+
 def _start_members(w: WorkloadWorld, pool: str, *, crash_after: float | None) -> None:
     """Agents start what was bound (startedAt: now); with ``crash_after``, a member of
     the new template exits 1 that many seconds after it started."""
@@ -174,7 +181,7 @@ def _start_members(w: WorkloadWorld, pool: str, *, crash_after: float | None) ->
             crash_after is not None
             and status.get("phase") == "Running"
             and w.objects.sandboxes[key]["spec"]["image"].endswith(":crashes")
-            and w.clock.now() - parse_time(status["startedAt"]) >= timedelta(seconds=crash_after)
+            and w.clock.now() - _started(status) >= timedelta(seconds=crash_after)
         ):
             status.update(
                 phase="Stopped", reason="Exited", exitCode=1, finishedAt=rfc3339(w.clock.now())

@@ -50,13 +50,13 @@ def test_a_burst_reaches_the_cache_in_order_in_a_few_loop_callbacks() -> None:
         cache = SandboxCache()
         seen: list[str] = []
         feed = CountingFeed(cache, asyncio.get_running_loop(), [lambda t, b: seen.append(t)])
-        thread = threading.Thread(
-            target=lambda: [
-                feed.on_event(t, body(f"sb{i}", v))
-                for i in range(600)
-                for t, v in (("ADDED", "1"), ("MODIFIED", "2"))
-            ]
-        )
+
+        def put() -> None:
+            for i in range(600):
+                for t, v in (("ADDED", "1"), ("MODIFIED", "2")):
+                    feed.on_event(t, body(f"sb{i}", v))
+
+        thread = threading.Thread(target=put)
         thread.start()
         await asyncio.to_thread(thread.join, JOIN)
         await settle(feed)
@@ -71,9 +71,12 @@ def test_a_burst_reaches_the_cache_in_order_in_a_few_loop_callbacks() -> None:
 
 def put_all(feed: SandboxFeed, prefix: str, n: int) -> threading.Thread:
     """An informer's thread putting ``n`` events."""
-    thread = threading.Thread(
-        target=lambda: [feed.on_event("ADDED", body(f"{prefix}{i}")) for i in range(n)]
-    )
+
+    def put() -> None:
+        for i in range(n):
+            feed.on_event("ADDED", body(f"{prefix}{i}"))
+
+    thread = threading.Thread(target=put)
     thread.start()
     return thread
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync, startable
 from sandlot.policy.capacity import Capacity, Recorded, capacity_labels, recorded_limits
 from sandlot.policy.limits import DefaultLimits

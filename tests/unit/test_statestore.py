@@ -14,6 +14,7 @@ import pytest
 from sandlot.adapters.pulling import Credential, Pushed, RegistryError
 from sandlot.agent import statestore
 from sandlot.agent.statestore import StateStore
+from tests.support.agent import FakeRuntime
 
 DIGEST = "sha256:" + "2" * 64
 
@@ -34,13 +35,15 @@ def settings(repository: str, auth_file: str = "") -> Any:
     )
 
 
-class Runtime:
+class Runtime(FakeRuntime):
+    """A node whose every image has an empty OCI manifest."""
+
     def image_manifest(self, image: str, *, timeout: float) -> tuple[bytes, str]:
         return b"{}", "application/vnd.oci.image.manifest.v1+json"
 
 
 def test_none_without_a_repository() -> None:
-    assert StateStore.from_settings(settings(""), Runtime()) is None  # type: ignore[arg-type]
+    assert StateStore.from_settings(settings(""), Runtime()) is None
 
 
 def test_the_pushed_reference_is_named_as_the_repository_not_its_endpoint(
@@ -53,7 +56,7 @@ def test_the_pushed_reference_is_named_as_the_repository_not_its_endpoint(
         return Pushed(f"registry-1.docker.io/sandlot/state:{tag}@{DIGEST}", DIGEST, 1)
 
     monkeypatch.setattr(statestore, "push_image", push)
-    store = StateStore(settings("docker.io/sandlot/state"), Runtime())  # type: ignore[arg-type]
+    store = StateStore(settings("docker.io/sandlot/state"), Runtime())
     pushed = store.push("uid-1", "sandlot.local/suspended/uid-1:latest")
     assert pushed.reference == f"docker.io/sandlot/state:uid-1@{DIGEST}"
     assert seen == [("https://registry-1.docker.io", "sandlot/state", "uid-1")]
@@ -68,7 +71,7 @@ def test_the_pushed_reference_is_named_as_the_repository_not_its_endpoint(
     ],
 )
 def test_a_pull_outside_the_state_repository_is_refused(reference: str) -> None:
-    store = StateStore(settings("reg.example/sandlot/state"), Runtime())  # type: ignore[arg-type]
+    store = StateStore(settings("reg.example/sandlot/state"), Runtime())
     with pytest.raises(RegistryError):
         store.pull(reference, "sandlot.local/suspended/u:latest")
 
@@ -77,12 +80,8 @@ def test_the_credential_is_the_one_for_the_state_registry_only(tmp_path: Path) -
     auth = base64.b64encode(b"state:pw").decode()
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"auths": {"reg.example": {"auth": auth}}}))
-    store = StateStore(  # type: ignore[arg-type]
-        settings("reg.example/sandlot/state", str(path)), Runtime()
-    )
+    store = StateStore(settings("reg.example/sandlot/state", str(path)), Runtime())
     assert store._credential("reg.example") == Credential("state", "pw")
     assert store._credential("other.example") is None
-    missing = StateStore(  # type: ignore[arg-type]
-        settings("reg.example/sandlot/state", str(tmp_path / "none")), Runtime()
-    )
+    missing = StateStore(settings("reg.example/sandlot/state", str(tmp_path / "none")), Runtime())
     assert missing._credential("reg.example") is None

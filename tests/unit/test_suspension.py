@@ -17,8 +17,9 @@ from sandlot.agent.sandboxes import StartFailed
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.teardown import teardown
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
-from sandlot.policy.agentsweep import SANDBOX_LABEL, ContainerView
+from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.conditions import parse_conditions
@@ -395,7 +396,10 @@ def test_orphaned_images_are_those_of_no_live_sandbox() -> None:
 
 
 def test_committed_documents_append_the_layer_to_config_and_manifest() -> None:
-    config = {"config": {"Cmd": ["sh"]}, "rootfs": {"type": "layers", "diff_ids": ["sha256:a"]}}
+    config: dict[str, Any] = {
+        "config": {"Cmd": ["sh"]},
+        "rootfs": {"type": "layers", "diff_ids": ["sha256:a"]},
+    }
     layers = [
         {
             "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",

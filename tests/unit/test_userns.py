@@ -190,7 +190,8 @@ def test_shift_layer_moves_owners_and_entries_under_the_root_dir(gzipped: bool) 
     shift_layer(io.BytesIO(layer), out, F, add_root=True)
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         got = {m.name: (m.uid, m.gid, m.uname, m.linkname) for m in tar.getmembers()}
-        assert tar.extractfile(f"{ROOT_DIR}/bin/busybox").read() == b"x" * 10  # type: ignore[union-attr]
+        busybox = tar.extractfile(f"{ROOT_DIR}/bin/busybox")
+        assert busybox is not None and busybox.read() == b"x" * 10
     assert got == {
         ROOT_DIR: (F, F, "", ""),
         f"{ROOT_DIR}/bin": (F, F, "", ""),

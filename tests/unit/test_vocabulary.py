@@ -98,7 +98,7 @@ def stray_words(source: str, words: frozenset[str]) -> list[tuple[int, str]]:
         for n in ast.walk(tree)
         if isinstance(n, ast.Constant) and n.value in words and id(n) not in skip
     }
-    strays |= {(n.lineno, n.value) for n in _written_as_reason(tree) if n.value}
+    strays |= {(n.lineno, str(n.value)) for n in _written_as_reason(tree) if n.value}
     return sorted(strays)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
-from sandlot.controllers.workqueue import WorkQueue, earliest
+from sandlot.controllers.workqueue import Reconcile, WorkQueue, earliest
 from tests.support.clock import FakeClock
 
 
@@ -42,7 +43,7 @@ class Signalling:
 
 
 def make(
-    reconcile: Callable[[str], object],
+    reconcile: Reconcile,
     clock: FakeClock,
     *,
     leader: Callable[[], bool] = lambda: True,
@@ -51,7 +52,7 @@ def make(
 ) -> WorkQueue:
     return WorkQueue(
         "test",
-        reconcile,  # type: ignore[arg-type]
+        reconcile,
         is_leader=leader,
         clock=clock.monotonic,
         backoff_start=start,
@@ -59,8 +60,11 @@ def make(
     )
 
 
-def run(coro: object) -> object:
-    return asyncio.run(coro)  # type: ignore[arg-type]
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
 
 
 def test_a_key_added_many_times_is_reconciled_once() -> None:
@@ -342,7 +346,7 @@ def test_watch_threads_hand_keys_to_the_running_queue() -> None:
             runner.cancel()
         return seen
 
-    assert sorted(run(scenario())) == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert sorted(run(scenario())) == ["a", "b", "c"]
 
 
 def test_call_threadsafe_runs_on_the_loop_thread() -> None:
@@ -363,7 +367,7 @@ def test_call_threadsafe_runs_on_the_loop_thread() -> None:
         await asyncio.wait_for(done.wait(), timeout=5)
         return loop_thread, ran_on[0]
 
-    loop_thread, ran_on = run(scenario())  # type: ignore[misc]
+    loop_thread, ran_on = run(scenario())
     assert ran_on is loop_thread
 
 
@@ -407,7 +411,7 @@ def test_workers_reconcile_different_keys_at_once_up_to_their_number() -> None:
             await asyncio.gather(runner, return_exceptions=True)
         return peak, finished
 
-    peak, finished = run(scenario())  # type: ignore[misc]
+    peak, finished = run(scenario())
     assert peak == 3, "three workers must hold three keys at once, and never more"
     assert sorted(finished) == ["a", "b", "c", "d", "e"]
 
@@ -446,7 +450,7 @@ def test_workers_never_reconcile_one_key_twice_at_once() -> None:
             await asyncio.gather(runner, return_exceptions=True)
         return overlap, calls
 
-    overlap, calls = run(scenario())  # type: ignore[misc]
+    overlap, calls = run(scenario())
     assert (overlap, calls) == (1, 2)
 
 
@@ -470,7 +474,7 @@ def test_a_key_wakes_one_idle_worker_not_every_one() -> None:
             await asyncio.gather(runner, return_exceptions=True)
         return q.wakeups, seen
 
-    wakeups, seen = run(scenario())  # type: ignore[misc]
+    wakeups, seen = run(scenario())
     assert seen == ["a", "b", "c", "d"]
     assert wakeups == 4, f"{wakeups} worker wake-ups for 4 keys added one at a time"
 
