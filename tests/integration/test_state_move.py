@@ -121,6 +121,25 @@ def state_registry(registry: Registry) -> RegistryClient:
     )
 
 
+def manifest_gone(registry: Registry, digest: str) -> bool:
+    client = state_registry(registry)
+    try:
+        client.manifest_exists(digest)
+    except RegistryError as exc:
+        return exc.status == 404
+    finally:
+        client.close()
+    return False
+
+
+def wait_manifest_gone(registry: Registry, digest: str) -> None:
+    wait_for(
+        lambda: manifest_gone(registry, digest),
+        timeout=30,
+        what=f"the pushed state {digest} deleted from the registry",
+    )
+
+
 def started_and_rewritten(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     """Wait for ``name`` Running on ``node``, then rewrite its file (a fresh start
     would write ``written-fresh`` instead)."""
@@ -180,18 +199,9 @@ def test_a_pushed_sandbox_moves_off_its_cordoned_node_and_runs_there_with_its_fi
         auth_registry.start()
     again = running_with_file(moving, "mover", b)  # no spec change since the failure
     assert again["metadata"]["uid"] == first["metadata"]["uid"]
-
-    def deleted() -> bool:  # restored, nothing needs the pushed state: b deleted it
-        registry = state_registry(auth_registry)
-        try:
-            registry.manifest_exists(state["digest"])
-        except RegistryError as exc:
-            return exc.status == 404
-        finally:
-            registry.close()
-        return False
-
-    wait_for(deleted, timeout=30, what=f"the pushed state {state['digest']} deleted")
+    # Restored, nothing needs the pushed state: b deleted it (a's watch saw the move
+    # as a DELETED event, read the Sandbox again and kept it).
+    wait_manifest_gone(auth_registry, state["digest"])
 
 
 def test_drain_move_runs_every_sandbox_of_the_node_elsewhere_with_its_files(
@@ -298,3 +308,24 @@ def test_a_pushed_snapshot_forks_on_another_node_with_its_files(
     assert node_of(running) == b.name, "placed on the snapshot's cordoned node"
     kept = Path(f"/proc/{running['status']['pid']}/root/kept").read_text()
     assert kept == f"kept-{origin['metadata']['name']}\n", kept
+
+
+def test_a_deleted_suspended_sandboxs_pushed_state_is_deleted_from_the_registry(
+    moving: Cluster, operators: Start, auth_registry: Registry
+) -> None:
+    a = moving.add_node("a")
+    start_operator(moving, operators)
+    create(moving, "gone", a.name)
+    started_and_rewritten(moving, "gone", a)
+    set_mode(moving, "gone", "Suspended")
+    state = wait_for(
+        lambda: get(moving, "gone").get("status", {}).get("suspendedState"),
+        timeout=60,
+        what="the state pushed",
+    )
+    wait_for(lambda: not a.containers(), timeout=20, what="the container removed on a")
+    assert not manifest_gone(auth_registry, state["digest"])  # the registry has it
+    moving.objs.delete_namespaced_custom_object(
+        GROUP, VERSION, moving.namespace, "sandboxes", "gone"
+    )
+    wait_manifest_gone(auth_registry, state["digest"])

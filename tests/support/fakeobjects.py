@@ -184,6 +184,12 @@ class FakeObjects:
         body = self.snapshots.get(f"{namespace}/{name}")
         return copy.deepcopy(body) if body is not None else None
 
+    def find_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self._lock:
+            self._fault("get")
+            found = self.sandboxes.get(f"{namespace}/{name}")
+            return copy.deepcopy(found) if found is not None else None
+
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             self._fault("get")

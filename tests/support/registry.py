@@ -112,7 +112,7 @@ class ScriptedServer:
                 if self.command != "HEAD":
                     self.wfile.write(body)
 
-            do_GET = do_HEAD = _answer
+            do_GET = do_HEAD = do_DELETE = _answer
 
         self._server = http.server.ThreadingHTTPServer((address, 0), Handler)
         self._server.daemon_threads = True

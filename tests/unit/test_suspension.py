@@ -14,6 +14,7 @@ from sandlot.adapters.containerd.commit import committed_documents
 from sandlot.adapters.pulling import Pushed, RegistryError
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
+from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.teardown import teardown
@@ -469,6 +470,17 @@ class World:
     def body(self) -> dict[str, Any]:
         return self.objects.get_sandbox("ns", "box")
 
+    def use_store(self, store: FakeStore | None) -> None:
+        """The node's state repository is ``store`` (None: it has none), as the
+        agent's parts wire it: suspensions push and pull there and delete from it."""
+        s = self.suspensions
+        s.store = store  # type: ignore[assignment]
+        s.deletes = (
+            StateDeletes(store, self.objects.find_sandbox, self.clock.now)  # type: ignore[arg-type]
+            if store
+            else None
+        )
+
     def condition(self, kind: str = "Suspended") -> Any:
         found = parse_conditions(self.objects.sandboxes[KEY]["status"].get("conditions"))
         return next((c for c in found if c.type == kind), None)
@@ -575,7 +587,7 @@ def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
     world = World("Suspended")
     assert world.info is not None
     store = FakeStore()
-    world.suspensions.store = store  # type: ignore[assignment]
+    world.use_store(store)
     assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
     assert store.pushed == [(world.uid, suspended_image_name(world.uid))]
     state = world.objects.sandboxes[KEY]["status"]["suspendedState"]
@@ -589,7 +601,7 @@ def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
 def test_a_refused_push_keeps_the_state_on_its_node_and_says_why() -> None:
     world = World("Suspended")
     assert world.info is not None
-    world.suspensions.store = FakeStore(refuse="HTTP 401 Unauthorized")  # type: ignore[assignment]
+    world.use_store(FakeStore(refuse="HTTP 401 Unauthorized"))
     assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
     c = world.condition()
@@ -605,7 +617,7 @@ def moved_world(store: FakeStore | None) -> World:
         "digest": "sha256:" + "1" * 64,
         "node": "node-elsewhere",
     }
-    world.suspensions.store = store  # type: ignore[assignment]
+    world.use_store(store)
     return world
 
 

@@ -76,7 +76,9 @@ class Objects:
 
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(
-            self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SANDBOXES, name)
+            self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, SANDBOXES, name, _request_timeout=30
+            )
         )
 
     def find_sandbox(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -80,6 +80,7 @@ from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.snapshots import SNAPSHOT_TICK, Snapshots
+from sandlot.agent.statedeletes import STATE_DELETE_TICK
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer, start_streams
 from sandlot.agent.sweep import SweepReport
@@ -376,6 +377,9 @@ class Agent:
             parts.idle.serve(self.streams, parts.sync, self._sync_wake.set, settings)
         self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
+        if parts.sync.suspensions.deletes is not None:
+            deletes = parts.sync.suspensions.deletes
+            self.loops.spawn("statedeletes", deletes.pass_once, STATE_DELETE_TICK)
 
     def _take_output_back(self, parts: AgentParts) -> None:
         """Read the survivors' output again (their writes wait in full pipes meanwhile),
@@ -433,12 +437,16 @@ class Agent:
     def _watches(self) -> tuple[Any, ...]:
         return (self.sandbox_watch, self.node_watch, self.prune_watch, self.snapshot_watch)
 
-    def _sandbox_changed(self, _event: str, _old: object, _new: object) -> None:
+    def _sandbox_changed(self, event: str, old: Mapping[str, Any] | None, _new: object) -> None:
         # Every change may matter (phase, deletion, containerId); the agent's own
         # status writes come back here too, and their pass finds nothing to do.
         self._sync_wake.set()
-        if self._parts is not None:  # a use waiting for an idle-suspended sandbox looks again
-            self._parts.idle.suspends.changed()
+        if self._parts is None:
+            return
+        self._parts.idle.suspends.changed()  # a use waiting for an idle-suspended one looks again
+        deletes = self._parts.sync.suspensions.deletes
+        if event == "DELETED" and deletes is not None:  # or moved: its pass reads it again
+            deletes.deleted(old)
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -51,7 +51,7 @@ class StateStore:
         self.settings, self.rt = settings, rt
         self.deadline = settings.image_pull_deadline.total_seconds()
         self.repository = parse_reference(settings.suspend_state_repository)
-        self._no_deletes: set[str] = set()  # registries that answered a delete with 405
+        self._no_deletes: set[str] = set()  # repositories that answered a delete with 405
 
     @classmethod
     def from_settings(cls, settings: AgentSettings, rt: Runtime) -> StateStore | None:
@@ -105,10 +105,12 @@ class StateStore:
 
     def forget(self, reference: str) -> None:
         """Delete the pushed state ``reference`` (``repo:tag@digest``) from its
-        registry, once nothing needs it; raises ``RegistryError``. A registry that
-        does not delete is said once and left alone."""
+        registry, once nothing needs it; raises ``RegistryError``, ``RuntimeTimeout``
+        or ``InvalidReference``. A repository that does not delete (405) is said once
+        and left alone from then on."""
         ref = parse_reference(reference)
-        if not ref.digest or ref.registry in self._no_deletes:
+        where = f"{ref.registry}/{ref.repository}"
+        if not ref.digest or where in self._no_deletes:
             return
         deadline = Deadline(self.settings.call_timeout.total_seconds() * 4, expired=RegistryError)
         client = self._client(ref, deadline)
@@ -117,10 +119,10 @@ class StateStore:
         finally:
             client.close()
         if not deleted:
-            self._no_deletes.add(ref.registry)
+            self._no_deletes.add(where)
             log.warning(
-                "registry %s does not delete manifests (405): pushed states stay there",
-                ref.registry,
+                "state repository %s does not delete manifests (405): pushed states stay there",
+                where,
             )
         else:
             log.info("pushed state %s deleted", reference)

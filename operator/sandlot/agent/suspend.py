@@ -23,6 +23,7 @@ from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
+from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.statestore import StateStore
 from sandlot.agent.status import sandbox_key
 from sandlot.api.common import Condition
@@ -31,7 +32,6 @@ from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import effective_mode, idle_suspend_condition
 from sandlot.policy.operatingmode import recorded_paused
-from sandlot.policy.pulling import InvalidReference
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
     PullRetry,
@@ -79,6 +79,10 @@ class Suspensions:
         # A commit writes the whole writable layer: a pull's budget, not a call's.
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
         self.store = store
+        # Pushed states nothing needs any more, deleted from the repository.
+        self.deletes = (
+            StateDeletes(store, work.objects.find_sandbox, work.status.clock) if store else None
+        )
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
         self.idle: IdleHooks | None = None  # the idle loop's, once it runs
@@ -275,20 +279,10 @@ class Suspensions:
             )
         outcome = self._write(sb, conditions, fields)
         log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
-        pushed = (sb.get("status") or {}).get("suspendedState") or {}
-        if outcome is WriteOutcome.WRITTEN and "suspendedState" in fields and pushed:
-            self._forget(key, str(pushed.get("image") or ""))
+        restored = outcome is WriteOutcome.WRITTEN and "suspendedState" in fields
+        if restored and self.deletes is not None:
+            self.deletes.restored(sb)  # nothing needs its pushed state now
         return step
-
-    def _forget(self, key: str, reference: str) -> None:
-        """Delete a restored sandbox's pushed state from its registry: nothing needs it
-        now (its next suspend pushes anew). A failure leaves it there, logged."""
-        if self.store is None or not reference:
-            return
-        try:
-            self.store.forget(reference)
-        except (RegistryError, InvalidReference) as exc:
-            log.warning("sandbox %s: pushed state %s not deleted: %s", key, reference, exc)
 
     def wait_for_room(self, sb: Mapping[str, Any], why: str) -> None:
         """Say on ``sb``'s Suspended condition why it is not running again yet, once

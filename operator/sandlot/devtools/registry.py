@@ -61,6 +61,8 @@ class Registry:
     token_server: TokenServer | None = None
     """Bearer-token auth by this server instead of htpasswd (``users`` are its users)."""
     process: subprocess.Popen[bytes] | None = None
+    deletes: bool = True
+    """Manifest deletes allowed (the distribution registry's default is off: 405)."""
 
     @property
     def host(self) -> str:
@@ -84,7 +86,7 @@ class Registry:
             "  filesystem:",
             f"    rootdirectory: {storage}",
             "  delete:",
-            "    enabled: true",
+            f"    enabled: {'true' if self.deletes else 'false'}",
             "http:",
             f"  addr: {self.host}",
         ]
@@ -172,13 +174,21 @@ class Registry:
 
 
 def start_registry(
-    root: Path, *, users: dict[str, str] | None = None, token_server: TokenServer | None = None
+    root: Path,
+    *,
+    users: dict[str, str] | None = None,
+    token_server: TokenServer | None = None,
+    deletes: bool = True,
 ) -> Registry:
     """A registry on a random loopback port; a port taken meanwhile is retried."""
     last: Exception | None = None
     for _ in range(3):
         registry = Registry(
-            root=root, port=free_port(), users=dict(users or {}), token_server=token_server
+            root=root,
+            port=free_port(),
+            users=dict(users or {}),
+            token_server=token_server,
+            deletes=deletes,
         )
         try:
             registry.start()

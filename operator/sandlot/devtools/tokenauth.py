@@ -36,6 +36,8 @@ class TokenServer:
         self.users = dict(users)
         self.anonymous_pull = anonymous_pull
         self.issued = 0
+        self.scopes: list[str] = []
+        """The scope of every token asked for, in order."""
         root.mkdir(parents=True, exist_ok=True)
         self.key = root / "token.key"
         self.cert = root / "token.crt"
@@ -89,6 +91,7 @@ class TokenServer:
         return user if self.users.get(user) == password else None
 
     def token(self, authorization: str | None, scope: str) -> str | None:
+        self.scopes.append(scope)
         user = self._user(authorization)
         if user is None:
             return None

@@ -3,9 +3,10 @@
 Only what a pull needs: the manifest of a reference and the blobs it names,
 streamed. Authentication follows the spec's challenge: an anonymous request
 first; on a 401 whose ``WWW-Authenticate`` says ``Basic``, the credential is sent
-as such; on ``Bearer``, a token is asked from the named realm for
-``repository:<name>:pull`` (with the credential, if any) and sent with the
-retry. The token is kept for the rest of the pull.
+as such; on ``Bearer``, a token is asked from the named realm for the scope the
+challenge names (else ``repository:<name>:pull``, ``pull,push`` for an upload,
+``delete`` for a delete) with the credential, if any, and sent with the retry.
+The token is kept for the rest of the client's requests while they need no more.
 
 Errors say the HTTP status, its reason and the spec's error codes
 (``HTTP 404 Not Found (MANIFEST_UNKNOWN)``), never the registry's own text (it
@@ -103,6 +104,14 @@ def _kind(status: int) -> FailureKind:
     if status in (401, 403):
         return FailureKind.UNAUTHORIZED
     return FailureKind.TRANSIENT
+
+
+def _actions(method: str) -> str:
+    """The actions a request needs on its repository, for a challenge that names no
+    scope: as the distribution registry asks them (a delete needs ``delete``)."""
+    if method in ("GET", "HEAD"):
+        return "pull"
+    return "delete" if method == "DELETE" else "pull,push"
 
 
 def _drop(response: urllib3.BaseHTTPResponse) -> bytes:
@@ -213,7 +222,7 @@ class RegistryClient:
         challenge asks for (a streamed body is read once)."""
         url = path if path.startswith(("http://", "https://")) else self.endpoint.api(path)
         response = self._follow(method, url, headers, stream, body)
-        if response.status == 401 and self._authorize(response):
+        if response.status == 401 and self._authorize(response, method):
             _drop(response)
             response = self._follow(method, url, headers, stream, body)
         if response.status >= 400:
@@ -295,8 +304,9 @@ class RegistryClient:
         except HTTPError as exc:
             raise RegistryError(f"{what}: {exc}") from exc
 
-    def _authorize(self, response: urllib3.BaseHTTPResponse) -> bool:
-        """Answer a 401's challenge; False when there is nothing more to try."""
+    def _authorize(self, response: urllib3.BaseHTTPResponse, method: str) -> bool:
+        """Answer a 401's challenge to ``method``; False when there is nothing more
+        to try."""
         challenge = response.headers.get("WWW-Authenticate", "")
         scheme, _, params_text = challenge.partition(" ")
         params = dict(_PARAM.findall(params_text))
@@ -307,16 +317,16 @@ class RegistryClient:
             self._authorization = "Basic " + base64.b64encode(pair).decode()
             return True
         if scheme.lower() == "bearer" and "realm" in params:
-            scope = params.get("scope") or f"repository:{self.repository}:pull"
+            scope = params.get("scope") or f"repository:{self.repository}:{_actions(method)}"
             bearer = self._authorization is not None and self._authorization.startswith("Bearer")
             if bearer and scope == self._scope:
                 return False  # a token was refused: another one for that scope would be too
-            self._authorization, self._scope = "Bearer " + self._token(params), scope
+            self._authorization, self._scope = "Bearer " + self._token(params, scope), scope
             return True
         return False
 
-    def _token(self, params: Mapping[str, str]) -> str:
-        fields = {"scope": params.get("scope") or f"repository:{self.repository}:pull"}
+    def _token(self, params: Mapping[str, str], scope: str) -> str:
+        fields = {"scope": scope}
         if params.get("service"):
             fields["service"] = params["service"]
         headers = {}
@@ -396,13 +406,15 @@ class RegistryClient:
     def delete_manifest(self, digest: str) -> bool:
         """Delete the manifest ``digest``, and with it the tags naming it: True when it
         is gone (deleted now, or before); False when this registry does not delete
-        (405: deletes disabled, as the distribution registry is by default)."""
+        (405 or the spec's ``UNSUPPORTED``: deletes disabled, as the distribution
+        registry has them by default). A bearer token is asked for the ``delete``
+        action when the registry's challenge names no scope."""
         try:
             self.request(f"/{self.repository}/manifests/{digest}", {}, method="DELETE")
         except RegistryError as exc:
             if exc.status == 404:
                 return True
-            if exc.status == 405:
+            if exc.status == 405 or "UNSUPPORTED" in str(exc):
                 return False
             raise
         return True

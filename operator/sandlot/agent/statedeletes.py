@@ -1,0 +1,128 @@
+"""Deleting suspended sandboxes' pushed state from the state repository once nothing
+needs it (``policy.statedeletion`` says when).
+
+Two ways in: a restore, in its own work item right after the status write that
+cleared ``suspendedState`` (tried at once, never holding the restore: every call
+is bounded by the store's deadline); and a deletion of a suspended sandbox, heard
+on the node's watch (``deleted`` only notes it, on the watch thread) and handled by
+``pass_once`` on a loop of its own, which reads the Sandbox again first: a DELETED
+event is also what a move to another node looks like. A delete that may pass is
+tried again by a later pass; the list is bounded and lives in memory only, so a
+deletion while the agent is down, or state whose tries ran out, is left to the
+repository's retention rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+from sandlot.adapters.pulling import RegistryError
+from sandlot.adapters.runtime import RuntimeTimeout
+from sandlot.agent.statestore import StateStore
+from sandlot.policy.pulling import InvalidReference
+from sandlot.policy.statedeletion import (
+    MAX_PENDING,
+    Because,
+    Pending,
+    deletion_due,
+    due_now,
+    pushed_state,
+    queued,
+    retry_after_failure,
+)
+
+log = logging.getLogger(__name__)
+
+STATE_DELETE_TICK = 5.0
+"""Seconds between passes over the pending deletes."""
+PASS_LIMIT = 8
+"""Deletes one pass tries at most (each a read and a bounded registry call)."""
+
+FindSandbox = Callable[[str, str], Mapping[str, Any] | None]
+"""The Sandbox ``namespace``, ``name`` as the API server has it now (None: none)."""
+
+
+class StateDeletes:
+    """The pending deletes of one agent's pushed states, and their passes."""
+
+    def __init__(
+        self, store: StateStore, find_sandbox: FindSandbox, clock: Callable[[], datetime]
+    ) -> None:
+        self.store = store
+        self.find_sandbox = find_sandbox
+        self.clock = clock
+        self._pending: list[Pending] = []
+        self._lock = threading.Lock()
+
+    def pending(self) -> list[Pending]:
+        with self._lock:
+            return list(self._pending)
+
+    def restored(self, sb: Mapping[str, Any]) -> None:
+        """``sb`` (as it was before the restore's write) runs again: its pushed state,
+        if any, deleted now; a failure that may pass is kept for a later pass."""
+        state = pushed_state(sb, Because.RESTORED)
+        if state is not None:
+            self._attempt(Pending(state, 0, self.clock()))
+
+    def deleted(self, obj: Mapping[str, Any] | None) -> None:
+        """A DELETED event's last body: its pushed state noted for the next pass
+        (cheap: this runs on the watch thread)."""
+        state = pushed_state(obj, Because.DELETED)
+        if state is None:
+            return
+        with self._lock:
+            self._pending = queued(self._pending, state, self.clock())
+
+    def pass_once(self) -> None:
+        with self._lock:
+            due = due_now(self._pending, self.clock(), PASS_LIMIT)
+            self._pending = [p for p in self._pending if p not in due]
+        for entry in due:
+            self._attempt(entry)
+
+    def _attempt(self, entry: Pending) -> None:
+        state = entry.state
+        if state.because is Because.DELETED:
+            namespace, name = state.key.split("/", 1)
+            try:
+                current = self.find_sandbox(namespace, name)
+            except Exception as exc:  # the API server's refusal or silence: try later
+                self._failed(entry, f"cannot read its Sandbox: {exc}")
+                return
+            if not deletion_due(state, current):
+                log.info("sandbox %s: moved, not deleted: its pushed state is kept", state.key)
+                return
+        try:
+            self.store.forget(state.reference)
+        except (RegistryError, RuntimeTimeout, InvalidReference) as exc:
+            self._failed(entry, str(exc))
+
+    def _failed(self, entry: Pending, why: str) -> None:
+        state, retry = entry.state, retry_after_failure(entry, self.clock())
+        if retry is None:
+            log.warning(
+                "sandbox %s (%s): pushed state %s not deleted, left behind: %s",
+                state.key,
+                state.because,
+                state.reference,
+                why,
+            )
+            return
+        log.warning(
+            "sandbox %s (%s): pushed state %s not deleted, tried again from %s: %s",
+            state.key,
+            state.because,
+            state.reference,
+            retry.not_before.isoformat(timespec="seconds"),
+            why,
+        )
+        with self._lock:
+            self._pending = [*self._pending, retry][-MAX_PENDING:]
+
+
+__all__ = ["PASS_LIMIT", "STATE_DELETE_TICK", "FindSandbox", "StateDeletes"]
