@@ -28,6 +28,7 @@ from sandlot.client import (
     SandboxGone,
     SandboxNotFound,
     SandlotError,
+    Snapshot,
     TimedOut,
 )
 from sandlot.client.commands import (
@@ -404,6 +405,9 @@ def test_a_snapshot_returns_once_ready_and_a_fork_names_it() -> None:
         "node-a",
     )
     assert api.deleted == []
+    assert taken.pushed_image is None  # its node keeps it, and nowhere else
+    pushed = "reg.example/sandlot/state:snapshot-u1@sha256:" + "2" * 64
+    assert Snapshot(api, snapshot("Ready", pushedImage=pushed)).pushed_image == pushed  # type: ignore[arg-type]
 
     api.events["c1"] = [sandbox("Running")]
     client_with(api).create("busybox", snapshot=taken, timeout=1)

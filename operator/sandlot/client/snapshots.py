@@ -80,6 +80,12 @@ class Snapshot:
         return self._status.get("digest")
 
     @property
+    def pushed_image(self) -> str | None:
+        """Where its node's state repository keeps a copy (``repository:tag@digest``),
+        None when its node has none: then forks of it run on its node only."""
+        return self._status.get("pushedImage")
+
+    @property
     def size_bytes(self) -> int | None:
         """Bytes it adds to its sandbox's image (the committed writable layer)."""
         return self._status.get("sizeBytes")
