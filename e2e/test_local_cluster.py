@@ -259,6 +259,37 @@ def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Pat
         assert dist in dists, f"{dist} not installed in {RECIPE.venv} ({sorted(dists)})"
 
 
+def _built_digests(archive: Path) -> set[str]:
+    """The archive's image as a node's containerd may name it in a Pod's ``imageID``:
+    its manifest's digest (with a repository) or its config's (the image ID)."""
+    with tarfile.open(archive) as outer:
+        listing = outer.extractfile("index.json")
+        assert listing is not None
+        top = json.loads(listing.read())["manifests"][0]
+        member = outer.extractfile("blobs/sha256/" + top["digest"].split(":", 1)[1])
+        assert member is not None
+        config = json.loads(member.read())["config"]["digest"]
+    return {top["digest"], config}
+
+
+def test_the_chart_s_pods_run_the_image_this_run_built(
+    cluster: LocalKubeletCluster, image_archive: Path
+) -> None:
+    """Every container the chart runs from the sandlot image runs the build of this
+    source tree, not an older image left under the same name on a node."""
+    built = _built_digests(image_archive)
+    ran: dict[str, str] = {}
+    for pod in cluster.chart_pods():
+        component = (pod.metadata.labels or {}).get("app.kubernetes.io/component", "")
+        ours = {c.name for c in pod.spec.containers if c.image == IMAGE_NAME}
+        for status in pod.status.container_statuses or []:
+            if status.name in ours:
+                ran[f"{component}/{pod.metadata.name}/{status.name}"] = status.image_id
+    assert {k.split("/", 1)[0] for k in ran} >= {"operator", "agent", "gateway"}, ran
+    wrong = {k: v for k, v in ran.items() if v.rsplit("@", 1)[-1] not in built}
+    assert not wrong, f"not the image built here ({sorted(built)}): {wrong}"
+
+
 def test_a_pool_spreads_over_the_nodes(cluster: LocalKubeletCluster) -> None:
     a_pool_spreads_over_the_workers(cluster)
 
