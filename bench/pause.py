@@ -6,7 +6,9 @@ Starts a private containerd, a local control plane and an in-process agent, then
 - pause round trip: ``spec.operatingMode`` set to Paused, then back to Running, each
   waited for until the sandbox's ``Paused`` condition says so (a watch), against
   containerd's ``Tasks.Pause`` then ``Tasks.Resume`` called on a container of the same
-  image (p50, p99 of ``--rounds`` each);
+  image (p50, p99 of ``--rounds`` each); and the API's own share of it: the same
+  spec writes and one status write each, seen by the same watch, on a Sandbox no
+  agent holds (a pause that says so in the API costs at least that);
 - suspend: a sandbox that wrote ``--mib`` MiB of random bytes suspended (until its
   ``Suspended`` condition is True), against ``commit_container`` (containerd's Diff
   service, a layer, an image: what the agent calls) on a container that wrote the
@@ -39,6 +41,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -158,19 +161,54 @@ def pause_round(boxes: Sandboxes) -> float:
     return time.monotonic() - began
 
 
+def said_paused(said: tuple[str, str], body: dict[str, Any]) -> bool:
+    return condition(body, "Paused") == said
+
+
+def floor_round(boxes: Sandboxes) -> float:
+    """What the API alone costs a pause round trip, on a Sandbox no agent holds (bound
+    to no node): per half, the spec write, then the status write an agent would make,
+    seen by a watch from the spec write as ``pause_round`` sees the agent's."""
+    began = time.monotonic()
+    for mode, status, reason in (("Paused", "True", "Paused"), ("Running", "False", "Resumed")):
+        since = boxes.set_mode("floor", mode)
+        said = {"type": "Paused", "status": status, "reason": reason, "message": "floor"}
+        said["lastTransitionTime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        boxes.objs.patch_namespaced_custom_object_status(
+            GROUP, VERSION, NS, "sandboxes", "floor", {"status": {"conditions": [said]}}
+        )
+        boxes.wait("floor", since, partial(said_paused, (status, reason)), mode)
+    return time.monotonic() - began
+
+
 def pause_rows(
     boxes: Sandboxes, api: client.ApiClient, rt: ContainerdRuntime, work: Path, rounds: int
-) -> tuple[list[float], list[float], list[float]]:
+) -> tuple[list[float], list[float], list[float], list[float]]:
     """Round trips back to back (each round's spec writes and status writes wake four
     sync passes: past the agent's burst, its rate limit paces them), one at a time
     (``SPACING`` apart: the bucket full again, as for a user pausing one sandbox), and
-    containerd's bare."""
+    containerd's bare, and the API's own share (``floor_round``), spaced alike."""
     start_sandbox(boxes, api, "paused", COUNTER)
+    boxes.objs.create_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        "sandboxes",
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Sandbox",
+            "metadata": {"name": "floor"},
+            "spec": {"image": IMAGE, "command": COUNTER},
+        },
+    )
     through = [pause_round(boxes) for _ in range(rounds)]
     spaced: list[float] = []
+    floor: list[float] = []
     for _ in range(rounds):
         time.sleep(SPACING)  # the spacing being measured, not a wait for a state
         spaced.append(pause_round(boxes))
+        time.sleep(SPACING)
+        floor.append(floor_round(boxes))
     cid = bare_container(rt, work, COUNTER)
     bare: list[float] = []
     for _ in range(rounds):
@@ -178,7 +216,7 @@ def pause_rows(
         rt.pause_task(cid, timeout=60)
         rt.resume_task(cid, timeout=60)
         bare.append(time.monotonic() - began)
-    return through, spaced, bare
+    return through, spaced, bare, floor
 
 
 def suspend_rows(
@@ -319,6 +357,7 @@ def report(
     through: list[float],
     spaced: list[float],
     bare: list[float],
+    floor: list[float],
     suspended: dict[str, list[float]],
     forked: dict[str, float],
 ) -> None:
@@ -342,6 +381,18 @@ def report(
             1000 * percentile(bare, 0.5),
             1.2,
         ),
+        (
+            "API floor: spec write + status write seen by a watch, twice, p50 (ms)",
+            1000 * percentile(floor, 0.5),
+            1000 * percentile(bare, 0.5),
+            None,
+        ),
+        (
+            "pause+resume one at a time against bare + API floor, p50 (ms)",
+            1000 * percentile(spaced, 0.5),
+            1000 * (percentile(bare, 0.5) + percentile(floor, 0.5)),
+            None,
+        ),
         ("suspend, median (ms)", 1000 * med["suspend"], 1000 * med["bare commit"], 1.2),
         ("resume from the image, median (ms)", 1000 * med["restore"], 1000 * med["cold"], 1.5),
         (f"fork of {FORKS} to Running (ms)", 1000 * forked["fork"], 1000 * forked["cold"], None),
@@ -355,7 +406,8 @@ def report(
         )
         print(f"| {what} | {ours:.1f} | {theirs:.1f} | {ratio:.2f}x | {verdict} |")
     print(
-        "against: containerd's Pause+Resume called bare; commit_container called bare on a "
+        "against: containerd's Pause+Resume called bare (the API floor row: its own "
+        "figure beside bare's); commit_container called bare on a "
         "container that wrote the same; a cold start of the image (create to Running); "
         f"{FORKS} cold starts of the base image created at once"
     )
@@ -400,7 +452,7 @@ def main() -> int:
         assert agent.start(), "the agent did not start"
         boxes = Sandboxes(api)
         print(f"containerd {containerd.line}; load {os.getloadavg()[0]:.1f}", flush=True)
-        through, spaced, bare = pause_rows(boxes, api, rt, work, args.rounds)
+        through, spaced, bare, floor = pause_rows(boxes, api, rt, work, args.rounds)
         print(f"pause round trips: sandlot {len(through)}, bare {len(bare)}", flush=True)
         suspended = suspend_rows(boxes, api, rt, work, args, containerd.address, ctr_ns)
         print(
@@ -412,7 +464,7 @@ def main() -> int:
             flush=True,
         )
         forked = fork_rows(boxes, api, args.fork_mib)
-        report(through, spaced, bare, suspended, forked)
+        report(through, spaced, bare, floor, suspended, forked)
     finally:
         if agent is not None:
             agent.shutdown()
