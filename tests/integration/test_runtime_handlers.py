@@ -11,12 +11,15 @@ lists its container.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import queue
 import re
 import ssl
+import subprocess
 import threading
+import urllib.request
 import uuid
 from datetime import timedelta
 from functools import partial
@@ -503,3 +506,93 @@ def test_a_gvisor_sandbox_has_a_loopback_where_the_agent_makes_no_namespaces(
             assert not netns.exists(), "the agent made a namespace: not the case under test"
         finally:
             agents.delete_node(kube, node)
+
+
+# Its loopback server, and a second server on every address (the veth's too).
+CNI_SERVER = (
+    "mkdir -p /tmp/www && echo hello-from-gvisor > /tmp/www/index.html && "
+    "busybox httpd -p 8081 -h /tmp/www && busybox ip -4 addr && busybox ip route; "
+    f"{LOOPBACK_SERVER}"
+)
+
+
+@pytest.mark.containerd_lines(LINE_2)
+def test_a_gvisor_sandbox_with_cni_has_its_veth_address_and_a_loopback(
+    kube: Any,
+    namespace: str,
+    containerd: PrivateContainerd,
+    handler_rig_archive: Path,
+    tmp_path: Path,
+) -> None:
+    """With CNI gVisor copies the agent's namespace: its loopback (the sandbox's own
+    wget reaches its httpd on 127.0.0.1) and the veth the bridge plugin made (this
+    host reaches it at its CNI address)."""
+    bin_dirs = [d for d in ("/opt/cni/bin", "/usr/lib/cni") if Path(d, "bridge").exists()]
+    assert bin_dirs, "the CNI plugins are not installed (scripts/bootstrap.sh installs them)"
+    n = os.getpid() % 250
+    bridge, subnet = f"slgv{n}", ipaddress.IPv4Network(f"10.78.{n}.0/24")
+    conf_dir = tmp_path / "net.d"
+    conf_dir.mkdir()
+    (conf_dir / "10-gvisor-test.conflist").write_text(
+        json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": bridge,
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": bridge,
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": str(subnet)}]],
+                            "dataDir": str(tmp_path / "ipam"),
+                        },
+                    }
+                ],
+            }
+        )
+    )
+    node, log_dir = f"node-{uuid.uuid4().hex[:8]}", tmp_path / "logs"
+    try:
+        with (
+            agents.containerd_namespace(containerd, "gvcni", handler_rig_archive) as ctr_ns,
+            agents.agent_fleet(containerd, ctr_ns, log_dir) as fleet,
+        ):
+            fleet.start(
+                kube, namespace, node, capacity_memory="1Gi", network_mode="cni",
+                cni_conf_dir=str(conf_dir), cni_bin_dir=":".join(bin_dirs), cni_timeout="10s",
+            )  # fmt: skip
+            rig = HandlerRig(kube, namespace, node, ctr_ns, log_dir)
+            try:
+                with runtime_class(kube, "gvisor") as gvisor_class:
+                    name = rig.run(CNI_SERVER, runtimeClassName=gvisor_class)
+                    sandbox = rig.wait(name, "Running")
+                    out = rig.output(name, DONE)
+                assert "hello-from-gvisor" in out, out
+                address = sandbox["status"]["ip"]
+                assert ipaddress.IPv4Address(address) in subnet, sandbox["status"]
+                # Inside, gVisor's own interfaces: the loopback and the veth's address.
+                assert "inet 127.0.0.1/8" in out and f"inet {address}/24" in out, out
+                page = wait_for(
+                    lambda: _get(f"http://{address}:8081/index.html"),
+                    timeout=30,
+                    what=f"the gVisor sandbox's page at {address}:8081 (its log: {out!r})",
+                )
+                assert page.strip() == "hello-from-gvisor", page
+            finally:
+                agents.delete_node(kube, node)
+    finally:
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True, check=False, timeout=30)
+
+
+def _get(url: str) -> str | None:
+    """The page at ``url`` (this host's own request, no proxy); failing, an
+    AssertionError saying why (``wait_for`` retries it)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2) as answer:
+            return str(answer.read().decode())
+    except OSError as exc:
+        raise AssertionError(f"GET {url}: {exc}") from None
