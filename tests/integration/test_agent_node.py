@@ -31,6 +31,7 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.ocispec import default_spec
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
+from tests.support.passes import agent_passes, wait_agent_passes
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -165,14 +166,15 @@ def test_restarted_agent_readopts_running_sandboxes_with_the_same_pids(
     before = {n: wait_phase(kube, namespace, n, "Running")["status"] for n in ("a", "b")}
     first.shutdown()
 
-    second = make_agent()
+    second = make_agent(resync_interval="0.5s")  # passes run without a change to wake them
     assert second.start()
     assert second.sweep_report is not None
     assert second.sweep_report.adopted == {
         f"{namespace}/{n}": before[n]["containerId"] for n in ("a", "b")
     }
     assert second.registry.get_sample_value("sandlot_agent_readopted_total") == 2
-    time.sleep(1.0)  # let a few sync passes run: they must not touch adopted sandboxes
+    # A few sync passes run over the adopted sandboxes: they must not touch them.
+    wait_agent_passes(second, agent_passes(second), 3, timeout=20)
     for name in ("a", "b"):
         sb = get_sandbox(kube, namespace, name)
         assert sb is not None, name

@@ -5,8 +5,11 @@ own sync passes: ``sandlot_agent_sync_passes_total``)."""
 
 from __future__ import annotations
 
+from sandlot.agent.main import Agent
 from tests.support.operator import OperatorProcess
 from tests.support.wait import wait_for
+
+SYNC_PASSES = "sandlot_agent_sync_passes_total"
 
 # Observed once per node-health pass by the operator's work queue (failed passes too).
 NODE_PASSES = "sandlot_operator_node_reconcile_duration_seconds_count"
@@ -23,4 +26,18 @@ def wait_node_passes(op: OperatorProcess, base: int, passes: int, *, timeout: fl
         timeout=timeout,
         interval=0.1,
         what=f"{passes} node-health passes of the operator past {base}",
+    )
+
+
+def agent_passes(agent: Agent) -> int:
+    return int(agent.registry.get_sample_value(SYNC_PASSES) or 0)
+
+
+def wait_agent_passes(agent: Agent, base: int, passes: int, *, timeout: float) -> int:
+    """Wait until ``agent`` has completed ``passes`` sync passes past ``base``."""
+    return wait_for(
+        lambda: (n := agent_passes(agent)) >= base + passes and n,
+        timeout=timeout,
+        interval=0.05,
+        what=f"{passes} sync passes of the agent past {base}",
     )
