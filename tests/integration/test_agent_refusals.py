@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
@@ -42,6 +41,7 @@ from sandlot.api.reasons import SandboxReason
 from sandlot.policy.userns import IdRange
 from tests.support import agents
 from tests.support.containerd import PrivateContainerd
+from tests.support.passes import agent_passes, wait_agent_passes
 from tests.support.strict_skips import kernel_has_apparmor
 from tests.support.wait import wait_for
 
@@ -72,7 +72,8 @@ def agent(
 ) -> Iterator[Agent]:
     node = f"node-{uuid.uuid4().hex[:8]}"
     with agents.agent_fleet(containerd, ctr_ns, tmp_path / "logs") as fleet:
-        yield fleet.start(kube, namespace, node, sync_interval="1s")
+        # A pass every second even with nothing to wake it: tests count passes.
+        yield fleet.start(kube, namespace, node, sync_interval="1s", resync_interval="1s")
     agents.delete_node(kube, node)
 
 
@@ -190,8 +191,9 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
             return sum(failed in r.getMessage() for r in caplog.records)
 
         wait_for(lambda: starts() >= 1, timeout=30, what="the agent to try the sandbox")
-        time.sleep(6)  # six sync intervals: a hot retry would have made about six tries
-        assert starts() <= 2, f"{starts()} tries in 6s: the refused write is retried hot"
+        # Six passes, each of which would try again if a refused write were retried hot.
+        wait_agent_passes(agent, agent_passes(agent), 6, timeout=30)
+        assert starts() <= 2, f"{starts()} tries in six passes: the refused write is retried hot"
         assert (_get(kube, namespace, "nope").get("status") or {}).get("phase") == "Scheduled"
 
 
@@ -267,7 +269,8 @@ def test_a_running_write_failing_with_5xx_keeps_the_started_container(
                 timeout=30,
                 what="the sandbox's task to run",
             )
-            time.sleep(4)  # several passes, each seeing it Scheduled beside its container
+            # Several passes, each seeing it Scheduled beside its container.
+            wait_agent_passes(agent, agent_passes(agent), 4, timeout=30)
             still = rt.get_task(task.container_id, timeout=5)
             assert still is not None and still.state is TaskState.RUNNING, still
             assert still.pid == task.pid, "the container was replaced"

@@ -14,6 +14,7 @@ import pytest
 from kubernetes import client
 
 from tests.support.operator import Fleet
+from tests.support.passes import node_passes, wait_node_passes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -103,6 +104,6 @@ def test_a_lasting_hold_is_raised_and_a_reap_decision_marks_only_its_node(
     assert spec["reason"] == "zone a is gone" and spec["requestedBy"], spec
     assert events(fleet, nodes[0], "ManualReap"), "no ManualReap Event on the reaped node"
     assert condition(fleet, nodes[0], "GuardHolding") is None
-    time.sleep(2)  # resync passes at 1 s: the guard still holds the other node
+    wait_node_passes(op, node_passes(op), 2, timeout=20)  # the guard still holds the other node
     assert fleet.phase("s1") == "Running"
     assert op.metric("sandlot_operator_mass_failure_hold") == 1

@@ -20,6 +20,7 @@ from sandlot.api.timestamps import parse_time, rfc3339
 from sandlot.controllers.marking import Marker, NodeMarking
 from sandlot.controllers.metrics import OperatorMetrics
 from tests.support.operator import Fleet
+from tests.support.passes import node_passes, wait_node_passes
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -391,7 +392,8 @@ def test_a_handled_node_costs_no_api_call_per_pass(fleet, operators):
     )
     lease.pause()
     wait_for(lambda: fleet.health(n1).get("handledAt"), timeout=20, what="node handled")
-    time.sleep(1)  # let the writes that set the latch settle
+    # The pass that set the latch and the next have ended: their writes are done.
+    wait_node_passes(op, node_passes(op), 2, timeout=20)
 
     def calls() -> float:
         return float(
@@ -403,11 +405,7 @@ def test_a_handled_node_costs_no_api_call_per_pass(fleet, operators):
 
     before = calls()
     assert before > 0, "the request counter never moved: comparing it would prove nothing"
-    passes = op.metric("sandlot_operator_node_reconcile_duration_seconds_count")
-    time.sleep(4)  # four resync passes at 1 s
-    assert op.metric("sandlot_operator_node_reconcile_duration_seconds_count") > passes, (
-        "no pass ran in the window: the comparison below would prove nothing"
-    )
+    wait_node_passes(op, node_passes(op), 4, timeout=20)  # resync passes at 1 s
     assert calls() == before, "a handled node cost API calls on resync"
 
 
