@@ -19,13 +19,14 @@ from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.pulling import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.agent.statestore import StateStore
-from sandlot.devtools.registry import LOOPBACK_HOSTS, start_registry, unavailable_reason
+from sandlot.devtools.registry import LOOPBACK_HOSTS
 from sandlot.policy.pulling import FailureKind
 from tests.support.registry import (
     AUTH_PASSWORD,
     AUTH_USER,
     LOOPBACK_ACCESS,
     Registry,
+    running_registry,
     scripted_server,
 )
 
@@ -50,14 +51,7 @@ def client_for(host: str, repository: str, credential: Credential | None) -> Reg
 
 @pytest.fixture(scope="module")
 def no_delete_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    reason = unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    registry = start_registry(tmp_path_factory.mktemp("no-delete"), deletes=False)
-    try:
-        yield registry
-    finally:
-        registry.stop()
+    yield from running_registry(tmp_path_factory, None, deletes=False)
 
 
 def test_a_deleted_manifest_is_gone_and_a_second_delete_counts_as_done(

@@ -39,13 +39,14 @@ AUTH_USER = "puller"
 AUTH_PASSWORD = "s3cret"
 
 
-def _registry_fixture(
-    tmp_path_factory: pytest.TempPathFactory, users: dict[str, str] | None
+def running_registry(
+    tmp_path_factory: pytest.TempPathFactory, users: dict[str, str] | None, *, deletes: bool = True
 ) -> Iterator[Registry]:
+    """A registry on loopback for a fixture's scope (skipped where none can run)."""
     reason = unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    registry = start_registry(tmp_path_factory.mktemp("registry"), users=users)
+    registry = start_registry(tmp_path_factory.mktemp("registry"), users=users, deletes=deletes)
     try:
         yield registry
     finally:
@@ -54,12 +55,12 @@ def _registry_fixture(
 
 @pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    yield from _registry_fixture(tmp_path_factory, None)
+    yield from running_registry(tmp_path_factory, None)
 
 
 @pytest.fixture(scope="session")
 def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    yield from _registry_fixture(tmp_path_factory, {AUTH_USER: AUTH_PASSWORD})
+    yield from running_registry(tmp_path_factory, {AUTH_USER: AUTH_PASSWORD})
 
 
 @pytest.fixture(scope="session")
