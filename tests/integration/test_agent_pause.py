@@ -238,6 +238,50 @@ def test_a_paused_sandbox_keeps_its_process_and_memory_and_counts_on_after_resum
     assert now["lastTransitionTime"] >= was["lastTransitionTime"]
 
 
+# A few passes at once (the first may find the watches not yet synced, one starts
+# the sandbox), then one every minute.
+PACED = {"sync_interval": "360s", "sync_burst": 6, "resync_interval": "600s"}
+AT_ONCE = "sandlot_agent_mode_changes_at_once_total"
+
+
+@EVERY_CONTAINERD
+def test_a_pause_and_a_resume_are_applied_from_the_watch_event_not_a_paced_pass(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+) -> None:
+    """A spec's pause and resume are handed to the sandbox's work straight from the
+    watch event (counted), so they need no sync pass, which the rate limit spaces a
+    minute apart here once its few are spent."""
+    agent = make_agent(**PACED)
+    assert agent.start()
+    create_sandbox(kube, namespace, "quick", agent.node, command=COUNTER)
+    cid = wait_phase(kube, namespace, "quick", "Running", timeout=30)["status"]["containerId"]
+    at_once = agent.registry.get_sample_value(AT_ONCE)
+    assert at_once == 0, at_once
+    for n in range(2):
+        set_mode(kube, namespace, "quick", "Paused")
+        wait_condition(kube, namespace, "quick", "True", "Paused")
+        assert frozen(agent, cid)
+        set_mode(kube, namespace, "quick", "Running")
+        wait_condition(kube, namespace, "quick", "False", "Resumed")
+        task = rt.get_task(cid, timeout=5)
+        assert task is not None and task.state is TaskState.RUNNING, task
+        assert agent.registry.get_sample_value(AT_ONCE) == 2 * (n + 1)
+    # A resume arriving while the pause is still being applied: handed over as soon as
+    # the pause's work ends, not left for a pass.
+    set_mode(kube, namespace, "quick", "Paused")
+    set_mode(kube, namespace, "quick", "Running")
+    wait_for(
+        lambda: agent.registry.get_sample_value(AT_ONCE) == 6,
+        timeout=15,
+        what="the pause and the resume right behind it both handed over at once",
+    )
+    wait_condition(kube, namespace, "quick", "False", "Resumed")
+    assert not frozen(agent, cid)
+
+
 def test_deleting_a_paused_sandbox_stops_it_gracefully_within_the_bound(
     make_agent: Callable[..., Agent],
     kube: client.ApiClient,

@@ -17,7 +17,14 @@ from sandlot.agent.teardown import stop, teardown
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import OperatingMode, SandboxPhase, SandboxSpec
 from sandlot.policy.agentsweep import ContainerView
-from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
+from sandlot.policy.agentsync import (
+    Action,
+    ActionKind,
+    SandboxState,
+    mode_asked,
+    plan_mode_change,
+    plan_sync,
+)
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.conditions import parse_conditions, set_condition
 from sandlot.policy.operatingmode import (
@@ -196,6 +203,88 @@ ROWS = {
 def test_plan_sync_mode_rows(sb: SandboxState, drained: bool, expected: list[Action]) -> None:
     containers = [] if sb.phase is SandboxPhase.SCHEDULED else [container()]
     assert plan_sync([sb], containers, drained=drained, in_flight=()) == expected
+
+
+# ---------------------------------------------- a mode change between passes
+
+APPLY = Action(ActionKind.APPLY_MODE, KEY, CID)
+BETWEEN_PASSES = {
+    # (sandbox, its container listed, drained, in flight, in use) -> the action
+    "pause-asked-applies-at-once": (sandbox(SandboxPhase.RUNNING, M.PAUSED), True, {}, APPLY),
+    "resume-asked-applies-at-once": (
+        sandbox(SandboxPhase.RUNNING, M.RUNNING, paused=True),
+        True,
+        {},
+        APPLY,
+    ),
+    "already-paused-needs-nothing": (
+        sandbox(SandboxPhase.RUNNING, M.PAUSED, paused=True),
+        True,
+        {},
+        None,
+    ),
+    "no-container-listed-waits-for-the-pass": (
+        sandbox(SandboxPhase.RUNNING, M.PAUSED),
+        False,
+        {},
+        None,
+    ),
+    "work-in-flight-waits-for-the-pass": (
+        sandbox(SandboxPhase.RUNNING, M.PAUSED),
+        True,
+        {"in_flight": {KEY}},
+        None,
+    ),
+    "a-drain-stops-it-in-the-pass-not-here": (
+        sandbox(SandboxPhase.RUNNING, M.PAUSED),
+        True,
+        {"drained": True},
+        None,
+    ),
+    "a-stream-open-holds-the-pause": (
+        sandbox(SandboxPhase.RUNNING, M.PAUSED),
+        True,
+        {"in_use": {KEY}},
+        None,
+    ),
+    "a-suspension-is-the-pass-s-to-judge": (
+        sandbox(SandboxPhase.RUNNING, M.SUSPENDED),
+        True,
+        {},
+        None,
+    ),
+    "a-start-is-the-pass-s-to-judge": (
+        SandboxState(KEY, SandboxPhase.SCHEDULED, mode=M.PAUSED),
+        False,
+        {},
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("sb", "listed", "given", "expected"), BETWEEN_PASSES.values(), ids=list(BETWEEN_PASSES)
+)
+def test_a_mode_change_between_passes_pauses_or_resumes_and_nothing_else(
+    sb: SandboxState, listed: bool, given: dict[str, Any], expected: Action | None
+) -> None:
+    action = plan_mode_change(
+        sb,
+        container() if listed else None,
+        drained=given.get("drained", False),
+        in_flight=given.get("in_flight", ()),
+        in_use=given.get("in_use", ()),
+    )
+    assert action == expected
+
+
+def test_only_a_change_of_the_asked_mode_is_acted_on_between_passes() -> None:
+    assert mode_asked(body("Running"), body("Paused"))
+    assert mode_asked(body("Paused"), body(None))  # unset is Running
+    assert not mode_asked(body(None), body("Running"))
+    assert not mode_asked(body("Paused"), body("Paused", [cond("True", "Paused", 3)]))
+    assert not mode_asked(None, body("Paused"))  # added: the pass starts it
+    assert not mode_asked(body("Paused"), None)  # deleted
 
 
 # ---------------------------------------------------------------- condition and streams

@@ -116,6 +116,8 @@ class WorkPool:
         self._busy: set[str] = set()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox")
+        # Told each key whose work ended, once it may take new work.
+        self.ended: Callable[[str], object] = lambda _key: None
 
     def in_flight(self) -> frozenset[str]:
         """The keys with work running now (a snapshot)."""
@@ -141,6 +143,10 @@ class WorkPool:
             finally:
                 with self._lock:
                     self._busy.discard(key)
+                try:
+                    self.ended(key)
+                except Exception:
+                    log.exception("sandbox %s: the end of its work was not handled", key)
                 # Passes skipped this key while it was busy, and what the work did
                 # (or failed to do) may need a follow-up: look again.
                 self._done.set()

@@ -86,6 +86,7 @@ from sandlot.agent.streams import StreamServer, start_streams
 from sandlot.agent.sweep import SweepReport
 from sandlot.agent.sync import unschedulable
 from sandlot.agent.workpools import SandboxPools
+from sandlot.policy.agentsync import mode_asked
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
 from sandlot.policy.suspension import live_uids
@@ -437,7 +438,13 @@ class Agent:
     def _watches(self) -> tuple[Any, ...]:
         return (self.sandbox_watch, self.node_watch, self.prune_watch, self.snapshot_watch)
 
-    def _sandbox_changed(self, event: str, old: Mapping[str, Any] | None, _new: object) -> None:
+    def _sandbox_changed(
+        self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
+    ) -> None:
+        # A pause or resume need not wait its pass; handed over first, so the pass
+        # this wakes finds it in flight.
+        if self._parts is not None and event == "MODIFIED" and new and mode_asked(old, new):
+            self._parts.sync.mode_changed(new)
         # Every change may matter (phase, deletion, containerId); the agent's own
         # status writes come back here too, and their pass finds nothing to do.
         self._sync_wake.set()

@@ -58,6 +58,12 @@ class AgentMetrics:
             "containers, every action handed to its worker).",
             registry=registry,
         )
+        self.modes_at_once = Counter(
+            "sandlot_agent_mode_changes_at_once_total",
+            "Pauses and resumes handed to their sandbox's work straight from the watch "
+            "event of the spec's change, without waiting for a sync pass.",
+            registry=registry,
+        )
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )

@@ -8,11 +8,18 @@ listed after the Sandboxes: a Sandbox seen Running had its container created
 before its status said so, so the listing that follows has it. The keys with work
 in flight are taken before either, so work finishing mid-pass (a start that just
 wrote Running) is never judged on the stale view of it.
+
+One change does not wait for a pass: a spec's new operating mode. Passes are paced
+(``policy.syncpacing``), and a program pausing and resuming sandboxes back to back
+would wait out the rate limit each time; ``mode_changed`` plans that one sandbox
+alone (``plan_mode_change``: a pause or resume, nothing else) against the last
+pass's containers and hands it to its work slot, which reads the task again first.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from functools import partial
@@ -36,6 +43,7 @@ from sandlot.policy.agentsync import (
     SandboxState,
     live_count,
     phase_counts,
+    plan_mode_change,
     plan_sync,
     startable,
 )
@@ -90,6 +98,68 @@ class SandboxSync:
             frozenset(),
             frozenset(),
         )
+        # The last pass's containers by their Sandbox's key: what a mode change
+        # between passes acts on (its work reads the task again before any call).
+        self._listed: dict[str, ContainerInfo] = {}
+        # Sandboxes whose new mode waits for their running work to end.
+        self._mode_waiting: set[str] = set()
+        self._mode_lock = threading.Lock()
+        pool.tell_ended(self.work_ended)
+
+    def mode_changed(self, obj: Mapping[str, Any]) -> None:
+        """``obj``'s spec changed its operating mode: the pause or resume a pass would
+        make, handed to its work slot now instead of after the passes' rate limit
+        (``plan_mode_change``); whatever else it needs waits for the next pass. While
+        the sandbox has work running, it is handed over when that work ends
+        (``work_ended``). Runs on the watch's thread: no call to containerd or the API
+        server."""
+        key = SandboxState.from_object(obj).key
+        with self._mode_lock:
+            self._mode_waiting.add(key)
+        self._hand_mode(key, obj)
+
+    def work_ended(self, key: str) -> None:
+        """``key``'s work ended: a mode change that arrived meanwhile is handed over."""
+        with self._mode_lock:
+            waiting = key in self._mode_waiting
+        if waiting:
+            self._hand_mode(key, self.sandbox_watch.get(key))
+
+    def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> None:
+        """Submit ``obj``'s pause or resume if it needs one now. The key stays waiting
+        only while its work runs: ``work_ended`` (called after the work lets go of the
+        key) then looks again, so a change is never left between the two."""
+        if obj is not None:
+            action = self._mode_action(obj)
+            if action is not None and self._submit(action, obj, self._container_of(obj)):
+                self.metrics.modes_at_once.inc()
+            elif self.pool.busy(key):
+                return  # its work ends later and looks again
+        with self._mode_lock:
+            self._mode_waiting.discard(key)
+
+    def _mode_action(self, obj: Mapping[str, Any]) -> Action | None:
+        state = SandboxState.from_object(obj)
+        due, waking = self.idle_flags()
+        state = replace(state, idle_suspend_due=state.key in due, waking=state.key in waking)
+        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+        in_flight = set(self.pool.in_flight()) | self.work.status.held({state.key: version})
+        container = self._container_of(obj)
+        view = ContainerView(container.id, container.labels) if container else None
+        drained = unschedulable(self.node_watch.get(self.node))
+        return plan_mode_change(
+            state, view, drained=drained, in_flight=in_flight, in_use=self.in_use()
+        )
+
+    def _container_of(self, obj: Mapping[str, Any]) -> ContainerInfo | None:
+        """The last listing's container of ``obj``, or the one its status records
+        (this agent's start wrote it) when it started after that listing."""
+        state = SandboxState.from_object(obj)
+        container = self._listed.get(state.key)
+        if container is None and state.container_id:
+            labels = {SANDBOX_LABEL: state.key}
+            container = ContainerInfo(state.container_id, str(obj["spec"].get("image")), labels)
+        return container
 
     def sync_once(self) -> None:
         if not (self.sandbox_watch.synced.is_set() and self.node_watch.synced.is_set()):
@@ -117,6 +187,7 @@ class SandboxSync:
             self.metrics.sandboxes.labels(phase.value).set(count)
         self.report_count(live_count(states))
         views = [ContainerView(c.id, c.labels) for c in containers]
+        self._listed = {c.labels[SANDBOX_LABEL]: c for c in containers if SANDBOX_LABEL in c.labels}
         starting = startable(states, views, drained=drained, in_flight=in_flight)
         live = {
             k: o.get("spec") or {}
@@ -150,11 +221,13 @@ class SandboxSync:
 
     def _submit(
         self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None
-    ) -> None:
+    ) -> bool:
+        """Hand ``action`` to its sandbox's work slot; whether it was taken (not when
+        that sandbox has work running)."""
         work = self._work_for(action, sb, container)
         if work is None:  # the plan names only what it was given: a bug, not a state
             log.error("sandbox %s: action %s lacks its Sandbox or container", action.key, action)
-            return
+            return False
         submitted = self.pool.submit(action.key, work, graceful=action.kind in GRACEFUL)
         if submitted and action.kind is ActionKind.FENCE:
             log.warning(
@@ -163,6 +236,7 @@ class SandboxSync:
                 action.container_id,
             )
             self.metrics.fenced.inc()
+        return submitted
 
     def _work_for(
         self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None

@@ -51,6 +51,10 @@ class SandboxPools:
     def in_flight(self) -> frozenset[str]:
         return self.bounded.in_flight() | self.graceful.in_flight()
 
+    def tell_ended(self, ended: Callable[[str], object]) -> None:
+        """Call ``ended`` with each key whose work ends, once it may take new work."""
+        self.bounded.ended = self.graceful.ended = ended
+
     def busy(self, key: str) -> bool:
         return self.bounded.busy(key) or self.graceful.busy(key)
 

@@ -251,6 +251,32 @@ def plan_sync(
     return actions if facts is None else _judged(actions, sandboxes, set(by_key), facts)
 
 
+def mode_asked(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
+    """Whether a watch event from ``old`` to ``new`` changed what the spec asks of the
+    task (``spec.operatingMode``): the one change an agent acts on between passes."""
+    if old is None or new is None:
+        return False
+    return wanted_mode(old) is not wanted_mode(new)
+
+
+def plan_mode_change(
+    sb: SandboxState,
+    container: ContainerView | None,
+    *,
+    drained: bool,
+    in_flight: Collection[str],
+    in_use: Collection[str] = (),
+) -> Action | None:
+    """What a change of ``sb``'s operating mode may do at once, outside the paced
+    passes: pause or resume its running task (``APPLY_MODE``) exactly where a pass
+    would, nothing else. A start, suspend, restore or teardown waits for the next
+    pass, which judges the whole node (capacity, drains, the containers as listed)."""
+    planned = plan_sync(
+        [sb], [container] if container else [], drained=drained, in_flight=in_flight, in_use=in_use
+    )
+    return next((a for a in planned if a.kind is ActionKind.APPLY_MODE), None)
+
+
 def _judged(
     actions: list[Action],
     sandboxes: Sequence[SandboxState],
@@ -326,7 +352,9 @@ __all__ = [
     "SandboxState",
     "containers_by_key",
     "live_count",
+    "mode_asked",
     "phase_counts",
+    "plan_mode_change",
     "plan_sync",
     "startable",
 ]
