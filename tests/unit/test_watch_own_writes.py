@@ -9,8 +9,9 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.api.common import SANDBOXES
+from sandlot.api.common import SANDBOXES, key_of
 from sandlot.api.resourceversion import newer
+from sandlot.policy.agentsync import SandboxState
 
 
 def sandbox(version: str, phase: str) -> dict[str, Any]:
@@ -113,3 +114,11 @@ def test_a_relist_keeps_a_write_newer_than_what_it_read_and_drops_what_it_lacks(
     watch._list_began()
     watch._listed(set())  # deleted since: the LIST is the truth
     assert watch.get("ns/sb") is None
+
+
+def test_one_key_names_an_object_in_every_cache_queue_and_log_line() -> None:
+    assert key_of({"metadata": {"namespace": "team-a", "name": "box"}}) == "team-a/box"
+    assert key_of({"metadata": {"name": "node-1"}}) == "node-1"  # cluster-scoped
+    assert SandboxState.from_object(
+        {"metadata": {"namespace": "team-a", "name": "box"}, "spec": {}}
+    ).key == key_of({"metadata": {"namespace": "team-a", "name": "box"}})

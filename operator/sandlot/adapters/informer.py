@@ -43,7 +43,7 @@ from kubernetes import client
 from sandlot.adapters.kubeprivate import watch_lines
 from sandlot.adapters.objects import LeaseRecord, lease_record_of
 from sandlot.adapters.startup import api_error_line
-from sandlot.api.common import GROUP, SANDBOXES, VERSION
+from sandlot.api.common import GROUP, SANDBOXES, VERSION, key_of
 from sandlot.api.keys import AGENT_LEASE_LABEL
 
 log = logging.getLogger(__name__)
@@ -58,13 +58,6 @@ MAX_BACKOFF = 10.0
 # A watch that ends this soon without an event is treated as a failure, so a server
 # that closes watches at once is not asked again in a tight loop.
 SHORTEST_HEALTHY_WATCH = 1.0
-
-
-def key_of(raw: Mapping[str, Any]) -> str:
-    """``namespace/name`` for a namespaced object, ``name`` for a cluster-scoped one."""
-    meta = raw.get("metadata") or {}
-    namespace = meta.get("namespace")
-    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
 def _jitter(watch_timeout: int) -> int:

@@ -46,8 +46,8 @@ from typing import Any
 
 from kubernetes import client
 
-from sandlot.adapters.informer import Informer, key_of, liveness_bound, read_timeout_for
-from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION
+from sandlot.adapters.informer import Informer, liveness_bound, read_timeout_for
+from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION, key_of
 from sandlot.api.resourceversion import newer
 
 __all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "node_snapshots",

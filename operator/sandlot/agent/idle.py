@@ -24,8 +24,8 @@ from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskState
 from sandlot.agent.idlewake import IdleSuspends
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter, sandbox_key
-from sandlot.api.common import GROUP, VERSION, Condition
+from sandlot.agent.status import StatusWriter
+from sandlot.api.common import GROUP, VERSION, Condition, key_of
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
@@ -130,9 +130,9 @@ class IdlePauses:
         present: set[str] = set()
         suspended: set[str] = set()
         for sb in self.sandboxes():
-            present.add(sandbox_key(sb))
+            present.add(key_of(sb))
             if restores_for_stream(sb):
-                suspended.add(sandbox_key(sb))
+                suspended.add(key_of(sb))
             if idle_paused(sb) or restores_for_stream(sb):
                 self._claimed(sb)
                 continue
@@ -140,7 +140,7 @@ class IdlePauses:
             container = (sb.get("status") or {}).get("containerId")
             if timeout is None or not container:
                 continue
-            key = sandbox_key(sb)
+            key = key_of(sb)
             seen.add(key)
             with self._lock:
                 sample = IdleSample(
@@ -179,7 +179,7 @@ class IdlePauses:
 
     def _claimed(self, sb: Mapping[str, Any]) -> None:
         """Resume an idle-paused member a claim has bound since its pause."""
-        key = sandbox_key(sb)
+        key = key_of(sb)
         if unclaimed_member(sb):
             self._unclaimed.add(key)
         elif claim_wakes(sb, key in self._unclaimed):
@@ -207,7 +207,7 @@ class IdlePauses:
         """Thaw a paused sandbox before a ``kind`` stream is served (idle-paused, or
         paused by its spec when the agent resumes those for use); None when it
         runs, else why not (the stream is refused with it)."""
-        key = sandbox_key(sb)
+        key = key_of(sb)
         container = (sb.get("status") or {}).get("containerId")
         rt = self.rt
         if not container:
@@ -246,7 +246,7 @@ class IdlePauses:
         return self.suspends.waking(key)
 
     def suspended(self, sb: Mapping[str, Any]) -> None:
-        key = sandbox_key(sb)
+        key = key_of(sb)
         if unclaimed_member(sb):
             self._unclaimed.add(key)
         self.metrics.idle_suspends.inc()
@@ -261,7 +261,7 @@ class IdlePauses:
         outcome = self.status.write(sb, merged, allowed_from=RUNNING_ONLY)
         log.info(
             "sandbox %s: Paused %s (%s), %s",
-            sandbox_key(sb),
+            key_of(sb),
             condition.status,
             condition.reason,
             outcome,
@@ -275,7 +275,7 @@ class IdlePauses:
             try:
                 self.post_event(involved, "Normal", reason, f"{message} on node {self.node}")
             except Exception as exc:  # an Event is news, never a reason to fail the work
-                log.warning("sandbox %s: event %s not posted: %s", sandbox_key(sb), reason, exc)
+                log.warning("sandbox %s: event %s not posted: %s", key_of(sb), reason, exc)
 
         threading.Thread(target=send, name="idle-event", daemon=True).start()
 

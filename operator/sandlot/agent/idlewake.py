@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sandlot.agent.status import sandbox_key
+from sandlot.api.common import key_of
 from sandlot.policy.idle import woken_outcome
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class IdleSuspends:
     ) -> str | None:
         """Have the sync start ``sb`` again and wait for it to run; None once it does,
         else why not (the stream is refused with it)."""
-        key, uid = sandbox_key(sb), str((sb.get("metadata") or {}).get("uid") or "")
+        key, uid = key_of(sb), str((sb.get("metadata") or {}).get("uid") or "")
         with self._lock:
             self._waking[key] += 1
             self._due.discard(key)
@@ -144,8 +144,8 @@ class IdleSuspends:
     def wake_for_claim(self, sb: Mapping[str, Any]) -> None:
         """A claim bound an idle-suspended member: start it again, waiting for nothing."""
         with self._lock:
-            self._claimed.add(sandbox_key(sb))
-            self._due.discard(sandbox_key(sb))
+            self._claimed.add(key_of(sb))
+            self._due.discard(key_of(sb))
         self.wake_sync()
 
 

@@ -16,7 +16,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_, RuntimeTimeout
-from sandlot.agent.status import StatusWriter, sandbox_key
+from sandlot.agent.status import StatusWriter
+from sandlot.api.common import key_of
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.operatingmode import ModeStep, decide_mode, paused_condition, wanted_mode
@@ -42,7 +43,7 @@ class ModeChanges:
     def apply(self, sb: Mapping[str, Any], container: ContainerInfo) -> ModeStep | None:
         """Bring ``container``'s task to the mode ``sb`` asks for; the step taken, or
         None when containerd did not answer (nothing written: the next pass retries)."""
-        key, mode = sandbox_key(sb), wanted_mode(sb)
+        key, mode = key_of(sb), wanted_mode(sb)
         rt = self.rt
         try:
             task = rt.get_task(container.id, timeout=self.call_timeout)

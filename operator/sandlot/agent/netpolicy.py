@@ -29,7 +29,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.rules import StartFailed
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import sandbox_key
+from sandlot.api.common import key_of
 from sandlot.api.keys import DEFAULT_NETWORK_POLICY_ANNOTATION
 from sandlot.api.netpolicy import SandboxNetworkPolicy
 from sandlot.api.reasons import SandboxReason
@@ -100,7 +100,7 @@ class NetworkPolicies:
         try:
             peers = self._peers(sb, policy)
         except Exception as exc:
-            log.warning("sandbox %s: cannot list its peers: %s", sandbox_key(sb), exc)
+            log.warning("sandbox %s: cannot list its peers: %s", key_of(sb), exc)
             return None
         return PlannedPolicy(policy, tuple(peers), tuple(spec.ports))
 
@@ -111,7 +111,7 @@ class NetworkPolicies:
                 DEFAULT_NETWORK_POLICY_ANNOTATION, ""
             )
         except Exception as exc:
-            log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
+            log.warning("sandbox %s: cannot read namespace %s: %s", key_of(sb), ns, exc)
             return None
         try:
             default = parse_namespace_default(text, ns)
@@ -183,9 +183,7 @@ class NetworkPolicies:
             try:
                 self._refresh(sb, cid, path)
             except (ValidationError, StartFailed, netfilter.FilterError) as exc:
-                log.warning(
-                    "sandbox %s: network policy not rendered again: %s", sandbox_key(sb), exc
-                )
+                log.warning("sandbox %s: network policy not rendered again: %s", key_of(sb), exc)
         for gone in set(self._installed) - live:
             self._installed.pop(gone, None)
 
@@ -202,13 +200,13 @@ class NetworkPolicies:
         try:
             peers = tuple(self._peers(sb, known.policy))
         except Exception as exc:
-            log.warning("sandbox %s: cannot list its peers: %s", sandbox_key(sb), exc)
+            log.warning("sandbox %s: cannot list its peers: %s", key_of(sb), exc)
             return
         if admitted_peers(known.policy, peers) == known.admitted:
             return
         own = netfilter.interfaces(path, timeout=self.timeout)
         planned = PlannedPolicy(known.policy, peers, known.published)
-        self.install(sandbox_key(sb), cid, planned, path, own, trigger="peers")
+        self.install(key_of(sb), cid, planned, path, own, trigger="peers")
 
 
 __all__ = ["NetworkPolicies", "PlannedPolicy"]

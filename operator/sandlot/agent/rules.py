@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from sandlot.adapters.nodeguard import namespace_annotations, namespace_labels
 from sandlot.adapters.objects import Objects
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import sandbox_key
 from sandlot.api.admission import Level, level_of
+from sandlot.api.common import key_of
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
@@ -104,7 +104,7 @@ class NamespaceRules:
         try:
             text = namespace_annotations(self.objects.api, ns).get(DEFAULT_LIMITS_ANNOTATION, "")
         except Exception as exc:
-            log.warning("sandbox %s: cannot read namespace %s: %s", sandbox_key(sb), ns, exc)
+            log.warning("sandbox %s: cannot read namespace %s: %s", key_of(sb), ns, exc)
             return None
         try:
             return merge(self.settings.default_limits, parse_defaults(text))
@@ -145,7 +145,7 @@ class NamespaceRules:
         except Exception as exc:
             log.warning(
                 "sandbox %s: cannot read namespace %s for its policy level: %s",
-                sandbox_key(sb),
+                key_of(sb),
                 ns,
                 exc,
             )

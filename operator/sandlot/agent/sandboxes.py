@@ -46,10 +46,11 @@ from sandlot.agent.pulling import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
 from sandlot.agent.runtimes import RuntimeClasses, discover
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter, running, sandbox_key
+from sandlot.agent.status import StatusWriter, running
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.agent.userns import UserRanges
 from sandlot.agent.writecap import WriteCaps
+from sandlot.api.common import key_of
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
@@ -262,7 +263,7 @@ class SandboxWork:
         )
 
     def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
-        key = sandbox_key(sb)
+        key = key_of(sb)
         log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)
         result = self._graceful_stop(container, self._grace(sb))
         if result is None:
@@ -277,7 +278,7 @@ class SandboxWork:
     def stop_ended(self, sb: Mapping[str, Any], container: ContainerInfo) -> None:
         """A sandbox something else ended (its lifetime, a user) while its container
         runs: SIGTERM and its grace, then the teardown; its status stays as written."""
-        log.info("sandbox %s has ended: stopping container %s", sandbox_key(sb), container.id)
+        log.info("sandbox %s has ended: stopping container %s", key_of(sb), container.id)
         self._graceful_stop(container, self._grace(sb))
 
     def end_lost(self, key: str) -> None:
@@ -346,7 +347,7 @@ class SandboxWork:
     def _write_running(
         self, sb: Mapping[str, Any], container: ContainerInfo, status: dict[str, Any]
     ) -> None:
-        key = sandbox_key(sb)
+        key = key_of(sb)
         outcome = self.status.write(sb, status, allowed_from=UNSTARTED_PHASES)
         if outcome is WriteOutcome.WRITTEN:
             self._unrecorded.pop(key, None)
@@ -394,7 +395,7 @@ class SandboxWork:
         except RuntimeClassRefused as exc:
             raise StartFailed(exc.reason, str(exc)) from None
         except Exception as exc:  # the API server did not answer: the next pass asks again
-            log.warning("sandbox %s: its RuntimeClass cannot be read: %s", sandbox_key(sb), exc)
+            log.warning("sandbox %s: its RuntimeClass cannot be read: %s", key_of(sb), exc)
             return None
         if self.image_gate is not None and committed is None:
             try:
@@ -418,7 +419,7 @@ class SandboxWork:
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
         oci = as_pod_sandbox(oci, handler)
         attachment = self._plan_network(container_id, spec, oci, handler)
-        labels = {SANDBOX_LABEL: sandbox_key(sb), SANDBOX_UID_LABEL: meta["uid"]}
+        labels = {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity
         if attachment is not None:
             labels.update(attachment.labels())
@@ -589,7 +590,7 @@ class SandboxWork:
         self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
 
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
-        log.warning("sandbox %s failed: %s: %s", sandbox_key(sb), reason, message)
+        log.warning("sandbox %s failed: %s: %s", key_of(sb), reason, message)
         self.status.end(sb, SandboxPhase.FAILED, reason, message)
 
 

@@ -23,8 +23,8 @@ from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.sandboxes import SandboxWork, container_id_for
 from sandlot.agent.statestore import StateStore
-from sandlot.agent.status import sandbox_key
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.common import key_of
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.snapshot import SnapshotPhase
@@ -49,10 +49,6 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_TICK = 1.0
 """Seconds between passes (each reads the watch caches only)."""
-
-
-def snapshot_key(obj: Mapping[str, Any]) -> str:
-    return sandbox_key(obj)
 
 
 class Snapshots:
@@ -152,7 +148,7 @@ class Snapshots:
             sb = self.sandboxes.get(key)
             if meta["uid"] in self._ended or take_step(snapshot, sb, True, False) is None:
                 continue
-            self.pool.submit(key, partial(self.take, snapshot_key(snapshot), key))
+            self.pool.submit(key, partial(self.take, key_of(snapshot), key))
 
     def _write(self, snapshot: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         meta = snapshot["metadata"]

@@ -20,17 +20,13 @@ from typing import Any
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.statuswrite import StatusFor, WriteOutcome, write_status
+from sandlot.api.common import key_of
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
 from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
 log = logging.getLogger(__name__)
-
-
-def sandbox_key(obj: Mapping[str, Any]) -> str:
-    meta = obj["metadata"]
-    return f"{meta['namespace']}/{meta['name']}"
 
 
 def ended(
@@ -90,7 +86,7 @@ class StatusWriter:
             }
 
     def _note(self, obj: Mapping[str, Any], outcome: WriteOutcome) -> None:
-        key = sandbox_key(obj)
+        key = key_of(obj)
         with self._lock:
             if outcome in (WriteOutcome.REFUSED, WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
                 version = str(obj["metadata"].get("resourceVersion") or "")
@@ -116,7 +112,7 @@ class StatusWriter:
         result = write_status(self.objects, obj, status, node=self.node, allowed_from=allowed_from)
         if result.outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED, WriteOutcome.REFUSED):
             log.warning(
-                "sandbox %s: status write %s: %s", sandbox_key(obj), result.outcome, result.detail
+                "sandbox %s: status write %s: %s", key_of(obj), result.outcome, result.detail
             )
         self._note(obj, result.outcome)
         if result.written is not None and self.observe is not None:
@@ -165,5 +161,4 @@ __all__ = [
     "StatusWriter",
     "ended",
     "running",
-    "sandbox_key",
 ]

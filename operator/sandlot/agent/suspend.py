@@ -25,8 +25,7 @@ from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
 from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.statestore import StateStore
-from sandlot.agent.status import sandbox_key
-from sandlot.api.common import Condition
+from sandlot.api.common import Condition, key_of
 from sandlot.api.reasons import ConditionType, SuspendedReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
@@ -95,7 +94,7 @@ class Suspensions:
         try:
             pushed = self.store.push(sb["metadata"]["uid"], image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
-            log.warning("sandbox %s: state not pushed: %s", sandbox_key(sb), exc)
+            log.warning("sandbox %s: state not pushed: %s", key_of(sb), exc)
             return {}, f"not pushed ({exc}): it stays on this node"
         state = {"image": pushed.reference, "digest": pushed.digest, "node": self.work.node}
         return {"suspendedState": state}, f"pushed to {pushed.reference}"
@@ -125,11 +124,11 @@ class Suspensions:
         generation = (sb.get("metadata") or {}).get("generation")
         condition = pull_backoff_condition(self.work.node, generation, error, retry, now)
         outcome = self._write(sb, [condition], {})
-        log.warning("sandbox %s: %s, condition %s", sandbox_key(sb), condition.message, outcome)
+        log.warning("sandbox %s: %s, condition %s", key_of(sb), condition.message, outcome)
         self.wake_in((retry.not_before - now).total_seconds())
 
     def _step(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
-        waking = self.idle is not None and self.idle.waking(sandbox_key(sb))
+        waking = self.idle is not None and self.idle.waking(key_of(sb))
         return decide_suspension(
             effective_mode(sb, waking),
             recorded_suspended(sb),
@@ -153,7 +152,7 @@ class Suspensions:
     def suspend(self, sb: Mapping[str, Any], container: ContainerInfo) -> SuspendStep | None:
         """Commit ``container``'s filesystem, say so, remove it (or only remove it when
         that was said already); the step taken, None when nothing was done."""
-        step, key = self._step(sb, container), sandbox_key(sb)
+        step, key = self._step(sb, container), key_of(sb)
         if step is SuspendStep.REMOVE:
             log.info("sandbox %s: suspended already, removing container %s", key, container.id)
             self.work.teardown(container)
@@ -167,14 +166,14 @@ class Suspensions:
         still is (no stream open, no use waiting): as ``suspend``, its condition
         saying ``Idle``. A commit the runtime refuses is not recorded (nobody asked for
         it): the idle loop pauses that sandbox from then on."""
-        key = sandbox_key(sb)
+        key = key_of(sb)
         if self.idle is None or not self.idle.begin(key):
             return None
         return SuspendStep.COMMIT if self._commit(sb, container, idle=True) else None
 
     def _commit(self, sb: Mapping[str, Any], container: ContainerInfo, *, idle: bool) -> bool:
         """Freeze, commit, record, remove; whether the container was removed."""
-        key, work = sandbox_key(sb), self.work
+        key, work = key_of(sb), self.work
         generation = (sb.get("metadata") or {}).get("generation")
         rt, timeout = work.rt, work.call_timeout
         error: str | None = None
@@ -238,7 +237,7 @@ class Suspensions:
     def restore(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
         """Start ``sb`` again from its committed filesystem (or only say so when its
         container exists already); the step taken, None when nothing was done."""
-        step, key = self._step(sb, container), sandbox_key(sb)
+        step, key = self._step(sb, container), key_of(sb)
         work, generation = self.work, (sb.get("metadata") or {}).get("generation")
         fields: dict[str, Any] = {}
         error: str | None = None
@@ -292,9 +291,7 @@ class Suspensions:
         if says(sb, condition):
             return
         outcome = self._write(sb, [condition], {})
-        log.info(
-            "sandbox %s: restore waits for room (%s), condition %s", sandbox_key(sb), why, outcome
-        )
+        log.info("sandbox %s: restore waits for room (%s), condition %s", key_of(sb), why, outcome)
 
 
 __all__ = ["Suspensions"]

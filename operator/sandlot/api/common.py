@@ -3,7 +3,7 @@ the CRD metadata each kind declares next to its fields."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Literal
@@ -48,6 +48,14 @@ MAX_NODES = 5000
 MAX_ENTRIES = 64
 """Entries of a map (labels, annotations) or a list of scheduling terms."""
 MAX_QUANTITY = 64
+
+
+def key_of(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` of a namespaced object, ``name`` of a cluster-scoped one:
+    the one key every cache, queue and log line of sandlot uses for an object."""
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
 def cel_list(words: Iterable[str]) -> str:

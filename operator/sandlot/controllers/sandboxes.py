@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from sandlot.api.common import key_of
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time
@@ -242,7 +243,7 @@ class SandboxCache:
         """A watch event, or SYNC for an object of a list."""
         if event_type == "DELETED":
             meta = body["metadata"]
-            key = f"{meta['namespace']}/{meta['name']}"
+            key = key_of(body)
             self._deleted.pop(meta.get("uid", ""), None)
             self._remove(key, meta.get("uid"))
             return

@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from sandlot.api.common import key_of
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
@@ -139,10 +140,9 @@ class SandboxState:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:
-        meta = obj["metadata"]
         status = obj.get("status") or {}
         return cls(
-            key=f"{meta['namespace']}/{meta['name']}",
+            key=key_of(obj),
             phase=SandboxPhase(status.get("phase") or SandboxPhase.PENDING),
             container_id=status.get("containerId") or None,
             mode=wanted_mode(obj),

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.pulling import Credential
 from sandlot.agent.pulling.pulls import ImagePulls
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter, sandbox_key
+from sandlot.agent.status import StatusWriter
+from sandlot.api.common import key_of
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.api.timestamps import rfc3339
@@ -92,7 +93,7 @@ class ImageGate:
             verify = decision.action is PullAction.VERIFY
             self._joined[uid] = self.pulls.start(key, credential, verify=verify)
             what = "verifying its credential for" if verify else "pulling"
-            log.info("sandbox %s: %s image %s", sandbox_key(sb), what, image)
+            log.info("sandbox %s: %s image %s", key_of(sb), what, image)
             self._report_pulling(sb, key)
         elif decision.action is PullAction.WAIT:
             self._joined.setdefault(uid, self.pulls.history(key).started)
@@ -126,7 +127,7 @@ class ImageGate:
             and current.get("imagePull") == progress
         ):
             return
-        key, now = sandbox_key(sb), time.monotonic()
+        key, now = key_of(sb), time.monotonic()
         recent = now - self._progress_written.get(key, 0.0) < PROGRESS_WRITE_SECONDS
         if current.get("reason") == reason and progress is not None and recent:
             return
