@@ -184,10 +184,11 @@ def floor_round(boxes: Sandboxes) -> float:
 def pause_rows(
     boxes: Sandboxes, api: client.ApiClient, rt: ContainerdRuntime, work: Path, rounds: int
 ) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Round trips back to back (each round's spec writes and status writes wake four
-    sync passes: past the agent's burst, its rate limit paces them), one at a time
-    (``SPACING`` apart: the bucket full again, as for a user pausing one sandbox), and
-    containerd's bare, and the API's own share (``floor_round``), spaced alike."""
+    """Round trips back to back (each change of mode is handed to the sandbox's work
+    from its watch event; the sync passes its writes wake are paced by the agent's
+    rate limit, beside), one at a time (``SPACING`` apart, as for a user pausing one
+    sandbox now and then), containerd's bare, and the API's own share
+    (``floor_round``), spaced alike."""
     start_sandbox(boxes, api, "paused", COUNTER)
     boxes.objs.create_namespaced_custom_object(
         GROUP,
