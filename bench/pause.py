@@ -70,7 +70,7 @@ from sandlot.policy.ocispec import default_spec
 IMAGE = "docker.io/sandlot/bench-pause:1"
 LEASE_NS = "sandlot-system"
 NODE = "bench-pause"
-SPACING = 1.0  # seconds between one-at-a-time pause rounds: the agent's sync bucket refills
+SPACING = 1.0  # seconds between one-at-a-time pause rounds: a user pausing now and then
 WAIT = 180.0  # seconds any one state change may take before the bench gives up
 COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); sleep 0.1; done"]
 FORKS = 20
