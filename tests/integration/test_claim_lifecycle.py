@@ -13,18 +13,14 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339
-from tests.support.pools import (  # the pool tests' cluster of real agents
+from tests.support.pools import (
     Cluster,
     Start,
-    cluster,
-    pool_archive,
     start_operator,
 )
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
 
 
 def create_claim(c: Cluster, name: str, pool: str, lifecycle: dict[str, Any]) -> None:

@@ -28,15 +28,11 @@ from tests.support.pools import (
     Cluster,
     LocalNode,
     Start,
-    cluster,
     node_of,
-    pool_archive,
     start_operator,
 )
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, LOOPBACK_ACCESS, Registry
 from tests.support.wait import wait_for
-
-__all__ = ["cluster", "pool_archive"]  # fixtures
 
 pytest_plugins = ["tests.support.registry"]
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
