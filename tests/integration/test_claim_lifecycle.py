@@ -13,11 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339
-from tests.support.pools import (
-    Cluster,
-    Start,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

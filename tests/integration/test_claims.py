@@ -11,11 +11,7 @@ from typing import Any
 import pytest
 
 from sandlot.api.common import GROUP, VERSION
-from tests.support.pools import (
-    Cluster,
-    Start,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

@@ -12,11 +12,7 @@ import pytest
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.client import Client, TimedOut
-from tests.support.pools import (
-    Cluster,
-    Start,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

@@ -12,13 +12,7 @@ import pytest
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339
-from tests.support.pools import (
-    IMAGE,
-    SLEEPER,
-    Cluster,
-    Start,
-    start_operator,
-)
+from tests.support.pools import IMAGE, SLEEPER, Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

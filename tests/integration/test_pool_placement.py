@@ -11,14 +11,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
-from tests.support.pools import (
-    IMAGE,
-    Cluster,
-    Start,
-    node_of,
-    phase,
-    start_operator,
-)
+from tests.support.pools import IMAGE, Cluster, Start, node_of, phase, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

@@ -12,12 +12,7 @@ from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time
-from tests.support.pools import (
-    Cluster,
-    Start,
-    phase,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, phase, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

@@ -23,14 +23,7 @@ from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.registry import LOOPBACK_HOSTS
 from tests.support.operator import Fleet
-from tests.support.pools import (
-    IMAGE,
-    Cluster,
-    LocalNode,
-    Start,
-    node_of,
-    start_operator,
-)
+from tests.support.pools import IMAGE, Cluster, LocalNode, Start, node_of, start_operator
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, LOOPBACK_ACCESS, Registry
 from tests.support.wait import wait_for
 
