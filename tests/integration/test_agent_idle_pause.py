@@ -17,7 +17,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +27,14 @@ from sandlot.adapters.runtime import TaskState
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL, SANDBOX_LABEL
-from sandlot.devtools.certs import StreamCerts
-from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.streamnet import StreamAddress
-from sandlot.gateway.runner import GatewayParts
 from tests.integration.test_agent_node import get_sandbox
 from tests.integration.test_agent_pause import frozen, paused_condition
-from tests.support.streams import delete_sandbox, running_sandbox, sandlot, stream_agent
+from tests.support.streams import (
+    StartStreamAgent,
+    delete_sandbox,
+    running_sandbox,
+    sandlot,
+)
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -43,30 +43,10 @@ IDLE_TIMEOUT = 2  # seconds, the sandboxes' spec.idleTimeoutSeconds
 
 
 @pytest.fixture(scope="module")
-def agent(
-    kube: client.ApiClient,
-    containerd: PrivateContainerd,
-    places: tuple[str, str],
-    stream_address: StreamAddress,
-    stream_certs: StreamCerts,
-    gateway: GatewayParts,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Agent]:
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
     """The stream rig's agent, sampling idleness every 0.3 s, thawing a sandbox
     paused by its spec for a stream (``paused_streams: Resume``)."""
-    system, _ = places
-    with stream_agent(
-        kube,
-        containerd,
-        system,
-        stream_address,
-        stream_certs,
-        tmp_path_factory.mktemp("idle-pause"),
-        prefix="idlepause",
-        idle_interval="0.3s",
-        paused_streams="Resume",
-    ) as started:
-        yield started
+    return start_stream_agent("idlepause", idle_interval="0.3s", paused_streams="Resume")
 
 
 def idle_sandbox(kube: client.ApiClient, agent: Agent, namespace: str, name: str) -> str:

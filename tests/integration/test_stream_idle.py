@@ -15,18 +15,18 @@ import select
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from sandlot.agent.main import Agent
-from sandlot.devtools.certs import StreamCerts
-from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.streamnet import StreamAddress
-from sandlot.gateway.runner import GatewayParts
-from tests.support.streams import delete_sandbox, running_sandbox, sandlot, stream_agent
+from tests.support.streams import (
+    StartStreamAgent,
+    delete_sandbox,
+    running_sandbox,
+    sandlot,
+)
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -40,29 +40,9 @@ FOLLOW_IDLE = f"no output for {IDLE:g}s: the log follow timed out"
 
 
 @pytest.fixture(scope="module")
-def agent(
-    kube: client.ApiClient,
-    containerd: PrivateContainerd,
-    places: tuple[str, str],
-    stream_address: StreamAddress,
-    stream_certs: StreamCerts,
-    gateway: GatewayParts,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Agent]:
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
     """The stream rig's agent (tests/support/streams.py), with a 2 s idle timeout."""
-    system, _ = places
-    with stream_agent(
-        kube,
-        containerd,
-        system,
-        stream_address,
-        stream_certs,
-        tmp_path_factory.mktemp("idle-streams"),
-        prefix="idle",
-        stream_idle_timeout=f"{IDLE:g}s",
-        log_interval="0.2s",
-    ) as started:
-        yield started
+    return start_stream_agent("idle", stream_idle_timeout=f"{IDLE:g}s", log_interval="0.2s")
 
 
 def _timed(

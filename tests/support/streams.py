@@ -12,10 +12,11 @@ namespace, ``onlooker`` what ``sandlot-view`` grants; neither has ``pods/proxy``
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -150,8 +151,11 @@ def stream_agent(
         clear_namespace(containerd, ctr_ns)
 
 
+StartStreamAgent = Callable[..., Agent]
+
+
 @pytest.fixture(scope="module")
-def agent(
+def start_stream_agent(
     kube: client.ApiClient,
     containerd: PrivateContainerd,
     places: tuple[str, str],
@@ -159,22 +163,39 @@ def agent(
     stream_certs: StreamCerts,
     gateway: GatewayParts,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Agent]:
+) -> Iterator[StartStreamAgent]:
+    """``start(prefix, **settings) -> Agent``: a ``stream_agent`` of the rig behind
+    its gateway, with a module's own settings; stopped at the module's end."""
     system, _ = places
-    with stream_agent(
-        kube,
-        containerd,
-        system,
-        stream_address,
-        stream_certs,
-        tmp_path_factory.mktemp("streams"),
-        prefix="streams",
+    with contextlib.ExitStack() as stack:
+
+        def start(prefix: str, **overrides: Any) -> Agent:
+            workdir = tmp_path_factory.mktemp(prefix)
+            return stack.enter_context(
+                stream_agent(
+                    kube,
+                    containerd,
+                    system,
+                    stream_address,
+                    stream_certs,
+                    workdir,
+                    prefix=prefix,
+                    **overrides,
+                )
+            )
+
+        yield start
+
+
+@pytest.fixture(scope="module")
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
+    return start_stream_agent(
+        "streams",
         # The agent's side of the gateway's 30 s wait (above).
         handshake_timeout=30.0,
         stream_file_max_bytes=120 * 2**20,
         log_interval="0.2s",
-    ) as started:
-        yield started
+    )
 
 
 def _user_kubeconfig(
