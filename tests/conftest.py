@@ -1,7 +1,8 @@
 """Shared fixtures: the real control plane (tests/support/kube.py) and the real
 containerd (tests/support/containerd_fixtures.py), the runtime handler rig
-(tests/support/runtimeclasses.py); under SANDLOT_REQUIRE_REAL=1 a
-skip fails the run (tests/support/strict_skips.py)."""
+(tests/support/runtimeclasses.py), the pool tests' cluster of real agents
+(tests/support/pools.py); under SANDLOT_REQUIRE_REAL=1 a skip fails the run
+(tests/support/strict_skips.py)."""
 
 pytest_plugins = [
     "tests.support.kube",
@@ -14,4 +15,5 @@ pytest_plugins = [
     "tests.support.streams",
     "tests.support.runtimeclasses",
     "tests.support.agentrig",
+    "tests.support.pools",
 ]

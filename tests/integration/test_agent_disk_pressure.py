@@ -23,7 +23,6 @@ import pytest
 from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
-from sandlot.devtools.containerd import start_private_containerd
 from tests.support import agents
 from tests.support.loopdisk import loop_disk
 from tests.support.wait import wait_for
@@ -89,12 +88,9 @@ def test_writers_are_evicted_and_the_disk_goes_back_under_its_high_watermark(
 ) -> None:
     archive = agents.busybox_archive(tmp_path_factory, IMAGE)
     with contextlib.ExitStack() as stack:
-        mount = stack.enter_context(small_disk(tmp_path))
-        containerd = start_private_containerd(base=mount)
-        stack.callback(containerd.stop)
         node = f"node-dp-{os.getpid()}"
-        agents.start_agent(
-            stack, kube, namespace, containerd, archive, mount / "logs", "dp", node,
+        mount, _ = agents.agent_on_disk(
+            stack, kube, namespace, small_disk(tmp_path), archive, "dp", node,
             gc_high=HIGH, gc_low=LOW, log_interval="0.5s",
         )  # fmt: skip
         peak = Peak(mount)
@@ -146,17 +142,13 @@ def test_a_sandbox_placed_by_hand_waits_while_the_disk_is_under_pressure(
 ) -> None:
     archive = agents.busybox_archive(tmp_path_factory, IMAGE)
     with contextlib.ExitStack() as stack:
-        mount = stack.enter_context(small_disk(tmp_path))
-        containerd = start_private_containerd(base=mount)
-        stack.callback(containerd.stop)
         node = f"node-dph-{os.getpid()}"
-        agent = agents.start_agent(
+        mount, agent = agents.agent_on_disk(
             stack,
             kube,
             namespace,
-            containerd,
+            small_disk(tmp_path),
             archive,
-            mount / "logs",
             "dp",
             node,
             gc_high=HIGH,

@@ -9,9 +9,8 @@ a paused sandbox is not probed.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from sandlot.adapters.containerd.execs import open_execs
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
@@ -32,23 +30,9 @@ FAST = {"periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 1}
 WAIT = 30.0
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
 @pytest.fixture
-def agent(
-    kube: client.ApiClient,
-    namespace: str,
-    containerd: PrivateContainerd,
-    archive: Path,
-    tmp_path: Path,
-) -> Iterator[Agent]:
-    with contextlib.ExitStack() as stack:
-        yield agents.start_agent(
-            stack, kube, namespace, containerd, archive, tmp_path / "logs", "ready"
-        )
+def agent(started_agent: Agent) -> Agent:
+    return started_agent
 
 
 def _sandbox(kube: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:

@@ -22,7 +22,6 @@ import pytest
 from kubernetes import client
 
 from sandlot.api.reasons import SandboxReason
-from sandlot.devtools.containerd import start_private_containerd
 from sandlot.policy.ephemeralstorage import write_cap
 from tests.integration.test_agent_disk_pressure import Peak, _status, _used_fraction
 from tests.support import agents
@@ -64,12 +63,9 @@ def test_writers_meet_their_cap_as_they_write_and_the_disk_stays_under_high(
         pytest.skip(reason)
     archive = agents.busybox_archive(tmp_path_factory, IMAGE)
     with contextlib.ExitStack() as stack:
-        mount = stack.enter_context(quota_disk(tmp_path))
-        containerd = start_private_containerd(base=mount)
-        stack.callback(containerd.stop)
         node = f"node-wc-{os.getpid()}"
-        agent = agents.start_agent(
-            stack, kube, namespace, containerd, archive, mount / "logs", "wc", node,
+        mount, agent = agents.agent_on_disk(
+            stack, kube, namespace, quota_disk(tmp_path), archive, "wc", node,
             gc_high=HIGH, gc_low=LOW, log_interval="0.5s",
             default_ephemeral_storage_limit="128Mi",
         )  # fmt: skip

@@ -13,33 +13,10 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339
-from tests.support.pools import (  # the pool tests' cluster of real agents
-    Cluster,
-    Start,
-    cluster,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
-
-
-def create_claim(c: Cluster, name: str, pool: str, lifecycle: dict[str, Any]) -> None:
-    c.objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        c.namespace,
-        "sandboxclaims",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "SandboxClaim",
-            "metadata": {"name": name},
-            "spec": {"poolName": pool, "lifecycle": lifecycle},
-        },
-    )
 
 
 def read(c: Cluster, plural: str, name: str) -> dict[str, Any] | None:
@@ -73,8 +50,8 @@ def test_delete_and_retain_at_the_claims_shutdown_time(cluster: Cluster, operato
     cluster.wait_running("warm", 2)
     end = (datetime.now(UTC) + timedelta(seconds=30)).replace(microsecond=0)
     at = rfc3339(end).replace(".000000", "")
-    create_claim(cluster, "kept", "warm", {"shutdownTime": at})
-    create_claim(cluster, "gone", "warm", {"shutdownTime": at, "shutdownPolicy": "Delete"})
+    cluster.create_claim("kept", "warm", {"shutdownTime": at})
+    cluster.create_claim("gone", "warm", {"shutdownTime": at, "shutdownPolicy": "Delete"})
     kept = wait_claim(cluster, "kept", "Bound")["sandboxName"]
     gone = wait_claim(cluster, "gone", "Bound")["sandboxName"]
 
@@ -93,14 +70,14 @@ def test_a_lost_claim_is_deleted_after_its_ttl_and_a_bad_policy_is_refused(
     cluster: Cluster, operators: Start
 ) -> None:
     with pytest.raises(ApiException) as refused:
-        create_claim(cluster, "bad", "warm", {"shutdownPolicy": "Sometimes"})
+        cluster.create_claim("bad", "warm", {"shutdownPolicy": "Sometimes"})
     assert refused.value.status == 422 and "shutdownPolicy" in str(refused.value.body)
 
     cluster.add_node("a", capacity=10)
     start_operator(cluster, operators)
     cluster.create_pool("warm", 1)
     cluster.wait_running("warm", 1)
-    create_claim(cluster, "brief", "warm", {"ttlSecondsAfterFinished": 5})
+    cluster.create_claim("brief", "warm", {"ttlSecondsAfterFinished": 5})
     name = wait_claim(cluster, "brief", "Bound")["sandboxName"]
     cluster.objs.delete_namespaced_custom_object(
         GROUP, VERSION, cluster.namespace, "sandboxes", name

@@ -11,38 +11,10 @@ from typing import Any
 import pytest
 
 from sandlot.api.common import GROUP, VERSION
-from tests.support.pools import (  # the pool tests' cluster of real agents
-    Cluster,
-    Start,
-    cluster,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
-
-
-def create_claim(c: Cluster, name: str, pool: str) -> None:
-    c.objs.create_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        c.namespace,
-        "sandboxclaims",
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "SandboxClaim",
-            "metadata": {"name": name},
-            "spec": {"poolName": pool},
-        },
-    )
-
-
-def claim_status(c: Cluster, name: str) -> dict[str, Any]:
-    body = c.objs.get_namespaced_custom_object(GROUP, VERSION, c.namespace, "sandboxclaims", name)
-    return dict(body.get("status") or {})
 
 
 def test_claim_is_bound_to_a_warm_member_which_the_pool_replaces(
@@ -53,9 +25,9 @@ def test_claim_is_bound_to_a_warm_member_which_the_pool_replaces(
     cluster.create_pool("warm", 2)
     warm = {m["metadata"]["name"]: m for m in cluster.wait_running("warm", 2)}
 
-    create_claim(cluster, "mine", "warm")
+    cluster.create_claim("mine", "warm")
     status = wait_for(
-        lambda: (s := claim_status(cluster, "mine")).get("phase") == "Bound" and s,
+        lambda: (s := cluster.claim_status("mine")).get("phase") == "Bound" and s,
         timeout=10,
         what="claim mine to be Bound",
     )
@@ -100,16 +72,16 @@ def test_claim_on_a_pool_without_running_members_waits_saying_why(
 ) -> None:
     cluster.add_node("a", capacity=10)
     start_operator(cluster, operators)
-    create_claim(cluster, "early", "nopool")
+    cluster.create_claim("early", "nopool")
     status = wait_for(
-        lambda: (s := claim_status(cluster, "early")).get("phase") == "Pending" and s,
+        lambda: (s := cluster.claim_status("early")).get("phase") == "Pending" and s,
         timeout=10,
         what="claim early to say it waits",
     )
     assert status["message"] == "pool nopool does not exist"
     cluster.create_pool("nopool", 1)
     wait_for(
-        lambda: claim_status(cluster, "early").get("phase") == "Bound",
+        lambda: cluster.claim_status("early").get("phase") == "Bound",
         timeout=40,
         what="claim early to be bound once its pool has a Running member",
     )
@@ -122,9 +94,9 @@ def test_a_claimed_sandbox_outlives_its_pool_and_its_deletion_makes_the_claim_lo
     start_operator(cluster, operators)
     cluster.create_pool("warm", 2)
     cluster.wait_running("warm", 2)
-    create_claim(cluster, "mine", "warm")
+    cluster.create_claim("mine", "warm")
     claimed = wait_for(
-        lambda: claim_status(cluster, "mine").get("sandboxName"),
+        lambda: cluster.claim_status("mine").get("sandboxName"),
         timeout=10,
         what="claim mine to be Bound",
     )
@@ -155,13 +127,13 @@ def test_a_claimed_sandbox_outlives_its_pool_and_its_deletion_makes_the_claim_lo
     after = sandbox(claimed)
     assert after is not None and after["status"]["phase"] == "Running", "the claim owns it"
     assert kept["status"]["containerId"] in node.containers()
-    assert claim_status(cluster, "mine")["phase"] == "Bound"
+    assert cluster.claim_status("mine")["phase"] == "Bound"
 
     cluster.objs.delete_namespaced_custom_object(
         GROUP, VERSION, cluster.namespace, "sandboxes", claimed
     )
     status = wait_for(
-        lambda: (s := claim_status(cluster, "mine")).get("phase") == "Lost" and s,
+        lambda: (s := cluster.claim_status("mine")).get("phase") == "Lost" and s,
         timeout=15,
         what="claim mine to say its sandbox is lost",
     )

@@ -12,12 +12,10 @@ import pytest
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.client import Client, TimedOut
-from tests.support.pools import Cluster, Start, cluster, pool_archive, start_operator
+from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
 
 
 def _names(c: Cluster, plural: str) -> set[str]:

@@ -9,10 +9,8 @@ CreateContainerConfigError until the key exists.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +26,6 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.controllers.pullcredentials import PullCredentialBroker, broker_node
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd
 from tests.support.kube import as_node_identity
 from tests.support.wait import wait_for
 
@@ -39,23 +36,9 @@ WAIT = 90.0
 VALUE = f"s3cret-{uuid.uuid4().hex}"
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return agents.busybox_archive(tmp_path_factory, IMAGE)
-
-
 @pytest.fixture
-def agent(
-    kube: client.ApiClient,
-    namespace: str,
-    containerd: PrivateContainerd,
-    archive: Path,
-    tmp_path: Path,
-) -> Iterator[Agent]:
-    with contextlib.ExitStack() as stack:
-        yield agents.start_agent(
-            stack, kube, namespace, containerd, archive, tmp_path / "logs", "envrefs"
-        )
+def agent(started_agent: Agent) -> Agent:
+    return started_agent
 
 
 def _secret(kube: client.ApiClient, namespace: str, name: str, data: dict[str, str]) -> None:

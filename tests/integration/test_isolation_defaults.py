@@ -14,30 +14,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.nodeguard import bounding_capabilities
-from sandlot.adapters.runtime import ContainerSpec
-from sandlot.agent.teardown import teardown_many
-from sandlot.api.sandbox import SandboxSpec
-from sandlot.policy.ocispec import ALL_CAPABILITIES, MASKED_PATHS, ImageConfig, build_oci_spec
-from tests.support.containerd_fixtures import ImageFactory
-from tests.support.wait import wait_for
+from sandlot.policy.ocispec import MASKED_PATHS
+from tests.support.containerd_fixtures import ImageFactory, ScriptRuns
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
 
 PROBE_SOURCE = Path(__file__).resolve().parents[1] / "support" / "probes" / "sysprobe.c"
 PROBE_IMAGE = "docker.io/sandlot/sysprobe:test"
 USER_IMAGE = "docker.io/sandlot/named-user:test"
-EXIT_MARK = "__exit="
 EPERM = 1
-NODE_CAPABILITIES = bounding_capabilities(ALL_CAPABILITIES)
 
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\napp:x:1234:2345:app:/tmp:/bin/sh\n"
 GROUP = b"root:x:0:\napp:x:2345:\nextra:x:3456:app\n"
@@ -76,40 +66,10 @@ Run = Callable[..., tuple[int, str]]
 
 
 @pytest.fixture
-def run(runtime: ContainerdRuntime, tmp_path: Path) -> Iterator[Run]:
+def run(script_runs: ScriptRuns) -> Run:
     """``run(image, script, **spec) -> (exit code, output)``: the agent's own
     ``build_oci_spec`` over the image config the agent's containerd client reads."""
-    started: list[str] = []
-
-    def run_one(image: str, script: str, **spec: Any) -> tuple[int, str]:
-        container_id = f"def-{uuid.uuid4().hex[:10]}"
-        started.append(container_id)
-        command = ["sh", "-c", f'{{ {script}\n}} 2>&1\necho "{EXIT_MARK}$?"']
-        sandbox = SandboxSpec.model_validate({"image": image, "command": command, **spec})
-        config: ImageConfig = runtime.image_config(image, timeout=10)
-        oci = build_oci_spec(
-            container_id,
-            sandbox,
-            config,
-            hostname=container_id,
-            node_capabilities=NODE_CAPABILITIES,
-        )
-        runtime.create_container(
-            ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=10
-        )
-        log = tmp_path / f"{container_id}.log"
-        runtime.start_task(container_id, stdio=f"file://{log}", timeout=10)
-        runtime.wait_task(container_id, timeout=30)
-        text = wait_for(
-            lambda: log.exists() and EXIT_MARK in log.read_text() and log.read_text(),
-            timeout=10,
-            what=f"the output of {container_id}",
-        )
-        output, _, code = text.rpartition(EXIT_MARK)
-        return int(code.strip()), output
-
-    yield run_one
-    teardown_many(runtime, started, kill_wait=3, call_timeout=5, concurrency=4)
+    return script_runs.run
 
 
 def _probes(output: str) -> dict[str, str]:

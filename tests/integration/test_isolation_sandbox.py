@@ -11,33 +11,28 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.nodeguard import bounding_capabilities
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.ocispec import (
-    ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
     ImageConfig,
     build_oci_spec,
     capability_mask,
     cgroups_path_for,
 )
-from tests.support.containerd_fixtures import EVERY_CONTAINERD
-from tests.support.wait import wait_for
+from tests.support.containerd_fixtures import EVERY_CONTAINERD, NODE_CAPABILITIES, ScriptRuns
 
 pytestmark = [pytest.mark.integration]
 
 EPERM_TEXT = "Operation not permitted"
-EXIT_MARK = "__exit="
-NODE_CAPABILITIES = bounding_capabilities(ALL_CAPABILITIES)
 
 
 RunResult = tuple[int, str]
@@ -45,45 +40,16 @@ Run = Callable[..., RunResult]
 
 
 @pytest.fixture
-def run_sandbox(runtime: ContainerdRuntime, busybox_image: str, tmp_path: Path) -> Iterator[Run]:
+def run_sandbox(script_runs: ScriptRuns, busybox_image: str) -> Run:
     """``run(script, **spec) -> (exit code, output)``: one container per call, spec
     built by the agent's own ``build_oci_spec``; torn down after the test."""
-    started: list[str] = []
 
     def run(script: str, *, pids_limit: int = 1024, **spec: Any) -> RunResult:
-        container_id = f"iso-{uuid.uuid4().hex[:10]}"
-        started.append(container_id)
-        # The shim copies output to the log asynchronously, so the task's exit can
-        # come before the last line: the script ends by printing its status, and
-        # the log is read once that line is there.
-        # stderr joins stdout inside the sandbox: two pipes would reach the log in
-        # no particular order.
-        command = ["sh", "-c", f'{{ {script}\n}} 2>&1\necho "{EXIT_MARK}$?"']
-        sandbox = SandboxSpec.model_validate({"image": busybox_image, "command": command, **spec})
-        oci = build_oci_spec(
-            container_id,
-            sandbox,
-            ImageConfig(),
-            hostname=container_id,
-            pids_limit=pids_limit,
-            node_capabilities=NODE_CAPABILITIES,
+        return script_runs.run(
+            busybox_image, script, config=ImageConfig(), pids_limit=pids_limit, **spec
         )
-        runtime.create_container(
-            ContainerSpec(id=container_id, image=busybox_image, oci_spec=oci), timeout=10
-        )
-        log = tmp_path / f"{container_id}.log"
-        runtime.start_task(container_id, stdio=f"file://{log}", timeout=10)
-        runtime.wait_task(container_id, timeout=30)
-        text = wait_for(
-            lambda: log.exists() and EXIT_MARK in log.read_text() and log.read_text(),
-            timeout=10,
-            what=f"the output of {container_id}",
-        )
-        output, _, code = text.rpartition(EXIT_MARK)
-        return int(code.strip()), output
 
-    yield run
-    teardown_many(runtime, started, kill_wait=3, call_timeout=5, concurrency=4)
+    return run
 
 
 def _status_field(output: str, name: str) -> str:

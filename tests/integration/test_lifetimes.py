@@ -12,20 +12,10 @@ import pytest
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time, rfc3339
-from tests.support.pools import (  # the pool tests' cluster of real agents
-    IMAGE,
-    SLEEPER,
-    Cluster,
-    Start,
-    cluster,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import IMAGE, SLEEPER, Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
 
 
 def create(c: Cluster, name: str, **spec: Any) -> None:

@@ -11,19 +11,8 @@ import pytest
 from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
-from tests.support.pools import (
-    IMAGE,
-    Cluster,
-    Start,
-    cluster,
-    node_of,
-    phase,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import IMAGE, Cluster, Start, node_of, phase, start_operator
 from tests.support.wait import wait_for
-
-__all__ = ["cluster", "pool_archive"]  # fixtures
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 

@@ -12,19 +12,11 @@ from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time
-from tests.support.pools import (  # the pool tests' cluster of real agents
-    Cluster,
-    Start,
-    cluster,
-    phase,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import Cluster, Start, phase, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
 
 TERMINAL = ("Dead", "Stopped", "Failed")
 

@@ -20,15 +20,11 @@ from tests.support.pools import (
     TERMINAL,
     Cluster,
     Start,
-    cluster,
     node_of,
     phase,
-    pool_archive,
     start_operator,
 )
 from tests.support.wait import wait_for
-
-__all__ = ["cluster", "pool_archive"]  # fixtures
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 

@@ -25,20 +25,11 @@ from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.client import AsyncClient, Client, CommandError
 from tests.integration.test_agent_pause import paused_condition, set_mode
 from tests.integration.test_agent_suspend import condition
-from tests.support.pools import (  # the pool tests' cluster of real agents
-    IMAGE,
-    Cluster,
-    Start,
-    cluster,
-    phase,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import IMAGE, Cluster, Start, phase, start_operator
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
-__all__ = ["cluster", "pool_archive"]  # fixtures this module uses from the pool tests
 
 FORKS = 20
 FILES = 48

@@ -23,20 +23,9 @@ from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.registry import LOOPBACK_HOSTS
 from tests.support.operator import Fleet
-from tests.support.pools import (
-    IMAGE,
-    Cluster,
-    LocalNode,
-    Start,
-    cluster,
-    node_of,
-    pool_archive,
-    start_operator,
-)
+from tests.support.pools import IMAGE, Cluster, LocalNode, Start, node_of, start_operator
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, LOOPBACK_ACCESS, Registry
 from tests.support.wait import wait_for
-
-__all__ = ["cluster", "pool_archive"]  # fixtures
 
 pytest_plugins = ["tests.support.registry"]
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]

@@ -15,24 +15,18 @@ import select
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from kubernetes import client
-from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.agentpods import publish_agent_pod, remove_agent_pod
 from sandlot.agent.main import Agent
-from sandlot.devtools.certs import StreamCerts
-from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.controlplane import free_port
-from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.devtools.streamnet import StreamAddress
-from sandlot.gateway.runner import GatewayParts
-from tests.support.agents import agent_settings, clear_namespace
-from tests.support.streams import IMAGE, delete_sandbox, running_sandbox, sandlot
+from tests.support.streams import (
+    StartStreamAgent,
+    delete_sandbox,
+    running_sandbox,
+    sandlot,
+)
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -46,48 +40,9 @@ FOLLOW_IDLE = f"no output for {IDLE:g}s: the log follow timed out"
 
 
 @pytest.fixture(scope="module")
-def agent(
-    kube: client.ApiClient,
-    containerd: PrivateContainerd,
-    places: tuple[str, str],
-    stream_address: StreamAddress,
-    stream_certs: StreamCerts,
-    gateway: GatewayParts,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Agent]:
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
     """The stream rig's agent (tests/support/streams.py), with a 2 s idle timeout."""
-    system, _ = places
-    workdir = tmp_path_factory.mktemp("idle-streams")
-    ctr_ns = f"idle-{uuid.uuid4().hex[:8]}"
-    archive = workdir / "busybox.tar"
-    build_image_archive(archive, IMAGE)
-    import_archive(containerd.address, ctr_ns, archive, timeout=60)
-    node = f"node-{uuid.uuid4().hex[:8]}"
-    port = free_port()
-    pod = f"sandlot-agent-{node}"
-    publish_agent_pod(kube, system, pod, stream_address.ip, port, node)
-    settings = agent_settings(
-        node=node,
-        namespace=system,
-        containerd=containerd,
-        ctr_ns=ctr_ns,
-        log_dir=workdir / "logs",
-        stream_port=port,
-        stream_bind=stream_address.ip,
-        stream_tls_cert=str(stream_certs.agent.cert),
-        stream_tls_key=str(stream_certs.agent.key),
-        stream_client_ca=str(stream_certs.ca.cert),
-        stream_idle_timeout=f"{IDLE:g}s",
-        log_interval="0.2s",
-    )
-    started = Agent(settings, kube, registry=CollectorRegistry())
-    try:
-        assert started.start(), "the agent did not start"
-        yield started
-    finally:
-        started.shutdown()
-        remove_agent_pod(kube, system, pod)
-        clear_namespace(containerd, ctr_ns)
+    return start_stream_agent("idle", stream_idle_timeout=f"{IDLE:g}s", log_interval="0.2s")
 
 
 def _timed(

@@ -1,17 +1,21 @@
 """Fixtures for tests that run an in-process agent on the real containerd: a busybox
 image archive (the module's ``IMAGE``), a fresh containerd namespace with it
-imported and cleared after, a runtime on that namespace, and a node name of its own.
+imported and cleared after, a runtime on that namespace, a node name of its own, and
+an agent started on a node and a containerd namespace of its own (``started_agent``).
 A module overrides any of them by defining a fixture of the same name."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.agent.main import Agent
 from sandlot.devtools.containerd import PrivateContainerd
 from tests.support import agents
 
@@ -49,3 +53,20 @@ def rt(containerd: PrivateContainerd, ctr_ns: str) -> Iterator[ContainerdRuntime
 @pytest.fixture
 def node() -> str:
     return f"node-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def started_agent(
+    request: pytest.FixtureRequest,
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    busybox_archive: Path,
+    tmp_path: Path,
+) -> Iterator[Agent]:
+    """An agent whose start-up finished, on a node and a containerd namespace of its
+    own holding the module's image (``agents.start_agent``); all of it gone after."""
+    with contextlib.ExitStack() as stack:
+        yield agents.start_agent(
+            stack, kube, namespace, containerd, busybox_archive, tmp_path / "logs", _prefix(request)
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ from sandlot.agent.main import Agent
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
-from sandlot.devtools.containerd import PrivateContainerd
+from sandlot.devtools.containerd import PrivateContainerd, start_private_containerd
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.registry import LOOPBACK_HOSTS
 
@@ -183,6 +184,27 @@ def start_agent(
     ctr_ns = stack.enter_context(containerd_namespace(containerd, prefix, archive))
     fleet = stack.enter_context(agent_fleet(containerd, ctr_ns, log_dir))
     return fleet.start(kube, namespace, node, **overrides)
+
+
+def agent_on_disk(
+    stack: contextlib.ExitStack[Any],
+    kube: client.ApiClient,
+    namespace: str,
+    disk: AbstractContextManager[Path],
+    archive: Path,
+    prefix: str,
+    node: str,
+    **overrides: Any,
+) -> tuple[Path, Agent]:
+    """``disk``'s mount and an agent (``start_agent``) on a private containerd whose
+    root and logs are on it, unwound by ``stack``."""
+    mount = stack.enter_context(disk)
+    containerd = start_private_containerd(base=mount)
+    stack.callback(containerd.stop)
+    agent = start_agent(
+        stack, kube, namespace, containerd, archive, mount / "logs", prefix, node, **overrides
+    )
+    return mount, agent
 
 
 def delete_node(api: client.ApiClient, node: str) -> None:

@@ -10,21 +10,31 @@
 - ``busybox_image`` (session): the name of a busybox image imported into it.
 - ``image_factory`` (session): builds and imports distinct images on demand.
 - ``runtime`` (function): a ``ContainerdRuntime`` on it, closed after the test.
+- ``script_runs`` (function): runs a shell script in a container whose spec the
+  agent's own ``build_oci_spec`` made (``ScriptRuns.run``); torn down after the test.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.nodeguard import bounding_capabilities
+from sandlot.adapters.runtime import ContainerSpec
+from sandlot.agent.teardown import teardown_many
+from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.ocispec import ALL_CAPABILITIES, ImageConfig, build_oci_spec
 from tests.support.containerd import (
     PrivateContainerd,
     start_private_containerd,
     unavailable_reason,
 )
+from tests.support.wait import wait_for
 
 BUSYBOX_IMAGE = "docker.io/sandlot/busybox:test"
 LINE_OS, LINE_2 = "1.6", "2"
@@ -116,3 +126,68 @@ def runtime(containerd: PrivateContainerd) -> Iterator[object]:
         yield rt
     finally:
         rt.close()
+
+
+EXIT_MARK = "__exit="
+NODE_CAPABILITIES = bounding_capabilities(ALL_CAPABILITIES)
+"""What the node's bounding set allows (all of them, on the test machine)."""
+
+
+class ScriptRuns:
+    """Containers that run a shell script, one per ``run``; ``close`` tears them down."""
+
+    def __init__(self, runtime: ContainerdRuntime, log_dir: Path) -> None:
+        self.runtime = runtime
+        self.log_dir = log_dir
+        self.started: list[str] = []
+
+    def run(
+        self, image: str, script: str, *, config: ImageConfig | None = None, **spec: Any
+    ) -> tuple[int, str]:
+        """(exit code, output) of ``script`` in ``image``, the sandbox's ``spec``
+        fields (camelCase) and ``pids_limit`` given; ``config`` is the image's as
+        the agent's containerd client reads it unless given."""
+        pids = {"pids_limit": spec.pop("pids_limit")} if "pids_limit" in spec else {}
+        container_id = f"run-{uuid.uuid4().hex[:10]}"
+        self.started.append(container_id)
+        # The shim copies output to the log asynchronously, so the task's exit can
+        # come before the last line: the script ends by printing its status, and
+        # the log is read once that line is there. stderr joins stdout inside the
+        # sandbox: two pipes would reach the log in no particular order.
+        command = ["sh", "-c", f'{{ {script}\n}} 2>&1\necho "{EXIT_MARK}$?"']
+        sandbox = SandboxSpec.model_validate({"image": image, "command": command, **spec})
+        if config is None:
+            config = self.runtime.image_config(image, timeout=10)
+        oci = build_oci_spec(
+            container_id,
+            sandbox,
+            config,
+            hostname=container_id,
+            node_capabilities=NODE_CAPABILITIES,
+            **pids,
+        )
+        self.runtime.create_container(
+            ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=10
+        )
+        log = self.log_dir / f"{container_id}.log"
+        self.runtime.start_task(container_id, stdio=f"file://{log}", timeout=10)
+        self.runtime.wait_task(container_id, timeout=30)
+        text = wait_for(
+            lambda: log.exists() and EXIT_MARK in log.read_text() and log.read_text(),
+            timeout=10,
+            what=f"the output of {container_id}",
+        )
+        output, _, code = text.rpartition(EXIT_MARK)
+        return int(code.strip()), output
+
+    def close(self) -> None:
+        teardown_many(self.runtime, self.started, kill_wait=3, call_timeout=5, concurrency=4)
+
+
+@pytest.fixture
+def script_runs(runtime: ContainerdRuntime, tmp_path: Path) -> Iterator[ScriptRuns]:
+    runs = ScriptRuns(runtime, tmp_path)
+    try:
+        yield runs
+    finally:
+        runs.close()

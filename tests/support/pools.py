@@ -177,6 +177,30 @@ class Cluster:
             },
         )
 
+    def create_claim(self, name: str, pool: str, lifecycle: dict[str, Any] | None = None) -> None:
+        """A SandboxClaim ``name`` on ``pool``, with ``lifecycle`` as its spec's if given."""
+        spec: dict[str, Any] = {"poolName": pool}
+        if lifecycle is not None:
+            spec["lifecycle"] = lifecycle
+        self.objs.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            self.namespace,
+            "sandboxclaims",
+            {
+                "apiVersion": f"{GROUP}/{VERSION}",
+                "kind": "SandboxClaim",
+                "metadata": {"name": name},
+                "spec": spec,
+            },
+        )
+
+    def claim_status(self, name: str) -> dict[str, Any]:
+        body = self.objs.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "sandboxclaims", name
+        )
+        return dict(body.get("status") or {})
+
     def pool(self, name: str) -> dict[str, Any]:
         return dict(
             self.objs.get_namespaced_custom_object(

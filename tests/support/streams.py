@@ -12,10 +12,12 @@ namespace, ``onlooker`` what ``sandlot-view`` grants; neither has ``pods/proxy``
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -37,7 +39,7 @@ from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.streamnet import StreamAddress, can_create
 from sandlot.gateway.runner import GatewayParts
 from sandlot.policy.streams import SUBRESOURCE_GROUP
-from tests.support.agents import agent_settings
+from tests.support.agents import agent_settings, clear_namespace
 from tests.support.wait import wait_for
 
 IMAGE = "docker.io/sandlot/agent-busybox:test"
@@ -95,21 +97,24 @@ def gateway(
         yield parts
 
 
-@pytest.fixture(scope="module")
-def agent(
+@contextmanager
+def stream_agent(
     kube: client.ApiClient,
     containerd: PrivateContainerd,
-    places: tuple[str, str],
+    system: str,
     stream_address: StreamAddress,
     stream_certs: StreamCerts,
-    gateway: GatewayParts,
-    tmp_path_factory: pytest.TempPathFactory,
+    workdir: Path,
+    *,
+    prefix: str,
+    handshake_timeout: float | None = None,
+    **overrides: Any,
 ) -> Iterator[Agent]:
-    from tests.support.agents import clear_namespace
-
-    system, _ = places
-    workdir = tmp_path_factory.mktemp("streams")
-    ctr_ns = f"streams-{uuid.uuid4().hex[:8]}"
+    """An in-process agent serving streams on ``stream_address`` with the rig's
+    certificates, on a fresh containerd namespace (``PREFIX-...``) holding ``IMAGE``,
+    its stand-in Pod published in ``system``; ``overrides`` are its settings beyond
+    the rig's. All of it is removed after."""
+    ctr_ns = f"{prefix}-{uuid.uuid4().hex[:8]}"
     archive = workdir / "busybox.tar"
     build_image_archive(archive, IMAGE)
     import_archive(containerd.address, ctr_ns, archive, timeout=60)
@@ -128,19 +133,69 @@ def agent(
         stream_tls_cert=str(stream_certs.agent.cert),
         stream_tls_key=str(stream_certs.agent.key),
         stream_client_ca=str(stream_certs.ca.cert),
-        stream_file_max_bytes=120 * 2**20,
-        log_interval="0.2s",
+        **overrides,
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:
-        # The agent's side of the same wait (read when its stream server starts).
-        with mock.patch.object(agent_streams, "HANDSHAKE_TIMEOUT", 30.0):
+        # Read when the agent's stream server starts.
+        with (
+            mock.patch.object(agent_streams, "HANDSHAKE_TIMEOUT", handshake_timeout)
+            if handshake_timeout is not None
+            else nullcontext()
+        ):
             assert started.start(), "the agent did not start"
         yield started
     finally:
         started.shutdown()
         remove_agent_pod(kube, system, pod)
         clear_namespace(containerd, ctr_ns)
+
+
+StartStreamAgent = Callable[..., Agent]
+
+
+@pytest.fixture(scope="module")
+def start_stream_agent(
+    kube: client.ApiClient,
+    containerd: PrivateContainerd,
+    places: tuple[str, str],
+    stream_address: StreamAddress,
+    stream_certs: StreamCerts,
+    gateway: GatewayParts,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[StartStreamAgent]:
+    """``start(prefix, **settings) -> Agent``: a ``stream_agent`` of the rig behind
+    its gateway, with a module's own settings; stopped at the module's end."""
+    system, _ = places
+    with contextlib.ExitStack() as stack:
+
+        def start(prefix: str, **overrides: Any) -> Agent:
+            workdir = tmp_path_factory.mktemp(prefix)
+            return stack.enter_context(
+                stream_agent(
+                    kube,
+                    containerd,
+                    system,
+                    stream_address,
+                    stream_certs,
+                    workdir,
+                    prefix=prefix,
+                    **overrides,
+                )
+            )
+
+        yield start
+
+
+@pytest.fixture(scope="module")
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
+    return start_stream_agent(
+        "streams",
+        # The agent's side of the gateway's 30 s wait (above).
+        handshake_timeout=30.0,
+        stream_file_max_bytes=120 * 2**20,
+        log_interval="0.2s",
+    )
 
 
 def _user_kubeconfig(
