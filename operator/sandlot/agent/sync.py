@@ -33,6 +33,7 @@ from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.statestore import StateStore
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.common import key_of
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
@@ -113,7 +114,7 @@ class SandboxSync:
         the sandbox has work running, it is handed over when that work ends
         (``work_ended``). Runs on the watch's thread: no call to containerd or the API
         server."""
-        key = SandboxState.from_object(obj).key
+        key = key_of(obj)
         with self._mode_lock:
             self._mode_waiting.add(key)
         self._hand_mode(key, obj)
@@ -130,31 +131,32 @@ class SandboxSync:
         only while its work runs: ``work_ended`` (called after the work lets go of the
         key) then looks again, so a change is never left between the two."""
         if obj is not None:
-            action = self._mode_action(obj)
-            if action is not None and self._submit(action, obj, self._container_of(obj)):
+            state = SandboxState.from_object(obj)
+            container = self._container_of(state, obj)
+            action = self._mode_action(state, obj, container)
+            if action is not None and self._submit(action, obj, container):
                 self.metrics.modes_at_once.inc()
             elif self.pool.busy(key):
                 return  # its work ends later and looks again
         with self._mode_lock:
             self._mode_waiting.discard(key)
 
-    def _mode_action(self, obj: Mapping[str, Any]) -> Action | None:
-        state = SandboxState.from_object(obj)
+    def _mode_action(
+        self, state: SandboxState, obj: Mapping[str, Any], container: ContainerInfo | None
+    ) -> Action | None:
         due, waking = self.idle_flags()
         state = replace(state, idle_suspend_due=state.key in due, waking=state.key in waking)
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
         in_flight = set(self.pool.in_flight()) | self.work.status.held({state.key: version})
-        container = self._container_of(obj)
         view = ContainerView(container.id, container.labels) if container else None
         drained = unschedulable(self.node_watch.get(self.node))
         return plan_mode_change(
             state, view, drained=drained, in_flight=in_flight, in_use=self.in_use()
         )
 
-    def _container_of(self, obj: Mapping[str, Any]) -> ContainerInfo | None:
-        """The last listing's container of ``obj``, or the one its status records
-        (this agent's start wrote it) when it started after that listing."""
-        state = SandboxState.from_object(obj)
+    def _container_of(self, state: SandboxState, obj: Mapping[str, Any]) -> ContainerInfo | None:
+        """The last listing's container of ``state``'s sandbox, or the one its status
+        records (this agent's start wrote it) when it started after that listing."""
         container = self._listed.get(state.key)
         if container is None and state.container_id:
             labels = {SANDBOX_LABEL: state.key}
