@@ -36,7 +36,12 @@ from sandlot.agent.main import Agent
 from sandlot.agent.teardown import TeardownOutcome, teardown
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.timestamps import parse_time
-from sandlot.devtools.containerd import PrivateContainerd, find_shim_pid, stopped_process
+from sandlot.devtools.containerd import (
+    PrivateContainerd,
+    all_threads_stopped,
+    find_shim_pid,
+    stopped_process,
+)
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.ocispec import default_spec
 from tests.support import agents
@@ -205,14 +210,6 @@ def test_image_is_marked_used_before_its_container_is_created(
 # ---------------------------------------------------------------- task lookup fails
 
 
-def _all_threads_stopped(pid: int) -> bool:
-    states = [
-        stat.read_text().rsplit(")", 1)[1].split()[0]
-        for stat in Path(f"/proc/{pid}/task").glob("*/stat")
-    ]
-    return bool(states) and all(state in ("T", "t") for state in states)
-
-
 class KillSaysGone:
     """The real runtime, except that kill answers "process already finished": the
     moment a task exits just as its shim stops answering. The task lookup goes to the
@@ -254,7 +251,7 @@ def test_teardown_keeps_a_container_whose_task_lookup_fails_on_a_wedged_shim(
     shim = find_shim_pid(containerd.address, cid, pid)
     with stopped_process(shim):
         # SIGSTOP takes hold of a busy multi-threaded process a moment later.
-        wait_for(lambda: _all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
+        wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
         wedged = KillSaysGone(rt)
         result = teardown(wedged, cid, kill_wait=1, call_timeout=1)
         assert wedged.lookups and wedged.lookups[-1] == "RuntimeTimeout", (

@@ -80,6 +80,7 @@ class ExecSession:
         self.idle = idle
         self._last_activity = time.monotonic()  # a float store: atomic, any thread may
         self._timed_out = False
+        self._broken: str | None = None  # why the command had to be ended, if it had
 
     def send(self, message: bytes) -> None:
         with self._send_lock:
@@ -131,6 +132,8 @@ class ExecSession:
         if code is None and self._timed_out:
             quiet = f"no input or output for {self.idle:g}s: the exec session timed out"
             self._finish(error_status(quiet, 408))
+        elif code is None and self._broken:
+            self._finish(error_status(f"the command was ended: {self._broken}"))
         elif code is None:
             self._finish(error_status("the command was ended: the client or the agent went away"))
         else:
@@ -157,7 +160,7 @@ class ExecSession:
                     self.idle,
                 )
                 self._timed_out = True
-            if self._timed_out or self._gone.is_set() or self.stopping():
+            if self._timed_out or self._broken or self._gone.is_set() or self.stopping():
                 with contextlib.suppress(RuntimeError_):
                     self.execs.kill(process, timeout=self.call_timeout)
                 with contextlib.suppress(RuntimeError_):
@@ -198,7 +201,12 @@ class ExecSession:
             width, height = parse_resize(data)
             self.execs.resize(process, width, height, timeout=self.call_timeout)
         elif channel == CLOSE and data[:1] == bytes([STDIN]) and process.stdin is not None:
-            self.execs.close_stdin(process, timeout=self.call_timeout)
+            try:
+                self.execs.close_stdin(process, timeout=self.call_timeout)
+            except RuntimeError_ as exc:
+                # It would wait for input that can no longer come: ended, saying why.
+                log.warning("exec %s: stdin not closed: %s", process.exec_id, exc)
+                self._broken = f"its stdin could not be closed ({exc})"
 
     def _finish(self, status: bytes) -> None:
         with contextlib.suppress(Exception):

@@ -184,6 +184,16 @@ def stopped_process(pid: int) -> Iterator[int]:
             os.kill(pid, signal.SIGCONT)
 
 
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped: SIGSTOP takes hold of a busy
+    multi-threaded process a moment after it is sent."""
+    states = [
+        stat.read_text().rsplit(")", 1)[1].split()[0]
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat")
+    ]
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 def _descendants(roots: list[int]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid in _pids():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -33,11 +34,14 @@ from sandlot.adapters.containerd.connection import Connection
 from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
 from sandlot.adapters.deadline import Deadline
-from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
 
 PROCESS_TYPE_URL = "types.containerd.io/opencontainers/runtime-spec/1/Process"
 STARTS_PER_CONTAINER = 4
 START_QUEUE_WAIT = 60.0  # seconds a start waits for its turn in one container
+CLOSE_STDIN_TRIES = 3  # CloseIO calls before an exec's stdin is given up as unclosable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -232,17 +236,30 @@ class Execs:
             what=f"Tasks.ResizePty {process.container_id} {process.exec_id}",
         )
 
-    def close_stdin(self, process: ExecProcess, *, timeout: float) -> None:
-        """End the process's stdin: the shim closes its end once it has copied what came."""
+    def close_stdin(
+        self, process: ExecProcess, *, timeout: float, tries: int = CLOSE_STDIN_TRIES
+    ) -> None:
+        """End the process's stdin: the shim closes its end once it has copied what came.
+
+        Our end is closed first; the shim holds a writer of its own until ``CloseIO``,
+        so a lost ``CloseIO`` leaves the process reading forever. It is asked again
+        (it is idempotent) when containerd did not answer within ``timeout``, up to
+        ``tries`` times; a process already gone has nothing left to close."""
         process.close_stdin_fd()
-        self._conn.call(
-            self._conn.tasks.CloseIO,
-            tasks_pb2.CloseIORequest(
-                container_id=process.container_id, exec_id=process.exec_id, stdin=True
-            ),
-            timeout=timeout,
-            what=f"Tasks.CloseIO {process.container_id} {process.exec_id}",
+        what = f"Tasks.CloseIO {process.container_id} {process.exec_id}"
+        request = tasks_pb2.CloseIORequest(
+            container_id=process.container_id, exec_id=process.exec_id, stdin=True
         )
+        for attempt in range(1, tries + 1):
+            try:
+                self._conn.call(self._conn.tasks.CloseIO, request, timeout=timeout, what=what)
+                return
+            except NotFound:
+                return
+            except RuntimeTimeout as exc:
+                if attempt == tries:
+                    raise
+                log.warning("%s (try %d of %d), asking again", exc, attempt, tries)
 
     def wait(self, process: ExecProcess, *, timeout: float) -> int:
         """The exit code; ``RuntimeTimeout`` when it has not exited within ``timeout``."""

@@ -1,0 +1,127 @@
+"""An exec's stdin reaches its end even when containerd does not answer the close
+in time, against the real containerd and a frozen shim. The shim holds a writer of
+the stdin FIFO until ``Tasks.CloseIO``: a close lost to its deadline left the
+command (``cat``) reading forever, so the close is asked again, a bounded number
+of times."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.containerd.execs import CLOSE_STDIN_TRIES, ExecProcess, Execs, open_execs
+from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, RuntimeTimeout
+from sandlot.policy.ocispec import default_spec
+from tests.support.containerd import (
+    PrivateContainerd,
+    all_threads_stopped,
+    find_shim_pid,
+    stopped_process,
+)
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+
+CALL_TIMEOUT = 1.0  # one CloseIO's deadline: the frozen shim outlasts it
+
+
+@pytest.fixture
+def sleeper(
+    containerd: PrivateContainerd, runtime: ContainerdRuntime, busybox_image: str, tmp_path: Path
+) -> Iterator[tuple[str, int]]:
+    """A running container: its id and its shim's pid."""
+    container_id = f"stdin-{uuid.uuid4().hex[:8]}"
+    spec = default_spec(["sleep", "1000"], [], "/", host_network=False, hostname=container_id)
+    runtime.create_container(
+        ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
+    )
+    pid = runtime.start_task(container_id, stdio=f"file://{tmp_path / 'task.log'}", timeout=10).pid
+    try:
+        yield container_id, find_shim_pid(containerd.address, container_id, pid)
+    finally:
+        runtime.kill_task(container_id, 9, timeout=5)
+        runtime.wait_task(container_id, timeout=10)
+        runtime.delete_task(container_id, timeout=5)
+        runtime.delete_container(container_id, timeout=5)
+        runtime.remove_snapshot(container_id, timeout=5)
+
+
+@pytest.fixture
+def execs(containerd: PrivateContainerd, tmp_path: Path) -> Iterator[Execs]:
+    execs = open_execs(containerd.address, containerd.namespace, str(tmp_path / "fifos"))
+    try:
+        yield execs
+    finally:
+        execs.close()
+
+
+def _fed_cat(execs: Execs, container_id: str) -> ExecProcess:
+    process = execs.start(
+        container_id, f"cat-{uuid.uuid4().hex[:6]}", ["cat"], tty=False, stdin=True, timeout=10
+    )
+    assert process.stdin is not None, "started with stdin"
+    os.write(process.stdin, b"fed\n")
+    return process
+
+
+def _output(process: ExecProcess) -> bytes:
+    chunks = []
+    while chunk := os.read(process.stdout, 4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _end(execs: Execs, process: ExecProcess) -> None:
+    with contextlib.suppress(RuntimeError_):  # already gone: the usual case
+        execs.kill(process, timeout=5)
+        execs.wait(process, timeout=10)
+    execs.delete(process.container_id, process.exec_id, timeout=5)
+    process.release()
+
+
+def test_a_close_of_stdin_containerd_did_not_answer_in_time_is_asked_again(
+    sleeper: tuple[str, int], execs: Execs, caplog: pytest.LogCaptureFixture
+) -> None:
+    container_id, shim = sleeper
+    caplog.set_level(logging.WARNING, logger="sandlot.adapters.containerd.execs")
+    process = _fed_cat(execs, container_id)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            with stopped_process(shim):
+                wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
+                closing = pool.submit(execs.close_stdin, process, timeout=CALL_TIMEOUT)
+                wait_for(
+                    lambda: f"(try 1 of {CLOSE_STDIN_TRIES})" in caplog.text,
+                    timeout=15,
+                    what="the first CloseIO given up on its deadline",
+                )
+            closing.result(timeout=30)  # the next try, with the shim thawed, lands
+        assert execs.wait(process, timeout=30) == 0, "cat did not end well once its stdin closed"
+        assert _output(process) == b"fed\n"
+    finally:
+        _end(execs, process)
+
+
+def test_a_close_of_stdin_the_shim_never_answers_gives_up_after_its_tries(
+    sleeper: tuple[str, int], execs: Execs, caplog: pytest.LogCaptureFixture
+) -> None:
+    container_id, shim = sleeper
+    caplog.set_level(logging.WARNING, logger="sandlot.adapters.containerd.execs")
+    process = _fed_cat(execs, container_id)
+    try:
+        with stopped_process(shim):
+            wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
+            with pytest.raises(RuntimeTimeout, match=r"Tasks\.CloseIO"):
+                execs.close_stdin(process, timeout=CALL_TIMEOUT)
+        retried = [r for r in caplog.records if "asking again" in r.getMessage()]
+        assert len(retried) == CLOSE_STDIN_TRIES - 1, [r.getMessage() for r in retried]
+    finally:
+        _end(execs, process)
