@@ -40,6 +40,7 @@ from tests.support.wait import wait_for
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
 IDLE_TIMEOUT = 2  # seconds, the sandboxes' spec.idleTimeoutSeconds
+IDLE_SPEC = {"spec": {"idleTimeoutSeconds": IDLE_TIMEOUT}}
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def idle_sandbox(kube: client.ApiClient, agent: Agent, namespace: str, name: str
     """A Running sandbox that sleeps, with an idle timeout; its container id."""
     sandbox = running_sandbox(kube, agent, namespace, name, "sleep 100000")
     client.CustomObjectsApi(kube).patch_namespaced_custom_object(
-        GROUP, VERSION, namespace, "sandboxes", name, {"spec": {"idleTimeoutSeconds": IDLE_TIMEOUT}}
+        GROUP, VERSION, namespace, "sandboxes", name, IDLE_SPEC
     )
     return str(sandbox["status"]["containerId"])
 
@@ -138,8 +139,12 @@ def test_an_open_exec_session_keeps_a_quiet_sandbox_from_pausing_until_it_ends(
 ) -> None:
     _, tenant = places
     kubeconfig = users["operator-person"]
-    cid = idle_sandbox(kube, agent, tenant, "reader")
-    held = 4 * IDLE_TIMEOUT
+    # The session opens before the sandbox has its idle timeout: a CLI slow to start
+    # (a loaded machine) would otherwise meet a sandbox already paused and resuming.
+    cid = str(
+        running_sandbox(kube, agent, tenant, "reader", "sleep 100000")["status"]["containerId"]
+    )
+    held = 6 * IDLE_TIMEOUT  # past the watch of the timeout and the checks below
     session = subprocess.Popen(
         [
             sys.executable,
@@ -164,6 +169,19 @@ def test_an_open_exec_session_keeps_a_quiet_sandbox_from_pausing_until_it_ends(
             lambda: agent.streams is not None and agent.streams.sessions(f"{tenant}/reader") == 1,
             timeout=30,
             what="the exec session to open on the agent",
+        )
+        client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+            GROUP, VERSION, tenant, "sandboxes", "reader", IDLE_SPEC
+        )
+        wait_for(
+            lambda: (
+                ((agent.sandbox_watch.get(f"{tenant}/reader") or {}).get("spec") or {}).get(
+                    "idleTimeoutSeconds"
+                )
+                == IDLE_TIMEOUT
+            ),
+            timeout=15,
+            what="the agent's view of the sandbox to carry its idle timeout",
         )
         opened, passes = time.monotonic(), idle_passes(agent)
         while session.poll() is None and time.monotonic() - opened < 2 * IDLE_TIMEOUT:
