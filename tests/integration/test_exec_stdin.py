@@ -63,13 +63,35 @@ def execs(containerd: PrivateContainerd, tmp_path: Path) -> Iterator[Execs]:
         execs.close()
 
 
-def _fed_cat(execs: Execs, container_id: str) -> ExecProcess:
+@pytest.fixture
+def fed_cat(
+    sleeper: tuple[str, int], execs: Execs, caplog: pytest.LogCaptureFixture
+) -> Iterator[ExecProcess]:
+    """``cat`` running in the container, fed a line on its stdin (left open); the
+    adapter's warnings captured."""
+    caplog.set_level(logging.WARNING, logger="sandlot.adapters.containerd.execs")
+    container_id, _ = sleeper
     process = execs.start(
         container_id, f"cat-{uuid.uuid4().hex[:6]}", ["cat"], tty=False, stdin=True, timeout=10
     )
-    assert process.stdin is not None, "started with stdin"
-    os.write(process.stdin, b"fed\n")
-    return process
+    try:
+        assert process.stdin is not None, "started with stdin"
+        os.write(process.stdin, b"fed\n")
+        yield process
+    finally:
+        with contextlib.suppress(RuntimeError_):  # already gone: the usual case
+            execs.kill(process, timeout=5)
+            execs.wait(process, timeout=10)
+        execs.delete(process.container_id, process.exec_id, timeout=5)
+        process.release()
+
+
+@contextlib.contextmanager
+def frozen(shim: int) -> Iterator[None]:
+    """The shim stopped (every thread of it) for the block, thawed after."""
+    with stopped_process(shim):
+        wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
+        yield
 
 
 def _output(process: ExecProcess) -> bytes:
@@ -79,49 +101,28 @@ def _output(process: ExecProcess) -> bytes:
     return b"".join(chunks)
 
 
-def _end(execs: Execs, process: ExecProcess) -> None:
-    with contextlib.suppress(RuntimeError_):  # already gone: the usual case
-        execs.kill(process, timeout=5)
-        execs.wait(process, timeout=10)
-    execs.delete(process.container_id, process.exec_id, timeout=5)
-    process.release()
-
-
 def test_a_close_of_stdin_containerd_did_not_answer_in_time_is_asked_again(
-    sleeper: tuple[str, int], execs: Execs, caplog: pytest.LogCaptureFixture
+    sleeper: tuple[str, int], execs: Execs, fed_cat: ExecProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    container_id, shim = sleeper
-    caplog.set_level(logging.WARNING, logger="sandlot.adapters.containerd.execs")
-    process = _fed_cat(execs, container_id)
-    try:
-        with ThreadPoolExecutor(1) as pool:
-            with stopped_process(shim):
-                wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
-                closing = pool.submit(execs.close_stdin, process, timeout=CALL_TIMEOUT)
-                wait_for(
-                    lambda: f"(try 1 of {CLOSE_STDIN_TRIES})" in caplog.text,
-                    timeout=15,
-                    what="the first CloseIO given up on its deadline",
-                )
-            closing.result(timeout=30)  # the next try, with the shim thawed, lands
-        assert execs.wait(process, timeout=30) == 0, "cat did not end well once its stdin closed"
-        assert _output(process) == b"fed\n"
-    finally:
-        _end(execs, process)
+    _, shim = sleeper
+    with ThreadPoolExecutor(1) as pool:
+        with frozen(shim):
+            closing = pool.submit(execs.close_stdin, fed_cat, timeout=CALL_TIMEOUT)
+            wait_for(
+                lambda: f"(try 1 of {CLOSE_STDIN_TRIES})" in caplog.text,
+                timeout=15,
+                what="the first CloseIO given up on its deadline",
+            )
+        closing.result(timeout=30)  # the next try, with the shim thawed, lands
+    assert execs.wait(fed_cat, timeout=30) == 0, "cat did not end well once its stdin closed"
+    assert _output(fed_cat) == b"fed\n"
 
 
 def test_a_close_of_stdin_the_shim_never_answers_gives_up_after_its_tries(
-    sleeper: tuple[str, int], execs: Execs, caplog: pytest.LogCaptureFixture
+    sleeper: tuple[str, int], execs: Execs, fed_cat: ExecProcess, caplog: pytest.LogCaptureFixture
 ) -> None:
-    container_id, shim = sleeper
-    caplog.set_level(logging.WARNING, logger="sandlot.adapters.containerd.execs")
-    process = _fed_cat(execs, container_id)
-    try:
-        with stopped_process(shim):
-            wait_for(lambda: all_threads_stopped(shim), timeout=10, what=f"shim {shim} stopped")
-            with pytest.raises(RuntimeTimeout, match=r"Tasks\.CloseIO"):
-                execs.close_stdin(process, timeout=CALL_TIMEOUT)
-        retried = [r for r in caplog.records if "asking again" in r.getMessage()]
-        assert len(retried) == CLOSE_STDIN_TRIES - 1, [r.getMessage() for r in retried]
-    finally:
-        _end(execs, process)
+    _, shim = sleeper
+    with frozen(shim), pytest.raises(RuntimeTimeout, match=r"Tasks\.CloseIO"):
+        execs.close_stdin(fed_cat, timeout=CALL_TIMEOUT)
+    retried = [r.getMessage() for r in caplog.records if "asking again" in r.getMessage()]
+    assert len(retried) == CLOSE_STDIN_TRIES - 1, retried
