@@ -9,7 +9,9 @@ new container from the committed image with the file still there.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,10 @@ from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerSpec
+from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, VERSION, key_of
 from sandlot.policy.ocispec import default_spec
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import (
@@ -272,3 +275,74 @@ def test_a_drained_node_ends_a_suspended_sandbox_and_its_image_goes(
     assert agent.collector is not None
     agent.collector.run_watermark()
     assert image not in {i.name for i in rt.list_images(timeout=10)}
+
+
+class LaggingWatch:
+    """The agent's Sandbox watch, behind for one sandbox: its events are held, then
+    delivered in order by ``release`` (the node's watch stays current). The fault a
+    drain meets when its request to suspend reaches the agent after its cordon."""
+
+    def __init__(self, watch: WatchCache, key: str) -> None:
+        self.key = key
+        self.held: list[tuple[str, Mapping[str, Any]]] = []
+        self._holding = True
+        self._lock = threading.Lock()
+        self._deliver = watch._deliver
+        watch._deliver = self._maybe_hold  # type: ignore[method-assign]
+
+    def _maybe_hold(self, event_type: str, raw: Mapping[str, Any]) -> None:
+        with self._lock:
+            if self._holding and event_type != "SYNC" and key_of(raw) == self.key:
+                self.held.append((event_type, raw))
+                return
+        self._deliver(event_type, raw)
+
+    def release(self) -> None:
+        with self._lock:
+            self._holding, held, self.held = False, self.held, []
+        for event_type, raw in held:  # one older than the watch's latest is dropped there
+            self._deliver(event_type, raw)
+
+
+def test_a_drain_s_cordon_seen_before_its_suspend_request_stops_nothing(
+    fleet: agents.AgentFleet,
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sandlot.agent.sync")
+    node = f"node-move-{namespace}"
+    agent = fleet.make(kube, namespace, node)
+    assert agent.start()
+    create_sandbox(kube, namespace, "mover", node, command=WRITER)
+    cid = wait_phase(kube, namespace, "mover", "Running", timeout=30)["status"]["containerId"]
+
+    # What `drain --move` does, in its order, with the suspend request held back from
+    # the agent's view: the agent sees the cordon beside a sandbox still to run.
+    lag = LaggingWatch(agent.sandbox_watch, f"{namespace}/mover")
+    set_mode(kube, namespace, "mover", "Suspended")
+    wait_for(lambda: lag.held, timeout=10, what="the suspend request held from the agent")
+    client.CustomObjectsApi(kube).patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", node, {"spec": {"unschedulable": True}}
+    )
+
+    def declined() -> bool:
+        sb = get_sandbox(kube, namespace, "mover") or {}
+        assert sb.get("status", {}).get("phase") == "Running", f"stopped: {sb.get('status')}"
+        return "mover: not stopped for the drain" in caplog.text
+
+    wait_for(
+        declined,
+        timeout=20,
+        what="the drain's stop, planned on the lagging view, declined on a fresh read",
+    )
+    sb = get_sandbox(kube, namespace, "mover")
+    assert sb is not None and sb["status"]["phase"] == "Running", sb
+    assert cid in container_ids(rt), "the container was stopped for the drain"
+
+    lag.release()  # the pass its event wakes suspends it (no registry: it ends here)
+    status = wait_phase(kube, namespace, "mover", "Stopped", timeout=60)["status"]
+    assert status["reason"] == "Drained" and "suspended" in status["message"], status
+    suspended = condition(get_sandbox(kube, namespace, "mover"), "Suspended")
+    assert suspended is not None and suspended["status"] == "True", suspended

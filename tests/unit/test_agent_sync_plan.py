@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 import pytest
 
 from sandlot.api.keys import SANDBOX_LABEL
-from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
     Action,
     ActionKind,
     SandboxState,
     containers_by_key,
+    drain_stop_stands,
     live_count,
     phase_counts,
     plan_sync,
@@ -189,3 +190,31 @@ def test_phase_counts_name_every_phase_so_gauges_fall_to_zero() -> None:
 def test_live_count_is_the_non_terminal_sandboxes(phases: tuple[str, ...], expected: int) -> None:
     states = [SandboxState(f"ns/s{i}", SandboxPhase(p)) for i, p in enumerate(phases)]
     assert live_count(states) == expected
+
+
+@pytest.mark.parametrize(
+    ("fresh", "stands"),
+    [
+        (SandboxState(KEY, P.RUNNING, CID), True),
+        (SandboxState(KEY, P.RUNNING, CID, mode=OperatingMode.PAUSED, paused=True), True),
+        (SandboxState(KEY, P.RUNNING, CID, mode=OperatingMode.SUSPENDED), False),
+        (SandboxState(KEY, P.STOPPED, CID), False),
+        (SandboxState(KEY, P.DEAD, CID), False),
+    ],
+    ids=[
+        "still_running_is_stopped",
+        "paused_is_stopped",
+        "asked_to_suspend_meanwhile_is_kept_for_the_move",
+        "ended_meanwhile_is_not_the_drain_s",
+        "marked_dead_meanwhile_is_fenced_instead",
+    ],
+)
+def test_a_drain_stop_stands_only_while_a_fresh_read_still_plans_it(
+    fresh: SandboxState, stands: bool
+) -> None:
+    # The watched view planned the stop: a Running sandbox on the drained node.
+    planned = plan_sync(
+        [sandbox(P.RUNNING, container_id=CID)], [container()], drained=True, in_flight=()
+    )
+    assert planned == [Action(ActionKind.STOP_DRAINED, KEY, CID)]
+    assert drain_stop_stands(fresh, container()) is stands

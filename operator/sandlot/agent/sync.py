@@ -25,6 +25,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
+from sandlot.adapters.agentapi import is_not_found
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
@@ -42,6 +43,7 @@ from sandlot.policy.agentsync import (
     Action,
     ActionKind,
     SandboxState,
+    drain_stop_stands,
     live_count,
     phase_counts,
     plan_mode_change,
@@ -153,6 +155,24 @@ class SandboxSync:
         return plan_mode_change(
             state, view, drained=drained, in_flight=in_flight, in_use=self.in_use()
         )
+
+    def _stop_drained(self, key: str, container: ContainerInfo) -> None:
+        """Stop ``key``'s sandbox for the drain once a fresh read agrees
+        (``drain_stop_stands``); otherwise the watch is behind, and the pass its
+        event wakes does what the Sandbox asks (a suspend, to be moved)."""
+        try:
+            current = self.work.objects.get_sandbox(*key.split("/", 1))
+        except Exception as exc:
+            if is_not_found(exc):
+                self.work.stop_deleted(key, container)
+            else:
+                log.warning("sandbox %s: cannot re-read it before the drain's stop: %s", key, exc)
+            return
+        view = ContainerView(container.id, container.labels)
+        if drain_stop_stands(SandboxState.from_object(current), view):
+            self.work.stop_sandbox(current, container, SandboxReason.DRAINED)
+        else:
+            log.info("sandbox %s: not stopped for the drain: a fresh read asks otherwise", key)
 
     def _container_of(self, state: SandboxState, obj: Mapping[str, Any]) -> ContainerInfo | None:
         """The last listing's container of ``state``'s sandbox, or the one its status
@@ -271,7 +291,7 @@ class SandboxSync:
         if kind is ActionKind.IDLE_SUSPEND and sb is not None:
             return partial(self.suspensions.suspend_idle, sb, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
-            return partial(work.stop_sandbox, sb, container, SandboxReason.DRAINED)
+            return partial(self._stop_drained, key, container)
         if kind is ActionKind.STOP_DELETED:
             return partial(work.stop_deleted, key, container)
         if kind is ActionKind.CLEANUP and sb is not None:

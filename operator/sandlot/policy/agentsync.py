@@ -21,7 +21,8 @@ Running, to suspend         present                     suspend (commit, remove;
                                                         on a drained node too)
 Running, suspended          none, node not drained,     restore (start from the
                             mode not Suspended          committed image)
-Running                     present, node drained       stop (Stopped/Drained)
+Running                     present, node drained       stop (Stopped/Drained),
+                                                        once a fresh read agrees
 Running, suspended, pushed  none, node drained          none (the scheduler moves it)
 Running, suspended          none, node drained          end-drained (Stopped/Drained)
 Running, had a container    none, not suspended         end-lost (ContainerLost)
@@ -46,7 +47,9 @@ placement, RuntimeClasses, disk pressure), a start the node refuses becomes a
 ``fail`` or ``hold`` with its reason and message, or nothing this pass.
 
 ``teardown-unstarted`` re-reads the Sandbox before acting (the watched view lags
-the agent's own writes); that read is I/O and stays in the agent.
+the agent's own writes), and so does a drain's stop (``drain_stop_stands``: the
+drain's request to suspend may trail its cordon); those reads are I/O and stay in
+the agent.
 """
 
 from __future__ import annotations
@@ -221,6 +224,16 @@ def _for_running(
     return None
 
 
+def drain_stop_stands(fresh: SandboxState, container: ContainerView) -> bool:
+    """Whether a stop planned for the drain (``STOP_DRAINED``, on the watched view)
+    still stands on a fresh read of the Sandbox. The node's watch and the
+    Sandboxes' are two streams: ``drain --move`` asks a sandbox to suspend and then
+    cordons its node, and the cordon may arrive first; a stop then would end the
+    work the drain meant to move."""
+    action = _for_sandbox(fresh, container, drained=True)
+    return action is not None and action.kind is ActionKind.STOP_DRAINED
+
+
 def plan_sync(
     sandboxes: Sequence[SandboxState],
     containers: Sequence[ContainerView],
@@ -351,6 +364,7 @@ __all__ = [
     "ActionKind",
     "SandboxState",
     "containers_by_key",
+    "drain_stop_stands",
     "live_count",
     "mode_asked",
     "phase_counts",
