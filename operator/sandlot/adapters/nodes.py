@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION
+from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION, key_of
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.timestamps import rfc3339
@@ -62,7 +62,7 @@ def set_operating_mode(objects: Objects, key: str, mode: str) -> None:
 def live_sandboxes(objects: Objects, node: str) -> list[str]:
     """``namespace/name`` of the node's non-terminal sandboxes (selected by the server)."""
     return sorted(
-        f"{sb['metadata']['namespace']}/{sb['metadata']['name']}"
+        key_of(sb)
         for sb in objects.list_node_sandboxes(node)
         if (sb.get("status") or {}).get("phase") not in TERMINAL_PHASES
     )

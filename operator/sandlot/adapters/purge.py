@@ -22,6 +22,7 @@ from sandlot.api.common import (
     SANDBOXES,
     SNAPSHOTS,
     VERSION,
+    key_of,
 )
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.purge import AgentLease, SandboxRef
@@ -72,7 +73,7 @@ def sandbox_refs(objects: Objects) -> list[SandboxRef]:
     out = objects.custom.list_cluster_custom_object(GROUP, VERSION, SANDBOXES)
     return [
         SandboxRef(
-            key=f"{sb['metadata']['namespace']}/{sb['metadata']['name']}",
+            key=key_of(sb),
             node=(sb.get("spec") or {}).get("nodeName"),
             phase=(sb.get("status") or {}).get("phase"),
         )

@@ -40,6 +40,7 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.api.common import key_of
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
 from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
@@ -253,8 +254,7 @@ class StreamServer:
 
     def _restored(self, sandbox: Mapping[str, Any], kind: str) -> tuple[int, str] | None:
         if self.restore is None:
-            meta = sandbox.get("metadata") or {}
-            key = f"{meta.get('namespace')}/{meta.get('name')}"
+            key = key_of(sandbox)
             return 409, f"sandbox {key} is suspended and node {self.node} cannot start it\n"
         why = self.restore(sandbox, kind)
         if why is not None:

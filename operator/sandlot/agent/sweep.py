@@ -17,6 +17,7 @@ from typing import Any
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskInfo, TaskState
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.teardown import Release, TeardownResult, teardown_many
+from sandlot.api.common import key_of
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.agentsweep import (
     ContainerView,
@@ -31,11 +32,10 @@ log = logging.getLogger(__name__)
 
 
 def sandbox_view(obj: Mapping[str, Any]) -> SandboxView:
-    meta = obj.get("metadata") or {}
     spec = obj.get("spec") or {}
     status = obj.get("status") or {}
     return SandboxView(
-        key=f"{meta.get('namespace')}/{meta.get('name')}",
+        key=key_of(obj),
         node_name=spec.get("nodeName"),
         phase=SandboxPhase(status.get("phase") or SandboxPhase.PENDING),
         container_id=status.get("containerID") or status.get("containerId"),

@@ -16,6 +16,7 @@ from sandlot.adapters.nodes import read_sandbox as _read
 from sandlot.adapters.nodes import set_operating_mode as _set_mode
 from sandlot.adapters.nodes import set_unschedulable
 from sandlot.adapters.objects import Objects
+from sandlot.api.common import key_of
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
 from sandlot.policy.drainmove import MoveStep, next_step, waiting_for
 
@@ -28,7 +29,7 @@ def _suspend_all(objects: Objects, node: str) -> dict[str, str]:
     for sb in objects.list_node_sandboxes(node):
         if (sb.get("status") or {}).get("phase") in TERMINAL_PHASES:
             continue
-        key = f"{sb['metadata']['namespace']}/{sb['metadata']['name']}"
+        key = key_of(sb)
         original[key] = (sb.get("spec") or {}).get("operatingMode") or OperatingMode.RUNNING
         if original[key] != OperatingMode.SUSPENDED:
             _set_mode(objects, key, OperatingMode.SUSPENDED)

@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, POOLS, SANDBOXES, SNAPSHOTS, VERSION
+from sandlot.api.common import GROUP, POOLS, SANDBOXES, SNAPSHOTS, VERSION, key_of
 from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES, SnapshotPhase
@@ -62,7 +62,7 @@ class SnapshotController:
         self._again: set[str] = set()
 
     def on_snapshot(self, event_type: str, body: Mapping[str, Any]) -> None:
-        key = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+        key = key_of(body)
         if event_type == "DELETED" or _settled(body):
             self.open.discard(key)
             return

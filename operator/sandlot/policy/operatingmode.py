@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from sandlot.api.common import Condition
+from sandlot.api.common import Condition, key_of
 from sandlot.api.reasons import ConditionType, PausedReason
 from sandlot.api.sandbox import OperatingMode
 from sandlot.policy.suspension import recorded_suspended, suspension_outcome
@@ -163,8 +163,7 @@ def paused_condition(
 def stream_refusal(obj: Mapping[str, Any], kind: str) -> str | None:
     """Why a ``kind`` stream (exec, files, port-forward) into this Sandbox is refused
     because of its mode, or None. Its log stays readable."""
-    meta = obj.get("metadata") or {}
-    key = f"{meta.get('namespace')}/{meta.get('name')}"
+    key = key_of(obj)
     if wanted_mode(obj) is OperatingMode.SUSPENDED:
         return (
             f"sandbox {key} is Suspended (spec.operatingMode): its container is removed and "

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sandlot.api.common import Condition
+from sandlot.api.common import Condition, key_of
 from sandlot.api.probe import Probe
 from sandlot.api.reasons import ConditionType, ReadyReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
@@ -152,7 +152,7 @@ def probe_target(
     if idle_paused(obj):
         return None
     return ProbeTarget(
-        key=f"{meta.get('namespace')}/{meta.get('name')}",
+        key=key_of(obj),
         uid=str(meta.get("uid") or ""),
         container_id=container_id,
         probe=probe_of(spec),

@@ -22,6 +22,8 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from sandlot.api.common import key_of
+
 FIRST_RETRY = timedelta(seconds=10)
 LONGEST_RETRY = timedelta(minutes=10)
 MAX_ATTEMPTS = 8
@@ -61,10 +63,9 @@ def pushed_state(obj: Mapping[str, Any] | None, because: Because) -> PushedState
     meta = (obj or {}).get("metadata") or {}
     state = ((obj or {}).get("status") or {}).get("suspendedState") or {}
     reference = str(state.get("image") or "")
-    if "@sha256:" not in reference or not meta.get("uid") or not meta.get("name"):
+    if obj is None or "@sha256:" not in reference or not meta.get("uid") or not meta.get("name"):
         return None
-    key = f"{meta.get('namespace') or ''}/{meta['name']}"
-    return PushedState(reference, key, str(meta["uid"]), because)
+    return PushedState(reference, key_of(obj), str(meta["uid"]), because)
 
 
 def deletion_due(state: PushedState, current: Mapping[str, Any] | None) -> bool:
