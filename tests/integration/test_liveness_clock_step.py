@@ -154,6 +154,22 @@ def node_phase(fleet: Fleet, node: str) -> str | None:
     return (fleet.get_node(node).get("status") or {}).get("phase")
 
 
+def wait_ready(fleet: Fleet, op: OperatorProcess, nodes: list[str]) -> None:
+    """Every node in ``nodes`` Ready (their agents renew): the start every test needs.
+    A loaded machine starts the operator slowly; a timeout names each node's phase
+    and ends with the operator's log."""
+
+    def ready() -> bool:
+        phases = {n: node_phase(fleet, n) for n in nodes}
+        assert set(phases.values()) == {"Ready"}, f"phases {phases}"
+        return True
+
+    try:
+        wait_for(ready, timeout=45, what="nodes Ready")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nthe operator's log (its end):\n{op.log()}") from None
+
+
 def node_events(kube: client.ApiClient, node: str, reason: str) -> list[client.CoreV1Event]:
     found = client.CoreV1Api(kube).list_namespaced_event(
         "default", field_selector=f"involvedObject.name={node},reason={reason}"
@@ -169,9 +185,7 @@ def test_a_wall_clock_step_forward_expires_no_node_whose_agent_renews(
     for i, node in enumerate(nodes):
         renewing(fleet, node)
         fleet.sandbox(f"sb{i}", node, "Running")
-    wait_for(
-        lambda: all(node_phase(fleet, n) == "Ready" for n in nodes), timeout=20, what="nodes Ready"
-    )
+    wait_ready(fleet, op, nodes)
     before = op.metric(RECONCILES)
     clock.step(STEP)
     end = time.monotonic() + LEASE + GRACE + 4
@@ -197,11 +211,7 @@ def test_a_wall_clock_step_back_keeps_a_dead_nodes_deadline_on_the_monotonic_clo
     renewing(fleet, other)
     fleet.sandbox("lost", dead, "Running")
     fleet.sandbox("kept", alive, "Running")
-    wait_for(
-        lambda: all(node_phase(fleet, n) == "Ready" for n in (dead, alive, other)),
-        timeout=20,
-        what="nodes Ready",
-    )
+    wait_ready(fleet, op, [dead, alive, other])
     lost.pause()  # the agent dies; the operator saw its last renewal before the step
     stopped = time.monotonic()
     stopped_wall = datetime.now(UTC)
