@@ -206,7 +206,10 @@ class ControlPlane:
         self.wait_ready()
 
     def restart_etcd(self) -> None:
+        """etcd started again, once the API server says it is ready on it (its etcd
+        client reconnects on its own; until then its requests time out)."""
         self.start_etcd()
+        self.wait_ready()
 
     def stop_etcd(self, timeout: float = 15.0) -> None:
         proc = self._procs.pop("etcd", None)
