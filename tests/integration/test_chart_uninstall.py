@@ -147,7 +147,13 @@ def test_uninstall_hooks_purge_with_exactly_their_own_rbac(
         agent.stop()  # the DaemonSet is gone before the post-delete hook
         assert run_job("post-delete", post) == 0
         objs: Any = client.CustomObjectsApi(kube)
-        for plural in ("sandboxpools", "sandboxes", "cacheprunes", "sandboxnodes"):
+        for plural in (
+            "sandboxpools",
+            "sandboxes",
+            "sandboxsnapshots",
+            "cacheprunes",
+            "sandboxnodes",
+        ):
             left = objs.list_cluster_custom_object(GROUP, VERSION, plural)["items"]
             assert not left, f"{plural} left: {[i['metadata']['name'] for i in left]}"
         leases = client.CoordinationV1Api(kube).list_namespaced_lease(lease_namespace).items

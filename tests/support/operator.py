@@ -290,12 +290,14 @@ def lease_namespace(kube: client.ApiClient) -> Iterator[str]:
 
 
 def wipe_nodes(api: client.ApiClient) -> None:
-    """Remove every SandboxNode, SandboxPool, Sandbox and CachePrune in this worker's
-    control plane. Operator tests judge the whole fleet (the mass-failure guard counts
-    every node; pools and the scheduler act on every sandbox), and this control plane
-    runs no namespace controller, so objects of earlier tests' namespaces linger."""
+    """Remove every SandboxNode, SandboxPool, Sandbox, SandboxSnapshot and CachePrune
+    in this worker's control plane, their finalizers cleared. Operator tests judge the
+    whole fleet (the mass-failure guard counts every node; pools and the scheduler act
+    on every sandbox; the uninstall hooks' purge waits for every kind), and this
+    control plane runs no namespace controller, so objects of earlier tests'
+    namespaces linger."""
     objs: Any = client.CustomObjectsApi(api)
-    for plural in ("sandboxpools", "sandboxes", "sandboxnodes", "cacheprunes"):
+    for plural in ("sandboxpools", "sandboxsnapshots", "sandboxes", "sandboxnodes", "cacheprunes"):
         for item in objs.list_cluster_custom_object(GROUP, VERSION, plural)["items"]:
             meta = item["metadata"]
             try:
