@@ -28,7 +28,7 @@ from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL, SANDBOX_LABEL
 from tests.integration.test_agent_node import get_sandbox
-from tests.integration.test_agent_pause import frozen, paused_condition
+from tests.integration.test_agent_pause import frozen, paused_condition, watch_says
 from tests.support.streams import (
     StartStreamAgent,
     delete_sandbox,
@@ -174,11 +174,10 @@ def test_an_open_exec_session_keeps_a_quiet_sandbox_from_pausing_until_it_ends(
             GROUP, VERSION, tenant, "sandboxes", "reader", IDLE_SPEC
         )
         wait_for(
-            lambda: (
-                ((agent.sandbox_watch.get(f"{tenant}/reader") or {}).get("spec") or {}).get(
-                    "idleTimeoutSeconds"
-                )
-                == IDLE_TIMEOUT
+            lambda: watch_says(
+                agent,
+                f"{tenant}/reader",
+                lambda sb: sb.get("spec", {}).get("idleTimeoutSeconds") == IDLE_TIMEOUT,
             ),
             timeout=15,
             what="the agent's view of the sandbox to carry its idle timeout",

@@ -217,19 +217,10 @@ class SandboxWork:
 
         The watched view lags the agent's own writes by an event's trip: a start that
         wrote Running just before this pass still looks Scheduled with a container,
-        and must not be torn down for it. Rare (only a container beside an unstarted
-        sandbox), so the extra read costs nothing when idle.
+        and must not be torn down for it. Rare, so the read costs nothing when idle.
         """
-        ns, name = key.split("/", 1)
-        try:
-            current = self.objects.get_sandbox(ns, name)
-        except Exception as exc:
-            if is_not_found(exc):
-                self.stop_deleted(key, container)
-            else:
-                log.warning("sandbox %s: cannot re-read it before a teardown: %s", key, exc)
-            return
-        if phase_of(current) in UNSTARTED_PHASES:
+        current = self.read_again(key, container)
+        if current is not None and phase_of(current) in UNSTARTED_PHASES:
             pending = self._unrecorded.get(key)
             same_sandbox = container.labels.get(SANDBOX_UID_LABEL) == current["metadata"]["uid"]
             if pending is not None and pending[0] == container.id and same_sandbox:
@@ -237,6 +228,18 @@ class SandboxWork:
                 return
             self.teardown(container)
         # Otherwise the watch is behind: its event wakes a pass that sees the truth.
+
+    def read_again(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
+        """The Sandbox now, before a destructive step planned on the watched view; None
+        when gone (``container`` then stopped as deleted) or unreadable (logged)."""
+        try:
+            return self.objects.get_sandbox(*key.split("/", 1))
+        except Exception as exc:
+            if is_not_found(exc):
+                self.stop_deleted(key, container)
+            else:
+                log.warning("sandbox %s: cannot read it again before acting: %s", key, exc)
+            return None
 
     def stop_deleted(self, key: str, container: ContainerInfo) -> None:
         self._unrecorded.pop(key, None)

@@ -25,7 +25,6 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from sandlot.adapters.agentapi import is_not_found
 from sandlot.adapters.runtime import ContainerInfo, Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
@@ -160,13 +159,8 @@ class SandboxSync:
         """Stop ``key``'s sandbox for the drain once a fresh read agrees
         (``drain_stop_stands``); otherwise the watch is behind, and the pass its
         event wakes does what the Sandbox asks (a suspend, to be moved)."""
-        try:
-            current = self.work.objects.get_sandbox(*key.split("/", 1))
-        except Exception as exc:
-            if is_not_found(exc):
-                self.work.stop_deleted(key, container)
-            else:
-                log.warning("sandbox %s: cannot re-read it before the drain's stop: %s", key, exc)
+        current = self.work.read_again(key, container)
+        if current is None:
             return
         view = ContainerView(container.id, container.labels)
         if drain_stop_stands(SandboxState.from_object(current), view):

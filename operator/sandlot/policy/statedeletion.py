@@ -60,10 +60,11 @@ class Pending:
 def pushed_state(obj: Mapping[str, Any] | None, because: Because) -> PushedState | None:
     """The pushed state ``obj`` (a Sandbox body) records, None when it records none or
     one without a digest (nothing exact to delete)."""
-    meta = (obj or {}).get("metadata") or {}
-    state = ((obj or {}).get("status") or {}).get("suspendedState") or {}
-    reference = str(state.get("image") or "")
-    if obj is None or "@sha256:" not in reference or not meta.get("uid") or not meta.get("name"):
+    if obj is None:
+        return None
+    meta = obj.get("metadata") or {}
+    reference = str(((obj.get("status") or {}).get("suspendedState") or {}).get("image") or "")
+    if "@sha256:" not in reference or not meta.get("uid") or not meta.get("name"):
         return None
     return PushedState(reference, key_of(obj), str(meta["uid"]), because)
 
