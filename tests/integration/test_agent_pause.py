@@ -282,6 +282,89 @@ def test_a_pause_and_a_resume_are_applied_from_the_watch_event_not_a_paced_pass(
     assert not frozen(agent, cid)
 
 
+def unrecorded_thaws(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_unrecorded_thaws_total") or 0
+
+
+def test_a_task_frozen_with_nothing_recording_it_is_thawed_by_the_next_pass(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+    log_dir: Path,
+) -> None:
+    """The fault of every lost freeze record (an idle freeze whose condition write
+    failed, a pause that timed out after it landed, a snapshot's thaw that timed
+    out): the task is frozen in containerd while the spec and the conditions say
+    Running. The next pass finds it, reads again, and thaws it."""
+    agent = make_agent()
+    assert agent.start()
+    create_sandbox(kube, namespace, "lost", agent.node, command=COUNTER)
+    sb = wait_phase(kube, namespace, "lost", "Running", timeout=30)
+    log, cid = log_of(log_dir, sb), sb["status"]["containerId"]
+    wait_for(lambda: last_count(log) >= 2, timeout=10, what="the counter to count")
+    assert unrecorded_thaws(agent) == 0
+
+    rt.pause_task(cid, timeout=5)  # the freeze lands; no record of it is ever written
+    assert frozen(agent, cid)
+    resumed = wait_condition(kube, namespace, "lost", "False", "Resumed")
+    assert resumed["spec"]["operatingMode"] == "Running"
+    assert not frozen(agent, cid), "the condition says Resumed but the cgroup is frozen"
+    assert unrecorded_thaws(agent) == 1
+    at = last_count(log)
+    wait_for(lambda: last_count(log) > at, timeout=10, what="the counter to count after the thaw")
+
+
+# Sleeps in the background so the shell takes SIGTERM at once; its handler then
+# sleeps (quiet, so idle) before it says it ran.
+SLOW_HANDLER = ["sh", "-c", "trap 'sleep 4; echo handled; exit 0' TERM; sleep 100000 & wait"]
+
+
+def test_the_idle_loop_never_freezes_a_sandbox_while_its_drain_stops_it(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+    log_dir: Path,
+) -> None:
+    """A drain's graceful stop thaws the task and sends SIGTERM; the handler then
+    sleeps past the sandbox's idle timeout. The idle loop (sampling every 0.2 s)
+    finds it quiet, but the stop holds the sandbox's work slot: it is not frozen,
+    and its handler runs to the end within the stop's grace."""
+    agent = make_agent(idle_interval="0.2s", stop_grace="12s")
+    assert agent.start()
+    create_sandbox(kube, namespace, "draining", agent.node, command=SLOW_HANDLER)
+    sb = wait_phase(kube, namespace, "draining", "Running", timeout=30)
+    log, cid = log_of(log_dir, sb), sb["status"]["containerId"]
+    idle = agent.registry.get_sample_value("sandlot_agent_idle_passes_total") or 0
+    api = client.CustomObjectsApi(kube)
+    api.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", "draining", {"spec": {"idleTimeoutSeconds": 1}}
+    )
+    wait_for(
+        lambda: watch_says(
+            agent, f"{namespace}/draining", lambda b: b["spec"].get("idleTimeoutSeconds") == 1
+        ),
+        timeout=10,
+        what="the agent's view to carry the idle timeout",
+    )
+    api.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", agent.node, {"spec": {"unschedulable": True}}
+    )
+    stopped = wait_phase(kube, namespace, "draining", "Stopped", timeout=40)
+    passes = (agent.registry.get_sample_value("sandlot_agent_idle_passes_total") or 0) - idle
+    assert passes >= 10, f"only {passes:g} idle passes ran while it stopped: nothing was tested"
+    assert stopped["status"].get("reason") == "Drained"
+    assert "handled" in log.read_text().split(), (
+        "the SIGTERM handler never finished: the idle loop froze the task the drain was stopping"
+    )
+    assert not any(
+        (c["type"], c["status"]) == ("Paused", "True")
+        for c in stopped["status"].get("conditions") or []
+    ), "paused for being idle while it stopped"
+    assert cid not in container_ids(rt)
+
+
 def test_deleting_a_paused_sandbox_stops_it_gracefully_within_the_bound(
     make_agent: Callable[..., Agent],
     kube: client.ApiClient,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +25,7 @@ from sandlot.agent.idlewake import IdleSuspends
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
+from sandlot.agent.workpools import SandboxPools
 from sandlot.api.common import GROUP, VERSION, Condition, key_of
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
@@ -85,9 +86,11 @@ class IdlePauses:
         cgroup_root: str,
         cgroup_parent: str,
         call_timeout: float,
+        slots: SandboxPools,
         sandbox_of: Callable[[str], Mapping[str, Any] | None] = lambda _key: None,
     ) -> None:
         self.node = node
+        self.slots = slots  # each sandbox's one work slot: a freeze holds it (policy.lifecycle)
         self.status = status
         self.sandboxes = sandboxes
         self.metrics = metrics
@@ -159,17 +162,8 @@ class IdlePauses:
                 if suspend and self.suspends.request(key):
                     self._tracks.pop(key, None)
                     continue  # the sync suspends it (``suspend_idle``), or a use cancels
-                paused = step is IdleStep.PAUSE and self._pause(key, container)
-            if paused:
-                if unclaimed_member(sb):
-                    self._unclaimed.add(key)
-                self._say(sb, idle_condition(self.node, timeout, _generation(sb)))
-                self.metrics.idle_pauses.inc()
-                self._event(
-                    sb,
-                    EventReason.IDLE_PAUSED,
-                    f"paused after {timeout.total_seconds():g}s without use",
-                )
+            if step is IdleStep.PAUSE:
+                self._freeze(sb, key, container, timeout)
         with self._lock:
             for gone in set(self._tracks) - seen:
                 del self._tracks[gone]
@@ -188,6 +182,27 @@ class IdlePauses:
                 self.suspends.wake_for_claim(sb)
             else:
                 self.wake(sb, "claim")
+
+    def _freeze(self, sb: Mapping[str, Any], key: str, container: str, timeout: timedelta) -> None:
+        """Freeze an idle sandbox and record it, holding its work slot throughout
+        (``policy.lifecycle``: no freeze lands in a stop, commit or snapshot under
+        way, and a freeze whose record fails is found frozen and unrecorded by the
+        next sync pass, which thaws it)."""
+        with self.slots.holding(key) as held:
+            if not held:
+                log.info("sandbox %s: idle, but another step holds it: not paused now", key)
+                return
+            with self._lock:  # a stream admitted since the sample keeps it running
+                paused = self.sessions(key) == 0 and self._pause(key, container)
+            if not paused:
+                return
+            if unclaimed_member(sb):
+                self._unclaimed.add(key)
+            self._say(sb, idle_condition(self.node, timeout, _generation(sb)))
+        self.metrics.idle_pauses.inc()
+        self._event(
+            sb, EventReason.IDLE_PAUSED, f"paused after {timeout.total_seconds():g}s without use"
+        )
 
     def _pause(self, key: str, container: str) -> bool:
         """Freeze ``container`` if it is running; its quiet clock starts again."""

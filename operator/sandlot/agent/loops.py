@@ -128,6 +128,26 @@ class WorkPool:
         with self._lock:
             return key in self._busy
 
+    def take(self, key: str) -> bool:
+        """Hold ``key``'s slot for the caller's own thread (a loop acting in place);
+        False when it has work in flight or the agent stops. ``let_go`` ends it."""
+        with self._lock:
+            if key in self._busy or self._stop.is_set():
+                return False
+            self._busy.add(key)
+            return True
+
+    def let_go(self, key: str) -> None:
+        """End a hold ``take`` gave: the key may take work again, and the passes that
+        skipped it look again."""
+        with self._lock:
+            self._busy.discard(key)
+        try:
+            self.ended(key)
+        except Exception:
+            log.exception("sandbox %s: the end of its work was not handled", key)
+        self._done.set()
+
     def submit(self, key: str, work: Callable[[], object]) -> bool:
         """Run ``work`` unless ``key`` already has work in flight or the agent stops."""
         with self._lock:

@@ -64,6 +64,13 @@ class AgentMetrics:
             "event of the spec's change, without waiting for a sync pass.",
             registry=registry,
         )
+        self.unrecorded_thaws = Counter(
+            "sandlot_agent_unrecorded_thaws_total",
+            "Frozen tasks thawed because nothing recorded why they were frozen (a "
+            "pause, commit or snapshot whose record was lost) while the spec asks for "
+            "Running.",
+            registry=registry,
+        )
         self.reaper_passes = Counter(
             "sandlot_agent_reaper_passes_total", "Reaper passes.", registry=registry
         )

@@ -119,6 +119,7 @@ def idle_pauses(w: AgentWiring, runtime: Runtime, call_timeout: float) -> IdlePa
         cgroup_root=settings.cgroup_root,
         cgroup_parent=settings.cgroup_parent,
         call_timeout=call_timeout,
+        slots=w.pool,
         sandbox_of=w.sandbox_watch.get,
     )
 

@@ -25,7 +25,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from sandlot.adapters.runtime import ContainerInfo, Runtime
+from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
@@ -48,6 +48,7 @@ from sandlot.policy.agentsync import (
     plan_mode_change,
     plan_sync,
     startable,
+    thaw_stands,
 )
 from sandlot.policy.capacity import Recorded, recorded_limits
 from sandlot.policy.startrefusals import StartFacts
@@ -168,6 +169,24 @@ class SandboxSync:
         else:
             log.info("sandbox %s: not stopped for the drain: a fresh read asks otherwise", key)
 
+    def _thaw(self, key: str, container: ContainerInfo) -> None:
+        """Thaw ``key``'s frozen task that nothing records (a step whose record was
+        lost: ``policy.lifecycle``) once a fresh read of the Sandbox and of the task
+        agree (``thaw_stands``): the watch may not have brought a pause just recorded."""
+        current = self.work.read_again(key, container)
+        if current is None:
+            return
+        try:
+            task = self.rt.get_task(container.id, timeout=self.call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("sandbox %s: cannot read its task before thawing it: %s", key, exc)
+            return
+        if not thaw_stands(SandboxState.from_object(current), task.state if task else None):
+            return
+        log.warning("sandbox %s: frozen with nothing recording why: thawing it", key)
+        self.metrics.unrecorded_thaws.inc()
+        self.modes.apply(current, container)
+
     def _container_of(self, state: SandboxState, obj: Mapping[str, Any]) -> ContainerInfo | None:
         """The last listing's container of ``state``'s sandbox, or the one its status
         records (this agent's start wrote it) when it started after that listing."""
@@ -197,12 +216,13 @@ class SandboxSync:
                 bodies[key] = (flagged, held)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self.rt.list_containers(timeout=self.call_timeout)
+        tasks = {t.container_id: t.state for t in self.rt.list_tasks(timeout=self.call_timeout)}
         by_id = {c.id: c for c in containers}
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():
             self.metrics.sandboxes.labels(phase.value).set(count)
         self.report_count(live_count(states))
-        views = [ContainerView(c.id, c.labels) for c in containers]
+        views = [ContainerView(c.id, c.labels, tasks.get(c.id)) for c in containers]
         self._listed = {c.labels[SANDBOX_LABEL]: c for c in containers if SANDBOX_LABEL in c.labels}
         starting = startable(states, views, drained=drained, in_flight=in_flight)
         live = {
@@ -284,6 +304,8 @@ class SandboxSync:
             return partial(self.suspensions.suspend, sb, container)
         if kind is ActionKind.IDLE_SUSPEND and sb is not None:
             return partial(self.suspensions.suspend_idle, sb, container)
+        if kind is ActionKind.THAW:
+            return partial(self._thaw, key, container)
         if kind is ActionKind.STOP_DRAINED and sb is not None:
             return partial(self._stop_drained, key, container)
         if kind is ActionKind.STOP_DELETED:

@@ -15,7 +15,8 @@ one lock, and every submit of the agent goes through here.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from sandlot.agent.loops import WorkPool
 
@@ -65,6 +66,19 @@ class SandboxPools:
             if other.busy(key):
                 return False
             return target.submit(key, work)
+
+    @contextmanager
+    def holding(self, key: str) -> Iterator[bool]:
+        """Hold ``key``'s slot while the block runs in place (the idle loop's freeze),
+        as a submitted work item would: yields False, holding nothing, when the key
+        has work in either pool (a stop, a commit, a snapshot under way)."""
+        with self._lock:
+            held = not self.graceful.busy(key) and self.bounded.take(key)
+        try:
+            yield held
+        finally:
+            if held:
+                self.bounded.let_go(key)
 
     def shutdown(self) -> None:
         # Graceful stops see the stop event within a slice of their wait and let go.

@@ -22,6 +22,7 @@ from enum import StrEnum
 
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.operatingmode import TaskState
 
 
 class SweepAction(StrEnum):
@@ -44,6 +45,8 @@ class SandboxView:
 class ContainerView:
     id: str
     labels: Mapping[str, str]
+    task: TaskState | None = None
+    """Its task's state as the pass listed it; None: not read (or no task)."""
 
 
 @dataclass(frozen=True)

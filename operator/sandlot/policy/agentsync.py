@@ -17,6 +17,8 @@ Running, idle, to suspend   present                     idle-suspend (as suspend
 Running, idle-suspended     none                        none, until a use wakes it
                                                         (then restore)
 Running, to pause, in use   present                     none (until its streams end)
+Running, spec Running       present, task frozen, no    thaw (a lost record:
+                            record, no step under way   ``policy.lifecycle``)
 Running, to suspend         present                     suspend (commit, remove;
                                                         on a drained node too)
 Running, suspended          none, node not drained,     restore (start from the
@@ -64,7 +66,9 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.capacity import over_capacity
+from sandlot.policy.lifecycle import thaw_due
 from sandlot.policy.operatingmode import (
+    TaskState,
     failed_at_generation,
     idle_paused,
     mode_pending,
@@ -98,6 +102,9 @@ class ActionKind(StrEnum):
     END_DRAINED = "end-drained"
     """A suspended sandbox (no container) on a drained node: ended Stopped/Drained."""
     APPLY_MODE = "apply-mode"
+    THAW = "thaw"
+    """A frozen task no record explains (``policy.lifecycle.thaw_due``): thawed once
+    a fresh read agrees."""
     SUSPEND = "suspend"
     IDLE_SUSPEND = "idle-suspend"
     """Suspend a sandbox its agent found idle (``spec.idleAction: Suspend``)."""
@@ -185,7 +192,7 @@ def _for_sandbox(
             return Action(ActionKind.TEARDOWN_UNSTARTED, sb.key, cid)
         return Action(ActionKind.REFUSE_DRAINED if drained else ActionKind.START, sb.key)
     if sb.phase is SandboxPhase.RUNNING:
-        return _for_running(sb, cid, drained, in_use)
+        return _for_running(sb, container, drained, in_use)
     if cid is None:
         return None
     if sb.phase is SandboxPhase.DEAD:
@@ -194,8 +201,9 @@ def _for_sandbox(
 
 
 def _for_running(
-    sb: SandboxState, cid: str | None, drained: bool, in_use: bool = False
+    sb: SandboxState, container: ContainerView | None, drained: bool, in_use: bool = False
 ) -> Action | None:
+    cid = container.id if container is not None else None
     idle_due = sb.idle_suspend_due and not (sb.waking or in_use or drained)
     if idle_due and sb.mode is OperatingMode.RUNNING and cid and not sb.suspended:
         return Action(ActionKind.IDLE_SUSPEND, sb.key, cid)
@@ -221,7 +229,29 @@ def _for_running(
         if in_use and sb.mode is OperatingMode.PAUSED:
             return None  # thawed for a stream: frozen again once it ends
         return Action(ActionKind.APPLY_MODE, sb.key, cid)
+    if container is not None and frozen_unrecorded(sb, container.task):
+        return Action(ActionKind.THAW, sb.key, cid)
     return None
+
+
+def frozen_unrecorded(sb: SandboxState, task: TaskState | None) -> bool:
+    """``sb``'s task is frozen with nothing recording why and no step under way
+    (the plan leaves keys with work in flight alone): ``policy.lifecycle.thaw_due``."""
+    return thaw_due(
+        sb.mode,
+        task,
+        recorded_paused=sb.paused,
+        idle_paused=sb.idle_paused,
+        suspended=sb.suspended,
+        busy=False,
+    )
+
+
+def thaw_stands(fresh: SandboxState, task: TaskState | None) -> bool:
+    """Whether a thaw planned on the watched view stands on a fresh read of the
+    Sandbox and a fresh read of its task: a pause recorded a moment ago (an idle
+    freeze whose condition the watch has not brought yet) is not undone."""
+    return fresh.phase is SandboxPhase.RUNNING and frozen_unrecorded(fresh, task)
 
 
 def drain_stop_stands(fresh: SandboxState, container: ContainerView) -> bool:
@@ -365,10 +395,12 @@ __all__ = [
     "SandboxState",
     "containers_by_key",
     "drain_stop_stands",
+    "frozen_unrecorded",
     "live_count",
     "mode_asked",
     "phase_counts",
     "plan_mode_change",
     "plan_sync",
     "startable",
+    "thaw_stands",
 ]

@@ -1,0 +1,211 @@
+"""A sandbox's lifecycle on its node, as one table: the steps between its modes, who
+takes each, what it records before and after acting, and what the next pass does
+when a crash or a lost write leaves a step half done.
+
+Several loops act on one sandbox: the sync (starts, modes, suspends, restores,
+drains), the idle loop (freezes), the snapshot loop (commits), the streams
+(thaws), the reaper (ends). They meet in two places, and only there:
+
+- **The work slot.** Every step that changes a task or a container runs while it
+  holds the sandbox's one work slot (``agent.workpools.SandboxPools``: a queued
+  job, or ``holding`` for a loop that acts in place), so no two steps of one
+  sandbox interleave: the idle loop never freezes a task a drain is stopping or a
+  commit is reading. A slot is the in-memory intent: "this step is under way".
+- **The records.** What outlives the agent is the Sandbox's status (the
+  ``Paused`` and ``Suspended`` conditions, ``suspendedState``), written by the
+  step before it lets go of the slot. A pass that finds the runtime in a state no
+  record explains and no slot holds finishes or undoes the step by the rule in
+  ``if_lost`` (``STEPS``): a frozen task nobody records is thawed (``thaw_due``),
+  a suspension recorded beside its container is finished, a restore that ran
+  unsaid is recorded.
+
+The rules are safe in one direction on purpose: where a record is lost, the
+sandbox ends up running (its spec asks for it), never frozen or ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sandlot.api.sandbox import OperatingMode
+from sandlot.policy.operatingmode import FROZEN, TaskState
+
+
+class Step(StrEnum):
+    START = "start"
+    FREEZE = "freeze"
+    """``spec.operatingMode: Paused``."""
+    IDLE_FREEZE = "idle-freeze"
+    THAW = "thaw"
+    """Back to running: the spec asks for Running, or a stream thaws it for use."""
+    COMMIT = "commit"
+    """Suspend: freeze, commit the writable layer to an image, record, remove."""
+    PUSH = "push"
+    RESTORE = "restore"
+    SNAPSHOT = "snapshot"
+    STOP = "stop"
+    """A graceful stop (deleted, drained, its lifetime over)."""
+    END = "end"
+    """The reaper or the sync ends it with its exit, or lost."""
+
+
+@dataclass(frozen=True)
+class StepRule:
+    step: Step
+    loop: str
+    """The agent loop that takes the step."""
+    before: str
+    """What holds or records the step before it acts."""
+    after: str
+    """What it records once it acted, before it lets go of the slot."""
+    if_lost: str
+    """What the next pass does when the agent dies mid-step or the record is lost."""
+
+
+SLOT = "the sandbox's work slot"
+
+STEPS: tuple[StepRule, ...] = (
+    StepRule(
+        Step.START,
+        "sync",
+        f"{SLOT}; the container labelled with the sandbox's key",
+        "phase Running, status.containerId",
+        "a container beside an unstarted phase is torn down after a fresh read",
+    ),
+    StepRule(
+        Step.FREEZE,
+        "sync (the watch event at once)",
+        SLOT,
+        "Paused True (Paused)",
+        "spec Paused, task frozen, no record: the record is written (RECORD)",
+    ),
+    StepRule(
+        Step.IDLE_FREEZE,
+        "idle",
+        f"{SLOT}, taken in place; skipped while another step holds it",
+        "Paused True (Idle)",
+        "spec Running, task frozen, no record: thawed (thaw_due)",
+    ),
+    StepRule(
+        Step.THAW,
+        "sync; streams for use",
+        f"{SLOT} (the sync); the idle lock (streams)",
+        "Paused False (Resumed)",
+        "spec Running, task running, record says frozen: the record is corrected",
+    ),
+    StepRule(
+        Step.COMMIT,
+        "sync",
+        f"{SLOT}; the task frozen for the diff",
+        "Suspended True, then the container removed",
+        "record beside its container: removed (REMOVE); no record: thawed, tried again",
+    ),
+    StepRule(
+        Step.PUSH,
+        "sync, after the commit",
+        "the committed image on the node",
+        "status.suspendedState (repository, digest)",
+        "no suspendedState: the state stays on its node and is pushed again",
+    ),
+    StepRule(
+        Step.RESTORE,
+        "sync",
+        f"{SLOT}; the state pulled when the node lacks it",
+        "Suspended False (Restored)",
+        "a container beside a Suspended record: recorded restored (RECORD_RESTORED)",
+    ),
+    StepRule(
+        Step.SNAPSHOT,
+        "snapshots",
+        f"{SLOT}; the snapshot Taking",
+        "the snapshot Ready with its image and digest; the task thawed",
+        "spec Running, task frozen, no record: thawed (thaw_due); Taking: taken again",
+    ),
+    StepRule(
+        Step.STOP,
+        "sync (drain, delete, lifetime)",
+        f"{SLOT}; a drain's stop confirmed on a fresh read",
+        "phase Stopped with its reason",
+        "a container beside a terminal phase is torn down (cleanup, fence)",
+    ),
+    StepRule(
+        Step.END,
+        "reaper; sync",
+        f"{SLOT}; the exit read from the runtime",
+        "phase Stopped/Failed with the exit code, or ContainerLost",
+        "never for a suspended sandbox: its container is gone on purpose",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    text: str
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant("thawed", "a sandbox whose spec says Running is not left frozen past one sync pass"),
+    Invariant(
+        "referenced",
+        "nothing still referenced (a suspended layer, a snapshot, a pushed manifest "
+        "under any tag sharing its digest) is deleted, locally or in a registry",
+    ),
+    Invariant(
+        "acknowledged",
+        "a file write acknowledged to a user is in whatever the sandbox resumes from",
+    ),
+    Invariant("kept-suspended", "the reaper never ends a suspended sandbox"),
+    Invariant("one-node", "at most one node runs a sandbox"),
+    Invariant("logs", "a sandbox's logs stay while it exists"),
+    Invariant("slots", "no stream slot outlives its connection"),
+    Invariant("one-clock", "a decision never compares one machine's clock with another's"),
+)
+
+
+def thaw_due(
+    mode: OperatingMode,
+    task: TaskState | None,
+    *,
+    recorded_paused: bool,
+    idle_paused: bool,
+    suspended: bool,
+    busy: bool,
+) -> bool:
+    """Whether a frozen task is a step's lost record, to be thawed: the spec asks
+    for Running, the task is frozen, no record explains it (neither a pause the
+    condition records, which the mode logic resumes, nor an idle pause, nor a
+    suspension, whose own rows finish it), and no step holds the slot (a commit,
+    snapshot or idle freeze under way freezes on purpose). ``task``: None when the
+    pass did not read it."""
+    if mode is not OperatingMode.RUNNING or busy or task not in FROZEN:
+        return False
+    return not (recorded_paused or idle_paused or suspended)
+
+
+def steps_table() -> str:
+    """``STEPS`` as the Markdown table docs/lifecycle.md shows."""
+    rows = [
+        "| step | taken by | before it acts | recorded after | when its record is lost |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    rows += [f"| `{r.step}` | {r.loop} | {r.before} | {r.after} | {r.if_lost} |" for r in STEPS]
+    return "\n".join(rows)
+
+
+def invariants_list() -> str:
+    """``INVARIANTS`` as the Markdown list docs/lifecycle.md shows."""
+    return "\n".join(f"- **{i.name}**: {i.text}" for i in INVARIANTS)
+
+
+__all__ = [
+    "INVARIANTS",
+    "STEPS",
+    "Invariant",
+    "Step",
+    "StepRule",
+    "invariants_list",
+    "steps_table",
+    "thaw_due",
+]
