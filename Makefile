@@ -4,7 +4,7 @@ VENV := .venv/bin
 PYTEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard operator tests e2e bench)
 
-.PHONY: setup demo test lint unit integration crds clean e2e e2e-local bench
+.PHONY: setup demo test lint unit integration crds clean e2e e2e-local bench soak
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -39,6 +39,13 @@ e2e-local: setup
 
 unit: setup
 	$(VENV)/python -m pytest tests/unit -q
+
+# The lifecycle's stateful fault test with a long budget and a fresh random seed
+# (`make test` runs a fixed budget on a fixed seed). SOAK_EXAMPLES sets the budget.
+SOAK_EXAMPLES ?= 5000
+soak: setup
+	SANDLOT_LIFECYCLE_EXAMPLES=$(SOAK_EXAMPLES) $(VENV)/python -m pytest -n 0 -q \
+		tests/unit/test_lifecycle_machine.py
 
 e2e: setup
 	$(VENV)/python -m pytest e2e -m kind -rs $(PYTEST_ARGS)

@@ -1,0 +1,470 @@
+"""A stateful fault test of a node's sandbox lifecycle (``policy.lifecycle``).
+
+Hypothesis drives the agent's own parts (the sync pass, pauses and resumes, the
+idle loop's freeze and its thaw for use, suspend and restore, the reaper, the
+image collector's choice) against the in-memory runtime and API at the project's
+boundary, and breaks them at random: a status write answered 5xx or 409, a get
+that fails, a runtime call that times out after it landed or before it acted, the
+agent dying before or after any runtime call (its memory gone, a new agent
+started over the same runtime and API), the watch lagging, the spec changing, a
+task exiting on its own, the node lost (the sandbox marked Dead). After every step
+it checks the invariants of SPEC section 8 this node can break
+(``policy.lifecycle.INVARIANTS``), and after a pass with no fault pending, the
+ones promised "after one pass".
+
+``make test`` runs a fixed budget; ``SANDLOT_LIFECYCLE_EXAMPLES`` raises it for a
+long run (``make soak``).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, event, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
+
+from sandlot.adapters.runtime import ContainerInfo, RuntimeTimeout, TaskState
+from sandlot.agent.idle import IdlePauses
+from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.reaper import Reaper
+from sandlot.agent.runtimes import ClassSurvey
+from sandlot.agent.sandboxes import StartFailed, container_id_for
+from sandlot.agent.status import StatusWriter
+from sandlot.agent.sync import SandboxSync
+from sandlot.agent.teardown import teardown
+from sandlot.api.common import key_of
+from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.capacity import Capacity
+from sandlot.policy.lifecycle import INVARIANTS
+from sandlot.policy.operatingmode import FROZEN, idle_paused, wanted_mode
+from sandlot.policy.suspension import (
+    live_uids,
+    orphaned_images,
+    recorded_suspended,
+    suspended_image_name,
+)
+from tests.support.agent import FakeRuntime
+from tests.support.clock import FakeClock
+from tests.support.fakeobjects import FakeObjects
+
+NODE = "node-a"
+NAMES = ("a", "b")
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+CALL = 0.05
+EXAMPLES = int(os.environ.get("SANDLOT_LIFECYCLE_EXAMPLES", "250"))
+MUTATING = (
+    "pause_task",
+    "resume_task",
+    "commit_container",
+    "kill_task",
+    "delete_task",
+    "delete_container",
+)
+
+
+Fault = tuple[str, str, str] | None
+API_FAULTS = st.tuples(
+    st.just("api"), st.sampled_from(["patch-status", "get"]), st.sampled_from(["500", "409"])
+)
+RUNTIME_FAULTS = st.tuples(
+    st.just("runtime"),
+    st.sampled_from(MUTATING),
+    st.sampled_from(["landed", "lost", "crash-before", "crash-after"]),
+)
+RARE = st.integers(0, 3)
+"""An end (an exit, a lost node) acts on one draw in four: ended sandboxes do nothing."""
+FAULTS = st.one_of(st.none(), API_FAULTS, RUNTIME_FAULTS)
+"""The fault injected into one step of the agent's: none, the API's or the runtime's."""
+
+
+class Crash(BaseException):
+    """The agent's process dies here: nothing of it runs on (not an ``Exception``,
+    so no handler of the agent's catches it)."""
+
+
+class FaultyRuntime:
+    """The in-memory runtime, whose next call of a method can be made to time out
+    after it acted or before it acted, or to kill the agent before or after."""
+
+    def __init__(self, rt: FakeRuntime) -> None:
+        self.rt = rt
+        self.faults: dict[str, str] = {}  # method -> "landed" | "lost" | "crash-before" | ...
+
+    def __getattr__(self, name: str) -> Any:
+        call = getattr(self.rt, name)
+        if name not in MUTATING:
+            return call
+
+        def faulty(*args: Any, **kwargs: Any) -> Any:
+            fault = self.faults.pop(name, None)
+            if fault == "crash-before":
+                raise Crash(f"the agent died before {name}")
+            if fault == "lost":
+                raise RuntimeTimeout(f"{name}: no answer (and it did nothing)")
+            result = call(*args, **kwargs)
+            if fault == "crash-after":
+                raise Crash(f"the agent died after {name} landed")
+            if fault == "landed":
+                raise RuntimeTimeout(f"{name}: no answer (but it landed)")
+            return result
+
+        return faulty
+
+
+class Watch:
+    """The agent's watched view of the Sandboxes: as of its last catch-up."""
+
+    def __init__(self, objects: FakeObjects) -> None:
+        self.objects = objects
+        self.synced = SimpleNamespace(is_set=lambda: True)
+        self.view: dict[str, dict[str, Any]] = {}
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        self.view = copy.deepcopy(self.objects.sandboxes)
+
+    def items(self) -> list[dict[str, Any]]:
+        return [copy.deepcopy(b) for b in self.view.values()]
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        found = self.view.get(key)
+        return copy.deepcopy(found) if found is not None else None
+
+
+class InlinePool:
+    """``SandboxPools`` run in place: a job runs on the caller's thread, so a fault
+    lands exactly where the machine puts it."""
+
+    def __init__(self) -> None:
+        self.busy_keys: set[str] = set()
+        self.ended: Callable[[str], object] = lambda _key: None
+
+    def in_flight(self) -> frozenset[str]:
+        return frozenset(self.busy_keys)
+
+    def busy(self, key: str) -> bool:
+        return key in self.busy_keys
+
+    def tell_ended(self, ended: Callable[[str], object]) -> None:
+        self.ended = ended
+
+    def wake_in(self, seconds: float) -> None:
+        return None
+
+    def submit(self, key: str, work: Callable[[], object], *, graceful: bool = False) -> bool:
+        with self.holding(key) as held:
+            if held:
+                with suppress(Exception):  # as the pool's thread: logged, the key let go
+                    work()
+            return held
+
+    @contextmanager
+    def holding(self, key: str) -> Iterator[bool]:
+        if key in self.busy_keys:
+            yield False
+            return
+        self.busy_keys.add(key)
+        try:
+            yield True
+        finally:
+            self.busy_keys.discard(key)
+
+
+class Work:
+    """What the sync, the suspensions and the reaper use of ``SandboxWork`` for
+    sandboxes already started: teardown, the restore's start, the ends."""
+
+    def __init__(self, rt: FaultyRuntime, objects: FakeObjects, status: StatusWriter) -> None:
+        self.rt, self.objects, self.status, self.node = rt, objects, status, NODE
+        self.call_timeout = CALL
+        self.settings = SimpleNamespace(
+            image_pull_deadline=timedelta(seconds=1),
+            suspend_state_repository="",
+            default_memory_limit="",
+            default_cpu_limit="",
+            default_ephemeral_storage_limit="",
+            cgroup_parent="sandlot",
+        )
+        self.facts = SimpleNamespace(capacity=Capacity(100))
+        self.runtime_classes = SimpleNamespace(survey=lambda _live, _starting: ClassSurvey())
+        self.rules = SimpleNamespace(defaults_of=lambda _bodies: {})
+
+    def teardown(self, container: ContainerInfo | str) -> Any:
+        return teardown(self.rt, container, kill_wait=CALL, call_timeout=CALL)
+
+    def restart_from(self, sb: Mapping[str, Any], image: str) -> tuple[ContainerInfo, Any]:
+        if image not in self.rt.rt.images:
+            raise StartFailed("ImageNotFound", f"image {image} not found")
+        info = self.rt.rt.add(container_id_for(sb["metadata"]["uid"]), {SANDBOX_LABEL: key_of(sb)})
+        return info, {"containerId": info.id, "pid": self.rt.rt.tasks[info.id].pid}
+
+    def read_again(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
+        try:
+            return self.objects.get_sandbox(*key.split("/", 1))
+        except ApiException as exc:
+            if exc.status == 404:
+                self.stop_deleted(key, container)
+            return None
+
+    def stop_deleted(self, key: str, container: ContainerInfo) -> None:
+        self.teardown(container)
+
+    def stop_ended(self, sb: Mapping[str, Any], container: ContainerInfo) -> None:
+        self.teardown(container)
+
+    def end_lost(self, key: str) -> None:
+        try:
+            obj = self.objects.get_sandbox(*key.split("/", 1))
+        except ApiException:
+            return
+        if not recorded_suspended(obj):
+            self.status.end(obj, SandboxPhase.STOPPED, "ContainerLost", "container gone")
+
+
+class Agent:
+    """One agent process over the node's runtime and the API: all its memory."""
+
+    def __init__(self, rt: FaultyRuntime, objects: FakeObjects, clock: FakeClock) -> None:
+        self.watch = Watch(objects)
+        self.pool = InlinePool()
+        self.status = StatusWriter(objects, NODE, clock.now)  # type: ignore[arg-type]
+        self.metrics = AgentMetrics(CollectorRegistry())
+        self.work = Work(rt, objects, self.status)
+        node_watch = SimpleNamespace(synced=self.watch.synced, get=lambda _name: None)
+        self.sync = SandboxSync(
+            NODE,
+            self.watch,  # type: ignore[arg-type]
+            node_watch,  # type: ignore[arg-type]
+            rt,
+            self.pool,  # type: ignore[arg-type]
+            self.work,  # type: ignore[arg-type]
+            self.metrics,
+            CALL,
+        )
+        self.idle = IdlePauses(
+            rt,
+            NODE,
+            self.status,
+            self.watch.items,
+            self.metrics,
+            lambda *_event: None,
+            clock=clock.now,
+            threshold_cores=0.01,
+            cgroup_root="/nonexistent",
+            cgroup_parent="sandlot",
+            call_timeout=CALL,
+            slots=self.pool,  # type: ignore[arg-type]
+            sandbox_of=self.watch.get,
+        )
+        self.sync.modes.thaws = self.idle._lock
+        self.reaper = Reaper(
+            objects,  # type: ignore[arg-type]
+            rt,
+            self.pool,  # type: ignore[arg-type]
+            self.work,  # type: ignore[arg-type]
+            self.status,
+            self.metrics,
+            cgroup_root="/nonexistent",
+            call_timeout=CALL,
+        )
+
+
+def _index(i: int) -> str:
+    return f"ns/{NAMES[i]}"
+
+
+class NodeLifecycle(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock(T0)
+        self.objects = FakeObjects(self.clock.now)
+        self.fake = FakeRuntime()
+        self.rt = FaultyRuntime(self.fake)
+        self.ended_on_purpose: set[str] = set()  # keys the machine ended (exit, node lost)
+        self.suspended_before: set[str] = set()
+        for name in NAMES:
+            self.objects.add_sandbox("ns", name, T0, node=NODE, phase="Running")
+            body = self.objects.sandboxes[f"ns/{name}"]
+            body["metadata"]["generation"] = 1
+            body["spec"].update({"image": "img", "idleTimeoutSeconds": 30})
+            cid = container_id_for(body["metadata"]["uid"])
+            self.fake.add(cid, {SANDBOX_LABEL: f"ns/{name}"})
+            body["status"].update({"containerId": cid, "pid": self.fake.tasks[cid].pid})
+        self.agent = Agent(self.rt, self.objects, self.clock)
+
+    # ------------------------------------------------------------ helpers
+
+    def body(self, key: str) -> dict[str, Any] | None:
+        return self.objects.sandboxes.get(key)
+
+    def container_of(self, key: str) -> str | None:
+        return next(
+            (c.id for c in self.fake.containers.values() if c.labels.get(SANDBOX_LABEL) == key),
+            None,
+        )
+
+    def run(self, step: Callable[[], object], fault: Fault = None) -> None:
+        """Run one of the agent's steps with ``fault`` injected into it; a crash ends
+        the agent and a new one starts; a fault the step did not reach is dropped."""
+        before = {k for k, b in self.objects.sandboxes.items() if recorded_suspended(b)}
+        if fault is not None and fault[0] == "api":
+            _, verb, status = fault
+            self.objects.fail_next(verb, ApiException(status=int(status), reason="injected"))
+        elif fault is not None:
+            self.rt.faults[fault[1]] = fault[2]
+        try:
+            step()
+        except Crash:
+            self.agent = Agent(self.rt, self.objects, self.clock)
+        finally:
+            self.objects.faults.clear()
+            self.rt.faults.clear()
+        self.suspended_before |= before
+        self.clock.advance(1.0)
+
+    # ------------------------------------------------------------ the world
+
+    @rule(i=st.integers(0, 1), mode=st.sampled_from(["Running", "Paused", "Suspended"]))
+    def set_mode(self, i: int, mode: str) -> None:
+        body = self.body(_index(i))
+        if body is None or wanted_mode(body) == mode:
+            return
+        body["spec"]["operatingMode"] = mode
+        body["metadata"]["generation"] += 1
+        self.objects.touch(body)
+
+    @rule()
+    def watch_catches_up(self) -> None:
+        self.agent.watch.catch_up()
+
+    @rule(i=st.integers(0, 1), rare=RARE)
+    def task_exits(self, i: int, rare: int) -> None:
+        if rare:
+            return
+        key = _index(i)
+        cid = self.container_of(key)
+        task = self.fake.tasks.get(cid or "")
+        if task is not None and task.state is TaskState.RUNNING:
+            task.state, task.exit_code = TaskState.STOPPED, 0
+            self.ended_on_purpose.add(key)
+
+    @rule(i=st.integers(0, 1), rare=RARE)
+    def node_lost(self, i: int, rare: int) -> None:
+        """The operator marks it Dead (its node was judged lost and came back)."""
+        body = self.body(_index(i))
+        if rare:
+            return
+        if body is not None and body["status"]["phase"] not in TERMINAL_PHASES:
+            body["status"]["phase"] = SandboxPhase.DEAD
+            self.objects.touch(body)
+            self.ended_on_purpose.add(_index(i))
+
+    # ------------------------------------------------------------ the agent
+
+    @rule(fault=FAULTS)
+    def sync_pass(self, fault: Fault) -> None:
+        self.run(self.agent.sync.sync_once, fault)
+
+    @rule(fault=FAULTS)
+    def reaper_pass(self, fault: Fault) -> None:
+        self.run(self.agent.reaper.reap_once, fault)
+
+    @rule(i=st.integers(0, 1), fault=FAULTS)
+    def idle_freeze(self, i: int, fault: Fault) -> None:
+        """The idle loop found it quiet past its timeout."""
+        sb = self.agent.watch.get(_index(i))
+        cid = (sb or {}).get("status", {}).get("containerId")
+        if sb is None or not cid or idle_paused(sb) or recorded_suspended(sb):
+            return
+        self.run(lambda: self.agent.idle._freeze(sb, _index(i), cid, timedelta(seconds=30)), fault)
+
+    @rule(i=st.integers(0, 1), fault=FAULTS)
+    def stream_wakes(self, i: int, fault: Fault) -> None:
+        """An exec arrives: the stream server thaws an idle-paused sandbox first."""
+        sb = self.agent.watch.get(_index(i))
+        if sb is not None and idle_paused(sb):
+            self.run(lambda: self.agent.idle.wake(sb, "exec"), fault)
+
+    @rule()
+    def image_gc(self) -> None:
+        """The collector removes committed images of no live sandbox (its choice)."""
+        sandboxes = list(self.objects.sandboxes.values())
+        for name in orphaned_images(list(self.fake.images), live_uids(sandboxes)):
+            del self.fake.images[name]
+
+    @rule(restart=st.booleans())
+    def settle(self, restart: bool) -> None:
+        """No fault, the watch current: one pass (after the one the watch's catch-up
+        brings) keeps what the lifecycle promises, with or without a restart."""
+        if restart:
+            self.agent = Agent(self.rt, self.objects, self.clock)
+        event(f"settle: {sorted(t.state for t in self.fake.tasks.values())}")
+        self.agent.watch.catch_up()
+        self.run(self.agent.sync.sync_once)
+        for key, body in self.objects.sandboxes.items():
+            if body["status"]["phase"] in TERMINAL_PHASES:
+                assert self.container_of(key) is None, f"{key} ended but its container runs"
+                continue
+            cid = self.container_of(key)
+            task = self.fake.tasks.get(cid or "")
+            if wanted_mode(body) == "Running" and task is not None and task.state in FROZEN:
+                event("settled: frozen under a Running spec")
+                assert idle_paused(body), (
+                    f"{key}: spec Running, task frozen, nothing records why, after a pass"
+                )
+
+    # ------------------------------------------------------------ invariants
+
+    @invariant()
+    def no_work_slot_outlives_its_step(self) -> None:
+        assert not self.agent.pool.busy_keys
+
+    @invariant()
+    def nothing_referenced_is_deleted(self) -> None:
+        for key, body in self.objects.sandboxes.items():
+            if body["status"]["phase"] in TERMINAL_PHASES or not recorded_suspended(body):
+                continue
+            if self.container_of(key) is None:
+                image = suspended_image_name(body["metadata"]["uid"])
+                assert image in self.fake.images, f"{key} is suspended but {image} is gone"
+
+    @invariant()
+    def the_reaper_never_ends_a_suspended_sandbox(self) -> None:
+        for key in self.suspended_before - self.ended_on_purpose:
+            body = self.body(key)
+            if body is None:
+                continue
+            phase, reason = body["status"]["phase"], body["status"].get("reason")
+            assert phase not in TERMINAL_PHASES, (
+                f"{key} was suspended and ended {phase} ({reason}) without anyone asking"
+            )
+
+    @invariant()
+    def a_sandbox_runs_in_one_container_at_most(self) -> None:
+        keys = [c.labels.get(SANDBOX_LABEL) for c in self.fake.containers.values()]
+        assert len(keys) == len(set(keys)), f"two containers for one sandbox: {keys}"
+
+
+def test_the_invariants_are_the_lifecycle_tables() -> None:
+    names = {i.name for i in INVARIANTS}
+    assert {"thawed", "referenced", "kept-suspended", "one-node", "slots"} <= names
+
+
+NodeLifecycle.TestCase.settings = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=40,
+    deadline=None,
+    derandomize=os.environ.get("SANDLOT_LIFECYCLE_EXAMPLES") is None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_the_node_lifecycle_under_faults = NodeLifecycle.TestCase
