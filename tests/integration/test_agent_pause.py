@@ -296,8 +296,9 @@ def test_a_task_frozen_with_nothing_recording_it_is_thawed_by_the_next_pass(
     """The fault of every lost freeze record (an idle freeze whose condition write
     failed, a pause that timed out after it landed, a snapshot's thaw that timed
     out): the task is frozen in containerd while the spec and the conditions say
-    Running. The next pass finds it, reads again, and thaws it."""
-    agent = make_agent()
+    Running. The next pass (one a second, with nothing changing) finds it, reads
+    again, and thaws it."""
+    agent = make_agent(resync_interval="1s")
     assert agent.start()
     create_sandbox(kube, namespace, "lost", agent.node, command=COUNTER)
     sb = wait_phase(kube, namespace, "lost", "Running", timeout=30)
