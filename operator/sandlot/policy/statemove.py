@@ -62,4 +62,18 @@ def move_wanted(movable: bool, node_phase: NodePhase | None, handled: bool) -> b
     return True
 
 
-__all__ = ["movable_object", "move_wanted", "state_movable"]
+def restore_refusal(current: Mapping[str, Any] | None, uid: str, node: str) -> str | None:
+    """Why ``node`` must not start again the sandbox of ``uid`` its watch showed as its
+    own, now that a fresh read gives ``current`` (None: deleted); None when it may.
+    A sandbox moved to another node (``spec.nodeName``) is that node's to restore."""
+    if current is None:
+        return "it was deleted"
+    meta, spec = current.get("metadata") or {}, current.get("spec") or {}
+    if meta.get("uid") != uid:
+        return "it was deleted (another sandbox has its name)"
+    if spec.get("nodeName") != node:
+        return f"it was moved to node {spec.get('nodeName')}"
+    return None
+
+
+__all__ = ["movable_object", "move_wanted", "restore_refusal", "state_movable"]
