@@ -52,7 +52,13 @@ import kopf
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION
-from sandlot.api.keys import CLAIM_LABEL, CLAIMED_AT_ANNOTATION, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.keys import (
+    CLAIM_LABEL,
+    CLAIMED_AT_ANNOTATION,
+    CLAIMED_FROM_LABEL,
+    CLAIMED_IDLE_ANNOTATION,
+    POOL_LABEL,
+)
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time, rfc3339
@@ -357,6 +363,10 @@ class ClaimController:
             "annotations": {CLAIMED_AT_ANNOTATION: bound_at},
             "ownerReferences": [claim.owner_reference()],
         }
+        if rec.idle_mark is not None:
+            # The idle episode it is taken in: its agent wakes it for this claim by that
+            # mark, never by comparing its own clock with ours.
+            metadata["annotations"][CLAIMED_IDLE_ANNOTATION] = rec.idle_mark
         taken: dict[str, Any] | None = None
 
         def bind() -> dict[str, Any] | None:

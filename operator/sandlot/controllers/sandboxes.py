@@ -38,6 +38,7 @@ from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
+from sandlot.policy.idle import idle_mark
 from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
 from sandlot.policy.placement import Placement
 from sandlot.policy.pools import ended_by_fault, spec_hash
@@ -84,6 +85,7 @@ class SandboxRecord:
     runtime_class: str | None = None  # spec.runtimeClassName
     snapshot: str | None = None  # spec.snapshotRef.name: a fork, placed on its snapshot's node
     state_node: str | None = None  # status.suspendedState.node: its state was pushed from there
+    idle_mark: str | None = None  # its idle pause or suspension (policy.idle.idle_mark)
 
     @property
     def movable(self) -> bool:
@@ -170,6 +172,7 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         runtime_class=_shared(spec.get("runtimeClassName")),
         snapshot=(spec.get("snapshotRef") or {}).get("name"),
         state_node=_shared((status.get("suspendedState") or {}).get("node")),
+        idle_mark=idle_mark(body),
     )
 
 
