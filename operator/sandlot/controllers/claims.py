@@ -354,19 +354,20 @@ class ClaimController:
         events the take itself sets off (the member leaving, its replacement). False
         when the member was taken, changed or deleted meanwhile (the next one, then)."""
         bound_at = rfc3339(self.clock())
+        annotations = {CLAIMED_AT_ANNOTATION: bound_at}
+        if rec.idle_mark is not None:
+            # The idle episode it is taken in: its agent wakes it for this claim by that
+            # mark, never by comparing its own clock with ours.
+            annotations[CLAIMED_IDLE_ANNOTATION] = rec.idle_mark
         metadata = {
             "labels": {
                 POOL_LABEL: None,
                 CLAIM_LABEL: claim.name,
                 CLAIMED_FROM_LABEL: claim.pool_name,
             },
-            "annotations": {CLAIMED_AT_ANNOTATION: bound_at},
+            "annotations": annotations,
             "ownerReferences": [claim.owner_reference()],
         }
-        if rec.idle_mark is not None:
-            # The idle episode it is taken in: its agent wakes it for this claim by that
-            # mark, never by comparing its own clock with ours.
-            metadata["annotations"][CLAIMED_IDLE_ANNOTATION] = rec.idle_mark
         taken: dict[str, Any] | None = None
 
         def bind() -> dict[str, Any] | None:
