@@ -46,7 +46,7 @@ class WorkloadWorld:
     def __init__(self) -> None:
         self.clock = FakeClock()
         self.objects = FakeObjects(self.clock.now)
-        self.cache = SandboxCache()
+        self.cache = SandboxCache(wall=self.clock.now)
         self.leader = True
         self.events: list[tuple[str, str]] = []  # (object name, reason)
         self.metrics = WorkloadMetrics(CollectorRegistry())

@@ -216,37 +216,36 @@ def test_a_use_whose_restore_is_refused_or_late_says_why() -> None:
     assert said is not None and "cannot start again for exec: m" in said
 
 
-def claimed(claimed_at: str | None, idle_since: str, kind: str = "Paused") -> dict[str, Any]:
+def claimed(mark: str | None, idle_since: str, kind: str = "Paused") -> dict[str, Any]:
+    """An idle member a claim took; ``mark``: the idle episode the bind recorded."""
     obj = sandbox(suspended=IDLE, container=False) if kind == "Suspended" else sandbox()
     if kind == "Paused":
         obj["status"]["conditions"] = [{"type": "Paused", "status": "True", "reason": "Idle"}]
     obj["status"]["conditions"][0]["lastTransitionTime"] = idle_since
     obj["metadata"]["labels"] = {CLAIM_LABEL: "c"}
-    if claimed_at is not None:
-        obj["metadata"]["annotations"] = {"sandlot.dev/claimed-at": claimed_at}
+    obj["metadata"]["annotations"] = {"sandlot.dev/claimed-at": "2030-01-01T00:00:30Z"}
+    if mark is not None:
+        obj["metadata"]["annotations"]["sandlot.dev/claimed-idle"] = mark
     return obj
 
 
+AT = "2030-01-01T00:00:00Z"
 AFTER_RESTART = [
-    ("paused-then-claimed", claimed("2030-01-01T00:01:00Z", "2030-01-01T00:00:00Z"), True),
-    (
-        "suspended-then-claimed",
-        claimed("2030-01-01T00:01:00Z", "2030-01-01T00:00:00Z", "Suspended"),
-        True,
-    ),
-    ("the-same-second", claimed("2030-01-01T00:00:00Z", "2030-01-01T00:00:00Z"), True),
-    ("paused-after-its-claim", claimed("2030-01-01T00:00:00Z", "2030-01-01T00:01:00Z"), False),
-    ("claimed-before-the-annotation", claimed(None, "2030-01-01T00:00:00Z"), False),
-    ("an-unreadable-annotation", claimed("yesterday", "2030-01-01T00:00:00Z"), False),
-    ("a-time-without-a-zone-is-utc", claimed("2030-01-01T00:01:00", "2030-01-01T00:00:00Z"), True),
+    ("paused-then-claimed", claimed(f"Paused {AT}", AT), True),
+    ("suspended-then-claimed", claimed(f"Suspended {AT}", AT, "Suspended"), True),
+    # The claim's own time says nothing: only the recorded episode does.
+    ("idle-again-after-its-claim", claimed(f"Paused {AT}", "2030-01-01T00:01:00Z"), False),
+    ("claimed-while-not-idle", claimed(None, AT), False),
+    ("an-empty-mark", claimed("", AT), False),
+    ("another-kinds-mark", claimed(f"Suspended {AT}", AT), False),
 ]
 
 
 @pytest.mark.parametrize(
     ("obj", "wakes"), [r[1:] for r in AFTER_RESTART], ids=[r[0] for r in AFTER_RESTART]
 )
-def test_a_restarted_agent_tells_an_idle_member_claimed_since_from_the_claims_time(
+def test_a_restarted_agent_tells_an_idle_member_claimed_since_from_the_binds_mark(
     obj: dict[str, Any], wakes: bool
 ) -> None:
-    """Nothing remembered (``paused_unclaimed`` False): the claim's annotation decides."""
+    """Nothing remembered (``paused_unclaimed`` False): the bind's mark decides."""
     assert claim_wakes(obj, paused_unclaimed=False) is wakes

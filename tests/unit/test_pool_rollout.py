@@ -264,7 +264,14 @@ def _simulate_crashing_rollout(min_ready: timedelta, seconds: int = 180) -> tupl
     Returns (fewest Running members seen after the rollout began, members created)."""
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
     members: dict[str, Member] = {
-        f"old{i}": Member(f"old{i}", "Running", True, t0 - timedelta(hours=1), current=False)
+        f"old{i}": Member(
+            f"old{i}",
+            "Running",
+            True,
+            t0 - timedelta(hours=1),
+            current=False,
+            ready_since=t0 - timedelta(hours=1),
+        )
         for i in range(4)
     }
     made = 0
@@ -274,11 +281,11 @@ def _simulate_crashing_rollout(min_ready: timedelta, seconds: int = 180) -> tupl
         now = t0 + timedelta(seconds=step)
         for name, m in list(members.items()):  # the members' own lives
             if m.current and m.phase == "Pending" and now - m.created_at >= timedelta(seconds=1):
-                members[name] = replace(m, phase="Running", running_since=now)
+                members[name] = replace(m, phase="Running", ready_since=now)
             elif (
                 m.current
-                and m.running_since is not None
-                and now - m.running_since >= timedelta(seconds=3)
+                and m.ready_since is not None
+                and now - m.ready_since >= timedelta(seconds=3)
                 and m.phase == "Running"
             ):
                 members[name] = replace(
@@ -312,7 +319,7 @@ def test_a_crashing_template_never_takes_running_members_below_replicas_minus_un
 
 def test_a_member_on_a_not_ready_node_or_not_yet_min_ready_is_not_available() -> None:
     t0 = datetime(2030, 1, 1, tzinfo=UTC)
-    m = Member("a", "Running", True, t0, running_since=t0)
+    m = Member("a", "Running", True, t0, ready_since=t0)
     five = timedelta(seconds=5)
     assert not m.available(t0 + timedelta(seconds=4), five)
     assert m.available(t0 + five, five)
@@ -327,7 +334,7 @@ def test_the_failure_backoff_stops_old_members_deletes_not_only_creates() -> Non
     ]
     crashed = Member("new1", "Stopped", True, t0 - timedelta(seconds=5), t0 - timedelta(seconds=1),
                      reason="Exited", exit_code=1)  # fmt: skip
-    runner = Member("new2", "Running", True, t0 - timedelta(seconds=3), running_since=t0)
+    runner = Member("new2", "Running", True, t0 - timedelta(seconds=3), ready_since=t0)
     d = decide_pool(4, 10, [*old, crashed], rollout=Rollout(1, 1), backoff=Backoff(), now=t0)
     assert d.backoff_until is not None, "no back-off in force: the check below proves nothing"
     assert d.plan.create == 0 and d.plan.delete == ()

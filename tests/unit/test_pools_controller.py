@@ -200,6 +200,7 @@ def test_members_that_crash_soon_after_starting_never_count_as_available() -> No
     )
     w.step()
     _start_members(w, pool, crash_after=None)
+    w.step()  # the operator sees them Ready now
     w.clock.advance(11)
     w.renew("a")
     w.step()
@@ -226,6 +227,7 @@ def test_a_member_becomes_available_at_min_ready_and_the_pool_looks_again_then()
     pool = w.pool("web", replicas=2, minReadySeconds=10)
     w.step()
     _start_members(w, pool, crash_after=None)
+    w.step()  # the operator sees them Ready now: minReadySeconds counts from here
     w.clock.advance(4)
     w.step()
     due = w.pools.queue.due_at(pool)

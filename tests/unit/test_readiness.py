@@ -13,8 +13,9 @@ from sandlot.api.reasons import ReadyReason
 from sandlot.policy.readiness import (
     ProbeResult,
     decide_readiness,
+    observed_ready_since,
     probe_target,
-    ready_since,
+    ready_mark,
     sandbox_ready,
 )
 
@@ -166,14 +167,40 @@ def test_the_operator_reads_ready_as_running_and_probe_passed_or_absent(
     assert sandbox_ready(phase, has_probe, recorded) is ready
 
 
-def test_ready_since_is_the_conditions_transition_with_a_probe_and_the_start_without() -> None:
+def test_a_ready_episode_is_named_by_its_conditions_transition_or_its_start() -> None:
     status = {
+        "startedAt": "2026-01-01T12:00:00Z",
         "conditions": [
             {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T12:01:00Z"}
-        ]
+        ],
     }
-    assert ready_since(status, True, T0) == T0 + timedelta(minutes=1)
-    assert ready_since(status, False, T0) == T0
+    assert ready_mark(status, True) == "2026-01-01T12:01:00Z"
+    assert ready_mark(status, False) == "2026-01-01T12:00:00Z"
+    assert ready_mark({}, True) is None
+
+
+SEEN = T0 - timedelta(minutes=5)
+OBSERVED = [
+    ("first-seen-ready", True, "m1", None, T0),
+    ("still-the-same-episode", True, "m1", (SEEN, "m1"), SEEN),
+    ("ready-again-since", True, "m2", (SEEN, "m1"), T0),  # a flap the cache missed
+    ("was-not-ready", True, "m1", (None, None), T0),
+    ("not-ready", False, "m1", (SEEN, "m1"), None),
+]
+
+
+@pytest.mark.parametrize(
+    ("ready", "mark", "previous", "since"),
+    [r[1:] for r in OBSERVED],
+    ids=[r[0] for r in OBSERVED],
+)
+def test_ready_since_is_when_the_operator_first_saw_the_episode(
+    ready: bool,
+    mark: str | None,
+    previous: tuple[datetime | None, str | None] | None,
+    since: datetime | None,
+) -> None:
+    assert observed_ready_since(ready, mark, previous, T0) == since
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,18 @@
-"""When the scheduler moves a suspended sandbox whose state was pushed."""
+"""When the scheduler moves a suspended sandbox whose state was pushed: off a
+cordoned or deleted node at once, off a lost one only once node health handled it
+(its grace over, the mass-failure guard not holding), never off a Ready one."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from sandlot.api.node import NodePhase
+from sandlot.api.node import NodeHealthTracking, NodePhase
+from sandlot.policy.nodehealth import episode_handled
 from sandlot.policy.statemove import movable_object, move_wanted, state_movable
+
+GRACE = timedelta(seconds=300)
 
 SUSPENDED = (("Suspended", "True", "Suspended"),)
 RESTORED = (("Suspended", "False", "Restored"),)
@@ -29,20 +36,61 @@ def test_only_a_running_suspended_sandbox_with_pushed_state_is_movable(
 
 
 @pytest.mark.parametrize(
-    ("movable", "node_phase", "wanted"),
+    ("movable", "node_phase", "handled", "wanted"),
     [
-        (True, NodePhase.DISABLED, True),  # cordoned: a drain
-        (True, NodePhase.NOT_READY, True),
-        (True, None, True),  # its node is gone
-        (True, NodePhase.READY, False),  # it starts again where it is, without a pull
-        (False, NodePhase.DISABLED, False),
-        (False, None, False),
+        (True, NodePhase.DISABLED, False, True),  # cordoned: a drain moves it at once
+        (True, NodePhase.NOT_READY, True, True),  # lost, and node health handled it
+        # NotReady within its grace, or held by the mass-failure guard: its agent may
+        # be alive and only cut off, and restore it there while another node does.
+        (True, NodePhase.NOT_READY, False, False),
+        (True, None, False, True),  # its node is gone
+        (True, NodePhase.READY, True, False),  # it starts again where it is, without a pull
+        (False, NodePhase.DISABLED, False, False),
+        (False, NodePhase.NOT_READY, True, False),
+        (False, None, False, False),
+    ],
+    ids=[
+        "cordoned",
+        "lost-and-handled",
+        "lost-not-handled",
+        "node-gone",
+        "ready",
+        "not-movable-cordoned",
+        "not-movable-lost",
+        "not-movable-gone",
     ],
 )
 def test_a_movable_sandbox_moves_only_off_a_node_that_cannot_start_it(
-    movable: bool, node_phase: NodePhase | None, wanted: bool
+    movable: bool, node_phase: NodePhase | None, handled: bool, wanted: bool
 ) -> None:
-    assert move_wanted(movable, node_phase) is wanted
+    assert move_wanted(movable, node_phase, handled) is wanted
+
+
+EXPIRY = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("tracking", "handled"),
+    [
+        (None, False),
+        (NodeHealthTracking(), False),
+        (NodeHealthTracking(unhealthy_since=EXPIRY), False),  # within grace, or held
+        (NodeHealthTracking(unhealthy_since=EXPIRY, handled_at=EXPIRY + GRACE), True),
+        # Renewed after the latch and lost again: a new episode, not handled yet.
+        (
+            NodeHealthTracking(
+                unhealthy_since=EXPIRY - timedelta(hours=1),
+                handled_at=EXPIRY - timedelta(hours=1) + GRACE,
+            ),
+            False,
+        ),
+    ],
+    ids=["no-status", "untracked", "tracked-not-handled", "handled", "handled-episode-before"],
+)
+def test_a_nodes_episode_is_handled_only_by_its_own_latch(
+    tracking: NodeHealthTracking | None, handled: bool
+) -> None:
+    assert episode_handled(tracking, EXPIRY) is handled
 
 
 def body(phase: str, suspended: str, pushed: bool) -> dict[str, object]:

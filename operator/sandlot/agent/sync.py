@@ -14,6 +14,10 @@ One change does not wait for a pass: a spec's new operating mode. Passes are pac
 would wait out the rate limit each time; ``mode_changed`` plans that one sandbox
 alone (``plan_mode_change``: a pause or resume, nothing else) against the last
 pass's containers and hands it to its work slot, which reads the task again first.
+
+A restore is planned on the watched view too, and runs only once a fresh read says
+the sandbox is still this node's (``restore_fenced``): a move to another node the
+watch has not delivered yet never leaves two nodes running it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from sandlot.policy.agentsync import (
 )
 from sandlot.policy.capacity import Recorded, recorded_limits
 from sandlot.policy.startrefusals import StartFacts
+from sandlot.policy.statemove import restore_refusal
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +296,8 @@ class SandboxSync:
         if kind is ActionKind.END_DRAINED and sb is not None:
             return partial(work.end_drained, sb, SandboxReason.DRAINED)
         if kind is ActionKind.RESTORE and sb is not None:
-            return partial(self.suspensions.restore, sb, container)
+            find = self.work.objects.find_sandbox
+            return partial(restore_fenced, find, self.node, self.suspensions.restore, sb, container)
         if kind is ActionKind.WAIT_RESTORE and sb is not None:
             return partial(self.suspensions.wait_for_room, sb, action.message)
         if container is None:
@@ -317,6 +323,34 @@ class SandboxSync:
         return None
 
 
+def restore_fenced(
+    find: Callable[[str, str], Mapping[str, Any] | None],
+    node: str,
+    restore: Callable[[Mapping[str, Any], ContainerInfo | None], object],
+    sb: Mapping[str, Any],
+    container: ContainerInfo | None,
+) -> object:
+    """``restore`` the sandbox the watch showed as ``sb`` only once a fresh read
+    (``find``) says it is still this node's (``policy.statemove.restore_refusal``).
+
+    The watched view lags: a pushed sandbox the scheduler moved to another node may
+    still look like this node's, and both nodes would run it. An unreadable Sandbox
+    is not restored either (an agent cut off from the API server starts nothing it
+    cannot confirm); the next pass asks again.
+    """
+    key = key_of(sb)
+    try:
+        current = find(*key.split("/", 1))
+    except Exception as exc:
+        log.warning("sandbox %s: cannot read it again before its restore: %s", key, exc)
+        return None
+    why = restore_refusal(current, str(sb["metadata"]["uid"]), node)
+    if why is not None or current is None:
+        log.info("sandbox %s: not restored on node %s: %s", key, node, why)
+        return None
+    return restore(current, container)
+
+
 def recorded(containers: Collection[ContainerInfo]) -> dict[str, Recorded]:
     """Each sandbox's limits as its container's labels record them (the limits its
     start decided), by key."""
@@ -327,4 +361,4 @@ def recorded(containers: Collection[ContainerInfo]) -> dict[str, Recorded]:
     }
 
 
-__all__ = ["SandboxSync", "recorded", "unschedulable"]
+__all__ = ["SandboxSync", "recorded", "restore_fenced", "unschedulable"]

@@ -25,9 +25,15 @@ CLAIMED_FROM_LABEL: Final = f"{GROUP}/claimed-from"
 """Sandbox label: the SandboxPool a claimed sandbox was taken from."""
 
 CLAIMED_AT_ANNOTATION: Final = f"{GROUP}/claimed-at"
-"""Sandbox annotation: when a claim took it from its pool (RFC 3339). Its agent
-tells from it whether an idle pause or suspension came before the claim (then the
-claim wakes it), even after a restart."""
+"""Sandbox annotation: when a claim took it from its pool (RFC 3339, the operator's
+clock), for people; no decision compares it with a node's time."""
+
+CLAIMED_IDLE_ANNOTATION: Final = f"{GROUP}/claimed-idle"
+"""Sandbox annotation: the idle pause or suspension a claim found it in when it took
+it (``policy.idle.idle_mark``: the condition's type and its agent-written time),
+absent when it was not idle. Its agent tells from it, by equality with the
+condition it sees, whether the idle came before the claim (then the claim wakes
+it), even after a restart."""
 
 LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
@@ -138,6 +144,7 @@ __all__ = [
     "APP_NAME_LABEL",
     "CLAIMED_AT_ANNOTATION",
     "CLAIMED_FROM_LABEL",
+    "CLAIMED_IDLE_ANNOTATION",
     "CLAIM_LABEL",
     "CPU_LIMIT_LABEL",
     "DEFAULT_LIMITS_ANNOTATION",

@@ -52,7 +52,13 @@ import kopf
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
 from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION
-from sandlot.api.keys import CLAIM_LABEL, CLAIMED_AT_ANNOTATION, CLAIMED_FROM_LABEL, POOL_LABEL
+from sandlot.api.keys import (
+    CLAIM_LABEL,
+    CLAIMED_AT_ANNOTATION,
+    CLAIMED_FROM_LABEL,
+    CLAIMED_IDLE_ANNOTATION,
+    POOL_LABEL,
+)
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time, rfc3339
@@ -348,13 +354,18 @@ class ClaimController:
         events the take itself sets off (the member leaving, its replacement). False
         when the member was taken, changed or deleted meanwhile (the next one, then)."""
         bound_at = rfc3339(self.clock())
+        annotations = {CLAIMED_AT_ANNOTATION: bound_at}
+        if rec.idle_mark is not None:
+            # The idle episode it is taken in: its agent wakes it for this claim by that
+            # mark, never by comparing its own clock with ours.
+            annotations[CLAIMED_IDLE_ANNOTATION] = rec.idle_mark
         metadata = {
             "labels": {
                 POOL_LABEL: None,
                 CLAIM_LABEL: claim.name,
                 CLAIMED_FROM_LABEL: claim.pool_name,
             },
-            "annotations": {CLAIMED_AT_ANNOTATION: bound_at},
+            "annotations": annotations,
             "ownerReferences": [claim.owner_reference()],
         }
         taken: dict[str, Any] | None = None

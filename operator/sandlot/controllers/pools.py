@@ -176,7 +176,6 @@ def _member(rec: SandboxRecord, template_hash: str, node_ready: Callable[[str], 
         current=rec.spec_hash == template_hash,
         reason=rec.reason,
         exit_code=rec.exit_code,
-        running_since=rec.started_at,
         ready=rec.ready,
         ready_since=rec.ready_since,
         # A paused member serves nobody either: it does not count as available.

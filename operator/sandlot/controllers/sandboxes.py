@@ -38,10 +38,16 @@ from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
+from sandlot.policy.idle import idle_mark
 from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
 from sandlot.policy.placement import Placement
 from sandlot.policy.pools import ended_by_fault, spec_hash
-from sandlot.policy.readiness import ready_since, recorded_ready, sandbox_ready
+from sandlot.policy.readiness import (
+    observed_ready_since,
+    ready_mark,
+    recorded_ready,
+    sandbox_ready,
+)
 from sandlot.policy.statemove import state_movable
 
 log = logging.getLogger(__name__)
@@ -77,13 +83,16 @@ class SandboxRecord:
     claim: str | None = None  # the sandlot.dev/claim label: the SandboxClaim it is bound to
     reason: str | None = None
     exit_code: int | None = None
-    started_at: datetime | None = None  # status.startedAt: its process started (agent's clock)
     paused: bool = False  # spec.operatingMode Paused or Suspended: serving nobody
     ready: bool = False  # Running, and its readiness probe passed (or it has none)
-    ready_since: datetime | None = None  # when it became ready (None: not ready)
+    ready_mark: str | None = None  # its Ready episode as its agent named it (equality only)
+    # Since when this operator has seen it Ready, on its own clock (None: not ready);
+    # the cache keeps it while the episode (``ready_mark``) lasts.
+    ready_since: datetime | None = None
     runtime_class: str | None = None  # spec.runtimeClassName
     snapshot: str | None = None  # spec.snapshotRef.name: a fork, placed on its snapshot's node
     state_node: str | None = None  # status.suspendedState.node: its state was pushed from there
+    idle_mark: str | None = None  # its idle pause or suspension (policy.idle.idle_mark)
 
     @property
     def movable(self) -> bool:
@@ -140,7 +149,6 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     created_at = parse_time(meta.get("creationTimestamp")) or datetime.now(UTC)
     pool_label = (meta.get("labels") or {}).get(POOL_LABEL)
     phase = str(status.get("phase") or SandboxPhase.PENDING)
-    started_at = parse_time(status.get("startedAt"))
     probed = bool(spec.get("readinessProbe"))
     ready = sandbox_ready(phase, probed, recorded_ready(status))
     return SandboxRecord(
@@ -163,13 +171,13 @@ def record_of(body: Mapping[str, Any]) -> SandboxRecord:
         claim=(meta.get("labels") or {}).get(CLAIM_LABEL),
         reason=_shared(status.get("reason")),
         exit_code=status.get("exitCode"),
-        started_at=started_at,
         paused=spec.get("operatingMode", OperatingMode.RUNNING) != OperatingMode.RUNNING,
         ready=ready,
-        ready_since=ready_since(status, probed, started_at) if ready else None,
+        ready_mark=ready_mark(status, probed) if ready else None,
         runtime_class=_shared(spec.get("runtimeClassName")),
         snapshot=(spec.get("snapshotRef") or {}).get("name"),
         state_node=_shared((status.get("suspendedState") or {}).get("node")),
+        idle_mark=idle_mark(body),
     )
 
 
@@ -201,11 +209,20 @@ def _placement(spec: Mapping[str, Any]) -> Placement | None:
 Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old, new)
 
 
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
 class SandboxCache:
     def __init__(
-        self, *, clock: Callable[[], float] = time.monotonic, watch_lag: float = WATCH_LAG
+        self,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        watch_lag: float = WATCH_LAG,
+        wall: Callable[[], datetime] = _utcnow,
     ) -> None:
         self._clock = clock
+        self._wall = wall  # the controllers' clock: when a member was first seen Ready
         self._watch_lag = watch_lag
         self._awaited: dict[str, Awaited] = {}  # key -> an answer the watch has not delivered
         self._passed: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # key -> versions
@@ -313,6 +330,9 @@ class SandboxCache:
         return new
 
     def _replace(self, old: SandboxRecord | None, new: SandboxRecord) -> None:
+        same = old is not None and old.uid == new.uid
+        previous = (old.ready_since, old.ready_mark) if old is not None and same else None
+        new.ready_since = observed_ready_since(new.ready, new.ready_mark, previous, self._wall())
         if old is not None:
             self._unindex(old)
         self.records[new.key] = new

@@ -26,6 +26,12 @@ Pending, its reason the agent's (``RuntimeClassNotFound``, ``InvalidRuntimeClass
 and it is looked at again every ``RETRY_CLASS`` seconds (RuntimeClasses are not
 watched).
 
+A sandbox whose suspended state was pushed is moved to another node when its own
+cannot start it (``policy.statemove.move_wanted``): cordoned or gone at once, lost
+only once node health handled the node (its ``handledAt`` latch: grace over, the
+mass-failure guard not holding), the moment a Dead marking would come. The node's
+event that sets the latch looks at its sandboxes again.
+
 Decisions are made one at a time by one ``WorkQueue`` worker (each sees the
 previous one's binding), keyed by sandbox; only the leader binds. An API error
 is retried with the queue's per-key backoff.
@@ -54,6 +60,7 @@ from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
+from sandlot.policy.nodehealth import episode_handled
 from sandlot.policy.placement import taints_of
 from sandlot.policy.runtimeclass import (
     RuntimeClassInfo,
@@ -174,8 +181,11 @@ class Scheduler:
         new = _node_info(body)
         self.nodes[name] = new
         phase = (body.get("status") or {}).get("phase")
+        newly_handled = new.tracking.handled_at is not None and (
+            old is None or old.tracking.handled_at != new.tracking.handled_at
+        )
         if (new.unschedulable and (old is None or not old.unschedulable)) or (
-            phase == NodePhase.NOT_READY and self._phases.get(name) != phase
+            phase == NodePhase.NOT_READY and (self._phases.get(name) != phase or newly_handled)
         ):
             self.move_from(name)  # drained or lost: what was pushed may go elsewhere
         self._phases[name] = phase
@@ -204,7 +214,8 @@ class Scheduler:
             self.retry_waiting()  # a slot was freed
 
     def move_from(self, node: str) -> None:
-        """Look again at the sandboxes on ``node`` whose state was pushed."""
+        """Look again at the sandboxes on ``node`` whose state was pushed: it was
+        cordoned, went NotReady, or node health handled it (``_move`` decides)."""
         self.queue.add_all([r.key for r in self.cache if r.node == node and r.movable])
 
     def enqueue(self, key: str) -> None:
@@ -357,11 +368,13 @@ class Scheduler:
     async def _move(self, rec: SandboxRecord, node: str) -> float | None:
         """Bind a sandbox whose pushed state its node cannot start to another node."""
         slot = self.nodes.get(node)
-        phase = None
+        phase, handled = None, False
         if slot is not None:
             tracking = self.liveness.from_status(node, slot.tracking)
             phase = self.liveness.phase(node, slot.unschedulable, tracking, self.liveness.clock())
-        if not move_wanted(rec.movable, phase):
+            # Lost: moved only once node health handled it (grace over, guard not holding).
+            handled = episode_handled(tracking, self.liveness.expiry(node, tracking))
+        if not move_wanted(rec.movable, phase, handled):
             self.waiting.pop(rec.key, None)
             return None
         runtime_class = None

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
 from sandlot.api.common import Condition
-from sandlot.api.keys import CLAIM_LABEL, CLAIMED_AT_ANNOTATION, POOL_LABEL
+from sandlot.api.keys import CLAIM_LABEL, CLAIMED_IDLE_ANNOTATION, POOL_LABEL
 from sandlot.api.reasons import ConditionType, PausedReason, SuspendedReason
 from sandlot.api.sandbox import IdleAction, OperatingMode, SandboxPhase
-from sandlot.api.timestamps import parse_time
 from sandlot.policy.operatingmode import idle_paused, recorded_paused, wanted_mode
 from sandlot.policy.suspension import held_mode, idle_suspended, recorded_suspended
 
@@ -114,40 +113,41 @@ def unclaimed_member(obj: Mapping[str, Any]) -> bool:
     return POOL_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
 
-def _time(text: object) -> datetime | None:
-    try:
-        at = parse_time(text) if isinstance(text, str) else None
-    except ValueError:  # an annotation anyone may write: unreadable is absent
-        return None
-    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
-
-
 IDLE_REASONS = frozenset({PausedReason.IDLE, SuspendedReason.IDLE})
 
 
-def idle_before_claim(obj: Mapping[str, Any]) -> bool:
-    """Whether its idle pause or suspension began no later than the claim that took
-    it (``sandlot.dev/claimed-at`` against the condition's ``lastTransitionTime``)."""
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
-    claimed = _time(annotations.get(CLAIMED_AT_ANNOTATION))
-    if claimed is None:
-        return False
+def idle_mark(obj: Mapping[str, Any]) -> str | None:
+    """What names the sandbox's current idle pause or suspension (None: it is not
+    idle): its condition's type and ``lastTransitionTime`` as its agent wrote them.
+    A later idle episode carries another time; marks are compared for equality
+    only, never ordered against another clock's time."""
     for c in (obj.get("status") or {}).get("conditions") or ():
-        if not isinstance(c, Mapping) or c.get("reason") not in IDLE_REASONS:
+        if not isinstance(c, Mapping) or c.get("status") != "True":
             continue
-        if c.get("type") in (ConditionType.PAUSED, ConditionType.SUSPENDED):
-            since = _time(c.get("lastTransitionTime"))
-            if since is not None and since <= claimed:
-                return True
-    return False
+        if c.get("reason") in IDLE_REASONS and c.get("type") in (
+            ConditionType.PAUSED,
+            ConditionType.SUSPENDED,
+        ):
+            return f"{c.get('type')} {c.get('lastTransitionTime') or ''}".strip()
+    return None
+
+
+def idle_before_claim(obj: Mapping[str, Any]) -> bool:
+    """Whether its idle pause or suspension began before the claim that took it: the
+    claim found it in this very one (``sandlot.dev/claimed-idle``, written by the
+    bind from the status it was guarded by, equals ``idle_mark``). The claim's time
+    (operator's clock) is never compared with the condition's (the node's)."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    found = annotations.get(CLAIMED_IDLE_ANNOTATION)
+    return isinstance(found, str) and found != "" and found == idle_mark(obj)
 
 
 def claim_wakes(obj: Mapping[str, Any], paused_unclaimed: bool) -> bool:
     """Whether a claim binding an idle-paused (or idle-suspended) member resumes it
     now: it went idle as an unclaimed member and a claim holds it since. The agent
     remembers which it paused unclaimed (``paused_unclaimed``); a restarted agent
-    reads it from the claim's time (``idle_before_claim``). One idle after its claim
-    waits for use."""
+    reads it from the claim's mark of the idle it found (``idle_before_claim``). One
+    idle after its claim waits for use."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     idle = idle_paused(obj) or restores_for_stream(obj)
     before = paused_unclaimed or idle_before_claim(obj)
@@ -255,6 +255,7 @@ __all__ = [
     "idle_action",
     "idle_before_claim",
     "idle_condition",
+    "idle_mark",
     "idle_paused",
     "idle_suspend_condition",
     "idle_timeout",

@@ -364,6 +364,18 @@ def ready_until(
     return lease_expiry(renewal, node.first_seen, unseen_duration)
 
 
+def episode_handled(tracking: HealthTracking | None, expiry: datetime) -> bool:
+    """Whether the node's current unhealthy episode is handled (its latch set): its
+    grace ended and the guard let its sandboxes be marked, or an operator reaped it.
+
+    ``expiry`` is when its last observed renewal runs out (``liveness.lease_expiry``,
+    on the clock ``tracking`` is read on). A lease expiring after the recorded
+    unhealthySince was renewed since: a new episode, not handled yet, whatever latch
+    the stored status still carries.
+    """
+    return _episode(_snapshot(tracking), expiry, None).handled_at is not None
+
+
 def decide_deleted(tracking: HealthTracking | None = None) -> Decision:
     """A SandboxNode was deleted: its non-terminal sandboxes become Dead (NodeDeleted).
 

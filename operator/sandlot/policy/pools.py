@@ -13,8 +13,9 @@ false) is replaced the way a Deployment's RollingUpdate does it: at most
 ``replicas + maxSurge`` live members at once, and old members are deleted only
 while at least ``replicas - maxUnavailable`` stay available: Ready (Running, its
 readiness probe passed) on a Ready node for ``minReadySeconds``, counted from when
-it became Ready, so a member that crashes soon after it starts never counts
-(Kubernetes' availableReplicas). ``readyReplicas`` counts the Ready members.
+the operator first saw it Ready on its own clock (never from a time its node
+wrote), so a member that crashes soon after it starts never counts (Kubernetes'
+availableReplicas). ``readyReplicas`` counts the Ready members.
 Percentages round up for the surge and down for the unavailable, as Kubernetes
 does; both zero would deadlock, so the surge is then one.
 
@@ -61,14 +62,14 @@ class Member:
     """Its spec is the pool's template as it is now."""
     reason: str | None = None
     exit_code: int | None = None
-    running_since: datetime | None = None
-    """When it was first seen Running (None: unknown, counted from creation)."""
     node_ready: bool = True
     """Its node is Ready: a member on a NotReady node serves nobody."""
     ready: bool = True
     """Its readiness probe passed (True without a probe)."""
     ready_since: datetime | None = None
-    """When it became Ready (None: counted from ``running_since``)."""
+    """Since when the operator has seen it Ready, on the clock ``now`` is read on
+    (None: not seen Ready: available only without ``min_ready``). Never a node's
+    time: a node's clock may be hours off the operator's."""
 
     @property
     def serving(self) -> bool:
@@ -81,18 +82,14 @@ class Member:
             return False
         if min_ready <= timedelta(0) or now is None:
             return True
-        return now - self._ready_from >= min_ready
+        return self.ready_since is not None and now - self.ready_since >= min_ready
 
     def available_at(self, min_ready: timedelta) -> datetime | None:
         """When it will count as available if it stays Ready (None: not Ready on a
-        Ready node now)."""
-        if not self.serving:
+        Ready node now, or not known since when)."""
+        if not self.serving or self.ready_since is None:
             return None
-        return self._ready_from + max(min_ready, timedelta(0))
-
-    @property
-    def _ready_from(self) -> datetime:
-        return self.ready_since or self.running_since or self.created_at
+        return self.ready_since + max(min_ready, timedelta(0))
 
     @property
     def terminal(self) -> bool:
@@ -221,8 +218,11 @@ def _roll(
 
     Old members go only while the available ones (``available``: Running on a Ready
     node for minReadySeconds) stay at ``replicas - maxUnavailable``; an old member
-    that is not available costs nothing to remove. ``paused`` (the failure back-off
-    is in force) keeps every old member: its replacements keep failing."""
+    that serves nobody costs nothing to remove. One that serves but is not available
+    yet stays: an operator that just started counts every member's minReadySeconds
+    from when it first saw it Ready, and must not take that for members not worth
+    keeping. ``paused`` (the failure back-off is in force) keeps every old member:
+    its replacements keep failing."""
     new = [m for m in live if m.current]
     old = [m for m in live if not m.current]
     if not old:
@@ -237,9 +237,9 @@ def _roll(
     budget = sum(1 for m in live if m.name in available) - (replicas - unavailable)
     old_out: list[Member] = []
     for m in [] if paused else _cheapest_first(old):
-        if m.name not in available:
+        if not m.serving:
             old_out.append(m)
-        elif budget > 0:
+        elif m.name in available and budget > 0:
             old_out.append(m)
             budget -= 1
     new_out = _cheapest_first(new)[: max(len(new) - replicas, 0)]

@@ -25,7 +25,6 @@ from sandlot.api.common import Condition, key_of
 from sandlot.api.probe import Probe
 from sandlot.api.reasons import ConditionType, ReadyReason
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
-from sandlot.api.timestamps import parse_time
 from sandlot.policy.operatingmode import idle_paused
 
 
@@ -166,22 +165,38 @@ def sandbox_ready(phase: str, has_probe: bool, recorded: bool | None) -> bool:
     return phase == SandboxPhase.RUNNING and (not has_probe or recorded is True)
 
 
-def ready_since(
-    status: Mapping[str, Any], has_probe: bool, started_at: datetime | None
+def ready_mark(status: Mapping[str, Any], has_probe: bool) -> str | None:
+    """What names a sandbox's current Ready episode as its agent wrote it: its
+    ``Ready`` condition's ``lastTransitionTime`` with a probe, its ``startedAt``
+    without one. The node's clock: compared for equality only, never with a time of
+    another machine (a new episode carries another mark)."""
+    if has_probe:
+        for c in status.get("conditions") or ():
+            if isinstance(c, Mapping) and c.get("type") == ConditionType.READY:
+                stamp = c.get("lastTransitionTime")
+                return str(stamp) if stamp is not None else None
+        return None
+    started = status.get("startedAt")
+    return str(started) if started is not None else None
+
+
+def observed_ready_since(
+    ready: bool,
+    mark: str | None,
+    previous: tuple[datetime | None, str | None] | None,
+    now: datetime,
 ) -> datetime | None:
-    """When a ready sandbox became so: its ``Ready`` condition's transition with a
-    probe (minReadySeconds counts from there, as for a Pod), its start without one."""
-    if not has_probe:
-        return started_at
-    for c in status.get("conditions") or ():
-        if isinstance(c, Mapping) and c.get("type") == ConditionType.READY:
-            stamp = c.get("lastTransitionTime")
-            if isinstance(stamp, str | datetime):
-                try:
-                    return parse_time(stamp)
-                except ValueError:
-                    return started_at
-    return started_at
+    """Since when the operator has seen a sandbox Ready, on its own clock: ``now``
+    when it first sees it so (``previous``, its last ``(ready_since, mark)`` seen,
+    was not Ready or was another episode), the moment kept while the episode lasts.
+    minReadySeconds counts from here, so a node's clock, ahead or behind, moves
+    nothing; an operator that starts (or takes over) counts from when it first
+    sees each member Ready."""
+    if not ready:
+        return None
+    if previous is not None and previous[0] is not None and previous[1] == mark:
+        return previous[0]
+    return now
 
 
 __all__ = [
@@ -190,9 +205,10 @@ __all__ = [
     "Verdict",
     "decide_readiness",
     "history_length",
+    "observed_ready_since",
     "probe_of",
     "probe_target",
-    "ready_since",
+    "ready_mark",
     "recorded_ready",
     "sandbox_ready",
 ]

@@ -11,7 +11,11 @@ first), and its address is the new node's, which routing reads from its status.
 
 A sandbox whose node is Ready stays: it starts again there from the local image,
 without a pull. A lost node's sandboxes are marked Dead, but for these: their
-state is safe elsewhere, and the scheduler moves them once the node is NotReady.
+state is safe elsewhere, and the scheduler moves them when node health would have
+marked them Dead, not before: once the node's episode is handled (its grace over,
+the mass-failure guard not holding). A NotReady node may be only cut off from the
+API server, its agent alive: a move before then would let two nodes run the sandbox.
+A cordoned (Disabled) node is a drain, which moves them at once.
 """
 
 from __future__ import annotations
@@ -46,10 +50,30 @@ def movable_object(obj: Mapping[str, Any]) -> bool:
     return state_movable(str(status.get("phase")), conditions, state.get("node"))
 
 
-def move_wanted(movable: bool, node_phase: NodePhase | None) -> bool:
+def move_wanted(movable: bool, node_phase: NodePhase | None, handled: bool) -> bool:
     """Whether to bind a sandbox to another node: it is ``movable`` and its node
-    (``node_phase``, None when it is gone) cannot start it."""
-    return movable and node_phase is not NodePhase.READY
+    (``node_phase``, None when it is gone) cannot start it: cordoned, gone, or
+    NotReady and ``handled`` by node health (``policy.nodehealth.episode_handled``:
+    past its grace, not held by the guard), as a Dead marking would wait."""
+    if not movable or node_phase is NodePhase.READY:
+        return False
+    if node_phase is NodePhase.NOT_READY:
+        return handled
+    return True
 
 
-__all__ = ["movable_object", "move_wanted", "state_movable"]
+def restore_refusal(current: Mapping[str, Any] | None, uid: str, node: str) -> str | None:
+    """Why ``node`` must not start again the sandbox of ``uid`` its watch showed as its
+    own, now that a fresh read gives ``current`` (None: deleted); None when it may.
+    A sandbox moved to another node (``spec.nodeName``) is that node's to restore."""
+    if current is None:
+        return "it was deleted"
+    meta, spec = current.get("metadata") or {}, current.get("spec") or {}
+    if meta.get("uid") != uid:
+        return "it was deleted (another sandbox has its name)"
+    if spec.get("nodeName") != node:
+        return f"it was moved to node {spec.get('nodeName')}"
+    return None
+
+
+__all__ = ["movable_object", "move_wanted", "restore_refusal", "state_movable"]
