@@ -468,3 +468,20 @@ NodeLifecycle.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_the_node_lifecycle_under_faults = NodeLifecycle.TestCase
+
+
+def test_a_pass_whose_task_listing_fails_still_runs_to_the_end() -> None:
+    """The task listing serves only the lost-record rows: containerd not answering it
+    (a wedged shim slows Tasks.List) costs those rows this pass, not the pass."""
+    machine = NodeLifecycle()
+
+    def silent(*, timeout: float) -> list[Any]:
+        raise RuntimeTimeout(f"Tasks.List: no answer within {timeout:g}s")
+
+    machine.fake.list_tasks = silent  # type: ignore[method-assign]
+    cid = machine.container_of("ns/a")
+    assert cid is not None
+    machine.fake.tasks[cid].state = TaskState.PAUSED  # frozen, unrecorded: not seen now
+    machine.agent.sync.sync_once()
+    assert machine.agent.metrics.sync_passes._value.get() == 1
+    assert machine.fake.tasks[cid].state is TaskState.PAUSED
