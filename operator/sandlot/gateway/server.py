@@ -54,6 +54,7 @@ from sandlot.policy.streamaccess import (
 from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
+    OPEN_TIMEOUT_HEADER,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
@@ -267,7 +268,11 @@ class Gateway:
                 f"wss://{host}:{port}{path}",
                 ssl=self._agent_tls,
                 server_hostname=self.agent_server_name,
-                additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: user},
+                additional_headers={
+                    STREAM_OPTIONS_HEADER: options,
+                    CALLER_HEADER: user,
+                    OPEN_TIMEOUT_HEADER: f"{self.call_timeout:g}",  # the agent answers within it
+                },
                 subprotocols=[Subprotocol(SUBPROTOCOL)],
                 compression=None,
                 max_size=MAX_MESSAGE,
