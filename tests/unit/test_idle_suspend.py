@@ -223,7 +223,12 @@ def test_a_use_whose_connection_ends_stops_waiting_and_waits_no_more() -> None:
     coordinator = IdleSuspends(view.get)
     gone = threading.Event()
     waiting: list[frozenset[str]] = []
-    coordinator.wake_sync = lambda: (waiting.append(coordinator.flags()[1]), gone.set())
+
+    def wake_sync() -> None:  # the sync would plan the restore; the peer leaves meanwhile
+        waiting.append(coordinator.flags()[1])
+        gone.set()
+
+    coordinator.wake_sync = wake_sync
     said = coordinator.wake_for_use(view.obj or {}, "files", timeout=60, gone=gone.is_set)
     assert said is not None and "the files went away" in said
     assert waiting == [frozenset({KEY})], "the use was not waiting while it waited"

@@ -11,7 +11,9 @@ answer (403, 404, 409) whose body says why, which the gateway hands back to the
 user. Each accepted connection has a thread of its own; the agent stopping ends
 them within a wait, and so does ``idle`` seconds in which nothing moved (an exec
 with no input or output, a log follow with no output, a file write or a
-port-forward with no data from the client).
+port-forward with no data from the client). Each admitted connection holds one
+of the node's slots until it ends, however it ends, and a sandbox's slots hold
+off its suspension, which holds off new ones (``policy.streamslots``).
 """
 
 from __future__ import annotations
@@ -246,7 +248,7 @@ class StreamServer:
                 f"being committed); try the {asked.kind} again in a moment\n",
             )
         wait = admission_wait(request.headers.get(OPEN_TIMEOUT_HEADER), self.open_timeout)
-        refusal = self._sandbox_refusal(asked, connection, wait)
+        refusal = self._sandbox_refusal(asked, wait, lambda: connection.state is State.CLOSED)
         if refusal is not None:
             self._close(connection)
             return connection.respond(*refusal)
@@ -287,8 +289,11 @@ class StreamServer:
         return SlotConnection
 
     def _sandbox_refusal(
-        self, asked: StreamRequest, connection: ServerConnection, wait: float
+        self, asked: StreamRequest, wait: float = 0.0, gone: Callable[[], bool] = lambda: False
     ) -> tuple[int, str] | None:
+        """Why ``asked`` is not served (an HTTP status and its text), or None; a restore
+        it needs is waited for ``wait`` seconds at most and not once ``gone`` says its
+        connection ended."""
         key = f"{asked.namespace}/{asked.name}"
         sandbox = self._sandbox(key)
         if sandbox is None:
@@ -300,7 +305,7 @@ class StreamServer:
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
             if restores_for_stream(sandbox):
-                return self._restored(sandbox, asked.kind, connection, wait)
+                return self._restored(sandbox, asked.kind, wait, gone)
             if thaws_for_stream(sandbox, self.paused_resume):
                 return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
@@ -321,12 +326,12 @@ class StreamServer:
         return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
 
     def _restored(
-        self, sandbox: Mapping[str, Any], kind: str, connection: ServerConnection, wait: float
+        self, sandbox: Mapping[str, Any], kind: str, wait: float, gone: Callable[[], bool]
     ) -> tuple[int, str] | None:
         if self.restore is None:
             key = key_of(sandbox)
             return 409, f"sandbox {key} is suspended and node {self.node} cannot start it\n"
-        why = self.restore(sandbox, kind, wait, lambda: connection.state is State.CLOSED)
+        why = self.restore(sandbox, kind, wait, gone)
         if why is not None:
             return 503, f"{why}\n"
         return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")

@@ -1,0 +1,190 @@
+"""Streams meet suspensions, end to end: the CLI, the real API server, the stream
+gateway, an agent sampling idleness every 0.3 s and the real containerd.
+
+A file written through the files API while an idle suspension commits is either
+refused or in what the sandbox resumes from, never acknowledged and lost: the
+commit is held right after containerd's Diff read the container's files, and the
+write is sent then. A stream whose admission waits for a restore that cannot
+proceed, and whose peer gives up, frees its slot and its sandbox's in-use mark:
+the node's slot count goes back, and the sandbox is suspended for being idle again
+once it has run. The rig is ``tests/support/streams.py``'s; the agent is this
+module's own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from kubernetes import client
+from websockets.sync.client import connect
+
+from sandlot.adapters.mtls import client_context
+from sandlot.adapters.runtime import ContainerInfo
+from sandlot.agent.main import Agent
+from sandlot.agent.streams import StreamServer
+from sandlot.devtools.certs import StreamCerts
+from sandlot.devtools.streamnet import StreamAddress
+from sandlot.policy.idle import restores_for_stream
+from sandlot.policy.streams import (
+    API_PREFIX,
+    CALLER_HEADER,
+    STREAM_OPTIONS_HEADER,
+    SUBPROTOCOL,
+    agent_request,
+    parse_api_request,
+)
+from tests.integration.test_agent_idle_pause import (
+    IDLE_TIMEOUT,
+    hold_still,
+    idle_suspending_sandbox,
+    suspended_is,
+)
+from tests.support.streams import StartStreamAgent, delete_sandbox, sandlot
+from tests.support.wait import wait_for
+
+pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+
+HELD = 60.0  # seconds a held step waits for the test at most
+WRITTEN = "acknowledged\n"
+
+
+@pytest.fixture(scope="module")
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
+    """The stream rig's agent, sampling idleness every 0.3 s."""
+    return start_stream_agent("streamsuspend", idle_interval="0.3s")
+
+
+def streams_of(agent: Agent) -> StreamServer:
+    assert agent.streams is not None, "the agent serves no streams"
+    return agent.streams
+
+
+def idle_suspends(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_idle_suspends_total") or 0
+
+
+def test_a_file_written_while_an_idle_suspension_commits_is_refused_not_lost(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    _, tenant = places
+    kubeconfig = users["operator-person"]
+    runtime = agent.parts.runtime
+    commit = runtime.commit_container
+    read, go = threading.Event(), threading.Event()
+
+    def held(container_id: str, image: str, labels: Mapping[str, str], *, timeout: float) -> str:
+        digest = commit(container_id, image, labels, timeout=timeout)
+        read.set()  # the container's files are in the committed layer now
+        go.wait(HELD)
+        return digest
+
+    local = tmp_path / "late.txt"
+    local.write_text(WRITTEN)
+    with mock.patch.object(runtime, "commit_container", held):
+        try:
+            idle_suspending_sandbox(kube, agent, tenant, "committing")
+            wait_for(read.is_set, timeout=IDLE_TIMEOUT + 30, what="the idle suspension's commit")
+            body = agent.sandbox_watch.get(f"{tenant}/committing") or {}
+            assert not restores_for_stream(body), "the agent's view says suspended already"
+            wrote = sandlot(
+                "cp", str(local), "committing:/late", "-n", tenant, kubeconfig=kubeconfig
+            )
+        finally:
+            go.set()
+    suspended_is(kube, tenant, "committing", "True", "Idle", timeout=30)
+    hold_still(kube, tenant, "committing")
+    back = sandlot("exec", "committing", "-n", tenant, "--", "cat", "/late", kubeconfig=kubeconfig)
+    if wrote.returncode == 0:
+        assert back.stdout == WRITTEN, (
+            "a write acknowledged during the commit is not in the restored sandbox: "
+            f"cat says {back.stdout!r}, {back.stderr!r}"
+        )
+    assert wrote.returncode == 1, f"not refused: {wrote.stdout!r} {wrote.stderr!r}"
+    assert "is being suspended" in wrote.stderr, wrote.stderr
+    assert back.returncode == 1, f"a refused write landed: {back.stdout!r}"
+    delete_sandbox(kube, tenant, "committing")
+
+
+def test_a_stream_that_leaves_while_its_restore_cannot_proceed_frees_its_slot(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    users: dict[str, Path],
+    stream_certs: StreamCerts,
+    stream_address: StreamAddress,
+) -> None:
+    _, tenant = places
+    key = f"{tenant}/stuck"
+    streams = streams_of(agent)
+    idle_suspending_sandbox(kube, agent, tenant, "stuck")
+    suspended_is(kube, tenant, "stuck", "True", "Idle", timeout=IDLE_TIMEOUT + 30)
+    wait_for(
+        lambda: restores_for_stream(agent.sandbox_watch.get(key) or {}),
+        timeout=10,
+        what="the agent's watch to see the idle suspension",
+    )
+    slots_before = len(streams.slots().used)
+    suspensions = agent.parts.sync.suspensions
+    restore = suspensions.restore
+    entered, go = threading.Event(), threading.Event()
+
+    def stuck(sb: Mapping[str, Any], container: ContainerInfo | None) -> Any:
+        entered.set()
+        go.wait(HELD)
+        return restore(sb, container)
+
+    path, options = agent_request(
+        parse_api_request(f"{API_PREFIX}/namespaces/{tenant}/sandboxes/stuck/exec?command=true")
+    )
+    gateway_tls = client_context(
+        str(stream_certs.ca.cert), str(stream_certs.gateway.cert), str(stream_certs.gateway.key)
+    )
+    with mock.patch.object(suspensions, "restore", stuck):
+        try:
+            # As the gateway opens it, giving up after 2 s (its own timeout is longer).
+            with pytest.raises(TimeoutError):
+                connect(
+                    f"wss://{stream_address.ip}:{streams.port}{path}",
+                    ssl=gateway_tls,
+                    server_hostname="sandlot-agent",
+                    additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: "test"},
+                    subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                    open_timeout=2,
+                    proxy=None,
+                )
+            wait_for(entered.is_set, timeout=10, what="the restore the stream asked for")
+
+            def released() -> bool:
+                slots = streams.slots()
+                waking = agent.parts.idle.suspends.waking(key)
+                return len(slots.used) == slots_before and key not in slots.in_use() and not waking
+
+            wait_for(
+                released,
+                timeout=15,
+                what=f"the slot and in-use mark of the stream that left to be freed "
+                f"(slots {dict(streams.slots().used)}, before {slots_before})",
+            )
+        finally:
+            go.set()
+
+    # It can idle again: a use starts it, and once quiet it is suspended again.
+    suspends = idle_suspends(agent)
+    ran = sandlot("exec", "stuck", "-n", tenant, "--", "true", kubeconfig=users["operator-person"])
+    assert ran.returncode == 0, ran.stderr
+    wait_for(
+        lambda: idle_suspends(agent) >= suspends + 1,
+        timeout=IDLE_TIMEOUT + 30,
+        what="the sandbox to be suspended for being idle again",
+    )
+    assert len(streams.slots().used) == slots_before
+    delete_sandbox(kube, tenant, "stuck")
