@@ -7,13 +7,15 @@ commit is held right after containerd's Diff read the container's files, and the
 write is sent then. A stream whose admission waits for a restore that cannot
 proceed, and whose peer gives up, frees its slot and its sandbox's in-use mark:
 the node's slot count goes back, and the sandbox is suspended for being idle again
-once it has run. The rig is ``tests/support/streams.py``'s; the agent is this
-module's own.
+once it has run. A write whose stream is open when a suspend is asked lands before
+the commit: the suspend waits for its stream. The rig is
+``tests/support/streams.py``'s; the agent is this module's own.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,21 +23,29 @@ from unittest import mock
 
 import pytest
 from kubernetes import client
-from websockets.sync.client import connect
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from sandlot.adapters.mtls import client_context
 from sandlot.adapters.runtime import ContainerInfo
 from sandlot.agent.main import Agent
 from sandlot.agent.streams import StreamServer
+from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.streamnet import StreamAddress
 from sandlot.policy.idle import restores_for_stream
 from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
+    STATUS,
+    STDIN,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
+    StreamEnd,
     agent_request,
+    close_stdin_frame,
+    encode_frame,
+    end_of,
     parse_api_request,
 )
 from tests.integration.test_agent_idle_pause import (
@@ -44,7 +54,8 @@ from tests.integration.test_agent_idle_pause import (
     idle_suspending_sandbox,
     suspended_is,
 )
-from tests.support.streams import StartStreamAgent, delete_sandbox, sandlot
+from tests.integration.test_agent_pause import watch_says
+from tests.support.streams import StartStreamAgent, delete_sandbox, running_sandbox, sandlot
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
@@ -57,6 +68,16 @@ WRITTEN = "acknowledged\n"
 def agent(start_stream_agent: StartStreamAgent) -> Agent:
     """The stream rig's agent, sampling idleness every 0.3 s."""
     return start_stream_agent("streamsuspend", idle_interval="0.3s")
+
+
+def set_mode(kube: client.ApiClient, namespace: str, name: str, mode: str) -> None:
+    client.CustomObjectsApi(kube).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "sandboxes", name, {"spec": {"operatingMode": mode}}
+    )
+
+
+def sync_passes(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_sync_passes_total") or 0
 
 
 def streams_of(agent: Agent) -> StreamServer:
@@ -112,6 +133,108 @@ def test_a_file_written_while_an_idle_suspension_commits_is_refused_not_lost(
     assert "is being suspended" in wrote.stderr, wrote.stderr
     assert back.returncode == 1, f"a refused write landed: {back.stdout!r}"
     delete_sandbox(kube, tenant, "committing")
+
+
+def open_write(
+    agent: Agent,
+    certs: StreamCerts,
+    address: StreamAddress,
+    namespace: str,
+    name: str,
+    path: str,
+) -> ClientConnection:
+    """A files write into ``path`` opened on the agent as the gateway opens it."""
+    where, options = agent_request(
+        parse_api_request(
+            f"{API_PREFIX}/namespaces/{namespace}/sandboxes/{name}/files?op=write&path={path}"
+        )
+    )
+    return connect(
+        f"wss://{address.ip}:{streams_of(agent).port}{where}",
+        ssl=client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)),
+        server_hostname="sandlot-agent",
+        additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: "test"},
+        subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+        open_timeout=30,
+        proxy=None,
+    )
+
+
+def status_of(stream: ClientConnection) -> StreamEnd:
+    """The stream's status (what the CLI reports), read until it comes or 30 s pass."""
+    deadline = time.monotonic() + 30
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            message = stream.recv(timeout=left)
+        except TimeoutError:
+            break
+        except ConnectionClosed:
+            return end_of(None)
+        if isinstance(message, bytes) and message[:1] == bytes([STATUS]):
+            return end_of(message[1:])
+    pytest.fail("no status within 30 s")
+
+
+def test_a_write_open_when_a_suspend_is_asked_lands_before_the_commit(
+    kube: client.ApiClient,
+    agent: Agent,
+    places: tuple[str, str],
+    stream_certs: StreamCerts,
+    stream_address: StreamAddress,
+) -> None:
+    """The suspend waits for the write's stream to end, so the acknowledged file is
+    in what the sandbox starts again from."""
+    _, tenant = places
+    key = f"{tenant}/asked"
+    running_sandbox(kube, agent, tenant, "asked", "sleep 100000")
+    runtime = agent.parts.runtime
+    commit = runtime.commit_container
+    read, go = threading.Event(), threading.Event()
+
+    def held(container_id: str, image: str, labels: Mapping[str, str], *, timeout: float) -> str:
+        digest = commit(container_id, image, labels, timeout=timeout)
+        read.set()
+        go.wait(HELD)
+        return digest
+
+    with mock.patch.object(runtime, "commit_container", held):
+        try:
+            stream = open_write(agent, stream_certs, stream_address, tenant, "asked", "/asked")
+            stream.send(encode_frame(STDIN, WRITTEN[:5].encode()))
+            passes = sync_passes(agent)
+            set_mode(kube, tenant, "asked", "Suspended")
+            wait_for(
+                lambda: (
+                    read.is_set()
+                    or (
+                        watch_says(
+                            agent,
+                            key,
+                            lambda sb: sb.get("spec", {}).get("operatingMode") == "Suspended",
+                        )
+                        and sync_passes(agent) >= passes + 2
+                    )
+                ),
+                timeout=30,
+                what="the agent to see the suspend and pass over it, or the commit",
+            )
+            stream.send(encode_frame(STDIN, WRITTEN[5:].encode()))
+            stream.send(close_stdin_frame())
+            wrote = status_of(stream)
+            stream.close()
+        finally:
+            go.set()
+    assert wrote == StreamEnd(0), f"the write was not acknowledged: {wrote}"
+    wait_for(read.is_set, timeout=30, what="the suspend's commit once the write's stream ended")
+    suspended_is(kube, tenant, "asked", "True", "Suspended", timeout=30)
+    set_mode(kube, tenant, "asked", "Running")
+    back = suspended_is(kube, tenant, "asked", "False", "Restored", timeout=30)
+    kept = Path(f"/proc/{back['status']['pid']}/root/asked")
+    assert kept.exists(), (
+        "a write acknowledged before the commit ended is not in the restored sandbox"
+    )
+    assert kept.read_text() == WRITTEN
+    delete_sandbox(kube, tenant, "asked")
 
 
 def test_a_stream_that_leaves_while_its_restore_cannot_proceed_frees_its_slot(
