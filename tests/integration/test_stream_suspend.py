@@ -14,6 +14,7 @@ the commit: the suspend waits for its stream. The rig is
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from sandlot.policy.idle import restores_for_stream
 from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
+    OPEN_TIMEOUT_HEADER,
     STATUS,
     STDIN,
     STREAM_OPTIONS_HEADER,
@@ -279,21 +281,31 @@ def test_a_stream_that_leaves_while_its_restore_cannot_proceed_frees_its_slot(
     gateway_tls = client_context(
         str(stream_certs.ca.cert), str(stream_certs.gateway.cert), str(stream_certs.gateway.key)
     )
+    # As the gateway opens it, saying it waits a minute for the upgrade.
+    upgrade = (
+        f"GET {path} HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
+        "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: {SUBPROTOCOL}\r\n"
+        f"{STREAM_OPTIONS_HEADER}: {options}\r\n{CALLER_HEADER}: test\r\n"
+        f"{OPEN_TIMEOUT_HEADER}: 60\r\n\r\n"
+    )
     with mock.patch.object(suspensions, "restore", stuck):
         try:
-            # As the gateway opens it, giving up after 2 s (its own timeout is longer).
-            with pytest.raises(TimeoutError):
-                connect(
-                    f"wss://{stream_address.ip}:{streams.port}{path}",
-                    ssl=gateway_tls,
-                    server_hostname="sandlot-agent",
-                    additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: "test"},
-                    subprotocols=[Subprotocol(SUBPROTOCOL)],
-                    open_timeout=2,
-                    proxy=None,
+            with (
+                socket.create_connection((stream_address.ip, streams.port), timeout=30) as raw,
+                gateway_tls.wrap_socket(raw, server_hostname="sandlot-agent") as peer,
+            ):
+                peer.sendall(upgrade.encode())
+                wait_for(
+                    lambda: (
+                        entered.is_set()
+                        and streams.sessions(key) == 1
+                        and agent.parts.idle.suspends.waking(key)
+                    ),
+                    timeout=30,
+                    what="the stream's admission waiting for the restore it asked for",
                 )
-            wait_for(entered.is_set, timeout=10, what="the restore the stream asked for")
-
+            # The peer went away while its admission waits.
             wait_for(
                 lambda: (
                     streams.sessions(key) == 0
