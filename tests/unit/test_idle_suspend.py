@@ -206,16 +206,6 @@ def test_a_use_waits_for_the_restore_its_wake_asks_for() -> None:
     assert coordinator.flags() == (frozenset(), frozenset()), "the wake outlived its use"
 
 
-def test_a_use_whose_restore_is_refused_or_late_says_why() -> None:
-    view = View(sandbox(suspended=IDLE, container=False))
-    coordinator = IdleSuspends(view.get)
-    said = coordinator.wake_for_use(view.obj or {}, "files", timeout=0.05)
-    assert said is not None and "did not start again within 0.05s for files" in said
-    view.obj = sandbox(suspended=("True", "RestoreFailed"), container=False)
-    said = coordinator.wake_for_use(view.obj, "exec", timeout=5)
-    assert said is not None and "cannot start again for exec: m" in said
-
-
 def test_a_use_whose_connection_ends_stops_waiting_and_waits_no_more() -> None:
     """A peer gone while its admission waits for a restore that cannot proceed: the
     wait ends at once, not at its bound, and the sandbox is waited for no more."""
@@ -233,6 +223,16 @@ def test_a_use_whose_connection_ends_stops_waiting_and_waits_no_more() -> None:
     assert said is not None and "the files went away" in said
     assert waiting == [frozenset({KEY})], "the use was not waiting while it waited"
     assert not coordinator.waking(KEY) and coordinator.flags() == (frozenset(), frozenset())
+
+
+def test_a_use_whose_restore_is_refused_or_late_says_why() -> None:
+    view = View(sandbox(suspended=IDLE, container=False))
+    coordinator = IdleSuspends(view.get)
+    said = coordinator.wake_for_use(view.obj or {}, "files", timeout=0.05)
+    assert said is not None and "did not start again within 0.05s for files" in said
+    view.obj = sandbox(suspended=("True", "RestoreFailed"), container=False)
+    said = coordinator.wake_for_use(view.obj, "exec", timeout=5)
+    assert said is not None and "cannot start again for exec: m" in said
 
 
 def claimed(claimed_at: str | None, idle_since: str, kind: str = "Paused") -> dict[str, Any]:
