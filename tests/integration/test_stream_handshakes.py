@@ -227,3 +227,165 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
         again.close()
     finally:
         server.shutdown()
+
+
+IDLE_SUSPENDED = {
+    "metadata": {"namespace": "ns", "name": "sb", "uid": "u1"},
+    "spec": {"operatingMode": "Running"},
+    "status": {
+        "phase": "Running",
+        "conditions": [{"type": "Suspended", "status": "True", "reason": "Idle"}],
+    },
+}
+
+
+def test_a_peer_gone_while_its_admission_waits_for_a_restore_frees_its_slot(
+    tmp_path: Path,
+) -> None:
+    """An exec into an idle-suspended sandbox whose restore cannot proceed: the peer
+    gives up and closes, and the agent's slot (the sandbox's in-use mark) is freed
+    then and the wait ends, not when the restore would have answered."""
+    import threading
+    import time
+
+    from websockets.sync.client import connect
+    from websockets.typing import Subprotocol
+
+    from sandlot.agent.streams import StreamServer
+
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    server = StreamServer(
+        "node-x",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: IDLE_SUSPENDED if key == "ns/sb" else None,
+        log_dir="",
+        execs=None,  # never reached: the upgrade never happens
+        call_timeout=2.0,
+        stop=threading.Event(),
+    )
+    waiting, ended = threading.Event(), threading.Event()
+
+    def stuck(*asked: object) -> str:  # a restore that cannot proceed
+        gone = asked[3] if len(asked) > 3 else lambda: False
+        waiting.set()
+        deadline = time.monotonic() + 30
+        while not gone() and time.monotonic() < deadline:  # type: ignore[operator]
+            ended.wait(0.05)
+        return "cannot start again"
+
+    server.restore = stuck
+    server.start()
+    ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+    try:
+        with pytest.raises(TimeoutError):
+            connect(
+                f"wss://127.0.0.1:{server.port}/sandboxes/ns/sb/exec",
+                ssl=ctx,
+                server_hostname="sandlot-agent",
+                additional_headers={"X-Sandlot-Stream-Options": "command=true"},
+                subprotocols=[Subprotocol("v5.channel.k8s.io")],
+                open_timeout=1,
+                proxy=None,
+            )
+        assert waiting.is_set(), "the admission did not wait for the restore"
+        deadline = time.monotonic() + 10
+        while server.sessions("ns/sb") or server.in_use():
+            assert time.monotonic() < deadline, "the slot of a peer gone outlived its connection"
+            ended.wait(0.05)
+        assert not server.slots().used
+    finally:
+        ended.set()
+        server.shutdown()
+
+
+def test_a_user_gone_while_the_gateway_reaches_the_agent_gives_its_session_back(
+    tmp_path: Path,
+) -> None:
+    """The API server's connection closes while the gateway still reaches the node's
+    agent: the gateway's session and its connection to the agent are let go, the
+    agent's slot with it, instead of waiting for a relay that never starts."""
+    import threading
+    import time
+
+    from sandlot.agent.streams import StreamServer
+
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ns_sb_u1.log").write_text("line\n")
+    sandbox = {
+        "metadata": {"namespace": "ns", "name": "sb", "uid": "u1"},
+        "status": {"phase": "Running"},
+    }
+    agent = StreamServer(
+        "node-1",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: sandbox if key == "ns/sb" else None,
+        log_dir=str(logs),
+        execs=None,
+        call_timeout=2.0,
+        stop=threading.Event(),
+    )
+    agent.start()
+    user_gone = threading.Event()
+
+    def node_of(*_: object) -> str:  # the Sandbox's read takes until the user left
+        user_gone.wait(20)
+        return "node-1"
+
+    gateway = Gateway(
+        bind="127.0.0.1",
+        port=0,
+        server_tls=server_context(
+            str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
+        ),
+        agent_tls=client_context(
+            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        ),
+        agent_server_name="sandlot-agent",
+        requestheader=RequestHeaderConfig,
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=node_of,
+            agent_of=lambda _node: ("127.0.0.1", agent.port),
+        ),
+        sessions=Sessions(4, 2),
+        call_timeout=10.0,
+    )
+    gateway.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
+        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        request = (
+            "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/log"
+            "?follow=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\nX-Remote-User: alice\r\n\r\n"
+        )
+        with (
+            socket.create_connection(("127.0.0.1", gateway.port), timeout=20) as raw,
+            ctx.wrap_socket(raw, server_hostname="sandlot-gateway.sandlot-system.svc") as conn,
+        ):
+            conn.sendall(request.encode())
+            deadline = time.monotonic() + 10
+            while gateway.sessions.open == 0:  # the admission holds its session
+                assert time.monotonic() < deadline, "the gateway never took the session"
+                user_gone.wait(0.05)
+        user_gone.set()  # the user's connection is closed: the admission goes on
+        deadline = time.monotonic() + 10
+        while gateway.sessions.open:
+            assert time.monotonic() < deadline, "the gateway's session outlived its user"
+            time.sleep(0.05)
+        while agent.slots().used:  # the agent connection let go with it
+            assert time.monotonic() < deadline, f"agent slots {dict(agent.slots().used)}"
+            time.sleep(0.05)
+    finally:
+        user_gone.set()
+        gateway.shutdown()
+        agent.shutdown()

@@ -173,21 +173,21 @@ class View:
         return self.obj
 
 
-def test_a_use_cancels_a_due_suspension_and_a_suspension_waits_for_no_stream() -> None:
-    sessions = {KEY: 0}
+def test_a_use_cancels_a_due_suspension_and_a_refused_commit_pauses_from_then_on() -> None:
+    """Whether a stream is open is the stream server's (``test_stream_slots``)."""
     wakes: list[str] = []
     view = View(sandbox())
-    coordinator = IdleSuspends(view.get, lambda: wakes.append("sync"), sessions.__getitem__)
+    coordinator = IdleSuspends(view.get, lambda: wakes.append("sync"))
     assert coordinator.request(KEY) and coordinator.flags() == (frozenset({KEY}), frozenset())
-    sessions[KEY] = 1
-    assert not coordinator.begin(KEY), "began with a stream open"
+    coordinator.wake_for_claim(sandbox())
+    assert not coordinator.begin(KEY), "began with a use waiting"
     assert coordinator.flags()[0] == frozenset()  # not due any more: the idle loop asks again
+    coordinator.forget({KEY}, set())  # the claim's wake is over: it runs
 
-    sessions[KEY] = 0
     assert coordinator.request(KEY) and coordinator.begin(KEY)
     coordinator.refused(KEY)  # a commit the runtime refused: paused from now on
     assert not coordinator.request(KEY) and coordinator.is_refused(KEY)
-    assert wakes == ["sync", "sync"]
+    assert wakes == ["sync", "sync", "sync"]
 
 
 def test_a_use_waits_for_the_restore_its_wake_asks_for() -> None:
@@ -204,6 +204,25 @@ def test_a_use_waits_for_the_restore_its_wake_asks_for() -> None:
     assert coordinator.wake_for_use(view.obj or {}, "exec", timeout=10) is None
     assert seen == [(frozenset(), frozenset({KEY}))]
     assert coordinator.flags() == (frozenset(), frozenset()), "the wake outlived its use"
+
+
+def test_a_use_whose_connection_ends_stops_waiting_and_waits_no_more() -> None:
+    """A peer gone while its admission waits for a restore that cannot proceed: the
+    wait ends at once, not at its bound, and the sandbox is waited for no more."""
+    view = View(sandbox(suspended=IDLE, container=False))
+    coordinator = IdleSuspends(view.get)
+    gone = threading.Event()
+    waiting: list[frozenset[str]] = []
+
+    def wake_sync() -> None:  # the sync would plan the restore; the peer leaves meanwhile
+        waiting.append(coordinator.flags()[1])
+        gone.set()
+
+    coordinator.wake_sync = wake_sync
+    said = coordinator.wake_for_use(view.obj or {}, "files", timeout=60, gone=gone.is_set)
+    assert said is not None and "the files went away" in said
+    assert waiting == [frozenset({KEY})], "the use was not waiting while it waited"
+    assert not coordinator.waking(KEY) and coordinator.flags() == (frozenset(), frozenset())
 
 
 def test_a_use_whose_restore_is_refused_or_late_says_why() -> None:

@@ -123,9 +123,9 @@ class IdlePauses:
         sync.in_use, streams.ended = streams.in_use, wake_sync
         sync.modes.in_use, sync.modes.thaws = streams.in_use, self._lock
         streams.paused_resume = settings.paused_streams == "Resume"
-        self.suspends.wake_sync, self.suspends.sessions = wake_sync, streams.sessions
+        self.suspends.wake_sync = wake_sync
         streams.restore, sync.idle_flags = self.suspends.wake_for_use, self.suspends.flags
-        sync.suspensions.idle = self
+        sync.suspensions.idle, sync.suspensions.streams = self, streams
 
     def pass_once(self) -> None:
         """Sample each sandbox with an idle timeout; pause those quiet for it."""

@@ -8,9 +8,12 @@ sync holds it suspended (``policy.idle.effective_mode``) until a use wakes it: a
 exec, files call or port-forward waits here while the sync restores it, then is
 served by its new container; a claim of a pool member wakes it without waiting.
 
-One lock orders the two: a use arriving while a suspension is due cancels it, and
-a suspension begins only with no stream open and no use waiting, so a stream is
-never cut by a suspension it raced with (it waits for the restore instead).
+A use arriving while a suspension is due cancels it, and a suspension begins
+only with no use waiting; whether a stream is open is the stream server's to
+answer, with its admissions, under its one lock (``policy.streamslots``), so a
+stream is never cut by a suspension it raced with and a write never lands beside
+its commit. A use waits within its admission's bound and not past its
+connection's end.
 """
 
 from __future__ import annotations
@@ -27,9 +30,8 @@ from sandlot.policy.idle import woken_outcome
 
 log = logging.getLogger(__name__)
 
-WAKE_TIMEOUT = 60.0
-"""Seconds a use waits for its sandbox to run again (a restore is a start: its
-image is on the node, its network and log are set up again)."""
+GONE_POLL = 0.5
+"""Seconds between two looks at whether a waiting use's connection ended."""
 
 
 class IdleSuspends:
@@ -39,11 +41,9 @@ class IdleSuspends:
         self,
         sandbox_of: Callable[[str], Mapping[str, Any] | None],
         wake_sync: Callable[[], None] = lambda: None,
-        sessions: Callable[[str], int] = lambda _key: 0,
     ) -> None:
         self.sandbox_of = sandbox_of
         self.wake_sync = wake_sync
-        self.sessions = sessions
         self._due: set[str] = set()
         self._refused: set[str] = set()  # a commit refused (a user-namespace sandbox): pause
         self._waking: Counter[str] = Counter()  # uses waiting, by key
@@ -86,11 +86,12 @@ class IdleSuspends:
     # -- the suspension, in the sandbox's work slot
 
     def begin(self, key: str) -> bool:
-        """Whether the idle suspension of ``key`` may start now: still due, no stream
-        open and no use waiting. Not due any more either way."""
+        """Whether the idle suspension of ``key`` may start now as far as the idle
+        loop knows: still due and no use waiting (no stream open is the stream
+        server's to say). Not due any more either way."""
         with self._lock:
             woken = self._waking[key] or key in self._claimed
-            ok = key in self._due and not woken and self.sessions(key) == 0
+            ok = key in self._due and not woken
             self._due.discard(key)
             return ok
 
@@ -111,10 +112,16 @@ class IdleSuspends:
             self._changed.notify_all()
 
     def wake_for_use(
-        self, sb: Mapping[str, Any], kind: str, timeout: float = WAKE_TIMEOUT
+        self,
+        sb: Mapping[str, Any],
+        kind: str,
+        timeout: float,
+        gone: Callable[[], bool] = lambda: False,
     ) -> str | None:
-        """Have the sync start ``sb`` again and wait for it to run; None once it does,
-        else why not (the stream is refused with it)."""
+        """Have the sync start ``sb`` again and wait for it to run, ``timeout`` seconds
+        at most and not once ``gone`` says the stream's connection ended; None once it
+        runs, else why not (the stream is refused with it). The use is waiting no
+        more when this returns, whatever ended the wait."""
         key, uid = key_of(sb), str((sb.get("metadata") or {}).get("uid") or "")
         with self._lock:
             self._waking[key] += 1
@@ -126,9 +133,9 @@ class IdleSuspends:
             with self._changed:
                 while (outcome := woken_outcome(self.sandbox_of(key), uid)) is None:
                     left = deadline - time.monotonic()
-                    if left <= 0:
+                    if left <= 0 or gone():
                         break
-                    self._changed.wait(min(left, 1.0))
+                    self._changed.wait(min(left, GONE_POLL))
         finally:
             with self._lock:
                 self._waking[key] -= 1
@@ -137,8 +144,11 @@ class IdleSuspends:
         if outcome == "running":
             log.info("sandbox %s: started again for %s after an idle suspension", key, kind)
             return None
+        if outcome is None and gone():
+            log.info("sandbox %s: the %s waiting for it to start again went away", key, kind)
+            return f"sandbox {key} was suspended for being idle and the {kind} went away"
         if outcome is None:
-            return f"sandbox {key} was suspended for being idle and did not start again within {timeout:g}s for {kind}"
+            return f"sandbox {key} was suspended for being idle and did not start again within {timeout:g}s for {kind}; try again"
         return f"sandbox {key} was suspended for being idle and cannot start again for {kind}: {outcome}"
 
     def wake_for_claim(self, sb: Mapping[str, Any]) -> None:
@@ -149,4 +159,4 @@ class IdleSuspends:
         self.wake_sync()
 
 
-__all__ = ["WAKE_TIMEOUT", "IdleSuspends"]
+__all__ = ["GONE_POLL", "IdleSuspends"]

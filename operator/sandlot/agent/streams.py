@@ -11,7 +11,9 @@ answer (403, 404, 409) whose body says why, which the gateway hands back to the
 user. Each accepted connection has a thread of its own; the agent stopping ends
 them within a wait, and so does ``idle`` seconds in which nothing moved (an exec
 with no input or output, a log follow with no output, a file write or a
-port-forward with no data from the client).
+port-forward with no data from the client). Each admitted connection holds one
+of the node's slots until it ends, however it ends, and a sandbox's slots hold
+off its suspension, which holds off new ones (``policy.streamslots``).
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from websockets.protocol import State
 from websockets.sync.server import Server, ServerConnection, serve
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
@@ -49,6 +52,7 @@ from sandlot.policy.streams import (
     EXEC,
     FILES,
     LOG,
+    OPEN_TIMEOUT_HEADER,
     PORTFORWARD,
     STATUS,
     STREAM_OPTIONS_HEADER,
@@ -59,6 +63,15 @@ from sandlot.policy.streams import (
     error_status,
     exit_status,
     parse_agent_request,
+)
+from sandlot.policy.streamslots import (
+    Admission,
+    StreamSlots,
+    admission_wait,
+    admit,
+    begin_suspension,
+    end_suspension,
+    release,
 )
 
 log = logging.getLogger(__name__)
@@ -71,6 +84,11 @@ HANDSHAKE_TIMEOUT = 10.0
 MAX_SESSIONS = 512  # the default of the stream_max_sessions setting
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
+
+
+# (the sandbox, the stream's kind, seconds it may wait, whether its connection is gone)
+# -> None once the sandbox runs, else why not.
+Restorer = Callable[[Mapping[str, Any], str, float, Callable[[], bool]], str | None]
 
 
 class _FollowIdle(Exception):
@@ -103,14 +121,18 @@ class StreamServer:
         self.file_limit = file_limit
         self.idle = idle
         self.max_sessions = max_sessions
-        # The admitted connections, until their session ends: the sandbox each uses
-        # (None: a log, which needs no running task).
-        self._open: dict[int, str | None] = {}
-        self._open_lock = threading.Lock()
+        # The upgrade's deadline on this side: an admission's wait fits in it when the
+        # gateway does not say its own.
+        self.open_timeout = HANDSHAKE_TIMEOUT
+        # The admitted connections, until each ends, and the sandboxes being suspended:
+        # one state under one lock (``policy.streamslots``).
+        self._slots = StreamSlots(limit=max_sessions)
+        self._slots_lock = threading.Lock()
         # Thaws a paused sandbox for a stream (``agent.idle``): None once it runs, else why not.
         self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
-        # Starts an idle-suspended sandbox again and waits for it (``agent.idlewake``).
-        self.restore: Callable[[Mapping[str, Any], str], str | None] | None = None
+        # Starts an idle-suspended sandbox again and waits for it (``agent.idlewake``), at
+        # most the seconds given and not once the connection is gone.
+        self.restore: Restorer | None = None
         # A pause the spec asks for is thawed for a stream too (``paused_streams``).
         self.paused_resume = False
         # Called when a stream into a sandbox ends (the sync may freeze it again).
@@ -140,8 +162,9 @@ class StreamServer:
                 self.requested_port,
                 process_request=self._admit,
                 process_response=self._answered,
+                create_connection=self._connection_class(),
                 ssl=self._tls,
-                open_timeout=HANDSHAKE_TIMEOUT,
+                open_timeout=self.open_timeout,
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,
                 max_size=MAX_MESSAGE,
@@ -158,13 +181,31 @@ class StreamServer:
 
     def sessions(self, key: str) -> int:
         """Exec, files and port-forward sessions open into sandbox ``key``."""
-        with self._open_lock:
-            return sum(1 for used in self._open.values() if used == key)
+        with self._slots_lock:
+            return self._slots.sessions(key)
 
     def in_use(self) -> frozenset[str]:
         """The sandboxes with an exec, files or port-forward session open."""
-        with self._open_lock:
-            return frozenset(used for used in self._open.values() if used)
+        with self._slots_lock:
+            return self._slots.in_use()
+
+    def slots(self) -> StreamSlots:
+        """The node's stream slots as they are now."""
+        with self._slots_lock:
+            return self._slots
+
+    @contextlib.contextmanager
+    def suspending(self, key: str) -> Iterator[bool]:
+        """Whether a suspension of ``key`` may begin (no stream uses it); while it runs,
+        no stream into it is admitted."""
+        with self._slots_lock:
+            self._slots, begun = begin_suspension(self._slots, key)
+        try:
+            yield begun
+        finally:
+            if begun:
+                with self._slots_lock:
+                    self._slots = end_suspension(self._slots, key)
 
     def refresh_tls(self) -> None:
         """Take rotated certificate files into use (new connections get them)."""
@@ -190,17 +231,24 @@ class StreamServer:
             )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
-        # Counted before the sandbox is judged (and maybe thawed): no pass freezes it
-        # between the thaw and the session.
+        # Counted before the sandbox is judged (and maybe thawed): no pass freezes or
+        # suspends it between the judgement and the session.
         used = None if asked.kind == LOG else f"{asked.namespace}/{asked.name}"
-        with self._open_lock:
-            if len(self._open) >= self.max_sessions:
-                log.warning("stream refused: %d streams open on this node", len(self._open))
-                return connection.respond(
-                    429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
-                )
-            self._open[id(connection)] = used
-        refusal = self._sandbox_refusal(asked)
+        with self._slots_lock:
+            self._slots, admission = admit(self._slots, id(connection), used)
+        if admission is Admission.FULL:
+            log.warning("stream refused: %d streams open on this node", self.max_sessions)
+            return connection.respond(
+                429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
+            )
+        if admission is Admission.SUSPENDING:
+            return connection.respond(
+                503,
+                f"sandbox {used} is being suspended on node {self.node} (its files are "
+                f"being committed); try the {asked.kind} again in a moment\n",
+            )
+        wait = admission_wait(request.headers.get(OPEN_TIMEOUT_HEADER), self.open_timeout)
+        refusal = self._sandbox_refusal(asked, wait, lambda: connection.state is State.CLOSED)
         if refusal is not None:
             self._close(connection)
             return connection.respond(*refusal)
@@ -215,12 +263,37 @@ class StreamServer:
             self._close(connection)
 
     def _close(self, connection: ServerConnection) -> None:
-        with self._open_lock:
-            used = self._open.pop(id(connection), None)
+        with self._slots_lock:
+            self._slots, used = release(self._slots, id(connection))
         if used is not None:
             self.ended()
 
-    def _sandbox_refusal(self, asked: StreamRequest) -> tuple[int, str] | None:
+    def _connection_class(self) -> type[ServerConnection]:
+        """Connections that free their slot when their socket closes, unless a session
+        serves them (its end frees it): a peer gone during the admission or the
+        upgrade frees it too, whatever the handshake does next."""
+        server = self
+
+        class SlotConnection(ServerConnection):
+            serving = False
+
+            def close_socket(self) -> None:
+                super().close_socket()
+                with server._slots_lock:
+                    if self.serving:
+                        return
+                    server._slots, used = release(server._slots, id(self))
+                if used is not None:
+                    server.ended()
+
+        return SlotConnection
+
+    def _sandbox_refusal(
+        self, asked: StreamRequest, wait: float = 0.0, gone: Callable[[], bool] = lambda: False
+    ) -> tuple[int, str] | None:
+        """Why ``asked`` is not served (an HTTP status and its text), or None; a restore
+        it needs is waited for ``wait`` seconds at most and not once ``gone`` says its
+        connection ended."""
         key = f"{asked.namespace}/{asked.name}"
         sandbox = self._sandbox(key)
         if sandbox is None:
@@ -232,7 +305,7 @@ class StreamServer:
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
             if restores_for_stream(sandbox):
-                return self._restored(sandbox, asked.kind)
+                return self._restored(sandbox, asked.kind, wait, gone)
             if thaws_for_stream(sandbox, self.paused_resume):
                 return self._woken(sandbox, asked.kind)
             frozen = stream_refusal(sandbox, asked.kind)
@@ -252,11 +325,13 @@ class StreamServer:
             return 409, f"{why}\n"
         return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
 
-    def _restored(self, sandbox: Mapping[str, Any], kind: str) -> tuple[int, str] | None:
+    def _restored(
+        self, sandbox: Mapping[str, Any], kind: str, wait: float, gone: Callable[[], bool]
+    ) -> tuple[int, str] | None:
         if self.restore is None:
             key = key_of(sandbox)
             return 409, f"sandbox {key} is suspended and node {self.node} cannot start it\n"
-        why = self.restore(sandbox, kind)
+        why = self.restore(sandbox, kind, wait, gone)
         if why is not None:
             return 503, f"{why}\n"
         return None if self._execs is not None else (501, f"node {self.node} has no tasks\n")
@@ -270,6 +345,11 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
+        with self._slots_lock:
+            if id(connection) not in self._slots.used:
+                connection.close()  # it ended before it was served: its slot is free
+                return
+            connection.serving = True  # type: ignore[attr-defined]  # a SlotConnection
         try:
             self._serve(connection)
         finally:

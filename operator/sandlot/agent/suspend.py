@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -62,6 +63,18 @@ class IdleHooks(Protocol):
     def suspended(self, sb: Mapping[str, Any]) -> None: ...
 
 
+class StreamGate(Protocol):
+    """What a suspension asks of the stream server (``agent.streams.StreamServer``):
+    to begin only while no stream uses the sandbox, and to admit none until it ends."""
+
+    def suspending(self, key: str) -> AbstractContextManager[bool]: ...
+
+
+class _NoStreams:
+    def suspending(self, key: str) -> AbstractContextManager[bool]:
+        return contextlib.nullcontext(True)
+
+
 RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 
 
@@ -85,6 +98,7 @@ class Suspensions:
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
         self.idle: IdleHooks | None = None  # the idle loop's, once it runs
+        self.streams: StreamGate = _NoStreams()  # the stream server's, once it runs
 
     def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
         """The committed ``image`` pushed when a repository is set: the status fields
@@ -159,7 +173,11 @@ class Suspensions:
             return step
         if step is not SuspendStep.COMMIT:
             return None
-        return step if self._commit(sb, container, idle=False) else None
+        with self.streams.suspending(key) as begun:
+            if not begun:  # the end of its streams wakes the sync
+                log.info("sandbox %s: suspend waits for its streams to end", key)
+                return None
+            return step if self._commit(sb, container, idle=False) else None
 
     def suspend_idle(self, sb: Mapping[str, Any], container: ContainerInfo) -> SuspendStep | None:
         """Suspend a sandbox its agent found idle (``spec.idleAction: Suspend``), if it
@@ -169,7 +187,10 @@ class Suspensions:
         key = key_of(sb)
         if self.idle is None or not self.idle.begin(key):
             return None
-        return SuspendStep.COMMIT if self._commit(sb, container, idle=True) else None
+        with self.streams.suspending(key) as begun:
+            if not begun:  # in use again: not idle, and not due any more
+                return None
+            return SuspendStep.COMMIT if self._commit(sb, container, idle=True) else None
 
     def _commit(self, sb: Mapping[str, Any], container: ContainerInfo, *, idle: bool) -> bool:
         """Freeze, commit, record, remove; whether the container was removed."""

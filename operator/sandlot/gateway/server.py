@@ -54,6 +54,7 @@ from sandlot.policy.streamaccess import (
 from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
+    OPEN_TIMEOUT_HEADER,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
@@ -180,6 +181,7 @@ class Gateway:
                 ssl=self._server_tls,
                 process_request=self._admit,
                 process_response=self._answered,
+                create_connection=self._connection_class(),
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,
                 max_size=MAX_MESSAGE,
@@ -267,7 +269,11 @@ class Gateway:
                 f"wss://{host}:{port}{path}",
                 ssl=self._agent_tls,
                 server_hostname=self.agent_server_name,
-                additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: user},
+                additional_headers={
+                    STREAM_OPTIONS_HEADER: options,
+                    CALLER_HEADER: user,
+                    OPEN_TIMEOUT_HEADER: f"{self.call_timeout:g}",  # the agent answers within it
+                },
                 subprotocols=[Subprotocol(SUBPROTOCOL)],
                 compression=None,
                 max_size=MAX_MESSAGE,
@@ -296,17 +302,41 @@ class Gateway:
     def _release(self, connection: ServerConnection) -> _Opened | None:
         with self._lock:
             one = self._opened.pop(id(connection), None)
+        return self._let_go(one)
+
+    def _let_go(self, one: _Opened | None) -> _Opened | None:
         if one is not None:
             one.agent.close()
             self.sessions.give_back(one.user)
         return one
+
+    def _connection_class(self) -> type[ServerConnection]:
+        """Connections that give their session back when their socket closes, unless
+        a relay serves them (its end does): a user gone while the agent was reached
+        leaves no session and no agent connection behind."""
+        gateway = self
+
+        class SessionConnection(ServerConnection):
+            relaying = False
+
+            def close_socket(self) -> None:
+                super().close_socket()
+                with gateway._lock:
+                    if self.relaying:
+                        return
+                    one = gateway._opened.pop(id(self), None)
+                gateway._let_go(one)
+
+        return SessionConnection
 
     # -- after the upgrade -------------------------------------------------------------
 
     def _relay(self, connection: ServerConnection) -> None:
         with self._lock:
             one = self._opened.get(id(connection))
-        if one is None:
+            if one is not None:
+                connection.relaying = True  # type: ignore[attr-defined]  # a SessionConnection
+        if one is None:  # it ended before it was relayed: its session is given back
             connection.close()
             return
         agent = one.agent

@@ -44,10 +44,12 @@ SUBRESOURCE_GROUP = "subresources.sandlot.dev"
 SUBRESOURCE_VERSION = "v1alpha1"
 API_PREFIX = f"/apis/{SUBRESOURCE_GROUP}/{SUBRESOURCE_VERSION}"
 SUBPROTOCOL = "v5.channel.k8s.io"
-# Gateway to agent: the request's options (a URL query), and the user it serves
-# (a name for the agent's log, never a credential).
+# Gateway to agent: the request's options (a URL query), the user it serves (a
+# name for the agent's log, never a credential), and the seconds the gateway waits
+# for the upgrade (the agent answers within them: ``policy.streamslots``).
 STREAM_OPTIONS_HEADER = "X-Sandlot-Stream-Options"
 CALLER_HEADER = "X-Sandlot-Caller"
+OPEN_TIMEOUT_HEADER = "X-Sandlot-Open-Timeout"
 
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
@@ -337,6 +339,7 @@ __all__ = [
     "LOG",
     "MAX_PATH",
     "MKDIR",
+    "OPEN_TIMEOUT_HEADER",
     "PORTFORWARD",
     "READ",
     "REMOVE",
