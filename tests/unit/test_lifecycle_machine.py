@@ -46,7 +46,15 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.lifecycle import INVARIANTS
-from sandlot.policy.operatingmode import FROZEN, idle_paused, wanted_mode
+from sandlot.policy.operatingmode import FROZEN, idle_paused, stream_refusal, wanted_mode
+from sandlot.policy.streamslots import (
+    Admission,
+    StreamSlots,
+    admit,
+    begin_suspension,
+    end_suspension,
+    release,
+)
 from sandlot.policy.suspension import (
     live_uids,
     orphaned_images,
@@ -99,6 +107,11 @@ class FaultyRuntime:
     def __init__(self, rt: FakeRuntime) -> None:
         self.rt = rt
         self.faults: dict[str, str] = {}  # method -> "landed" | "lost" | "crash-before" | ...
+        # Each container's files and each committed image's (what a commit read).
+        self.files: dict[str, dict[str, int]] = {}
+        self.image_files: dict[str, dict[str, int]] = {}
+        # Called once a commit has read the files: a write that lands then.
+        self.after_commit_read: Callable[[str], None] = lambda _cid: None
 
     def __getattr__(self, name: str) -> Any:
         call = getattr(self.rt, name)
@@ -112,6 +125,10 @@ class FaultyRuntime:
             if fault == "lost":
                 raise RuntimeTimeout(f"{name}: no answer (and it did nothing)")
             result = call(*args, **kwargs)
+            if name == "commit_container":
+                cid, image = args[0], args[1]
+                self.image_files[image] = dict(self.files.get(cid, {}))
+                self.after_commit_read(cid)
             if fault == "crash-after":
                 raise Crash(f"the agent died after {name} landed")
             if fault == "landed":
@@ -180,6 +197,36 @@ class InlinePool:
             self.busy_keys.discard(key)
 
 
+class Streams:
+    """The stream server's slots (``policy.streamslots``, the state the agent's
+    server keeps under its lock): what a suspension asks of it, and admissions."""
+
+    def __init__(self) -> None:
+        self.slots = StreamSlots(limit=4)
+        self.next = 0
+
+    def in_use(self) -> frozenset[str]:
+        return self.slots.in_use()
+
+    @contextmanager
+    def suspending(self, key: str) -> Iterator[bool]:
+        self.slots, begun = begin_suspension(self.slots, key)
+        try:
+            yield begun
+        finally:
+            if begun:
+                self.slots = end_suspension(self.slots, key)
+
+    def open(self, key: str) -> int | None:
+        """A connection's slot for ``key``; None when refused."""
+        self.next += 1
+        self.slots, answer = admit(self.slots, self.next, key)
+        return self.next if answer is Admission.ADMITTED else None
+
+    def close(self, connection: int) -> None:
+        self.slots, _ = release(self.slots, connection)
+
+
 class Work:
     """What the sync, the suspensions and the reaper use of ``SandboxWork`` for
     sandboxes already started: teardown, the restore's start, the ends."""
@@ -206,6 +253,7 @@ class Work:
         if image not in self.rt.rt.images:
             raise StartFailed("ImageNotFound", f"image {image} not found")
         info = self.rt.rt.add(container_id_for(sb["metadata"]["uid"]), {SANDBOX_LABEL: key_of(sb)})
+        self.rt.files[info.id] = dict(self.rt.image_files.get(image, {}))
         return info, {"containerId": info.id, "pid": self.rt.rt.tasks[info.id].pid}
 
     def read_again(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
@@ -240,6 +288,7 @@ class Agent:
         self.status = StatusWriter(objects, NODE, clock.now)  # type: ignore[arg-type]
         self.metrics = AgentMetrics(CollectorRegistry())
         self.work = Work(rt, objects, self.status)
+        self.streams = Streams()
         node_watch = SimpleNamespace(synced=self.watch.synced, get=lambda _name: None)
         self.sync = SandboxSync(
             NODE,
@@ -267,6 +316,8 @@ class Agent:
             sandbox_of=self.watch.get,
         )
         self.sync.modes.thaws = self.idle._lock
+        self.sync.in_use = self.streams.in_use
+        self.sync.suspensions.streams = self.streams
         self.reaper = Reaper(
             objects,  # type: ignore[arg-type]
             rt,
@@ -277,6 +328,9 @@ class Agent:
             cgroup_root="/nonexistent",
             call_timeout=CALL,
         )
+
+
+NAMES_KEYS = tuple(f"ns/{name}" for name in NAMES)
 
 
 def _index(i: int) -> str:
@@ -291,6 +345,11 @@ class NodeLifecycle(RuleBasedStateMachine):
         self.fake = FakeRuntime()
         self.rt = FaultyRuntime(self.fake)
         self.ended_on_purpose: set[str] = set()  # keys the machine ended (exit, node lost)
+        self.acknowledged: dict[str, dict[str, int]] = {}  # key -> path -> content
+        self.writes = 0
+        self.open_streams: list[int] = []
+        self.rt.after_commit_read = self.write_during_commit
+        self.write_mid_commit = False
         self.suspended_before: set[str] = set()
         for name in NAMES:
             self.objects.add_sandbox("ns", name, T0, node=NODE, phase="Running")
@@ -306,6 +365,11 @@ class NodeLifecycle(RuleBasedStateMachine):
 
     def body(self, key: str) -> dict[str, Any] | None:
         return self.objects.sandboxes.get(key)
+
+    def restart(self) -> None:
+        """A new agent process: its streams' connections died with the old one."""
+        self.agent = Agent(self.rt, self.objects, self.clock)
+        self.open_streams.clear()
 
     def container_of(self, key: str) -> str | None:
         return next(
@@ -325,7 +389,7 @@ class NodeLifecycle(RuleBasedStateMachine):
         try:
             step()
         except Crash:
-            self.agent = Agent(self.rt, self.objects, self.clock)
+            self.restart()
         finally:
             self.objects.faults.clear()
             self.rt.faults.clear()
@@ -369,7 +433,60 @@ class NodeLifecycle(RuleBasedStateMachine):
             self.objects.touch(body)
             self.ended_on_purpose.add(_index(i))
 
+    def write_file(self, key: str) -> bool:
+        """A files write into ``key`` as the stream server serves it: admitted on the
+        agent's view (not refused for its mode, a slot taken), written into the running
+        container, acknowledged, the slot given back. Whether it was acknowledged."""
+        sb = self.agent.watch.get(key)
+        cid = self.container_of(key)
+        task = self.fake.tasks.get(cid or "")
+        if sb is None or stream_refusal(sb, "files") or task is None:
+            return False
+        if task.state is not TaskState.RUNNING or cid is None:
+            return False
+        connection = self.agent.streams.open(key)
+        if connection is None:
+            return False
+        try:
+            self.writes += 1
+            path = f"/data/{self.writes}"
+            self.rt.files.setdefault(cid, {})[path] = self.writes
+            self.acknowledged.setdefault(key, {})[path] = self.writes
+        finally:
+            self.agent.streams.close(connection)
+        return True
+
+    def write_during_commit(self, cid: str) -> None:
+        """A user's write arriving while a commit reads the container's files."""
+        key = next(k for k in NAMES_KEYS if self.container_of(k) == cid)
+        if self.write_mid_commit:
+            self.write_file(key)
+
     # ------------------------------------------------------------ the agent
+
+    @rule(i=st.integers(0, 1))
+    def files_write(self, i: int) -> None:
+        self.write_file(_index(i))
+
+    @rule(i=st.integers(0, 1))
+    def stream_stays_open(self, i: int) -> None:
+        """An exec session opens and stays (until ``streams_close``)."""
+        sb = self.agent.watch.get(_index(i))
+        if sb is not None and stream_refusal(sb, "exec") is None:
+            connection = self.agent.streams.open(_index(i))
+            if connection is not None:
+                self.open_streams.append(connection)
+
+    @rule()
+    def streams_close(self) -> None:
+        for connection in self.open_streams:
+            self.agent.streams.close(connection)
+        self.open_streams.clear()
+
+    @rule(on=st.booleans())
+    def writes_race_commits(self, on: bool) -> None:
+        """From now on (or no longer) a write arrives while each commit reads."""
+        self.write_mid_commit = on
 
     @rule(fault=FAULTS)
     def sync_pass(self, fault: Fault) -> None:
@@ -407,7 +524,7 @@ class NodeLifecycle(RuleBasedStateMachine):
         """No fault, the watch current: one pass (after the one the watch's catch-up
         brings) keeps what the lifecycle promises, with or without a restart."""
         if restart:
-            self.agent = Agent(self.rt, self.objects, self.clock)
+            self.restart()
         event(f"settle: {sorted(t.state for t in self.fake.tasks.values())}")
         self.agent.watch.catch_up()
         self.run(self.agent.sync.sync_once)
@@ -448,6 +565,22 @@ class NodeLifecycle(RuleBasedStateMachine):
             assert phase not in TERMINAL_PHASES, (
                 f"{key} was suspended and ended {phase} ({reason}) without anyone asking"
             )
+
+    @invariant()
+    def an_acknowledged_write_is_in_whatever_the_sandbox_resumes_from(self) -> None:
+        for key, written in self.acknowledged.items():
+            body = self.body(key)
+            if body is None or body["status"]["phase"] in TERMINAL_PHASES:
+                continue
+            cid = self.container_of(key)
+            if cid is not None:
+                files = self.rt.files.get(cid, {})
+            elif recorded_suspended(body):
+                files = self.rt.image_files.get(suspended_image_name(body["metadata"]["uid"]), {})
+            else:
+                continue
+            lost = {p: v for p, v in written.items() if files.get(p) != v}
+            assert not lost, f"{key}: acknowledged writes lost: {lost}"
 
     @invariant()
     def a_sandbox_runs_in_one_container_at_most(self) -> None:

@@ -221,7 +221,11 @@ class SandboxSync:
                 bodies[key] = (flagged, held)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self.rt.list_containers(timeout=self.call_timeout)
-        tasks = {t.container_id: t.state for t in self.rt.list_tasks(timeout=self.call_timeout)}
+        try:  # what the lifecycle's lost records need; the rest of the pass does not
+            tasks = {t.container_id: t.state for t in self.rt.list_tasks(timeout=self.call_timeout)}
+        except RuntimeError_ as exc:
+            log.warning("the node's tasks not listed this pass: %s", exc)
+            tasks = {}
         by_id = {c.id: c for c in containers}
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():
