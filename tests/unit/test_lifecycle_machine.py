@@ -318,6 +318,8 @@ class Agent:
         self.sync.modes.thaws = self.idle._lock
         self.sync.in_use = self.streams.in_use
         self.sync.suspensions.streams = self.streams
+        self.sync.idle_flags = self.idle.suspends.flags
+        self.sync.suspensions.idle = self.idle
         self.reaper = Reaper(
             objects,  # type: ignore[arg-type]
             rt,
@@ -504,6 +506,21 @@ class NodeLifecycle(RuleBasedStateMachine):
         if sb is None or not cid or idle_paused(sb) or recorded_suspended(sb):
             return
         self.run(lambda: self.agent.idle._freeze(sb, _index(i), cid, timedelta(seconds=30)), fault)
+
+    @rule(i=st.integers(0, 1))
+    def idle_suspension_due(self, i: int) -> None:
+        """The idle loop found it quiet past its timeout (``idleAction: Suspend``)."""
+        sb = self.agent.watch.get(_index(i))
+        cid = (sb or {}).get("status", {}).get("containerId")
+        if sb is not None and cid and not idle_paused(sb) and not recorded_suspended(sb):
+            self.agent.idle.suspends.request(_index(i))
+
+    @rule(i=st.integers(0, 1), waits=st.booleans())
+    def a_use_waits(self, i: int, waits: bool) -> None:
+        """An exec waits for an idle-suspended sandbox to run again (or stops waiting)."""
+        suspends = self.agent.idle.suspends
+        with suspends._lock:
+            suspends._waking[_index(i)] = int(waits)
 
     @rule(i=st.integers(0, 1), fault=FAULTS)
     def stream_wakes(self, i: int, fault: Fault) -> None:
