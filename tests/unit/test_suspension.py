@@ -476,7 +476,7 @@ class World:
         s = self.suspensions
         s.store = store  # type: ignore[assignment]
         s.deletes = (
-            StateDeletes(store, self.objects.find_sandbox, self.clock.now)  # type: ignore[arg-type]
+            StateDeletes(store, self.objects, self.clock.now)  # type: ignore[arg-type]
             if store
             else None
         )

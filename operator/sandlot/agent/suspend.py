@@ -79,9 +79,7 @@ class Suspensions:
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
         self.store = store
         # Pushed states nothing needs any more, deleted from the repository.
-        self.deletes = (
-            StateDeletes(store, work.objects.find_sandbox, work.status.clock) if store else None
-        )
+        self.deletes = StateDeletes(store, work.objects, work.status.clock) if store else None
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
         self.idle: IdleHooks | None = None  # the idle loop's, once it runs
