@@ -12,7 +12,7 @@ import pytest
 
 from sandlot.adapters.containerd.commit import committed_documents
 from sandlot.adapters.pulling import Pushed, RegistryError
-from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
+from sandlot.adapters.runtime import ContainerInfo, ImageConfig, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
 from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.status import StatusWriter
@@ -34,6 +34,7 @@ from sandlot.policy.suspension import (
     next_pull_retry,
     orphaned_images,
     pull_retry_due,
+    restore_pull,
     suspended_condition,
     suspended_image_name,
 )
@@ -686,8 +687,48 @@ def test_a_state_pushed_from_this_node_starts_from_the_local_image() -> None:
     store = FakeStore()
     world = moved_world(store)
     world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
+    world.rt.images[suspended_image_name(world.uid)] = ImageConfig()  # still here
     assert world.suspensions.restore(world.body(), None) is S.RESTORE
     assert not store.pulled and world.work.restarted == [suspended_image_name(world.uid)]
+
+
+def test_a_state_pushed_from_this_node_whose_local_copy_is_gone_is_pulled() -> None:
+    """Moved away and back: the record names this node, but its image collector
+    removed the committed image meanwhile; the restore pulls it instead of failing."""
+    store = FakeStore()
+    world = moved_world(store)
+    world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
+    image = suspended_image_name(world.uid)
+    assert image not in world.rt.images
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert store.pulled == [("reg.example/state:u@sha256:" + "1" * 64, image)]
+    assert world.work.restarted == [image]
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+
+
+@pytest.mark.parametrize(
+    ("state", "local", "pulled"),
+    [
+        ({}, False, None),
+        ({}, True, None),
+        ({"image": "r/s:u@sha256:1", "node": NODE}, True, None),
+        ({"image": "r/s:u@sha256:1", "node": NODE}, False, "r/s:u@sha256:1"),
+        ({"image": "r/s:u@sha256:1", "node": "elsewhere"}, True, "r/s:u@sha256:1"),
+        ({"image": "r/s:u@sha256:1", "node": "elsewhere"}, False, "r/s:u@sha256:1"),
+    ],
+    ids=[
+        "never-pushed-starts-local",
+        "never-pushed-local-here",
+        "pushed-here-and-still-here",
+        "pushed-here-but-collected-meanwhile",
+        "pushed-elsewhere-a-local-copy-is-older",
+        "pushed-elsewhere-nothing-here",
+    ],
+)
+def test_restore_pulls_whenever_this_nodes_store_lacks_that_commit(
+    state: dict[str, Any], local: bool, pulled: str | None
+) -> None:
+    assert restore_pull(state, NODE, local) == pulled
 
 
 def test_a_restore_a_crash_left_unsaid_is_recorded_and_its_pushed_state_cleared() -> None:

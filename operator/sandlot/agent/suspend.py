@@ -20,7 +20,13 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sandlot.adapters.pulling import RegistryError
-from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    NotFound,
+    RuntimeError_,
+    RuntimeTimeout,
+    TaskState,
+)
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
 from sandlot.agent.statedeletes import StateDeletes
@@ -40,6 +46,7 @@ from sandlot.policy.suspension import (
     pull_backoff_condition,
     pull_retry_due,
     recorded_suspended,
+    restore_pull,
     says,
     suspend_failed,
     suspended_condition,
@@ -98,21 +105,32 @@ class Suspensions:
         return {"suspendedState": state}, f"pushed to {pushed.reference}"
 
     def _pull(self, sb: Mapping[str, Any], image: str) -> tuple[str | None, bool]:
-        """Pull ``sb``'s pushed state as ``image`` when another node committed it: the
-        refusal (None when the image is here), and whether trying again may help."""
+        """Pull ``sb``'s pushed state as ``image`` when this node's store lacks that
+        commit (``restore_pull``): the refusal (None when the image is here), and
+        whether trying again may help."""
         state = (sb.get("status") or {}).get("suspendedState") or {}
-        if not state or state.get("node") == self.work.node:
+        local = bool(state) and state.get("node") == self.work.node and self._have(image)
+        reference = restore_pull(state, self.work.node, local)
+        if reference is None:
             return None, False
         if self.store is None:
-            no_store = (
-                f"its state is in {state.get('image')}, and this node has no state repository"
-            )
-            return no_store, False
+            return f"its state is in {reference}, and this node has no state repository", False
         try:
-            self.store.pull(str(state.get("image")), image)
+            self.store.pull(reference, image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
-            return f"pull of its state {state.get('image')} failed: {exc}", True
+            return f"pull of its state {reference} failed: {exc}", True
         return None, False
+
+    def _have(self, image: str) -> bool:
+        """Whether ``image`` is in this node's store (one bounded call); a runtime that
+        does not answer counts as having it: the start then says what is wrong."""
+        try:
+            self.work.rt.image_config(image, timeout=self.work.call_timeout)
+        except NotFound:
+            return False
+        except RuntimeError_ as exc:
+            log.warning("image %s: cannot tell whether it is here: %s", image, exc)
+        return True
 
     def _back_off(self, sb: Mapping[str, Any], error: str) -> None:
         """Record a failed pull of ``sb``'s state and when it is tried again."""
