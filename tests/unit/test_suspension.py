@@ -25,6 +25,7 @@ from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.operatingmode import mode_outcome, stream_refusal
+from sandlot.policy.pulling import FailureKind
 from sandlot.policy.startrefusals import StartFacts
 from sandlot.policy.suspension import (
     SuspendStep,
@@ -562,15 +563,17 @@ def test_a_refused_restore_is_recorded_and_not_tried_again() -> None:
 class FakeStore:
     """A state store that records pushes and pulls (or refuses them)."""
 
-    def __init__(self, refuse: str | None = None) -> None:
-        self.refuse = refuse
+    def __init__(
+        self, refuse: str | None = None, kind: FailureKind = FailureKind.TRANSIENT
+    ) -> None:
+        self.refuse, self.kind = refuse, kind
         self.pushed: list[tuple[str, str]] = []
         self.pulled: list[tuple[str, str]] = []
         self.forgotten: list[str] = []
 
     def push(self, uid: str, image: str) -> Pushed:
         if self.refuse is not None:
-            raise RegistryError(self.refuse)
+            raise RegistryError(self.refuse, self.kind)
         self.pushed.append((uid, image))
         digest = "sha256:" + "1" * 64
         return Pushed(f"reg.example/state:{uid}@{digest}", digest, 2)
@@ -602,7 +605,7 @@ def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
 def test_a_refused_push_keeps_the_state_on_its_node_and_says_why() -> None:
     world = World("Suspended")
     assert world.info is not None
-    world.use_store(FakeStore(refuse="HTTP 401 Unauthorized"))
+    world.use_store(FakeStore(refuse="HTTP 401 Unauthorized", kind=FailureKind.UNAUTHORIZED))
     assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
     c = world.condition()

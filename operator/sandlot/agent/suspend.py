@@ -37,11 +37,13 @@ from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import effective_mode, idle_suspend_condition
 from sandlot.policy.operatingmode import recorded_paused
+from sandlot.policy.statepush import owing, push_may_pass, push_pending_note, settled
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
     PullRetry,
     SuspendStep,
     decide_suspension,
+    idle_suspended,
     next_pull_retry,
     pull_backoff_condition,
     pull_retry_due,
@@ -89,20 +91,62 @@ class Suspensions:
         self.deletes = StateDeletes(store, work.objects, work.status.clock) if store else None
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
+        self._push_retries: dict[str, PullRetry] = {}  # by uid: pushes owed, backing off
         self.idle: IdleHooks | None = None  # the idle loop's, once it runs
 
-    def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
+    def _push(
+        self, sb: Mapping[str, Any], image: str
+    ) -> tuple[dict[str, Any], str | None, PullRetry | None]:
         """The committed ``image`` pushed when a repository is set: the status fields
-        that say where, and a note for the condition (None: nothing to say)."""
+        that say where, a note for the condition (None: nothing to say), and when a
+        push that failed for a reason that may pass is tried again (None: not owed)."""
         if self.store is None:
-            return {}, None
+            return {}, None, None
+        uid = sb["metadata"]["uid"]
         try:
-            pushed = self.store.push(sb["metadata"]["uid"], image)
+            pushed = self.store.push(uid, image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             log.warning("sandbox %s: state not pushed: %s", key_of(sb), exc)
-            return {}, f"not pushed ({exc}): it stays on this node"
+            if isinstance(exc, RegistryError):
+                may_pass = push_may_pass(exc.kind)
+            else:
+                may_pass = isinstance(exc, RuntimeTimeout)
+            if not may_pass:
+                self._push_retries.pop(uid, None)
+                return {}, f"not pushed ({exc}): it stays on this node", None
+            now = self.work.status.clock()
+            retry = next_pull_retry(self._push_retries.get(uid), now)
+            self._push_retries[uid] = retry
+            return {}, push_pending_note(str(exc), retry, now), retry
+        self._push_retries.pop(uid, None)
         state = {"image": pushed.reference, "digest": pushed.digest, "node": self.work.node}
-        return {"suspendedState": state}, f"pushed to {pushed.reference}"
+        return {"suspendedState": state}, f"pushed to {pushed.reference}", None
+
+    def push_owed(self, sb: Mapping[str, Any]) -> None:
+        """Push again the state of ``sb``, suspended here with its push owed
+        (``PushPending``), once its back-off is over; a restarted agent tries at once."""
+        uid, work = sb["metadata"]["uid"], self.work
+        if not pull_retry_due(self._push_retries.get(uid), work.status.clock()):
+            return  # the sync is woken when it is due
+        if self.store is None:
+            fields: dict[str, Any] = {}
+            note: str | None = "not pushed: this node has no state repository now"
+            retry = None
+        else:
+            fields, note, retry = self._push(sb, suspended_image_name(uid))
+        generation = (sb.get("metadata") or {}).get("generation")
+        if idle_suspended(sb):
+            seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds") or 0
+            base = idle_suspend_condition(
+                work.node, timedelta(seconds=int(seconds)), generation, note
+            )
+        else:
+            base = suspended_condition(True, work.node, generation, None, note)
+        condition = owing(base) if retry is not None else settled(base)
+        outcome = self._write(sb, [condition], fields)
+        log.info("sandbox %s: push %s, condition %s", key_of(sb), note, outcome)
+        if retry is not None:
+            self.wake_in((retry.not_before - work.status.clock()).total_seconds())
 
     def _pull(self, sb: Mapping[str, Any], image: str) -> tuple[str | None, bool]:
         """Pull ``sb``'s pushed state as ``image`` when this node's store lacks that
@@ -219,7 +263,7 @@ class Suspensions:
             if idle and self.idle is not None:
                 self.idle.refused(key)
                 return False
-        fields, note = self._push(sb, image) if error is None else ({}, None)
+        fields, note, retry = self._push(sb, image) if error is None else ({}, None, None)
         if idle and error is None:
             seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds") or 0
             condition = idle_suspend_condition(
@@ -227,6 +271,9 @@ class Suspensions:
             )
         else:
             condition = suspended_condition(True, work.node, generation, error, note)
+        if retry is not None:  # owed: written down, so a restarted agent pushes too
+            condition = owing(condition)
+            self.wake_in((retry.not_before - work.status.clock()).total_seconds())
         outcome = self._write(sb, [condition], fields)
         if error is not None or outcome is not WriteOutcome.WRITTEN:
             log.info("sandbox %s: suspend %s, condition %s", key, error or "done", outcome)
@@ -295,6 +342,8 @@ class Suspensions:
         outcome = self._write(sb, conditions, fields)
         log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
         restored = outcome is WriteOutcome.WRITTEN and "suspendedState" in fields
+        if restored:
+            self._push_retries.pop(sb["metadata"]["uid"], None)  # running again: owed nothing
         if restored and self.deletes is not None:
             self.deletes.restored(sb)  # nothing needs its pushed state now
         return step

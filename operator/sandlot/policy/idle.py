@@ -122,7 +122,9 @@ def _time(text: object) -> datetime | None:
     return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
 
 
-IDLE_REASONS = frozenset({PausedReason.IDLE, SuspendedReason.IDLE})
+IDLE_REASONS = frozenset(
+    {PausedReason.IDLE, SuspendedReason.IDLE, SuspendedReason.IDLE_PUSH_PENDING}
+)
 
 
 def idle_before_claim(obj: Mapping[str, Any]) -> bool:

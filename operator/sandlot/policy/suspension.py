@@ -115,7 +115,7 @@ def idle_suspended(obj: Mapping[str, Any]) -> bool:
     return (
         condition is not None
         and condition.get("status") == "True"
-        and condition.get("reason") == SuspendedReason.IDLE
+        and condition.get("reason") in (SuspendedReason.IDLE, SuspendedReason.IDLE_PUSH_PENDING)
     )
 
 
