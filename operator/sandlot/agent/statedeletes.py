@@ -34,7 +34,7 @@ from sandlot.policy.statedeletion import (
     PushedState,
     Verdict,
     due_now,
-    judge_deletion,
+    judge_deletions,
     pushed_copy,
     pushed_state,
     queued,
@@ -78,7 +78,7 @@ class StateDeletes:
         if any, deleted now; a failure that may pass is kept for a later pass."""
         state = pushed_state(sb, Because.RESTORED)
         if state is not None:
-            self._attempt(Pending(state, 0, self.clock()))
+            self._attempt([Pending(state, 0, self.clock())])
 
     def deleted(self, obj: Mapping[str, Any] | None) -> None:
         """A Sandbox's DELETED event's last body: its pushed state noted for the next
@@ -99,32 +99,38 @@ class StateDeletes:
         with self._lock:
             due = due_now(self._pending, self.clock(), PASS_LIMIT)
             self._pending = [p for p in self._pending if p not in due]
-        for entry in due:
-            self._attempt(entry)
+        if due:
+            self._attempt(due)
 
-    def _attempt(self, entry: Pending) -> None:
-        state = entry.state
+    def _attempt(self, entries: list[Pending]) -> None:
+        """Judge ``entries`` on one fresh read of what may name them (read after they
+        were noted), then delete those nothing names."""
         try:
             sandboxes = self.objects.list_all(SANDBOXES)
             snapshots = self.objects.list_all(SNAPSHOTS)
         except Exception as exc:  # the API server's refusal or silence: try later
-            self._failed(entry, f"cannot read what names it: {exc}")
+            for entry in entries:
+                self._failed(entry, f"cannot read what names it: {exc}")
             return
-        judged = judge_deletion(state, sandboxes, snapshots)
-        if judged.verdict is Verdict.WAIT:
-            self._failed(entry, f"named soon, perhaps, by {', '.join(judged.holders)}")
-            return
-        if judged.verdict is Verdict.KEEP:
-            log.info(
-                "%s (%s): pushed state %s kept: still named by %s",
-                state.key,
-                state.because,
-                state.reference,
-                ", ".join(judged.holders),
-            )
-            return
+        judged = judge_deletions([e.state for e in entries], sandboxes, snapshots)
+        for entry in entries:
+            state, judgement = entry.state, judged[entry.state.reference]
+            if judgement.verdict is Verdict.WAIT:
+                self._failed(entry, f"named soon, perhaps, by {', '.join(judgement.holders)}")
+            elif judgement.verdict is Verdict.KEEP:
+                log.info(
+                    "%s (%s): pushed state %s kept: still named by %s",
+                    state.key,
+                    state.because,
+                    state.reference,
+                    ", ".join(judgement.holders),
+                )
+            else:
+                self._forget(entry)
+
+    def _forget(self, entry: Pending) -> None:
         try:
-            self.store.forget(state.reference)
+            self.store.forget(entry.state.reference)
         except (RegistryError, RuntimeTimeout, InvalidReference) as exc:
             self._failed(entry, str(exc))
 
@@ -132,7 +138,7 @@ class StateDeletes:
         state, retry = entry.state, retry_after_failure(entry, self.clock())
         if retry is None:
             log.warning(
-                "sandbox %s (%s): pushed state %s not deleted, left behind: %s",
+                "%s (%s): pushed state %s not deleted, left behind: %s",
                 state.key,
                 state.because,
                 state.reference,
@@ -140,7 +146,7 @@ class StateDeletes:
             )
             return
         log.warning(
-            "sandbox %s (%s): pushed state %s not deleted, tried again from %s: %s",
+            "%s (%s): pushed state %s not deleted, tried again from %s: %s",
             state.key,
             state.because,
             state.reference,
