@@ -29,7 +29,11 @@ and not tried again until the spec changes (``NONE``), as a refused pause is.
 
 The committed image is held by the image collector while its Sandbox lives on
 the node, and removed by its next pass once the Sandbox is deleted or has ended
-(``orphaned_images``).
+(``orphaned_images``). That removes one name: containerd keeps the manifest,
+layers and unpacked snapshots while any image record still names them (a
+snapshot's copy of the same manifest, a fork's pulled copy), so nothing another
+name references goes with it. A restore that finds its image gone pulls it when
+it was pushed (``restore_pull``).
 """
 
 from __future__ import annotations
