@@ -15,12 +15,21 @@ the push succeeds, then it moves.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.runtime import ContainerSpec
+from sandlot.agent.teardown import teardown
 from sandlot.api.common import GROUP, VERSION
+from sandlot.policy.ocispec import default_spec
+from sandlot.policy.snapshots import snapshot_image_name
 from sandlot.policy.suspension import suspended_image_name
+from tests.integration.test_agent_node import CALL_TIMEOUT, KILL_WAIT
+from tests.integration.test_agent_node import IMAGE as NODE_IMAGE
+from tests.integration.test_agent_suspend import busybox_archive, ctr_ns, rt
 from tests.integration.test_state_move import (
     WRITER,
     create,
@@ -40,7 +49,7 @@ from tests.support.wait import wait_for
 pytest_plugins = ["tests.support.registry"]
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
-__all__ = ["moving"]  # the fixture, imported by name
+__all__ = ["busybox_archive", "ctr_ns", "moving", "rt"]  # fixtures, imported by name
 
 
 def snapshot_of(c: Cluster, name: str, sandbox: str) -> dict[str, Any]:
@@ -140,8 +149,7 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_deletion(
         what="the fork Running on another node",
     )
     assert node_of(running) == b.name
-    with open(f"/proc/{running['status']['pid']}/root/kept") as kept:
-        assert kept.read() == "kept-origin\n"
+    assert Path(f"/proc/{running['status']['pid']}/root/kept").read_text() == "kept-origin\n"
 
     # The last referrer deletes it: the second snapshot (nothing forks it) goes, and
     # its copy, the deleted sandbox's state, goes with it.
@@ -229,3 +237,43 @@ def test_a_drain_keeps_a_sandbox_whose_push_is_owed_until_it_is_pushed_and_moved
     wait_for(lambda: node_of(get(moving, "owed")) == b.name, timeout=30, what="moved to b")
     set_mode(moving, "owed", "Running")
     running_with_file(moving, "owed", b)
+
+
+def test_removing_a_committed_images_name_keeps_what_a_snapshots_name_holds(
+    rt: ContainerdRuntime,
+) -> None:
+    """The image collector removes a suspended sandbox's image by name; a snapshot
+    taken of it while suspended is a second name of the same manifest, and forks
+    start from it after containerd's garbage collection."""
+    cid = "committed"
+    spec = default_spec(
+        ["sh", "-c", "echo kept > /kept; sleep 1000"], [], "/", host_network=True, hostname=cid
+    )
+    rt.create_container(
+        ContainerSpec(id=cid, image=NODE_IMAGE, oci_spec=spec, labels={}), timeout=10
+    )
+    rt.start_task(cid, stdio="", timeout=10)
+    wait_for(
+        lambda: (Path(rt.writable_layer(cid, timeout=5)) / "kept").exists(),
+        timeout=10,
+        what="the file in the writable layer",
+    )
+    suspended_name, shot_name = suspended_image_name("sb-uid"), snapshot_image_name("shot-uid")
+    digest = rt.commit_container(cid, suspended_name, {}, timeout=30)
+    teardown(rt, cid, kill_wait=KILL_WAIT, call_timeout=CALL_TIMEOUT)
+    assert rt.copy_image(suspended_name, shot_name, {}, timeout=10) == digest
+    rt.delete_image(suspended_name, timeout=10)
+    rt.collect_garbage(timeout=30)
+
+    fork = "fork"
+    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=fork)
+    rt.create_container(
+        ContainerSpec(id=fork, image=shot_name, oci_spec=spec, labels={}), timeout=10
+    )
+    rt.start_task(fork, stdio="", timeout=10)
+    try:
+        task = rt.get_task(fork, timeout=5)
+        assert task is not None
+        assert Path(f"/proc/{task.pid}/root/kept").read_text() == "kept\n"
+    finally:
+        teardown(rt, fork, kill_wait=KILL_WAIT, call_timeout=CALL_TIMEOUT)
