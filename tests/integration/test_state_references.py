@@ -77,13 +77,14 @@ def snapshot_of(c: Cluster, name: str, sandbox: str) -> dict[str, Any]:
 
 def suspend_pushed(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     """Suspend ``name`` and wait for its state pushed and its container gone."""
+    cid = get(c, name)["status"]["containerId"]
     set_mode(c, name, "Suspended")
     state: dict[str, Any] = wait_for(
         lambda: get(c, name).get("status", {}).get("suspendedState"),
         timeout=60,
         what=f"{name}'s state pushed",
     )
-    wait_for(lambda: not node.containers(), timeout=20, what=f"{name}'s container removed")
+    wait_for(lambda: cid not in node.containers(), timeout=20, what=f"{name}'s container removed")
     return state
 
 
