@@ -104,7 +104,7 @@ def judged(
     )
 
 
-def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_deletion(
+def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_forks_elsewhere(
     moving: Cluster,
     operators: Start,
     auth_registry: Registry,
@@ -114,8 +114,6 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_deletion(
     a, b = moving.add_node("a"), moving.add_node("b")
     start_operator(moving, operators)
     ns = moving.namespace
-
-    # Restored: the snapshot of its suspended state shares the digest.
     create(moving, "origin", a.name)
     started_and_rewritten(moving, "origin", a)
     state = suspend_pushed(moving, "origin", a)
@@ -125,15 +123,7 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_deletion(
     running_with_file(moving, "origin", a)
     judged(caplog, moving, auth_registry, state["digest"], f"SandboxSnapshot {ns}/shot")
 
-    # Deleted while suspended: the same.
-    create(moving, "doomed", a.name)
-    started_and_rewritten(moving, "doomed", a)
-    doomed = suspend_pushed(moving, "doomed", a)
-    snapshot_of(moving, "shot-2", "doomed")
-    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxes", "doomed")
-    judged(caplog, moving, auth_registry, doomed["digest"], f"SandboxSnapshot {ns}/shot-2")
-
-    # A fork of the first snapshot on another node starts from the registry's copy.
+    # A fork on another node starts from the registry's copy.
     moving.objs.patch_cluster_custom_object(
         GROUP, VERSION, "sandboxnodes", a.name, {"spec": {"unschedulable": True}}
     )
@@ -152,10 +142,28 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_deletion(
     assert node_of(running) == b.name
     assert Path(f"/proc/{running['status']['pid']}/root/kept").read_text() == "kept-origin\n"
 
-    # The last referrer deletes it: the second snapshot (nothing forks it) goes, and
-    # its copy, the deleted sandbox's state, goes with it.
-    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxsnapshots", "shot-2")
-    wait_manifest_gone(auth_registry, doomed["digest"])
+
+def test_a_snapshots_pushed_copy_outlives_its_suspended_sandboxs_deletion_then_goes_with_it(
+    moving: Cluster,
+    operators: Start,
+    auth_registry: Registry,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="sandlot.agent.statedeletes")
+    a = moving.add_node("a")
+    start_operator(moving, operators)
+    ns = moving.namespace
+    create(moving, "doomed", a.name)
+    started_and_rewritten(moving, "doomed", a)
+    state = suspend_pushed(moving, "doomed", a)
+    snapshot_of(moving, "shot", "doomed")
+    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxes", "doomed")
+    judged(caplog, moving, auth_registry, state["digest"], f"SandboxSnapshot {ns}/shot")
+
+    # The last referrer deletes it: the snapshot (nothing forks it) goes, and its
+    # copy, the deleted sandbox's state, goes with it.
+    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxsnapshots", "shot")
+    wait_manifest_gone(auth_registry, state["digest"])
 
 
 def test_a_sandbox_moved_away_and_back_is_pulled_when_its_local_copy_was_collected(
