@@ -180,6 +180,13 @@ class FakeObjects:
             more = page[-1] if len(keys) > limit else None
             return [copy.deepcopy(self.sandboxes[k]) for k in page], more
 
+    def list_all(self, plural: str) -> list[dict[str, Any]]:
+        """Every Sandbox or SandboxSnapshot (``plural``), in every namespace."""
+        with self._lock:
+            self._fault("list")
+            held = {"sandboxes": self.sandboxes, "sandboxsnapshots": self.snapshots}[plural]
+            return [copy.deepcopy(b) for b in held.values()]
+
     def get_snapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
         body = self.snapshots.get(f"{namespace}/{name}")
         return copy.deepcopy(body) if body is not None else None

@@ -1,9 +1,11 @@
-"""Which pushed suspended states are due for deletion, and how a failed delete is
-tried again: ``policy.statedeletion`` with plain data, and the agent's pending list
-(``agent.statedeletes``) over a store and a Sandbox reader at its own boundary."""
+"""Which pushed states may be deleted, given what still names their digest, and how
+a failed delete is tried again: ``policy.statedeletion`` with plain data, and the
+agent's pending list (``agent.statedeletes``) over a store and the API's objects at
+its own boundary."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,21 +19,52 @@ from sandlot.policy.statedeletion import (
     Because,
     Pending,
     PushedState,
-    deletion_due,
+    Verdict,
     due_now,
+    judge_deletion,
+    judge_deletions,
+    pushed_copy,
     pushed_state,
     queued,
     retry_after_failure,
 )
 from tests.support.clock import FakeClock
+from tests.support.fakeobjects import FakeObjects
 
 NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-REF = "reg.example/sandlot/state:uid-1@sha256:" + "1" * 64
+DIGEST = "sha256:" + "1" * 64
+REF = f"reg.example/sandlot/state:uid-1@{DIGEST}"
+SHOT_REF = f"reg.example/sandlot/state:snapshot-s1@{DIGEST}"  # a second tag, one manifest
+OTHER = "sha256:" + "2" * 64
 
 
-def sandbox(uid: str = "uid-1", image: str | None = REF) -> dict[str, Any]:
-    status = {"suspendedState": {"image": image, "digest": "d", "node": "a"}} if image else {}
-    return {"metadata": {"namespace": "ns", "name": "sb", "uid": uid}, "status": status}
+def sandbox(
+    uid: str = "uid-1",
+    image: str | None = REF,
+    *,
+    name: str = "sb",
+    phase: str = "Running",
+    namespace: str = "ns",
+) -> dict[str, Any]:
+    digest = (image or "").rsplit("@", 1)[-1]
+    state = {"image": image, "digest": digest, "node": "a"}
+    status = {"phase": phase, **({"suspendedState": state} if image else {})}
+    return {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "status": status}
+
+
+def snapshot(
+    pushed: str | None = SHOT_REF,
+    *,
+    phase: str = "Ready",
+    of: str = "sb",
+    deleting: bool = False,
+    namespace: str = "ns",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"namespace": namespace, "name": "shot", "uid": "s1"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    status: dict[str, Any] = {"phase": phase, **({"pushedImage": pushed} if pushed else {})}
+    return {"metadata": meta, "spec": {"sandboxName": of}, "status": status}
 
 
 def state(because: Because = Because.DELETED, ref: str = REF) -> PushedState:
@@ -56,26 +89,111 @@ def test_pushed_state_is_read_from_the_last_body(
 
 
 @pytest.mark.parametrize(
-    ("because", "current", "due"),
+    ("because", "sandboxes", "snapshots", "verdict", "holders"),
     [
-        (Because.RESTORED, sandbox(image=None), True),
-        (Because.DELETED, None, True),
-        (Because.DELETED, sandbox(uid="uid-2", image=None), True),
-        (Because.DELETED, sandbox(), False),
-        (Because.DELETED, sandbox(image=None), False),
+        (Because.RESTORED, [sandbox(image=None)], [], Verdict.DELETE, ()),
+        (Because.DELETED, [], [], Verdict.DELETE, ()),
+        (Because.DELETED, [sandbox(uid="uid-2", image=None)], [], Verdict.DELETE, ()),
+        (Because.DELETED, [sandbox()], [], Verdict.KEEP, ("Sandbox ns/sb",)),
+        (Because.DELETED, [sandbox(image=None)], [], Verdict.DELETE, ()),
+        (Because.DELETED, [sandbox(phase="Stopped")], [], Verdict.DELETE, ()),
+        (
+            Because.DELETED,
+            [sandbox(uid="uid-9", name="other", namespace="team")],
+            [],
+            Verdict.KEEP,
+            ("Sandbox team/other",),
+        ),
+        (
+            Because.RESTORED,
+            [sandbox(image=None)],
+            [snapshot()],
+            Verdict.KEEP,
+            ("SandboxSnapshot ns/shot",),
+        ),
+        (Because.DELETED, [], [snapshot()], Verdict.KEEP, ("SandboxSnapshot ns/shot",)),
+        (
+            Because.DELETED,
+            [],
+            [snapshot(deleting=True)],
+            Verdict.KEEP,
+            ("SandboxSnapshot ns/shot",),
+        ),
+        (Because.RESTORED, [], [snapshot(f"r/s:snapshot-s1@{OTHER}")], Verdict.DELETE, ()),
+        (
+            Because.RESTORED,
+            [],
+            [snapshot(None, phase="Taking")],
+            Verdict.WAIT,
+            ("SandboxSnapshot ns/shot (being taken)",),
+        ),
+        (Because.RESTORED, [], [snapshot(None, phase="Taking", of="else")], Verdict.DELETE, ()),
+        (
+            Because.RESTORED,
+            [],
+            [snapshot(None, phase="Pending", namespace="team")],
+            Verdict.DELETE,
+            (),
+        ),
+        (Because.RESTORED, [], [snapshot(None, phase="Failed")], Verdict.DELETE, ()),
+        (
+            Because.RESTORED,
+            [sandbox()],
+            [snapshot(None, phase="Taking")],
+            Verdict.KEEP,
+            ("Sandbox ns/sb",),
+        ),
     ],
     ids=[
-        "restored-is-due-at-once",
-        "gone-is-due",
-        "name-reused-by-another-sandbox-is-due",
+        "restored-nothing-names-it",
+        "gone-nothing-names-it",
+        "name-reused-by-another-sandbox",
         "moved-to-another-node-keeps-it",
         "same-uid-restored-elsewhere-is-that-nodes-to-delete",
+        "an-ended-sandbox-names-nothing",
+        "another-sandbox-anywhere-naming-the-digest-keeps-it",
+        "restored-but-a-snapshots-pushed-copy-shares-the-digest",
+        "deleted-but-a-snapshots-pushed-copy-shares-the-digest",
+        "a-snapshot-being-deleted-still-keeps-it-for-its-forks",
+        "a-snapshot-pushed-under-another-digest-does-not",
+        "a-snapshot-being-taken-of-the-sandbox-makes-it-wait",
+        "a-snapshot-being-taken-of-another-sandbox-does-not",
+        "a-snapshot-being-taken-in-another-namespace-does-not",
+        "a-failed-snapshot-does-not",
+        "a-settled-holder-wins-over-waiting",
     ],
 )
-def test_deletion_is_due_only_once_nothing_can_restore_it(
-    because: Because, current: dict[str, Any] | None, due: bool
+def test_a_digest_goes_only_when_nothing_names_it(
+    because: Because,
+    sandboxes: list[dict[str, Any]],
+    snapshots: list[dict[str, Any]],
+    verdict: Verdict,
+    holders: tuple[str, ...],
 ) -> None:
-    assert deletion_due(state(because), current) is due
+    judged = judge_deletion(state(because), sandboxes, snapshots)
+    assert (judged.verdict, judged.holders) == (verdict, holders)
+
+
+def test_a_deleted_snapshots_copy_goes_unless_its_sandbox_still_names_the_digest() -> None:
+    copy = pushed_copy(snapshot())
+    assert copy == PushedState(SHOT_REF, "ns/shot", "s1", Because.SNAPSHOT_DELETED)
+    assert pushed_copy(snapshot(None)) is None
+    assert judge_deletion(copy, [], []).verdict is Verdict.DELETE
+    kept = judge_deletion(copy, [sandbox()], [])  # the suspended sandbox it was copied from
+    assert (kept.verdict, kept.holders) == (Verdict.KEEP, ("Sandbox ns/sb",))
+    # its own sandbox's later snapshot being taken is no reason to wait for a copy's delete
+    assert judge_deletion(copy, [], [snapshot(None, phase="Taking", of="shot")]).verdict is (
+        Verdict.DELETE
+    )
+
+
+def test_judge_deletions_says_which_digests_may_go() -> None:
+    lone = PushedState(f"reg.example/sandlot/state:uid-2@{OTHER}", "ns/b", "uid-2", Because.DELETED)
+    judged = judge_deletions([state(Because.RESTORED), lone], [], [snapshot()])
+    assert {ref: j.verdict for ref, j in judged.items()} == {
+        REF: Verdict.KEEP,
+        lone.reference: Verdict.DELETE,
+    }
 
 
 def test_a_state_is_queued_once_and_the_list_is_bounded() -> None:
@@ -121,30 +239,76 @@ class Store:
         self.deleted.append(reference)
 
 
-def deletes(store: Store, current: dict[str, Any] | None, clock: FakeClock) -> StateDeletes:
-    return StateDeletes(store, lambda _ns, _name: current, clock.now)  # type: ignore[arg-type]
+def deletes(
+    store: Store,
+    clock: FakeClock,
+    sandboxes: Sequence[dict[str, Any]] = (),
+    snapshots: Sequence[dict[str, Any]] = (),
+) -> tuple[StateDeletes, FakeObjects]:
+    objects = FakeObjects(clock.now)
+    objects.sandboxes = {
+        f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in sandboxes
+    }
+    objects.snapshots = {
+        f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in snapshots
+    }
+    return StateDeletes(store, objects, clock.now), objects  # type: ignore[arg-type]
 
 
 def test_a_deleted_sandbox_state_goes_on_the_next_pass_a_moved_one_stays() -> None:
     clock, store = FakeClock(), Store()
-    gone = deletes(store, None, clock)
+    gone, _ = deletes(store, clock)
     gone.deleted(sandbox())
     assert store.deleted == []  # noted on the watch thread, nothing called there
     gone.pass_once()
     assert store.deleted == [REF]
     assert gone.pending() == []
 
-    moved = deletes(store, sandbox(), clock)  # still there, same uid: another node's now
+    moved, _ = deletes(store, clock, [sandbox()])  # still there, same uid: another node's now
     moved.deleted(sandbox())
     moved.pass_once()
     assert store.deleted == [REF]
     assert moved.pending() == []
 
 
+def test_a_restored_state_a_snapshot_shares_is_kept_and_its_last_referrer_deletes_it() -> None:
+    clock, store = FakeClock(), Store()
+    queue, objects = deletes(store, clock, [sandbox(image=None)], [snapshot()])
+    queue.restored(sandbox())
+    assert store.deleted == [] and queue.pending() == []  # kept for the snapshot, not retried
+    gone = objects.snapshots.pop("ns/shot")
+    queue.snapshot_deleted(gone)
+    queue.pass_once()
+    assert store.deleted == [SHOT_REF]  # the one digest, by its last referrer
+
+
+def test_a_state_waits_for_a_snapshot_being_taken_then_goes() -> None:
+    clock, store = FakeClock(), Store()
+    queue, objects = deletes(store, clock, [], [snapshot(None, phase="Taking")])
+    queue.restored(sandbox())
+    assert store.deleted == [] and [p.attempts for p in queue.pending()] == [1]
+    objects.snapshots["ns/shot"]["status"] = {"phase": "Ready", "pushedImage": f"r/s:t@{OTHER}"}
+    clock.advance(10)
+    queue.pass_once()
+    assert store.deleted == [REF]
+
+
+def test_an_unreadable_api_keeps_the_state_for_a_later_pass() -> None:
+    clock, store = FakeClock(), Store()
+    queue, objects = deletes(store, clock)
+    objects.faults["list"] = [RuntimeError("the API server is away")]
+    queue.deleted(sandbox())
+    queue.pass_once()
+    assert store.deleted == [] and [p.attempts for p in queue.pending()] == [1]
+    clock.advance(10)
+    queue.pass_once()
+    assert store.deleted == [REF]
+
+
 def test_a_failed_delete_is_tried_again_by_a_later_pass_once_due() -> None:
     clock, store = FakeClock(), Store()
     store.failures = 1
-    queue = deletes(store, None, clock)
+    queue, _ = deletes(store, clock)
     queue.restored(sandbox())  # the restore's own try fails
     assert store.deleted == []
     assert [p.attempts for p in queue.pending()] == [1]
@@ -158,7 +322,7 @@ def test_a_failed_delete_is_tried_again_by_a_later_pass_once_due() -> None:
 
 def test_a_pass_tries_at_most_its_limit() -> None:
     clock, store = FakeClock(), Store()
-    queue = deletes(store, None, clock)
+    queue, _ = deletes(store, clock)
     for i in range(PASS_LIMIT + 2):
         queue.deleted(sandbox(uid=f"uid-{i}", image=f"{REF[:-3]}{i:03d}"))
     queue.pass_once()

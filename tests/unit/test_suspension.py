@@ -12,7 +12,7 @@ import pytest
 
 from sandlot.adapters.containerd.commit import committed_documents
 from sandlot.adapters.pulling import Pushed, RegistryError
-from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, TaskState
+from sandlot.adapters.runtime import ContainerInfo, ImageConfig, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
 from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.status import StatusWriter
@@ -25,6 +25,7 @@ from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.conditions import parse_conditions
 from sandlot.policy.operatingmode import mode_outcome, stream_refusal
+from sandlot.policy.pulling import FailureKind
 from sandlot.policy.startrefusals import StartFacts
 from sandlot.policy.suspension import (
     SuspendStep,
@@ -34,6 +35,7 @@ from sandlot.policy.suspension import (
     next_pull_retry,
     orphaned_images,
     pull_retry_due,
+    restore_pull,
     suspended_condition,
     suspended_image_name,
 )
@@ -476,7 +478,7 @@ class World:
         s = self.suspensions
         s.store = store  # type: ignore[assignment]
         s.deletes = (
-            StateDeletes(store, self.objects.find_sandbox, self.clock.now)  # type: ignore[arg-type]
+            StateDeletes(store, self.objects, self.clock.now)  # type: ignore[arg-type]
             if store
             else None
         )
@@ -561,15 +563,17 @@ def test_a_refused_restore_is_recorded_and_not_tried_again() -> None:
 class FakeStore:
     """A state store that records pushes and pulls (or refuses them)."""
 
-    def __init__(self, refuse: str | None = None) -> None:
-        self.refuse = refuse
+    def __init__(
+        self, refuse: str | None = None, kind: FailureKind = FailureKind.TRANSIENT
+    ) -> None:
+        self.refuse, self.kind = refuse, kind
         self.pushed: list[tuple[str, str]] = []
         self.pulled: list[tuple[str, str]] = []
         self.forgotten: list[str] = []
 
     def push(self, uid: str, image: str) -> Pushed:
         if self.refuse is not None:
-            raise RegistryError(self.refuse)
+            raise RegistryError(self.refuse, self.kind)
         self.pushed.append((uid, image))
         digest = "sha256:" + "1" * 64
         return Pushed(f"reg.example/state:{uid}@{digest}", digest, 2)
@@ -601,7 +605,7 @@ def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
 def test_a_refused_push_keeps_the_state_on_its_node_and_says_why() -> None:
     world = World("Suspended")
     assert world.info is not None
-    world.use_store(FakeStore(refuse="HTTP 401 Unauthorized"))
+    world.use_store(FakeStore(refuse="HTTP 401 Unauthorized", kind=FailureKind.UNAUTHORIZED))
     assert world.suspensions.suspend(world.body(), world.info) is S.COMMIT
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
     c = world.condition()
@@ -686,8 +690,48 @@ def test_a_state_pushed_from_this_node_starts_from_the_local_image() -> None:
     store = FakeStore()
     world = moved_world(store)
     world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
+    world.rt.images[suspended_image_name(world.uid)] = ImageConfig()  # still here
     assert world.suspensions.restore(world.body(), None) is S.RESTORE
     assert not store.pulled and world.work.restarted == [suspended_image_name(world.uid)]
+
+
+def test_a_state_pushed_from_this_node_whose_local_copy_is_gone_is_pulled() -> None:
+    """Moved away and back: the record names this node, but its image collector
+    removed the committed image meanwhile; the restore pulls it instead of failing."""
+    store = FakeStore()
+    world = moved_world(store)
+    world.objects.sandboxes[KEY]["status"]["suspendedState"]["node"] = NODE
+    image = suspended_image_name(world.uid)
+    assert image not in world.rt.images
+    assert world.suspensions.restore(world.body(), None) is S.RESTORE
+    assert store.pulled == [("reg.example/state:u@sha256:" + "1" * 64, image)]
+    assert world.work.restarted == [image]
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+
+
+@pytest.mark.parametrize(
+    ("state", "local", "pulled"),
+    [
+        ({}, False, None),
+        ({}, True, None),
+        ({"image": "r/s:u@sha256:1", "node": NODE}, True, None),
+        ({"image": "r/s:u@sha256:1", "node": NODE}, False, "r/s:u@sha256:1"),
+        ({"image": "r/s:u@sha256:1", "node": "elsewhere"}, True, "r/s:u@sha256:1"),
+        ({"image": "r/s:u@sha256:1", "node": "elsewhere"}, False, "r/s:u@sha256:1"),
+    ],
+    ids=[
+        "never-pushed-starts-local",
+        "never-pushed-local-here",
+        "pushed-here-and-still-here",
+        "pushed-here-but-collected-meanwhile",
+        "pushed-elsewhere-a-local-copy-is-older",
+        "pushed-elsewhere-nothing-here",
+    ],
+)
+def test_restore_pulls_whenever_this_nodes_store_lacks_that_commit(
+    state: dict[str, Any], local: bool, pulled: str | None
+) -> None:
+    assert restore_pull(state, NODE, local) == pulled
 
 
 def test_a_restore_a_crash_left_unsaid_is_recorded_and_its_pushed_state_cleared() -> None:

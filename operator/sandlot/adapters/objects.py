@@ -74,6 +74,21 @@ class Objects:
         )
         return list(out.get("items", []))
 
+    def list_all(self, plural: str, *, page: int = 500) -> list[dict[str, Any]]:
+        """Every object of sandlot kind ``plural`` in every namespace, read in pages of
+        ``page`` (each call bounded)."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            extra = {"_continue": token} if token else {}
+            out = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, plural, limit=page, _request_timeout=30, **extra
+            )
+            items.extend(out.get("items", []))
+            token = (out.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return items
+
     def get_sandbox(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(
             self.custom.get_namespaced_custom_object(

@@ -169,7 +169,9 @@ class Agent:
         )
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
-        self.snapshot_watch = node_snapshots(api, self.node, **watched)
+        self.snapshot_watch = node_snapshots(
+            api, self.node, on_change=self._snapshot_changed, **watched
+        )
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
@@ -454,6 +456,14 @@ class Agent:
         deletes = self._parts.sync.suspensions.deletes
         if event == "DELETED" and deletes is not None:  # or moved: its pass reads it again
             deletes.deleted(old)
+
+    def _snapshot_changed(
+        self, event: str, old: Mapping[str, Any] | None, _new: Mapping[str, Any] | None
+    ) -> None:
+        # A deleted snapshot's pushed copy goes too, unless something else names it.
+        deletes = self._parts.sync.suspensions.deletes if self._parts is not None else None
+        if event == "DELETED" and deletes is not None:
+            deletes.snapshot_deleted(old)
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -1,14 +1,17 @@
-"""Deleting suspended sandboxes' pushed state from the state repository once nothing
-needs it (``policy.statedeletion`` says when).
+"""Deleting pushed state from the state repository once nothing names it
+(``policy.statedeletion.judge_deletion`` says when; this does the I/O).
 
-Two ways in: a restore, in its own work item right after the status write that
+Three ways in: a restore, in its own work item right after the status write that
 cleared ``suspendedState`` (tried at once, never holding the restore: every call
-is bounded by the store's deadline); and a deletion of a suspended sandbox, heard
-on the node's watch (``deleted`` only notes it, on the watch thread) and handled by
-``pass_once`` on a loop of its own, which reads the Sandbox again first: a DELETED
-event is also what a move to another node looks like. A delete that may pass is
-tried again by a later pass; the list is bounded and lives in memory only, so a
-deletion while the agent is down, or state whose tries ran out, is left to the
+is bounded); a deletion of a suspended sandbox, and a deletion of a pushed
+SandboxSnapshot, heard on the node's watches (``deleted`` and
+``snapshot_deleted`` only note them, on the watch thread) and handled by
+``pass_once`` on a loop of its own. Before any delete by digest the agent lists
+every Sandbox and SandboxSnapshot (a DELETED event is also what a move to another
+node looks like, and a snapshot's copy may share the digest): a digest something
+still names is kept for its last referrer. A delete that may pass is tried again
+by a later pass; the list is bounded and lives in memory only, so a deletion
+while the agent is down, or state whose tries ran out, is left to the
 repository's retention rule.
 """
 
@@ -18,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import RuntimeTimeout
@@ -28,8 +31,11 @@ from sandlot.policy.statedeletion import (
     MAX_PENDING,
     Because,
     Pending,
-    deletion_due,
+    PushedState,
+    Verdict,
     due_now,
+    judge_deletions,
+    pushed_copy,
     pushed_state,
     queued,
     retry_after_failure,
@@ -42,18 +48,23 @@ STATE_DELETE_TICK = 5.0
 PASS_LIMIT = 8
 """Deletes one pass tries at most (each a read and a bounded registry call)."""
 
-FindSandbox = Callable[[str, str], Mapping[str, Any] | None]
-"""The Sandbox ``namespace``, ``name`` as the API server has it now (None: none)."""
+SANDBOXES, SNAPSHOTS = "sandboxes", "sandboxsnapshots"
+
+
+class ListsEverything(Protocol):
+    """Every object of a sandlot kind, as the API server has it now."""
+
+    def list_all(self, plural: str) -> list[dict[str, Any]]: ...
 
 
 class StateDeletes:
     """The pending deletes of one agent's pushed states, and their passes."""
 
     def __init__(
-        self, store: StateStore, find_sandbox: FindSandbox, clock: Callable[[], datetime]
+        self, store: StateStore, objects: ListsEverything, clock: Callable[[], datetime]
     ) -> None:
         self.store = store
-        self.find_sandbox = find_sandbox
+        self.objects = objects
         self.clock = clock
         self._pending: list[Pending] = []
         self._lock = threading.Lock()
@@ -67,12 +78,18 @@ class StateDeletes:
         if any, deleted now; a failure that may pass is kept for a later pass."""
         state = pushed_state(sb, Because.RESTORED)
         if state is not None:
-            self._attempt(Pending(state, 0, self.clock()))
+            self._attempt([Pending(state, 0, self.clock())])
 
     def deleted(self, obj: Mapping[str, Any] | None) -> None:
-        """A DELETED event's last body: its pushed state noted for the next pass
-        (cheap: this runs on the watch thread)."""
-        state = pushed_state(obj, Because.DELETED)
+        """A Sandbox's DELETED event's last body: its pushed state noted for the next
+        pass (cheap: this runs on the watch thread)."""
+        self._note(pushed_state(obj, Because.DELETED))
+
+    def snapshot_deleted(self, obj: Mapping[str, Any] | None) -> None:
+        """A SandboxSnapshot's DELETED event's last body: its pushed copy noted."""
+        self._note(pushed_copy(obj))
+
+    def _note(self, state: PushedState | None) -> None:
         if state is None:
             return
         with self._lock:
@@ -82,23 +99,38 @@ class StateDeletes:
         with self._lock:
             due = due_now(self._pending, self.clock(), PASS_LIMIT)
             self._pending = [p for p in self._pending if p not in due]
-        for entry in due:
-            self._attempt(entry)
+        if due:
+            self._attempt(due)
 
-    def _attempt(self, entry: Pending) -> None:
-        state = entry.state
-        if state.because is Because.DELETED:
-            namespace, name = state.key.split("/", 1)
-            try:
-                current = self.find_sandbox(namespace, name)
-            except Exception as exc:  # the API server's refusal or silence: try later
-                self._failed(entry, f"cannot read its Sandbox: {exc}")
-                return
-            if not deletion_due(state, current):
-                log.info("sandbox %s: moved, not deleted: its pushed state is kept", state.key)
-                return
+    def _attempt(self, entries: list[Pending]) -> None:
+        """Judge ``entries`` on one fresh read of what may name them (read after they
+        were noted), then delete those nothing names."""
         try:
-            self.store.forget(state.reference)
+            sandboxes = self.objects.list_all(SANDBOXES)
+            snapshots = self.objects.list_all(SNAPSHOTS)
+        except Exception as exc:  # the API server's refusal or silence: try later
+            for entry in entries:
+                self._failed(entry, f"cannot read what names it: {exc}")
+            return
+        judged = judge_deletions([e.state for e in entries], sandboxes, snapshots)
+        for entry in entries:
+            state, judgement = entry.state, judged[entry.state.reference]
+            if judgement.verdict is Verdict.WAIT:
+                self._failed(entry, f"named soon, perhaps, by {', '.join(judgement.holders)}")
+            elif judgement.verdict is Verdict.KEEP:
+                log.info(
+                    "%s (%s): pushed state %s kept: still named by %s",
+                    state.key,
+                    state.because,
+                    state.reference,
+                    ", ".join(judgement.holders),
+                )
+            else:
+                self._forget(entry)
+
+    def _forget(self, entry: Pending) -> None:
+        try:
+            self.store.forget(entry.state.reference)
         except (RegistryError, RuntimeTimeout, InvalidReference) as exc:
             self._failed(entry, str(exc))
 
@@ -106,7 +138,7 @@ class StateDeletes:
         state, retry = entry.state, retry_after_failure(entry, self.clock())
         if retry is None:
             log.warning(
-                "sandbox %s (%s): pushed state %s not deleted, left behind: %s",
+                "%s (%s): pushed state %s not deleted, left behind: %s",
                 state.key,
                 state.because,
                 state.reference,
@@ -114,7 +146,7 @@ class StateDeletes:
             )
             return
         log.warning(
-            "sandbox %s (%s): pushed state %s not deleted, tried again from %s: %s",
+            "%s (%s): pushed state %s not deleted, tried again from %s: %s",
             state.key,
             state.because,
             state.reference,
@@ -125,4 +157,4 @@ class StateDeletes:
             self._pending = [*self._pending, retry][-MAX_PENDING:]
 
 
-__all__ = ["PASS_LIMIT", "STATE_DELETE_TICK", "FindSandbox", "StateDeletes"]
+__all__ = ["PASS_LIMIT", "STATE_DELETE_TICK", "ListsEverything", "StateDeletes"]

@@ -21,7 +21,13 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from sandlot.adapters.pulling import RegistryError
-from sandlot.adapters.runtime import ContainerInfo, RuntimeError_, RuntimeTimeout, TaskState
+from sandlot.adapters.runtime import (
+    ContainerInfo,
+    NotFound,
+    RuntimeError_,
+    RuntimeTimeout,
+    TaskState,
+)
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
 from sandlot.agent.statedeletes import StateDeletes
@@ -32,15 +38,18 @@ from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import effective_mode, idle_suspend_condition
 from sandlot.policy.operatingmode import recorded_paused
+from sandlot.policy.statepush import owing, push_may_pass, push_pending_note, settled
 from sandlot.policy.suspension import (
     SUSPENDED_IMAGE_LABEL,
     PullRetry,
     SuspendStep,
     decide_suspension,
+    idle_suspended,
     next_pull_retry,
     pull_backoff_condition,
     pull_retry_due,
     recorded_suspended,
+    restore_pull,
     says,
     suspend_failed,
     suspended_condition,
@@ -92,43 +101,94 @@ class Suspensions:
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
         self.store = store
         # Pushed states nothing needs any more, deleted from the repository.
-        self.deletes = (
-            StateDeletes(store, work.objects.find_sandbox, work.status.clock) if store else None
-        )
+        self.deletes = StateDeletes(store, work.objects, work.status.clock) if store else None
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
+        self._push_retries: dict[str, PullRetry] = {}  # by uid: pushes owed, backing off
         self.idle: IdleHooks | None = None  # the idle loop's, once it runs
         self.streams: StreamGate = _NoStreams()  # the stream server's, once it runs
 
-    def _push(self, sb: Mapping[str, Any], image: str) -> tuple[dict[str, Any], str | None]:
+    def _push(
+        self, sb: Mapping[str, Any], image: str
+    ) -> tuple[dict[str, Any], str | None, PullRetry | None]:
         """The committed ``image`` pushed when a repository is set: the status fields
-        that say where, and a note for the condition (None: nothing to say)."""
+        that say where, a note for the condition (None: nothing to say), and when a
+        push that failed for a reason that may pass is tried again (None: not owed)."""
         if self.store is None:
-            return {}, None
+            return {}, None, None
+        uid = sb["metadata"]["uid"]
         try:
-            pushed = self.store.push(sb["metadata"]["uid"], image)
+            pushed = self.store.push(uid, image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             log.warning("sandbox %s: state not pushed: %s", key_of(sb), exc)
-            return {}, f"not pushed ({exc}): it stays on this node"
+            if isinstance(exc, RegistryError):
+                may_pass = push_may_pass(exc.kind)
+            else:
+                may_pass = isinstance(exc, RuntimeTimeout)
+            if not may_pass:
+                self._push_retries.pop(uid, None)
+                return {}, f"not pushed ({exc}): it stays on this node", None
+            now = self.work.status.clock()
+            retry = next_pull_retry(self._push_retries.get(uid), now)
+            self._push_retries[uid] = retry
+            return {}, push_pending_note(str(exc), retry, now), retry
+        self._push_retries.pop(uid, None)
         state = {"image": pushed.reference, "digest": pushed.digest, "node": self.work.node}
-        return {"suspendedState": state}, f"pushed to {pushed.reference}"
+        return {"suspendedState": state}, f"pushed to {pushed.reference}", None
+
+    def push_owed(self, sb: Mapping[str, Any]) -> None:
+        """Push again the state of ``sb``, suspended here with its push owed
+        (``PushPending``), once its back-off is over; a restarted agent tries at once."""
+        uid, work = sb["metadata"]["uid"], self.work
+        if not pull_retry_due(self._push_retries.get(uid), work.status.clock()):
+            return  # the sync is woken when it is due
+        if self.store is None:
+            fields: dict[str, Any] = {}
+            note: str | None = "not pushed: this node has no state repository now"
+            retry = None
+        else:
+            fields, note, retry = self._push(sb, suspended_image_name(uid))
+        generation = (sb.get("metadata") or {}).get("generation")
+        if idle_suspended(sb):
+            seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds") or 0
+            base = idle_suspend_condition(
+                work.node, timedelta(seconds=int(seconds)), generation, note
+            )
+        else:
+            base = suspended_condition(True, work.node, generation, None, note)
+        condition = owing(base) if retry is not None else settled(base)
+        outcome = self._write(sb, [condition], fields)
+        log.info("sandbox %s: push %s, condition %s", key_of(sb), note, outcome)
+        if retry is not None:
+            self.wake_in((retry.not_before - work.status.clock()).total_seconds())
 
     def _pull(self, sb: Mapping[str, Any], image: str) -> tuple[str | None, bool]:
-        """Pull ``sb``'s pushed state as ``image`` when another node committed it: the
-        refusal (None when the image is here), and whether trying again may help."""
+        """Pull ``sb``'s pushed state as ``image`` when this node's store lacks that
+        commit (``restore_pull``): the refusal (None when the image is here), and
+        whether trying again may help."""
         state = (sb.get("status") or {}).get("suspendedState") or {}
-        if not state or state.get("node") == self.work.node:
+        local = bool(state) and state.get("node") == self.work.node and self._have(image)
+        reference = restore_pull(state, self.work.node, local)
+        if reference is None:
             return None, False
         if self.store is None:
-            no_store = (
-                f"its state is in {state.get('image')}, and this node has no state repository"
-            )
-            return no_store, False
+            return f"its state is in {reference}, and this node has no state repository", False
         try:
-            self.store.pull(str(state.get("image")), image)
+            self.store.pull(reference, image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
-            return f"pull of its state {state.get('image')} failed: {exc}", True
+            return f"pull of its state {reference} failed: {exc}", True
         return None, False
+
+    def _have(self, image: str) -> bool:
+        """Whether ``image`` is in this node's store (one bounded call); a runtime that
+        does not answer counts as having it: the start then says what is wrong."""
+        try:
+            self.work.rt.image_config(image, timeout=self.work.call_timeout)
+        except NotFound:
+            return False
+        except RuntimeError_ as exc:
+            log.warning("image %s: cannot tell whether it is here: %s", image, exc)
+        return True
 
     def _back_off(self, sb: Mapping[str, Any], error: str) -> None:
         """Record a failed pull of ``sb``'s state and when it is tried again."""
@@ -224,7 +284,7 @@ class Suspensions:
             if idle and self.idle is not None:
                 self.idle.refused(key)
                 return False
-        fields, note = self._push(sb, image) if error is None else ({}, None)
+        fields, note, retry = self._push(sb, image) if error is None else ({}, None, None)
         if idle and error is None:
             seconds = (sb.get("spec") or {}).get("idleTimeoutSeconds") or 0
             condition = idle_suspend_condition(
@@ -232,6 +292,9 @@ class Suspensions:
             )
         else:
             condition = suspended_condition(True, work.node, generation, error, note)
+        if retry is not None:  # owed: written down, so a restarted agent pushes too
+            condition = owing(condition)
+            self.wake_in((retry.not_before - work.status.clock()).total_seconds())
         outcome = self._write(sb, [condition], fields)
         if error is not None or outcome is not WriteOutcome.WRITTEN:
             log.info("sandbox %s: suspend %s, condition %s", key, error or "done", outcome)
@@ -300,6 +363,8 @@ class Suspensions:
         outcome = self._write(sb, conditions, fields)
         log.info("sandbox %s: %s, condition %s", key, error or step, outcome)
         restored = outcome is WriteOutcome.WRITTEN and "suspendedState" in fields
+        if restored:
+            self._push_retries.pop(sb["metadata"]["uid"], None)  # running again: owed nothing
         if restored and self.deletes is not None:
             self.deletes.restored(sb)  # nothing needs its pushed state now
         return step

@@ -304,6 +304,8 @@ class SandboxSync:
             return partial(restore_fenced, find, self.node, self.suspensions.restore, sb, container)
         if kind is ActionKind.WAIT_RESTORE and sb is not None:
             return partial(self.suspensions.wait_for_room, sb, action.message)
+        if kind is ActionKind.PUSH and sb is not None:
+            return partial(self.suspensions.push_owed, sb)
         if container is None:
             return None
         if kind is ActionKind.TEARDOWN_UNSTARTED:

@@ -122,6 +122,12 @@ class SuspendedReason(StrEnum):
     files call, port-forward or claim starts it again from its committed files."""
     RESTORE_PULL_BACK_OFF = "RestorePullBackOff"
     """The pull of its pushed state failed; tried again after a back-off."""
+    PUSH_PENDING = "PushPending"
+    """Suspended on its node; the push of its state failed for a reason that may pass
+    and is tried again after a back-off (a drain does not end it meanwhile)."""
+    IDLE_PUSH_PENDING = "IdlePushPending"
+    """As ``Idle`` (suspended by its agent for being idle), with its push owed as
+    ``PushPending`` says."""
 
 
 class SnapshotReason(StrEnum):

@@ -26,6 +26,8 @@ Running, suspended          none, node not drained,     restore (start from the
 Running                     present, node drained       stop (Stopped/Drained),
                                                         once a fresh read agrees
 Running, suspended, pushed  none, node drained          none (the scheduler moves it)
+Running, suspended, push    none, held suspended or     push (again, once its back-off
+owed                        node drained                is over; ``policy.statepush``)
 Running, suspended          none, node drained          end-drained (Stopped/Drained)
 Running, had a container    none, not suspended         end-lost (ContainerLost)
 Dead                        present                     fence (tear down, counted)
@@ -76,6 +78,7 @@ from sandlot.policy.operatingmode import (
     wanted_mode,
 )
 from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts, usage
+from sandlot.policy.statepush import push_pending
 from sandlot.policy.suspension import (
     SuspendStep,
     decide_suspension,
@@ -109,6 +112,9 @@ class ActionKind(StrEnum):
     IDLE_SUSPEND = "idle-suspend"
     """Suspend a sandbox its agent found idle (``spec.idleAction: Suspend``)."""
     RESTORE = "restore"
+    PUSH = "push"
+    """Push a suspended sandbox's state whose earlier push failed for a reason that
+    may pass (its condition says ``PushPending``): kept, even on a drained node."""
     WAIT_RESTORE = "wait-restore"
     """A restore the node has no room for yet: its Suspended condition says why
     (``message``); it stays suspended until a pass finds room."""
@@ -141,6 +147,8 @@ class SandboxState:
     """The runtime refused the last suspend or restore of this spec's generation."""
     pushed: bool = False
     """``status.suspendedState`` is set: its committed state is in a registry."""
+    push_pending: bool = False
+    """Its push failed for a reason that may pass and is owed (``PushPending``)."""
     idle_suspended: bool = False
     """Its agent suspended it for being idle (the spec still asks for Running)."""
     idle_suspend_due: bool = False
@@ -162,6 +170,7 @@ class SandboxState:
             suspended=recorded_suspended(obj),
             suspend_failed=suspend_failed(obj),
             pushed=bool(status.get("suspendedState")),
+            push_pending=push_pending(obj),
             idle_suspended=idle_suspended(obj),
         )
 
@@ -215,6 +224,8 @@ def _for_running(
         return Action(ActionKind.STOP_DRAINED, sb.key, cid)
     if drained and sb.suspended and sb.pushed:  # pushed: the scheduler moves it
         return None
+    if sb.push_pending and cid is None and (drained or step is SuspendStep.NONE):
+        return Action(ActionKind.PUSH, sb.key)  # it may still leave: never ended meanwhile
     if drained and sb.suspended:  # its state stays on this node: it cannot move
         return Action(ActionKind.END_DRAINED, sb.key)
     if step is SuspendStep.NONE:

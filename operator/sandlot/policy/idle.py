@@ -113,7 +113,9 @@ def unclaimed_member(obj: Mapping[str, Any]) -> bool:
     return POOL_LABEL in ((obj.get("metadata") or {}).get("labels") or {})
 
 
-IDLE_REASONS = frozenset({PausedReason.IDLE, SuspendedReason.IDLE})
+IDLE_REASONS = frozenset(
+    {PausedReason.IDLE, SuspendedReason.IDLE, SuspendedReason.IDLE_PUSH_PENDING}
+)
 
 
 def idle_mark(obj: Mapping[str, Any]) -> str | None:

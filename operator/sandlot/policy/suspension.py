@@ -29,7 +29,11 @@ and not tried again until the spec changes (``NONE``), as a refused pause is.
 
 The committed image is held by the image collector while its Sandbox lives on
 the node, and removed by its next pass once the Sandbox is deleted or has ended
-(``orphaned_images``).
+(``orphaned_images``). That removes one name: containerd keeps the manifest,
+layers and unpacked snapshots while any image record still names them (a
+snapshot's copy of the same manifest, a fork's pulled copy), so nothing another
+name references goes with it. A restore that finds its image gone pulls it when
+it was pushed (``restore_pull``).
 """
 
 from __future__ import annotations
@@ -115,7 +119,7 @@ def idle_suspended(obj: Mapping[str, Any]) -> bool:
     return (
         condition is not None
         and condition.get("status") == "True"
-        and condition.get("reason") == SuspendedReason.IDLE
+        and condition.get("reason") in (SuspendedReason.IDLE, SuspendedReason.IDLE_PUSH_PENDING)
     )
 
 
@@ -209,6 +213,22 @@ def waiting_condition(node: str, generation: int | None, why: str) -> Condition:
     )
 
 
+def restore_pull(state: Mapping[str, Any], node: str, local: bool) -> str | None:
+    """The pushed reference a restore on ``node`` pulls before it starts, None: it
+    starts from the committed image in the node's store. ``state`` is
+    ``status.suspendedState`` (empty: never pushed, the local image is all there
+    is); ``local``: the committed image is in this node's store now. Pulled when
+    another node pushed it (a local copy would be an older commit), and when this
+    node pushed it but its copy is gone (collected while the sandbox was away on
+    another node): the record names where it was committed, not what is here."""
+    reference = str(state.get("image") or "")
+    if not reference:
+        return None
+    if state.get("node") == node and local:
+        return None
+    return reference
+
+
 RESTORE_PULL_FIRST_RETRY = timedelta(seconds=5)
 RESTORE_PULL_LONGEST_RETRY = timedelta(minutes=5)
 
@@ -278,6 +298,7 @@ __all__ = [
     "pull_backoff_condition",
     "pull_retry_due",
     "recorded_suspended",
+    "restore_pull",
     "says",
     "suspend_failed",
     "suspended_condition",
