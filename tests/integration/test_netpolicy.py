@@ -5,9 +5,9 @@ process starts.
 Every address a sandbox is sent to is on the test's bridge, on this host, or in a
 network namespace this module creates ("outside": stand-in metadata servers on a
 link-local and a CGNAT address and a stand-in internet server on a TEST-NET-3
-address, routed through this host). A prober sandbox waits for a list of targets the test writes into
-its root filesystem (through ``/proc/<pid>/root``), tries each a few times with a
-timeout, and writes what it saw next to it: bounded in count and time.
+address, routed through this host). A prober sandbox waits for a list of targets the
+test writes into its root filesystem (through ``/proc/<pid>/root``), tries each a few
+times with a timeout, and writes what it saw next to it: bounded in count and time.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def sandboxes_may_meet(h: cni.Harness) -> tuple[str, ...]:
     """The cluster's opening (``allowed_egress``) for traffic between sandboxes: the
     bridge's subnet but the node's own address on it (the gateway). No tenant's rule
     opens the sandboxes' own network; their ingress rules decide who gets in."""
-    gateway = ipaddress.ip_network(f"{next(h.net.subnet.hosts())}/32")
+    gateway = ipaddress.IPv4Network(f"{next(h.net.subnet.hosts())}/32")
     return tuple(str(n) for n in h.net.subnet.address_exclude(gateway))
 
 
