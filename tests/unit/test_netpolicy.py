@@ -222,7 +222,9 @@ def test_the_clusters_allowed_egress_is_the_only_opening_into_its_blocks() -> No
 
 
 def test_the_cluster_chain_comes_before_every_tenant_rule() -> None:
-    p = policy({"egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}, {"ports": [{"port": 1}]}]})
+    p = policy(
+        {"egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}, {"ports": [{"port": 1}]}]}
+    )
     rules = lines(render_rulesets(p, CLUSTER, NODE).ipv4)
     cluster = rules.index("-A OUTPUT -j SL-CLUSTER")
     tenant = [i for i, r in enumerate(rules) if r.startswith("-A OUTPUT") and i != cluster]

@@ -258,8 +258,7 @@ def _family(
     chains.append(CLUSTER_CHAIN)
     body.append(f"-A OUTPUT -j {CLUSTER_CHAIN}")
     body += [
-        f"-A {CLUSTER_CHAIN} -d {n} -j RETURN"
-        for n in _networks(default.allowed_egress, version)
+        f"-A {CLUSTER_CHAIN} -d {n} -j RETURN" for n in _networks(default.allowed_egress, version)
     ]
     blocked = [*_networks(default.blocked, version), *_networks(default.cluster_ranges, version)]
     body += [f"-A {CLUSTER_CHAIN} -d {n} -j REJECT" for n in [*node, *blocked]]
