@@ -38,6 +38,7 @@ from sandlot.policy.pulling import (
     PullPolicy,
     RegistryAccess,
     parse_reference,
+    public_message,
 )
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,9 @@ class ImageGate:
             self._joined.pop(uid, None)
         if decision.action is PullAction.RUN:
             return
+        said = public_message(decision.message, ref.registry)  # the log has it whole
         if decision.action is PullAction.FAIL:
-            raise PullRefused(decision.reason, f"image {image}: {decision.message}")
+            raise PullRefused(decision.reason, f"image {image}: {said}")
         if decision.action in (PullAction.PULL, PullAction.VERIFY):
             verify = decision.action is PullAction.VERIFY
             self._joined[uid] = self.pulls.start(key, credential, verify=verify)
@@ -111,7 +113,7 @@ class ImageGate:
             self.pulls.wake_at(decision.retry_at)
             message = (
                 f"Back-off pulling image {image} until {rfc3339(decision.retry_at, 'seconds')}: "
-                f"{decision.message}"
+                f"{said}"
             )
             self._report(sb, decision.reason, message, None)
         raise ImageNotReady(image)
