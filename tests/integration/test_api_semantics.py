@@ -72,8 +72,38 @@ def test_crds_are_served_with_short_names_and_category(kubectl):
             "spec.resources.limits.memory",
             "should match",
         ),
+        # Images sandlot committed are no tenant's to name: another namespace's
+        # snapshot or suspended filesystem would run as if preloaded.
+        (
+            {"image": "sandlot.local/snapshots/6f1c2a-uid:latest"},
+            "spec.image",
+            "may not name an image sandlot committed",
+        ),
+        (
+            {"image": "sandlot.local/suspended/6f1c2a-uid:latest"},
+            "spec.image",
+            "may not name an image sandlot committed",
+        ),
+        (
+            {"image": "SANDLOT.LOCAL/snapshots/6f1c2a-uid"},
+            "spec.image",
+            "may not name an image sandlot committed",
+        ),
+        # A node name is a DNS subdomain: nothing the operator names after it escapes.
+        ({"nodeName": "../n1"}, "spec.nodeName", "should match"),
+        ({"nodeName": "N1_x"}, "spec.nodeName", "should match"),
     ],
-    ids=["empty-image", "port-out-of-range", "hostnetwork-not-bool", "memory-not-a-quantity"],
+    ids=[
+        "empty-image",
+        "port-out-of-range",
+        "hostnetwork-not-bool",
+        "memory-not-a-quantity",
+        "snapshot-image",
+        "suspended-image",
+        "committed-image-in-capitals",
+        "node-name-path",
+        "node-name-not-dns",
+    ],
 )
 def test_bad_spec_is_refused_with_a_message_naming_the_field(objs, namespace, spec, field, words):
     body = sandbox("bad")
@@ -85,6 +115,24 @@ def test_bad_spec_is_refused_with_a_message_naming_the_field(objs, namespace, sp
     with pytest.raises(ApiException) as gone:
         objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "bad")
     assert gone.value.status == 404, "a refused object must not be stored"
+
+
+def test_a_pool_template_naming_a_committed_image_is_refused(objs, namespace):
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "SandboxPool",
+        "metadata": {"name": "thief"},
+        "spec": {
+            "replicas": 1,
+            "template": {"spec": {"image": "sandlot.local/snapshots/6f1c2a-uid:latest"}},
+        },
+    }
+    with pytest.raises(ApiException) as err:
+        objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxpools", body)
+    assert err.value.status == 422
+    said = str(err.value.body)
+    assert "spec.template.spec.image" in said, said
+    assert "may not name an image sandlot committed" in said, said
 
 
 def test_kubectl_get_sandboxes_prints_the_spec_columns(objs, namespace, kubectl):

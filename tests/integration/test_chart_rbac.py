@@ -105,6 +105,8 @@ def test_the_gvisor_installer_passes_validation_and_holds_no_identity(
         ("agent", ("watch", "nodes"), False),
         ("agent", ("patch", "nodes"), False),
         ("agent", ("list", "leases.coordination.k8s.io", "-n", "default"), False),
+        ("agent", ("create", "tokenreviews.authentication.k8s.io"), False),
+        ("agent", ("create", "subjectaccessreviews.authorization.k8s.io"), False),
         ("operator", ("get", "secrets", "-A"), False),
         ("operator", ("list", "secrets", "-A"), False),
         ("operator", ("get", "nodes"), False),
@@ -126,6 +128,8 @@ def test_the_gvisor_installer_passes_validation_and_holds_no_identity(
         "agent-cannot-watch-nodes",
         "agent-cannot-write-nodes",
         "agent-leases-only-in-release-namespace",
+        "agent-reviews-no-tokens",
+        "agent-reviews-no-access",
         "operator-cannot-read-secrets",
         "operator-cannot-list-secrets",
         "operator-reads-no-nodes",
@@ -169,9 +173,7 @@ AGENT_REACH = {
     "leases.coordination.k8s.io": "create get update",
     # A token of its node's identity only (agent-identity-policy.yaml refuses others).
     "serviceaccounts/token": "create",
-    # sandlot logs / exec: the caller's token and access reviewed, nothing stored.
-    "tokenreviews.authentication.k8s.io": "create",
-    "subjectaccessreviews.authorization.k8s.io": "create",
+    # No tokenreviews or subjectaccessreviews: the gateway reviews, under its own name.
 }
 OPERATOR_REACH = {
     "sandboxnodes.sandlot.dev": "get list patch watch",

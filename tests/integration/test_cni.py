@@ -165,6 +165,7 @@ class Node:
     runtime: ContainerdRuntime
     conf_dir: Path
     agent: Agent | None = None
+    allowed_egress: tuple[str, ...] = ()  # the cluster's openings into its blocked ranges
 
     def containers(self) -> list[ContainerInfo]:
         return self.runtime.list_containers(timeout=10)
@@ -186,7 +187,9 @@ class Harness:
     def objs(self) -> Any:
         return client.CustomObjectsApi(self.kube)
 
-    def add_node(self, suffix: str, *, conf_dir: Path | None = None) -> Node:
+    def add_node(
+        self, suffix: str, *, conf_dir: Path | None = None, allowed_egress: tuple[str, ...] = ()
+    ) -> Node:
         name = f"{self.fleet.prefix}-{suffix}"
         ctr_ns = f"cni-{uuid.uuid4().hex[:8]}"
         import_archive(self.containerd.address, ctr_ns, self.archive, timeout=60)
@@ -195,6 +198,7 @@ class Harness:
             ctr_ns,
             ContainerdRuntime(self.containerd.address, ctr_ns),
             conf_dir or self.net.conf_dir,
+            allowed_egress=allowed_egress,
         )
         self.nodes[name] = node
         self.fleet.nodes.append(name)
@@ -225,6 +229,7 @@ class Harness:
             cni_conf_dir=str(node.conf_dir),
             cni_bin_dir=self.net.bin_dirs,
             cni_timeout=timedelta(seconds=10),
+            allowed_egress=list(node.allowed_egress),
         )
         agent = Agent(settings, self.kube, registry=CollectorRegistry())
         assert agent.start(), f"agent of {node.name} did not start"

@@ -25,11 +25,14 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.pulling import ContainerdPuller, Credential, Endpoint, RegistryError
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_
 from sandlot.agent.imagegc import ImageCollector
-from sandlot.agent.pulling import ImagePulls, PullMetrics, PullOptions
+from sandlot.agent.pulling import ImageGate, ImagePulls, PullMetrics, PullOptions, PullRefused
 from sandlot.api.keys import LAST_USED_LABEL
+from sandlot.api.reasons import SandboxReason
+from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
 from sandlot.policy.ocispec import default_spec
 from sandlot.policy.pulling import FailureKind, RegistryAccess, parse_reference
+from sandlot.policy.snapshots import SNAPSHOT_IMAGE_LABEL, snapshot_image_name
 from tests.support.containerd import PrivateContainerd
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import (
@@ -417,3 +420,40 @@ def test_a_token_realm_at_a_private_address_is_used_only_when_listed(
     else:
         assert tokens.requests == []
         assert "registry_private_hosts" in str(caught.value)
+
+
+def test_a_committed_image_starts_only_for_a_sandbox_of_its_namespace(
+    puller: ContainerdPuller, runtime: ContainerdRuntime, registry: Registry, push_image: Any
+) -> None:
+    """The start step of a fork or a restore (``ImageGate.check`` with the committed
+    image) reads the image's owner label from containerd: another namespace's
+    snapshot is refused, the sandbox's own goes on without a pull."""
+    pushed = push_image(registry, "pull/committed:1", salt="committed")
+    _pull(puller, pushed.name)
+    committed = snapshot_image_name(uuid.uuid4().hex)
+    runtime.copy_image(
+        pushed.name, committed, {SNAPSHOT_IMAGE_LABEL: "team-a.prepared"}, timeout=30
+    )
+    pulls = ImagePulls(
+        lambda: puller,
+        lambda ref: [Endpoint(f"http://{ref.registry}")],
+        PullOptions(deadline=60, call_timeout=10),
+        threading.Event(),
+        PullMetrics(CollectorRegistry()),
+        lambda: datetime.now(UTC),
+    )
+    gate = ImageGate(pulls, status=None, credentials=None)  # type: ignore[arg-type]
+    spec = SandboxSpec(image=pushed.name)
+
+    def sandbox(namespace: str) -> dict[str, Any]:
+        return {"metadata": {"namespace": namespace, "name": "fork", "uid": "u-1"}}
+
+    try:
+        gate.check(sandbox("team-a"), spec, committed)  # its own: goes on
+        with pytest.raises(PullRefused) as caught:
+            gate.check(sandbox("team-b"), spec, committed)
+        assert caught.value.reason == SandboxReason.INVALID_IMAGE_NAME
+        assert "team-a" in str(caught.value) and "team-b" in str(caught.value)
+        assert pulls.starting() == frozenset(), "a committed image is never pulled"
+    finally:
+        pulls.close()

@@ -3,11 +3,11 @@ the test containerd, the filter installed in each sandbox's namespace before its
 process starts.
 
 Every address a sandbox is sent to is on the test's bridge, on this host, or in a
-network namespace this module creates ("outside": a stand-in metadata server on a
-link-local address and a stand-in internet server on a TEST-NET-3 address, routed
-through this host). A prober sandbox waits for a list of targets the test writes into
-its root filesystem (through ``/proc/<pid>/root``), tries each a few times with a
-timeout, and writes what it saw next to it: bounded in count and time.
+network namespace this module creates ("outside": stand-in metadata servers on a
+link-local and a CGNAT address and a stand-in internet server on a TEST-NET-3
+address, routed through this host). A prober sandbox waits for a list of targets the
+test writes into its root filesystem (through ``/proc/<pid>/root``), tries each a few
+times with a timeout, and writes what it saw next to it: bounded in count and time.
 """
 
 from __future__ import annotations
@@ -63,7 +63,12 @@ class Outside:
     """A network namespace beyond the node: the stand-ins answer on ``PORT``."""
 
     metadata: str  # link-local, like 169.254.169.254
+    cgnat: str  # shared address space, like one cloud's 100.100.100.200
     internet: str  # TEST-NET-3, a public address that leaves nothing
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        return (self.metadata, self.cgnat, self.internet)
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
@@ -80,7 +85,9 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outside]:
     ns, host_if, ns_if = f"slout{n}", f"slo{n}h", f"slo{n}n"
     transit = ipaddress.IPv4Network(f"10.79.{n}.0/30")
     gw, far = (str(a) for a in list(transit.hosts())[:2])
-    found = Outside(metadata=f"169.254.{n}.254", internet=f"203.0.113.{n + 1}")
+    found = Outside(
+        metadata=f"169.254.{n}.254", cgnat=f"100.64.{n}.254", internet=f"203.0.113.{n + 1}"
+    )
     www = tmp_path_factory.mktemp("outside")
     (www / "index.html").write_text("outside\n")
     server: subprocess.Popen[bytes] | None = None
@@ -95,7 +102,7 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outside]:
         _ip("link", "set", "lo", "up", netns=ns)
         _ip("addr", "add", f"{far}/30", "dev", ns_if, netns=ns)
         _ip("link", "set", ns_if, "up", netns=ns)
-        for addr in (found.metadata, found.internet):
+        for addr in found.addresses:
             _ip("addr", "add", f"{addr}/32", "dev", "lo", netns=ns)
             _ip("route", "add", f"{addr}/32", "via", far)
         _ip("route", "add", "default", "via", gw, netns=ns)
@@ -110,7 +117,7 @@ def outside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outside]:
         if server is not None:
             server.kill()
             server.wait(timeout=10)
-        for addr in (found.metadata, found.internet):
+        for addr in found.addresses:
             subprocess.run(["ip", "route", "del", f"{addr}/32"], capture_output=True, check=False)
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, check=False)
@@ -172,6 +179,14 @@ def create(
     )
 
 
+def sandboxes_may_meet(h: cni.Harness) -> tuple[str, ...]:
+    """The cluster's opening (``allowed_egress``) for traffic between sandboxes: the
+    bridge's subnet but the node's own address on it (the gateway). No tenant's rule
+    opens the sandboxes' own network; their ingress rules decide who gets in."""
+    gateway = ipaddress.IPv4Network(f"{next(h.net.subnet.hosts())}/32")
+    return tuple(str(n) for n in h.net.subnet.address_exclude(gateway))
+
+
 def running(h: cni.Harness, name: str) -> dict[str, Any]:
     def up() -> dict[str, Any] | None:
         sb = h.get(name)
@@ -214,6 +229,7 @@ def test_the_default_policy_keeps_a_sandbox_to_the_internet(
         {
             "internet": f"{outside.internet} {PORT}",
             "metadata": f"{outside.metadata} {PORT}",
+            "cgnat": f"{outside.cgnat} {PORT}",
             "node": f"{gateway} {node_server}",
             "neighbour": f"{victim_ip} 8080",
         },
@@ -221,13 +237,56 @@ def test_the_default_policy_keeps_a_sandbox_to_the_internet(
     assert seen == {
         "internet": "ok",
         "metadata": "refused",
+        "cgnat": "refused",
         "node": "refused",
         "neighbour": "refused",
     }, f"what the prober reached under the default policy: {seen}"
 
 
-def test_an_ingress_rule_lets_in_only_the_sandboxes_it_selects(harness: cni.Harness) -> None:
+def test_a_tenants_rule_cannot_open_what_the_cluster_blocks(
+    harness: cni.Harness, outside: Outside, node_server: int
+) -> None:
+    """The cluster's blocks stand above a tenant's rules: an egress rule naming the
+    metadata addresses, the node and the sandboxes' network opens none of them. The
+    rule is in force (it narrows: only what it names that the cluster allows, the
+    internet stand-in, is reached)."""
     node = harness.add_node("a")
+    published = {"ports": [{"name": "http", "containerPort": 8080}]}
+    create(harness, "neighbour", node, cni.HTTPD, extra=published)  # open to any source
+    neighbour_ip = cni.status(running(harness, "neighbour"), "ip")
+    assert cni.fetch(neighbour_ip) == "hello-neighbour"  # it serves: the node reaches it
+    gateway = str(next(harness.net.subnet.hosts()))
+    cidrs = [
+        f"{outside.metadata}/32",
+        f"{outside.cgnat}/32",
+        f"{gateway}/32",
+        str(harness.net.subnet),
+        f"{outside.internet}/32",
+    ]
+    opening = {"egress": [{"to": [{"ipBlock": {"cidr": c}} for c in cidrs]}]}
+    create(harness, "prober", node, PROBER, policy=opening)
+    seen = probe(
+        harness,
+        "prober",
+        {
+            "internet": f"{outside.internet} {PORT}",
+            "metadata": f"{outside.metadata} {PORT}",
+            "cgnat": f"{outside.cgnat} {PORT}",
+            "node": f"{gateway} {node_server}",
+            "neighbour": f"{neighbour_ip} 8080",
+        },
+    )
+    assert seen == {
+        "internet": "ok",
+        "metadata": "refused",
+        "cgnat": "refused",
+        "node": "refused",
+        "neighbour": "refused",
+    }, f"what a rule naming the cluster's blocked ranges reached: {seen}"
+
+
+def test_an_ingress_rule_lets_in_only_the_sandboxes_it_selects(harness: cni.Harness) -> None:
+    node = harness.add_node("a", allowed_egress=sandboxes_may_meet(harness))
     subnet = str(harness.net.subnet)
     to_subnet = {"egress": [{"to": [{"ipBlock": {"cidr": subnet}}], "ports": [{"port": 8080}]}]}
     create(harness, "client", node, PROBER, labels={"role": "client"}, policy=to_subnet)
@@ -253,7 +312,7 @@ def test_the_ports_a_sandbox_publishes_are_open_until_it_sets_ingress_rules(
 ) -> None:
     """A pool Service's clients arrive with their own addresses (kube-proxy keeps
     them): the ports a sandbox publishes are open while no ingress rules are set."""
-    node = harness.add_node("a")
+    node = harness.add_node("a", allowed_egress=sandboxes_may_meet(harness))
     subnet = str(harness.net.subnet)
     to_subnet = {"egress": [{"to": [{"ipBlock": {"cidr": subnet}}], "ports": [{"port": 8080}]}]}
     create(harness, "client", node, PROBER, policy=to_subnet)
@@ -270,7 +329,7 @@ def test_the_ports_a_sandbox_publishes_are_open_until_it_sets_ingress_rules(
 def test_a_peer_that_starts_later_is_let_in_once_the_filter_is_rendered_again(
     harness: cni.Harness,
 ) -> None:
-    node = harness.add_node("a")
+    node = harness.add_node("a", allowed_egress=sandboxes_may_meet(harness))
     assert node.agent is not None
     admit_clients = {
         "ingress": [{"from": [{"sandboxSelector": {"matchLabels": {"role": "client"}}}]}]
@@ -296,7 +355,7 @@ def test_a_peer_that_starts_later_is_let_in_once_the_filter_is_rendered_again(
 def test_a_namespace_default_stands_in_for_a_sandboxs_missing_rules(
     harness: cni.Harness,
 ) -> None:
-    node = harness.add_node("a")
+    node = harness.add_node("a", allowed_egress=sandboxes_may_meet(harness))
     subnet = str(harness.net.subnet)
     default = {
         "ingress": [{"ports": [{"port": 8080}]}],

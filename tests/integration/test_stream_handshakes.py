@@ -389,3 +389,56 @@ def test_a_user_gone_while_the_gateway_reaches_the_agent_gives_its_session_back(
         user_gone.set()
         gateway.shutdown()
         agent.shutdown()
+
+
+def test_a_502_names_the_node_not_the_agents_address(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent cannot be reached: the user learns which node, never the agent pod's
+    address and port (the cluster's internal network); the gateway's log keeps them."""
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    with socket.socket() as probe:  # a port nothing listens on: connection refused
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    gateway = Gateway(
+        bind="127.0.0.1",
+        port=0,
+        server_tls=server_context(
+            str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
+        ),
+        agent_tls=client_context(
+            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        ),
+        agent_server_name="sandlot-agent",
+        requestheader=RequestHeaderConfig,
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=lambda _ns, _name: "node-1",
+            agent_of=lambda _node: ("127.0.0.1", closed),
+        ),
+        sessions=Sessions(4, 2),
+        call_timeout=5.0,
+    )
+    gateway.start()
+    try:
+        ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
+        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        request = (
+            "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/exec"
+            "?command=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+            "Sec-WebSocket-Version: 13\r\nX-Remote-User: alice\r\n\r\n"
+        )
+        with (
+            caplog.at_level("INFO", logger="sandlot.gateway.server"),
+            socket.create_connection(("127.0.0.1", gateway.port), timeout=20) as raw,
+            ctx.wrap_socket(raw, server_hostname="sandlot-gateway.sandlot-system.svc") as conn,
+        ):
+            conn.sendall(request.encode())
+            answer = conn.recv(4096).decode(errors="replace")
+    finally:
+        gateway.shutdown()
+    assert answer.startswith("HTTP/1.1 502"), f"not the refusal: {answer!r}"
+    assert "cannot reach the agent of node node-1" in answer, answer
+    assert "127.0.0.1" not in answer and str(closed) not in answer, answer
+    assert f"127.0.0.1:{closed}" in caplog.text, "the gateway's log keeps the address"

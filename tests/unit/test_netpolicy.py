@@ -3,6 +3,7 @@ API's refusals of bad policies (sandlot.api.netpolicy)."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
@@ -33,7 +34,48 @@ def lines(text: str) -> list[str]:
     return text.splitlines()
 
 
-def test_the_default_refuses_link_local_private_ranges_and_the_node_and_allows_the_rest() -> None:
+def verdict(table: str, dest: str, port: int = 80, proto: str = "tcp") -> str:
+    """What the rendered OUTPUT chain does with a new connection to ``dest``:port,
+    following jumps and RETURNs as netfilter does (the loopback, reply and neighbour
+    discovery rules match no such connection)."""
+    chains: dict[str, list[list[str]]] = {}
+    policy_of = {}
+    for line in table.splitlines():
+        if line.startswith(":"):
+            name, default = line[1:].split()[:2]
+            policy_of[name] = default
+        elif line.startswith("-A "):
+            words = line.split()
+            chains.setdefault(words[1], []).append(words[2:])
+
+    def matches(words: list[str]) -> bool:
+        opts = dict(zip(words[::2], words[1::2], strict=False))
+        if {"-o", "-s", "--ctstate", "--icmpv6-type"} & set(opts):
+            return False
+        if "-d" in opts and ipaddress.ip_address(dest) not in ipaddress.ip_network(opts["-d"]):
+            return False
+        if "-p" in opts and opts["-p"] != proto:
+            return False
+        return "--dport" not in opts or int(opts["--dport"]) == port
+
+    def walk(chain: str) -> str | None:
+        for words in chains.get(chain, []):
+            if not matches(words):
+                continue
+            target = words[words.index("-j") + 1]
+            if target == "RETURN":
+                return None
+            if target in ("ACCEPT", "REJECT", "DROP"):
+                return target
+            found = walk(target)
+            if found is not None:
+                return found
+        return None
+
+    return walk("OUTPUT") or policy_of["OUTPUT"]
+
+
+def test_the_default_refuses_link_local_cgnat_private_ranges_and_the_node() -> None:
     rules = lines(render_rulesets(policy({}), ClusterDefault(), NODE).ipv4)
     assert rules[:4] == [
         "*filter",
@@ -41,10 +83,10 @@ def test_the_default_refuses_link_local_private_ranges_and_the_node_and_allows_t
         ":FORWARD DROP [0:0]",
         ":OUTPUT ACCEPT [0:0]",
     ]
-    for cidr in ("169.254.0.0/16", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"):
-        assert f"-A OUTPUT -d {cidr} -j REJECT" in rules
+    for cidr in ("169.254.0.0/16", "100.64.0.0/10", "10.0.0.0/8", "172.16.0.0/12"):
+        assert f"-A SL-CLUSTER -d {cidr} -j REJECT" in rules
     for addr in ("192.0.2.10", "10.77.0.1"):
-        assert f"-A OUTPUT -d {addr}/32 -j REJECT" in rules
+        assert f"-A SL-CLUSTER -d {addr}/32 -j REJECT" in rules
         assert f"-A INPUT -s {addr}/32 -j ACCEPT" in rules  # the node's routing and probes
     assert "-A INPUT -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT" in rules
     assert rules[-1] == "COMMIT"
@@ -55,46 +97,146 @@ def test_the_default_refuses_link_local_private_ranges_and_the_node_and_allows_t
         "-A INPUT -s 192.0.2.10/32 -j ACCEPT",
         "-A INPUT -s 10.77.0.1/32 -j ACCEPT",
     ], "ingress beyond the node's own and replies"
+    table = "\n".join(rules)
+    for dest in ("169.254.169.254", "100.100.100.200", "192.168.1.1", "192.0.2.10"):
+        assert verdict(table, dest) == "REJECT", dest
+    assert verdict(table, "203.0.113.7") == "ACCEPT"
 
 
 def test_the_ipv6_table_refuses_link_local_and_unique_local_but_keeps_neighbour_discovery() -> None:
     rules = lines(render_rulesets(policy({}), ClusterDefault(), NODE).ipv6)
-    assert "-A OUTPUT -d fe80::/10 -j REJECT" in rules
-    assert "-A OUTPUT -d fc00::/7 -j REJECT" in rules
-    assert "-A OUTPUT -d fe80::1/128 -j REJECT" in rules
+    assert "-A SL-CLUSTER -d fe80::/10 -j REJECT" in rules
+    assert "-A SL-CLUSTER -d fc00::/7 -j REJECT" in rules
+    assert "-A SL-CLUSTER -d fe80::1/128 -j REJECT" in rules
     ndp = rules.index("-A OUTPUT -p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT")
-    assert ndp < rules.index("-A OUTPUT -d fe80::/10 -j REJECT")
+    assert ndp < rules.index("-A OUTPUT -j SL-CLUSTER")
     assert not [r for r in rules if "10.0.0.0/8" in r or "192.0.2.10" in r]
 
 
-def test_an_egress_rule_opens_a_blocked_range_minus_its_exceptions_but_never_the_node() -> None:
+CLUSTER = ClusterDefault(
+    cluster_ranges=("10.96.0.0/12", "10.77.0.0/24"),  # services; the sandbox's own network
+    allowed_egress=("10.96.0.10/32",),  # cluster DNS
+)
+
+
+@pytest.mark.parametrize(
+    ("cidr", "dest", "port"),
+    [
+        ("169.254.169.254/32", "169.254.169.254", 80),
+        ("169.254.0.0/16", "169.254.169.254", 80),
+        ("100.100.100.200/32", "100.100.100.200", 80),
+        ("0.0.0.0/0", "169.254.169.254", 80),
+        ("10.96.0.1/32", "10.96.0.1", 443),
+        ("192.0.2.10/32", "192.0.2.10", 10250),
+        ("10.77.0.1/32", "10.77.0.1", 10250),
+        ("10.77.0.0/24", "10.77.0.9", 8080),
+        ("192.168.0.0/16", "192.168.4.4", 5432),
+        ("fe80::/10", "fe80::a9fe:a9fe", 80),
+    ],
+    ids=[
+        "metadata",
+        "link-local",
+        "cgnat-metadata",
+        "everywhere-still-not-metadata",
+        "api-server-service",
+        "node-kubelet",
+        "node-on-the-bridge",
+        "other-sandboxes",
+        "rfc1918",
+        "ipv6-link-local",
+    ],
+)
+def test_a_tenants_egress_rule_never_opens_what_the_cluster_blocks(
+    cidr: str, dest: str, port: int
+) -> None:
+    p = policy({"egress": [{"to": [{"ipBlock": {"cidr": cidr}}]}]})
+    out = render_rulesets(p, CLUSTER, NODE)
+    table = out.ipv6 if ":" in dest else out.ipv4
+    assert verdict(table, dest, port) == "REJECT", lines(table)
+
+
+@pytest.mark.parametrize(
+    ("data", "dest", "port", "expected"),
+    [
+        ({}, "203.0.113.7", 443, "ACCEPT"),
+        ({}, "10.96.0.10", 53, "ACCEPT"),
+        ({"egress": []}, "203.0.113.7", 443, "REJECT"),
+        ({"egress": [{"ports": [{"port": 443}]}]}, "203.0.113.7", 443, "ACCEPT"),
+        ({"egress": [{"ports": [{"port": 443}]}]}, "203.0.113.7", 80, "REJECT"),
+        (
+            {"egress": [{"to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}]},
+            "198.51.100.5",
+            80,
+            "ACCEPT",
+        ),
+        (
+            {"egress": [{"to": [{"ipBlock": {"cidr": "198.51.100.0/24"}}]}]},
+            "203.0.113.7",
+            80,
+            "REJECT",
+        ),
+        (
+            {
+                "egress": [
+                    {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["198.51.100.0/24"]}}]}
+                ]
+            },
+            "198.51.100.5",
+            80,
+            "REJECT",
+        ),
+        ({"egress": [{"ports": [{"port": 443}]}]}, "10.96.0.10", 53, "REJECT"),
+        (
+            {"egress": [{"to": [{"ipBlock": {"cidr": "10.96.0.10/32"}}]}]},
+            "10.96.0.10",
+            53,
+            "ACCEPT",
+        ),
+    ],
+    ids=[
+        "unset-the-internet",
+        "unset-the-clusters-opening",
+        "empty-nothing",
+        "port-rule-its-port",
+        "port-rule-other-port",
+        "block-inside",
+        "block-outside",
+        "except",
+        "narrowed-away-the-clusters-opening",
+        "kept-the-clusters-opening",
+    ],
+)
+def test_a_tenants_egress_rules_only_narrow_what_the_cluster_allows(
+    data: dict[str, Any], dest: str, port: int, expected: str
+) -> None:
+    table = render_rulesets(policy(data), CLUSTER, NODE).ipv4
+    assert verdict(table, dest, port) == expected, lines(table)
+
+
+def test_the_clusters_allowed_egress_is_the_only_opening_into_its_blocks() -> None:
+    rules = lines(render_rulesets(policy({}), CLUSTER, NODE).ipv4)
+    opening = rules.index("-A SL-CLUSTER -d 10.96.0.10/32 -j RETURN")
+    refusals = [i for i, r in enumerate(rules) if r.startswith("-A SL-CLUSTER") and "REJECT" in r]
+    assert refusals and opening < min(refusals)
+    assert "-A SL-CLUSTER -d 10.96.0.0/12 -j REJECT" in rules
+
+
+def test_the_cluster_chain_comes_before_every_tenant_rule() -> None:
     p = policy(
-        {
-            "egress": [
-                {
-                    "to": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}],
-                    "ports": [{"port": 5432}],
-                }
-            ]
-        }
+        {"egress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}, {"ports": [{"port": 1}]}]}
     )
-    rules = lines(render_rulesets(p, ClusterDefault(), NODE).ipv4)
-    assert ":SL-OUT-0-0 - [0:0]" in rules
-    jump = rules.index("-A OUTPUT -j SL-OUT-0-0")
-    assert rules.index("-A OUTPUT -d 10.77.0.1/32 -j REJECT") < jump  # the node first
-    assert jump < rules.index("-A OUTPUT -d 10.0.0.0/8 -j REJECT")
-    assert rules.index("-A SL-OUT-0-0 -d 10.1.0.0/16 -j RETURN") < rules.index(
-        "-A SL-OUT-0-0 -d 10.0.0.0/8 -p tcp -m tcp --dport 5432 -j ACCEPT"
-    )
+    rules = lines(render_rulesets(p, CLUSTER, NODE).ipv4)
+    cluster = rules.index("-A OUTPUT -j SL-CLUSTER")
+    tenant = [i for i, r in enumerate(rules) if r.startswith("-A OUTPUT") and i != cluster]
+    tenant = [i for i in tenant if "SL-OUT" in rules[i] or "--dport" in rules[i]]
+    assert tenant and cluster < min(tenant)
+    assert rules[-2] == "-A OUTPUT -j REJECT"
 
 
-def test_the_clusters_allowed_egress_comes_before_every_refusal() -> None:
-    default = ClusterDefault(cluster_ranges=("10.96.0.0/12",), allowed_egress=("10.96.0.10/32",))
-    rules = lines(render_rulesets(policy({}), default, NODE).ipv4)
-    allow = rules.index("-A OUTPUT -d 10.96.0.10/32 -j ACCEPT")
-    refusals = [i for i, r in enumerate(rules) if r.endswith("-j REJECT")]
-    assert refusals and allow < min(refusals)
-    assert "-A OUTPUT -d 10.96.0.0/12 -j REJECT" in rules
+def test_the_default_blocked_ranges_hold_cgnat() -> None:
+    settings = AgentSettings(node_name="n")
+    assert "100.64.0.0/10" in settings.blocked_egress
+    assert "100.64.0.0/10" in ClusterDefault().blocked
 
 
 @pytest.mark.parametrize(

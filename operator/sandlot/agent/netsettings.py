@@ -10,7 +10,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from sandlot.api.settings import PositiveDuration, SettingsModel
-from sandlot.policy.netpolicy import LINK_LOCAL, PRIVATE
+from sandlot.policy.netpolicy import CGNAT, LINK_LOCAL, PRIVATE
 
 # ssh, etcd, the API server, kubelet (and its read-only port), kube-proxy, the
 # controller manager and the scheduler.
@@ -64,10 +64,11 @@ class NetworkSettings(SettingsModel):
         "peers by labels are rendered again with the peers' current addresses.",
     )
     blocked_egress: list[str] = Field(
-        default_factory=lambda: list(LINK_LOCAL + PRIVATE),
-        description="CIDRs no sandbox reaches unless an egress rule allows them (repeatable; "
-        "default: link-local, which holds cloud metadata, RFC 1918 and fc00::/7). The "
-        "node's own addresses and the sandbox's own network are always refused too.",
+        default_factory=lambda: list(LINK_LOCAL + CGNAT + PRIVATE),
+        description="CIDRs no sandbox reaches unless allowed_egress opens them; no "
+        "sandbox's own egress rule does (repeatable; default: link-local and "
+        "100.64.0.0/10, which hold clouds' metadata, RFC 1918 and fc00::/7). The node's "
+        "own addresses and the sandbox's own network are refused too.",
     )
     cluster_cidrs: list[str] = Field(
         default_factory=list,
@@ -76,8 +77,9 @@ class NetworkSettings(SettingsModel):
     )
     allowed_egress: list[str] = Field(
         default_factory=list,
-        description="CIDRs every sandbox reaches even inside the refused ranges "
-        "(repeatable), such as the cluster DNS service's address.",
+        description="CIDRs inside the refused ranges that sandboxes may reach "
+        "(repeatable), such as the cluster DNS service's address: the only opening into "
+        "them. A sandbox's own egress rules may still narrow it away.",
     )
     reserved_ports: list[int] = Field(
         default_factory=lambda: list(RESERVED_PORTS),

@@ -24,6 +24,7 @@ from sandlot.api.common import key_of
 from sandlot.api.keys import DEFAULT_LIMITS_ANNOTATION
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
+from sandlot.policy.committed import spec_image_refusal
 from sandlot.policy.limits import (
     DefaultLimits,
     LimitRefused,
@@ -90,6 +91,9 @@ class NamespaceRules:
             raise StartFailed(
                 SandboxReason.INVALID_SPEC, f"spec rejected by the agent: {exc}"
             ) from None
+        refusal = spec_image_refusal(spec.image)  # the CRD refuses it; an older object
+        if refusal is not None:
+            raise StartFailed(SandboxReason.INVALID_IMAGE_NAME, refusal)
         violations = self._policy_violations(sb, spec)
         if violations is None:
             return None

@@ -400,9 +400,9 @@ class SandboxWork:
         except Exception as exc:  # the API server did not answer: the next pass asks again
             log.warning("sandbox %s: its RuntimeClass cannot be read: %s", key_of(sb), exc)
             return None
-        if self.image_gate is not None and committed is None:
+        if self.image_gate is not None:  # a committed image: only whose it is
             try:
-                self.image_gate.check(sb, spec)
+                self.image_gate.check(sb, spec, committed)
             except ImageNotReady:
                 return None
             except PullRefused as exc:

@@ -28,6 +28,8 @@ SNAPSHOTS = "sandboxsnapshots"
 # where it has one (names, metav1.Condition).
 MAX_NAME = 253
 """An object or node name (a DNS subdomain)."""
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""An RFC 1123 subdomain, as Kubernetes names a Node or a RuntimeClass."""
 MAX_DNS_LABEL = 63
 MAX_WORD = 1024
 """A CamelCase reason, a condition type, a capability name, a short token."""

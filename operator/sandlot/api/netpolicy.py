@@ -5,9 +5,10 @@ it in the sandbox's network namespace before its process starts).
 
 What is not written falls back: a missing ``ingress`` or ``egress`` takes the
 namespace's default (annotation ``sandlot.dev/default-network-policy``), then none;
-the cluster default (the agent's settings) always applies underneath: replies and the
-node's own traffic in, link-local, the node's addresses, the cluster's ranges and
-RFC 1918 out only where an egress rule allows them (docs/isolation.md).
+the cluster default (the agent's settings) always stands above: replies and the
+node's own traffic in; link-local, CGNAT, the node's addresses, the cluster's ranges
+and RFC 1918 out only where the cluster's ``allowedEgress`` opens them. A tenant's
+egress rules only narrow what the cluster allows (docs/isolation.md).
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class EgressRule(Model):
     to: list[EgressPeer] = Field(
         default_factory=list,
         max_length=MAX_PEERS,
-        description="Destinations allowed, even inside the blocked ranges; empty: any.",
+        description="Destinations allowed (within what the cluster allows); empty: any.",
     )
     ports: list[PolicyPort] = Field(
         default_factory=list, max_length=MAX_ENTRIES, description="Ports; empty: every port."
@@ -170,9 +171,11 @@ class SandboxNetworkPolicy(Model):
     egress: list[EgressRule] | None = Field(
         default=None,
         max_length=MAX_RULES,
-        description="Destinations allowed even inside the blocked ranges (link-local, the "
-        "node's addresses, the cluster's ranges, RFC 1918); the rest of the internet is "
-        "always allowed. Unset: the namespace default's.",
+        description="Where connections may go out: set, only where a rule allows, and "
+        "never into what the cluster blocks (link-local and metadata, CGNAT, the node's "
+        "addresses, the cluster's ranges, RFC 1918), which only the cluster's "
+        "allowedEgress opens. Unset: the namespace default's; unset there too: "
+        "wherever the cluster allows.",
     )
 
 

@@ -20,6 +20,7 @@ from pydantic import AwareDatetime, Field
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
+    DNS_SUBDOMAIN,
     MAX_ARG,
     MAX_ARGS,
     MAX_CAPABILITIES,
@@ -136,6 +137,29 @@ class SandboxPort(Model):
     protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
 
 
+COMMITTED_IMAGE_REPOSITORIES = ("sandlot.local/snapshots/", "sandlot.local/suspended/")
+"""Where sandlot commits snapshots and suspended sandboxes on a node: never a
+``spec.image`` (``sandlot.policy.committed``)."""
+
+
+def _not_committed() -> JsonDict:
+    """CEL refusing an image name sandlot commits into (any case of the host)."""
+    starts = " || ".join(
+        f"self.lowerAscii().startsWith('{p}')" for p in COMMITTED_IMAGE_REPOSITORIES
+    )
+    names = ", ".join(f"{p}..." for p in COMMITTED_IMAGE_REPOSITORIES)
+    return {
+        "x-kubernetes-validations": [
+            {
+                "rule": f"!({starts})",
+                "message": f"may not name an image sandlot committed ({names}): fork a "
+                "snapshot with spec.snapshotRef",
+                "reason": "FieldValueForbidden",
+            }
+        ]
+    }
+
+
 def _at_least(floor: str, what: str) -> JsonDict:
     """CEL refusing a quantity below ``floor`` (``isQuantity`` first: the pattern
     speaks for text that is not one)."""
@@ -242,7 +266,10 @@ class SandboxSpec(Model):
         min_length=1,
         max_length=MAX_IMAGE,
         description="Image reference (for example `docker.io/library/busybox:1.36`); "
-        "the node's agent pulls it as imagePullPolicy says.",
+        "the node's agent pulls it as imagePullPolicy says. Never one sandlot committed "
+        "(`sandlot.local/snapshots/`, `sandlot.local/suspended/`): a fork names its "
+        "snapshot in snapshotRef.",
+        json_schema_extra=_not_committed(),
     )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
         default="IfNotPresent",
@@ -291,7 +318,9 @@ class SandboxSpec(Model):
     )
     node_name: str | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_NAME,
+        pattern=DNS_SUBDOMAIN,
         description="The SandboxNode this sandbox runs on. Set by the scheduler when "
         "empty; immutable once set. Selectable: `--field-selector spec.nodeName=N`.",
     )
@@ -299,7 +328,7 @@ class SandboxSpec(Model):
         default=None,
         min_length=1,
         max_length=MAX_NAME,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        pattern=DNS_SUBDOMAIN,
         description="The RuntimeClass (node.k8s.io/v1) whose handler runs this sandbox, as "
         "a Pod's: it goes only to a SandboxNode whose status.runtimeHandlers has the "
         "handler, with the class's scheduling.nodeSelector and tolerations added to its "

@@ -18,6 +18,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from sandlot.api.common import (
+    DNS_SUBDOMAIN,
     MAX_IMAGE,
     MAX_MESSAGE,
     MAX_NAME,
@@ -51,7 +52,9 @@ class SandboxSnapshotSpec(Model):
     )
     node_name: str | None = Field(
         default=None,
+        min_length=1,
         max_length=MAX_NAME,
+        pattern=DNS_SUBDOMAIN,
         description="The SandboxNode holding the snapshot: set by the operator to the "
         "sandbox's node; immutable once set. Selectable: `--field-selector spec.nodeName=N`.",
     )

@@ -70,7 +70,7 @@ def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
             raise Refusal(404, str(e)) from None
         except Exception as e:
             raise Refusal(
-                503, f"cannot read sandbox {namespace}/{name}: {api_error_line(e)}"
+                503, f"cannot read sandbox {namespace}/{name}", api_error_line(e)
             ) from None
         if not node:
             raise Refusal(409, f'sandbox "{name}" is {phase or "Pending"} and not on any node yet')
@@ -84,7 +84,7 @@ def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
         except NoAgent as e:
             raise Refusal(503, str(e)) from None
         except Exception as e:
-            raise Refusal(503, f"cannot find node {node}'s agent: {api_error_line(e)}") from None
+            raise Refusal(503, f"cannot find node {node}'s agent", api_error_line(e)) from None
 
     return Backends(review=review, node_of=node_of, agent_of=agent_of)
 

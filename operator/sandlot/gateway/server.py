@@ -77,12 +77,14 @@ DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
 
 
 class Refusal(Exception):
-    """An answer instead of the upgrade: an HTTP status and why."""
+    """An answer instead of the upgrade: an HTTP status and why. ``detail`` (internal
+    addresses, the error underneath) goes to the gateway's log, never to the user."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, detail: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -235,7 +237,9 @@ class Gateway:
             return _answer(400, f"{e}\n")
         except Refusal as e:
             self._on_stream(kind, f"refused_{e.status}")
-            log.info("stream refused (%d): %s", e.status, e.message)
+            log.info(
+                "stream refused (%d): %s%s", e.status, e.message, e.detail and f" ({e.detail})"
+            )
             return _answer(e.status, f"{e.message}\n")
         with self._lock:
             self._opened[id(connection)] = _Opened(agent, user)
@@ -253,7 +257,7 @@ class Gateway:
             try:
                 status = self._backends.review(access_review_spec(caller, asked))
             except Exception as e:
-                raise Refusal(503, f"the gateway cannot review the request: {e}") from None
+                raise Refusal(503, "the gateway cannot review the request", str(e)) from None
         access = decide_access(caller, status, asked)
         if not access.allowed:
             raise Refusal(access.code, access.message)
@@ -286,10 +290,12 @@ class Gateway:
             body = e.response.body.decode(errors="replace").strip()
             raise Refusal(e.response.status_code, body or f"node {node}'s agent refused") from None
         except (OSError, TimeoutError, ssl.SSLError) as e:
-            raise Refusal(502, f"cannot reach the agent of node {node} at {ip}: {e}") from None
+            raise Refusal(
+                502, f"cannot reach the agent of node {node}", f"{host}:{port}: {e}"
+            ) from None
         except Exception as e:
             raise Refusal(
-                502, f"the agent of node {node} at {ip} failed the upgrade: {e}"
+                502, f"the agent of node {node} failed the upgrade", f"{host}:{port}: {e}"
             ) from None
 
     def _answered(

@@ -8,19 +8,21 @@ with the namespace. The trade-off: rules live per sandbox (nothing on the node's
 tables to leak or to collide with kube-proxy's), so a peer that starts later is not
 in a sandbox's ingress until that sandbox's rules are rendered again.
 
-The layers, outermost first:
+The layers, outermost first, as AdminNetworkPolicy stands above NetworkPolicy:
 
 - the cluster default (``ClusterDefault``, the agent's settings): connections in
   only from the node's own addresses (probes, masqueraded traffic) and replies, and,
   while no ingress rules are set, to the ports the sandbox publishes to its pool's
-  Service from anywhere (kube-proxy keeps a Service client's own address); out, everything but the
-  blocked ranges (link-local and metadata, the
-  node's addresses, the cluster's service and pod ranges, RFC 1918 and IPv6's
-  unique-local range), which an egress rule or ``allowed_egress`` opens (the node's
-  addresses only ``allowed_egress``: no tenant's rule reaches the kubelet);
+  Service from anywhere (kube-proxy keeps a Service client's own address); out,
+  everything but the blocked ranges (link-local and metadata, CGNAT, the node's
+  addresses, the cluster's service and pod ranges, RFC 1918 and IPv6's unique-local
+  range, the sandbox's own network). Only ``allowed_egress`` opens a blocked range;
+  no tenant's rule does (a rule naming ``169.254.169.254/32`` would otherwise reach
+  cloud metadata, and one naming the node its kubelet);
 - the namespace default (annotation ``sandlot.dev/default-network-policy``), which
   stands in for a Sandbox's missing ``ingress`` or ``egress``;
-- the Sandbox's own ``spec.networkPolicy``.
+- the Sandbox's own ``spec.networkPolicy``. Its ``egress`` only narrows: once set,
+  a connection goes out only where a rule allows it *and* the cluster does.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
 PRIVATE = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")
+CGNAT = ("100.64.0.0/10",)
+"""Shared address space (RFC 6598): some clouds serve their metadata from it."""
+CLUSTER_CHAIN = "SL-CLUSTER"
+"""The cluster's egress blocks, jumped to before any tenant rule is read."""
 # ICMPv6 neighbour discovery (router/neighbour solicitation and advertisement): without
 # it IPv6 has no neighbours, whatever the rules allow.
 _NDP_TYPES = (133, 134, 135, 136)
@@ -55,12 +61,13 @@ _NDP_TYPES = (133, 134, 135, 136)
 class ClusterDefault:
     """The node-wide floor under every sandbox's policy (from the agent's settings)."""
 
-    blocked: tuple[str, ...] = LINK_LOCAL + PRIVATE
-    """Destinations refused unless an egress rule allows them (CIDRs)."""
+    blocked: tuple[str, ...] = LINK_LOCAL + CGNAT + PRIVATE
+    """Destinations refused unless ``allowed_egress`` opens them (CIDRs)."""
     cluster_ranges: tuple[str, ...] = ()
     """The cluster's service and pod ranges, refused the same way."""
     allowed_egress: tuple[str, ...] = ()
-    """Destinations every sandbox may reach inside the blocked ranges (cluster DNS)."""
+    """Destinations inside the blocked ranges the cluster opens (cluster DNS): the only
+    way into a blocked range. A tenant's egress rules may still narrow them away."""
 
 
 @dataclass(frozen=True)
@@ -246,10 +253,18 @@ def _family(
                     if _host(ip).version == version:
                         body += [f"-A INPUT -s {_host(ip)}{p} -j ACCEPT" for p in ports]
 
-    # The cluster's openings first, then the node (which no tenant's rule opens).
-    body += [f"-A OUTPUT -d {n} -j ACCEPT" for n in _networks(default.allowed_egress, version)]
-    body += [f"-A OUTPUT -d {n} -j REJECT" for n in node]
-    for i, egress in enumerate(policy.egress or []):
+    # The cluster's blocks before any tenant rule: what it refuses no rule reopens.
+    # Its openings return to the tenant's rules, which only narrow.
+    chains.append(CLUSTER_CHAIN)
+    body.append(f"-A OUTPUT -j {CLUSTER_CHAIN}")
+    body += [
+        f"-A {CLUSTER_CHAIN} -d {n} -j RETURN" for n in _networks(default.allowed_egress, version)
+    ]
+    blocked = [*_networks(default.blocked, version), *_networks(default.cluster_ranges, version)]
+    body += [f"-A {CLUSTER_CHAIN} -d {n} -j REJECT" for n in [*node, *blocked]]
+    if policy.egress is None:
+        return _table(chains, body)  # no rules: out wherever the cluster allows
+    for i, egress in enumerate(policy.egress):
         ports = _port_matches(egress.ports, version)
         if not egress.to:
             body += [f"-A OUTPUT{p} -j ACCEPT" for p in ports]
@@ -261,9 +276,11 @@ def _family(
                 continue
             chains.append(chain)
             body += [f"-A OUTPUT -j {chain}", *lines]
-    blocked = [*_networks(default.blocked, version), *_networks(default.cluster_ranges, version)]
-    body += [f"-A OUTPUT -d {n} -j REJECT" for n in blocked]
+    body.append("-A OUTPUT -j REJECT")  # rules set: out only where one allows
+    return _table(chains, body)
 
+
+def _table(chains: Sequence[str], body: Sequence[str]) -> str:
     head = ["*filter", ":INPUT DROP [0:0]", ":FORWARD DROP [0:0]", ":OUTPUT ACCEPT [0:0]"]
     head += [f":{c} - [0:0]" for c in chains]
     return "\n".join([*head, *body, "COMMIT", ""])
@@ -300,6 +317,8 @@ def render_rulesets(
 
 
 __all__ = [
+    "CGNAT",
+    "CLUSTER_CHAIN",
     "LINK_LOCAL",
     "PRIVATE",
     "ClusterDefault",

@@ -30,6 +30,7 @@ from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
 from sandlot.api.timestamps import rfc3339
 from sandlot.policy.agentsync import UNSTARTED_PHASES
+from sandlot.policy.committed import start_refusal
 from sandlot.policy.pulling import (
     ImageReference,
     InvalidReference,
@@ -37,6 +38,7 @@ from sandlot.policy.pulling import (
     PullPolicy,
     RegistryAccess,
     parse_reference,
+    public_message,
 )
 
 log = logging.getLogger(__name__)
@@ -72,9 +74,17 @@ class ImageGate:
         # The pull each waiting sandbox (by uid) started or joined, for Always.
         self._joined: dict[str, int] = {}
 
-    def check(self, sb: Mapping[str, Any], spec: SandboxSpec) -> None:
+    def check(self, sb: Mapping[str, Any], spec: SandboxSpec, committed: str | None = None) -> None:
         """Return when the image may be used now; else raise ``ImageNotReady`` (after
-        saying why in the status) or ``PullRefused``."""
+        saying why in the status) or ``PullRefused``. ``committed``: the start uses that
+        image sandlot committed (a fork, a restore), never pulled: it must be of the
+        sandbox's own namespace."""
+        if committed is not None:
+            labels = self.pulls.labels(committed)
+            refusal = start_refusal(committed, labels, str(sb["metadata"]["namespace"]))
+            if refusal is not None:
+                raise PullRefused(SandboxReason.INVALID_IMAGE_NAME, refusal)
+            return
         image, uid = spec.image, str(sb["metadata"]["uid"])
         try:
             ref = parse_reference(image)
@@ -87,8 +97,9 @@ class ImageGate:
             self._joined.pop(uid, None)
         if decision.action is PullAction.RUN:
             return
+        said = public_message(decision.message, ref.registry)  # the log has it whole
         if decision.action is PullAction.FAIL:
-            raise PullRefused(decision.reason, f"image {image}: {decision.message}")
+            raise PullRefused(decision.reason, f"image {image}: {said}")
         if decision.action in (PullAction.PULL, PullAction.VERIFY):
             verify = decision.action is PullAction.VERIFY
             self._joined[uid] = self.pulls.start(key, credential, verify=verify)
@@ -102,7 +113,7 @@ class ImageGate:
             self.pulls.wake_at(decision.retry_at)
             message = (
                 f"Back-off pulling image {image} until {rfc3339(decision.retry_at, 'seconds')}: "
-                f"{decision.message}"
+                f"{said}"
             )
             self._report(sb, decision.reason, message, None)
         raise ImageNotReady(image)

@@ -162,6 +162,10 @@ class ImagePulls:
             cap=self.options.max_backoff,
         )
 
+    def labels(self, image: str) -> Mapping[str, str] | None:
+        """The labels of ``image``'s record on the node; None when it is not there."""
+        return self._puller().image_labels(image, timeout=self.options.call_timeout)
+
     def starting(self) -> frozenset[str]:
         """Images with a pull or a start in flight: in use, for the image collector."""
         with self._lock:

@@ -1,7 +1,8 @@
 """Image pulling's decisions, pure: what an image reference is, whether to pull,
 wait, back off or fail (``decision``), where registry requests may go
-(``access``), which credential a registry gets (``auth``) and when an image
-already on the node needs its credential verified (``credentials``).
+(``access``), what of a failure a tenant sees (``messages``), which credential a
+registry gets (``auth``) and when an image already on the node needs its
+credential verified (``credentials``).
 
 Callers outside the package import from here; the modules import each other.
 """
@@ -33,6 +34,7 @@ from sandlot.policy.pulling.decision import (
     PullPolicy,
     decide_pull,
 )
+from sandlot.policy.pulling.messages import public_message
 from sandlot.policy.pulling.reference import ImageReference, InvalidReference, parse_reference
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "decide_pull",
     "needs_verification",
     "parse_reference",
+    "public_message",
     "realm_refusal",
     "redirect_refusal",
     "same_host",
