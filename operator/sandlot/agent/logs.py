@@ -14,6 +14,7 @@ from sandlot.adapters.logfiles import fifo_stems, log_files, remove
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.logwriter import LogWriter
+from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.keys import SANDBOX_UID_LABEL
 from sandlot.policy.lifecycle import held_here, logs_kept
@@ -30,8 +31,10 @@ class SandboxLogs:
         call_timeout: float,
         node: str,
         sandboxes: WatchCache,
+        passes: Callable[[], object],
     ) -> None:
         self.writer = writer
+        self.passes = passes
         self.rt = rt
         self.call_timeout = call_timeout
         self.node = node
@@ -74,6 +77,7 @@ class SandboxLogs:
                 remove(writer.log_dir / name)
             except OSError as exc:
                 log.warning("cannot remove sandbox log %s: %s", name, exc)
+        self.passes()
         return plan
 
 
@@ -81,7 +85,7 @@ def sandbox_logs(
     settings: AgentSettings,
     rt: Runtime,
     call_timeout: float,
-    dropped: Callable[[int], None],
+    metrics: AgentMetrics,
     sandboxes: WatchCache,
 ) -> SandboxLogs:
     """The pass over ``settings``' log directory, with its writer (none when logs
@@ -92,8 +96,10 @@ def sandbox_logs(
     writer = None
     if settings.log_dir:
         fifos = Path(settings.state_dir) / "logs" / settings.node_name
+        dropped = metrics.log_bytes_dropped.inc
         writer = LogWriter(settings.log_dir, fifos, settings.log_max_bytes, dropped=dropped)
-    return SandboxLogs(writer, rt, call_timeout, settings.node_name, sandboxes)
+    passes = metrics.log_passes.inc
+    return SandboxLogs(writer, rt, call_timeout, settings.node_name, sandboxes, passes)
 
 
 __all__ = ["SandboxLogs", "sandbox_logs"]
