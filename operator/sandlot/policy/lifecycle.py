@@ -140,7 +140,7 @@ STEPS: tuple[StepRule, ...] = (
     StepRule(
         Step.END,
         "reaper; sync",
-        f"{SLOT}; the exit read from the runtime",
+        f"{SLOT}; the exit read from the runtime; the Sandbox read: a suspended one is left",
         "phase Stopped/Failed with the exit code, or ContainerLost",
         "never for a suspended sandbox: its container is gone on purpose",
     ),
