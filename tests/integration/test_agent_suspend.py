@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.adapters.containerd import ContainerdRuntime
-from sandlot.adapters.runtime import ContainerSpec
+from sandlot.adapters.runtime import ContainerSpec, RuntimeTimeout, TaskState
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown
@@ -346,3 +346,133 @@ def test_a_drain_s_cordon_seen_before_its_suspend_request_stops_nothing(
     assert status["reason"] == "Drained" and "suspended" in status["message"], status
     suspended = condition(get_sandbox(kube, namespace, "mover"), "Suspended")
     assert suspended is not None and suspended["status"] == "True", suspended
+
+
+def log_passes(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_log_passes_total") or 0
+
+
+def test_a_suspended_sandbox_keeps_its_log_and_a_restore_appends_to_it(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    rt: ContainerdRuntime,
+    log_dir: Path,
+) -> None:
+    """logs: the log pass runs beside a sandbox with no container on purpose and
+    leaves its files; the restored container's output goes on in the same file."""
+    agent = make_agent(log_interval="0.2s")
+    assert agent.start()
+    create_sandbox(kube, namespace, "talker", agent.node, command=WRITER)
+    running = wait_phase(kube, namespace, "talker", "Running", timeout=30)
+    cid, log = running["status"]["containerId"], log_of(log_dir, running)
+    wait_for(lambda: saw_after(log, "seen-written-before"), timeout=10, what="its output")
+
+    set_mode(kube, namespace, "talker", "Suspended")
+    wait_suspended(kube, namespace, "talker", "True", "Suspended")
+    wait_for(lambda: cid not in container_ids(rt), timeout=30, what=f"container {cid} removed")
+    wait_for(
+        lambda: watch_says(
+            agent,
+            f"{namespace}/talker",
+            lambda sb: (condition(sb, "Suspended") or {}).get("status") == "True",
+        ),
+        timeout=10,
+        what="the agent's watch to see the suspension",
+    )
+    passes = log_passes(agent)
+    wait_for(
+        lambda: log_passes(agent) >= passes + 2,
+        timeout=20,
+        what="two log passes over the suspended sandbox with no container",
+    )
+    assert log.exists(), "the log pass removed a suspended sandbox's log"
+    before = log.read_text()
+    assert "seen-written-before" in before
+
+    set_mode(kube, namespace, "talker", "Running")
+    wait_suspended(kube, namespace, "talker", "False", "Restored")
+    wait_for(
+        lambda: log.read_text().count("seen-written-before") > before.count("seen-written-before"),
+        timeout=15,
+        what="the restored sandbox's output appended to its log",
+    )
+    assert log.read_text().startswith(before), "the log was begun again on restore"
+
+
+class TaskDeleteMissesItsDeadline:
+    """The real runtime, except that while ``failing`` is set, deleting the task of
+    ``target`` gets no answer in time (``RuntimeTimeout``, nothing done): a shim that
+    stops answering deletes. Armed before a suspend, its teardown kills the task and
+    then fails to delete it, after the Suspended record was written: the stopped task
+    is left behind. Every other call is real."""
+
+    def __init__(self, inner: ContainerdRuntime) -> None:
+        self._inner = inner
+        self.target = ""
+        self.failing = threading.Event()
+        self.missed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def delete_task(self, container_id: str, *, timeout: float) -> Any:
+        if self.failing.is_set() and container_id == self.target:
+            self.missed += 1
+            raise RuntimeTimeout(f"delete task {container_id}: no answer within {timeout}s")
+        return self._inner.delete_task(container_id, timeout=timeout)
+
+
+def reaper_passes(agent: Agent) -> float:
+    return agent.registry.get_sample_value("sandlot_agent_reaper_passes_total") or 0
+
+
+def test_the_reaper_leaves_a_suspension_whose_task_delete_missed_its_deadline(
+    make_agent: Callable[..., Agent],
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    ctr_ns: str,
+    rt: ContainerdRuntime,
+) -> None:
+    """kept-suspended: a reaper pass over the stopped task a failed suspend left
+    behind neither ends the sandbox nor removes the container; the sync's REMOVE
+    step does, once the delete answers, and the committed state serves a restore."""
+    faulty = TaskDeleteMissesItsDeadline(ContainerdRuntime(containerd.address, ctr_ns))
+    agent = make_agent(runtime_factory=lambda: faulty)
+    assert agent.start()
+    create_sandbox(kube, namespace, "keeper", agent.node, command=WRITER)
+    running = wait_phase(kube, namespace, "keeper", "Running", timeout=30)
+    faulty.target = cid = running["status"]["containerId"]
+    image = suspended_image_name(running["metadata"]["uid"])
+
+    faulty.failing.set()  # the suspend's task delete, and every one after, misses
+    set_mode(kube, namespace, "keeper", "Suspended")
+    wait_suspended(kube, namespace, "keeper", "True", "Suspended")
+
+    def stopped_task_left() -> bool:
+        task = rt.get_task(cid, timeout=5)
+        return faulty.missed >= 1 and task is not None and task.state is TaskState.STOPPED
+
+    wait_for(stopped_task_left, timeout=30, what="the suspend to leave its stopped task behind")
+    passes = reaper_passes(agent)
+    wait_for(
+        lambda: reaper_passes(agent) >= passes + 2,
+        timeout=20,
+        what="a whole reaper pass over the stopped task",
+    )
+    sb = get_sandbox(kube, namespace, "keeper")
+    assert sb is not None and sb["status"]["phase"] == "Running", sb and sb["status"]
+    held = condition(sb, "Suspended")
+    assert held is not None and held["status"] == "True", sb["status"]
+    assert cid in container_ids(rt), "the reaper tore down a suspension's leftover"
+
+    faulty.failing.clear()  # the shim answers again: the sync's REMOVE step finishes
+    wait_for(lambda: cid not in container_ids(rt), timeout=30, what=f"container {cid} removed")
+    sb = get_sandbox(kube, namespace, "keeper")
+    assert sb is not None and sb["status"]["phase"] == "Running", sb and sb["status"]
+    assert image in {i.name for i in rt.list_images(timeout=10)}, "its committed state went"
+
+    set_mode(kube, namespace, "keeper", "Running")
+    restored = wait_suspended(kube, namespace, "keeper", "False", "Restored")
+    assert Path(f"/proc/{restored['status']['pid']}/root/kept").read_text() == "written-before\n"

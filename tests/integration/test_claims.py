@@ -6,11 +6,14 @@ control plane) but not the claimed sandbox, whose deletion makes its claim Lost.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.certs import StreamCerts
+from sandlot.devtools.controlplane import free_port
 from tests.support.pools import Cluster, Start, start_operator
 from tests.support.wait import wait_for
 
@@ -138,3 +141,107 @@ def test_a_claimed_sandbox_outlives_its_pool_and_its_deletion_makes_the_claim_lo
         what="claim mine to say its sandbox is lost",
     )
     assert status["message"] == f"sandbox {claimed} was deleted"
+
+
+DOZY_PROBE = {
+    "exec": {"command": ["sh", "-c", "true"]},
+    "periodSeconds": 1,
+    "timeoutSeconds": 2,
+    "failureThreshold": 2,
+}
+IDLE_TIMEOUT = 8  # seconds: its first probe passes well before
+
+
+def _condition(sb: dict[str, Any], kind: str) -> tuple[str, str] | None:
+    for c in (sb.get("status") or {}).get("conditions") or ():
+        if c.get("type") == kind:
+            return str(c.get("status")), str(c.get("reason"))
+    return None
+
+
+def test_a_claim_binds_an_idle_suspended_member_with_a_readiness_probe_and_wakes_it(
+    cluster: Cluster, operators: Start, tmp_path: Path
+) -> None:
+    """A suspended member has no container to probe: its Ready verdict stands as
+    last written (probes past its failureThreshold would have turned it False, and
+    claims bind only Ready members), so a claim binds it and the agent starts it."""
+    # The agent serves streams (no gateway here): the idle suspension and the claim's
+    # wake are wired to its stream server. Its probe runs every second, and each exec
+    # (runc's own start included) spends CPU in the member's cgroup: the idle
+    # threshold is raised past that, as this test is not about the threshold.
+    certs = StreamCerts.create(tmp_path / "certs", cluster.lease_namespace, ("127.0.0.1",))
+    cluster.agent_overrides.update(
+        idle_interval="0.3s",
+        idle_cpu_cores=0.5,
+        stream_port=free_port(),
+        stream_bind="127.0.0.1",
+        stream_tls_cert=str(certs.agent.cert),
+        stream_tls_key=str(certs.agent.key),
+        stream_client_ca=str(certs.ca.cert),
+    )
+    node = cluster.add_node("a", capacity=10)
+    start_operator(cluster, operators)
+    cluster.create_pool(
+        "dozy",
+        1,
+        readinessProbe=DOZY_PROBE,
+        idleTimeoutSeconds=IDLE_TIMEOUT,
+        idleAction="Suspend",
+    )
+    [member] = cluster.wait_running("dozy", 1)
+    name, cid = member["metadata"]["name"], member["status"]["containerId"]
+
+    def sandbox() -> dict[str, Any]:
+        return dict(
+            cluster.objs.get_namespaced_custom_object(
+                GROUP, VERSION, cluster.namespace, "sandboxes", name
+            )
+        )
+
+    wait_for(
+        lambda: _condition(sandbox(), "Ready") == ("True", "ProbePassed"),
+        timeout=IDLE_TIMEOUT,
+        what=f"member {name} Ready before its idle timeout",
+    )
+
+    wait_for(
+        lambda: _condition(sandbox(), "Suspended") == ("True", "Idle"),
+        timeout=IDLE_TIMEOUT + 40,
+        what=f"member {name} idle-suspended",
+    )
+    assert _condition(sandbox(), "Ready") == ("True", "ProbePassed"), sandbox()["status"]
+    wait_for(lambda: cid not in node.containers(), timeout=20, what=f"container {cid} removed")
+    agent = node.agent
+    assert agent is not None
+    key = f"{cluster.namespace}/{name}"
+    wait_for(
+        lambda: _condition(agent.sandbox_watch.get(key) or {}, "Suspended") == ("True", "Idle"),
+        timeout=10,
+        what="the agent's watch to see the idle suspension",
+    )
+    passes = agent.registry.get_sample_value("sandlot_agent_readiness_passes_total") or 0
+    wait_for(  # 8 s of passes: past the probe's failureThreshold * periodSeconds + timeout
+        lambda: (
+            (agent.registry.get_sample_value("sandlot_agent_readiness_passes_total") or 0)
+            >= passes + 16
+        ),
+        timeout=30,
+        what="readiness passes over the suspended member",
+    )
+    assert _condition(sandbox(), "Ready") == ("True", "ProbePassed"), sandbox()["status"]
+
+    cluster.create_claim("waker", "dozy")
+    status = wait_for(
+        lambda: (s := cluster.claim_status("waker")).get("phase") == "Bound" and s,
+        timeout=15,
+        what="claim waker to bind the idle-suspended member",
+    )
+    assert status["sandboxName"] == name
+    wait_for(
+        lambda: _condition(sandbox(), "Suspended") == ("False", "Restored"),
+        timeout=30,
+        what=f"member {name} started again for its claim",
+    )
+    woke = sandbox()
+    assert woke["status"]["phase"] == "Running"
+    assert woke["status"]["containerId"] in node.containers()

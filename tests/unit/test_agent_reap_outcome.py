@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sandlot.api.reasons import SandboxReason
-from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.agentreap import SandboxEnd, decide_reap
 from sandlot.policy.agentsync import SandboxState
 
@@ -61,6 +63,31 @@ ROWS = {
     "stopped-already-ended": (sb(P.STOPPED), 0, 0, None),
     "failed-already-ended": (sb(P.FAILED), 0, 1, None),
     "dead-already-ended": (sb(P.DEAD), 137, 1, None),
+    # kept-suspended: a suspend whose task delete failed left its stopped task behind
+    "suspended-by-its-spec-is-not-ended": (
+        replace(sb(P.RUNNING), mode=OperatingMode.SUSPENDED, suspended=True),
+        137,
+        0,
+        None,
+    ),
+    "idle-suspended-is-not-ended": (
+        replace(sb(P.RUNNING), suspended=True, idle_suspended=True),
+        137,
+        0,
+        None,
+    ),
+    "suspend-asked-not-recorded-yet-exits-as-any": (
+        replace(sb(P.RUNNING), mode=OperatingMode.SUSPENDED),
+        0,
+        0,
+        SandboxEnd(P.STOPPED, SandboxReason.EXITED, "exited with code 0", 0),
+    ),
+    "paused-and-exited-is-ended": (
+        replace(sb(P.RUNNING), mode=OperatingMode.PAUSED, paused=True),
+        1,
+        0,
+        SandboxEnd(P.STOPPED, SandboxReason.EXITED, "exited with code 1", 1),
+    ),
 }
 
 

@@ -206,8 +206,8 @@ def test_an_unclaimed_member_carries_its_pools_label() -> None:
 
 
 def test_an_idle_paused_sandbox_is_not_probed() -> None:
-    assert probe_target(sandbox(), "c1", None) is not None
-    assert probe_target(sandbox(paused=("True", "Idle")), "c1", None) is None
+    assert probe_target(sandbox(), "c1", None, busy=False) is not None
+    assert probe_target(sandbox(paused=("True", "Idle")), "c1", None, busy=False) is None
 
 
 def test_a_pause_the_spec_asks_for_waits_while_a_stream_is_open() -> None:

@@ -15,7 +15,18 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync, thaw_stands
-from sandlot.policy.lifecycle import STEPS, Step, invariants_list, steps_table, thaw_due
+from sandlot.policy.lifecycle import (
+    STEPS,
+    Held,
+    Step,
+    held_here,
+    invariants_list,
+    logs_kept,
+    probed,
+    reaper_leaves,
+    steps_table,
+    thaw_due,
+)
 from sandlot.policy.operatingmode import TaskState
 
 M, T = OperatingMode, TaskState
@@ -168,6 +179,81 @@ def test_a_loop_holding_a_slot_in_place_excludes_queued_work_and_the_other_way_r
     finally:
         release.set()
         pools.shutdown()
+
+
+NODE = "n1"
+
+
+def body(
+    phase: str | None = "Running",
+    mode: str = "Running",
+    *conditions: tuple[str, str, str],
+    node: str = NODE,
+) -> dict[str, object]:
+    status: dict[str, object] = {
+        "conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions]
+    }
+    if phase is not None:
+        status["phase"] = phase
+    return {
+        "metadata": {"namespace": "ns", "name": "box", "uid": "u1"},
+        "spec": {"nodeName": node, "operatingMode": mode},
+        "status": status,
+    }
+
+
+SUSPENDED_IDLE = ("Suspended", "True", "Idle")
+HELD = {
+    # body -> what this node holds of it
+    "gone": (None, Held.NOTHING),
+    "another-nodes": (body(node="n2"), Held.NOTHING),
+    "ended": (body("Stopped"), Held.NOTHING),
+    "lost": (body("Dead"), Held.NOTHING),
+    "bound-not-started": (body(None), Held.STARTING),
+    "scheduled": (body("Scheduled"), Held.STARTING),
+    "running": (body(), Held.RUNNING),
+    "restored": (body("Running", "Running", ("Suspended", "False", "Restored")), Held.RUNNING),
+    "spec-paused": (body("Running", "Paused"), Held.FROZEN),
+    "idle-paused": (body("Running", "Running", ("Paused", "True", "Idle")), Held.FROZEN),
+    "suspend-asked-commit-ahead": (body("Running", "Suspended"), Held.FROZEN),
+    "suspended": (
+        body("Running", "Suspended", ("Suspended", "True", "Suspended")),
+        Held.SUSPENDED,
+    ),
+    "idle-suspended": (body("Running", "Running", SUSPENDED_IDLE), Held.SUSPENDED),
+    "paused-then-suspended": (
+        body("Running", "Suspended", ("Paused", "True", "Paused"), SUSPENDED_IDLE),
+        Held.SUSPENDED,
+    ),
+}
+
+
+@pytest.mark.parametrize(("obj", "held"), HELD.values(), ids=list(HELD))
+def test_held_here(obj: dict[str, object] | None, held: Held) -> None:
+    assert held_here(obj, NODE) is held
+
+
+# held -> (its logs stay, probed when no step holds it, the reaper leaves it)
+LOOPS = {
+    Held.NOTHING: (False, False, False),
+    Held.STARTING: (True, False, False),
+    Held.RUNNING: (True, True, False),
+    Held.FROZEN: (True, False, False),
+    Held.SUSPENDED: (True, False, True),
+}
+
+
+@pytest.mark.parametrize("held", list(LOOPS), ids=str)
+def test_what_each_loop_does_with_what_the_node_holds(held: Held) -> None:
+    """logs: a suspended sandbox's logs stay; kept-suspended: the reaper leaves a
+    suspended one; the prober probes only a task that runs, and none a step holds."""
+    logs, probe, leaves = LOOPS[held]
+    assert (logs_kept(held), probed(held, busy=False), reaper_leaves(held)) == (
+        logs,
+        probe,
+        leaves,
+    )
+    assert not probed(held, busy=True)
 
 
 def test_every_step_has_a_rule_and_the_docs_show_the_table_and_the_invariants() -> None:

@@ -116,29 +116,54 @@ def test_without_a_probe_it_is_ready_and_only_a_stale_not_ready_is_corrected(
     assert verdict.next_probe_at is None
 
 
-def _body(phase: str, mode: str = "Running", probe: object = None) -> dict[str, object]:
+def _body(
+    phase: str, mode: str = "Running", probe: object = None, *extra: dict[str, str]
+) -> dict[str, object]:
     spec: dict[str, object] = {"image": "busybox", "operatingMode": mode}
     if probe is not None:
         spec["readinessProbe"] = probe
+    conditions = [{"type": "Ready", "status": "True" if extra else "False"}, *extra]
     return {
         "metadata": {"namespace": "ns", "name": "a", "uid": "u1"},
         "spec": spec,
-        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "False"}]},
+        "status": {"phase": phase, "conditions": conditions},
     }
 
 
+IDLE_SUSPENDED = {"type": "Suspended", "status": "True", "reason": "Idle"}
+SUSPENDED = {"type": "Suspended", "status": "True", "reason": "Suspended"}
+RESTORED = {"type": "Suspended", "status": "False", "reason": "Restored"}
+IDLE_PAUSED = {"type": "Paused", "status": "True", "reason": "Idle"}
+TARGETS = {
+    # (phase, spec mode, conditions, a step holds the slot) -> probed
+    "running-is-probed": ("Running", "Running", (), False, True),
+    "paused-is-not-probed": ("Running", "Paused", (), False, False),
+    "not-yet-running-is-not-probed": ("Scheduled", "Running", (), False, False),
+    "idle-paused-is-not-probed": ("Running", "Running", (IDLE_PAUSED,), False, False),
+    "idle-suspended-has-no-container-to-probe": (
+        "Running",
+        "Running",
+        (IDLE_SUSPENDED,),
+        False,
+        False,
+    ),
+    "suspended-by-its-spec-is-not-probed": ("Running", "Suspended", (SUSPENDED,), False, False),
+    "restored-is-probed-again": ("Running", "Running", (RESTORED,), False, True),
+    "a-step-holding-the-slot-may-freeze-it": ("Running", "Running", (), True, False),
+}
+
+
 @pytest.mark.parametrize(
-    ("phase", "mode", "probed"),
-    [("Running", "Running", True), ("Running", "Paused", False), ("Scheduled", "Running", False)],
-    ids=["running-is-probed", "paused-is-not-probed", "not-yet-running-is-not-probed"],
+    ("phase", "mode", "conditions", "busy", "probed"), TARGETS.values(), ids=list(TARGETS)
 )
-def test_only_a_running_unpaused_sandbox_is_a_probe_target(
-    phase: str, mode: str, probed: bool
+def test_only_a_running_sandbox_no_step_holds_is_a_probe_target(
+    phase: str, mode: str, conditions: tuple[dict[str, str], ...], busy: bool, probed: bool
 ) -> None:
-    target = probe_target(_body(phase, mode, {"tcpSocket": {"port": 80}}), "sb-u1", T0)
+    body = _body(phase, mode, {"tcpSocket": {"port": 80}}, *conditions)
+    target = probe_target(body, "sb-u1", T0, busy=busy)
     assert (target is not None) == probed
     if target is not None:
-        assert (target.key, target.recorded) == ("ns/a", False)
+        assert (target.key, target.recorded) == ("ns/a", bool(conditions))
         assert target.probe is not None and target.probe.tcp_socket is not None
 
 

@@ -48,35 +48,88 @@ def test_fits(size: int, incoming: int, cap: int, fit: int) -> None:
     assert fits(size, incoming, cap) == fit
 
 
+LOGS = {
+    # (files, fifos, attached, container uids, uids whose logs stay) -> plan
+    "running and read: nothing to do": (
+        {"a_b_u1.log"},
+        {"a_b_u1"},
+        {"a_b_u1": 3},
+        {"u1"},
+        {"u1"},
+        LogPlan(),
+    ),
+    "running and not read (a restarted agent): attach": (
+        set(),
+        {"a_b_u1"},
+        {},
+        {"u1"},
+        {"u1"},
+        LogPlan(attach=["a_b_u1"]),
+    ),
+    "sandbox gone with its container: read the rest, then remove both files": (
+        {"a_b_u1.log", "a_b_u1.log.1"},
+        {"a_b_u1"},
+        {"a_b_u1": 3},
+        set(),
+        set(),
+        LogPlan(detach={"a_b_u1": 3}, remove=["a_b_u1.log", "a_b_u1.log.1"]),
+    ),
+    "container gone while no agent read: unlink the FIFO": (
+        set(),
+        {"a_b_u1"},
+        {},
+        set(),
+        set(),
+        LogPlan(detach={"a_b_u1": None}),
+    ),
+    "foreign files are left alone": ({"README", "x.log"}, set(), {}, set(), set(), LogPlan()),
+    "a next file left by an agent stopped mid-rotation goes with its sandbox": (
+        {"a_b_u1.log.new"},
+        set(),
+        {},
+        set(),
+        set(),
+        LogPlan(remove=["a_b_u1.log.new"]),
+    ),
+    "suspended (no container on purpose): its output detached, its files kept": (
+        {"a_b_u1.log", "a_b_u1.log.1"},
+        {"a_b_u1"},
+        {"a_b_u1": 3},
+        set(),
+        {"u1"},
+        LogPlan(detach={"a_b_u1": 3}),
+    ),
+    "sandboxes not known yet: nothing removed": (
+        {"a_b_u1.log"},
+        set(),
+        {},
+        set(),
+        None,
+        LogPlan(),
+    ),
+    "ended and its container gone: removed": (
+        {"a_b_u1.log"},
+        set(),
+        {},
+        set(),
+        {"u2"},
+        LogPlan(remove=["a_b_u1.log"]),
+    ),
+}
+
+
 @pytest.mark.parametrize(
-    ("files", "fifos", "attached", "live", "plan"),
-    [
-        ({"a_b_u1.log"}, {"a_b_u1"}, {"a_b_u1": 3}, {"u1"}, LogPlan()),
-        (set(), {"a_b_u1"}, {}, {"u1"}, LogPlan(attach=["a_b_u1"])),
-        (
-            {"a_b_u1.log", "a_b_u1.log.1"},
-            {"a_b_u1"},
-            {"a_b_u1": 3},
-            set(),
-            LogPlan(detach={"a_b_u1": 3}, remove=["a_b_u1.log", "a_b_u1.log.1"]),
-        ),
-        (set(), {"a_b_u1"}, {}, set(), LogPlan(detach={"a_b_u1": None})),
-        ({"README", "x.log"}, set(), {}, set(), LogPlan()),
-        ({"a_b_u1.log.new"}, set(), {}, set(), LogPlan(remove=["a_b_u1.log.new"])),
-    ],
-    ids=[
-        "running and read: nothing to do",
-        "running and not read (a restarted agent): attach",
-        "container gone: read the rest, then remove both files",
-        "container gone while no agent read: unlink the FIFO",
-        "foreign files are left alone",
-        "a next file left by an agent stopped mid-rotation goes with its sandbox",
-    ],
+    ("files", "fifos", "attached", "live", "kept", "plan"), LOGS.values(), ids=list(LOGS)
 )
 def test_plan_logs(
-    files: set[str], fifos: set[str], attached: dict[str, int], live: set[str], plan: LogPlan
+    files: set[str],
+    fifos: set[str],
+    attached: dict[str, int],
+    live: set[str],
+    kept: set[str] | None,
+    plan: LogPlan,
 ) -> None:
-    assert plan_logs(files, fifos, attached, live) == plan
+    assert plan_logs(files, fifos, attached, live, kept) == plan
 
 
 def test_a_capped_log_is_never_over_its_cap_and_keeps_one_generation(tmp_path: Path) -> None:

@@ -187,7 +187,7 @@ class Agent:
             self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
         )
         self.prober = readiness_prober(
-            settings, self.sandbox_watch, self.status, self.metrics, self._stop
+            settings, self.sandbox_watch, self.status, self.metrics, self._stop, self.pool.busy
         )
 
     @property

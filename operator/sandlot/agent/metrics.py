@@ -52,6 +52,12 @@ class AgentMetrics:
             "Bytes of sandbox output read but not written to its log (the log disk failed).",
             registry=registry,
         )
+        self.log_passes = Counter(
+            "sandlot_agent_log_passes_total",
+            "Log passes that ran to the end (output attached and detached, the files of "
+            "sandboxes gone or ended removed).",
+            registry=registry,
+        )
         self.sync_passes = Counter(
             "sandlot_agent_sync_passes_total",
             "Sync passes that ran to the end (the node's sandboxes set against its "

@@ -134,7 +134,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         settings, w.objects.api, w.status, w.sync_wake, w.registry, w.clock
     )
     # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
-    logs = sandbox_logs(settings, runtime, call_timeout, w.metrics.log_bytes_dropped.inc)
+    logs = sandbox_logs(settings, runtime, call_timeout, w.metrics, w.sandbox_watch)
     work = SandboxWork(
         settings,
         w.objects,

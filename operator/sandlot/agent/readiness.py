@@ -2,7 +2,10 @@
 condition (``policy.readiness`` decides; this loop only probes and writes).
 
 A pass every ``PROBE_TICK`` reads the node's Sandboxes from the sync's watch (no
-request), asks ``decide_readiness`` for each Running, unpaused one and hands a
+request), asks ``decide_readiness`` for each one whose task runs and whose work
+slot no step holds (``policy.lifecycle.probed``: not paused, not suspended, not
+frozen for a commit or a snapshot; a result that came back while a step held the
+slot is dropped) and hands a
 probe that is due, or a verdict to write, to a small pool of its own: a slow
 probe holds one of ``PROBE_WORKERS`` threads for its timeout at most, never the
 pass nor the sync's workers. One item per sandbox is in flight at a time. After
@@ -32,6 +35,7 @@ from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import EXEC_FIFOS
+from sandlot.api.common import key_of
 from sandlot.api.probe import Probe
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import parse_time
@@ -70,10 +74,13 @@ class ReadinessProber:
         status: StatusWriter,
         metrics: AgentMetrics,
         stop: threading.Event,
+        slot_busy: Callable[[str], bool],
         workers: int = PROBE_WORKERS,
         close: Callable[[], None] = lambda: None,
     ) -> None:
         self._close = close
+        self.slot_busy = slot_busy
+        """Whether a step holds a sandbox's work slot (``SandboxPools.busy``)."""
         self.sandboxes = sandboxes
         self.run_probe = run_probe
         self.status = status
@@ -90,8 +97,10 @@ class ReadinessProber:
         now = self.status.clock()
         seen: set[str] = set()
         for obj in self.sandboxes.items():
-            target = _target(obj)
+            target = self._target(obj)
             if target is None:
+                if self.slot_busy(key_of(obj)):  # its history outlives a step
+                    seen.add(key_of(obj))
                 continue
             seen.add(target.key)
             with self._lock:
@@ -143,6 +152,9 @@ class ReadinessProber:
         assert target.probe is not None, "only a probe is due"
         began = self.status.clock()
         passed, message = self.run_probe(target.container_id, target.probe)
+        if self.slot_busy(target.key):  # a step froze or removed the task under the probe
+            log.debug("sandbox %s: readiness probe dropped: a step holds the sandbox", target.key)
+            return
         result = "success" if passed else "failure"
         self.metrics.readiness_probes.labels(handler_of(target.probe), result).inc()
         log.debug("sandbox %s: readiness probe %s: %s", target.key, result, message)
@@ -154,7 +166,7 @@ class ReadinessProber:
     def _write(self, target: ProbeTarget) -> None:
         """Write the verdict on the Sandbox as the watch shows it now, if it is news."""
         obj = self.sandboxes.get(target.key)
-        current = _target(obj) if obj is not None else None
+        current = self._target(obj) if obj is not None else None
         if obj is None or current is None or current.uid != target.uid:
             return  # ended, paused or replaced meanwhile: nothing to say about it
         with self._lock:
@@ -180,6 +192,12 @@ class ReadinessProber:
         if outcome is WriteOutcome.WRITTEN:
             with self._lock:
                 self._track(current).written = verdict.ready
+
+    def _target(self, obj: Mapping[str, Any]) -> ProbeTarget | None:
+        meta, status = obj.get("metadata") or {}, obj.get("status") or {}
+        container = status.get("containerId") or container_id_for(str(meta.get("uid") or ""))
+        started = parse_time(status.get("startedAt"))
+        return probe_target(obj, container, started, busy=self.slot_busy(key_of(obj)))
 
     # -- memory, under the lock
 
@@ -207,8 +225,10 @@ def readiness_prober(
     status: StatusWriter,
     metrics: AgentMetrics,
     stop: threading.Event,
+    slot_busy: Callable[[str], bool],
 ) -> ReadinessProber:
-    """The node's prober, its execs on a containerd channel of their own."""
+    """The node's prober, its execs on a containerd channel of their own; ``slot_busy``
+    says whether a step holds a sandbox's work slot."""
     runner = ProbeRunner(
         lambda: open_execs(
             settings.containerd_address,
@@ -218,17 +238,13 @@ def readiness_prober(
         proc_root=settings.proc_root,
         call_timeout=settings.call_timeout.total_seconds(),
     )
-    return ReadinessProber(sandboxes, runner.run, status, metrics, stop, close=runner.close)
+    return ReadinessProber(
+        sandboxes, runner.run, status, metrics, stop, slot_busy, close=runner.close
+    )
 
 
 def _version(obj: Mapping[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-def _target(obj: Mapping[str, Any]) -> ProbeTarget | None:
-    meta, status = obj.get("metadata") or {}, obj.get("status") or {}
-    container = status.get("containerId") or container_id_for(str(meta.get("uid") or ""))
-    return probe_target(obj, container, parse_time(status.get("startedAt")))
 
 
 def _merged(

@@ -3,13 +3,19 @@ ended with the exit code (``policy.agentreap`` says which end).
 
 Only a task containerd reports as stopped is touched: a running task, a task in
 an unknown state (a silent shim) and a container never started are left alone.
+The Sandbox is read first, in the sandbox's work slot: a suspended one
+(``policy.lifecycle.reaper_leaves``) keeps its container for the sync's REMOVE
+step and is not ended; one that cannot be read has its container torn down and
+is not ended.
 The OOM counter is read before the teardown, which removes the cgroup holding it.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 from sandlot.adapters.nodeguard import oom_kills
 from sandlot.adapters.objects import Objects
@@ -21,6 +27,7 @@ from sandlot.agent.workpools import SandboxPools
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.agentreap import decide_reap
 from sandlot.policy.agentsync import SandboxState
+from sandlot.policy.lifecycle import reaper_leaves
 from sandlot.policy.ocispec import cgroups_path_for
 
 log = logging.getLogger(__name__)
@@ -73,7 +80,27 @@ class Reaper:
             log.warning("cannot read the OOM counter of %s: %s", container_id, exc)
             return None
 
+    def _read(self, sandbox: str | None) -> Mapping[str, Any] | None:
+        """The Sandbox (None: unlabelled, gone, or unreadable: then torn down, not ended)."""
+        if sandbox is None or "/" not in sandbox:
+            return None
+        try:
+            return self.objects.find_sandbox(*sandbox.split("/", 1))
+        except Exception as exc:
+            log.warning("reaper: cannot read sandbox %s: %s", sandbox, exc)
+            return None
+
     def _reap(self, sandbox: str | None, container: ContainerInfo, task: TaskInfo) -> None:
+        obj = self._read(sandbox)
+        state = SandboxState.from_object(obj) if obj is not None else None
+        if state is not None and reaper_leaves(state.held):
+            log.info(
+                "reaper: %s is suspended: container %s is its commit's leftover, "
+                "removed by the sync, and the sandbox is not ended",
+                sandbox,
+                container.id,
+            )
+            return
         # Before the teardown: deleting the task removes the cgroup and its counter.
         oom = self._oom_kills(container.id)
         result = self.work.teardown(container)
@@ -87,13 +114,9 @@ class Reaper:
             sandbox or f"container/{container.id}",
             code,
         )
-        if sandbox is None or "/" not in sandbox:
+        if obj is None:
             return
-        try:
-            obj = self.objects.get_sandbox(*sandbox.split("/", 1))
-        except Exception:
-            return
-        end = decide_reap(SandboxState.from_object(obj), container.id, code, oom)
+        end = decide_reap(state, container.id, code, oom)
         if end is not None:
             self.status.end(obj, end.phase, end.reason, end.message, end.exit_code)
 

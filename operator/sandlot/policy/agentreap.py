@@ -10,6 +10,10 @@ the kernel's OOM counter of its cgroup (read before the teardown removed it):
   was recorded, so it never served).
 - nothing when the Sandbox is terminal already (its end is written), unreadable,
   or records another container (this one was a leftover, not the sandbox's).
+- nothing, and its container left alone, when the lifecycle says it is suspended
+  (``policy.lifecycle.reaper_leaves``): a suspend whose task delete failed leaves
+  a stopped task behind, the commit's leftover that the sync's REMOVE step removes;
+  the sandbox lives on in its committed state.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.agentsync import SandboxState
+from sandlot.policy.lifecycle import reaper_leaves
 
 
 @dataclass(frozen=True)
@@ -39,7 +44,7 @@ def decide_reap(
 ) -> SandboxEnd | None:
     """The end of ``sandbox`` whose container ``container_id`` exited with ``exit_code``
     (None: unknown); ``oom_kills`` is its cgroup's OOM-kill count (None: unreadable)."""
-    if sandbox is None or sandbox.phase in TERMINAL_PHASES:
+    if sandbox is None or sandbox.phase in TERMINAL_PHASES or reaper_leaves(sandbox.held):
         return None
     if sandbox.container_id not in (None, container_id):
         return None

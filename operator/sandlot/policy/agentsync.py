@@ -68,7 +68,7 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.capacity import over_capacity
-from sandlot.policy.lifecycle import thaw_due
+from sandlot.policy.lifecycle import Held, held, thaw_due
 from sandlot.policy.operatingmode import (
     TaskState,
     failed_at_generation,
@@ -155,6 +155,11 @@ class SandboxState:
     """The agent's idle loop found it idle past its timeout (``idleAction: Suspend``)."""
     waking: bool = False
     """A use (exec, files, port-forward, claim) waits for it to run again."""
+
+    @property
+    def held(self) -> Held:
+        """What this node holds of it (``policy.lifecycle.held``)."""
+        return held(self.phase, self.mode, paused=self.paused, suspended=self.suspended)
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> SandboxState:

@@ -21,15 +21,23 @@ drains), the idle loop (freezes), the snapshot loop (commits), the streams
 
 The rules are safe in one direction on purpose: where a record is lost, the
 sandbox ends up running (its spec asks for it), never frozen or ended.
+
+The loops that take no step of their own (the log pass, the readiness prober)
+and the reaper's choice of what to end ask one question of the Sandbox's body,
+``held_here``: what this node holds of it (``Held``). A suspended sandbox has no
+container on purpose; none of them reads that as ended.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
-from sandlot.api.sandbox import OperatingMode
-from sandlot.policy.operatingmode import FROZEN, TaskState
+from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase
+from sandlot.policy.operatingmode import FROZEN, TaskState, recorded_paused, wanted_mode
+from sandlot.policy.suspension import recorded_suspended
 
 
 class Step(StrEnum):
@@ -132,7 +140,7 @@ STEPS: tuple[StepRule, ...] = (
     StepRule(
         Step.END,
         "reaper; sync",
-        f"{SLOT}; the exit read from the runtime",
+        f"{SLOT}; the exit read from the runtime; the Sandbox read: a suspended one is left",
         "phase Stopped/Failed with the exit code, or ContainerLost",
         "never for a suspended sandbox: its container is gone on purpose",
     ),
@@ -184,6 +192,80 @@ def thaw_due(
     return not (recorded_paused or idle_paused or suspended)
 
 
+class Held(StrEnum):
+    """What a node holds of a sandbox, by its record."""
+
+    NOTHING = "nothing"
+    """No Sandbox, another node's, or ended: nothing of it stays here."""
+    STARTING = "starting"
+    """Bound here, not Running yet (Pending or Scheduled): its start may be under way."""
+    RUNNING = "running"
+    """Its task runs here."""
+    FROZEN = "frozen"
+    """Its task is frozen on purpose, or about to be: the Paused condition is True,
+    or the spec asks for Paused or Suspended."""
+    SUSPENDED = "suspended"
+    """The Suspended condition is True: its files are committed and its container
+    removed on purpose (a container still there is the commit's leftover, the
+    sync's REMOVE step's to remove)."""
+
+
+def held(phase: SandboxPhase | None, mode: OperatingMode, *, paused: bool, suspended: bool) -> Held:
+    """``Held`` from plain values: ``phase`` None when there is no Sandbox (or it is
+    another node's); ``paused``/``suspended``: the Paused/Suspended condition is True."""
+    if phase is None or phase in TERMINAL_PHASES:
+        return Held.NOTHING
+    if phase is not SandboxPhase.RUNNING:
+        return Held.STARTING
+    if suspended:
+        return Held.SUSPENDED
+    if paused or mode is not OperatingMode.RUNNING:
+        return Held.FROZEN
+    return Held.RUNNING
+
+
+def held_of(obj: Mapping[str, Any]) -> Held:
+    """``Held`` of a Sandbox body bound to the asking node (its own watch's)."""
+    raw = (obj.get("status") or {}).get("phase") or SandboxPhase.PENDING
+    try:
+        phase: SandboxPhase | None = SandboxPhase(raw)
+    except ValueError:
+        phase = None
+    return held(
+        phase, wanted_mode(obj), paused=recorded_paused(obj), suspended=recorded_suspended(obj)
+    )
+
+
+def held_here(obj: Mapping[str, Any] | None, node: str) -> Held:
+    """What ``node`` holds of the Sandbox ``obj`` (None: gone)."""
+    if obj is None or (obj.get("spec") or {}).get("nodeName") != node:
+        return Held.NOTHING
+    return held_of(obj)
+
+
+def logs_kept(what: Held) -> bool:
+    """Whether a sandbox's log files stay (logs): while it exists on this node and
+    has not ended, with or without a container."""
+    return what is not Held.NOTHING
+
+
+def probed(what: Held, *, busy: bool) -> bool:
+    """Whether the readiness prober probes the sandbox now: only a task that runs,
+    with no step holding the work slot (``busy``: a commit or a snapshot freezes it
+    for its length). A frozen process would fail every probe and a suspended one
+    has none to probe; their Ready verdict stands as last written until they run
+    again."""
+    return what is Held.RUNNING and not busy
+
+
+def reaper_leaves(what: Held) -> bool:
+    """Whether the reaper leaves a stopped task's container and its Sandbox alone
+    (kept-suspended): a suspended sandbox is not ended and its leftover container is
+    the sync's REMOVE step's. A suspension still under way holds the work slot, so
+    the reaper cannot take it then."""
+    return what is Held.SUSPENDED
+
+
 def steps_table() -> str:
     """``STEPS`` as the Markdown table docs/lifecycle.md shows."""
     rows = [
@@ -202,10 +284,17 @@ def invariants_list() -> str:
 __all__ = [
     "INVARIANTS",
     "STEPS",
+    "Held",
     "Invariant",
     "Step",
     "StepRule",
+    "held",
+    "held_here",
+    "held_of",
     "invariants_list",
+    "logs_kept",
+    "probed",
+    "reaper_leaves",
     "steps_table",
     "thaw_due",
 ]

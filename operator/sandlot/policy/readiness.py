@@ -24,8 +24,8 @@ from typing import Any
 from sandlot.api.common import Condition, key_of
 from sandlot.api.probe import Probe
 from sandlot.api.reasons import ConditionType, ReadyReason
-from sandlot.api.sandbox import OperatingMode, SandboxPhase
-from sandlot.policy.operatingmode import idle_paused
+from sandlot.api.sandbox import SandboxPhase
+from sandlot.policy.lifecycle import held_of, probed
 
 
 @dataclass(frozen=True)
@@ -137,18 +137,17 @@ def probe_of(spec: Mapping[str, Any]) -> Probe | None:
 
 
 def probe_target(
-    obj: Mapping[str, Any], container_id: str, started_at: datetime | None
+    obj: Mapping[str, Any], container_id: str, started_at: datetime | None, *, busy: bool
 ) -> ProbeTarget | None:
-    """What to probe of a Sandbox body; None for one that is not Running or is paused
-    (a frozen process would fail every probe, and nothing routes to it anyway), its
-    agent's idle pause included: its Ready verdict stands until use resumes it."""
+    """What to probe of a Sandbox body; None unless its task runs and no step
+    holds its work slot (``busy``; ``policy.lifecycle.probed``). A paused one (its
+    agent's idle pause included) or a suspended one (an idle suspension included,
+    its container gone) keeps its Ready verdict as last written until it runs
+    again, so an idle pool member stays claimable and the claim that binds it
+    wakes it."""
     meta, spec = obj.get("metadata") or {}, obj.get("spec") or {}
     status = obj.get("status") or {}
-    if status.get("phase") != SandboxPhase.RUNNING:
-        return None
-    if spec.get("operatingMode", OperatingMode.RUNNING) != OperatingMode.RUNNING:
-        return None
-    if idle_paused(obj):
+    if not probed(held_of(obj), busy=busy):
         return None
     return ProbeTarget(
         key=key_of(obj),

@@ -11,8 +11,10 @@ over the cap, however fast a tenant prints.
 
 A periodic pass attaches the FIFOs of running containers the agent is not reading
 (a restarted agent takes its containers' output back where the pipe held it),
-detaches those whose container is gone, and removes the files of torn-down
-sandboxes, so logs never outlive their sandbox on the node's disk.
+detaches those whose container is gone, and removes the files of sandboxes that
+are gone or ended once their container is torn down, so logs never outlive their
+sandbox on the node's disk. A sandbox without a container on purpose (suspended)
+keeps its files: the lifecycle (``policy.lifecycle.logs_kept``) says whose stay.
 """
 
 from __future__ import annotations
@@ -63,12 +65,15 @@ def plan_logs(
     fifos: Collection[str],
     attached: Mapping[str, int],
     live_uids: Collection[str],
+    kept_uids: Collection[str] | None,
 ) -> LogPlan:
     """``files``: the log directory's file names; ``fifos``: the stems with a FIFO;
     ``attached``: the stems the agent reads, with their tokens. All three are taken *before*
     ``live_uids`` (the uids of the containers that exist) was read, so nothing is
     judged on an older listing than its container's: a sandbox starting meanwhile is
-    live or was not listed."""
+    live or was not listed. ``kept_uids``: the node's Sandboxes whose logs stay with
+    or without a container (``policy.lifecycle.logs_kept``), read after the files;
+    None (not known yet): no file is removed."""
     plan = LogPlan()
     for stem in sorted(fifos):
         uid = uid_of(stem + FIFO_SUFFIX)
@@ -78,9 +83,13 @@ def plan_logs(
         uid = uid_of(stem + FIFO_SUFFIX)
         if uid is not None and uid not in live_uids:
             plan.detach[stem] = attached.get(stem)
+    if kept_uids is None:
+        return plan
     for name in sorted(files):
         uid = uid_of(name)
-        if uid is not None and not name.endswith(FIFO_SUFFIX) and uid not in live_uids:
+        if uid is None or name.endswith(FIFO_SUFFIX):
+            continue
+        if uid not in live_uids and uid not in kept_uids:
             plan.remove.append(name)
     return plan
 
