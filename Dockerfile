@@ -6,7 +6,8 @@
 # The same recipe builds without a Docker engine (sandlot.devtools.cluster.images,
 # RECIPE; `sandlot dev cluster up` and the cluster tests use it): Debian bookworm
 # with the packages and the user below, and /opt/sandlot, a virtualenv made by that
-# Debian's python3 with the package installed by pip. tests/unit/test_image_recipe.py
+# Debian's python3: the dependencies from requirements/runtime.txt (the runtime lock,
+# with hashes: `make lock`), then the package alone. tests/unit/test_image_recipe.py
 # fails when the two recipes drift apart.
 #
 # The builder generates the containerd gRPC stubs from the .proto files Debian
@@ -27,13 +28,16 @@ RUN apt-get update \
 RUN python3 -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "protobuf>=7.36"
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY requirements/runtime.txt ./requirements/
 COPY operator ./operator
 RUN PYTHONPATH=operator /opt/gen/bin/python -m sandlot.devtools.gen_stubs \
       --source debian --force \
  && test -f operator/sandlot/adapters/containerd/gen/services/tasks/v1/tasks_pb2_grpc.py \
  && test -f operator/sandlot/adapters/containerd/gen/services/transfer/v1/transfer_pb2_grpc.py
 RUN python3 -m venv /opt/sandlot \
- && /opt/sandlot/bin/pip install . \
+ && /opt/sandlot/bin/pip install --require-hashes -r requirements/runtime.txt \
+ && /opt/sandlot/bin/pip install --no-deps . \
+ && /opt/sandlot/bin/pip check \
  && /opt/sandlot/bin/python -c "import sandlot.adapters.containerd.client" \
  && /opt/sandlot/bin/sandlot --help >/dev/null
 

@@ -4,7 +4,7 @@ VENV := .venv/bin
 PYTEST_WORKERS ?= 2
 LINT_DIRS := $(wildcard operator tests e2e bench)
 
-.PHONY: setup demo test lint unit integration crds clean e2e e2e-local bench soak
+.PHONY: setup demo test lint unit integration crds clean e2e e2e-local bench soak lock
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -55,6 +55,21 @@ bench: setup
 
 crds: setup
 	$(VENV)/sandlot gen crds
+
+# The locks, with hashes, from pyproject.toml: requirements/runtime.txt is what the
+# image installs (Dockerfile, sandlot.devtools.cluster.images), requirements/dev.txt
+# what `make setup` and CI install (the `dev` extra too). Existing pins are kept where
+# pyproject's bounds allow; to move one, edit or delete its line and run this again.
+# pip-tools lives in a virtualenv of its own: it is needed to lock, never to run.
+# Resolved for this machine's python3 (3.11, the image's Debian bookworm's).
+PIP_TOOLS := .dev/piptools
+PIP_COMPILE := $(PIP_TOOLS)/bin/pip-compile --quiet --generate-hashes --strip-extras \
+	--allow-unsafe --no-emit-find-links
+lock:
+	@test -x $(PIP_TOOLS)/bin/pip-compile || { python3 -m venv $(PIP_TOOLS) \
+		&& $(PIP_TOOLS)/bin/pip install -q pip-tools==7.6.2; }
+	$(PIP_COMPILE) --output-file=requirements/runtime.txt pyproject.toml
+	$(PIP_COMPILE) --extra=dev --output-file=requirements/dev.txt pyproject.toml
 
 clean:
 	rm -rf .venv .dev .pytest_cache .mypy_cache .ruff_cache

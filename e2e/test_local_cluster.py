@@ -30,6 +30,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+from tests.support.locks import RUNTIME_LOCK, pins
 from tests.support.wait import wait_for
 
 from e2e.runtimes import a_gvisor_sandbox_runs_on_gvisor_s_kernel
@@ -232,7 +235,7 @@ def _layer_names(archive: Path, index: int) -> list[str]:
 def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Path) -> None:
     """The recipe's /opt/sandlot: the package's runtime modules as in the source tree
     (the development tools left out), and every dependency pyproject.toml names,
-    installed (the Dockerfile's ``pip install .``)."""
+    installed (from the runtime lock, as the Dockerfile installs them)."""
     names = _layer_names(image_archive, 1)
     assert all(n == "opt" or n.startswith(RECIPE.venv.lstrip("/")) for n in names), names[:5]
     site = next(n for n in names if n.endswith("site-packages/sandlot")).rsplit("/", 1)[0]
@@ -257,6 +260,25 @@ def test_the_image_holds_the_source_tree_and_the_dependencies(image_archive: Pat
     for requirement in wanted:
         dist = requirement.split(">")[0].split("<")[0].split("=")[0].strip().lower()
         assert dist in dists, f"{dist} not installed in {RECIPE.venv} ({sorted(dists)})"
+
+
+def test_the_image_installs_exactly_the_runtime_lock(image_archive: Path) -> None:
+    """Every distribution in the image's /opt/sandlot is the runtime lock's pin, at
+    its version, and nothing else but the package and what ``python3 -m venv`` puts
+    there (pip, and setuptools where the lock does not pin it)."""
+    installed: dict[str, Version] = {}
+    for n in _layer_names(image_archive, 1):
+        if n.endswith(".dist-info") and "/site-packages/" in n:
+            name, version = n.rsplit("/", 1)[1].removesuffix(".dist-info").split("-", 1)
+            installed[canonicalize_name(name)] = Version(version)
+    locked = pins(RUNTIME_LOCK)
+    differ = {
+        n: (str(v), str(installed.get(n))) for n, v in locked.items() if installed.get(n) != v
+    }
+    assert not differ, f"runtime.txt pin vs image (pinned, installed): {differ}"
+    extra = set(installed) - set(locked) - {"sandlot", "pip", "setuptools"}
+    assert not extra, f"installed in {RECIPE.venv} but not in the runtime lock: {sorted(extra)}"
+    assert "sandlot" in installed, sorted(installed)
 
 
 def _built_digests(archive: Path) -> set[str]:

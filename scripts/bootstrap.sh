@@ -5,7 +5,8 @@
 #     (test images), containerd's API definitions (stubs), CNI plugins, openssl,
 #     docker-registry and skopeo (a real registry on loopback for pull tests),
 #     btrfs-progs (a small btrfs with quotas for the write-cap tests);
-#   - a virtualenv in .venv with sandlot and its development tools;
+#   - a virtualenv in .venv with sandlot and its development tools, pinned with
+#     hashes by requirements/dev.txt (`make lock`);
 #   - Python stubs for containerd's gRPC API, generated from its .proto files;
 #   - kube-apiserver, etcd and kubectl built from their Go modules (cached by version);
 #   - containerd 2.x built from its Go module (cached by version): the containerd
@@ -43,12 +44,16 @@ if [[ ! -x .venv/bin/python ]]; then
   log "creating .venv"
   "$python" -m venv .venv
 fi
+# Installed again whenever pyproject.toml or the lock changes.
+lock=requirements/dev.txt
 stamp=.venv/.sandlot-deps
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml "$lock" | sha256sum | cut -d' ' -f1)"
 if [[ ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
-  log "installing Python dependencies"
+  log "installing Python dependencies ($lock)"
   .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv/bin/python -m pip install -q -e '.[dev]'
+  .venv/bin/python -m pip install -q --require-hashes -r "$lock"
+  .venv/bin/python -m pip install -q --no-deps -e .
+  .venv/bin/python -m pip check >&2
   echo "$want" > "$stamp"
 fi
 

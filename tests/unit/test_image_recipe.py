@@ -1,6 +1,7 @@
 """The Dockerfile and the recipe that builds the same image without Docker
 (``sandlot.devtools.cluster.images.RECIPE``) say the same things: base suite,
-packages, user, entrypoint, command, environment, and how ``/opt/sandlot`` is made.
+packages, user, entrypoint, command, environment, and how ``/opt/sandlot`` is made
+(from the runtime lock, ``requirements/runtime.txt``).
 The image built from the recipe is checked against the source tree in
 e2e/test_local_cluster.py (its ``/opt/sandlot``)."""
 
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandlot.devtools.cluster.images import RECIPE
+from sandlot.devtools.cluster.images import RECIPE, RUNTIME_LOCK
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile"
 
@@ -65,9 +66,17 @@ def test_the_virtualenv_is_made_by_the_same_packages_python() -> None:
     venv_runs = [arg for word, arg in _instructions() if word == "RUN" and RECIPE.venv in arg]
     made = [r for r in venv_runs if f"python3 -m venv {RECIPE.venv}" in r]
     assert len(made) == 1, venv_runs
-    # Only the project itself goes into it (no pip upgrade, no extra package).
+    # The runtime lock, its hashes checked, then the project alone: no pip upgrade, no
+    # extra package, no dependency the lock does not pin (the recipe does the same).
     installs = re.findall(rf"{RECIPE.venv}/bin/pip install ([^&]+)", made[0])
-    assert [i.strip() for i in installs] == ["."], installs
+    wanted = [f"--require-hashes -r {RUNTIME_LOCK}", "--no-deps ."]
+    assert [i.strip() for i in installs] == wanted, installs
+    assert f"{RECIPE.venv}/bin/pip check" in made[0], made[0]
+
+
+def test_the_build_stage_copies_the_runtime_lock() -> None:
+    copies = [a for w, a in _instructions() if w == "COPY"]
+    assert f"{RUNTIME_LOCK} ./{RUNTIME_LOCK.rsplit('/', 1)[0]}/" in copies, copies
 
 
 @pytest.mark.parametrize("command", RECIPE.user_commands, ids=["group", "user"])

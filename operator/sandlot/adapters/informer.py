@@ -1,7 +1,8 @@
 """Minimal informers: list (in pages), then watch from the list's resourceVersion,
 resume each watch from the last event or bookmark seen, and list again only after
 an error or a 410 (with a capped backoff). Objects arrive as the API server's
-JSON, never as the client's generated models (those cost a core at scale).
+JSON, never as the client's generated models (too costly to build for every event
+of a large fleet).
 
 Two kinds are watched this way, each by one thread:
 
@@ -11,10 +12,11 @@ Two kinds are watched this way, each by one thread:
   namespace and only Leases labelled as agent leases, so its RBAC is a namespaced
   Role, not cluster-wide access to Leases;
 - every Sandbox (``SandboxInformer``), for the operator's sandbox cache. Taken
-  through kopf, each sandbox event cost ~1.7 ms of the event loop (causes,
-  diff-bases, handler kwargs) for a handler that only copies a dozen fields: at
-  the API server's status-write rate the loop was busy all the time and held the
-  GIL against the threads writing the marks.
+  through kopf, each sandbox event cost the event loop kopf's work per event
+  (causes, diff-bases, handler kwargs) for a handler that only copies a dozen
+  fields: at the API server's status-write rate the loop was busy all the time and
+  held the GIL against the threads writing the marks (docs/measurements.md,
+  "Marking with the operator's own sandbox watch").
 
 The agent's caches (``sandboxwatch.WatchCache``) are this same loop, so the whole
 project has one way to list, watch, resume and back off.

@@ -1,12 +1,12 @@
 """kopf's own HTTP client, with a bound on its connections.
 
 kopf's built-in session opens a connection for every request in flight (an
-``aiohttp.TCPConnector`` with ``limit=0``). A first install on 5,000 SandboxNodes,
-where kopf adds its finalizer to every node as it first sees it, held up to 798
-TLS connections to the API server at once and left the operator at 499-605 MB of
-RSS; the next operator, which found the finalizers in place, held 11 and 210 MB
-(``bench/scale.py``'s "first start on N new nodes" row). Each connection's buffers
-stay in the heap after it closes.
+``aiohttp.TCPConnector`` with ``limit=0``). On a first install kopf adds its
+finalizer to every SandboxNode as it first sees it, all at once, so the first
+operator of a large fleet opens hundreds of TLS connections to the API server at
+once, and each connection's buffers stay in the heap after it closes: that operator
+holds far more memory than the next one, which finds the finalizers in place (the
+figures: docs/measurements.md, "Memory").
 
 The login handler hands kopf this session instead: the same server, CA, client
 certificate and token as ``ConnectionInfo`` would give it, over at most

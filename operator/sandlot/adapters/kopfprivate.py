@@ -1,6 +1,6 @@
 """Everything sandlot takes from kopf's private API, in one place.
 
-kopf has no public hook for two things the operator needs at 10,000 sandboxes:
+kopf has no public hook for two things the operator needs on a large fleet:
 telling its per-object memory to forget the kinds only ``on.event`` watches, and
 reading which sorts of handlers the registry holds for a kind. Both live under
 ``kopf._cogs`` / ``kopf._core`` and on underscored registry attributes, which kopf
@@ -28,11 +28,11 @@ class WatchOnlyMemories(ResourceMemories):
     """kopf's per-object memories, minus the objects nothing but ``on.event`` watches.
 
     kopf keeps a record for every object it has seen until that object's DELETED
-    event: a memo, an error throttler, index and daemon bookkeeping, about 1 KB
-    each, 10 MB at 10,000 sandboxes. Only timers, daemons, change handlers and
-    indexes ever read it again; a kind watched by ``on.event`` alone gets a fresh
-    record per event instead (kopf's own "ephemeral" memory, which it uses for
-    admission requests), and nothing is kept. ``watch_only_kinds`` decides which
+    event: a memo, an error throttler, index and daemon bookkeeping, memory that
+    grows with the fleet. Only timers, daemons, change handlers and indexes ever
+    read it again; a kind watched by ``on.event`` alone gets a fresh record per
+    event instead (kopf's own "ephemeral" memory, which it uses for admission
+    requests), and nothing is kept. ``watch_only_kinds`` decides which
     kinds qualify from the registry itself, so a timer added to one of them later
     takes it off the list instead of breaking.
     """

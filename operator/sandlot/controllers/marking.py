@@ -13,8 +13,8 @@ write thread keeps every thread busy while a larger node is listed whole, in one
 consistent read the API server's watch cache answers (never with the page's
 continue token: a continuation is answered at the first page's resourceVersion,
 and ran past its read timeouts while the node's own marks changed it). The
-measurements behind these choices are in docs/capacity.md ("Marking at 500 nodes:
-the first page, and a floor that writes what a mark writes").
+measurements behind these choices are in docs/measurements.md ("Marking at 500
+nodes: the first page, and a floor that writes what a mark writes").
 
 A node can come back while it is being marked: a pass given ``came_back`` asks it
 before every write it has not sent yet, and once it says yes sends none, so what

@@ -221,9 +221,8 @@ class NodeHealthController:
         """Every node's observed phase at ``now``, summarized for the guard.
 
         A summary up to ``reuse`` seconds old is reused: a pass over N nodes would
-        otherwise cost O(N) each, O(N^2) per resync of the fleet (at 5,000 nodes
-        that was most of the operator's CPU at rest). An older summary cannot move
-        a node's own deadline, only the guard's view of the others.
+        otherwise cost O(N) each, O(N^2) per resync of the fleet. An older summary
+        cannot move a node's own deadline, only the guard's view of the others.
         """
         if self._fleet is not None and abs((now - self._fleet[0]).total_seconds()) < reuse:
             return self._fleet[1]

@@ -1,10 +1,10 @@
 """What the node-health passes read of a SandboxNode's body, parsed once per version.
 
 A pass runs far more often than a node's body changes (every resync and every lease
-deadline: 40-60 passes a second at rest at 1,000-5,000 nodes), and reading the body
-through the watch's mapping views and validating its conditions on every pass was
-most of a quiet pass's CPU. The controller keeps one ``NodeRead`` per node, made
-when an event or its own write brings a new body.
+deadline, for every node), and reading the body through the watch's mapping views
+and validating its conditions on every pass was most of a quiet pass's CPU. The
+controller keeps one ``NodeRead`` per node, made when an event or its own write
+brings a new body.
 """
 
 from __future__ import annotations

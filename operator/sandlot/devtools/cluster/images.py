@@ -4,9 +4,10 @@ inputs (a warm run rebuilds nothing; nothing is ever pulled by a node):
 - the pause image: a few lines of C, ``gcc -static``;
 - the sandlot image, from the Dockerfile's recipe without a Docker engine
   (``RECIPE``): a Debian rootfs from ``debootstrap`` with the same packages and the
-  same user (layer 1), and ``/opt/sandlot``, a virtualenv with the package and its
-  dependencies installed by pip from wheels built here (layer 2); entrypoint,
-  command, environment and user as the Dockerfile says.
+  same user (layer 1), and ``/opt/sandlot``, a virtualenv with the dependencies
+  installed by pip from ``requirements/runtime.txt`` (the runtime lock, its hashes
+  checked) and then the package alone, ``--no-deps`` (layer 2); entrypoint, command,
+  environment and user as the Dockerfile says.
   tests/unit/test_image_recipe.py keeps the Dockerfile and ``RECIPE`` in step;
 - the runtimes image (the chart's agent.runtimes installers): a static busybox and
   gVisor's ``runsc`` and shim under ``/gvisor/bin``, as ``build-gvisor.sh`` built
@@ -199,22 +200,32 @@ def _bootstrap(rootfs: Path) -> None:
                 child.unlink()
 
 
-def _dependencies(root: Path) -> list[str]:
+# What the image runs: the dependencies, pinned with their hashes (`make lock`).
+RUNTIME_LOCK = "requirements/runtime.txt"
+
+
+def _build_requirements(root: Path) -> list[str]:
     project = tomllib.loads((root / "pyproject.toml").read_text())
-    build = project["build-system"]["requires"]
-    return [*build, "wheel", *project["project"]["dependencies"]]
+    return [*project["build-system"]["requires"], "wheel"]
 
 
 def wheelhouse(root: Path) -> Path:
-    """Wheels of the package's dependencies and build requirements (pip, online, once)."""
-    deps = _dependencies(root)
-    out = cache_dir() / f"wheels-{_hash(*deps, sys.version)}"
+    """The runtime lock's files, as PyPI serves them so that their hashes hold, and the
+    wheels that build the package (pip, online, once per lock)."""
+    lock = root / RUNTIME_LOCK
+    build = _build_requirements(root)
+    out = cache_dir() / f"wheels-{_hash(lock.read_bytes(), *build, sys.version)}"
     if (out / ".done").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(out), *deps], "pip wheel", 1800)
-    (out / ".done").write_text("\n".join(deps))
+    _run(
+        [sys.executable, "-m", "pip", "download", "-q", "--require-hashes",
+         "--only-binary=:all:", "-d", str(out), "-r", str(lock)],
+        f"pip download -r {RUNTIME_LOCK}", 1800,
+    )  # fmt: skip
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(out), *build], "pip wheel", 600)
+    (out / ".done").write_text("\n".join([RUNTIME_LOCK, *build]))
     return out
 
 
@@ -273,6 +284,8 @@ def _venv_layer(root: Path, rootfs: Path, wheels: Path, work: Path) -> bytes:
          "--find-links", str(wheels), "-w", str(own), str(staging)],
         "pip wheel sandlot", 600,
     )  # fmt: skip
+    package = next(own.glob("sandlot-*.whl")).name
+    shutil.copy2(root / RUNTIME_LOCK, own / "runtime.txt")
     upper, scratch, merged = work / "upper", work / "scratch", work / "merged"
     for d in (upper, scratch, merged):
         d.mkdir()
@@ -283,8 +296,10 @@ mount --bind {wheels} {merged}/wheels/deps
 mount --bind {own} {merged}/wheels/own
 mount -t proc proc {merged}/proc
 chroot {merged} /usr/bin/python3 -m venv {RECIPE.venv}
-chroot {merged} env PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 {RECIPE.venv}/bin/pip \
-  install -q --no-index --find-links /wheels/deps --find-links /wheels/own sandlot
+pip="chroot {merged} env PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 {RECIPE.venv}/bin/pip"
+$pip install -q --no-index --find-links /wheels/deps --require-hashes -r /wheels/own/runtime.txt
+$pip install -q --no-index --no-deps /wheels/own/{package}
+$pip check
 chroot {merged} {RECIPE.venv}/bin/python -c "import sandlot.adapters.containerd.client"
 chroot {merged} {RECIPE.venv}/bin/sandlot --help >/dev/null
 """
