@@ -18,9 +18,11 @@ from sandlot.policy.agentsync import Action, ActionKind, SandboxState, plan_sync
 from sandlot.policy.lifecycle import (
     STEPS,
     Held,
+    LeftBehind,
     Step,
     held_here,
     invariants_list,
+    left_behind,
     logs_kept,
     probed,
     reaper_leaves,
@@ -261,3 +263,20 @@ def test_every_step_has_a_rule_and_the_docs_show_the_table_and_the_invariants() 
     docs = DOCS.read_text()
     assert steps_table() in docs, "docs/lifecycle.md does not show policy.lifecycle.STEPS"
     assert invariants_list() in docs, "docs/lifecycle.md does not list the invariants"
+
+
+@pytest.mark.parametrize(
+    ("task", "what"),
+    [
+        (T.RUNNING, LeftBehind.ADOPT),
+        (T.PAUSED, LeftBehind.THAW),
+        (T.PAUSING, LeftBehind.THAW),
+        (T.STOPPED, LeftBehind.REMOVE),
+        (T.CREATED, LeftBehind.REMOVE),
+        (None, LeftBehind.REMOVE),
+        (T.UNKNOWN, LeftBehind.WAIT),
+    ],
+    ids=["runs", "frozen", "freezing", "killed", "never-started", "no-task", "silent-shim"],
+)
+def test_left_behind(task: TaskState | None, what: LeftBehind) -> None:
+    assert left_behind(task) is what

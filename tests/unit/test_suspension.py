@@ -741,3 +741,35 @@ def test_a_restore_a_crash_left_unsaid_is_recorded_and_its_pushed_state_cleared(
     status = world.objects.sandboxes[KEY]["status"]
     assert "suspendedState" not in status and status["pid"] == world.rt.tasks[CID].pid
     assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+
+
+SUSPENDED_RECORD = [cond("True", "Suspended", 2)]
+
+
+def test_a_container_a_suspension_froze_and_left_is_thawed_and_taken_over() -> None:
+    """The commit was recorded and the agent died before the container went; the
+    spec asks for Running again: the frozen task is thawed, not left frozen."""
+    world = World("Running", conditions=SUSPENDED_RECORD)
+    assert world.info is not None
+    world.rt.tasks[CID].state = TaskState.PAUSED
+    assert world.suspensions.restore(world.body(), world.info) is S.RECORD_RESTORED
+    assert world.rt.tasks[CID].state is TaskState.RUNNING
+    assert (world.condition().status, world.condition().reason) == ("False", "Restored")
+
+
+@pytest.mark.parametrize("task", [TaskState.STOPPED, None], ids=["killed", "no-task"])
+def test_a_container_whose_process_a_suspension_ended_is_removed_not_taken_over(
+    task: TaskState | None,
+) -> None:
+    """The removal killed the task and died before the container went: adopting it
+    would record a Running sandbox with no process (which the reaper then ends).
+    It is removed; the next pass restores from the committed image."""
+    world = World("Running", conditions=SUSPENDED_RECORD)
+    assert world.info is not None
+    if task is None:
+        del world.rt.tasks[CID]
+    else:
+        world.rt.tasks[CID].state = task
+    assert world.suspensions.restore(world.body(), world.info) is None
+    assert CID not in world.rt.containers and world.work.torn_down == [CID]
+    assert (world.condition().status, world.condition().reason) == ("True", "Suspended")

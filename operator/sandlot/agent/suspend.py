@@ -37,6 +37,7 @@ from sandlot.api.reasons import ConditionType, SuspendedReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.idle import effective_mode, idle_suspend_condition
+from sandlot.policy.lifecycle import LeftBehind, left_behind
 from sandlot.policy.operatingmode import recorded_paused
 from sandlot.policy.statepush import owing, push_may_pass, push_pending_note, settled
 from sandlot.policy.suspension import (
@@ -308,15 +309,29 @@ class Suspensions:
             self.idle.suspended(sb)
         return True
 
-    def _restored_pid(self, key: str, container: ContainerInfo) -> dict[str, Any]:
-        """The pid of a container restored before a crash left it unsaid (its address
-        was written with it, or is the node's)."""
+    def _adopt(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
+        """Take over a container found beside ``key``'s Suspended record
+        (``policy.lifecycle.left_behind``): the status fields of one whose task runs
+        (thawed first when the commit froze it; its address was written with it, or
+        is the node's); None when it cannot serve now (removed when its process is
+        gone, so the next pass restores from the image; left while unreadable)."""
+        rt, timeout = self.work.rt, self.work.call_timeout
         try:
-            task = self.work.rt.get_task(container.id, timeout=self.work.call_timeout)
+            task = rt.get_task(container.id, timeout=timeout)
+            what = left_behind(task.state if task is not None else None)
+            if what is LeftBehind.THAW:
+                rt.resume_task(container.id, timeout=timeout)
         except RuntimeError_ as exc:
-            log.warning("sandbox %s: cannot read its restored task: %s", key, exc)
-            return {}
-        return {"containerId": container.id, "pid": task.pid} if task is not None else {}
+            log.warning("sandbox %s: cannot take over container %s: %s", key, container.id, exc)
+            return None
+        if what is LeftBehind.REMOVE:
+            log.info(
+                "sandbox %s: container %s left by a suspension: removing it", key, container.id
+            )
+            self.work.teardown(container)
+        if task is None or what in (LeftBehind.REMOVE, LeftBehind.WAIT):
+            return None
+        return {"containerId": container.id, "pid": task.pid}
 
     def restore(self, sb: Mapping[str, Any], container: ContainerInfo | None) -> SuspendStep | None:
         """Start ``sb`` again from its committed filesystem (or only say so when its
@@ -346,7 +361,10 @@ class Suspensions:
             if started is not None:
                 fields = {**started[1], "suspendedState": None}
         elif step is SuspendStep.RECORD_RESTORED and container is not None:
-            fields = {**self._restored_pid(key, container), "suspendedState": None}
+            adopted = self._adopt(key, container)
+            if adopted is None:
+                return None
+            fields = {**adopted, "suspendedState": None}
         else:
             return None
         conditions = [suspended_condition(False, work.node, generation, error)]

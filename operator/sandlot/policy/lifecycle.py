@@ -121,7 +121,8 @@ STEPS: tuple[StepRule, ...] = (
         "sync",
         f"{SLOT}; the state pulled when the node lacks it",
         "Suspended False (Restored)",
-        "a container beside a Suspended record: recorded restored (RECORD_RESTORED)",
+        "a container beside a Suspended record: adopted if its task runs (thawed if "
+        "the commit froze it), else removed and restored from the image (left_behind)",
     ),
     StepRule(
         Step.SNAPSHOT,
@@ -266,6 +267,34 @@ def reaper_leaves(what: Held) -> bool:
     return what is Held.SUSPENDED
 
 
+class LeftBehind(StrEnum):
+    ADOPT = "adopt"
+    """Its task runs: record it restored."""
+    THAW = "thaw"
+    """Its task is frozen (the commit's freeze): thaw it, then record it restored."""
+    REMOVE = "remove"
+    """Its task is gone or never ran: finish the removal; the next pass restores."""
+    WAIT = "wait"
+    """Its task's state is unknown (a silent shim): look again on the next pass."""
+
+
+def left_behind(task: TaskState | None) -> LeftBehind:
+    """What a restore does with a container it finds beside a Suspended record while
+    the spec asks for it to run (``task``: its task's state, None when it has none).
+    Either a restore ran and its record was lost (its task runs), or a suspension
+    recorded its commit and died before the container was gone (its task frozen by
+    the commit, or killed by the removal under way). A container whose process is
+    gone cannot serve: adopting it would leave a Running sandbox the reaper ends.
+    Its files are in the committed image either way."""
+    if task is TaskState.RUNNING:
+        return LeftBehind.ADOPT
+    if task in FROZEN:
+        return LeftBehind.THAW
+    if task is TaskState.UNKNOWN:
+        return LeftBehind.WAIT
+    return LeftBehind.REMOVE
+
+
 def steps_table() -> str:
     """``STEPS`` as the Markdown table docs/lifecycle.md shows."""
     rows = [
@@ -286,12 +315,14 @@ __all__ = [
     "STEPS",
     "Held",
     "Invariant",
+    "LeftBehind",
     "Step",
     "StepRule",
     "held",
     "held_here",
     "held_of",
     "invariants_list",
+    "left_behind",
     "logs_kept",
     "probed",
     "reaper_leaves",
