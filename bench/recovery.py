@@ -204,10 +204,6 @@ def routed_members(discovery: Any) -> dict[str, set[str]]:
     return found
 
 
-def ready_endpoints(discovery: Any) -> dict[str, int]:
-    return {service: len(names) for service, names in routed_members(discovery).items()}
-
-
 def claims(objs: Any) -> dict[str, dict[str, Any]]:
     items = objs.list_namespaced_custom_object(GROUP, VERSION, POOL_NS, "sandboxclaims")["items"]
     return {c["metadata"]["name"]: c.get("status") or {} for c in items}
@@ -533,15 +529,15 @@ def settled(
     """
     if any(s.get("phase") != "Bound" for s in bound.values()):
         return False
-    claimed = {str(s.get("sandboxName")) for s in bound.values()}
-    running: dict[str, set[str]] = {}
+    running: dict[str, set[str]] = {f"svc-p{i}": set() for i in range(POOLS)}
     for m in members:
         if (m.get("status") or {}).get("phase") == "Running":
             pool = m["metadata"]["labels"][POOL_LABEL]
             running.setdefault(f"svc-{pool}", set()).add(m["metadata"]["name"])
+    claimed = {str(s.get("sandboxName")) for s in bound.values()}
     return all(
         routed.get(service) == names and len(names) == REPLICAS and not names & claimed
-        for service, names in ((f"svc-p{i}", running.get(f"svc-p{i}", set())) for i in range(POOLS))
+        for service, names in running.items()
     )
 
 
