@@ -397,12 +397,11 @@ class Recovery:
                  f"at {seen['pool pass']:.1f}s; members created {created:.0f} (0 wanted)")  # fmt: skip
         lowest = min((sampler.min_ready.get(s, 0) - n for s, n in before.items()), default=0)
         self.row("restart: ready endpoints, fewest seen - before the kill", lowest, ">= 0",
-                 lowest >= 0 and sampler.samples > 10,
+                 lowest >= 0 and not sampler.gone and sampler.samples > 10,
                  f"lowest seen {dict(sorted(sampler.min_ready.items()))}, before "
                  f"{dict(sorted(before.items()))}, left "
                  f"{ {k: sorted(v) for k, v in sorted(sampler.gone.items())} }, "
                  f"{sampler.samples} samples every "
-                 f"{dict(sorted(before.items()))}, {sampler.samples} samples every "
                  f"{SAMPLE_EVERY:g}s; claims seen not Bound {len(sampler.left_bound)}, "
                  f"bindings kept {after == bound}")  # fmt: skip
         top = ", ".join(
