@@ -521,11 +521,9 @@ def settled(
     them, and no claimed sandbox among them.
 
     Bound claims and full Services are not enough: a claim's status is written before
-    its pool's next pass, which takes the claimed member out of the Service (it is no
-    longer the pool's) and starts its replacement. Read in between, the Service still
-    counts the claimed member, and its fall right after is the claim's, not the kill's.
-    ``members``: the pool-labelled Sandboxes, read after ``bound`` and before ``routed``.
-    """
+    its pool's next pass takes the claimed member out of the Service; read in between,
+    the Service still counts it, and its fall right after is the claim's, not the kill's.
+    ``members``: the pool-labelled Sandboxes, read after ``bound`` and before ``routed``."""
     if any(s.get("phase") != "Bound" for s in bound.values()):
         return False
     running: dict[str, set[str]] = {f"svc-p{i}": set() for i in range(POOLS)}
