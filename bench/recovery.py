@@ -150,13 +150,16 @@ class Readiness:
 
 
 class Sampler:
-    """Every ``SAMPLE_EVERY``: each Service's ready endpoints (over its EndpointSlices)
-    and the claims not Bound."""
+    """Every ``SAMPLE_EVERY``: each Service's ready endpoints (over its EndpointSlices),
+    by the Sandbox each names, and the claims not Bound. ``gone``: per Service, the
+    endpoints of ``before`` some sample lacked, so a fall names who left."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, before: dict[str, set[str]]) -> None:
         self.discovery = client.DiscoveryV1Api(api)
         self.objs: Any = client.CustomObjectsApi(api)
+        self.before = before
         self.min_ready: dict[str, int] = {}
+        self.gone: dict[str, set[str]] = {}
         self.left_bound: list[str] = []
         self.samples = 0
         self._stop = threading.Event()
@@ -166,8 +169,15 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_EVERY):
             try:
-                for service, ready in ready_endpoints(self.discovery).items():
-                    self.min_ready[service] = min(ready, self.min_ready.get(service, ready))
+                routed = routed_members(self.discovery)
+                for service, ready in routed.items():
+                    self.min_ready[service] = min(
+                        len(ready), self.min_ready.get(service, len(ready))
+                    )
+                for service, names in self.before.items():
+                    missing = names - routed.get(service, set())
+                    if missing:
+                        self.gone.setdefault(service, set()).update(missing)
                 for name, status in claims(self.objs).items():
                     if status.get("phase") != "Bound":
                         self.left_bound.append(name)
@@ -180,12 +190,17 @@ class Sampler:
         self._thread.join(10)
 
 
-def ready_endpoints(discovery: Any) -> dict[str, int]:
-    found: dict[str, int] = {}
+def routed_members(discovery: Any) -> dict[str, set[str]]:
+    """Each Service's ready endpoints, by the name of the Sandbox each one targets."""
+    found: dict[str, set[str]] = {}
     for es in discovery.list_namespaced_endpoint_slice(POOL_NS).items:
         service = str((es.metadata.labels or {}).get("kubernetes.io/service-name"))
-        ready = sum(1 for e in es.endpoints or () if e.conditions and e.conditions.ready)
-        found[service] = found.get(service, 0) + ready
+        ready = {
+            str(e.target_ref.name if e.target_ref else e.addresses[0])
+            for e in es.endpoints or ()
+            if e.conditions and e.conditions.ready
+        }
+        found.setdefault(service, set()).update(ready)
     return found
 
 
@@ -298,12 +313,14 @@ class Recovery:
         wait_until(lambda: steady(objs, api), 300, "every pool's members Running and routed", 1)
         for i in range(POOLS):
             create_claim(objs, f"c{i}", f"p{i}")
-        wait_until(lambda: steady(objs, api), 300, "every claim Bound, every pool full", 1)
-        before = ready_endpoints(client.DiscoveryV1Api(api))
+        wait_until(lambda: steady(objs, api), 300,
+                   "every claim Bound, every Service routing exactly its pool's members", 1)  # fmt: skip
+        routed = routed_members(client.DiscoveryV1Api(api))
+        before = {service: len(names) for service, names in routed.items()}
         bound = {n: s.get("sandboxName") for n, s in claims(objs).items()}
         print(f"  pools routed {before}, claims Bound {sorted(bound)}", flush=True)
 
-        sampler = Sampler(api)
+        sampler = Sampler(api, routed)
         time.sleep(1)  # a few samples before the kill
         killed = time.monotonic()
         first.kill()
@@ -380,9 +397,11 @@ class Recovery:
                  f"at {seen['pool pass']:.1f}s; members created {created:.0f} (0 wanted)")  # fmt: skip
         lowest = min((sampler.min_ready.get(s, 0) - n for s, n in before.items()), default=0)
         self.row("restart: ready endpoints, fewest seen - before the kill", lowest, ">= 0",
-                 lowest >= 0 and sampler.samples > 10,
+                 lowest >= 0 and not sampler.gone and sampler.samples > 10,
                  f"lowest seen {dict(sorted(sampler.min_ready.items()))}, before "
-                 f"{dict(sorted(before.items()))}, {sampler.samples} samples every "
+                 f"{dict(sorted(before.items()))}, left "
+                 f"{ {k: sorted(v) for k, v in sorted(sampler.gone.items())} }, "
+                 f"{sampler.samples} samples every "
                  f"{SAMPLE_EVERY:g}s; claims seen not Bound {len(sampler.left_bound)}, "
                  f"bindings kept {after == bound}")  # fmt: skip
         top = ", ".join(
@@ -492,12 +511,42 @@ def create_claim(objs: Any, name: str, pool: str) -> None:
     })  # fmt: skip
 
 
+def settled(
+    members: list[dict[str, Any]],
+    routed: dict[str, set[str]],
+    bound: dict[str, dict[str, Any]],
+) -> bool:
+    """Whether the pools are in the state the restart is measured from: every claim
+    Bound, each Service routing exactly its pool's Running members, ``REPLICAS`` of
+    them, and no claimed sandbox among them.
+
+    Bound claims and full Services are not enough: a claim's status is written before
+    its pool's next pass takes the claimed member out of the Service; read in between,
+    the Service still counts it, and its fall right after is the claim's, not the kill's.
+    ``members``: the pool-labelled Sandboxes, read after ``bound`` and before ``routed``."""
+    if any(s.get("phase") != "Bound" for s in bound.values()):
+        return False
+    running: dict[str, set[str]] = {f"svc-p{i}": set() for i in range(POOLS)}
+    for m in members:
+        if (m.get("status") or {}).get("phase") == "Running":
+            pool = m["metadata"]["labels"][POOL_LABEL]
+            running.setdefault(f"svc-{pool}", set()).add(m["metadata"]["name"])
+    claimed = {str(s.get("sandboxName")) for s in bound.values()}
+    return all(
+        routed.get(service) == names and len(names) == REPLICAS and not names & claimed
+        for service, names in running.items()
+    )
+
+
 def steady(objs: Any, api: client.ApiClient) -> bool:
     """What agents would do (a member bound to a node starts Running with an IP), then
-    whether every Service routes every replica and every claim is Bound."""
+    whether every claim is Bound and every Service routes exactly its pool's members
+    (``settled``; read in that order: claims, members, Services)."""
+    bound = claims(objs)
     members = objs.list_namespaced_custom_object(
         GROUP, VERSION, POOL_NS, "sandboxes", label_selector=POOL_LABEL
     )["items"]
+    started = False
     for m in members:
         phase = (m.get("status") or {}).get("phase")
         if m["spec"].get("nodeName") and phase in (None, "Pending", "Scheduled"):
@@ -506,10 +555,10 @@ def steady(objs: Any, api: client.ApiClient) -> bool:
                 GROUP, VERSION, POOL_NS, "sandboxes", m["metadata"]["name"],
                 {"status": {"phase": "Running", "ip": f"10.77.{i // 250}.{i % 250 + 1}"}},
             )  # fmt: skip
-    routed = ready_endpoints(client.DiscoveryV1Api(api))
-    if routed != {f"svc-p{i}": REPLICAS for i in range(POOLS)}:
-        return False
-    return all(s.get("phase") == "Bound" for s in claims(objs).values())
+            started = True
+    if started:
+        return False  # their routing is the pool's next pass: look again
+    return settled(members, routed_members(client.DiscoveryV1Api(api)), bound)
 
 
 def main() -> int:

@@ -63,7 +63,7 @@ def objs(api: client.ApiClient) -> Any:
     return client.CustomObjectsApi(api)
 
 
-def fill(fleet: Fleet, nodes: list[str]) -> None:
+def fill(fleet: Fleet, nodes: list[str], count: int = FILLERS) -> None:
     def one(i: int) -> None:
         name = f"a-fill-{i:05d}"
         objs(fleet.api).create_namespaced_custom_object(
@@ -81,7 +81,7 @@ def fill(fleet: Fleet, nodes: list[str]) -> None:
         fleet.set_phase(name, "Running", ip=f"10.66.{i // 250}.{i % 250 + 1}")
 
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(one, range(FILLERS)))
+        list(pool.map(one, range(count)))
 
 
 def create_pool(api: client.ApiClient, name: str) -> None:
