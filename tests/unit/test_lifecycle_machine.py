@@ -1,28 +1,33 @@
 """A stateful fault test of a node's sandbox lifecycle (``policy.lifecycle``).
 
 Hypothesis drives the agent's own parts (the sync pass, pauses and resumes, the
-idle loop's freeze and its thaw for use, suspend and restore, the reaper, the
-image collector's choice) against the in-memory runtime and API at the project's
-boundary, and breaks them at random: a status write answered 5xx or 409, a get
-that fails, a runtime call that times out after it landed or before it acted, the
-agent dying before or after any runtime call (its memory gone, a new agent
-started over the same runtime and API), the watch lagging, the spec changing, a
-task exiting on its own, the node lost (the sandbox marked Dead). After every step
-it checks the invariants of SPEC section 8 this node can break
-(``policy.lifecycle.INVARIANTS``), and after a pass with no fault pending, the
-ones promised "after one pass".
+idle loop's freeze and its thaw for use, idle and asked suspensions, restores, the
+reaper, the log pass, the image collector's choice) against the in-memory runtime
+and API at the project's boundary, and breaks them at random: a status write
+answered 5xx or 409, a get that fails, a runtime call that times out after it
+landed or before it acted, the agent dying before or after any runtime call (its
+memory gone, a new agent started over the same runtime and API), the watch
+lagging, the spec changing, a task exiting on its own, the node lost (the
+sandbox marked Dead), a suspended sandbox moved to another node, streams opened
+and left open, files written (one arriving while a commit reads the container's
+files), uses waiting for an idle-suspended sandbox. After every step it checks
+the invariants of SPEC section 8 a node can break (``policy.lifecycle.INVARIANTS``),
+and after a fault-free pass on a current watch, the ones promised "after one pass".
 
-``make test`` runs a fixed budget; ``SANDLOT_LIFECYCLE_EXAMPLES`` raises it for a
-long run (``make soak``).
+``make test`` runs a fixed budget on a fixed seed; ``SANDLOT_LIFECYCLE_EXAMPLES``
+sets the budget and a fresh seed for a long run (``make soak``).
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -34,6 +39,8 @@ from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.runtime import ContainerInfo, RuntimeTimeout, TaskState
 from sandlot.agent.idle import IdlePauses
+from sandlot.agent.logs import SandboxLogs
+from sandlot.agent.logwriter import LogWriter
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.runtimes import ClassSurvey
@@ -42,11 +49,12 @@ from sandlot.agent.status import StatusWriter
 from sandlot.agent.sync import SandboxSync
 from sandlot.agent.teardown import teardown
 from sandlot.api.common import key_of
-from sandlot.api.keys import SANDBOX_LABEL
+from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.policy.capacity import Capacity
 from sandlot.policy.lifecycle import INVARIANTS
 from sandlot.policy.operatingmode import FROZEN, idle_paused, stream_refusal, wanted_mode
+from sandlot.policy.sandboxlogs import LOG_SUFFIX, log_stem
 from sandlot.policy.streamslots import (
     Admission,
     StreamSlots,
@@ -148,7 +156,12 @@ class Watch:
         self.catch_up()
 
     def catch_up(self) -> None:
-        self.view = copy.deepcopy(self.objects.sandboxes)
+        """The node's Sandboxes now (its watch selects ``spec.nodeName``)."""
+        self.view = {
+            k: copy.deepcopy(b)
+            for k, b in self.objects.sandboxes.items()
+            if b["spec"].get("nodeName") == NODE
+        }
 
     def items(self) -> list[dict[str, Any]]:
         return [copy.deepcopy(b) for b in self.view.values()]
@@ -245,6 +258,7 @@ class Work:
         self.facts = SimpleNamespace(capacity=Capacity(100))
         self.runtime_classes = SimpleNamespace(survey=lambda _live, _starting: ClassSurvey())
         self.rules = SimpleNamespace(defaults_of=lambda _bodies: {})
+        self.started: list[str] = []  # the sandboxes started again here, in order
 
     def teardown(self, container: ContainerInfo | str) -> Any:
         return teardown(self.rt, container, kill_wait=CALL, call_timeout=CALL)
@@ -252,7 +266,11 @@ class Work:
     def restart_from(self, sb: Mapping[str, Any], image: str) -> tuple[ContainerInfo, Any]:
         if image not in self.rt.rt.images:
             raise StartFailed("ImageNotFound", f"image {image} not found")
-        info = self.rt.rt.add(container_id_for(sb["metadata"]["uid"]), {SANDBOX_LABEL: key_of(sb)})
+        self.started.append(key_of(sb))
+        uid = sb["metadata"]["uid"]
+        info = self.rt.rt.add(
+            container_id_for(uid), {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: uid}
+        )
         self.rt.files[info.id] = dict(self.rt.image_files.get(image, {}))
         return info, {"containerId": info.id, "pid": self.rt.rt.tasks[info.id].pid}
 
@@ -282,7 +300,9 @@ class Work:
 class Agent:
     """One agent process over the node's runtime and the API: all its memory."""
 
-    def __init__(self, rt: FaultyRuntime, objects: FakeObjects, clock: FakeClock) -> None:
+    def __init__(
+        self, rt: FaultyRuntime, objects: FakeObjects, clock: FakeClock, directory: Path
+    ) -> None:
         self.watch = Watch(objects)
         self.pool = InlinePool()
         self.status = StatusWriter(objects, NODE, clock.now)  # type: ignore[arg-type]
@@ -320,6 +340,14 @@ class Agent:
         self.sync.suspensions.streams = self.streams
         self.sync.idle_flags = self.idle.suspends.flags
         self.sync.suspensions.idle = self.idle
+        self.logs = SandboxLogs(
+            LogWriter(directory / "logs", directory / "fifos", 1 << 20),
+            rt,
+            CALL,
+            NODE,
+            self.watch,  # type: ignore[arg-type]
+            passes=lambda: None,
+        )
         self.reaper = Reaper(
             objects,  # type: ignore[arg-type]
             rt,
@@ -344,9 +372,14 @@ class NodeLifecycle(RuleBasedStateMachine):
         super().__init__()
         self.clock = FakeClock(T0)
         self.objects = FakeObjects(self.clock.now)
+        self.dir = Path(tempfile.mkdtemp(prefix="lifecycle-"))
+        self.logs = self.dir / "logs"
+        self.logs.mkdir()
+        (self.dir / "fifos").mkdir()
         self.fake = FakeRuntime()
         self.rt = FaultyRuntime(self.fake)
         self.ended_on_purpose: set[str] = set()  # keys the machine ended (exit, node lost)
+        self.moved: set[str] = set()  # keys moved to another node
         self.acknowledged: dict[str, dict[str, int]] = {}  # key -> path -> content
         self.writes = 0
         self.open_streams: list[int] = []
@@ -358,10 +391,12 @@ class NodeLifecycle(RuleBasedStateMachine):
             body = self.objects.sandboxes[f"ns/{name}"]
             body["metadata"]["generation"] = 1
             body["spec"].update({"image": "img", "idleTimeoutSeconds": 30})
-            cid = container_id_for(body["metadata"]["uid"])
-            self.fake.add(cid, {SANDBOX_LABEL: f"ns/{name}"})
+            uid = body["metadata"]["uid"]
+            cid = container_id_for(uid)
+            self.fake.add(cid, {SANDBOX_LABEL: f"ns/{name}", SANDBOX_UID_LABEL: uid})
+            (self.logs / f"{log_stem('ns', name, uid)}{LOG_SUFFIX}").write_text("hello\n")
             body["status"].update({"containerId": cid, "pid": self.fake.tasks[cid].pid})
-        self.agent = Agent(self.rt, self.objects, self.clock)
+        self.agent = Agent(self.rt, self.objects, self.clock, self.dir)
 
     # ------------------------------------------------------------ helpers
 
@@ -370,7 +405,7 @@ class NodeLifecycle(RuleBasedStateMachine):
 
     def restart(self) -> None:
         """A new agent process: its streams' connections died with the old one."""
-        self.agent = Agent(self.rt, self.objects, self.clock)
+        self.agent = Agent(self.rt, self.objects, self.clock, self.dir)
         self.open_streams.clear()
 
     def container_of(self, key: str) -> str | None:
@@ -378,6 +413,9 @@ class NodeLifecycle(RuleBasedStateMachine):
             (c.id for c in self.fake.containers.values() if c.labels.get(SANDBOX_LABEL) == key),
             None,
         )
+
+    def started_after_move(self) -> list[str]:
+        return [k for k in self.agent.work.started if k in self.moved]
 
     def run(self, step: Callable[[], object], fault: Fault = None) -> None:
         """Run one of the agent's steps with ``fault`` injected into it; a crash ends
@@ -466,6 +504,22 @@ class NodeLifecycle(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the agent
 
+    @rule(fault=FAULTS)
+    def log_pass(self, fault: Fault) -> None:
+        self.run(self.agent.logs.pass_once, fault)
+
+    @rule(i=st.integers(0, 1), rare=RARE)
+    def moved_away(self, i: int, rare: int) -> None:
+        """The scheduler moves a suspended sandbox's state to another node (its node
+        drained or lost): from then on it is that node's; this one keeps nothing of it."""
+        body = self.body(_index(i))
+        if rare or body is None or not recorded_suspended(body):
+            return
+        body["spec"]["nodeName"] = "node-b"
+        self.objects.touch(body)
+        self.moved.add(_index(i))
+        self.agent.work.started.clear()  # what counts is a start after the move
+
     @rule(i=st.integers(0, 1))
     def files_write(self, i: int) -> None:
         self.write_file(_index(i))
@@ -546,6 +600,9 @@ class NodeLifecycle(RuleBasedStateMachine):
         self.agent.watch.catch_up()
         self.run(self.agent.sync.sync_once)
         for key, body in self.objects.sandboxes.items():
+            if key in self.moved:
+                assert self.container_of(key) is None, f"{key} moved away; it runs here too"
+                continue
             if body["status"]["phase"] in TERMINAL_PHASES:
                 assert self.container_of(key) is None, f"{key} ended but its container runs"
                 continue
@@ -558,6 +615,9 @@ class NodeLifecycle(RuleBasedStateMachine):
                 )
 
     # ------------------------------------------------------------ invariants
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     @invariant()
     def no_work_slot_outlives_its_step(self) -> None:
@@ -598,6 +658,21 @@ class NodeLifecycle(RuleBasedStateMachine):
                 continue
             lost = {p: v for p, v in written.items() if files.get(p) != v}
             assert not lost, f"{key}: acknowledged writes lost: {lost}"
+
+    @invariant()
+    def a_sandboxs_log_stays_while_it_exists_here(self) -> None:
+        for key, body in self.objects.sandboxes.items():
+            if key in self.moved or body["status"]["phase"] in TERMINAL_PHASES:
+                continue
+            meta = body["metadata"]
+            name = f"{log_stem(meta['namespace'], meta['name'], meta['uid'])}{LOG_SUFFIX}"
+            assert (self.logs / name).exists(), f"{key}: its log is gone while it exists"
+
+    @invariant()
+    def a_sandbox_moved_away_is_never_started_here(self) -> None:
+        assert not self.started_after_move(), (
+            f"restored here after its move to another node: {self.started_after_move()}"
+        )
 
     @invariant()
     def a_sandbox_runs_in_one_container_at_most(self) -> None:
