@@ -109,7 +109,8 @@ def test_the_gvisor_installer_passes_validation_and_holds_no_identity(
         ("agent", ("create", "subjectaccessreviews.authorization.k8s.io"), False),
         ("operator", ("get", "secrets", "-A"), False),
         ("operator", ("list", "secrets", "-A"), False),
-        ("operator", ("get", "nodes"), False),
+        ("operator", ("watch", "nodes"), True),
+        ("operator", ("patch", "nodes"), False),
         ("operator", ("create", "pods", "-A"), False),
         ("operator", ("update", "leases.coordination.k8s.io", "-n", "default"), False),
         ("operator", ("delete", "sandboxnodes.sandlot.dev"), False),
@@ -132,7 +133,8 @@ def test_the_gvisor_installer_passes_validation_and_holds_no_identity(
         "agent-reviews-no-access",
         "operator-cannot-read-secrets",
         "operator-cannot-list-secrets",
-        "operator-reads-no-nodes",
+        "operator-watches-nodes-taints",
+        "operator-cannot-write-nodes",
         "operator-cannot-create-pods",
         "operator-leases-only-in-release-namespace",
         "operator-cannot-delete-nodes",
@@ -192,6 +194,8 @@ OPERATOR_REACH = {
     "sandboxclaims.sandlot.dev/status": "get patch",
     # The scheduler: a sandbox's RuntimeClass (handler, scheduling).
     "runtimeclasses.node.k8s.io": "get",
+    # The scheduler: the Kubernetes Nodes' taints and labels (no agent writes them).
+    "nodes": "list watch",
     "services": "create delete get update",
     "endpointslices.discovery.k8s.io": "create delete list patch",
     "events": "create",

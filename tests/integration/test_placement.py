@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -22,6 +22,10 @@ from tests.support.runtimeclasses import runtime_class
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
+
+# The admins' Node label confirming runtime handlers (api.keys.RUNTIME_HANDLERS_LABEL),
+# spelled out: what the chart's users type.
+RUNTIME_HANDLERS_LABEL = f"{GROUP}/runtime-handlers"
 
 
 def _ready_node(
@@ -54,6 +58,21 @@ def _ready_node(
     )
     fleet.lease(node, duration=30)
     return node
+
+
+@pytest.fixture
+def kube_nodes(kube: client.ApiClient) -> Iterator[Callable[..., None]]:
+    """Creates Kubernetes Nodes (no agent writes them); deleted after the test."""
+    core: Any = client.CoreV1Api(kube)
+    made: list[str] = []
+
+    def make(name: str, *, labels: dict[str, str], taints: list[dict[str, Any]]) -> None:
+        core.create_node({"metadata": {"name": name, "labels": labels}, "spec": {"taints": taints}})
+        made.append(name)
+
+    yield make
+    for name in made:
+        core.delete_node(name)
 
 
 def _pending(fleet: Fleet, name: str, **spec: Any) -> None:
@@ -182,7 +201,10 @@ def test_a_new_leader_labels_a_node_tainted_while_it_stood_by(
 
 
 def test_scheduler_places_a_runtime_class_only_on_nodes_with_its_handler(
-    kube: client.ApiClient, fleet: Fleet, operators: Callable[..., OperatorProcess]
+    kube: client.ApiClient,
+    fleet: Fleet,
+    operators: Callable[..., OperatorProcess],
+    kube_nodes: Callable[..., None],
 ) -> None:
     taint = {"key": "sandlot.test/crun", "effect": "NoSchedule"}
     plain = _ready_node(fleet, "plain", labels={"runtime": "plain"}, taints=[])
@@ -190,6 +212,9 @@ def test_scheduler_places_a_runtime_class_only_on_nodes_with_its_handler(
     crun = _ready_node(
         fleet, "crun", labels={"runtime": "crun"}, taints=[taint], handlers=("runc", "crun")
     )
+    # The class's selector matched against the Kubernetes Nodes' labels confirms crun.
+    for node, runtime in ((plain, "plain"), (other, "crun"), (crun, "crun")):
+        kube_nodes(node, labels={"runtime": runtime}, taints=[])
     scheduling = {
         "nodeSelector": {"runtime": "crun"},
         "tolerations": [{"key": "sandlot.test/crun", "operator": "Exists"}],
@@ -277,3 +302,42 @@ def test_a_node_under_disk_pressure_gets_the_condition_and_no_new_sandbox(
     off = wait_for(lambda: condition_is(pressed, "False"), timeout=30, what="DiskPressure False")
     assert off["reason"] == "AgentHasNoDiskPressure", off
     assert _bound(fleet, "waits") == pressed  # the pressure over, the waiting sandbox placed
+
+
+def test_a_node_cannot_clear_its_taints_or_claim_a_handler_to_draw_sandboxes(
+    kube: client.ApiClient,
+    fleet: Fleet,
+    operators: Callable[..., OperatorProcess],
+    kube_nodes: Callable[..., None],
+) -> None:
+    """The wrong party is the node's agent: its SandboxNode's status mirrors no taint
+    and offers gVisor, while its Kubernetes Node (no agent writes it) is tainted for
+    another tenant and confirms no gVisor. First by name, it would win every tie."""
+    tenant = {"key": "sandlot.test/tenant", "value": "b", "effect": "NoSchedule"}
+    hostile = _ready_node(fleet, "a-hostile", labels={}, taints=[], handlers=("runc", "gvisor"))
+    fleet.objs.patch_cluster_custom_object_status(
+        GROUP, VERSION, "sandboxnodes", hostile, {"status": {"nodeTaints": []}}
+    )
+    kube_nodes(hostile, labels={}, taints=[tenant])
+    honest = _ready_node(fleet, "b-honest", labels={}, taints=[])
+    kube_nodes(honest, labels={}, taints=[])
+    operators("--resync-interval", "1s")
+
+    for i in range(3):
+        _pending(fleet, f"plain-{i}")
+    assert {_bound(fleet, f"plain-{i}") for i in range(3)} == {honest}
+
+    tolerations = [{"key": "sandlot.test/tenant", "operator": "Equal", "value": "b"}]
+    _pending(fleet, "tenant-b", tolerations=tolerations)
+    assert _bound(fleet, "tenant-b") == hostile, "the Node's own taint, tolerated, lets it on"
+
+    with runtime_class(kube, "gvisor") as gvisor:
+        _pending(fleet, "wants-gvisor", runtimeClassName=gvisor, tolerations=tolerations)
+        message = _waiting_message(fleet, "wants-gvisor", "Unschedulable")
+        assert '2 no runtime handler "gvisor"' in message, message
+        assert not (fleet.get("wants-gvisor").get("spec") or {}).get("nodeName")
+        # An admin confirms gVisor on the Node: now it goes there.
+        client.CoreV1Api(kube).patch_node(
+            hostile, {"metadata": {"labels": {RUNTIME_HANDLERS_LABEL: "gvisor"}}}
+        )
+        assert _bound(fleet, "wants-gvisor") == hostile

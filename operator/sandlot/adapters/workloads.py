@@ -14,6 +14,7 @@ one step (``write_service``).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import CLAIMS, GROUP, POOLS, SANDBOXES, VERSION
+from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -198,15 +199,21 @@ def delete_claim(objects: Objects, namespace: str, name: str, uid: str) -> bool:
 
 
 def listed_keys(objects: Objects, plural: str) -> set[str]:
-    """Every object of sandlot's kind ``plural`` now, as "namespace/name" (or the
-    name of a cluster-scoped one), in pages."""
+    """Every object of sandlot's kind ``plural`` (or every Kubernetes Node, for
+    ``KUBE_NODES``) now, as "namespace/name" (or the name of a cluster-scoped one),
+    in pages."""
     keys: set[str] = set()
     token: str | None = None
+    core: Any = client.CoreV1Api(objects.api)
     while True:
         extra = {"_continue": token} if token else {}
-        out = objects.custom.list_cluster_custom_object(
-            GROUP, VERSION, plural, limit=500, _request_timeout=60, **extra
-        )
+        if plural == KUBE_NODES:
+            out = core.list_node(limit=500, _request_timeout=60, _preload_content=False, **extra)
+            out = json.loads(out.data)
+        else:
+            out = objects.custom.list_cluster_custom_object(
+                GROUP, VERSION, plural, limit=500, _request_timeout=60, **extra
+            )
         for item in out.get("items") or ():
             meta = item["metadata"]
             namespace = meta.get("namespace")

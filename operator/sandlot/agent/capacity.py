@@ -18,12 +18,11 @@ from sandlot.adapters.nodeguard import (
 from sandlot.agent.settings import AgentSettings
 from sandlot.policy.capacity import Capacity, cpu_millis, storage_room
 from sandlot.policy.nodesecurity import NodeSecurity
+from sandlot.policy.nodetrust import CONDITION_TAINTS
 from sandlot.policy.quantity import memory_bytes
 from sandlot.policy.seccomp import kernel_version
 
 log = logging.getLogger(__name__)
-
-CONDITION_TAINTS = "node.kubernetes.io/"
 
 
 def node_security() -> NodeSecurity:

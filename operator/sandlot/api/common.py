@@ -22,6 +22,7 @@ POOLS = "sandboxpools"
 CLAIMS = "sandboxclaims"
 CACHEPRUNES = "cacheprunes"
 SNAPSHOTS = "sandboxsnapshots"
+KUBE_NODES = "nodes"  # the Kubernetes Nodes (core API group), watched by the scheduler
 
 # Size limits on every string, list and map of the CRDs: bad input fails closed at
 # the API server, cheaply, and CEL rules get a bounded cost. Kubernetes' own limits

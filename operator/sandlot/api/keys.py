@@ -56,6 +56,13 @@ USERNS_LABEL: Final = f"{GROUP}/userns"
 ``<first>-<size>`` (``hostUsers: false``); the agent reads them back to hand out
 ranges no running sandbox holds."""
 
+RUNTIME_HANDLERS_LABEL: Final = f"{GROUP}/runtime-handlers"
+"""Kubernetes Node label, set by the cluster's admins (never by an agent): the
+non-default runtime handlers the node is confirmed to have, dot-separated
+(``gvisor.crun``; a label value has no commas). Placement trusts a node's own
+``status.runtimeHandlers`` for such a handler only with this label or a
+RuntimeClass node selector the Node's labels match."""
+
 TAINTED_LABEL: Final = f"{GROUP}/tainted"
 """SandboxNode label (value ``"true"``), kept by the operator: the node has a
 NoSchedule or NoExecute taint (its own or its Kubernetes Node's). The placement
@@ -162,6 +169,7 @@ __all__ = [
     "NODE_HEALTH_FINALIZER",
     "POOL_LABEL",
     "PULLED_BY_AGENT_LABEL",
+    "RUNTIME_HANDLERS_LABEL",
     "SANDBOX_LABEL",
     "SANDBOX_UID_LABEL",
     "SERVICE_MANAGED_BY_LABEL",

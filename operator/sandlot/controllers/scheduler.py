@@ -19,8 +19,13 @@ is Ready; until then it stays Pending, reason ``SnapshotNotReady``, looked at
 again every ``RETRY_FORK`` seconds (every ``RETRY_CLASS`` while the snapshot is
 Failed: one of that name may be made again).
 
-A sandbox with ``spec.runtimeClassName`` goes only to nodes whose
-``status.runtimeHandlers`` have its class's handler, with the class's node
+A node's taints and handlers are what ``policy.nodetrust`` trusts: taints from the
+SandboxNode's spec and the Kubernetes Node (watched here; no agent writes it), never
+the agent's mirror while the Node exists; a handler other than ``runc`` only when
+the Node confirms it. The scheduler acts only once the Nodes are listed.
+
+A sandbox with ``spec.runtimeClassName`` goes only to nodes whose trusted
+handlers have its class's handler, with the class's node
 selector and tolerations joined to its own; a missing or unusable class keeps it
 Pending, its reason the agent's (``RuntimeClassNotFound``, ``InvalidRuntimeClass``),
 and it is looked at again every ``RETRY_CLASS`` seconds (RuntimeClasses are not
@@ -50,7 +55,7 @@ from typing import Any, Literal
 import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import GROUP, NODES, VERSION, Condition
+from sandlot.api.common import GROUP, KUBE_NODES, NODES, VERSION, Condition
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.placement import Taint
 from sandlot.api.reasons import ConditionType, ScheduledReason, SnapshotReason
@@ -61,7 +66,12 @@ from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 from sandlot.policy.nodehealth import episode_handled
-from sandlot.policy.placement import taints_of
+from sandlot.policy.nodetrust import (
+    KubeNodeFacts,
+    kube_node_facts,
+    trusted_handlers,
+    trusted_taints,
+)
 from sandlot.policy.runtimeclass import (
     RuntimeClassInfo,
     RuntimeClassRefused,
@@ -90,7 +100,11 @@ class NodeInfo:
     tracking: NodeHealthTracking
     labels: Mapping[str, str]
     taints: tuple[Taint, ...]
+    """``spec.taints``: the admins'."""
+    mirrored_taints: tuple[Taint, ...] = ()
+    """``status.nodeTaints``: the agent's mirror, trusted only without a Node."""
     runtime_handlers: frozenset[str] = frozenset()
+    """``status.runtimeHandlers``: what the agent offers, not yet trusted."""
     disk_pressure: bool = False
 
 
@@ -103,7 +117,8 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
         capacity=int((status.get("capacity") or {}).get("sandboxes") or 0),
         tracking=NodeHealthTracking.model_validate(status.get("health") or {}),
         labels=dict(meta.get("labels") or {}),
-        taints=taints_of(body),
+        taints=_taints((body.get("spec") or {}).get("taints")),
+        mirrored_taints=_taints(status.get("nodeTaints")),
         runtime_handlers=frozenset(
             str(h.get("name")) for h in status.get("runtimeHandlers") or [] if h.get("name")
         ),
@@ -113,6 +128,10 @@ def _node_info(body: Mapping[str, Any]) -> NodeInfo:
             if isinstance(c, Mapping)
         ),
     )
+
+
+def _taints(raw: Any) -> tuple[Taint, ...]:
+    return tuple(Taint.model_validate(t) for t in raw or ())
 
 
 def with_scheduled(
@@ -147,6 +166,8 @@ class Scheduler:
         self.clock = clock
         self.nodes: dict[str, NodeInfo] = {}
         self.seen_nodes: set[str] = set()  # every node handed over, deleted ones too
+        self.kube_nodes: dict[str, KubeNodeFacts] = {}  # Kubernetes Nodes, by name
+        self.seen_kube_nodes: set[str] = set()
         self._phases: dict[str, str | None] = {}  # status.phase last seen, by node
         # The node-health controller's view of liveness: both judge READY alike.
         self.liveness = liveness
@@ -198,6 +219,19 @@ class Scheduler:
             or (body.get("status") or {}).get("phase") == NodePhase.READY
         ):
             self.retry_waiting()
+
+    def on_kube_node(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A Kubernetes Node's event: its taints and labels are what placement trusts."""
+        name = body["metadata"]["name"]
+        self.seen_kube_nodes.add(name)
+        old = self.kube_nodes.get(name)
+        if event_type == "DELETED":
+            self.kube_nodes.pop(name, None)
+            return
+        new = kube_node_facts(body)
+        self.kube_nodes[name] = new
+        if old is None or old != new:
+            self.retry_waiting()  # a taint removed or a label added may make room
 
     def _revived(self, name: str) -> None:
         if name in self.nodes:
@@ -251,11 +285,15 @@ class Scheduler:
         finally:
             self.metrics.unschedulable.set(len(self.waiting))
 
-    def slots(self, now: datetime) -> list[NodeSlot]:
-        """Every node as the placement policy sees it; ``now`` on the liveness clock."""
+    def slots(
+        self, now: datetime, class_selector: tuple[tuple[str, str], ...] = ()
+    ) -> list[NodeSlot]:
+        """Every node as the placement policy sees it; ``now`` on the liveness clock,
+        ``class_selector`` the RuntimeClass's node selector (it may confirm a handler)."""
         slots = []
         for node in self.nodes.values():
             tracking = self.liveness.from_status(node.name, node.tracking)
+            kube = self.kube_nodes.get(node.name)
             slots.append(
                 NodeSlot(
                     name=node.name,
@@ -266,8 +304,8 @@ class Scheduler:
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
                     ready_until=self.liveness.expiry(node.name, tracking),
                     labels=node.labels,
-                    taints=node.taints,
-                    runtime_handlers=node.runtime_handlers,
+                    taints=trusted_taints(node.taints, node.mirrored_taints, kube),
+                    runtime_handlers=trusted_handlers(node.runtime_handlers, kube, class_selector),
                     disk_pressure=node.disk_pressure,
                 )
             )
@@ -306,15 +344,16 @@ class Scheduler:
         """A node for ``rec``: ``only`` that one if set (a fork's snapshot's node);
         ``leaving``: the node it moves away from (never chosen)."""
         placement, handler = rec.placement, None
+        selector: tuple[tuple[str, str], ...] = ()
         if runtime_class is not None:
             placement = joined_placement(rec.placement, runtime_class)
-            handler = runtime_class.handler
+            handler, selector = runtime_class.handler, runtime_class.node_selector
         request = SandboxRequest(rec.key, rec.pool_key, placement, handler)
         # Liveness is judged on its own steady clock, never on the wall clock.
         now = self.liveness.clock()
         slots = [
             slot
-            for slot in self.slots(now)
+            for slot in self.slots(now, selector)
             if (only is None or slot.name == only) and slot.name != leaving
         ]
         return choose_node(request, slots, now)
@@ -501,3 +540,7 @@ def register(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> None:
     @kopf.on.event(GROUP, VERSION, NODES, registry=registry)
     async def scheduler_node_event(body: kopf.Body, **kwargs: Any) -> None:
         scheduler.on_node(kwargs.get("type"), body)
+
+    @kopf.on.event("", "v1", KUBE_NODES, registry=registry)
+    async def scheduler_kube_node_event(body: kopf.Body, **kwargs: Any) -> None:
+        scheduler.on_kube_node(kwargs.get("type"), body)

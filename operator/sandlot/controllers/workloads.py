@@ -26,7 +26,7 @@ import kopf
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import CLAIMS, NODES, POOLS
+from sandlot.api.common import CLAIMS, KUBE_NODES, NODES, POOLS
 from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import scheduler as scheduler_module
@@ -90,6 +90,7 @@ class Workloads:
                 POOLS: lambda: pools.seen,
                 CLAIMS: lambda: claims.seen,
                 NODES: lambda: scheduler.seen_nodes,
+                KUBE_NODES: lambda: scheduler.seen_kube_nodes,
             },
             api.listed_keys,
             on_listed=lambda: built.on_synced(),

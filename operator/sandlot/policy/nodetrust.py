@@ -1,0 +1,104 @@
+"""What placement believes about a node: only what the node itself cannot widen. Pure.
+
+A node's agent writes its SandboxNode's status, so a compromised node could clear
+the taints it mirrors there (``status.nodeTaints``) and advertise any runtime
+handler (``status.runtimeHandlers``) to draw other tenants' sandboxes, their
+secrets and their private images. Placement therefore reads:
+
+- **taints** from the SandboxNode's ``spec.taints`` (the admins') and the Kubernetes
+  Node's ``spec.taints`` (the kubelet's and the admins'; no agent writes a Node),
+  less the node lifecycle's condition taints (``node.kubernetes.io/...``: the
+  kubelet's health; sandlot judges health by its agent's Lease).
+  The agent's mirror counts only for a SandboxNode with no Kubernetes Node at all
+  (a fleet without kubelets); an agent cannot make its own Node disappear, since it
+  may write only the SandboxNode of the node its token names;
+- **runtime handlers**: ``runc`` (containerd's default, on every node) when the
+  node offers it; any other handler only when the node offers it *and* something
+  the node cannot write confirms it: the Node's ``sandlot.dev/runtime-handlers``
+  label lists it, or the RuntimeClass's ``scheduling.nodeSelector`` is non-empty and
+  the Node's labels match it. Without a Node, no other handler is trusted.
+
+A node's own writes can still narrow placement (an offered handler it drops, an
+extra mirrored taint with no Node); they never widen it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandlot.api.keys import RUNTIME_HANDLERS_LABEL
+from sandlot.api.placement import Taint
+from sandlot.policy.runtimeclass import RUNC
+
+CONDITION_TAINTS = "node.kubernetes.io/"
+
+
+@dataclass(frozen=True)
+class KubeNodeFacts:
+    """What the operator read from a Kubernetes Node: its labels and taints."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+
+def kube_node_facts(body: Mapping[str, Any]) -> KubeNodeFacts:
+    """The facts of a Node as the API server's JSON."""
+    meta = body.get("metadata") or {}
+    spec = body.get("spec") or {}
+    return KubeNodeFacts(
+        labels=dict(meta.get("labels") or {}),
+        taints=tuple(
+            Taint.model_validate(
+                {"key": t["key"], "value": t.get("value") or "", "effect": t["effect"]}
+            )
+            for t in spec.get("taints") or ()
+            if t.get("key") and t.get("effect") and not t["key"].startswith(CONDITION_TAINTS)
+        ),
+    )
+
+
+def trusted_taints(
+    own: Sequence[Taint], mirrored: Sequence[Taint], kube: KubeNodeFacts | None
+) -> tuple[Taint, ...]:
+    """The taints placement honours: the SandboxNode's ``spec.taints`` (``own``) and
+    its Kubernetes Node's; the agent's ``status.nodeTaints`` (``mirrored``) only when
+    there is no Node."""
+    return (*own, *(kube.taints if kube is not None else mirrored))
+
+
+def confirmed_handlers(kube: KubeNodeFacts | None) -> frozenset[str]:
+    """The handlers the Node's admin-set label lists."""
+    if kube is None:
+        return frozenset()
+    value = kube.labels.get(RUNTIME_HANDLERS_LABEL, "")
+    return frozenset(h for h in value.split(".") if h)
+
+
+def trusted_handlers(
+    offered: frozenset[str],
+    kube: KubeNodeFacts | None,
+    class_selector: Sequence[tuple[str, str]] = (),
+) -> frozenset[str]:
+    """The handlers placement may send a sandbox to this node for: of those the node
+    ``offered``, ``runc`` and the ones confirmed by the Node (its label, or the
+    RuntimeClass's non-empty ``class_selector`` matching its labels)."""
+    trusted = {RUNC} | confirmed_handlers(kube)
+    if (
+        kube is not None
+        and class_selector
+        and all(kube.labels.get(k) == v for k, v in class_selector)
+    ):
+        return offered
+    return offered & trusted
+
+
+__all__ = [
+    "CONDITION_TAINTS",
+    "KubeNodeFacts",
+    "confirmed_handlers",
+    "kube_node_facts",
+    "trusted_handlers",
+    "trusted_taints",
+]
