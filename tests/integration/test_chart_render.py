@@ -391,7 +391,9 @@ def test_gvisor_is_installed_only_where_its_value_says_and_the_agent_reads_it(he
     }  # fmt: skip
     (rc,) = by_kind(docs, "RuntimeClass")
     assert rc["metadata"]["name"] == "gvisor" and rc["handler"] == "gvisor"
-    assert "scheduling" not in rc, "sandlot places by the published handler"
+    # Matched against the Kubernetes Nodes' labels, it confirms the handler each node
+    # publishes (a node's own word is not enough: policy/nodetrust.py).
+    assert rc["scheduling"] == {"nodeSelector": {"containerd": "v2"}}, rc
     no_class = render(helm, *GVISOR_ON, "--set", "agent.runtimes.gvisor.runtimeClass.create=false")
     assert not by_kind(no_class, "RuntimeClass")
 
