@@ -36,6 +36,7 @@ from typing import Any
 from sandlot.api.common import key_of
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES
+from sandlot.policy.backoff import capped_doubling
 
 FIRST_RETRY = timedelta(seconds=10)
 LONGEST_RETRY = timedelta(minutes=10)
@@ -188,7 +189,7 @@ def retry_after_failure(entry: Pending, now: datetime) -> Pending | None:
     attempts = entry.attempts + 1
     if attempts >= MAX_ATTEMPTS:
         return None
-    wait = min(FIRST_RETRY * (2 ** (attempts - 1)), LONGEST_RETRY)
+    wait = capped_doubling(attempts, FIRST_RETRY, LONGEST_RETRY)
     return replace(entry, attempts=attempts, not_before=now + wait)
 
 
