@@ -44,6 +44,7 @@ from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.common import join_key, key_of
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
 from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
@@ -300,7 +301,7 @@ class StreamServer:
             return 404, f"sandbox {key} is not on node {self.node}\n"
         phase = (sandbox.get("status") or {}).get("phase")
         if asked.kind != LOG:
-            if phase != "Running":
+            if phase != SandboxPhase.RUNNING:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
@@ -406,7 +407,7 @@ class StreamServer:
         def running() -> bool:
             current = self._sandbox(key) or {}
             same = (current.get("metadata") or {}).get("uid") == uid
-            return same and (current.get("status") or {}).get("phase") == "Running"
+            return same and (current.get("status") or {}).get("phase") == SandboxPhase.RUNNING
 
         serve_port(
             connection,
@@ -450,7 +451,7 @@ class StreamServer:
         def running() -> bool:
             current = self._sandbox(key) or {}
             same = (current.get("metadata") or {}).get("uid") == uid
-            return same and (current.get("status") or {}).get("phase") == "Running"
+            return same and (current.get("status") or {}).get("phase") == SandboxPhase.RUNNING
 
         last_sent = time.monotonic()
 

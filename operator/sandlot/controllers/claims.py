@@ -278,13 +278,13 @@ class ClaimController:
             waiting = self._waiting.setdefault(claim.pool_key, set())
             waiting.discard(key)
             if decision.action is ClaimAction.NONE:
-                if bound is None and claim.status.get("phase") in (None, "Pending"):
+                if bound is None and claim.status.get("phase") in (None, ClaimPhase.PENDING):
                     waiting.add(key)
                 return None
             if not self.is_leader():
                 return None
             if decision.action is ClaimAction.STATUS:
-                if decision.status.get("phase") == "Pending":
+                if decision.status.get("phase") == ClaimPhase.PENDING:
                     waiting.add(key)
                 status = dict(decision.status)
                 if status.get("phase") in FINAL_CLAIM_PHASES and not claim.status.get("finishedAt"):
