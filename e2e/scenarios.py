@@ -304,8 +304,16 @@ def a_tenant_with_edit_streams_through_the_gateway(c: Cluster, work: Path) -> No
     assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
 
 
-def a_stopped_workers_sandboxes_go_dead_and_are_replaced(c: Cluster) -> dict[str, Any]:
-    """Returns what the next scenario checks: the stopped node and its containers."""
+@dataclass(frozen=True)
+class Fenced:
+    """A worker that was stopped until its members went Dead, and their containers."""
+
+    node: str
+    containers: frozenset[str]
+
+
+def a_stopped_workers_sandboxes_go_dead_and_are_replaced(c: Cluster) -> Fenced:
+    """Returns what its second half checks: the stopped node and its containers."""
     lost = c.workers[0]
     on_lost = {
         sb["metadata"]["name"]: sb["status"]["containerId"]
@@ -336,16 +344,13 @@ def a_stopped_workers_sandboxes_go_dead_and_are_replaced(c: Cluster) -> dict[str
             assert sb["status"]["reason"] == "NodeLost"
     finally:
         c.start_node(lost)
-    return {"node": lost, "containers": set(on_lost.values())}
+    return Fenced(lost, frozenset(on_lost.values()))
 
 
-def the_restarted_workers_agent_tears_down_the_dead_containers(
-    c: Cluster, fenced: dict[str, Any]
-) -> None:
-    node, containers = fenced["node"], fenced["containers"]
-    assert node, (
-        f"the stopped-node scenario did not complete: {fenced.get('why', 'it did not run')}"
-    )
+def the_restarted_workers_agent_tears_down_the_dead_containers(c: Cluster, fenced: Fenced) -> None:
+    """The second half of the stopped-node scenario, in the same test: the node that
+    was stopped is back, and its agent removed the Dead members' containers."""
+    node, containers = fenced.node, fenced.containers
     wait_for(
         lambda: node in ready_nodes(c),
         timeout=300,

@@ -18,7 +18,6 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.support.wait import wait_for
@@ -148,7 +147,6 @@ ALLOCATIONS: dict[str, set[str]] = {}
 VALUES_FILE: list[Path] = []
 SANDBOX_ARCHIVE: list[Path] = []
 # What the stop scenario left for the restart scenario (they run in order).
-FENCED: dict[str, Any] = {"node": "", "containers": set()}
 
 
 def test_a_pool_spreads_over_the_workers(cluster: KindCluster) -> None:
@@ -186,14 +184,11 @@ def test_the_pools_service_reaches_a_sandbox_from_a_pod_on_another_node(
     assert "hello-from-sandlot" in logs, logs
 
 
-def test_a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster: KindCluster) -> None:
-    FENCED.update(a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster))
-
-
-def test_the_restarted_workers_agent_tears_down_the_dead_containers(
+def test_a_stopped_workers_sandboxes_go_dead_are_replaced_and_torn_down_once_it_is_back(
     cluster: KindCluster,
 ) -> None:
-    the_restarted_workers_agent_tears_down_the_dead_containers(cluster, FENCED)
+    fenced = a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster)
+    the_restarted_workers_agent_tears_down_the_dead_containers(cluster, fenced)
 
 
 def test_cache_clear_reports_per_node(cluster: KindCluster) -> None:

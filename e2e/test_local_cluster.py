@@ -169,12 +169,6 @@ class LocalKubeletCluster(Cluster):
 
 ALLOCATIONS: dict[str, set[str]] = {}
 VALUES_FILE: list[Path] = []
-# What the stopped-node scenario leaves for the next one, or why it did not.
-FENCED: dict[str, Any] = {
-    "node": "",
-    "containers": set(),
-    "why": f"it did not run in this test process ({os.getpid()})",
-}
 
 
 @pytest.fixture(scope="module")
@@ -329,20 +323,13 @@ def test_a_gvisor_sandbox_runs_on_gvisor_s_kernel_on_the_node_it_was_installed_o
     assert_chart_pods_ready(cluster)
 
 
-def test_a_stopped_nodes_sandboxes_go_dead_and_are_replaced(cluster: LocalKubeletCluster) -> None:
-    try:
-        FENCED.update(a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster))
-    except BaseException as e:
-        FENCED["why"] = f"it failed: {type(e).__name__}: {e}"
-        raise
-
-
-def test_the_restarted_nodes_agent_tears_down_the_dead_containers(
+def test_a_stopped_nodes_sandboxes_go_dead_are_replaced_and_torn_down_once_it_is_back(
     cluster: LocalKubeletCluster,
 ) -> None:
     from e2e.scenarios import the_restarted_workers_agent_tears_down_the_dead_containers
 
-    the_restarted_workers_agent_tears_down_the_dead_containers(cluster, FENCED)
+    fenced = a_stopped_workers_sandboxes_go_dead_and_are_replaced(cluster)
+    the_restarted_workers_agent_tears_down_the_dead_containers(cluster, fenced)
 
 
 def test_cache_clear_reports_per_node(cluster: LocalKubeletCluster) -> None:

@@ -150,6 +150,7 @@ def test_a_drain_flag_behind_a_silently_dead_kopf_watch_is_seen_within_its_bound
     def on_node(body: Any, **_: Any) -> None:
         if body["metadata"]["name"] == name:
             seen["unschedulable"] = bool(body.get("spec", {}).get("unschedulable"))
+            seen["watched"] = "watched" in (body["metadata"].get("labels") or {})
 
     stop = threading.Event()
     runner = threading.Thread(
@@ -161,9 +162,14 @@ def test_a_drain_flag_behind_a_silently_dead_kopf_watch_is_seen_within_its_bound
     runner.start()
     try:
         wait_for(lambda: "unschedulable" in seen, timeout=30, what="kopf listed the node")
-        time.sleep(1)  # kopf moves from its listing to the watch
-        assert relay.sever_silently() > 0, "kopf made no connection through the relay"
+        # A change made after the listing reaches kopf only through its watch: once
+        # it arrives, the watch is the connection the relay silences.
         objs: Any = client.CustomObjectsApi(kube)
+        objs.patch_cluster_custom_object(
+            GROUP, VERSION, NODES, name, {"metadata": {"labels": {"watched": "yes"}}}
+        )
+        wait_for(lambda: seen.get("watched"), timeout=30, what="kopf's watch delivered the label")
+        assert relay.sever_silently() > 0, "kopf made no connection through the relay"
         objs.patch_cluster_custom_object(
             GROUP, VERSION, NODES, name, {"spec": {"unschedulable": True}}
         )

@@ -20,7 +20,7 @@ from sandlot.api.timestamps import parse_time, rfc3339
 from sandlot.controllers.marking import Marker, NodeMarking
 from sandlot.controllers.metrics import OperatorMetrics
 from tests.support.operator import Fleet
-from tests.support.passes import node_passes, wait_node_passes
+from tests.support.passes import node_passes, wait_node_passes, wait_node_passes_after
 from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
@@ -120,13 +120,15 @@ def test_disabled_node_is_never_reaped(fleet, operators):
     fleet.sandbox("draining", drained, "Running")
     ready = fleet.node("ready")
     fleet.lease(ready)
-    operators(*FAST)
+    op = operators(*FAST)
     wait_for(
         lambda: fleet.get_node(drained).get("status", {}).get("phase") == "Disabled",
         timeout=15,
         what="drained node Disabled",
     )
-    time.sleep(3 + 1)  # a whole grace period with the lease absent
+    # A whole grace period with the lease absent, then passes over both nodes
+    # (each is resynced every second): the loop looked, and left it alone.
+    wait_node_passes_after(op, time.monotonic() + 3 + 1, 2 * 2, timeout=30)
     assert fleet.phase("draining") == "Running"
     assert not fleet.health(drained).get("unhealthySince")
 
@@ -423,12 +425,16 @@ def test_mass_failure_guard_holds_then_resumes(fleet, operators):
         )
     leases[0].pause()
     leases[1].pause()  # 2 of 3 NotReady: 0.67 >= 0.55
+    paused = time.monotonic()
     wait_for(
         lambda: op.metric("sandlot_operator_mass_failure_hold") == 1,
         timeout=20,
         what="the guard to hold",
     )
-    time.sleep(2 + 3 + 1)  # past lease expiry plus grace
+    # Past lease expiry plus grace, then passes over the three nodes: the held
+    # nodes were looked at after their grace ran out, and nothing was reaped.
+    wait_node_passes_after(op, paused + 2 + 3 + 1, 2 * 3, timeout=30)
+    assert op.metric("sandlot_operator_mass_failure_hold") == 1, "the guard let go meanwhile"
     assert fleet.phase("s0") == "Running" and fleet.phase("s1") == "Running"
     cond = next(
         c for c in fleet.get_node(nodes[0])["status"]["conditions"] if c["type"] == "GuardHolding"

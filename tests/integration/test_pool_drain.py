@@ -11,6 +11,7 @@ import pytest
 
 from sandlot.cli.main import main as sandlot_main
 from tests.support.operator import Fleet
+from tests.support.passes import wait_node_passes_after
 from tests.support.pools import (
     GRACE_SECONDS,
     LEASE_SECONDS,
@@ -29,7 +30,7 @@ def test_drain_moves_members_off_the_node_and_none_goes_dead(
     cluster: Cluster, operators: Start, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, b, c = (cluster.add_node(n) for n in ("a", "b", "c"))
-    start_operator(cluster, operators)
+    op = start_operator(cluster, operators)
     cluster.create_pool("api", 6, service="api")
     running = cluster.wait_running("api", 6)
     on_a = {m["metadata"]["name"] for m in running if node_of(m) == a.name}
@@ -54,7 +55,10 @@ def test_drain_moves_members_off_the_node_and_none_goes_dead(
         what="the EndpointSlice to list the members on b and c only",
     )
     wait_for(lambda: cluster.node_phase(a.name) == "Disabled", timeout=10, what="a Disabled")
-    time.sleep(LEASE_SECONDS + GRACE_SECONDS)  # a whole grace period: nothing may go Dead
+    # A whole lease and grace period, then node-health passes over the three nodes
+    # (each resynced every second): the loop looked at the Disabled node, and
+    # nothing went Dead.
+    wait_node_passes_after(op, time.monotonic() + LEASE_SECONDS + GRACE_SECONDS, 2 * 3, timeout=30)
     assert not [m for m in cluster.members("api") if phase(m) == "Dead"]
 
     assert cluster.sandlot("uncordon", a.name) == 0

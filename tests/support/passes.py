@@ -5,6 +5,8 @@ own sync passes: ``sandlot_agent_sync_passes_total``)."""
 
 from __future__ import annotations
 
+import time
+
 from sandlot.agent.main import Agent
 from tests.support.operator import OperatorProcess
 from tests.support.wait import wait_for
@@ -27,6 +29,21 @@ def wait_node_passes(op: OperatorProcess, base: int, passes: int, *, timeout: fl
         interval=0.1,
         what=f"{passes} node-health passes of the operator past {base}",
     )
+
+
+def wait_node_passes_after(
+    op: OperatorProcess, moment: float, passes: int, *, timeout: float
+) -> int:
+    """Wait until the monotonic clock reaches ``moment`` (a deadline the test names:
+    a grace period run out), then until the operator has made ``passes`` more
+    node-health passes: proof that the loop looked at the nodes after it."""
+    wait_for(
+        lambda: time.monotonic() >= moment,
+        timeout=timeout,
+        interval=0.1,
+        what=f"the moment {moment:.1f} on the monotonic clock",
+    )
+    return wait_node_passes(op, node_passes(op), passes, timeout=timeout)
 
 
 def agent_passes(agent: Agent) -> int:

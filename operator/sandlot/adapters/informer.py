@@ -47,6 +47,7 @@ from sandlot.adapters.objects import LeaseRecord, lease_record_of
 from sandlot.adapters.startup import api_error_line
 from sandlot.api.common import GROUP, SANDBOXES, VERSION, key_of
 from sandlot.api.keys import AGENT_LEASE_LABEL
+from sandlot.policy.backoff import capped_doubling
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class Informer:
     # -- the loop ---------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = BACKOFF_START
+        failures = 0
         gap = True
         while not self._stop.is_set():
             try:
@@ -178,7 +179,7 @@ class Informer:
                     at_once = version is not None and not events and quick
                     if at_once:
                         break
-                    backoff = BACKOFF_START
+                    failures = 0
                 if self._stop.is_set():
                     return
                 # Events were missed: a gap like a failure's until the next list ends.
@@ -196,10 +197,10 @@ class Informer:
                 if self.on_view_lost is not None:
                     self.on_view_lost()
                 reason = f"{type(e).__name__}: {api_error_line(e)}"
-            wait = backoff_wait(backoff)
+            failures += 1
+            wait = backoff_wait(capped_doubling(failures, BACKOFF_START, MAX_BACKOFF))
             log.warning("%s watch: %s; listing again in %.1fs", self.name, reason, wait)
             self._stop.wait(wait)
-            backoff = min(backoff * 2, MAX_BACKOFF)
 
     def _list(self, *, restored: bool) -> str | None:
         keys: set[str] = set()

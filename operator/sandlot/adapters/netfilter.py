@@ -50,7 +50,7 @@ def install(netns_path: str, rulesets: Rulesets, *, timeout: float) -> None:
 
 def node_addresses(*, timeout: float) -> list[str]:
     """Every address of this (the agent's, the node's) network namespace."""
-    return sorted({i.split("/", 1)[0] for i in interfaces(timeout=timeout)})
+    return sorted({i.partition("/")[0] for i in interfaces(timeout=timeout)})
 
 
 def interfaces(netns_path: str = "", *, timeout: float) -> list[str]:

@@ -15,7 +15,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION, key_of
+from sandlot.api.common import GROUP, NODES, SANDBOXES, VERSION, key_of, split_key
 from sandlot.api.node import NodePhase
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.timestamps import rfc3339
@@ -38,7 +38,7 @@ def set_unschedulable(objects: Objects, node: str, unschedulable: bool) -> None:
 
 def read_sandbox(objects: Objects, key: str) -> dict[str, Any] | None:
     """The sandbox ``namespace/name`` as it is now; None once it is gone."""
-    namespace, name = key.split("/", 1)
+    namespace, name = split_key(key)
     try:
         return objects.get_sandbox(namespace, name)
     except ApiException as e:
@@ -49,7 +49,7 @@ def read_sandbox(objects: Objects, key: str) -> dict[str, Any] | None:
 
 def set_operating_mode(objects: Objects, key: str, mode: str) -> None:
     """``spec.operatingMode`` of sandbox ``namespace/name`` (nothing when it is gone)."""
-    namespace, name = key.split("/", 1)
+    namespace, name = split_key(key)
     try:
         objects.custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, SANDBOXES, name, {"spec": {"operatingMode": mode}}

@@ -22,6 +22,7 @@ from sandlot.api.common import (
     SANDBOXES,
     SNAPSHOTS,
     VERSION,
+    join_key,
     key_of,
 )
 from sandlot.api.keys import AGENT_LEASE_LABEL
@@ -43,7 +44,7 @@ class Item:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return join_key(self.namespace, self.name) if self.namespace else self.name
 
 
 def _ignore_missing(exc: ApiException) -> None:

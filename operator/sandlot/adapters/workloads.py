@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION
+from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION, key_of
 
 log = logging.getLogger(__name__)
 
@@ -215,9 +215,7 @@ def listed_keys(objects: Objects, plural: str) -> set[str]:
                 GROUP, VERSION, plural, limit=500, _request_timeout=60, **extra
             )
         for item in out.get("items") or ():
-            meta = item["metadata"]
-            namespace = meta.get("namespace")
-            keys.add(f"{namespace}/{meta['name']}" if namespace else str(meta["name"]))
+            keys.add(key_of(item))
         token = (out.get("metadata") or {}).get("continue") or None
         if token is None:
             return keys

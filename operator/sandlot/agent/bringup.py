@@ -27,6 +27,7 @@ from sandlot.agent.sweep import SweepReport, readopt, sweep_orphans
 from sandlot.agent.teardown import Release
 from sandlot.api.timestamps import parse_time
 from sandlot.policy.agentsweep import SweepAction
+from sandlot.policy.backoff import capped_doubling
 from sandlot.policy.limits import ParentLimits, parent_limits
 from sandlot.policy.quantity import memory_bytes
 
@@ -75,11 +76,17 @@ class Backoff:
 
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
-        self.delay = CONNECT_BACKOFF_START
+        self.waits = 0
+
+    @property
+    def delay(self) -> float:
+        """The next wait's length."""
+        return capped_doubling(self.waits + 1, CONNECT_BACKOFF_START, CONNECT_BACKOFF_CAP)
 
     def wait(self) -> None:
-        self.stop.wait(self.delay)
-        self.delay = min(self.delay * 2, CONNECT_BACKOFF_CAP)
+        delay = self.delay
+        self.waits += 1
+        self.stop.wait(delay)
 
 
 def connect_containerd(

@@ -25,6 +25,7 @@ from sandlot.adapters.diskuse import disk_use
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
+from sandlot.api.common import split_key
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
@@ -194,7 +195,7 @@ class DiskPressure:
     def _evict(self, key: str, container: ContainerInfo, message: str) -> None:
         storage = self.storage
         try:
-            obj = storage.objects.get_sandbox(*key.split("/", 1))
+            obj = storage.objects.get_sandbox(*split_key(key))
         except Exception as exc:
             log.warning("sandbox %s: cannot read it to evict it: %s", key, exc)
             return

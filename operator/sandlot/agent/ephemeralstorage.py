@@ -31,6 +31,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.common import split_key
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
@@ -153,7 +154,7 @@ class EphemeralStorage:
             trees.append(Path(layer))
         labels: Mapping[str, str] = container.labels
         if self.log_dir is not None and labels.get(SANDBOX_UID_LABEL):
-            ns, name = labels[SANDBOX_LABEL].split("/", 1)
+            ns, name = split_key(labels[SANDBOX_LABEL])
             stem = log_stem(ns, name, labels[SANDBOX_UID_LABEL])
             trees += [
                 self.log_dir / f"{stem}{LOG_SUFFIX}",
@@ -163,7 +164,7 @@ class EphemeralStorage:
 
     def _stop(self, key: str, container: ContainerInfo, message: str) -> None:
         try:
-            obj = self.objects.get_sandbox(*key.split("/", 1))
+            obj = self.objects.get_sandbox(*split_key(key))
         except Exception as exc:
             log.warning("sandbox %s: cannot read it to stop it: %s", key, exc)
             return  # deleted: the sync stops it; unreadable: the next pass tries again

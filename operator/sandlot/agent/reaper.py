@@ -24,6 +24,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.common import split_key
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.agentreap import decide_reap
 from sandlot.policy.agentsync import SandboxState
@@ -85,7 +86,7 @@ class Reaper:
         if sandbox is None or "/" not in sandbox:
             return None
         try:
-            return self.objects.find_sandbox(*sandbox.split("/", 1))
+            return self.objects.find_sandbox(*split_key(sandbox))
         except Exception as exc:
             log.warning("reaper: cannot read sandbox %s: %s", sandbox, exc)
             return None

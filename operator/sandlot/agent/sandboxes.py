@@ -50,7 +50,7 @@ from sandlot.agent.status import StatusWriter, running
 from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
 from sandlot.agent.userns import UserRanges
 from sandlot.agent.writecap import WriteCaps
-from sandlot.api.common import key_of
+from sandlot.api.common import key_of, split_key
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
@@ -233,7 +233,7 @@ class SandboxWork:
         """The Sandbox now, before a destructive step planned on the watched view; None
         when gone (``container`` then stopped as deleted) or unreadable (logged)."""
         try:
-            return self.objects.get_sandbox(*key.split("/", 1))
+            return self.objects.get_sandbox(*split_key(key))
         except Exception as exc:
             if is_not_found(exc):
                 self.stop_deleted(key, container)
@@ -273,7 +273,7 @@ class SandboxWork:
             return
         code = result.exit_status.code if result.exit_status else None
         try:
-            current = self.objects.get_sandbox(*key.split("/", 1))
+            current = self.objects.get_sandbox(*split_key(key))
         except Exception:
             return  # deleted meanwhile: nothing to record
         self.status.end(current, SandboxPhase.STOPPED, reason, f"stopped on node {self.node}", code)
@@ -285,7 +285,7 @@ class SandboxWork:
         self._graceful_stop(container, self._grace(sb))
 
     def end_lost(self, key: str) -> None:
-        ns, name = key.split("/", 1)
+        ns, name = split_key(key)
         try:
             obj = self.objects.get_sandbox(ns, name)
         except Exception as exc:

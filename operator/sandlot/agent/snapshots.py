@@ -24,7 +24,7 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.sandboxes import SandboxWork, container_id_for
 from sandlot.agent.statestore import StateStore
 from sandlot.agent.workpools import SandboxPools
-from sandlot.api.common import key_of
+from sandlot.api.common import join_key, key_of, split_key
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.snapshot import SnapshotPhase
@@ -78,7 +78,7 @@ class Snapshots:
             return None
         live = {str(o["metadata"]["uid"]) for o in self.snapshots.items()}
         forking = {
-            f"{sb['metadata']['namespace']}/{snapshot_ref(sb.get('spec') or {})}"
+            join_key(sb["metadata"]["namespace"], str(snapshot_ref(sb.get("spec") or {})))
             for sb in self.sandboxes.items()
             if (sb.get("status") or {}).get("phase") not in TERMINAL_PHASES
         }
@@ -91,7 +91,7 @@ class Snapshots:
         name = snapshot_ref(sb.get("spec") or {})
         if name is None:
             return None
-        key = f"{sb['metadata']['namespace']}/{name}"
+        key = join_key(sb["metadata"]["namespace"], name)
         snapshot = self.snapshots.get(key) or self._read(key)
         source = fork_image(snapshot, self.work.node)
         if source is None or source.pull is None:
@@ -104,7 +104,7 @@ class Snapshots:
 
     def _read(self, key: str) -> Mapping[str, Any] | None:
         """A snapshot bound to another node (this node's watch holds only its own)."""
-        namespace, name = key.split("/", 1)
+        namespace, name = split_key(key)
         try:
             return self.work.objects.get_snapshot(namespace, name)
         except Exception as exc:
@@ -144,7 +144,7 @@ class Snapshots:
             return
         for snapshot in self.snapshots.items():
             meta = snapshot["metadata"]
-            key = f"{meta['namespace']}/{(snapshot.get('spec') or {}).get('sandboxName')}"
+            key = join_key(meta["namespace"], str((snapshot.get("spec") or {}).get("sandboxName")))
             sb = self.sandboxes.get(key)
             if meta["uid"] in self._ended or take_step(snapshot, sb, True, False) is None:
                 continue

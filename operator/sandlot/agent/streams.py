@@ -43,7 +43,8 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.api.common import key_of
+from sandlot.api.common import join_key, key_of
+from sandlot.api.sandbox import SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
 from sandlot.policy.operatingmode import stream_refusal
 from sandlot.policy.runtimeclass import host_view
@@ -233,7 +234,7 @@ class StreamServer:
             return connection.respond(400, f"{e}\n")
         # Counted before the sandbox is judged (and maybe thawed): no pass freezes or
         # suspends it between the judgement and the session.
-        used = None if asked.kind == LOG else f"{asked.namespace}/{asked.name}"
+        used = None if asked.kind == LOG else join_key(asked.namespace, asked.name)
         with self._slots_lock:
             self._slots, admission = admit(self._slots, id(connection), used)
         if admission is Admission.FULL:
@@ -294,13 +295,13 @@ class StreamServer:
         """Why ``asked`` is not served (an HTTP status and its text), or None; a restore
         it needs is waited for ``wait`` seconds at most and not once ``gone`` says its
         connection ended."""
-        key = f"{asked.namespace}/{asked.name}"
+        key = join_key(asked.namespace, asked.name)
         sandbox = self._sandbox(key)
         if sandbox is None:
             return 404, f"sandbox {key} is not on node {self.node}\n"
         phase = (sandbox.get("status") or {}).get("phase")
         if asked.kind != LOG:
-            if phase != "Running":
+            if phase != SandboxPhase.RUNNING:
                 return 409, (
                     f"sandbox {key} is {phase or 'not started'}: {asked.kind} needs it Running\n"
                 )
@@ -359,7 +360,7 @@ class StreamServer:
         request = connection.request
         assert request is not None, "a session starts after its request was admitted"
         asked = parse_agent_request(request.path, request.headers.get(STREAM_OPTIONS_HEADER, ""))
-        key = f"{asked.namespace}/{asked.name}"
+        key = join_key(asked.namespace, asked.name)
         sandbox = self._sandbox(key) or {}
         uid = str((sandbox.get("metadata") or {}).get("uid") or "")
         container = (sandbox.get("status") or {}).get("containerId") or container_id_for(uid)
@@ -406,7 +407,7 @@ class StreamServer:
         def running() -> bool:
             current = self._sandbox(key) or {}
             same = (current.get("metadata") or {}).get("uid") == uid
-            return same and (current.get("status") or {}).get("phase") == "Running"
+            return same and (current.get("status") or {}).get("phase") == SandboxPhase.RUNNING
 
         serve_port(
             connection,
@@ -444,13 +445,13 @@ class StreamServer:
     def _send_log(
         self, connection: ServerConnection, asked: StreamRequest, sandbox: Mapping[str, Any]
     ) -> None:
-        key = f"{asked.namespace}/{asked.name}"
+        key = join_key(asked.namespace, asked.name)
         uid = (sandbox.get("metadata") or {}).get("uid")
 
         def running() -> bool:
             current = self._sandbox(key) or {}
             same = (current.get("metadata") or {}).get("uid") == uid
-            return same and (current.get("status") or {}).get("phase") == "Running"
+            return same and (current.get("status") or {}).get("phase") == SandboxPhase.RUNNING
 
         last_sent = time.monotonic()
 

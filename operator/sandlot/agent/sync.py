@@ -37,7 +37,7 @@ from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.statestore import StateStore
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.workpools import SandboxPools
-from sandlot.api.common import key_of
+from sandlot.api.common import key_of, split_key
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
@@ -346,7 +346,7 @@ def restore_fenced(
     """
     key = key_of(sb)
     try:
-        current = find(*key.split("/", 1))
+        current = find(*split_key(key))
     except Exception as exc:
         log.warning("sandbox %s: cannot read it again before its restore: %s", key, exc)
         return None

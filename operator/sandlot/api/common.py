@@ -61,6 +61,21 @@ def key_of(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
+def join_key(namespace: str, name: str) -> str:
+    """``namespace/name``: the key ``key_of`` gives an object of that namespace and
+    name, for a place that holds the two apart (a record, a request, a reference)."""
+    return f"{namespace}/{name}"
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """``(namespace, name)`` of a namespaced object's key: the inverse of ``key_of``.
+    A key without a namespace is refused (ValueError), not read as a name."""
+    namespace, slash, name = key.partition("/")
+    if not slash:
+        raise ValueError(f"not a namespace/name key: {key!r}")
+    return namespace, name
+
+
 def cel_list(words: Iterable[str]) -> str:
     """A CEL list literal of ``words`` (enum members: the rule follows the enum)."""
     return "[" + ", ".join(f"'{w}'" for w in words) + "]"

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sandlot.api.common import GROUP
+from sandlot.api.common import GROUP, join_key
 from sandlot.api.writepolicy import (
     PLACEHOLDERS,
     Identities,
@@ -73,7 +73,7 @@ def leader_fence_policy(ids: Identities) -> list[dict[str, Any]]:
         "(has(request.subResource) && request.subResource != '' ? '/' + request.subResource "
         ": '') + ' ' + (request.namespace == '' ? '' : request.namespace + '/') + request.name"
     )
-    lease = f"{ids.namespace}/{ids.leader_lease}"
+    lease = join_key(ids.namespace, ids.leader_lease)
     prefix = f"'{name}: rule "
     validations = [
         cel_validation(

@@ -51,7 +51,7 @@ import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
-from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION
+from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION, join_key
 from sandlot.api.keys import (
     CLAIM_LABEL,
     CLAIMED_AT_ANNOTATION,
@@ -102,11 +102,11 @@ class ClaimState:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return join_key(self.namespace, self.name)
 
     @property
     def pool_key(self) -> str:
-        return f"{self.namespace}/{self.pool_name}"
+        return join_key(self.namespace, self.pool_name)
 
     def owner_reference(self) -> dict[str, Any]:
         return {
@@ -219,7 +219,7 @@ class ClaimController:
             if rec is None:
                 continue
             if rec.claim is not None:
-                key = f"{rec.namespace}/{rec.claim}"
+                key = join_key(rec.namespace, rec.claim)
                 if key in self.claims:
                     self.queue.add(key)
             elif rec.ready and rec.pool_key in self._waiting:
@@ -235,7 +235,7 @@ class ClaimController:
 
     def bound(self, claim: ClaimState) -> SandboxRecord | None:
         name = claim.status.get("sandboxName")
-        rec = self.cache.get(f"{claim.namespace}/{name}") if name else None
+        rec = self.cache.get(join_key(claim.namespace, name)) if name else None
         if rec is not None and rec.claim == claim.name and rec.owner_uid == claim.uid:
             return rec
         for rec in self.cache.claimed(claim.namespace, claim.name):
@@ -278,13 +278,13 @@ class ClaimController:
             waiting = self._waiting.setdefault(claim.pool_key, set())
             waiting.discard(key)
             if decision.action is ClaimAction.NONE:
-                if bound is None and claim.status.get("phase") in (None, "Pending"):
+                if bound is None and claim.status.get("phase") in (None, ClaimPhase.PENDING):
                     waiting.add(key)
                 return None
             if not self.is_leader():
                 return None
             if decision.action is ClaimAction.STATUS:
-                if decision.status.get("phase") == "Pending":
+                if decision.status.get("phase") == ClaimPhase.PENDING:
                     waiting.add(key)
                 status = dict(decision.status)
                 if status.get("phase") in FINAL_CLAIM_PHASES and not claim.status.get("finishedAt"):

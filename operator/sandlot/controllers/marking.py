@@ -38,6 +38,7 @@ from typing import Any
 
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.statuswrite import WriteOutcome, WriteResult, write_status
+from sandlot.api.common import join_key
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 from sandlot.controllers.metrics import OperatorMetrics
@@ -134,7 +135,7 @@ def mark_one(
 
     written = write_status(objects, sandbox, status_for, max_attempts=max_attempts)
     namespace, name = _key(sandbox)
-    return f"{namespace}/{name}", written
+    return join_key(namespace, name), written
 
 
 class Marker:
@@ -189,7 +190,7 @@ class Marker:
             if came_back is not None and (back.is_set() or came_back()):
                 back.set()
                 namespace, sandbox_name = _key(sandbox)
-                return f"{namespace}/{sandbox_name}", None  # left alone
+                return join_key(namespace, sandbox_name), None  # left alone
             return mark(sandbox)
 
         writes: list[asyncio.Future[tuple[str, WriteResult | None]]] = []

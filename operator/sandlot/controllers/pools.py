@@ -44,7 +44,7 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.workloads import WorkloadApi
-from sandlot.api.common import API_VERSION, GROUP, POOLS, VERSION
+from sandlot.api.common import API_VERSION, GROUP, POOLS, VERSION, join_key
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import SandboxPhase
@@ -96,7 +96,7 @@ class PoolState:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return join_key(self.namespace, self.name)
 
     @property
     def selector(self) -> str:

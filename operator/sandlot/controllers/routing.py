@@ -39,7 +39,7 @@ from sandlot.adapters.workloads import (
     list_endpoint_slices,
     write_service,
 )
-from sandlot.api.common import API_VERSION
+from sandlot.api.common import API_VERSION, join_key
 from sandlot.api.keys import ENDPOINTSLICE_MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from sandlot.api.keys import ENDPOINTSLICE_MANAGER as MANAGED_BY
 from sandlot.api.keys import (
@@ -69,7 +69,7 @@ class PoolRef:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return join_key(self.namespace, self.name)
 
     def owner_reference(self) -> dict[str, Any]:
         return {

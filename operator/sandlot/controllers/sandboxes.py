@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandlot.api.common import key_of
+from sandlot.api.common import join_key, key_of
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
 from sandlot.api.timestamps import parse_time
@@ -101,11 +101,11 @@ class SandboxRecord:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return join_key(self.namespace, self.name)
 
     @property
     def pool_key(self) -> str | None:
-        return f"{self.namespace}/{self.pool}" if self.pool else None
+        return join_key(self.namespace, self.pool) if self.pool else None
 
     @property
     def terminal(self) -> bool:
@@ -246,7 +246,7 @@ class SandboxCache:
 
     def claimed(self, namespace: str, claim: str) -> list[SandboxRecord]:
         """The sandboxes labelled as bound to SandboxClaim ``namespace/claim``."""
-        return [self.records[k] for k in self._by_claim.get(f"{namespace}/{claim}", ())]
+        return [self.records[k] for k in self._by_claim.get(join_key(namespace, claim), ())]
 
     def __iter__(self) -> Iterator[SandboxRecord]:
         return iter(list(self.records.values()))
@@ -369,7 +369,7 @@ class SandboxCache:
         if rec.pool_key:
             self._by_pool.setdefault(rec.pool_key, set()).add(rec.key)
         if rec.claim:
-            self._by_claim.setdefault(f"{rec.namespace}/{rec.claim}", set()).add(rec.key)
+            self._by_claim.setdefault(join_key(rec.namespace, rec.claim), set()).add(rec.key)
         if rec.holds_slot and rec.node:
             self.node_load[rec.node] += 1
             if rec.pool_key:
@@ -377,11 +377,11 @@ class SandboxCache:
 
     def _unindex(self, rec: SandboxRecord) -> None:
         if rec.claim:
-            claimed = self._by_claim.get(f"{rec.namespace}/{rec.claim}")
+            claimed = self._by_claim.get(join_key(rec.namespace, rec.claim))
             if claimed is not None:
                 claimed.discard(rec.key)
                 if not claimed:
-                    del self._by_claim[f"{rec.namespace}/{rec.claim}"]
+                    del self._by_claim[join_key(rec.namespace, rec.claim)]
         if rec.pool_key:
             keys = self._by_pool.get(rec.pool_key)
             if keys is not None:

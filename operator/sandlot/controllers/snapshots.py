@@ -26,7 +26,16 @@ from typing import Any
 import kopf
 
 from sandlot.adapters.objects import Objects
-from sandlot.api.common import GROUP, POOLS, SANDBOXES, SNAPSHOTS, VERSION, key_of
+from sandlot.api.common import (
+    GROUP,
+    POOLS,
+    SANDBOXES,
+    SNAPSHOTS,
+    VERSION,
+    join_key,
+    key_of,
+    split_key,
+)
 from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES, SnapshotPhase
@@ -73,7 +82,7 @@ class SnapshotController:
         """A fork changed or went: its snapshot may be free to go."""
         for rec in (old, new):
             if rec is not None and rec.snapshot is not None:
-                self.kick(f"{rec.namespace}/{rec.snapshot}")
+                self.kick(join_key(rec.namespace, rec.snapshot))
 
     def kick(self, key: str) -> None:
         if not self.leading():
@@ -107,7 +116,7 @@ class SnapshotController:
     # -- the work (synchronous: runs in a thread) ---------------------------------
 
     def reconcile(self, key: str) -> SnapshotDecision | None:
-        namespace, name = key.split("/", 1)
+        namespace, name = split_key(key)
         body = self.objects.get_snapshot(namespace, name)
         if body is None:
             self.open.discard(key)

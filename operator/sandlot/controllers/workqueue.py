@@ -40,6 +40,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sandlot.policy.backoff import capped_doubling
+
 log = logging.getLogger(__name__)
 
 Reconcile = Callable[[str], Awaitable[float | None]]
@@ -200,7 +202,7 @@ class WorkQueue:
 
     def backoff(self, failures: int) -> float:
         """The delay before retry number ``failures`` (1, 2, ...): doubling, capped."""
-        return min(self.backoff_start * 2.0 ** max(failures - 1, 0), self.backoff_cap)
+        return capped_doubling(failures, self.backoff_start, self.backoff_cap)
 
     # -- running ---------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sandlot.api.cacheprune import CachePrunePhase
 from sandlot.policy.imagegc import PassKind, pass_for_request
 
 CONTAINERD_TARGET = "containerd"
@@ -68,7 +69,7 @@ class PruneAnswer:
 def _due(request: PruneRequest, node: str) -> bool:
     if (request.nodes and node not in request.nodes) or node in request.answered_by:
         return False
-    return request.phase in (None, "Pending") or node in request.targets
+    return request.phase in (None, CachePrunePhase.PENDING) or node in request.targets
 
 
 def prunes_to_answer(

@@ -40,6 +40,7 @@ from datetime import datetime, timedelta
 
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.policy.backoff import capped_doubling
 
 CRASH_REASONS: frozenset[str] = frozenset({SandboxReason.EXITED, SandboxReason.OOM_KILLED})
 
@@ -200,7 +201,7 @@ def failure_chain(members: list[Member]) -> list[Member]:
 def _backoff_until(chain: list[Member], backoff: Backoff) -> datetime | None:
     if not chain:
         return None
-    delay: timedelta = min(backoff.start * 2 ** (len(chain) - 1), backoff.cap)
+    delay = capped_doubling(len(chain), backoff.start, backoff.cap)
     last = chain[0].finished_at
     assert last is not None
     until: datetime = last + delay

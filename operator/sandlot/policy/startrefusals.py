@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from sandlot.api.common import split_key
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.capacity import Capacity, Recorded, Usage, over_capacity, usage_of
 from sandlot.policy.limits import DefaultLimits
@@ -85,7 +86,7 @@ def usage(key: str, facts: StartFacts) -> Usage:
     obj = facts.bodies.get(key) or {}
     limits = ((obj.get("spec") or {}).get("resources") or {}).get("limits") or {}
     created = str((obj.get("metadata") or {}).get("creationTimestamp") or "")
-    ns = facts.namespace_defaults.get(key.split("/", 1)[0]) or DefaultLimits()
+    ns = facts.namespace_defaults.get(split_key(key)[0]) or DefaultLimits()
     used = usage_of(
         key,
         limits.get("memory") or ns.memory or facts.default_memory,

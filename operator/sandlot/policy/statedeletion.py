@@ -33,9 +33,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sandlot.api.common import key_of
+from sandlot.api.common import key_of, split_key
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES
+from sandlot.policy.backoff import capped_doubling
 
 FIRST_RETRY = timedelta(seconds=10)
 LONGEST_RETRY = timedelta(minutes=10)
@@ -144,7 +145,7 @@ def judge_deletion(
             continue
         if _names_digest(status.get("suspendedState") or {}, digest):
             keep.append(f"Sandbox {key_of(sb)}")
-    namespace, name = state.key.split("/", 1)
+    namespace, name = split_key(state.key)
     for shot in snapshots:
         status, meta = shot.get("status") or {}, shot.get("metadata") or {}
         if _digest_of(str(status.get("pushedImage") or "")) == digest:
@@ -188,7 +189,7 @@ def retry_after_failure(entry: Pending, now: datetime) -> Pending | None:
     attempts = entry.attempts + 1
     if attempts >= MAX_ATTEMPTS:
         return None
-    wait = min(FIRST_RETRY * (2 ** (attempts - 1)), LONGEST_RETRY)
+    wait = capped_doubling(attempts, FIRST_RETRY, LONGEST_RETRY)
     return replace(entry, attempts=attempts, not_before=now + wait)
 
 

@@ -47,6 +47,7 @@ from typing import Any
 from sandlot.api.common import Condition
 from sandlot.api.reasons import ConditionType, SuspendedReason
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode
+from sandlot.policy.backoff import capped_doubling
 
 SUSPENDED_IMAGE_PREFIX = "sandlot.local/suspended/"
 SUSPENDED_IMAGE_LABEL = "sandlot.dev/suspended"
@@ -247,7 +248,7 @@ def next_pull_retry(last: PullRetry | None, now: datetime) -> PullRetry:
     that is cut comes back without the spec changing; one that lost the state
     keeps failing, each try named on the condition."""
     failures = (last.failures if last else 0) + 1
-    delay = min(RESTORE_PULL_FIRST_RETRY * 2 ** (failures - 1), RESTORE_PULL_LONGEST_RETRY)
+    delay = capped_doubling(failures, RESTORE_PULL_FIRST_RETRY, RESTORE_PULL_LONGEST_RETRY)
     return PullRetry(failures, now + delay)
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from sandlot.policy.backoff import capped_doubling
+
 REFUSED_BASE = timedelta(seconds=10)
 REFUSED_CAP = timedelta(minutes=5)
 TRANSIENT_BASE = timedelta(seconds=1)
@@ -39,7 +41,7 @@ def next_hold(
     if previous is not None and previous.resource_version != resource_version:
         failures = 1
     base, cap = (REFUSED_BASE, REFUSED_CAP) if refused else (TRANSIENT_BASE, TRANSIENT_CAP)
-    delay = min(cap, base * (2 ** min(failures - 1, 20)))
+    delay = capped_doubling(failures, base, cap)
     return Hold(resource_version, failures, now + delay)
 
 

@@ -50,7 +50,7 @@ class IpConfig:
 
     @property
     def ip(self) -> str:
-        return self.address.split("/", 1)[0]
+        return self.address.partition("/")[0]
 
     @property
     def version(self) -> int:

@@ -21,7 +21,7 @@ DOCKER_HUB_KEYS = frozenset({"docker.io", "index.docker.io", "registry-1.docker.
 def _host(key: str) -> str:
     if "://" in key:
         key = urlsplit(key).netloc
-    return key.split("/", 1)[0]
+    return key.partition("/")[0]
 
 
 def _matches(key: str, registry: str) -> bool:

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sandlot.api.reasons import SandboxReason
+from sandlot.policy.backoff import capped_doubling
 
 
 class PullPolicy(StrEnum):
@@ -61,13 +62,7 @@ def pull_backoff(
     ``cap``; none before the first failure."""
     if failures <= 0:
         return timedelta(0)
-    # 2**n overflows timedelta long before it matters: stop doubling at the cap.
-    wait = base
-    for _ in range(failures - 1):
-        wait *= 2
-        if wait >= cap:
-            return cap
-    return min(wait, cap)
+    return capped_doubling(failures, base, cap)
 
 
 @dataclass(frozen=True)
