@@ -133,7 +133,9 @@ def build(
         raise StartupError(f"{tls_names}: cannot load the gateway's TLS files: {e}") from None
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    sessions = Sessions(settings.max_sessions, settings.max_sessions_per_user)
+    sessions = Sessions(
+        settings.max_sessions, settings.max_sessions_per_user, settings.max_sessions_per_namespace
+    )
     metrics.open.set_function(lambda: sessions.open)
     view = FrontProxyView(read, server_tls, first)
     gateway = Gateway(

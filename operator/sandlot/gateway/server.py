@@ -11,7 +11,7 @@ One request, in order, before anything reaches a node:
    handshake checked the CA; ``policy.streams.caller_of`` the allowed names), so
    the user named in its headers is believed; nobody else's headers are;
 2. a SubjectAccessReview for that user, made under the gateway's own identity;
-3. the per-user and per-replica session caps;
+3. the session caps: per replica, per user, per ServiceAccount namespace;
 4. the sandbox's node from the Sandbox itself, and that node's agent pod from the
    pods bound to it (``adapters.agentpods``); nothing a node writes is read;
 5. a WebSocket to that agent over mutual TLS: the gateway's client certificate,
@@ -41,6 +41,12 @@ from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.sessioncaps import (
+    SessionCaps,
+    SessionCounts,
+    give_back_session,
+    take_session,
+)
 from sandlot.policy.streamaccess import (
     Caller,
     RequestHeaderConfig,
@@ -97,38 +103,28 @@ class Backends:
 
 
 class Sessions:
-    """Open streams, capped per replica and per user; ``take`` refuses past either."""
+    """Open streams, capped per replica, per user and per ServiceAccount namespace
+    (``policy.sessioncaps``); ``take`` refuses past any."""
 
-    def __init__(self, total: int, per_user: int) -> None:
-        self.total, self.per_user = total, per_user
+    def __init__(self, total: int, per_user: int, per_namespace: int | None = None) -> None:
+        self.caps = SessionCaps(total, per_user, per_namespace or total)
         self._lock = threading.Lock()
-        self._by_user: dict[str, int] = {}
+        self._counts = SessionCounts()
 
     @property
     def open(self) -> int:
         with self._lock:
-            return sum(self._by_user.values())
+            return self._counts.open
 
     def take(self, user: str) -> None:
         with self._lock:
-            if sum(self._by_user.values()) >= self.total:
-                raise Refusal(
-                    429, f"this gateway replica has {self.total} streams open (max_sessions)"
-                )
-            if self._by_user.get(user, 0) >= self.per_user:
-                raise Refusal(
-                    429,
-                    f'user "{user}" has {self.per_user} streams open (max_sessions_per_user)',
-                )
-            self._by_user[user] = self._by_user.get(user, 0) + 1
+            self._counts, refused = take_session(self.caps, self._counts, user)
+        if refused is not None:
+            raise Refusal(429, refused)
 
     def give_back(self, user: str) -> None:
         with self._lock:
-            left = self._by_user.get(user, 0) - 1
-            if left > 0:
-                self._by_user[user] = left
-            else:
-                self._by_user.pop(user, None)
+            self._counts = give_back_session(self._counts, user)
 
 
 @dataclass

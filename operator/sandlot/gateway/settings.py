@@ -74,6 +74,14 @@ class GatewaySettings(SettingsModel):
     max_sessions_per_user: int = Field(
         default=32, ge=1, le=100_000, description="Streams one user may have open at once."
     )
+    max_sessions_per_namespace: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Streams the ServiceAccounts of one namespace (users "
+        "system:serviceaccount:<namespace>:<name>) may have open at once, together: "
+        "making more ServiceAccounts does not multiply a tenant's share.",
+    )
     call_timeout: Duration = Field(
         default=timedelta(seconds=10),
         description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
@@ -90,11 +98,12 @@ class GatewaySettings(SettingsModel):
         for name in ("requestheader_refresh", "call_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
-        if self.max_sessions_per_user > self.max_sessions:
-            raise ValueError(
-                f"max_sessions_per_user ({self.max_sessions_per_user}) must not exceed "
-                f"max_sessions ({self.max_sessions})"
-            )
+        for name in ("max_sessions_per_user", "max_sessions_per_namespace"):
+            if getattr(self, name) > self.max_sessions:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must not exceed "
+                    f"max_sessions ({self.max_sessions})"
+                )
         return self
 
 

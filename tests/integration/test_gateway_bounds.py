@@ -1,0 +1,151 @@
+"""The stream gateway's own bounds, played by the wrong party over real TLS: a
+tenant's many ServiceAccounts against the namespace cap, a silent relay against
+the idle timeout, a rotated-out front-proxy CA against the handshake. The rig is
+test_stream_handshakes.py's: the gateway and an agent ``StreamServer`` with their
+real certificates, the cluster's answers given as ``Backends``."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
+
+from sandlot.adapters.mtls import client_context, server_context
+from sandlot.agent.streams import StreamServer
+from sandlot.devtools.certs import StreamCerts
+from sandlot.gateway.server import Backends, Gateway, Sessions
+from sandlot.policy.streamaccess import RequestHeaderConfig
+
+pytestmark = pytest.mark.integration
+
+FOLLOW = "/apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/log?follow=true"
+SANDBOX = {
+    "metadata": {"namespace": "ns", "name": "sb", "uid": "u1"},
+    "status": {"phase": "Running"},
+}
+
+
+@dataclass
+class Rig:
+    certs: StreamCerts
+    agent: StreamServer
+    tmp: Path
+
+    def gateway(self, sessions: Sessions, **options: object) -> Gateway:
+        gateway = Gateway(
+            bind="127.0.0.1",
+            port=0,
+            server_tls=options.pop(  # type: ignore[arg-type]
+                "server_tls",
+                server_context(
+                    str(self.certs.gateway.cert),
+                    str(self.certs.gateway.key),
+                    str(self.certs.ca.cert),
+                ),
+            ),
+            agent_tls=client_context(
+                str(self.certs.ca.cert), str(self.certs.gateway.cert), str(self.certs.gateway.key)
+            ),
+            agent_server_name="sandlot-agent",
+            requestheader=RequestHeaderConfig,
+            backends=Backends(
+                review=lambda _spec: {"allowed": True},
+                node_of=lambda _ns, _name: "node-1",
+                agent_of=lambda _node: ("127.0.0.1", self.agent.port),
+            ),
+            sessions=sessions,
+            call_timeout=10.0,
+            **options,  # type: ignore[arg-type]
+        )
+        gateway.start()
+        return gateway
+
+    def front_proxy(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.certs.ca.cert))
+        ctx.load_cert_chain(str(cert or self.certs.agent.cert), str(key or self.certs.agent.key))
+        return ctx
+
+    def follow(
+        self, gateway: Gateway, user: str, ctx: ssl.SSLContext | None = None
+    ) -> ClientConnection:
+        """A `logs -f` as the API server's front proxy would open it for ``user``."""
+        return connect(
+            f"wss://127.0.0.1:{gateway.port}{FOLLOW}",
+            ssl=ctx or self.front_proxy(),
+            server_hostname="sandlot-gateway.sandlot-system.svc",
+            additional_headers={"X-Remote-User": user},
+            subprotocols=[Subprotocol("v5.channel.k8s.io")],
+            open_timeout=20,
+            proxy=None,
+            legacy=True,
+        )
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ns_sb_u1.log").write_text("line\n")
+    agent = StreamServer(
+        "node-1",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: SANDBOX if key == "ns/sb" else None,
+        log_dir=str(logs),
+        execs=None,
+        call_timeout=5.0,
+        stop=threading.Event(),
+    )
+    agent.start()
+    try:
+        yield Rig(certs, agent, tmp_path)
+    finally:
+        agent.shutdown()
+
+
+def refusal(rig: Rig, gateway: Gateway, user: str) -> tuple[int, str]:
+    with pytest.raises(InvalidStatus) as refused:
+        rig.follow(gateway, user).close()
+    response = refused.value.response
+    return response.status_code, response.body.decode(errors="replace")
+
+
+def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) -> None:
+    """Each ServiceAccount is a user of its own: three of team-a's, under a per-user
+    cap of 2 each, get only the namespace's 2 streams; another namespace's and a
+    plain user's streams are not held off, and an ended one frees its place."""
+    gateway = rig.gateway(Sessions(8, 2, 2))
+    held: list[ClientConnection] = []
+    try:
+        for name in ("ci", "bot"):
+            held.append(rig.follow(gateway, f"system:serviceaccount:team-a:{name}"))
+        status, body = refusal(rig, gateway, "system:serviceaccount:team-a:third")
+        assert status == 429, body
+        assert 'namespace "team-a"' in body and "max_sessions_per_namespace" in body, body
+        held.append(rig.follow(gateway, "system:serviceaccount:team-b:ci"))
+        held.append(rig.follow(gateway, "alice"))
+        held.pop(0).close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                held.append(rig.follow(gateway, "system:serviceaccount:team-a:third"))
+                break
+            except InvalidStatus as e:
+                assert e.response.status_code == 429, e.response.body
+                assert time.monotonic() < deadline, "the ended stream's place was never freed"
+                time.sleep(0.05)
+    finally:
+        for one in held:
+            one.close()
+        gateway.shutdown()
