@@ -149,3 +149,32 @@ def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) ->
         for one in held:
             one.close()
         gateway.shutdown()
+
+
+def test_a_relay_silent_both_ways_is_closed_and_frees_its_caps(rig: Rig) -> None:
+    """A follow whose log says nothing more, and whose user sends nothing: past the
+    gateway's idle timeout both sides are closed, the gateway's session and the
+    agent's slot freed, whatever the agent's own (longer) idle timeout."""
+    from websockets.exceptions import ConnectionClosed
+
+    gateway = rig.gateway(Sessions(4, 1), idle_timeout=1.0)
+    try:
+        user = rig.follow(gateway, "alice")
+        assert user.recv(timeout=10)[1:] == b"line\n"  # the relay ran before it went quiet
+        assert gateway.sessions.open == 1
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                user.recv(timeout=20)
+        assert "idle_timeout" in (closed.value.rcvd.reason if closed.value.rcvd else ""), (
+            f"closed, but not by the idle timeout: {closed.value!r}"
+        )
+        deadline = time.monotonic() + 10
+        while gateway.sessions.open or rig.agent.slots().used:
+            assert time.monotonic() < deadline, (
+                f"an idle stream kept its caps: gateway {gateway.sessions.open}, "
+                f"agent {dict(rig.agent.slots().used)}"
+            )
+            time.sleep(0.05)
+        rig.follow(gateway, "alice").close()  # alice's one place is hers again
+    finally:
+        gateway.shutdown()

@@ -148,6 +148,7 @@ def build(
         backends=backends or cluster_backends(api, settings),
         sessions=sessions,
         call_timeout=timeout,
+        idle_timeout=settings.idle_timeout.total_seconds(),
         on_stream=lambda kind, outcome: metrics.streams.labels(kind, outcome).inc(),
     )
     files = (

@@ -18,8 +18,11 @@ One request, in order, before anything reaches a node:
    the agent's serving certificate checked against the stream CA and name.
 
 Only then does the user's upgrade complete, and messages are relayed both ways
-until either side ends. A refusal at any step is an HTTP answer naming why (the
-agent's own refusals, such as a sandbox not Running, pass through unchanged).
+until either side ends, or until nothing has moved either way for ``idle_timeout``
+(the agent ends its own quiet streams sooner; this bounds a relay whose agent
+never does), which closes both sides and frees the stream's caps. A refusal at
+any step is an HTTP answer naming why (the agent's own refusals, such as a
+sandbox not Running, pass through unchanged).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -131,6 +135,7 @@ class Sessions:
 class _Opened:
     agent: ClientConnection
     user: str
+    kind: str
 
 
 class Gateway:
@@ -148,6 +153,7 @@ class Gateway:
         backends: Backends,
         sessions: Sessions,
         call_timeout: float,
+        idle_timeout: float = 900.0,
         on_stream: Callable[[str, str], None] = lambda kind, outcome: None,
     ) -> None:
         self.bind = bind
@@ -159,6 +165,7 @@ class Gateway:
         self._backends = backends
         self.sessions = sessions
         self.call_timeout = call_timeout
+        self.idle_timeout = idle_timeout
         self._on_stream = on_stream
         self._opened: dict[int, _Opened] = {}
         self._lock = threading.Lock()
@@ -238,7 +245,7 @@ class Gateway:
             )
             return _answer(e.status, f"{e.message}\n")
         with self._lock:
-            self._opened[id(connection)] = _Opened(agent, user)
+            self._opened[id(connection)] = _Opened(agent, user, kind)
         self._on_stream(kind, "opened")
         return None
 
@@ -342,10 +349,13 @@ class Gateway:
             connection.close()
             return
         agent = one.agent
+        last_moved = time.monotonic()  # either way; read and written without a lock
 
         def user_to_agent() -> None:
+            nonlocal last_moved
             try:
                 for message in connection:
+                    last_moved = time.monotonic()
                     agent.send(message)
             except ConnectionClosed:
                 pass
@@ -355,7 +365,20 @@ class Gateway:
         upstream = threading.Thread(target=user_to_agent, name="gateway-up", daemon=True)
         upstream.start()
         try:
-            for message in agent:
+            while True:
+                quiet = time.monotonic() - last_moved
+                if quiet >= self.idle_timeout:
+                    log.info("stream idle for %gs: the gateway ends it", self.idle_timeout)
+                    self._on_stream(one.kind, "idle")
+                    reason = f"nothing moved for {self.idle_timeout:g}s (idle_timeout)"
+                    agent.close(1000, reason)
+                    connection.close(1000, reason)
+                    break
+                try:
+                    message = agent.recv(timeout=self.idle_timeout - quiet)
+                except TimeoutError:
+                    continue  # the user may have sent meanwhile: look again
+                last_moved = time.monotonic()
                 connection.send(message)
         except ConnectionClosed:
             pass

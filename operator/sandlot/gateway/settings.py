@@ -86,6 +86,12 @@ class GatewaySettings(SettingsModel):
         default=timedelta(seconds=10),
         description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
     )
+    idle_timeout: Duration = Field(
+        default=timedelta(minutes=15),
+        description="A relayed stream in which nothing moved either way this long is "
+        "closed on both sides and its caps freed (longer than the agent's "
+        "stream_idle_timeout, which ends quiet streams first).",
+    )
     metrics_port: int = Field(
         default=8080,
         ge=0,
@@ -95,7 +101,7 @@ class GatewaySettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
-        for name in ("requestheader_refresh", "call_timeout"):
+        for name in ("requestheader_refresh", "call_timeout", "idle_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
         for name in ("max_sessions_per_user", "max_sessions_per_namespace"):
