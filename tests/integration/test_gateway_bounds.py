@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Subprotocol
 
@@ -155,8 +155,6 @@ def test_a_relay_silent_both_ways_is_closed_and_frees_its_caps(rig: Rig) -> None
     """A follow whose log says nothing more, and whose user sends nothing: past the
     gateway's idle timeout both sides are closed, the gateway's session and the
     agent's slot freed, whatever the agent's own (longer) idle timeout."""
-    from websockets.exceptions import ConnectionClosed
-
     gateway = rig.gateway(Sessions(4, 1), idle_timeout=1.0)
     try:
         user = rig.follow(gateway, "alice")
@@ -178,3 +176,57 @@ def test_a_relay_silent_both_ways_is_closed_and_frees_its_caps(rig: Rig) -> None
         rig.follow(gateway, "alice").close()  # alice's one place is hers again
     finally:
         gateway.shutdown()
+
+
+# A client certificate the server refuses: the handshake fails (TLS 1.2), or under
+# TLS 1.3 the server's alert closes the connection before any HTTP answer.
+HANDSHAKE_REFUSED = (ssl.SSLError, OSError, InvalidMessage, ConnectionClosed)
+
+
+def test_a_front_proxy_ca_removed_from_its_file_stops_being_trusted(rig: Rig) -> None:
+    """The request-header CA file names CA A, then is rewritten to name CA B only (A
+    rotated out, or found compromised): after the gateway's refresh, a client
+    certificate of A no longer passes the handshake, one of B does, and nothing was
+    restarted."""
+    from sandlot.devtools.certs import CA, FRONT_PROXY_NAME
+    from sandlot.gateway.runner import build
+    from sandlot.gateway.settings import GatewaySettings
+
+    def front_proxy_of(name: str) -> tuple[Path, ssl.SSLContext]:
+        ca = CA.create(rig.tmp / name, f"{name}-ca")
+        pair = ca.issue(rig.tmp / name, FRONT_PROXY_NAME)
+        return ca.cert, rig.front_proxy(pair.cert, pair.key)
+
+    a_ca, as_a = front_proxy_of("a")
+    b_ca, as_b = front_proxy_of("b")
+    ca_file = rig.tmp / "requestheader-ca.crt"
+    ca_file.write_bytes(a_ca.read_bytes())
+    settings = GatewaySettings(
+        bind="127.0.0.1",
+        port=0,
+        tls_cert=str(rig.certs.gateway.cert),
+        tls_key=str(rig.certs.gateway.key),
+        stream_ca=str(rig.certs.ca.cert),
+        requestheader_client_ca=str(ca_file),
+        metrics_port=0,
+    )
+    backends = Backends(
+        review=lambda _spec: {"allowed": True},
+        node_of=lambda _ns, _name: "node-1",
+        agent_of=lambda _node: ("127.0.0.1", rig.agent.port),
+    )
+    parts = build(settings, None, backends=backends)
+    parts.gateway.start()
+    try:
+        rig.follow(parts.gateway, "alice", as_a).close()  # A is the front proxy today
+        with pytest.raises(HANDSHAKE_REFUSED):
+            rig.follow(parts.gateway, "alice", as_b).close()
+
+        ca_file.write_bytes(b_ca.read_bytes())
+        parts.refresh()
+
+        with pytest.raises(HANDSHAKE_REFUSED):  # TLS refused it: no HTTP answer at all
+            rig.follow(parts.gateway, "mallory", as_a).close()
+        rig.follow(parts.gateway, "alice", as_b).close()
+    finally:
+        parts.gateway.shutdown()

@@ -43,7 +43,7 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from sandlot.adapters.mtls import peer_common_name
+from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
 from sandlot.policy.sessioncaps import (
     SessionCaps,
@@ -200,6 +200,13 @@ class Gateway:
             ) from None
         threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
         log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
+
+    def serve_tls(self, ctx: ssl.SSLContext) -> None:
+        """Serve connections accepted from now on with ``ctx`` (a new certificate, or
+        a changed set of trusted front-proxy CAs); open streams keep theirs."""
+        self._server_tls = ctx
+        if self._server is not None:
+            hand_new_connections_to(self._server.socket, ctx)
 
     def shutdown(self) -> None:
         if self._server is not None:

@@ -65,7 +65,8 @@ class GatewaySettings(SettingsModel):
     requestheader_refresh: Duration = Field(
         default=timedelta(minutes=5),
         description="How often the front-proxy CA and header names, and the gateway's own "
-        "certificate files, are re-read (a rotated CA is trusted beside the old one, a new "
+        "certificate files, are re-read (new connections trust exactly the CAs now named: "
+        "a CA added is trusted, one removed is not any more; a new "
         "certificate used for new connections, with no restart).",
     )
     max_sessions: int = Field(
