@@ -10,7 +10,7 @@ import base64
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +199,43 @@ def test_create_passes_image_command_and_timeout_in_the_default_namespace(
 def test_a_call_naming_a_namespace_acts_there(tools: SandboxTools, sdk: FakeClient) -> None:
     assert tools.create_sandbox("busybox", namespace="team-b").namespace == "team-b"
     assert sdk.calls[0][1]["namespace"] == "team-b"
+
+
+CONFINED_CALLS: dict[str, Callable[[SandboxTools, str | None], object]] = {
+    "create_sandbox": lambda t, ns: t.create_sandbox("busybox", namespace=ns),
+    "claim_sandbox": lambda t, ns: t.claim_sandbox("python", namespace=ns),
+    "run_command": lambda t, ns: t.run_command("sb1", ["true"], namespace=ns),
+    "read_file": lambda t, ns: t.read_file("sb1", "/f", namespace=ns),
+    "write_file": lambda t, ns: t.write_file("sb1", "/f", "x", namespace=ns),
+    "list_files": lambda t, ns: t.list_files("sb1", "/", namespace=ns),
+    "terminate_sandbox": lambda t, ns: t.terminate_sandbox("sb1", namespace=ns),
+}
+
+
+@pytest.mark.parametrize("tool", TOOLS, ids=TOOLS)
+def test_a_confined_server_refuses_a_call_naming_another_namespace(
+    sdk: FakeClient, tool: str
+) -> None:
+    theirs = sdk.add(FakeSandbox("sb1", "team-b"))
+    confined = SandboxTools(sdk, "team-a", confined=True)  # type: ignore[arg-type]
+    with pytest.raises(ToolFailure) as refused:
+        CONFINED_CALLS[tool](confined, "team-b")
+    text = str(refused.value)
+    assert '"team-a"' in text and '"team-b"' in text, text
+    assert sdk.calls == []  # nothing reached the API server
+    assert theirs.terminated == 0 and theirs.streamed == []
+
+
+@pytest.mark.parametrize("named", [None, "team-a"], ids=["naming_none", "naming_its_own"])
+@pytest.mark.parametrize("tool", TOOLS, ids=TOOLS)
+def test_a_confined_server_acts_in_its_own_namespace(
+    sdk: FakeClient, tool: str, named: str | None
+) -> None:
+    sdk.add(FakeSandbox("sb1", "team-a"))
+    sdk.sandboxes[("team-a", "sb1")].files.data["/f"] = b"x"
+    confined = SandboxTools(sdk, "team-a", confined=True)  # type: ignore[arg-type]
+    CONFINED_CALLS[tool](confined, named)
+    assert [call["namespace"] for _, call in sdk.calls] == ["team-a"]
 
 
 def test_claim_returns_the_sandbox_and_its_claim(tools: SandboxTools, sdk: FakeClient) -> None:

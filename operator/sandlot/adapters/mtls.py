@@ -94,6 +94,26 @@ class ReloadingTls:
         return True
 
 
+def serving_context(cert: str, key: str, ca_pem: str) -> ssl.SSLContext:
+    """A server context (``server_context``'s) trusting exactly the CAs in
+    ``ca_pem`` (PEM text) for client certificates."""
+    ctx = server_context(cert, key, [])
+    trust(ctx, ca_pem)
+    return ctx
+
+
+def hand_new_connections_to(listener: Any, ctx: ssl.SSLContext) -> None:
+    """Make the listening TLS socket ``listener`` wrap the connections it accepts
+    from now on with ``ctx``; open ones keep theirs. An ``SSLContext`` can add a CA
+    but never drop one, so a CA that must stop being trusted needs a new context.
+    CPython's ``SSLSocket.accept`` wraps each connection with the listener's
+    ``_context``, which the public ``context`` setter cannot change on a socket with
+    no TLS session of its own: this is the one place that reaches it."""
+    if not isinstance(listener, ssl.SSLSocket):
+        raise TypeError(f"not a TLS listener: {listener!r}")
+    listener._context = ctx  # type: ignore[attr-defined]
+
+
 def peer_common_name(sock: Any) -> str:
     """The common name of the verified client certificate on ``sock``; empty when
     there is none (or ``sock`` is not TLS)."""
@@ -108,4 +128,12 @@ def peer_common_name(sock: Any) -> str:
     return ""
 
 
-__all__ = ["ReloadingTls", "client_context", "peer_common_name", "server_context", "trust"]
+__all__ = [
+    "ReloadingTls",
+    "client_context",
+    "hand_new_connections_to",
+    "peer_common_name",
+    "server_context",
+    "serving_context",
+    "trust",
+]

@@ -27,8 +27,9 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "-n",
         "--namespace",
-        default="default",
-        help="namespace of the calls that name none (default: default)",
+        default=None,
+        help="the only namespace the tools act in: a call naming another is refused "
+        "(default: calls may name any; those naming none use default)",
     )
     parser.set_defaults(func=run_mcp)
 

@@ -9,7 +9,8 @@ class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.streams = Counter(
             "sandlot_gateway_streams",
-            "Stream requests by subresource and outcome (opened, refused_<status>, bad_request).",
+            "Stream requests by subresource and outcome (opened, refused_<status>, bad_request; "
+            "idle: an opened one later closed by the idle timeout).",
             ["subresource", "outcome"],
             registry=registry,
         )

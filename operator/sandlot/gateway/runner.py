@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, sandbox_placement
 from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.mtls import ReloadingTls, client_context, server_context, trust
+from sandlot.adapters.mtls import ReloadingTls, client_context, serving_context
 from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
@@ -32,29 +32,54 @@ log = logging.getLogger(__name__)
 
 
 class FrontProxyView:
-    """The front proxy's CA and header names, re-read every ``refresh`` seconds; a
-    new CA is trusted beside the old ones (rotation without a restart)."""
+    """The front proxy's CA and header names, and the serving context trusting that
+    CA, re-read every ``refresh`` seconds with the gateway's certificate files. A
+    change builds a new context that new connections get: a CA added to the file or
+    ConfigMap is trusted, one removed from it is not any more (a rotation keeps both
+    in the bundle for its overlap, as the API server's own CA file does)."""
 
-    def __init__(self, read: Callable[[], FrontProxy], tls: ssl.SSLContext, first: FrontProxy):
+    def __init__(self, read: Callable[[], FrontProxy], cert: str, key: str, first: FrontProxy):
         self._read = read
-        self._tls = tls
+        self._cert, self._key = cert, key
         self._config = first.config
-        self._seen = {first.ca_pem}
+        self._ca_pem = first.ca_pem
+        self._files = self._read_files()
+        self.tls = serving_context(cert, key, first.ca_pem)
 
     def config(self) -> RequestHeaderConfig:
         return self._config
 
-    def refresh(self) -> None:
+    def _read_files(self) -> tuple[bytes, ...]:
+        out = []
+        for path in (self._cert, self._key):
+            try:
+                with open(path, "rb") as f:
+                    out.append(f.read())
+            except OSError:
+                out.append(b"")
+        return tuple(out)
+
+    def refresh(self) -> ssl.SSLContext | None:
+        """Re-read all of it; the new serving context when the CA or the certificate
+        files changed (and load), else None. A failed read keeps what was."""
         try:
             current = self._read()
         except Exception as e:
             log.warning("cannot re-read the front proxy's configuration: %s", api_error_line(e))
-            return
-        if current.ca_pem not in self._seen:
-            trust(self._tls, current.ca_pem)
-            self._seen.add(current.ca_pem)
-            log.info("the front proxy's CA changed: trusting the new one beside the old")
+            return None
         self._config = current.config
+        files = self._read_files()
+        if current.ca_pem == self._ca_pem and files == self._files:
+            return None
+        try:
+            tls = serving_context(self._cert, self._key, current.ca_pem)
+        except (OSError, ssl.SSLError, ValueError) as e:  # caught half-written
+            log.warning("the gateway's TLS files or front-proxy CA changed but do not load: %s", e)
+            return None
+        if current.ca_pem != self._ca_pem:
+            log.info("the front proxy's CA changed: new connections trust the new bundle only")
+        self._ca_pem, self._files, self.tls = current.ca_pem, files, tls
+        return tls
 
 
 def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
@@ -98,7 +123,9 @@ class GatewayParts:
 
     def refresh(self) -> None:
         """The front proxy's CA and names, and rotated certificate files."""
-        self.front_proxy.refresh()
+        serving = self.front_proxy.refresh()
+        if serving is not None:
+            self.gateway.serve_tls(serving)
         for files in self.tls_files:
             files.refresh()
 
@@ -126,32 +153,30 @@ def build(
         raise StartupError(f"{setting_name('requestheader_client_ca')}: {e}") from None
     tls_names = ", ".join(setting_name(n) for n in ("tls_cert", "tls_key", "stream_ca"))
     try:
-        server_tls = server_context(settings.tls_cert, settings.tls_key, [])
-        trust(server_tls, first.ca_pem)
+        view = FrontProxyView(read, settings.tls_cert, settings.tls_key, first)
         agent_tls = client_context(settings.stream_ca, settings.tls_cert, settings.tls_key)
     except (OSError, ssl.SSLError) as e:
         raise StartupError(f"{tls_names}: cannot load the gateway's TLS files: {e}") from None
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    sessions = Sessions(settings.max_sessions, settings.max_sessions_per_user)
+    sessions = Sessions(
+        settings.max_sessions, settings.max_sessions_per_user, settings.max_sessions_per_namespace
+    )
     metrics.open.set_function(lambda: sessions.open)
-    view = FrontProxyView(read, server_tls, first)
     gateway = Gateway(
         bind=settings.bind,
         port=settings.port,
-        server_tls=server_tls,
+        server_tls=view.tls,
         agent_tls=agent_tls,
         agent_server_name=settings.agent_server_name,
         requestheader=view.config,
         backends=backends or cluster_backends(api, settings),
         sessions=sessions,
         call_timeout=timeout,
+        idle_timeout=settings.idle_timeout.total_seconds(),
         on_stream=lambda kind, outcome: metrics.streams.labels(kind, outcome).inc(),
     )
-    files = (
-        ReloadingTls(server_tls, settings.tls_cert, settings.tls_key, []),
-        ReloadingTls(agent_tls, settings.tls_cert, settings.tls_key, [settings.stream_ca]),
-    )
+    files = (ReloadingTls(agent_tls, settings.tls_cert, settings.tls_key, [settings.stream_ca]),)
     return GatewayParts(gateway, view, registry, files)
 
 

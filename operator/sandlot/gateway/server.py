@@ -11,15 +11,18 @@ One request, in order, before anything reaches a node:
    handshake checked the CA; ``policy.streams.caller_of`` the allowed names), so
    the user named in its headers is believed; nobody else's headers are;
 2. a SubjectAccessReview for that user, made under the gateway's own identity;
-3. the per-user and per-replica session caps;
+3. the session caps: per replica, per user, per ServiceAccount namespace;
 4. the sandbox's node from the Sandbox itself, and that node's agent pod from the
    pods bound to it (``adapters.agentpods``); nothing a node writes is read;
 5. a WebSocket to that agent over mutual TLS: the gateway's client certificate,
    the agent's serving certificate checked against the stream CA and name.
 
 Only then does the user's upgrade complete, and messages are relayed both ways
-until either side ends. A refusal at any step is an HTTP answer naming why (the
-agent's own refusals, such as a sandbox not Running, pass through unchanged).
+until either side ends, or until nothing has moved either way for ``idle_timeout``
+(the agent ends its own quiet streams sooner; this bounds a relay whose agent
+never does), which closes both sides and frees the stream's caps. A refusal at
+any step is an HTTP answer naming why (the agent's own refusals, such as a
+sandbox not Running, pass through unchanged).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import json
 import logging
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +43,14 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from sandlot.adapters.mtls import peer_common_name
+from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.sessioncaps import (
+    SessionCaps,
+    SessionCounts,
+    give_back_session,
+    take_session,
+)
 from sandlot.policy.streamaccess import (
     Caller,
     RequestHeaderConfig,
@@ -97,44 +107,35 @@ class Backends:
 
 
 class Sessions:
-    """Open streams, capped per replica and per user; ``take`` refuses past either."""
+    """Open streams, capped per replica, per user and per ServiceAccount namespace
+    (``policy.sessioncaps``); ``take`` refuses past any."""
 
-    def __init__(self, total: int, per_user: int) -> None:
-        self.total, self.per_user = total, per_user
+    def __init__(self, total: int, per_user: int, per_namespace: int | None = None) -> None:
+        self.caps = SessionCaps(total, per_user, per_namespace or total)
         self._lock = threading.Lock()
-        self._by_user: dict[str, int] = {}
+        self._counts = SessionCounts()
 
     @property
     def open(self) -> int:
         with self._lock:
-            return sum(self._by_user.values())
+            return self._counts.open
 
     def take(self, user: str) -> None:
         with self._lock:
-            if sum(self._by_user.values()) >= self.total:
-                raise Refusal(
-                    429, f"this gateway replica has {self.total} streams open (max_sessions)"
-                )
-            if self._by_user.get(user, 0) >= self.per_user:
-                raise Refusal(
-                    429,
-                    f'user "{user}" has {self.per_user} streams open (max_sessions_per_user)',
-                )
-            self._by_user[user] = self._by_user.get(user, 0) + 1
+            self._counts, refused = take_session(self.caps, self._counts, user)
+        if refused is not None:
+            raise Refusal(429, refused)
 
     def give_back(self, user: str) -> None:
         with self._lock:
-            left = self._by_user.get(user, 0) - 1
-            if left > 0:
-                self._by_user[user] = left
-            else:
-                self._by_user.pop(user, None)
+            self._counts = give_back_session(self._counts, user)
 
 
 @dataclass
 class _Opened:
     agent: ClientConnection
     user: str
+    kind: str
 
 
 class Gateway:
@@ -152,6 +153,7 @@ class Gateway:
         backends: Backends,
         sessions: Sessions,
         call_timeout: float,
+        idle_timeout: float = 900.0,
         on_stream: Callable[[str, str], None] = lambda kind, outcome: None,
     ) -> None:
         self.bind = bind
@@ -163,6 +165,7 @@ class Gateway:
         self._backends = backends
         self.sessions = sessions
         self.call_timeout = call_timeout
+        self.idle_timeout = idle_timeout
         self._on_stream = on_stream
         self._opened: dict[int, _Opened] = {}
         self._lock = threading.Lock()
@@ -197,6 +200,13 @@ class Gateway:
             ) from None
         threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
         log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
+
+    def serve_tls(self, ctx: ssl.SSLContext) -> None:
+        """Serve connections accepted from now on with ``ctx`` (a new certificate, or
+        a changed set of trusted front-proxy CAs); open streams keep theirs."""
+        self._server_tls = ctx
+        if self._server is not None:
+            hand_new_connections_to(self._server.socket, ctx)
 
     def shutdown(self) -> None:
         if self._server is not None:
@@ -242,7 +252,7 @@ class Gateway:
             )
             return _answer(e.status, f"{e.message}\n")
         with self._lock:
-            self._opened[id(connection)] = _Opened(agent, user)
+            self._opened[id(connection)] = _Opened(agent, user, kind)
         self._on_stream(kind, "opened")
         return None
 
@@ -346,10 +356,13 @@ class Gateway:
             connection.close()
             return
         agent = one.agent
+        last_moved = time.monotonic()  # either way; read and written without a lock
 
         def user_to_agent() -> None:
+            nonlocal last_moved
             try:
                 for message in connection:
+                    last_moved = time.monotonic()
                     agent.send(message)
             except ConnectionClosed:
                 pass
@@ -359,7 +372,20 @@ class Gateway:
         upstream = threading.Thread(target=user_to_agent, name="gateway-up", daemon=True)
         upstream.start()
         try:
-            for message in agent:
+            while True:
+                quiet = time.monotonic() - last_moved
+                if quiet >= self.idle_timeout:
+                    log.info("stream idle for %gs: the gateway ends it", self.idle_timeout)
+                    self._on_stream(one.kind, "idle")
+                    reason = f"nothing moved for {self.idle_timeout:g}s (idle_timeout)"
+                    agent.close(1000, reason)
+                    connection.close(1000, reason)
+                    break
+                try:
+                    message = agent.recv(timeout=self.idle_timeout - quiet)
+                except TimeoutError:
+                    continue  # the user may have sent meanwhile: look again
+                last_moved = time.monotonic()
                 connection.send(message)
         except ConnectionClosed:
             pass

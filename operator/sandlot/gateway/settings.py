@@ -65,7 +65,8 @@ class GatewaySettings(SettingsModel):
     requestheader_refresh: Duration = Field(
         default=timedelta(minutes=5),
         description="How often the front-proxy CA and header names, and the gateway's own "
-        "certificate files, are re-read (a rotated CA is trusted beside the old one, a new "
+        "certificate files, are re-read (new connections trust exactly the CAs now named: "
+        "a CA added is trusted, one removed is not any more; a new "
         "certificate used for new connections, with no restart).",
     )
     max_sessions: int = Field(
@@ -74,9 +75,23 @@ class GatewaySettings(SettingsModel):
     max_sessions_per_user: int = Field(
         default=32, ge=1, le=100_000, description="Streams one user may have open at once."
     )
+    max_sessions_per_namespace: int = Field(
+        default=64,
+        ge=1,
+        le=100_000,
+        description="Streams the ServiceAccounts of one namespace (users "
+        "system:serviceaccount:<namespace>:<name>) may have open at once, together: "
+        "making more ServiceAccounts does not multiply a tenant's share.",
+    )
     call_timeout: Duration = Field(
         default=timedelta(seconds=10),
         description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
+    )
+    idle_timeout: Duration = Field(
+        default=timedelta(minutes=15),
+        description="A relayed stream in which nothing moved either way this long is "
+        "closed on both sides and its caps freed (longer than the agent's "
+        "stream_idle_timeout, which ends quiet streams first).",
     )
     metrics_port: int = Field(
         default=8080,
@@ -87,14 +102,15 @@ class GatewaySettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
-        for name in ("requestheader_refresh", "call_timeout"):
+        for name in ("requestheader_refresh", "call_timeout", "idle_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
-        if self.max_sessions_per_user > self.max_sessions:
-            raise ValueError(
-                f"max_sessions_per_user ({self.max_sessions_per_user}) must not exceed "
-                f"max_sessions ({self.max_sessions})"
-            )
+        for name in ("max_sessions_per_user", "max_sessions_per_namespace"):
+            if getattr(self, name) > self.max_sessions:
+                raise ValueError(
+                    f"{name} ({getattr(self, name)}) must not exceed "
+                    f"max_sessions ({self.max_sessions})"
+                )
         return self
 
 

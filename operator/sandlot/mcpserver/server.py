@@ -71,10 +71,12 @@ def build_server(tools: SandboxTools) -> MCPServer[Any]:
     return server
 
 
-def serve(kubeconfig: str | os.PathLike[str] | None, namespace: str) -> None:
-    """Serve the tools on stdin/stdout until the client closes stdin."""
-    with Client(kubeconfig, namespace) as client:
-        build_server(SandboxTools(client, namespace)).run("stdio")
+def serve(kubeconfig: str | os.PathLike[str] | None, namespace: str | None) -> None:
+    """Serve the tools on stdin/stdout until the client closes stdin; a ``namespace``
+    confines every call to it, None leaves calls free to name any (default: default)."""
+    with Client(kubeconfig, namespace or "default") as client:
+        tools = SandboxTools(client, namespace or "default", confined=namespace is not None)
+        build_server(tools).run("stdio")
 
 
 __all__ = ["build_server", "serve"]

@@ -8,6 +8,10 @@ stream and a file's content at ``OUTPUT_CAP`` bytes, a listing at its ``limit``,
 with a note saying what was cut. A command's output is kept as it streams, so the
 cap bounds this process's memory too; what lies past it is counted, not kept.
 
+A server started with ``--namespace`` is confined to it: a call naming any other
+namespace is refused before anything is sent, so a model steered by what it read
+in one sandbox cannot act in the kubeconfig identity's other namespaces.
+
 No state is held between calls: each names its sandbox, which is read again (one
 GET), and a claimed sandbox (the claim's label on it) is released by deleting
 its claim, as ``Sandbox.terminate`` does for one the SDK claimed itself.
@@ -48,7 +52,11 @@ Name = Annotated[
     str, Field(description="the sandbox's name, as create_sandbox or claim_sandbox returned it")
 ]
 Namespace = Annotated[
-    str | None, Field(description="the namespace (default: the server's --namespace)")
+    str | None,
+    Field(
+        description="the namespace (default: the server's; a server started with "
+        "--namespace acts in that one only)"
+    ),
 ]
 FilePath = Annotated[str, Field(description="an absolute path inside the sandbox")]
 
@@ -189,14 +197,26 @@ def as_text(data: bytes) -> tuple[str, Literal["utf-8", "base64"]]:
 
 class SandboxTools:
     """The tools, acting through ``client`` (the kubeconfig's identity); a call that
-    names no namespace uses ``namespace``."""
+    names no namespace uses ``namespace``, and when ``confined`` a call naming
+    another is refused."""
 
-    def __init__(self, client: Client, namespace: str) -> None:
+    def __init__(self, client: Client, namespace: str, *, confined: bool = False) -> None:
         self.client = client
         self.namespace = namespace
+        self.confined = confined
+
+    def _namespace(self, namespace: str | None) -> str:
+        """The namespace a call acts in; a ``ToolFailure`` when it leaves the confinement."""
+        if not namespace or namespace == self.namespace or not self.confined:
+            return namespace or self.namespace
+        raise ToolFailure(
+            f'Refused: this server is confined to namespace "{self.namespace}" '
+            f'(sandlot mcp --namespace) and does not act in namespace "{namespace}". '
+            f'Omit the namespace, or name "{self.namespace}".'
+        )
 
     def _sandbox(self, name: str, namespace: str | None) -> Sandbox:
-        sandbox = self.client.get(name, namespace=namespace or self.namespace)
+        sandbox = self.client.get(name, namespace=self._namespace(namespace))
         labels = (sandbox.body.get("metadata") or {}).get("labels") or {}
         sandbox.claim = sandbox.claim or labels.get(CLAIM_LABEL)
         return sandbox
@@ -217,10 +237,9 @@ class SandboxTools:
         which the other tools take. Terminate it when done. To run commands in it, the
         main process must keep running: for an image whose default command exits, pass
         one that waits, e.g. ["sleep", "infinity"]."""
+        where = self._namespace(namespace)
         with failures("Nothing was left behind; retry with a longer timeout."):
-            made = self.client.create(
-                image, command, namespace=namespace or self.namespace, timeout=timeout
-            )
+            made = self.client.create(image, command, namespace=where, timeout=timeout)
         return SandboxRef(sandbox=made.name, namespace=made.namespace)
 
     def claim_sandbox(
@@ -234,11 +253,12 @@ class SandboxTools:
         """Take a ready sandbox from a pool (faster than create_sandbox) through a new
         SandboxClaim. Returns the sandbox's name and the claim's; terminate_sandbox
         releases both."""
+        where = self._namespace(namespace)
         with failures(
             "The claim was released; retry with a longer timeout, or the pool may have "
             "no free member now."
         ):
-            got = self.client.claim(pool, namespace=namespace or self.namespace, timeout=timeout)
+            got = self.client.claim(pool, namespace=where, timeout=timeout)
         return SandboxRef(sandbox=got.name, namespace=got.namespace, claim=got.claim)
 
     def run_command(

@@ -1,0 +1,232 @@
+"""The stream gateway's own bounds, played by the wrong party over real TLS: a
+tenant's many ServiceAccounts against the namespace cap, a silent relay against
+the idle timeout, a rotated-out front-proxy CA against the handshake. The rig is
+test_stream_handshakes.py's: the gateway and an agent ``StreamServer`` with their
+real certificates, the cluster's answers given as ``Backends``."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Subprotocol
+
+from sandlot.adapters.mtls import client_context, server_context
+from sandlot.agent.streams import StreamServer
+from sandlot.devtools.certs import StreamCerts
+from sandlot.gateway.server import Backends, Gateway, Sessions
+from sandlot.policy.streamaccess import RequestHeaderConfig
+
+pytestmark = pytest.mark.integration
+
+FOLLOW = "/apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/log?follow=true"
+SANDBOX = {
+    "metadata": {"namespace": "ns", "name": "sb", "uid": "u1"},
+    "status": {"phase": "Running"},
+}
+
+
+@dataclass
+class Rig:
+    certs: StreamCerts
+    agent: StreamServer
+    tmp: Path
+
+    def gateway(self, sessions: Sessions, **options: object) -> Gateway:
+        gateway = Gateway(
+            bind="127.0.0.1",
+            port=0,
+            server_tls=options.pop(  # type: ignore[arg-type]
+                "server_tls",
+                server_context(
+                    str(self.certs.gateway.cert),
+                    str(self.certs.gateway.key),
+                    str(self.certs.ca.cert),
+                ),
+            ),
+            agent_tls=client_context(
+                str(self.certs.ca.cert), str(self.certs.gateway.cert), str(self.certs.gateway.key)
+            ),
+            agent_server_name="sandlot-agent",
+            requestheader=RequestHeaderConfig,
+            backends=Backends(
+                review=lambda _spec: {"allowed": True},
+                node_of=lambda _ns, _name: "node-1",
+                agent_of=lambda _node: ("127.0.0.1", self.agent.port),
+            ),
+            sessions=sessions,
+            call_timeout=10.0,
+            **options,  # type: ignore[arg-type]
+        )
+        gateway.start()
+        return gateway
+
+    def front_proxy(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.certs.ca.cert))
+        ctx.load_cert_chain(str(cert or self.certs.agent.cert), str(key or self.certs.agent.key))
+        return ctx
+
+    def follow(
+        self, gateway: Gateway, user: str, ctx: ssl.SSLContext | None = None
+    ) -> ClientConnection:
+        """A `logs -f` as the API server's front proxy would open it for ``user``."""
+        return connect(
+            f"wss://127.0.0.1:{gateway.port}{FOLLOW}",
+            ssl=ctx or self.front_proxy(),
+            server_hostname="sandlot-gateway.sandlot-system.svc",
+            additional_headers={"X-Remote-User": user},
+            subprotocols=[Subprotocol("v5.channel.k8s.io")],
+            open_timeout=20,
+            proxy=None,
+            legacy=True,
+        )
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    certs = StreamCerts.create(tmp_path, "sandlot-system")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "ns_sb_u1.log").write_text("line\n")
+    agent = StreamServer(
+        "node-1",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: SANDBOX if key == "ns/sb" else None,
+        log_dir=str(logs),
+        execs=None,
+        call_timeout=5.0,
+        stop=threading.Event(),
+    )
+    agent.start()
+    try:
+        yield Rig(certs, agent, tmp_path)
+    finally:
+        agent.shutdown()
+
+
+def refusal(rig: Rig, gateway: Gateway, user: str) -> tuple[int, str]:
+    with pytest.raises(InvalidStatus) as refused:
+        rig.follow(gateway, user).close()
+    response = refused.value.response
+    return response.status_code, response.body.decode(errors="replace")
+
+
+def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) -> None:
+    """Each ServiceAccount is a user of its own: three of team-a's, under a per-user
+    cap of 2 each, get only the namespace's 2 streams; another namespace's and a
+    plain user's streams are not held off, and an ended one frees its place."""
+    gateway = rig.gateway(Sessions(8, 2, 2))
+    held: list[ClientConnection] = []
+    try:
+        for name in ("ci", "bot"):
+            held.append(rig.follow(gateway, f"system:serviceaccount:team-a:{name}"))
+        status, body = refusal(rig, gateway, "system:serviceaccount:team-a:third")
+        assert status == 429, body
+        assert 'namespace "team-a"' in body and "max_sessions_per_namespace" in body, body
+        held.append(rig.follow(gateway, "system:serviceaccount:team-b:ci"))
+        held.append(rig.follow(gateway, "alice"))
+        held.pop(0).close()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                held.append(rig.follow(gateway, "system:serviceaccount:team-a:third"))
+                break
+            except InvalidStatus as e:
+                assert e.response.status_code == 429, e.response.body
+                assert time.monotonic() < deadline, "the ended stream's place was never freed"
+                time.sleep(0.05)
+    finally:
+        for one in held:
+            one.close()
+        gateway.shutdown()
+
+
+def test_a_relay_silent_both_ways_is_closed_and_frees_its_caps(rig: Rig) -> None:
+    """A follow whose log says nothing more, and whose user sends nothing: past the
+    gateway's idle timeout both sides are closed, the gateway's session and the
+    agent's slot freed, whatever the agent's own (longer) idle timeout."""
+    gateway = rig.gateway(Sessions(4, 1), idle_timeout=1.0)
+    try:
+        user = rig.follow(gateway, "alice")
+        assert user.recv(timeout=10)[1:] == b"line\n"  # the relay ran before it went quiet
+        assert gateway.sessions.open == 1
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                user.recv(timeout=20)
+        assert "idle_timeout" in (closed.value.rcvd.reason if closed.value.rcvd else ""), (
+            f"closed, but not by the idle timeout: {closed.value!r}"
+        )
+        deadline = time.monotonic() + 10
+        while gateway.sessions.open or rig.agent.slots().used:
+            assert time.monotonic() < deadline, (
+                f"an idle stream kept its caps: gateway {gateway.sessions.open}, "
+                f"agent {dict(rig.agent.slots().used)}"
+            )
+            time.sleep(0.05)
+        rig.follow(gateway, "alice").close()  # alice's one place is hers again
+    finally:
+        gateway.shutdown()
+
+
+# A client certificate the server refuses: the handshake fails (TLS 1.2), or under
+# TLS 1.3 the server's alert closes the connection before any HTTP answer.
+HANDSHAKE_REFUSED = (ssl.SSLError, OSError, InvalidMessage, ConnectionClosed)
+
+
+def test_a_front_proxy_ca_removed_from_its_file_stops_being_trusted(rig: Rig) -> None:
+    """The request-header CA file names CA A, then is rewritten to name CA B only (A
+    rotated out, or found compromised): after the gateway's refresh, a client
+    certificate of A no longer passes the handshake, one of B does, and nothing was
+    restarted."""
+    from sandlot.devtools.certs import CA, FRONT_PROXY_NAME
+    from sandlot.gateway.runner import build
+    from sandlot.gateway.settings import GatewaySettings
+
+    def front_proxy_of(name: str) -> tuple[Path, ssl.SSLContext]:
+        ca = CA.create(rig.tmp / name, f"{name}-ca")
+        pair = ca.issue(rig.tmp / name, FRONT_PROXY_NAME)
+        return ca.cert, rig.front_proxy(pair.cert, pair.key)
+
+    a_ca, as_a = front_proxy_of("a")
+    b_ca, as_b = front_proxy_of("b")
+    ca_file = rig.tmp / "requestheader-ca.crt"
+    ca_file.write_bytes(a_ca.read_bytes())
+    settings = GatewaySettings(
+        bind="127.0.0.1",
+        port=0,
+        tls_cert=str(rig.certs.gateway.cert),
+        tls_key=str(rig.certs.gateway.key),
+        stream_ca=str(rig.certs.ca.cert),
+        requestheader_client_ca=str(ca_file),
+        metrics_port=0,
+    )
+    backends = Backends(
+        review=lambda _spec: {"allowed": True},
+        node_of=lambda _ns, _name: "node-1",
+        agent_of=lambda _node: ("127.0.0.1", rig.agent.port),
+    )
+    parts = build(settings, None, backends=backends)
+    parts.gateway.start()
+    try:
+        rig.follow(parts.gateway, "alice", as_a).close()  # A is the front proxy today
+        with pytest.raises(HANDSHAKE_REFUSED):
+            rig.follow(parts.gateway, "alice", as_b).close()
+
+        ca_file.write_bytes(b_ca.read_bytes())
+        parts.refresh()
+
+        with pytest.raises(HANDSHAKE_REFUSED):  # TLS refused it: no HTTP answer at all
+            rig.follow(parts.gateway, "mallory", as_a).close()
+        rig.follow(parts.gateway, "alice", as_b).close()
+    finally:
+        parts.gateway.shutdown()
