@@ -19,6 +19,7 @@ import time
 import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -196,8 +197,8 @@ def test_a_user_past_the_session_cap_is_refused_by_name(
     _, tenant = places
     running_sandbox(kube, agent, tenant, "capped", "while true; do echo tick; sleep 1; done")
     sessions = gateway.gateway.sessions
-    before = sessions.per_user
-    sessions.per_user = 2
+    before = sessions.caps
+    sessions.caps = replace(before, per_user=2)
     follow = [
         "sandlot.cli.main", "logs", "capped", "-n", tenant, "-f",
         "--kubeconfig", str(users["operator-person"]),
@@ -222,7 +223,7 @@ def test_a_user_past_the_session_cap_is_refused_by_name(
         assert third.returncode == 1
         assert "(429)" in third.stderr and "max_sessions_per_user" in third.stderr, third.stderr
     finally:
-        sessions.per_user = before
+        sessions.caps = before
         for proc in held:
             proc.kill()
             proc.wait(10)
