@@ -45,10 +45,12 @@ def a_gvisor_sandbox_runs_on_gvisor_s_kernel(c: Cluster, node: str, work: Path) 
     )
     for other in others:  # not installed there: not offered
         assert GVISOR not in handlers(c, other), (other, handlers(c, other))
-    # The chart's class: its handler alone places (no selector, which would be
-    # matched against SandboxNodes' labels, not the Nodes' the installer selects by).
+    # The chart's class carries the installer's node selector: matched against the
+    # Kubernetes Nodes' labels (which no agent writes), it confirms the handler the
+    # node publishes and places the class's sandboxes on those Nodes only.
     rc = client.NodeV1Api(c.api).read_runtime_class(GVISOR)
-    assert rc.handler == GVISOR and rc.scheduling is None, rc
+    assert rc.handler == GVISOR and rc.scheduling is not None, rc
+    assert rc.scheduling.node_selector, rc
 
     name = f"gv-{uuid.uuid4().hex[:6]}"
     command = f"busybox uname -r; busybox dmesg; echo {READY_LINE}; exec sleep 3600"

@@ -349,10 +349,13 @@ def test_the_idle_loop_never_freezes_a_sandbox_while_its_drain_stops_it(
         timeout=10,
         what="the agent's view to carry the idle timeout",
     )
-    api.patch_cluster_custom_object(
-        GROUP, VERSION, "sandboxnodes", agent.node, {"spec": {"unschedulable": True}}
-    )
-    stopped = wait_phase(kube, namespace, "draining", "Stopped", timeout=40)
+    drained = {"spec": {"unschedulable": True}}
+    api.patch_cluster_custom_object(GROUP, VERSION, "sandboxnodes", agent.node, drained)
+    try:
+        stopped = wait_phase(kube, namespace, "draining", "Stopped", timeout=40)
+    finally:  # the module's other tests run on this node too
+        uncordoned = {"spec": {"unschedulable": False}}
+        api.patch_cluster_custom_object(GROUP, VERSION, "sandboxnodes", agent.node, uncordoned)
     passes = (agent.registry.get_sample_value("sandlot_agent_idle_passes_total") or 0) - idle
     assert passes >= 10, f"only {passes:g} idle passes ran while it stopped: nothing was tested"
     assert stopped["status"].get("reason") == "Drained"

@@ -10,6 +10,7 @@ from sandlot.policy.nodetrust import (
     KubeNodeFacts,
     kube_node_facts,
     trusted_handlers,
+    trusted_labels,
     trusted_taints,
 )
 from sandlot.policy.placement import Placement, misfit
@@ -111,3 +112,24 @@ def test_a_handler_other_than_runc_needs_the_nodes_confirmation(
     wanted: set[str],
 ) -> None:
     assert trusted_handlers(frozenset(offered), kube, selector) == frozenset(wanted)
+
+
+@pytest.mark.parametrize(
+    ("own", "kube", "labels"),
+    [
+        ({"zone": "a"}, None, {"zone": "a"}),
+        (
+            {"zone": "a"},
+            KubeNodeFacts(labels={"zone": "b", "disk": "ssd"}),
+            {"zone": "b", "disk": "ssd"},
+        ),
+        ({"pool": "x"}, KubeNodeFacts(labels={"disk": "ssd"}), {"pool": "x", "disk": "ssd"}),
+    ],
+    ids=["no-node-its-own", "the-nodes-win", "both"],
+)
+def test_selectors_match_the_kubernetes_nodes_labels_over_the_nodes_own(
+    own: dict[str, str], kube: KubeNodeFacts | None, labels: dict[str, str]
+) -> None:
+    """A node's agent cannot label itself into a selector the Node does not match (a
+    RuntimeClass's, a sandbox's): the Node's labels win where both set a key."""
+    assert trusted_labels(own, kube) == labels

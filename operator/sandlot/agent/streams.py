@@ -44,9 +44,9 @@ from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.common import join_key, key_of
-from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
-from sandlot.policy.operatingmode import stream_refusal
+from sandlot.policy.operatingmode import stream_refusal, wanted_mode
 from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
     CALLER_HEADER,
@@ -243,6 +243,9 @@ class StreamServer:
                 429, f"node {self.node} has {self.max_sessions} streams open; try again\n"
             )
         if admission is Admission.SUSPENDING:
+            asked_for = self._suspend_asked(used, asked.kind)
+            if asked_for is not None:  # its spec asks for it: not "in a moment"
+                return connection.respond(409, f"{asked_for}\n")
             return connection.respond(
                 503,
                 f"sandbox {used} is being suspended on node {self.node} (its files are "
@@ -258,6 +261,14 @@ class StreamServer:
             "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
         )
         return None
+
+    def _suspend_asked(self, key: str | None, kind: str) -> str | None:
+        """Why a stream into ``key`` is refused when its spec asks for Suspended (the
+        refusal a suspended sandbox gets, given while its suspension still runs)."""
+        sandbox = self._sandbox(key) if key is not None else None
+        if sandbox is None or wanted_mode(sandbox) is not OperatingMode.SUSPENDED:
+            return None
+        return stream_refusal(sandbox, kind)
 
     def _answered(self, connection: ServerConnection, request: Any, response: Any) -> None:
         if response.status_code != 101:  # admitted, but the upgrade did not happen

@@ -70,6 +70,7 @@ from sandlot.policy.nodetrust import (
     KubeNodeFacts,
     kube_node_facts,
     trusted_handlers,
+    trusted_labels,
     trusted_taints,
 )
 from sandlot.policy.runtimeclass import (
@@ -303,7 +304,7 @@ class Scheduler:
                     sandboxes=self.cache.node_load.get(node.name, 0),
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
                     ready_until=self.liveness.expiry(node.name, tracking),
-                    labels=node.labels,
+                    labels=trusted_labels(node.labels, kube),
                     taints=trusted_taints(node.taints, node.mirrored_taints, kube),
                     runtime_handlers=trusted_handlers(node.runtime_handlers, kube, class_selector),
                     disk_pressure=node.disk_pressure,

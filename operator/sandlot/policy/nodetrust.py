@@ -68,6 +68,14 @@ def trusted_taints(
     return (*own, *(kube.taints if kube is not None else mirrored))
 
 
+def trusted_labels(own: Mapping[str, str], kube: KubeNodeFacts | None) -> dict[str, str]:
+    """The labels a sandbox's node selector and affinity, and its RuntimeClass's
+    ``scheduling.nodeSelector``, are matched against: the Kubernetes Node's (which no
+    agent writes, and which a RuntimeClass's selector means, as in Kubernetes) over
+    the SandboxNode's own; the SandboxNode's alone where no Node of that name exists."""
+    return {**own, **kube.labels} if kube is not None else dict(own)
+
+
 def confirmed_handlers(kube: KubeNodeFacts | None) -> frozenset[str]:
     """The handlers the Node's admin-set label lists."""
     if kube is None:
@@ -100,5 +108,6 @@ __all__ = [
     "confirmed_handlers",
     "kube_node_facts",
     "trusted_handlers",
+    "trusted_labels",
     "trusted_taints",
 ]
