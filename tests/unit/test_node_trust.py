@@ -8,9 +8,9 @@ from sandlot.api.keys import RUNTIME_HANDLERS_LABEL
 from sandlot.api.placement import Taint
 from sandlot.policy.nodetrust import (
     KubeNodeFacts,
+    class_selector_holds,
     kube_node_facts,
     trusted_handlers,
-    trusted_labels,
     trusted_taints,
 )
 from sandlot.policy.placement import Placement, misfit
@@ -115,21 +115,18 @@ def test_a_handler_other_than_runc_needs_the_nodes_confirmation(
 
 
 @pytest.mark.parametrize(
-    ("own", "kube", "labels"),
+    ("own", "kube", "holds"),
     [
-        ({"zone": "a"}, None, {"zone": "a"}),
-        (
-            {"zone": "a"},
-            KubeNodeFacts(labels={"zone": "b", "disk": "ssd"}),
-            {"zone": "b", "disk": "ssd"},
-        ),
-        ({"pool": "x"}, KubeNodeFacts(labels={"disk": "ssd"}), {"pool": "x", "disk": "ssd"}),
+        ({"disk": "ssd"}, None, True),
+        ({}, None, False),
+        ({}, KubeNodeFacts(labels={"disk": "ssd"}), True),
+        ({"disk": "ssd"}, KubeNodeFacts(labels={}), False),
     ],
-    ids=["no-node-its-own", "the-nodes-win", "both"],
+    ids=["no-node-its-own-labels", "no-node-no-label", "the-nodes-label", "agent-label-alone"],
 )
-def test_selectors_match_the_kubernetes_nodes_labels_over_the_nodes_own(
-    own: dict[str, str], kube: KubeNodeFacts | None, labels: dict[str, str]
+def test_a_runtime_classs_selector_is_matched_against_the_kubernetes_node(
+    own: dict[str, str], kube: KubeNodeFacts | None, holds: bool
 ) -> None:
-    """A node's agent cannot label itself into a selector the Node does not match (a
-    RuntimeClass's, a sandbox's): the Node's labels win where both set a key."""
-    assert trusted_labels(own, kube) == labels
+    """A node's agent cannot label its SandboxNode into a RuntimeClass's selector the
+    Node does not match; where no Node exists, its own labels are all there is."""
+    assert class_selector_holds((("disk", "ssd"),), own, kube) is holds

@@ -68,9 +68,9 @@ from sandlot.policy.conditions import parse_conditions, set_condition, wire_cond
 from sandlot.policy.nodehealth import episode_handled
 from sandlot.policy.nodetrust import (
     KubeNodeFacts,
+    class_selector_holds,
     kube_node_facts,
     trusted_handlers,
-    trusted_labels,
     trusted_taints,
 )
 from sandlot.policy.runtimeclass import (
@@ -304,7 +304,7 @@ class Scheduler:
                     sandboxes=self.cache.node_load.get(node.name, 0),
                     pool_members=self.cache.node_pool_load.get(node.name, {}),
                     ready_until=self.liveness.expiry(node.name, tracking),
-                    labels=trusted_labels(node.labels, kube),
+                    labels=node.labels,
                     taints=trusted_taints(node.taints, node.mirrored_taints, kube),
                     runtime_handlers=trusted_handlers(node.runtime_handlers, kube, class_selector),
                     disk_pressure=node.disk_pressure,
@@ -355,7 +355,9 @@ class Scheduler:
         slots = [
             slot
             for slot in self.slots(now, selector)
-            if (only is None or slot.name == only) and slot.name != leaving
+            if (only is None or slot.name == only)
+            and slot.name != leaving
+            and class_selector_holds(selector, slot.labels, self.kube_nodes.get(slot.name))
         ]
         return choose_node(request, slots, now)
 

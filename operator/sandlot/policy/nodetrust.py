@@ -68,12 +68,15 @@ def trusted_taints(
     return (*own, *(kube.taints if kube is not None else mirrored))
 
 
-def trusted_labels(own: Mapping[str, str], kube: KubeNodeFacts | None) -> dict[str, str]:
-    """The labels a sandbox's node selector and affinity, and its RuntimeClass's
-    ``scheduling.nodeSelector``, are matched against: the Kubernetes Node's (which no
-    agent writes, and which a RuntimeClass's selector means, as in Kubernetes) over
-    the SandboxNode's own; the SandboxNode's alone where no Node of that name exists."""
-    return {**own, **kube.labels} if kube is not None else dict(own)
+def class_selector_holds(
+    selector: Sequence[tuple[str, str]], own: Mapping[str, str], kube: KubeNodeFacts | None
+) -> bool:
+    """Whether a RuntimeClass's ``scheduling.nodeSelector`` admits this node: matched
+    against the Kubernetes Node's labels (what it means in Kubernetes, and what no
+    agent writes); against the SandboxNode's own only where no Node of that name
+    exists."""
+    labels = kube.labels if kube is not None else own
+    return all(labels.get(k) == v for k, v in selector)
 
 
 def confirmed_handlers(kube: KubeNodeFacts | None) -> frozenset[str]:
@@ -105,9 +108,9 @@ def trusted_handlers(
 __all__ = [
     "CONDITION_TAINTS",
     "KubeNodeFacts",
+    "class_selector_holds",
     "confirmed_handlers",
     "kube_node_facts",
     "trusted_handlers",
-    "trusted_labels",
     "trusted_taints",
 ]

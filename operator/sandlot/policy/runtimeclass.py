@@ -244,16 +244,16 @@ def check_handler(info: RuntimeClassInfo, node: str, offered: Sequence[str]) -> 
 
 
 def joined_placement(placement: Placement | None, info: RuntimeClassInfo) -> Placement | None:
-    """The sandbox's placement with the class's selector and tolerations added, as the
-    RuntimeClass admission plugin merges them into a Pod (which refuses a Pod whose
-    selector contradicts the class's; here such a sandbox matches no node)."""
-    if not info.node_selector and not info.tolerations:
+    """The sandbox's placement with the class's tolerations added, as the RuntimeClass
+    admission plugin merges them into a Pod. The class's node selector is not joined:
+    it names the Kubernetes Nodes' labels, which a SandboxNode does not carry, and is
+    matched against them where the node is chosen (``policy.nodetrust``)."""
+    if not info.tolerations:
         return placement
     base = placement or Placement()
     return Placement(
         tolerations=(*base.tolerations, *info.tolerations),
-        # Both hold: a key the two set differently matches no node.
-        node_selector=tuple(sorted({*base.node_selector, *info.node_selector})),
+        node_selector=base.node_selector,
         affinity=base.affinity,
     )
 
