@@ -138,8 +138,9 @@ class WorkPool:
             return True
 
     def let_go(self, key: str) -> None:
-        """End a hold ``take`` gave: the key may take work again, and the passes that
-        skipped it look again."""
+        """End a hold (``take``'s, or a submitted work's): the key may take work again,
+        and the passes that skipped it while it was busy look again (what the work did,
+        or failed to do, may need a follow-up)."""
         with self._lock:
             self._busy.discard(key)
         try:
@@ -150,10 +151,8 @@ class WorkPool:
 
     def submit(self, key: str, work: Callable[[], object]) -> bool:
         """Run ``work`` unless ``key`` already has work in flight or the agent stops."""
-        with self._lock:
-            if key in self._busy or self._stop.is_set():
-                return False
-            self._busy.add(key)
+        if not self.take(key):
+            return False
 
         def run() -> None:
             try:
@@ -161,15 +160,7 @@ class WorkPool:
             except Exception:
                 log.exception("sandbox %s: work failed", key)
             finally:
-                with self._lock:
-                    self._busy.discard(key)
-                try:
-                    self.ended(key)
-                except Exception:
-                    log.exception("sandbox %s: the end of its work was not handled", key)
-                # Passes skipped this key while it was busy, and what the work did
-                # (or failed to do) may need a follow-up: look again.
-                self._done.set()
+                self.let_go(key)
 
         try:
             self._pool.submit(run)
