@@ -10,7 +10,7 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,6 +127,18 @@ def refusal(rig: Rig, gateway: Gateway, user: str, groups: tuple[str, ...] = ())
     return response.status_code, response.body.decode(errors="replace")
 
 
+def once_freed(follow: Callable[[], ClientConnection]) -> ClientConnection:
+    """``follow`` once the cap that refused it (429) has a place again, within 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return follow()
+        except InvalidStatus as e:
+            assert e.response.status_code == 429, e.response.body
+            assert time.monotonic() < deadline, "the ended stream's place was never freed"
+            time.sleep(0.05)
+
+
 def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) -> None:
     """Each ServiceAccount is a user of its own: three of team-a's, under a per-user
     cap of 2 each, get only the namespace's 2 streams; another namespace's and a
@@ -142,15 +154,7 @@ def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) ->
         held.append(rig.follow(gateway, "system:serviceaccount:team-b:ci"))
         held.append(rig.follow(gateway, "alice"))
         held.pop(0).close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                held.append(rig.follow(gateway, "system:serviceaccount:team-a:third"))
-                break
-            except InvalidStatus as e:
-                assert e.response.status_code == 429, e.response.body
-                assert time.monotonic() < deadline, "the ended stream's place was never freed"
-                time.sleep(0.05)
+        held.append(once_freed(lambda: rig.follow(gateway, "system:serviceaccount:team-a:third")))
     finally:
         for one in held:
             one.close()
@@ -173,15 +177,7 @@ def test_a_groups_many_users_share_its_cap(rig: Rig) -> None:
         assert 'group "team-a"' in body and "max_sessions_per_group" in body, body
         held.append(rig.follow(gateway, "oidc:dan", groups=("system:authenticated", "team-b")))
         held.pop(0).close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                held.append(rig.follow(gateway, "oidc:cat", groups=team_a))
-                break
-            except InvalidStatus as e:
-                assert e.response.status_code == 429, e.response.body
-                assert time.monotonic() < deadline, "the ended stream's group place was never freed"
-                time.sleep(0.05)
+        held.append(once_freed(lambda: rig.follow(gateway, "oidc:cat", groups=team_a)))
     finally:
         for one in held:
             one.close()
