@@ -135,6 +135,7 @@ def start_agent(work: Path, kubeconfig: Path, containerd: PrivateContainerd, ctr
         *("--registry-private-hosts", "127.0.0.1", "--log-max-bytes", str(LOG_MAX)),
         *("--call-timeout", "10s", "--capacity", "40", "--capacity-memory", "64Gi"),
         "--gc-disabled",
+        *("--network-mode", "host-address"),  # whatever the host's /etc/cni/net.d holds
     ]
     out = (work / "agent.log").open("wb")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

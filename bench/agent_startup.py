@@ -34,6 +34,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
+from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.crdgen import KINDS, crd_for
@@ -96,6 +97,7 @@ def main() -> int:
             metrics_port=0,
             log_dir="",
             node_address="127.0.0.1",
+            network_mode=NetworkMode.HOST_ADDRESS,  # whatever the host's /etc/cni/net.d holds
         )
         agent = Agent(settings, api, registry=CollectorRegistry())
         bound = settings.teardown_bound

@@ -45,6 +45,7 @@ from bench.nodehealth import Bench
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import patch_claim_status, take_sandbox
 from sandlot.agent.main import Agent
+from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.api import GROUP, VERSION
 from sandlot.api.common import CLAIMS
@@ -207,6 +208,7 @@ def start_agent(bench: Bench, containerd: Any, work: Path, capacity: int) -> Age
             metrics_port=0,
             log_dir=str(work / "logs"),
             node_address="127.0.0.1",
+            network_mode=NetworkMode.HOST_ADDRESS,  # whatever the host's /etc/cni/net.d holds
             sync_interval=timedelta(seconds=0.05),
             gc_disabled=True,
         ),

@@ -41,6 +41,7 @@ from bench.nodehealth import Bench
 from sandlot.adapters.agentpods import publish_agent_pod
 from sandlot.adapters.streamclient import open_stream
 from sandlot.agent.main import Agent
+from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.api import GROUP, VERSION
 from sandlot.devtools.certs import StreamCerts
@@ -126,6 +127,7 @@ def real_node(
             containerd_root=str(containerd.root),
             metrics_port=0,
             node_address="10.1.2.3",
+            network_mode=NetworkMode.HOST_ADDRESS,  # whatever the host's /etc/cni/net.d holds
             log_dir=str(work / "logs"),
             stream_port=port,
             stream_bind=address.ip,

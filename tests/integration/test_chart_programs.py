@@ -167,6 +167,7 @@ def test_agent_and_operator_run_the_node_story_with_their_service_accounts(
             "sync_interval": "0.3s",
             "metrics_port": 0,
             "node_address": "10.9.8.7",
+            "network_mode": "host-address",  # whatever the host's /etc/cni/net.d holds
             "log_dir": str(tmp_path / "logs"),
         }
         agent = Agent(AgentSettings(**values), agent_api, registry=CollectorRegistry())

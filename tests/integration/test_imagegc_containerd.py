@@ -36,6 +36,7 @@ from sandlot.adapters.runtime import (
 )
 from sandlot.agent.imagegc import GcOutcome, ImageCollector
 from sandlot.agent.main import Agent
+from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.common import GROUP, VERSION
@@ -369,6 +370,7 @@ def gc_agent(
             renew_interval=timedelta(seconds=1),
             metrics_port=0,
             node_address="10.9.8.7",
+            network_mode=NetworkMode.HOST_ADDRESS,  # whatever the host's /etc/cni/net.d holds
             pinned_image=[PINNED],
             gc_min_age=timedelta(seconds=0),
             gc_interval=timedelta(hours=1),

@@ -64,6 +64,10 @@ def agent_settings(
         "registry_private_hosts": list(LOOPBACK_HOSTS),
         **NOT_ABOUT_DISK,
     }
+    if "network_mode" not in overrides and "cni_conf_dir" not in overrides:
+        # Whatever the host's /etc/cni/net.d holds (another tool's bridge), a test
+        # agent networks as its test says: CNI only with a configuration it names.
+        values["network_mode"] = "host-address"
     values.update(overrides)
     return AgentSettings(**values)
 

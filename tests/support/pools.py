@@ -121,7 +121,8 @@ class Cluster:
             node_address=node.address,
             log_dir=str(self.workdir / "logs" / node.name),
             gc_disabled=True,
-            **{**NOT_ABOUT_DISK, **self.agent_overrides},
+            # Whatever the host's /etc/cni/net.d holds: CNI only where a test names it.
+            **{"network_mode": "host-address", **NOT_ABOUT_DISK, **self.agent_overrides},
         )
         agent = Agent(settings, self.kube, registry=CollectorRegistry())
         assert agent.start(), f"agent of {node.name} did not start"
