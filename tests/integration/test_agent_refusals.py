@@ -173,7 +173,7 @@ def test_a_refused_failure_write_is_not_retried_every_pass(
             interval=0.2,
             what="the admission policy to refuse a Failed status",
         )
-        caplog.set_level(logging.WARNING, logger="sandlot.agent.sandboxes")
+        caplog.set_level(logging.WARNING, logger="sandlot.agent.starts")
         # The image is not on the node and not to be pulled: every start ends in a
         # Failed write, refused.
         _create(

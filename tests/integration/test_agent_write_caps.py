@@ -113,7 +113,7 @@ def test_writers_meet_their_cap_as_they_write_and_the_disk_stays_under_high(
             print(f"{name}: stopped holding {used / 2**20:.1f} MiB (limit 128 MiB)")
             assert LIMIT < used <= write_cap(LIMIT) + 2**20, status["message"]
         peak.close()
-        assert agent.parts.work.write_caps.capped == 2, "a writer's layer was not capped"
+        assert agent.parts.work.starts.write_caps.capped == 2, "a writer's layer was not capped"
         grown = (peak.peak - before) * SIZE
         print(
             f"disk before {before:.1%}, peak {peak.peak:.1%} (+{grown / 2**20:.0f} MiB; "

@@ -88,14 +88,58 @@ def hand_built_keys(source: str) -> list[int]:
             )
             if whole_key or to_sandbox:
                 lines.append(node.lineno)
-        elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "split"
-            and [ast.unparse(a) for a in node.args] == ["'/'", "1"]
-        ):
+        elif isinstance(node, ast.Call | ast.Subscript | ast.Assign) and _splits_a_key(node):
             lines.append(node.lineno)
     return sorted(lines)
+
+
+def _at_slash(node: ast.AST, *methods: str) -> ast.expr | None:
+    """The receiver of ``x.method("/")`` for one of ``methods``, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in methods
+        and [ast.unparse(a) for a in node.args] == ["'/'"]
+    ):
+        return node.func.value
+    return None
+
+
+def _key_like(node: ast.expr) -> bool:
+    """A value that holds a key: a name or attribute saying ``key``, or a sandbox label."""
+    text = ast.unparse(node)
+    return "SANDBOX_LABEL" in text or any(
+        part.lower().endswith("key") for part in re.split(r"\W+", text) if part
+    )
+
+
+def _splits_a_key(node: ast.AST) -> bool:
+    """A key taken apart at its slash: ``.split("/", 1)`` of anything, its name part
+    taken from a partition (``key.rpartition("/")[2]``), a partition unpacked into a
+    namespace and a name (``ns, _, name = label.partition("/")``), or a key split at
+    every slash (``key.split("/")``). A registry key's host (``key.partition("/")[0]``)
+    and a path's parts are not keys of objects."""
+    if (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "split"
+        and [ast.unparse(a) for a in node.args] == ["'/'", "1"]
+    ):
+        return True
+    if isinstance(node, ast.Subscript):
+        receiver = _at_slash(node.value, "partition", "rpartition")
+        return (
+            receiver is not None and _key_like(receiver) and ast.unparse(node.slice) in ("2", "-1")
+        )
+    if isinstance(node, ast.Assign) and _at_slash(node.value, "partition", "rpartition"):
+        target = node.targets[0]
+        return (
+            isinstance(target, ast.Tuple)
+            and isinstance(target.elts[0], ast.Name)
+            and target.elts[0].id in ("ns", "namespace")
+        )
+    receiver = _at_slash(node, "split", "rsplit")
+    return receiver is not None and _key_like(receiver)
 
 
 @pytest.mark.parametrize(
@@ -113,6 +157,15 @@ def hand_built_keys(source: str) -> list[int]:
         ("""shim = name.rsplit("/", 1)[-1]""", False),
         ("""key = join_key(rec.namespace, rec.claim)""", False),
         ("""ns, name = split_key(key)""", False),
+        ("""names = {key.rpartition("/")[2] for key in keys}""", True),
+        ("""ns, _, name = labels.get(SANDBOX_LABEL, "").partition("/")""", True),
+        ("""namespace, _, name = ref.partition("/")""", True),
+        ("""ns, name = key.split("/")""", True),
+        ("""parts = self._key.rsplit("/")""", True),
+        ("""parent, _, name = inside.rpartition("/")""", False),
+        ("""host, _, rest = image.partition("/")""", False),
+        ("""parts = url.path.split("/")""", False),
+        ("""base = address.partition("/")[0]""", False),
     ],
     ids=[
         "record-key",
@@ -127,6 +180,15 @@ def hand_built_keys(source: str) -> list[int]:
         "a-last-path-part",
         "join-helper",
         "split-helper",
+        "name-part-of-a-partition",
+        "label-partitioned-into-namespace-and-name",
+        "reference-partitioned-into-namespace-and-name",
+        "key-split-at-every-slash",
+        "key-attribute-rsplit",
+        "a-path-partitioned",
+        "an-image-partitioned",
+        "a-url-path-split",
+        "an-address-prefix",
     ],
 )
 def test_the_check_finds_a_hand_built_key_and_only_that(source: str, found: bool) -> None:

@@ -45,7 +45,7 @@ from kubernetes import client
 from sandlot.adapters.kubeprivate import watch_lines
 from sandlot.adapters.objects import LeaseRecord, lease_record_of
 from sandlot.adapters.startup import api_error_line
-from sandlot.api.common import GROUP, SANDBOXES, VERSION, key_of
+from sandlot.api.common import GROUP, SANDBOXES, VERSION, key_of, split_key
 from sandlot.api.keys import AGENT_LEASE_LABEL
 from sandlot.policy.backoff import capped_doubling
 
@@ -311,7 +311,7 @@ class LeaseInformer(Informer):
         self.on_event(event_type, record)
 
     def _listed(self, keys: set[str]) -> None:
-        names = {key.rpartition("/")[2] for key in keys}  # one namespace: names suffice
+        names = {split_key(key)[1] for key in keys}  # one namespace: names suffice
         for gone in self._known - names:  # deleted while no watch was there to say so
             self.on_event("DELETED", LeaseRecord(gone, None, None, 0, ""))
         self._known = names

@@ -11,30 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import queue
-import select
 import socket
 import ssl
 import threading
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, cast
 
-import websocket
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from websockets.frames import Frame, Opcode
-from websockets.protocol import Protocol, Side, State
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, reconnect
+from websockets.sync.utils import Deadline
+from websockets.typing import Subprotocol
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
 from sandlot.policy.streams import SUBPROTOCOL
 
-log = logging.getLogger(__name__)
-
 CONNECT_TIMEOUT = 30.0
 CLOSE_TIMEOUT = 2.0  # seconds a close waits for the other side's close frame
-IO_WAIT = 1.0  # seconds the I/O thread sleeps at most between looks at its socket
 READ_SIZE = 64 * 1024
 
 
@@ -66,31 +60,31 @@ def is_forbidden(exc: BaseException) -> bool:
     return isinstance(exc, ApiException) and exc.status in (401, 403)
 
 
-def _auth_headers(cfg: Any) -> list[str]:
+def _auth_headers(cfg: Any) -> dict[str, str]:
     """The kubeconfig's bearer token as a header, if it has one (a client certificate
-    goes in the TLS options instead)."""
+    goes in the TLS context instead)."""
     value = cfg.get_api_key_with_prefix("BearerToken", alias="authorization") or ""
-    return [f"Authorization: {value}"] if value else []
+    return {"Authorization": value} if value else {}
 
 
-def _sslopt(cfg: Any) -> dict[str, Any]:
+def _tls_context(cfg: Any) -> ssl.SSLContext | None:
+    """The kubeconfig's TLS settings (its CA, client certificate, verification) as a
+    context; None for a plain ``http`` server."""
     if not cfg.host.startswith("https"):
-        return {}
+        return None
     if not cfg.verify_ssl:
-        return {"cert_reqs": ssl.CERT_NONE, "check_hostname": False}
-    opts: dict[str, Any] = {"cert_reqs": ssl.CERT_REQUIRED}
-    if cfg.ssl_ca_cert:
-        opts["ca_certs"] = cfg.ssl_ca_cert
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    context = ssl.create_default_context(cafile=cfg.ssl_ca_cert or None)
     if cfg.cert_file:
-        opts["certfile"] = cfg.cert_file
-        opts["keyfile"] = cfg.key_file
-    if cfg.tls_server_name:
-        opts["server_hostname"] = cfg.tls_server_name
-    return opts
+        context.load_cert_chain(cfg.cert_file, cfg.key_file or None)
+    return context
 
 
-def _refusal_message(body: bytes | str | None) -> str:
-    text = body.decode(errors="replace") if isinstance(body, bytes) else (body or "")
+def _refusal_message(body: bytes | bytearray) -> str:
+    text = bytes(body).decode(errors="replace")
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -100,150 +94,142 @@ def _refusal_message(body: bytes | str | None) -> str:
     return text.strip()
 
 
-def _proxy(cfg: Any) -> dict[str, Any]:
-    """The kubeconfig's proxy, as the API client uses it; never one from the environment."""
-    if not cfg.proxy:
-        return {"http_no_proxy": ["*"]}
-    proxy = urlsplit(cfg.proxy)
-    return {"http_proxy_host": proxy.hostname, "http_proxy_port": proxy.port, "proxy_type": "http"}
-
-
 class Stream:
     """One open stream: binary messages in and out; ``recv`` answers None once closed.
 
-    Every read and write of the connection's socket happens on one thread of its own:
-    an OpenSSL connection is not safe to read on one thread while another writes
-    (a concurrent write resets the state a blocked read reports from, and the read
-    saw a spurious end of stream), and callers do exactly that: a stdin or resize
-    thread sends while the caller waits in ``recv``. ``send`` queues the frame and
-    wakes that thread; ``recv`` takes whole messages from a queue."""
+    websockets' sync client frames it: its own thread reads the socket and queues
+    whole messages; ``send`` writes from the caller's thread. Callers read and write
+    at once (a stdin or resize thread sends while the caller waits in ``recv``)."""
 
-    def __init__(self, sock: socket.socket, max_size: int | None = None) -> None:
-        self._sock = sock
-        self._protocol = Protocol(Side.CLIENT, state=State.OPEN, max_size=max_size)
-        self._lock = threading.Lock()  # the protocol and the bytes waiting to go out
-        self._outgoing = bytearray()
-        self._inbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
-        self._ended = threading.Event()
-        self._wake_r, self._wake_w = socket.socketpair()
-        for end in (self._wake_r, self._wake_w):
-            end.setblocking(False)
-        sock.setblocking(False)
-        self._fragments: list[bytes] = []
-        self._thread = threading.Thread(target=self._run, name="stream-io", daemon=True)
-        self._thread.start()
+    def __init__(self, connection: ClientConnection) -> None:
+        self._connection = connection
 
     def recv(self, timeout: float | None = None) -> bytes | None:
         """The next message; None once closed. With ``timeout`` (seconds), a
         ``TimeoutError`` when nothing came in time."""
         try:
-            message = self._inbox.get(timeout=None if timeout is None else max(timeout, 0))
-        except queue.Empty:
+            return self._connection.recv(None if timeout is None else max(timeout, 0), decode=False)
+        except TimeoutError:
             raise TimeoutError(f"nothing came on the stream within {timeout}s") from None
-        if message is None:
-            self._inbox.put(None)  # every later recv answers closed too
-        return message
+        except ConnectionClosed:
+            return None
 
     def send(self, message: bytes) -> None:
         """``ConnectionError`` (an ``OSError``) once the stream is closed."""
-        with self._lock:
-            if self._ended.is_set() or self._protocol.state is not State.OPEN:
-                raise ConnectionError("the stream is closed")
-            self._protocol.send_binary(message)
-            self._queue_output()
-        self._wake()
+        try:
+            self._connection.send(message)
+        except ConnectionClosed as e:
+            raise ConnectionError("the stream is closed") from e
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Close (a close frame, then the socket once answered or after ``timeout``)."""
-        with self._lock:
-            if not self._ended.is_set() and self._protocol.state is State.OPEN:
-                self._protocol.send_close(1000)
-                self._queue_output()
-        self._wake()
-        self._ended.wait(timeout)
-        self._ended.set()
-        self._wake()
-        self._thread.join(timeout)
-        for sock in (self._sock, self._wake_r, self._wake_w):
-            with contextlib.suppress(OSError):
-                sock.close()
+        self._connection.close_timeout = timeout
+        self._connection.close()
 
-    # -- the I/O thread -----------------------------------------------------------------
 
-    def _wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
+class _SerialTLS:
+    """A client's TLS connection whose OpenSSL state one thread touches at a time.
 
-    def _queue_output(self) -> None:
-        """Called with the lock held: what the protocol has to send, onto the queue."""
-        for data in self._protocol.data_to_send():
-            self._outgoing += data
+    websockets reads on its own thread while callers write on theirs, and an OpenSSL
+    connection is not safe for that: a write resets the state a concurrent read
+    reports from, and the read saw a spurious end of stream (about one exec in a
+    hundred). Here TLS runs over memory buffers under a lock, and only the plain TCP
+    socket, which takes a reader and a writer at once, is read and written outside it.
+    Only what websockets' sync connection uses is implemented; the rest is the
+    socket's."""
 
-    def _run(self) -> None:
-        try:
-            while not self._ended.is_set():
-                with self._lock:
-                    writing = bool(self._outgoing)
-                pending = isinstance(self._sock, ssl.SSLSocket) and self._sock.pending() > 0
-                if not pending:
-                    readable, _, _ = select.select(
-                        [self._sock, self._wake_r], [self._sock] if writing else [], [], IO_WAIT
-                    )
-                    if self._wake_r in readable:
-                        with contextlib.suppress(OSError):
-                            self._wake_r.recv(4096)
-                if not self._flush() or not self._read():
-                    return
-        except OSError as e:
-            log.debug("stream ended: %s", e)
-        finally:
-            self._ended.set()
-            self._inbox.put(None)
-
-    def _flush(self) -> bool:
-        """Write what is queued, as far as the socket takes it; False once the
-        protocol is done writing (the close handshake ended)."""
-        with self._lock:
-            data = bytes(self._outgoing)
-        sent = 0
-        while sent < len(data):
-            try:
-                sent += self._sock.send(data[sent:])
-            except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
-                break
-        with self._lock:
-            del self._outgoing[:sent]
-            return not (self._protocol.state is State.CLOSED and not self._outgoing)
-
-    def _read(self) -> bool:
-        """Read what has come and hand whole messages to ``recv``; False at the end."""
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, hostname: str | None) -> None:
+        self._sock = sock
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
+        self._state = threading.Lock()  # the TLS object and its two buffers
+        self._writing = threading.Lock()  # taken before _state: records leave in order
         while True:
             try:
-                data = self._sock.recv(READ_SIZE)
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
-                return True
-            with self._lock:
-                if data:
-                    self._protocol.receive_data(data)
-                else:
-                    self._protocol.receive_eof()
-                events = self._protocol.events_received()
-                self._queue_output()
-            for event in events:
-                if isinstance(event, Frame):
-                    self._deliver(event)
-            if not data or self._protocol.state is State.CLOSED:
+                with self._state:
+                    self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
                 self._flush()
-                return False
+                if not self._fill():
+                    raise ConnectionError(
+                        "the connection closed during the TLS handshake"
+                    ) from None
+        self._flush()
 
-    def _deliver(self, frame: Frame) -> None:
-        if frame.opcode in (Opcode.BINARY, Opcode.TEXT, Opcode.CONT):
-            self._fragments.append(bytes(frame.data))
-            if frame.fin:
-                self._inbox.put(b"".join(self._fragments))
-                self._fragments = []
-        elif frame.opcode is Opcode.CLOSE:
-            self._inbox.put(None)
+    def _flush(self) -> None:
+        with self._writing:
+            with self._state:
+                data = self._outgoing.read()
+            if data:
+                self._sock.sendall(data)
+
+    def _fill(self) -> bool:
+        data = self._sock.recv(READ_SIZE)
+        with self._state:
+            if data:
+                self._incoming.write(data)
+            else:
+                self._incoming.write_eof()
+        return bool(data)
+
+    def recv(self, bufsize: int) -> bytes:
+        """What has come, decrypted: every whole record buffered (``bufsize`` is not a
+        limit: a record left in the buffer would wait for the socket to be readable
+        again); b"" at the end."""
+        while True:
+            chunks = []
+            ended = False
+            with self._state:
+                try:
+                    while chunk := self._tls.read(READ_SIZE):
+                        chunks.append(chunk)
+                    ended = True  # a close_notify
+                except ssl.SSLWantReadError:
+                    pass
+                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                    ended = True
+                answer = self._outgoing.pending > 0  # a reply a record asked for
+            if answer:
+                self._flush()
+            if chunks or ended:
+                return b"".join(chunks)
+            self._fill()
+
+    def sendall(self, data: bytes) -> None:
+        with self._writing:
+            with self._state:
+                with memoryview(data) as view:
+                    sent = 0
+                    while sent < len(view):
+                        sent += self._tls.write(view[sent:])
+                records = self._outgoing.read()
+            self._sock.sendall(records)
+
+    def send(self, data: bytes) -> int:
+        self.sendall(data)
+        return len(data)
+
+    def close(self) -> None:
+        # A shutdown first: a close alone leaves a read blocked on another thread waiting.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class _Connect(reconnect):
+    """websockets' connect, its TLS one thread at a time (``_SerialTLS``)."""
+
+    def enable_tls(self, sock: socket.socket, deadline: Deadline) -> socket.socket:
+        context = self.ssl or ssl.create_default_context()
+        sock.settimeout(deadline.timeout())
+        tls = _SerialTLS(sock, context, self.server_hostname or self.ws_uri.host)
+        sock.settimeout(None)
+        return cast(socket.socket, tls)
 
 
 def open_stream(api: client.ApiClient, path: str) -> Stream:
@@ -254,22 +240,25 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
         cfg.refresh_api_key_hook(cfg)  # an exec plugin's token, fresh
     url = "ws" + cfg.host.removeprefix("http") + path
     try:
-        ws = websocket.create_connection(
+        connection = _Connect(
             url,
-            header=_auth_headers(cfg),
-            subprotocols=[SUBPROTOCOL],
-            sslopt=_sslopt(cfg),
-            timeout=CONNECT_TIMEOUT,
-            enable_multithread=True,
-            skip_utf8_validation=True,
-            **_proxy(cfg),
-        )
-    except websocket.WebSocketBadStatusException as e:
-        raise StreamRefused(e.status_code, _refusal_message(e.resp_body)) from None
-    # The handshake is websocket-client's; the open connection is the Stream's alone.
-    if ws.sock is None:
-        raise ConnectionError(f"the stream to {path} closed during its upgrade")
-    return Stream(ws.sock)
+            ssl=_tls_context(cfg),
+            server_hostname=cfg.tls_server_name or None,
+            additional_headers=_auth_headers(cfg),
+            subprotocols=[Subprotocol(SUBPROTOCOL)],
+            compression=None,
+            # The kubeconfig's proxy, as the API client's; never the environment's.
+            proxy=cfg.proxy or None,
+            open_timeout=CONNECT_TIMEOUT,
+            ping_interval=None,  # an idle stream is the gateway's to time out
+            close_timeout=CLOSE_TIMEOUT,
+            max_size=None,
+            max_queue=None,  # the reading thread never stops for a caller busy sending
+        ).connect()
+    except InvalidStatus as e:
+        raise StreamRefused(e.response.status_code, _refusal_message(e.response.body)) from None
+    connection.pending_legacy_warning = False  # one connection, closed by its Stream
+    return Stream(connection)
 
 
 __all__ = ["Stream", "StreamRefused", "check_sandbox", "is_forbidden", "open_stream"]

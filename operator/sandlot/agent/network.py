@@ -27,6 +27,7 @@ from sandlot.adapters.cni import (
 from sandlot.adapters.runtime import ContainerInfo
 from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
+from sandlot.api.common import split_key
 from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def resolve_network_mode(settings: AgentSettings) -> bool:
 
 def cni_args(labels: Mapping[str, str], container_id: str) -> dict[str, str]:
     """The Kubernetes CNI_ARGS the kubelet passes too (plugins may key on them)."""
-    ns, _, name = labels.get(SANDBOX_LABEL, "").partition("/")
+    key = labels.get(SANDBOX_LABEL, "")
+    ns, name = split_key(key) if "/" in key else ("", "")  # no sandbox's: no pod names
     args = {"K8S_POD_NAMESPACE": ns, "K8S_POD_NAME": name}
     if labels.get(SANDBOX_UID_LABEL):
         args["K8S_POD_UID"] = labels[SANDBOX_UID_LABEL]

@@ -32,7 +32,9 @@ from sandlot.agent.reaper import Reaper
 from sandlot.agent.runtimes import discover
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.starts import Starts
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
+from sandlot.agent.stops import Stops
 from sandlot.agent.sync import SandboxSync
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.imagegc import DiskUsage
@@ -135,17 +137,12 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
     )
     # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
     logs = sandbox_logs(settings, runtime, call_timeout, w.metrics, w.sandbox_watch)
-    work = SandboxWork(
-        settings,
-        w.objects,
-        runtime,
-        networking,
-        w.status,
-        w.metrics,
+    stops = Stops(settings, w.objects, runtime, networking, w.status, w.metrics, cancel=w.stop)
+    starts = Starts(
+        stops,
         node_facts(settings, w.address, w.containerd_version),
         w.touch_image,
         w.clock,
-        cancel=w.stop,
         image_gate=image_gate,
         log_writer=logs.writer,
         sandboxes=w.sandbox_watch.items,
@@ -153,6 +150,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
             node_brokered_data(w.objects.api, settings.namespace, settings.node_name)
         ),
     )
+    work = SandboxWork(starts, stops)
     storage = EphemeralStorage(
         runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
     )

@@ -1,600 +1,100 @@
 """The work items the sync hands to the pool: start, stop, fence and tear down.
 
-Each runs on a pool thread for one sandbox at a time (``loops.WorkPool``) and is
-I/O only: what to do was decided by ``policy.agentsync``; how a spec becomes an
-OCI spec by ``policy.ocispec``; which namespace level applies by
-``policy.podsecurity``. A start either ends Running (written with the
-resourceVersion it was decided on) or Failed with a reason naming the step that
-failed. A Running write the API server could not take now (429, 5xx, no answer)
-keeps the container that just started: the body is kept and written again by a
-later pass, instead of tearing down a healthy sandbox over a busy API server. A
-write refused for good, or onto a Sandbox that was deleted or ended meanwhile,
-leaves no container behind.
+Each runs on a pool thread for one sandbox at a time (``loops.WorkPool``). Two
+halves that change apart: a start (``agent.starts``: checks, image, OCI spec,
+network, container, task, Running) and a stop or teardown (``agent.stops``: a
+graceful stop, a teardown, the end it writes). Pausing and suspending a running
+sandbox are ``agent.modes`` and ``agent.suspend``, which use both. ``SandboxWork``
+is the face the sync, the reaper, the suspensions and the storage pass call; its
+two halves share only the Running bodies a start could not write yet.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
-from functools import partial
 from typing import Any
 
-from sandlot.adapters.agentapi import is_not_found
-from sandlot.adapters.cni import Attachment, CniError, join_netns
-from sandlot.adapters.objects import Objects
-from sandlot.adapters.runtime import (
-    ContainerInfo,
-    ContainerSpec,
-    ImageConfig,
-    ImageTooLarge,
-    NotFound,
-    Runtime,
-    RuntimeError_,
-    TaskInfo,
-)
-from sandlot.adapters.statuswrite import WriteOutcome, phase_of
-from sandlot.agent.environment import Environment
-from sandlot.agent.logwriter import LogWriter
-from sandlot.agent.metrics import AgentMetrics
-from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
-from sandlot.agent.network import Networking
-from sandlot.agent.pulling import ImageGate, ImageNotReady, PullRefused
-from sandlot.agent.rules import NamespaceRules, StartFailed
-from sandlot.agent.runtimes import RuntimeClasses, discover
-from sandlot.agent.settings import AgentSettings
-from sandlot.agent.status import StatusWriter, running
-from sandlot.agent.teardown import StopInterrupted, TeardownResult, stop, teardown
-from sandlot.agent.userns import UserRanges
-from sandlot.agent.writecap import WriteCaps
-from sandlot.api.common import key_of, split_key
-from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL, USERNS_LABEL
-from sandlot.api.reasons import SandboxReason
-from sandlot.api.sandbox import SandboxPhase, SandboxSpec
-from sandlot.policy.agentsync import UNSTARTED_PHASES
-from sandlot.policy.capacity import Capacity, capacity_labels
-from sandlot.policy.ephemeralstorage import limit_labels
-from sandlot.policy.imageuser import UnknownImageUser
-from sandlot.policy.nodesecurity import (
-    IsolationUnavailable,
-    NodeSecurity,
-    apparmor_profile,
-    check_user_namespace,
-)
-from sandlot.policy.ocispec import RunAsRootRefused, build_oci_spec
-from sandlot.policy.runtimeclass import (
-    RUNC,
-    Discovery,
-    RuntimeClassRefused,
-    RuntimeHandler,
-    as_pod_sandbox,
-    host_view,
-)
-from sandlot.policy.sandboxlogs import log_stem
-from sandlot.policy.suspension import recorded_suspended
-
-log = logging.getLogger(__name__)
-
-
-def container_id_for(uid: str) -> str:
-    """The container of a Sandbox is named after its uid: unique, and stable across restarts."""
-    return f"sb-{uid}"
-
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A start that passed every check: what to create."""
-
-    container_id: str
-    image: str
-    oci: dict[str, Any]
-    labels: dict[str, str]
-    log_stem: str
-    attachment: Attachment | None
-    network_policy: PlannedPolicy | None = None
-    handler: RuntimeHandler | None = None
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What a start needs to know of its node, probed once at start-up."""
-
-    address: str
-    limit_swap: bool
-    node_capabilities: tuple[str, ...]
-    security: NodeSecurity = field(default_factory=NodeSecurity)
-    capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
-    runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
-    containerd_version: str = ""
+from sandlot.adapters.runtime import ContainerInfo
+from sandlot.agent.starts import NodeFacts, StartFailed, Starts, container_id_for
+from sandlot.agent.stops import Stops
+from sandlot.agent.teardown import TeardownResult
 
 
 class SandboxWork:
-    """This node's sandbox operations on ``rt``, the connected runtime."""
+    """This node's sandbox operations: the two halves of its work, built over one
+    runtime and one API (``starts`` over ``stops``, whose teardown it undoes with)."""
 
-    def __init__(
-        self,
-        settings: AgentSettings,
-        objects: Objects,
-        rt: Runtime,
-        networking: Networking,
-        status: StatusWriter,
-        metrics: AgentMetrics,
-        facts: NodeFacts,
-        touch_image: Callable[[str], None],
-        clock: Callable[[], datetime],
-        cancel: threading.Event | None = None,
-        image_gate: ImageGate | None = None,
-        log_writer: LogWriter | None = None,
-        sandboxes: Callable[[], list[dict[str, Any]]] = list,
-        environment: Environment | None = None,
-    ) -> None:
-        self.settings = settings
-        self.environment = environment or Environment(lambda: None)  # references wait
-        self.node = settings.node_name
-        self.objects = objects
-        self.rt = rt
-        self.networking = networking
-        self.status = status
-        self.metrics = metrics
-        self.facts = facts
-        self._touch_image = touch_image
-        self._clock = clock
-        self._cancel = cancel
-        self.rules = NamespaceRules(settings, objects)
-        self.network_policies = NetworkPolicies(settings, objects, metrics, sandboxes)
-        self.image_gate = image_gate
-        self.log_writer = log_writer
-        self.kill_wait = settings.kill_wait.total_seconds()
-        self.call_timeout = settings.call_timeout.total_seconds()
-        # The image a forked sandbox (spec.snapshotRef) starts from; None: not Ready here.
-        self.fork_image: Callable[[Mapping[str, Any]], str | None] = lambda _sb: None
-        # Running bodies not yet written, by key: (container id, status). Only the
-        # work item of that key touches its entry (one operation per key at a time).
-        self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
-        self.user_ranges = UserRanges()
-        self.write_caps = WriteCaps(rt, self.call_timeout)
-        self.runtime_classes = RuntimeClasses(
-            objects.get_runtime_class,
-            self.node,
-            facts.runtimes,
-            rediscover=partial(
-                discover,
-                settings.containerd_config,
-                settings.runtimes_dir,
-                quiet=True,
-                containerd_version=facts.containerd_version,
-            ),
-            publish=lambda found: objects.patch_node_status(
-                self.node, {"runtimeHandlers": [{"name": n} for n in found.names]}
-            ),
-        )
+    def __init__(self, starts: Starts, stops: Stops) -> None:
+        self.starts = starts
+        self.stops = stops
+        self.settings = stops.settings
+        self.node = stops.node
+        self.objects = stops.objects
+        self.rt = stops.rt
+        self.status = stops.status
+        self.metrics = stops.metrics
+        self.call_timeout = stops.call_timeout
+        self.facts = starts.facts
+        self.rules = starts.rules
+        self.network_policies = starts.network_policies
+        self.runtime_classes = starts.runtime_classes
 
-    # ------------------------------------------------------------ teardown and stop
+    @property
+    def fork_image(self) -> Callable[[Mapping[str, Any]], str | None]:
+        """The image a forked sandbox (``spec.snapshotRef``) starts from; None: not
+        Ready on this node."""
+        return self.starts.fork_image
 
-    def count_teardown(self, result: TeardownResult) -> None:
-        self.metrics.teardowns.labels(result.outcome.value).inc()
+    @fork_image.setter
+    def fork_image(self, find: Callable[[Mapping[str, Any]], str | None]) -> None:
+        self.starts.fork_image = find
 
-    def teardown(
-        self, container: ContainerInfo | str, *, release_patience: float = -1
-    ) -> TeardownResult:
-        return teardown(
-            self.rt,
-            container,
-            kill_wait=self.kill_wait,
-            call_timeout=self.call_timeout,
-            on_done=self.count_teardown,
-            release=partial(self.networking.release, patience=release_patience),
-        )
-
-    def _graceful_stop(self, container: ContainerInfo | str, grace: float) -> TeardownResult | None:
-        """The stop; None when the agent stopped during the grace (the next agent
-        finds the sandbox as it was and stops it again)."""
-        try:
-            return stop(
-                self.rt,
-                container,
-                stop_grace=grace,
-                kill_wait=self.kill_wait,
-                call_timeout=self.call_timeout,
-                on_done=self.count_teardown,
-                release=self.networking.release,
-                cancel=self._cancel,
-            )
-        except StopInterrupted:
-            log.info("container %s: agent stopping; its graceful stop is left", container)
-            return None
-
-    def _grace(self, sb: Mapping[str, Any]) -> float:
-        seconds = (sb.get("spec") or {}).get("terminationGracePeriodSeconds")
-        return float(seconds) if seconds is not None else self.settings.stop_grace.total_seconds()
-
-    def teardown_unstarted(self, key: str, container: ContainerInfo) -> None:
-        """Tear down the container of a sandbox the watch shows unstarted (a start that
-        failed half-way), once a fresh read agrees.
-
-        The watched view lags the agent's own writes by an event's trip: a start that
-        wrote Running just before this pass still looks Scheduled with a container,
-        and must not be torn down for it. Rare, so the read costs nothing when idle.
-        """
-        current = self.read_again(key, container)
-        if current is not None and phase_of(current) in UNSTARTED_PHASES:
-            pending = self._unrecorded.get(key)
-            same_sandbox = container.labels.get(SANDBOX_UID_LABEL) == current["metadata"]["uid"]
-            if pending is not None and pending[0] == container.id and same_sandbox:
-                self._write_running(current, container, pending[1])
-                return
-            self.teardown(container)
-        # Otherwise the watch is behind: its event wakes a pass that sees the truth.
-
-    def read_again(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
-        """The Sandbox now, before a destructive step planned on the watched view; None
-        when gone (``container`` then stopped as deleted) or unreadable (logged)."""
-        try:
-            return self.objects.get_sandbox(*split_key(key))
-        except Exception as exc:
-            if is_not_found(exc):
-                self.stop_deleted(key, container)
-            else:
-                log.warning("sandbox %s: cannot read it again before acting: %s", key, exc)
-            return None
-
-    def stop_deleted(self, key: str, container: ContainerInfo) -> None:
-        self._unrecorded.pop(key, None)
-        log.info("sandbox %s is gone: stopping container %s", key, container.id)
-        self._graceful_stop(container, self.settings.stop_grace.total_seconds())
-
-    def refuse_drained(self, sb: Mapping[str, Any], reason: str) -> None:
-        self.status.end(
-            sb,
-            SandboxPhase.STOPPED,
-            reason,
-            f"node {self.node} is drained",
-            allowed_from=UNSTARTED_PHASES,
-        )
-
-    def end_drained(self, sb: Mapping[str, Any], reason: str) -> None:
-        """End a suspended sandbox (no container) on this drained node."""
-        self.status.end(
-            sb,
-            SandboxPhase.STOPPED,
-            reason,
-            f"node {self.node} is drained (the sandbox was suspended there)",
-            allowed_from=frozenset({SandboxPhase.RUNNING}),
-        )
-
-    def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
-        key = key_of(sb)
-        log.info("sandbox %s: stopping container %s (%s)", key, container.id, reason)
-        result = self._graceful_stop(container, self._grace(sb))
-        if result is None:
-            return
-        code = result.exit_status.code if result.exit_status else None
-        try:
-            current = self.objects.get_sandbox(*split_key(key))
-        except Exception:
-            return  # deleted meanwhile: nothing to record
-        self.status.end(current, SandboxPhase.STOPPED, reason, f"stopped on node {self.node}", code)
-
-    def stop_ended(self, sb: Mapping[str, Any], container: ContainerInfo) -> None:
-        """A sandbox something else ended (its lifetime, a user) while its container
-        runs: SIGTERM and its grace, then the teardown; its status stays as written."""
-        log.info("sandbox %s has ended: stopping container %s", key_of(sb), container.id)
-        self._graceful_stop(container, self._grace(sb))
-
-    def end_lost(self, key: str) -> None:
-        ns, name = split_key(key)
-        try:
-            obj = self.objects.get_sandbox(ns, name)
-        except Exception as exc:
-            log.warning("sandbox %s: cannot read it to end it: %s", key, exc)
-            return
-        if recorded_suspended(obj):
-            return  # suspended meanwhile: its container was removed on purpose
-        log.warning("sandbox %s was Running here but its container is gone", key)
-        self.status.end(
-            obj,
-            SandboxPhase.STOPPED,
-            SandboxReason.CONTAINER_LOST,
-            f"container gone from node {self.node}",
-            allowed_from=frozenset({SandboxPhase.RUNNING}),
-        )
-
-    # ------------------------------------------------------------ start
+    # ------------------------------------------------------------ start (agent.starts)
 
     def start_sandbox(self, sb: Mapping[str, Any]) -> None:
-        image = str((sb.get("spec") or {}).get("image", ""))
-        forked = None
-        if (sb.get("spec") or {}).get("snapshotRef"):
-            forked = self.fork_image(sb)  # pinned by the collector while its snapshot lives
-            if forked is None:
-                return  # its snapshot is not Ready on this node yet: the next sync looks again
-        # Held from the image check to the container: the collector must not evict it.
-        with self.image_gate.pulls.hold(image) if self.image_gate else contextlib.nullcontext():
-            self._start(sb, forked)
-
-    def _start(self, sb: Mapping[str, Any], forked: str | None = None) -> None:
-        try:
-            prepared = self._prepare(sb, forked)
-            if prepared is None:
-                return  # level unknown, or the image on its way: the next sync goes on
-            # Before the container exists nothing else protects its image from the
-            # collector: the fresh last-used label makes it too young (minAge) to go.
-            self._touch_image(prepared.image)
-            created = self._create(prepared)
-            if created is None:
-                return  # a leftover of that name was torn down: the next sync starts it
-            self.write_caps.apply(prepared.container_id, prepared.labels)
-            ip = self._attach(prepared, created)
-            task = self._run(prepared, created)
-        except StartFailed as exc:
-            self.fail(sb, exc.reason, str(exc))
-            return
-        finally:  # created, or given up: a container label now holds the range, or none
-            self.user_ranges.release(container_id_for(sb["metadata"]["uid"]))
-        self._record_running(sb, prepared, created, task, ip)
-
-    def _record_running(
-        self,
-        sb: Mapping[str, Any],
-        prepared: _Prepared,
-        created: ContainerInfo,
-        task: TaskInfo,
-        ip: str,
-    ) -> None:
-        status = running(self.node, prepared.container_id, task.pid, ip, self._clock())
-        self._write_running(sb, created, status)
-
-    def _write_running(
-        self, sb: Mapping[str, Any], container: ContainerInfo, status: dict[str, Any]
-    ) -> None:
-        key = key_of(sb)
-        outcome = self.status.write(sb, status, allowed_from=UNSTARTED_PHASES)
-        if outcome is WriteOutcome.WRITTEN:
-            self._unrecorded.pop(key, None)
-            log.info("sandbox %s running: container %s pid %s", key, container.id, status["pid"])
-        elif outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED):
-            # The API server is busy or racing: the sandbox runs; a later pass writes it.
-            self._unrecorded[key] = (container.id, status)
-            log.info("sandbox %s: Running not written (%s): kept for a later pass", key, outcome)
-        else:
-            self._unrecorded.pop(key, None)
-            log.info("sandbox %s was %s while starting: tearing its container down", key, outcome)
-            self.teardown(container)
+        self.starts.start_sandbox(sb)
 
     def restart_from(
         self, sb: Mapping[str, Any], image: str
     ) -> tuple[ContainerInfo, dict[str, Any]] | None:
-        """A new container for Running ``sb`` from ``image`` (its committed filesystem),
-        started; its Running status fields to write. None: not now (the next pass
-        tries again); ``StartFailed``: refused."""
-        try:
-            prepared = self._prepare(sb, image)
-            if prepared is None:
-                return None
-            created = self._create(prepared)
-            if created is None:
-                return None
-            self.write_caps.apply(prepared.container_id, prepared.labels)
-            ip = self._attach(prepared, created)
-            task = self._run(prepared, created)
-        finally:
-            self.user_ranges.release(container_id_for(sb["metadata"]["uid"]))
-        return created, running(self.node, prepared.container_id, task.pid, ip, self._clock())
+        return self.starts.restart_from(sb, image)
 
-    def _prepare(self, sb: Mapping[str, Any], committed: str | None = None) -> _Prepared | None:
-        checked = self.rules.checked_spec(sb)
-        limited = self.rules.limited(sb, checked) if checked is not None else None
-        if limited is None:
-            return None
-        spec, pids = limited
-        at_node_address = not self.networking.enabled or spec.host_network
-        if at_node_address:
-            self.network_policies.check_node_ports(spec)
-        try:
-            _, handler = self.runtime_classes.resolve(sb.get("spec") or {})
-        except RuntimeClassRefused as exc:
-            raise StartFailed(exc.reason, str(exc)) from None
-        except Exception as exc:  # the API server did not answer: the next pass asks again
-            log.warning("sandbox %s: its RuntimeClass cannot be read: %s", key_of(sb), exc)
-            return None
-        if self.image_gate is not None:  # a committed image: only whose it is
-            try:
-                self.image_gate.check(sb, spec, committed)
-            except ImageNotReady:
-                return None
-            except PullRefused as exc:
-                raise StartFailed(exc.reason, str(exc)) from None
-        planned: PlannedPolicy | None = None
-        if not at_node_address and self.network_policies.enabled:  # with the image here
-            planned = self.network_policies.prepare(sb, spec)
-            if planned is None:
-                return None
-        meta = sb["metadata"]
-        ready, variables = self.environment.for_start(self.status, sb, spec)
-        if not ready:
-            return None  # held: CreateContainerConfigError, the next sync tries again
-        image = committed or str((sb.get("spec") or {}).get("image", ""))
-        container_id = container_id_for(meta["uid"])
-        config = self._image_config(image)
-        oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
-        oci = as_pod_sandbox(oci, handler)
-        attachment = self._plan_network(container_id, spec, oci, handler)
-        labels = {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: meta["uid"]}
-        labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity
-        if attachment is not None:
-            labels.update(attachment.labels())
-        if spec.host_users is False:  # a range of its own, reserved until _start ends
-            oci = self.user_ranges.map(
-                container_id, oci, labels, self.rt.list_containers, timeout=self.call_timeout
-            )
-        stem = log_stem(meta["namespace"], meta["name"], meta["uid"])
-        return _Prepared(container_id, image, oci, labels, stem, attachment, planned, handler)
-
-    def _image_config(self, image: str) -> ImageConfig:
-        """The image's config from the node's content store; a refusal fails the start."""
-        try:
-            return self.rt.image_config(image, timeout=self.call_timeout)
-        except NotFound as exc:
-            raise StartFailed(
-                SandboxReason.IMAGE_NOT_FOUND, f"image {image} is not on node {self.node}: {exc}"
-            ) from None
-        except ImageTooLarge as exc:
-            raise StartFailed(
-                SandboxReason.IMAGE_TOO_LARGE, f"image {image} refused: {exc}"
-            ) from None
-        except RuntimeError_ as exc:
-            raise StartFailed(
-                SandboxReason.IMAGE_UNAVAILABLE, f"image {image} cannot be read: {exc}"
-            ) from None
-
-    def _oci_spec(
-        self,
-        container_id: str,
-        hostname: str,
-        spec: SandboxSpec,
-        config: ImageConfig,
-        pids: int,
-        variables: list[str] | None,
-    ) -> dict[str, Any]:
-        """The OCI spec of the sandbox's container; what the node cannot honour fails it."""
-        privileged = bool(spec.security_context and spec.security_context.privileged)
-        try:
-            check_user_namespace(self.facts.security, spec.host_users)
-            profile = apparmor_profile(
-                self.facts.security, self.settings.apparmor_profile, privileged=privileged
-            )
-            return build_oci_spec(
-                container_id,
-                spec,
-                config,
-                hostname=hostname,
-                pids_limit=pids,
-                limit_swap=self.facts.limit_swap,
-                node_capabilities=self.facts.node_capabilities,
-                apparmor_profile=profile,
-                cgroup_parent=self.settings.cgroup_parent,
-                env=variables,
-            )
-        except RunAsRootRefused as exc:
-            raise StartFailed(SandboxReason.RUN_AS_ROOT, str(exc)) from None
-        except IsolationUnavailable as exc:
-            raise StartFailed(exc.reason, str(exc)) from None
-        except UnknownImageUser as exc:
-            raise StartFailed(SandboxReason.IMAGE_USER_NOT_FOUND, str(exc)) from None
-        except ValueError as exc:
-            raise StartFailed(SandboxReason.INVALID_SPEC, str(exc)) from None
-
-    def _plan_network(
-        self,
-        container_id: str,
-        spec: SandboxSpec,
-        oci: dict[str, Any],
-        handler: RuntimeHandler | None,
-    ) -> Attachment | None:
-        """CNI's namespace; without CNI, runc's own, or for a handler with no host
-        view (runsc, which leaves a fresh namespace's loopback down) the agent's,
-        with only its loopback up."""
-        if spec.host_network:
-            return None
-        if not self.networking.enabled:
-            if handler is None or host_view(handler.shim) or not self.networking.own_namespaces:
-                return None
-            attachment = self.networking.plan_loopback(container_id)
-            join_netns(oci, attachment.netns_path)
-            return attachment
-        try:
-            attachment = self.networking.plan(container_id)
-        except CniError as exc:
-            raise StartFailed(SandboxReason.NETWORK_SETUP_FAILED, str(exc)) from None
-        join_netns(oci, attachment.netns_path)
-        return attachment
-
-    def _create(self, prepared: _Prepared) -> ContainerInfo | None:
-        image, container_id = prepared.image, prepared.container_id
-        try:
-            return self.rt.create_container(
-                ContainerSpec(
-                    id=container_id,
-                    image=image,
-                    oci_spec=prepared.oci,
-                    labels=prepared.labels,
-                    handler=prepared.handler,
-                ),
-                # A user namespace's root filesystem is a copy of the image: a pull's budget.
-                timeout=self.settings.image_pull_deadline.total_seconds()
-                if USERNS_LABEL in prepared.labels
-                else self.call_timeout,
-            )
-        except NotFound as exc:
-            raise StartFailed(
-                SandboxReason.IMAGE_NOT_FOUND,
-                f"image {image} is not usable on node {self.node}: {exc}",
-            ) from None
-        except RuntimeError_ as exc:
-            if exc.code == "already_exists":
-                key = prepared.labels[SANDBOX_LABEL]
-                log.warning("sandbox %s: container %s exists: tearing it down", key, container_id)
-                self.teardown(container_id)
-                return None
-            raise StartFailed(
-                SandboxReason.CREATE_FAILED, f"cannot create a container from image {image}: {exc}"
-            ) from None
-
-    def _attach(self, prepared: _Prepared, created: ContainerInfo) -> str:
-        """The sandbox's address: its CNI one, attached with its network policy before
-        the task starts (the sandbox never runs without them), or the node's."""
-        if prepared.attachment is None:
-            return self.facts.address
-        try:
-            result = self.networking.attach(prepared.attachment, prepared.labels)
-        except CniError as exc:
-            # One DEL for what a partial chain made; plugins undo their own failed
-            # ADD, and a configuration that cannot ADD cannot DEL either.
-            self.teardown(created, release_patience=0)
-            raise StartFailed(SandboxReason.NETWORK_SETUP_FAILED, str(exc)) from None
-        if prepared.network_policy is not None:
-            try:
-                self.network_policies.install(
-                    prepared.labels[SANDBOX_LABEL],
-                    prepared.container_id,
-                    prepared.network_policy,
-                    prepared.attachment.netns_path,
-                    [ip.address for ip in result.ips],
-                )
-            except StartFailed:
-                self.teardown(created)
-                raise
-        return result.primary_ip(prepared.attachment.ifname) or self.facts.address
-
-    def _run(self, prepared: _Prepared, created: ContainerInfo) -> TaskInfo:
-        container_id = prepared.container_id
-        try:  # output read by the agent from the start: the log is capped as written
-            stdio = self.log_writer.attach(prepared.log_stem) if self.log_writer else ""
-            return self.rt.start_task(container_id, stdio=stdio, timeout=self.call_timeout)
-        except OSError as exc:
-            self.teardown(created)
-            message = f"cannot read the output of {container_id}: {exc}"
-            raise StartFailed(SandboxReason.START_FAILED, message) from None
-        except RuntimeError_ as exc:
-            self.teardown(created)
-            raise StartFailed(
-                SandboxReason.START_FAILED, f"container {container_id} did not start: {exc}"
-            ) from None
+    def teardown_unstarted(self, key: str, container: ContainerInfo) -> None:
+        self.starts.teardown_unstarted(key, container)
 
     def hold(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
-        """Keep ``sb`` Scheduled, saying why it is not started (written once)."""
-        current = sb.get("status") or {}
-        if (current.get("reason"), current.get("message")) == (reason, message):
-            return
-        body = {"phase": SandboxPhase.SCHEDULED.value, "reason": str(reason), "message": message}
-        self.status.write(sb, body, allowed_from=UNSTARTED_PHASES)
+        self.starts.hold(sb, reason, message)
 
     def fail(self, sb: Mapping[str, Any], reason: str, message: str) -> None:
-        log.warning("sandbox %s failed: %s: %s", key_of(sb), reason, message)
-        self.status.end(sb, SandboxPhase.FAILED, reason, message)
+        self.starts.fail(sb, reason, message)
+
+    # ------------------------------------------------------------ stop (agent.stops)
+
+    def teardown(
+        self, container: ContainerInfo | str, *, release_patience: float = -1
+    ) -> TeardownResult:
+        return self.stops.teardown(container, release_patience=release_patience)
+
+    def read_again(self, key: str, container: ContainerInfo) -> dict[str, Any] | None:
+        return self.stops.read_again(key, container)
+
+    def stop_deleted(self, key: str, container: ContainerInfo) -> None:
+        self.stops.stop_deleted(key, container)
+
+    def stop_sandbox(self, sb: Mapping[str, Any], container: ContainerInfo, reason: str) -> None:
+        self.stops.stop_sandbox(sb, container, reason)
+
+    def stop_ended(self, sb: Mapping[str, Any], container: ContainerInfo) -> None:
+        self.stops.stop_ended(sb, container)
+
+    def end_lost(self, key: str) -> None:
+        self.stops.end_lost(key)
+
+    def refuse_drained(self, sb: Mapping[str, Any], reason: str) -> None:
+        self.stops.refuse_drained(sb, reason)
+
+    def end_drained(self, sb: Mapping[str, Any], reason: str) -> None:
+        self.stops.end_drained(sb, reason)
 
 
 __all__ = ["NodeFacts", "SandboxWork", "StartFailed", "container_id_for"]
