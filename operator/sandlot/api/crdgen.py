@@ -216,7 +216,7 @@ def agent_sandbox_chart_template() -> str:
         '{{- $found := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $name }}\n'
         "{{- if $found }}\n"
         '{{- $owner := index ($found.metadata.annotations | default dict) "meta.helm.sh/release-name" }}\n'
-        "{{- if ne ($owner | default \"\") $.Release.Name }}\n"
+        '{{- if ne ($owner | default "") $.Release.Name }}\n'
         '{{- fail (printf "agentSandbox.enabled: CustomResourceDefinition %s exists and is not '
         "this release's (another owner, such as agent-sandbox's own controller, installed it); "
         'remove it first or leave agentSandbox.enabled false" $name) }}\n'
