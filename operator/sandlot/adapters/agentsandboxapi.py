@@ -23,7 +23,9 @@ from sandlot.api.agentsandbox import (
     TEMPLATES,
     WARM_POOLS,
 )
-from sandlot.api.common import CLAIMS, GROUP, POOLS, VERSION
+from sandlot.api.common import CLAIMS, GROUP, POOLS, SANDBOXES, VERSION
+from sandlot.api.keys import CLAIM_LABEL
+from sandlot.policy.agentsandbox import claim_env
 
 # (group, version, plural) of each kind this controller touches.
 Kind = tuple[str, str, str]
@@ -119,3 +121,27 @@ class AgentSandboxApi:
             if e.status in (404, 409):
                 return False
             raise
+
+
+def claim_env_of(api: Any, namespace: str, sandbox: str, timeout: float) -> dict[str, str]:
+    """The environment an agent-sandbox claim gives every command run in ``sandbox``
+    through it: its ``spec.env`` when the sandbox is bound to that claim (a sandlot
+    claim of the same name, whose status names the sandbox), else none."""
+    custom: Any = client.CustomObjectsApi(api)
+    try:
+        body = custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOXES, sandbox, _request_timeout=timeout
+        )
+        claim_name = ((body.get("metadata") or {}).get("labels") or {}).get(CLAIM_LABEL)
+        if not claim_name:
+            return {}
+        claim = custom.get_namespaced_custom_object(
+            *COMPAT_CLAIM[:2], namespace, COMPAT_CLAIM[2], claim_name, _request_timeout=timeout
+        )
+    except ApiException as e:
+        if e.status == 404:  # no such claim, or agent-sandbox's API not installed
+            return {}
+        raise
+    if ((claim.get("status") or {}).get("sandbox") or {}).get("name") != sandbox:
+        return {}
+    return claim_env(claim.get("spec") or {})
