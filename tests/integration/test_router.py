@@ -9,99 +9,19 @@ The fixtures are those of ``tests/support/streams.py``, with the gateway's route
 
 from __future__ import annotations
 
-import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import requests
-import yaml
 from kubernetes import client
 
 from sandlot.agent.main import Agent
-from sandlot.devtools.certs import StreamCerts
-from sandlot.devtools.gatewayrig import running_gateway
-from sandlot.devtools.streamnet import StreamAddress
-from sandlot.gateway.runner import GatewayParts
-from sandlot.policy.router import ROUTER_GROUP, api_url
-from tests.support.streams import running_sandbox
+from tests.support.router import Router, gateway, router_users
+from tests.support.streams import running_sandbox, sandlot
 from tests.support.wait import wait_for
 
+__all__ = ["gateway", "router_users"]  # fixtures
+
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-
-ROUTER_RULES = [
-    {
-        "apiGroups": [ROUTER_GROUP],
-        "resources": [
-            f"routers/{op}" for op in ("execute", "upload", "download", "list", "exists")
-        ],
-        "verbs": ["get", "create"],
-    }
-]
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    kube: client.ApiClient,
-    places: tuple[str, str],
-    stream_address: StreamAddress,
-    stream_certs: StreamCerts,
-) -> Iterator[GatewayParts]:
-    system, _ = places
-    with running_gateway(
-        kube,
-        stream_certs,
-        system,
-        stream_address.ip,
-        call_timeout="30s",
-        router=True,
-        router_port=0,
-    ) as parts:
-        yield parts
-
-
-class Router:
-    """agent-sandbox's client's requests, as one user, through the API server."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, sandbox: str) -> None:
-        config = yaml.safe_load(kubeconfig.read_text())
-        cluster = config["clusters"][0]["cluster"]
-        self.url = api_url(cluster["server"], namespace)
-        self.session = requests.Session()
-        self.session.trust_env = False  # REQUESTS_CA_BUNDLE would win over verify
-        self.session.verify = cluster["certificate-authority"]
-        self.session.headers.update(
-            {
-                "Authorization": f"Bearer {config['users'][0]['user']['token']}",
-                "X-Sandbox-ID": sandbox,
-                "X-Sandbox-Namespace": namespace,
-                "X-Sandbox-Port": "8888",
-            }
-        )
-
-    def execute(self, command: str, **more: Any) -> requests.Response:
-        body = {"command": command, **more}
-        return self.session.post(f"{self.url}/execute", json=body, timeout=60)
-
-    def get(self, op: str, path: str) -> requests.Response:
-        quoted = urllib.parse.quote(path, safe="")
-        return self.session.get(f"{self.url}/{op}/{quoted}", timeout=60, allow_redirects=False)
-
-    def upload(self, name: str, data: bytes) -> requests.Response:
-        return self.session.post(f"{self.url}/upload", files={"file": (name, data)}, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def router_users(
-    kube: client.ApiClient, places: tuple[str, str], users: dict[str, Path]
-) -> dict[str, Path]:
-    from tests.support.streams import _grant
-
-    _, tenant = places
-    for user in ("operator-person", "onlooker"):
-        _grant(kube, tenant, f"{user}-router", ROUTER_RULES, (tenant, user))
-    return users
 
 
 def test_commands_and_files_through_the_router_on_the_users_own_credentials(
@@ -113,6 +33,8 @@ def test_commands_and_files_through_the_router_on_the_users_own_credentials(
     _, tenant = places
     running_sandbox(kube, agent, tenant, "routed", "sleep 1000")
     router = Router(router_users["operator-person"], tenant, "routed")
+    printed = sandlot("router-url", "-n", tenant, kubeconfig=router_users["operator-person"])
+    assert printed.stdout.strip() == router.url, printed.stderr
 
     answer = router.execute("echo out; echo err >&2; exit 3")
     assert answer.status_code == 200, answer.text
