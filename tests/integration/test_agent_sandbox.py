@@ -97,19 +97,23 @@ def test_a_claim_on_a_warm_pool_is_bound_to_a_warm_sandlot_member_and_goes_with_
     assert member["spec"]["command"] == SLEEPER
     assert member["spec"]["resources"]["limits"]["memory"] == "64Mi"
     wait_for(
-        lambda: (_get(cluster, EXT, "sandboxwarmpools", "python-pool") or {})
-        .get("status", {})
-        .get("readyReplicas")
-        == 2,
+        lambda: (
+            (_get(cluster, EXT, "sandboxwarmpools", "python-pool") or {})
+            .get("status", {})
+            .get("readyReplicas")
+            == 2
+        ),
         timeout=20,
         what="the warm pool to count 2 ready",
     )
 
     _claim(cluster, "sandbox-claim-0a1b2c3d", "python-pool")
     claim = wait_for(
-        lambda: (c := _get(cluster, EXT, "sandboxclaims", "sandbox-claim-0a1b2c3d"))
-        and _ready(c).get("status") == "True"
-        and c,
+        lambda: (
+            (c := _get(cluster, EXT, "sandboxclaims", "sandbox-claim-0a1b2c3d"))
+            and _ready(c).get("status") == "True"
+            and c
+        ),
         timeout=20,
         what="the claim to be Ready",
     )
@@ -129,14 +133,17 @@ def test_a_claim_on_a_warm_pool_is_bound_to_a_warm_sandlot_member_and_goes_with_
         *EXT, cluster.namespace, "sandboxclaims", "sandbox-claim-0a1b2c3d"
     )
     wait_for(
-        lambda: _get(cluster, (GROUP, VERSION), "sandboxes", name) is None
-        and _get(cluster, AGENTS, "sandboxes", name) is None
-        and _get(cluster, (GROUP, VERSION), "sandboxclaims", "sandbox-claim-0a1b2c3d") is None,
+        lambda: (
+            _get(cluster, (GROUP, VERSION), "sandboxes", name) is None
+            and _get(cluster, AGENTS, "sandboxes", name) is None
+            and _get(cluster, (GROUP, VERSION), "sandboxclaims", "sandbox-claim-0a1b2c3d") is None
+        ),
         timeout=30,
         what=f"sandbox {name}, its mirror and its sandlot claim to go with the claim",
     )
 
-    scale = client.CustomObjectsApi(cluster.kube).patch_namespaced_custom_object_scale(
+    objs: Any = client.CustomObjectsApi(cluster.kube)
+    scale = objs.patch_namespaced_custom_object_scale(
         *EXT, cluster.namespace, "sandboxwarmpools", "python-pool", {"spec": {"replicas": 3}}
     )
     assert scale["spec"]["replicas"] == 3

@@ -140,12 +140,13 @@ def test_their_client_unmodified_runs_on_sandlot(
     places: tuple[str, str],
     router_users: dict[str, Path],
 ) -> None:
-    from k8s_agent_sandbox import SandboxClient, SandboxWarmPoolNotFoundError
+    from k8s_agent_sandbox.exceptions import SandboxWarmPoolNotFoundError
+    from k8s_agent_sandbox.sandbox_client import SandboxClient
 
     _, tenant = places
     config, kubeconfig = _config(router_users["operator-person"], tenant)
     user_api = load_api_client(kubeconfig)
-    sandboxes = SandboxClient(connection_config=config, api_client=user_api)
+    sandboxes: Any = SandboxClient(connection_config=config, api_client=user_api)
 
     sandbox = sandboxes.create_sandbox("python-pool", namespace=tenant, sandbox_ready_timeout=60)
     assert sandbox.claim_name.startswith("sandbox-claim-")
@@ -190,12 +191,13 @@ def test_claim_env_reaches_every_command_and_the_async_client_works(
     places: tuple[str, str],
     router_users: dict[str, Path],
 ) -> None:
-    from k8s_agent_sandbox import AsyncSandboxClient, SandboxClient
+    from k8s_agent_sandbox.async_sandbox_client import AsyncSandboxClient
+    from k8s_agent_sandbox.sandbox_client import SandboxClient
     from kubernetes_asyncio import config as async_config
 
     _, tenant = places
     config, kubeconfig = _config(router_users["operator-person"], tenant)
-    sandboxes = SandboxClient(connection_config=config, api_client=load_api_client(kubeconfig))
+    sandboxes: Any = SandboxClient(connection_config=config, api_client=load_api_client(kubeconfig))
     sandbox = sandboxes.create_sandbox(
         "python-pool", namespace=tenant, sandbox_ready_timeout=60, env={"GREETING": "warm"}
     )
@@ -206,12 +208,13 @@ def test_claim_env_reaches_every_command_and_the_async_client_works(
 
     async def main() -> str:
         api = await async_config.new_client_from_config(config_file=kubeconfig)
+        aclient: Any
         async with AsyncSandboxClient(connection_config=config, api_client=api) as aclient:
             sb = await aclient.create_sandbox(
                 "python-pool", namespace=tenant, sandbox_ready_timeout=60
             )
             out = (await sb.commands.run("echo async")).stdout
             await sb.terminate()
-            return out
+            return str(out)
 
     assert asyncio.run(main()) == "async\n"
