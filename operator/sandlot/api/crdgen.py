@@ -226,5 +226,7 @@ def agent_sandbox_chart_template() -> str:
     for kind in AGENT_SANDBOX_KINDS:
         crd = crd_for(kind)
         crd["metadata"]["labels"] = {"app.kubernetes.io/part-of": "sandlot"}
+        # Kept by `helm uninstall`, as sandlot's own CRDs are: their objects are users'.
+        crd["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
         docs.append("---\n" + yaml.safe_dump(crd, sort_keys=False, width=100))
     return "# " + HEADER[2:] + guard + "".join(docs) + "{{- end }}\n"
