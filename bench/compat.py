@@ -37,6 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kubernetes.client.exceptions import ApiException
+
 from bench.claims import load_average, pct
 from bench.nodehealth import Bench
 from bench.streams import real_node
@@ -71,7 +73,14 @@ def _objects(bench: Bench, members: int) -> None:
 
 
 def _warm(bench: Bench, members: int) -> bool:
-    pool = bench.objs.get_namespaced_custom_object(GROUP, VERSION, bench.ns, "sandboxpools", POOL)
+    try:
+        pool = bench.objs.get_namespaced_custom_object(
+            GROUP, VERSION, bench.ns, "sandboxpools", POOL
+        )
+    except ApiException as e:
+        if e.status == 404:  # the operator has not made it yet
+            return False
+        raise
     status = pool.get("status") or {}
     return bool(status.get("readyReplicas") == members and status.get("pending") == 0)
 
