@@ -116,9 +116,12 @@ def measure(bench: Bench, work: Path, args: argparse.Namespace) -> list[dict[str
 
     apply_crds(bench.api, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
     capacity = args.members + args.claims + 10
+    # The node's loopback, its address reported: a host's own CNI configuration is
+    # no part of what is measured.
+    agent = {"capacity": capacity, "network_mode": "host-address"}
     gateway = {"router": True, "router_port": 0, "max_sessions_per_user": 64}
     with (
-        real_node(bench, work, NODE, IMAGE, agent={"capacity": capacity}, gateway=gateway),
+        real_node(bench, work, NODE, IMAGE, agent=agent, gateway=gateway),
         contextlib.ExitStack() as stack,
     ):
         op = bench.operator("--agent-sandbox", "--resync-interval", "5s")
