@@ -58,7 +58,13 @@ TARGET_MS = 100.0
 
 
 def _objects(bench: Bench, members: int) -> None:
-    container = {"name": "main", "image": IMAGE, "command": ["sleep", "100000"]}
+    container = {
+        "name": "main",
+        "image": IMAGE,
+        "command": ["sleep", "100000"],
+        # A sleeping busybox: small limits, so a hundred fit the one node.
+        "resources": {"limits": {"memory": "16Mi", "cpu": "50m"}},
+    }
     bench.objs.create_namespaced_custom_object(*EXT, bench.ns, "sandboxtemplates", {
         "apiVersion": "/".join(EXT), "kind": "SandboxTemplate", "metadata": {"name": TEMPLATE},
         "spec": {"podTemplate": {"spec": {
