@@ -80,6 +80,8 @@ def _ready(body: dict[str, Any] | None) -> dict[str, Any]:
 @pytest.fixture
 def compat(cluster: Cluster, operators: Start) -> Cluster:
     apply_crds(cluster.kube, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
+    # Not about networking: the node's loopback, whatever CNI configuration the host has.
+    cluster.agent_overrides["network_mode"] = "host-address"
     cluster.add_node("a", capacity=10)
     op = operators(*OPERATOR_FLAGS, "--agent-sandbox")
     wait_for(op.is_leader, timeout=30, what="the operator to lead")

@@ -23,12 +23,12 @@ from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.crdgen import crd_for
 from sandlot.policy.router import api_url
-from tests.support.router import gateway, router_users, user_of
+from tests.support.router import agent, gateway, router_users, user_of
 from tests.support.streams import IMAGE
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
-__all__ = ["gateway", "router_users"]  # fixtures
+__all__ = ["agent", "gateway", "router_users"]  # fixtures
 
 agent_sandbox = pytest.importorskip(
     "k8s_agent_sandbox", reason="k8s-agent-sandbox (the dev lock's) is not installed"
@@ -208,13 +208,16 @@ def test_claim_env_reaches_every_command_and_the_async_client_works(
 
     async def main() -> str:
         api = await async_config.new_client_from_config(config_file=kubeconfig)
-        aclient: Any
-        async with AsyncSandboxClient(connection_config=config, api_client=api) as aclient:
-            sb = await aclient.create_sandbox(
-                "python-pool", namespace=tenant, sandbox_ready_timeout=60
-            )
-            out = (await sb.commands.run("echo async")).stdout
-            await sb.terminate()
-            return str(out)
+        try:
+            aclient: Any
+            async with AsyncSandboxClient(connection_config=config, api_client=api) as aclient:
+                sb = await aclient.create_sandbox(
+                    "python-pool", namespace=tenant, sandbox_ready_timeout=60
+                )
+                out = (await sb.commands.run("echo async")).stdout
+                await sb.terminate()
+                return str(out)
+        finally:
+            await api.close()
 
     assert asyncio.run(main()) == "async\n"

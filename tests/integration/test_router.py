@@ -15,11 +15,11 @@ import pytest
 from kubernetes import client
 
 from sandlot.agent.main import Agent
-from tests.support.router import Router, gateway, router_users
+from tests.support.router import Router, agent, gateway, router_users
 from tests.support.streams import running_sandbox, sandlot
 from tests.support.wait import wait_for
 
-__all__ = ["gateway", "router_users"]  # fixtures
+__all__ = ["agent", "gateway", "router_users"]  # fixtures
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 

@@ -3,8 +3,10 @@
 subresources as the chart's edit role grants them, and ``Router``: the requests
 agent-sandbox's client sends, as one user, through the API server.
 
-Fixtures, imported by name into a test module: ``gateway`` (module; it replaces the
-streams' own), ``router_users`` (module)."""
+Fixtures, imported by name into a test module: ``gateway`` and ``agent`` (module;
+they replace the streams' own: the agent's sandboxes on the node's loopback, whatever
+CNI configuration the host has, since no test here is about networking),
+``router_users`` (module)."""
 
 from __future__ import annotations
 
@@ -18,12 +20,13 @@ import requests
 import yaml
 from kubernetes import client
 
+from sandlot.agent.main import Agent
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.gatewayrig import running_gateway
 from sandlot.devtools.streamnet import StreamAddress
 from sandlot.gateway.runner import GatewayParts
 from sandlot.policy.router import ROUTER_GROUP, api_url
-from tests.support.streams import _grant
+from tests.support.streams import StartStreamAgent, _grant
 
 ROUTER_RULES = [
     {
@@ -75,6 +78,11 @@ def user_of(kubeconfig: Path) -> tuple[str, str, str]:
     config = yaml.safe_load(kubeconfig.read_text())
     cluster = config["clusters"][0]["cluster"]
     return cluster["server"], cluster["certificate-authority"], config["users"][0]["user"]["token"]
+
+
+@pytest.fixture(scope="module")
+def agent(start_stream_agent: StartStreamAgent) -> Agent:
+    return start_stream_agent("router", handshake_timeout=30.0, network_mode="host-address")
 
 
 class Router:

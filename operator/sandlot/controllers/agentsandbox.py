@@ -130,6 +130,7 @@ class AgentSandboxController:
         self.sandlot_claims: dict[str, dict[str, Any]] = {}
         self._released_pools: dict[str, Released] = {}
         self._released_claims: dict[str, Released] = {}
+        self._mirrors: dict[str, dict[str, Any]] = {}  # as last written here
 
         def queue(name: str, reconcile: Callable[[str], Any]) -> WorkQueue:
             return WorkQueue(
@@ -416,6 +417,7 @@ class AgentSandboxController:
             )
             log.info("agent-sandbox claim %s deleted: deleted its sandlot claim", key)
         if released.sandbox:
+            self._mirrors.pop(join_key(namespace, released.sandbox), None)
             mirror = await self._call(self.api.get, MIRROR, namespace, released.sandbox)
             if mirror is not None and owned_by(mirror, released.uid):
                 await self._call(
@@ -423,28 +425,29 @@ class AgentSandboxController:
                 )
 
     async def _mirror(self, claim: Mapping[str, Any], view: ClaimView) -> None:
-        """The agents.x-k8s.io Sandbox the client reads: created once, its status kept."""
+        """The agents.x-k8s.io Sandbox the client reads: created once, its status kept.
+        What this controller last wrote of it is remembered, so a claim's path to Ready
+        costs no read of it."""
         meta = claim["metadata"]
         namespace = meta["namespace"]
-        mirror = await self._call(self.api.get, MIRROR, namespace, view.sandbox)
+        key = join_key(namespace, view.sandbox)
+        mirror = self._mirrors.get(key)
         if mirror is None:
             extra = (claim.get("spec") or {}).get("additionalPodMetadata") or {}
-            mirror = await self._call(
-                self.api.create,
-                MIRROR,
-                namespace,
-                {
-                    "apiVersion": AGENTS_API_VERSION,
-                    "kind": "Sandbox",
-                    "metadata": {
-                        "name": view.sandbox,
-                        "labels": dict(extra.get("labels") or {}),
-                        "annotations": dict(extra.get("annotations") or {}),
-                        "ownerReferences": [_owner(EXTENSIONS_API_VERSION, "SandboxClaim", claim)],
-                    },
-                    "spec": {"replicas": 1},
+            body = {
+                "apiVersion": AGENTS_API_VERSION,
+                "kind": "Sandbox",
+                "metadata": {
+                    "name": view.sandbox,
+                    "labels": dict(extra.get("labels") or {}),
+                    "annotations": dict(extra.get("annotations") or {}),
+                    "ownerReferences": [_owner(EXTENSIONS_API_VERSION, "SandboxClaim", claim)],
                 },
-            )
+                "spec": {"replicas": 1},
+            }
+            mirror = await self._call(self.api.create, MIRROR, namespace, body)
+            if mirror is None:  # there already (made before a restart, or someone's)
+                mirror = await self._call(self.api.get, MIRROR, namespace, view.sandbox)
             if mirror is None:
                 return
         if not owned_by(mirror, meta["uid"]):
@@ -453,7 +456,7 @@ class AgentSandboxController:
         conditions = set_condition(
             parse_conditions(current.get("conditions")), self._ready(view), self.clock()
         )
-        rec = self.cache.get(join_key(namespace, view.sandbox))
+        rec = self.cache.get(key)
         wanted = {
             "conditions": wire_conditions(conditions),
             "podIPs": list(view.pod_ips),
@@ -461,7 +464,11 @@ class AgentSandboxController:
             "nodeName": rec.node if rec is not None else None,
         }
         if differs(current, wanted):
-            await self._call(self.api.patch_status, MIRROR, namespace, view.sandbox, wanted)
+            written = await self._call(
+                self.api.patch_status, MIRROR, namespace, view.sandbox, wanted
+            )
+            mirror = written if written is not None else mirror
+        self._mirrors[key] = mirror
 
     @staticmethod
     def _ready(view: ClaimView) -> Condition:
