@@ -1,5 +1,6 @@
 """The stream gateway's own bounds, played by the wrong party over real TLS: a
-tenant's many ServiceAccounts against the namespace cap, a silent relay against
+tenant's many ServiceAccounts against the namespace cap, a group's many users
+against the group cap, a silent relay against
 the idle timeout, a rotated-out front-proxy CA against the handshake. The rig is
 test_stream_handshakes.py's: the gateway and an agent ``StreamServer`` with their
 real certificates, the cluster's answers given as ``Backends``."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,14 +75,19 @@ class Rig:
         return ctx
 
     def follow(
-        self, gateway: Gateway, user: str, ctx: ssl.SSLContext | None = None
+        self,
+        gateway: Gateway,
+        user: str,
+        ctx: ssl.SSLContext | None = None,
+        groups: tuple[str, ...] = (),
     ) -> ClientConnection:
-        """A `logs -f` as the API server's front proxy would open it for ``user``."""
+        """A `logs -f` as the API server's front proxy would open it for ``user`` (in
+        ``groups``)."""
         return connect(
             f"wss://127.0.0.1:{gateway.port}{FOLLOW}",
             ssl=ctx or self.front_proxy(),
             server_hostname="sandlot-gateway.sandlot-system.svc",
-            additional_headers={"X-Remote-User": user},
+            additional_headers=[("X-Remote-User", user), *(("X-Remote-Group", g) for g in groups)],
             subprotocols=[Subprotocol("v5.channel.k8s.io")],
             open_timeout=20,
             proxy=None,
@@ -114,11 +120,23 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         agent.shutdown()
 
 
-def refusal(rig: Rig, gateway: Gateway, user: str) -> tuple[int, str]:
+def refusal(rig: Rig, gateway: Gateway, user: str, groups: tuple[str, ...] = ()) -> tuple[int, str]:
     with pytest.raises(InvalidStatus) as refused:
-        rig.follow(gateway, user).close()
+        rig.follow(gateway, user, groups=groups).close()
     response = refused.value.response
     return response.status_code, response.body.decode(errors="replace")
+
+
+def once_freed(follow: Callable[[], ClientConnection]) -> ClientConnection:
+    """``follow`` once the cap that refused it (429) has a place again, within 10 s."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return follow()
+        except InvalidStatus as e:
+            assert e.response.status_code == 429, e.response.body
+            assert time.monotonic() < deadline, "the ended stream's place was never freed"
+            time.sleep(0.05)
 
 
 def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) -> None:
@@ -136,15 +154,30 @@ def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) ->
         held.append(rig.follow(gateway, "system:serviceaccount:team-b:ci"))
         held.append(rig.follow(gateway, "alice"))
         held.pop(0).close()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                held.append(rig.follow(gateway, "system:serviceaccount:team-a:third"))
-                break
-            except InvalidStatus as e:
-                assert e.response.status_code == 429, e.response.body
-                assert time.monotonic() < deadline, "the ended stream's place was never freed"
-                time.sleep(0.05)
+        held.append(once_freed(lambda: rig.follow(gateway, "system:serviceaccount:team-a:third")))
+    finally:
+        for one in held:
+            one.close()
+        gateway.shutdown()
+
+
+def test_a_groups_many_users_share_its_cap(rig: Rig) -> None:
+    """An identity provider mints users at will: three of group team-a, under a
+    per-user cap of 2 each, get only the group's 2 streams; a user of another group
+    (everyone shares system:authenticated) is not held off, and an ended stream
+    frees its group's place."""
+    gateway = rig.gateway(Sessions(8, 2, 8, 2))
+    team_a = ("system:authenticated", "team-a")
+    held: list[ClientConnection] = []
+    try:
+        held.append(rig.follow(gateway, "oidc:ann", groups=team_a))
+        held.append(rig.follow(gateway, "oidc:ben", groups=team_a))
+        status, body = refusal(rig, gateway, "oidc:cat", team_a)
+        assert status == 429, body
+        assert 'group "team-a"' in body and "max_sessions_per_group" in body, body
+        held.append(rig.follow(gateway, "oidc:dan", groups=("system:authenticated", "team-b")))
+        held.pop(0).close()
+        held.append(once_freed(lambda: rig.follow(gateway, "oidc:cat", groups=team_a)))
     finally:
         for one in held:
             one.close()

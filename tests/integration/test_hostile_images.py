@@ -15,6 +15,7 @@ a socket and stops each at its cap.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import subprocess
 import tracemalloc
 import uuid
@@ -214,3 +215,84 @@ def test_the_agent_fails_a_hostile_registrys_sandbox_as_too_large_naming_the_cap
     assert status["phase"] == "Failed", status
     assert status["reason"] == SandboxReason.IMAGE_TOO_LARGE, status
     assert f"more than {mib(MAX_MANIFEST_BYTES)}, the cap" in status["message"], status
+
+
+LAYER_CAP = 64 * 2**20
+
+
+def _ctr_lines(containerd: PrivateContainerd, ns: str, *args: str) -> list[str]:
+    argv = [containerd.ctr, "--address", containerd.address, "--namespace", ns, *args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, f"{' '.join(args)} failed: {done.stderr}"
+    return done.stdout.splitlines()[1:]  # past the header line
+
+
+def _pull_bomb(containerd: PrivateContainerd, ns: str, registry: str) -> RegistryError:
+    name = f"{registry}/{hostile.BOMB_REPOSITORY}:1"
+    puller = ContainerdPuller(
+        containerd.address,
+        ns,
+        transfer=False,
+        access=LOOPBACK_ACCESS,
+        max_unpacked_layer=LAYER_CAP,
+    )
+    endpoints = [Endpoint(f"http://{registry}")]
+    try:
+        with pytest.raises(RegistryError) as refused:
+            puller.pull(name, parse_reference(name), endpoints, None, deadline=120, labels={})
+    finally:
+        puller.close()
+    return refused.value
+
+
+def test_a_layer_unpacking_past_its_cap_is_refused_as_it_arrives_and_nothing_lands(
+    containerd: PrivateContainerd, hostile_registry: str
+) -> None:
+    _, _, layer = hostile.bomb_image()
+    layer_digest = "sha256:" + hashlib.sha256(layer).hexdigest()
+    with agents.containerd_namespace(containerd, "unpacked") as ns:
+        refused = _pull_bomb(containerd, ns, hostile_registry)
+        assert refused.kind is FailureKind.TOO_LARGE, refused
+        assert f"layer {layer_digest} unpacks to more than {mib(LAYER_CAP)}" in str(refused)
+        assert "the cap on a layer (image_max_unpacked_layer)" in str(refused)
+        # Refused before its commit: the layer is not in the content store, and
+        # nothing was unpacked or named.
+        content = _ctr_lines(containerd, ns, "content", "ls")
+        assert not any(line.startswith(layer_digest) for line in content), content
+        assert _ctr_lines(containerd, ns, "snapshots", "ls") == []
+        assert _ctr_lines(containerd, ns, "images", "ls") == []
+
+
+def test_a_layer_already_on_the_node_is_counted_before_it_is_applied(
+    containerd: PrivateContainerd, ctr_ns: str, hostile_registry: str
+) -> None:
+    # ctr_ns holds the bomb's blobs (imported, never unpacked): the pull fetches
+    # nothing and must count the stored layer before applying it.
+    snapshots = _ctr_lines(containerd, ctr_ns, "snapshots", "ls")
+    refused = _pull_bomb(containerd, ctr_ns, hostile_registry)
+    assert refused.kind is FailureKind.TOO_LARGE, refused
+    assert f"unpacks to more than {mib(LAYER_CAP)}, the cap on a layer" in str(refused)
+    assert _ctr_lines(containerd, ctr_ns, "snapshots", "ls") == snapshots
+
+
+def test_the_agent_fails_a_sandbox_whose_image_unpacks_past_the_cap(
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    hostile_registry: str,
+    tmp_path: Path,
+) -> None:
+    node = f"node-{uuid.uuid4().hex[:8]}"
+    with contextlib.ExitStack() as stack:
+        stack.callback(agents.delete_node, kube, node)
+        ns = stack.enter_context(agents.containerd_namespace(containerd, "unpacked"))
+        fleet = stack.enter_context(agents.agent_fleet(containerd, ns, tmp_path / "logs"))
+        fleet.start(kube, namespace, node, call_timeout="10s", image_max_unpacked_layer="64Mi")
+        image = f"{hostile_registry}/{hostile.BOMB_REPOSITORY}:1"
+        agents.schedule_sandbox(kube, namespace, "unpacked", node, {"image": image})
+        status = _decided(kube, namespace, "unpacked")
+        snapshots = _ctr_lines(containerd, ns, "snapshots", "ls")
+    assert status["phase"] == "Failed", status
+    assert status["reason"] == SandboxReason.IMAGE_TOO_LARGE, status
+    assert "unpacks to more than 64 MiB, the cap on a layer" in status["message"], status
+    assert snapshots == [], snapshots

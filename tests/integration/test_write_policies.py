@@ -229,6 +229,35 @@ def test_agent_creates_only_its_own_sandboxnode(nodes: Nodes) -> None:
     _node(nodes.agent, nodes.a)
 
 
+def test_agent_creates_its_sandboxnode_without_labels(nodes: Nodes) -> None:
+    # A node labelling itself to match other tenants' nodeSelector (gpu=true) would
+    # draw their sandboxes, secrets and private images.
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "SandboxNode",
+        "metadata": {"name": nodes.a, "labels": {"gpu": "true"}},
+    }
+    message = _refused(
+        lambda: nodes.agent.create_cluster_custom_object(GROUP, VERSION, "sandboxnodes", body),
+        "agent-bare-sandboxnode",
+    )
+    assert "asked for gpu" in message, message
+    _node(nodes.agent, nodes.a)
+    # Labels are the admins': theirs stand, and no status write of the agent moves them.
+    nodes.admin.patch_cluster_custom_object(
+        GROUP, VERSION, "sandboxnodes", nodes.a, {"metadata": {"labels": {"pool": "cpu"}}}
+    )
+    nodes.agent.patch_cluster_custom_object_status(
+        GROUP,
+        VERSION,
+        "sandboxnodes",
+        nodes.a,
+        {"metadata": {"labels": {"gpu": "true"}}, "status": {"address": "10.1.2.3"}},
+    )
+    got = nodes.admin.get_cluster_custom_object(GROUP, VERSION, "sandboxnodes", nodes.a)
+    assert got["metadata"]["labels"] == {"pool": "cpu"}, got["metadata"]
+
+
 def test_agent_writes_only_its_own_sandboxnode_status(nodes: Nodes) -> None:
     _node(nodes.admin, nodes.a)
     _node(nodes.admin, nodes.b)

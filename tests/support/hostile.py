@@ -6,12 +6,14 @@ means reading past the zeros.
 
 A hostile registry is a server of its own (a real registry refuses to store what it
 sends): a 100 MiB manifest, a config its manifest says is 1 GiB, and one that says
-1000 bytes and then sends 1 GiB.
+1000 bytes and then sends 1 GiB. It also serves the bomb image as it is
+(``BOMB_REPOSITORY``), whose layer unpacks to 2 GiB.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gzip
 import hashlib
 import http.server
@@ -94,13 +96,13 @@ def _descriptor(media_type: str, data: bytes) -> dict[str, Any]:
     return {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
 
 
-def bomb_archive(dest: Path, name: str) -> Path:
-    """An OCI archive of the bomb image named ``name``."""
+@functools.cache
+def bomb_image() -> tuple[bytes, bytes, bytes]:
+    """The bomb image's manifest, config and layer (built once per process)."""
     layer, diff_id = _bomb_layer()
-    plat = host_platform()
     config = json.dumps(
         {
-            **plat,
+            **host_platform(),
             "config": {"User": "nobody", "Cmd": ["/bin/sh"]},
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         }
@@ -113,6 +115,12 @@ def bomb_archive(dest: Path, name: str) -> Path:
             "layers": [_descriptor(MEDIA_LAYER_GZIP, layer)],
         }
     ).encode()
+    return manifest, config, layer
+
+
+def bomb_archive(dest: Path, name: str) -> Path:
+    """An OCI archive of the bomb image named ``name``."""
+    manifest, config, layer = bomb_image()
     index = json.dumps(
         {
             "schemaVersion": 2,
@@ -120,7 +128,7 @@ def bomb_archive(dest: Path, name: str) -> Path:
             "manifests": [
                 {
                     **_descriptor(MEDIA_MANIFEST, manifest),
-                    "platform": plat,
+                    "platform": host_platform(),
                     "annotations": {ANNOTATION_IMAGE_NAME: name, ANNOTATION_REF_NAME: "test"},
                 }
             ],
@@ -150,6 +158,9 @@ def _manifest(config_size: int) -> bytes:
     ).encode()
 
 
+BOMB_REPOSITORY = "gzip-bomb"
+"""The bomb image, served as it is: a registry holds it as any other image."""
+
 # Each repository is one way of lying: (manifest bytes or a size of junk to send, the
 # config's size in the manifest, bytes of config actually sent).
 HOSTILE: dict[str, tuple[bytes | int, int, int]] = {
@@ -175,8 +186,25 @@ class _Hostile(http.server.BaseHTTPRequestHandler):
             for _ in range(size // len(chunk)):
                 self.wfile.write(chunk)
 
+    def _send(self, data: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        with contextlib.suppress(OSError):  # the client hangs up at its cap
+            self.wfile.write(data)
+
     def do_GET(self) -> None:
         parts = self.path.split("/")  # /v2/<repo>/{manifests,blobs}/<ref>
+        if len(parts) == 5 and parts[2] == BOMB_REPOSITORY:
+            bomb_manifest, config, layer = bomb_image()
+            blobs = {_digest(b): b for b in (config, layer)}
+            if parts[3] == "manifests":
+                self._send(bomb_manifest, MEDIA_MANIFEST)
+                return
+            if parts[3] == "blobs" and parts[4] in blobs:
+                self._send(blobs[parts[4]], "application/octet-stream")
+                return
         if len(parts) != 5 or parts[2] not in HOSTILE:
             self.send_response(404)
             self.send_header("Content-Length", "0")

@@ -8,6 +8,7 @@ import pytest
 from sandlot.policy.sessioncaps import (
     SessionCaps,
     SessionCounts,
+    counted_groups,
     give_back_session,
     service_account_namespace,
     take_session,
@@ -117,3 +118,41 @@ def test_giving_back_a_stream_never_taken_changes_nothing() -> None:
     counts = opened("system:serviceaccount:team-a:sa0")
     assert give_back_session(counts, "system:serviceaccount:team-a:sa1") == counts
     assert give_back_session(counts, "alice") == counts
+
+
+GROUP_CAPS = SessionCaps(total=20, per_user=3, per_namespace=4, per_group=5)
+
+
+def test_many_users_of_one_group_share_its_cap_and_the_universal_groups_count_nothing() -> None:
+    counts = SessionCounts()
+    everyone = ("system:authenticated", "team-a")
+    for i in range(5):
+        counts, refused = take_session(GROUP_CAPS, counts, f"oidc:user{i}", everyone)
+        assert refused is None, refused
+    assert dict(counts.by_group) == {"team-a": 5}
+    _, refused = take_session(GROUP_CAPS, counts, "oidc:user9", everyone)
+    assert refused == 'the members of group "team-a" have 5 streams open (max_sessions_per_group)'
+    # Another team's users, in the same universal groups, are not held by team-a.
+    counts, refused = take_session(GROUP_CAPS, counts, "oidc:other", ("system:authenticated",))
+    assert refused is None, refused
+    # Giving one back frees team-a's place.
+    counts = give_back_session(counts, "oidc:user0", everyone)
+    assert dict(counts.by_group) == {"team-a": 4}
+    _, refused = take_session(GROUP_CAPS, counts, "oidc:user9", everyone)
+    assert refused is None
+
+
+@pytest.mark.parametrize(
+    ("groups", "counted"),
+    [
+        (("system:authenticated", "system:serviceaccounts"), ()),
+        (("system:serviceaccounts:team-a", "system:unauthenticated"), ()),
+        (("b", "a", "b", ""), ("a", "b")),
+        (("system:masters",), ("system:masters",)),
+    ],
+    ids=["universal", "a-namespaces-service-accounts", "each-once", "admins-count-too"],
+)
+def test_a_stream_counts_against_each_of_its_callers_own_groups_once(
+    groups: tuple[str, ...], counted: tuple[str, ...]
+) -> None:
+    assert counted_groups(groups) == counted

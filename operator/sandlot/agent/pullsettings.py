@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from sandlot.api.sandbox import QUANTITY_PATTERN
 from sandlot.api.settings import PositiveDuration, SettingsModel
 from sandlot.policy.pulling import VerifyPolicy
+from sandlot.policy.quantity import parse_quantity
 
 
 class PullSettings(SettingsModel):
@@ -93,3 +95,33 @@ class PullSettings(SettingsModel):
         "follows redirects and reaches addresses itself, outside the registry_* limits; "
         "false pulls client-side under them.",
     )
+    image_max_unpacked_layer: str = Field(
+        default="16Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Most bytes one image layer may unpack to (its tar decompressed, sparse "
+        "files at their full size), counted as the layer is fetched: past it the pull stops "
+        "before the layer is applied and the sandbox fails ImageTooLarge, naming the cap. "
+        "Not counted when containerd pulls (image_pull_by_daemon).",
+    )
+    image_max_unpacked: str = Field(
+        default="32Gi",
+        pattern=QUANTITY_PATTERN,
+        max_length=64,
+        description="Most bytes all the layers one image pull unpacks may add up to, "
+        "counted the same way; layers already on the node are not counted again.",
+    )
+
+    @field_validator("image_max_unpacked_layer", "image_max_unpacked")
+    @classmethod
+    def _a_positive_size(cls, value: str) -> str:
+        if parse_quantity(value) < 1:
+            raise ValueError(f"{value!r} must be a positive number of bytes")
+        return value
+
+    def unpacked_caps(self) -> dict[str, int]:
+        """The caps as ``ContainerdPuller``'s options, in bytes."""
+        return {
+            "max_unpacked_layer": int(parse_quantity(self.image_max_unpacked_layer)),
+            "max_unpacked": int(parse_quantity(self.image_max_unpacked)),
+        }

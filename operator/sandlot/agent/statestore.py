@@ -141,6 +141,7 @@ class StateStore:
             stall_timeout=self.settings.image_pull_stall_timeout.total_seconds(),
             transfer=False,
             access=registry_access(self.settings),
+            **self.settings.unpacked_caps(),
         )
         try:
             puller.pull(

@@ -11,6 +11,9 @@ a ValidatingAdmissionPolicy can hold each agent to its own node:
 
 - ``agent-bound-token``: a write without the node-name claim is refused;
 - ``agent-own-sandboxnode``: it creates its own SandboxNode and writes its status;
+- ``agent-bare-sandboxnode``: with no labels, since placement matches sandboxes'
+  ``nodeSelector`` and affinity against them (a node labelling itself ``gpu=true``
+  would draw other tenants' sandboxes); a status write cannot change them;
 - ``agent-node-status-not-operators``: but not the status fields the operator's
   node-health controller owns (phase, conditions, health tracking);
 - ``agent-not-leader-lease`` / ``agent-own-lease``: its own node Lease in sandlot's
@@ -228,6 +231,13 @@ def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
             f"{prefix}agent-own-sandboxnode:{who}may create SandboxNode ' + {node} + "
             f"' and write its status only, not ' + request.operation.lowerAscii() + ' ' + "
             f"{resource} + (variables.status ? '/status ' : ' ') + {obj}.metadata.name",
+        ),
+        cel_validation(
+            f"{resource} != 'sandboxnodes' || request.operation != 'CREATE' || "
+            f"size({obj}.metadata.?labels.orValue({{}})) == 0",
+            f"{prefix}agent-bare-sandboxnode:{who}may not label the SandboxNode it creates "
+            "(placement matches nodeSelector and affinity against its labels): asked for ' + "
+            f"{obj}.metadata.labels.map(k, k).join(', ')",
         ),
         cel_validation(
             f"{resource} != 'sandboxnodes' || !variables.status || request.operation != 'UPDATE' "

@@ -208,7 +208,10 @@ def build(
     registry = registry or CollectorRegistry()
     metrics = GatewayMetrics(registry)
     sessions = Sessions(
-        settings.max_sessions, settings.max_sessions_per_user, settings.max_sessions_per_namespace
+        settings.max_sessions,
+        settings.max_sessions_per_user,
+        settings.max_sessions_per_namespace,
+        settings.max_sessions_per_group,
     )
     metrics.open.set_function(lambda: sessions.open)
     gateway = Gateway(

@@ -107,11 +107,17 @@ class Backends:
 
 
 class Sessions:
-    """Open streams, capped per replica, per user and per ServiceAccount namespace
-    (``policy.sessioncaps``); ``take`` refuses past any."""
+    """Open streams, capped per replica, per user, per ServiceAccount namespace and
+    per group (``policy.sessioncaps``); ``take`` refuses past any."""
 
-    def __init__(self, total: int, per_user: int, per_namespace: int | None = None) -> None:
-        self.caps = SessionCaps(total, per_user, per_namespace or total)
+    def __init__(
+        self,
+        total: int,
+        per_user: int,
+        per_namespace: int | None = None,
+        per_group: int | None = None,
+    ) -> None:
+        self.caps = SessionCaps(total, per_user, per_namespace or total, per_group)
         self._lock = threading.Lock()
         self._counts = SessionCounts()
 
@@ -120,15 +126,15 @@ class Sessions:
         with self._lock:
             return self._counts.open
 
-    def take(self, user: str) -> None:
+    def take(self, user: str, groups: tuple[str, ...] = ()) -> None:
         with self._lock:
-            self._counts, refused = take_session(self.caps, self._counts, user)
+            self._counts, refused = take_session(self.caps, self._counts, user, groups)
         if refused is not None:
             raise Refusal(429, refused)
 
-    def give_back(self, user: str) -> None:
+    def give_back(self, user: str, groups: tuple[str, ...] = ()) -> None:
         with self._lock:
-            self._counts = give_back_session(self._counts, user)
+            self._counts = give_back_session(self._counts, user, groups)
 
 
 @dataclass
@@ -136,6 +142,7 @@ class _Opened:
     agent: ClientConnection
     user: str
     kind: str
+    groups: tuple[str, ...] = ()
 
 
 class Gateway:
@@ -253,11 +260,12 @@ class Gateway:
             kind = asked.kind
             self._allow(caller, asked)
             user = caller.user if caller else ""
-            self.sessions.take(user)
+            groups = caller.groups if caller else ()
+            self.sessions.take(user, groups)
             try:
                 agent = self._open_agent(asked, user)
             except BaseException:
-                self.sessions.give_back(user)
+                self.sessions.give_back(user, groups)
                 raise
         except StreamRequestError as e:
             self._on_stream(kind, "bad_request")
@@ -269,7 +277,7 @@ class Gateway:
             )
             return _answer(e.status, f"{e.message}\n")
         with self._lock:
-            self._opened[id(connection)] = _Opened(agent, user, kind)
+            self._opened[id(connection)] = _Opened(agent, user, kind, groups)
         self._on_stream(kind, "opened")
         return None
 
@@ -340,7 +348,7 @@ class Gateway:
     def _let_go(self, one: _Opened | None) -> _Opened | None:
         if one is not None:
             one.agent.close()
-            self.sessions.give_back(one.user)
+            self.sessions.give_back(one.user, one.groups)
         return one
 
     def _connection_class(self) -> type[ServerConnection]:

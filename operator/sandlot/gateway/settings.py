@@ -95,6 +95,15 @@ class GatewaySettings(SettingsModel):
         "system:serviceaccount:<namespace>:<name>) may have open at once, together: "
         "making more ServiceAccounts does not multiply a tenant's share.",
     )
+    max_sessions_per_group: int = Field(
+        default=128,
+        ge=1,
+        le=100_000,
+        description="Streams the members of one group may have open at once, together, "
+        "for each group the API server names for a caller (not system:authenticated, "
+        "system:serviceaccounts or a namespace's system:serviceaccounts:<namespace>): "
+        "minting more users of one group does not multiply its share.",
+    )
     call_timeout: Duration = Field(
         default=timedelta(seconds=10),
         description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
@@ -117,7 +126,11 @@ class GatewaySettings(SettingsModel):
         for name in ("requestheader_refresh", "call_timeout", "idle_timeout"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")
-        for name in ("max_sessions_per_user", "max_sessions_per_namespace"):
+        for name in (
+            "max_sessions_per_user",
+            "max_sessions_per_namespace",
+            "max_sessions_per_group",
+        ):
             if getattr(self, name) > self.max_sessions:
                 raise ValueError(
                     f"{name} ({getattr(self, name)}) must not exceed "

@@ -17,11 +17,27 @@ MAX_USER_LOOKUP_BYTES = 512 * 2**20
 ``/etc/group`` to resolve a ``USER`` given by name; the lookup reads layers top
 down and stops at the files, so only images that bury them under this much
 content fail."""
+MAX_UNPACKED_LAYER_BYTES = 16 * 2**30
+"""Default cap on the bytes one layer unpacks to (its tar, decompressed, with sparse
+files at their full size), counted as it is fetched; the agent's
+``image_max_unpacked_layer`` setting."""
+MAX_UNPACKED_IMAGE_BYTES = 32 * 2**30
+"""Default cap on the bytes all the layers one pull unpacks add up to; the agent's
+``image_max_unpacked`` setting."""
 
 
 def mib(count: int) -> str:
     """``count`` bytes for a message naming a cap: in MiB when whole ones."""
+    if count and count % 2**30 == 0:
+        return f"{count >> 30} GiB"
     return f"{count >> 20} MiB" if count and count % 2**20 == 0 else f"{count} bytes"
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_MANIFEST_BYTES", "MAX_USER_LOOKUP_BYTES", "mib"]
+__all__ = [
+    "MAX_CONFIG_BYTES",
+    "MAX_MANIFEST_BYTES",
+    "MAX_UNPACKED_IMAGE_BYTES",
+    "MAX_UNPACKED_LAYER_BYTES",
+    "MAX_USER_LOOKUP_BYTES",
+    "mib",
+]

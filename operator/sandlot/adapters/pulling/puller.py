@@ -265,6 +265,7 @@ class ContainerdPuller(PullSteps):
         config_desc, layers = manifest["config"], list(manifest.get("layers") or [])
         counter = Counter(int(config_desc["size"]) + sum(int(x["size"]) for x in layers), progress)
         lease = self._create_lease(budget)
+        caps = self.image_budget(name)
         try:
             config_bytes = self._small_blob(client, config_desc)
             counter.add(len(config_bytes), fetched=True)
@@ -274,10 +275,9 @@ class ContainerdPuller(PullSteps):
                     f"{ref.name}: config lists {len(diff_ids)} layers, manifest {len(layers)}"
                 )
             for layer, diff_id in zip(layers, diff_ids, strict=True):
-                self._ensure_blob(
-                    client, layer, {"containerd.io/uncompressed": diff_id}, budget, lease, counter
-                )
-            self._unpack(layers, diff_ids, budget, lease)
+                uncompressed = {"containerd.io/uncompressed": diff_id}
+                self._ensure_blob(client, layer, uncompressed, budget, lease, counter, caps)
+            self._unpack(layers, diff_ids, budget, lease, caps)
             gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": chain_id(diff_ids)}
             self._write(config_desc, [config_bytes], gc_snapshot, budget, lease)
             manifest_labels = {"containerd.io/gc.ref.content.config": config_desc["digest"]}

@@ -31,7 +31,9 @@ from sandlot.adapters.containerd.gen.services.snapshots.v1 import (
 from sandlot.adapters.containerd.gen.types import descriptor_pb2
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.pulling.registry import RegistryClient, RegistryError
+from sandlot.adapters.pulling.unpacked import ImageBudget
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
+from sandlot.policy.imagecaps import MAX_UNPACKED_IMAGE_BYTES, MAX_UNPACKED_LAYER_BYTES
 from sandlot.policy.pulling import RegistryAccess
 
 Progress = Callable[[int, int], None]
@@ -71,9 +73,15 @@ class PullSteps:
         connect_timeout: float = 10.0,
         stall_timeout: float = 30.0,
         access: RegistryAccess | None = None,
+        max_unpacked_layer: int = MAX_UNPACKED_LAYER_BYTES,
+        max_unpacked: int = MAX_UNPACKED_IMAGE_BYTES,
     ) -> None:
-        """``access``: where registry requests may go (default: no private address)."""
+        """``access``: where registry requests may go (default: no private address);
+        ``max_unpacked_layer``, ``max_unpacked``: the caps on the bytes one layer, and
+        all the layers one pull unpacks, unpack to (``ImageBudget``)."""
         self.namespace = namespace
+        self.max_unpacked_layer = max_unpacked_layer
+        self.max_unpacked = max_unpacked
         self.access = access or RegistryAccess()
         self.snapshotter = snapshotter
         self.connect_timeout = connect_timeout
@@ -125,6 +133,10 @@ class PullSteps:
         except NotFound:
             return None
 
+    def image_budget(self, what: str) -> ImageBudget:
+        """The unpacked-bytes caps of one pull."""
+        return ImageBudget(what, layer_cap=self.max_unpacked_layer, image_cap=self.max_unpacked)
+
     def _ensure_blob(
         self,
         client: RegistryClient,
@@ -133,17 +145,24 @@ class PullSteps:
         budget: Deadline,
         lease: str,
         counter: Counter,
+        caps: ImageBudget,
     ) -> None:
-        if self._info(str(desc["digest"]), budget) is not None:
-            self._label(str(desc["digest"]), labels, budget)
+        """The layer blob ``desc`` in the content store: fetched, and its unpacked
+        bytes counted against ``caps`` as it arrives, when it is not there yet."""
+        digest = str(desc["digest"])
+        if self._info(digest, budget) is not None:
+            self._label(digest, labels, budget)
             counter.add(int(desc["size"]), fetched=False)
             return
+        meter = caps.meter(digest)
 
         def counted() -> Iterator[bytes]:
             # Never more than the manifest says: the content store holds no surprise.
-            for chunk in client.blob(str(desc["digest"]), limit=int(desc["size"])):
+            for chunk in client.blob(digest, limit=int(desc["size"])):
                 counter.add(len(chunk), fetched=True)
+                meter.feed(chunk)
                 yield chunk
+            meter.finish()  # past a cap: raised before the blob is committed
 
         self._write(desc, counted(), labels, budget, lease)
 
@@ -233,14 +252,40 @@ class PullSteps:
     # ------------------------------------------------------------ snapshots
 
     def _unpack(
-        self, layers: list[Mapping[str, Any]], diff_ids: list[str], budget: Deadline, lease: str
+        self,
+        layers: list[Mapping[str, Any]],
+        diff_ids: list[str],
+        budget: Deadline,
+        lease: str,
+        caps: ImageBudget,
     ) -> None:
+        """Apply each layer whose snapshot is missing; one not counted against
+        ``caps`` while fetched (its blob was on the node) is counted from the
+        content store first, so nothing is applied past a cap."""
         parent = ""
         for i, layer in enumerate(layers):
             chain = chain_id(diff_ids[: i + 1])
             if not self._snapshot_exists(chain, budget):
+                if str(layer["digest"]) not in caps.counted:
+                    self._meter_stored(str(layer["digest"]), caps, budget)
                 self._apply_layer(layer, diff_ids[i], chain, parent, budget, lease)
             parent = chain
+
+    def _meter_stored(self, digest: str, caps: ImageBudget, budget: Deadline) -> None:
+        meter = caps.meter(digest)
+        what = f"Content.Read {digest}"
+        timeout = budget.remaining(what)
+        call = self._content.Read(
+            content_pb2.ReadContentRequest(digest=digest), timeout=timeout, metadata=self._metadata
+        )
+        try:
+            for response in call:
+                meter.feed(response.data)
+            meter.finish()
+        except grpc.RpcError as exc:
+            raise translate(exc, what, timeout) from exc
+        finally:
+            call.cancel()
 
     def _snapshot_exists(self, key: str, budget: Deadline) -> bool:
         try:

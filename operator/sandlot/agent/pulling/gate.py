@@ -199,6 +199,7 @@ def build_image_gate(
         stall_timeout=settings.image_pull_stall_timeout.total_seconds(),
         transfer=settings.image_pull_by_daemon,
         access=registry_access(settings),
+        **settings.unpacked_caps(),
     )
     access = ImageAccess(
         access_file(settings.state_dir, settings.node_name),
