@@ -36,9 +36,12 @@ agent_sandbox = pytest.importorskip(
 from k8s_agent_sandbox.models import SandboxDirectConnectionConfig  # noqa: E402
 
 EXT = ("extensions.agents.x-k8s.io", "v1beta1")
+# The module's agent's node, labelled by an admin: the pool's members go there, not to
+# a node an earlier module's agent left behind with its lease not yet expired.
+NODE_LABEL = "test.sandlot.dev/compat-node"
 
 
-def _objects(kube: client.ApiClient, tenant: str, replicas: int) -> None:
+def _objects(kube: client.ApiClient, tenant: str, replicas: int, node: str) -> None:
     objs: Any = client.CustomObjectsApi(kube)
     objs.create_namespaced_custom_object(
         *EXT,
@@ -55,6 +58,7 @@ def _objects(kube: client.ApiClient, tenant: str, replicas: int) -> None:
                             {"name": "main", "image": IMAGE, "command": ["sleep", "100000"]}
                         ],
                         "terminationGracePeriodSeconds": 1,
+                        "nodeSelector": {NODE_LABEL: node},
                     }
                 },
                 "envVarsInjectionPolicy": "Allowed",
@@ -99,7 +103,14 @@ def served(
     try:
         op.wait_metrics()
         wait_for(op.is_leader, timeout=30, what="the operator to lead")
-        _objects(kube, tenant, 3)
+        client.CustomObjectsApi(kube).patch_cluster_custom_object(
+            GROUP,
+            VERSION,
+            "sandboxnodes",
+            agent.node,
+            {"metadata": {"labels": {NODE_LABEL: agent.node}}},
+        )
+        _objects(kube, tenant, 3, agent.node)
         objs: Any = client.CustomObjectsApi(kube)
         wait_for(
             lambda: (

@@ -161,15 +161,17 @@ class RouterServer:
             return {"path": call.path, "exists": False}
         return {"path": call.path, "exists": True}
 
-    def _open(self, asked: StreamRequest, caller: Caller | None) -> tuple[ClientConnection, str]:
+    def _open(self, asked: StreamRequest, caller: Caller | None) -> ClientConnection:
+        """The agent's side of ``asked``, a session of the caller's caps taken (given
+        back by ``_stream``)."""
         try:
             self.gateway.authorize(caller, asked)
-            user = caller.user if caller else ""
-            self.gateway.sessions.take(user)
+            user, groups = (caller.user, caller.groups) if caller else ("", ())
+            self.gateway.sessions.take(user, groups)
             try:
-                return self.gateway.open_agent(asked, user), user
+                return self.gateway.open_agent(asked, user)
             except BaseException:
-                self.gateway.sessions.give_back(user)
+                self.gateway.sessions.give_back(user, groups)
                 raise
         except Refusal as e:
             log.info(
@@ -186,7 +188,7 @@ class RouterServer:
     ) -> tuple[dict[int, bytes], bytes | None, bool]:
         """Open, send ``data`` on stdin (then close it), collect until the status:
         (output by channel, the status, whether ``timeout`` ended it first)."""
-        agent, user = self._open(asked, caller)
+        agent = self._open(asked, caller)
         out: dict[int, list[bytes]] = {STDOUT: [], STDERR: []}
         status: bytes | None = None
         deadline = time.monotonic() + (timeout if timeout is not None else 3600.0)
@@ -217,7 +219,8 @@ class RouterServer:
             pass
         finally:
             agent.close()
-            self.gateway.sessions.give_back(user)
+            user, groups = (caller.user, caller.groups) if caller else ("", ())
+            self.gateway.sessions.give_back(user, groups)
         return {k: b"".join(v) for k, v in out.items()}, status, timed_out
 
     def _execute(
