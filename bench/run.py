@@ -74,6 +74,11 @@ def main() -> int:
     if streams.exists():
         rows += json.loads(streams.read_text())
 
+    compat = out.with_name("compat.json")
+    run([str(HERE / "compat.py"), "--json", str(compat)], timeout=1800)
+    if compat.exists():
+        rows += json.loads(compat.read_text())
+
     text = run([str(HERE / "agent_startup.py")], timeout=1800)
     m = re.search(r"ratio start-up / bound = ([\d.]+)", text)
     detail = re.search(r"(start-up[^\n]*)", text)

@@ -14,6 +14,9 @@ containers on it) and runs the scenarios in order on one cluster:
 6. ``helm upgrade`` with a changed value rolls every program (operator, agent, gateway), and every
 Running
    sandbox keeps running (same container);
+   Between 2 and 3, agent-sandbox's own client (unmodified) creates a sandbox from a
+   warm pool through the chart's agent-sandbox face, runs a command and moves files
+   through the router on a tenant's credentials, and terminates it.
 7. ``helm uninstall``, with the pool still running, leaves no sandlot object, no
    container on the workers, no Lease and no IP allocation behind: its pre-delete
    hook (``sandlot purge --workloads``) has the agents stop every sandbox before the
@@ -57,6 +60,7 @@ HTTPD = (
 # The chart's defaults plus what every e2e cluster needs: short grace and leases,
 # images present on the nodes, sandboxes on the workers only.
 VALUES: dict[str, Any] = {
+    "agentSandbox": {"enabled": True},
     "operator": {"gracePeriod": f"{GRACE_S}s", "resyncInterval": "5s"},
     "agent": {
         "leaseDuration": f"{LEASE_S}s",

@@ -35,6 +35,7 @@ from packaging.version import Version
 from tests.support.locks import RUNTIME_LOCK, pins
 from tests.support.wait import wait_for
 
+from e2e.agentsandbox import agent_sandboxs_client_runs_unchanged
 from e2e.runtimes import a_gvisor_sandbox_runs_on_gvisor_s_kernel
 from e2e.scenarios import (
     NAMESPACE,
@@ -314,6 +315,12 @@ def test_a_tenant_with_edit_streams_through_the_gateway(
     cluster: LocalKubeletCluster, tmp_path: Path
 ) -> None:
     a_tenant_with_edit_streams_through_the_gateway(cluster, tmp_path)
+
+
+def test_agent_sandboxs_own_client_runs_unchanged(
+    cluster: LocalKubeletCluster, tmp_path: Path
+) -> None:
+    agent_sandboxs_client_runs_unchanged(cluster, tmp_path)
 
 
 def test_a_gvisor_sandbox_runs_on_gvisor_s_kernel_on_the_node_it_was_installed_on(

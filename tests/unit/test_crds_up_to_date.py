@@ -6,7 +6,15 @@ from typing import Any
 import pytest
 import yaml
 
-from sandlot.api.crdgen import CRD_DIRS, crd_for, render_crds
+from sandlot.api.crdgen import (
+    AGENT_SANDBOX_CHART_TEMPLATE,
+    AGENT_SANDBOX_CRD_DIR,
+    CRD_DIRS,
+    agent_sandbox_chart_template,
+    crd_for,
+    render_agent_sandbox_crds,
+    render_crds,
+)
 from sandlot.api.sandbox import Sandbox
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,6 +57,18 @@ def test_generated_schema_is_structural():
         if isinstance(node.get("additionalProperties"), dict):
             walk(node["additionalProperties"], f"{path}{{}}")
 
-    for text in render_crds().values():
+    for text in [*render_crds().values(), *render_agent_sandbox_crds().values()]:
         crd = yaml.safe_load(text)
         walk(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], crd["metadata"]["name"])
+
+
+def test_committed_agent_sandbox_crds_and_chart_template_match_the_models():
+    rendered = render_agent_sandbox_crds()
+    present = {p.name for p in (ROOT / AGENT_SANDBOX_CRD_DIR).glob("*.yaml")}
+    assert present == set(rendered), f"{AGENT_SANDBOX_CRD_DIR}: files differ; {FIX}"
+    for name, text in rendered.items():
+        assert (ROOT / AGENT_SANDBOX_CRD_DIR / name).read_text() == text, f"{name}: {FIX}"
+    template = (ROOT / AGENT_SANDBOX_CHART_TEMPLATE).read_text()
+    assert template == agent_sandbox_chart_template(), f"{AGENT_SANDBOX_CHART_TEMPLATE}: {FIX}"
+    # agent-sandbox's groups never land in the chart's crds/, which Helm always installs.
+    assert not list((ROOT / "charts/sandlot/crds").glob("*agents.x-k8s.io*"))

@@ -147,6 +147,9 @@ class CrdInfo:
     categories: tuple[str, ...] = ("sandlot",)
     # CEL rules (x-kubernetes-validations) keyed by the top-level property they sit on.
     validations: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    # Another API's kinds served by sandlot (sandlot.api.agentsandbox) name their own.
+    group: str = GROUP
+    version: str = VERSION
 
 
 class Resource(Model):

@@ -17,7 +17,7 @@ import yaml
 
 from sandlot.api.cacheprune import CachePrune
 from sandlot.api.claim import SandboxClaim
-from sandlot.api.common import GROUP, VERSION, Resource
+from sandlot.api.common import Resource
 from sandlot.api.node import SandboxNode
 from sandlot.api.pool import SandboxPool
 from sandlot.api.sandbox import Sandbox
@@ -79,6 +79,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = {name: _structural(v, defs) for name, v in value.items()}
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
             out[key] = _structural(value, defs)
+        elif key == "additionalProperties" and value is True:
+            continue  # dict[str, Any]: kept whole (preserve-unknown-fields, below)
         else:
             out[key] = value
     if out.get("default") is None:
@@ -144,7 +146,7 @@ def crd_for(kind: type[Resource]) -> dict[str, Any]:
     if info.scale:
         subresources["scale"] = dict(info.scale)
     version: dict[str, Any] = {
-        "name": VERSION,
+        "name": info.version,
         "served": True,
         "storage": True,
         "schema": {"openAPIV3Schema": _schema_of(kind)},
@@ -166,9 +168,9 @@ def crd_for(kind: type[Resource]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{info.plural}.{GROUP}"},
+        "metadata": {"name": f"{info.plural}.{info.group}"},
         "spec": {
-            "group": GROUP,
+            "group": info.group,
             "names": names,
             "scope": info.scope,
             "versions": [version],
@@ -176,11 +178,55 @@ def crd_for(kind: type[Resource]) -> dict[str, Any]:
     }
 
 
-def render_crds() -> dict[str, str]:
+HEADER = "# Generated from sandlot.api by `sandlot gen crds`. Do not edit.\n"
+
+
+def render_crds(kinds: tuple[type[Resource], ...] = KINDS) -> dict[str, str]:
     """File name -> YAML text, one file per kind."""
-    header = "# Generated from sandlot.api by `sandlot gen crds`. Do not edit.\n"
     return {
-        f"{GROUP}_{kind.crd.plural}.yaml": header
+        f"{kind.crd.group}_{kind.crd.plural}.yaml": HEADER
         + yaml.safe_dump(crd_for(kind), sort_keys=False, width=100)
-        for kind in KINDS
+        for kind in kinds
     }
+
+
+# agent-sandbox's kinds (sandlot.api.agentsandbox): apart from sandlot's own, never in
+# the chart's crds/ (which Helm installs whatever the values), but in a template the
+# chart renders only under agentSandbox.enabled, refusing CRDs another owner installed.
+AGENT_SANDBOX_CRD_DIR = "crds/agent-sandbox"
+AGENT_SANDBOX_CHART_TEMPLATE = "charts/sandlot/templates/agent-sandbox-crds.yaml"
+
+
+def render_agent_sandbox_crds() -> dict[str, str]:
+    from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
+
+    return render_crds(AGENT_SANDBOX_KINDS)
+
+
+def agent_sandbox_chart_template() -> str:
+    """The chart's template of agent-sandbox's CRDs: rendered only when enabled, and
+    failing the install when a CRD of that name exists and is not this release's
+    (agent-sandbox's own controller installed it: two controllers would fight)."""
+    from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
+
+    names = [f"{k.crd.plural}.{k.crd.group}" for k in AGENT_SANDBOX_KINDS]
+    guard = (
+        "{{- if .Values.agentSandbox.enabled }}\n"
+        "{{- range $name := list " + " ".join(f'"{n}"' for n in names) + " }}\n"
+        '{{- $found := lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $name }}\n'
+        "{{- if $found }}\n"
+        '{{- $owner := index ($found.metadata.annotations | default dict) "meta.helm.sh/release-name" }}\n'
+        '{{- if ne ($owner | default "") $.Release.Name }}\n'
+        '{{- fail (printf "agentSandbox.enabled: CustomResourceDefinition %s exists and is not '
+        "this release's (another owner, such as agent-sandbox's own controller, installed it); "
+        'remove it first or leave agentSandbox.enabled false" $name) }}\n'
+        "{{- end }}\n{{- end }}\n{{- end }}\n"
+    )
+    docs = []
+    for kind in AGENT_SANDBOX_KINDS:
+        crd = crd_for(kind)
+        crd["metadata"]["labels"] = {"app.kubernetes.io/part-of": "sandlot"}
+        # Kept by `helm uninstall`, as sandlot's own CRDs are: their objects are users'.
+        crd["metadata"]["annotations"] = {"helm.sh/resource-policy": "keep"}
+        docs.append("---\n" + yaml.safe_dump(crd, sort_keys=False, width=100))
+    return "# " + HEADER[2:] + guard + "".join(docs) + "{{- end }}\n"

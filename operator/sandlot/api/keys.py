@@ -35,6 +35,11 @@ absent when it was not idle. Its agent tells from it, by equality with the
 condition it sees, whether the idle came before the claim (then the claim wakes
 it), even after a restart."""
 
+AGENT_SANDBOX_SPEC_ANNOTATION: Final = f"{GROUP}/agent-sandbox-spec"
+"""SandboxPool annotation: a digest of the spec an agent-sandbox SandboxWarmPool and
+its template ask of the pool made for it (``policy.agentsandbox.spec_hash``); a new
+digest is what makes the operator write the pool's spec again."""
+
 LEVEL_LABEL: Final = f"{GROUP}/enforce"
 """Namespace label: the sandbox policy level (``privileged``, ``baseline``,
 ``restricted``) enforced on Sandboxes in that namespace."""
@@ -147,6 +152,7 @@ SNAPSHOT_FINALIZER: Final = f"{GROUP}/snapshot-in-use"
 
 __all__ = [
     "AGENT_LEASE_LABEL",
+    "AGENT_SANDBOX_SPEC_ANNOTATION",
     "APP_NAME",
     "APP_NAME_LABEL",
     "CLAIMED_AT_ANNOTATION",

@@ -195,7 +195,30 @@ class ExecReason(StrEnum):
     """The cause whose message is the exit code."""
 
 
+class AgentSandboxReason(StrEnum):
+    """The ``Ready`` condition's reason on the agent-sandbox face
+    (``extensions.agents.x-k8s.io`` SandboxClaims and SandboxWarmPools,
+    ``agents.x-k8s.io`` Sandboxes): agent-sandbox's own words, which its client keys
+    on (the first eight are final to it: it stops waiting)."""
+
+    TEMPLATE_NOT_FOUND = "TemplateNotFound"
+    WARM_POOL_NOT_FOUND = "WarmPoolNotFound"
+    INVALID_METADATA = "InvalidMetadata"
+    ENV_VARS_INJECTION_REJECTED = "EnvVarsInjectionRejected"
+    VOLUME_CLAIM_TEMPLATES_ERROR = "VolumeClaimTemplatesError"
+    CLAIM_EXPIRED = "ClaimExpired"
+    INVALID_CONFIGURATION = "InvalidConfiguration"
+    POD_FAILED = "PodFailed"
+    """Its sandbox ended Failed or Dead, or was deleted: a claim is never bound again."""
+    SANDBOX_READY = "SandboxReady"
+    SANDBOX_NOT_READY = "SandboxNotReady"
+    """Bound, its sandbox not serving now (paused, its probe failing)."""
+    WAITING_FOR_SANDBOX = "WaitingForSandbox"
+    """No Ready member of the pool yet."""
+
+
 __all__ = [
+    "AgentSandboxReason",
     "ConditionType",
     "EventReason",
     "ExecReason",

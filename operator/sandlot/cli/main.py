@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "pool": "sandlot.cli.pools",
     "port-forward": "sandlot.cli.transfer",
     "purge": "sandlot.cli.purge",
+    "router-url": "sandlot.cli.router",
     "status": "sandlot.cli.status",
     "uncordon": "sandlot.cli.nodes",
 }

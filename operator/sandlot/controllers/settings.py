@@ -73,6 +73,11 @@ class OperatorSettings(SettingsModel):
     metrics_port: int = Field(
         default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
+    agent_sandbox: bool = Field(
+        default=False,
+        description="Serve kubernetes-sigs/agent-sandbox's SandboxTemplate, SandboxWarmPool, "
+        "SandboxClaim and Sandbox (their CRDs installed) over sandlot's pools and claims.",
+    )
     leader_election: bool = Field(
         default=True, description="Elect one active replica through a Lease; standbys wait."
     )

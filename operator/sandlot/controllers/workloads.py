@@ -24,12 +24,15 @@ from typing import Any
 
 import kopf
 
+from sandlot.adapters.agentsandboxapi import AgentSandboxApi
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import CLAIMS, KUBE_NODES, NODES, POOLS
+from sandlot.controllers import agentsandbox as agentsandbox_module
 from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import scheduler as scheduler_module
+from sandlot.controllers.agentsandbox import AgentSandboxController
 from sandlot.controllers.claims import ClaimController
 from sandlot.controllers.kopflisted import KopfListed
 from sandlot.controllers.lifetimes import LifetimeController
@@ -53,6 +56,8 @@ class Workloads:
     claims: ClaimController
     listed: KopfListed
     is_leader: Callable[[], bool]
+    agent_sandbox: AgentSandboxController | None = None
+    """agent-sandbox's face (settings.agent_sandbox): its objects over these."""
 
     @classmethod
     def build(
@@ -95,7 +100,12 @@ class Workloads:
             api.listed_keys,
             on_listed=lambda: built.on_synced(),
         )
-        built = cls(cache, scheduler, pools, lifetimes, claims, listed, is_leader)
+        compat = (
+            AgentSandboxController(AgentSandboxApi(objects), cache, is_leader=acting)
+            if settings.agent_sandbox
+            else None
+        )
+        built = cls(cache, scheduler, pools, lifetimes, claims, listed, is_leader, compat)
         cache.on_synced.append(built.on_synced)
         return built
 
@@ -111,6 +121,8 @@ class Workloads:
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
         claims_module.register(registry, self.claims)
+        if self.agent_sandbox is not None:
+            agentsandbox_module.register(registry, self.agent_sandbox)
 
     def unsynced(self) -> list[str]:
         """The caches whose first list is not in yet (the readiness probe names them)."""
@@ -123,6 +135,8 @@ class Workloads:
             self.pools.on_leadership()
             self.lifetimes.enqueue_all()
             self.claims.enqueue_all()
+            if self.agent_sandbox is not None:
+                self.agent_sandbox.enqueue_all()
 
     async def run(self) -> None:
         self.scheduler.bind_loop(asyncio.get_running_loop())
@@ -132,4 +146,5 @@ class Workloads:
             self.pools.run(),
             self.lifetimes.run(),
             self.claims.run(),
+            *([self.agent_sandbox.run()] if self.agent_sandbox is not None else []),
         )

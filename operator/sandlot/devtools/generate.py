@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from sandlot.api import admission, leaderfence, placementpolicy, writepolicy
-from sandlot.api.crdgen import CRD_DIRS, render_crds
+from sandlot.api.crdgen import (
+    AGENT_SANDBOX_CHART_TEMPLATE,
+    AGENT_SANDBOX_CRD_DIR,
+    CRD_DIRS,
+    agent_sandbox_chart_template,
+    render_agent_sandbox_crds,
+    render_crds,
+)
 from sandlot.devtools.docsgen import render_docs
 
 
@@ -28,6 +35,15 @@ def write_crds(root: Path) -> list[Path]:
             path = target / name
             path.write_text(text)
             written.append(path)
+    compat = root / AGENT_SANDBOX_CRD_DIR
+    compat.mkdir(parents=True, exist_ok=True)
+    for name, text in render_agent_sandbox_crds().items():
+        path = compat / name
+        path.write_text(text)
+        written.append(path)
+    template = root / AGENT_SANDBOX_CHART_TEMPLATE
+    template.write_text(agent_sandbox_chart_template())
+    written.append(template)
     return written
 
 

@@ -8,6 +8,7 @@ import logging
 import signal as signals
 import ssl
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,15 +16,18 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, sandbox_placement
+from sandlot.adapters.agentsandboxapi import claim_env_of
 from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
 from sandlot.adapters.health import serve_health
 from sandlot.adapters.mtls import ReloadingTls, client_context, serving_context
 from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
+from sandlot.gateway.router import RouterServer
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
 from sandlot.gateway.settings import GatewaySettings
 from sandlot.policy.probes import Probe
+from sandlot.policy.router import RouterError
 from sandlot.policy.streamaccess import (
     RequestHeaderConfig,
 )
@@ -114,18 +118,62 @@ def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
     return Backends(review=review, node_of=node_of, agent_of=agent_of)
 
 
+def claim_envs(api: Any, settings: GatewaySettings) -> Callable[[str, str], Mapping[str, str]]:
+    """``claim_env_of``, remembered ``CLAIM_ENV_TTL`` seconds per sandbox: a claim's
+    env is fixed at its creation, and a command should not cost two reads."""
+    timeout = settings.call_timeout.total_seconds()
+    known: dict[tuple[str, str], tuple[float, Mapping[str, str]]] = {}
+    lock = threading.Lock()
+
+    def env(namespace: str, sandbox: str) -> Mapping[str, str]:
+        now = time.monotonic()
+        with lock:
+            hit = known.get((namespace, sandbox))
+        if hit is not None and now - hit[0] < CLAIM_ENV_TTL:
+            return hit[1]
+        try:
+            found = claim_env_of(api, namespace, sandbox, timeout)
+        except Exception as e:
+            raise RouterError(
+                503, f"cannot read sandbox {namespace}/{sandbox}'s claim: {e}"
+            ) from None
+        with lock:
+            if len(known) > 10_000:
+                known.clear()
+            known[(namespace, sandbox)] = (now, found)
+        return found
+
+    return env
+
+
+CLAIM_ENV_TTL = 10.0
+
+
 @dataclass
 class GatewayParts:
     gateway: Gateway
     front_proxy: FrontProxyView
     registry: CollectorRegistry
     tls_files: tuple[ReloadingTls, ...] = ()
+    router: RouterServer | None = None
+
+    def start(self) -> None:
+        self.gateway.start()
+        if self.router is not None:
+            self.router.start()
+
+    def shutdown(self) -> None:
+        if self.router is not None:
+            self.router.shutdown()
+        self.gateway.shutdown()
 
     def refresh(self) -> None:
         """The front proxy's CA and names, and rotated certificate files."""
         serving = self.front_proxy.refresh()
         if serving is not None:
             self.gateway.serve_tls(serving)
+            if self.router is not None:
+                self.router.serve_tls(serving)
         for files in self.tls_files:
             files.refresh()
 
@@ -180,7 +228,19 @@ def build(
         on_stream=lambda kind, outcome: metrics.streams.labels(kind, outcome).inc(),
     )
     files = (ReloadingTls(agent_tls, settings.tls_cert, settings.tls_key, [settings.stream_ca]),)
-    return GatewayParts(gateway, view, registry, files)
+    router = (
+        RouterServer(
+            gateway,
+            bind=settings.bind,
+            port=settings.router_port,
+            server_tls=view.tls,
+            claim_env=claim_envs(api, settings),
+            call_timeout=timeout,
+        )
+        if settings.router
+        else None
+    )
+    return GatewayParts(gateway, view, registry, files, router)
 
 
 def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
@@ -192,7 +252,7 @@ def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
     for sig in (signals.SIGTERM, signals.SIGINT):
         signals.signal(sig, lambda *_: stop.set())
     parts = build(settings, api)
-    parts.gateway.start()
+    parts.start()
     health = None
     if settings.metrics_port:
         serving = Probe(True, "serving")
@@ -203,7 +263,7 @@ def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
         while not stop.wait(settings.requestheader_refresh.total_seconds()):
             parts.refresh()
     finally:
-        parts.gateway.shutdown()
+        parts.shutdown()
         if health is not None:
             health.shutdown()
         api.close()

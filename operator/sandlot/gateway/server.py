@@ -224,6 +224,23 @@ class Gateway:
         for one in opened:
             one.agent.close()
 
+    # -- what the router (gateway.router) shares: the same checks, the same agents ----
+
+    def requestheader(self) -> RequestHeaderConfig:
+        return self._requestheader()
+
+    def from_front_proxy_name(self, name: str) -> bool:
+        allowed = self._requestheader().allowed_names
+        return bool(name) and (not allowed or name in allowed)
+
+    def authorize(self, caller: Caller | None, asked: StreamRequest) -> None:
+        """The review a stream of ``asked`` passes; ``Refusal`` when it does not."""
+        self._allow(caller, asked)
+
+    def open_agent(self, asked: StreamRequest, user: str) -> ClientConnection:
+        """The agent's side of ``asked``, opened as a stream's is; ``Refusal`` if not."""
+        return self._open_agent(asked, user)
+
     # -- before the upgrade ----------------------------------------------------------
 
     def _admit(self, connection: ServerConnection, request: Request) -> Response | None:

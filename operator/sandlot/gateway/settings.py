@@ -27,6 +27,18 @@ class GatewaySettings(SettingsModel):
         description="HTTPS port the API server's front proxy reaches (the APIService's "
         "Service); 0: any free port.",
     )
+    router: bool = Field(
+        default=False,
+        description="Also serve agent-sandbox's router protocol (/execute, /upload, "
+        "/download, /list, /exists) as the aggregated API router.sandlot.dev, on "
+        "router_port (docs/agent-sandbox.md).",
+    )
+    router_port: int = Field(
+        default=8444,
+        ge=0,
+        le=65535,
+        description="HTTPS port of the router's APIService, when router is on; 0: any free port.",
+    )
     tls_cert: str = Field(
         min_length=1,
         max_length=4096,
