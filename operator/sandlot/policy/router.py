@@ -84,10 +84,10 @@ def parse_call(method: str, target: str, headers: Mapping[str, str]) -> RouterCa
     raw = url.path
     if not raw.startswith(ROUTER_PREFIX + "/namespaces/"):
         raise RouterError(404, f"unknown path {raw!r}: not under {ROUTER_PREFIX}/namespaces/")
-    rest = raw[len(ROUTER_PREFIX + "/namespaces/") :]
-    namespace, _, rest = rest.partition("/")
-    resource, _, rest = rest.partition("/")
-    name, _, rest = rest.partition("/")
+    # The path's segments after /namespaces/: NS, the resource, its name, and the
+    # operation with whatever follows it.
+    segments = raw[len(ROUTER_PREFIX + "/namespaces/") :].split("/", 3)
+    namespace, resource, name, rest = (*segments, "", "", "")[:4]
     op, slash, tail = rest.partition("/")
     if resource != ROUTER_RESOURCE or name != ROUTER_NAME or op not in POSTS | GETS:
         raise RouterError(
