@@ -43,13 +43,13 @@ from sandlot.adapters.kube import load_api_client
 from sandlot.devtools.ociarchive import build_image_archive
 
 HOW = "run `make e2e` on a machine with Docker and kind"
-# Why a machine without Docker skips: kind's podman provider runs three nodes and
-# kindnet here from a node image assembled without Docker, but this suite has no
-# podman path yet (docs/development.md, "kind without Docker: the podman provider").
+# Why a machine without Docker skips: kind's podman provider runs here from a node
+# image assembled without Docker, but this suite has no podman path yet
+# (docs/development.md, "kind without Docker: the podman provider").
 NO_PODMAN_PATH = (
-    "kind's podman provider runs three nodes with kindnet here"
-    " (docs/development.md#kind-without-docker-the-podman-provider), but this suite"
-    " drives only `docker` and there is no cached node-image build or CoreDNS image yet"
+    "kind's podman provider runs three nodes, kindnet and CoreDNS here from a node image"
+    " assembled by hand (docs/development.md#kind-without-docker-the-podman-provider),"
+    " but this suite drives only `docker` and the project does not build that image yet"
 )
 
 
