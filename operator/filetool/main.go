@@ -269,6 +269,10 @@ func readOp(p string, limit int64) {
 func writeOp(p string, limit int64) {
 	parent, name := split(p)
 	dirfd := open(parent, syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	// An abandoned write (the agent's SIGTERM, or a refusal below) leaves nothing:
+	// the handler is in place before the temporary file exists.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	suffix := make([]byte, 4)
 	_, _ = rand.Read(suffix)
 	temp := "." + name + ".sandlot-" + hex.EncodeToString(suffix)
@@ -278,9 +282,6 @@ func writeOp(p string, limit int64) {
 		refuse(err, p)
 	}
 	done := false
-	// An abandoned write (the agent's SIGTERM, or a refusal below) leaves nothing.
-	signals := make(chan os.Signal, 1)
-	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	go func() {
 		<-signals
 		if !done {

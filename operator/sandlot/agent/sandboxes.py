@@ -72,6 +72,7 @@ from sandlot.policy.runtimeclass import (
     RuntimeHandler,
     as_pod_sandbox,
     host_view,
+    with_files_tool,
 )
 from sandlot.policy.sandboxlogs import log_stem
 from sandlot.policy.suspension import recorded_suspended
@@ -109,6 +110,7 @@ class NodeFacts:
     capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
     runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
     containerd_version: str = ""
+    files_tool: str | None = None  # the node's path of the files tool (adapters.filetool)
 
 
 class SandboxWork:
@@ -151,8 +153,7 @@ class SandboxWork:
         self.call_timeout = settings.call_timeout.total_seconds()
         # The image a forked sandbox (spec.snapshotRef) starts from; None: not Ready here.
         self.fork_image: Callable[[Mapping[str, Any]], str | None] = lambda _sb: None
-        # Running bodies not yet written, by key: (container id, status). Only the
-        # work item of that key touches its entry (one operation per key at a time).
+        # Running bodies not yet written, by key: (container id, status); one writer per key.
         self._unrecorded: dict[str, tuple[str, dict[str, Any]]] = {}
         self.user_ranges = UserRanges()
         self.write_caps = WriteCaps(rt, self.call_timeout)
@@ -320,8 +321,7 @@ class SandboxWork:
             prepared = self._prepare(sb, forked)
             if prepared is None:
                 return  # level unknown, or the image on its way: the next sync goes on
-            # Before the container exists nothing else protects its image from the
-            # collector: the fresh last-used label makes it too young (minAge) to go.
+            # Until the container exists, a fresh last-used label keeps its image (minAge).
             self._touch_image(prepared.image)
             created = self._create(prepared)
             if created is None:
@@ -420,7 +420,7 @@ class SandboxWork:
         container_id = container_id_for(meta["uid"])
         config = self._image_config(image)
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
-        oci = as_pod_sandbox(oci, handler)
+        oci = with_files_tool(as_pod_sandbox(oci, handler), self.facts.files_tool, handler)
         attachment = self._plan_network(container_id, spec, oci, handler)
         labels = {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity
