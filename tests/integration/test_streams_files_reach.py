@@ -138,9 +138,7 @@ def test_cp_reads_no_kernel_addresses_and_no_kernel_log(
     name = f"kernel-{view}"
     running_sandbox(kube, agents[view], tenant, name, "sleep 1000")
     symbols = tmp_path / "kallsyms"
-    got = sandlot(
-        "cp", f"{name}:/proc/kallsyms", str(symbols), "-n", tenant, kubeconfig=kubeconfig
-    )
+    got = sandlot("cp", f"{name}:/proc/kallsyms", str(symbols), "-n", tenant, kubeconfig=kubeconfig)
     assert got.returncode == 0, got.stderr
     lines = symbols.read_text().splitlines()
     assert len(lines) > 1000, "the symbols themselves are read"

@@ -1,19 +1,21 @@
-"""A sandbox's files through the container itself, for a handler whose task gives
-the node no view of them (``policy.runtimeclass.host_view``: gVisor's sentry
-serves the container's files, its task's ``/proc/<pid>/root`` is not them).
+"""A sandbox's files through the container itself, with the image's own tools: for
+a container without the agent's files tool (``agent.toolfiles``): one of a handler
+whose task gives the node no view of them (``policy.runtimeclass.host_view``:
+gVisor's sentry serves the container's files), or one made before its node had it.
 
 Each operation is one short exec of a tool the image has (busybox's ``stat``,
 ``cat``, ``sh``, ``mv``, ``mkdir``, ``rm``, ``rmdir``; a tool the image does
-not link is run as ``busybox <tool>``), run as the sandbox's own process user with
-no capabilities, so it sees and can change at most what the sandbox's user can. An image without the tool is
-refused by name. Every start and wait is bounded by
-``call_timeout``, every silence on a stream by ``idle``.
+not link is run as ``busybox <tool>``), run as the sandbox's own process user
+with no capabilities, so it sees and can change at most what the sandbox's user
+can. An image without the tool is refused by name. Every start and wait is
+bounded by ``call_timeout``, every silence on a stream by ``idle``.
 
-The same methods as ``adapters.sandboxfs.SandboxRoot``: ``stat``, ``list``,
-``read``, ``write``, ``mkdir``, ``remove``, ``close``. ``ContainerPort`` does the same
-for port-forward: the container's ``nc`` connects to its own loopback, where a
-server bound to 127.0.0.1 is reached as under runc (the sandbox's address on its
-network would miss it, and a sandbox without a network has none).
+Its methods are the files API's: ``stat``, ``list``, ``read``, ``write``,
+``mkdir``, ``remove``, ``close``. ``ContainerPort`` does the same for
+port-forward: a program in the container (the image's ``nc``, or the files
+tool's ``connect``) connects to its own loopback, where a server bound to
+127.0.0.1 is reached under every handler (the sandbox's address on its network
+would miss it, and a sandbox without a network has none).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ from sandlot.agent.execsession import ExecSession, idle_past
 from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
-from sandlot.agent.toolfiles import ToolRoot
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.toolfiles import ToolRoot
 from sandlot.api.common import join_key, key_of
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream

@@ -279,11 +279,11 @@ __all__ = [
     "RuntimeClassRefused",
     "RuntimeHandler",
     "as_pod_sandbox",
-    "with_files_tool",
     "check_handler",
     "discover_handlers",
     "host_view",
     "joined_placement",
     "read_runtime_class",
     "shim_binary",
+    "with_files_tool",
 ]

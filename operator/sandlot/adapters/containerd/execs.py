@@ -123,10 +123,11 @@ class Execs:
         timeout: float,
         bare: bool = False,
     ) -> ExecProcess:
-        """Start ``args`` in the container (``bare``: with no capabilities). At most ``STARTS_PER_CONTAINER`` starts
-        of one container are in flight: containerd takes them one at a time, so a
-        burst would spend every call's deadline queued inside it. The rest wait here,
-        for at most ``START_QUEUE_WAIT``; each start then has ``timeout`` of its own."""
+        """Start ``args`` in the container (``bare``: with no capabilities). At most
+        ``STARTS_PER_CONTAINER`` starts of one container are in flight: containerd
+        takes them one at a time, so a burst would spend every call's deadline queued
+        inside it. The rest wait here, for at most ``START_QUEUE_WAIT``; each start
+        then has ``timeout`` of its own."""
         slot = self._slot(container_id)
         try:
             if not slot.acquire(timeout=START_QUEUE_WAIT):
