@@ -34,6 +34,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -281,16 +282,16 @@ func writeOp(p string, limit int64) {
 	if err != nil {
 		refuse(err, p)
 	}
-	done := false
+	var done atomic.Bool
 	go func() {
 		<-signals
-		if !done {
+		if !done.Load() {
 			_ = syscall.Unlinkat(dirfd, temp)
 		}
 		os.Exit(1)
 	}()
 	defer func() {
-		if !done {
+		if !done.Load() {
 			_ = syscall.Unlinkat(dirfd, temp)
 		}
 	}()
@@ -326,7 +327,7 @@ func writeOp(p string, limit int64) {
 	if err := syscall.Renameat(dirfd, temp, dirfd, name); err != nil {
 		refuse(err, p)
 	}
-	done = true
+	done.Store(true)
 	writeOut([]byte(strconv.FormatInt(written, 10)))
 }
 

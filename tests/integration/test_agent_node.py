@@ -75,7 +75,7 @@ def create_sandbox(
     image: str = IMAGE,
     phase: str = "Scheduled",
     pull_policy: str = "IfNotPresent",
-    security_context: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
@@ -88,8 +88,7 @@ def create_sandbox(
             "imagePullPolicy": pull_policy,
         },
     }
-    if security_context is not None:
-        body["spec"]["securityContext"] = security_context
+    body["spec"].update(spec or {})
     api = _custom(kube)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
     for step in ("Scheduled", phase) if phase != "Scheduled" else ("Scheduled",):

@@ -87,7 +87,7 @@ def test_cp_reaches_the_sandboxs_own_files_as_its_user_without_the_nodes_pids(
             tenant,
             "reach",
             f"echo the sandbox\\'s file > {marker}; sleep 1000",
-            security_context=TENANT_USER,
+            spec={"securityContext": TENANT_USER},
         )
         wait_for(
             lambda: "sandbox" in _exec("reach", tenant, kubeconfig, "cat", str(marker)),
@@ -151,3 +151,30 @@ def test_cp_reads_no_kernel_addresses_and_no_kernel_log(
     assert "permission denied" in kmsg.stderr, kmsg.stderr
     assert not log.exists() or log.read_bytes() == b""
     delete_sandbox(kube, tenant, name)
+
+
+def test_cp_reaches_a_sandbox_in_a_user_namespace_of_its_own(
+    kube: client.ApiClient,
+    agents: dict[str, Agent],
+    places: tuple[str, str],
+    users: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """runc mounts the tool into a sandbox whose root is an unprivileged user of the
+    node; what the tool writes is that sandbox's root's (0 inside)."""
+    _, tenant = places
+    kubeconfig = users["operator-person"]
+    running_sandbox(
+        kube, agents["own-pid-namespace"], tenant, "userns", "sleep 1000", {"hostUsers": False}
+    )
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"into a user namespace\n")
+    put = sandlot("cp", str(payload), "userns:/tmp/in", "-n", tenant, kubeconfig=kubeconfig)
+    assert put.returncode == 0, put.stderr
+    assert _exec("userns", tenant, kubeconfig, "cat", "/tmp/in") == "into a user namespace\n"
+    assert _exec("userns", tenant, kubeconfig, "ls", "-ln", "/tmp/in").split()[2:4] == ["0", "0"]
+    back = tmp_path / "back"
+    got = sandlot("cp", "userns:/tmp/in", str(back), "-n", tenant, kubeconfig=kubeconfig)
+    assert got.returncode == 0, got.stderr
+    assert back.read_bytes() == b"into a user namespace\n"
+    delete_sandbox(kube, tenant, "userns")

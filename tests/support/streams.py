@@ -304,7 +304,7 @@ def running_sandbox(
     namespace: str,
     name: str,
     script: str,
-    security_context: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from tests.integration.test_agent_node import create_sandbox, wait_phase
 
@@ -314,7 +314,7 @@ def running_sandbox(
         name,
         agent.node,
         command=["sh", "-c", script],
-        security_context=security_context,
+        spec=spec,
     )
     sandbox = wait_phase(kube, namespace, name, "Running", timeout=30)
     wait_for(
