@@ -427,7 +427,7 @@ class StreamServer:
             running=running,
         )
 
-    def _root(self, tool: bool, container: str) -> Root:
+    def _root(self, tool: bool, container: str, idle: float | None = None) -> Root:
         """The sandbox's files reached from inside it: through the files tool mounted
         in it, else (a container made before its node had the tool, or a handler
         without it) through the image's own tools. Never through the node's view of
@@ -435,13 +435,14 @@ class StreamServer:
         execs = self._execs
         assert execs is not None, "admitted only with a runtime"
         kind = ToolRoot if tool else ContainerRoot
-        return kind(execs, container, call_timeout=self.call_timeout, idle=self.idle)
+        quiet = self.idle if idle is None else idle
+        return kind(execs, container, call_timeout=self.call_timeout, idle=quiet)
 
     def _port_connector(self, tool: bool, port: int, container: str) -> Callable[[], socket.socket]:
         """Loopback of the sandbox's network, reached from inside it (the files tool's
         ``connect``, else the image's ``nc``): a server bound to 127.0.0.1 is reached
         under every handler, gVisor's netstack included."""
-        root = self._root(tool, container)
+        root = self._root(tool, container, idle=self.call_timeout)  # a write to the port
         argv = ["connect", str(port)] if tool else ["nc", "127.0.0.1", str(port)]
         return lambda: ContainerPort(root, argv)  # type: ignore[return-value]  # socket-like
 
