@@ -15,14 +15,14 @@
 # service's files, newer than Debian's, from
 # operator/sandlot/devtools/containerd_protos), the same generator and source the
 # development setup uses, and installs the package with them into a virtualenv that the final stage copies alone: no compiler, no
-# grpcio-tools, no .proto files in the image.
+# grpcio-tools, no .proto files in the image. It also builds the files tool with Debian's Go.
 ARG DEBIAN_IMAGE=debian:bookworm-slim
 
 FROM ${DEBIAN_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv iproute2 \
-      golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev \
+      golang-github-containerd-containerd-dev golang-github-gogo-protobuf-dev golang-go \
  && rm -rf /var/lib/apt/lists/*
 # grpcio-tools lives in its own virtualenv: it is needed to generate, never to run.
 RUN python3 -m venv /opt/gen && /opt/gen/bin/pip install "grpcio-tools>=1.85" "protobuf>=7.36"
@@ -40,6 +40,12 @@ RUN python3 -m venv /opt/sandlot \
  && /opt/sandlot/bin/pip check \
  && /opt/sandlot/bin/python -c "import sandlot.adapters.containerd.client" \
  && /opt/sandlot/bin/sandlot --help >/dev/null
+# The files tool the agent mounts into sandboxes (operator/filetool, the chart's
+# agent.filesTool): static, standard library only, shipped inside /opt/sandlot.
+RUN cd operator/filetool \
+ && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" \
+      -o /opt/sandlot/libexec/sandlot-files . \
+ && /opt/sandlot/libexec/sandlot-files stat / >/dev/null
 
 FROM ${DEBIAN_IMAGE}
 LABEL org.opencontainers.image.title="sandlot" \

@@ -107,12 +107,11 @@ LOCAL_VALUES = merged(
     VALUES,
     {
         "operator": {"leaseViewMaxAge": "15s", "livenessProbe": LIVENESS, "readinessProbe": PROBE},
-        # hostProc (and so privileged): sandlot cp reaches a sandbox through the node's /proc.
+        # The chart's agent.hostProc and agent.privileged (both off): sandlot cp reaches a
+        # sandbox through the files tool mounted in it.
         "agent": {
             "livenessProbe": LIVENESS,
             "readinessProbe": PROBE,
-            "hostProc": True,
-            "privileged": True,
             "runtimes": {
                 "gvisor": {
                     "install": True,

@@ -75,8 +75,9 @@ def create_sandbox(
     image: str = IMAGE,
     phase: str = "Scheduled",
     pull_policy: str = "IfNotPresent",
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    body = {
+    body: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "Sandbox",
         "metadata": {"name": name},
@@ -87,6 +88,7 @@ def create_sandbox(
             "imagePullPolicy": pull_policy,
         },
     }
+    body["spec"].update(spec or {})
     api = _custom(kube)
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", body)
     for step in ("Scheduled", phase) if phase != "Scheduled" else ("Scheduled",):

@@ -95,6 +95,11 @@ def test_defaults_render_the_operator_agent_rbac_services_and_pdb(helm: Path) ->
     pod = ds["spec"]["template"]["spec"]
     (agent,) = pod["containers"]
     assert not pod.get("hostPID") and not pod.get("hostNetwork")
+    # Files reach sandboxes through the tool mounted in them, not the node's /proc.
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert env["SANDLOT_FILES_TOOL"] == "/opt/sandlot/libexec/sandlot-files"
+    assert env["SANDLOT_PROC_ROOT"] == "/proc"
+    assert "host-proc" not in {v["name"] for v in pod["volumes"]}
     assert {"operator": "Exists"} in pod["tolerations"], "the agent must tolerate every taint"
     assert agent["securityContext"]["privileged"] is False
     assert agent["securityContext"]["capabilities"]["drop"] == ["ALL"]

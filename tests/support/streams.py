@@ -33,7 +33,12 @@ from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.containerd import PrivateContainerd
-from sandlot.devtools.controlplane import ControlPlane, free_port, kubeconfig_dict
+from sandlot.devtools.controlplane import (
+    ControlPlane,
+    files_tool_path,
+    free_port,
+    kubeconfig_dict,
+)
 from sandlot.devtools.gatewayrig import running_gateway
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
 from sandlot.devtools.streamnet import StreamAddress, can_create
@@ -133,7 +138,7 @@ def stream_agent(
         stream_tls_cert=str(stream_certs.agent.cert),
         stream_tls_key=str(stream_certs.agent.key),
         stream_client_ca=str(stream_certs.ca.cert),
-        **overrides,
+        **{"files_tool": str(files_tool_path()), **overrides},
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:
@@ -294,11 +299,23 @@ def sandlot(
 
 
 def running_sandbox(
-    kube: client.ApiClient, agent: Agent, namespace: str, name: str, script: str
+    kube: client.ApiClient,
+    agent: Agent,
+    namespace: str,
+    name: str,
+    script: str,
+    spec: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from tests.integration.test_agent_node import create_sandbox, wait_phase
 
-    create_sandbox(kube, namespace, name, agent.node, command=["sh", "-c", script])
+    create_sandbox(
+        kube,
+        namespace,
+        name,
+        agent.node,
+        command=["sh", "-c", script],
+        spec=spec,
+    )
     sandbox = wait_phase(kube, namespace, name, "Running", timeout=30)
     wait_for(
         lambda: (

@@ -43,3 +43,21 @@ def test_an_exec_keeps_the_sandboxes_user_caps_and_directory(tty: bool, env: lis
 def test_a_terminal_keeps_a_term_the_sandbox_set() -> None:
     spec = {"process": {"env": ["TERM=vt100"]}}
     assert exec_process_spec(spec, ["sh"], True)["env"] == ["TERM=vt100"]
+
+
+def test_a_bare_exec_has_no_capabilities_and_no_new_privileges_but_the_sandboxes_user() -> None:
+    container = {"process": {**CONTAINER["process"], "noNewPrivileges": False}}
+    process = exec_process_spec(container, ["/dev/.sandlot/files", "stat", "/"], False, bare=True)
+    assert process["capabilities"] == {
+        "bounding": [],
+        "effective": [],
+        "inheritable": [],
+        "permitted": [],
+        "ambient": [],
+    }
+    assert process["noNewPrivileges"] is True
+    assert (process["user"], process["env"], process["cwd"]) == (
+        {"uid": 1000, "gid": 1000},
+        ["PATH=/bin"],
+        "/work",
+    )

@@ -12,8 +12,9 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from sandlot.devtools.cluster.images import RECIPE, RUNTIME_LOCK
+from sandlot.devtools.cluster.images import FILES_TOOL_IN_IMAGE, RECIPE, RUNTIME_LOCK
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile"
 
@@ -97,3 +98,15 @@ def test_user_entrypoint_command_and_environment_match() -> None:
 def test_the_final_stage_copies_only_the_virtualenv() -> None:
     copies = [a for w, a in _final_stage() if w == "COPY"]
     assert copies == [f"--from=build {RECIPE.venv} {RECIPE.venv}"], copies
+
+
+def test_both_recipes_ship_the_files_tool_where_the_chart_looks_for_it() -> None:
+    values = yaml.safe_load((DOCKERFILE.parent / "charts/sandlot/values.yaml").read_text())
+    assert values["agent"]["filesTool"] == FILES_TOOL_IN_IMAGE
+    # Inside the virtualenv's directory: the final stage's one COPY, the recipe's layer.
+    assert FILES_TOOL_IN_IMAGE.startswith(f"{RECIPE.venv}/")
+    steps = _instructions()
+    build_stage = steps[: max(i for i, (word, _) in enumerate(steps) if word == "FROM")]
+    builds = [a for w, a in build_stage if w == "RUN" and "cd operator/filetool" in a]
+    assert len(builds) == 1 and f"-o {FILES_TOOL_IN_IMAGE} ." in builds[0], builds
+    assert "CGO_ENABLED=0" in builds[0], "static: it runs in any sandbox's root"

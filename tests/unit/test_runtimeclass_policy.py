@@ -18,6 +18,7 @@ from sandlot.api.node import NodePhase
 from sandlot.api.placement import Toleration
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.capacity import Capacity
+from sandlot.policy.ocispec import FILES_TOOL
 from sandlot.policy.placement import Placement
 from sandlot.policy.runtimeclass import (
     RUNC_RUNTIME_TYPE,
@@ -32,6 +33,7 @@ from sandlot.policy.runtimeclass import (
     joined_placement,
     read_runtime_class,
     shim_binary,
+    with_files_tool,
 )
 from sandlot.policy.scheduling import NodeSlot, SandboxRequest, Unschedulable, choose_node
 from sandlot.policy.startrefusals import Refusal, StartFacts, refused_starts
@@ -133,6 +135,41 @@ def test_only_a_shim_of_its_own_kind_gets_the_pod_sandbox_annotation() -> None:
     marked = as_pod_sandbox(spec, RuntimeHandler("gvisor", "io.containerd.runsc.v1"))
     assert marked["annotations"] == {"a": "b", "io.kubernetes.cri.container-type": "sandbox"}
     assert spec["annotations"] == {"a": "b"}
+
+
+@pytest.mark.parametrize(
+    ("source", "handler", "mounted"),
+    [
+        ("/var/lib/sandlot/bin/sandlot-files", None, True),
+        ("/var/lib/sandlot/bin/sandlot-files", RuntimeHandler("crun", binary_name="/x/crun"), True),
+        (
+            "/var/lib/sandlot/bin/sandlot-files",
+            RuntimeHandler("gvisor", "io.containerd.runsc.v1"),
+            False,
+        ),
+        (None, None, False),
+    ],
+    ids=["runc", "crun-through-the-runc-shim", "gvisor-keeps-the-images-tools", "node-without-it"],
+)
+def test_the_files_tool_is_mounted_read_only_under_dev_for_a_handler_with_a_host_view(
+    source: str | None, handler: RuntimeHandler | None, mounted: bool
+) -> None:
+    spec: dict[str, Any] = {"mounts": [{"destination": "/dev", "type": "tmpfs"}]}
+    out = with_files_tool(spec, source, handler)
+    tools = [m for m in out["mounts"] if m["destination"] == FILES_TOOL]
+    if not mounted:
+        assert out["mounts"] == spec["mounts"]
+        return
+    assert tools == [
+        {
+            "destination": "/dev/.sandlot/files",
+            "type": "bind",
+            "source": source,
+            "options": ["bind", "ro", "nosuid", "nodev"],
+        }
+    ]
+    # After /dev's tmpfs: the file is made there, never in the root filesystem.
+    assert out["mounts"].index(tools[0]) > 0 and len(spec["mounts"]) == 1
 
 
 @pytest.mark.parametrize(

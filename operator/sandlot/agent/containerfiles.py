@@ -1,19 +1,21 @@
-"""A sandbox's files through the container itself, for a handler whose task gives
-the node no view of them (``policy.runtimeclass.host_view``: gVisor's sentry
-serves the container's files, its task's ``/proc/<pid>/root`` is not them).
+"""A sandbox's files through the container itself, with the image's own tools: for
+a container without the agent's files tool (``agent.toolfiles``): one of a handler
+whose task gives the node no view of them (``policy.runtimeclass.host_view``:
+gVisor's sentry serves the container's files), or one made before its node had it.
 
 Each operation is one short exec of a tool the image has (busybox's ``stat``,
 ``cat``, ``sh``, ``mv``, ``mkdir``, ``rm``, ``rmdir``; a tool the image does
-not link is run as ``busybox <tool>``), run as the sandbox's own process user, so
-it sees and can change exactly what the sandbox can. An image without the tool is
-refused by name. Every start and wait is bounded by
-``call_timeout``, every silence on a stream by ``idle``.
+not link is run as ``busybox <tool>``), run as the sandbox's own process user
+with no capabilities, so it sees and can change at most what the sandbox's user
+can. An image without the tool is refused by name. Every start and wait is
+bounded by ``call_timeout``, every silence on a stream by ``idle``.
 
-The same methods as ``adapters.sandboxfs.SandboxRoot``: ``stat``, ``list``,
-``read``, ``write``, ``mkdir``, ``remove``, ``close``. ``ContainerPort`` does the same
-for port-forward: the container's ``nc`` connects to its own loopback, where a
-server bound to 127.0.0.1 is reached as under runc (the sandbox's address on its
-network would miss it, and a sandbox without a network has none).
+Its methods are the files API's: ``stat``, ``list``, ``read``, ``write``,
+``mkdir``, ``remove``, ``close``. ``ContainerPort`` does the same for
+port-forward: a program in the container (the image's ``nc``, or the files
+tool's ``connect``) connects to its own loopback, where a server bound to
+127.0.0.1 is reached under every handler (the sandbox's address on its network
+would miss it, and a sandbox without a network has none).
 """
 
 from __future__ import annotations
@@ -152,11 +154,11 @@ class ContainerRoot:
         that name; refused naming the tool when neither is there."""
         try:
             return self._exec(argv, stdin=stdin)
-        except _MissingTool:
+        except MissingTool:
             pass
         try:
             return self._exec(["busybox", *argv], stdin=stdin)
-        except _MissingTool:
+        except MissingTool:
             raise FileRefused(
                 501,
                 f"the sandbox's image has no {argv[0]} (nor busybox): under this runtime "
@@ -173,10 +175,11 @@ class ContainerRoot:
                 tty=False,
                 stdin=stdin,
                 timeout=self.call_timeout,
+                bare=True,
             )
         except Exception as e:
             if _missing_tool(str(e)):
-                raise _MissingTool(argv[0]) from None
+                raise MissingTool(argv[0]) from None
             raise FileRefused(503, f"cannot reach the sandbox's files: {e}") from None
 
     def _stdout(self, process: ExecProcess) -> Iterator[bytes]:
@@ -209,7 +212,7 @@ class ContainerRoot:
         code = self.execs.wait(process, timeout=self.call_timeout)
         if code == 0:
             return
-        why = _stderr(process)
+        why = stderr_of(process)
         raise FileRefused(_status_of(why), f"{path}: {why or f'exit status {code}'}")
 
     def _end(self, process: ExecProcess) -> None:
@@ -229,13 +232,15 @@ class ContainerPort:
     owns it: the node's view of the task's namespace does not). Socket-like for
     ``serve_port``: ``recv``, ``sendall``, ``shutdown``, ``close``."""
 
-    def __init__(self, execs: Execs, container: str, port: int, *, call_timeout: float) -> None:
-        self.execs = execs
-        self.call_timeout = call_timeout
+    def __init__(self, root: ContainerRoot, argv: Sequence[str]) -> None:
+        """``argv`` through ``root``: the image's ``nc 127.0.0.1 PORT``, or the files
+        tool's ``connect PORT`` (``agent.toolfiles``)."""
+        self.execs = root.execs
+        self.call_timeout = root.call_timeout
         self._closed = False
-        root = ContainerRoot(execs, container, call_timeout=call_timeout, idle=call_timeout)
+        self._argv0 = argv[0]
         try:
-            self.process = root._start(["nc", "127.0.0.1", str(port)], stdin=True)
+            self.process = root._start(argv, stdin=True)
         except FileRefused as e:
             raise OSError(e.message) from None
         self._root = root
@@ -254,7 +259,11 @@ class ContainerPort:
             if not data and not self._closed:
                 code = self.execs.wait(self.process, timeout=self.call_timeout)
                 if code != 0:
-                    raise PortUnreachable(_stderr(self.process) or f"nc exited with {code}")
+                    said = stderr_of(self.process)
+                    status, _, why = said.partition(" ")  # the files tool's "STATUS why"
+                    raise PortUnreachable(
+                        (why if status.isdigit() else said) or f"{self._argv0} exited with {code}"
+                    )
             return data
         return b""
 
@@ -283,8 +292,8 @@ class ContainerPort:
         self._root._end(self.process)
 
 
-class _MissingTool(Exception):
-    pass
+class MissingTool(Exception):
+    """The exec's program is not in the container."""
 
 
 def _inside(path: str) -> str:
@@ -297,7 +306,7 @@ def _missing_tool(message: str) -> bool:
     return "executable file not found" in lowered or "no such file or directory" in lowered
 
 
-def _stderr(process: ExecProcess) -> str:
+def stderr_of(process: ExecProcess) -> str:
     if process.stderr is None:
         return ""
     ready, _, _ = select.select([process.stderr], [], [], 1.0)
@@ -352,4 +361,11 @@ def collect(chunks: Iterable[bytes], most: int, path: str) -> bytes:
     return bytes(out)
 
 
-__all__ = ["ContainerPort", "ContainerRoot", "PortUnreachable", "collect"]
+__all__ = [
+    "ContainerPort",
+    "ContainerRoot",
+    "MissingTool",
+    "PortUnreachable",
+    "collect",
+    "stderr_of",
+]

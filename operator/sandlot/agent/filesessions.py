@@ -1,5 +1,6 @@
 """``sandlot cp`` and ``sandlot port-forward``: a sandbox's files and ports over one
-connection each (``adapters.sandboxfs`` does the reaching in).
+connection each (``agent.toolfiles`` and ``agent.containerfiles`` do the reaching in,
+from inside the sandbox).
 
 Files, in ``v5.channel.k8s.io`` frames: a read sends the file on stdout, then the
 status; list and stat send one JSON document on stdout; a write takes stdin
@@ -24,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from sandlot.adapters.sandboxfs import FileRefused, SandboxRoot
+from sandlot.adapters.sandboxfs import FileRefused
 from sandlot.agent.containerfiles import ContainerRoot, PortUnreachable
 from sandlot.policy.streams import (
     CLOSE,
@@ -50,7 +51,7 @@ MAX_ENTRIES = 10_000
 RECV_WAIT = 1.0
 
 
-Root = SandboxRoot | ContainerRoot
+Root = ContainerRoot  # or its ToolRoot
 
 
 def serve_files(
@@ -62,7 +63,7 @@ def serve_files(
     idle: float,
 ) -> None:
     """One files operation for ``connection``, on the root ``open_root`` gives (the
-    task's, or the container's own tools); the status always ends it."""
+    files tool in the sandbox, or the image's own tools); the status always ends it."""
     status = exit_status(0)
     try:
         root = open_root()

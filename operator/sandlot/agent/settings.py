@@ -319,8 +319,19 @@ class AgentSettings(NetworkSettings, PullSettings):
     proc_root: str = Field(
         default="/proc",
         max_length=256,
-        description="The node's /proc, where containerd's task pids live (files and "
-        "port-forward reach a sandbox through it; in a pod, the host's /proc mounted in).",
+        description="The node's /proc, where containerd's task pids live (tcpSocket and "
+        "httpGet probes reach a sandbox's network through it; in a pod, the host's /proc "
+        "mounted in).",
+    )
+    files_tool: str = Field(
+        default="",
+        pattern=r"^(/.*)?$",
+        max_length=256,
+        description="The static files tool (operator/filetool) in the agent's image. The "
+        "agent copies it to state_dir/bin and mounts it read-only into every sandbox of "
+        "a handler with a host view, where sandlot cp and port-forward run it as the "
+        "sandbox's user with no capabilities. Empty: none; they run the image's own "
+        "tools (sh, cat, nc ...) instead.",
     )
     cgroup_parent: str = Field(
         default="/sandlot",

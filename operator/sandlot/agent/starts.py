@@ -65,6 +65,7 @@ from sandlot.policy.runtimeclass import (
     RuntimeHandler,
     as_pod_sandbox,
     host_view,
+    with_files_tool,
 )
 from sandlot.policy.sandboxlogs import log_stem
 
@@ -101,6 +102,7 @@ class NodeFacts:
     capacity: Capacity = field(default_factory=lambda: Capacity(sandboxes=110))
     runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
     containerd_version: str = ""
+    files_tool: str | None = None  # the node's path of the files tool (adapters.filetool)
 
 
 class Starts:
@@ -291,7 +293,7 @@ class Starts:
         container_id = container_id_for(meta["uid"])
         config = self._image_config(image)
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
-        oci = as_pod_sandbox(oci, handler)
+        oci = with_files_tool(as_pod_sandbox(oci, handler), self.facts.files_tool, handler)
         attachment = self._plan_network(container_id, spec, oci, handler)
         labels = {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity

@@ -34,7 +34,6 @@ from websockets.sync.server import Server, ServerConnection, serve
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
-from sandlot.adapters.sandboxfs import SandboxRoot, connect_in_netns
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
@@ -43,11 +42,12 @@ from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.toolfiles import ToolRoot
 from sandlot.api.common import join_key, key_of
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
+from sandlot.policy.ocispec import FILES_TOOL
 from sandlot.policy.operatingmode import stream_refusal, wanted_mode
-from sandlot.policy.runtimeclass import host_view
 from sandlot.policy.streams import (
     CALLER_HEADER,
     EXEC,
@@ -112,13 +112,11 @@ class StreamServer:
         execs: Execs | None,
         call_timeout: float,
         stop: threading.Event,
-        proc_root: str = "/proc",
         file_limit: int = 256 * 2**20,
         idle: float = 600.0,
         max_sessions: int = MAX_SESSIONS,
     ) -> None:
         self.node = node
-        self.proc_root = proc_root
         self.file_limit = file_limit
         self.idle = idle
         self.max_sessions = max_sessions
@@ -399,8 +397,8 @@ class StreamServer:
         execs = self._execs
         assert execs is not None, "admitted only with a runtime"
         try:
-            pid = execs.task_pid(container, timeout=self.call_timeout)
-            from_host = host_view(execs.runtime_of(container, timeout=self.call_timeout))
+            execs.task_pid(container, timeout=self.call_timeout)  # a task runs
+            tool = FILES_TOOL in execs.mounts_in(container, timeout=self.call_timeout)
         except Exception as e:
             connection.send(encode_frame(STATUS, error_status(f"no running task: {e}", 409)))
             connection.close()
@@ -409,7 +407,7 @@ class StreamServer:
             serve_files(
                 connection,
                 asked,
-                self._root_opener(from_host, pid, container),
+                lambda: self._root(tool, container),
                 limit=self.file_limit,
                 idle=self.idle,
             )
@@ -423,35 +421,30 @@ class StreamServer:
         serve_port(
             connection,
             asked,
-            self._port_connector(from_host, pid, asked.port, container),
+            self._port_connector(tool, asked.port, container),
             timeout=self.call_timeout,
             idle=self.idle,
             running=running,
         )
 
-    def _root_opener(self, from_host: bool, pid: int, container: str) -> Callable[[], Root]:
-        """The task's root seen from the node, or (a handler with no host view) the
-        container's own tools through execs."""
+    def _root(self, tool: bool, container: str, idle: float | None = None) -> Root:
+        """The sandbox's files reached from inside it: through the files tool mounted
+        in it, else (a container made before its node had the tool, or a handler
+        without it) through the image's own tools. Never through the node's view of
+        the task's pid, which the agent may not share (``agent.toolfiles``)."""
         execs = self._execs
         assert execs is not None, "admitted only with a runtime"
-        if from_host:
-            return lambda: SandboxRoot(self.proc_root, pid)
-        return lambda: ContainerRoot(
-            execs, container, call_timeout=self.call_timeout, idle=self.idle
-        )
+        kind = ToolRoot if tool else ContainerRoot
+        quiet = self.idle if idle is None else idle
+        return kind(execs, container, call_timeout=self.call_timeout, idle=quiet)
 
-    def _port_connector(
-        self, from_host: bool, pid: int, port: int, container: str
-    ) -> Callable[[], socket.socket]:
-        """Loopback in the task's network namespace, or (a handler with no host view:
-        gVisor's netstack owns the sandbox's loopback) loopback reached by the
-        container's own ``nc``."""
-        timeout = self.call_timeout
-        if from_host:
-            return lambda: connect_in_netns(self.proc_root, pid, port, timeout=timeout)
-        execs = self._execs
-        assert execs is not None, "admitted only with a runtime"
-        return lambda: ContainerPort(execs, container, port, call_timeout=timeout)  # type: ignore[return-value]  # socket-like
+    def _port_connector(self, tool: bool, port: int, container: str) -> Callable[[], socket.socket]:
+        """Loopback of the sandbox's network, reached from inside it (the files tool's
+        ``connect``, else the image's ``nc``): a server bound to 127.0.0.1 is reached
+        under every handler, gVisor's netstack included."""
+        root = self._root(tool, container, idle=self.call_timeout)  # a write to the port
+        argv = ["connect", str(port)] if tool else ["nc", "127.0.0.1", str(port)]
+        return lambda: ContainerPort(root, argv)  # type: ignore[return-value]  # socket-like
 
     def _send_log(
         self, connection: ServerConnection, asked: StreamRequest, sandbox: Mapping[str, Any]
@@ -543,7 +536,6 @@ def start_streams(
         ),
         call_timeout=settings.call_timeout.total_seconds(),
         stop=stop,
-        proc_root=settings.proc_root,
         file_limit=settings.stream_file_max_bytes,
         idle=settings.stream_idle_timeout.total_seconds(),
         max_sessions=settings.stream_max_sessions,

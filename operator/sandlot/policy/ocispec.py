@@ -133,6 +133,13 @@ READONLY_PATHS = (
 )
 
 
+# Where the files tool (operator/filetool) is in a sandbox (``runtimeclass.
+# with_files_tool``): a file under the container's own /dev tmpfs, so no commit of
+# its root filesystem carries it, bind-mounted read-only, so the sandbox cannot
+# change what the agent runs in it.
+FILES_TOOL = "/dev/.sandlot/files"
+
+
 def _mounts(*, privileged: bool = False) -> list[dict[str, Any]]:
     return [
         {

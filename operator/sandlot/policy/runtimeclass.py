@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from sandlot.api.placement import Toleration
 from sandlot.api.reasons import SandboxReason
+from sandlot.policy.ocispec import FILES_TOOL
 from sandlot.policy.placement import Placement
 from sandlot.policy.quantity import memory_bytes, parse_quantity
 
@@ -192,6 +193,19 @@ def as_pod_sandbox(oci_spec: dict[str, Any], handler: RuntimeHandler | None) -> 
     return {**oci_spec, "annotations": annotations}
 
 
+def with_files_tool(
+    oci_spec: dict[str, Any], source: str | None, handler: RuntimeHandler | None
+) -> dict[str, Any]:
+    """The spec with the node's files tool (``source``; None: the node has none)
+    mounted at ``ocispec.FILES_TOOL``, for a handler with a host view (gVisor's
+    sandboxes keep reaching files through their image's own tools)."""
+    if not source or (handler is not None and not host_view(handler.shim)):
+        return oci_spec
+    tool = {"destination": FILES_TOOL, "type": "bind", "source": source}
+    mount = {**tool, "options": ["bind", "ro", "nosuid", "nodev"]}
+    return {**oci_spec, "mounts": [*oci_spec.get("mounts", []), mount]}
+
+
 def read_runtime_class(name: str, body: Mapping[str, Any] | None) -> RuntimeClassInfo:
     """The RuntimeClass ``name`` as read (``body``; None: it does not exist), or
     ``RuntimeClassRefused`` saying why a sandbox cannot run under it."""
@@ -271,4 +285,5 @@ __all__ = [
     "joined_placement",
     "read_runtime_class",
     "shim_binary",
+    "with_files_tool",
 ]

@@ -74,12 +74,18 @@ class ExecProcess:
 
 
 def exec_process_spec(
-    container_spec: dict[str, Any], args: Sequence[str], tty: bool
+    container_spec: dict[str, Any], args: Sequence[str], tty: bool, *, bare: bool = False
 ) -> dict[str, Any]:
-    """The container's process spec with ``args`` and ``terminal`` replaced."""
+    """The container's process spec with ``args`` and ``terminal`` replaced; ``bare``
+    also takes every capability away (its user, groups and masks stay the sandbox's)."""
     process = dict(container_spec.get("process") or {})
     process["args"] = list(args)
     process["terminal"] = tty
+    if bare:
+        process["capabilities"] = {
+            k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")
+        }
+        process["noNewPrivileges"] = True
     process.pop("consoleSize", None)
     if tty and not any(e.startswith("TERM=") for e in process.get("env") or []):
         process["env"] = [*(process.get("env") or []), "TERM=xterm"]
@@ -115,11 +121,13 @@ class Execs:
         tty: bool,
         stdin: bool,
         timeout: float,
+        bare: bool = False,
     ) -> ExecProcess:
-        """Start ``args`` in the container. At most ``STARTS_PER_CONTAINER`` starts
-        of one container are in flight: containerd takes them one at a time, so a
-        burst would spend every call's deadline queued inside it. The rest wait here,
-        for at most ``START_QUEUE_WAIT``; each start then has ``timeout`` of its own."""
+        """Start ``args`` in the container (``bare``: with no capabilities). At most
+        ``STARTS_PER_CONTAINER`` starts of one container are in flight: containerd
+        takes them one at a time, so a burst would spend every call's deadline queued
+        inside it. The rest wait here, for at most ``START_QUEUE_WAIT``; each start
+        then has ``timeout`` of its own."""
         slot = self._slot(container_id)
         try:
             if not slot.acquire(timeout=START_QUEUE_WAIT):
@@ -129,7 +137,7 @@ class Execs:
                 )
             try:
                 return self._start(
-                    container_id, exec_id, args, tty=tty, stdin=stdin, timeout=timeout
+                    container_id, exec_id, args, tty=tty, stdin=stdin, timeout=timeout, bare=bare
                 )
             finally:
                 slot.release()
@@ -162,6 +170,7 @@ class Execs:
         tty: bool,
         stdin: bool,
         timeout: float,
+        bare: bool,
     ) -> ExecProcess:
         budget = Deadline(timeout, expired=RuntimeTimeout)
         what = f"Containers.Get {container_id}"
@@ -171,7 +180,7 @@ class Execs:
             timeout=budget.remaining(what),
             what=what,
         ).container
-        spec = exec_process_spec(json.loads(container.spec.value or b"{}"), args, tty)
+        spec = exec_process_spec(json.loads(container.spec.value or b"{}"), args, tty, bare=bare)
         directory = tempfile.mkdtemp(prefix=f"exec-{exec_id}-", dir=self._fifo_root)
         fds: list[int] = []
         try:
@@ -300,6 +309,17 @@ class Execs:
             what=f"Containers.Get {container_id}",
         )
         return str(response.container.runtime.name)
+
+    def mounts_in(self, container_id: str, *, timeout: float) -> frozenset[str]:
+        """The destinations of the container's mounts (its spec's)."""
+        response = self._conn.call(
+            self._conn.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=timeout,
+            what=f"Containers.Get {container_id}",
+        )
+        spec = json.loads(response.container.spec.value or b"{}")
+        return frozenset(str(m.get("destination")) for m in spec.get("mounts") or [])
 
     def close(self) -> None:
         self._conn.close()

@@ -6,7 +6,8 @@ inputs (a warm run rebuilds nothing; nothing is ever pulled by a node):
   (``RECIPE``): a Debian rootfs from ``debootstrap`` with the same packages and the
   same user (layer 1), and ``/opt/sandlot``, a virtualenv with the dependencies
   installed by pip from ``requirements/runtime.txt`` (the runtime lock, its hashes
-  checked) and then the package alone, ``--no-deps`` (layer 2); entrypoint, command,
+  checked) and then the package alone, ``--no-deps``, and the files tool built with
+  this machine's Go (layer 2); entrypoint, command,
   environment and user as the Dockerfile says.
   tests/unit/test_image_recipe.py keeps the Dockerfile and ``RECIPE`` in step;
 - the runtimes image (the chart's agent.runtimes installers): a static busybox and
@@ -29,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandlot.devtools.controlplane import files_tool_path
 from sandlot.devtools.ociarchive import build_image_archive, build_layers_archive, directory_layer
 
 
@@ -62,6 +64,10 @@ RECIPE = ImageRecipe(
     ),
     venv="/opt/sandlot",
 )
+# The files tool (operator/filetool) in the image, as the Dockerfile builds it and the
+# chart's agent.filesTool names it: inside the virtualenv's directory, so its layer
+# carries it.
+FILES_TOOL_IN_IMAGE = "/opt/sandlot/libexec/sandlot-files"
 DEBIAN_MIRROR = os.environ.get("SANDLOT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PAUSE_IMAGE = "sandlot.local/pause:1"
 PAUSE_SOURCE = """\
@@ -302,6 +308,8 @@ $pip install -q --no-index --no-deps /wheels/own/{package}
 $pip check
 chroot {merged} {RECIPE.venv}/bin/python -c "import sandlot.adapters.containerd.client"
 chroot {merged} {RECIPE.venv}/bin/sandlot --help >/dev/null
+install -D -m 0755 {files_tool_path()} {merged}{FILES_TOOL_IN_IMAGE}
+chroot {merged} {FILES_TOOL_IN_IMAGE} stat / >/dev/null
 """
     _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
          "virtualenv layer", 900)  # fmt: skip

@@ -31,6 +31,7 @@ from sandlot.devtools.certs import front_proxy_flags
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
+FILETOOL_BUILD_SCRIPT = Path(__file__).with_name("build-filetool.sh")
 KCM_BUILD_SCRIPT = Path(__file__).with_name("build-controller-manager.sh")
 # What a local cluster needs of kube-controller-manager: ownerReference garbage
 # collection and namespace deletion (pools' sandboxes, a namespace's objects).
@@ -119,6 +120,12 @@ def helm_path(build_timeout: float = 1800.0) -> Path:
     if os.environ.get("HELM"):
         return Path(os.environ["HELM"])
     return _run_build(HELM_BUILD_SCRIPT, "helm", build_timeout, HELM_VERSION=HELM_VERSION)
+
+
+def files_tool_path(build_timeout: float = 600.0) -> Path:
+    """The agent's files tool (``operator/filetool``), built with this machine's Go
+    once per source (``build-filetool.sh``)."""
+    return _run_build(FILETOOL_BUILD_SCRIPT, "the files tool", build_timeout)
 
 
 ETCD_DATA = "etcd"  # etcd's data directory, under the workdir

@@ -1,0 +1,3 @@
+module sandlot.dev/filetool
+
+go 1.19
