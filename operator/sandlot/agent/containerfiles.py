@@ -85,17 +85,7 @@ class ContainerRoot:
             raise FileRefused(400, f"{path}: not a regular file")
         if found["size"] > limit:
             raise FileRefused(413, f"{path}: {found['size']} bytes, over the {limit}-byte cap")
-        process = self._start(["cat", "--", _inside(path)], stdin=False)
-        try:
-            sent = 0
-            for chunk in self._stdout(process):
-                sent += len(chunk)
-                if sent > limit:
-                    raise FileRefused(413, f"{path}: grew past the {limit}-byte cap")
-                yield chunk
-            self._finish(process, path)
-        finally:
-            self._end(process)
+        yield from self._capped(self._start(["cat", "--", _inside(path)], stdin=False), path, limit)
 
     def write(self, path: str, chunks: Iterator[bytes], limit: int) -> int:
         """Replace ``path`` with the bytes of ``chunks`` at once (a temporary file in the
@@ -181,6 +171,20 @@ class ContainerRoot:
             if _missing_tool(str(e)):
                 raise MissingTool(argv[0]) from None
             raise FileRefused(503, f"cannot reach the sandbox's files: {e}") from None
+
+    def _capped(self, process: ExecProcess, path: str, limit: int) -> Iterator[bytes]:
+        """The file ``process`` prints, refused once past ``limit`` bytes; the process
+        ended either way."""
+        try:
+            sent = 0
+            for chunk in self._stdout(process):
+                sent += len(chunk)
+                if sent > limit:
+                    raise FileRefused(413, f"{path}: grew past the {limit}-byte cap")
+                yield chunk
+            self._finish(process, path)
+        finally:
+            self._end(process)
 
     def _stdout(self, process: ExecProcess) -> Iterator[bytes]:
         while True:

@@ -46,17 +46,7 @@ class ToolRoot(ContainerRoot):
     def read(self, path: str, limit: int) -> Iterator[bytes]:
         """The file's bytes in chunks; refused past ``limit`` bytes or when not a file
         (the tool checks both before it sends anything, and counts as it reads)."""
-        process = self._start(["read", path, str(limit)], stdin=False)
-        try:
-            sent = 0
-            for chunk in self._stdout(process):
-                sent += len(chunk)
-                if sent > limit:
-                    raise FileRefused(413, f"{path}: grew past the {limit}-byte cap")
-                yield chunk
-            self._finish(process, path)
-        finally:
-            self._end(process)
+        yield from self._capped(self._start(["read", path, str(limit)], stdin=False), path, limit)
 
     def write(self, path: str, chunks: Iterator[bytes], limit: int) -> int:
         """Replace ``path`` with the bytes of ``chunks`` at once (the tool writes a
