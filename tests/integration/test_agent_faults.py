@@ -203,6 +203,7 @@ def _agent_args(
         "--metrics-port", "0",
         "--node-address", "10.1.2.3",
         "--log-dir", str(workdir / "logs"),
+        "--network-mode", "host-address",  # whatever the host's /etc/cni/net.d holds
     ]  # fmt: skip
 
 

@@ -7,15 +7,14 @@ honour is refused on the claim, with agent-sandbox's reason naming the field."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.kube import apply_crds
-from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.crdgen import crd_for
+from tests.support.kube import agent_sandbox_crds
 from tests.support.pools import IMAGE, OPERATOR_FLAGS, SLEEPER, Cluster, Start
 from tests.support.wait import wait_for
 
@@ -78,14 +77,14 @@ def _ready(body: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @pytest.fixture
-def compat(cluster: Cluster, operators: Start) -> Cluster:
-    apply_crds(cluster.kube, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
-    # Not about networking: the node's loopback, whatever CNI configuration the host has.
-    cluster.agent_overrides["network_mode"] = "host-address"
-    cluster.add_node("a", capacity=10)
-    op = operators(*OPERATOR_FLAGS, "--agent-sandbox")
-    wait_for(op.is_leader, timeout=30, what="the operator to lead")
-    return cluster
+def compat(cluster: Cluster, operators: Start) -> Iterator[Cluster]:
+    with agent_sandbox_crds(cluster.kube):
+        # Not about networking: the node's loopback, whatever CNI configuration the host has.
+        cluster.agent_overrides["network_mode"] = "host-address"
+        cluster.add_node("a", capacity=10)
+        op = operators(*OPERATOR_FLAGS, "--agent-sandbox")
+        wait_for(op.is_leader, timeout=30, what="the operator to lead")
+        yield cluster
 
 
 def test_a_claim_on_a_warm_pool_is_bound_to_a_warm_sandlot_member_and_goes_with_it(

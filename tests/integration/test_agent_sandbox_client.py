@@ -11,18 +11,18 @@ their own credentials; everything else is the program as written for agent-sandb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.kube import apply_crds, load_api_client
+from sandlot.adapters.kube import load_api_client
 from sandlot.agent.main import Agent
-from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
 from sandlot.api.common import GROUP, VERSION
-from sandlot.api.crdgen import crd_for
 from sandlot.policy.router import api_url
+from tests.support.kube import agent_sandbox_crds
 from tests.support.router import agent, gateway, router_users, user_of
 from tests.support.streams import IMAGE
 from tests.support.wait import wait_for
@@ -91,7 +91,8 @@ def served(
     from tests.support.operator import OperatorProcess
 
     system, tenant = places
-    apply_crds(kube, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
+    crds = contextlib.ExitStack()
+    crds.enter_context(agent_sandbox_crds(kube))
     op = OperatorProcess(
         control_plane,
         tmp_path_factory.mktemp("operator"),
@@ -125,6 +126,7 @@ def served(
         yield op
     finally:
         op.stop()
+        crds.close()
 
 
 def _config(kubeconfig: Path, tenant: str) -> tuple[SandboxDirectConnectionConfig, str]:

@@ -11,11 +11,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from sandlot.adapters.kube import apply_crds
 from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
-from sandlot.api.crdgen import crd_for
 from tests.integration.test_chart_render import container_env
 from tests.support.chart import CHART, by_kind, helm, render, run_helm
+from tests.support.kube import agent_sandbox_crds
 
 __all__ = ["helm"]  # fixtures
 
@@ -61,23 +60,25 @@ def test_it_refuses_to_install_over_another_owners_crds_and_upgrades_its_own(
     helm: Path, kube: client.ApiClient, control_plane: Any
 ) -> None:
     # agent-sandbox's CRDs as its own install leaves them: no Helm release of ours.
-    apply_crds(kube, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
-    ext: Any = client.ApiextensionsV1Api(kube)
-    for name in NAMES:
-        ext.patch_custom_resource_definition(
-            name, {"metadata": {"annotations": {"meta.helm.sh/release-name": None}}}
+    with agent_sandbox_crds(kube):
+        ext: Any = client.ApiextensionsV1Api(kube)
+        for name in NAMES:
+            ext.patch_custom_resource_definition(
+                name, {"metadata": {"annotations": {"meta.helm.sh/release-name": None}}}
+            )
+        server = ("--dry-run=server", "--kubeconfig", str(control_plane.kubeconfig))
+        refused = run_helm(
+            helm, "template", "mine", str(CHART), "-n", "sandlot-system", *ON, *server, check=False
         )
-    server = ("--dry-run=server", "--kubeconfig", str(control_plane.kubeconfig))
-    refused = run_helm(
-        helm, "template", "mine", str(CHART), "-n", "sandlot-system", *ON, *server, check=False
-    )
-    assert refused.returncode != 0
-    assert "agentSandbox.enabled" in refused.stderr and "is not this release's" in refused.stderr
-    assert any(name in refused.stderr for name in NAMES), refused.stderr
+        assert refused.returncode != 0
+        assert (
+            "agentSandbox.enabled" in refused.stderr and "is not this release's" in refused.stderr
+        )
+        assert any(name in refused.stderr for name in NAMES), refused.stderr
 
-    for name in NAMES:  # this release's own, from an earlier install: an upgrade goes on
-        ext.patch_custom_resource_definition(
-            name, {"metadata": {"annotations": {"meta.helm.sh/release-name": "mine"}}}
-        )
-    ours = run_helm(helm, "template", "mine", str(CHART), "-n", "sandlot-system", *ON, *server)
-    assert ours.returncode == 0
+        for name in NAMES:  # this release's own, from an earlier install: an upgrade goes on
+            ext.patch_custom_resource_definition(
+                name, {"metadata": {"annotations": {"meta.helm.sh/release-name": "mine"}}}
+            )
+        ours = run_helm(helm, "template", "mine", str(CHART), "-n", "sandlot-system", *ON, *server)
+        assert ours.returncode == 0

@@ -6,8 +6,10 @@ models; every test that creates namespaced objects gets its own namespace.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -126,3 +128,38 @@ def as_node_identity(
 
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def agent_sandbox_crds(api: client.ApiClient, *, timeout: float = 60.0) -> Iterator[None]:
+    """agent-sandbox's CRDs for one test or module, removed after (and waited for):
+    their ``agents.x-k8s.io`` Sandbox shares sandlot's plural, so while they stand
+    ``kubectl get sandboxes`` on the shared control plane names theirs."""
+    from sandlot.api.agentsandbox import AGENT_SANDBOX_KINDS
+
+    names = apply_crds(api, [crd_for(k) for k in AGENT_SANDBOX_KINDS])
+    try:
+        yield
+    finally:
+        ext = client.ApiextensionsV1Api(api)
+        for name in names:
+            try:
+                ext.delete_custom_resource_definition(name)
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+        deadline = time.monotonic() + timeout
+        left = set(names)
+        while left:
+            for name in sorted(left):
+                try:
+                    ext.read_custom_resource_definition(name)
+                except client.ApiException as e:
+                    if e.status != 404:
+                        raise
+                    left.discard(name)
+            assert not left or time.monotonic() < deadline, (
+                f"agent-sandbox's CRDs still there {timeout:.0f}s after their delete: {sorted(left)}"
+            )
+            if left:
+                time.sleep(0.2)
