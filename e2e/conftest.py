@@ -17,7 +17,10 @@ def _diagnostics(cluster: Any) -> str:
 
     parts = []
     for title, args in [
-        ("sandboxes", ["get", "sandboxes,sandboxnodes", "-A", "-o", "wide"]),
+        (
+            "sandboxes",
+            ["get", "sandboxes.sandlot.dev,sandboxnodes.sandlot.dev", "-A", "-o", "wide"],
+        ),
         ("pods", ["get", "pods", "-A", "-o", "wide"]),
         ("leases", ["get", "leases", "-A"]),
         ("events", ["get", "events", "-A", "--sort-by=.lastTimestamp"]),

@@ -491,9 +491,21 @@ def helm_uninstall_leaves_nothing(c: Cluster, allocations_before: dict[str, set[
         args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
         if ns:
             args += ["-n", ns]
+        annotations = doc["metadata"].get("annotations") or {}
+        if annotations.get("helm.sh/resource-policy") == "keep":
+            # Kept on purpose (agent-sandbox's CRDs, as sandlot's own): their users' objects.
+            assert c.kubectl(*args).strip(), f"{kind} {name} was not kept"
+            continue
         assert not c.kubectl(*args).strip(), f"{kind} {name} left behind"
+    # By group: agent-sandbox's kept Sandbox shares the plural, and kubectl resolves
+    # the bare name to its group.
     objects = c.kubectl(
-        "get", "sandboxes,sandboxpools,sandboxnodes,cacheprunes", "-A", "-o", "name"
+        "get",
+        "sandboxes.sandlot.dev,sandboxpools.sandlot.dev,sandboxnodes.sandlot.dev,"
+        "cacheprunes.sandlot.dev",
+        "-A",
+        "-o",
+        "name",
     )
     assert not objects.strip(), f"sandlot objects left behind:\n{objects}"
     leases = c.kubectl(
