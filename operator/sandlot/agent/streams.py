@@ -268,6 +268,10 @@ class StreamServer:
         class SlotConnection(ServerConnection):
             serving = False
 
+            def served(self) -> None:
+                """A session serves it: its end, not its socket's, frees the slot."""
+                self.serving = True
+
             def close_socket(self) -> None:
                 super().close_socket()
                 uses.release(id(self), unless=lambda: self.serving)
@@ -331,9 +335,7 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
-        def served() -> None:
-            connection.serving = True  # type: ignore[attr-defined]  # a SlotConnection
-
+        served = connection.served  # type: ignore[attr-defined]  # a SlotConnection
         if not self.uses.hold(id(connection), served):
             connection.close()  # it ended before it was served: its slot is free
             return
