@@ -259,9 +259,9 @@ def _assignments_outside_self(path: Path) -> list[str]:
             owner = target.value
             if isinstance(owner, ast.Name) and owner.id == "self":
                 continue
-            found.append(f"{path.name}:{node.lineno} {ast.unparse(target)}")
+            found.append(f"{path.name}:{getattr(node, 'lineno', '?')} {ast.unparse(target)}")
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr":
-            found.append(f"{path.name}:{node.lineno} {ast.unparse(node)}")
+            found.append(f"{path.name}:{getattr(node, 'lineno', '?')} {ast.unparse(node)}")
     return found
 
 
