@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import Objects, answer_unless, done_unless
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact
 from sandlot.api.agentsandbox import (
     AGENT_SANDBOX_VERSION,
     AGENTS_GROUP,
@@ -98,15 +98,7 @@ class AgentSandboxApi:
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         """Delete it if it is still ``uid``; False when gone or another object."""
-        group, version, plural = kind
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
-        return done_unless(
-            lambda: self.custom.delete_namespaced_custom_object(
-                group, version, namespace, plural, name, body=body
-            ),
-            404,
-            409,
-        )
+        return delete_exact(self.custom, kind, namespace, name, uid)
 
 
 def claim_env_of(api: Any, namespace: str, sandbox: str, timeout: float) -> dict[str, str]:

@@ -50,6 +50,29 @@ def done_unless(call: Callable[[], object], *statuses: int) -> bool:
     return True
 
 
+def delete_exact(
+    custom: Any,
+    kind: tuple[str, str, str],
+    namespace: str,
+    name: str,
+    uid: str,
+    resource_version: str | None = None,
+) -> bool:
+    """Delete this very object of ``kind`` (group, version, plural): only while it is
+    ``uid`` and, given ``resource_version``, as it was then; False when it is already
+    gone or is not that object any more (404, 409)."""
+    group, version, plural = kind
+    preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
+    body = client.V1DeleteOptions(preconditions=preconditions)
+    return done_unless(
+        lambda: custom.delete_namespaced_custom_object(
+            group, version, namespace, plural, name, body=body
+        ),
+        404,
+        409,
+    )
+
+
 class Objects:
     """Thin, synchronous helpers over one ApiClient (run them off the event loop)."""
 

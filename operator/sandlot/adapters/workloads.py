@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
-from sandlot.adapters.objects import Objects, answer_unless, done_unless
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact
 from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION, key_of
 
 log = logging.getLogger(__name__)
@@ -95,15 +95,8 @@ def delete_sandbox(
 ) -> bool:
     """Delete this very sandbox (uid precondition) and, given ``resource_version``,
     only as it was then; False when it is already gone or changed since (409)."""
-    preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
-    body = client.V1DeleteOptions(preconditions=preconditions)
-    return done_unless(  # 404, 409: gone, or a different object of that name now
-        lambda: objects.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, SANDBOXES, name, body=body
-        ),
-        404,
-        409,
-    )
+    kind = (GROUP, VERSION, SANDBOXES)
+    return delete_exact(objects.custom, kind, namespace, name, uid, resource_version)
 
 
 def read_pool(objects: Objects, namespace: str, name: str) -> dict[str, Any] | None:
@@ -157,14 +150,7 @@ def patch_claim_status(
 
 def delete_claim(objects: Objects, namespace: str, name: str, uid: str) -> bool:
     """Delete this very claim (uid precondition); False when it is already gone."""
-    body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
-    return done_unless(
-        lambda: objects.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, CLAIMS, name, body=body
-        ),
-        404,
-        409,
-    )
+    return delete_exact(objects.custom, (GROUP, VERSION, CLAIMS), namespace, name, uid)
 
 
 def listed_keys(objects: Objects, plural: str) -> set[str]:
