@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.pulling.sealed import SEALED_MANIFEST
 from sandlot.adapters.pullsecrets import NodeIdentity, brokered_secret_name, read_brokered
+from sandlot.adapters.runtime import NotFound
 from sandlot.agent.main import Agent
 from sandlot.agent.statestore import StateStore
 from sandlot.api.common import GROUP, VERSION
@@ -93,8 +94,15 @@ def test_another_node_cannot_open_a_suspended_sandboxs_state_until_it_is_moved_t
 ) -> None:
     a, b = moving.add_node("a"), moving.add_node("b")
     start_operator(moving, operators)
+    create(moving, "bystander", b.name)  # b runs a tenant of its own: it holds keys
     create(moving, "victim", a.name)
     uid, state = suspended_on_a(moving, "victim", a)
+    bystander = str(get(moving, "bystander")["metadata"]["uid"])
+    wait_for(
+        lambda: brokered_key(bystander) in brokered_to(moving, b),
+        timeout=20,
+        what="b's own sandbox's key brokered to b",
+    )
 
     # The registry (every node's credential) holds a sealed manifest, no image config.
     registry = state_registry(auth_registry)
@@ -115,7 +123,9 @@ def test_another_node_cannot_open_a_suspended_sandboxs_state_until_it_is_moved_t
     assert refused.value.status == 403
     with pytest.raises(RegistryError, match=f"no state key of {uid}"):
         store_of(b).pull(state["image"], "sandlot.local/stolen:latest", uid)
-    assert not b.runtime.has_image("sandlot.local/stolen:latest", timeout=5)  # type: ignore[union-attr]
+    assert b.runtime is not None
+    with pytest.raises(NotFound):  # nothing of it landed in b's store
+        b.runtime.image_config("sandlot.local/stolen:latest", timeout=5)
 
     # Moved to b: b gets the key, a loses it, and b runs it with its files.
     moving.objs.patch_cluster_custom_object(

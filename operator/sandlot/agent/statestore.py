@@ -73,11 +73,12 @@ class StateStore:
         self.repository = parse_reference(settings.suspend_state_repository)
 
     @classmethod
-    def from_settings(cls, settings: AgentSettings, rt: Runtime, api: Any) -> StateStore | None:
-        """The store the settings name; None when state stays on its node."""
+    def from_settings(cls, settings: AgentSettings, rt: Runtime, objects: Any) -> StateStore | None:
+        """The store the settings name, its keys read through ``objects``' API client as
+        the node's own identity; None when state stays on its node."""
         if not settings.suspend_state_repository:
             return None
-        brokered = node_brokered_data(api, settings.namespace, settings.node_name)
+        brokered = node_brokered_data(objects.api, settings.namespace, settings.node_name)
         return cls(settings, rt, brokered_keys(brokered))
 
     def key(self, owner: str) -> bytes:

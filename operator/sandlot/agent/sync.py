@@ -98,7 +98,7 @@ class SandboxSync:
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
         self.suspensions = Suspensions(
             work,
-            StateStore.from_settings(work.settings, rt, work.objects.api),
+            StateStore.from_settings(work.settings, rt, work.objects),
             wake_in=pool.wake_in,
         )
         # Sandboxes with a stream open (the stream server's, handed over once it runs).

@@ -334,6 +334,21 @@ class OperatorParts:
         )
 
 
+def _brokers(
+    settings: OperatorSettings, objects: Objects, leading: Callable[[], bool]
+) -> tuple[pullcredentials.PullCredentialBroker, StateDeletes | None]:
+    """What follows every Sandbox and SandboxSnapshot for the nodes: the broker of
+    credentials and state keys, and (with a state repository) the state deletes."""
+    broker = pullcredentials.PullCredentialBroker(
+        objects,
+        leading,
+        settings.namespace,
+        retry_interval=settings.env_reference_retry_interval.total_seconds(),
+        state_keys=bool(settings.state_repository),
+    )
+    return broker, state_deletes(settings, objects)
+
+
 def build_parts(
     settings: OperatorSettings,
     *,
@@ -377,19 +392,10 @@ def build_parts(
     )
     # Every Sandbox through one lean watch of its own, not kopf's per-object
     # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(
-        objects,
-        leadership.leading,
-        settings.namespace,
-        retry_interval=settings.env_reference_retry_interval.total_seconds(),
-        state_keys=bool(settings.state_repository),
-    )
-    deletes = state_deletes(settings, objects)
-    feed = SandboxFeed(
-        workloads.cache,
-        loop,
-        [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])],
-    )
+    broker, deletes = _brokers(settings, objects, leadership.leading)
+    on_sandbox = [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])]
+    on_snapshot = [broker.on_snapshot, *([deletes.on_snapshot] if deletes is not None else [])]
+    feed = SandboxFeed(workloads.cache, loop, on_sandbox)
     sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
     kopf_registry = build_registry(
         connection_params(api),
@@ -397,10 +403,7 @@ def build_parts(
         nodehealth,
         leadership.leading,
         workloads,
-        snapshot_listeners=[
-            broker.on_snapshot,
-            *([deletes.on_snapshot] if deletes is not None else []),
-        ],
+        snapshot_listeners=on_snapshot,
     )
     kopf_part = KopfPart(kopf_registry, WatchOnlyMemories(watch_only_kinds(kopf_registry)))
 
