@@ -31,7 +31,7 @@ class Leading:
 def brokered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     nodes: list[str] = []
 
-    def broker_node(objects: Any, namespace: str, node: str, *, state_keys: bool = False) -> bool:
+    def broker_node(objects: Any, namespace: str, node: str, **_: Any) -> bool:
         nodes.append(node)
         return True
 

@@ -91,31 +91,51 @@ def wanted_references(sandboxes: Sequence[Mapping[str, Any]]) -> Wanted:
     return wanted
 
 
+KEY_CACHE_MAX = 10_000
+"""State keys a broker remembers (a key never changes once made); past it, it forgets
+them all and reads them again."""
+
+
 def node_state_keys(
-    objects: Objects, namespace: str, node: str, sandboxes: Sequence[Mapping[str, Any]]
+    objects: Objects,
+    namespace: str,
+    node: str,
+    sandboxes: Sequence[Mapping[str, Any]],
+    known: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """The state keys ``node`` may hold now (``policy.statekeys``), by brokered key;
-    each made the first time a node needs it."""
+    each made the first time a node needs it, and read once into ``known``."""
+    known = {} if known is None else known
     snapshots = objects.list_node_snapshots(node)
     for sb in sandboxes:
         fork = ((sb.get("spec") or {}).get("snapshotRef") or {}).get("name")
         if fork and (shot := objects.get_snapshot(sb["metadata"]["namespace"], str(fork))):
             snapshots.append(shot)
-    return {
-        brokered_state_key(owner): ensure_key(objects.api, namespace, owner)
-        for owner in sorted(node_keys(node, sandboxes, snapshots))
-    }
+    owners = sorted(node_keys(node, sandboxes, snapshots))
+    if len(known) + len(owners) > KEY_CACHE_MAX:
+        known.clear()
+    for owner in owners:
+        if owner not in known:
+            known[owner] = ensure_key(objects.api, namespace, owner)
+    return {brokered_state_key(owner): known[owner] for owner in owners}
 
 
-def broker_node(objects: Objects, namespace: str, node: str, *, state_keys: bool = False) -> bool:
+def broker_node(
+    objects: Objects,
+    namespace: str,
+    node: str,
+    *,
+    state_keys: bool = False,
+    known: dict[str, str] | None = None,
+) -> bool:
     """Make the node's brokered Secret hold its sandboxes' pull secrets, the keys
-    their environments reference and (``state_keys``) the state keys it may hold;
-    True if written."""
+    their environments reference and (``state_keys``) the state keys it may hold
+    (``known``: those read before); True if written."""
     api = objects.api
     data: dict[str, str] = {}
     sandboxes = objects.list_node_sandboxes(node)
     if state_keys:
-        data.update(node_state_keys(objects, namespace, node, sandboxes))
+        data.update(node_state_keys(objects, namespace, node, sandboxes, known))
     for ns, name in wanted_secrets(sandboxes):
         document = read_pull_secret(api, ns, name)
         if document is not None:
@@ -161,6 +181,7 @@ class PullCredentialBroker:
         self.state_keys = state_keys
         # The node of each snapshot being taken (its key brokered there), by uid.
         self.snapshot_nodes: dict[str, tuple[str, bool]] = {}
+        self._keys: dict[str, str] = {}  # state keys read (on the broker's one thread)
         # What each sandbox with pull secrets or references brings to its node (node,
         # what it names, terminal); its status writes change nothing of it.
         self.wanted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
@@ -275,7 +296,13 @@ class PullCredentialBroker:
         failed = []
         for node in nodes:
             try:
-                broker_node(self.objects, self.namespace, node, state_keys=self.state_keys)
+                broker_node(
+                    self.objects,
+                    self.namespace,
+                    node,
+                    state_keys=self.state_keys,
+                    known=self._keys,
+                )
             except Exception as e:
                 log.warning("pull secrets not brokered to node %s: %s", node, e)
                 failed.append(node)
