@@ -353,6 +353,9 @@ def test_a_deleted_owners_key_goes_at_the_next_pass_and_a_restore_keeps_it() -> 
     assert keys == []  # noted on the loop, nothing called there
     queue.pass_once()
     assert keys == ["uid-1", shot["metadata"]["uid"]]
+    queue.pass_once()  # once more: a brokering racing the deletion may have made it again
+    queue.pass_once()
+    assert keys == ["uid-1", shot["metadata"]["uid"]] * 2
 
 
 def test_a_key_whose_delete_fails_is_tried_again_at_the_next_pass() -> None:
@@ -370,4 +373,5 @@ def test_a_key_whose_delete_fails_is_tried_again_at_the_next_pass() -> None:
     queue.pass_once()
     assert calls == ["uid-1", "uid-1"]
     queue.pass_once()
-    assert calls == ["uid-1", "uid-1"], "a deleted key asked for again"
+    queue.pass_once()
+    assert calls == ["uid-1", "uid-1", "uid-1"], "a deleted key not deleted exactly twice"

@@ -64,6 +64,9 @@ STATE_DELETE_TICK = 5.0
 """Seconds between passes over the pending deletes."""
 CALL_TIMEOUT = 10.0
 """Seconds one registry call may take (a delete is four of them at most)."""
+KEY_DELETES = 2
+"""Passes that delete a gone owner's key (the second finds nothing, unless a racing
+brokering made it again)."""
 PASS_LIMIT = 8
 """Deletes one pass tries at most (each a read and a bounded registry call)."""
 
@@ -161,7 +164,9 @@ class StateDeletes:
         self.clock = clock
         self.delete_key = delete_key
         self._pending: list[Pending] = []
-        self._keys_gone: list[str] = []  # owners deleted: their keys go at the next pass
+        # Owners deleted: their keys go at the next pass, and once more at the one after
+        # (a brokering that listed the owner just before it went may have made it again).
+        self._keys_gone: list[tuple[str, int]] = []
         self._states: dict[str, PushedState] = {}  # by uid: the state each sandbox names
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -193,9 +198,9 @@ class StateDeletes:
         if uid:
             self._note_key(str(uid))
 
-    def _note_key(self, owner: str) -> None:
+    def _note_key(self, owner: str, times: int = KEY_DELETES) -> None:
         with self._lock:
-            self._keys_gone = [*self._keys_gone, owner][-MAX_PENDING:]
+            self._keys_gone = [*self._keys_gone, (owner, times)][-MAX_PENDING:]
 
     def start(self, leading: Callable[[], bool], tick: float = STATE_DELETE_TICK) -> None:
         """Pass every ``tick`` seconds on a thread of its own, while leading."""
@@ -241,12 +246,15 @@ class StateDeletes:
             keys, self._keys_gone = self._keys_gone, []
         if due:
             self._attempt(due)
-        for owner in keys:
+        for owner, times in keys:
             try:
                 self.delete_key(owner)
             except Exception as exc:  # tried again at the next pass
                 log.warning("state key of %s not deleted: %s", owner, exc)
-                self._note_key(owner)
+                self._note_key(owner, times)
+            else:
+                if times > 1:
+                    self._note_key(owner, times - 1)
 
     def _attempt(self, entries: list[Pending]) -> None:
         """Judge ``entries`` on one fresh read of what may name them (read after they
