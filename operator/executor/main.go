@@ -92,6 +92,7 @@ var (
 	mu       sync.Mutex // sessions and byPid, and a start with its registration
 	sessions = map[uint32]*session{}
 	byPid    = map[int]*session{}
+	groups   sync.Map // pid -> struct{}: the process groups to kill at shutdown, lock-free
 )
 
 func send(kind byte, id uint32, data []byte) {
@@ -169,13 +170,12 @@ func main() {
 }
 
 // shutdown kills every command's process group and exits.
+// It takes no lock: a failed send may call it while a start holds mu.
 func shutdown(code int) {
-	mu.Lock()
-	for _, s := range sessions {
-		if s.pid > 0 {
-			syscall.Kill(-s.pid, syscall.SIGKILL)
-		}
-	}
+	groups.Range(func(pid, _ any) bool {
+		syscall.Kill(-pid.(int), syscall.SIGKILL)
+		return true
+	})
 	os.Exit(code)
 }
 
@@ -233,6 +233,7 @@ func release(s *session) {
 		syscall.Kill(-s.pid, syscall.SIGKILL)
 	}
 	delete(sessions, s.id)
+	groups.Delete(s.pid)
 	mu.Unlock()
 	if s.stdin != nil && s.master == nil {
 		s.stdin.Close()
@@ -244,6 +245,15 @@ func release(s *session) {
 			o.mu.Unlock()
 		}
 	}
+}
+
+func hasVar(env []string, name string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, name+"=") {
+			return true
+		}
+	}
+	return false
 }
 
 func lookPath(name string, env []string, cwd string) (string, error) {
@@ -287,6 +297,11 @@ func start(id uint32, data []byte) {
 	cwd := req.Cwd
 	if cwd == "" {
 		cwd = "/"
+	}
+	// runc gives an exec the HOME of its user when its environment has none, as it
+	// gave this executor, which runs as that same user.
+	if home := os.Getenv("HOME"); home != "" && !hasVar(req.Env, "HOME") {
+		req.Env = append(req.Env, "HOME="+home)
 	}
 	path, err := lookPath(req.Argv[0], req.Env, cwd)
 	if err != nil {
@@ -355,6 +370,9 @@ func start(id uint32, data []byte) {
 		s.pid = pid
 		sessions[id] = s
 		byPid[pid] = s
+		groups.Store(pid, struct{}{})
+		// Said before the reaper may say its exit: the reaper waits for mu.
+		send(kStarted, id, u32(uint32(pid)))
 	}
 	mu.Unlock()
 	for _, f := range theirs {
@@ -370,7 +388,6 @@ func start(id uint32, data []byte) {
 		send(kFailed, id, []byte(fmt.Sprintf("exec %s: %v", req.Argv[0], err)))
 		return
 	}
-	send(kStarted, id, u32(uint32(pid)))
 	if req.TTY {
 		s.outs[0] = newOutput()
 		go pump(s, 0, s.master)
