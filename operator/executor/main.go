@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -112,6 +113,12 @@ func u32(v uint32) []byte {
 	b := make([]byte, 4)
 	binary.BigEndian.PutUint32(b, v)
 	return b
+}
+
+func init() {
+	// Commands are forked from the main goroutine, kept on the main thread: a
+	// parent-death signal follows the thread that forked, which lives as long as this.
+	runtime.LockOSThread()
 }
 
 func main() {
@@ -362,6 +369,7 @@ func start(id uint32, data []byte) {
 		}
 		sys.Setpgid = true
 	}
+	sys.Pdeathsig = syscall.SIGKILL // an executor ended ends the commands it ran
 	mu.Lock()
 	pid, err := syscall.ForkExec(path, req.Argv, &syscall.ProcAttr{
 		Dir: cwd, Env: req.Env, Files: childFiles, Sys: sys,

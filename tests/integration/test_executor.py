@@ -144,7 +144,12 @@ class Rig:
 
 
 def _sandbox(
-    runtime: ContainerdRuntime, image: str, log_dir: Path, spec: dict[str, Any], mount: bool
+    runtime: ContainerdRuntime,
+    image: str,
+    log_dir: Path,
+    spec: dict[str, Any],
+    mount: bool,
+    executor: Path | None = None,
 ) -> str:
     container_id = f"ex-{uuid.uuid4().hex[:10]}"
     sandbox = SandboxSpec.model_validate({"image": image, "command": ["sleep", "1000"], **spec})
@@ -153,7 +158,7 @@ def _sandbox(
         container_id, sandbox, config, hostname=container_id, node_capabilities=NODE_CAPABILITIES
     )
     if mount:
-        oci = with_executor(oci, str(executor_path()), None)
+        oci = with_executor(oci, str(executor or executor_path()), None)
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=oci), timeout=10)
     runtime.start_task(container_id, stdio=f"file://{log_dir / container_id}.log", timeout=10)
     return container_id
@@ -167,8 +172,10 @@ def rig_factory(
     rigs: list[Rig] = []
     execs = open_execs(containerd.address, containerd.namespace, str(tmp_path / "fifos"))
 
-    def make(spec: dict[str, Any] | None = None, *, mount: bool = True) -> Rig:
-        container = _sandbox(runtime, busybox_image, tmp_path, spec or {}, mount)
+    def make(
+        spec: dict[str, Any] | None = None, *, mount: bool = True, executor: Path | None = None
+    ) -> Rig:
+        container = _sandbox(runtime, busybox_image, tmp_path, spec or {}, mount, executor)
         made.append(container)
         rig = Rig(execs, container, AgentMetrics(CollectorRegistry()))
         rigs.append(rig)
@@ -296,3 +303,28 @@ def test_a_sandbox_without_the_executor_runs_commands_through_the_runtime(
     rig = rig_factory(mount=False)
     assert rig.out("echo", "hi") == "hi\n"
     assert (rig.via("executor"), rig.via("runtime"), rig.fallbacks("absent")) == (0, 1, 1)
+
+
+# An executor replaced by one that lies: a correct hello, then an output frame that
+# claims 4 GiB. The agent refuses the header without reading on, ends it, and the
+# command goes through the runtime's exec.
+LIAR = """#!/bin/sh
+printf '\\020\\0\\0\\0\\0\\0\\0\\0\\016sandlot-exec 1'
+sleep 0.3
+printf '\\023\\0\\0\\0\\001\\377\\377\\377\\377'
+exec sleep 300
+"""
+
+
+def test_an_executor_that_breaks_the_protocol_is_ended_and_the_runtime_runs_the_command(
+    rig_factory: Any, tmp_path: Path
+) -> None:
+    liar = tmp_path / "liar"
+    liar.write_text(LIAR)
+    liar.chmod(0o755)
+    rig = rig_factory(executor=liar)
+    assert rig.out("echo", "through", "the", "runtime") == "through the runtime\n"
+    assert rig.fallbacks("broken") + rig.fallbacks("start_failed") == 1
+    assert (rig.via("executor"), rig.via("runtime")) == (0, 1)
+    ps = rig.out("ps", "-o", "args")
+    assert "sleep 300" not in ps, f"the lying executor was left running:\n{ps}"
