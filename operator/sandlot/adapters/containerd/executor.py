@@ -292,7 +292,7 @@ class ExecutorChannel:
         for process in sessions:
             process._lost(why)
         if self._process is not None:
-            with contextlib.suppress(RuntimeError_):
+            with contextlib.suppress(RuntimeError_, ValueError):
                 self.execs.kill(self._process, timeout=self.call_timeout)
 
     def close(self) -> None:
@@ -363,9 +363,12 @@ class ExecutorChannel:
         process = self._process
         if process is None:
             return
-        with contextlib.suppress(RuntimeError_):
+        # ValueError: the agent stopping closed the connection first; the shim ends
+        # the executor with the task or when its stdin is gone, and it ends itself
+        # when no ping comes.
+        with contextlib.suppress(RuntimeError_, ValueError):
             self.execs.kill(process, timeout=self.call_timeout)
-        with contextlib.suppress(RuntimeError_):
+        with contextlib.suppress(RuntimeError_, ValueError):
             self.execs.wait(process, timeout=self.call_timeout)
         said = b""
         if process.stderr is not None:
@@ -377,7 +380,7 @@ class ExecutorChannel:
                 "the executor in %s said: %s", self.container_id, said.decode(errors="replace")
             )
         process.release()
-        with contextlib.suppress(RuntimeError_):
+        with contextlib.suppress(RuntimeError_, ValueError):
             self.execs.delete(self.container_id, self.exec_id, timeout=self.call_timeout)
 
 
