@@ -106,7 +106,7 @@ class Rig:
     ) -> Client:
         client = Client(*frames)
         stdin = bool(frames)
-        asked = StreamRequest(EXEC, "ns", "sb", command=list(argv), stdin=stdin, tty=tty)
+        asked = StreamRequest(EXEC, "ns", "sb", command=tuple(argv), stdin=stdin, tty=tty)
         session = ExecSession(
             client,
             self.execs,
@@ -254,7 +254,7 @@ def test_a_terminal_is_a_terminal_of_the_asked_size(rig_factory: Any) -> None:
 def test_a_client_gone_kills_the_command_s_whole_process_group(rig_factory: Any) -> None:
     rig = rig_factory()
     client = Client()
-    asked = StreamRequest(EXEC, "ns", "sb", command=["sh", "-c", "sleep 300 & sleep 301"])
+    asked = StreamRequest(EXEC, "ns", "sb", command=("sh", "-c", "sleep 300 & sleep 301"))
     session = ExecSession(
         client,
         rig.execs,

@@ -23,15 +23,15 @@ def place_files_tool(source: str, state_dir: str) -> str | None:
     """The node's path of the files tool copied from ``source`` (the ``files_tool``
     setting); None when it is empty. ``StartupError`` naming the setting when the
     tool cannot be read or placed."""
-    return place_tool(source, state_dir, TOOL_NAME, "files_tool")
+    return place_tool(source, state_dir, TOOL_NAME, "files_tool", "the files tool")
 
 
 def place_executor(source: str, state_dir: str) -> str | None:
     """The same for the executor (the ``executor`` setting)."""
-    return place_tool(source, state_dir, EXECUTOR_NAME, "executor")
+    return place_tool(source, state_dir, EXECUTOR_NAME, "executor", "the executor")
 
 
-def place_tool(source: str, state_dir: str, name: str, setting: str) -> str | None:
+def place_tool(source: str, state_dir: str, name: str, setting: str, what: str) -> str | None:
     if not source:
         return None
     target = os.path.join(state_dir, "bin", name)
@@ -49,7 +49,7 @@ def place_tool(source: str, state_dir: str, name: str, setting: str) -> str | No
         os.replace(temp, target)
     except OSError as e:
         raise StartupError(
-            f"{setting_name(setting)}: cannot place {source} at {target}: {e}"
+            f"{setting_name(setting)}: cannot place {what} {source} at {target}: {e}"
         ) from None
     return target
 
