@@ -149,7 +149,14 @@ func main() {
 			case <-heard:
 				timer.Reset(quiet)
 			case <-timer.C:
-				shutdown(2)
+				// A sandbox frozen (paused) past the quiet time wakes with the agent's
+				// pings waiting in the pipe: a grace to read them before giving up.
+				select {
+				case <-heard:
+					timer.Reset(quiet)
+				case <-time.After(2 * time.Second):
+					shutdown(2)
+				}
 			}
 		}
 	}()

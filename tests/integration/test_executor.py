@@ -150,12 +150,18 @@ def _sandbox(
     spec: dict[str, Any],
     mount: bool,
     executor: Path | None = None,
+    pids: int | None = None,
 ) -> str:
     container_id = f"ex-{uuid.uuid4().hex[:10]}"
     sandbox = SandboxSpec.model_validate({"image": image, "command": ["sleep", "1000"], **spec})
     config = runtime.image_config(image, timeout=10)
     oci = build_oci_spec(
-        container_id, sandbox, config, hostname=container_id, node_capabilities=NODE_CAPABILITIES
+        container_id,
+        sandbox,
+        config,
+        hostname=container_id,
+        node_capabilities=NODE_CAPABILITIES,
+        **({"pids_limit": pids} if pids else {}),
     )
     if mount:
         oci = with_executor(oci, str(executor or executor_path()), None)
@@ -173,9 +179,13 @@ def rig_factory(
     execs = open_execs(containerd.address, containerd.namespace, str(tmp_path / "fifos"))
 
     def make(
-        spec: dict[str, Any] | None = None, *, mount: bool = True, executor: Path | None = None
+        spec: dict[str, Any] | None = None,
+        *,
+        mount: bool = True,
+        executor: Path | None = None,
+        pids: int | None = None,
     ) -> Rig:
-        container = _sandbox(runtime, busybox_image, tmp_path, spec or {}, mount, executor)
+        container = _sandbox(runtime, busybox_image, tmp_path, spec or {}, mount, executor, pids)
         made.append(container)
         rig = Rig(execs, container, AgentMetrics(CollectorRegistry()))
         rigs.append(rig)
@@ -216,6 +226,19 @@ def test_a_forked_command_has_exactly_the_identity_of_a_runtime_exec(
     assert re.search(r"^Uid:\s+(\d+)", forked, re.M), forked
     if spec:
         assert re.search(r"^Uid:\s+1000\s", forked, re.M), forked
+
+
+def test_the_sandbox_s_pids_limit_holds_its_forked_commands(rig_factory: Any) -> None:
+    rig = rig_factory(pids=32)
+    # ash gives up (exit 2) at the first fork the pids controller refuses.
+    client = rig.run("sh", "-c", "for i in $(seq 64); do sleep 30 & done; echo all-forked")
+    assert rig.via("executor") == 1
+    assert b"all-forked" not in client.channel(STDOUT)
+    assert b"can't fork" in client.channel(2), client.channel(2)
+    assert client.code() == 2, client.status()
+    unlimited = rig_factory(pids=256)
+    client = unlimited.run("sh", "-c", "for i in $(seq 64); do sleep 30 & done; echo all-forked")
+    assert client.channel(STDOUT) == b"all-forked\n" and client.code() == 0
 
 
 def test_exit_codes_stdin_and_a_refused_command_are_the_runtime_s(rig_factory: Any) -> None:
