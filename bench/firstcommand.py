@@ -7,7 +7,9 @@ stream gateway and one real agent on a private containerd, one Running sandbox.
 SDK does (a WebSocket opened and read to its status), three ways in turn on the
 same sandbox: through its executor (the agent's default), through the runtime's
 exec (the same agent with its executors switched off), and ``ctr tasks exec``
-(containerd's own client, a process start included). Each way one at a time, then
+(containerd's own client, a process start included); and, to show where the rest
+goes, through the executor straight to the agent (mutual TLS with the gateway's
+certificate, no API server, no gateway). Each way one at a time, then
 20 at once; p50 and p99 of each command's round trip. Targets, through the
 executor: p50 <= 10 ms and p99 <= 25 ms.
 
@@ -31,13 +33,26 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from websockets.sync.client import connect
+
 from bench.nodehealth import Bench
 from bench.streams import FAILURES, drain, pct, real_node, timed
+from sandlot.adapters.mtls import client_context
 from sandlot.adapters.streamclient import open_stream
 from sandlot.agent.main import Agent
 from sandlot.api import GROUP, VERSION
+from sandlot.devtools.certs import AGENT_NAME, GATEWAY_NAME
 from sandlot.devtools.controlplane import executor_path, files_tool_path
-from sandlot.policy.streams import EXEC, StreamRequest, api_path
+from sandlot.policy.streams import (
+    EXEC,
+    STATUS,
+    STREAM_OPTIONS_HEADER,
+    SUBPROTOCOL,
+    StreamRequest,
+    agent_request,
+    api_path,
+    decode_frame,
+)
 
 IMAGE = "docker.io/sandlot/bench-firstcommand:1"
 NODE = "bench-firstcommand"
@@ -64,7 +79,7 @@ def main() -> int:
                 "max_sessions_per_user": 2 * args.burst,
             },
         ) as (agent, address, ctr_ns):
-            rows = measure(bench, agent, address, ctr_ns, args)
+            rows = measure(bench, agent, address, ctr_ns, args, work / "certs")
     finally:
         bench.close()
     if args.json:
@@ -94,7 +109,12 @@ def _sandbox(bench: Bench, agent: Agent) -> str:
 
 
 def measure(
-    bench: Bench, agent: Agent, address: str, ctr_ns: str, args: argparse.Namespace
+    bench: Bench,
+    agent: Agent,
+    address: str,
+    ctr_ns: str,
+    args: argparse.Namespace,
+    certs: Path,
 ) -> list[dict[str, Any]]:
     container = _sandbox(bench, agent)
     server = agent.streams
@@ -116,6 +136,31 @@ def measure(
         server.executors = None
         through_agent()
 
+    tls = client_context(
+        str(certs / "sandlot-stream-ca.crt"),
+        str(certs / f"{GATEWAY_NAME}.crt"),
+        str(certs / f"{GATEWAY_NAME}.key"),
+    )
+    path, options = agent_request(StreamRequest(EXEC, bench.ns, "target", command=("true",)))
+    url = f"wss://{agent.settings.stream_bind}:{agent.settings.stream_port}{path}"
+
+    def agent_direct() -> None:
+        server.executors = executors
+        try:
+            with connect(
+                url,
+                ssl=tls,
+                server_hostname=AGENT_NAME,
+                additional_headers={STREAM_OPTIONS_HEADER: options},
+                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+                compression=None,
+                open_timeout=30,
+            ) as ws:
+                while decode_frame(bytes(ws.recv(timeout=30)))[0] != STATUS:  # type: ignore[arg-type]
+                    pass
+        except Exception as e:
+            FAILURES.append(f"agent: {type(e).__name__}: {e}")
+
     def ctr() -> None:
         try:
             subprocess.run(
@@ -129,7 +174,12 @@ def measure(
     first_ms = timed(executor)  # the sandbox's first command starts its executor
     for warm in (executor, runtime, ctr):
         warm()
-    ways: dict[str, Callable[[], None]] = {"executor": executor, "runtime": runtime, "ctr": ctr}
+    ways: dict[str, Callable[[], None]] = {
+        "executor": executor,
+        "runtime": runtime,
+        "ctr": ctr,
+        "agent": agent_direct,
+    }
     alone: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.execs):  # interleaved: each way sees the same load
         for name, fn in ways.items():
@@ -137,9 +187,9 @@ def measure(
     together: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(args.rounds):
         for name, fn in ways.items():
-            if name != "ctr":
+            if name in ("executor", "runtime"):
                 server.executors = executors if name == "executor" else None
-            call = through_agent if name != "ctr" else fn
+            call = through_agent if name in ("executor", "runtime") else fn
             with ThreadPoolExecutor(args.burst) as pool:
                 together[name] += pool.map(lambda _, c=call: timed(c), range(args.burst))
     server.executors = executors
@@ -163,7 +213,9 @@ def measure(
             f"ctr {p50['ctr']:.1f} ms; p99 executor {p99['executor']:.1f} ms, runtime "
             f"{p99['runtime']:.1f} ms, ctr {p99['ctr']:.1f} ms; executor/runtime p50 "
             f"{p50['executor'] / p50['runtime']:.2f}, executor/ctr p50 "
-            f"{p50['executor'] / p50['ctr']:.2f}; load {os.getloadavg()[0]:.2f}"
+            f"{p50['executor'] / p50['ctr']:.2f}; straight to the agent by the executor "
+            f"p50 {p50['agent']:.1f} ms p99 {p99['agent']:.1f} ms; "
+            f"load {os.getloadavg()[0]:.2f}"
         )
         row(f"`true` via executor p50 ms ({label})", p50["executor"], "<= 10",
             p50["executor"] <= 10, detail)  # fmt: skip
