@@ -60,6 +60,7 @@ const (
 	kStderr     = 20
 	kEOF        = 21 // stream: 1 byte
 	kExit       = 22 // code: 4 bytes (128+signal when killed)
+	kStdinAck   = 23 // bytes of stdin handed to the command (or dropped): 4 bytes
 	version     = "sandlot-exec 1"
 )
 
@@ -83,6 +84,7 @@ type session struct {
 	id       uint32
 	pid      int
 	stdin    *os.File // the pipe to the command, or the terminal's master
+	in       *inbox   // stdin not yet written, fed by its own goroutine
 	master   *os.File
 	outs     [2]*output
 	released bool
@@ -209,13 +211,12 @@ func handle(kind byte, id uint32, data []byte) {
 	}
 	switch kind {
 	case kStdin:
-		if s.stdin != nil {
-			s.stdin.Write(data) // a command that left its stdin: the data has nowhere to go
+		if s.in != nil {
+			s.in.push(data)
 		}
 	case kCloseStdin:
-		if s.stdin != nil && s.master == nil {
-			s.stdin.Close()
-			s.stdin = nil
+		if s.in != nil && s.master == nil {
+			s.in.finish()
 		}
 	case kResize:
 		if s.master != nil && len(data) == 4 {
@@ -249,8 +250,8 @@ func release(s *session) {
 	delete(sessions, s.id)
 	groups.Delete(s.pid)
 	mu.Unlock()
-	if s.stdin != nil && s.master == nil {
-		s.stdin.Close()
+	if s.in != nil {
+		s.in.drop()
 	}
 	for _, o := range s.outs {
 		if o != nil {
@@ -403,6 +404,10 @@ func start(id uint32, data []byte) {
 		send(kFailed, id, []byte(fmt.Sprintf("exec %s: %v", req.Argv[0], err)))
 		return
 	}
+	if s.stdin != nil {
+		s.in = newInbox()
+		go feed(s)
+	}
 	if req.TTY {
 		s.outs[0] = newOutput()
 		go pump(s, 0, s.master)
@@ -411,6 +416,73 @@ func start(id uint32, data []byte) {
 	for i, f := range ours {
 		s.outs[i] = newOutput()
 		go pump(s, i, f)
+	}
+}
+
+// inbox holds a command's stdin until its own goroutine writes it: a command that
+// does not read its stdin stalls only itself. The agent sends at most a window
+// ahead of the acknowledgements, so it stays bounded.
+type inbox struct {
+	mu       sync.Mutex
+	cond     *sync.Cond
+	buf      []byte
+	finished bool // the agent closed stdin
+	dropped  bool // the session ended
+}
+
+func newInbox() *inbox {
+	in := &inbox{}
+	in.cond = sync.NewCond(&in.mu)
+	return in
+}
+
+func (in *inbox) push(data []byte) {
+	in.mu.Lock()
+	in.buf = append(in.buf, data...)
+	in.cond.Broadcast()
+	in.mu.Unlock()
+}
+
+func (in *inbox) finish() {
+	in.mu.Lock()
+	in.finished = true
+	in.cond.Broadcast()
+	in.mu.Unlock()
+}
+
+func (in *inbox) drop() {
+	in.mu.Lock()
+	in.dropped = true
+	in.cond.Broadcast()
+	in.mu.Unlock()
+}
+
+func feed(s *session) {
+	in := s.in
+	broken := false
+	for {
+		in.mu.Lock()
+		for len(in.buf) == 0 && !in.finished && !in.dropped {
+			in.cond.Wait()
+		}
+		chunk, done, dropped := in.buf, in.finished, in.dropped
+		in.buf = nil
+		in.mu.Unlock()
+		if len(chunk) > 0 {
+			if !broken && !dropped {
+				if _, err := s.stdin.Write(chunk); err != nil {
+					broken = true // the command left its stdin: what comes goes nowhere
+				}
+			}
+			send(kStdinAck, s.id, u32(uint32(len(chunk))))
+			continue
+		}
+		if dropped || done {
+			if s.master == nil {
+				s.stdin.Close()
+			}
+			return
+		}
 	}
 }
 

@@ -351,3 +351,34 @@ def test_an_executor_that_breaks_the_protocol_is_ended_and_the_runtime_runs_the_
     assert (rig.via("executor"), rig.via("runtime")) == (0, 1)
     ps = rig.out("ps", "-o", "args")
     assert "sleep 300" not in ps, f"the lying executor was left running:\n{ps}"
+
+
+def test_a_command_that_reads_no_stdin_holds_back_only_itself(rig_factory: Any) -> None:
+    rig = rig_factory()
+    flood = tuple(encode_frame(STDIN, b"x" * 65536) for _ in range(64))  # 4 MiB
+    client = Client(*flood)
+    asked = StreamRequest(EXEC, "ns", "sb", command=("sleep", "60"), stdin=True)
+    session = ExecSession(
+        client,
+        rig.execs,
+        rig.container,
+        asked,
+        call_timeout=CALL_TIMEOUT,
+        stopping=lambda: False,
+        idle=3.0,  # its reader waits on the stalled stdin: the idle timeout ends it
+        executors=rig.executors,
+    )
+    thread = threading.Thread(target=session.run, daemon=True)
+    thread.start()
+    try:
+        # The window takes four frames (the pipe maybe one more); the next waits.
+        wait_for(lambda: client.incoming.qsize() <= 60, timeout=10, what="stdin to fill up")
+        for _ in range(3):
+            assert rig.out("echo", "ok") == "ok\n"
+        assert client.incoming.qsize() >= 50, "the command's stdin was not held back"
+        assert (rig.via("executor"), rig.via("runtime")) == (4, 0)
+    finally:
+        client.close()
+        thread.join(SESSION_WAIT)
+    assert not thread.is_alive()
+    assert rig.out("echo", "after") == "after\n" and rig.via("runtime") == 0

@@ -20,17 +20,19 @@ from sandlot.policy.backoff import capped_doubling
 
 HEADER = struct.Struct(">BII")  # kind, session, payload length
 MAX_PAYLOAD = 64 * 1024  # bytes of one frame's payload, either way (the executor's bound too)
-WINDOW = 256 * 1024  # bytes of one output the executor sends ahead of the agent's acks
+# Bytes of one output the executor sends ahead of the agent's acks, and of a command's
+# stdin the agent sends ahead of the executor's.
+WINDOW = 256 * 1024
 MAX_SESSIONS = 1024  # sessions of one executor (the executor's bound too)
 PROTOCOL = b"sandlot-exec 1"
 
 # The agent's frames.
 START, STDIN, CLOSE_STDIN, RESIZE, SIGNAL, RELEASE, ACK, PING = 1, 2, 3, 4, 5, 6, 7, 8
 # The executor's.
-READY, STARTED, FAILED, STDOUT, STDERR, EOF, EXIT = 16, 17, 18, 19, 20, 21, 22
-FROM_EXECUTOR = frozenset({READY, STARTED, FAILED, STDOUT, STDERR, EOF, EXIT})
+READY, STARTED, FAILED, STDOUT, STDERR, EOF, EXIT, STDIN_ACK = 16, 17, 18, 19, 20, 21, 22, 23
+FROM_EXECUTOR = frozenset({READY, STARTED, FAILED, STDOUT, STDERR, EOF, EXIT, STDIN_ACK})
 # The fixed payload lengths of the executor's frames that have one.
-FIXED_LENGTH = {STARTED: 4, EOF: 1, EXIT: 4}
+FIXED_LENGTH = {STARTED: 4, EOF: 1, EXIT: 4, STDIN_ACK: 4}
 
 FIRST_RESTART = 1.0  # seconds after an executor's first death before it is started again
 RESTART_CAP = 60.0  # seconds: the longest wait between starts of one sandbox's executor
@@ -157,6 +159,7 @@ __all__ = [
     "STARTED",
     "STDERR",
     "STDIN",
+    "STDIN_ACK",
     "STDOUT",
     "WINDOW",
     "Choice",

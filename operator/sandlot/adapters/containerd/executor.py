@@ -49,6 +49,7 @@ from sandlot.policy.executor import (
     STARTED,
     STDERR,
     STDIN,
+    STDIN_ACK,
     STDOUT,
     WINDOW,
     FrameError,
@@ -60,6 +61,7 @@ from sandlot.policy.ocispec import EXECUTOR
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 64 * 1024
+STDIN_WAIT = 0.5  # seconds between looks at whether a command that reads no stdin ended
 WHY_MAX = 1024  # bytes of a start refusal kept
 
 
@@ -91,6 +93,8 @@ class ExecutorProcess:
         self._gone: str | None = None
         self._exited = threading.Event()
         self._stdin_closed = False
+        self._stdin_unacked = 0  # bytes sent, not yet handed to the command
+        self._stdin_room = threading.Condition()
 
     # -- the agent's side ---------------------------------------------------------
 
@@ -112,10 +116,20 @@ class ExecutorProcess:
         return data
 
     def write_stdin(self, data: bytes) -> None:
+        """Send ``data`` to the command's stdin, at most ``WINDOW`` bytes ahead of what
+        the executor handed it: the caller waits, as on a full FIFO, while the command
+        does not read; data for a command that ended is dropped."""
         if not self.takes_stdin or self._stdin_closed:
             return
         for at in range(0, len(data), MAX_PAYLOAD):
-            self.channel.send(STDIN, self.session, data[at : at + MAX_PAYLOAD])
+            piece = data[at : at + MAX_PAYLOAD]
+            with self._stdin_room:
+                while self._stdin_unacked + len(piece) > WINDOW:
+                    if self._exited.is_set():
+                        return
+                    self._stdin_room.wait(STDIN_WAIT)
+                self._stdin_unacked += len(piece)
+            self.channel.send(STDIN, self.session, piece)
 
     def close_stdin(self) -> None:
         self._stdin_closed = True
@@ -154,6 +168,13 @@ class ExecutorProcess:
         if data:
             self._queues[name].put(data)
 
+    def _stdin_taken(self, count: int) -> None:
+        with self._stdin_room:
+            if count > self._stdin_unacked:
+                raise FrameError(f"{count} bytes of stdin acknowledged, {self._stdin_unacked} sent")
+            self._stdin_unacked -= count
+            self._stdin_room.notify_all()
+
     def _exit(self, code: int) -> None:
         if self._exited.is_set():
             raise FrameError(f"a second exit of session {self.session}")
@@ -161,6 +182,8 @@ class ExecutorProcess:
             raise FrameError(f"an exit code of {code}")
         self._code = code
         self._exited.set()
+        with self._stdin_room:
+            self._stdin_room.notify_all()
 
     def _lost(self, why: str) -> None:
         self._gone = why
@@ -358,6 +381,8 @@ class ExecutorChannel:
             process._queues[name].put(None)
         elif kind == EXIT:
             process._exit(struct.unpack(">I", payload)[0])
+        elif kind == STDIN_ACK:
+            process._stdin_taken(struct.unpack(">I", payload)[0])
 
     def _cleanup(self) -> None:
         process = self._process
