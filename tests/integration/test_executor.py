@@ -230,12 +230,16 @@ def test_a_forked_command_has_exactly_the_identity_of_a_runtime_exec(
 
 def test_the_sandbox_s_pids_limit_holds_its_forked_commands(rig_factory: Any) -> None:
     rig = rig_factory(pids=32)
-    # ash gives up (exit 2) at the first fork the pids controller refuses.
+    # ash gives up (exit 2) at the first fork the pids controller refuses. The
+    # executor counts against the same limit: when the Go runtime cannot get a thread
+    # then, it ends (and the session says so); the limit held either way.
     client = rig.run("sh", "-c", "for i in $(seq 64); do sleep 30 & done; echo all-forked")
     assert rig.via("executor") == 1
     assert b"all-forked" not in client.channel(STDOUT)
-    assert b"can't fork" in client.channel(2), client.channel(2)
-    assert client.code() == 2, client.status()
+    status = client.status()
+    if "executor" not in status.get("message", ""):
+        assert b"can't fork" in client.channel(2), client.channel(2)
+        assert client.code() == 2, status
     unlimited = rig_factory(pids=256)
     client = unlimited.run("sh", "-c", "for i in $(seq 64); do sleep 30 & done; echo all-forked")
     assert client.channel(STDOUT) == b"all-forked\n" and client.code() == 0
