@@ -322,6 +322,19 @@ def test_a_tenant_that_kills_the_executor_gets_the_runtime_s_exec_counted(
     assert rig.out("echo", "still") == "still\n"
     assert rig.fallbacks("broken") + rig.fallbacks("backoff") >= 1, "no fallback counted"
     assert rig.via("runtime") >= 1
+    # Started again once its back-off (1 s after a first death) has passed.
+    forked = rig.via("executor")
+    wait_for(
+        lambda: rig.out("true") == "" and rig.via("executor") > forked,
+        timeout=10,
+        what="a command through a restarted executor",
+    )
+    assert (
+        rig.metrics.registry.get_sample_value(
+            "sandlot_executor_starts_total", {"outcome": "started"}
+        )
+        == 2
+    )
 
 
 def test_a_sandbox_without_the_executor_runs_commands_through_the_runtime(
