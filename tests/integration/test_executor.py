@@ -30,7 +30,7 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.teardown import teardown_many
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.devtools.controlplane import executor_path
-from sandlot.policy.ocispec import build_oci_spec
+from sandlot.policy.ocispec import DEFAULT_PIDS_LIMIT, build_oci_spec
 from sandlot.policy.runtimeclass import with_executor
 from sandlot.policy.streams import (
     CLOSE,
@@ -161,7 +161,7 @@ def _sandbox(
         config,
         hostname=container_id,
         node_capabilities=NODE_CAPABILITIES,
-        **({"pids_limit": pids} if pids else {}),
+        pids_limit=pids or DEFAULT_PIDS_LIMIT,
     )
     if mount:
         oci = with_executor(oci, str(executor or executor_path()), None)

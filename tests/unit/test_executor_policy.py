@@ -3,6 +3,8 @@ frame of the executor to (``policy.executor``), on a fake clock."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from sandlot.policy.backoff import capped_doubling
@@ -68,7 +70,7 @@ def test_a_tenant_killing_its_executor_in_a_loop_gets_restarts_at_a_capped_rate(
             starts.append(now)
             record = died(started(record, now), now)
         now = round(now + 0.1, 1)
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     assert gaps[:6] == pytest.approx([1, 2, 4, 8, 16, 32], abs=0.11)
     assert all(g == pytest.approx(60, abs=0.11) for g in gaps[6:]), gaps
     assert len(starts) <= 16
