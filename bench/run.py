@@ -74,6 +74,11 @@ def main() -> int:
     if streams.exists():
         rows += json.loads(streams.read_text())
 
+    first = out.with_name("firstcommand.json")
+    run([str(HERE / "firstcommand.py"), "--json", str(first)], timeout=1800)
+    if first.exists():
+        rows += json.loads(first.read_text())
+
     compat = out.with_name("compat.json")
     run([str(HERE / "compat.py"), "--json", str(compat)], timeout=1800)
     if compat.exists():

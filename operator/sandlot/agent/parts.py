@@ -15,7 +15,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.filetool import place_files_tool
+from sandlot.adapters.filetool import place_executor, place_files_tool
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime
@@ -105,6 +105,7 @@ def node_facts(settings: AgentSettings, address: str, containerd_version: str = 
         ),
         containerd_version=containerd_version,
         files_tool=place_files_tool(settings.files_tool, settings.state_dir),
+        executor=place_executor(settings.executor, settings.state_dir),
     )
 
 

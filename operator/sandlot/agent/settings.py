@@ -333,6 +333,15 @@ class AgentSettings(NetworkSettings, PullSettings):
         "sandbox's user with no capabilities. Empty: none; they run the image's own "
         "tools (sh, cat, nc ...) instead.",
     )
+    executor: str = Field(
+        default="",
+        pattern=r"^(/.*)?$",
+        max_length=256,
+        description="The static executor (operator/executor) in the agent's image. The "
+        "agent copies it to state_dir/bin and mounts it read-only beside the files tool; "
+        "started once per sandbox as its user, it forks each sandlot exec command there "
+        "instead of a runtime exec per command. Empty: every command is a runtime exec.",
+    )
     cgroup_parent: str = Field(
         default="/sandlot",
         pattern=r"^/[A-Za-z0-9._/-]*$",

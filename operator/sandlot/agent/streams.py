@@ -38,8 +38,10 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
 from sandlot.agent.execsession import ExecSession, idle_past
+from sandlot.agent.executors import Executors
 from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
+from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.toolfiles import ToolRoot
@@ -115,8 +117,11 @@ class StreamServer:
         file_limit: int = 256 * 2**20,
         idle: float = 600.0,
         max_sessions: int = MAX_SESSIONS,
+        executors: Executors | None = None,
     ) -> None:
         self.node = node
+        # Each sandbox's executor, which runs its commands when it has one.
+        self.executors = executors
         self.file_limit = file_limit
         self.idle = idle
         self.max_sessions = max_sessions
@@ -214,6 +219,8 @@ class StreamServer:
     def shutdown(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+        if self.executors is not None:
+            self.executors.close()
         if self._execs is not None:
             self._execs.close()
 
@@ -387,6 +394,7 @@ class StreamServer:
                     call_timeout=self.call_timeout,
                     stopping=self._stop.is_set,
                     idle=self.idle,
+                    executors=self.executors,
                 ).run()
             return
         self._send_log(connection, asked, sandbox)
@@ -501,7 +509,10 @@ class StreamServer:
 
 
 def start_streams(
-    settings: AgentSettings, sandboxes: WatchCache, stop: threading.Event
+    settings: AgentSettings,
+    sandboxes: WatchCache,
+    stop: threading.Event,
+    metrics: AgentMetrics | None = None,
 ) -> StreamServer | None:
     """The stream server of ``settings``, listening; None when it is off. Started
     first in the start-up, so a busy port or an unreadable certificate fails it at
@@ -521,6 +532,12 @@ def start_streams(
     files = ReloadingTls(
         tls, settings.stream_tls_cert, settings.stream_tls_key, [settings.stream_client_ca]
     )
+    execs = open_execs(
+        settings.containerd_address,
+        settings.containerd_namespace,
+        os.path.join(settings.state_dir, EXEC_FIFOS),
+    )
+    call_timeout = settings.call_timeout.total_seconds()
     server = StreamServer(
         settings.node_name,
         bind=settings.stream_bind,
@@ -529,16 +546,17 @@ def start_streams(
         client_names=tuple(settings.stream_client_name),
         sandbox=sandboxes.get,
         log_dir=settings.log_dir,
-        execs=open_execs(
-            settings.containerd_address,
-            settings.containerd_namespace,
-            os.path.join(settings.state_dir, EXEC_FIFOS),
-        ),
-        call_timeout=settings.call_timeout.total_seconds(),
+        execs=execs,
+        call_timeout=call_timeout,
         stop=stop,
         file_limit=settings.stream_file_max_bytes,
         idle=settings.stream_idle_timeout.total_seconds(),
         max_sessions=settings.stream_max_sessions,
+        executors=(
+            Executors(execs, call_timeout=call_timeout, metrics=metrics)
+            if settings.executor
+            else None
+        ),
     )
     server.tls_files = files
     server.start()
