@@ -12,6 +12,7 @@ from sandlot.policy.agentcerts import (
     AgentCsr,
     agent_server_name,
     decide_agent_csr,
+    renew_after,
 )
 
 AGENT = "system:serviceaccount:sandlot-system:sandlot-agent"
@@ -50,9 +51,7 @@ def test_an_agent_asking_for_its_own_node_is_signed_for_that_node() -> None:
         (replace(A_OWN, extra={}), "NotBoundToANode"),
         (replace(A_OWN, extra={NODE_NAME_EXTRA: ["node-a"]}), "NotBoundToANode"),
         (
-            replace(
-                A_OWN, extra={NODE_NAME_EXTRA: ["node-a", "node-b"], POD_NAME_EXTRA: ["p"]}
-            ),
+            replace(A_OWN, extra={NODE_NAME_EXTRA: ["node-a", "node-b"], POD_NAME_EXTRA: ["p"]}),
             "NotBoundToANode",
         ),
         (replace(A_OWN, usages=("digital signature", "client auth")), "WrongUsages"),
@@ -121,3 +120,14 @@ def test_a_long_node_name_is_refused_before_it_is_compared() -> None:
 )
 def test_requests_not_ours_or_answered_are_left_alone(csr: AgentCsr) -> None:
     assert decide_agent_csr(csr, agent_user=AGENT).action == "skip"
+
+
+@pytest.mark.parametrize(
+    ("not_before", "not_after", "after"),
+    [(0.0, 3600.0, 2400.0), (1000.0, 1000.0 + 7 * 86400, 7 * 86400 * 2 / 3), (50.0, 10.0, 0.0)],
+    ids=["an-hour", "a-week-signed-by-a-clock-far-from-ours", "nonsense-renews-at-once"],
+)
+def test_an_agent_renews_after_two_thirds_of_the_lifetime_the_signer_gave(
+    not_before: float, not_after: float, after: float
+) -> None:
+    assert renew_after(not_before, not_after) == pytest.approx(after)

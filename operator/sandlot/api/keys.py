@@ -165,9 +165,9 @@ POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
 """User-info extra of a ServiceAccount token bound to a Pod: that Pod's name."""
 
 __all__ = [
-    "AGENT_SIGNER",
     "AGENT_LEASE_LABEL",
     "AGENT_SANDBOX_SPEC_ANNOTATION",
+    "AGENT_SIGNER",
     "APP_NAME",
     "APP_NAME_LABEL",
     "CLAIMED_AT_ANNOTATION",

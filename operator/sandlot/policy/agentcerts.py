@@ -86,7 +86,7 @@ def decide_agent_csr(csr: AgentCsr, *, agent_user: str) -> CsrDecision:
         return CsrDecision("skip", "NotOurs", f"signer {csr.signer_name!r} is not sandlot's")
     if csr.issued or csr.denied or csr.failed:
         return CsrDecision("skip", "Answered", f"{csr.name} is answered already")
-    refused = "fail" if csr.approved else "deny"
+    refused: Literal["deny", "fail"] = "fail" if csr.approved else "deny"
     if csr.username != agent_user:
         return CsrDecision(
             refused,
@@ -143,6 +143,17 @@ def decide_agent_csr(csr: AgentCsr, *, agent_user: str) -> CsrDecision:
     return CsrDecision("sign", "AgentOfItsNode", f"node {node}'s agent, for {wanted}", node)
 
 
+RENEW_AT = 2 / 3  # of a certificate's lifetime, as the kubelet's certificate manager (70-90%)
+
+
+def renew_after(not_before: float, not_after: float) -> float:
+    """Seconds after a certificate arrived at which its agent asks for the next: a
+    share of its lifetime, the difference of two times the signer wrote. The agent
+    counts them on its own monotonic clock from the moment it received the
+    certificate, never comparing the signer's clock with its own."""
+    return max(0.0, (not_after - not_before) * RENEW_AT)
+
+
 __all__ = [
     "AGENT_COMMON_NAME",
     "AGENT_NAME_SUFFIX",
@@ -150,4 +161,5 @@ __all__ = [
     "CsrDecision",
     "agent_server_name",
     "decide_agent_csr",
+    "renew_after",
 ]
