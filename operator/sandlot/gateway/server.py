@@ -45,6 +45,7 @@ from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.agentcerts import agent_server_name
 from sandlot.policy.sessioncaps import (
     SessionCaps,
     SessionCounts,
@@ -155,7 +156,6 @@ class Gateway:
         port: int,
         server_tls: ssl.SSLContext,
         agent_tls: ssl.SSLContext,
-        agent_server_name: str,
         requestheader: Callable[[], RequestHeaderConfig],
         backends: Backends,
         sessions: Sessions,
@@ -167,7 +167,6 @@ class Gateway:
         self.requested_port = port
         self._server_tls = server_tls
         self._agent_tls = agent_tls
-        self.agent_server_name = agent_server_name
         self._requestheader = requestheader
         self._backends = backends
         self.sessions = sessions
@@ -307,7 +306,9 @@ class Gateway:
             return connect(
                 f"wss://{host}:{port}{path}",
                 ssl=self._agent_tls,
-                server_hostname=self.agent_server_name,
+                # The sandbox's node, as the gateway resolved it: an agent certified
+                # for any other node fails the handshake before the request is sent.
+                server_hostname=agent_server_name(node),
                 additional_headers={
                     STREAM_OPTIONS_HEADER: options,
                     CALLER_HEADER: user,
@@ -324,6 +325,13 @@ class Gateway:
         except InvalidStatus as e:  # the agent's own refusal: pass it on as it is
             body = e.response.body.decode(errors="replace").strip()
             raise Refusal(e.response.status_code, body or f"node {node}'s agent refused") from None
+        except ssl.SSLCertVerificationError as e:
+            raise Refusal(
+                502,
+                f"the agent reached for node {node} is not certified for node {node} by "
+                "sandlot's agent CA: refused",
+                f"{host}:{port}: {e.verify_message}",
+            ) from None
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise Refusal(
                 502, f"cannot reach the agent of node {node}", f"{host}:{port}: {e}"
