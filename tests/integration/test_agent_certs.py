@@ -26,6 +26,9 @@ from kubernetes import client
 
 from sandlot.adapters.agentcerts import AgentCsrSigner, CertificateRefused, request_certificate
 from sandlot.adapters.kube import load_api_client
+from sandlot.adapters.startup import StartupError
+from sandlot.agent.settings import AgentSettings
+from sandlot.agent.streamcert import StreamIdentity
 from sandlot.api.keys import AGENT_SIGNER, NODE_NAME_EXTRA
 from sandlot.devtools.certs import CA
 from sandlot.devtools.controlplane import ControlPlane, helm_path
@@ -251,3 +254,53 @@ def _serves(cert: Path, key: Path, ca: Path, name: str) -> str:
             return str(e)
         finally:
             thread.join(10)
+
+
+def test_the_agent_renews_its_certificate_when_due_on_its_own_clock(
+    release: Release, tmp_path: Path
+) -> None:
+    """The agent's start-up part asks once; renewal asks again only once two thirds
+    of the lifetime the signer gave have passed on the agent's monotonic clock, and
+    writes a new key with the new certificate."""
+    node = f"nr-{uuid.uuid4().hex[:6]}"
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    settings = AgentSettings(
+        node_name=node,
+        stream_tls_cert=str(cert),
+        stream_tls_key=str(key),
+        stream_tls_request=True,
+        stream_tls_request_timeout=timedelta(seconds=30),
+    )
+    now = [1000.0]
+    identity = StreamIdentity(release.api("agent", node=node), settings, clock=lambda: now[0])
+    with Answering(release.signer()):
+        identity.obtain()
+        first = (cert.read_bytes(), key.read_bytes())
+        now[0] += timedelta(hours=2).total_seconds() * 0.6  # the signer's lifetime: 2h
+        identity.renew_if_due()
+        assert (cert.read_bytes(), key.read_bytes()) == first, "renewed before it was due"
+        now[0] += timedelta(hours=2).total_seconds() * 0.1
+        identity.renew_if_due()
+    assert cert.read_bytes() != first[0] and key.read_bytes() != first[1], "not renewed"
+    assert _serves(cert, key, release.ca.cert, agent_server_name(node)) == "ok"
+
+
+def test_an_agent_whose_request_is_denied_does_not_start_its_stream_server(
+    release: Release, tmp_path: Path
+) -> None:
+    """A node whose token names another node than its settings (a copied settings
+    file, a pod moved by hand) is told why at start, naming the setting."""
+    settings = AgentSettings(
+        node_name=f"nb-{uuid.uuid4().hex[:6]}",
+        stream_tls_cert=str(tmp_path / "tls.crt"),
+        stream_tls_key=str(tmp_path / "tls.key"),
+        stream_tls_request=True,
+        stream_tls_request_timeout=timedelta(seconds=30),
+    )
+    api = release.api("agent", node=f"na-{uuid.uuid4().hex[:6]}")
+    with Answering(release.signer()), pytest.raises(StartupError) as refused:
+        StreamIdentity(api, settings).obtain()
+    assert "SANDLOT_STREAM_TLS_REQUEST" in str(refused.value) or "stream-tls-request" in str(
+        refused.value
+    ), refused.value
+    assert "denied" in str(refused.value)
