@@ -35,6 +35,8 @@ from sandlot.devtools.controlplane import ControlPlane, helm_path
 from sandlot.policy.agentcerts import agent_server_name
 from tests.support.chart import Installed, apply, hook_of, render, sa_kubeconfig
 from tests.support.kube import Kubectl
+from tests.support.operator import OperatorProcess
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -304,3 +306,30 @@ def test_an_agent_whose_request_is_denied_does_not_start_its_stream_server(
         refused.value
     ), refused.value
     assert "denied" in str(refused.value)
+
+
+def test_the_operator_signs_its_nodes_agent_and_denies_another_nodes_name(
+    release: Release, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A real ``sandlot operator`` with the agent CA answers as the requests arrive."""
+    op = OperatorProcess(
+        control_plane,
+        tmp_path,
+        release.installed.namespace,
+        *("--agent-ca-cert", str(release.ca.cert), "--agent-ca-key", str(release.ca.pair.key)),
+        *("--agent-service-account", release.installed.service_account("agent")),
+    )
+    try:
+        op.wait_metrics()
+        wait_for(op.is_leader, timeout=60, what="the operator to lead")
+        tag = uuid.uuid4().hex[:6]
+        a, b = f"na-{tag}", f"nb-{tag}"
+        agent_a = release.api("agent", node=a)
+        cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+        with pytest.raises(CertificateRefused) as refused:
+            request_certificate(agent_a, b, str(cert), str(key), timeout=60)
+        assert "NotItsNode" in op.log() or "denied" in str(refused.value), op.log()
+        request_certificate(agent_a, a, str(cert), str(key), timeout=60)
+        assert _serves(cert, key, release.ca.cert, agent_server_name(a)) == "ok"
+    finally:
+        op.stop()
