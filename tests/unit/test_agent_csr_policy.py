@@ -9,8 +9,10 @@ import pytest
 from sandlot.api.keys import AGENT_SIGNER, NODE_NAME_EXTRA, POD_NAME_EXTRA
 from sandlot.policy.agentcerts import (
     AGENT_COMMON_NAME,
+    AGENT_NAME_SUFFIX,
     AgentCsr,
     agent_server_name,
+    certified_node,
     decide_agent_csr,
     renew_after,
 )
@@ -131,3 +133,32 @@ def test_an_agent_renews_after_two_thirds_of_the_lifetime_the_signer_gave(
     not_before: float, not_after: float, after: float
 ) -> None:
     assert renew_after(not_before, not_after) == pytest.approx(after)
+
+
+@pytest.mark.parametrize(
+    ("names", "node"),
+    [
+        ((agent_server_name("node-a"),), "node-a"),
+        ((agent_server_name("node-a"), agent_server_name("node-b")), ""),
+        ((agent_server_name("node-a"), "node-a"), ""),
+        (("node-a",), ""),
+        ((AGENT_NAME_SUFFIX.lstrip("."),), ""),
+        ((AGENT_NAME_SUFFIX,), ""),
+        ((agent_server_name("*"),), ""),
+        ((), ""),
+    ],
+    ids=[
+        "one-node",
+        "two-nodes",
+        "its-name-and-another",
+        "the-bare-node-name",
+        "the-suffix-alone",
+        "an-empty-node",
+        "a-wildcard",
+        "no-names",
+    ],
+)
+def test_a_certificate_names_a_node_only_with_exactly_one_agent_name(
+    names: tuple[str, ...], node: str
+) -> None:
+    assert certified_node(names) == node

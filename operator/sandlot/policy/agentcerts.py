@@ -35,6 +35,20 @@ def agent_server_name(node: str) -> str:
     return f"{node}{AGENT_NAME_SUFFIX}"
 
 
+def certified_node(dns_names: Sequence[str]) -> str:
+    """The one node a certificate with these DNS names is an agent's for; empty when it
+    names none, several, or a pattern (the operator issues exactly one name)."""
+    nodes = {
+        name.removesuffix(AGENT_NAME_SUFFIX)
+        for name in dns_names
+        if name.endswith(AGENT_NAME_SUFFIX)
+    }
+    if len(nodes) != 1 or len(dns_names) != 1:
+        return ""
+    (node,) = nodes
+    return "" if not node or "*" in node else node
+
+
 @dataclass(frozen=True)
 class AgentCsr:
     """A CertificateSigningRequest as the operator reads it: what the API server
@@ -160,6 +174,7 @@ __all__ = [
     "AgentCsr",
     "CsrDecision",
     "agent_server_name",
+    "certified_node",
     "decide_agent_csr",
     "renew_after",
 ]
