@@ -355,8 +355,8 @@ def test_a_wrong_request_an_admin_approved_is_failed_not_signed(
 
     thread = threading.Thread(target=ask, daemon=True)
     thread.start()
-    body = wait_for(
-        lambda: (_our_requests(release.kube, a) or [None])[0],
+    (body,) = wait_for(
+        lambda: _our_requests(release.kube, a) or None,
         timeout=20,
         what="node A's request to be created",
     )
