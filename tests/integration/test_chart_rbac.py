@@ -206,8 +206,9 @@ OPERATOR_REACH = {
     "events": "create",
     "customresourcedefinitions.apiextensions.k8s.io": "get list watch",
     "leases.coordination.k8s.io": "create get list update watch",
-    # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding.
-    "secrets": "create get update",
+    # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding;
+    # the state keys, deleted with their owner.
+    "secrets": "create delete get update",
     "serviceaccounts": "create",
     "roles.rbac.authorization.k8s.io": "create update",
     "rolebindings.rbac.authorization.k8s.io": "create update",

@@ -80,7 +80,6 @@ from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.snapshots import SNAPSHOT_TICK, Snapshots
-from sandlot.agent.statedeletes import STATE_DELETE_TICK
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer, start_streams
 from sandlot.agent.sweep import SweepReport
@@ -169,9 +168,7 @@ class Agent:
         )
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
-        self.snapshot_watch = node_snapshots(
-            api, self.node, on_change=self._snapshot_changed, **watched
-        )
+        self.snapshot_watch = node_snapshots(api, self.node, **watched)
         self._wire(settings)
 
     def _wire(self, settings: AgentSettings) -> None:
@@ -382,9 +379,6 @@ class Agent:
             parts.idle.serve(self.streams, parts.sync, self._sync_wake.set, settings)
         self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
-        if parts.sync.suspensions.deletes is not None:
-            deletes = parts.sync.suspensions.deletes
-            self.loops.spawn("statedeletes", deletes.pass_once, STATE_DELETE_TICK)
 
     def _take_output_back(self, parts: AgentParts) -> None:
         """Read the survivors' output again (their writes wait in full pipes meanwhile),
@@ -455,17 +449,6 @@ class Agent:
         if self._parts is None:
             return
         self._parts.idle.suspends.changed()  # a use waiting for an idle-suspended one looks again
-        deletes = self._parts.sync.suspensions.deletes
-        if event == "DELETED" and deletes is not None:  # or moved: its pass reads it again
-            deletes.deleted(old)
-
-    def _snapshot_changed(
-        self, event: str, old: Mapping[str, Any] | None, _new: Mapping[str, Any] | None
-    ) -> None:
-        # A deleted snapshot's pushed copy goes too, unless something else names it.
-        deletes = self._parts.sync.suspensions.deletes if self._parts is not None else None
-        if event == "DELETED" and deletes is not None:
-            deletes.snapshot_deleted(old)
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

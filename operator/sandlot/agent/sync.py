@@ -97,7 +97,9 @@ class SandboxSync:
         """Why the node starts nothing new now ("" when it does): disk pressure."""
         self.modes = ModeChanges(rt, work.status, node, call_timeout)
         self.suspensions = Suspensions(
-            work, StateStore.from_settings(work.settings, rt), wake_in=pool.wake_in
+            work,
+            StateStore.from_settings(work.settings, rt, work.objects),
+            wake_in=pool.wake_in,
         )
         # Sandboxes with a stream open (the stream server's, handed over once it runs).
         self.in_use: Callable[[], Collection[str]] = frozenset

@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
@@ -70,6 +70,7 @@ from sandlot.controllers.startup import (
     run_parts,
     serve_until,
 )
+from sandlot.controllers.statedeletes import StateDeletes, state_deletes
 from sandlot.controllers.workloads import Workloads
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def build_registry(
     nodehealth: NodeHealthController,
     leading: Callable[[], bool],
     workloads: Workloads | None = None,
+    snapshot_listeners: Sequence[Callable[[str, Mapping[str, Any]], None]] = (),
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     if workloads is not None:
@@ -204,7 +206,11 @@ def build_registry(
         agentcerts.register(registry, signer, leading)
     taintlabels.register(registry, nodehealth.objects, leading)
     snapshots.register(
-        registry, nodehealth.objects, leading, workloads.cache if workloads else None
+        registry,
+        nodehealth.objects,
+        leading,
+        workloads.cache if workloads else None,
+        listeners=snapshot_listeners,
     )
     return registry
 
@@ -272,6 +278,7 @@ class OperatorParts:
     nodehealth: NodeHealthController
     workloads: Workloads
     broker: pullcredentials.PullCredentialBroker
+    deletes: StateDeletes | None
     feed: SandboxFeed
     lease_informer: LeaseInformer
     sandbox_informer: SandboxInformer
@@ -329,14 +336,33 @@ class OperatorParts:
     async def _start_informers(self) -> None:
         self.lease_informer.start()
         self.sandbox_informer.start()
+        if self.deletes is not None:
+            self.deletes.start(self.leadership.leading)
 
     async def _stop_informers(self) -> None:
         self.feed.close()
         self.broker.close()
+        if self.deletes is not None:
+            self.deletes.close()
         await asyncio.gather(
             asyncio.to_thread(self.lease_informer.stop),
             asyncio.to_thread(self.sandbox_informer.stop),
         )
+
+
+def _brokers(
+    settings: OperatorSettings, objects: Objects, leading: Callable[[], bool]
+) -> tuple[pullcredentials.PullCredentialBroker, StateDeletes | None]:
+    """What follows every Sandbox and SandboxSnapshot for the nodes: the broker of
+    credentials and state keys, and (with a state repository) the state deletes."""
+    broker = pullcredentials.PullCredentialBroker(
+        objects,
+        leading,
+        settings.namespace,
+        retry_interval=settings.env_reference_retry_interval.total_seconds(),
+        state_keys=bool(settings.state_repository),
+    )
+    return broker, state_deletes(settings, objects)
 
 
 def build_parts(
@@ -382,16 +408,18 @@ def build_parts(
     )
     # Every Sandbox through one lean watch of its own, not kopf's per-object
     # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(
-        objects,
-        leadership.leading,
-        settings.namespace,
-        retry_interval=settings.env_reference_retry_interval.total_seconds(),
-    )
-    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
+    broker, deletes = _brokers(settings, objects, leadership.leading)
+    on_sandbox = [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])]
+    on_snapshot = [broker.on_snapshot, *([deletes.on_snapshot] if deletes is not None else [])]
+    feed = SandboxFeed(workloads.cache, loop, on_sandbox)
     sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
     kopf_registry = build_registry(
-        connection_params(api), settings, nodehealth, leadership.leading, workloads
+        connection_params(api),
+        settings,
+        nodehealth,
+        leadership.leading,
+        workloads,
+        snapshot_listeners=on_snapshot,
     )
     kopf_part = KopfPart(kopf_registry, WatchOnlyMemories(watch_only_kinds(kopf_registry)))
 
@@ -410,6 +438,7 @@ def build_parts(
         nodehealth=nodehealth,
         workloads=workloads,
         broker=broker,
+        deletes=deletes,
         feed=feed,
         lease_informer=lease_informer,
         sandbox_informer=sandbox_informer,

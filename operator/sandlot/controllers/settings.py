@@ -78,6 +78,23 @@ class OperatorSettings(SettingsModel):
         description="Serve kubernetes-sigs/agent-sandbox's SandboxTemplate, SandboxWarmPool, "
         "SandboxClaim and Sandbox (their CRDs installed) over sandlot's pools and claims.",
     )
+    state_repository: str = Field(
+        default="",
+        description="The agents' suspend_state_repository: the operator issues each "
+        "sandbox's and snapshot's state key, brokers it to the node that needs it, and "
+        "deletes pushed state nothing names any more; empty: no state leaves its node.",
+    )
+    state_auth_file: str = Field(
+        default="",
+        description="A .dockerconfigjson file with the credential that deletes from "
+        "state_repository (the operator's alone: agents push and pull, never delete); "
+        "empty: anonymous.",
+    )
+    state_registry_private_hosts: list[str] = Field(
+        default_factory=list,
+        description="State registry hosts (name or name:port) that may resolve to loopback, "
+        "link-local or unspecified addresses (repeatable).",
+    )
     leader_election: bool = Field(
         default=True, description="Elect one active replica through a Lease; standbys wait."
     )
