@@ -136,8 +136,8 @@ def stream_agent(
         log_dir=workdir / "logs",
         stream_port=port,
         stream_bind=stream_address.ip,
-        stream_tls_cert=str(stream_certs.agent.cert),
-        stream_tls_key=str(stream_certs.agent.key),
+        stream_tls_cert=str(stream_certs.agent(node).cert),
+        stream_tls_key=str(stream_certs.agent(node).key),
         stream_client_ca=str(stream_certs.ca.cert),
         **{"files_tool": str(files_tool_path()), "executor": str(executor_path()), **overrides},
     )

@@ -283,7 +283,9 @@ class Agent:
         # would tear down what the first is starting. Not ready meanwhile.
         if not self.take_node_lock():
             return False
-        self.streams = start_streams(self.settings, self.sandbox_watch, self._stop, self.metrics)
+        self.streams = start_streams(
+            self.settings, self.sandbox_watch, self._stop, self.metrics, self.objects.api
+        )
         if not self.connect():
             return False
         # Before any sandbox starts: the sum of them never takes the node's own share.

@@ -44,6 +44,7 @@ from sandlot.agent.logstream import ClientGone, stream_log
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.streamcert import StreamIdentity
 from sandlot.agent.toolfiles import ToolRoot
 from sandlot.api.common import join_key, key_of
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
@@ -182,6 +183,7 @@ class StreamServer:
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 
     tls_files: ReloadingTls | None = None
+    identity: StreamIdentity | None = None  # asks for its certificate (stream_tls_request)
 
     def sessions(self, key: str) -> int:
         """Exec, files and port-forward sessions open into sandbox ``key``."""
@@ -212,7 +214,10 @@ class StreamServer:
                     self._slots = end_suspension(self._slots, key)
 
     def refresh_tls(self) -> None:
-        """Take rotated certificate files into use (new connections get them)."""
+        """Take rotated certificate files into use (new connections get them), after
+        asking for the next certificate when the current one is due."""
+        if self.identity is not None:
+            self.identity.renew_if_due()
         if self.tls_files is not None:
             self.tls_files.refresh()
 
@@ -513,13 +518,19 @@ def start_streams(
     sandboxes: WatchCache,
     stop: threading.Event,
     metrics: AgentMetrics | None = None,
+    api: Any = None,
 ) -> StreamServer | None:
     """The stream server of ``settings``, listening; None when it is off. Started
     first in the start-up, so a busy port or an unreadable certificate fails it at
     once; until the sandbox watch has listed, every sandbox is answered as not on
-    this node (404)."""
+    this node (404). With ``stream_tls_request``, its certificate is asked of the
+    operator through ``api`` first."""
     if not settings.stream_port:
         return None
+    identity = None
+    if settings.stream_tls_request:
+        identity = StreamIdentity(api, settings)
+        identity.obtain()
     try:
         tls = server_context(
             settings.stream_tls_cert, settings.stream_tls_key, settings.stream_client_ca
@@ -559,6 +570,7 @@ def start_streams(
         ),
     )
     server.tls_files = files
+    server.identity = identity
     server.start()
     return server
 

@@ -27,6 +27,7 @@ import kopf
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
+from sandlot.adapters.agentcerts import AgentCsrSigner
 from sandlot.adapters.health import serve_health
 from sandlot.adapters.informer import LeaseInformer, SandboxInformer
 from sandlot.adapters.kopfclient import kopf_session
@@ -47,7 +48,13 @@ from sandlot.api.keys import (
     LAST_HANDLED_CONFIGURATION_KEY,
     NODE_HEALTH_FINALIZER,
 )
-from sandlot.controllers import cacheprune, pullcredentials, snapshots, taintlabels
+from sandlot.controllers import (
+    agentcerts,
+    cacheprune,
+    pullcredentials,
+    snapshots,
+    taintlabels,
+)
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
@@ -188,6 +195,15 @@ def build_registry(
             raise kopf.TemporaryError(str(e), delay=2) from e
 
     cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
+    if settings.agent_ca_cert:
+        signer = AgentCsrSigner(
+            nodehealth.objects.api,
+            f"system:serviceaccount:{settings.namespace}:{settings.agent_service_account}",
+            settings.agent_ca_cert,
+            settings.agent_ca_key,
+            settings.agent_cert_lifetime,
+        )
+        agentcerts.register(registry, signer, leading)
     taintlabels.register(registry, nodehealth.objects, leading)
     snapshots.register(
         registry,
