@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.informer import LeaseInformer, SandboxInformer
+from sandlot.adapters.informer import LeaseInformer, ObjectInformer, SandboxInformer
 from sandlot.adapters.kopfclient import kopf_session
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
@@ -41,17 +41,17 @@ from sandlot.adapters.kube import (
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.startup import require_namespace
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import CLAIMS, GROUP, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
     LAST_HANDLED_CONFIGURATION_KEY,
     NODE_HEALTH_FINALIZER,
 )
 from sandlot.controllers import cacheprune, pullcredentials, snapshots, taintlabels
+from sandlot.controllers.eventfeed import EventFeed
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
-from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.startup import (
     SHUTDOWN_DRAIN_SECONDS,
@@ -256,9 +256,11 @@ class OperatorParts:
     nodehealth: NodeHealthController
     workloads: Workloads
     broker: pullcredentials.PullCredentialBroker
-    feed: SandboxFeed
+    feed: EventFeed
+    claim_feed: EventFeed
     lease_informer: LeaseInformer
     sandbox_informer: SandboxInformer
+    claim_informer: ObjectInformer
     kopf: KopfPart
     elector: LeaderElector | None
     health: ThreadingHTTPServer | None = None
@@ -313,13 +315,16 @@ class OperatorParts:
     async def _start_informers(self) -> None:
         self.lease_informer.start()
         self.sandbox_informer.start()
+        self.claim_informer.start()
 
     async def _stop_informers(self) -> None:
         self.feed.close()
+        self.claim_feed.close()
         self.broker.close()
         await asyncio.gather(
             asyncio.to_thread(self.lease_informer.stop),
             asyncio.to_thread(self.sandbox_informer.stop),
+            asyncio.to_thread(self.claim_informer.stop),
         )
 
 
@@ -364,16 +369,15 @@ def build_parts(
         on_heard=nodehealth.on_heard,
         watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
-    # Every Sandbox through one lean watch of its own, not kopf's per-object
-    # machinery (adapters.informer): the cache, and the pull-secret broker.
     broker = pullcredentials.PullCredentialBroker(
         objects,
         leadership.leading,
         settings.namespace,
         retry_interval=settings.env_reference_retry_interval.total_seconds(),
     )
-    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
-    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    feed, sandbox_informer, claim_feed, claim_informer = _object_informers(
+        api, loop, workloads, broker
+    )
     kopf_registry = build_registry(
         connection_params(api), settings, nodehealth, leadership.leading, workloads
     )
@@ -397,9 +401,28 @@ def build_parts(
         feed=feed,
         lease_informer=lease_informer,
         sandbox_informer=sandbox_informer,
+        claim_feed=claim_feed,
+        claim_informer=claim_informer,
         kopf=kopf_part,
         elector=elector,
     )
+
+
+def _object_informers(
+    api: Any,
+    loop: asyncio.AbstractEventLoop,
+    workloads: Workloads,
+    broker: pullcredentials.PullCredentialBroker,
+) -> tuple[EventFeed, SandboxInformer, EventFeed, ObjectInformer]:
+    """Every Sandbox and every SandboxClaim through a lean watch of its own, not
+    kopf's per-object machinery (adapters.informer): sandboxes feed the cache and the
+    pull-secret broker; claims, whose bursts are the operator's busiest moments,
+    the claim controller."""
+    feed = EventFeed(workloads.cache, loop, [broker.on_sandbox])
+    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    claim_feed = EventFeed(workloads.claims, loop, name="claim")
+    claim_informer = ObjectInformer(api, CLAIMS, claim_feed.on_event, claim_feed.on_listed)
+    return feed, sandbox_informer, claim_feed, claim_informer
 
 
 def _clients(
