@@ -11,8 +11,9 @@ the sandbox cache and the claim informer have taken in their first complete list
 and kopf has handed over every pool and SandboxNode (``kopflisted``). Before that,
 a restarted leader would see pools short of members (and create more), Services
 without endpoints (and empty their slices), claims whose sandbox is gone (and
-write them Lost) and nodes with room (and bind beyond their capacity). What came due meanwhile is dropped by the queues;
-the moment the cache is synced, a leader re-judges everything, as on taking over.
+write them Lost) and nodes with room (and bind beyond their capacity). What came
+due meanwhile is dropped by the queues; the moment the caches are synced, a leader
+re-judges everything, as on taking over.
 """
 
 from __future__ import annotations
