@@ -29,7 +29,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 import sandlot
 from sandlot.adapters.agentcerts import AgentCsrSigner
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.informer import LeaseInformer, SandboxInformer
+from sandlot.adapters.informer import LeaseInformer, ObjectInformer, SandboxInformer
 from sandlot.adapters.kopfclient import kopf_session
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
@@ -42,7 +42,7 @@ from sandlot.adapters.kube import (
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.startup import require_namespace
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import CLAIMS, GROUP, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
     LAST_HANDLED_CONFIGURATION_KEY,
@@ -55,10 +55,10 @@ from sandlot.controllers import (
     snapshots,
     taintlabels,
 )
+from sandlot.controllers.eventfeed import EventFeed
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
-from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.startup import (
     SHUTDOWN_DRAIN_SECONDS,
@@ -279,9 +279,11 @@ class OperatorParts:
     workloads: Workloads
     broker: pullcredentials.PullCredentialBroker
     deletes: StateDeletes | None
-    feed: SandboxFeed
+    feed: EventFeed
+    claim_feed: EventFeed
     lease_informer: LeaseInformer
     sandbox_informer: SandboxInformer
+    claim_informer: ObjectInformer
     kopf: KopfPart
     elector: LeaderElector | None
     health: ThreadingHTTPServer | None = None
@@ -338,15 +340,18 @@ class OperatorParts:
         self.sandbox_informer.start()
         if self.deletes is not None:
             self.deletes.start(self.leadership.leading)
+        self.claim_informer.start()
 
     async def _stop_informers(self) -> None:
         self.feed.close()
+        self.claim_feed.close()
         self.broker.close()
         if self.deletes is not None:
             self.deletes.close()
         await asyncio.gather(
             asyncio.to_thread(self.lease_informer.stop),
             asyncio.to_thread(self.sandbox_informer.stop),
+            asyncio.to_thread(self.claim_informer.stop),
         )
 
 
@@ -406,20 +411,20 @@ def build_parts(
         on_heard=nodehealth.on_heard,
         watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
     )
-    # Every Sandbox through one lean watch of its own, not kopf's per-object
-    # machinery (adapters.informer): the cache, and the pull-secret broker.
     broker, deletes = _brokers(settings, objects, leadership.leading)
-    on_sandbox = [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])]
-    on_snapshot = [broker.on_snapshot, *([deletes.on_snapshot] if deletes is not None else [])]
-    feed = SandboxFeed(workloads.cache, loop, on_sandbox)
-    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    feed, sandbox_informer, claim_feed, claim_informer = _object_informers(
+        api, loop, workloads, broker, deletes
+    )
     kopf_registry = build_registry(
         connection_params(api),
         settings,
         nodehealth,
         leadership.leading,
         workloads,
-        snapshot_listeners=on_snapshot,
+        snapshot_listeners=[
+            broker.on_snapshot,
+            *([deletes.on_snapshot] if deletes is not None else []),
+        ],
     )
     kopf_part = KopfPart(kopf_registry, WatchOnlyMemories(watch_only_kinds(kopf_registry)))
 
@@ -442,9 +447,30 @@ def build_parts(
         feed=feed,
         lease_informer=lease_informer,
         sandbox_informer=sandbox_informer,
+        claim_feed=claim_feed,
+        claim_informer=claim_informer,
         kopf=kopf_part,
         elector=elector,
     )
+
+
+def _object_informers(
+    api: Any,
+    loop: asyncio.AbstractEventLoop,
+    workloads: Workloads,
+    broker: pullcredentials.PullCredentialBroker,
+    deletes: StateDeletes | None,
+) -> tuple[EventFeed, SandboxInformer, EventFeed, ObjectInformer]:
+    """Every Sandbox and every SandboxClaim through a lean watch of its own, not
+    kopf's per-object machinery (adapters.informer): sandboxes feed the cache, the
+    pull-secret broker and the state deletes; claims, whose bursts are the
+    operator's busiest moments, the claim controller."""
+    on_sandbox = [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])]
+    feed = EventFeed(workloads.cache, loop, on_sandbox)
+    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    claim_feed = EventFeed(workloads.claims, loop, name="claim")
+    claim_informer = ObjectInformer(api, CLAIMS, claim_feed.on_event, claim_feed.on_listed)
+    return feed, sandbox_informer, claim_feed, claim_informer
 
 
 def _clients(
