@@ -39,7 +39,7 @@ def test_a_sealed_blob_opens_with_its_key_to_the_same_bytes_and_its_size_is_anno
     data = os.urandom(size)
     box = sealed(data, pieces=4093)
     assert len(box) == sealed_size(size)
-    assert data[:64] not in box or size == 0
+    assert size < 16 or data[:64] not in box  # a short one appears by chance in any bytes
     d = digest(data)
     assert (
         b"".join(open_sealed(KEY, d, size, [box[i : i + 999] for i in range(0, len(box), 999)]))
