@@ -46,6 +46,12 @@ RUN cd operator/filetool \
  && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" \
       -o /opt/sandlot/libexec/sandlot-files . \
  && /opt/sandlot/libexec/sandlot-files stat / >/dev/null
+# The executor the agent mounts beside it (operator/executor, agent.executor): it
+# runs a sandbox's commands from inside it; it ends by itself once stdin does.
+RUN cd operator/executor \
+ && CGO_ENABLED=0 GOFLAGS=-buildvcs=false go build -trimpath -ldflags "-s -w" \
+      -o /opt/sandlot/libexec/sandlot-exec . \
+ && /opt/sandlot/libexec/sandlot-exec 5 </dev/null >/dev/null
 
 FROM ${DEBIAN_IMAGE}
 LABEL org.opencontainers.image.title="sandlot" \

@@ -33,7 +33,7 @@ import kopf
 
 from sandlot.adapters.kube import connection_params, load_api_client
 from sandlot.api import GROUP, VERSION
-from sandlot.controllers.operator import register_kopf
+from sandlot.controllers.kopfwiring import register_kopf
 
 
 def registry_for(

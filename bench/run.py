@@ -69,10 +69,23 @@ def main() -> int:
     if claims.exists():
         rows += json.loads(claims.read_text())
 
+    burst = out.with_name("claimburst.json")
+    burst_args = [str(HERE / "claims.py"), "--burst", "--json", str(burst)]
+    if args.quick:
+        burst_args += ["--claims", "300", "--pool", "300", "--seconds", "15"]
+    run(burst_args, timeout=3600)
+    if burst.exists():
+        rows += json.loads(burst.read_text())
+
     streams = out.with_name("streams.json")
     run([str(HERE / "streams.py"), "--json", str(streams)], timeout=1800)
     if streams.exists():
         rows += json.loads(streams.read_text())
+
+    first = out.with_name("firstcommand.json")
+    run([str(HERE / "firstcommand.py"), "--json", str(first)], timeout=1800)
+    if first.exists():
+        rows += json.loads(first.read_text())
 
     compat = out.with_name("compat.json")
     run([str(HERE / "compat.py"), "--json", str(compat)], timeout=1800)

@@ -131,8 +131,8 @@ def real_node(
             log_dir=str(work / "logs"),
             stream_port=port,
             stream_bind=address.ip,
-            stream_tls_cert=str(certs.agent.cert),
-            stream_tls_key=str(certs.agent.key),
+            stream_tls_cert=str(certs.agent(node).cert),
+            stream_tls_key=str(certs.agent(node).key),
             stream_client_ca=str(certs.ca.cert),
             **(agent or {}),
         )

@@ -158,6 +158,7 @@ def test_service_accounts_hold_least_privilege(
 # verb added to the chart without a reason shows up here. The self-review APIs every
 # authenticated user has (system:basic-user) and non-resource URLs are left out.
 AGENT_REACH = {
+    "certificatesigningrequests.certificates.k8s.io": "create get",
     "sandboxnodes.sandlot.dev": "create get list watch",
     "sandboxnodes.sandlot.dev/status": "patch",
     "sandboxes.sandlot.dev": "get list watch",
@@ -178,6 +179,10 @@ AGENT_REACH = {
     # No tokenreviews or subjectaccessreviews: the gateway reviews, under its own name.
 }
 OPERATOR_REACH = {
+    "certificatesigningrequests.certificates.k8s.io": "get list watch",
+    "certificatesigningrequests.certificates.k8s.io/approval": "update",
+    "certificatesigningrequests.certificates.k8s.io/status": "update",
+    "signers.certificates.k8s.io": "approve sign",
     "sandboxnodes.sandlot.dev": "get list patch watch",
     "sandboxnodes.sandlot.dev/status": "get patch",
     "sandboxes.sandlot.dev": "create delete get list patch watch",
@@ -201,8 +206,9 @@ OPERATOR_REACH = {
     "events": "create",
     "customresourcedefinitions.apiextensions.k8s.io": "get list watch",
     "leases.coordination.k8s.io": "create get list update watch",
-    # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding.
-    "secrets": "create get update",
+    # Brokered pull credentials: each node's Secret, identity, Role and RoleBinding;
+    # the state keys, deleted with their owner.
+    "secrets": "create delete get update",
     "serviceaccounts": "create",
     "roles.rbac.authorization.k8s.io": "create update",
     "rolebindings.rbac.authorization.k8s.io": "create update",

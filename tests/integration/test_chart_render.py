@@ -323,34 +323,92 @@ def test_kubectl_finds_the_sandlot_plugin(tmp_path: Path) -> None:
     assert "usage: sandlot" in proc.stdout and "operator" in proc.stdout
 
 
-def test_the_stream_certificates_come_from_the_chart_or_from_cert_manager(helm: Path) -> None:
+def _mounted(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, set[str]]:
+    """The Secret keys each volume of workload ``kind``/``name`` mounts, by Secret."""
+    (workload,) = [d for d in by_kind(docs, kind) if d["metadata"]["name"] == name]
+    seen: dict[str, set[str]] = {}
+    for volume in workload["spec"]["template"]["spec"]["volumes"]:
+        sources = (
+            [volume] if "secret" in volume else (volume.get("projected") or {}).get("sources", [])
+        )
+        for source in sources:
+            secret = source.get("secret")
+            if secret:
+                name_ = secret.get("secretName") or secret.get("name")
+                keys = {i["key"] for i in secret.get("items") or ()} or {"*"}
+                seen.setdefault(name_, set()).update(keys)
+    return seen
+
+
+def test_each_stream_party_trusts_only_its_peers_own_ca(helm: Path) -> None:
+    """The gateway CA issues the gateway's certificate alone and is the agents' only
+    client CA; the agent CA's key is the operator's alone; no agent holds a key made
+    elsewhere (each makes its own and asks the operator for its node's certificate)."""
     made = render(helm)
     secrets = {d["metadata"]["name"]: d for d in by_kind(made, "Secret")}
-    gateway, agent = secrets["sl-sandlot-stream-gateway"], secrets["sl-sandlot-stream-agent"]
-    assert gateway["data"]["ca.crt"] == agent["data"]["ca.crt"], "one stream CA for both"
-    assert gateway["data"]["tls.key"] != agent["data"]["tls.key"]
-    (api_service,) = by_kind(made, "APIService")
+    gateway, agent_ca = secrets["sl-sandlot-stream-gateway"], secrets["sl-sandlot-agent-ca"]
+    assert gateway["data"]["ca.crt"] != agent_ca["data"]["tls.crt"], "one CA for both sides"
+    assert "sl-sandlot-stream-agent" not in secrets, "a shared agent key is still made"
+    (api_service, *_) = by_kind(made, "APIService")
     assert api_service["spec"]["caBundle"] == gateway["data"]["ca.crt"]
+    assert _mounted(made, "DaemonSet", "sl-sandlot-agent") == {
+        "sl-sandlot-stream-gateway": {"ca.crt"}
+    }
+    assert _mounted(made, "Deployment", "sl-sandlot-gateway") == {
+        "sl-sandlot-stream-gateway": {"*"},
+        "sl-sandlot-agent-ca": {"tls.crt"},
+    }
+    assert _mounted(made, "Deployment", "sl-sandlot-operator") == {"sl-sandlot-agent-ca": {"*"}}
+    (agent,) = by_kind(made, "DaemonSet")
+    env = {
+        e["name"]: e.get("value") for e in agent["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["SANDLOT_STREAM_TLS_REQUEST"] == "true"
+    assert env["SANDLOT_STREAM_CLIENT_CA"].endswith("/gateway-ca.crt")
 
+
+def test_the_stream_certificates_come_from_the_chart_or_from_cert_manager(helm: Path) -> None:
     managed = render(helm, "--set", "streamCerts.certManager.enabled=true")
     assert not [s for s in by_kind(managed, "Secret") if "stream" in s["metadata"]["name"]]
     certs = {c["spec"]["secretName"]: c["spec"] for c in by_kind(managed, "Certificate")}
     assert certs["sl-sandlot-stream-gateway"]["commonName"] == "sandlot-gateway"
-    assert certs["sl-sandlot-stream-agent"]["commonName"] == "sandlot-agent"
     assert "client auth" in certs["sl-sandlot-stream-gateway"]["usages"]
-    (injected,) = by_kind(managed, "APIService")
+    assert certs["sl-sandlot-agent-ca"]["isCA"] and certs["sl-sandlot-stream-gateway-ca"]["isCA"]
+    # The gateway's name comes from an Issuer of the release's own, in its namespace,
+    # whose CA issues nothing else; nothing is issued for the agents but their CA.
+    assert certs["sl-sandlot-stream-gateway"]["issuerRef"] == {
+        "name": "sl-sandlot-stream-gateway-ca",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+    issuers = {i["metadata"]["name"]: i["spec"] for i in by_kind(managed, "Issuer")}
+    assert issuers["sl-sandlot-stream-gateway-ca"] == {
+        "ca": {"secretName": "sl-sandlot-stream-gateway-ca"}
+    }
+    assert set(certs) == {
+        "sl-sandlot-stream-gateway",
+        "sl-sandlot-stream-gateway-ca",
+        "sl-sandlot-agent-ca",
+    }
+    (injected, *_) = by_kind(managed, "APIService")
     assert "caBundle" not in injected["spec"]
     assert injected["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].endswith(
         "/sl-sandlot-stream-gateway"
     )
-    own = render(
-        helm,
+
+
+def test_a_shared_issuer_for_the_gateways_name_is_refused(helm: Path) -> None:
+    """Anyone who may ask a shared (Cluster)Issuer for a certificate could mint
+    sandlot-gateway from it: naming one is refused, not quietly ignored."""
+    refused = run_helm(
+        helm, "template", "sl", str(CHART), "--namespace", "sandlot-system",
         "--set", "streamCerts.certManager.enabled=true",
         "--set", "streamCerts.certManager.issuerRef.name=corp-ca",
         "--set", "streamCerts.certManager.issuerRef.kind=ClusterIssuer",
+        check=False,
     )  # fmt: skip
-    assert not by_kind(own, "Issuer"), "no self-signed CA when an issuer is named"
-    assert {c["spec"]["issuerRef"]["name"] for c in by_kind(own, "Certificate")} == {"corp-ca"}
+    assert refused.returncode != 0, "a shared issuer was accepted"
+    assert "streamCerts.certManager.issuerRef" in refused.stderr, refused.stderr
 
 
 GVISOR_ON = (

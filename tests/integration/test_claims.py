@@ -175,8 +175,8 @@ def test_a_claim_binds_an_idle_suspended_member_with_a_readiness_probe_and_wakes
         idle_cpu_cores=0.5,
         stream_port=free_port(),
         stream_bind="127.0.0.1",
-        stream_tls_cert=str(certs.agent.cert),
-        stream_tls_key=str(certs.agent.key),
+        stream_tls_cert=str(certs.agent("a").cert),
+        stream_tls_key=str(certs.agent("a").key),
         stream_client_ca=str(certs.ca.cert),
     )
     node = cluster.add_node("a", capacity=10)

@@ -40,7 +40,7 @@ class Rig:
     agent: StreamServer
     tmp: Path
 
-    def gateway(self, sessions: Sessions, **options: object) -> Gateway:
+    def gateway(self, sessions: Sessions, node: str = "node-1", **options: object) -> Gateway:
         gateway = Gateway(
             bind="127.0.0.1",
             port=0,
@@ -53,13 +53,14 @@ class Rig:
                 ),
             ),
             agent_tls=client_context(
-                str(self.certs.ca.cert), str(self.certs.gateway.cert), str(self.certs.gateway.key)
+                str(self.certs.agent_ca.cert),
+                str(self.certs.gateway.cert),
+                str(self.certs.gateway.key),
             ),
-            agent_server_name="sandlot-agent",
             requestheader=RequestHeaderConfig,
             backends=Backends(
                 review=lambda _spec: {"allowed": True},
-                node_of=lambda _ns, _name: "node-1",
+                node_of=lambda _ns, _name: node,
                 agent_of=lambda _node: ("127.0.0.1", self.agent.port),
             ),
             sessions=sessions,
@@ -71,7 +72,9 @@ class Rig:
 
     def front_proxy(self, cert: Path | None = None, key: Path | None = None) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.certs.ca.cert))
-        ctx.load_cert_chain(str(cert or self.certs.agent.cert), str(key or self.certs.agent.key))
+        ctx.load_cert_chain(
+            str(cert or self.certs.front_proxy.cert), str(key or self.certs.front_proxy.key)
+        )
         return ctx
 
     def follow(
@@ -105,7 +108,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
         "node-1",
         bind="127.0.0.1",
         port=0,
-        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        tls=server_context(
+            str(certs.agent("node-1").cert), str(certs.agent("node-1").key), str(certs.ca.cert)
+        ),
         client_names=("sandlot-gateway",),
         sandbox=lambda key: SANDBOX if key == "ns/sb" else None,
         log_dir=str(logs),
@@ -137,6 +142,24 @@ def once_freed(follow: Callable[[], ClientConnection]) -> ClientConnection:
             assert e.response.status_code == 429, e.response.body
             assert time.monotonic() < deadline, "the ended stream's place was never freed"
             time.sleep(0.05)
+
+
+def test_an_agent_certified_for_another_node_is_refused(rig: Rig) -> None:
+    """The sandbox is on node-2; what answers at node-2's agent address holds node-1's
+    certificate, of the same agent CA: the gateway refuses it in the handshake, before
+    the user's request reaches it, and says so. Dialled for node-1, it is served."""
+    wrong = rig.gateway(Sessions(8, 8), node="node-2")
+    try:
+        status, body = refusal(rig, wrong, "alice")
+    finally:
+        wrong.shutdown()
+    assert status == 502, body
+    assert "reached for node node-2 is not certified for node node-2" in body, body
+    right = rig.gateway(Sessions(8, 8), node="node-1")
+    try:
+        rig.follow(right, "alice").close()
+    finally:
+        right.shutdown()
 
 
 def test_a_tenants_many_service_accounts_share_their_namespaces_cap(rig: Rig) -> None:
@@ -239,7 +262,7 @@ def test_a_front_proxy_ca_removed_from_its_file_stops_being_trusted(rig: Rig) ->
         port=0,
         tls_cert=str(rig.certs.gateway.cert),
         tls_key=str(rig.certs.gateway.key),
-        stream_ca=str(rig.certs.ca.cert),
+        stream_ca=str(rig.certs.agent_ca.cert),
         requestheader_client_ca=str(ca_file),
         metrics_port=0,
     )

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.kube import connection_params, load_api_client
 from sandlot.adapters.objects import Objects
 from sandlot.api.common import GROUP, VERSION
+from sandlot.controllers.kopfwiring import KOPF_WATCH_CLIENT_SECONDS, register_kopf
 from sandlot.controllers.metrics import OperatorMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
-from sandlot.controllers.operator import KOPF_WATCH_CLIENT_SECONDS, register_kopf
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.nodehealth import NodeHealthSettings

@@ -73,6 +73,7 @@ def test_a_member_claimed_between_the_pools_plan_and_its_delete_stays_with_the_c
     )
     # This test hands the controllers what they see itself: their caches are synced.
     w.cache.retain(set())
+    w.claims.retain(set())
     w.listed.pending.clear()
     w.pools.on_pool(None, pool)
     asyncio.run(w.pools.queue.run_until_idle())

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -18,7 +16,7 @@ import pytest
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.pulling import Credential, Endpoint, RegistryClient, RegistryError
 from sandlot.adapters.runtime import RuntimeTimeout
-from sandlot.agent.statestore import StateStore
+from sandlot.controllers.statedeletes import StateRepository
 from sandlot.devtools.registry import LOOPBACK_HOSTS
 from sandlot.policy.pulling import FailureKind
 from tests.support.registry import (
@@ -150,20 +148,14 @@ def test_the_store_says_once_that_a_repository_does_not_delete_and_asks_no_more(
     no_delete_registry: Registry, push_image: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     pushed = push_image(no_delete_registry, "state/once:t", salt="once")
-    settings = SimpleNamespace(
-        suspend_state_repository=f"{no_delete_registry.host}/state/once",
-        suspend_state_auth_file="",
-        image_pull_deadline=timedelta(seconds=30),
-        image_pull_stall_timeout=timedelta(seconds=5),
-        call_timeout=timedelta(seconds=5),
-        registry_config_dir="",
-        registry_private_hosts=sorted(LOOPBACK_HOSTS),
-        registry_redirect_hosts=[],
-        node_address="",
+    store = StateRepository(
+        f"{no_delete_registry.host}/state/once",
+        "",
+        call_timeout=5,
+        private_hosts=frozenset(LOOPBACK_HOSTS),
     )
-    store = StateStore(settings, None)  # type: ignore[arg-type]
     reference = f"{no_delete_registry.host}/state/once:t@{pushed.manifest_digest}"
-    with caplog.at_level(logging.WARNING, logger="sandlot.agent.statestore"):
+    with caplog.at_level(logging.WARNING, logger="sandlot.controllers.statedeletes"):
         store.forget(reference)
         store.forget(reference)
     said = [r for r in caplog.records if "does not delete" in r.getMessage()]

@@ -50,6 +50,15 @@ def moving(cluster: Cluster, auth_registry: Registry, tmp_path: Path) -> Cluster
         "suspend_state_auth_file": str(secret),
         "registry_private_hosts": sorted(LOOPBACK_HOSTS),
     }
+    # The operator brokers the state keys and deletes (with the same credential here:
+    # the test registry's htpasswd grants one user everything).
+    cluster.operator_flags = (
+        "--state-repository",
+        f"{auth_registry.host}/sandlot/state",
+        "--state-auth-file",
+        str(secret),
+        *(f"--state-registry-private-hosts={h}" for h in sorted(LOOPBACK_HOSTS)),
+    )
     return cluster
 
 

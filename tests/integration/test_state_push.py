@@ -4,11 +4,14 @@ A container writes a file, is committed in one containerd namespace (node A) and
 pushed with ``adapters.pulling.push_image`` to the loopback registry behind htpasswd;
 another namespace (node B, nothing of A's in its store) pulls that exact
 reference under the local name and starts a container that sees the file. A
-second push of the same state sends no blob (the registry has them all).
+second push of the same state sends no blob (the registry has them all). Sealed
+(``adapters.pulling.sealed``), the same state opens only with its owner's key.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,15 @@ from sandlot.adapters.pulling import (
     RegistryClient,
     RegistryError,
     push_image,
+)
+from sandlot.adapters.pulling.push import manifest_blobs
+from sandlot.adapters.pulling.sealed import (
+    KEY_BYTES,
+    SEALED_BLOB,
+    SEALED_MANIFEST,
+    SealedPuller,
+    SealError,
+    push_sealed,
 )
 from sandlot.adapters.runtime import ContainerSpec, RuntimeTimeout
 from sandlot.agent.teardown import teardown
@@ -174,3 +186,65 @@ def test_a_push_behind_bearer_tokens_asks_for_push_after_pull(
         reader.manifest_exists(pushed.digest)
     finally:
         reader.close()
+
+
+def test_sealed_state_opens_on_the_node_given_its_key_and_nowhere_else(
+    containerd: PrivateContainerd,
+    node_a: ContainerdRuntime,
+    node_b: ContainerdRuntime,
+    auth_registry: Registry,
+) -> None:
+    """What every node's registry credential reads of a sealed state is ciphertext
+    and a sealed manifest; another key opens nothing and leaves nothing in the
+    node's store; the owner's key starts it with its files."""
+    uid = uuid.uuid4().hex
+    local = suspended_image_name(uid)
+    commit_written(node_a, "commit-sealed", local)
+    manifest, media_type = node_a.image_manifest(local, timeout=10)
+    key, other = os.urandom(KEY_BYTES), os.urandom(KEY_BYTES)
+    credential = Credential(AUTH_USER, AUTH_PASSWORD)
+
+    def open_blob(digest: str) -> Iterator[bytes]:
+        return node_a.open_blob(digest, timeout=30)
+
+    client = client_for(auth_registry, "state/sealed", credential)
+    pushed = push_sealed(client, uid, manifest, media_type, open_blob, key)
+    again = push_sealed(client, uid, manifest, media_type, open_blob, key)
+    assert (again.digest, again.uploaded) == (pushed.digest, 0), "sealing is not deterministic"
+    stored, _ = client.manifest(pushed.digest)
+    wrapper = json.loads(stored)
+    assert wrapper["config"]["mediaType"] == SEALED_MANIFEST
+    plain = {d for d, _ in manifest_blobs(json.loads(manifest))}
+    for layer in wrapper["layers"]:
+        assert layer["mediaType"] == SEALED_BLOB and layer["digest"] not in plain
+        sealed = b"".join(client.blob(layer["digest"]))
+        assert b"kept\n" not in sealed and b"diff_ids" not in sealed
+    client.close()
+
+    puller = SealedPuller(
+        containerd.address,
+        node_b.namespace,
+        stall_timeout=5.0,
+        transfer=False,
+        access=LOOPBACK_ACCESS,
+    )
+    endpoints = [Endpoint(f"http://{auth_registry.host}")]
+    ref = parse_reference(pushed.reference)
+    try:
+        with pytest.raises(SealError, match="cannot be opened with this key"):
+            puller.pull_sealed(local, ref, endpoints, credential, other, deadline=60)
+        assert not puller.has_image(local, timeout=5), "an unopened state left an image"
+        puller.pull_sealed(local, ref, endpoints, credential, key, deadline=60)
+    finally:
+        puller.close()
+    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname="c")
+    node_b.create_container(
+        ContainerSpec(id="opened", image=local, oci_spec=spec, labels={}), timeout=10
+    )
+    node_b.start_task("opened", stdio="", timeout=10)
+    try:
+        task = node_b.get_task("opened", timeout=5)
+        assert task is not None
+        assert Path(f"/proc/{task.pid}/root/kept").read_text() == "kept\n"
+    finally:
+        teardown(node_b, "opened", kill_wait=KILL_WAIT, call_timeout=CALL_TIMEOUT)

@@ -3,10 +3,10 @@ restore finds its state wherever it is.
 
 The rig of tests/integration/test_state_move.py: a real operator process, real
 agents on their own containerd namespaces, every agent pushing suspended state to
-the loopback registry behind htpasswd. A snapshot of a suspended sandbox is a
-second tag (``snapshot-<uid>``) of its state's very manifest: neither the restore
-nor the deletion of the sandbox may take it, and a fork on another node starts
-from it. A sandbox moved away and back, whose committed image its first node
+the loopback registry behind htpasswd. A snapshot of a suspended sandbox is pushed
+as its own manifest (``snapshot-<uid>``, sealed under the snapshot's key): neither
+the restore nor the deletion of the sandbox takes it, and a fork on another node
+starts from it. A sandbox moved away and back, whose committed image its first node
 collected meanwhile, runs again there from the registry. A push the registry
 refused while it was down is owed, not forgotten: a drain keeps the sandbox until
 the push succeeds, then it moves.
@@ -14,7 +14,6 @@ the push succeeds, then it moves.
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -88,29 +87,9 @@ def suspend_pushed(c: Cluster, name: str, node: LocalNode) -> dict[str, Any]:
     return state
 
 
-def judged(
-    caplog: pytest.LogCaptureFixture, c: Cluster, registry: Registry, digest: str, holder: str
-) -> None:
-    """Wait until the agent has judged the delete of ``digest`` (kept for ``holder``,
-    or deleted), then require it kept."""
-    said = f"kept: still named by {holder}"
-    wait_for(
-        lambda: said in caplog.text or manifest_gone(registry, digest),
-        timeout=30,
-        what=f"the agent's judgement of {digest}",
-    )
-    assert not manifest_gone(registry, digest), (
-        f"{digest} deleted from the registry while {holder} still names it"
-    )
-
-
 def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_forks_elsewhere(
-    moving: Cluster,
-    operators: Start,
-    auth_registry: Registry,
-    caplog: pytest.LogCaptureFixture,
+    moving: Cluster, operators: Start, auth_registry: Registry
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sandlot.agent.statedeletes")
     a, b = moving.add_node("a"), moving.add_node("b")
     start_operator(moving, operators)
     ns = moving.namespace
@@ -118,10 +97,13 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_forks_elsewhe
     started_and_rewritten(moving, "origin", a)
     state = suspend_pushed(moving, "origin", a)
     shot = snapshot_of(moving, "shot", "origin")
-    assert shot["status"]["pushedImage"].endswith("@" + state["digest"]), "not one manifest"
+    copy = shot["status"]["pushedImage"].rsplit("@", 1)[1]
+    assert copy != state["digest"], "the snapshot's copy is not sealed under its own key"
     set_mode(moving, "origin", "Running")
     running_with_file(moving, "origin", a)
-    judged(caplog, moving, auth_registry, state["digest"], f"SandboxSnapshot {ns}/shot")
+    # Restored, nothing names its state: the operator deletes it; the copy stays.
+    wait_manifest_gone(auth_registry, state["digest"])
+    assert not manifest_gone(auth_registry, copy), "the snapshot's copy was deleted"
 
     # A fork on another node starts from the registry's copy.
     moving.objs.patch_cluster_custom_object(
@@ -144,26 +126,22 @@ def test_a_snapshots_pushed_copy_outlives_its_sandboxs_restore_and_forks_elsewhe
 
 
 def test_a_snapshots_pushed_copy_outlives_its_suspended_sandboxs_deletion_then_goes_with_it(
-    moving: Cluster,
-    operators: Start,
-    auth_registry: Registry,
-    caplog: pytest.LogCaptureFixture,
+    moving: Cluster, operators: Start, auth_registry: Registry
 ) -> None:
-    caplog.set_level(logging.INFO, logger="sandlot.agent.statedeletes")
     a = moving.add_node("a")
     start_operator(moving, operators)
     ns = moving.namespace
     create(moving, "doomed", a.name)
     started_and_rewritten(moving, "doomed", a)
     state = suspend_pushed(moving, "doomed", a)
-    snapshot_of(moving, "shot", "doomed")
+    copy = snapshot_of(moving, "shot", "doomed")["status"]["pushedImage"].rsplit("@", 1)[1]
     moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxes", "doomed")
-    judged(caplog, moving, auth_registry, state["digest"], f"SandboxSnapshot {ns}/shot")
-
-    # The last referrer deletes it: the snapshot (nothing forks it) goes, and its
-    # copy, the deleted sandbox's state, goes with it.
-    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxsnapshots", "shot")
     wait_manifest_gone(auth_registry, state["digest"])
+    assert not manifest_gone(auth_registry, copy), "the snapshot's copy went with its sandbox"
+
+    # The snapshot (nothing forks it) goes, and its copy with it.
+    moving.objs.delete_namespaced_custom_object(GROUP, VERSION, ns, "sandboxsnapshots", "shot")
+    wait_manifest_gone(auth_registry, copy)
 
 
 def test_a_sandbox_moved_away_and_back_is_pulled_when_its_local_copy_was_collected(

@@ -13,9 +13,15 @@ import pytest
 from sandlot.adapters.mtls import client_context, server_context
 from sandlot.devtools.certs import StreamCerts
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
+from sandlot.policy.agentcerts import agent_server_name
 from sandlot.policy.streamaccess import RequestHeaderConfig
 
 pytestmark = pytest.mark.integration
+
+
+def _agent(certs: StreamCerts, node: str) -> tuple[str, str]:
+    pair = certs.agent(node)
+    return str(pair.cert), str(pair.key)
 
 
 def _nowhere(*_: object) -> object:
@@ -32,9 +38,8 @@ def test_the_gateway_listens_on_the_address_it_is_given(tmp_path: Path, bind: st
             str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
         ),
         agent_tls=client_context(
-            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
         ),
-        agent_server_name="sandlot-agent",
         requestheader=RequestHeaderConfig,
         backends=Backends(review=_nowhere, node_of=_nowhere, agent_of=_nowhere),  # type: ignore[arg-type]
         sessions=Sessions(4, 2),
@@ -43,7 +48,7 @@ def test_the_gateway_listens_on_the_address_it_is_given(tmp_path: Path, bind: st
     gateway.start()
     try:
         ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
-        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))
+        ctx.load_cert_chain(str(certs.front_proxy.cert), str(certs.front_proxy.key))
         name = "sandlot-gateway.sandlot-system.svc"
         with (
             socket.create_connection(("127.0.0.1", gateway.port), timeout=10) as raw,
@@ -80,9 +85,8 @@ def test_a_slow_admission_is_answered_not_dropped(tmp_path: Path) -> None:
             str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
         ),
         agent_tls=client_context(
-            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
         ),
-        agent_server_name="sandlot-agent",
         requestheader=RequestHeaderConfig,
         backends=Backends(
             review=slow({"allowed": True}),  # type: ignore[arg-type]
@@ -95,7 +99,9 @@ def test_a_slow_admission_is_answered_not_dropped(tmp_path: Path) -> None:
     gateway.start()
     try:
         ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
-        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        ctx.load_cert_chain(
+            str(certs.front_proxy.cert), str(certs.front_proxy.key)
+        )  # the "front proxy"
         request = (
             "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/exec"
             "?command=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
@@ -130,7 +136,7 @@ def test_the_agent_waits_out_a_slow_handshake_longer_than_a_containerd_call(
         "node-x",
         bind="127.0.0.1",
         port=0,
-        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        tls=server_context(*_agent(certs, "node-x"), str(certs.ca.cert)),
         client_names=("sandlot-gateway",),
         sandbox=lambda _key: None,
         log_dir="",
@@ -140,10 +146,12 @@ def test_the_agent_waits_out_a_slow_handshake_longer_than_a_containerd_call(
     )
     server.start()
     try:
-        ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+        ctx = client_context(
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        )
         with (
             socket.create_connection(("127.0.0.1", server.port), timeout=20) as raw,
-            ctx.wrap_socket(raw, server_hostname="sandlot-agent") as conn,
+            ctx.wrap_socket(raw, server_hostname=agent_server_name("node-x")) as conn,
         ):
             time.sleep(1.0)  # a loaded machine: the request comes late
             conn.sendall(
@@ -184,7 +192,7 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
         "node-x",
         bind="127.0.0.1",
         port=0,
-        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        tls=server_context(*_agent(certs, "node-x"), str(certs.ca.cert)),
         client_names=("sandlot-gateway",),
         sandbox=lambda key: sandbox if key == "ns/sb" else None,
         log_dir=str(logs),
@@ -194,13 +202,13 @@ def test_the_agent_refuses_streams_past_its_own_cap_and_frees_a_place_when_one_e
         max_sessions=1,
     )
     server.start()
-    ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+    ctx = client_context(str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
 
     def follow() -> ClientConnection:
         return connect(
             f"wss://127.0.0.1:{server.port}/sandboxes/ns/sb/log",
             ssl=ctx,
-            server_hostname="sandlot-agent",
+            server_hostname=agent_server_name("node-x"),
             additional_headers={"X-Sandlot-Stream-Options": "follow=true"},
             subprotocols=[Subprotocol("v5.channel.k8s.io")],
             open_timeout=10,
@@ -258,7 +266,7 @@ def test_a_peer_gone_while_its_admission_waits_for_a_restore_frees_its_slot(
         "node-x",
         bind="127.0.0.1",
         port=0,
-        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        tls=server_context(*_agent(certs, "node-x"), str(certs.ca.cert)),
         client_names=("sandlot-gateway",),
         sandbox=lambda key: IDLE_SUSPENDED if key == "ns/sb" else None,
         log_dir="",
@@ -278,13 +286,13 @@ def test_a_peer_gone_while_its_admission_waits_for_a_restore_frees_its_slot(
 
     server.restore = stuck
     server.start()
-    ctx = client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
+    ctx = client_context(str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key))
     try:
         with pytest.raises(TimeoutError):
             connect(
                 f"wss://127.0.0.1:{server.port}/sandboxes/ns/sb/exec",
                 ssl=ctx,
-                server_hostname="sandlot-agent",
+                server_hostname=agent_server_name("node-x"),
                 additional_headers={"X-Sandlot-Stream-Options": "command=true"},
                 subprotocols=[Subprotocol("v5.channel.k8s.io")],
                 open_timeout=1,
@@ -324,7 +332,7 @@ def test_a_user_gone_while_the_gateway_reaches_the_agent_gives_its_session_back(
         "node-1",
         bind="127.0.0.1",
         port=0,
-        tls=server_context(str(certs.agent.cert), str(certs.agent.key), str(certs.ca.cert)),
+        tls=server_context(*_agent(certs, "node-1"), str(certs.ca.cert)),
         client_names=("sandlot-gateway",),
         sandbox=lambda key: sandbox if key == "ns/sb" else None,
         log_dir=str(logs),
@@ -346,9 +354,8 @@ def test_a_user_gone_while_the_gateway_reaches_the_agent_gives_its_session_back(
             str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
         ),
         agent_tls=client_context(
-            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
         ),
-        agent_server_name="sandlot-agent",
         requestheader=RequestHeaderConfig,
         backends=Backends(
             review=lambda _spec: {"allowed": True},
@@ -361,7 +368,9 @@ def test_a_user_gone_while_the_gateway_reaches_the_agent_gives_its_session_back(
     gateway.start()
     try:
         ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
-        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        ctx.load_cert_chain(
+            str(certs.front_proxy.cert), str(certs.front_proxy.key)
+        )  # the "front proxy"
         request = (
             "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/log"
             "?follow=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"
@@ -407,9 +416,8 @@ def test_a_502_names_the_node_not_the_agents_address(
             str(certs.gateway.cert), str(certs.gateway.key), str(certs.ca.cert)
         ),
         agent_tls=client_context(
-            str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
         ),
-        agent_server_name="sandlot-agent",
         requestheader=RequestHeaderConfig,
         backends=Backends(
             review=lambda _spec: {"allowed": True},
@@ -422,7 +430,9 @@ def test_a_502_names_the_node_not_the_agents_address(
     gateway.start()
     try:
         ctx = ssl.create_default_context(cafile=str(certs.ca.cert))
-        ctx.load_cert_chain(str(certs.agent.cert), str(certs.agent.key))  # the "front proxy"
+        ctx.load_cert_chain(
+            str(certs.front_proxy.cert), str(certs.front_proxy.key)
+        )  # the "front proxy"
         request = (
             "GET /apis/subresources.sandlot.dev/v1alpha1/namespaces/ns/sandboxes/sb/exec"
             "?command=true HTTP/1.1\r\nHost: gateway\r\nUpgrade: websocket\r\n"

@@ -36,6 +36,7 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.streamnet import StreamAddress
+from sandlot.policy.agentcerts import agent_server_name
 from sandlot.policy.idle import restores_for_stream
 from sandlot.policy.streams import (
     API_PREFIX,
@@ -155,8 +156,10 @@ def open_write(
     )
     return connect(
         f"wss://{address.ip}:{streams_of(agent).port}{where}",
-        ssl=client_context(str(certs.ca.cert), str(certs.gateway.cert), str(certs.gateway.key)),
-        server_hostname="sandlot-agent",
+        ssl=client_context(
+            str(certs.agent_ca.cert), str(certs.gateway.cert), str(certs.gateway.key)
+        ),
+        server_hostname=agent_server_name(agent.settings.node_name),
         additional_headers={STREAM_OPTIONS_HEADER: options, CALLER_HEADER: "test"},
         subprotocols=[Subprotocol(SUBPROTOCOL)],
         open_timeout=30,
@@ -279,7 +282,9 @@ def test_a_stream_that_leaves_while_its_restore_cannot_proceed_frees_its_slot(
         parse_api_request(f"{API_PREFIX}/namespaces/{tenant}/sandboxes/stuck/exec?command=true")
     )
     gateway_tls = client_context(
-        str(stream_certs.ca.cert), str(stream_certs.gateway.cert), str(stream_certs.gateway.key)
+        str(stream_certs.agent_ca.cert),
+        str(stream_certs.gateway.cert),
+        str(stream_certs.gateway.key),
     )
     # As the gateway opens it, saying it waits a minute for the upgrade.
     upgrade = (
@@ -293,7 +298,9 @@ def test_a_stream_that_leaves_while_its_restore_cannot_proceed_frees_its_slot(
         try:
             with (
                 socket.create_connection((stream_address.ip, streams.port), timeout=30) as raw,
-                gateway_tls.wrap_socket(raw, server_hostname="sandlot-agent") as peer,
+                gateway_tls.wrap_socket(
+                    raw, server_hostname=agent_server_name(agent.settings.node_name)
+                ) as peer,
             ):
                 peer.sendall(upgrade.encode())
                 wait_for(

@@ -40,6 +40,7 @@ from sandlot.devtools.certs import CA, Pair, StreamCerts
 from sandlot.devtools.controlplane import ControlPlane, kubectl_path
 from sandlot.devtools.streamnet import StreamAddress
 from sandlot.gateway.runner import GatewayParts
+from sandlot.policy.agentcerts import agent_server_name
 from sandlot.policy.streams import SUBRESOURCE_GROUP
 from tests.integration.test_agent_node import create_sandbox
 from tests.support.streams import CLI_TIMEOUT, delete_sandbox, running_sandbox, sandlot
@@ -337,11 +338,12 @@ def test_the_gateway_reviews_the_user_itself_after_the_api_server_let_it_through
     delete_sandbox(kube, tenant, "reviewed")
 
 
-def _handshake(ip: str, port: int, ctx: ssl.SSLContext | None) -> str:
+def _handshake(ip: str, port: int, ctx: ssl.SSLContext | None, node: str) -> str:
     """What the agent's stream port answers a client with ``ctx`` (None: plain HTTP)."""
     with socket.create_connection((ip, port), timeout=10) as raw:
         try:
-            conn = ctx.wrap_socket(raw, server_hostname="sandlot-agent") if ctx else raw
+            name = agent_server_name(node)
+            conn = ctx.wrap_socket(raw, server_hostname=name) if ctx else raw
             request = (
                 "GET /sandboxes/x/y/exec HTTP/1.1\r\nHost: agent\r\nUpgrade: websocket\r\n"
                 "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -358,17 +360,24 @@ def test_the_agent_serves_only_the_gateways_certificate(
     agent: Agent, stream_certs: StreamCerts, tmp_path: Path
 ) -> None:
     ip, port = agent.settings.stream_bind, agent.settings.stream_port
-    ca = str(stream_certs.ca.cert)
-    assert _handshake(ip, port, None).startswith("refused"), "plain HTTP was answered"
+    node = agent.settings.node_name
+    ca = str(stream_certs.agent_ca.cert)  # the agent serves a certificate of the agent CA
+    assert _handshake(ip, port, None, node).startswith("refused"), "plain HTTP was answered"
     anonymous = ssl.create_default_context(cafile=ca)
-    assert _handshake(ip, port, anonymous).startswith("refused"), "no client cert was answered"
+    assert _handshake(ip, port, anonymous, node).startswith("refused"), (
+        "no client cert was answered"
+    )
     stranger_ca = CA.create(tmp_path, "stranger-ca")
     stranger = stranger_ca.issue(tmp_path, "sandlot-gateway")  # the right name, wrong CA
-    assert _handshake(ip, port, _client(ca, stranger)).startswith("refused")
-    # Another node's agent holds a certificate of the same CA: refused by name.
-    assert _handshake(ip, port, _client(ca, stream_certs.agent)).startswith("HTTP/1.1 403")
+    assert _handshake(ip, port, _client(ca, stranger), node).startswith("refused")
+    # Another node's agent holds a certificate of the agent CA, which no agent trusts
+    # for clients; nor does a gateway-named certificate of that CA pass.
+    other = stream_certs.agent("another-node")
+    assert _handshake(ip, port, _client(ca, other), node).startswith("refused")
+    named = stream_certs.agent_ca.issue(tmp_path / "agent-ca", "sandlot-gateway")
+    assert _handshake(ip, port, _client(ca, named), node).startswith("refused")
     # The gateway's own certificate gets past the handshake (then a 404: no such sandbox).
-    assert _handshake(ip, port, _client(ca, stream_certs.gateway)).startswith("HTTP/1.1 404")
+    assert _handshake(ip, port, _client(ca, stream_certs.gateway), node).startswith("HTTP/1.1 404")
 
 
 def _client(ca: str, pair: Pair) -> ssl.SSLContext:
@@ -399,11 +408,11 @@ def test_no_users_token_reaches_a_node(
         )
         return connection.respond(409, "recorded\n")
 
+    node = "recording-node"
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    tls.load_cert_chain(str(stream_certs.agent.cert), str(stream_certs.agent.key))
+    tls.load_cert_chain(str(stream_certs.agent(node).cert), str(stream_certs.agent(node).key))
     tls.load_verify_locations(str(stream_certs.ca.cert))
     tls.verify_mode = ssl.CERT_REQUIRED
-    node = "recording-node"
     with serve(lambda c: None, stream_address.ip, 0, ssl=tls, process_request=record) as spy:
         threading.Thread(target=spy.serve_forever, daemon=True).start()
         port = spy.socket.getsockname()[1]

@@ -86,6 +86,8 @@ class Cluster:
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     agent_overrides: dict[str, Any] = field(default_factory=dict)
     """More settings for every agent started (a state repository, say)."""
+    operator_flags: tuple[str, ...] = ()
+    """More flags for the operator ``start_operator`` starts (its state repository)."""
 
     @property
     def objs(self) -> Any:
@@ -332,7 +334,7 @@ def _ready(cluster: Cluster, node: str) -> bool:
 
 
 def start_operator(cluster: Cluster, operators: Start) -> Any:
-    op = operators(*OPERATOR_FLAGS)
+    op = operators(*OPERATOR_FLAGS, *cluster.operator_flags)
     wait_for(op.is_leader, timeout=30, what="the operator to lead")
     for name in cluster.nodes:
         wait_for(partial(_ready, cluster, name), timeout=20, what=f"node {name} Ready")

@@ -35,6 +35,7 @@ from sandlot.devtools.certs import StreamCerts
 from sandlot.devtools.containerd import PrivateContainerd
 from sandlot.devtools.controlplane import (
     ControlPlane,
+    executor_path,
     files_tool_path,
     free_port,
     kubeconfig_dict,
@@ -135,10 +136,10 @@ def stream_agent(
         log_dir=workdir / "logs",
         stream_port=port,
         stream_bind=stream_address.ip,
-        stream_tls_cert=str(stream_certs.agent.cert),
-        stream_tls_key=str(stream_certs.agent.key),
+        stream_tls_cert=str(stream_certs.agent(node).cert),
+        stream_tls_key=str(stream_certs.agent(node).key),
         stream_client_ca=str(stream_certs.ca.cert),
-        **{"files_tool": str(files_tool_path()), **overrides},
+        **{"files_tool": str(files_tool_path()), "executor": str(executor_path()), **overrides},
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:

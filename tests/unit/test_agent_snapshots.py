@@ -9,8 +9,9 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import UNSUPPORTED, ImageConfig, RuntimeError_, TaskState
-from sandlot.agent.snapshots import Snapshots
+from sandlot.agent.snapshots import KEY_WAIT, Snapshots
 from tests.support.agent import FakeRuntime
 
 NOW = datetime(2030, 1, 2, tzinfo=UTC)
@@ -121,3 +122,53 @@ def test_a_suspended_sandboxs_image_is_named_again() -> None:
     assert ("copy_image", "sandlot.local/suspended/sbuid:latest") in rt.calls
     assert "sandlot.local/snapshots/snapuid:latest" in rt.images
     assert writes[-1]["phase"] == "Ready"
+
+
+class KeyedStore:
+    """The state store at the agent's boundary: the keys brokered here, the pushes."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.pushed: list[tuple[str, str]] = []
+
+    def has_key(self, owner: str) -> bool:
+        return owner in self.keys
+
+    def push(self, owner: str, tag: str, image: str) -> Any:
+        if owner not in self.keys:
+            raise RegistryError(f"no state key of {owner} brokered to this node (yet)")
+        self.pushed.append((owner, tag))
+        return SimpleNamespace(reference=f"reg/state:{tag}@sha256:{'0' * 64}")
+
+
+def test_a_take_waits_for_the_snapshots_key_then_pushes_sealed_under_it() -> None:
+    rt = FakeRuntime()
+    rt.add("sb-sbuid")
+    taker, writes, _ = world(rt)
+    store = KeyedStore()
+    taker.store = store
+    taker.take("ns/s", "ns/src")
+    assert writes == [] and not [c for c in rt.calls if c[0] == "commit_container"]
+    store.keys.add("snapuid")  # the operator brokered it
+    taker.take("ns/s", "ns/src")
+    assert store.pushed == [("snapuid", "snapshot-snapuid")]
+    assert writes[-1]["pushedImage"].startswith("reg/state:snapshot-snapuid@")
+
+
+def test_a_take_whose_key_never_comes_is_taken_unpushed_after_the_wait() -> None:
+    rt = FakeRuntime()
+    rt.add("sb-sbuid")
+    now = [NOW]
+    taker, writes, _ = world(rt)
+    taker.clock = lambda: now[0]
+    store = KeyedStore()
+    taker.store = store
+    taker.take("ns/s", "ns/src")
+    now[0] = NOW + KEY_WAIT - timedelta(seconds=1)
+    taker.take("ns/s", "ns/src")
+    assert writes == []
+    now[0] = NOW + KEY_WAIT
+    taker.take("ns/s", "ns/src")
+    assert [w["phase"] for w in writes] == ["Taking", "Ready"]
+    assert "pushedImage" not in writes[-1] and store.pushed == []
+    assert "not pushed (no state key of snapuid" in writes[-1]["message"]

@@ -15,7 +15,12 @@ import pytest
 
 from sandlot.api.common import API_VERSION
 from sandlot.api.timestamps import rfc3339
-from sandlot.controllers.claims import CLAIM_WORKERS, POOL_HOLD_LIMIT, ClaimController
+from sandlot.controllers.claims import (
+    BURST_HOLD_LIMIT,
+    CLAIM_WORKERS,
+    POOL_HOLD_LIMIT,
+    ClaimController,
+)
 from sandlot.policy.claims import (
     Candidate,
     ClaimAction,
@@ -25,6 +30,7 @@ from sandlot.policy.claims import (
     EndAction,
     decide_claim,
     decide_claim_end,
+    hold_replacements,
 )
 from tests.support.workloads import Taken, WorkloadWorld
 
@@ -286,11 +292,76 @@ def test_a_claim_stuck_writing_its_status_holds_its_pool_back_no_longer_than_the
         assert await asyncio.to_thread(gate.entered.wait, 5), "the claim never took a member"
         w._deliver()
         w.clock.advance(POOL_HOLD_LIMIT)
+        assert await w.pools.queue.run_until_idle() == [], "the unbound claim holds it on"
+        w.clock.advance(BURST_HOLD_LIMIT - POOL_HOLD_LIMIT)
         await w.pools.queue.run_until_idle()
         created = [verb for verb, _ in w.objects.writes[warmed:] if verb == "create"]
         assert created == ["create"], "released at the limit, before the claim's status"
         gate.release.set()
         await asyncio.wait_for(binding, timeout=5)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("unbound", "starved", "held"), [(0, 0, False), (3, 0, True), (3, 1, False), (0, 1, False)]
+)
+def test_hold_replacements(unbound: int, starved: int, held: bool) -> None:
+    assert hold_replacements(unbound, starved) is held
+
+
+def test_a_burst_of_claims_binds_first_and_its_pool_replaces_after_the_last() -> None:
+    w, pool = warm_world(replicas=3)
+    warmed = len(w.objects.writes)
+
+    async def scenario() -> None:
+        w.claim("one", "web")
+        w.claim("two", "web")
+        w.pools.queue.add(pool)  # any event of the pool's meanwhile
+        assert await w.pools.queue.run_until_idle() == [], "held while claims are unbound"
+        assert set(await w.claims.queue.run_until_idle()) == {"ns/one", "ns/two"}
+        w._deliver()
+        assert pool in await w.pools.queue.run_until_idle(), "released by the last bind"
+
+    asyncio.run(scenario())
+    verbs = [verb for verb, _ in w.objects.writes[warmed:]]
+    assert verbs[:4] == ["take", "patch-claim-status"] * 2, verbs
+    assert verbs.count("create") == 2 and verbs.index("create") > 3, verbs
+    assert not w.pools.queue.is_held(pool)
+
+
+def test_a_claim_finding_no_member_lets_its_pool_grow_at_once() -> None:
+    w, pool = warm_world(replicas=1)
+    warmed = len(w.objects.writes)
+
+    async def scenario() -> None:
+        w.claim("one", "web")
+        w.claim("two", "web")
+        assert w.pools.queue.is_held(pool)
+        await w.claims.queue.run_until_idle()
+        assert not w.pools.queue.is_held(pool), "claim two is starved: nothing may wait"
+        w._deliver()
+        assert pool in await w.pools.queue.run_until_idle()
+
+    asyncio.run(scenario())
+    assert w.objects.claims["ns/two"]["status"]["phase"] == "Pending"
+    assert "create" in [verb for verb, _ in w.objects.writes[warmed:]]
+
+
+def test_a_burst_holds_its_pool_no_longer_than_the_limit_and_not_again_until_drained() -> None:
+    w, pool = warm_world(replicas=3)
+
+    async def scenario() -> None:
+        w.claim("one", "web")
+        w.pools.queue.add(pool)
+        assert await w.pools.queue.run_until_idle() == []
+        w.clock.advance(BURST_HOLD_LIMIT)
+        assert await w.pools.queue.run_until_idle() == [pool], "released at the limit"
+        w.claim("two", "web")  # the same burst goes on: no new hold
+        assert not w.pools.queue.is_held(pool)
+        await w.claims.queue.run_until_idle()
+        w.claim("three", "web")  # drained in between: a new burst holds again
+        assert w.pools.queue.is_held(pool)
 
     asyncio.run(scenario())
 
@@ -512,3 +583,19 @@ def test_claims_bound_at_once_never_take_the_same_member() -> None:
     assert len(takes) == len(set(takes)) == CLAIM_WORKERS, f"a lost race: {sorted(takes)}"
     names = {w.objects.claims[k]["status"]["sandboxName"] for k in keys}
     assert len(names) == CLAIM_WORKERS
+
+
+def test_a_claim_deleted_while_no_watch_was_there_is_let_go_by_the_next_list() -> None:
+    w, _ = warm_world()
+    synced: list[bool] = []
+    w.claims.on_synced.append(lambda: synced.append(w.claims.synced))
+    claim = w.claim("mine", "web")
+    w.step()
+    taken = f"ns/{w.objects.claims[claim]['status']['sandboxName']}"
+    w.claims.retain({claim})
+    assert synced == [True] and taken in w.objects.sandboxes, "listed: kept"
+    del w.objects.claims[claim]
+    w.claims.retain(set())  # a relist without it: it was deleted meanwhile
+    w.step()
+    assert taken not in w.objects.sandboxes, "its sandbox goes with it, as on DELETED"
+    assert synced == [True], "synced once"

@@ -14,7 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sandlot.devtools.cluster.images import FILES_TOOL_IN_IMAGE, RECIPE, RUNTIME_LOCK
+from sandlot.devtools.cluster.images import (
+    EXECUTOR_IN_IMAGE,
+    FILES_TOOL_IN_IMAGE,
+    RECIPE,
+    RUNTIME_LOCK,
+)
 
 DOCKERFILE = Path(__file__).resolve().parents[2] / "Dockerfile"
 
@@ -109,4 +114,15 @@ def test_both_recipes_ship_the_files_tool_where_the_chart_looks_for_it() -> None
     build_stage = steps[: max(i for i, (word, _) in enumerate(steps) if word == "FROM")]
     builds = [a for w, a in build_stage if w == "RUN" and "cd operator/filetool" in a]
     assert len(builds) == 1 and f"-o {FILES_TOOL_IN_IMAGE} ." in builds[0], builds
+    assert "CGO_ENABLED=0" in builds[0], "static: it runs in any sandbox's root"
+
+
+def test_both_recipes_ship_the_executor_where_the_chart_looks_for_it() -> None:
+    values = yaml.safe_load((DOCKERFILE.parent / "charts/sandlot/values.yaml").read_text())
+    assert values["agent"]["executor"] == EXECUTOR_IN_IMAGE
+    assert EXECUTOR_IN_IMAGE.startswith(f"{RECIPE.venv}/")
+    steps = _instructions()
+    build_stage = steps[: max(i for i, (word, _) in enumerate(steps) if word == "FROM")]
+    builds = [a for w, a in build_stage if w == "RUN" and "cd operator/executor" in a]
+    assert len(builds) == 1 and f"-o {EXECUTOR_IN_IMAGE} ." in builds[0], builds
     assert "CGO_ENABLED=0" in builds[0], "static: it runs in any sandbox's root"

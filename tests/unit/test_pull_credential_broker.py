@@ -31,7 +31,7 @@ class Leading:
 def brokered(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     nodes: list[str] = []
 
-    def broker_node(objects: Any, namespace: str, node: str) -> bool:
+    def broker_node(objects: Any, namespace: str, node: str, **_: Any) -> bool:
         nodes.append(node)
         return True
 
@@ -133,3 +133,57 @@ def test_a_node_with_a_sandbox_waiting_for_a_reference_is_re_brokered_until_it_r
         assert broker.retry_waiting() == []
     finally:
         broker.close()
+
+
+def test_with_state_keys_a_moved_sandbox_re_brokers_the_node_it_left_and_the_one_it_reached(
+    brokered: list[str],
+) -> None:
+    """Its key leaves the old node at once, not at that node's next change."""
+    broker = PullCredentialBroker(
+        object(),  # type: ignore[arg-type]
+        Leading(True),
+        "sandlot-system",
+        state_keys=True,
+    )
+    broker.on_sandbox("ADDED", body("a", "n1"))  # no pull secret: its state key alone
+    broker.on_sandbox("MODIFIED", body("a", "n1", phase="Running"))  # nothing new
+    broker.on_sandbox("MODIFIED", body("a", "n2", phase="Running"))  # moved
+    settle(broker)
+    assert brokered == ["n1", "n2", "n1"]
+
+
+def shot(uid: str, node: str, phase: str) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "t", "name": uid},
+        "spec": {"sandboxName": "a", "nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def test_with_state_keys_a_snapshot_being_taken_brings_its_key_and_its_end_takes_it(
+    brokered: list[str],
+) -> None:
+    leading = Leading(True)
+    broker = PullCredentialBroker(
+        object(),  # type: ignore[arg-type]
+        leading,
+        "sandlot-system",
+        state_keys=True,
+    )
+    broker.on_snapshot("ADDED", shot("s", "n1", "Pending"))
+    broker.on_snapshot("MODIFIED", shot("s", "n1", "Taking"))  # same node, not ended
+    broker.on_snapshot("MODIFIED", shot("s", "n1", "Ready"))
+    broker.on_snapshot("DELETED", shot("s", "n1", "Ready"))  # ended already
+    settle(broker)
+    assert brokered == ["n1", "n1"]
+    assert broker.snapshot_nodes == {}
+
+
+def test_without_state_keys_snapshots_and_plain_sandboxes_broker_nothing(
+    brokered: list[str],
+) -> None:
+    broker = PullCredentialBroker(object(), Leading(True), "sandlot-system")  # type: ignore[arg-type]
+    broker.on_sandbox("ADDED", body("a", "n1"))
+    broker.on_snapshot("ADDED", shot("s", "n1", "Taking"))
+    settle(broker)
+    assert brokered == []

@@ -205,8 +205,8 @@ def test_the_agent_parts_are_built_meeting_through_one_interface(tmp_path: Path)
         tmp_path,
         rt,
         stream_port=1,
-        stream_tls_cert=str(certs.agent.cert),
-        stream_tls_key=str(certs.agent.key),
+        stream_tls_cert=str(certs.agent("n1").cert),
+        stream_tls_key=str(certs.agent("n1").key),
         stream_client_ca=str(certs.ca.cert),
         paused_streams="Resume",
     )

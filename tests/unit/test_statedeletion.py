@@ -1,6 +1,6 @@
 """Which pushed states may be deleted, given what still names their digest, and how
 a failed delete is tried again: ``policy.statedeletion`` with plain data, and the
-agent's pending list (``agent.statedeletes``) over a store and the API's objects at
+operator's pending list (``controllers.statedeletes``) over a store and the API's objects at
 its own boundary."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from sandlot.adapters.pulling import RegistryError
-from sandlot.agent.statedeletes import PASS_LIMIT, StateDeletes
+from sandlot.controllers.statedeletes import PASS_LIMIT, StateDeletes
 from sandlot.policy.statedeletion import (
     MAX_ATTEMPTS,
     MAX_PENDING,
@@ -226,7 +226,7 @@ def test_due_now_takes_the_oldest_due_entries_up_to_the_limit() -> None:
 
 
 class Store:
-    """The state store at the agent's boundary: deletes recorded, failures scripted."""
+    """The state repository at the operator's boundary: deletes recorded, failures scripted."""
 
     def __init__(self) -> None:
         self.deleted: list[str] = []
@@ -252,7 +252,16 @@ def deletes(
     objects.snapshots = {
         f"{o['metadata']['namespace']}/{o['metadata']['name']}": o for o in snapshots
     }
-    return StateDeletes(store, objects, clock.now), objects  # type: ignore[arg-type]
+    return StateDeletes(store, objects, clock.now), objects
+
+
+def restored(queue: StateDeletes, sb: dict[str, Any]) -> None:
+    """The sandbox feed as a restore looks to it: the state named, then cleared; the
+    pass that follows tries the delete."""
+    queue.on_sandbox("MODIFIED", sb)
+    cleared = {**sb, "status": {**sb["status"], "suspendedState": None}}
+    queue.on_sandbox("MODIFIED", cleared)
+    queue.pass_once()
 
 
 def test_a_deleted_sandbox_state_goes_on_the_next_pass_a_moved_one_stays() -> None:
@@ -274,7 +283,7 @@ def test_a_deleted_sandbox_state_goes_on_the_next_pass_a_moved_one_stays() -> No
 def test_a_restored_state_a_snapshot_shares_is_kept_and_its_last_referrer_deletes_it() -> None:
     clock, store = FakeClock(), Store()
     queue, objects = deletes(store, clock, [sandbox(image=None)], [snapshot()])
-    queue.restored(sandbox())
+    restored(queue, sandbox())
     assert store.deleted == [] and queue.pending() == []  # kept for the snapshot, not retried
     gone = objects.snapshots.pop("ns/shot")
     queue.snapshot_deleted(gone)
@@ -285,7 +294,7 @@ def test_a_restored_state_a_snapshot_shares_is_kept_and_its_last_referrer_delete
 def test_a_state_waits_for_a_snapshot_being_taken_then_goes() -> None:
     clock, store = FakeClock(), Store()
     queue, objects = deletes(store, clock, [], [snapshot(None, phase="Taking")])
-    queue.restored(sandbox())
+    restored(queue, sandbox())
     assert store.deleted == [] and [p.attempts for p in queue.pending()] == [1]
     objects.snapshots["ns/shot"]["status"] = {"phase": "Ready", "pushedImage": f"r/s:t@{OTHER}"}
     clock.advance(10)
@@ -309,7 +318,7 @@ def test_a_failed_delete_is_tried_again_by_a_later_pass_once_due() -> None:
     clock, store = FakeClock(), Store()
     store.failures = 1
     queue, _ = deletes(store, clock)
-    queue.restored(sandbox())  # the restore's own try fails
+    restored(queue, sandbox())  # the pass's try fails
     assert store.deleted == []
     assert [p.attempts for p in queue.pending()] == [1]
     queue.pass_once()
@@ -329,3 +338,40 @@ def test_a_pass_tries_at_most_its_limit() -> None:
     assert len(store.deleted) == PASS_LIMIT
     queue.pass_once()
     assert len(store.deleted) == PASS_LIMIT + 2
+
+
+def test_a_deleted_owners_key_goes_at_the_next_pass_and_a_restore_keeps_it() -> None:
+    clock, store = FakeClock(), Store()
+    keys: list[str] = []
+    queue = StateDeletes(store, FakeObjects(clock.now), clock.now, keys.append)
+    restored(queue, sandbox())
+    assert keys == [], "a restored sandbox lost its key: its next suspend could not push"
+    queue.on_sandbox("DELETED", sandbox(image=None))
+    shot = snapshot()
+    queue.on_snapshot("MODIFIED", shot)
+    queue.on_snapshot("DELETED", shot)
+    assert keys == []  # noted on the loop, nothing called there
+    queue.pass_once()
+    assert keys == ["uid-1", shot["metadata"]["uid"]]
+    queue.pass_once()  # once more: a brokering racing the deletion may have made it again
+    queue.pass_once()
+    assert keys == ["uid-1", shot["metadata"]["uid"]] * 2
+
+
+def test_a_key_whose_delete_fails_is_tried_again_at_the_next_pass() -> None:
+    clock, store = FakeClock(), Store()
+    calls: list[str] = []
+
+    def delete_key(owner: str) -> None:
+        calls.append(owner)
+        if len(calls) == 1:
+            raise RuntimeError("the API server is away")
+
+    queue = StateDeletes(store, FakeObjects(clock.now), clock.now, delete_key)
+    queue.on_sandbox("DELETED", sandbox(image=None))
+    queue.pass_once()
+    queue.pass_once()
+    assert calls == ["uid-1", "uid-1"]
+    queue.pass_once()
+    queue.pass_once()
+    assert calls == ["uid-1", "uid-1", "uid-1"], "a deleted key not deleted exactly twice"

@@ -14,7 +14,6 @@ from sandlot.adapters.containerd.commit import committed_documents
 from sandlot.adapters.pulling import Pushed, RegistryError
 from sandlot.adapters.runtime import ContainerInfo, ImageConfig, RuntimeError_, TaskState
 from sandlot.agent.sandboxes import StartFailed
-from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.suspend import Suspensions
 from sandlot.agent.teardown import teardown
@@ -474,14 +473,8 @@ class World:
 
     def use_store(self, store: FakeStore | None) -> None:
         """The node's state repository is ``store`` (None: it has none), as the
-        agent's parts wire it: suspensions push and pull there and delete from it."""
-        s = self.suspensions
-        s.store = store  # type: ignore[assignment]
-        s.deletes = (
-            StateDeletes(store, self.objects, self.clock.now)  # type: ignore[arg-type]
-            if store
-            else None
-        )
+        agent's parts wire it: suspensions push and pull there (never delete)."""
+        self.suspensions.store = store  # type: ignore[assignment]
 
     def condition(self, kind: str = "Suspended") -> Any:
         found = parse_conditions(self.objects.sandboxes[KEY]["status"].get("conditions"))
@@ -569,22 +562,21 @@ class FakeStore:
         self.refuse, self.kind = refuse, kind
         self.pushed: list[tuple[str, str]] = []
         self.pulled: list[tuple[str, str]] = []
-        self.forgotten: list[str] = []
+        self.owners: list[str] = []
 
-    def push(self, uid: str, image: str) -> Pushed:
+    def push(self, owner: str, uid: str, image: str) -> Pushed:
         if self.refuse is not None:
             raise RegistryError(self.refuse, self.kind)
+        assert owner == uid  # a sandbox's state is sealed under its own key
         self.pushed.append((uid, image))
         digest = "sha256:" + "1" * 64
         return Pushed(f"reg.example/state:{uid}@{digest}", digest, 2)
 
-    def pull(self, reference: str, image: str) -> None:
+    def pull(self, reference: str, image: str, owner: str) -> None:
         if self.refuse is not None:
             raise RegistryError(self.refuse)
         self.pulled.append((reference, image))
-
-    def forget(self, reference: str) -> None:
-        self.forgotten.append(reference)
+        self.owners.append(owner)
 
 
 def test_a_suspend_with_a_store_pushes_and_records_where() -> None:
@@ -634,7 +626,7 @@ def test_a_state_pushed_from_another_node_is_pulled_then_started_and_cleared() -
     assert world.work.restarted == [image]
     assert (world.condition().status, world.condition().reason) == ("False", "Restored")
     assert "suspendedState" not in world.objects.sandboxes[KEY]["status"]
-    assert store.forgotten == ["reg.example/state:u@sha256:" + "1" * 64]  # nothing needs it
+    assert store.owners == [world.uid]  # opened with its own key
 
 
 def test_a_state_this_node_has_no_repository_for_is_a_refused_restore() -> None:

@@ -4,19 +4,21 @@ an error or a 410 (with a capped backoff). Objects arrive as the API server's
 JSON, never as the client's generated models (too costly to build for every event
 of a large fleet).
 
-Two kinds are watched this way, each by one thread:
+Three kinds are watched this way, each by one thread:
 
 - the agents' node Leases (``LeaseInformer``): the operator keeps every node's
   Lease in memory from this stream, so judging a node READY costs no request per
   pass, and a handled dead node costs none at all. It watches only sandlot's
   namespace and only Leases labelled as agent leases, so its RBAC is a namespaced
   Role, not cluster-wide access to Leases;
-- every Sandbox (``SandboxInformer``), for the operator's sandbox cache. Taken
-  through kopf, each sandbox event cost the event loop kopf's work per event
-  (causes, diff-bases, handler kwargs) for a handler that only copies a dozen
-  fields: at the API server's status-write rate the loop was busy all the time and
-  held the GIL against the threads writing the marks (docs/measurements.md,
-  "Marking with the operator's own sandbox watch").
+- every Sandbox (``SandboxInformer``), for the operator's sandbox cache, and every
+  SandboxClaim (``ObjectInformer``), for the claim controller. Taken through kopf,
+  each event cost the event loop kopf's work per event (causes, diff-bases,
+  handler kwargs) for a handler that only copies a dozen fields: at the API
+  server's status-write rate the loop was busy all the time and held the GIL
+  against the threads writing the marks (docs/measurements.md, "Marking with the
+  operator's own sandbox watch"), and in a burst of claims kopf's share was
+  two-fifths of the operator's time.
 
 The agent's caches (``sandboxwatch.WatchCache``) are this same loop, so the whole
 project has one way to list, watch, resume and back off.
@@ -317,10 +319,39 @@ class LeaseInformer(Informer):
         self._known = names
 
 
-class SandboxInformer(Informer):
-    """Every Sandbox in the cluster, as the API server's JSON; ``on_event`` runs on
-    this informer's thread, ``on_listed`` after each complete list with its keys
-    ("namespace/name")."""
+class ObjectInformer(Informer):
+    """Every object of one of sandlot's kinds in the cluster, as the API server's
+    JSON; ``on_event`` runs on this informer's thread, ``on_listed`` after each
+    complete list with its keys ("namespace/name")."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        plural: str,
+        on_event: RawCallback,
+        on_listed: Callable[[set[str]], None],
+        *,
+        watch_timeout: int = 60,
+        page: int = LIST_PAGE,
+    ) -> None:
+        custom: Any = client.CustomObjectsApi(api)
+
+        def list_call(**kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(GROUP, VERSION, plural, **kwargs)
+
+        super().__init__(plural, list_call, page=page, watch_timeout=watch_timeout)
+        self.on_event = on_event
+        self.on_listed = on_listed
+
+    def _deliver(self, event_type: str, raw: Mapping[str, Any]) -> None:
+        self.on_event(event_type, raw)
+
+    def _listed(self, keys: set[str]) -> None:
+        self.on_listed(keys)
+
+
+class SandboxInformer(ObjectInformer):
+    """Every Sandbox, for the operator's sandbox cache."""
 
     def __init__(
         self,
@@ -331,17 +362,7 @@ class SandboxInformer(Informer):
         watch_timeout: int = 60,
         page: int = LIST_PAGE,
     ) -> None:
-        custom: Any = client.CustomObjectsApi(api)
-
-        def list_call(**kwargs: Any) -> Any:
-            return custom.list_cluster_custom_object(GROUP, VERSION, SANDBOXES, **kwargs)
-
-        super().__init__("sandbox", list_call, page=page, watch_timeout=watch_timeout)
-        self.on_event = on_event
-        self.on_listed = on_listed
-
-    def _deliver(self, event_type: str, raw: Mapping[str, Any]) -> None:
-        self.on_event(event_type, raw)
-
-    def _listed(self, keys: set[str]) -> None:
-        self.on_listed(keys)
+        super().__init__(
+            api, SANDBOXES, on_event, on_listed, watch_timeout=watch_timeout, page=page
+        )
+        self.name = "sandbox"

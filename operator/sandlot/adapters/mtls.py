@@ -128,11 +128,19 @@ def peer_common_name(sock: Any) -> str:
     return ""
 
 
+def peer_dns_names(sock: Any) -> tuple[str, ...]:
+    """The DNS names of the verified certificate of the peer on ``sock``."""
+    getpeercert = getattr(sock, "getpeercert", None)
+    cert = (getpeercert() if getpeercert else None) or {}
+    return tuple(str(v) for k, v in cert.get("subjectAltName", ()) if k == "DNS")
+
+
 __all__ = [
     "ReloadingTls",
     "client_context",
     "hand_new_connections_to",
     "peer_common_name",
+    "peer_dns_names",
     "server_context",
     "serving_context",
     "trust",

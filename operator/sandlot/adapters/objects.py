@@ -178,6 +178,13 @@ class Objects:
                 return None
             raise
 
+    def list_node_snapshots(self, node: str) -> list[dict[str, Any]]:
+        """Every SandboxSnapshot bound to ``node``, selected by the server (spec.nodeName)."""
+        out = self.custom.list_cluster_custom_object(
+            GROUP, VERSION, SNAPSHOTS, field_selector=f"spec.nodeName={node}"
+        )
+        return list(out.get("items", []))
+
     def patch_snapshot(
         self, namespace: str, name: str, body: Mapping[str, Any], *, status: bool = False
     ) -> dict[str, Any]:

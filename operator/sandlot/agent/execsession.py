@@ -11,21 +11,26 @@ FIFOs are removed whatever happened. A session in which neither direction carrie
 anything (no client frame, no output) for ``idle`` seconds is killed like one the
 client left, and its status says so: a forgotten ``exec -it`` holds a thread and a
 place among the node's streams only that long.
+
+The command runs through the sandbox's executor when ``executors`` is given and
+the sandbox has one (``agent.executors``), else through the runtime's exec: the
+session is the same either way.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from sandlot.adapters.containerd.execs import ExecProcess, Execs
+from sandlot.adapters.containerd.execs import Execs
+from sandlot.adapters.containerd.executor import ExecutorGone
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
+from sandlot.agent.executors import Command, Executors, runtime_start
 from sandlot.policy.streams import (
     CLOSE,
     RESIZE,
@@ -68,9 +73,11 @@ class ExecSession:
         call_timeout: float,
         stopping: Callable[[], bool],
         idle: float,
+        executors: Executors | None = None,
     ) -> None:
         self.connection = connection
         self.execs = execs
+        self.executors = executors
         self.container_id = container_id
         self.request = request
         self.call_timeout = call_timeout
@@ -88,8 +95,9 @@ class ExecSession:
 
     def run(self) -> None:
         exec_id = f"exec-{uuid.uuid4().hex[:12]}"
+        start = self.executors.start if self.executors is not None else self._runtime_start
         try:
-            process = self.execs.start(
+            process = start(
                 self.container_id,
                 exec_id,
                 self.request.command,
@@ -104,14 +112,15 @@ class ExecSession:
             self._serve(process)
         finally:
             process.release()
-            with contextlib.suppress(RuntimeError_):
-                self.execs.delete(self.container_id, exec_id, timeout=self.call_timeout)
 
-    def _serve(self, process: ExecProcess) -> None:
+    def _runtime_start(self, container_id: str, exec_id: str, args: Any, **how: Any) -> Command:
+        return runtime_start(self.execs, container_id, exec_id, args, **how)
+
+    def _serve(self, process: Command) -> None:
         pumps = [
-            threading.Thread(target=self._pump, args=(fd, channel), daemon=True)
-            for fd, channel in ((process.stdout, STDOUT), (process.stderr, STDERR))
-            if fd is not None
+            threading.Thread(target=self._pump, args=(process, name, channel), daemon=True)
+            for name, channel in (("stdout", STDOUT), ("stderr", STDERR))
+            if name in process.outputs()
         ]
         reader = threading.Thread(target=self._read_client, args=(process,), daemon=True)
         for thread in (*pumps, reader):
@@ -139,14 +148,18 @@ class ExecSession:
         else:
             self._finish(exit_status(code))
 
-    def _wait_exit(self, process: ExecProcess) -> int | None:
+    def _wait_exit(self, process: Command) -> int | None:
         """The exit code; None when the client left, the agent stops or the session
         was idle for ``idle`` seconds first (killed then)."""
         while True:
             try:
-                return self.execs.wait(process, timeout=WAIT_SLICE)
+                return process.wait(WAIT_SLICE)
             except RuntimeTimeout:
                 pass
+            except ExecutorGone as exc:
+                log.warning("exec %s in %s: %s", process.exec_id, self.container_id, exc)
+                self._broken = str(exc)
+                return None
             except RuntimeError_ as exc:
                 log.warning(
                     "exec %s in %s: wait failed: %s", process.exec_id, self.container_id, exc
@@ -162,20 +175,20 @@ class ExecSession:
                 self._timed_out = True
             if self._timed_out or self._broken or self._gone.is_set() or self.stopping():
                 with contextlib.suppress(RuntimeError_):
-                    self.execs.kill(process, timeout=self.call_timeout)
+                    process.kill()
                 with contextlib.suppress(RuntimeError_):
-                    self.execs.wait(process, timeout=self.call_timeout)
+                    process.wait(self.call_timeout)
                 return None
 
-    def _pump(self, fd: int, channel: int) -> None:
+    def _pump(self, process: Command, name: str, channel: int) -> None:
         try:
-            while data := os.read(fd, 32 * 1024):
+            while data := process.read(name):
                 self._last_activity = time.monotonic()
                 self.send(encode_frame(channel, data))
         except Exception as exc:  # a closed connection or FIFO ends the pump either way
             log.debug("exec output pump %d ended: %s", channel, exc)
 
-    def _read_client(self, process: ExecProcess) -> None:
+    def _read_client(self, process: Command) -> None:
         try:
             while True:
                 try:
@@ -194,15 +207,15 @@ class ExecSession:
         finally:
             self._gone.set()
 
-    def _on_frame(self, process: ExecProcess, channel: int, data: bytes) -> None:
-        if channel == STDIN and process.stdin is not None and "stdin" not in process.closed:
-            os.write(process.stdin, data)
+    def _on_frame(self, process: Command, channel: int, data: bytes) -> None:
+        if channel == STDIN:
+            process.write_stdin(data)
         elif channel == RESIZE and self.request.tty:
             width, height = parse_resize(data)
-            self.execs.resize(process, width, height, timeout=self.call_timeout)
-        elif channel == CLOSE and data[:1] == bytes([STDIN]) and process.stdin is not None:
+            process.resize(width, height)
+        elif channel == CLOSE and data[:1] == bytes([STDIN]) and process.takes_stdin:
             try:
-                self.execs.close_stdin(process, timeout=self.call_timeout)
+                process.close_stdin()
             except RuntimeError_ as exc:
                 # It would wait for input that can no longer come: ended, saying why.
                 log.warning("exec %s: stdin not closed: %s", process.exec_id, exc)

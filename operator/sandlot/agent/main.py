@@ -79,7 +79,6 @@ from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.snapshots import SNAPSHOT_TICK
-from sandlot.agent.statedeletes import STATE_DELETE_TICK
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer
 from sandlot.agent.sweep import SweepReport
@@ -166,9 +165,7 @@ class Agent:
         )
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
-        self.snapshot_watch = node_snapshots(
-            api, self.node, on_change=self._snapshot_changed, **watched
-        )
+        self.snapshot_watch = node_snapshots(api, self.node, **watched)
         # Where the stream server, the idle loop and the sync meet: built before them.
         self.uses = SandboxUses(
             self.sandbox_watch.get, self._sync_wake.set, max_sessions=settings.stream_max_sessions
@@ -452,9 +449,6 @@ class Agent:
             self.loops.spawn("tls", parts.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
         self.loops.spawn_woken("cacheprune", parts.cache.prune_once, self._prune_wake, pacing)
-        if parts.sync.suspensions.deletes is not None:
-            deletes = parts.sync.suspensions.deletes
-            self.loops.spawn("statedeletes", deletes.pass_once, STATE_DELETE_TICK)
 
     def _stop_loops(self) -> None:
         self._stop.set()
@@ -483,17 +477,6 @@ class Agent:
         # status writes come back here too, and their pass finds nothing to do.
         self._sync_wake.set()
         self.uses.suspends.changed()  # a use waiting for an idle-suspended one looks again
-        deletes = self._parts.sync.suspensions.deletes if self._parts is not None else None
-        if event == "DELETED" and deletes is not None:  # or moved: its pass reads it again
-            deletes.deleted(old)
-
-    def _snapshot_changed(
-        self, event: str, old: Mapping[str, Any] | None, _new: Mapping[str, Any] | None
-    ) -> None:
-        # A deleted snapshot's pushed copy goes too, unless something else names it.
-        deletes = self._parts.sync.suspensions.deletes if self._parts is not None else None
-        if event == "DELETED" and deletes is not None:
-            deletes.snapshot_deleted(old)
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -52,6 +52,26 @@ class AgentMetrics:
             "Bytes of sandbox output read but not written to its log (the log disk failed).",
             registry=registry,
         )
+        self.exec_commands = Counter(
+            "sandlot_exec_commands_total",
+            "Commands of sandlot exec started, by the way they went (executor: forked by "
+            "the sandbox's executor; runtime: the runtime's exec).",
+            ["via"],
+            registry=registry,
+        )
+        self.exec_fallbacks = Counter(
+            "sandlot_exec_fallbacks_total",
+            "Commands run through the runtime's exec instead of the sandbox's executor, by "
+            "reason (absent, backoff, start_failed, broken).",
+            ["reason"],
+            registry=registry,
+        )
+        self.executor_starts = Counter(
+            "sandlot_executor_starts_total",
+            "Executors started in sandboxes, by outcome (started, failed).",
+            ["outcome"],
+            registry=registry,
+        )
         self.log_passes = Counter(
             "sandlot_agent_log_passes_total",
             "Log passes that ran to the end (output attached and detached, the files of "

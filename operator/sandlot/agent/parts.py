@@ -18,7 +18,7 @@ from functools import partial
 
 from prometheus_client import CollectorRegistry
 
-from sandlot.adapters.filetool import place_files_tool
+from sandlot.adapters.filetool import place_executor, place_files_tool
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime
@@ -123,6 +123,7 @@ def node_facts(settings: AgentSettings, address: str, containerd_version: str = 
         ),
         containerd_version=containerd_version,
         files_tool=place_files_tool(settings.files_tool, settings.state_dir),
+        executor=place_executor(settings.executor, settings.state_dir),
     )
 
 
@@ -199,6 +200,19 @@ def _disk_upkeep(
     return storage, cache, pressure
 
 
+def _stream_server(w: AgentWiring, idle: IdlePauses) -> StreamServer | None:
+    """The stream server (None: off), thawing paused sandboxes through ``idle``."""
+    return stream_server(
+        w.settings,
+        w.sandbox_watch,
+        w.stop,
+        uses=w.uses,
+        wake=idle.wake,
+        metrics=w.metrics,
+        api=w.objects.api,
+    )
+
+
 def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
     """The parts over ``runtime``, each handed only what it uses, each built after
     what it uses."""
@@ -212,7 +226,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
     # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
     logs = sandbox_logs(settings, runtime, call_timeout, w.metrics, w.sandbox_watch)
     stops = Stops(settings, w.objects, runtime, networking, w.status, w.metrics, cancel=w.stop)
-    store = StateStore.from_settings(settings, runtime)
+    store = StateStore.from_settings(settings, runtime, w.objects)
     # Before the starts: a forked sandbox starts from the image its snapshot names.
     snapshots = Snapshots(stops, w.pool, w.snapshot_watch, w.sandbox_watch, w.clock, store=store)
     collector = image_collector(w, runtime, image_gate, snapshots)
@@ -257,7 +271,7 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         cgroup_root=settings.cgroup_root,
         call_timeout=call_timeout,
     )
-    streams = stream_server(settings, w.sandbox_watch, w.stop, uses=w.uses, wake=idle.wake)
+    streams = _stream_server(w, idle)
     return AgentParts(
         runtime,
         networking,

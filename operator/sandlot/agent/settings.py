@@ -266,17 +266,31 @@ class AgentSettings(NetworkSettings, PullSettings):
     stream_tls_cert: str = Field(
         default="",
         max_length=4096,
-        description="PEM file of the stream server's certificate (issued by the stream CA "
-        "for the name stream_server_name). Required with stream_port.",
+        description="PEM file of the stream server's certificate, issued by sandlot's agent "
+        "CA for this node (written by the agent itself with stream_tls_request). Required "
+        "with stream_port.",
     )
     stream_tls_key: str = Field(
         default="", max_length=4096, description="PEM file of that certificate's key."
+    )
+    stream_tls_request: bool = Field(
+        default=False,
+        description="Make the stream server's key on this node and ask sandlot's operator "
+        "for its certificate (a CertificateSigningRequest of signer sandlot.dev/agent-serving, "
+        "naming this node alone), writing both to stream_tls_cert and stream_tls_key; renewed "
+        "at two thirds of its lifetime. Off: those files are used as they are.",
+    )
+    stream_tls_request_timeout: PositiveDuration = Field(
+        default=timedelta(minutes=2),
+        description="How long the agent waits for its stream certificate request to be "
+        "answered before its start fails (and the pod is restarted).",
     )
     stream_client_ca: str = Field(
         default="",
         max_length=4096,
         description="PEM file of the CA whose client certificates the stream server "
-        "accepts (the stream CA). Required with stream_port.",
+        "accepts: the stream gateway's own CA, which issues nothing else (not the agents' "
+        "CA, not a cluster-wide issuer). Required with stream_port.",
     )
     stream_client_name: list[str] = Field(
         default_factory=lambda: ["sandlot-gateway"],
@@ -332,6 +346,15 @@ class AgentSettings(NetworkSettings, PullSettings):
         "a handler with a host view, where sandlot cp and port-forward run it as the "
         "sandbox's user with no capabilities. Empty: none; they run the image's own "
         "tools (sh, cat, nc ...) instead.",
+    )
+    executor: str = Field(
+        default="",
+        pattern=r"^(/.*)?$",
+        max_length=256,
+        description="The static executor (operator/executor) in the agent's image. The "
+        "agent copies it to state_dir/bin and mounts it read-only beside the files tool; "
+        "started once per sandbox as its user, it forks each sandlot exec command there "
+        "instead of a runtime exec per command. Empty: every command is a runtime exec.",
     )
     cgroup_parent: str = Field(
         default="/sandlot",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_TICK = 1.0
 """Seconds between passes (each reads the watch caches only)."""
+KEY_WAIT = timedelta(seconds=30)
+"""How long a take waits for the snapshot's state key before it is taken unpushed."""
 
 
 class Snapshots:
@@ -73,6 +75,7 @@ class Snapshots:
         self._ended: set[str] = set()  # uids made Ready or Failed here (the cache may lag)
         self._pulled: dict[str, str] = {}  # "ns/name" -> uid of a snapshot pulled here
         self._retries: dict[str, PullRetry] = {}  # "ns/name" -> a failed pull's back-off
+        self._key_waits: dict[str, datetime] = {}  # uid -> since when its take waits for a key
 
     def live_uids(self) -> frozenset[str] | None:
         """This node's SandboxSnapshots' uids, and those of snapshots pulled here that a
@@ -125,7 +128,7 @@ class Snapshots:
         if not pull_retry_due(self._retries.get(key), now):
             return False
         try:
-            self.store.pull(reference, image)
+            self.store.pull(reference, image, uid)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             retry = next_pull_retry(self._retries.get(key), now)
             self._retries[key] = retry
@@ -182,6 +185,8 @@ class Snapshots:
                 snapshot_status(SnapshotPhase.FAILED, SnapshotReason.SANDBOX_NOT_FOUND, message),
             )
             return
+        if not self._key_here(key, str(snapshot["metadata"]["uid"])):
+            return
         node = self.work.node
         self._write(
             snapshot,
@@ -222,13 +227,26 @@ class Snapshots:
             snapshot, snapshot_status(SnapshotPhase.READY, SnapshotReason.TAKEN, message, **fields)
         )
 
+    def _key_here(self, key: str, uid: str) -> bool:
+        """Whether the take may begin: the snapshot's state key is here to seal its
+        push, or it was waited for ``KEY_WAIT`` already (taken then, kept here only)."""
+        if self.store is None or self.store.has_key(uid):
+            self._key_waits.pop(uid, None)
+            return True
+        since = self._key_waits.setdefault(uid, self.clock())
+        if self.clock() - since < KEY_WAIT:
+            log.info("snapshot %s: waiting for its state key", key)
+            return False
+        log.warning("snapshot %s: no state key brokered within %s: taken unpushed", key, KEY_WAIT)
+        return True
+
     def _push(self, key: str, uid: str, image: str) -> tuple[dict[str, str], str]:
         """Push the taken image when this node has a state repository: the status
         field saying where, and a note for the message."""
         if self.store is None:
             return {}, ""
         try:
-            pushed = self.store.push(f"snapshot-{uid}", image)
+            pushed = self.store.push(uid, f"snapshot-{uid}", image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             log.warning("snapshot %s: not pushed: %s", key, exc)
             return {}, f"; not pushed ({exc}): only this node forks it"

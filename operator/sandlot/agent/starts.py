@@ -65,6 +65,7 @@ from sandlot.policy.runtimeclass import (
     RuntimeHandler,
     as_pod_sandbox,
     host_view,
+    with_executor,
     with_files_tool,
 )
 from sandlot.policy.sandboxlogs import log_stem
@@ -103,6 +104,7 @@ class NodeFacts:
     runtimes: Discovery = field(default_factory=lambda: Discovery((RuntimeHandler(RUNC),)))
     containerd_version: str = ""
     files_tool: str | None = None  # the node's path of the files tool (adapters.filetool)
+    executor: str | None = None  # the node's path of the executor (the same)
 
 
 class Starts:
@@ -295,6 +297,7 @@ class Starts:
         config = self._image_config(image)
         oci = self._oci_spec(container_id, meta["name"], spec, config, pids, variables)
         oci = with_files_tool(as_pod_sandbox(oci, handler), self.facts.files_tool, handler)
+        oci = with_executor(oci, self.facts.executor, handler)
         attachment = self._plan_network(container_id, spec, oci, handler)
         labels = {SANDBOX_LABEL: key_of(sb), SANDBOX_UID_LABEL: meta["uid"]}
         labels.update(limit_labels(spec) | capacity_labels(spec))  # for storage, capacity

@@ -38,10 +38,13 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
 from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
 from sandlot.agent.execsession import ExecSession, idle_past
+from sandlot.agent.executors import Executors
 from sandlot.agent.filesessions import Root, serve_files, serve_port
 from sandlot.agent.logstream import ClientGone, stream_log
+from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.streamcert import StreamIdentity
 from sandlot.agent.toolfiles import ToolRoot
 from sandlot.agent.uses import MAX_SESSIONS, SandboxUses
 from sandlot.api.common import join_key, key_of
@@ -109,13 +112,17 @@ class StreamServer:
         file_limit: int = 256 * 2**20,
         idle: float = 600.0,
         max_sessions: int = MAX_SESSIONS,
+        executors: Executors | None = None,
         uses: SandboxUses | None = None,
         wake: Thaw | None = None,
         restore: Restorer | None = None,
         paused_resume: bool = False,
         tls_files: ReloadingTls | None = None,
+        identity: StreamIdentity | None = None,
     ) -> None:
         self.node = node
+        # Each sandbox's executor, which runs its commands when it has one.
+        self.executors = executors
         self.file_limit = file_limit
         self.idle = idle
         # The upgrade's deadline on this side: an admission's wait fits in it when the
@@ -132,8 +139,10 @@ class StreamServer:
         self.restore = restore
         # A pause the spec asks for is thawed for a stream too (``paused_streams``).
         self.paused_resume = paused_resume
-        # The certificate files, re-read by ``refresh_tls``.
+        # The certificate files, re-read by ``refresh_tls``, and what asks for the next
+        # certificate when the current one is due (``stream_tls_request``).
         self.tls_files = tls_files
+        self.identity = identity
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -192,13 +201,18 @@ class StreamServer:
         return self.uses.suspending(key)
 
     def refresh_tls(self) -> None:
-        """Take rotated certificate files into use (new connections get them)."""
+        """Take rotated certificate files into use (new connections get them), after
+        asking for the next certificate when the current one is due."""
+        if self.identity is not None:
+            self.identity.renew_if_due()
         if self.tls_files is not None:
             self.tls_files.refresh()
 
     def shutdown(self) -> None:
         if self._server is not None:
             self._server.shutdown()
+        if self.executors is not None:
+            self.executors.close()
         if self._execs is not None:
             self._execs.close()
 
@@ -366,6 +380,7 @@ class StreamServer:
                     call_timeout=self.call_timeout,
                     stopping=self._stop.is_set,
                     idle=self.idle,
+                    executors=self.executors,
                 ).run()
             return
         self._send_log(connection, asked, sandbox)
@@ -486,13 +501,20 @@ def stream_server(
     *,
     uses: SandboxUses,
     wake: Thaw,
+    metrics: AgentMetrics | None = None,
+    api: Any = None,
 ) -> StreamServer | None:
     """The stream server of ``settings``, built but not listening; None when it is
     off. An unreadable certificate fails it here, a busy port when it starts; until
     the sandbox watch has listed, every sandbox is answered as not on this node
-    (404)."""
+    (404). With ``stream_tls_request``, its certificate is asked of the operator
+    through ``api`` first."""
     if not settings.stream_port:
         return None
+    identity = None
+    if settings.stream_tls_request:
+        identity = StreamIdentity(api, settings)
+        identity.obtain()
     try:
         tls = server_context(
             settings.stream_tls_cert, settings.stream_tls_key, settings.stream_client_ca
@@ -502,6 +524,12 @@ def stream_server(
             setting_name(n) for n in ("stream_tls_cert", "stream_tls_key", "stream_client_ca")
         )
         raise StartupError(f"{names}: cannot load the stream server's TLS files: {e}") from None
+    execs = open_execs(
+        settings.containerd_address,
+        settings.containerd_namespace,
+        os.path.join(settings.state_dir, EXEC_FIFOS),
+    )
+    call_timeout = settings.call_timeout.total_seconds()
     return StreamServer(
         settings.node_name,
         bind=settings.stream_bind,
@@ -510,15 +538,17 @@ def stream_server(
         client_names=tuple(settings.stream_client_name),
         sandbox=sandboxes.get,
         log_dir=settings.log_dir,
-        execs=open_execs(
-            settings.containerd_address,
-            settings.containerd_namespace,
-            os.path.join(settings.state_dir, EXEC_FIFOS),
-        ),
-        call_timeout=settings.call_timeout.total_seconds(),
+        execs=execs,
+        call_timeout=call_timeout,
         stop=stop,
         file_limit=settings.stream_file_max_bytes,
         idle=settings.stream_idle_timeout.total_seconds(),
+        max_sessions=settings.stream_max_sessions,
+        executors=(
+            Executors(execs, call_timeout=call_timeout, metrics=metrics)
+            if settings.executor
+            else None
+        ),
         uses=uses,
         wake=wake,
         restore=uses.suspends.wake_for_use,
@@ -526,6 +556,7 @@ def stream_server(
         tls_files=ReloadingTls(
             tls, settings.stream_tls_cert, settings.stream_tls_key, [settings.stream_client_ca]
         ),
+        identity=identity,
     )
 
 

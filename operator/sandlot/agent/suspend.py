@@ -30,7 +30,6 @@ from sandlot.adapters.runtime import (
 )
 from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.sandboxes import SandboxWork, StartFailed
-from sandlot.agent.statedeletes import StateDeletes
 from sandlot.agent.statestore import StateStore
 from sandlot.api.common import Condition, key_of
 from sandlot.api.reasons import ConditionType, SuspendedReason
@@ -104,8 +103,6 @@ class Suspensions:
         # A commit writes the whole writable layer: a pull's budget, not a call's.
         self.commit_timeout = work.settings.image_pull_deadline.total_seconds()
         self.store = store
-        # Pushed states nothing needs any more, deleted from the repository.
-        self.deletes = StateDeletes(store, work.objects, work.status.clock) if store else None
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
         self._push_retries: dict[str, PullRetry] = {}  # by uid: pushes owed, backing off
@@ -123,7 +120,7 @@ class Suspensions:
             return {}, None, None
         uid = sb["metadata"]["uid"]
         try:
-            pushed = self.store.push(uid, image)
+            pushed = self.store.push(uid, uid, image)
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             log.warning("sandbox %s: state not pushed: %s", key_of(sb), exc)
             if isinstance(exc, RegistryError):
@@ -179,7 +176,7 @@ class Suspensions:
         if self.store is None:
             return f"its state is in {reference}, and this node has no state repository", False
         try:
-            self.store.pull(reference, image)
+            self.store.pull(reference, image, str(sb["metadata"]["uid"]))
         except (RegistryError, RuntimeError_, RuntimeTimeout) as exc:
             return f"pull of its state {reference} failed: {exc}", True
         return None, False
@@ -387,8 +384,6 @@ class Suspensions:
         restored = outcome is WriteOutcome.WRITTEN and "suspendedState" in fields
         if restored:
             self._push_retries.pop(sb["metadata"]["uid"], None)  # running again: owed nothing
-        if restored and self.deletes is not None:
-            self.deletes.restored(sb)  # nothing needs its pushed state now
         return step
 
     def wait_for_room(self, sb: Mapping[str, Any], why: str) -> None:

@@ -112,7 +112,7 @@ class SandboxSync:
             rt, work.status, node, call_timeout, in_use=self.in_use, thaws=thaws
         )
         if store is None:
-            store = StateStore.from_settings(work.settings, rt)
+            store = StateStore.from_settings(work.settings, rt, work.objects)
         self.suspensions = Suspensions(work, store, wake_in=pool.wake_in, idle=idle, streams=uses)
         # The last pass's containers by their Sandbox's key: what a mode change
         # between passes acts on (its work reads the task again before any call).

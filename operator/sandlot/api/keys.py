@@ -150,9 +150,24 @@ marked the node's sandboxes Dead."""
 SNAPSHOT_FINALIZER: Final = f"{GROUP}/snapshot-in-use"
 """On a SandboxSnapshot: kept while a live Sandbox or a pool template names it."""
 
+# --- Certificates -------------------------------------------------------------
+
+AGENT_SIGNER: Final = f"{GROUP}/agent-serving"
+"""``spec.signerName`` of the CertificateSigningRequests in which a node's agent asks
+for its serving certificate; sandlot's operator alone approves and signs them, with
+the agent CA whose key only it holds (``policy.agentcerts``)."""
+
+NODE_NAME_EXTRA: Final = "authentication.kubernetes.io/node-name"
+"""User-info extra of a ServiceAccount token bound to a Pod: the Pod's node, put
+there by the API server (a CertificateSigningRequest records it in ``spec.extra``)."""
+
+POD_NAME_EXTRA: Final = "authentication.kubernetes.io/pod-name"
+"""User-info extra of a ServiceAccount token bound to a Pod: that Pod's name."""
+
 __all__ = [
     "AGENT_LEASE_LABEL",
     "AGENT_SANDBOX_SPEC_ANNOTATION",
+    "AGENT_SIGNER",
     "APP_NAME",
     "APP_NAME_LABEL",
     "CLAIMED_AT_ANNOTATION",
@@ -173,6 +188,8 @@ __all__ = [
     "NETNS_LABEL",
     "NETWORK_LABEL",
     "NODE_HEALTH_FINALIZER",
+    "NODE_NAME_EXTRA",
+    "POD_NAME_EXTRA",
     "POOL_LABEL",
     "PULLED_BY_AGENT_LABEL",
     "RUNTIME_HANDLERS_LABEL",

@@ -47,11 +47,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import kopf
-
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
-from sandlot.api.common import API_VERSION, CLAIMS, GROUP, VERSION, join_key
+from sandlot.api.common import API_VERSION, join_key
 from sandlot.api.keys import (
     CLAIM_LABEL,
     CLAIMED_AT_ANNOTATION,
@@ -76,6 +74,7 @@ from sandlot.policy.claims import (
     bound_status,
     decide_claim,
     decide_claim_end,
+    hold_replacements,
 )
 
 log = logging.getLogger(__name__)
@@ -89,6 +88,7 @@ MAX_BIND_ATTEMPTS = 3
 CLAIM_WORKERS = 16
 CLAIM_THREADS = CLAIM_WORKERS
 POOL_HOLD_LIMIT = 2.0  # seconds a binding claim may defer its pool's reaction, at most
+BURST_HOLD_LIMIT = 10.0  # seconds a pool's unbound claims may defer its reaction, at most
 
 
 @dataclass(frozen=True)
@@ -169,11 +169,14 @@ class ClaimController:
         self.is_leader = is_leader
         self.clock = clock
         self.claims: dict[str, ClaimState] = {}
-        self.seen: set[str] = set()  # every claim handed over, deleted ones too
+        self.synced = False  # the informer's first complete list is in
+        self.on_synced: list[Callable[[], None]] = []
         self._waiting: dict[str, set[str]] = {}  # pool key -> claims without a sandbox
         self._released: dict[str, SandboxRecord] = {}  # deleted claim -> its sandbox
         self._first_seen: dict[str, float] = {}  # unbound claim -> when first seen (queue clock)
         self._taking: set[str] = set()  # members a claim is taking right now
+        self._unbound: dict[str, set[str]] = {}  # pool key -> its claims not bound yet
+        self._burst: dict[str, int] = {}  # pool key -> the hold its unbound claims keep
         self.metrics = metrics
         self._threads = ThreadPoolExecutor(CLAIM_THREADS, thread_name_prefix="claims")
         self.queue = WorkQueue(
@@ -189,24 +192,70 @@ class ClaimController:
 
     # -- inputs ---------------------------------------------------------------------
 
+    def on_event(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """The claim informer's event (``eventfeed``), on the loop."""
+        self.on_claim(None if event_type == "SYNC" else event_type, body)
+
+    def retain(self, keys: set[str]) -> None:
+        """A complete list held exactly ``keys``: every other claim was deleted while
+        no watch was there to say so."""
+        for key in [k for k in self.claims if k not in keys]:
+            self._deleted(self.claims[key])
+        if not self.synced:
+            self.synced = True
+            for callback in self.on_synced:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("claim sync listener failed")
+
     def on_claim(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         state = claim_state(body)
-        self.seen.add(state.key)
         if event_type == "DELETED":
-            self.claims.pop(state.key, None)
-            self._first_seen.pop(state.key, None)
-            self._waiting.get(state.pool_key, set()).discard(state.key)
-            bound = self.bound(state)
-            if bound is not None:
-                self._released[state.key] = bound
-                self.queue.add(state.key)
-            else:
-                self.queue.forget(state.key)
+            self._deleted(state)
             return
         self.claims[state.key] = state
-        if not state.status.get("sandboxName"):
+        unbound = not state.status.get("sandboxName")
+        if unbound:
             self._first_seen.setdefault(state.key, self.queue.clock())
+        self._note_unbound(state, unbound and state.status.get("phase") not in FINAL_CLAIM_PHASES)
         self.queue.add(state.key)
+
+    def _note_unbound(self, claim: ClaimState, unbound: bool) -> None:
+        claims = self._unbound.setdefault(claim.pool_key, set())
+        if unbound:
+            claims.add(claim.key)
+        else:
+            claims.discard(claim.key)
+        self._settle_burst(claim.pool_key)
+
+    def _settle_burst(self, pool_key: str) -> None:
+        """Hold the pool's reaction while its unbound claims all have members to take
+        (``hold_replacements``), ``BURST_HOLD_LIMIT`` at most: a hold past its limit
+        is not taken again until the pool's claims have all been bound once."""
+        unbound = self._unbound.get(pool_key) or set()
+        hold = self._burst.get(pool_key)
+        if hold_replacements(len(unbound), len(self._waiting.get(pool_key) or ())):
+            if hold is None:
+                self._burst[pool_key] = self.pools.queue.hold(pool_key, BURST_HOLD_LIMIT)
+            return
+        if hold is not None:
+            del self._burst[pool_key]
+            self.pools.queue.release(pool_key, hold)
+        if not unbound:
+            self._unbound.pop(pool_key, None)
+
+    def _deleted(self, state: ClaimState) -> None:
+        self.claims.pop(state.key, None)
+        self._first_seen.pop(state.key, None)
+        self._waiting.get(state.pool_key, set()).discard(state.key)
+        self._note_unbound(state, False)
+        bound = self.bound(state)
+        if bound is not None:
+            self._released[state.key] = bound
+            self.queue.add(state.key)
+        else:
+            self.queue.forget(state.key)
 
     async def _delete(self, rec: SandboxRecord) -> None:
         """The claim is gone: so is its sandbox (uid precondition)."""
@@ -280,12 +329,14 @@ class ClaimController:
             if decision.action is ClaimAction.NONE:
                 if bound is None and claim.status.get("phase") in (None, ClaimPhase.PENDING):
                     waiting.add(key)
+                    self._settle_burst(claim.pool_key)  # starved: the pool grows now
                 return None
             if not self.is_leader():
                 return None
             if decision.action is ClaimAction.STATUS:
                 if decision.status.get("phase") == ClaimPhase.PENDING:
                     waiting.add(key)
+                    self._settle_burst(claim.pool_key)
                 status = dict(decision.status)
                 if status.get("phase") in FINAL_CLAIM_PHASES and not claim.status.get("finishedAt"):
                     status["finishedAt"] = rfc3339(self.clock())  # its TTL counts from here
@@ -396,6 +447,7 @@ class ClaimController:
         if taken is None:
             return False
         log.info("claim %s: bound to %s", claim.key, rec.name)
+        self._note_unbound(claim, False)
         seen = self._first_seen.pop(claim.key, None)
         if seen is not None and self.metrics is not None:
             self.metrics.claim_wait_seconds.observe(self.queue.clock() - seen)
@@ -413,9 +465,3 @@ class ClaimController:
         """The claim as the API server answered, unless a newer event arrived meanwhile."""
         if written is not None and self.claims.get(claim.key) is claim:
             self.claims[claim.key] = claim_state(written)
-
-
-def register(registry: kopf.OperatorRegistry, claims: ClaimController) -> None:
-    @kopf.on.event(GROUP, VERSION, CLAIMS, registry=registry)
-    async def claim_event(body: kopf.Body, **kwargs: Any) -> None:
-        claims.on_claim(kwargs.get("type"), body)

@@ -23,13 +23,11 @@ from dataclasses import dataclass
 from http.server import ThreadingHTTPServer
 from typing import Any
 
-import kopf
 from prometheus_client import REGISTRY, CollectorRegistry
 
 import sandlot
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.informer import LeaseInformer, SandboxInformer
-from sandlot.adapters.kopfclient import kopf_session
+from sandlot.adapters.informer import LeaseInformer, ObjectInformer, SandboxInformer
 from sandlot.adapters.kopfprivate import WatchOnlyMemories, watch_only_kinds
 from sandlot.adapters.kube import (
     RequestCounter,
@@ -41,17 +39,13 @@ from sandlot.adapters.kube import (
 from sandlot.adapters.leader import LeaderElector
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.startup import require_namespace
-from sandlot.api.common import GROUP, VERSION
-from sandlot.api.keys import (
-    KOPF_ANNOTATION_PREFIX,
-    LAST_HANDLED_CONFIGURATION_KEY,
-    NODE_HEALTH_FINALIZER,
-)
-from sandlot.controllers import cacheprune, pullcredentials, snapshots, taintlabels
+from sandlot.api.common import CLAIMS
+from sandlot.controllers import pullcredentials
+from sandlot.controllers.eventfeed import EventFeed
+from sandlot.controllers.kopfwiring import build_registry
 from sandlot.controllers.metrics import OperatorMetrics, WorkloadMetrics
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.probes import LoopTicker
-from sandlot.controllers.sandboxfeed import SandboxFeed
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.startup import (
     SHUTDOWN_DRAIN_SECONDS,
@@ -63,20 +57,10 @@ from sandlot.controllers.startup import (
     run_parts,
     serve_until,
 )
+from sandlot.controllers.statedeletes import StateDeletes, state_deletes
 from sandlot.controllers.workloads import Workloads
 
 log = logging.getLogger(__name__)
-
-# kopf's start-up listing page, and how long it keeps an object's worker after its
-# last event (see ``configure``).
-LIST_PAGE = 500
-WORKER_IDLE_SECONDS = 0.1
-# A kopf watch that died silently (no FIN, no RST: a dropped NAT entry, a frozen
-# peer) delivers nothing, not even its end: the server ends each watch after the
-# first bound and kopf gives up on it after the second, so a drain flag is missed
-# for at most that long (kopf then watches again from the last version it saw).
-KOPF_WATCH_SECONDS = 25
-KOPF_WATCH_CLIENT_SECONDS = 35
 
 
 class _CountingMetrics(RequestCounter):
@@ -98,99 +82,6 @@ class _CountingMetrics(RequestCounter):
         self.metrics.api_failures.labels(
             verb=method.upper(), resource=resource_of(url), code=code
         ).inc()
-
-
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    """kopf as sandlot runs it (also what ``bench/kopffloor.py`` measures kopf alone with)."""
-    settings.peering.standalone = True
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-        prefix=KOPF_ANNOTATION_PREFIX
-    )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=KOPF_ANNOTATION_PREFIX, key=LAST_HANDLED_CONFIGURATION_KEY
-    )
-    settings.persistence.finalizer = NODE_HEALTH_FINALIZER
-    settings.posting.level = logging.WARNING
-    # kopf logs every handler run at INFO: one line per watch event of every
-    # sandbox would cost more than the handlers themselves.
-    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    settings.watching.server_timeout = KOPF_WATCH_SECONDS
-    settings.watching.client_timeout = KOPF_WATCH_CLIENT_SECONDS
-    settings.networking.request_timeout = 60
-    # kopf lists a kind in one response by default: at start-up every existing
-    # sandbox's body is held at once, as text and parsed, beside the worker kopf
-    # starts per object and keeps until its events have stopped for 5 s. Listing
-    # in pages, and letting a worker go once its queue is empty (every handler of
-    # ours is an event handler, done at once), bounds the start-up peak by a page.
-    settings.watching.chunk_size = LIST_PAGE
-    settings.queueing.idle_timeout = WORKER_IDLE_SECONDS
-
-
-def register_kopf(registry: kopf.OperatorRegistry, connection: dict[str, Any]) -> None:
-    """kopf's settings as sandlot runs it, and its login as our own client's user."""
-
-    @kopf.on.startup(registry=registry)
-    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings)
-
-    # A coroutine: the session it builds belongs to the event loop (kopf runs a
-    # plain function in a thread).
-    @kopf.on.login(registry=registry)
-    async def login(**_: Any) -> kopf.AiohttpSession:
-        return kopf_session(connection)
-
-
-def build_registry(
-    connection: dict[str, Any],
-    settings: OperatorSettings,
-    nodehealth: NodeHealthController,
-    leading: Callable[[], bool],
-    workloads: Workloads | None = None,
-) -> kopf.OperatorRegistry:
-    registry = kopf.OperatorRegistry()
-    if workloads is not None:
-        workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
-
-    register_kopf(registry, connection)
-
-    # Both handlers are coroutines on purpose: kopf runs a plain function in a
-    # thread, where ``on_node`` would change the node cache while a pass on the
-    # loop iterates it, and ``enqueue`` would touch an asyncio queue off its loop.
-    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
-    async def node_event(body: kopf.Body, **kwargs: Any) -> None:
-        nodehealth.on_node(kwargs.get("type"), body)
-
-    @kopf.timer(
-        GROUP,
-        VERSION,
-        "sandboxnodes",
-        interval=settings.resync_interval.total_seconds(),
-        registry=registry,
-    )
-    async def resync(name: str, body: kopf.Body, **_: Any) -> None:
-        # The one timer per node: kopf's cost grows with timers x nodes, so every
-        # controller that resyncs a node does it here.
-        nodehealth.enqueue(name)
-        if leading():
-            await taintlabels.sync(nodehealth.objects, body)
-
-    @kopf.on.delete(GROUP, VERSION, "sandboxnodes", registry=registry)
-    async def node_deleted(name: str, body: kopf.Body, **_: Any) -> None:
-        if not leading():
-            # Only the leader may let the deletion complete (the finalizer goes
-            # with success); a standby asks to be called again.
-            raise kopf.TemporaryError("not the leader", delay=5)
-        try:
-            await nodehealth.handle_deleted(name, body)
-        except RuntimeError as e:
-            raise kopf.TemporaryError(str(e), delay=2) from e
-
-    cacheprune.register(registry, nodehealth.objects, leading, settings.namespace)
-    taintlabels.register(registry, nodehealth.objects, leading)
-    snapshots.register(
-        registry, nodehealth.objects, leading, workloads.cache if workloads else None
-    )
-    return registry
 
 
 class EventPoster:
@@ -256,9 +147,12 @@ class OperatorParts:
     nodehealth: NodeHealthController
     workloads: Workloads
     broker: pullcredentials.PullCredentialBroker
-    feed: SandboxFeed
+    deletes: StateDeletes | None
+    feed: EventFeed
+    claim_feed: EventFeed
     lease_informer: LeaseInformer
     sandbox_informer: SandboxInformer
+    claim_informer: ObjectInformer
     kopf: KopfPart
     elector: LeaderElector | None
     health: ThreadingHTTPServer | None = None
@@ -313,14 +207,36 @@ class OperatorParts:
     async def _start_informers(self) -> None:
         self.lease_informer.start()
         self.sandbox_informer.start()
+        if self.deletes is not None:
+            self.deletes.start(self.leadership.leading)
+        self.claim_informer.start()
 
     async def _stop_informers(self) -> None:
         self.feed.close()
+        self.claim_feed.close()
         self.broker.close()
+        if self.deletes is not None:
+            self.deletes.close()
         await asyncio.gather(
             asyncio.to_thread(self.lease_informer.stop),
             asyncio.to_thread(self.sandbox_informer.stop),
+            asyncio.to_thread(self.claim_informer.stop),
         )
+
+
+def _brokers(
+    settings: OperatorSettings, objects: Objects, leading: Callable[[], bool]
+) -> tuple[pullcredentials.PullCredentialBroker, StateDeletes | None]:
+    """What follows every Sandbox and SandboxSnapshot for the nodes: the broker of
+    credentials and state keys, and (with a state repository) the state deletes."""
+    broker = pullcredentials.PullCredentialBroker(
+        objects,
+        leading,
+        settings.namespace,
+        retry_interval=settings.env_reference_retry_interval.total_seconds(),
+        state_keys=bool(settings.state_repository),
+    )
+    return broker, state_deletes(settings, objects)
 
 
 def build_parts(
@@ -355,27 +271,21 @@ def build_parts(
         liveness=nodehealth.liveness,
     )
     workloads.scheduler.bind_loop(loop)
-    lease_informer = LeaseInformer(
-        api,
-        settings.namespace,
-        nodehealth.on_lease,
-        on_view_restored=nodehealth.on_view_restored,
-        on_view_lost=nodehealth.on_view_lost,
-        on_heard=nodehealth.on_heard,
-        watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
+    lease_informer = _lease_informer(api, settings, nodehealth)
+    broker, deletes = _brokers(settings, objects, leadership.leading)
+    feed, sandbox_informer, claim_feed, claim_informer = _object_informers(
+        api, loop, workloads, broker, deletes
     )
-    # Every Sandbox through one lean watch of its own, not kopf's per-object
-    # machinery (adapters.informer): the cache, and the pull-secret broker.
-    broker = pullcredentials.PullCredentialBroker(
-        objects,
-        leadership.leading,
-        settings.namespace,
-        retry_interval=settings.env_reference_retry_interval.total_seconds(),
-    )
-    feed = SandboxFeed(workloads.cache, loop, [broker.on_sandbox])
-    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
     kopf_registry = build_registry(
-        connection_params(api), settings, nodehealth, leadership.leading, workloads
+        connection_params(api),
+        settings,
+        nodehealth,
+        leadership.leading,
+        workloads,
+        snapshot_listeners=[
+            broker.on_snapshot,
+            *([deletes.on_snapshot] if deletes is not None else []),
+        ],
     )
     kopf_part = KopfPart(kopf_registry, WatchOnlyMemories(watch_only_kinds(kopf_registry)))
 
@@ -394,12 +304,49 @@ def build_parts(
         nodehealth=nodehealth,
         workloads=workloads,
         broker=broker,
+        deletes=deletes,
         feed=feed,
         lease_informer=lease_informer,
         sandbox_informer=sandbox_informer,
+        claim_feed=claim_feed,
+        claim_informer=claim_informer,
         kopf=kopf_part,
         elector=elector,
     )
+
+
+def _lease_informer(
+    api: Any, settings: OperatorSettings, nodehealth: NodeHealthController
+) -> LeaseInformer:
+    """The agents' Leases, for node health: its view's age bounds every verdict."""
+    return LeaseInformer(
+        api,
+        settings.namespace,
+        nodehealth.on_lease,
+        on_view_restored=nodehealth.on_view_restored,
+        on_view_lost=nodehealth.on_view_lost,
+        on_heard=nodehealth.on_heard,
+        watch_timeout=max(1, int(settings.lease_view_max_age.total_seconds() / 2)),
+    )
+
+
+def _object_informers(
+    api: Any,
+    loop: asyncio.AbstractEventLoop,
+    workloads: Workloads,
+    broker: pullcredentials.PullCredentialBroker,
+    deletes: StateDeletes | None,
+) -> tuple[EventFeed, SandboxInformer, EventFeed, ObjectInformer]:
+    """Every Sandbox and every SandboxClaim through a lean watch of its own, not
+    kopf's per-object machinery (adapters.informer): sandboxes feed the cache, the
+    pull-secret broker and the state deletes; claims, whose bursts are the
+    operator's busiest moments, the claim controller."""
+    on_sandbox = [broker.on_sandbox, *([deletes.on_sandbox] if deletes is not None else [])]
+    feed = EventFeed(workloads.cache, loop, on_sandbox)
+    sandbox_informer = SandboxInformer(api, feed.on_event, feed.on_listed)
+    claim_feed = EventFeed(workloads.claims, loop, name="claim")
+    claim_informer = ObjectInformer(api, CLAIMS, claim_feed.on_event, claim_feed.on_listed)
+    return feed, sandbox_informer, claim_feed, claim_informer
 
 
 def _clients(

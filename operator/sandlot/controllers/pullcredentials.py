@@ -31,10 +31,14 @@ from sandlot.adapters.pullsecrets import (
     reference_key,
     write_brokered,
 )
+from sandlot.adapters.statekeys import ensure_key
 from sandlot.api.envvars import EnvFromSource, EnvVar
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
+from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES
 from sandlot.policy.envrefs import encode, wanted_keys
+from sandlot.policy.statekeys import brokered_key as brokered_state_key
+from sandlot.policy.statekeys import node_keys
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +91,51 @@ def wanted_references(sandboxes: Sequence[Mapping[str, Any]]) -> Wanted:
     return wanted
 
 
-def broker_node(objects: Objects, namespace: str, node: str) -> bool:
-    """Make the node's brokered Secret hold its sandboxes' pull secrets and the keys
-    their environments reference; True if written."""
+KEY_CACHE_MAX = 10_000
+"""State keys a broker remembers (a key never changes once made); past it, it forgets
+them all and reads them again."""
+
+
+def node_state_keys(
+    objects: Objects,
+    namespace: str,
+    node: str,
+    sandboxes: Sequence[Mapping[str, Any]],
+    known: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The state keys ``node`` may hold now (``policy.statekeys``), by brokered key;
+    each made the first time a node needs it, and read once into ``known``."""
+    known = {} if known is None else known
+    snapshots = objects.list_node_snapshots(node)
+    for sb in sandboxes:
+        fork = ((sb.get("spec") or {}).get("snapshotRef") or {}).get("name")
+        if fork and (shot := objects.get_snapshot(sb["metadata"]["namespace"], str(fork))):
+            snapshots.append(shot)
+    owners = sorted(node_keys(node, sandboxes, snapshots))
+    if len(known) + len(owners) > KEY_CACHE_MAX:
+        known.clear()
+    for owner in owners:
+        if owner not in known:
+            known[owner] = ensure_key(objects.api, namespace, owner)
+    return {brokered_state_key(owner): known[owner] for owner in owners}
+
+
+def broker_node(
+    objects: Objects,
+    namespace: str,
+    node: str,
+    *,
+    state_keys: bool = False,
+    known: dict[str, str] | None = None,
+) -> bool:
+    """Make the node's brokered Secret hold its sandboxes' pull secrets, the keys
+    their environments reference and (``state_keys``) the state keys it may hold
+    (``known``: those read before); True if written."""
     api = objects.api
     data: dict[str, str] = {}
     sandboxes = objects.list_node_sandboxes(node)
+    if state_keys:
+        data.update(node_state_keys(objects, namespace, node, sandboxes, known))
     for ns, name in wanted_secrets(sandboxes):
         document = read_pull_secret(api, ns, name)
         if document is not None:
@@ -128,10 +171,17 @@ class PullCredentialBroker:
         namespace: str,
         *,
         retry_interval: float | None = None,
+        state_keys: bool = False,
     ) -> None:
         self.objects = objects
         self.leading = leading
         self.namespace = namespace
+        # Every bound sandbox and snapshot brings its state key to its node, and takes
+        # it away when it moves or ends (policy.statekeys).
+        self.state_keys = state_keys
+        # The node of each snapshot being taken (its key brokered there), by uid.
+        self.snapshot_nodes: dict[str, tuple[str, bool]] = {}
+        self._keys: dict[str, str] = {}  # state keys read (on the broker's one thread)
         # What each sandbox with pull secrets or references brings to its node (node,
         # what it names, terminal); its status writes change nothing of it.
         self.wanted: dict[str, tuple[str, tuple[str, ...], bool]] = {}
@@ -152,7 +202,8 @@ class PullCredentialBroker:
     def on_sandbox(self, event_type: str, body: Mapping[str, Any]) -> None:
         spec = body.get("spec") or {}
         references = env_references(spec)
-        if not ((spec.get("imagePullSecrets") or references) and spec.get("nodeName")):
+        wants = spec.get("imagePullSecrets") or references or self.state_keys
+        if not (wants and spec.get("nodeName")):
             return
         uid = str(body["metadata"]["uid"])
         node = str(spec["nodeName"])
@@ -161,7 +212,13 @@ class PullCredentialBroker:
             f"_{kind}/{name}:{','.join(sorted(keys)) if keys is not None else '*'}"
             for (_, kind, name), keys in sorted(references.items())
         )
+        if self.state_keys:
+            named += (f"_state/{(spec.get('snapshotRef') or {}).get('name') or ''}",)
         signature = (node, named, status.get("phase") in TERMINAL_PHASES)
+        nodes = [node]
+        before = self.wanted.get(uid)
+        if self.state_keys and before is not None and before[0] != node:
+            nodes.append(before[0])  # moved: its old node loses its key
         if event_type == "DELETED":
             self.wanted.pop(uid, None)
             self.brought.pop(uid, None)
@@ -178,7 +235,28 @@ class PullCredentialBroker:
         if not self.leading() or self.brought.get(uid) == signature:
             return
         self.brought[uid] = signature  # one request per change, even before it is answered
-        self._broker.submit(self._rebroker, [node], [uid])
+        self._broker.submit(self._rebroker, nodes, [uid])
+
+    def on_snapshot(self, event_type: str, body: Mapping[str, Any]) -> None:
+        """A SandboxSnapshot event (on the loop): one bound to a node and being taken
+        brings its key there; Ready, Failed or deleted, the node loses it."""
+        node = (body.get("spec") or {}).get("nodeName")
+        if not (self.state_keys and node):
+            return
+        uid = str(body["metadata"]["uid"])
+        ended = (
+            event_type == "DELETED"
+            or (body.get("status") or {}).get("phase") in TERMINAL_SNAPSHOT_PHASES
+        )
+        before = self.snapshot_nodes.get(uid)
+        if event_type == "DELETED":
+            self.snapshot_nodes.pop(uid, None)
+        else:
+            self.snapshot_nodes[uid] = (str(node), ended)
+        if before == (str(node), ended):
+            return
+        if self.leading():
+            self._broker.submit(self._rebroker, [str(node)], [])
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop. A new leader brokers every node it saw a sandbox want
@@ -186,7 +264,10 @@ class PullCredentialBroker:
         self.brought.clear()
         if not leader:
             return
-        nodes = sorted({signature[0] for signature in self.wanted.values()})
+        nodes = sorted(
+            {signature[0] for signature in self.wanted.values()}
+            | {node for node, ended in self.snapshot_nodes.values() if not ended}
+        )
         self.brought.update(self.wanted)
         if nodes:
             self._broker.submit(self._rebroker, nodes, list(self.wanted))
@@ -215,7 +296,13 @@ class PullCredentialBroker:
         failed = []
         for node in nodes:
             try:
-                broker_node(self.objects, self.namespace, node)
+                broker_node(
+                    self.objects,
+                    self.namespace,
+                    node,
+                    state_keys=self.state_keys,
+                    known=self._keys,
+                )
             except Exception as e:
                 log.warning("pull secrets not brokered to node %s: %s", node, e)
                 failed.append(node)
@@ -230,6 +317,7 @@ __all__ = [
     "PullCredentialBroker",
     "broker_node",
     "env_references",
+    "node_state_keys",
     "wanted_references",
     "wanted_secrets",
 ]

@@ -78,6 +78,23 @@ class OperatorSettings(SettingsModel):
         description="Serve kubernetes-sigs/agent-sandbox's SandboxTemplate, SandboxWarmPool, "
         "SandboxClaim and Sandbox (their CRDs installed) over sandlot's pools and claims.",
     )
+    state_repository: str = Field(
+        default="",
+        description="The agents' suspend_state_repository: the operator issues each "
+        "sandbox's and snapshot's state key, brokers it to the node that needs it, and "
+        "deletes pushed state nothing names any more; empty: no state leaves its node.",
+    )
+    state_auth_file: str = Field(
+        default="",
+        description="A .dockerconfigjson file with the credential that deletes from "
+        "state_repository (the operator's alone: agents push and pull, never delete); "
+        "empty: anonymous.",
+    )
+    state_registry_private_hosts: list[str] = Field(
+        default_factory=list,
+        description="State registry hosts (name or name:port) that may resolve to loopback, "
+        "link-local or unspecified addresses (repeatable).",
+    )
     leader_election: bool = Field(
         default=True, description="Elect one active replica through a Lease; standbys wait."
     )
@@ -96,6 +113,30 @@ class OperatorSettings(SettingsModel):
     leader_retry_period: Duration = Field(
         default=timedelta(seconds=2), description="How often replicas try to acquire or renew."
     )
+    agent_ca_cert: str = Field(
+        default="",
+        max_length=4096,
+        description="PEM file of sandlot's agent CA: the operator signs each agent's "
+        "serving certificate with it, for that agent's node only (CertificateSigningRequests "
+        "of signer sandlot.dev/agent-serving). Empty: no agent certificate is signed.",
+    )
+    agent_ca_key: str = Field(
+        default="",
+        max_length=4096,
+        description="PEM file of the agent CA's key; only the operator mounts it.",
+    )
+    agent_service_account: str = Field(
+        default="sandlot-agent",
+        min_length=1,
+        max_length=253,
+        description="ServiceAccount (in namespace) of the agents: only its tokens, bound to "
+        "an agent pod on a node, get a certificate, and only for that node.",
+    )
+    agent_cert_lifetime: Duration = Field(
+        default=timedelta(days=7),
+        description="Lifetime of an agent's serving certificate; the agent asks for the next "
+        "at two thirds of it.",
+    )
     identity: str = Field(
         default="",
         description="This replica's identity in the Lease (default: host name + pid). The "
@@ -105,6 +146,10 @@ class OperatorSettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check_durations(self) -> OperatorSettings:
+        if bool(self.agent_ca_cert) != bool(self.agent_ca_key):
+            raise ValueError("agent_ca_cert and agent_ca_key go together: set both or neither")
+        if self.agent_cert_lifetime < timedelta(hours=1):
+            raise ValueError("agent_cert_lifetime must be at least 1h")
         for name in ("resync_interval", "leader_retry_period", "lease_view_max_age"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive")

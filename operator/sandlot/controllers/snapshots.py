@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -180,9 +180,10 @@ def register(
     objects: Objects,
     leading: Callable[[], bool],
     sandboxes: SandboxCache | None = None,
+    listeners: Sequence[Callable[[str, Mapping[str, Any]], None]] = (),
 ) -> SnapshotController:
     """Add the SandboxSnapshot handlers to ``registry`` (and a listener of the
-    sandbox cache, when there is one)."""
+    sandbox cache, when there is one); ``listeners`` hear every snapshot event."""
     controller = SnapshotController(objects, leading)
     if sandboxes is not None:
         sandboxes.listeners.append(controller.on_sandbox)
@@ -190,7 +191,10 @@ def register(
 
     @kopf.on.event(GROUP, VERSION, SNAPSHOTS, registry=registry)
     async def snapshot_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_snapshot(kwargs.get("type") or "MODIFIED", body)
+        event = kwargs.get("type") or "MODIFIED"
+        controller.on_snapshot(event, body)
+        for listener in listeners:
+            listener(event, body)
 
     @kopf.on.startup(registry=registry)
     async def snapshot_resync(**_: Any) -> None:

@@ -7,12 +7,13 @@ tells it about leadership, and runs its workers; ``register`` adds its kopf
 handlers (watch-only ``on.event``: nothing is written to the watched objects).
 
 Every controller here acts only as the leader *and* once its caches are synced:
-the sandbox cache has taken in its first complete list, and kopf has handed over
-every pool, claim and SandboxNode (``kopflisted``). Before that, a restarted leader would see pools
-short of members (and create more), Services without endpoints (and empty their
-slices), claims whose sandbox is gone (and write them Lost) and nodes with room
-(and bind beyond their capacity). What came due meanwhile is dropped by the queues;
-the moment the cache is synced, a leader re-judges everything, as on taking over.
+the sandbox cache and the claim informer have taken in their first complete list,
+and kopf has handed over every pool and SandboxNode (``kopflisted``). Before that,
+a restarted leader would see pools short of members (and create more), Services
+without endpoints (and empty their slices), claims whose sandbox is gone (and
+write them Lost) and nodes with room (and bind beyond their capacity). What came
+due meanwhile is dropped by the queues; the moment the caches are synced, a leader
+re-judges everything, as on taking over.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from sandlot.adapters.objects import Objects
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.common import CLAIMS, KUBE_NODES, NODES, POOLS
 from sandlot.controllers import agentsandbox as agentsandbox_module
-from sandlot.controllers import claims as claims_module
 from sandlot.controllers import pools as pools_module
 from sandlot.controllers import scheduler as scheduler_module
 from sandlot.controllers.agentsandbox import AgentSandboxController
@@ -93,7 +93,6 @@ class Workloads:
         listed = KopfListed(
             {
                 POOLS: lambda: pools.seen,
-                CLAIMS: lambda: claims.seen,
                 NODES: lambda: scheduler.seen_nodes,
                 KUBE_NODES: lambda: scheduler.seen_kube_nodes,
             },
@@ -107,10 +106,11 @@ class Workloads:
         )
         built = cls(cache, scheduler, pools, lifetimes, claims, listed, is_leader, compat)
         cache.on_synced.append(built.on_synced)
+        claims.on_synced.append(built.on_synced)
         return built
 
     def synced(self) -> bool:
-        return self.cache.synced and not self.listed.pending
+        return self.cache.synced and self.claims.synced and not self.listed.pending
 
     def on_synced(self) -> None:
         """The last cache is synced: a leader re-judges everything, as on taking over."""
@@ -120,13 +120,14 @@ class Workloads:
     def register(self, registry: kopf.OperatorRegistry) -> None:
         scheduler_module.register(registry, self.scheduler)
         pools_module.register(registry, self.pools)
-        claims_module.register(registry, self.claims)
         if self.agent_sandbox is not None:
             agentsandbox_module.register(registry, self.agent_sandbox)
 
     def unsynced(self) -> list[str]:
         """The caches whose first list is not in yet (the readiness probe names them)."""
-        return ([] if self.cache.synced else ["sandboxes"]) + self.listed.unlisted()
+        unsynced = [] if self.cache.synced else ["sandboxes"]
+        unsynced += [] if self.claims.synced else [CLAIMS]
+        return unsynced + self.listed.unlisted()
 
     def on_leadership(self, leader: bool) -> None:
         """On the loop: a new leader re-judges everything from its warm caches."""

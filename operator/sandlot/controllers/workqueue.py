@@ -16,8 +16,9 @@ queue owns everything around that, so no controller repeats it:
   reset by the key's next success;
 - work that comes due while this replica is not the leader is dropped: a new
   leader adds everything again from its warm caches;
-- ``held`` defers what another controller's urgent writes set off for a key
-  until they are done (a given time at most): it then runs once;
+- ``held`` (or ``hold`` and ``release``) defers what another controller's urgent
+  writes set off for a key until they are done (a given time at most): it then
+  runs once;
 - watch threads hand work over with ``add_threadsafe`` / ``call_threadsafe``.
 
 Time comes from an injected ``clock`` (monotonic seconds). Deadlines wait in a
@@ -146,22 +147,32 @@ class WorkQueue:
         A run already under way goes on, and so does a key already waiting to start:
         back-to-back holds never starve it.
         """
+        hold = self.hold(key, limit)
+        try:
+            yield
+        finally:
+            self.release(key, hold)
+
+    def hold(self, key: str, limit: float) -> int:
+        """Defer ``key`` until ``release(key, hold)`` or ``limit`` seconds, whichever
+        comes first (``held`` for a hold that outlives one block)."""
         hold = next(self._seq)
         until = self.clock() + limit
         self._holds.setdefault(key, {})[hold] = until
         self._arm(until)  # the queue wakes at the limit
-        try:
-            yield
-        finally:
-            self._release(key, hold)
+        return hold
 
-    def _release(self, key: str, hold: int) -> None:
+    def release(self, key: str, hold: int) -> None:
+        """End ``hold`` (one that expired already, or was released, is ignored)."""
         holds = self._holds.get(key)
         if holds is None or holds.pop(hold, None) is None or holds:
             return
         del self._holds[key]
         if key in self._queued and key not in self._ready:  # it may have waited already
             self._make_ready(key)
+
+    def is_held(self, key: str) -> bool:
+        return key in self._holds
 
     def _expire_holds(self) -> float | None:
         """Release the holds past their limit; returns the next limit, if any."""
@@ -170,7 +181,7 @@ class WorkQueue:
             for hold, until in list(holds.items()):
                 if until <= now:
                     log.warning("%s %s: held past its limit; released", self.name, key)
-                    self._release(key, hold)
+                    self.release(key, hold)
         return min((u for holds in self._holds.values() for u in holds.values()), default=None)
 
     # -- from other threads ----------------------------------------------------------

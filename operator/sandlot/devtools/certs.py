@@ -1,9 +1,10 @@
 """Certificates for the local rigs, made with ``openssl``: a CA and leaves it signs.
 
-Two CAs matter on the stream path: the API server's front-proxy CA (its client
-certificate when it proxies to an aggregated API) and sandlot's stream CA (the
-gateway's certificate, and every agent's serving certificate). A cluster gets the
-same from the chart (``templates/stream-certs.yaml``); the rigs make them here.
+Three CAs matter on the stream path: the API server's front-proxy CA (its client
+certificate when it proxies to an aggregated API), the gateway's own CA (the
+gateway's certificate) and sandlot's agent CA (each agent's serving certificate,
+naming its node). A cluster gets the same from the chart
+(``templates/stream-gateway.yaml``) and the operator; the rigs make them here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from sandlot.policy.agentcerts import agent_server_name
 
 KEY = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 DAYS = "365"
@@ -99,15 +102,21 @@ AGENT_NAME = "sandlot-agent"
 
 @dataclass(frozen=True)
 class StreamCerts:
-    """The stream CA, the gateway's certificate and the agents' (one for all)."""
+    """The stream path's certificates, as a cluster has them: the gateway's own CA
+    (the gateway's certificate, the only client CA the agents trust) and sandlot's
+    agent CA (one certificate per node, ``agent(node)``, as the operator signs them;
+    the only CA the gateway trusts for agents). ``front_proxy`` is a client
+    certificate of the gateway's CA, for rigs that stand in for the API server."""
 
     ca: CA
     gateway: Pair
-    agent: Pair
+    agent_ca: CA
+    front_proxy: Pair
+    directory: Path
 
     @classmethod
     def create(cls, directory: Path, namespace: str, ips: tuple[str, ...] = ()) -> StreamCerts:
-        ca = CA.create(directory, "sandlot-stream-ca")
+        ca = CA.create(directory, "sandlot-stream-gateway-ca")
         gateway = ca.issue(
             directory,
             GATEWAY_NAME,
@@ -117,8 +126,19 @@ class StreamCerts:
             ),
             ips=ips,
         )
-        agent = ca.issue(directory, AGENT_NAME, dns=(AGENT_NAME,))
-        return cls(ca, gateway, agent)
+        agent_ca = CA.create(directory, "sandlot-agent-ca")
+        front_proxy = ca.issue(directory, "stream-front-proxy")
+        return cls(ca, gateway, agent_ca, front_proxy, directory)
+
+    def agent(self, node: str) -> Pair:
+        """Node ``node``'s agent certificate (made once), named as the operator names it."""
+        where = self.directory / "agents"
+        pair = Pair(where / f"{node}.crt", where / f"{node}.key")
+        if pair.cert.exists():
+            return pair
+        return self.agent_ca.issue(
+            where, AGENT_NAME, dns=(agent_server_name(node),), file_name=node
+        )
 
 
 FRONT_PROXY_NAME = "front-proxy-client"

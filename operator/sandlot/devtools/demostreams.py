@@ -56,7 +56,7 @@ class DemoStreams:
             *("--kubeconfig", str(self.kubeconfig), "--namespace", AGENT_NAMESPACE),
             *("--bind", self.address.ip, "--port", str(self.gateway_port)),
             *("--tls-cert", str(self.certs.gateway.cert), "--tls-key", str(self.certs.gateway.key)),
-            *("--stream-ca", str(self.certs.ca.cert), "--agent-selector", STANDIN_SELECTOR),
+            *("--stream-ca", str(self.certs.agent_ca.cert), "--agent-selector", STANDIN_SELECTOR),
             *("--metrics-port", "0"),
         ]
 
@@ -90,8 +90,8 @@ class DemoStreams:
             api.close()
         return [
             *("--stream-port", str(self.ports[node]), "--stream-bind", self.address.ip),
-            *("--stream-tls-cert", str(self.certs.agent.cert)),
-            *("--stream-tls-key", str(self.certs.agent.key)),
+            *("--stream-tls-cert", str(self.certs.agent(node).cert)),
+            *("--stream-tls-key", str(self.certs.agent(node).key)),
             *("--stream-client-ca", str(self.certs.ca.cert)),
         ]
 

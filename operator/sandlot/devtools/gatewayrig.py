@@ -47,7 +47,7 @@ def gateway_settings(
             "port": port,
             "tls_cert": str(certs.gateway.cert),
             "tls_key": str(certs.gateway.key),
-            "stream_ca": str(certs.ca.cert),
+            "stream_ca": str(certs.agent_ca.cert),
             "agent_selector": STANDIN_SELECTOR,
             "metrics_port": 0,
             **more,

@@ -242,7 +242,6 @@ def build(
         port=settings.port,
         server_tls=view.tls,
         agent_tls=agent_tls,
-        agent_server_name=settings.agent_server_name,
         requestheader=view.config,
         backends=backends or cluster_backends(api, settings),
         sessions=sessions,

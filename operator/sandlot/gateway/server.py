@@ -43,8 +43,9 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
+from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name, peer_dns_names
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.policy.agentcerts import agent_server_name, certified_node
 from sandlot.policy.sessioncaps import (
     SessionCaps,
     SessionCounts,
@@ -145,6 +146,13 @@ class _Opened:
     groups: tuple[str, ...] = ()
 
 
+def _not_certified(node: str) -> str:
+    return (
+        f"the agent reached for node {node} is not certified for node {node} by "
+        "sandlot's agent CA: refused"
+    )
+
+
 class Gateway:
     """``start()`` listens; ``shutdown()`` ends it and every open stream."""
 
@@ -155,7 +163,6 @@ class Gateway:
         port: int,
         server_tls: ssl.SSLContext,
         agent_tls: ssl.SSLContext,
-        agent_server_name: str,
         requestheader: Callable[[], RequestHeaderConfig],
         backends: Backends,
         sessions: Sessions,
@@ -167,7 +174,6 @@ class Gateway:
         self.requested_port = port
         self._server_tls = server_tls
         self._agent_tls = agent_tls
-        self.agent_server_name = agent_server_name
         self._requestheader = requestheader
         self._backends = backends
         self.sessions = sessions
@@ -304,10 +310,12 @@ class Gateway:
         host = f"[{ip}]" if ":" in ip else ip
         path, options = agent_request(asked)
         try:
-            return connect(
+            agent = connect(
                 f"wss://{host}:{port}{path}",
                 ssl=self._agent_tls,
-                server_hostname=self.agent_server_name,
+                # The sandbox's node, as the gateway resolved it: an agent certified
+                # for any other node fails the handshake before the request is sent.
+                server_hostname=agent_server_name(node),
                 additional_headers={
                     STREAM_OPTIONS_HEADER: options,
                     CALLER_HEADER: user,
@@ -321,9 +329,20 @@ class Gateway:
                 proxy=None,
                 legacy=True,  # one connection, closed by the relay; never reconnected
             )
+            # The handshake checked the name already; the pure rule says it again, so
+            # a context ever built without name checks still never relays to it.
+            names = peer_dns_names(agent.socket)
+            if certified_node(names) != node:
+                agent.close()
+                raise Refusal(502, _not_certified(node), f"{host}:{port}: names {names}")
+            return agent
+        except Refusal:
+            raise
         except InvalidStatus as e:  # the agent's own refusal: pass it on as it is
             body = e.response.body.decode(errors="replace").strip()
             raise Refusal(e.response.status_code, body or f"node {node}'s agent refused") from None
+        except ssl.SSLCertVerificationError as e:
+            raise Refusal(502, _not_certified(node), f"{host}:{port}: {e.verify_message}") from None
         except (OSError, TimeoutError, ssl.SSLError) as e:
             raise Refusal(
                 502, f"cannot reach the agent of node {node}", f"{host}:{port}: {e}"

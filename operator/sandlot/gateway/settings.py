@@ -44,20 +44,15 @@ class GatewaySettings(SettingsModel):
         max_length=4096,
         description="PEM file of the gateway's certificate: it serves the API server with it "
         "and presents it to the agents as a client (common name sandlot-gateway, issued by "
-        "the stream CA).",
+        "the gateway's own CA, the only client CA the agents trust).",
     )
     tls_key: str = Field(min_length=1, max_length=4096, description="PEM file of its key.")
     stream_ca: str = Field(
         min_length=1,
         max_length=4096,
-        description="PEM file of the stream CA, which issued the agents' serving certificates.",
-    )
-    agent_server_name: str = Field(
-        default="sandlot-agent",
-        min_length=1,
-        max_length=253,
-        description="Name every agent's serving certificate is issued for; the gateway "
-        "checks it on every connection.",
+        description="PEM file of sandlot's agent CA, the only CA the gateway trusts for "
+        "agents: each agent's serving certificate names its node, and the gateway checks it "
+        "names the node of the sandbox it dials (<node>.agent.sandlot.internal).",
     )
     agent_selector: str = Field(
         default="app.kubernetes.io/name=sandlot,app.kubernetes.io/component=agent",

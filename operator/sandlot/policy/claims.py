@@ -183,3 +183,15 @@ __all__ = [
     "decide_claim",
     "decide_claim_end",
 ]
+
+
+def hold_replacements(unbound: int, starved: int) -> bool:
+    """Whether a pool's reaction (its replacements, its status) waits for its claims.
+
+    Claims first: while claims of the pool are still unbound and every one of them
+    has a member to take, replacing the members they take would only compete with
+    their binds for the API server (a replacement costs it more writes than a
+    bind: the create, the schedule, the start). Once any claim finds no member,
+    the pool must grow now, so nothing waits.
+    """
+    return unbound > 0 and starved == 0

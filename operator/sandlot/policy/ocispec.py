@@ -138,6 +138,9 @@ READONLY_PATHS = (
 # its root filesystem carries it, bind-mounted read-only, so the sandbox cannot
 # change what the agent runs in it.
 FILES_TOOL = "/dev/.sandlot/files"
+# The executor (operator/executor) beside it, mounted the same way
+# (``runtimeclass.with_executor``).
+EXECUTOR = "/dev/.sandlot/exec"
 
 
 def _mounts(*, privileged: bool = False) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from sandlot.api.placement import Toleration
 from sandlot.api.reasons import SandboxReason
-from sandlot.policy.ocispec import FILES_TOOL
+from sandlot.policy.ocispec import EXECUTOR, FILES_TOOL
 from sandlot.policy.placement import Placement
 from sandlot.policy.quantity import memory_bytes, parse_quantity
 
@@ -206,6 +206,23 @@ def with_files_tool(
     return {**oci_spec, "mounts": [*oci_spec.get("mounts", []), mount]}
 
 
+def with_executor(
+    oci_spec: dict[str, Any], source: str | None, handler: RuntimeHandler | None
+) -> dict[str, Any]:
+    """The spec with the node's executor (``source``; None: none) mounted read-only at
+    ``ocispec.EXECUTOR``, for a handler with a host view as the files tool is. gVisor's
+    sandboxes have none: their commands go through the runtime's exec."""
+    if not source or (handler is not None and not host_view(handler.shim)):
+        return oci_spec
+    mount = {
+        "destination": EXECUTOR,
+        "type": "bind",
+        "source": source,
+        "options": ["bind", "ro", "nosuid", "nodev"],
+    }
+    return {**oci_spec, "mounts": [*oci_spec.get("mounts", []), mount]}
+
+
 def read_runtime_class(name: str, body: Mapping[str, Any] | None) -> RuntimeClassInfo:
     """The RuntimeClass ``name`` as read (``body``; None: it does not exist), or
     ``RuntimeClassRefused`` saying why a sandbox cannot run under it."""
@@ -285,5 +302,6 @@ __all__ = [
     "joined_placement",
     "read_runtime_class",
     "shim_binary",
+    "with_executor",
     "with_files_tool",
 ]

@@ -2,9 +2,10 @@
 
 A delete goes by digest (``DELETE /v2/<repo>/manifests/<digest>``), and a
 registry delete by digest removes every tag naming that manifest. Several things
-may name one digest: a suspended sandbox's state (its uid tag), a snapshot of it
-taken while it was suspended (``snapshot-<uid>``, a second tag of the very same
-manifest), a sandbox moved to another node that still has to pull it. So a
+may name one digest: a suspended sandbox's state (its uid tag), the same state
+pushed again, a sandbox moved to another node that still has to pull it (a
+snapshot's copy is sealed under its own key, so it shares a digest with nothing
+but itself; the rule does not depend on that). So a
 candidate (a restore's state, a deleted sandbox's, a deleted snapshot's pushed
 copy) is only a candidate: ``judge_deletion`` reads every reference the API
 holds (the live Sandboxes' ``status.suspendedState``, the SandboxSnapshots'
@@ -15,10 +16,9 @@ referrer's to delete when it goes; kept by a snapshot being taken, it is tried
 again later.
 
 A restore says itself that its sandbox no longer needs the state (the status
-write that clears ``suspendedState``). A deletion is only heard of: a watch
-filtered on ``spec.nodeName`` says DELETED too when the scheduler moves the
-sandbox to another node, and the moved Sandbox, still naming the digest, is
-then one of its references.
+write that clears ``suspendedState``). A deletion is heard of on the operator's
+watch of every Sandbox; whatever a watch says, a moved Sandbox still naming the
+digest is one of its references.
 
 A delete that fails for a reason that may pass is tried again later, backing off,
 a bounded number of times, in a bounded list: state left behind costs registry
@@ -48,9 +48,9 @@ MAX_PENDING = 256
 
 class Because(StrEnum):
     RESTORED = "restored"
-    """Its sandbox runs again: the restoring agent's status write cleared it."""
+    """Its sandbox runs again: the restore's status write cleared it."""
     DELETED = "deleted"
-    """Its sandbox's node heard of a deletion (or a move: then the Sandbox names it)."""
+    """Its sandbox was deleted (a move only looks so: then the Sandbox names it)."""
     SNAPSHOT_DELETED = "snapshot-deleted"
     """A SandboxSnapshot pushed there was deleted: its copy goes unless shared."""
 

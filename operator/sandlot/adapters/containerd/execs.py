@@ -310,6 +310,17 @@ class Execs:
         )
         return str(response.container.runtime.name)
 
+    def container_spec(self, container_id: str, *, timeout: float) -> dict[str, Any]:
+        """The container's OCI spec."""
+        response = self._conn.call(
+            self._conn.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=timeout,
+            what=f"Containers.Get {container_id}",
+        )
+        spec: dict[str, Any] = json.loads(response.container.spec.value or b"{}")
+        return spec
+
     def mounts_in(self, container_id: str, *, timeout: float) -> frozenset[str]:
         """The destinations of the container's mounts (its spec's)."""
         response = self._conn.call(

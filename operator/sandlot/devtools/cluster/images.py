@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandlot.devtools.controlplane import files_tool_path
+from sandlot.devtools.controlplane import executor_path, files_tool_path
 from sandlot.devtools.ociarchive import build_image_archive, build_layers_archive, directory_layer
 
 
@@ -68,6 +68,7 @@ RECIPE = ImageRecipe(
 # chart's agent.filesTool names it: inside the virtualenv's directory, so its layer
 # carries it.
 FILES_TOOL_IN_IMAGE = "/opt/sandlot/libexec/sandlot-files"
+EXECUTOR_IN_IMAGE = "/opt/sandlot/libexec/sandlot-exec"  # the same for operator/executor
 DEBIAN_MIRROR = os.environ.get("SANDLOT_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 PAUSE_IMAGE = "sandlot.local/pause:1"
 PAUSE_SOURCE = """\
@@ -310,6 +311,8 @@ chroot {merged} {RECIPE.venv}/bin/python -c "import sandlot.adapters.containerd.
 chroot {merged} {RECIPE.venv}/bin/sandlot --help >/dev/null
 install -D -m 0755 {files_tool_path()} {merged}{FILES_TOOL_IN_IMAGE}
 chroot {merged} {FILES_TOOL_IN_IMAGE} stat / >/dev/null
+install -D -m 0755 {executor_path()} {merged}{EXECUTOR_IN_IMAGE}
+chroot {merged} {EXECUTOR_IN_IMAGE} 5 </dev/null >/dev/null
 """
     _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
          "virtualenv layer", 900)  # fmt: skip

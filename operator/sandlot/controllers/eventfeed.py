@@ -1,12 +1,13 @@
-"""Carries the sandbox informer's events from its thread to the event loop.
+"""Carries an informer's events from its thread to the event loop.
 
-The informer (``adapters.informer.SandboxInformer``) reads the one watch of every
-Sandbox on a thread; the cache and its listeners live on the event loop. Events
-cross in batches: the first event of a burst schedules one loop callback, which
-takes every event queued by then, so a marking pass's thousand MODIFIED events
-cost the loop a few callbacks, not a thousand. The queue is bounded: at start-up
-the informer lists faster than the loop takes records, and its thread waits
-rather than holding tens of thousands of parsed bodies (the start-up peak RSS).
+An informer (``adapters.informer``: every Sandbox, every SandboxClaim) reads its one
+watch on a thread; the cache it feeds and its listeners live on the event loop.
+Events cross in batches: the first event of a burst schedules one loop callback,
+which takes every event queued by then, so a marking pass's thousand MODIFIED
+events, or a burst of a thousand claims, cost the loop a few callbacks, not a
+thousand. The queue is bounded: at start-up the informer lists faster than the
+loop takes records, and its thread waits rather than holding tens of thousands of
+parsed bodies (the start-up peak RSS).
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-from sandlot.controllers.sandboxes import SandboxCache
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -30,18 +29,29 @@ WAIT_SLICE = 1.0  # seconds between checks that the feed is still open, when ful
 LISTED = "LISTED"
 
 
-class SandboxFeed:
+class FeedSink(Protocol):
+    """What a feed delivers to, on the loop: the sandbox cache, the claim controller."""
+
+    def on_event(self, event_type: str, body: Mapping[str, Any]) -> None: ...
+
+    def retain(self, keys: set[str]) -> None:
+        """A complete list held exactly ``keys`` ("namespace/name")."""
+
+
+class EventFeed:
     def __init__(
         self,
-        cache: SandboxCache,
+        cache: FeedSink,
         loop: asyncio.AbstractEventLoop,
         listeners: Sequence[RawListener] = (),
         *,
+        name: str = "sandbox",
         max_queued: int = MAX_QUEUED,
     ) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self.cache = cache
+        self.name = name
         self.loop = loop
         self.listeners = list(listeners)
         self.max_queued = max_queued
@@ -98,4 +108,4 @@ class SandboxFeed:
                 for listener in self.listeners:
                     listener(event_type, payload)
             except Exception:
-                log.exception("sandbox event %s not taken", event_type)
+                log.exception("%s event %s not taken", self.name, event_type)

@@ -7,9 +7,9 @@ import asyncio
 import threading
 from typing import Any
 
-from sandlot.controllers import sandboxfeed
+from sandlot.controllers import eventfeed
+from sandlot.controllers.eventfeed import EventFeed
 from sandlot.controllers.sandboxes import SandboxCache
-from sandlot.controllers.sandboxfeed import SandboxFeed
 
 JOIN = 10.0  # seconds a thread of the test may take to end
 
@@ -28,7 +28,7 @@ def body(name: str, version: str = "1", phase: str = "Running") -> dict[str, Any
     }
 
 
-class CountingFeed(SandboxFeed):
+class CountingFeed(EventFeed):
     drains = 0
 
     def _drain(self) -> None:
@@ -36,7 +36,7 @@ class CountingFeed(SandboxFeed):
         super()._drain()
 
 
-async def settle(feed: SandboxFeed) -> None:
+async def settle(feed: EventFeed) -> None:
     """Let the loop run until the feed has nothing queued or scheduled (bounded)."""
     for _ in range(10_000):
         if not feed._queued and not feed._scheduled:
@@ -66,10 +66,10 @@ def test_a_burst_reaches_the_cache_in_order_in_a_few_loop_callbacks() -> None:
     assert len(cache) == 600
     assert {r.resource_version for r in cache} == {"2"}, "an older event overtook a newer one"
     assert seen == ["ADDED", "MODIFIED"] * 600
-    assert 1 <= feed.drains <= 1200 // sandboxfeed.BATCH + 3, f"{feed.drains} loop callbacks"
+    assert 1 <= feed.drains <= 1200 // eventfeed.BATCH + 3, f"{feed.drains} loop callbacks"
 
 
-def put_all(feed: SandboxFeed, prefix: str, n: int) -> threading.Thread:
+def put_all(feed: EventFeed, prefix: str, n: int) -> threading.Thread:
     """An informer's thread putting ``n`` events."""
 
     def put() -> None:
@@ -92,7 +92,7 @@ async def settle_until(done: Any, what: str) -> None:
 def test_the_informer_waits_while_the_loop_is_behind_then_goes_on() -> None:
     async def main() -> tuple[bool, int, int]:
         cache = SandboxCache()
-        feed = SandboxFeed(cache, asyncio.get_running_loop(), max_queued=4)
+        feed = EventFeed(cache, asyncio.get_running_loop(), max_queued=4)
         thread = put_all(feed, "sb", 10)
         thread.join(0.5)  # the loop is not running meanwhile: nothing drains
         held_back, queued = thread.is_alive(), len(feed._queued)
@@ -108,7 +108,7 @@ def test_the_informer_waits_while_the_loop_is_behind_then_goes_on() -> None:
 def test_close_releases_an_informer_waiting_for_room_and_drops_the_rest() -> None:
     async def main() -> tuple[bool, int]:
         cache = SandboxCache()
-        feed = SandboxFeed(cache, asyncio.get_running_loop(), max_queued=2)
+        feed = EventFeed(cache, asyncio.get_running_loop(), max_queued=2)
         thread = put_all(feed, "sb", 10)
         thread.join(0.5)  # the loop is not running meanwhile: nothing drains
         assert thread.is_alive(), "the informer was not held back"
@@ -125,7 +125,7 @@ def test_close_releases_an_informer_waiting_for_room_and_drops_the_rest() -> Non
 def test_a_complete_list_drops_what_it_did_not_hold_but_not_an_answer_in_flight() -> None:
     async def main() -> SandboxCache:
         cache = SandboxCache()
-        feed = SandboxFeed(cache, asyncio.get_running_loop())
+        feed = EventFeed(cache, asyncio.get_running_loop())
         for name in ("a", "b", "c"):
             feed.on_event("SYNC", body(name))
         await settle(feed)
@@ -145,7 +145,7 @@ def test_the_cache_is_synced_only_once_its_first_list_is_taken_in_whole() -> Non
     async def main() -> tuple[SandboxCache, list[bool]]:
         cache = SandboxCache()
         cache.on_synced.append(lambda: seen_then.append(len(cache)))
-        feed = SandboxFeed(cache, asyncio.get_running_loop(), max_queued=4)
+        feed = EventFeed(cache, asyncio.get_running_loop(), max_queued=4)
         synced_midway = []
         for name in ("a", "b", "c"):
             feed.on_event("SYNC", body(name))

@@ -1,0 +1,3 @@
+module sandlot.dev/executor
+
+go 1.21
