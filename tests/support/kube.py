@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +19,7 @@ from kubernetes import client
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane, kubectl_path
+from tests.support.wait import wait_for
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -148,9 +148,9 @@ def agent_sandbox_crds(api: client.ApiClient, *, timeout: float = 60.0) -> Itera
             except client.ApiException as e:
                 if e.status != 404:
                     raise
-        deadline = time.monotonic() + timeout
         left = set(names)
-        while left:
+
+        def gone() -> bool:
             for name in sorted(left):
                 try:
                     ext.read_custom_resource_definition(name)
@@ -158,8 +158,9 @@ def agent_sandbox_crds(api: client.ApiClient, *, timeout: float = 60.0) -> Itera
                     if e.status != 404:
                         raise
                     left.discard(name)
-            assert not left or time.monotonic() < deadline, (
-                f"agent-sandbox's CRDs still there {timeout:.0f}s after their delete: {sorted(left)}"
-            )
-            if left:
-                time.sleep(0.2)
+            assert not left, f"still there: {sorted(left)}"
+            return True
+
+        wait_for(
+            gone, timeout=timeout, what="agent-sandbox's CRDs gone after their delete", interval=0.2
+        )

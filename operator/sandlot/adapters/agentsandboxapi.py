@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import Objects
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact
 from sandlot.api.agentsandbox import (
     AGENT_SANDBOX_VERSION,
     AGENTS_GROUP,
@@ -45,28 +45,22 @@ class AgentSandboxApi:
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
         group, version, plural = kind
-        try:
-            return dict(
-                self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return answer_unless(
+            lambda: self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name
+            ),
+            404,
+        )
 
     def create(self, kind: Kind, namespace: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """The created object; None when the name is taken."""
         group, version, plural = kind
-        try:
-            return dict(
-                self.custom.create_namespaced_custom_object(
-                    group, version, namespace, plural, dict(body)
-                )
-            )
-        except ApiException as e:
-            if e.status == 409:
-                return None
-            raise
+        return answer_unless(
+            lambda: self.custom.create_namespaced_custom_object(
+                group, version, namespace, plural, dict(body)
+            ),
+            409,
+        )
 
     def replace_fields(
         self, kind: Kind, namespace: str, name: str, uid: str, fields: Mapping[str, Any]
@@ -76,51 +70,35 @@ class AgentSandboxApi:
         group, version, plural = kind
         ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": uid}]
         ops += [{"op": "add", "path": path, "value": value} for path, value in fields.items()]
-        try:
-            return dict(
-                self.custom.patch_namespaced_custom_object(
-                    group,
-                    version,
-                    namespace,
-                    plural,
-                    name,
-                    ops,
-                    _content_type="application/json-patch+json",
-                )
-            )
-        except ApiException as e:
-            if e.status in (404, 409, 422):
-                return None
-            raise
+        return answer_unless(
+            lambda: self.custom.patch_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                ops,
+                _content_type="application/json-patch+json",
+            ),
+            404,
+            409,
+            422,
+        )
 
     def patch_status(
         self, kind: Kind, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
         group, version, plural = kind
-        try:
-            return dict(
-                self.custom.patch_namespaced_custom_object_status(
-                    group, version, namespace, plural, name, {"status": dict(status)}
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return answer_unless(
+            lambda: self.custom.patch_namespaced_custom_object_status(
+                group, version, namespace, plural, name, {"status": dict(status)}
+            ),
+            404,
+        )
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         """Delete it if it is still ``uid``; False when gone or another object."""
-        group, version, plural = kind
-        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid))
-        try:
-            self.custom.delete_namespaced_custom_object(
-                group, version, namespace, plural, name, body=body
-            )
-            return True
-        except ApiException as e:
-            if e.status in (404, 409):
-                return False
-            raise
+        return delete_exact(self.custom, kind, namespace, name, uid)
 
 
 def claim_env_of(api: Any, namespace: str, sandbox: str, timeout: float) -> dict[str, str]:

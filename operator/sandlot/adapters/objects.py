@@ -10,7 +10,7 @@ retried with the new version.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,6 +24,53 @@ from sandlot.api.common import GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION
 from sandlot.api.timestamps import parse_time
 
 log = logging.getLogger(__name__)
+
+
+def answer_unless(call: Callable[[], Any], *statuses: int) -> dict[str, Any] | None:
+    """The API's answer to ``call`` as a dict, or None when it answered one of
+    ``statuses`` (404: gone; 409: changed meanwhile), as controller-runtime's
+    ``client.IgnoreNotFound`` does; any other error is raised."""
+    try:
+        return dict(call())
+    except ApiException as e:
+        if e.status in statuses:
+            return None
+        raise
+
+
+def done_unless(call: Callable[[], object], *statuses: int) -> bool:
+    """Whether ``call`` was done: False when the API answered one of ``statuses``
+    (a delete of an object gone, or another object of that name now)."""
+    try:
+        call()
+    except ApiException as e:
+        if e.status in statuses:
+            return False
+        raise
+    return True
+
+
+def delete_exact(
+    custom: Any,
+    kind: tuple[str, str, str],
+    namespace: str,
+    name: str,
+    uid: str,
+    resource_version: str | None = None,
+) -> bool:
+    """Delete this very object of ``kind`` (group, version, plural): only while it is
+    ``uid`` and, given ``resource_version``, as it was then; False when it is already
+    gone or is not that object any more (404, 409)."""
+    group, version, plural = kind
+    preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
+    body = client.V1DeleteOptions(preconditions=preconditions)
+    return done_unless(
+        lambda: custom.delete_namespaced_custom_object(
+            group, version, namespace, plural, name, body=body
+        ),
+        404,
+        409,
+    )
 
 
 class Objects:

@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
-from sandlot.adapters.objects import Objects
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact
 from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION, key_of
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,9 @@ def write_sandbox_status(
     resource_version: str,
 ) -> dict[str, Any] | None:
     """Status with a precondition; None when it changed meanwhile or is gone."""
-    try:
-        return objects.patch_sandbox_status(namespace, name, status, resource_version)
-    except ApiException as e:
-        if e.status in (404, 409):
-            return None
-        raise
+    return answer_unless(
+        lambda: objects.patch_sandbox_status(namespace, name, status, resource_version), 404, 409
+    )
 
 
 def create_sandbox(objects: Objects, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -98,48 +95,27 @@ def delete_sandbox(
 ) -> bool:
     """Delete this very sandbox (uid precondition) and, given ``resource_version``,
     only as it was then; False when it is already gone or changed since (409)."""
-    preconditions = client.V1Preconditions(uid=uid, resource_version=resource_version)
-    try:
-        objects.custom.delete_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            SANDBOXES,
-            name,
-            body=client.V1DeleteOptions(preconditions=preconditions),
-        )
-        return True
-    except ApiException as e:
-        if e.status in (404, 409):  # gone, or a different object of that name now
-            return False
-        raise
+    kind = (GROUP, VERSION, SANDBOXES)
+    return delete_exact(objects.custom, kind, namespace, name, uid, resource_version)
 
 
 def read_pool(objects: Objects, namespace: str, name: str) -> dict[str, Any] | None:
     """The SandboxPool, or None when there is none of that name."""
-    try:
-        return dict(
-            objects.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOLS, name)
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+    return answer_unless(
+        lambda: objects.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, POOLS, name),
+        404,
+    )
 
 
 def patch_pool_status(
     objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    try:
-        return dict(
-            objects.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, POOLS, name, {"status": dict(status)}
-            )
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+    return answer_unless(
+        lambda: objects.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, POOLS, name, {"status": dict(status)}
+        ),
+        404,
+    )
 
 
 def take_sandbox(
@@ -152,50 +128,29 @@ def take_sandbox(
     """Merge ``metadata`` (labels, ownerReferences) into the sandbox if it is still at
     ``resource_version``; None when it changed meanwhile or is gone."""
     patch = {"metadata": {**metadata, "resourceVersion": resource_version}}
-    try:
-        return dict(
-            objects.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, SANDBOXES, name, patch
-            )
-        )
-    except ApiException as e:
-        if e.status in (404, 409):
-            return None
-        raise
+    return answer_unless(
+        lambda: objects.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, SANDBOXES, name, patch
+        ),
+        404,
+        409,
+    )
 
 
 def patch_claim_status(
     objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
 ) -> dict[str, Any] | None:
-    try:
-        return dict(
-            objects.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, CLAIMS, name, {"status": dict(status)}
-            )
-        )
-    except ApiException as e:
-        if e.status == 404:
-            return None
-        raise
+    return answer_unless(
+        lambda: objects.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, CLAIMS, name, {"status": dict(status)}
+        ),
+        404,
+    )
 
 
 def delete_claim(objects: Objects, namespace: str, name: str, uid: str) -> bool:
     """Delete this very claim (uid precondition); False when it is already gone."""
-    preconditions = client.V1Preconditions(uid=uid)
-    try:
-        objects.custom.delete_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            namespace,
-            CLAIMS,
-            name,
-            body=client.V1DeleteOptions(preconditions=preconditions),
-        )
-        return True
-    except ApiException as e:
-        if e.status in (404, 409):
-            return False
-        raise
+    return delete_exact(objects.custom, (GROUP, VERSION, CLAIMS), namespace, name, uid)
 
 
 def listed_keys(objects: Objects, plural: str) -> set[str]:

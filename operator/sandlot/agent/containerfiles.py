@@ -98,16 +98,7 @@ class ContainerRoot:
         )
         process = self._start(["sh", "-c", WRITE_SCRIPT, "sh", temp, target], stdin=True)
         try:
-            written = 0
-            assert process.stdin is not None, "started with stdin"
-            for chunk in chunks:
-                written += len(chunk)
-                if written > limit:
-                    raise FileRefused(413, f"{path}: more than the {limit}-byte cap")
-                self._send(process.stdin, chunk, path)
-            self.execs.close_stdin(process, timeout=self.call_timeout)
-            for _ in self._stdout(process):
-                pass
+            written = self._feed(process, chunks, path, limit)
             self._finish(process, path)
             return written
         finally:
@@ -171,6 +162,21 @@ class ContainerRoot:
             if _missing_tool(str(e)):
                 raise MissingTool(argv[0]) from None
             raise FileRefused(503, f"cannot reach the sandbox's files: {e}") from None
+
+    def _feed(self, process: ExecProcess, chunks: Iterator[bytes], path: str, limit: int) -> int:
+        """Send ``chunks`` to ``process``'s stdin, refused once past ``limit`` bytes,
+        then end its stdin and read its output to its end; the bytes sent."""
+        written = 0
+        assert process.stdin is not None, "started with stdin"
+        for chunk in chunks:
+            written += len(chunk)
+            if written > limit:
+                raise FileRefused(413, f"{path}: more than the {limit}-byte cap")
+            self._send(process.stdin, chunk, path)
+        self.execs.close_stdin(process, timeout=self.call_timeout)
+        for _ in self._stdout(process):
+            pass
+        return written
 
     def _capped(self, process: ExecProcess, path: str, limit: int) -> Iterator[bytes]:
         """The file ``process`` prints, refused once past ``limit`` bytes; the process

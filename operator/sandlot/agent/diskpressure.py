@@ -23,12 +23,9 @@ from typing import Any
 
 from sandlot.adapters.diskuse import disk_use
 from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
-from sandlot.adapters.statuswrite import WriteOutcome
 from sandlot.agent.ephemeralstorage import EphemeralStorage
-from sandlot.api.common import split_key
-from sandlot.api.keys import SANDBOX_LABEL, SANDBOX_UID_LABEL
+from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
-from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
 from sandlot.policy.diskpressure import (
     Candidate,
@@ -194,24 +191,10 @@ class DiskPressure:
 
     def _evict(self, key: str, container: ContainerInfo, message: str) -> None:
         storage = self.storage
-        try:
-            obj = storage.objects.get_sandbox(*split_key(key))
-        except Exception as exc:
-            log.warning("sandbox %s: cannot read it to evict it: %s", key, exc)
+        if not storage.end_for_disk(
+            key, container, SandboxReason.EVICTED, message, ("evict", "evicting")
+        ):
             return
-        if obj["metadata"].get("uid") != container.labels.get(SANDBOX_UID_LABEL):
-            return  # another sandbox of that name now: its container is an orphan
-        log.warning("sandbox %s: evicting container %s: %s", key, container.id, message)
-        outcome = storage.status.end(
-            obj,
-            SandboxPhase.FAILED,
-            SandboxReason.EVICTED,
-            message,
-            allowed_from=frozenset({SandboxPhase.RUNNING}),
-        )
-        if outcome is not WriteOutcome.WRITTEN:
-            return
-        storage.work.teardown(container)
         try:
             # its snapshot's files go only when containerd collects
             storage.rt.collect_garbage(timeout=storage.call_timeout)

@@ -163,24 +163,41 @@ class EphemeralStorage:
         return trees
 
     def _stop(self, key: str, container: ContainerInfo, message: str) -> None:
+        reason = SandboxReason.EPHEMERAL_STORAGE_EXCEEDED
+        if self.end_for_disk(key, container, reason, message, ("stop", "stopping")):
+            self.metrics.storage_exceeded.inc()
+
+    def end_for_disk(
+        self,
+        key: str,
+        container: ContainerInfo,
+        reason: SandboxReason,
+        message: str,
+        verbs: tuple[str, str],
+    ) -> bool:
+        """End ``key``'s sandbox Failed for ``reason`` and tear ``container`` down, read
+        again first: only while it is still the container's sandbox and Running.
+        Whether it ended; ``verbs`` name the act in the log (``stop``, ``stopping``)."""
+        verb, doing = verbs
         try:
             obj = self.objects.get_sandbox(*split_key(key))
         except Exception as exc:
-            log.warning("sandbox %s: cannot read it to stop it: %s", key, exc)
-            return  # deleted: the sync stops it; unreadable: the next pass tries again
+            log.warning("sandbox %s: cannot read it to %s it: %s", key, verb, exc)
+            return False  # deleted: the sync stops it; unreadable: the next pass tries again
         if obj["metadata"].get("uid") != container.labels.get(SANDBOX_UID_LABEL):
-            return  # another sandbox of that name now: its container is an orphan
-        log.warning("sandbox %s: stopping container %s: %s", key, container.id, message)
+            return False  # another sandbox of that name now: its container is an orphan
+        log.warning("sandbox %s: %s container %s: %s", key, doing, container.id, message)
         outcome = self.status.end(
             obj,
             SandboxPhase.FAILED,
-            SandboxReason.EPHEMERAL_STORAGE_EXCEEDED,
+            reason,
             message,
             allowed_from=frozenset({SandboxPhase.RUNNING}),
         )
-        if outcome is WriteOutcome.WRITTEN:
-            self.metrics.storage_exceeded.inc()
-            self.work.teardown(container)
+        if outcome is not WriteOutcome.WRITTEN:
+            return False
+        self.work.teardown(container)
+        return True
 
 
 __all__ = ["EphemeralStorage"]

@@ -16,15 +16,14 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandlot.adapters.nodeguard import cgroup_v2
 from sandlot.adapters.objects import Objects, post_event
 from sandlot.adapters.runtime import Runtime, RuntimeError_, TaskState
-from sandlot.agent.idlewake import IdleSuspends
 from sandlot.agent.metrics import AgentMetrics
-from sandlot.agent.settings import AgentSettings
 from sandlot.agent.status import StatusWriter
+from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.common import GROUP, VERSION, Condition, key_of
 from sandlot.api.reasons import EventReason
@@ -46,10 +45,6 @@ from sandlot.policy.idle import (
 from sandlot.policy.ocispec import cgroups_path_for
 from sandlot.policy.operatingmode import FROZEN, idle_paused, wanted_mode
 
-if TYPE_CHECKING:
-    from sandlot.agent.streams import StreamServer
-    from sandlot.agent.sync import SandboxSync
-
 log = logging.getLogger(__name__)
 
 RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
@@ -69,8 +64,9 @@ def cpu_used_ns(cgroup_root: str, cgroup_parent: str, container_id: str) -> int 
 
 
 class IdlePauses:
-    """Pauses this node's idle sandboxes and wakes them on use. ``sessions`` counts
-    a sandbox's open streams (the stream server's, handed over once it runs)."""
+    """Pauses this node's idle sandboxes and wakes them on use. ``uses`` is where it
+    meets the stream server and the sync: the streams open into a sandbox hold off
+    its pause, and a freeze and a thaw for use take one lock."""
 
     def __init__(
         self,
@@ -88,6 +84,7 @@ class IdlePauses:
         call_timeout: float,
         slots: SandboxPools,
         sandbox_of: Callable[[str], Mapping[str, Any] | None] = lambda _key: None,
+        uses: SandboxUses | None = None,
     ) -> None:
         self.node = node
         self.slots = slots  # each sandbox's one work slot: a freeze holds it (policy.lifecycle)
@@ -101,31 +98,14 @@ class IdlePauses:
         self.cgroup_parent = cgroup_parent
         self.call_timeout = call_timeout
         self.rt = rt
-        self.sessions: Callable[[str], int] = lambda _key: 0
+        uses = uses if uses is not None else SandboxUses(sandbox_of)
+        self.sessions = uses.sessions
         self._tracks: dict[str, IdleTrack] = {}
         # Idle-paused while unclaimed pool members: a claim binding one resumes it.
         # Memory only: after a restart, one seen with its pool's label again counts.
         self._unclaimed: set[str] = set()
-        self._lock = threading.Lock()
-        self.suspends = IdleSuspends(sandbox_of)  # idleAction Suspend: due, and woken
-
-    def serve(
-        self,
-        streams: StreamServer,
-        sync: SandboxSync,
-        wake_sync: Callable[[], None],
-        settings: AgentSettings,
-    ) -> None:
-        """Wire the stream server in: its sessions hold off pauses (idle ones here,
-        the spec's in the sync), it thaws through ``wake``, and the end of a stream
-        wakes the sync (a spec's pause held for it is due)."""
-        self.sessions, streams.wake = streams.sessions, self.wake
-        sync.in_use, streams.ended = streams.in_use, wake_sync
-        sync.modes.in_use, sync.modes.thaws = streams.in_use, self._lock
-        streams.paused_resume = settings.paused_streams == "Resume"
-        self.suspends.wake_sync = wake_sync
-        streams.restore, sync.idle_flags = self.suspends.wake_for_use, self.suspends.flags
-        sync.suspensions.idle, sync.suspensions.streams = self, streams
+        self._lock = uses.thaws
+        self.suspends = uses.suspends  # idleAction Suspend: due, and woken
 
     def pass_once(self) -> None:
         """Sample each sandbox with an idle timeout; pause those quiet for it."""

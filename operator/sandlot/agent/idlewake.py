@@ -9,8 +9,8 @@ exec, files call or port-forward waits here while the sync restores it, then is
 served by its new container; a claim of a pool member wakes it without waiting.
 
 A use arriving while a suspension is due cancels it, and a suspension begins
-only with no use waiting; whether a stream is open is the stream server's to
-answer, with its admissions, under its one lock (``policy.streamslots``), so a
+only with no use waiting; whether a stream is open is the stream slots' to
+answer, with their admissions, under one lock (``agent.uses``), so a
 stream is never cut by a suspension it raced with and a write never lands beside
 its commit. A use waits within its admission's bound and not past its
 connection's end.

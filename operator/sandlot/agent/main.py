@@ -60,15 +60,14 @@ from sandlot.adapters.nodelock import NodeLock
 from sandlot.adapters.objects import Leases, Objects
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import cache_prunes, node_sandboxes, node_snapshots, own_node
+from sandlot.adapters.startorder import StartedParts, ThreadPart
 from sandlot.agent.bringup import (
     connect_containerd,
     limit_sandbox_parent,
     readopt_survivors,
     registration,
-    restored_exhausted_until,
     sweep_with_retry,
 )
-from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.diskpressure import PRESSURE_TICK
 from sandlot.agent.health import serve_agent_health
 from sandlot.agent.heartbeat import Heartbeat
@@ -79,16 +78,16 @@ from sandlot.agent.parts import AgentParts, AgentWiring, build_agent_parts
 from sandlot.agent.readiness import PROBE_TICK, readiness_prober
 from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
-from sandlot.agent.snapshots import SNAPSHOT_TICK, Snapshots
+from sandlot.agent.snapshots import SNAPSHOT_TICK
 from sandlot.agent.status import StatusWriter
-from sandlot.agent.streams import StreamServer, start_streams
+from sandlot.agent.streams import StreamServer
 from sandlot.agent.sweep import SweepReport
 from sandlot.agent.sync import unschedulable
+from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.agentsync import mode_asked
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
-from sandlot.policy.suspension import live_uids
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +108,8 @@ def detect_address() -> str:
 
 
 class Agent:
-    """One node's agent. ``start()`` runs the ordered start-up; ``shutdown()`` ends the loops.
+    """One node's agent. ``start()`` starts its parts in their order (``in_order``);
+    ``shutdown()`` stops the started ones in reverse.
 
     Sandboxes keep running when the agent stops: the next agent re-adopts them.
     """
@@ -137,10 +137,8 @@ class Agent:
         self.address = settings.node_address or detect_address()
         self.call_timeout = settings.call_timeout.total_seconds()
 
-        self.runtime: Runtime | None = None
         # Built once containerd answers (``parts``): whatever works on containerd.
         self._parts: AgentParts | None = None
-        self.collector: ImageCollector | None = None
         self.containerd_version = ""
         self.heartbeat = Heartbeat(
             self.objects,
@@ -156,7 +154,6 @@ class Agent:
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._metrics_server: Any = None
-        self.streams: StreamServer | None = None
         self.node_lock = NodeLock(settings.state_dir, self.node)
         # What the sync and the CachePrune handling read instead of listing: started
         # once the node is READY, each wakes its loop on a change that matters.
@@ -169,10 +166,11 @@ class Agent:
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
         self.snapshot_watch = node_snapshots(api, self.node, **watched)
-        self._wire(settings)
-
-    def _wire(self, settings: AgentSettings) -> None:
-        """The parts that need no containerd, each handed only what it uses."""
+        # Where the stream server, the idle loop and the sync meet: built before them.
+        self.uses = SandboxUses(
+            self.sandbox_watch.get, self._sync_wake.set, max_sessions=settings.stream_max_sessions
+        )
+        # The parts that need no containerd, each handed only what it uses.
         self.loops = Loops(self._stop)
         self.pool = SandboxPools(
             settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
@@ -180,12 +178,34 @@ class Agent:
         self.status = StatusWriter(
             self.objects, self.node, self._clock, observe=self.sandbox_watch.observe
         )
-        self.cache = CacheUpkeep(
-            self.objects, self.node, self.prune_watch, lambda: self.collector, self._clock
-        )
         self.prober = readiness_prober(
             settings, self.sandbox_watch, self.status, self.metrics, self._stop, self.pool.busy
         )
+        self._started = StartedParts()
+        self._began = 0.0
+
+    def in_order(self) -> list[ThreadPart]:
+        """The start-up (SPEC section 4), one part a step: each starts after those
+        above it and stops after those below it (``docs/architecture.md``)."""
+        return [
+            ThreadPart("health", self._serve_health, self._stop_health),
+            # One agent per node, before containerd is touched: a second one's sweep
+            # would tear down what the first is starting. Not ready meanwhile.
+            ThreadPart("node-lock", self.take_node_lock, self.node_lock.release),
+            ThreadPart("containerd", self.connect, self._close_parts),
+            ThreadPart("streams", self._start_streams, self._stop_streams),
+            # Before any sandbox starts: the sum of them never takes the node's own share.
+            ThreadPart("parent-cgroup", self._limit_parent),
+            # Orphan sweep and re-adopt: before the node says it is alive.
+            ThreadPart("sweep", self._sweep),
+            ThreadPart("output", self._take_output_back, self._stop_output),
+            # The work pools and the prober stop once the loops that feed them did,
+            # and before the output and the runtime their work uses.
+            ThreadPart("pools", stop=self._stop_pools),
+            ThreadPart("heartbeat", self._start_heartbeat, self.heartbeat.stop),
+            ThreadPart("watches", self._start_watches, self._stop_watches),
+            ThreadPart("loops", self._start_loops, self._stop_loops),
+        ]
 
     @property
     def parts(self) -> AgentParts:
@@ -194,26 +214,40 @@ class Agent:
             raise RuntimeError("not connected to containerd")
         return self._parts
 
-    def _build_parts(self, runtime: Runtime) -> AgentParts:
-        wiring = AgentWiring(
+    @property
+    def runtime(self) -> Runtime | None:
+        return self._parts.runtime if self._parts is not None else None
+
+    @property
+    def collector(self) -> ImageCollector | None:
+        return self._parts.collector if self._parts is not None else None
+
+    @property
+    def streams(self) -> StreamServer | None:
+        return self._parts.streams if self._parts is not None else None
+
+    def _wiring(self) -> AgentWiring:
+        return AgentWiring(
             settings=self.settings,
             objects=self.objects,
             status=self.status,
             metrics=self.metrics,
+            gc_metrics=self.gc_metrics,
             registry=self.registry,
             pool=self.pool,
             sandbox_watch=self.sandbox_watch,
             node_watch=self.node_watch,
+            prune_watch=self.prune_watch,
+            snapshot_watch=self.snapshot_watch,
+            uses=self.uses,
             address=self.address,
-            touch_image=self._touch_image,
             clock=self._clock,
             stop=self._stop,
             sync_wake=self._sync_wake,
+            disk_usage=self._disk_usage,
             disk_usages=self._disk_usages,
-            collect_images=self.cache.gc_once,
             containerd_version=self.containerd_version,
         )
-        return build_agent_parts(wiring, runtime)
 
     def _disk_usages(self) -> list[DiskUsage]:
         """containerd's root's filesystem, and the logs' where they are kept."""
@@ -237,16 +271,40 @@ class Agent:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def connect(self) -> bool:
-        """Connect to containerd, retrying with a capped backoff until it answers or stop."""
-        connected = connect_containerd(
-            self._runtime_factory, self.settings, self.metrics, self._stop
-        )
-        if connected is None:
-            return False
-        self.runtime, self.containerd_version = connected
-        self._parts = self._build_parts(self.runtime)
-        return True
+    def start(self) -> bool:
+        """The ordered start-up; True once the node is READY and the loops run."""
+        self._began = time.monotonic()
+        return self._started.start(self.in_order())
+
+    def run_forever(self) -> int:
+        try:
+            if not self.start():
+                return 0 if self.stopping else 1  # asked to stop during start-up: clean
+            self._stop.wait()
+            return 0
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """End the loops (sandboxes keep running), then every started part in reverse.
+        Bounded: every call in flight is."""
+        self._stop.set()
+        self._sync_wake.set()
+        self._prune_wake.set()
+        self._started.close()
+
+    # ------------------------------------------------------------ the parts' steps
+
+    def _serve_health(self) -> None:
+        if self.settings.metrics_port:
+            self._metrics_server = serve_agent_health(
+                self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
+            )
+
+    def _stop_health(self) -> None:
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
 
     def take_node_lock(self) -> bool:
         """Wait, saying why, until no other agent of this node runs; False on stop."""
@@ -272,25 +330,45 @@ class Agent:
             log.info("node lock %s taken: the other agent exited", self.node_lock.path)
         return True
 
-    def start(self) -> bool:
-        """The ordered start-up; True once the node is READY and the loops run."""
-        began = time.monotonic()
-        if self.settings.metrics_port:
-            self._metrics_server = serve_agent_health(
-                self.settings.metrics_port, self.registry, self.ready, lambda: self.runtime
-            )
-        # One agent per node, before containerd is touched: a second one's sweep
-        # would tear down what the first is starting. Not ready meanwhile.
-        if not self.take_node_lock():
-            return False
-        self.streams = start_streams(
-            self.settings, self.sandbox_watch, self._stop, self.metrics, self.objects.api
+    def connect(self) -> bool:
+        """Connect to containerd, retrying with a capped backoff until it answers or
+        stop; then build the parts over it."""
+        connected = connect_containerd(
+            self._runtime_factory, self.settings, self.metrics, self._stop
         )
-        if not self.connect():
+        if connected is None:
             return False
-        # Before any sandbox starts: the sum of them never takes the node's own share.
+        runtime, self.containerd_version = connected
+        try:
+            self._parts = build_agent_parts(self._wiring(), runtime)
+        except BaseException:
+            runtime.close()
+            raise
+        return True
+
+    def _close_parts(self) -> None:
+        self.parts.close()
+
+    def _stop_pools(self) -> None:
+        self.pool.shutdown()
+        self.prober.shutdown()
+
+    def _start_streams(self) -> None:
+        if self.streams is not None:
+            try:
+                self.streams.start()
+            except BaseException:
+                self.streams.shutdown()
+                raise
+
+    def _stop_streams(self) -> None:
+        if self.streams is not None:
+            self.streams.shutdown()
+
+    def _limit_parent(self) -> None:
         self.parent_limits = limit_sandbox_parent(self.settings)
-        # Orphan sweep and re-adopt: before the node says it is alive.
+
+    def _sweep(self) -> bool:
         parts = self.parts
         report = sweep_with_retry(
             parts.runtime,
@@ -306,66 +384,59 @@ class Agent:
         readopt_survivors(
             parts.runtime, report, self.metrics, self.call_timeout, parts.work.end_lost
         )
-        self._take_output_back(parts)
+        return True
 
-        # Heartbeat: the SandboxNode and the Lease.
-        self._register_node(parts)
+    def _take_output_back(self) -> None:
+        """Read the survivors' output again (their writes wait in full pipes meanwhile),
+        before the node says it is alive; a failure is retried by the log pass."""
+        logs = self.parts.logs
+        if logs.writer is None:
+            return
+        logs.writer.start()
+        try:
+            logs.pass_once()
+        except Exception as exc:
+            log.warning("cannot take the sandboxes' output back yet: %s", exc)
+
+    def _stop_output(self) -> None:
+        writer = self.parts.logs.writer
+        if writer is not None:  # the tasks' output waits in their pipes
+            writer.stop()
+
+    def _start_heartbeat(self) -> None:
+        """The SandboxNode and the Lease: from here the operator counts the node Ready."""
+        self._register_node(self.parts)
         self.heartbeat.start()
-        self.startup_seconds = time.monotonic() - began
+        self.startup_seconds = time.monotonic() - self._began
         self.metrics.startup_seconds.set(self.startup_seconds)
+        report = self.sweep_report
         log.info(
             "node %s ready after %.2fs (swept %d containers, re-adopted %d)",
             self.node,
             self.startup_seconds,
-            len(report.decisions),
-            len(report.adopted),
+            len(report.decisions) if report is not None else 0,
+            len(report.adopted) if report is not None else 0,
         )
         self.ready.set()
-        self._start_work(parts)
-        return True
 
-    def _live_uids(self) -> frozenset[str] | None:
-        """This node's non-terminal Sandboxes' uids; None until the watch has listed."""
-        if not self.sandbox_watch.synced.is_set():
-            return None
-        return live_uids(self.sandbox_watch.items())
-
-    def _start_work(self, parts: AgentParts) -> None:
-        """Sandboxes, then the reaper, the image collector and CachePrune requests."""
-        settings = self.settings
-        self.snapshots = Snapshots(
-            parts.work,
-            self.pool,
-            self.snapshot_watch,
-            self.sandbox_watch,
-            self._clock,
-            store=parts.sync.suspensions.store,
-        )
-        parts.work.fork_image = self.snapshots.fork_image
-        self.collector = ImageCollector(
-            parts.runtime,
-            self._disk_usage,
-            settings.gc_thresholds,
-            pinned=settings.pinned_images,
-            live_job_prefixes=settings.live_job_prefix,
-            clock=self._clock,
-            call_timeout=self.call_timeout,
-            disabled=settings.gc_disabled,
-            metrics=self.gc_metrics,
-            exhausted_until=restored_exhausted_until(self.objects, self.node),
-            starting=parts.image_gate.pulls.starting,
-            live_uids=self._live_uids,
-            live_snapshots=self.snapshots.live_uids,
-        )
+    def _start_watches(self) -> None:
         for watched in self._watches:
             watched.start()
+
+    def _stop_watches(self) -> None:
+        for watched in self._watches:
+            watched.stop()
+
+    def _start_loops(self) -> None:
+        """Sandboxes, then the reaper, the image collector and CachePrune requests."""
+        settings, parts = self.settings, self.parts
         pacing = settings.sync_pacing
         self.loops.spawn_woken("sync", parts.sync.sync_once, self._sync_wake, pacing)
         self.loops.spawn("reaper", parts.reaper.reap_once, settings.reap_interval.total_seconds())
-        self.loops.spawn("imagegc", self.cache.gc_once, settings.gc_interval.total_seconds())
+        self.loops.spawn("imagegc", parts.cache.gc_once, settings.gc_interval.total_seconds())
         self.loops.spawn("logs", parts.logs.pass_once, settings.log_interval.total_seconds())
         self.loops.spawn_due("storage", parts.storage.step, settings.log_interval.total_seconds())
-        self.loops.spawn("snapshots", self.snapshots.pass_once, SNAPSHOT_TICK)
+        self.loops.spawn("snapshots", parts.snapshots.pass_once, SNAPSHOT_TICK)
         self.loops.spawn("diskpressure", parts.pressure.pass_once, PRESSURE_TICK)
         self.loops.spawn("readiness", self.prober.pass_once, PROBE_TICK)
         if parts.networking.enabled and parts.work.network_policies.enabled:
@@ -374,58 +445,17 @@ class Agent:
                 parts.work.network_policies.refresh_once,
                 settings.network_policy_resync.total_seconds(),
             )
-        if self.streams is not None:  # rotated stream certificates, without a restart
-            self.loops.spawn("tls", self.streams.refresh_tls, TLS_REFRESH)
-            parts.idle.serve(self.streams, parts.sync, self._sync_wake.set, settings)
+        if parts.streams is not None:  # rotated stream certificates, without a restart
+            self.loops.spawn("tls", parts.streams.refresh_tls, TLS_REFRESH)
         self.loops.spawn("idle", parts.idle.pass_once, settings.idle_interval.total_seconds())
-        self.loops.spawn_woken("cacheprune", self.cache.prune_once, self._prune_wake, pacing)
+        self.loops.spawn_woken("cacheprune", parts.cache.prune_once, self._prune_wake, pacing)
 
-    def _take_output_back(self, parts: AgentParts) -> None:
-        """Read the survivors' output again (their writes wait in full pipes meanwhile),
-        before the node says it is alive; a failure is retried by the log pass."""
-        if parts.logs.writer is None:
-            return
-        parts.logs.writer.start()
-        try:
-            parts.logs.pass_once()
-        except Exception as exc:
-            log.warning("cannot take the sandboxes' output back yet: %s", exc)
-
-    def run_forever(self) -> int:
-        try:
-            if not self.start():
-                return 0 if self.stopping else 1  # asked to stop during start-up: clean
-            self._stop.wait()
-            return 0
-        finally:
-            self.shutdown()
-
-    def shutdown(self) -> None:
-        """End the loops (sandboxes keep running). Bounded: every call in flight is."""
+    def _stop_loops(self) -> None:
         self._stop.set()
         self._sync_wake.set()
         self._prune_wake.set()
-        self.heartbeat.stop()
-        if self.streams is not None:
-            self.streams.shutdown()
-        for watched in self._watches:
-            watched.stop()
-        network_bound = self._parts.networking.bound if self._parts is not None else 0
+        network_bound = self.parts.networking.bound
         self.loops.join(timeout=self.settings.teardown_bound + network_bound + 5)
-        self.pool.shutdown()
-        self.prober.shutdown()
-        if self._parts is not None:
-            self._parts.close()
-        elif self.runtime is not None:
-            self.runtime.close()
-        if self._metrics_server is not None:
-            self._metrics_server.shutdown()
-            self._metrics_server.server_close()
-        self.node_lock.release()
-
-    def _touch_image(self, image: str) -> None:
-        if self.collector is not None:
-            self.collector.touch_image(image)
 
     def busy(self, key: str) -> bool:
         return self.pool.busy(key)
@@ -440,15 +470,13 @@ class Agent:
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> None:
         # A pause or resume need not wait its pass; handed over first, so the pass
-        # this wakes finds it in flight.
+        # this wakes finds it in flight. (The watches start after the parts exist.)
         if self._parts is not None and event == "MODIFIED" and new and mode_asked(old, new):
             self._parts.sync.mode_changed(new)
         # Every change may matter (phase, deletion, containerId); the agent's own
         # status writes come back here too, and their pass finds nothing to do.
         self._sync_wake.set()
-        if self._parts is None:
-            return
-        self._parts.idle.suspends.changed()  # a use waiting for an idle-suspended one looks again
+        self.uses.suspends.changed()  # a use waiting for an idle-suspended one looks again
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -30,15 +30,25 @@ RUNNING_ONLY = frozenset({SandboxPhase.RUNNING})
 class ModeChanges:
     """Pauses and resumes this node's sandboxes; ``rt`` gives the connected runtime."""
 
-    def __init__(self, rt: Runtime, status: StatusWriter, node: str, call_timeout: float) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        status: StatusWriter,
+        node: str,
+        call_timeout: float,
+        *,
+        in_use: Callable[[], Collection[str]] = frozenset,
+        thaws: AbstractContextManager[Any] | None = None,
+    ) -> None:
         self.rt = rt
         self.status = status
         self.node = node
         self.call_timeout = call_timeout
-        # The stream server's open sandboxes and the lock its thaws take: a pause is
-        # held off while a stream uses the sandbox, and never lands on a thaw's heels.
-        self.in_use: Callable[[], Collection[str]] = frozenset
-        self.thaws: AbstractContextManager[Any] = nullcontext()
+        # The sandboxes streams use and the lock thaws for use take (``agent.uses``): a
+        # pause is held off while a stream uses the sandbox, and never lands on a
+        # thaw's heels.
+        self.in_use = in_use
+        self.thaws: AbstractContextManager[Any] = thaws if thaws is not None else nullcontext()
 
     def apply(self, sb: Mapping[str, Any], container: ContainerInfo) -> ModeStep | None:
         """Bring ``container``'s task to the mode ``sb`` asks for; the step taken, or

@@ -3,6 +3,9 @@
 Each part is handed the connected runtime itself: nothing holds a callable that
 looks the runtime up later, and no part exists that could run before containerd
 does. The image pulls are always among them (they talk to the same containerd).
+Each is built with all it needs, in an order where what it needs already exists:
+nothing is handed to a part after it was built. The stream server, the idle loop
+and the sync meet through ``agent.uses``, which the agent builds before them.
 """
 
 from __future__ import annotations
@@ -20,26 +23,34 @@ from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Objects
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.agent.bringup import restored_exhausted_until
+from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
 from sandlot.agent.diskpressure import DiskPressure
 from sandlot.agent.environment import Environment, node_brokered_data
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.idle import IdlePauses, post_sandbox_event
+from sandlot.agent.imagegc import ImageCollector
 from sandlot.agent.logs import SandboxLogs, sandbox_logs
-from sandlot.agent.metrics import AgentMetrics
+from sandlot.agent.metrics import AgentMetrics, GcMetrics
 from sandlot.agent.network import Networking
 from sandlot.agent.pulling import ImageGate, build_image_gate
 from sandlot.agent.reaper import Reaper
 from sandlot.agent.runtimes import discover
 from sandlot.agent.sandboxes import NodeFacts, SandboxWork
 from sandlot.agent.settings import AgentSettings
+from sandlot.agent.snapshots import Snapshots
 from sandlot.agent.starts import Starts
+from sandlot.agent.statestore import StateStore
 from sandlot.agent.status import NodeSandboxCount, StatusWriter
 from sandlot.agent.stops import Stops
+from sandlot.agent.streams import StreamServer, stream_server
 from sandlot.agent.sync import SandboxSync
+from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.ocispec import ALL_CAPABILITIES
+from sandlot.policy.suspension import live_uids
 
 
 @dataclass
@@ -50,41 +61,48 @@ class AgentWiring:
     objects: Objects
     status: StatusWriter
     metrics: AgentMetrics
+    gc_metrics: GcMetrics
     registry: CollectorRegistry
     pool: SandboxPools
     sandbox_watch: WatchCache
     node_watch: WatchCache
+    prune_watch: WatchCache
+    snapshot_watch: WatchCache
+    uses: SandboxUses
+    """Where the stream server, the idle loop and the sync meet."""
     address: str
-    touch_image: Callable[[str], None]
     clock: Callable[[], datetime]
     stop: threading.Event
     sync_wake: threading.Event
+    disk_usage: Callable[[], DiskUsage]
+    """containerd's root's filesystem, now."""
     disk_usages: Callable[[], Sequence[DiskUsage]]
     """containerd's root's filesystem, and the logs' where they are kept, now."""
-    collect_images: Callable[[], object]
-    """One image GC pass (disk pressure runs it before it evicts)."""
     containerd_version: str = ""
     """What containerd said it is, once it answered."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class AgentParts:
     runtime: Runtime
     networking: Networking
     image_gate: ImageGate
     close_pulls: Callable[[], None]
     logs: SandboxLogs
+    snapshots: Snapshots
+    collector: ImageCollector
     work: SandboxWork
-    sync: SandboxSync
-    reaper: Reaper
     storage: EphemeralStorage
+    cache: CacheUpkeep
     pressure: DiskPressure
     idle: IdlePauses
+    sync: SandboxSync
+    reaper: Reaper
+    streams: StreamServer | None
+    """None: the node serves no streams (``stream_port`` 0)."""
 
     def close(self) -> None:
-        """What the parts hold beside the loops (the runtime's channel, the pulls)."""
-        if self.logs.writer is not None:  # the tasks' output waits in their pipes
-            self.logs.writer.stop()
+        """What the parts hold beside the loops (the pulls, the runtime's channel)."""
         self.close_pulls()
         self.runtime.close()
 
@@ -109,6 +127,35 @@ def node_facts(settings: AgentSettings, address: str, containerd_version: str = 
     )
 
 
+def _live_uids(sandbox_watch: WatchCache) -> frozenset[str] | None:
+    """This node's non-terminal Sandboxes' uids; None until the watch has listed."""
+    if not sandbox_watch.synced.is_set():
+        return None
+    return live_uids(sandbox_watch.items())
+
+
+def image_collector(
+    w: AgentWiring, runtime: Runtime, image_gate: ImageGate, snapshots: Snapshots
+) -> ImageCollector:
+    """The image collector over ``runtime``, its backoff as the node last recorded it."""
+    settings = w.settings
+    return ImageCollector(
+        runtime,
+        w.disk_usage,
+        settings.gc_thresholds,
+        pinned=settings.pinned_images,
+        live_job_prefixes=settings.live_job_prefix,
+        clock=w.clock,
+        call_timeout=settings.call_timeout.total_seconds(),
+        disabled=settings.gc_disabled,
+        metrics=w.gc_metrics,
+        exhausted_until=restored_exhausted_until(w.objects, settings.node_name),
+        starting=image_gate.pulls.starting,
+        live_uids=partial(_live_uids, w.sandbox_watch),
+        live_snapshots=snapshots.live_uids,
+    )
+
+
 def idle_pauses(w: AgentWiring, runtime: Runtime, call_timeout: float) -> IdlePauses:
     """Idle auto-pause over ``runtime``; its Events name this node as their source."""
     settings = w.settings
@@ -126,11 +173,49 @@ def idle_pauses(w: AgentWiring, runtime: Runtime, call_timeout: float) -> IdlePa
         call_timeout=call_timeout,
         slots=w.pool,
         sandbox_of=w.sandbox_watch.get,
+        uses=w.uses,
+    )
+
+
+def _disk_upkeep(
+    w: AgentWiring, runtime: Runtime, work: SandboxWork, collector: ImageCollector
+) -> tuple[EphemeralStorage, CacheUpkeep, DiskPressure]:
+    """Each sandbox's disk limit, the image GC passes and CachePrune answers, and the
+    node's disk pressure (which runs a GC pass before it evicts)."""
+    settings = w.settings
+    storage = EphemeralStorage(
+        runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
+    )
+    cache = CacheUpkeep(w.objects, settings.node_name, w.prune_watch, lambda: collector, w.clock)
+    pressure = DiskPressure(
+        storage,
+        w.disk_usages,
+        settings.gc_high / 100,
+        settings.gc_low / 100,
+        cache.gc_once,
+        transition=settings.disk_pressure_transition.total_seconds(),
+        on_change=w.sync_wake.set,
+        publish=lambda disk: w.objects.patch_node_status(settings.node_name, {"disk": disk}),
+    )
+    return storage, cache, pressure
+
+
+def _stream_server(w: AgentWiring, idle: IdlePauses) -> StreamServer | None:
+    """The stream server (None: off), thawing paused sandboxes through ``idle``."""
+    return stream_server(
+        w.settings,
+        w.sandbox_watch,
+        w.stop,
+        uses=w.uses,
+        wake=idle.wake,
+        metrics=w.metrics,
+        api=w.objects.api,
     )
 
 
 def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
-    """The parts over ``runtime``, each handed only what it uses."""
+    """The parts over ``runtime``, each handed only what it uses, each built after
+    what it uses."""
     settings = w.settings
     call_timeout = settings.call_timeout.total_seconds()
     networking = Networking(settings, partial(runtime.list_containers, timeout=call_timeout))
@@ -141,10 +226,14 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
     # Every sandbox's output, read by one thread from the tasks' FIFOs (None: not kept).
     logs = sandbox_logs(settings, runtime, call_timeout, w.metrics, w.sandbox_watch)
     stops = Stops(settings, w.objects, runtime, networking, w.status, w.metrics, cancel=w.stop)
+    store = StateStore.from_settings(settings, runtime, w.objects)
+    # Before the starts: a forked sandbox starts from the image its snapshot names.
+    snapshots = Snapshots(stops, w.pool, w.snapshot_watch, w.sandbox_watch, w.clock, store=store)
+    collector = image_collector(w, runtime, image_gate, snapshots)
     starts = Starts(
         stops,
         node_facts(settings, w.address, w.containerd_version),
-        w.touch_image,
+        collector.touch_image,  # the image's last use, kept on its record
         w.clock,
         image_gate=image_gate,
         log_writer=logs.writer,
@@ -152,21 +241,11 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         environment=Environment(
             node_brokered_data(w.objects.api, settings.namespace, settings.node_name)
         ),
+        fork_image=snapshots.fork_image,
     )
     work = SandboxWork(starts, stops)
-    storage = EphemeralStorage(
-        runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
-    )
-    pressure = DiskPressure(
-        storage,
-        w.disk_usages,
-        settings.gc_high / 100,
-        settings.gc_low / 100,
-        w.collect_images,
-        transition=settings.disk_pressure_transition.total_seconds(),
-        on_change=w.sync_wake.set,
-        publish=lambda disk: w.objects.patch_node_status(settings.node_name, {"disk": disk}),
-    )
+    storage, cache, pressure = _disk_upkeep(w, runtime, work, collector)
+    idle = idle_pauses(w, runtime, call_timeout)
     sync = SandboxSync(
         settings.node_name,
         w.sandbox_watch,
@@ -178,6 +257,9 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         call_timeout,
         report_count=NodeSandboxCount(w.objects, settings.node_name).report,
         refusal=pressure.refusal,
+        uses=w.uses,
+        idle=idle,
+        store=store,
     )
     reaper = Reaper(
         w.objects,
@@ -189,18 +271,23 @@ def build_agent_parts(w: AgentWiring, runtime: Runtime) -> AgentParts:
         cgroup_root=settings.cgroup_root,
         call_timeout=call_timeout,
     )
+    streams = _stream_server(w, idle)
     return AgentParts(
         runtime,
         networking,
         image_gate,
         close_pulls,
         logs,
+        snapshots,
+        collector,
         work,
+        storage,
+        cache,
+        pressure,
+        idle,
         sync,
         reaper,
-        storage,
-        pressure,
-        idle_pauses(w, runtime, call_timeout),
+        streams,
     )
 
 

@@ -11,7 +11,7 @@ two halves share only the Running bodies a start could not write yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo
@@ -38,16 +38,6 @@ class SandboxWork:
         self.rules = starts.rules
         self.network_policies = starts.network_policies
         self.runtime_classes = starts.runtime_classes
-
-    @property
-    def fork_image(self) -> Callable[[Mapping[str, Any]], str | None]:
-        """The image a forked sandbox (``spec.snapshotRef``) starts from; None: not
-        Ready on this node."""
-        return self.starts.fork_image
-
-    @fork_image.setter
-    def fork_image(self, find: Callable[[Mapping[str, Any]], str | None]) -> None:
-        self.starts.fork_image = find
 
     # ------------------------------------------------------------ start (agent.starts)
 

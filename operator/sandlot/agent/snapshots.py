@@ -21,8 +21,9 @@ from typing import Any
 from sandlot.adapters.pulling import RegistryError
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.agent.sandboxes import SandboxWork, container_id_for
+from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.statestore import StateStore
+from sandlot.agent.stops import Stops
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.common import join_key, key_of, split_key
 from sandlot.api.reasons import SnapshotReason
@@ -54,11 +55,13 @@ KEY_WAIT = timedelta(seconds=30)
 
 
 class Snapshots:
-    """Takes this node's snapshots through ``work``'s runtime."""
+    """Takes this node's snapshots through ``work``'s runtime, and finds the image a
+    forked sandbox starts from (``fork_image``, handed to the starts: built before
+    them, over the node's stops, which hold the runtime, API and settings)."""
 
     def __init__(
         self,
-        work: SandboxWork,
+        work: Stops,
         pool: SandboxPools,
         snapshots: WatchCache,
         sandboxes: WatchCache,

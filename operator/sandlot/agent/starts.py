@@ -114,12 +114,13 @@ class Starts:
         self,
         stops: Stops,
         facts: NodeFacts,
-        touch_image: Callable[[str], None],
+        touch_image: Callable[[str], object],
         clock: Callable[[], datetime],
         image_gate: ImageGate | None = None,
         log_writer: LogWriter | None = None,
         sandboxes: Callable[[], list[dict[str, Any]]] = list,
         environment: Environment | None = None,
+        fork_image: Callable[[Mapping[str, Any]], str | None] = lambda _sb: None,
     ) -> None:
         # Over the stops of the same node: its settings, API, runtime, network, status
         # writer and metrics; what a start undoes, it tears down as every stop does.
@@ -142,7 +143,7 @@ class Starts:
         self.log_writer = log_writer
         self.call_timeout = settings.call_timeout.total_seconds()
         # The image a forked sandbox (spec.snapshotRef) starts from; None: not Ready here.
-        self.fork_image: Callable[[Mapping[str, Any]], str | None] = lambda _sb: None
+        self.fork_image = fork_image
         self.user_ranges = UserRanges()
         self.write_caps = WriteCaps(rt, self.call_timeout)
         self.runtime_classes = RuntimeClasses(

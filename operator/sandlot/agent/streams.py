@@ -25,7 +25,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,7 @@ from sandlot.agent.sandboxes import container_id_for
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.streamcert import StreamIdentity
 from sandlot.agent.toolfiles import ToolRoot
+from sandlot.agent.uses import MAX_SESSIONS, SandboxUses
 from sandlot.api.common import join_key, key_of
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
@@ -68,15 +69,7 @@ from sandlot.policy.streams import (
     exit_status,
     parse_agent_request,
 )
-from sandlot.policy.streamslots import (
-    Admission,
-    StreamSlots,
-    admission_wait,
-    admit,
-    begin_suspension,
-    end_suspension,
-    release,
-)
+from sandlot.policy.streamslots import Admission, StreamSlots, admission_wait
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +78,6 @@ MAX_MESSAGE = 1 << 20
 # deadline is not: the gateway, which waits longer, read a dropped socket as a failure),
 # short enough that a client that stalls its handshake holds a thread only this long.
 HANDSHAKE_TIMEOUT = 10.0
-MAX_SESSIONS = 512  # the default of the stream_max_sessions setting
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 
@@ -93,6 +85,8 @@ CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 # (the sandbox, the stream's kind, seconds it may wait, whether its connection is gone)
 # -> None once the sandbox runs, else why not.
 Restorer = Callable[[Mapping[str, Any], str, float, Callable[[], bool]], str | None]
+# (the sandbox, the stream's kind) -> None once a paused sandbox runs, else why not.
+Thaw = Callable[[Mapping[str, Any], str], str | None]
 
 
 class _FollowIdle(Exception):
@@ -119,29 +113,36 @@ class StreamServer:
         idle: float = 600.0,
         max_sessions: int = MAX_SESSIONS,
         executors: Executors | None = None,
+        uses: SandboxUses | None = None,
+        wake: Thaw | None = None,
+        restore: Restorer | None = None,
+        paused_resume: bool = False,
+        tls_files: ReloadingTls | None = None,
+        identity: StreamIdentity | None = None,
     ) -> None:
         self.node = node
         # Each sandbox's executor, which runs its commands when it has one.
         self.executors = executors
         self.file_limit = file_limit
         self.idle = idle
-        self.max_sessions = max_sessions
         # The upgrade's deadline on this side: an admission's wait fits in it when the
         # gateway does not say its own.
         self.open_timeout = HANDSHAKE_TIMEOUT
-        # The admitted connections, until each ends, and the sandboxes being suspended:
-        # one state under one lock (``policy.streamslots``).
-        self._slots = StreamSlots(limit=max_sessions)
-        self._slots_lock = threading.Lock()
+        # The admitted connections, shared with the loops that freeze and suspend
+        # sandboxes (``agent.uses``); the end of a stream into a sandbox wakes the sync.
+        self.uses = uses if uses is not None else SandboxUses(max_sessions=max_sessions)
+        self.max_sessions = self.uses.max_sessions
         # Thaws a paused sandbox for a stream (``agent.idle``): None once it runs, else why not.
-        self.wake: Callable[[Mapping[str, Any], str], str | None] | None = None
+        self.wake = wake
         # Starts an idle-suspended sandbox again and waits for it (``agent.idlewake``), at
         # most the seconds given and not once the connection is gone.
-        self.restore: Restorer | None = None
+        self.restore = restore
         # A pause the spec asks for is thawed for a stream too (``paused_streams``).
-        self.paused_resume = False
-        # Called when a stream into a sandbox ends (the sync may freeze it again).
-        self.ended: Callable[[], None] = lambda: None
+        self.paused_resume = paused_resume
+        # The certificate files, re-read by ``refresh_tls``, and what asks for the next
+        # certificate when the current one is due (``stream_tls_request``).
+        self.tls_files = tls_files
+        self.identity = identity
         self._tls = tls
         self.client_names = client_names
         self.bind = bind
@@ -182,36 +183,22 @@ class StreamServer:
         threading.Thread(target=self._server.serve_forever, name="streams", daemon=True).start()
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 
-    tls_files: ReloadingTls | None = None
-    identity: StreamIdentity | None = None  # asks for its certificate (stream_tls_request)
-
     def sessions(self, key: str) -> int:
         """Exec, files and port-forward sessions open into sandbox ``key``."""
-        with self._slots_lock:
-            return self._slots.sessions(key)
+        return self.uses.sessions(key)
 
     def in_use(self) -> frozenset[str]:
         """The sandboxes with an exec, files or port-forward session open."""
-        with self._slots_lock:
-            return self._slots.in_use()
+        return self.uses.in_use()
 
     def slots(self) -> StreamSlots:
         """The node's stream slots as they are now."""
-        with self._slots_lock:
-            return self._slots
+        return self.uses.slots()
 
-    @contextlib.contextmanager
-    def suspending(self, key: str) -> Iterator[bool]:
+    def suspending(self, key: str) -> contextlib.AbstractContextManager[bool]:
         """Whether a suspension of ``key`` may begin (no stream uses it); while it runs,
         no stream into it is admitted."""
-        with self._slots_lock:
-            self._slots, begun = begin_suspension(self._slots, key)
-        try:
-            yield begun
-        finally:
-            if begun:
-                with self._slots_lock:
-                    self._slots = end_suspension(self._slots, key)
+        return self.uses.suspending(key)
 
     def refresh_tls(self) -> None:
         """Take rotated certificate files into use (new connections get them), after
@@ -245,8 +232,7 @@ class StreamServer:
         # Counted before the sandbox is judged (and maybe thawed): no pass freezes or
         # suspends it between the judgement and the session.
         used = None if asked.kind == LOG else join_key(asked.namespace, asked.name)
-        with self._slots_lock:
-            self._slots, admission = admit(self._slots, id(connection), used)
+        admission = self.uses.admit(id(connection), used)
         if admission is Admission.FULL:
             log.warning("stream refused: %d streams open on this node", self.max_sessions)
             return connection.respond(
@@ -285,28 +271,24 @@ class StreamServer:
             self._close(connection)
 
     def _close(self, connection: ServerConnection) -> None:
-        with self._slots_lock:
-            self._slots, used = release(self._slots, id(connection))
-        if used is not None:
-            self.ended()
+        self.uses.release(id(connection))
 
     def _connection_class(self) -> type[ServerConnection]:
         """Connections that free their slot when their socket closes, unless a session
         serves them (its end frees it): a peer gone during the admission or the
         upgrade frees it too, whatever the handshake does next."""
-        server = self
+        uses = self.uses
 
         class SlotConnection(ServerConnection):
             serving = False
 
+            def served(self) -> None:
+                """A session serves it: its end, not its socket's, frees the slot."""
+                self.serving = True
+
             def close_socket(self) -> None:
                 super().close_socket()
-                with server._slots_lock:
-                    if self.serving:
-                        return
-                    server._slots, used = release(server._slots, id(self))
-                if used is not None:
-                    server.ended()
+                uses.release(id(self), unless=lambda: self.serving)
 
         return SlotConnection
 
@@ -367,11 +349,10 @@ class StreamServer:
     # -- after the upgrade ---------------------------------------------------------------
 
     def _session(self, connection: ServerConnection) -> None:
-        with self._slots_lock:
-            if id(connection) not in self._slots.used:
-                connection.close()  # it ended before it was served: its slot is free
-                return
-            connection.serving = True  # type: ignore[attr-defined]  # a SlotConnection
+        served = connection.served  # type: ignore[attr-defined]  # a SlotConnection
+        if not self.uses.hold(id(connection), served):
+            connection.close()  # it ended before it was served: its slot is free
+            return
         try:
             self._serve(connection)
         finally:
@@ -513,18 +494,21 @@ class StreamServer:
             connection.close()
 
 
-def start_streams(
+def stream_server(
     settings: AgentSettings,
     sandboxes: WatchCache,
     stop: threading.Event,
+    *,
+    uses: SandboxUses,
+    wake: Thaw,
     metrics: AgentMetrics | None = None,
     api: Any = None,
 ) -> StreamServer | None:
-    """The stream server of ``settings``, listening; None when it is off. Started
-    first in the start-up, so a busy port or an unreadable certificate fails it at
-    once; until the sandbox watch has listed, every sandbox is answered as not on
-    this node (404). With ``stream_tls_request``, its certificate is asked of the
-    operator through ``api`` first."""
+    """The stream server of ``settings``, built but not listening; None when it is
+    off. An unreadable certificate fails it here, a busy port when it starts; until
+    the sandbox watch has listed, every sandbox is answered as not on this node
+    (404). With ``stream_tls_request``, its certificate is asked of the operator
+    through ``api`` first."""
     if not settings.stream_port:
         return None
     identity = None
@@ -540,16 +524,13 @@ def start_streams(
             setting_name(n) for n in ("stream_tls_cert", "stream_tls_key", "stream_client_ca")
         )
         raise StartupError(f"{names}: cannot load the stream server's TLS files: {e}") from None
-    files = ReloadingTls(
-        tls, settings.stream_tls_cert, settings.stream_tls_key, [settings.stream_client_ca]
-    )
     execs = open_execs(
         settings.containerd_address,
         settings.containerd_namespace,
         os.path.join(settings.state_dir, EXEC_FIFOS),
     )
     call_timeout = settings.call_timeout.total_seconds()
-    server = StreamServer(
+    return StreamServer(
         settings.node_name,
         bind=settings.stream_bind,
         port=settings.stream_port,
@@ -568,11 +549,15 @@ def start_streams(
             if settings.executor
             else None
         ),
+        uses=uses,
+        wake=wake,
+        restore=uses.suspends.wake_for_use,
+        paused_resume=settings.paused_streams == "Resume",
+        tls_files=ReloadingTls(
+            tls, settings.stream_tls_cert, settings.stream_tls_key, [settings.stream_client_ca]
+        ),
+        identity=identity,
     )
-    server.tls_files = files
-    server.identity = identity
-    server.start()
-    return server
 
 
-__all__ = ["StreamServer", "start_streams"]
+__all__ = ["StreamServer", "stream_server"]

@@ -95,6 +95,9 @@ class Suspensions:
         work: SandboxWork,
         store: StateStore | None = None,
         wake_in: Callable[[float], None] = lambda _seconds: None,
+        *,
+        idle: IdleHooks | None = None,
+        streams: StreamGate | None = None,
     ) -> None:
         self.work = work
         # A commit writes the whole writable layer: a pull's budget, not a call's.
@@ -103,8 +106,9 @@ class Suspensions:
         self.wake_in = wake_in  # the sync, woken when a pull's back-off ends
         self._pull_retries: dict[str, PullRetry] = {}  # by uid: pulls of pushed state that failed
         self._push_retries: dict[str, PullRetry] = {}  # by uid: pushes owed, backing off
-        self.idle: IdleHooks | None = None  # the idle loop's, once it runs
-        self.streams: StreamGate = _NoStreams()  # the stream server's, once it runs
+        self.idle = idle  # the idle loop's (None: nothing is suspended for idleness)
+        # The streams' slots (``agent.uses``): a suspension begins only with none open.
+        self.streams: StreamGate = streams if streams is not None else _NoStreams()
 
     def _push(
         self, sb: Mapping[str, Any], image: str

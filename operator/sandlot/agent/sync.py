@@ -35,7 +35,8 @@ from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
 from sandlot.agent.statestore import StateStore
-from sandlot.agent.suspend import Suspensions
+from sandlot.agent.suspend import IdleHooks, Suspensions
+from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
 from sandlot.api.common import key_of, split_key
 from sandlot.api.keys import SANDBOX_LABEL
@@ -83,6 +84,10 @@ class SandboxSync:
         call_timeout: float,
         report_count: Callable[[int], None] = lambda _count: None,
         refusal: Callable[[], str] = lambda: "",
+        *,
+        uses: SandboxUses | None = None,
+        idle: IdleHooks | None = None,
+        store: StateStore | None = None,
     ) -> None:
         self.node = node
         self.sandbox_watch = sandbox_watch
@@ -95,19 +100,20 @@ class SandboxSync:
         self.report_count = report_count
         self.refusal = refusal
         """Why the node starts nothing new now ("" when it does): disk pressure."""
-        self.modes = ModeChanges(rt, work.status, node, call_timeout)
-        self.suspensions = Suspensions(
-            work,
-            StateStore.from_settings(work.settings, rt, work.objects),
-            wake_in=pool.wake_in,
-        )
-        # Sandboxes with a stream open (the stream server's, handed over once it runs).
+        # Where the sync meets the stream server and the idle loop (``agent.uses``):
+        # the sandboxes streams use, and those due for an idle suspension or waited
+        # for by a use.
         self.in_use: Callable[[], Collection[str]] = frozenset
-        # (due for an idle suspension, waited for by a use): the idle loop's, once it runs.
-        self.idle_flags: Callable[[], tuple[frozenset[str], frozenset[str]]] = lambda: (
-            frozenset(),
-            frozenset(),
+        self.idle_flags: Callable[[], tuple[frozenset[str], frozenset[str]]] = _no_flags
+        thaws = None
+        if uses is not None:
+            self.in_use, self.idle_flags, thaws = uses.in_use, uses.suspends.flags, uses.thaws
+        self.modes = ModeChanges(
+            rt, work.status, node, call_timeout, in_use=self.in_use, thaws=thaws
         )
+        if store is None:
+            store = StateStore.from_settings(work.settings, rt, work.objects)
+        self.suspensions = Suspensions(work, store, wake_in=pool.wake_in, idle=idle, streams=uses)
         # The last pass's containers by their Sandbox's key: what a mode change
         # between passes acts on (its work reads the task again before any call).
         self._listed: dict[str, ContainerInfo] = {}
@@ -329,6 +335,10 @@ class SandboxSync:
         if kind in (ActionKind.FENCE, ActionKind.CLEANUP):  # Dead: fenced at once
             return partial(work.teardown, container)
         return None
+
+
+def _no_flags() -> tuple[frozenset[str], frozenset[str]]:
+    return frozenset(), frozenset()
 
 
 def restore_fenced(

@@ -56,16 +56,7 @@ class ToolRoot(ContainerRoot):
         process = self._start(["write", path, str(limit)], stdin=True)
         finished = False
         try:
-            written = 0
-            assert process.stdin is not None, "started with stdin"
-            for chunk in chunks:
-                written += len(chunk)
-                if written > limit:
-                    raise FileRefused(413, f"{path}: more than the {limit}-byte cap")
-                self._send(process.stdin, chunk, path)
-            self.execs.close_stdin(process, timeout=self.call_timeout)
-            for _ in self._stdout(process):
-                pass
+            written = self._feed(process, chunks, path, limit)
             finished = True
             self._finish(process, path)
             return written

@@ -51,6 +51,21 @@ COMPAT_SANDBOXES = "sandboxes"
 CATEGORIES = ("agent-sandbox",)
 
 
+def face_crd(kind: str, plural: str, singular: str, group: str, **more: Any) -> CrdInfo:
+    """One of agent-sandbox's kinds as sandlot serves it: namespaced, in that
+    project's category, at its version, in ``group``."""
+    return CrdInfo(
+        kind=kind,
+        plural=plural,
+        singular=singular,
+        scope="Namespaced",
+        categories=CATEGORIES,
+        group=group,
+        version=AGENT_SANDBOX_VERSION,
+        **more,
+    )
+
+
 class InjectionPolicy(StrEnum):
     ALLOWED = "Allowed"
     OVERRIDES = "Overrides"
@@ -96,15 +111,12 @@ class SandboxTemplateSpec(Model):
 
 
 class SandboxTemplate(Resource):
-    crd = CrdInfo(
+    crd = face_crd(
         kind="SandboxTemplate",
         plural=TEMPLATES,
         singular="sandboxtemplate",
-        scope="Namespaced",
         short_names=("sandboxtemplate",),
-        categories=CATEGORIES,
         group=EXTENSIONS_GROUP,
-        version=AGENT_SANDBOX_VERSION,
     )
 
     api_version: str = Field(default=EXTENSIONS_API_VERSION, alias="apiVersion")
@@ -148,13 +160,11 @@ class SandboxWarmPoolStatus(Model):
 
 
 class SandboxWarmPool(Resource):
-    crd = CrdInfo(
+    crd = face_crd(
         kind="SandboxWarmPool",
         plural=WARM_POOLS,
         singular="sandboxwarmpool",
-        scope="Namespaced",
         short_names=("swp",),
-        categories=CATEGORIES,
         columns=(
             PrinterColumn("Ready", ".status.readyReplicas", "integer"),
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
@@ -165,7 +175,6 @@ class SandboxWarmPool(Resource):
             "labelSelectorPath": ".status.selector",
         },
         group=EXTENSIONS_GROUP,
-        version=AGENT_SANDBOX_VERSION,
     )
 
     api_version: str = Field(default=EXTENSIONS_API_VERSION, alias="apiVersion")
@@ -236,13 +245,11 @@ class SandboxClaimStatus(Model):
 
 
 class SandboxClaim(Resource):
-    crd = CrdInfo(
+    crd = face_crd(
         kind="SandboxClaim",
         plural=COMPAT_CLAIMS,
         singular="sandboxclaim",
-        scope="Namespaced",
         short_names=("sandboxclaim",),
-        categories=CATEGORIES,
         columns=(
             PrinterColumn("Sandbox", ".status.sandbox.name"),
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
@@ -250,7 +257,6 @@ class SandboxClaim(Resource):
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
         ),
         group=EXTENSIONS_GROUP,
-        version=AGENT_SANDBOX_VERSION,
     )
 
     api_version: str = Field(default=EXTENSIONS_API_VERSION, alias="apiVersion")
@@ -278,18 +284,15 @@ class MirrorStatus(Model):
 
 
 class Sandbox(Resource):
-    crd = CrdInfo(
+    crd = face_crd(
         kind="Sandbox",
         plural=COMPAT_SANDBOXES,
         singular="sandbox",
-        scope="Namespaced",
-        categories=CATEGORIES,
         columns=(
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
         ),
         group=AGENTS_GROUP,
-        version=AGENT_SANDBOX_VERSION,
     )
 
     api_version: str = Field(default=AGENTS_API_VERSION, alias="apiVersion")

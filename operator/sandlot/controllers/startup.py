@@ -1,25 +1,19 @@
-"""Start-up as data: a program is a list of parts, started in order and stopped in
-exact reverse order by construction (an ``AsyncExitStack``), as kopf's
-``spawn_tasks`` and controller-runtime's ``Manager`` do.
-
-A part that fails to start stops those started before it, newest first; a part
-whose stop fails does not keep the older ones running. The pieces here are the
-shapes the operator's parts take (threads, tasks, kopf, leadership); what the parts
-are and their order is ``controllers.operator.build_parts``.
+"""The shapes the operator's parts take (threads, tasks, kopf, leadership), over the
+programs' one start-up mechanism (``adapters.startorder``: ``Part``, ``run_parts``);
+what the parts are and their order is ``controllers.operator.build_parts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import kopf
 
 from sandlot.adapters.kube import WriteFence
+from sandlot.adapters.startorder import Part, run_parts
 
 log = logging.getLogger(__name__)
 
@@ -29,41 +23,6 @@ SHUTDOWN_DRAIN_SECONDS = 5.0
 # kopf stops its root tasks without a bound and waits 5 s for tasks it calls hung;
 # past this, its task is cancelled so the parts older than kopf still stop.
 KOPF_STOP_SECONDS = 20.0
-
-
-async def _nothing() -> None:
-    return None
-
-
-@dataclass(frozen=True)
-class Part:
-    """One piece of a program: ``start`` brings it up, ``stop`` takes it down."""
-
-    name: str
-    start: Callable[[], Awaitable[None]] = _nothing
-    stop: Callable[[], Awaitable[None]] = _nothing
-
-
-async def run_parts(parts: Sequence[Part], serve: Callable[[], Awaitable[None]]) -> None:
-    """Start ``parts`` in order, ``serve`` until it returns, then stop them in reverse.
-
-    Only a part whose start returned is stopped; an exception from a start or from
-    ``serve`` propagates once every started part is stopped.
-    """
-    names = [p.name for p in parts]
-    if len(set(names)) != len(names):
-        raise ValueError(f"part names must be unique, got {names}")
-    async with AsyncExitStack() as stack:
-        for part in parts:
-            log.debug("starting %s", part.name)
-            await part.start()
-            stack.push_async_callback(_stop, part)
-        await serve()
-
-
-async def _stop(part: Part) -> None:
-    log.debug("stopping %s", part.name)
-    await part.stop()
 
 
 def in_thread(fn: Callable[[], Any]) -> Callable[[], Awaitable[None]]:
@@ -185,3 +144,14 @@ async def serve_until(stop: asyncio.Event, *ends: asyncio.Task[Any] | None) -> N
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
+
+
+__all__ = [
+    "KopfPart",
+    "Part",
+    "TaskPart",
+    "in_thread",
+    "leadership_part",
+    "run_parts",
+    "serve_until",
+]

@@ -1,5 +1,6 @@
-"""The stream gateway as a process: its parts built from settings, then served until
-a signal. ``build`` returns them unstarted, so tests and the dev tooling run the
+"""The stream gateway as a process: its parts built from settings, then started in
+their order (``GatewayParts.in_order``), served until a signal, and stopped in
+reverse. ``build`` returns them unstarted, so tests and the dev tooling run the
 same gateway in a thread of their own."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -21,6 +23,7 @@ from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_pro
 from sandlot.adapters.health import serve_health
 from sandlot.adapters.mtls import ReloadingTls, client_context, serving_context
 from sandlot.adapters.reviews import review_access
+from sandlot.adapters.startorder import StartedParts, ThreadPart
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
 from sandlot.gateway.router import RouterServer
@@ -156,16 +159,36 @@ class GatewayParts:
     registry: CollectorRegistry
     tls_files: tuple[ReloadingTls, ...] = ()
     router: RouterServer | None = None
+    metrics_port: int = 0
+    """Where ``/livez``, ``/readyz`` and ``/metrics`` are served; 0: not served."""
+    _started: StartedParts = field(default_factory=StartedParts, init=False, repr=False)
+    _health: ThreadingHTTPServer | None = field(default=None, init=False, repr=False)
+
+    def in_order(self) -> list[ThreadPart]:
+        """The gateway's parts in their start-up order (stopped in reverse): the
+        probes say it serves only once it does."""
+        parts = [ThreadPart("gateway", self.gateway.start, self.gateway.shutdown)]
+        if self.router is not None:
+            parts.append(ThreadPart("router", self.router.start, self.router.shutdown))
+        if self.metrics_port:
+            parts.append(ThreadPart("health", self._serve_health, self._stop_health))
+        return parts
 
     def start(self) -> None:
-        self.gateway.start()
-        if self.router is not None:
-            self.router.start()
+        self._started.start(self.in_order())
 
     def shutdown(self) -> None:
-        if self.router is not None:
-            self.router.shutdown()
-        self.gateway.shutdown()
+        self._started.close()
+
+    def _serve_health(self) -> None:
+        serving = Probe(True, "serving")
+        self._health = serve_health(
+            self.metrics_port, self.registry, live=lambda: serving, ready=lambda: serving
+        )
+
+    def _stop_health(self) -> None:
+        if self._health is not None:
+            self._health.shutdown()
 
     def refresh(self) -> None:
         """The front proxy's CA and names, and rotated certificate files."""
@@ -239,7 +262,7 @@ def build(
         if settings.router
         else None
     )
-    return GatewayParts(gateway, view, registry, files, router)
+    return GatewayParts(gateway, view, registry, files, router, settings.metrics_port)
 
 
 def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
@@ -251,22 +274,27 @@ def run(settings: GatewaySettings, kubeconfig: str | None = None) -> int:
     for sig in (signals.SIGTERM, signals.SIGINT):
         signals.signal(sig, lambda *_: stop.set())
     parts = build(settings, api)
-    parts.start()
-    health = None
-    if settings.metrics_port:
-        serving = Probe(True, "serving")
-        health = serve_health(
-            settings.metrics_port, parts.registry, live=lambda: serving, ready=lambda: serving
-        )
+    started = StartedParts()
     try:
+        started.start(process_parts(api, parts))
         while not stop.wait(settings.requestheader_refresh.total_seconds()):
             parts.refresh()
     finally:
-        parts.shutdown()
-        if health is not None:
-            health.shutdown()
-        api.close()
+        started.close()
     return 0
 
 
-__all__ = ["FrontProxyView", "GatewayParts", "build", "cluster_backends", "run"]
+def process_parts(api: Any, parts: GatewayParts) -> list[ThreadPart]:
+    """The gateway process's start-up order: its API client (closed last), then its
+    parts (``GatewayParts.in_order``)."""
+    return [ThreadPart("clients", stop=api.close), *parts.in_order()]
+
+
+__all__ = [
+    "FrontProxyView",
+    "GatewayParts",
+    "build",
+    "cluster_backends",
+    "process_parts",
+    "run",
+]

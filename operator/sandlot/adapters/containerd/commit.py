@@ -26,10 +26,9 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import grpc
 from google.protobuf import field_mask_pb2
 
-from sandlot.adapters.containerd.connection import LEASE_HEADER, Connection, translate
+from sandlot.adapters.containerd.connection import Connection
 from sandlot.adapters.containerd.containers import chain_id
 from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2
@@ -266,17 +265,7 @@ class Committer:
                 labels=dict(labels),
             )
 
-        what = f"Content.Write {digest}"
-        timeout = budget.remaining(what)
-        try:
-            for _ in self._conn.content.Write(
-                requests(), timeout=timeout, metadata=(*self._conn.metadata, (LEASE_HEADER, lease))
-            ):
-                pass
-        except grpc.RpcError as exc:
-            error = translate(exc, what, timeout)
-            if error.code != "already_exists":
-                raise error from exc
+        self._conn.write_blob(requests(), digest, lease, budget)
 
     def _put_image(
         self, name: str, target: Any, labels: Mapping[str, str], budget: Deadline

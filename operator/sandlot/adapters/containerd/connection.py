@@ -171,6 +171,23 @@ class Connection:
             raise RuntimeError_(f"{what}: blob {digest} is not a JSON object", code="invalid")
         return parsed
 
+    def write_blob(
+        self, requests: Iterable[Any], digest: str, lease: str, budget: Deadline
+    ) -> None:
+        """Write blob ``digest`` by its ``Content.Write`` requests, held by ``lease``; a
+        blob already there (the same bytes written before) is as good as written."""
+        what = f"Content.Write {digest}"
+        timeout = budget.remaining(what)
+        try:
+            for _ in self.content.Write(
+                iter(requests), timeout=timeout, metadata=(*self.metadata, (LEASE_HEADER, lease))
+            ):
+                pass
+        except grpc.RpcError as exc:
+            error = translate(exc, what, timeout)
+            if error.code != "already_exists":
+                raise error from exc
+
     def create_lease(self, lease_id: str, ttl: timedelta, budget: Deadline) -> str:
         """A lease that containerd's GC drops by itself ``ttl`` from now, should we crash."""
         what = f"Leases.Create {lease_id}"

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import grpc
 
-from sandlot.adapters.containerd.connection import LEASE_HEADER, Connection, translate
+from sandlot.adapters.containerd.connection import Connection, translate
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2
 from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2
 from sandlot.adapters.containerd.gen.services.snapshots.v1 import snapshots_pb2
@@ -206,17 +206,8 @@ class Remapper:
                 action=content_pb2.COMMIT, ref=ref, total=size, offset=offset, expected=digest
             )
 
-        what = f"Content.Write {digest}"
-        timeout = budget.remaining(what)
-        try:
-            for _ in self._conn.content.Write(
-                requests(), timeout=timeout, metadata=(*self._conn.metadata, (LEASE_HEADER, lease))
-            ):
-                pass
-        except grpc.RpcError as exc:
-            error = translate(exc, what, timeout)
-            if error.code != "already_exists":  # the same layer shifted the same way
-                raise error from exc
+        # A layer shifted the same way before is already there, and as good.
+        self._conn.write_blob(requests(), digest, lease, budget)
 
 
 __all__ = ["ROOT_DIR", "Remapper", "shift_layer"]
