@@ -15,9 +15,10 @@ members costs no containers. Rows, each with its target:
   through the operator and by the bare client, each on a pool warm enough for all
   of them: claim-to-Bound p99 through the operator <= 2x the bare writes' p99.
 
-The bare rows run first: the paced rows' rate and count come from the bare burst.
-Between rows the operator is started again and the pool refilled (and grown to
-hold the paced minute), so each row starts on a warm pool.
+The two bursts run back to back on the same store, the operator's first; the
+paced rows' rate and count come from the bare burst. Between rows the operator is
+started again and the pool refilled (and grown to hold the paced minute), so each
+row starts on a warm pool.
 
 - the SDK's ``claim()`` to first ``run()`` p50, ``--sdk-rounds`` rounds on a warm
   pool of ``--sdk-pool`` on one real node (a real agent, the stream gateway and a
@@ -197,13 +198,20 @@ def main(argv: list[str] | None = None) -> int:
         create(bench, "sandboxpools", "SandboxPool", POOL, {"replicas": args.pool,
                "template": {"spec": SPEC}})  # fmt: skip
         nodes = Nodes(bench, fleet, args.nodes)
-        nodes.room(args.pool * 2)
-        members = wait_warm(bench, args.pool, warm_timeout(args.pool))
-        print(f"pool of {args.pool} warm; load average {load_average():.1f}", flush=True)
-
-        # The bare client's burst: the floor, and the paced rows' rate.
-        op.stop()
+        nodes.room(args.pool * 3)
+        wait_warm(bench, args.pool, warm_timeout(args.pool))
         load_before = load_average()
+        print(f"pool of {args.pool} warm; load average {load_before:.1f}", flush=True)
+
+        # The two bursts back to back, on the same store: through the operator, then
+        # the bare client's (the floor, and the paced rows' rate) on the pool refilled.
+        def burst_one(i: int) -> float:
+            create(bench, CLAIMS, "SandboxClaim", f"burst-{i}", {"poolName": POOL})
+            return bound.wait(f"burst-{i}", 300)
+
+        operator_rate = burst(args.claims, args.senders, burst_one)
+        members = wait_warm(bench, args.pool, warm_timeout(args.pool))
+        op.stop()
         targets = sorted(members.items())
 
         def bare_one(i: int) -> float:
@@ -212,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             return bound.seen[f"bare-{i}"]
 
         bare_rate = burst(args.claims, args.senders, bare_one)
+        load_after = load_average()
         rate = args.rate_share * bare_rate
         count = max(1, int(rate * args.seconds))
         print(f"bare burst {bare_rate:.1f} claims/s: pacing {count} claims at {rate:.1f}/s",
@@ -219,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # The bare client paced: the pool grown to hold the whole minute first.
         size = max(args.pool, count)
-        op = refill(bench, nodes, size, args.claims + 2 * size)
+        op = refill(bench, nodes, size, 2 * args.claims + 2 * size)
         op.stop()
         targets = sorted(warm_members(bench).items())
 
@@ -237,17 +246,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return one
 
-        # Through the operator: paced on a pool refilled for the minute, then the burst.
-        op = refill(bench, nodes, size, args.claims + 3 * size)
+        # Through the operator, paced on a pool refilled for the minute.
+        op = refill(bench, nodes, size, 2 * args.claims + 3 * size)
         latencies, sent = paced(count, rate, claim("paced", 120))
-        wait_warm(bench, size, warm_timeout(size))
-
-        def burst_one(i: int) -> float:
-            create(bench, CLAIMS, "SandboxClaim", f"burst-{i}", {"poolName": POOL})
-            return bound.wait(f"burst-{i}", 300)
-
-        operator_rate = burst(args.claims, args.senders, burst_one)
-        load_after = load_average()
         if args.sdk_rounds > 0:
             # The real node's agent alone sets sandboxes Running from here; the
             # burst's pool goes, so the operator started again does not refill it.
