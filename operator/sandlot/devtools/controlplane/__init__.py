@@ -31,8 +31,7 @@ from sandlot.devtools.certs import front_proxy_flags
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
-FILETOOL_BUILD_SCRIPT = Path(__file__).with_name("build-filetool.sh")
-EXECUTOR_BUILD_SCRIPT = Path(__file__).with_name("build-executor.sh")
+GOTOOL_BUILD_SCRIPT = Path(__file__).with_name("build-gotool.sh")
 KCM_BUILD_SCRIPT = Path(__file__).with_name("build-controller-manager.sh")
 # What a local cluster needs of kube-controller-manager: ownerReference garbage
 # collection and namespace deletion (pools' sandboxes, a namespace's objects).
@@ -125,14 +124,26 @@ def helm_path(build_timeout: float = 1800.0) -> Path:
 
 def files_tool_path(build_timeout: float = 600.0) -> Path:
     """The agent's files tool (``operator/filetool``), built with this machine's Go
-    once per source (``build-filetool.sh``)."""
-    return _run_build(FILETOOL_BUILD_SCRIPT, "the files tool", build_timeout)
+    once per source (``build-gotool.sh``)."""
+    return _run_build(
+        GOTOOL_BUILD_SCRIPT,
+        "the files tool",
+        build_timeout,
+        SANDLOT_GOTOOL="filetool",
+        SANDLOT_GOTOOL_BINARY="sandlot-files",
+    )
 
 
 def executor_path(build_timeout: float = 600.0) -> Path:
     """The agent's command executor (``operator/executor``), built with this
-    machine's Go once per source (``build-executor.sh``)."""
-    return _run_build(EXECUTOR_BUILD_SCRIPT, "the executor", build_timeout)
+    machine's Go once per source (``build-gotool.sh``)."""
+    return _run_build(
+        GOTOOL_BUILD_SCRIPT,
+        "the executor",
+        build_timeout,
+        SANDLOT_GOTOOL="executor",
+        SANDLOT_GOTOOL_BINARY="sandlot-exec",
+    )
 
 
 ETCD_DATA = "etcd"  # etcd's data directory, under the workdir
