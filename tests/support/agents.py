@@ -243,7 +243,20 @@ def schedule_sandbox(
     created: dict[str, Any] = objs.create_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", body
     )
-    objs.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, "sandboxes", name, {"status": {"phase": "Scheduled"}}
-    )
+    # Only over the object as created: an agent that already saw it bound (and
+    # decided, say Failed for want of room) is not overwritten, which a terminal
+    # phase would refuse anyway.
+    precondition = {"resourceVersion": created["metadata"]["resourceVersion"]}
+    try:
+        objs.patch_namespaced_custom_object_status(
+            GROUP,
+            VERSION,
+            namespace,
+            "sandboxes",
+            name,
+            {"metadata": precondition, "status": {"phase": "Scheduled"}},
+        )
+    except client.ApiException as e:
+        if e.status != 409:
+            raise
     return created

@@ -139,7 +139,15 @@ def stream_agent(
         stream_tls_cert=str(stream_certs.agent(node).cert),
         stream_tls_key=str(stream_certs.agent(node).key),
         stream_client_ca=str(stream_certs.ca.cert),
-        **{"files_tool": str(files_tool_path()), "executor": str(executor_path()), **overrides},
+        **{
+            "files_tool": str(files_tool_path()),
+            "executor": str(executor_path()),
+            # The product's bound, not the rig's 2 s: these agents serve users'
+            # commands and file calls, each an exec into a task, beside a full
+            # parallel run; no test here waits for a containerd call to expire.
+            "call_timeout": "5s",
+            **overrides,
+        },
     )
     started = Agent(settings, kube, registry=CollectorRegistry())
     try:

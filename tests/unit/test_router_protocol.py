@@ -12,12 +12,14 @@ from sandlot.policy.router import (
     api_url,
     discovery,
     ended,
+    execute_answer,
     execute_argv,
     list_entries,
     parse_call,
     parse_execute,
     parse_upload,
     resolve,
+    workdir_of,
 )
 from sandlot.policy.streams import error_status, exit_status
 
@@ -176,3 +178,22 @@ def test_discovery_lists_the_routers_subresources() -> None:
     assert names["routers/execute"] == ["create"] and names["routers/download"] == ["get"]
     assert discovery("/apis/other") is None
     assert json.dumps(discovery("/apis"))
+
+
+@pytest.mark.parametrize(
+    ("stdout", "exit_code", "workdir"),
+    [("/home/user\n", 0, "/home/user"), ("", 127, "/"), ("sh: pwd: oops\n", 0, "/")],
+)
+def test_the_working_directory_is_what_pwd_printed_else_the_root(
+    stdout: str, exit_code: int, workdir: str
+) -> None:
+    assert workdir_of(execute_answer(stdout.encode(), b"", exit_code, False), 30) == workdir
+
+
+def test_a_pwd_that_timed_out_is_refused_not_taken_as_the_root() -> None:
+    """A sandbox too busy to answer ``pwd`` in time must not send an upload of
+    ``work/notes.txt`` to ``/work/notes.txt``."""
+    with pytest.raises(RouterError) as refused:
+        workdir_of(execute_answer(b"", b"", 124, True), 30)
+    assert refused.value.status == 504
+    assert "working directory within 30s" in str(refused.value)

@@ -49,6 +49,7 @@ from sandlot.policy.router import (
     parse_execute,
     parse_upload,
     resolve,
+    workdir_of,
 )
 from sandlot.policy.streamaccess import Caller, caller_of
 from sandlot.policy.streams import (
@@ -274,9 +275,7 @@ class RouterServer:
         if known is not None and now - known[0] < WORKDIR_TTL:
             return known[1]
         answer = self._execute(call, caller, (SHELL, "-c", "pwd"), self.call_timeout)
-        workdir = str(answer["stdout"]).strip() or "/"
-        if answer["exit_code"] != 0 or not workdir.startswith("/"):
-            workdir = "/"
+        workdir = workdir_of(answer, self.call_timeout)
         with self._lock:
             self._workdirs[key] = (now, workdir)
         return workdir

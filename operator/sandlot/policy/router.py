@@ -157,6 +157,18 @@ def execute_answer(stdout: bytes, stderr: bytes, exit_code: int, timed_out: bool
     }
 
 
+def workdir_of(pwd: Mapping[str, Any], waited: float) -> str:
+    """The sandbox's working directory from its ``pwd`` (an ``execute_answer``): the
+    path it printed, else ``/`` (an image with no shell, a ``pwd`` that fails: the
+    same next time). A ``pwd`` that did not end within ``waited`` seconds says
+    nothing, and is refused rather than taken as ``/``: a later call asks again
+    instead of writing elsewhere."""
+    if pwd["timed_out"]:
+        raise RouterError(504, f"the sandbox did not say its working directory within {waited:g}s")
+    workdir = str(pwd["stdout"]).strip()
+    return workdir if pwd["exit_code"] == 0 and workdir.startswith("/") else "/"
+
+
 def parse_upload(content_type: str, body: bytes) -> tuple[str, bytes]:
     """The ``file`` field of a multipart/form-data upload: (its filename, its bytes)."""
     if not content_type.lower().startswith("multipart/form-data"):
