@@ -170,7 +170,9 @@ class Reviewer:
         return self.status
 
 
-def cached(reviewer: Reviewer, clock: FakeClock, ttl: float = 5.0) -> tuple[CachedReviews, list[str]]:
+def cached(
+    reviewer: Reviewer, clock: FakeClock, ttl: float = 5.0
+) -> tuple[CachedReviews, list[str]]:
     sources: list[str] = []
     return (
         CachedReviews(reviewer, ttl=ttl, max_entries=100, clock=clock, on_answer=sources.append),
