@@ -26,6 +26,7 @@ from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startorder import StartedParts, ThreadPart
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
+from sandlot.gateway.placements import CachedPlacements
 from sandlot.gateway.reviews import CachedReviews
 from sandlot.gateway.router import RouterServer
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
@@ -119,7 +120,13 @@ def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
         except Exception as e:
             raise Refusal(503, f"cannot find node {node}'s agent", api_error_line(e)) from None
 
-    return Backends(review=review, node_of=node_of, agent_of=agent_of)
+    placements = CachedPlacements(node_of, agent_of)
+    return Backends(
+        review=review,
+        node_of=placements.node_of,
+        agent_of=placements.agent_of,
+        forget=placements.forget,
+    )
 
 
 def claim_envs(api: Any, settings: GatewaySettings) -> Callable[[str, str], Mapping[str, str]]:

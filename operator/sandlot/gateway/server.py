@@ -10,10 +10,13 @@ One request, in order, before anything reaches a node:
 1. the connection's client certificate is the API server's front proxy (the TLS
    handshake checked the CA; ``policy.streams.caller_of`` the allowed names), so
    the user named in its headers is believed; nobody else's headers are;
-2. a SubjectAccessReview for that user, made under the gateway's own identity;
+2. a SubjectAccessReview for that user, made under the gateway's own identity
+   (an allow of exactly the same question is reused a few seconds:
+   ``gateway.reviews``);
 3. the session caps: per replica, per user, per ServiceAccount namespace;
 4. the sandbox's node from the Sandbox itself, and that node's agent pod from the
-   pods bound to it (``adapters.agentpods``); nothing a node writes is read;
+   pods bound to it (``adapters.agentpods``; both remembered a few seconds,
+   ``gateway.placements``); nothing a node writes is read;
 5. a WebSocket to that agent over mutual TLS: the gateway's client certificate,
    the agent's serving certificate checked against the stream CA and name.
 
@@ -105,6 +108,9 @@ class Backends:
     review: Callable[[Mapping[str, Any]], Mapping[str, Any]]  # SubjectAccessReview status
     node_of: Callable[[str, str], str]  # (namespace, name) -> spec.nodeName; Refusal if none
     agent_of: Callable[[str], tuple[str, int]]  # node -> (agent pod IP, port); Refusal if none
+    # Forget what node_of and agent_of remembered of the sandbox (namespace, name);
+    # whether anything was (``gateway.placements``).
+    forget: Callable[[str, str], bool] = lambda namespace, name: False
 
 
 class Sessions:
@@ -305,6 +311,16 @@ class Gateway:
         log.info("stream allowed: %s", access.message)
 
     def _open_agent(self, asked: StreamRequest, user: str) -> ClientConnection:
+        try:
+            return self._dial(asked, user)
+        except Refusal as e:
+            # Unreachable, another node's agent at that address, or not the sandbox's
+            # node: what was remembered of where it is may be out of date.
+            if e.status not in (404, 502) or not self._backends.forget(asked.namespace, asked.name):
+                raise
+        return self._dial(asked, user)
+
+    def _dial(self, asked: StreamRequest, user: str) -> ClientConnection:
         node = self._backends.node_of(asked.namespace, asked.name)
         ip, port = self._backends.agent_of(node)
         host = f"[{ip}]" if ":" in ip else ip
