@@ -14,6 +14,8 @@ import json
 import socket
 import ssl
 import threading
+import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes import client
@@ -25,6 +27,7 @@ from websockets.typing import Subprotocol
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
+from sandlot.policy.remembered import Remembered
 from sandlot.policy.streams import SUBPROTOCOL
 
 CONNECT_TIMEOUT = 30.0
@@ -138,11 +141,19 @@ class _SerialTLS:
     Only what websockets' sync connection uses is implemented; the rest is the
     socket's."""
 
-    def __init__(self, sock: socket.socket, context: ssl.SSLContext, hostname: str | None) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        context: ssl.SSLContext,
+        hostname: str | None,
+        session: ssl.SSLSession | None = None,
+    ) -> None:
         self._sock = sock
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
+        self._tls = context.wrap_bio(
+            self._incoming, self._outgoing, server_hostname=hostname, session=session
+        )
         self._state = threading.Lock()  # the TLS object and its two buffers
         self._writing = threading.Lock()  # taken before _state: records leave in order
         while True:
@@ -156,6 +167,8 @@ class _SerialTLS:
                     raise ConnectionError(
                         "the connection closed during the TLS handshake"
                     ) from None
+        # Read now: OpenSSL answers no certificate while it takes a ticket in later.
+        self._peer = self._tls.getpeercert()
         self._flush()
 
     def _flush(self) -> None:
@@ -211,6 +224,19 @@ class _SerialTLS:
         self.sendall(data)
         return len(data)
 
+    def getpeercert(self) -> Any:
+        """The verified peer certificate, decoded (``ssl.SSLSocket.getpeercert``)."""
+        return self._peer
+
+    def resumable(self) -> tuple[ssl.SSLSession, bool] | None:
+        """The connection's TLS session once the server's ticket has come, and whether
+        this connection resumed one; None without a ticket."""
+        with self._state:
+            session = self._tls.session
+            if session is None or not session.has_ticket:
+                return None
+            return session, self._tls.session_reused
+
     def close(self) -> None:
         # A shutdown first: a close alone leaves a read blocked on another thread waiting.
         with contextlib.suppress(OSError):
@@ -221,15 +247,80 @@ class _SerialTLS:
         return getattr(self._sock, name)
 
 
+ServerKey = tuple[str, int, str]  # host, port, the name its certificate was checked for
+
+
+class TlsSessions:
+    """The latest resumable TLS session of each server, so that the next connection to
+    it resumes (no certificates sent, signed or checked) instead of a full handshake.
+    A session belongs to the context that made it (``ssl`` refuses it to another), so
+    a store serves one client context. A session chain is kept ``max_age`` seconds
+    from its full handshake, so the server's certificate is checked again at least
+    that often; a server that does not resume (its tickets expired, it restarted) is
+    simply met with a full handshake."""
+
+    def __init__(
+        self,
+        max_age: float = 300.0,
+        max_entries: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kept: Remembered[ServerKey, tuple[ssl.SSLSession, float]] = Remembered(
+            max_age, max_entries
+        )
+        self._clock = clock
+        self._lock = threading.Lock()
+
+    def session(self, server: ServerKey) -> ssl.SSLSession | None:
+        with self._lock:
+            kept = self._kept.answer(server, self._clock())
+        return None if kept is None else kept[0]
+
+    def keep(self, server: ServerKey, tls: Any) -> None:
+        """Keep the session of ``tls`` (a ``_SerialTLS`` just connected), dated from
+        its chain's full handshake; forget the server's if it has none."""
+        resumable = tls.resumable() if isinstance(tls, _SerialTLS) else None
+        with self._lock:
+            if resumable is None:
+                self._kept.forget(server)
+                return
+            session, reused = resumable
+            now = self._clock()
+            kept = self._kept.answer(server, now)
+            verified = kept[1] if reused and kept is not None else now
+            self._kept.remember(server, (session, verified), verified)
+
+
 class _Connect(reconnect):
-    """websockets' connect, its TLS one thread at a time (``_SerialTLS``)."""
+    """websockets' connect, its TLS one thread at a time (``_SerialTLS``), resuming
+    the TLS session kept in ``sessions`` if it is given one."""
+
+    sessions: TlsSessions | None = None
+
+    def server(self) -> ServerKey:
+        return (self.ws_uri.host, self.ws_uri.port, self.server_hostname or self.ws_uri.host)
 
     def enable_tls(self, sock: socket.socket, deadline: Deadline) -> socket.socket:
         context = self.ssl or ssl.create_default_context()
+        session = self.sessions.session(self.server()) if self.sessions is not None else None
         sock.settimeout(deadline.timeout())
-        tls = _SerialTLS(sock, context, self.server_hostname or self.ws_uri.host)
+        tls = _SerialTLS(sock, context, self.server_hostname or self.ws_uri.host, session)
         sock.settimeout(None)
         return cast(socket.socket, tls)
+
+
+def connect_serial(
+    uri: str, *, sessions: TlsSessions | None = None, **options: Any
+) -> ClientConnection:
+    """websockets' ``connect(uri, **options)``, its TLS one thread at a time, resuming
+    with ``sessions`` and keeping the new session there; never reconnected."""
+    connect = _Connect(uri, **options)
+    connect.sessions = sessions
+    connection = connect.connect()
+    connection.pending_legacy_warning = False  # one connection, closed by its owner
+    if sessions is not None:
+        sessions.keep(connect.server(), connection.socket)
+    return connection
 
 
 def open_stream(api: client.ApiClient, path: str) -> Stream:
@@ -261,4 +352,12 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
     return Stream(connection)
 
 
-__all__ = ["Stream", "StreamRefused", "check_sandbox", "is_forbidden", "open_stream"]
+__all__ = [
+    "Stream",
+    "StreamRefused",
+    "TlsSessions",
+    "check_sandbox",
+    "connect_serial",
+    "is_forbidden",
+    "open_stream",
+]

@@ -516,8 +516,12 @@ def stream_server(
         identity = StreamIdentity(api, settings)
         identity.obtain()
     try:
+        # One ticket: the gateway resumes its next connection with it.
         tls = server_context(
-            settings.stream_tls_cert, settings.stream_tls_key, settings.stream_client_ca
+            settings.stream_tls_cert,
+            settings.stream_tls_key,
+            settings.stream_client_ca,
+            tickets=1,
         )
     except (OSError, ssl.SSLError) as e:
         names = ", ".join(
