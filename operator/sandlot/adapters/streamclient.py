@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import ssl
 import threading
@@ -70,11 +71,48 @@ def _auth_headers(cfg: Any) -> dict[str, str]:
     return {"Authorization": value} if value else {}
 
 
-def _tls_context(cfg: Any) -> ssl.SSLContext | None:
-    """The kubeconfig's TLS settings (its CA, client certificate, verification) as a
-    context; None for a plain ``http`` server."""
-    if not cfg.host.startswith("https"):
+def _file_state(path: str | None) -> tuple[str, int, int] | None:
+    if not path:
         return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, -1, -1)
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+_CONTEXTS: dict[tuple[Any, ...], tuple[ssl.SSLContext, TlsSessions]] = {}
+_CONTEXTS_LOCK = threading.Lock()
+MAX_CONTEXTS = 32
+
+
+def _tls(cfg: Any) -> tuple[ssl.SSLContext | None, TlsSessions | None]:
+    """The kubeconfig's TLS context and the API server's sessions made with it, kept
+    while its files are unchanged: a program's streams one after another load no
+    CA again and resume their TLS session (a session belongs to the context, and so
+    to its client certificate). None for a plain ``http`` server."""
+    if not cfg.host.startswith("https"):
+        return None, None
+    key = (
+        bool(cfg.verify_ssl),
+        _file_state(cfg.ssl_ca_cert),
+        _file_state(cfg.cert_file),
+        _file_state(cfg.key_file),
+    )
+    with _CONTEXTS_LOCK:
+        kept = _CONTEXTS.get(key)
+    if kept is None:
+        kept = (_tls_context(cfg), TlsSessions())
+        with _CONTEXTS_LOCK:
+            if len(_CONTEXTS) >= MAX_CONTEXTS:
+                _CONTEXTS.clear()
+            kept = _CONTEXTS.setdefault(key, kept)
+    return kept
+
+
+def _tls_context(cfg: Any) -> ssl.SSLContext:
+    """The kubeconfig's TLS settings (its CA, client certificate, verification) as a
+    context for an ``https`` server."""
     if not cfg.verify_ssl:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -330,10 +368,12 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
     if cfg.refresh_api_key_hook is not None:
         cfg.refresh_api_key_hook(cfg)  # an exec plugin's token, fresh
     url = "ws" + cfg.host.removeprefix("http") + path
+    context, sessions = _tls(cfg)
     try:
-        connection = _Connect(
+        connection = connect_serial(
             url,
-            ssl=_tls_context(cfg),
+            sessions=sessions,
+            ssl=context,
             server_hostname=cfg.tls_server_name or None,
             additional_headers=_auth_headers(cfg),
             subprotocols=[Subprotocol(SUBPROTOCOL)],
@@ -345,10 +385,9 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
             close_timeout=CLOSE_TIMEOUT,
             max_size=None,
             max_queue=None,  # the reading thread never stops for a caller busy sending
-        ).connect()
+        )
     except InvalidStatus as e:
         raise StreamRefused(e.response.status_code, _refusal_message(e.response.body)) from None
-    connection.pending_legacy_warning = False  # one connection, closed by its Stream
     return Stream(connection)
 
 
