@@ -19,23 +19,19 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
-def server_context(
-    cert: str, key: str, client_ca: str | Sequence[str], *, tickets: int = 0
-) -> ssl.SSLContext:
+def server_context(cert: str, key: str, client_ca: str | Sequence[str]) -> ssl.SSLContext:
     """A server context that demands a client certificate signed by ``client_ca``
-    (one PEM file, or several: more can be added later with ``trust``), sending
-    ``tickets`` TLS 1.3 session tickets after each handshake."""
+    (one PEM file, or several: more can be added later with ``trust``)."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # trusts nothing until told: no system CAs
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
     ctx.verify_mode = ssl.CERT_REQUIRED
-    # A ticket reaches a client after its handshake, and a client that reads on one
-    # thread while it writes on another (websockets' sync client: its request, a
-    # stdin frame) races OpenSSL's handshake state there: the write was lost and the
-    # stream hung until its open timeout. So no tickets, unless the server's clients
-    # read them one thread at a time and resume (the gateway's connections to the
-    # agents: ``streamclient.connect_serial``).
-    ctx.num_tickets = tickets
+    # No TLS 1.3 session tickets: nobody resumes these sessions, and a ticket that
+    # reaches a client after its handshake is processed by its reading thread in
+    # OpenSSL's handshake state, which a concurrent write on another thread (a
+    # websockets request, a stdin frame) then races: the write was lost and the
+    # stream hung until its open timeout.
+    ctx.num_tickets = 0
     for path in [client_ca] if isinstance(client_ca, str) else client_ca:
         ctx.load_verify_locations(cafile=path)
     return ctx

@@ -516,12 +516,8 @@ def stream_server(
         identity = StreamIdentity(api, settings)
         identity.obtain()
     try:
-        # One ticket: the gateway resumes its next connection with it.
         tls = server_context(
-            settings.stream_tls_cert,
-            settings.stream_tls_key,
-            settings.stream_client_ca,
-            tickets=1,
+            settings.stream_tls_cert, settings.stream_tls_key, settings.stream_client_ca
         )
     except (OSError, ssl.SSLError) as e:
         names = ", ".join(

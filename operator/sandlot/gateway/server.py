@@ -42,13 +42,12 @@ from typing import Any
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
-from websockets.sync.client import ClientConnection
+from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name, peer_dns_names
 from sandlot.adapters.startup import cannot_listen, setting_name
-from sandlot.adapters.streamclient import TlsSessions, connect_serial
 from sandlot.policy.agentcerts import agent_server_name, certified_node
 from sandlot.policy.sessioncaps import (
     SessionCaps,
@@ -181,9 +180,6 @@ class Gateway:
         self.requested_port = port
         self._server_tls = server_tls
         self._agent_tls = agent_tls
-        # Each agent's last TLS session: the next dial resumes it (no certificates
-        # signed or checked again) for at most the store's max_age.
-        self._agent_sessions = TlsSessions()
         self._requestheader = requestheader
         self._backends = backends
         self.sessions = sessions
@@ -330,9 +326,8 @@ class Gateway:
         host = f"[{ip}]" if ":" in ip else ip
         path, options = agent_request(asked)
         try:
-            agent = connect_serial(
+            agent = connect(
                 f"wss://{host}:{port}{path}",
-                sessions=self._agent_sessions,
                 ssl=self._agent_tls,
                 # The sandbox's node, as the gateway resolved it: an agent certified
                 # for any other node fails the handshake before the request is sent.
@@ -348,6 +343,7 @@ class Gateway:
                 open_timeout=self.call_timeout,
                 close_timeout=CLOSE_TIMEOUT,
                 proxy=None,
+                legacy=True,  # one connection, closed by the relay; never reconnected
             )
             # The handshake checked the name already; the pure rule says it again, so
             # a context ever built without name checks still never relays to it.
