@@ -205,8 +205,6 @@ class _SerialTLS:
                     raise ConnectionError(
                         "the connection closed during the TLS handshake"
                     ) from None
-        # Read now: OpenSSL answers no certificate while it takes a ticket in later.
-        self._peer = self._tls.getpeercert()
         self._flush()
 
     def _flush(self) -> None:
@@ -261,10 +259,6 @@ class _SerialTLS:
     def send(self, data: bytes) -> int:
         self.sendall(data)
         return len(data)
-
-    def getpeercert(self) -> Any:
-        """The verified peer certificate, decoded (``ssl.SSLSocket.getpeercert``)."""
-        return self._peer
 
     def resumable(self) -> tuple[ssl.SSLSession, bool] | None:
         """The connection's TLS session once the server's ticket has come, and whether
