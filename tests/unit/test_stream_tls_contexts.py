@@ -1,6 +1,6 @@
 """The SDK's TLS context for streams (``adapters.streamclient``): made once per
-kubeconfig TLS settings and reused, with its sessions, while the files it was made
-from are unchanged; a changed file or another client certificate gets its own."""
+kubeconfig TLS settings and reused while the files it was made from are unchanged;
+a changed file or another client certificate gets its own."""
 
 from __future__ import annotations
 
@@ -21,29 +21,28 @@ def config(ca: Path, cert: Path | None = None, key: Path | None = None) -> Simpl
     )
 
 
-def test_a_context_and_its_sessions_are_reused_until_a_file_changes(tmp_path: Path) -> None:
+def test_a_context_is_reused_until_a_file_changes(tmp_path: Path) -> None:
     certs = StreamCerts.create(tmp_path / "certs", "sandlot-system")
     ca = tmp_path / "ca.crt"
     ca.write_bytes(certs.ca.cert.read_bytes())
-    first, sessions = streamclient._tls(config(ca))
-    assert first is not None and sessions is not None
-    assert streamclient._tls(config(ca)) == (first, sessions)
+    first = streamclient._tls(config(ca))
+    assert first is not None
+    assert streamclient._tls(config(ca)) is first
     ca.write_bytes(certs.ca.cert.read_bytes() + certs.agent_ca.cert.read_bytes())  # rotated
-    again, again_sessions = streamclient._tls(config(ca))
-    assert again is not first and again_sessions is not sessions
+    assert streamclient._tls(config(ca)) is not first
 
 
 def test_another_client_certificate_never_shares_a_context(tmp_path: Path) -> None:
-    """A TLS session carries the client certificate it was made with: a kubeconfig
-    of another identity must not resume it."""
+    """A context presents its client certificate: a kubeconfig of another identity
+    never connects with it."""
     certs = StreamCerts.create(tmp_path / "certs", "sandlot-system")
     one = certs.ca.issue(tmp_path / "one", "alice")
     two = certs.ca.issue(tmp_path / "two", "bob")
-    alice, _ = streamclient._tls(config(certs.ca.cert, one.cert, one.key))
-    bob, _ = streamclient._tls(config(certs.ca.cert, two.cert, two.key))
-    assert alice is not bob
+    alice = streamclient._tls(config(certs.ca.cert, one.cert, one.key))
+    bob = streamclient._tls(config(certs.ca.cert, two.cert, two.key))
+    assert alice is not None and bob is not None and alice is not bob
 
 
 def test_plain_http_has_no_context() -> None:
     cfg = SimpleNamespace(host="http://127.0.0.1:8080")
-    assert streamclient._tls(cfg) == (None, None)
+    assert streamclient._tls(cfg) is None

@@ -15,8 +15,6 @@ import os
 import socket
 import ssl
 import threading
-import time
-from collections.abc import Callable
 from typing import Any, cast
 
 from kubernetes import client
@@ -28,7 +26,6 @@ from websockets.typing import Subprotocol
 
 from sandlot.adapters.objects import Objects
 from sandlot.api.errors import UsageError
-from sandlot.policy.remembered import Remembered
 from sandlot.policy.streams import SUBPROTOCOL
 
 CONNECT_TIMEOUT = 30.0
@@ -81,18 +78,19 @@ def _file_state(path: str | None) -> tuple[str, int, int] | None:
     return (path, st.st_mtime_ns, st.st_size)
 
 
-_CONTEXTS: dict[tuple[Any, ...], tuple[ssl.SSLContext, TlsSessions]] = {}
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
 _CONTEXTS_LOCK = threading.Lock()
 MAX_CONTEXTS = 32
 
 
-def _tls(cfg: Any) -> tuple[ssl.SSLContext | None, TlsSessions | None]:
-    """The kubeconfig's TLS context and the API server's sessions made with it, kept
-    while its files are unchanged: a program's streams one after another load no
-    CA again and resume their TLS session (a session belongs to the context, and so
-    to its client certificate). None for a plain ``http`` server."""
+def _tls(cfg: Any) -> ssl.SSLContext | None:
+    """The kubeconfig's TLS context, kept while its files are unchanged: a program's
+    streams one after another load no CA and no key again. None for a plain
+    ``http`` server. (Resuming the API server's TLS sessions was measured and
+    dropped: Python copies a session, certificates and all, holding the GIL, each
+    time it is read or used, which cost more than the handshake it saved.)"""
     if not cfg.host.startswith("https"):
-        return None, None
+        return None
     key = (
         bool(cfg.verify_ssl),
         _file_state(cfg.ssl_ca_cert),
@@ -102,7 +100,7 @@ def _tls(cfg: Any) -> tuple[ssl.SSLContext | None, TlsSessions | None]:
     with _CONTEXTS_LOCK:
         kept = _CONTEXTS.get(key)
     if kept is None:
-        kept = (_tls_context(cfg), TlsSessions())
+        kept = _tls_context(cfg)
         with _CONTEXTS_LOCK:
             if len(_CONTEXTS) >= MAX_CONTEXTS:
                 _CONTEXTS.clear()
@@ -179,19 +177,11 @@ class _SerialTLS:
     Only what websockets' sync connection uses is implemented; the rest is the
     socket's."""
 
-    def __init__(
-        self,
-        sock: socket.socket,
-        context: ssl.SSLContext,
-        hostname: str | None,
-        session: ssl.SSLSession | None = None,
-    ) -> None:
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, hostname: str | None) -> None:
         self._sock = sock
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._tls = context.wrap_bio(
-            self._incoming, self._outgoing, server_hostname=hostname, session=session
-        )
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
         self._state = threading.Lock()  # the TLS object and its two buffers
         self._writing = threading.Lock()  # taken before _state: records leave in order
         while True:
@@ -260,15 +250,6 @@ class _SerialTLS:
         self.sendall(data)
         return len(data)
 
-    def resumable(self) -> tuple[ssl.SSLSession, bool] | None:
-        """The connection's TLS session once the server's ticket has come, and whether
-        this connection resumed one; None without a ticket."""
-        with self._state:
-            session = self._tls.session
-            if session is None or not session.has_ticket:
-                return None
-            return session, self._tls.session_reused
-
     def close(self) -> None:
         # A shutdown first: a close alone leaves a read blocked on another thread waiting.
         with contextlib.suppress(OSError):
@@ -279,97 +260,31 @@ class _SerialTLS:
         return getattr(self._sock, name)
 
 
-ServerKey = tuple[str, int, str]  # host, port, the name its certificate was checked for
-
-
-class TlsSessions:
-    """The latest resumable TLS session of each server, so that the next connection to
-    it resumes (no certificates sent, signed or checked) instead of a full handshake.
-    A session belongs to the context that made it (``ssl`` refuses it to another), so
-    a store serves one client context. A session chain is kept ``max_age`` seconds
-    from its full handshake, so the server's certificate is checked again at least
-    that often; a server that does not resume (its tickets expired, it restarted) is
-    simply met with a full handshake."""
-
-    def __init__(
-        self,
-        max_age: float = 300.0,
-        max_entries: int = 4096,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._kept: Remembered[ServerKey, tuple[ssl.SSLSession, float]] = Remembered(
-            max_age, max_entries
-        )
-        self._clock = clock
-        self._lock = threading.Lock()
-
-    def session(self, server: ServerKey) -> ssl.SSLSession | None:
-        with self._lock:
-            kept = self._kept.answer(server, self._clock())
-        return None if kept is None else kept[0]
-
-    def keep(self, server: ServerKey, tls: Any) -> None:
-        """Keep the session of ``tls`` (a ``_SerialTLS`` just connected), dated from
-        its chain's full handshake; forget the server's if it has none."""
-        resumable = tls.resumable() if isinstance(tls, _SerialTLS) else None
-        with self._lock:
-            if resumable is None:
-                self._kept.forget(server)
-                return
-            session, reused = resumable
-            now = self._clock()
-            kept = self._kept.answer(server, now)
-            verified = kept[1] if reused and kept is not None else now
-            self._kept.remember(server, (session, verified), verified)
-
-
 class _Connect(reconnect):
-    """websockets' connect, its TLS one thread at a time (``_SerialTLS``), resuming
-    the TLS session kept in ``sessions`` if it is given one."""
-
-    sessions: TlsSessions | None = None
-
-    def server(self) -> ServerKey:
-        return (self.ws_uri.host, self.ws_uri.port, self.server_hostname or self.ws_uri.host)
+    """websockets' connect, its TLS one thread at a time (``_SerialTLS``)."""
 
     def enable_tls(self, sock: socket.socket, deadline: Deadline) -> socket.socket:
         context = self.ssl or ssl.create_default_context()
-        session = self.sessions.session(self.server()) if self.sessions is not None else None
         sock.settimeout(deadline.timeout())
-        tls = _SerialTLS(sock, context, self.server_hostname or self.ws_uri.host, session)
+        tls = _SerialTLS(sock, context, self.server_hostname or self.ws_uri.host)
         sock.settimeout(None)
         return cast(socket.socket, tls)
-
-
-def connect_serial(
-    uri: str, *, sessions: TlsSessions | None = None, **options: Any
-) -> ClientConnection:
-    """websockets' ``connect(uri, **options)``, its TLS one thread at a time, resuming
-    with ``sessions`` and keeping the new session there; never reconnected."""
-    connect = _Connect(uri, **options)
-    connect.sessions = sessions
-    connection = connect.connect()
-    connection.pending_legacy_warning = False  # one connection, closed by its owner
-    if sessions is not None:
-        sessions.keep(connect.server(), connection.socket)
-    return connection
 
 
 def open_stream(api: client.ApiClient, path: str) -> Stream:
     """A connected WebSocket to ``path`` (with its query) on the API server;
     ``StreamRefused`` on an HTTP answer instead of the upgrade."""
     cfg = api.configuration
-    if cfg.refresh_api_key_hook is not None:
-        cfg.refresh_api_key_hook(cfg)  # an exec plugin's token, fresh
+    # Its token first: reading it runs the kubeconfig's refresh hook (an exec
+    # plugin's token, fresh), which may also change the TLS files read below.
+    headers = _auth_headers(cfg)
     url = "ws" + cfg.host.removeprefix("http") + path
-    context, sessions = _tls(cfg)
     try:
-        connection = connect_serial(
+        connection = _Connect(
             url,
-            sessions=sessions,
-            ssl=context,
+            ssl=_tls(cfg),
             server_hostname=cfg.tls_server_name or None,
-            additional_headers=_auth_headers(cfg),
+            additional_headers=headers,
             subprotocols=[Subprotocol(SUBPROTOCOL)],
             compression=None,
             # The kubeconfig's proxy, as the API client's; never the environment's.
@@ -379,18 +294,11 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
             close_timeout=CLOSE_TIMEOUT,
             max_size=None,
             max_queue=None,  # the reading thread never stops for a caller busy sending
-        )
+        ).connect()
     except InvalidStatus as e:
         raise StreamRefused(e.response.status_code, _refusal_message(e.response.body)) from None
+    connection.pending_legacy_warning = False  # one connection, closed by its Stream
     return Stream(connection)
 
 
-__all__ = [
-    "Stream",
-    "StreamRefused",
-    "TlsSessions",
-    "check_sandbox",
-    "connect_serial",
-    "is_forbidden",
-    "open_stream",
-]
+__all__ = ["Stream", "StreamRefused", "check_sandbox", "is_forbidden", "open_stream"]
