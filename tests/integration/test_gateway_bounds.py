@@ -2,7 +2,7 @@
 tenant's many ServiceAccounts against the namespace cap, a group's many users
 against the group cap, a silent relay against
 the idle timeout, a rotated-out front-proxy CA against the handshake, a remembered
-agent that no longer holds the sandbox. The rig is
+agent that no longer holds the sandbox, an agent slow to close after its status. The rig is
 test_stream_handshakes.py's: the gateway and an agent ``StreamServer`` with their
 real certificates, the cluster's answers given as ``Backends``."""
 
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import client_context, server_context
@@ -26,6 +27,7 @@ from sandlot.devtools.certs import StreamCerts
 from sandlot.gateway.placements import CachedPlacements
 from sandlot.gateway.server import Backends, Gateway, Sessions
 from sandlot.policy.streamaccess import RequestHeaderConfig
+from sandlot.policy.streams import STATUS, decode_frame, encode_frame, exit_status
 
 pytestmark = pytest.mark.integration
 
@@ -356,3 +358,47 @@ def test_a_sandbox_remembered_on_its_old_node_is_reached_where_it_is_now(rig: Ri
         gateway.shutdown()
         for agent in agents.values():
             agent.shutdown()
+
+
+def test_a_stream_ends_at_its_status_without_waiting_for_the_agents_close(rig: Rig) -> None:
+    """Every agent stream ends with its status frame and a close. An agent that sends
+    the status but holds its connection open (slow to close, or wedged): the user's
+    stream still ends at the status, not at the gateway's idle timeout."""
+    release = threading.Event()
+
+    def status_then_hold(connection: ServerConnection) -> None:
+        connection.send(encode_frame(STATUS, exit_status(0)))
+        release.wait(30)
+
+    agent = serve(
+        status_then_hold,
+        "127.0.0.1",
+        0,
+        ssl=server_context(
+            str(rig.certs.agent("node-1").cert),
+            str(rig.certs.agent("node-1").key),
+            str(rig.certs.ca.cert),
+        ),
+        subprotocols=[Subprotocol("v5.channel.k8s.io")],
+    )
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    gateway = rig.gateway(
+        Sessions(4, 4),
+        idle_timeout=60.0,
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=lambda _ns, _name: "node-1",
+            agent_of=lambda _node: ("127.0.0.1", int(agent.socket.getsockname()[1])),
+        ),
+    )
+    try:
+        user = rig.follow(gateway, "alice")
+        assert decode_frame(bytes(user.recv(timeout=10)))[0] == STATUS  # type: ignore[arg-type]
+        began = time.monotonic()
+        with pytest.raises(ConnectionClosed):
+            user.recv(timeout=10)
+        assert time.monotonic() - began < 5, "the stream waited for the agent's close"
+    finally:
+        release.set()
+        gateway.shutdown()
+        agent.shutdown()

@@ -69,6 +69,7 @@ from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
     OPEN_TIMEOUT_HEADER,
+    STATUS,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
@@ -81,6 +82,7 @@ from sandlot.policy.streams import (
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1 << 20
+END = bytes([STATUS])  # a status frame's first byte
 CLOSE_TIMEOUT = 2.0
 
 DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
@@ -447,6 +449,11 @@ class Gateway:
                     continue  # the user may have sent meanwhile: look again
                 last_moved = time.monotonic()
                 connection.send(message)
+                if isinstance(message, bytes) and message[:1] == END:
+                    # The agent's last frame of every stream (it closes right after):
+                    # the user's side is closed now, not after the agent's close
+                    # handshake has come back.
+                    break
         except ConnectionClosed:
             pass
         finally:
