@@ -38,7 +38,7 @@ from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
-TTL = 6.0  # the gateway's review_cache_ttl here
+TTL = 10.0  # the gateway's review_cache_ttl here
 # RBAC changes reach the API server's authorizer through its informers: well under
 # a second on the rig; the bound below leaves room for a loaded run.
 PROPAGATION = 5.0
