@@ -333,9 +333,11 @@ class AgentSettings(NetworkSettings, PullSettings):
     proc_root: str = Field(
         default="/proc",
         max_length=256,
-        description="The node's /proc, where containerd's task pids live (tcpSocket and "
-        "httpGet probes reach a sandbox's network through it; in a pod, the host's /proc "
-        "mounted in).",
+        description="The node's /proc, where containerd's task pids live (in a pod, the "
+        "host's /proc mounted in). tcpSocket and httpGet probes of a sandbox without a "
+        "namespace made by the agent enter its task's network through it, once the pid "
+        "there is shown to be the task (its cgroup); else they run the image's nc or "
+        "wget inside.",
     )
     files_tool: str = Field(
         default="",
