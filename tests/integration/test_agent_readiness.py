@@ -188,6 +188,10 @@ def test_a_port_probe_passes_once_something_listens_inside_the_sandbox(
     sb = _starter(kube, namespace, agent)(name, {**handler, **FAST})
     failed = _wait_ready(kube, namespace, name, "False")
     assert failed["reason"] == "ProbeFailed", failed
+    # With the node's PIDs the agent enters the task's namespace itself (its pid
+    # shown to be the task); without, the image's nc or wget probe from inside.
+    from_inside = agent.settings.proc_root != "/proc"
+    assert ("exec '" in failed["message"]) is from_inside, failed
     # Only on the sandbox's own loopback: the node's 127.0.0.1:8080 is not it.
     serve = "mkdir -p /www && echo ok > /www/index.html && httpd -p 127.0.0.1:8080 -h /www"
     assert _exec_in(agent, sb, "sh", "-c", serve) == 0
