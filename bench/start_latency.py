@@ -289,6 +289,7 @@ def main() -> int:
             containerd_namespace=ctr_ns,
             containerd_root=str(containerd.root),
             capacity=args.burst + args.serial + 10,
+            capacity_memory="64Gi",  # the sandboxes' default limits, not this machine's memory
             metrics_port=0,
             log_dir="",
             node_address="127.0.0.1",
