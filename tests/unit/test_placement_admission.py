@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from sandlot.api.keys import TAINTED_LABEL
-from sandlot.api.placementpolicy import CHART_TEMPLATE, RULE, chart_template, placement_policy
 from sandlot.api.placement import Taint
+from sandlot.api.placementpolicy import CHART_TEMPLATE, RULE, chart_template, placement_policy
 from sandlot.policy.nodetrust import AdmissionMarks, KubeNodeFacts, admission_marks, kube_node_facts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,7 +65,7 @@ def _marks(
     return AdmissionMarks(copied, label)
 
 
-LABEL = {TAINTED_LABEL: "true"}
+LABEL: dict[str, str | None] = {TAINTED_LABEL: "true"}
 UNLABEL: dict[str, str | None] = {TAINTED_LABEL: None}
 
 
