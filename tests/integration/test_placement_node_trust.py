@@ -127,6 +127,16 @@ def test_a_node_that_clears_its_mirrored_taints_still_gets_no_untolerating_sandb
                 GROUP, VERSION, "sandboxnodes", hostile, {**extra, "status": status}
             )
 
+        def write_policy_in_force() -> bool:
+            try:
+                agent.patch_cluster_custom_object_status(
+                    GROUP, VERSION, "sandboxnodes", sentinel, {"status": {"address": "10.0.0.1"}}
+                )
+            except ApiException as e:
+                return e.status == 403 and "agent-own-sandboxnode" in _message(e)
+            return False
+
+        wait_for(write_policy_in_force, timeout=30, interval=0.3, what="the agent write policy")
         agent_status({"nodeTaints": [TENANT]})  # what an honest agent mirrors at registration
         op_config, identity = operator_replica(kube, control_plane, installed, tmp_path)
         op = OperatorProcess(
