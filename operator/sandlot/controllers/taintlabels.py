@@ -68,6 +68,8 @@ def apply_marks(objects: Objects, body: Mapping[str, Any], marks: AdmissionMarks
 
 
 class TaintMarks:
+    """The leader's marks for the placement policy, decided per SandboxNode."""
+
     def __init__(
         self,
         objects: Objects,

@@ -92,9 +92,9 @@ def _taints(raw: Any) -> tuple[Taint, ...]:
 def admission_marks(node: Mapping[str, Any], kube: KubeNodeFacts | None) -> AdmissionMarks | None:
     """What keeps SandboxNode ``node`` (the API server's JSON) right for the placement
     admission policy, given its Kubernetes Node (None: there is none); None when
-    nothing is to be written. ``status.trustedNodeTaints`` holds the blocking taints
-    of ``trusted_taints`` beyond the node's own, and the node is labelled when it or
-    ``spec.taints`` has one: the policy evaluates only the labelled nodes."""
+    nothing is to be written. ``status.trustedNodeTaints`` holds the Node's blocking
+    taints (the mirror's where there is no Node), and the node is labelled when they
+    or ``spec.taints`` hold one: the policy evaluates only the labelled nodes."""
     spec = node.get("spec") or {}
     status = node.get("status") or {}
     blocking = tuple(
