@@ -240,6 +240,20 @@ class Objects:
             raise
         return True
 
+    def patch_node_status_as_of(
+        self, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> str | None:
+        """Merge ``status`` into a SandboxNode's as of the version read; its new
+        resourceVersion, or None when it changed since (409) or is gone."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            out = self.custom.patch_cluster_custom_object_status(GROUP, VERSION, NODES, name, body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return None
+            raise
+        return str(out["metadata"]["resourceVersion"])
+
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.custom.list_cluster_custom_object(GROUP, VERSION, NODES).get("items", []))
 

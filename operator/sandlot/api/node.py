@@ -242,7 +242,16 @@ class SandboxNodeStatus(Model):
     node_taints: Taints = Field(
         default_factory=list,
         description="The taints of the Kubernetes Node of the same name, mirrored by the "
-        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`).",
+        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`). Placement "
+        "counts them only for a SandboxNode with no Kubernetes Node.",
+    )
+    trusted_node_taints: Taints = Field(
+        default_factory=list,
+        description="The NoSchedule and NoExecute taints of the Kubernetes Node of the same "
+        "name (not the node lifecycle's `node.kubernetes.io/` ones), copied by the operator; "
+        "with no such Node, those of nodeTaints. The placement admission policy reads these "
+        "and spec.taints. Only the operator writes them: an admission policy refuses its "
+        "agent's changes.",
     )
     runtime_handlers: list[NodeRuntimeHandler] = Field(
         default_factory=list,
