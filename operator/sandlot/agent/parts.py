@@ -186,7 +186,7 @@ def _disk_upkeep(
     storage = EphemeralStorage(
         runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
     )
-    cache = CacheUpkeep(w.objects, settings.node_name, w.prune_watch, lambda: collector, w.clock)
+    cache = CacheUpkeep(w.objects, settings.node_name, w.prune_watch, collector, w.clock)
     pressure = DiskPressure(
         storage,
         w.disk_usages,
