@@ -82,10 +82,9 @@ from sandlot.agent.snapshots import SNAPSHOT_TICK
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer
 from sandlot.agent.sweep import SweepReport
-from sandlot.agent.sync import unschedulable
+from sandlot.agent.sync import sandbox_listener, unschedulable
 from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
-from sandlot.policy.agentsync import mode_asked
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
 
@@ -160,9 +159,8 @@ class Agent:
         self._sync_wake = threading.Event()
         self._prune_wake = threading.Event()
         watched = {"watch_timeout": max(1, round(settings.watch_timeout.total_seconds()))}
-        self.sandbox_watch = node_sandboxes(
-            api, self.node, on_change=self._sandbox_changed, **watched
-        )
+        # The Sandboxes' listener hands mode changes to the sync: it starts with it.
+        self.sandbox_watch = node_sandboxes(api, self.node, **watched)
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
         self.snapshot_watch = node_snapshots(api, self.node, **watched)
@@ -420,7 +418,8 @@ class Agent:
         self.ready.set()
 
     def _start_watches(self) -> None:
-        for watched in self._watches:
+        self.sandbox_watch.start(sandbox_listener(self.parts.sync, self._sync_wake, self.uses))
+        for watched in (self.node_watch, self.prune_watch, self.snapshot_watch):
             watched.start()
 
     def _stop_watches(self) -> None:
@@ -465,18 +464,6 @@ class Agent:
     @property
     def _watches(self) -> tuple[Any, ...]:
         return (self.sandbox_watch, self.node_watch, self.prune_watch, self.snapshot_watch)
-
-    def _sandbox_changed(
-        self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-    ) -> None:
-        # A pause or resume need not wait its pass; handed over first, so the pass
-        # this wakes finds it in flight. (The watches start after the parts exist.)
-        if self._parts is not None and event == "MODIFIED" and new and mode_asked(old, new):
-            self._parts.sync.mode_changed(new)
-        # Every change may matter (phase, deletion, containerId); the agent's own
-        # status writes come back here too, and their pass finds nothing to do.
-        self._sync_wake.set()
-        self.uses.suspends.changed()  # a use waiting for an idle-suspended one looks again
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
