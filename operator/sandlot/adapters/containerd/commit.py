@@ -30,7 +30,6 @@ from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.connection import Connection
 from sandlot.adapters.containerd.containers import chain_id
-from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2
 from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
@@ -93,13 +92,7 @@ class Committer:
         """Image ``name`` holding ``container_id``'s filesystem as it is now; its
         manifest's digest. ``labels`` go on the image record."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = f"Containers.Get {container_id}"
-        container = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
+        container = self._conn.get_container(container_id, timeout=budget)
         manifest = self._images.manifest(container.image, budget)
         config = self._images.config_json(container.image, budget)
         diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])

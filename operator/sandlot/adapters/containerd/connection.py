@@ -32,7 +32,10 @@ from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecaps import mib
 
 try:
-    from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.containers.v1 import (
+        containers_pb2,
+        containers_pb2_grpc,
+    )
     from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
     from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2_grpc
     from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2_grpc
@@ -120,6 +123,17 @@ class Connection:
             return method(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise translate(exc, what, timeout, time.monotonic() - began) from exc
+
+    def get_container(self, container_id: str, *, timeout: float | Deadline) -> Any:
+        """containerd's record of ``container_id`` (its spec, image, runtime and
+        snapshot), within ``timeout`` seconds or what is left of a shared budget."""
+        what = f"Containers.Get {container_id}"
+        return self.call(
+            self.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=timeout.remaining(what) if isinstance(timeout, Deadline) else timeout,
+            what=what,
+        ).container
 
     def stream(
         self, method: Callable[..., Iterable[T]], request: Any, *, timeout: float, what: str

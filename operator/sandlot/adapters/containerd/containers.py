@@ -293,13 +293,7 @@ class Containers:
         return self._mounts_of(self._record(container_id, budget), budget)
 
     def _record(self, container_id: str, budget: Deadline) -> Any:
-        what = f"Containers.Get {container_id}"
-        return self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
+        return self._conn.get_container(container_id, timeout=budget)
 
     def _mounts_of(self, container: Any, budget: Deadline) -> Any:
         container_id = container.id

@@ -31,7 +31,6 @@ from typing import Any
 from google.protobuf import any_pb2
 
 from sandlot.adapters.containerd.connection import Connection
-from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
@@ -173,13 +172,7 @@ class Execs:
         bare: bool,
     ) -> ExecProcess:
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = f"Containers.Get {container_id}"
-        container = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
+        container = self._conn.get_container(container_id, timeout=budget)
         spec = exec_process_spec(json.loads(container.spec.value or b"{}"), args, tty, bare=bare)
         directory = tempfile.mkdtemp(prefix=f"exec-{exec_id}-", dir=self._fifo_root)
         fds: list[int] = []
@@ -302,34 +295,19 @@ class Execs:
 
     def runtime_of(self, container_id: str, *, timeout: float) -> str:
         """The shim containerd runs the container with (its ``runtime.name``)."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        return str(response.container.runtime.name)
+        container = self._conn.get_container(container_id, timeout=timeout)
+        return str(container.runtime.name)
 
     def container_spec(self, container_id: str, *, timeout: float) -> dict[str, Any]:
         """The container's OCI spec."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        spec: dict[str, Any] = json.loads(response.container.spec.value or b"{}")
+        container = self._conn.get_container(container_id, timeout=timeout)
+        spec: dict[str, Any] = json.loads(container.spec.value or b"{}")
         return spec
 
     def mounts_in(self, container_id: str, *, timeout: float) -> frozenset[str]:
         """The destinations of the container's mounts (its spec's)."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        spec = json.loads(response.container.spec.value or b"{}")
+        container = self._conn.get_container(container_id, timeout=timeout)
+        spec = json.loads(container.spec.value or b"{}")
         return frozenset(str(m.get("destination")) for m in spec.get("mounts") or [])
 
     def close(self) -> None:
