@@ -29,7 +29,7 @@ from typing import Any
 from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.connection import Connection
-from sandlot.adapters.containerd.containers import chain_id
+from sandlot.adapters.containerd.containers import chain_id, manifest_gc_labels, snapshot_gc_labels
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2
 from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
@@ -111,11 +111,10 @@ class Committer:
                 config, list(manifest.get("layers") or []), layer, datetime.now(UTC)
             )
             config_digest = _digest(config_bytes)
-            gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": new_chain}
+            gc_snapshot = snapshot_gc_labels(self.snapshotter, new_chain)
             self._write(config_digest, config_bytes, gc_snapshot, budget, lease)
-            refs = {"containerd.io/gc.ref.content.config": config_digest}
-            for i, entry in enumerate([*(manifest.get("layers") or []), layer]):
-                refs[f"containerd.io/gc.ref.content.l.{i}"] = str(entry["digest"])
+            layers = [*(manifest.get("layers") or []), layer]
+            refs = manifest_gc_labels(config_digest, [str(entry["digest"]) for entry in layers])
             manifest_digest = _digest(manifest_bytes)
             self._write(manifest_digest, manifest_bytes, refs, budget, lease)
             target = descriptor_pb2.Descriptor(

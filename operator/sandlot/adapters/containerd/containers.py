@@ -17,7 +17,7 @@ import contextlib
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -91,6 +91,19 @@ def chain_id(diff_ids: Sequence[str]) -> str:
     for diff_id in diff_ids[1:]:
         chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
     return chain
+
+
+def snapshot_gc_labels(snapshotter: str, chain: str) -> dict[str, str]:
+    """An image config's label that keeps its unpacked snapshot from containerd's GC."""
+    return {f"containerd.io/gc.ref.snapshot.{snapshotter}": chain}
+
+
+def manifest_gc_labels(config_digest: str, layer_digests: Iterable[str]) -> dict[str, str]:
+    """A manifest's labels that keep its config and its layers from containerd's GC."""
+    labels = {"containerd.io/gc.ref.content.config": config_digest}
+    for i, digest in enumerate(layer_digests):
+        labels[f"containerd.io/gc.ref.content.l.{i}"] = digest
+    return labels
 
 
 def mapped_root(oci_spec: Mapping[str, Any]) -> int | None:
