@@ -51,7 +51,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -85,6 +85,7 @@ from sandlot.agent.sweep import SweepReport
 from sandlot.agent.sync import sandbox_listener, unschedulable
 from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
+from sandlot.api.timestamps import utcnow
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
 
@@ -93,10 +94,6 @@ log = logging.getLogger(__name__)
 TLS_REFRESH = 60.0  # seconds between looks at the stream server's certificate files
 
 NODE_LOCK_POLL = 0.5  # seconds between tries while another agent holds the node
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def detect_address() -> str:
@@ -121,7 +118,7 @@ class Agent:
         runtime_factory: Callable[[], Runtime] | None = None,
         registry: CollectorRegistry | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name

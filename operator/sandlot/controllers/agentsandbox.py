@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -60,6 +60,7 @@ from sandlot.api.common import (
 from sandlot.api.keys import AGENT_SANDBOX_SPEC_ANNOTATION
 from sandlot.api.reasons import AgentSandboxReason as Reason
 from sandlot.api.reasons import ConditionType
+from sandlot.api.timestamps import utcnow
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.agentsandbox import (
@@ -84,10 +85,6 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_ERROR = 0.5
 RETRY_CAP = 30.0
 WORKERS = 8
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def _owner(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,7 +114,7 @@ class AgentSandboxController:
         cache: SandboxCache,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api

@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -30,6 +30,7 @@ from sandlot.adapters.objects import Objects
 from sandlot.api.cacheprune import CachePrune, CachePrunePhase, CachePruneStatus, NodePruneResult
 from sandlot.api.common import CACHEPRUNES, GROUP, NODES, VERSION
 from sandlot.api.node import NodePhase
+from sandlot.api.timestamps import utcnow
 from sandlot.policy.cacheprune import TERMINAL_PRUNE_PHASES, NodeReach, PruneDecision, decide
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class CachePruneController:
         lease_namespace: str,
         leading: Callable[[], bool],
         *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.objects = objects
         self.prunes = CachePrunes(objects.api)

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sandlot.adapters.workloads import WorkloadApi
@@ -59,7 +59,7 @@ from sandlot.api.keys import (
 )
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
-from sandlot.api.timestamps import parse_time, rfc3339
+from sandlot.api.timestamps import parse_time, rfc3339, utcnow
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
@@ -147,10 +147,6 @@ def _candidate(rec: SandboxRecord) -> Candidate:
     return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node, rec.paused, rec.ready)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class ClaimController:
     def __init__(
         self,
@@ -159,7 +155,7 @@ class ClaimController:
         pools: PoolController,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
         metrics: WorkloadMetrics | None = None,
     ) -> None:

@@ -20,12 +20,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
-from sandlot.api.timestamps import rfc3339
+from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.lifetimes import decide_lifetime
@@ -36,10 +36,6 @@ RETRY_AFTER_ERROR = 1.0
 RETRY_CAP = 30.0
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class LifetimeController:
     def __init__(
         self,
@@ -47,7 +43,7 @@ class LifetimeController:
         cache: SandboxCache,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api

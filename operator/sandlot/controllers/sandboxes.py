@@ -36,7 +36,7 @@ from typing import Any
 from sandlot.api.common import join_key, key_of
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
-from sandlot.api.timestamps import parse_time
+from sandlot.api.timestamps import parse_time, utcnow
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
 from sandlot.policy.idle import idle_mark
 from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
@@ -209,17 +209,13 @@ def _placement(spec: Mapping[str, Any]) -> Placement | None:
 Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old, new)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class SandboxCache:
     def __init__(
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
         watch_lag: float = WATCH_LAG,
-        wall: Callable[[], datetime] = _utcnow,
+        wall: Callable[[], datetime] = utcnow,
     ) -> None:
         self._clock = clock
         self._wall = wall  # the controllers' clock: when a member was first seen Ready
