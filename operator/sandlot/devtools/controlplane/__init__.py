@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from sandlot.devtools.certs import front_proxy_flags
+from sandlot.devtools.processes import terminate
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
@@ -218,13 +219,13 @@ class ControlPlane:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
             if proc is not None:
-                _terminate(proc, timeout)
+                terminate(proc, timeout)
 
     def stop_apiserver(self, timeout: float = 15.0) -> None:
         """Stop kube-apiserver only (fault tests); ``restart_apiserver`` brings it back."""
         proc = self._procs.pop("kube-apiserver", None)
         if proc is not None:
-            _terminate(proc, timeout)
+            terminate(proc, timeout)
 
     def restart_apiserver(self) -> None:
         self._start_apiserver(detach=False)
@@ -239,7 +240,7 @@ class ControlPlane:
     def stop_etcd(self, timeout: float = 15.0) -> None:
         proc = self._procs.pop("etcd", None)
         if proc is not None:
-            _terminate(proc, timeout)
+            terminate(proc, timeout)
 
     def start_etcd(self, detach: bool = False) -> None:
         if not self.etcd_port:
@@ -449,17 +450,6 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         return "zombie"
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=timeout)
 
 
 def _run(argv: list[str]) -> None:
