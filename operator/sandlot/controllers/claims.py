@@ -63,7 +63,7 @@ from sandlot.api.timestamps import parse_time, rfc3339, utcnow
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
-from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of, tell_synced
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.claims import (
     NO_LIFECYCLE,
@@ -199,11 +199,7 @@ class ClaimController:
             self._deleted(self.claims[key])
         if not self.synced:
             self.synced = True
-            for callback in self.on_synced:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("claim sync listener failed")
+            tell_synced(self.on_synced, "claim")
 
     def on_claim(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         state = claim_state(body)

@@ -28,7 +28,7 @@ import logging
 import sys
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -139,6 +139,16 @@ def _conditions(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
         )
         for c in found
     )
+
+
+def tell_synced(listeners: Iterable[Callable[[], None]], what: str) -> None:
+    """Tell each of a cache's sync listeners that its first complete list is in; one
+    that fails is logged and the others still hear it."""
+    for callback in listeners:
+        try:
+            callback()
+        except Exception:
+            log.exception("%s sync listener failed", what)
 
 
 def record_of(body: Mapping[str, Any]) -> SandboxRecord:
@@ -287,11 +297,7 @@ class SandboxCache:
             self._remove(key, None)
         if not self.synced:
             self.synced = True
-            for callback in self.on_synced:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("sandbox cache sync listener failed")
+            tell_synced(self.on_synced, "sandbox cache")
 
     def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
         """Take the API server's answer about a sandbox (a write's result or a read),
