@@ -94,6 +94,20 @@ def read_status(status: bytes | None) -> Outcome:
     return Outcome(None, int(body.get("code") or 500), message, status)
 
 
+def stdout_until_status(
+    stream: Stream, timeout: Callable[[], float], stdout: Callable[[bytes], object]
+) -> bytes | None:
+    """Hand each stdout frame to ``stdout`` until the status frame, and return it (None:
+    the stream ended first); each wait at most ``timeout()`` seconds, else TimeoutError."""
+    while (message := stream.recv(timeout=timeout())) is not None:
+        channel, data = decode_frame(message)
+        if channel == STDOUT:
+            stdout(data)
+        elif channel == STATUS:
+            return data
+    return None
+
+
 def command_argv(
     command: str | Sequence[str],
     env: Mapping[str, str] | None = None,
