@@ -76,6 +76,7 @@ from sandlot.policy.claims import (
     decide_claim_end,
     hold_replacements,
 )
+from sandlot.policy.marking import ended_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -365,12 +366,8 @@ class ClaimController:
                 await self._delete(bound)
             return True
         if bound is not None and not bound.terminal:
-            stopped = {
-                "phase": SandboxPhase.STOPPED.value,
-                "reason": SandboxReason.CLAIM_EXPIRED.value,
-                "message": end.message,
-                "finishedAt": rfc3339(now),
-            }
+            reason = SandboxReason.CLAIM_EXPIRED
+            stopped = ended_status(SandboxPhase.STOPPED, reason, end.message, now)
             written = await self._call(
                 self.api.write_status, bound.namespace, bound.name, stopped, bound.resource_version
             )

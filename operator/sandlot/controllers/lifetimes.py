@@ -29,6 +29,7 @@ from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.lifetimes import decide_lifetime
+from sandlot.policy.marking import ended_status
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +93,8 @@ class LifetimeController:
         if decision.stamp_finished:
             status: dict[str, str] = {"finishedAt": rfc3339(now)}
         else:
-            status = {
-                "phase": SandboxPhase.STOPPED.value,
-                "reason": SandboxReason.DEADLINE_EXCEEDED.value,
-                "message": decision.message,
-                "finishedAt": rfc3339(now),
-            }
+            reason = SandboxReason.DEADLINE_EXCEEDED
+            status = ended_status(SandboxPhase.STOPPED, reason, decision.message, now)
         written = await asyncio.to_thread(
             self.api.write_status, rec.namespace, rec.name, status, str(rec.resource_version)
         )
