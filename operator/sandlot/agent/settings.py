@@ -20,7 +20,7 @@ from sandlot.agent.netsettings import NetworkSettings
 from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
-from sandlot.api.settings import Duration, PositiveDuration
+from sandlot.api.settings import Duration, Port, PositiveDuration
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
@@ -155,8 +155,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "quantity); the agent refuses a sandbox beyond it (OverCapacity). Empty: the "
         "filesystem holding containerd_root below gc_high (what image GC keeps it under).",
     )
-    metrics_port: int = Field(
-        default=9090, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
+    metrics_port: Port = Field(
+        default=9090, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     node_address: str = Field(
         default="",
@@ -250,10 +250,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "after its disk was last at or over gcHigh, as the kubelet's "
         "evictionPressureTransitionPeriod.",
     )
-    stream_port: int = Field(
+    stream_port: Port = Field(
         default=0,
-        ge=0,
-        le=65535,
         description="Port of the stream server behind `sandlot logs` and `sandlot exec`: "
         "mutual TLS, reached only by sandlot's stream gateway; 0: off.",
     )

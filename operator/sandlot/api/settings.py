@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Field,
     PlainSerializer,
     model_validator,
 )
@@ -63,6 +64,10 @@ def _positive(value: timedelta) -> timedelta:
 
 PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 """A duration above zero: intervals, deadlines and waits that must pass."""
+
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+"""A TCP port a program listens on; 0 means what its setting says (off, or any free port)."""
 
 
 class SettingsModel(BaseModel):

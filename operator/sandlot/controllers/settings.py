@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, SettingsModel
+from sandlot.api.settings import Duration, Port, SettingsModel
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
@@ -70,8 +70,8 @@ class OperatorSettings(SettingsModel):
         description="Most members one SandboxPool keeps: a pool asking more keeps this many, "
         "says so in status.cappedAt and a ReplicasCapped Warning Event.",
     )
-    metrics_port: int = Field(
-        default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
+    metrics_port: Port = Field(
+        default=8080, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     agent_sandbox: bool = Field(
         default=False,

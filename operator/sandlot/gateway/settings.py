@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, SettingsModel
+from sandlot.api.settings import Duration, Port, SettingsModel
 
 
 class GatewaySettings(SettingsModel):
@@ -20,10 +20,8 @@ class GatewaySettings(SettingsModel):
     bind: str = Field(
         default="", max_length=253, description="Address to listen on (empty: every address)."
     )
-    port: int = Field(
+    port: Port = Field(
         default=8443,
-        ge=0,
-        le=65535,
         description="HTTPS port the API server's front proxy reaches (the APIService's "
         "Service); 0: any free port.",
     )
@@ -33,10 +31,8 @@ class GatewaySettings(SettingsModel):
         "/download, /list, /exists) as the aggregated API router.sandlot.dev, on "
         "router_port (docs/agent-sandbox.md).",
     )
-    router_port: int = Field(
+    router_port: Port = Field(
         default=8444,
-        ge=0,
-        le=65535,
         description="HTTPS port of the router's APIService, when router is on; 0: any free port.",
     )
     tls_cert: str = Field(
@@ -109,10 +105,8 @@ class GatewaySettings(SettingsModel):
         "closed on both sides and its caps freed (longer than the agent's "
         "stream_idle_timeout, which ends quiet streams first).",
     )
-    metrics_port: int = Field(
+    metrics_port: Port = Field(
         default=8080,
-        ge=0,
-        le=65535,
         description="Port of /metrics, /livez and /readyz (plain HTTP); 0: off.",
     )
 
