@@ -20,7 +20,7 @@ from sandlot.agent.netsettings import NetworkSettings
 from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
-from sandlot.api.settings import Duration, Port, PositiveDuration
+from sandlot.api.settings import Duration, PemPath, Port, PositiveDuration
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
@@ -261,16 +261,13 @@ class AgentSettings(NetworkSettings, PullSettings):
         description="Address the stream server listens on (empty: every address). The "
         "gateway reaches it at the agent pod's IP.",
     )
-    stream_tls_cert: str = Field(
+    stream_tls_cert: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the stream server's certificate, issued by sandlot's agent "
         "CA for this node (written by the agent itself with stream_tls_request). Required "
         "with stream_port.",
     )
-    stream_tls_key: str = Field(
-        default="", max_length=4096, description="PEM file of that certificate's key."
-    )
+    stream_tls_key: PemPath = Field(default="", description="PEM file of that certificate's key.")
     stream_tls_request: bool = Field(
         default=False,
         description="Make the stream server's key on this node and ask sandlot's operator "
@@ -283,9 +280,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         description="How long the agent waits for its stream certificate request to be "
         "answered before its start fails (and the pod is restarted).",
     )
-    stream_client_ca: str = Field(
+    stream_client_ca: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the CA whose client certificates the stream server "
         "accepts: the stream gateway's own CA, which issues nothing else (not the agents' "
         "CA, not a cluster-wide issuer). Required with stream_port.",

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, Port, SettingsModel
+from sandlot.api.settings import Duration, PemPath, Port, SettingsModel
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
@@ -113,16 +113,14 @@ class OperatorSettings(SettingsModel):
     leader_retry_period: Duration = Field(
         default=timedelta(seconds=2), description="How often replicas try to acquire or renew."
     )
-    agent_ca_cert: str = Field(
+    agent_ca_cert: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of sandlot's agent CA: the operator signs each agent's "
         "serving certificate with it, for that agent's node only (CertificateSigningRequests "
         "of signer sandlot.dev/agent-serving). Empty: no agent certificate is signed.",
     )
-    agent_ca_key: str = Field(
+    agent_ca_key: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the agent CA's key; only the operator mounts it.",
     )
     agent_service_account: str = Field(

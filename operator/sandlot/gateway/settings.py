@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, Port, SettingsModel
+from sandlot.api.settings import Duration, PemPath, Port, SettingsModel
 
 
 class GatewaySettings(SettingsModel):
@@ -35,17 +35,15 @@ class GatewaySettings(SettingsModel):
         default=8444,
         description="HTTPS port of the router's APIService, when router is on; 0: any free port.",
     )
-    tls_cert: str = Field(
+    tls_cert: PemPath = Field(
         min_length=1,
-        max_length=4096,
         description="PEM file of the gateway's certificate: it serves the API server with it "
         "and presents it to the agents as a client (common name sandlot-gateway, issued by "
         "the gateway's own CA, the only client CA the agents trust).",
     )
-    tls_key: str = Field(min_length=1, max_length=4096, description="PEM file of its key.")
-    stream_ca: str = Field(
+    tls_key: PemPath = Field(min_length=1, description="PEM file of its key.")
+    stream_ca: PemPath = Field(
         min_length=1,
-        max_length=4096,
         description="PEM file of sandlot's agent CA, the only CA the gateway trusts for "
         "agents: each agent's serving certificate names its node, and the gateway checks it "
         "names the node of the sandbox it dials (<node>.agent.sandlot.internal).",
@@ -58,9 +56,8 @@ class GatewaySettings(SettingsModel):
         "the Running one of them bound to the sandbox's spec.nodeName, at its container "
         "port named stream.",
     )
-    requestheader_client_ca: str = Field(
+    requestheader_client_ca: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the front-proxy CA. Empty: read from kube-system's "
         "extension-apiserver-authentication ConfigMap (with the header names), as every "
         "aggregated API server does, and re-read every requestheader_refresh.",
