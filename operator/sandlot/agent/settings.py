@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from sandlot.agent.netsettings import NetworkSettings
 from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
-from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
+from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, Quantity
 from sandlot.api.settings import Duration, PemPath, Port, PositiveDuration
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
@@ -358,10 +358,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "(systemReserved/kubeReserved, or a slice it does not manage) so the kubelet "
         "accounts the sandboxes and never evicts the agent for their usage.",
     )
-    cgroup_parent_memory_reserve: str = Field(
+    cgroup_parent_memory_reserve: Quantity = Field(
         default="1Gi",
-        pattern=QUANTITY_PATTERN,
-        max_length=64,
         description="Memory the parent cgroup of all sandboxes leaves to the node's own "
         "services: its hard limit is the node's memory minus this (its pids limit is "
         f"pid_max minus {limits.PIDS_RESERVE}), so no sum of sandboxes can OOM them.",

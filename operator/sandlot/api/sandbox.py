@@ -103,6 +103,8 @@ MIN_CPU_LIMIT = "1m"
 # A few files and a log already take this much: below it a disk limit stops anything.
 MIN_EPHEMERAL_STORAGE_LIMIT = "1Mi"
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
+Quantity = Annotated[str, Field(max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)]
+"""A Kubernetes quantity (``256Mi``, ``500m``, ``1Gi``) as QUANTITY_PATTERN admits it."""
 CapabilityName = Annotated[str, Field(max_length=64)]
 
 
@@ -175,27 +177,21 @@ def _at_least(floor: str, what: str) -> JsonDict:
 
 
 class ResourceLimits(Model):
-    memory: str | None = Field(
+    memory: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_MEMORY_LIMIT, "a memory limit"),
         description="Memory limit as a Kubernetes quantity (`256Mi`, `1Gi`); a process "
         f"over it is killed by the kernel's OOM killer. At least {MIN_MEMORY_LIMIT}: "
         "runc would read 0 as no limit at all.",
     )
-    cpu: str | None = Field(
+    cpu: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_CPU_LIMIT, "a CPU limit"),
         description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS "
         f"quota. At least {MIN_CPU_LIMIT}.",
     )
-    ephemeral_storage: str | None = Field(
+    ephemeral_storage: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_EPHEMERAL_STORAGE_LIMIT, "an ephemeral storage limit"),
         description="Disk limit as a Kubernetes quantity (`1Gi`): the allocated blocks of the "
         "sandbox's writable layer and log files, measured as the kubelet does by its node's "
