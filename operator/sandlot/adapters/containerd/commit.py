@@ -134,12 +134,11 @@ class Committer:
         return str(target.digest)
 
     def _check_parent(self, key: str, parent: str, budget: Deadline) -> None:
-        what = f"Snapshots.Stat {key}"
         info = self._conn.call(
             self._conn.snapshots.Stat,
             snapshots_pb2.StatSnapshotRequest(snapshotter=self.snapshotter, key=key),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Snapshots.Stat {key}",
         ).info
         if info.parent != parent:
             raise RuntimeError_(
@@ -162,17 +161,14 @@ class Committer:
             request = snapshots_pb2.PrepareSnapshotRequest(
                 snapshotter=self.snapshotter, key=key, parent=parent
             )
-        return self._conn.call(
-            method, request, timeout=budget.remaining(what), what=what, lease=lease
-        ).mounts
+        return self._conn.call(method, request, timeout=budget, what=what, lease=lease).mounts
 
     def _mounts(self, key: str, budget: Deadline) -> Any:
-        what = f"Snapshots.Mounts {key}"
         return self._conn.call(
             self._conn.snapshots.Mounts,
             snapshots_pb2.MountsRequest(snapshotter=self.snapshotter, key=key),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Snapshots.Mounts {key}",
         ).mounts
 
     def _remove(self, key: str, budget: Deadline) -> None:
@@ -190,14 +186,13 @@ class Committer:
         left = self._snapshot(view, parent, budget, lease, view=True)
         try:
             right = self._mounts(key, budget)
-            what = f"Diff.Diff {key}"
             desc = self._conn.call(
                 self._conn.diff.Diff,
                 diff_pb2.DiffRequest(
                     left=left, right=right, media_type=MEDIA_LAYER, ref=f"sandlot-commit-{view}"
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Diff.Diff {key}",
                 lease=lease,
             ).diff
         finally:
@@ -220,18 +215,17 @@ class Committer:
                     ),
                     mounts=mounts,
                 ),
-                timeout=budget.remaining(what),
+                timeout=budget,
                 what=what,
                 lease=lease,
             )
-            what = f"Snapshots.Commit {name}"
             self._conn.call(
                 self._conn.snapshots.Commit,
                 snapshots_pb2.CommitSnapshotRequest(
                     snapshotter=self.snapshotter, name=name, key=key
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Snapshots.Commit {name}",
                 lease=lease,
             )
         except RuntimeError_ as exc:
@@ -263,18 +257,16 @@ class Committer:
         self, name: str, target: Any, labels: Mapping[str, str], budget: Deadline
     ) -> None:
         image = images_pb2.Image(name=name, target=target, labels=dict(labels))
-        what = f"Images.Create {name}"
         try:
             self._conn.call(
                 self._conn.images.Create,
                 images_pb2.CreateImageRequest(image=image),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Images.Create {name}",
             )
         except RuntimeError_ as exc:
             if exc.code != "already_exists":
                 raise
-            what = f"Images.Update {name}"
             self._conn.call(
                 self._conn.images.Update,
                 images_pb2.UpdateImageRequest(
@@ -283,8 +275,8 @@ class Committer:
                         paths=["target", *(f"labels.{k}" for k in labels)]
                     ),
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Images.Update {name}",
             )
 
 

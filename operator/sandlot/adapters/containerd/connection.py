@@ -113,10 +113,14 @@ class Connection:
         method: Callable[..., T],
         request: Any,
         *,
-        timeout: float,
+        timeout: float | Deadline,
         what: str,
         lease: str = "",
     ) -> T:
+        """``method(request)`` named ``what``, within ``timeout`` seconds or what is left
+        of a budget shared by the steps of one operation."""
+        if isinstance(timeout, Deadline):
+            timeout = timeout.remaining(what)
         metadata = self._metadata + (((LEASE_HEADER, lease),) if lease else ())
         began = time.monotonic()
         try:
@@ -127,12 +131,11 @@ class Connection:
     def get_container(self, container_id: str, *, timeout: float | Deadline) -> Any:
         """containerd's record of ``container_id`` (its spec, image, runtime and
         snapshot), within ``timeout`` seconds or what is left of a shared budget."""
-        what = f"Containers.Get {container_id}"
         return self.call(
             self.containers.Get,
             containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout.remaining(what) if isinstance(timeout, Deadline) else timeout,
-            what=what,
+            timeout=timeout,
+            what=f"Containers.Get {container_id}",
         ).container
 
     def stream(
@@ -204,7 +207,6 @@ class Connection:
 
     def create_lease(self, lease_id: str, ttl: timedelta, budget: Deadline) -> str:
         """A lease that containerd's GC drops by itself ``ttl`` from now, should we crash."""
-        what = f"Leases.Create {lease_id}"
         expires = datetime.now(UTC) + ttl
         try:
             self.call(
@@ -212,8 +214,8 @@ class Connection:
                 leases_pb2.CreateRequest(
                     id=lease_id, labels={GC_EXPIRE_LABEL: rfc3339(expires, "seconds")}
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Leases.Create {lease_id}",
             )
         except RuntimeError_ as exc:
             if exc.code != "already_exists":  # left by an attempt that crashed: reuse it

@@ -188,7 +188,6 @@ class Execs:
             )
             if err_fd is not None:
                 fds.append(err_fd)
-            what = f"Tasks.Exec {container_id} {exec_id}"
             self._conn.call(
                 self._conn.tasks.Exec,
                 tasks_pb2.ExecProcessRequest(
@@ -200,16 +199,15 @@ class Execs:
                     terminal=tty,
                     spec=any_pb2.Any(type_url=PROCESS_TYPE_URL, value=json.dumps(spec).encode()),
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Tasks.Exec {container_id} {exec_id}",
             )
-            what = f"Tasks.Start {container_id} {exec_id}"
             try:
                 self._conn.call(
                     self._conn.tasks.Start,
                     tasks_pb2.StartRequest(container_id=container_id, exec_id=exec_id),
-                    timeout=budget.remaining(what),
-                    what=what,
+                    timeout=budget,
+                    what=f"Tasks.Start {container_id} {exec_id}",
                 )
             except RuntimeError_:
                 with contextlib.suppress(RuntimeError_):
