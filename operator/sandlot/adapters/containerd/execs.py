@@ -172,8 +172,9 @@ class Execs:
         bare: bool,
     ) -> ExecProcess:
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        container = self._conn.get_container(container_id, timeout=budget)
-        spec = exec_process_spec(json.loads(container.spec.value or b"{}"), args, tty, bare=bare)
+        spec = exec_process_spec(
+            self.container_spec(container_id, timeout=budget), args, tty, bare=bare
+        )
         directory = tempfile.mkdtemp(prefix=f"exec-{exec_id}-", dir=self._fifo_root)
         fds: list[int] = []
         try:
@@ -296,7 +297,7 @@ class Execs:
         container = self._conn.get_container(container_id, timeout=timeout)
         return str(container.runtime.name)
 
-    def container_spec(self, container_id: str, *, timeout: float) -> dict[str, Any]:
+    def container_spec(self, container_id: str, *, timeout: float | Deadline) -> dict[str, Any]:
         """The container's OCI spec."""
         container = self._conn.get_container(container_id, timeout=timeout)
         spec: dict[str, Any] = json.loads(container.spec.value or b"{}")
@@ -304,8 +305,7 @@ class Execs:
 
     def mounts_in(self, container_id: str, *, timeout: float) -> frozenset[str]:
         """The destinations of the container's mounts (its spec's)."""
-        container = self._conn.get_container(container_id, timeout=timeout)
-        spec = json.loads(container.spec.value or b"{}")
+        spec = self.container_spec(container_id, timeout=timeout)
         return frozenset(str(m.get("destination")) for m in spec.get("mounts") or [])
 
     def close(self) -> None:
