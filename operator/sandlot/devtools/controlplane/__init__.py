@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from sandlot.devtools.certs import front_proxy_flags
-from sandlot.devtools.processes import terminate
+from sandlot.devtools.processes import run_bounded, terminate
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
@@ -75,21 +75,14 @@ def binaries_dir(build_timeout: float = 3000.0) -> Path:
 def _run_build(script: Path, what: str, timeout: float, **env: str) -> Path:
     """Run a build script (it prints the directory or binary it produced, cached by
     version), bounded by ``timeout``; a failure raises with the script's stderr."""
-    try:
-        proc = subprocess.run(
-            ["bash", str(script)],
-            env=dict(os.environ, **env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ControlPlaneError(f"building {what} took over {timeout:.0f}s") from e
-    if proc.returncode != 0:
-        raise ControlPlaneError(
-            f"building {what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
+    proc = run_bounded(
+        ["bash", str(script)],
+        f"building {what}",
+        timeout,
+        error=ControlPlaneError,
+        tail=4000,
+        env=dict(os.environ, **env),
+    )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
