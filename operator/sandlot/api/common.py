@@ -76,6 +76,21 @@ def split_key(key: str) -> tuple[str, str]:
     return namespace, name
 
 
+def controller_reference(
+    api_version: str, kind: str, name: str, uid: str, *, block_owner_deletion: bool
+) -> dict[str, Any]:
+    """An ownerReference naming its owner as the controller: the owned object goes with
+    it; ``block_owner_deletion``: a foreground deletion of the owner waits for it."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": block_owner_deletion,
+    }
+
+
 def cel_list(words: Iterable[str]) -> str:
     """A CEL list literal of ``words`` (enum members: the rule follows the enum)."""
     return "[" + ", ".join(f"'{w}'" for w in words) + "]"

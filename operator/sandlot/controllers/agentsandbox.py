@@ -54,6 +54,7 @@ from sandlot.api.common import (
     POOLS,
     VERSION,
     Condition,
+    controller_reference,
     join_key,
     split_key,
 )
@@ -89,14 +90,9 @@ WORKERS = 8
 
 def _owner(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": False,
-    }
+    return controller_reference(
+        api_version, kind, meta["name"], meta["uid"], block_owner_deletion=False
+    )
 
 
 @dataclass(frozen=True)

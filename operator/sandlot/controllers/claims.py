@@ -49,7 +49,7 @@ from typing import Any, TypeVar
 
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
-from sandlot.api.common import API_VERSION, join_key
+from sandlot.api.common import API_VERSION, controller_reference, join_key
 from sandlot.api.keys import (
     CLAIM_LABEL,
     CLAIMED_AT_ANNOTATION,
@@ -110,14 +110,9 @@ class ClaimState:
         return join_key(self.namespace, self.pool_name)
 
     def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": "SandboxClaim",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
+        return controller_reference(
+            API_VERSION, "SandboxClaim", self.name, self.uid, block_owner_deletion=False
+        )
 
 
 def claim_state(body: Mapping[str, Any]) -> ClaimState:
