@@ -12,10 +12,9 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable
-from types import TracebackType
 
 from sandlot.adapters.streamclient import Stream
-from sandlot.client.commands import CHUNK, read_status
+from sandlot.client.commands import CHUNK, ClosedOnExit, read_status
 from sandlot.client.errors import SandlotError
 from sandlot.policy.streams import (
     STATUS,
@@ -27,7 +26,7 @@ from sandlot.policy.streams import (
 )
 
 
-class Tunnel:
+class Tunnel(ClosedOnExit):
     """Listening on ``address`` until closed (``with`` closes it)."""
 
     def __init__(
@@ -60,14 +59,6 @@ class Tunnel:
         for stream in streams:
             with contextlib.suppress(Exception):
                 stream.close()
-
-    def __enter__(self) -> Tunnel:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def _accept(self) -> None:
         while not self._closed.is_set():
