@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, PemPath, Port, SettingsModel
+from sandlot.api.settings import Duration, PemPath, Port, SettingsModel, require_positive
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
@@ -148,9 +148,7 @@ class OperatorSettings(SettingsModel):
             raise ValueError("agent_ca_cert and agent_ca_key go together: set both or neither")
         if self.agent_cert_lifetime < timedelta(hours=1):
             raise ValueError("agent_cert_lifetime must be at least 1h")
-        for name in ("resync_interval", "leader_retry_period", "lease_view_max_age"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
+        require_positive(self, ("resync_interval", "leader_retry_period", "lease_view_max_age"))
         if self.lease_view_max_age < timedelta(seconds=2):
             raise ValueError("lease_view_max_age must be at least 2s")
         health = self.node_health

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, PemPath, Port, SettingsModel
+from sandlot.api.settings import Duration, PemPath, Port, SettingsModel, require_positive
 
 
 class GatewaySettings(SettingsModel):
@@ -109,9 +109,7 @@ class GatewaySettings(SettingsModel):
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
-        for name in ("requestheader_refresh", "call_timeout", "idle_timeout"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
+        require_positive(self, ("requestheader_refresh", "call_timeout", "idle_timeout"))
         for name in (
             "max_sessions_per_user",
             "max_sessions_per_namespace",
