@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import AwareDatetime, Field
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     MAX_CONDITIONS,
     MAX_ENV,
     MAX_ENV_VALUE,
@@ -167,7 +168,7 @@ class SandboxWarmPool(Resource):
         short_names=("swp",),
         columns=(
             PrinterColumn("Ready", ".status.readyReplicas", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         scale={
             "specReplicasPath": ".spec.replicas",
@@ -254,7 +255,7 @@ class SandboxClaim(Resource):
             PrinterColumn("Sandbox", ".status.sandbox.name"),
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             PrinterColumn("Reason", '.status.conditions[?(@.type=="Ready")].reason'),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         group=EXTENSIONS_GROUP,
     )
@@ -290,7 +291,7 @@ class Sandbox(Resource):
         singular="sandbox",
         columns=(
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         group=AGENTS_GROUP,
     )

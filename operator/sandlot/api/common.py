@@ -147,6 +147,10 @@ class PrinterColumn:
     description: str = ""
 
 
+AGE_COLUMN = PrinterColumn("Age", ".metadata.creationTimestamp", "date")
+"""kubectl's AGE column, as every kind prints it."""
+
+
 @dataclass(frozen=True)
 class CrdInfo:
     """What a kind declares about itself beyond its fields."""

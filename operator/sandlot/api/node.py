@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import AwareDatetime, ConfigDict, Field
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     MAX_CONDITIONS,
     MAX_MESSAGE,
     MAX_NAME,
@@ -286,7 +287,7 @@ class SandboxNode(Resource):
         columns=(
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Sandboxes", ".status.sandboxes", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Capacity", ".status.capacity.sandboxes", "integer", priority=1),
             PrinterColumn("Disk-Pressure", ".status.disk.pressure", "boolean", priority=1),
             PrinterColumn("Last-GC", ".status.gc.lastPassKind", priority=1),

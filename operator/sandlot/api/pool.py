@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     MAX_CONDITIONS,
     MAX_DNS_LABEL,
     MAX_ENTRIES,
@@ -174,7 +175,7 @@ class SandboxPool(Resource):
             PrinterColumn("Up-To-Date", ".status.updatedReplicas", "integer"),
             PrinterColumn("Pending", ".status.pending", "integer"),
             PrinterColumn("Dead", ".status.dead", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Service", ".spec.serviceName", priority=1),
             PrinterColumn("Backoff-Until", ".status.backoffUntil", priority=1),
         ),

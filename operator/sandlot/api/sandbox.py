@@ -20,6 +20,7 @@ from pydantic import AwareDatetime, Field
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     DNS_SUBDOMAIN,
     MAX_ARG,
     MAX_ARGS,
@@ -498,7 +499,7 @@ class Sandbox(Resource):
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Node", ".spec.nodeName"),
             PrinterColumn("IP", ".status.ip"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Mode", ".spec.operatingMode", priority=1),
             # Empty without a readinessProbe: such a sandbox is ready once Running.
