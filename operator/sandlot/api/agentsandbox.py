@@ -25,13 +25,12 @@ from pydantic import AwareDatetime, Field
 
 from sandlot.api.common import (
     AGE_COLUMN,
-    MAX_CONDITIONS,
     MAX_ENV,
     MAX_ENV_VALUE,
     MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -153,9 +152,8 @@ class SandboxWarmPoolStatus(Model):
     selector: str = Field(
         default="", max_length=MAX_MESSAGE, description="Label selector of the members."
     )
-    conditions: list[Condition] = Field(
+    conditions: Conditions = Field(
         default_factory=list,
-        max_length=MAX_CONDITIONS,
         description="Ready: the sandlot pool serving it exists and takes its template.",
     )
 
@@ -239,9 +237,7 @@ class ClaimedSandbox(Model):
 
 
 class SandboxClaimStatus(Model):
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Ready, with its reason."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Ready, with its reason.")
     sandbox: ClaimedSandbox | None = Field(default=None, description="The claimed sandbox.")
 
 
@@ -272,9 +268,7 @@ class MirrorSpec(Model):
 
 
 class MirrorStatus(Model):
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Ready."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Ready.")
     pod_i_ps: list[str] = Field(
         default_factory=list, alias="podIPs", max_length=2, description="Its addresses."
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -136,6 +136,10 @@ class Condition(Model):
         ge=0,
         description="The object's metadata.generation the condition was set from.",
     )
+
+
+Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
+"""An object's conditions, one per type, merged as ``meta.SetStatusCondition`` does."""
 
 
 @dataclass(frozen=True)

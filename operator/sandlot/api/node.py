@@ -15,12 +15,11 @@ from pydantic import AwareDatetime, ConfigDict, Field
 
 from sandlot.api.common import (
     AGE_COLUMN,
-    MAX_CONDITIONS,
     MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
     NODES,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -272,9 +271,7 @@ class SandboxNodeStatus(Model):
         "when pressure starts or ends; the node-health controller mirrors it into the "
         "`DiskPressure` condition, and the scheduler places nothing on such a node.",
     )
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class SandboxNode(Resource):

@@ -15,12 +15,11 @@ from pydantic.config import JsonDict
 
 from sandlot.api.common import (
     AGE_COLUMN,
-    MAX_CONDITIONS,
     MAX_DNS_LABEL,
     MAX_ENTRIES,
     MAX_MESSAGE,
     POOLS,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -157,9 +156,7 @@ class SandboxPoolStatus(Model):
         description="Label selector of the members (for scale).",
     )
     observed_generation: int | None = Field(default=None, description="Generation seen.")
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class SandboxPool(Resource):

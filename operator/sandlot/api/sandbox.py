@@ -25,7 +25,6 @@ from sandlot.api.common import (
     MAX_ARG,
     MAX_ARGS,
     MAX_CAPABILITIES,
-    MAX_CONDITIONS,
     MAX_ENV,
     MAX_IMAGE,
     MAX_MESSAGE,
@@ -34,7 +33,7 @@ from sandlot.api.common import (
     MAX_QUANTITY,
     MAX_WORD,
     SANDBOXES,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -483,9 +482,7 @@ class SandboxStatus(Model):
         description="Set while suspended when the agent's suspend_state_repository is "
         "set: the committed filesystem pushed there, so any node may start it again.",
     )
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class Sandbox(Resource):
