@@ -20,7 +20,7 @@ from sandlot.agent.netsettings import NetworkSettings
 from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
 from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, Quantity
-from sandlot.api.settings import Duration, PemPath, Port, PositiveDuration
+from sandlot.api.settings import Duration, ListenPort, PemPath, PositiveDuration
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
@@ -155,7 +155,7 @@ class AgentSettings(NetworkSettings, PullSettings):
         "quantity); the agent refuses a sandbox beyond it (OverCapacity). Empty: the "
         "filesystem holding containerd_root below gc_high (what image GC keeps it under).",
     )
-    metrics_port: Port = Field(
+    metrics_port: ListenPort = Field(
         default=9090, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     node_address: str = Field(
@@ -250,7 +250,7 @@ class AgentSettings(NetworkSettings, PullSettings):
         "after its disk was last at or over gcHigh, as the kubelet's "
         "evictionPressureTransitionPeriod.",
     )
-    stream_port: Port = Field(
+    stream_port: ListenPort = Field(
         default=0,
         description="Port of the stream server behind `sandlot logs` and `sandlot exec`: "
         "mutual TLS, reached only by sandlot's stream gateway; 0: off.",

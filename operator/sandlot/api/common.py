@@ -138,6 +138,9 @@ class Condition(Model):
     )
 
 
+PortNumber = Annotated[int, Field(ge=1, le=65535)]
+"""A TCP or UDP port number in a sandbox."""
+
 Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
 """An object's conditions, one per type, merged as ``meta.SetStatusCondition`` does."""
 

@@ -36,6 +36,7 @@ from sandlot.api.common import (
     Conditions,
     CrdInfo,
     Model,
+    PortNumber,
     PrinterColumn,
     Resource,
     cel_list,
@@ -135,7 +136,7 @@ class SandboxPort(Model):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Port name, used as the EndpointSlice port name (IANA service name rules).",
     )
-    container_port: int = Field(ge=1, le=65535, description="Port the sandbox listens on.")
+    container_port: PortNumber = Field(description="Port the sandbox listens on.")
     protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
 
 

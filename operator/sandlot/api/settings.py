@@ -78,7 +78,7 @@ def require_positive(settings: BaseModel, names: Sequence[str]) -> None:
 PemPath = Annotated[str, Field(max_length=4096)]
 """The path of a PEM file (a certificate, a key, a CA bundle)."""
 
-Port = Annotated[int, Field(ge=0, le=65535)]
+ListenPort = Annotated[int, Field(ge=0, le=65535)]
 """A TCP port a program listens on; 0 means what its setting says (off, or any free port)."""
 
 

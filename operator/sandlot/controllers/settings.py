@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, PemPath, Port, SettingsModel, require_positive
+from sandlot.api.settings import Duration, ListenPort, PemPath, SettingsModel, require_positive
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
@@ -70,7 +70,7 @@ class OperatorSettings(SettingsModel):
         description="Most members one SandboxPool keeps: a pool asking more keeps this many, "
         "says so in status.cappedAt and a ReplicasCapped Warning Event.",
     )
-    metrics_port: Port = Field(
+    metrics_port: ListenPort = Field(
         default=8080, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     agent_sandbox: bool = Field(

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, PemPath, Port, SettingsModel, require_positive
+from sandlot.api.settings import Duration, ListenPort, PemPath, SettingsModel, require_positive
 
 
 class GatewaySettings(SettingsModel):
@@ -20,7 +20,7 @@ class GatewaySettings(SettingsModel):
     bind: str = Field(
         default="", max_length=253, description="Address to listen on (empty: every address)."
     )
-    port: Port = Field(
+    port: ListenPort = Field(
         default=8443,
         description="HTTPS port the API server's front proxy reaches (the APIService's "
         "Service); 0: any free port.",
@@ -31,7 +31,7 @@ class GatewaySettings(SettingsModel):
         "/download, /list, /exists) as the aggregated API router.sandlot.dev, on "
         "router_port (docs/agent-sandbox.md).",
     )
-    router_port: Port = Field(
+    router_port: ListenPort = Field(
         default=8444,
         description="HTTPS port of the router's APIService, when router is on; 0: any free port.",
     )
@@ -102,7 +102,7 @@ class GatewaySettings(SettingsModel):
         "closed on both sides and its caps freed (longer than the agent's "
         "stream_idle_timeout, which ends quiet streams first).",
     )
-    metrics_port: Port = Field(
+    metrics_port: ListenPort = Field(
         default=8080,
         description="Port of /metrics, /livez and /readyz (plain HTTP); 0: off.",
     )
