@@ -111,10 +111,11 @@ def read_status(status: bytes | None) -> Outcome:
 
 
 def stdout_until_status(
-    stream: Stream, timeout: Callable[[], float], stdout: Callable[[bytes], object]
+    stream: Stream, timeout: Callable[[], float | None], stdout: Callable[[bytes], object]
 ) -> bytes | None:
     """Hand each stdout frame to ``stdout`` until the status frame, and return it (None:
-    the stream ended first); each wait at most ``timeout()`` seconds, else TimeoutError."""
+    the stream ended first); each wait at most ``timeout()`` seconds (None: no bound),
+    else TimeoutError."""
     while (message := stream.recv(timeout=timeout())) is not None:
         channel, data = decode_frame(message)
         if channel == STDOUT:
