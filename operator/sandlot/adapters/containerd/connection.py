@@ -83,15 +83,19 @@ def translate(
     return RuntimeError_(f"{what}: {code.name} ({details})", code=code.name.lower())
 
 
+def grpc_target(address: str) -> str:
+    """gRPC's target for containerd's ``address``: a socket path, or a URI as it is."""
+    return address if "://" in address or address.startswith("unix:") else f"unix://{address}"
+
+
 class Connection:
     """The channel, the namespace header and one stub per containerd service."""
 
     def __init__(self, address: str, namespace: str) -> None:
         self.address = address
         self.namespace = namespace
-        target = address if "://" in address or address.startswith("unix:") else f"unix://{address}"
         self._channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            grpc_target(address), options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
         )
         self._metadata: tuple[tuple[str, str], ...] = ((NAMESPACE_HEADER, namespace),)
         self.version = version_pb2_grpc.VersionStub(self._channel)
@@ -242,4 +246,4 @@ class Connection:
         self._channel.close()
 
 
-__all__ = ["Connection", "to_datetime", "translate"]
+__all__ = ["Connection", "grpc_target", "to_datetime", "translate"]
