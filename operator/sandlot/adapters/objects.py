@@ -73,6 +73,24 @@ def delete_exact(
     )
 
 
+def patch_custom_status(
+    custom: Any,
+    kind: tuple[str, str, str],
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """Merge ``status`` into the status of the namespaced object of ``kind`` (group,
+    version, plural); None when it is gone (404)."""
+    group, version, plural = kind
+    return answer_unless(
+        lambda: custom.patch_namespaced_custom_object_status(
+            group, version, namespace, plural, name, {"status": dict(status)}
+        ),
+        404,
+    )
+
+
 class Objects:
     """Thin, synchronous helpers over one ApiClient (run them off the event loop)."""
 

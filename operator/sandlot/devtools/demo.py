@@ -94,6 +94,19 @@ class Demo:
     def say(self, text: str) -> None:
         print(f"\n[{time.monotonic() - self.started:5.1f}s] {text}", flush=True)
 
+    def web_endpoints(self, jsonpath: str) -> str:
+        """The web pool's EndpointSlices, printed by kubectl with ``jsonpath``."""
+        return self.kc(
+            "get",
+            "endpointslices",
+            "-n",
+            "demo",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            f"jsonpath={jsonpath}",
+        )
+
     def kc(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         proc = subprocess.run(
@@ -149,16 +162,7 @@ class Demo:
         import urllib.request
 
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        addresses = self.kc(
-            "get",
-            "endpointslices",
-            "-n",
-            "demo",
-            "-l",
-            "kubernetes.io/service-name=web",
-            "-o",
-            "jsonpath={.items[*].endpoints[*].addresses[0]}",
-        ).split()
+        addresses = self.web_endpoints("{.items[*].endpoints[*].addresses[0]}").split()
         for address in addresses:
             page = "(no answer)"
             for _ in range(20):
@@ -358,15 +362,8 @@ class Demo:
         )
         self.wait("4 live sandboxes again", lambda: self.running_count() == 4)
         print(
-            self.kc(
-                "get",
-                "endpointslices",
-                "-n",
-                "demo",
-                "-l",
-                "kubernetes.io/service-name=web",
-                "-o",
-                "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.targetRef.name}{'\\n'}{end}",
+            self.web_endpoints(
+                "{range .items[*].endpoints[*]}{.addresses[0]} {.targetRef.name}{'\\n'}{end}"
             )
         )
         self.fetch_pages()
