@@ -42,8 +42,8 @@ from prometheus_client import CollectorRegistry
 from tests.support.containerd import start_private_containerd
 
 from bench.nodehealth import Bench
-from sandlot.adapters.objects import Objects
-from sandlot.adapters.workloads import patch_claim_status, take_sandbox
+from sandlot.adapters.objects import Objects, patch_custom_status
+from sandlot.adapters.workloads import take_sandbox
 from sandlot.agent.main import Agent
 from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
@@ -187,7 +187,7 @@ def bare_bind(
         "boundAt": rfc3339(datetime.now(UTC)),
         "message": None,
     }
-    patch_claim_status(objects, bench.ns, name, status)
+    patch_custom_status(objects.custom, (GROUP, VERSION, CLAIMS), bench.ns, name, status)
     return (bound.wait(name, 30) - began) * 1000
 
 

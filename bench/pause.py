@@ -22,7 +22,7 @@ Starts a private containerd, a local control plane and an in-process agent, then
   Running (each fork's tree is counted, through its process's root). The bench
   plays the operator (binds the snapshot and the sandboxes to its one node).
 
-Targets (issue: pause round trip <= 1.2x bare, suspend <= 1.2x bare commit, resume
+Targets (pause round trip <= 1.2x bare, suspend <= 1.2x bare commit, resume
 <= 1.5x cold start) print beside each ratio. Figures from one run on one machine:
 compare the rows of a run, not runs.
 

@@ -14,7 +14,9 @@ at a time; for 2, 100 of them at once on the agent's concurrency (its worker
 pool), each timed from the common start, as the sandboxes are.
 
 Rows: p50 and p99 of each run (targets p50 < 150 ms, p99 < 300 ms), with the
-floor's p50 and p99 beside them.
+floor's p50 and p99 beside them; then, for each run, a start's mean time in each
+of its phases (``sandlot_agent_start_phase_seconds``) and what is left of its mean
+create -> Running outside them.
 
     sudo .venv/bin/python bench/start_latency.py [--serial 20] [--burst 100] [--json rows.json]
 """
@@ -45,6 +47,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.kube import apply_crds, load_api_client
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.main import Agent
+from sandlot.agent.metrics import START_PHASES
 from sandlot.agent.netsettings import NetworkMode
 from sandlot.agent.settings import AgentSettings
 from sandlot.agent.teardown import teardown_many
@@ -205,6 +208,41 @@ def rows_for(label: str, latencies: list[float], floor: list[float]) -> list[dic
     return rows
 
 
+def phase_totals(agent: Agent) -> dict[str, tuple[float, float]]:
+    """(count, seconds) of each phase of the agent's starts so far."""
+    totals = {}
+    for phase in START_PHASES:
+        sample = {"phase": phase}
+        count = agent.registry.get_sample_value("sandlot_agent_start_phase_seconds_count", sample)
+        seconds = agent.registry.get_sample_value("sandlot_agent_start_phase_seconds_sum", sample)
+        totals[phase] = (count or 0.0, seconds or 0.0)
+    return totals
+
+
+def print_phases(
+    label: str,
+    before: dict[str, tuple[float, float]],
+    after: dict[str, tuple[float, float]],
+    latencies: list[float],
+) -> None:
+    """A start's mean time in each phase over a run, and what is left of its mean
+    create -> Running (the operator's scheduling, the agent's queue, the watches)."""
+    parts = []
+    inside = 0.0
+    for phase in START_PHASES:
+        count = after[phase][0] - before[phase][0]
+        seconds = after[phase][1] - before[phase][1]
+        mean = seconds / count if count else 0.0
+        inside += mean
+        parts.append(f"{phase} {1000 * mean:.1f}")
+    rest = statistics.mean(latencies) - inside
+    print(
+        f"  by phase, {label} (mean ms of one start): {', '.join(parts)}; "
+        f"sum {1000 * inside:.1f}; the rest of create -> Running {1000 * rest:.1f}",
+        flush=True,
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serial", type=int, default=20)
@@ -251,6 +289,7 @@ def main() -> int:
             containerd_namespace=ctr_ns,
             containerd_root=str(containerd.root),
             capacity=args.burst + args.serial + 10,
+            capacity_memory="64Gi",  # the sandboxes' default limits, not this machine's memory
             metrics_port=0,
             log_dir="",
             node_address="127.0.0.1",
@@ -275,12 +314,14 @@ def main() -> int:
 
         serial: list[float] = []
         scheduled: list[float] = []
+        phases_before = phase_totals(agent)
         for i in range(args.serial):
             name = f"serial-{i}"
             began = create(objs, name)
             serial.append(watcher.wait([name], timeout=60)[name] - began)
             scheduled.append(watcher.scheduled.get(name, began) - began)
             time.sleep(1.5)  # each change arrives alone, as on a quiet node
+        phases_serial = phase_totals(agent)
         floor = Floor(rt, objs, "warm-up")  # its status takes the floor's writes
         floor_serial = floor.serial(args.serial)
         floor_burst = floor.burst(args.burst, settings.teardown_concurrency)
@@ -292,6 +333,7 @@ def main() -> int:
             list(pool.map(lambda n: create(objs, n), names))
         seen = watcher.wait(names, timeout=300)
         burst = [seen[n] - began for n in names]
+        phases_burst = phase_totals(agent)
 
         print(
             f"agent: sync_interval {settings.sync_interval.total_seconds():g}s, "
@@ -303,6 +345,8 @@ def main() -> int:
         )
         rows += rows_for(f"{args.serial} one at a time", serial, floor_serial)
         rows += rows_for(f"{args.burst} created at once", burst, floor_burst)
+        print_phases(f"{args.serial} one at a time", phases_before, phases_serial, serial)
+        print_phases(f"{args.burst} created at once", phases_serial, phases_burst, burst)
         print(
             "  floor one at a time: p50 "
             f"{1000 * statistics.median(floor_serial):.0f} ms; "

@@ -25,6 +25,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.objects import Leases
 from sandlot.adapters.runtime import ContainerSpec, TaskState
 from sandlot.agent.main import Agent
+from sandlot.agent.metrics import START_PHASES
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SANDBOX_LABEL
@@ -149,6 +150,12 @@ def test_scheduled_sandbox_runs_and_its_container_goes_when_deleted(
     assert status["ip"] == "10.1.2.3" and status["startedAt"]
     task = rt.get_task(status["containerId"], timeout=5)
     assert task is not None and task.state == TaskState.RUNNING and task.pid == status["pid"]
+    # The start's time, phase by phase: each observed, none of them free.
+    for phase in START_PHASES:
+        sample = {"phase": phase}
+        count = agent.registry.get_sample_value("sandlot_agent_start_phase_seconds_count", sample)
+        seconds = agent.registry.get_sample_value("sandlot_agent_start_phase_seconds_sum", sample)
+        assert count and count >= 1 and seconds and seconds > 0, (phase, count, seconds)
 
     _custom(kube).delete_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", "web")
     wait_for(

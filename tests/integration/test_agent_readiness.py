@@ -3,14 +3,15 @@
 A sandbox whose exec probe (``test -f /tmp/ready``) fails stays ``Ready=False``
 through several probes, then turns ``Ready=True`` once the test itself creates
 the file in it; a sandbox whose port nobody listens on stays not ready until the
-test starts busybox's httpd in it, then the tcpSocket and httpGet probes pass;
-a paused sandbox is not probed.
+test starts busybox's httpd in it, then the tcpSocket and httpGet probes pass,
+whether or not the agent sees the node's PIDs; a paused sandbox is not probed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,12 @@ from kubernetes import client
 from sandlot.adapters.containerd.execs import open_execs
 from sandlot.agent.main import Agent
 from sandlot.api.common import GROUP, VERSION
+from sandlot.devtools.containerd import PrivateContainerd
 from tests.support import agents
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.containerd]
+pytest_plugins = ["tests.support.procview"]
 
 IMAGE = "docker.io/sandlot/readiness-busybox:test"
 FAST = {"periodSeconds": 1, "timeoutSeconds": 2, "failureThreshold": 1}
@@ -105,6 +108,39 @@ Start = Callable[..., dict[str, Any]]
 
 @pytest.fixture
 def running(kube: client.ApiClient, namespace: str, agent: Agent) -> Start:
+    return _starter(kube, namespace, agent)
+
+
+@pytest.fixture(params=["node-pids", "own-pid-namespace"])
+def port_agent(
+    request: pytest.FixtureRequest,
+    kube: client.ApiClient,
+    namespace: str,
+    containerd: PrivateContainerd,
+    busybox_archive: Path,
+    tmp_path: Path,
+) -> Iterator[Agent]:
+    """An agent that sees the node's PIDs, and one that sees a PID namespace of its
+    own, as on the chart's default install (no ``hostPID``, no ``agent.hostProc``):
+    there the task's pid names nothing, or another process."""
+    if request.param == "node-pids":
+        yield request.getfixturevalue("started_agent")
+        return
+    proc_root = request.getfixturevalue("own_pid_proc")
+    with contextlib.ExitStack() as stack:
+        yield agents.start_agent(
+            stack,
+            kube,
+            namespace,
+            containerd,
+            busybox_archive,
+            tmp_path / "logs",
+            "ready-own",
+            proc_root=proc_root,
+        )
+
+
+def _starter(kube: client.ApiClient, namespace: str, agent: Agent) -> Start:
     def start(name: str, probe: dict[str, Any], **spec: Any) -> dict[str, Any]:
         body = {"image": IMAGE, "command": ["sleep", "300"], "readinessProbe": probe, **spec}
         agents.schedule_sandbox(kube, namespace, name, agent.node, body)
@@ -145,12 +181,17 @@ def test_an_exec_probe_keeps_a_sandbox_not_ready_until_its_file_exists(
     ids=["tcpSocket", "httpGet"],
 )
 def test_a_port_probe_passes_once_something_listens_inside_the_sandbox(
-    kube: client.ApiClient, namespace: str, agent: Agent, running: Start, handler: dict[str, Any]
+    kube: client.ApiClient, namespace: str, port_agent: Agent, handler: dict[str, Any]
 ) -> None:
+    agent = port_agent
     name = next(iter(handler)).lower()
-    sb = running(name, {**handler, **FAST})
+    sb = _starter(kube, namespace, agent)(name, {**handler, **FAST})
     failed = _wait_ready(kube, namespace, name, "False")
     assert failed["reason"] == "ProbeFailed", failed
+    # With the node's PIDs the agent enters the task's namespace itself (its pid
+    # shown to be the task); without, the image's nc or wget probe from inside.
+    from_inside = agent.settings.proc_root != "/proc"
+    assert ("exec '" in failed["message"]) is from_inside, failed
     # Only on the sandbox's own loopback: the node's 127.0.0.1:8080 is not it.
     serve = "mkdir -p /www && echo ok > /www/index.html && httpd -p 127.0.0.1:8080 -h /www"
     assert _exec_in(agent, sb, "sh", "-c", serve) == 0

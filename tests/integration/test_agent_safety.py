@@ -84,7 +84,7 @@ def test_cleared_gc_backoff_leaves_the_sandboxnode_and_is_not_restored(
         clock=lambda: now,
         call_timeout=2,
     )
-    upkeep = CacheUpkeep(Objects(kube), node, cache_prunes(kube), lambda: collector, lambda: now)
+    upkeep = CacheUpkeep(Objects(kube), node, cache_prunes(kube), collector, lambda: now)
 
     def stored_until() -> Any:
         gc = (

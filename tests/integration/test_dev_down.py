@@ -164,7 +164,7 @@ def test_dev_down_leaves_nothing_of_a_kept_demo(tmp_path: Path) -> None:
     links: set[str] = set()
     try:
         demo = sandlot("demo", "--keep", "--dir", str(workdir), timeout=DEMO_TIMEOUT)
-        assert demo.returncode == 0, f"the demo failed:\n{demo.stdout[-3000:]}{demo.stderr}"
+        assert demo.returncode == 0, f"the demo failed:\n{demo.stdout[-20000:]}{demo.stderr}"
         assert_story(demo.stdout)
         state = json.loads((workdir / "state.json").read_text())
         paths += (state["containerd"]["root"],)

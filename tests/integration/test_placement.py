@@ -158,6 +158,9 @@ def test_operator_labels_the_nodes_with_blocking_taints_for_the_admission_policy
         }
 
     wait_for(lambda: labelled() == {cp, mirrored}, timeout=30, what="tainted nodes labelled")
+    # No Kubernetes Node of that name: the mirror is all there is, copied for the policy.
+    copied = fleet.get_node(mirrored)["status"].get("trustedNodeTaints")
+    assert copied == [{**taint, "value": ""}], copied
     fleet.objs.patch_cluster_custom_object(
         GROUP, VERSION, "sandboxnodes", cp, {"spec": {"taints": []}}
     )

@@ -45,7 +45,10 @@ NODES: dict[str, dict[str, list[dict[str, str]]]] = {
         ]
     },
     "prefer": {"taints": [{"key": "spot", "effect": "PreferNoSchedule"}]},
-    "mirrored": {"nodeTaints": [{"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}]},
+    # The operator's copy of the Kubernetes Node's taints, which the policy reads ...
+    "copied": {"trustedNodeTaints": [{"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}]},
+    # ... and the agent's own mirror, which it does not (a node may clear it).
+    "mirror-only": {"nodeTaints": [{"key": CONTROL_PLANE_TAINT, "effect": "NoSchedule"}]},
     "spare": {"taints": []},
 }
 
@@ -70,8 +73,9 @@ CASES: list[tuple[str, str, list[dict[str, str]]]] = [
     ),
     ("exists-no-key-effect", "two", [{"operator": "Exists", "effect": "NoExecute"}]),
     ("prefer-no-schedule-only", "prefer", []),
-    ("mirrored-untolerated", "mirrored", []),
-    ("mirrored-tolerated", "mirrored", [{"key": CONTROL_PLANE_TAINT, "operator": "Exists"}]),
+    ("copied-untolerated", "copied", []),
+    ("copied-tolerated", "copied", [{"key": CONTROL_PLANE_TAINT, "operator": "Exists"}]),
+    ("mirror-is-not-read", "mirror-only", []),
 ]
 
 
@@ -132,13 +136,10 @@ def fleet(kube: client.ApiClient, kubectl: Kubectl) -> Iterator[Fleet]:
                 "spec": {"taints": taints.get("taints", [])},
             },
         )
-        if "nodeTaints" in taints:
+        status = {k: v for k, v in taints.items() if k in ("nodeTaints", "trustedNodeTaints")}
+        if status:
             f.objs.patch_cluster_custom_object_status(
-                GROUP,
-                VERSION,
-                "sandboxnodes",
-                name,
-                {"status": {"nodeTaints": taints["nodeTaints"]}},
+                GROUP, VERSION, "sandboxnodes", name, {"status": status}
             )
     docs = copy.deepcopy(placement_policy(f"pa{run}"))
     docs[1]["spec"]["paramRef"]["selector"]["matchLabels"][RUN_LABEL] = run
@@ -163,7 +164,8 @@ def test_policy_decides_as_the_placement_code_does(
     fleet: Fleet, case: str, node: str, tolerations: list[dict[str, str]]
 ) -> None:
     spec = NODES[node]
-    taints = [Taint.model_validate(t) for t in spec.get("taints", []) + spec.get("nodeTaints", [])]
+    read = spec.get("taints", []) + spec.get("trustedNodeTaints", [])
+    taints = [Taint.model_validate(t) for t in read]
     python_allows = not untolerated(taints, [Toleration.model_validate(t) for t in tolerations])
     refused = _refusal(lambda: fleet.sandbox(case, fleet.node(node), tolerations))
     assert (refused is None) is python_allows, (

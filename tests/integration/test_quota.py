@@ -16,6 +16,7 @@ import pytest
 from kubernetes import client
 
 from sandlot.api.common import GROUP, VERSION
+from tests.support.wait import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,6 +36,22 @@ def test_claims_past_the_namespaces_quota_are_refused_naming_it(
     )
     objs = client.CustomObjectsApi(kube)
 
+    def cached(used: str) -> None:
+        """Wait until the API server's watch cache (what its quota admission reads,
+        through an informer) holds the quota with ``used`` counted: an admission
+        judging a quota it has not seen yet would count from a stale usage."""
+
+        def seen() -> bool:
+            found = core.list_namespaced_resource_quota(namespace, resource_version="0").items
+            if len(found) != 1:
+                return False
+            status = found[0].status
+            return (
+                status is not None and bool(status.hard) and (status.used or {}).get(QUOTA) == used
+            )
+
+        wait_for(seen, timeout=30, what=f"the watch cache's quota with {used} used")
+
     def claim(name: str) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -44,8 +61,11 @@ def test_claims_past_the_namespaces_quota_are_refused_naming_it(
         }
         objs.create_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxclaims", body)
 
+    cached("0")
     claim("one")
+    cached("1")
     claim("two")
+    cached("2")
     with pytest.raises(client.ApiException) as refused:
         claim("three")
     assert refused.value.status == 403, refused.value

@@ -12,9 +12,7 @@ find the agent's files at the sandbox's paths.
 
 from __future__ import annotations
 
-import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,33 +23,9 @@ from tests.support.streams import StartStreamAgent, delete_sandbox, running_sand
 from tests.support.wait import wait_for
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
+pytest_plugins = ["tests.support.procview"]
 
 TENANT_USER = {"runAsUser": 1000, "runAsGroup": 1000}
-
-
-@pytest.fixture(scope="module")
-def own_pid_proc() -> Iterator[str]:
-    """A ``/proc`` of a PID namespace of its own (its pid 1 a ``sleep``), as the
-    agent's pod has it on the chart's default install."""
-    holder = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "sleep", "3600"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    proc = f"/proc/{holder.pid}/root/proc"
-
-    def mounted() -> bool:
-        try:
-            return Path(proc, "1", "comm").read_text().strip() == "sleep"
-        except OSError:
-            return False
-
-    try:
-        wait_for(mounted, timeout=10, what="a /proc of a PID namespace of its own")
-        yield proc
-    finally:
-        holder.kill()
-        holder.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -229,6 +229,38 @@ class FakeObjects:
             body["metadata"]["resourceVersion"] = self._next_rv()
             return copy.deepcopy(body)
 
+    def _node_as_of(self, verb: str, name: str, resource_version: str) -> dict[str, Any] | None:
+        """Node ``name`` for a write made as of ``resource_version``; None (as a 409 or
+        a 404 would say) when it changed since or is gone."""
+        self._write(verb, name)
+        body = self.nodes.get(name)
+        if body is None or body["metadata"]["resourceVersion"] != resource_version:
+            return None
+        return body
+
+    def patch_node_status_as_of(
+        self, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> str | None:
+        with self._lock:
+            body = self._node_as_of("patch-node-status", name, resource_version)
+            if body is None:
+                return None
+            body["status"] = merge_patch(body["status"], status)
+            body["metadata"]["resourceVersion"] = self._next_rv()
+            return str(body["metadata"]["resourceVersion"])
+
+    def patch_node_labels(
+        self, name: str, labels: Mapping[str, str | None], resource_version: str
+    ) -> bool:
+        with self._lock:
+            body = self._node_as_of("patch-node-labels", name, resource_version)
+            if body is None:
+                return False
+            meta = body["metadata"]
+            meta["labels"] = merge_patch(meta.get("labels") or {}, labels)
+            meta["resourceVersion"] = self._next_rv()
+            return True
+
     # -- WorkloadApi -------------------------------------------------------------------
 
     def bind(self, namespace: str, name: str, node: str, resource_version: str) -> BindResult:

@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from sandlot.adapters.objects import Objects, answer_unless, delete_exact
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact, patch_custom_status
 from sandlot.api.agentsandbox import (
     AGENT_SANDBOX_VERSION,
     AGENTS_GROUP,
@@ -88,13 +88,7 @@ class AgentSandboxApi:
     def patch_status(
         self, kind: Kind, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        group, version, plural = kind
-        return answer_unless(
-            lambda: self.custom.patch_namespaced_custom_object_status(
-                group, version, namespace, plural, name, {"status": dict(status)}
-            ),
-            404,
-        )
+        return patch_custom_status(self.custom, kind, namespace, name, status)
 
     def delete(self, kind: Kind, namespace: str, name: str, uid: str) -> bool:
         """Delete it if it is still ``uid``; False when gone or another object."""

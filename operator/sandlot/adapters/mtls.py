@@ -53,6 +53,19 @@ def client_context(ca: str, cert: str, key: str) -> ssl.SSLContext:
     return ctx
 
 
+def read_files(paths: Sequence[str]) -> tuple[bytes, ...]:
+    """The bytes of each file, b"" for one that cannot be read: what is compared to
+    tell that TLS files changed (a file missing mid-rotation is a change too)."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                out.append(f.read())
+        except OSError:
+            out.append(b"")
+    return tuple(out)
+
+
 class ReloadingTls:
     """A context whose certificate, key and CAs are read again from their files when
     those change (a mounted Secret rotated by Kubernetes, cert-manager or a person):
@@ -64,14 +77,7 @@ class ReloadingTls:
         self._seen = self._read()
 
     def _read(self) -> tuple[bytes, ...]:
-        out = []
-        for path in (self.cert, self.key, *self.cas):
-            try:
-                with open(path, "rb") as f:
-                    out.append(f.read())
-            except OSError:
-                out.append(b"")
-        return tuple(out)
+        return read_files((self.cert, self.key, *self.cas))
 
     def refresh(self) -> bool:
         """Reload if the files changed; True when they were. Files caught half-written
@@ -141,6 +147,7 @@ __all__ = [
     "hand_new_connections_to",
     "peer_common_name",
     "peer_dns_names",
+    "read_files",
     "server_context",
     "serving_context",
     "trust",

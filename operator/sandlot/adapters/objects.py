@@ -73,6 +73,24 @@ def delete_exact(
     )
 
 
+def patch_custom_status(
+    custom: Any,
+    kind: tuple[str, str, str],
+    namespace: str,
+    name: str,
+    status: Mapping[str, Any],
+) -> dict[str, Any] | None:
+    """Merge ``status`` into the status of the namespaced object of ``kind`` (group,
+    version, plural); None when it is gone (404)."""
+    group, version, plural = kind
+    return answer_unless(
+        lambda: custom.patch_namespaced_custom_object_status(
+            group, version, namespace, plural, name, {"status": dict(status)}
+        ),
+        404,
+    )
+
+
 class Objects:
     """Thin, synchronous helpers over one ApiClient (run them off the event loop)."""
 
@@ -239,6 +257,20 @@ class Objects:
                 return False
             raise
         return True
+
+    def patch_node_status_as_of(
+        self, name: str, status: Mapping[str, Any], resource_version: str
+    ) -> str | None:
+        """Merge ``status`` into a SandboxNode's as of the version read; its new
+        resourceVersion, or None when it changed since (409) or is gone."""
+        body = {"metadata": {"resourceVersion": resource_version}, "status": dict(status)}
+        try:
+            out = self.custom.patch_cluster_custom_object_status(GROUP, VERSION, NODES, name, body)
+        except ApiException as e:
+            if e.status in (404, 409):
+                return None
+            raise
+        return str(out["metadata"]["resourceVersion"])
 
     def list_nodes(self) -> list[dict[str, Any]]:
         return list(self.custom.list_cluster_custom_object(GROUP, VERSION, NODES).get("items", []))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kubernetes import client
@@ -23,6 +23,9 @@ from kubernetes.client.exceptions import ApiException
 from sandlot.policy.envrefs import Referenced
 
 log = logging.getLogger(__name__)
+
+BrokeredData = Callable[[], Mapping[str, str] | None]
+"""This node's brokered Secret's data (base64 values), or None when absent."""
 
 DOCKERCONFIG_TYPE = "kubernetes.io/dockerconfigjson"
 DOCKERCONFIG_KEY = ".dockerconfigjson"
@@ -219,6 +222,21 @@ def _apply(create: Any, replace: Any) -> None:
         replace()
 
 
+def node_brokered_data(api: Any, namespace: str, node: str, what: str = "data") -> BrokeredData:
+    """A reader of this node's brokered Secret as the node's own identity; with no
+    identity yet nothing is brokered (None), and a line says there is no ``what``."""
+    identity = NodeIdentity(api, namespace, node)
+
+    def read() -> Mapping[str, str] | None:
+        try:
+            return read_brokered(identity.client(), namespace, node)
+        except Exception as exc:  # no identity yet: nothing brokered
+            log.info("no brokered %s for this node: %s", what, exc)
+            return None
+
+    return read
+
+
 def brokered_data(api: Any, namespace: str, node: str) -> dict[str, str] | None:
     """The node's brokered Secret's data as the operator reads it; None when absent."""
     try:
@@ -231,10 +249,12 @@ def brokered_data(api: Any, namespace: str, node: str) -> dict[str, str] | None:
 
 
 __all__ = [
+    "BrokeredData",
     "NodeIdentity",
     "brokered_data",
     "brokered_key",
     "brokered_secret_name",
+    "node_brokered_data",
     "node_identity",
     "read_brokered",
     "read_pull_secret",

@@ -101,6 +101,14 @@ class WatchCache(Informer):
         self._filling: dict[str, dict[str, Any]] = {}  # the LIST in progress
         self._lock = threading.Lock()
 
+    def start(self, on_change: ChangeCallback | None = None) -> None:
+        """List and watch from now on. ``on_change``, when given here, replaces the
+        one given at construction: a listener built from parts made after this cache
+        (the agent's sync, which reads it) is handed over before any change can come."""
+        if on_change is not None:
+            self.on_change = on_change
+        super().start()
+
     # -- readers
 
     def items(self) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kubeprivate import to_json
-from sandlot.adapters.objects import Objects, answer_unless, delete_exact
+from sandlot.adapters.objects import Objects, answer_unless, delete_exact, patch_custom_status
 from sandlot.api.common import CLAIMS, GROUP, KUBE_NODES, POOLS, SANDBOXES, VERSION, key_of
 
 log = logging.getLogger(__name__)
@@ -107,17 +107,6 @@ def read_pool(objects: Objects, namespace: str, name: str) -> dict[str, Any] | N
     )
 
 
-def patch_pool_status(
-    objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    return answer_unless(
-        lambda: objects.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, POOLS, name, {"status": dict(status)}
-        ),
-        404,
-    )
-
-
 def take_sandbox(
     objects: Objects,
     namespace: str,
@@ -134,17 +123,6 @@ def take_sandbox(
         ),
         404,
         409,
-    )
-
-
-def patch_claim_status(
-    objects: Objects, namespace: str, name: str, status: Mapping[str, Any]
-) -> dict[str, Any] | None:
-    return answer_unless(
-        lambda: objects.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, CLAIMS, name, {"status": dict(status)}
-        ),
-        404,
     )
 
 
@@ -208,7 +186,9 @@ class WorkloadApi:
     def patch_pool_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        return patch_pool_status(self.objects, namespace, name, status)
+        return patch_custom_status(
+            self.objects.custom, (GROUP, VERSION, POOLS), namespace, name, status
+        )
 
     def take_sandbox(
         self, namespace: str, name: str, resource_version: str, metadata: Mapping[str, Any]
@@ -218,7 +198,9 @@ class WorkloadApi:
     def patch_claim_status(
         self, namespace: str, name: str, status: Mapping[str, Any]
     ) -> dict[str, Any] | None:
-        return patch_claim_status(self.objects, namespace, name, status)
+        return patch_custom_status(
+            self.objects.custom, (GROUP, VERSION, CLAIMS), namespace, name, status
+        )
 
     def delete_claim(self, namespace: str, name: str, uid: str) -> bool:
         return delete_claim(self.objects, namespace, name, uid)

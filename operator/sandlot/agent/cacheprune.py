@@ -47,13 +47,13 @@ class CacheUpkeep:
         objects: Objects,
         node: str,
         prune_watch: WatchCache,
-        collector: Callable[[], ImageCollector | None],
+        collector: ImageCollector,
         clock: Callable[[], datetime],
     ) -> None:
         self.objects = objects
         self.node = node
         self.prune_watch = prune_watch
-        self._collector = collector
+        self.collector = collector
         self._clock = clock
         # The watch shows an answer only once its event is back: until then this set
         # keeps a request from running twice. Bounded by the requests that exist.
@@ -68,34 +68,30 @@ class CacheUpkeep:
             log.warning("cannot record GC state in SandboxNode %s: %s", self.node, exc)
 
     def gc_once(self) -> None:
-        collector = self._collector()
-        if collector is None:
-            return
-        self.record_gc(collector.run_automatic())
+        self.record_gc(self.collector.run_automatic())
 
     def prune_once(self) -> int:
         """Answer CachePrune requests for this node that it has not answered yet."""
-        collector = self._collector()
-        if collector is None or not self.prune_watch.synced.is_set():
+        if not self.prune_watch.synced.is_set():
             return 0
         requests = [PruneRequest.from_object(r) for r in self.prune_watch.items()]
         self.answered = answers_to_remember(self.answered, requests)
         due = prunes_to_answer(requests, self.node, self.answered)
         for answer in due:
             log.info("CachePrune %s: running the %s pass", answer.name, answer.pass_kind)
-            body = self._answer(collector, answer)
+            body = self._answer(answer)
             patch_cacheprune_result(self.objects, answer.name, self.node, body)
             self.answered.add(answer.uid)
         return len(due)
 
-    def _answer(self, collector: ImageCollector, answer: PruneAnswer) -> dict[str, Any]:
+    def _answer(self, answer: PruneAnswer) -> dict[str, Any]:
         if answer.error is not None:
             return {
                 "pass": answer.pass_kind,
                 "error": answer.error,
                 "completedAt": rfc3339(self._clock()),
             }
-        result = collector.run(answer.pass_kind)
+        result = self.collector.run(answer.pass_kind)
         self.record_gc(result)
         return result.to_prune_result(self._clock()).wire()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,7 @@ from sandlot.adapters.runtime import ContainerInfo, Runtime, TaskState
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
-from sandlot.api.timestamps import rfc3339
+from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.policy.diskpressure import (
     Candidate,
     FsUse,
@@ -61,7 +61,7 @@ class DiskPressure:
         on_change: Callable[[], object] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
         publish: Callable[[dict[str, Any]], object] = lambda _: None,
-        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        wall: Callable[[], datetime] = utcnow,
     ) -> None:
         self.storage = storage
         self.usages = usages

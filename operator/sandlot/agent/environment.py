@@ -12,10 +12,10 @@ raises ``EnvReferenceMissing``: the start waits (CreateContainerConfigError).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from sandlot.adapters.pullsecrets import reference_key
+from sandlot.adapters.pullsecrets import BrokeredData, reference_key
 from sandlot.agent.status import StatusWriter
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, SandboxSpec
@@ -30,9 +30,6 @@ from sandlot.policy.envrefs import (
 )
 
 log = logging.getLogger(__name__)
-
-BrokeredData = Callable[[], Mapping[str, str] | None]
-"""This node's brokered Secret's data (base64 values), or None when absent."""
 
 
 def references(spec: SandboxSpec) -> bool:
@@ -89,26 +86,4 @@ def hold_for_config(status: StatusWriter, sb: Mapping[str, Any], message: str) -
     status.write(sb, body, allowed_from=UNSTARTED_PHASES)
 
 
-def node_brokered_data(api: Any, namespace: str, node: str) -> BrokeredData:
-    """A reader of this node's brokered Secret as the node's own identity."""
-    from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
-
-    identity = NodeIdentity(api, namespace, node)
-
-    def read() -> Mapping[str, str] | None:
-        try:
-            return read_brokered(identity.client(), namespace, node)
-        except Exception as exc:  # no identity yet: nothing brokered
-            log.info("no brokered data for this node: %s", exc)
-            return None
-
-    return read
-
-
-__all__ = [
-    "BrokeredData",
-    "Environment",
-    "hold_for_config",
-    "node_brokered_data",
-    "references",
-]
+__all__ = ["Environment", "hold_for_config", "references"]

@@ -13,18 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sandlot.adapters.agentapi import ensure_node
 from sandlot.adapters.objects import LeaseRecord, Leases, Objects
 from sandlot.api.keys import AGENT_LEASE_LABEL
+from sandlot.api.timestamps import utcnow
 
 log = logging.getLogger(__name__)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class Heartbeat:
@@ -36,7 +33,7 @@ class Heartbeat:
         node_name: str,
         lease_duration: float,
         renew_interval: float,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.objects = objects
         self.leases = leases

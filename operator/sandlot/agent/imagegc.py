@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry
@@ -36,7 +36,7 @@ from sandlot.agent.metrics import GcMetrics
 from sandlot.api.cacheprune import NodePruneResult
 from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.node import HeldBackBytes, NodeGcStatus
-from sandlot.api.timestamps import rfc3339
+from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.policy import imagegc as gcpolicy
 from sandlot.policy.imagegc import (
     DiskUsage,
@@ -69,10 +69,6 @@ class GcOutcome(StrEnum):
     """Automatic pass not run: the exhausted backoff is armed."""
     DISABLED = "disabled"
     """The collector is disabled; nothing ran."""
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -164,7 +160,7 @@ class ImageCollector:
         *,
         pinned: Iterable[str] = (),
         live_job_prefixes: Iterable[str] = (),
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         call_timeout: float = 10.0,
         disabled: bool = False,
         metrics: GcMetrics | None = None,

@@ -51,7 +51,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -82,10 +82,10 @@ from sandlot.agent.snapshots import SNAPSHOT_TICK
 from sandlot.agent.status import StatusWriter
 from sandlot.agent.streams import StreamServer
 from sandlot.agent.sweep import SweepReport
-from sandlot.agent.sync import unschedulable
+from sandlot.agent.sync import sandbox_listener, unschedulable
 from sandlot.agent.uses import SandboxUses
 from sandlot.agent.workpools import SandboxPools
-from sandlot.policy.agentsync import mode_asked
+from sandlot.api.timestamps import utcnow
 from sandlot.policy.imagegc import DiskUsage
 from sandlot.policy.limits import ParentLimits
 
@@ -94,10 +94,6 @@ log = logging.getLogger(__name__)
 TLS_REFRESH = 60.0  # seconds between looks at the stream server's certificate files
 
 NODE_LOCK_POLL = 0.5  # seconds between tries while another agent holds the node
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def detect_address() -> str:
@@ -122,7 +118,7 @@ class Agent:
         runtime_factory: Callable[[], Runtime] | None = None,
         registry: CollectorRegistry | None = None,
         disk_usage: Callable[[], DiskUsage] | None = None,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.settings = settings
         self.node = settings.node_name
@@ -160,9 +156,8 @@ class Agent:
         self._sync_wake = threading.Event()
         self._prune_wake = threading.Event()
         watched = {"watch_timeout": max(1, round(settings.watch_timeout.total_seconds()))}
-        self.sandbox_watch = node_sandboxes(
-            api, self.node, on_change=self._sandbox_changed, **watched
-        )
+        # The Sandboxes' listener hands mode changes to the sync: it starts with it.
+        self.sandbox_watch = node_sandboxes(api, self.node, **watched)
         self.node_watch = own_node(api, self.node, on_change=self._node_changed, **watched)
         self.prune_watch = cache_prunes(api, on_change=self._prune_changed, **watched)
         self.snapshot_watch = node_snapshots(api, self.node, **watched)
@@ -420,7 +415,8 @@ class Agent:
         self.ready.set()
 
     def _start_watches(self) -> None:
-        for watched in self._watches:
+        self.sandbox_watch.start(sandbox_listener(self.parts.sync, self._sync_wake, self.uses))
+        for watched in (self.node_watch, self.prune_watch, self.snapshot_watch):
             watched.start()
 
     def _stop_watches(self) -> None:
@@ -465,18 +461,6 @@ class Agent:
     @property
     def _watches(self) -> tuple[Any, ...]:
         return (self.sandbox_watch, self.node_watch, self.prune_watch, self.snapshot_watch)
-
-    def _sandbox_changed(
-        self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-    ) -> None:
-        # A pause or resume need not wait its pass; handed over first, so the pass
-        # this wakes finds it in flight. (The watches start after the parts exist.)
-        if self._parts is not None and event == "MODIFIED" and new and mode_asked(old, new):
-            self._parts.sync.mode_changed(new)
-        # Every change may matter (phase, deletion, containerId); the agent's own
-        # status writes come back here too, and their pass finds nothing to do.
-        self._sync_wake.set()
-        self.uses.suspends.changed()  # a use waiting for an idle-suspended one looks again
 
     def _node_changed(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

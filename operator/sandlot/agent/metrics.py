@@ -5,6 +5,8 @@ containerd call by method."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -13,6 +15,9 @@ from sandlot.adapters.runtime import Runtime
 from sandlot.policy.imagegc import HoldReason
 
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# One start's phases, in order (``agent.starts``): checks, references, image config
+# and the OCI spec; the container; its write caps; CNI; the task; Running written.
+START_PHASES = ("prepare", "create", "caps", "network", "task", "status")
 
 
 class AgentMetrics:
@@ -171,6 +176,17 @@ class AgentMetrics:
             ["phase"],
             registry=registry,
         )
+        self.start_phase_seconds = Histogram(
+            "sandlot_agent_start_phase_seconds",
+            "Seconds of each phase of a sandbox start (prepare: rules, runtime class, "
+            "image, references, OCI spec; create; caps; network; task; status: Running "
+            "written), a start that fails included.",
+            ["phase"],
+            buckets=CALL_BUCKETS,
+            registry=registry,
+        )
+        for phase in START_PHASES:
+            self.start_phase_seconds.labels(phase)
         self.startup_seconds = Gauge(
             "sandlot_agent_startup_seconds",
             "Seconds from start to the first Lease renewal (sweep and re-adopt included).",
@@ -178,6 +194,16 @@ class AgentMetrics:
         )
         for outcome in ("clean", "kill_wait_timeout", "error"):
             self.teardowns.labels(outcome)
+
+
+@contextmanager
+def timed_phase(metrics: AgentMetrics, phase: str) -> Iterator[None]:
+    """Observe the block's seconds as ``phase`` of a start, however it ends."""
+    began = time.monotonic()
+    try:
+        yield
+    finally:
+        metrics.start_phase_seconds.labels(phase).observe(time.monotonic() - began)
 
 
 class TimedRuntime:

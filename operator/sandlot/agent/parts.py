@@ -21,13 +21,14 @@ from prometheus_client import CollectorRegistry
 from sandlot.adapters.filetool import place_executor, place_files_tool
 from sandlot.adapters.nodeguard import bounding_capabilities, swap_accounted
 from sandlot.adapters.objects import Objects
+from sandlot.adapters.pullsecrets import node_brokered_data
 from sandlot.adapters.runtime import Runtime
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.bringup import restored_exhausted_until
 from sandlot.agent.cacheprune import CacheUpkeep
 from sandlot.agent.capacity import node_capacity, node_security
 from sandlot.agent.diskpressure import DiskPressure
-from sandlot.agent.environment import Environment, node_brokered_data
+from sandlot.agent.environment import Environment
 from sandlot.agent.ephemeralstorage import EphemeralStorage
 from sandlot.agent.idle import IdlePauses, post_sandbox_event
 from sandlot.agent.imagegc import ImageCollector
@@ -186,7 +187,7 @@ def _disk_upkeep(
     storage = EphemeralStorage(
         runtime, w.pool, work, settings.log_dir, interval=settings.log_interval.total_seconds()
     )
-    cache = CacheUpkeep(w.objects, settings.node_name, w.prune_watch, lambda: collector, w.clock)
+    cache = CacheUpkeep(w.objects, settings.node_name, w.prune_watch, collector, w.clock)
     pressure = DiskPressure(
         storage,
         w.disk_usages,

@@ -5,9 +5,13 @@ a channel of the prober's own, so probes never queue behind a user's exec); its
 output is drained as it comes (a chatty command must not block on a full pipe)
 and a short head of it kept for the condition's message; past the timeout the
 process is killed. ``tcpSocket`` and ``httpGet`` connect to ``127.0.0.1:port``
-inside the sandbox's network namespace (``adapters.sandboxfs``), as port-forward
-does, so a probe reaches a port the sandbox serves only on its loopback, and
-nothing the network policy keeps from the node is needed.
+inside the sandbox's network namespace (``adapters.sandboxfs``), so a probe
+reaches a port the sandbox serves only on its loopback, and nothing the network
+policy keeps from the node is needed. That namespace is the named one the agent
+made for it, else the task's through the node's ``/proc`` once that pid is shown
+to be the task (its cgroup); where neither holds (gVisor, or the chart's default
+install, whose agent has no node PIDs) the container's own ``nc`` or ``wget`` make
+the probe inside it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from collections.abc import Callable, Sequence
 
 from sandlot.adapters.containerd.execs import ExecProcess, Execs
 from sandlot.adapters.runtime import RuntimeError_, RuntimeTimeout
-from sandlot.adapters.sandboxfs import connect_in_netns
+from sandlot.adapters.sandboxfs import connect_in_netns, task_netns
 from sandlot.api.probe import Probe
+from sandlot.policy.ocispec import network_namespace_path
 from sandlot.policy.runtimeclass import host_view
 
 OUTPUT_KEPT = 512  # bytes of a command's output kept for the message
@@ -110,15 +115,34 @@ class ProbeRunner:
             runtime = self.execs.runtime_of(container_id, timeout=self.call_timeout)
             if not host_view(runtime):  # its sockets are the sandbox kernel's, not the node's
                 return self._inside(container_id, probe, timeout)
-            pid = self.execs.task_pid(container_id, timeout=self.call_timeout)
-            if probe.tcp_socket is not None:
-                port = probe.tcp_socket.port
-                connect_in_netns(self.proc_root, pid, port, timeout=timeout).close()
-                return True, f"tcp port {port} accepted a connection"
-            assert probe.http_get is not None, "a probe has exactly one handler"
-            return self._http(pid, probe.http_get.port, probe.http_get.path, timeout)
+            netns = self._netns(container_id)
+            if netns is None:  # the node's view of the task is not the agent's
+                return self._inside(container_id, probe, timeout)
+            try:
+                if probe.tcp_socket is not None:
+                    port = probe.tcp_socket.port
+                    connect_in_netns(netns, port, timeout=timeout).close()
+                    return True, f"tcp port {port} accepted a connection"
+                assert probe.http_get is not None, "a probe has exactly one handler"
+                return self._http(netns, probe.http_get.port, probe.http_get.path, timeout)
+            finally:
+                if isinstance(netns, int):
+                    os.close(netns)
         except (RuntimeError_, OSError, TimeoutError) as exc:
             return False, f"{handler_of(probe)}: {exc}"
+
+    def _netns(self, container_id: str) -> int | str | None:
+        """The container's network namespace as the agent can reach it: the named
+        one its spec joins (made by this agent), else the task's through the node's
+        ``/proc`` where that pid is verifiably the task (an open descriptor), else
+        None (the chart's default install: no node PIDs, so the probe runs inside)."""
+        spec = self.execs.container_spec(container_id, timeout=self.call_timeout)
+        named = network_namespace_path(spec)
+        if named is not None:
+            return named
+        pid = self.execs.task_pid(container_id, timeout=self.call_timeout)
+        cgroups_path = str((spec.get("linux") or {}).get("cgroupsPath") or "")
+        return task_netns(self.proc_root, pid, cgroups_path)
 
     def _exec(self, container_id: str, command: Sequence[str], timeout: float) -> tuple[bool, str]:
         exec_id = f"probe-{uuid.uuid4().hex[:12]}"
@@ -161,9 +185,9 @@ class ProbeRunner:
             return self._exec(container_id, ["busybox", *argv], timeout)
         return passed, said
 
-    def _http(self, pid: int, port: int, path: str, timeout: float) -> tuple[bool, str]:
+    def _http(self, netns: int | str, port: int, path: str, timeout: float) -> tuple[bool, str]:
         began = time.monotonic()
-        with connect_in_netns(self.proc_root, pid, port, timeout=timeout) as conn:
+        with connect_in_netns(netns, port, timeout=timeout) as conn:
             request = (
                 f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                 "User-Agent: sandlot-probe\r\nAccept: */*\r\nConnection: close\r\n\r\n"

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from pydantic import Field, field_validator
 
-from sandlot.api.sandbox import QUANTITY_PATTERN
+from sandlot.api.sandbox import Quantity
 from sandlot.api.settings import PositiveDuration, SettingsModel
 from sandlot.policy.pulling import VerifyPolicy
 from sandlot.policy.quantity import parse_quantity
@@ -95,19 +95,15 @@ class PullSettings(SettingsModel):
         "follows redirects and reaches addresses itself, outside the registry_* limits; "
         "false pulls client-side under them.",
     )
-    image_max_unpacked_layer: str = Field(
+    image_max_unpacked_layer: Quantity = Field(
         default="16Gi",
-        pattern=QUANTITY_PATTERN,
-        max_length=64,
         description="Most bytes one image layer may unpack to (its tar decompressed, sparse "
         "files at their full size), counted as the layer is fetched: past it the pull stops "
         "before the layer is applied and the sandbox fails ImageTooLarge, naming the cap. "
         "Not counted when containerd pulls (image_pull_by_daemon).",
     )
-    image_max_unpacked: str = Field(
+    image_max_unpacked: Quantity = Field(
         default="32Gi",
-        pattern=QUANTITY_PATTERN,
-        max_length=64,
         description="Most bytes all the layers one image pull unpacks may add up to, "
         "counted the same way; layers already on the node are not counted again.",
     )

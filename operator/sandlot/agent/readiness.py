@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sandlot.adapters.containerd.execs import open_execs
@@ -106,14 +107,7 @@ class ReadinessProber:
             with self._lock:
                 if target.key in self._busy:
                     continue
-                tracked = self._track(target)
-                verdict = decide_readiness(
-                    target.probe,
-                    target.started_at,
-                    self._recorded(target, tracked),
-                    tuple(tracked.results),
-                    now,
-                )
+                verdict = self._verdict(target, now)
                 due = verdict.next_probe_at is not None and verdict.next_probe_at <= now
                 if verdict.write and self.status.held({target.key: _version(obj)}):
                     continue  # its last write failed: not again before the back-off ends
@@ -170,14 +164,7 @@ class ReadinessProber:
         if obj is None or current is None or current.uid != target.uid:
             return  # ended, paused or replaced meanwhile: nothing to say about it
         with self._lock:
-            tracked = self._track(current)
-            verdict = decide_readiness(
-                current.probe,
-                current.started_at,
-                self._recorded(current, tracked),
-                tuple(tracked.results),
-                self.status.clock(),
-            )
+            verdict = self._verdict(current, self.status.clock())
         if not verdict.write:
             return
         outcome = self.status.write(obj, _merged(verdict, self.status), allowed_from=RUNNING_ONLY)
@@ -208,6 +195,17 @@ class ReadinessProber:
             tracked = _Tracked(target.uid, target.probe, deque(maxlen=keep))
             self._tracked[target.key] = tracked
         return tracked
+
+    def _verdict(self, target: ProbeTarget, now: datetime) -> Verdict:
+        """What ``decide_readiness`` says of ``target`` from its history (lock held)."""
+        tracked = self._track(target)
+        return decide_readiness(
+            target.probe,
+            target.started_at,
+            self._recorded(target, tracked),
+            tuple(tracked.results),
+            now,
+        )
 
     @staticmethod
     def _recorded(target: ProbeTarget, tracked: _Tracked) -> bool | None:

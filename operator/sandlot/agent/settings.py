@@ -19,8 +19,8 @@ from pydantic import Field, field_validator, model_validator
 from sandlot.agent.netsettings import NetworkSettings
 from sandlot.agent.pullsettings import PullSettings
 from sandlot.api.admission import Level
-from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, QUANTITY_PATTERN
-from sandlot.api.settings import Duration, PositiveDuration
+from sandlot.api.sandbox import MIN_CPU_LIMIT, MIN_MEMORY_LIMIT, Quantity
+from sandlot.api.settings import Duration, ListenPort, PemPath, PositiveDuration
 from sandlot.policy import limits
 from sandlot.policy.imagegc import GcThresholds
 from sandlot.policy.netpolicy import ClusterDefault, parse_cidr_list
@@ -155,8 +155,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "quantity); the agent refuses a sandbox beyond it (OverCapacity). Empty: the "
         "filesystem holding containerd_root below gc_high (what image GC keeps it under).",
     )
-    metrics_port: int = Field(
-        default=9090, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
+    metrics_port: ListenPort = Field(
+        default=9090, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     node_address: str = Field(
         default="",
@@ -250,10 +250,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "after its disk was last at or over gcHigh, as the kubelet's "
         "evictionPressureTransitionPeriod.",
     )
-    stream_port: int = Field(
+    stream_port: ListenPort = Field(
         default=0,
-        ge=0,
-        le=65535,
         description="Port of the stream server behind `sandlot logs` and `sandlot exec`: "
         "mutual TLS, reached only by sandlot's stream gateway; 0: off.",
     )
@@ -263,16 +261,13 @@ class AgentSettings(NetworkSettings, PullSettings):
         description="Address the stream server listens on (empty: every address). The "
         "gateway reaches it at the agent pod's IP.",
     )
-    stream_tls_cert: str = Field(
+    stream_tls_cert: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the stream server's certificate, issued by sandlot's agent "
         "CA for this node (written by the agent itself with stream_tls_request). Required "
         "with stream_port.",
     )
-    stream_tls_key: str = Field(
-        default="", max_length=4096, description="PEM file of that certificate's key."
-    )
+    stream_tls_key: PemPath = Field(default="", description="PEM file of that certificate's key.")
     stream_tls_request: bool = Field(
         default=False,
         description="Make the stream server's key on this node and ask sandlot's operator "
@@ -285,9 +280,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         description="How long the agent waits for its stream certificate request to be "
         "answered before its start fails (and the pod is restarted).",
     )
-    stream_client_ca: str = Field(
+    stream_client_ca: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the CA whose client certificates the stream server "
         "accepts: the stream gateway's own CA, which issues nothing else (not the agents' "
         "CA, not a cluster-wide issuer). Required with stream_port.",
@@ -333,9 +327,11 @@ class AgentSettings(NetworkSettings, PullSettings):
     proc_root: str = Field(
         default="/proc",
         max_length=256,
-        description="The node's /proc, where containerd's task pids live (tcpSocket and "
-        "httpGet probes reach a sandbox's network through it; in a pod, the host's /proc "
-        "mounted in).",
+        description="The node's /proc, where containerd's task pids live (in a pod, the "
+        "host's /proc mounted in). tcpSocket and httpGet probes of a sandbox without a "
+        "namespace made by the agent enter its task's network through it, once the pid "
+        "there is shown to be the task (its cgroup); else they run the image's nc or "
+        "wget inside.",
     )
     files_tool: str = Field(
         default="",
@@ -364,10 +360,8 @@ class AgentSettings(NetworkSettings, PullSettings):
         "(systemReserved/kubeReserved, or a slice it does not manage) so the kubelet "
         "accounts the sandboxes and never evicts the agent for their usage.",
     )
-    cgroup_parent_memory_reserve: str = Field(
+    cgroup_parent_memory_reserve: Quantity = Field(
         default="1Gi",
-        pattern=QUANTITY_PATTERN,
-        max_length=64,
         description="Memory the parent cgroup of all sandboxes leaves to the node's own "
         "services: its hard limit is the node's memory minus this (its pids limit is "
         f"pid_max minus {limits.PIDS_RESERVE}), so no sum of sandboxes can OOM them.",

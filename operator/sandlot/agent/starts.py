@@ -35,6 +35,7 @@ from sandlot.adapters.runtime import (
 from sandlot.adapters.statuswrite import WriteOutcome, phase_of
 from sandlot.agent.environment import Environment
 from sandlot.agent.logwriter import LogWriter
+from sandlot.agent.metrics import timed_phase
 from sandlot.agent.netpolicy import NetworkPolicies, PlannedPolicy
 from sandlot.agent.pulling import ImageGate, ImageNotReady, PullRefused
 from sandlot.agent.rules import NamespaceRules, StartFailed
@@ -192,25 +193,32 @@ class Starts:
             self._start(sb, forked)
 
     def _start(self, sb: Mapping[str, Any], forked: str | None = None) -> None:
+        metrics = self.stops.metrics
         try:
-            prepared = self._prepare(sb, forked)
-            if prepared is None:
-                return  # level unknown, or the image on its way: the next sync goes on
-            # Before the container exists nothing else protects its image from the
-            # collector: the fresh last-used label makes it too young (minAge) to go.
-            self._touch_image(prepared.image)
-            created = self._create(prepared)
+            with timed_phase(metrics, "prepare"):
+                prepared = self._prepare(sb, forked)
+                if prepared is None:
+                    return  # level unknown, or the image on its way: the next sync goes on
+                # Before the container exists nothing else protects its image from the
+                # collector: the fresh last-used label makes it too young (minAge) to go.
+                self._touch_image(prepared.image)
+            with timed_phase(metrics, "create"):
+                created = self._create(prepared)
             if created is None:
                 return  # a leftover of that name was torn down: the next sync starts it
-            self.write_caps.apply(prepared.container_id, prepared.labels)
-            ip = self._attach(prepared, created)
-            task = self._run(prepared, created)
+            with timed_phase(metrics, "caps"):
+                self.write_caps.apply(prepared.container_id, prepared.labels)
+            with timed_phase(metrics, "network"):
+                ip = self._attach(prepared, created)
+            with timed_phase(metrics, "task"):
+                task = self._run(prepared, created)
         except StartFailed as exc:
             self.fail(sb, exc.reason, str(exc))
             return
         finally:  # created, or given up: a container label now holds the range, or none
             self.user_ranges.release(container_id_for(sb["metadata"]["uid"]))
-        self._record_running(sb, prepared, created, task, ip)
+        with timed_phase(metrics, "status"):
+            self._record_running(sb, prepared, created, task, ip)
 
     def _record_running(
         self,

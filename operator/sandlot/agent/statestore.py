@@ -33,8 +33,8 @@ from sandlot.adapters.pulling import (
     endpoints_for,
 )
 from sandlot.adapters.pulling.sealed import SealedPuller, push_sealed
+from sandlot.adapters.pullsecrets import BrokeredData, node_brokered_data
 from sandlot.adapters.runtime import Runtime, RuntimeTimeout
-from sandlot.agent.environment import BrokeredData, node_brokered_data
 from sandlot.agent.pulling import registry_access
 from sandlot.agent.settings import AgentSettings
 from sandlot.policy.pulling import (

@@ -24,24 +24,10 @@ from sandlot.api.common import key_of
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
+from sandlot.policy.marking import ended_status
 from sandlot.policy.writebackoff import Hold, is_held, next_hold
 
 log = logging.getLogger(__name__)
-
-
-def ended(
-    phase: SandboxPhase, reason: str, message: str, exit_code: int | None, now: datetime
-) -> dict[str, Any]:
-    """A terminal status: phase, reason, message, ``finishedAt``, the exit code if known."""
-    status: dict[str, Any] = {
-        "phase": phase.value,
-        "reason": str(reason),  # plain, as read back, also for a SandboxReason
-        "message": message,
-        "finishedAt": rfc3339(now),
-    }
-    if exit_code is not None:
-        status["exitCode"] = exit_code
-    return status
 
 
 def running(node: str, container_id: str, pid: int, ip: str, now: datetime) -> dict[str, Any]:
@@ -130,7 +116,7 @@ class StatusWriter:
         allowed_from: Collection[SandboxPhase] | None = None,
     ) -> WriteOutcome:
         """End ``obj`` in ``phase`` (timestamped now)."""
-        body = ended(phase, reason, message, exit_code, self.clock())
+        body = ended_status(phase, reason, message, self.clock(), exit_code)
         return self.write(obj, body, allowed_from=allowed_from)
 
 
@@ -159,6 +145,5 @@ class NodeSandboxCount:
 __all__ = [
     "NodeSandboxCount",
     "StatusWriter",
-    "ended",
     "running",
 ]

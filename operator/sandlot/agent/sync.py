@@ -30,7 +30,7 @@ from functools import partial
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_
-from sandlot.adapters.sandboxwatch import WatchCache
+from sandlot.adapters.sandboxwatch import ChangeCallback, WatchCache
 from sandlot.agent.metrics import AgentMetrics
 from sandlot.agent.modes import ModeChanges
 from sandlot.agent.sandboxes import SandboxWork
@@ -49,6 +49,7 @@ from sandlot.policy.agentsync import (
     SandboxState,
     drain_stop_stands,
     live_count,
+    mode_asked,
     phase_counts,
     plan_mode_change,
     plan_sync,
@@ -67,6 +68,25 @@ GRACEFUL = frozenset({ActionKind.STOP_DRAINED, ActionKind.STOP_DELETED})
 
 def unschedulable(node: Mapping[str, Any] | None) -> bool:
     return bool(((node or {}).get("spec") or {}).get("unschedulable"))
+
+
+def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses) -> ChangeCallback:
+    """What a change of one of the node's Sandboxes does, on the watch's thread: a
+    new operating mode handed to ``sync`` at once (``mode_changed``), the sync woken,
+    a use waiting for an idle-suspended sandbox told to look again. Built with the
+    sync it hands to, the watch starts with it (``WatchCache.start``)."""
+
+    def changed(event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        # A pause or resume need not wait its pass; handed over first, so the pass
+        # this wakes finds it in flight.
+        if event == "MODIFIED" and new and mode_asked(old, new):
+            sync.mode_changed(new)
+        # Every change may matter (phase, deletion, containerId); the agent's own
+        # status writes come back here too, and their pass finds nothing to do.
+        wake.set()
+        uses.suspends.changed()
+
+    return changed
 
 
 class SandboxSync:

@@ -24,13 +24,13 @@ from typing import Any
 from pydantic import AwareDatetime, Field
 
 from sandlot.api.common import (
-    MAX_CONDITIONS,
+    AGE_COLUMN,
     MAX_ENV,
     MAX_ENV_VALUE,
     MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -152,9 +152,8 @@ class SandboxWarmPoolStatus(Model):
     selector: str = Field(
         default="", max_length=MAX_MESSAGE, description="Label selector of the members."
     )
-    conditions: list[Condition] = Field(
+    conditions: Conditions = Field(
         default_factory=list,
-        max_length=MAX_CONDITIONS,
         description="Ready: the sandlot pool serving it exists and takes its template.",
     )
 
@@ -167,7 +166,7 @@ class SandboxWarmPool(Resource):
         short_names=("swp",),
         columns=(
             PrinterColumn("Ready", ".status.readyReplicas", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         scale={
             "specReplicasPath": ".spec.replicas",
@@ -238,9 +237,7 @@ class ClaimedSandbox(Model):
 
 
 class SandboxClaimStatus(Model):
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Ready, with its reason."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Ready, with its reason.")
     sandbox: ClaimedSandbox | None = Field(default=None, description="The claimed sandbox.")
 
 
@@ -254,7 +251,7 @@ class SandboxClaim(Resource):
             PrinterColumn("Sandbox", ".status.sandbox.name"),
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             PrinterColumn("Reason", '.status.conditions[?(@.type=="Ready")].reason'),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         group=EXTENSIONS_GROUP,
     )
@@ -271,9 +268,7 @@ class MirrorSpec(Model):
 
 
 class MirrorStatus(Model):
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Ready."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Ready.")
     pod_i_ps: list[str] = Field(
         default_factory=list, alias="podIPs", max_length=2, description="Its addresses."
     )
@@ -290,7 +285,7 @@ class Sandbox(Resource):
         singular="sandbox",
         columns=(
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
         group=AGENTS_GROUP,
     )

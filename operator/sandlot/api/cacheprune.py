@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     CACHEPRUNES,
     MAX_MESSAGE,
     MAX_NAME,
@@ -91,7 +92,7 @@ class CachePrune(Resource):
             PrinterColumn("Target", ".spec.target"),
             PrinterColumn("All", ".spec.all", "boolean"),
             PrinterColumn("Phase", ".status.phase"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
         ),
     )
 

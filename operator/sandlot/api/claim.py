@@ -20,7 +20,15 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from sandlot.api.common import CLAIMS, Condition, CrdInfo, Model, PrinterColumn, Resource
+from sandlot.api.common import (
+    AGE_COLUMN,
+    CLAIMS,
+    Condition,
+    CrdInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
 from sandlot.api.sandbox import ShutdownPolicy
 
 
@@ -93,7 +101,7 @@ class SandboxClaim(Resource):
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Sandbox", ".status.sandboxName"),
             PrinterColumn("Address", ".status.address"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Node", ".status.nodeName", priority=1),
         ),
         validations={

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -76,6 +76,21 @@ def split_key(key: str) -> tuple[str, str]:
     return namespace, name
 
 
+def controller_reference(
+    api_version: str, kind: str, name: str, uid: str, *, block_owner_deletion: bool
+) -> dict[str, Any]:
+    """An ownerReference naming its owner as the controller: the owned object goes with
+    it; ``block_owner_deletion``: a foreground deletion of the owner waits for it."""
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": block_owner_deletion,
+    }
+
+
 def cel_list(words: Iterable[str]) -> str:
     """A CEL list literal of ``words`` (enum members: the rule follows the enum)."""
     return "[" + ", ".join(f"'{w}'" for w in words) + "]"
@@ -123,6 +138,13 @@ class Condition(Model):
     )
 
 
+PortNumber = Annotated[int, Field(ge=1, le=65535)]
+"""A TCP or UDP port number in a sandbox."""
+
+Conditions = Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)]
+"""An object's conditions, one per type, merged as ``meta.SetStatusCondition`` does."""
+
+
 @dataclass(frozen=True)
 class PrinterColumn:
     name: str
@@ -130,6 +152,10 @@ class PrinterColumn:
     type: str = "string"
     priority: int = 0
     description: str = ""
+
+
+AGE_COLUMN = PrinterColumn("Age", ".metadata.creationTimestamp", "date")
+"""kubectl's AGE column, as every kind prints it."""
 
 
 @dataclass(frozen=True)

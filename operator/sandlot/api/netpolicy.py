@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
-from sandlot.api.common import MAX_DNS_LABEL, MAX_ENTRIES, Model
+from sandlot.api.common import MAX_DNS_LABEL, MAX_ENTRIES, Model, PortNumber
 
 MAX_RULES = 32
 MAX_PEERS = 32
@@ -98,9 +98,7 @@ class IpBlock(Model):
 
 class PolicyPort(Model):
     protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
-    port: int | None = Field(
-        default=None, ge=1, le=65535, description="Port number; empty: every port."
-    )
+    port: PortNumber | None = Field(default=None, description="Port number; empty: every port.")
 
 
 _ONE_PEER: JsonDict = {

@@ -14,12 +14,12 @@ from enum import StrEnum
 from pydantic import AwareDatetime, ConfigDict, Field
 
 from sandlot.api.common import (
-    MAX_CONDITIONS,
+    AGE_COLUMN,
     MAX_MESSAGE,
     MAX_NAME,
     MAX_WORD,
     NODES,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -242,7 +242,16 @@ class SandboxNodeStatus(Model):
     node_taints: Taints = Field(
         default_factory=list,
         description="The taints of the Kubernetes Node of the same name, mirrored by the "
-        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`).",
+        "agent (a control-plane node's `node-role.kubernetes.io/control-plane`). Placement "
+        "counts them only for a SandboxNode with no Kubernetes Node.",
+    )
+    trusted_node_taints: Taints = Field(
+        default_factory=list,
+        description="The NoSchedule and NoExecute taints of the Kubernetes Node of the same "
+        "name (not the node lifecycle's `node.kubernetes.io/` ones), copied by the operator; "
+        "with no such Node, those of nodeTaints. The placement admission policy reads these "
+        "and spec.taints. Only the operator writes them: an admission policy refuses its "
+        "agent's changes.",
     )
     runtime_handlers: list[NodeRuntimeHandler] = Field(
         default_factory=list,
@@ -271,9 +280,7 @@ class SandboxNodeStatus(Model):
         "when pressure starts or ends; the node-health controller mirrors it into the "
         "`DiskPressure` condition, and the scheduler places nothing on such a node.",
     )
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class SandboxNode(Resource):
@@ -286,7 +293,7 @@ class SandboxNode(Resource):
         columns=(
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Sandboxes", ".status.sandboxes", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Capacity", ".status.capacity.sandboxes", "integer", priority=1),
             PrinterColumn("Disk-Pressure", ".status.disk.pressure", "boolean", priority=1),
             PrinterColumn("Last-GC", ".status.gc.lastPassKind", priority=1),

@@ -7,10 +7,13 @@ node. A ValidatingAdmissionPolicy cannot look up the node a Sandbox names; what 
 can do is take SandboxNodes as parameters (``paramKind``) chosen by a label
 selector, and evaluate once per selected node. So:
 
-- the operator keeps the label ``sandlot.dev/tainted=true`` on every SandboxNode
-  with a NoSchedule or NoExecute taint (``spec.taints`` or the mirrored
-  ``status.nodeTaints``), and removes it when there is none
-  (``sandlot.policy.placement.tainted``);
+- the operator copies the blocking taints of each SandboxNode's Kubernetes Node
+  into its ``status.trustedNodeTaints`` (the agent's own mirror,
+  ``status.nodeTaints``, only where no Node exists: a compromised node may clear
+  it), and keeps the label ``sandlot.dev/tainted=true`` on every SandboxNode with a
+  NoSchedule or NoExecute taint there or in ``spec.taints``, removing it when there
+  is none (``sandlot.policy.nodetrust.admission_marks``). The agent's write policy
+  keeps it off both (``sandlot.api.writepolicy``); the policy reads nothing else;
 - the binding selects the labelled nodes; for each, the policy refuses a Sandbox
   whose new ``spec.nodeName`` is that node and which leaves one of its blocking
   taints untolerated, with ``sandlot.policy.placement``'s matching rules written in
@@ -26,8 +29,8 @@ server reads the parameters from its own watch cache, never etcd. Only the
 match condition (a new ``spec.nodeName``) keeps the rest of the Sandbox writes
 free of it.
 
-Between a taint being set and the operator labelling the node, a hand-placed
-sandbox passes admission; the agent still refuses it.
+Between a taint being set and the operator copying it, a hand-placed sandbox
+passes admission; an honest agent still refuses it.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def placement_policy(fullname: str) -> list[dict[str, Any]]:
                 {
                     "name": "blocking",
                     "expression": "(params.?spec.?taints.orValue([]) + "
-                    "params.?status.?nodeTaints.orValue([]))"
+                    "params.?status.?trustedNodeTaints.orValue([]))"
                     ".filter(t, t.effect == 'NoSchedule' || t.effect == 'NoExecute')",
                 },
                 {

@@ -14,12 +14,12 @@ from pydantic import Field, field_validator
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
-    MAX_CONDITIONS,
+    AGE_COLUMN,
     MAX_DNS_LABEL,
     MAX_ENTRIES,
     MAX_MESSAGE,
     POOLS,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
     PrinterColumn,
@@ -156,9 +156,7 @@ class SandboxPoolStatus(Model):
         description="Label selector of the members (for scale).",
     )
     observed_generation: int | None = Field(default=None, description="Generation seen.")
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class SandboxPool(Resource):
@@ -174,7 +172,7 @@ class SandboxPool(Resource):
             PrinterColumn("Up-To-Date", ".status.updatedReplicas", "integer"),
             PrinterColumn("Pending", ".status.pending", "integer"),
             PrinterColumn("Dead", ".status.dead", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Service", ".spec.serviceName", priority=1),
             PrinterColumn("Backoff-Until", ".status.backoffUntil", priority=1),
         ),

@@ -18,7 +18,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
-from sandlot.api.common import MAX_ARG, MAX_ARGS, Model
+from sandlot.api.common import MAX_ARG, MAX_ARGS, Model, PortNumber
 
 MAX_PROBE_SECONDS = 3600
 MAX_PROBE_TIMEOUT = 60
@@ -26,7 +26,6 @@ MAX_THRESHOLD = 100
 MAX_HTTP_PATH = 2048
 
 _Arg = Annotated[str, Field(max_length=MAX_ARG)]
-_Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class ExecAction(Model):
@@ -45,11 +44,11 @@ class HttpGetAction(Model):
         pattern=r"^/[^\s]*$",
         description="Path of the GET request; a status from 200 to 399 is success.",
     )
-    port: _Port = Field(description="Port on 127.0.0.1 in the sandbox's network.")
+    port: PortNumber = Field(description="Port on 127.0.0.1 in the sandbox's network.")
 
 
 class TcpSocketAction(Model):
-    port: _Port = Field(
+    port: PortNumber = Field(
         description="Port on 127.0.0.1 in the sandbox's network; an accepted connection is success."
     )
 

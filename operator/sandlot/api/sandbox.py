@@ -20,11 +20,11 @@ from pydantic import AwareDatetime, Field
 from pydantic.config import JsonDict
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     DNS_SUBDOMAIN,
     MAX_ARG,
     MAX_ARGS,
     MAX_CAPABILITIES,
-    MAX_CONDITIONS,
     MAX_ENV,
     MAX_IMAGE,
     MAX_MESSAGE,
@@ -33,9 +33,10 @@ from sandlot.api.common import (
     MAX_QUANTITY,
     MAX_WORD,
     SANDBOXES,
-    Condition,
+    Conditions,
     CrdInfo,
     Model,
+    PortNumber,
     PrinterColumn,
     Resource,
     cel_list,
@@ -103,6 +104,8 @@ MIN_CPU_LIMIT = "1m"
 # A few files and a log already take this much: below it a disk limit stops anything.
 MIN_EPHEMERAL_STORAGE_LIMIT = "1Mi"
 Arg = Annotated[str, Field(max_length=MAX_ARG)]
+Quantity = Annotated[str, Field(max_length=MAX_QUANTITY, pattern=QUANTITY_PATTERN)]
+"""A Kubernetes quantity (``256Mi``, ``500m``, ``1Gi``) as QUANTITY_PATTERN admits it."""
 CapabilityName = Annotated[str, Field(max_length=64)]
 
 
@@ -133,7 +136,7 @@ class SandboxPort(Model):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="Port name, used as the EndpointSlice port name (IANA service name rules).",
     )
-    container_port: int = Field(ge=1, le=65535, description="Port the sandbox listens on.")
+    container_port: PortNumber = Field(description="Port the sandbox listens on.")
     protocol: Literal["TCP", "UDP"] = Field(default="TCP", description="TCP or UDP.")
 
 
@@ -175,27 +178,21 @@ def _at_least(floor: str, what: str) -> JsonDict:
 
 
 class ResourceLimits(Model):
-    memory: str | None = Field(
+    memory: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_MEMORY_LIMIT, "a memory limit"),
         description="Memory limit as a Kubernetes quantity (`256Mi`, `1Gi`); a process "
         f"over it is killed by the kernel's OOM killer. At least {MIN_MEMORY_LIMIT}: "
         "runc would read 0 as no limit at all.",
     )
-    cpu: str | None = Field(
+    cpu: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_CPU_LIMIT, "a CPU limit"),
         description="CPU limit as a Kubernetes quantity (`500m`, `2`), enforced as a CFS "
         f"quota. At least {MIN_CPU_LIMIT}.",
     )
-    ephemeral_storage: str | None = Field(
+    ephemeral_storage: Quantity | None = Field(
         default=None,
-        max_length=MAX_QUANTITY,
-        pattern=QUANTITY_PATTERN,
         json_schema_extra=_at_least(MIN_EPHEMERAL_STORAGE_LIMIT, "an ephemeral storage limit"),
         description="Disk limit as a Kubernetes quantity (`1Gi`): the allocated blocks of the "
         "sandbox's writable layer and log files, measured as the kubelet does by its node's "
@@ -486,9 +483,7 @@ class SandboxStatus(Model):
         description="Set while suspended when the agent's suspend_state_repository is "
         "set: the committed filesystem pushed there, so any node may start it again.",
     )
-    conditions: list[Condition] = Field(
-        default_factory=list, max_length=MAX_CONDITIONS, description="Conditions."
-    )
+    conditions: Conditions = Field(default_factory=list, description="Conditions.")
 
 
 class Sandbox(Resource):
@@ -502,7 +497,7 @@ class Sandbox(Resource):
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Node", ".spec.nodeName"),
             PrinterColumn("IP", ".status.ip"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Pool", ".metadata.labels.sandlot\\.dev/pool", priority=1),
             PrinterColumn("Mode", ".spec.operatingMode", priority=1),
             # Empty without a readinessProbe: such a sandbox is ready once Running.

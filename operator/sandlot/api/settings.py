@@ -19,6 +19,7 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Field,
     PlainSerializer,
     model_validator,
 )
@@ -63,6 +64,22 @@ def _positive(value: timedelta) -> timedelta:
 
 PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 """A duration above zero: intervals, deadlines and waits that must pass."""
+
+
+def require_positive(settings: BaseModel, names: Sequence[str]) -> None:
+    """Refuse (ValueError, "<name> must be positive") the first of the durations
+    ``names`` of ``settings`` that is zero or negative: for a model validator that
+    checks them beside its other rules."""
+    for name in names:
+        if getattr(settings, name) <= timedelta(0):
+            raise ValueError(f"{name} must be positive")
+
+
+PemPath = Annotated[str, Field(max_length=4096)]
+"""The path of a PEM file (a certificate, a key, a CA bundle)."""
+
+ListenPort = Annotated[int, Field(ge=0, le=65535)]
+"""A TCP port a program listens on; 0 means what its setting says (off, or any free port)."""
 
 
 class SettingsModel(BaseModel):

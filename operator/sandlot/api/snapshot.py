@@ -18,6 +18,7 @@ from enum import StrEnum
 from pydantic import Field
 
 from sandlot.api.common import (
+    AGE_COLUMN,
     DNS_SUBDOMAIN,
     MAX_IMAGE,
     MAX_MESSAGE,
@@ -110,7 +111,7 @@ class SandboxSnapshot(Resource):
             PrinterColumn("Phase", ".status.phase"),
             PrinterColumn("Node", ".spec.nodeName"),
             PrinterColumn("Size", ".status.sizeBytes", "integer"),
-            PrinterColumn("Age", ".metadata.creationTimestamp", "date"),
+            AGE_COLUMN,
             PrinterColumn("Image", ".status.imageRef", priority=1),
             PrinterColumn("Digest", ".status.digest", priority=1),
             PrinterColumn("Reason", ".status.reason", priority=1),

@@ -24,4 +24,10 @@ def parse_time(text: str | datetime | None) -> datetime | None:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-__all__ = ["TimeSpec", "parse_time", "rfc3339"]
+def utcnow() -> datetime:
+    """The wall clock in UTC: the clock the programs' parts take by default (a test
+    hands them its own; decisions take the moment as data)."""
+    return datetime.now(UTC)
+
+
+__all__ = ["TimeSpec", "parse_time", "rfc3339", "utcnow"]

@@ -14,8 +14,10 @@ a ValidatingAdmissionPolicy can hold each agent to its own node:
 - ``agent-bare-sandboxnode``: with no labels, since placement matches sandboxes'
   ``nodeSelector`` and affinity against them (a node labelling itself ``gpu=true``
   would draw other tenants' sandboxes); a status write cannot change them;
-- ``agent-node-status-not-operators``: but not the status fields the operator's
-  node-health controller owns (phase, conditions, health tracking);
+- ``agent-node-status-not-operators``: but not the status fields the operator
+  owns: the node-health controller's (phase, conditions, health tracking) and the
+  taints placement trusts (``trustedNodeTaints``, copied from the Kubernetes Node:
+  a node clearing them would draw sandboxes its Node's taints keep off);
 - ``agent-not-leader-lease`` / ``agent-own-lease``: its own node Lease in sandlot's
   namespace, held by itself; never the leader Lease, never another node's;
 - ``agent-sandbox-status-on-its-node``: status only, of Sandboxes whose
@@ -150,6 +152,10 @@ def _cel_literal(value: object) -> str | None:
     return None
 
 
+def _aliases(model: type[BaseModel], fields: Iterable[str]) -> list[str]:
+    return [model.model_fields[n].alias or n for n in fields]
+
+
 def _status_kept(model: type[BaseModel], fields: Iterable[str]) -> str:
     """CEL: the update leaves these status fields of ``model`` as they were. A field
     with a scalar or list default is read with it, so a status the agent's patch
@@ -169,8 +175,9 @@ def _status_kept(model: type[BaseModel], fields: Iterable[str]) -> str:
     return " && ".join(checks)
 
 
-NODE_STATUS_OF_THE_OPERATOR = ("phase", "conditions", "health")
-"""SandboxNode status fields the node-health controller owns; its agent keeps off them."""
+NODE_STATUS_OF_THE_OPERATOR = ("phase", "conditions", "health", "trusted_node_taints")
+"""SandboxNode status fields the operator owns (node health's, and the taints placement
+trusts); its agent keeps off them."""
 
 CACHEPRUNE_STATUS_OF_THE_OPERATOR = tuple(
     n for n in CachePruneStatus.model_fields if n != "results"
@@ -243,8 +250,8 @@ def _agent_node_rules(ids: Identities) -> list[dict[str, Any]]:
             f"{resource} != 'sandboxnodes' || !variables.status || request.operation != 'UPDATE' "
             f"|| ({_status_kept(SandboxNodeStatus, NODE_STATUS_OF_THE_OPERATOR)})",
             f"{prefix}agent-node-status-not-operators:{who}may not change status."
-            f"{', status.'.join(NODE_STATUS_OF_THE_OPERATOR)} of its SandboxNode: the "
-            "operator owns them'",
+            f"{', status.'.join(_aliases(SandboxNodeStatus, NODE_STATUS_OF_THE_OPERATOR))} "
+            "of its SandboxNode: the operator owns them'",
         ),
         cel_validation(
             f"{resource} != 'leases' || {obj}.metadata.name != '{ids.leader_lease}'",

@@ -27,16 +27,14 @@ from sandlot.adapters.streamclient import (
 from sandlot.api.errors import UsageError
 from sandlot.cli.streams import open_request
 from sandlot.cli.treecopy import CopyFailed, Progress, SandboxFiles, copy_in, copy_out
+from sandlot.client.commands import stdout_until_status
 from sandlot.policy.streams import (
     PORTFORWARD,
     READ,
-    STATUS,
     STDIN,
-    STDOUT,
     WRITE,
     StreamRequest,
     close_stdin_frame,
-    decode_frame,
     encode_frame,
     end_of,
 )
@@ -146,15 +144,9 @@ def _carry(conn: socket.socket, stream: Stream) -> None:
 
     threading.Thread(target=to_sandbox, daemon=True).start()
     try:
-        while (message := stream.recv()) is not None:
-            channel, data = decode_frame(message)
-            if channel == STDOUT:
-                conn.sendall(data)
-            elif channel == STATUS:
-                end = end_of(data)
-                if end.message:
-                    print(f"sandlot: {end.message}", file=sys.stderr)
-                break
+        status = stdout_until_status(stream, lambda: None, conn.sendall)
+        if status is not None and (end := end_of(status)).message:
+            print(f"sandlot: {end.message}", file=sys.stderr)
     except OSError:
         pass
     finally:

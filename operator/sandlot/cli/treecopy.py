@@ -33,21 +33,18 @@ from sandlot.adapters.streamclient import (
     is_forbidden,
     open_stream,
 )
-from sandlot.client.commands import read_status
+from sandlot.client.commands import read_status, stdout_until_status
 from sandlot.policy.streams import (
     FILES,
     LIST,
     MKDIR,
     READ,
     STAT,
-    STATUS,
     STDIN,
-    STDOUT,
     WRITE,
     StreamRequest,
     api_path,
     close_stdin_frame,
-    decode_frame,
     encode_frame,
 )
 from sandlot.policy.treecopy import (
@@ -201,19 +198,11 @@ class SandboxFiles:
         """One operation to its status; what came on stdout (or went to ``sink``)."""
         stream = self._open(op, path)
         out: list[bytes] = []
-        status: bytes | None = None
         try:
             if chunks is not None:
                 _send_all(stream, chunks)
-            while (message := stream.recv(timeout=IDLE)) is not None:
-                channel, data = decode_frame(message)
-                if channel == STDOUT and sink is not None:
-                    sink.write(data)
-                elif channel == STDOUT:
-                    out.append(data)
-                elif channel == STATUS:
-                    status = data
-                    break
+            to = out.append if sink is None else sink.write
+            status = stdout_until_status(stream, lambda: IDLE, to)
         except TimeoutError:
             raise CopyFailed(f"{op} {self.label(path)}: no answer for {IDLE:g}s") from None
         finally:

@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from types import TracebackType
 from typing import Any
 
 from sandlot.adapters.sandboxapi import ApiRefused, SandboxApi
@@ -22,6 +21,7 @@ from sandlot.api.errors import UsageError
 from sandlot.api.keys import CLAIM_LABEL
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339
+from sandlot.client.commands import ClosedOnExit
 from sandlot.client.errors import SandboxGone, SandlotError, TimedOut
 from sandlot.client.sandbox import Sandbox, gone_from, refusal
 from sandlot.client.snapshots import Snapshot
@@ -40,7 +40,7 @@ def _last_seen(body: Mapping[str, Any] | None) -> str:
     return f"last seen: {said}" if said else "it has no status yet"
 
 
-class Client:
+class Client(ClosedOnExit):
     """Sandboxes in ``namespace`` (each call may name another).
 
     ``kubeconfig``: a kubeconfig file; None uses the in-cluster configuration in a
@@ -57,14 +57,6 @@ class Client:
 
     def close(self) -> None:
         self._api.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def get(self, name: str, *, namespace: str | None = None) -> Sandbox:
         """An existing Sandbox; a claimed one knows its claim (``terminate`` then

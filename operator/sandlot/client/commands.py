@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from types import TracebackType
+from typing import Self
 
 from sandlot.adapters.streamclient import Stream
 from sandlot.api.reasons import ExecReason
@@ -40,6 +41,21 @@ CHUNK = 64 * 1024
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # Exit codes above this mean a signal ended the command: perhaps the sandbox's end.
 SIGNALLED = 128
+
+
+class ClosedOnExit:
+    """Closed (``close()``) when a ``with`` block around it ends, however it ends."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
 
 
 class Channel(IntEnum):
@@ -94,6 +110,21 @@ def read_status(status: bytes | None) -> Outcome:
     return Outcome(None, int(body.get("code") or 500), message, status)
 
 
+def stdout_until_status(
+    stream: Stream, timeout: Callable[[], float | None], stdout: Callable[[bytes], object]
+) -> bytes | None:
+    """Hand each stdout frame to ``stdout`` until the status frame, and return it (None:
+    the stream ended first); each wait at most ``timeout()`` seconds (None: no bound),
+    else TimeoutError."""
+    while (message := stream.recv(timeout=timeout())) is not None:
+        channel, data = decode_frame(message)
+        if channel == STDOUT:
+            stdout(data)
+        elif channel == STATUS:
+            return data
+    return None
+
+
 def command_argv(
     command: str | Sequence[str],
     env: Mapping[str, str] | None = None,
@@ -121,7 +152,7 @@ def command_argv(
     return (SHELL, "-c", "\n".join([*lines, script])), True
 
 
-class Execution:
+class Execution(ClosedOnExit):
     """One running command: iterate for ``(Channel, bytes)`` as output comes; after
     the last, ``exit_code`` is set. Closing it early (or leaving its ``with``) ends
     the command: the agent kills it when its stream closes."""
@@ -197,14 +228,6 @@ class Execution:
 
     def close(self) -> None:
         self._stream.close()
-
-    def __enter__(self) -> Execution:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def collect(execution: Execution) -> Result:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sandlot.adapters.streamclient import Stream
-from sandlot.client.commands import CHUNK, read_status
+from sandlot.client.commands import CHUNK, read_status, stdout_until_status
 from sandlot.client.errors import FileError, SandboxGone, SandlotError, TimedOut
 from sandlot.policy.streams import (
     LIST,
@@ -24,12 +24,9 @@ from sandlot.policy.streams import (
     READ,
     REMOVE,
     STAT,
-    STATUS,
     STDIN,
-    STDOUT,
     WRITE,
     close_stdin_frame,
-    decode_frame,
     encode_frame,
 )
 
@@ -100,17 +97,10 @@ class Files:
         deadline = time.monotonic() + timeout
         stream = self._open(op, path)
         out: list[bytes] = []
-        status: bytes | None = None
         try:
             if data is not None:
                 _send_all(stream, data)
-            while (message := stream.recv(timeout=deadline - time.monotonic())) is not None:
-                channel, chunk = decode_frame(message)
-                if channel == STDOUT:
-                    out.append(chunk)
-                elif channel == STATUS:
-                    status = chunk
-                    break
+            status = stdout_until_status(stream, lambda: deadline - time.monotonic(), out.append)
         except TimeoutError:
             raise TimedOut(f"files {op} {path}: no answer within {timeout}s") from None
         finally:

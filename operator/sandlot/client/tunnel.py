@@ -12,22 +12,18 @@ import contextlib
 import socket
 import threading
 from collections.abc import Callable
-from types import TracebackType
 
 from sandlot.adapters.streamclient import Stream
-from sandlot.client.commands import CHUNK, read_status
+from sandlot.client.commands import CHUNK, ClosedOnExit, read_status, stdout_until_status
 from sandlot.client.errors import SandlotError
 from sandlot.policy.streams import (
-    STATUS,
     STDIN,
-    STDOUT,
     close_stdin_frame,
-    decode_frame,
     encode_frame,
 )
 
 
-class Tunnel:
+class Tunnel(ClosedOnExit):
     """Listening on ``address`` until closed (``with`` closes it)."""
 
     def __init__(
@@ -61,14 +57,6 @@ class Tunnel:
             with contextlib.suppress(Exception):
                 stream.close()
 
-    def __enter__(self) -> Tunnel:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
@@ -88,15 +76,9 @@ class Tunnel:
             self._streams.add(stream)
         threading.Thread(target=self._to_sandbox, args=(conn, stream), daemon=True).start()
         try:
-            while (message := stream.recv()) is not None:
-                channel, data = decode_frame(message)
-                if channel == STDOUT:
-                    conn.sendall(data)
-                elif channel == STATUS:
-                    outcome = read_status(data)
-                    if outcome.exit_code != 0:
-                        self.last_error = outcome.message
-                    break
+            status = stdout_until_status(stream, lambda: None, conn.sendall)
+            if status is not None and (outcome := read_status(status)).exit_code != 0:
+                self.last_error = outcome.message
         except OSError:
             pass  # the local side went away
         finally:

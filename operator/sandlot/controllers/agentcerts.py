@@ -5,7 +5,6 @@ replica was a standby (or by a leader that died) is answered by the next leader.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ import kopf
 
 from sandlot.adapters.agentcerts import AgentCsrSigner
 from sandlot.api.keys import AGENT_SIGNER
+from sandlot.controllers.ownwork import BackgroundLoops
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def register(
     registry: kopf.OperatorRegistry, signer: AgentCsrSigner, leading: Callable[[], bool]
 ) -> None:
     """Add the handlers answering sandlot's CertificateSigningRequests to ``registry``."""
-    tasks: list[asyncio.Task[None]] = []
+    loops = BackgroundLoops()
 
     async def answer(body: Any) -> None:
         if not leading():
@@ -61,14 +61,11 @@ def register(
 
     @kopf.on.startup(registry=registry)
     async def agent_csr_sweep(**_: Any) -> None:
-        tasks.append(asyncio.get_running_loop().create_task(sweep()))
+        loops.start(sweep())
 
     @kopf.on.cleanup(registry=registry)
     async def agent_csr_stop(**_: Any) -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await loops.stop()
 
 
 __all__ = ["register"]

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -54,12 +54,14 @@ from sandlot.api.common import (
     POOLS,
     VERSION,
     Condition,
+    controller_reference,
     join_key,
     split_key,
 )
 from sandlot.api.keys import AGENT_SANDBOX_SPEC_ANNOTATION
 from sandlot.api.reasons import AgentSandboxReason as Reason
 from sandlot.api.reasons import ConditionType
+from sandlot.api.timestamps import utcnow
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.agentsandbox import (
@@ -86,20 +88,11 @@ RETRY_CAP = 30.0
 WORKERS = 8
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 def _owner(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
     meta = body["metadata"]
-    return {
-        "apiVersion": api_version,
-        "kind": kind,
-        "name": meta["name"],
-        "uid": meta["uid"],
-        "controller": True,
-        "blockOwnerDeletion": False,
-    }
+    return controller_reference(
+        api_version, kind, meta["name"], meta["uid"], block_owner_deletion=False
+    )
 
 
 @dataclass(frozen=True)
@@ -117,7 +110,7 @@ class AgentSandboxController:
         cache: SandboxCache,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api

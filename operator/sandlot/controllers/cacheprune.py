@@ -17,10 +17,9 @@ deleting one never waits for the operator. Only the leader acts.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -30,6 +29,8 @@ from sandlot.adapters.objects import Objects
 from sandlot.api.cacheprune import CachePrune, CachePrunePhase, CachePruneStatus, NodePruneResult
 from sandlot.api.common import CACHEPRUNES, GROUP, NODES, VERSION
 from sandlot.api.node import NodePhase
+from sandlot.api.timestamps import utcnow
+from sandlot.controllers.ownwork import BackgroundLoops, CoalescedRuns
 from sandlot.policy.cacheprune import TERMINAL_PRUNE_PHASES, NodeReach, PruneDecision, decide
 
 log = logging.getLogger(__name__)
@@ -53,7 +54,7 @@ class CachePruneController:
         lease_namespace: str,
         leading: Callable[[], bool],
         *,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self.objects = objects
         self.prunes = CachePrunes(objects.api)
@@ -62,8 +63,9 @@ class CachePruneController:
         self.clock = clock
         self.phases: dict[str, str | None] = {}
         """Last seen phase of every request (from events): the open ones get resynced."""
-        self._running: set[str] = set()
-        self._again: set[str] = set()
+        self.runs = CoalescedRuns(
+            self.reconcile, leading, kind="CachePrune", task_prefix="cacheprune", log=log
+        )
 
     # -- inputs --------------------------------------------------------------------
 
@@ -82,26 +84,7 @@ class CachePruneController:
 
     def kick(self, name: str) -> None:
         """Reconcile ``name`` soon; coalesces while one reconcile of it runs."""
-        if not self.leading():
-            return
-        if name in self._running:
-            self._again.add(name)
-            return
-        self._running.add(name)
-        asyncio.get_running_loop().create_task(self._drive(name), name=f"cacheprune-{name}")
-
-    async def _drive(self, name: str) -> None:
-        try:
-            while True:
-                self._again.discard(name)
-                try:
-                    await asyncio.to_thread(self.reconcile, name)
-                except Exception as exc:
-                    log.warning("CachePrune %s: reconcile failed (will retry): %s", name, exc)
-                if name not in self._again:
-                    return
-        finally:
-            self._running.discard(name)
+        self.runs.kick(name)
 
     async def resync(self, interval: float = RESYNC_SECONDS) -> None:
         while True:
@@ -172,7 +155,7 @@ def register(
 ) -> CachePruneController:
     """Add the CachePrune handlers to ``registry``."""
     controller = CachePruneController(objects, lease_namespace, leading)
-    tasks: list[asyncio.Task[None]] = []
+    loops = BackgroundLoops()
 
     @kopf.on.event(GROUP, VERSION, CACHEPRUNES, registry=registry)
     async def cacheprune_event(body: kopf.Body, **kwargs: Any) -> None:
@@ -184,14 +167,11 @@ def register(
 
     @kopf.on.startup(registry=registry)
     async def cacheprune_resync(**_: Any) -> None:
-        tasks.append(asyncio.get_running_loop().create_task(controller.resync()))
+        loops.start(controller.resync())
 
     @kopf.on.cleanup(registry=registry)
     async def cacheprune_stop(**_: Any) -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await loops.stop()
 
     return controller
 

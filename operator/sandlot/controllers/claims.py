@@ -44,12 +44,12 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.claim import FINAL_CLAIM_PHASES, ClaimPhase
-from sandlot.api.common import API_VERSION, join_key
+from sandlot.api.common import API_VERSION, controller_reference, join_key
 from sandlot.api.keys import (
     CLAIM_LABEL,
     CLAIMED_AT_ANNOTATION,
@@ -59,11 +59,11 @@ from sandlot.api.keys import (
 )
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase, ShutdownPolicy
-from sandlot.api.timestamps import parse_time, rfc3339
+from sandlot.api.timestamps import parse_time, rfc3339, utcnow
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.offered import OfferedMembers
 from sandlot.controllers.pools import PoolController
-from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of
+from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord, record_of, tell_synced
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.claims import (
     NO_LIFECYCLE,
@@ -76,6 +76,7 @@ from sandlot.policy.claims import (
     decide_claim_end,
     hold_replacements,
 )
+from sandlot.policy.marking import ended_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,14 +110,9 @@ class ClaimState:
         return join_key(self.namespace, self.pool_name)
 
     def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": "SandboxClaim",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": False,
-        }
+        return controller_reference(
+            API_VERSION, "SandboxClaim", self.name, self.uid, block_owner_deletion=False
+        )
 
 
 def claim_state(body: Mapping[str, Any]) -> ClaimState:
@@ -147,10 +143,6 @@ def _candidate(rec: SandboxRecord) -> Candidate:
     return Candidate(rec.name, rec.phase, rec.created_at, rec.ip, rec.node, rec.paused, rec.ready)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class ClaimController:
     def __init__(
         self,
@@ -159,7 +151,7 @@ class ClaimController:
         pools: PoolController,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
         metrics: WorkloadMetrics | None = None,
     ) -> None:
@@ -203,11 +195,7 @@ class ClaimController:
             self._deleted(self.claims[key])
         if not self.synced:
             self.synced = True
-            for callback in self.on_synced:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("claim sync listener failed")
+            tell_synced(self.on_synced, "claim")
 
     def on_claim(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         state = claim_state(body)
@@ -373,12 +361,8 @@ class ClaimController:
                 await self._delete(bound)
             return True
         if bound is not None and not bound.terminal:
-            stopped = {
-                "phase": SandboxPhase.STOPPED.value,
-                "reason": SandboxReason.CLAIM_EXPIRED.value,
-                "message": end.message,
-                "finishedAt": rfc3339(now),
-            }
+            reason = SandboxReason.CLAIM_EXPIRED
+            stopped = ended_status(SandboxPhase.STOPPED, reason, end.message, now)
             written = await self._call(
                 self.api.write_status, bound.namespace, bound.name, stopped, bound.resource_version
             )

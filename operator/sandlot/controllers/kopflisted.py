@@ -48,6 +48,9 @@ class KopfListed:
     def unlisted(self) -> list[str]:
         return sorted(self.pending)
 
+    def has_listed(self, plural: str) -> bool:
+        return plural not in self.pending
+
     async def run(self) -> None:
         while self.pending:
             for plural in sorted(self.pending):

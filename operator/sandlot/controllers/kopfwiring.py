@@ -15,7 +15,7 @@ import kopf
 
 from sandlot.adapters.agentcerts import AgentCsrSigner
 from sandlot.adapters.kopfclient import kopf_session
-from sandlot.api.common import GROUP, VERSION
+from sandlot.api.common import GROUP, KUBE_NODES, VERSION
 from sandlot.api.keys import (
     KOPF_ANNOTATION_PREFIX,
     LAST_HANDLED_CONFIGURATION_KEY,
@@ -83,12 +83,18 @@ def build_registry(
     settings: OperatorSettings,
     nodehealth: NodeHealthController,
     leading: Callable[[], bool],
-    workloads: Workloads | None = None,
+    workloads: Workloads,
     snapshot_listeners: Sequence[Callable[[str, Mapping[str, Any]], None]] = (),
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
-    if workloads is not None:
-        workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
+    workloads.register(registry)  # scheduler, pools, routing (watch-only handlers)
+    marks = taintlabels.TaintMarks(
+        nodehealth.objects,
+        taintlabels.KubeNodeView(
+            workloads.scheduler.kube_nodes.get, lambda: workloads.listed.has_listed(KUBE_NODES)
+        ),
+        nodehealth.nodes,
+    )
 
     register_kopf(registry, connection)
 
@@ -111,7 +117,7 @@ def build_registry(
         # controller that resyncs a node does it here.
         nodehealth.enqueue(name)
         if leading():
-            await taintlabels.sync(nodehealth.objects, body)
+            await marks.sync(body)
 
     @kopf.on.delete(GROUP, VERSION, "sandboxnodes", registry=registry)
     async def node_deleted(name: str, body: kopf.Body, **_: Any) -> None:
@@ -134,12 +140,12 @@ def build_registry(
             settings.agent_cert_lifetime,
         )
         agentcerts.register(registry, signer, leading)
-    taintlabels.register(registry, nodehealth.objects, leading)
+    marks.register(registry, leading)
     snapshots.register(
         registry,
         nodehealth.objects,
         leading,
-        workloads.cache if workloads else None,
+        workloads.cache,
         listeners=snapshot_listeners,
     )
     return registry

@@ -20,24 +20,21 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sandlot.adapters.workloads import WorkloadApi
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxPhase
-from sandlot.api.timestamps import rfc3339
+from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.lifetimes import decide_lifetime
+from sandlot.policy.marking import ended_status
 
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_ERROR = 1.0
 RETRY_CAP = 30.0
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 class LifetimeController:
@@ -47,7 +44,7 @@ class LifetimeController:
         cache: SandboxCache,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
@@ -96,12 +93,8 @@ class LifetimeController:
         if decision.stamp_finished:
             status: dict[str, str] = {"finishedAt": rfc3339(now)}
         else:
-            status = {
-                "phase": SandboxPhase.STOPPED.value,
-                "reason": SandboxReason.DEADLINE_EXCEEDED.value,
-                "message": decision.message,
-                "finishedAt": rfc3339(now),
-            }
+            reason = SandboxReason.DEADLINE_EXCEEDED
+            status = ended_status(SandboxPhase.STOPPED, reason, decision.message, now)
         written = await asyncio.to_thread(
             self.api.write_status, rec.namespace, rec.name, status, str(rec.resource_version)
         )

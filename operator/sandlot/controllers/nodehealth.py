@@ -31,12 +31,13 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sandlot.adapters.objects import LeaseRecord, Objects
 from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.reasons import EventReason, SandboxReason
+from sandlot.api.timestamps import utcnow
 from sandlot.controllers.guardhold import HoldReporter
 from sandlot.controllers.liveness import LivenessView, steady_clock
 from sandlot.controllers.marking import Marker, NodeMarking, NotLeader
@@ -85,7 +86,7 @@ class NodeHealthController:
         *,
         is_leader: Callable[[], bool],
         post_event: EventPoster,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
         liveness: LivenessView | None = None,
     ) -> None:

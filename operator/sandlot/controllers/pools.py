@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
@@ -48,7 +48,7 @@ from sandlot.api.common import API_VERSION, GROUP, POOLS, VERSION, join_key
 from sandlot.api.keys import POOL_LABEL
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import SandboxPhase
-from sandlot.api.timestamps import rfc3339
+from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -206,10 +206,6 @@ def desired_status(
     }
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class PoolController:
     def __init__(
         self,
@@ -222,7 +218,7 @@ class PoolController:
         post_event: EventPoster,
         resync_interval: timedelta = timedelta(seconds=30),
         queue_clock: Callable[[], float] = time.monotonic,
-        clock: Callable[[], datetime] = _utcnow,
+        clock: Callable[[], datetime] = utcnow,
         node_ready: Callable[[str], bool] = lambda _: True,
         max_replicas: int = 1000,
     ) -> None:

@@ -39,7 +39,7 @@ from sandlot.adapters.workloads import (
     list_endpoint_slices,
     write_service,
 )
-from sandlot.api.common import API_VERSION, join_key
+from sandlot.api.common import API_VERSION, controller_reference, join_key
 from sandlot.api.keys import ENDPOINTSLICE_MANAGED_BY_LABEL as MANAGED_BY_LABEL
 from sandlot.api.keys import ENDPOINTSLICE_MANAGER as MANAGED_BY
 from sandlot.api.keys import (
@@ -72,14 +72,9 @@ class PoolRef:
         return join_key(self.namespace, self.name)
 
     def owner_reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": API_VERSION,
-            "kind": "SandboxPool",
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
+        return controller_reference(
+            API_VERSION, "SandboxPool", self.name, self.uid, block_owner_deletion=True
+        )
 
 
 def port_names(ports: Sequence[Mapping[str, Any]]) -> list[str]:

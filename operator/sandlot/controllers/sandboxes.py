@@ -28,7 +28,7 @@ import logging
 import sys
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 from sandlot.api.common import join_key, key_of
 from sandlot.api.keys import CLAIM_LABEL, POOL_LABEL
 from sandlot.api.sandbox import TERMINAL_PHASES, OperatingMode, SandboxPhase, ShutdownPolicy
-from sandlot.api.timestamps import parse_time
+from sandlot.api.timestamps import parse_time, utcnow
 from sandlot.policy.freshness import Awaited, Judgement, judge_answer, judge_event
 from sandlot.policy.idle import idle_mark
 from sandlot.policy.lifetimes import NO_ENDING, Ending, deadline_of
@@ -141,6 +141,16 @@ def _conditions(status: Mapping[str, Any]) -> tuple[tuple[str, str, str], ...]:
     )
 
 
+def tell_synced(listeners: Iterable[Callable[[], None]], what: str) -> None:
+    """Tell each of a cache's sync listeners that its first complete list is in; one
+    that fails is logged and the others still hear it."""
+    for callback in listeners:
+        try:
+            callback()
+        except Exception:
+            log.exception("%s sync listener failed", what)
+
+
 def record_of(body: Mapping[str, Any]) -> SandboxRecord:
     meta = body["metadata"]
     status = body.get("status") or {}
@@ -209,17 +219,13 @@ def _placement(spec: Mapping[str, Any]) -> Placement | None:
 Listener = Callable[[SandboxRecord | None, SandboxRecord | None], None]  # (old, new)
 
 
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
 class SandboxCache:
     def __init__(
         self,
         *,
         clock: Callable[[], float] = time.monotonic,
         watch_lag: float = WATCH_LAG,
-        wall: Callable[[], datetime] = _utcnow,
+        wall: Callable[[], datetime] = utcnow,
     ) -> None:
         self._clock = clock
         self._wall = wall  # the controllers' clock: when a member was first seen Ready
@@ -291,11 +297,7 @@ class SandboxCache:
             self._remove(key, None)
         if not self.synced:
             self.synced = True
-            for callback in self.on_synced:
-                try:
-                    callback()
-                except Exception:
-                    log.exception("sandbox cache sync listener failed")
+            tell_synced(self.on_synced, "sandbox cache")
 
     def upsert(self, body: Mapping[str, Any]) -> SandboxRecord | None:
         """Take the API server's answer about a sandbox (a write's result or a read),

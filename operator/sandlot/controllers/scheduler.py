@@ -49,7 +49,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 import kopf
@@ -60,6 +60,7 @@ from sandlot.api.node import NodeHealthTracking, NodePhase
 from sandlot.api.placement import Taint
 from sandlot.api.reasons import ConditionType, ScheduledReason, SnapshotReason
 from sandlot.api.sandbox import SandboxPhase
+from sandlot.api.timestamps import utcnow
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -156,7 +157,7 @@ class Scheduler:
         metrics: WorkloadMetrics,
         *,
         is_leader: Callable[[], bool],
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        clock: Callable[[], datetime] = utcnow,
         queue_clock: Callable[[], float] = time.monotonic,
         liveness: LivenessView,
     ) -> None:

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, SettingsModel
+from sandlot.api.settings import Duration, ListenPort, PemPath, SettingsModel, require_positive
 from sandlot.policy.disruption import GuardSettings
 from sandlot.policy.nodehealth import NodeHealthSettings
 
@@ -70,8 +70,8 @@ class OperatorSettings(SettingsModel):
         description="Most members one SandboxPool keeps: a pool asking more keeps this many, "
         "says so in status.cappedAt and a ReplicasCapped Warning Event.",
     )
-    metrics_port: int = Field(
-        default=8080, ge=0, le=65535, description="Port of /metrics, /livez and /readyz (0 = off)."
+    metrics_port: ListenPort = Field(
+        default=8080, description="Port of /metrics, /livez and /readyz (0 = off)."
     )
     agent_sandbox: bool = Field(
         default=False,
@@ -113,16 +113,14 @@ class OperatorSettings(SettingsModel):
     leader_retry_period: Duration = Field(
         default=timedelta(seconds=2), description="How often replicas try to acquire or renew."
     )
-    agent_ca_cert: str = Field(
+    agent_ca_cert: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of sandlot's agent CA: the operator signs each agent's "
         "serving certificate with it, for that agent's node only (CertificateSigningRequests "
         "of signer sandlot.dev/agent-serving). Empty: no agent certificate is signed.",
     )
-    agent_ca_key: str = Field(
+    agent_ca_key: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the agent CA's key; only the operator mounts it.",
     )
     agent_service_account: str = Field(
@@ -150,9 +148,7 @@ class OperatorSettings(SettingsModel):
             raise ValueError("agent_ca_cert and agent_ca_key go together: set both or neither")
         if self.agent_cert_lifetime < timedelta(hours=1):
             raise ValueError("agent_cert_lifetime must be at least 1h")
-        for name in ("resync_interval", "leader_retry_period", "lease_view_max_age"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
+        require_positive(self, ("resync_interval", "leader_retry_period", "lease_view_max_age"))
         if self.lease_view_max_age < timedelta(seconds=2):
             raise ValueError("lease_view_max_age must be at least 2s")
         health = self.node_health

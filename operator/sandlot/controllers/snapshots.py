@@ -18,7 +18,6 @@ leader acts; every write carries the resourceVersion read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -39,6 +38,7 @@ from sandlot.api.common import (
 from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES, SnapshotPhase
+from sandlot.controllers.ownwork import BackgroundLoops, CoalescedRuns
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.policy.snapshots import (
     SnapshotDecision,
@@ -67,8 +67,9 @@ class SnapshotController:
         self.objects, self.leading = objects, leading
         self.open: set[str] = set()
         """Snapshots (``ns/name``) that are not settled: resynced."""
-        self._running: set[str] = set()
-        self._again: set[str] = set()
+        self.runs = CoalescedRuns(
+            self.reconcile, leading, kind="SandboxSnapshot", task_prefix="snapshot", log=log
+        )
 
     def on_snapshot(self, event_type: str, body: Mapping[str, Any]) -> None:
         key = key_of(body)
@@ -85,26 +86,7 @@ class SnapshotController:
                 self.kick(join_key(rec.namespace, rec.snapshot))
 
     def kick(self, key: str) -> None:
-        if not self.leading():
-            return
-        if key in self._running:
-            self._again.add(key)
-            return
-        self._running.add(key)
-        asyncio.get_running_loop().create_task(self._drive(key), name=f"snapshot-{key}")
-
-    async def _drive(self, key: str) -> None:
-        try:
-            while True:
-                self._again.discard(key)
-                try:
-                    await asyncio.to_thread(self.reconcile, key)
-                except Exception as exc:
-                    log.warning("SandboxSnapshot %s: reconcile failed (will retry): %s", key, exc)
-                if key not in self._again:
-                    return
-        finally:
-            self._running.discard(key)
+        self.runs.kick(key)
 
     async def resync(self, interval: float = RESYNC_SECONDS) -> None:
         while True:
@@ -187,7 +169,7 @@ def register(
     controller = SnapshotController(objects, leading)
     if sandboxes is not None:
         sandboxes.listeners.append(controller.on_sandbox)
-    tasks: list[asyncio.Task[None]] = []
+    loops = BackgroundLoops()
 
     @kopf.on.event(GROUP, VERSION, SNAPSHOTS, registry=registry)
     async def snapshot_event(body: kopf.Body, **kwargs: Any) -> None:
@@ -198,14 +180,11 @@ def register(
 
     @kopf.on.startup(registry=registry)
     async def snapshot_resync(**_: Any) -> None:
-        tasks.append(asyncio.get_running_loop().create_task(controller.resync()))
+        loops.start(controller.resync())
 
     @kopf.on.cleanup(registry=registry)
     async def snapshot_stop(**_: Any) -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await loops.stop()
 
     return controller
 

@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ from sandlot.adapters.pulling import (
 )
 from sandlot.adapters.runtime import RuntimeTimeout
 from sandlot.adapters.statekeys import delete_key
+from sandlot.api.timestamps import utcnow
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.policy.pulling import (
     InvalidReference,
@@ -325,7 +326,7 @@ def state_deletes(settings: OperatorSettings, objects: Objects) -> StateDeletes 
     return StateDeletes(
         repository,
         objects,
-        lambda: datetime.now(UTC),
+        utcnow,
         partial(delete_key, objects.api, settings.namespace),
     )
 

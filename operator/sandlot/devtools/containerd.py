@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.devtools.processes import terminate
+
 SHIM_BINARY = "containerd-shim-runc-v2"
 REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
 NAMESPACE = "sandlot-test"
@@ -398,13 +400,8 @@ class PrivateContainerd:
 
     def stop(self, *, grace: float = 10.0) -> None:
         """Stop containerd, then its shims and their containers, then clean its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=grace)
+        if self.process is not None:
+            terminate(self.process, grace)
         shims = shim_pids(self.address, SHIM_BINARIES)
         for pid in _descendants(shims):
             with contextlib.suppress(ProcessLookupError):

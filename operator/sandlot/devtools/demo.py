@@ -55,6 +55,7 @@ FILLER_BYTES = 24 * 1024 * 1024  # enough that the pull shows in the table
 NODES = ("demo-1", "demo-2")
 LEASE = "4s"
 GRACE = "6s"
+LOG_TAIL = 30  # lines of each program's log a failed demo prints
 POOL = """\
 apiVersion: sandlot.dev/v1alpha1
 kind: SandboxPool
@@ -92,6 +93,19 @@ class Demo:
 
     def say(self, text: str) -> None:
         print(f"\n[{time.monotonic() - self.started:5.1f}s] {text}", flush=True)
+
+    def web_endpoints(self, jsonpath: str) -> str:
+        """The web pool's EndpointSlices, printed by kubectl with ``jsonpath``."""
+        return self.kc(
+            "get",
+            "endpointslices",
+            "-n",
+            "demo",
+            "-l",
+            "kubernetes.io/service-name=web",
+            "-o",
+            f"jsonpath={jsonpath}",
+        )
 
     def kc(self, *args: str, stdin: str | None = None, check: bool = True) -> str:
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
@@ -148,16 +162,7 @@ class Demo:
         import urllib.request
 
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        addresses = self.kc(
-            "get",
-            "endpointslices",
-            "-n",
-            "demo",
-            "-l",
-            "kubernetes.io/service-name=web",
-            "-o",
-            "jsonpath={.items[*].endpoints[*].addresses[0]}",
-        ).split()
+        addresses = self.web_endpoints("{.items[*].endpoints[*].addresses[0]}").split()
         for address in addresses:
             page = "(no answer)"
             for _ in range(20):
@@ -174,6 +179,18 @@ class Demo:
         return list(json.loads(self.kc("get", "sandboxes", "-n", "demo", "-o", "json"))["items"])
 
     # -- processes -------------------------------------------------------------------
+
+    def show_logs(self, lines: int = LOG_TAIL) -> None:
+        """The last ``lines`` of each program's log: what a failed step looked like
+        from the operator's, the gateway's and the agents' side."""
+        for name in sorted(self.procs):
+            path = self.workdir / f"{name}.log"
+            try:
+                tail = path.read_bytes()[-64 * 1024 :].decode(errors="replace").splitlines()
+            except OSError:
+                continue
+            print(f"--- the last {lines} lines of {path}", flush=True)
+            print("\n".join(tail[-lines:]), flush=True)
 
     def spawn(self, name: str, *args: str) -> None:
         log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
@@ -345,15 +362,8 @@ class Demo:
         )
         self.wait("4 live sandboxes again", lambda: self.running_count() == 4)
         print(
-            self.kc(
-                "get",
-                "endpointslices",
-                "-n",
-                "demo",
-                "-l",
-                "kubernetes.io/service-name=web",
-                "-o",
-                "jsonpath={range .items[*].endpoints[*]}{.addresses[0]} {.targetRef.name}{'\\n'}{end}",
+            self.web_endpoints(
+                "{range .items[*].endpoints[*]}{.addresses[0]} {.targetRef.name}{'\\n'}{end}"
             )
         )
         self.fetch_pages()
@@ -427,6 +437,8 @@ def run_demo(directory: str, step_timeout: float, keep: bool) -> int:
             print(f"  {demo.kubectl} get snode -o wide")
             print(f"  sandlot dev down --dir {directory}      # stops everything")
         else:
+            if not ok:
+                demo.show_logs()
             demo.stop_all()
             stop_left_over(workdir)  # the control plane, and whatever stop_all could not
             demo.say("stopped everything" + ("" if ok else " (the demo failed)"))

@@ -124,28 +124,8 @@ def claim_and_stream(kc: Callable[..., str], kubeconfig: Path) -> None:
         print(f"-> {sb!r}, claim {sb.claim}, address {sb.ip}", flush=True)
         print(kc("get", "sbclaim", "-n", "demo", "-o", "wide"), flush=True)
         sandlot(kubeconfig, "logs", sb.name, "-n", "demo", "--tail", "5")
-        sandlot(
-            kubeconfig,
-            "exec",
-            sb.name,
-            "-n",
-            "demo",
-            "--",
-            "sh",
-            "-c",
-            "hostname; cat /www/index.html",
-        )
-        sandlot(
-            kubeconfig,
-            "exec",
-            sb.name,
-            "-n",
-            "demo",
-            "--",
-            "sh",
-            "-c",
-            "echo exiting 3 >&2; exit 3",
-        )
+        for command in ("hostname; cat /www/index.html", "echo exiting 3 >&2; exit 3"):
+            sandlot(kubeconfig, "exec", sb.name, "-n", "demo", "--", "sh", "-c", command)
         print(f"$ python: {sb.name} -> run(['cat', '/www/index.html'])", flush=True)
         print(sb.run(["cat", "/www/index.html"], timeout=60).stdout.decode().rstrip(), flush=True)
         pause_and_resume(sb)

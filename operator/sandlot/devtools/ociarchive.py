@@ -140,6 +140,28 @@ def _canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
+def _store_manifest(
+    blobs: dict[str, bytes],
+    layers: Sequence[bytes],
+    compress: bool,
+    plat: Mapping[str, str],
+    image_config: Mapping[str, object],
+) -> tuple[dict[str, object], bytes]:
+    """Store ``layers``, their config and their manifest in ``blobs``; the manifest's
+    descriptor and its bytes."""
+    layer_descriptors, diff_ids = _store_layers(blobs, layers, compress)
+    config = _store(blobs, _config_blob(plat, image_config, diff_ids))
+    manifest = _canonical(
+        {
+            "schemaVersion": 2,
+            "mediaType": MEDIA_MANIFEST,
+            "config": _descriptor(MEDIA_CONFIG, config),
+            "layers": layer_descriptors,
+        }
+    )
+    return _descriptor(MEDIA_MANIFEST, _store(blobs, manifest)), manifest
+
+
 def build_image_archive(
     dest: Path,
     name: str,
@@ -172,7 +194,6 @@ def build_image_archive(
         raise FileNotFoundError(f"{busybox} not found (Debian package busybox-static)")
     layers = _image_layers(busybox, extra_files, executable_files, filler_bytes, salt)
     blobs: dict[str, bytes] = {}
-    layer_descriptors, diff_ids = _store_layers(blobs, layers, compress)
     plat = host_platform()
     image_config = {
         "Entrypoint": list(entrypoint) or None,
@@ -181,16 +202,7 @@ def build_image_archive(
         "WorkingDir": working_dir,
         **({"User": user} if user else {}),
     }
-    config = _store(blobs, _config_blob(plat, image_config, diff_ids))
-    manifest = _canonical(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": _descriptor(MEDIA_CONFIG, config),
-            "layers": layer_descriptors,
-        }
-    )
-    top = _descriptor(MEDIA_MANIFEST, _store(blobs, manifest))
+    top, manifest = _store_manifest(blobs, layers, compress, plat, image_config)
     if as_index:
         top = _descriptor(MEDIA_INDEX, _store(blobs, _platform_index(top, manifest, plat)))
     index = _layout_index(top, name, None if as_index else plat)
@@ -205,18 +217,8 @@ def build_layers_archive(
     """Write an OCI image archive of ``layers`` (uncompressed tars, bottom first) with
     ``image_config`` (``Entrypoint``, ``Cmd``, ``Env``, ``User``, ...) to ``dest``."""
     blobs: dict[str, bytes] = {}
-    layer_descriptors, diff_ids = _store_layers(blobs, layers, False)
     plat = host_platform()
-    config = _store(blobs, _config_blob(plat, image_config, diff_ids))
-    manifest = _canonical(
-        {
-            "schemaVersion": 2,
-            "mediaType": MEDIA_MANIFEST,
-            "config": _descriptor(MEDIA_CONFIG, config),
-            "layers": layer_descriptors,
-        }
-    )
-    top = _descriptor(MEDIA_MANIFEST, _store(blobs, manifest))
+    top, _ = _store_manifest(blobs, layers, False, plat, image_config)
     _write_archive(dest, blobs, _layout_index(top, name, plat))
     return ImageArchive(dest, name, str(top["digest"]), sum(len(b) for b in blobs.values()))
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandlot.devtools.processes import terminate
 from sandlot.devtools.tokenauth import TokenServer
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
@@ -163,14 +164,8 @@ class Registry:
         return self.ref(repo_tag)
 
     def stop(self, grace: float = 5.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait(timeout=grace)
+        if self.process is not None:
+            terminate(self.process, grace)
 
 
 def start_registry(

@@ -21,7 +21,7 @@ from sandlot.adapters.agentpods import NoAgent, SandboxNotFound, agent_address, 
 from sandlot.adapters.agentsandboxapi import claim_env_of
 from sandlot.adapters.frontproxy import FrontProxy, NoFrontProxy, read_front_proxy
 from sandlot.adapters.health import serve_health
-from sandlot.adapters.mtls import ReloadingTls, client_context, serving_context
+from sandlot.adapters.mtls import ReloadingTls, client_context, read_files, serving_context
 from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startorder import StartedParts, ThreadPart
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
@@ -59,14 +59,7 @@ class FrontProxyView:
         return self._config
 
     def _read_files(self) -> tuple[bytes, ...]:
-        out = []
-        for path in (self._cert, self._key):
-            try:
-                with open(path, "rb") as f:
-                    out.append(f.read())
-            except OSError:
-                out.append(b"")
-        return tuple(out)
+        return read_files((self._cert, self._key))
 
     def refresh(self) -> ssl.SSLContext | None:
         """Re-read all of it; the new serving context when the CA or the certificate

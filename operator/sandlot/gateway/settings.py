@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from pydantic import Field, model_validator
 
-from sandlot.api.settings import Duration, SettingsModel
+from sandlot.api.settings import Duration, ListenPort, PemPath, SettingsModel, require_positive
 
 
 class GatewaySettings(SettingsModel):
@@ -20,10 +20,8 @@ class GatewaySettings(SettingsModel):
     bind: str = Field(
         default="", max_length=253, description="Address to listen on (empty: every address)."
     )
-    port: int = Field(
+    port: ListenPort = Field(
         default=8443,
-        ge=0,
-        le=65535,
         description="HTTPS port the API server's front proxy reaches (the APIService's "
         "Service); 0: any free port.",
     )
@@ -33,23 +31,19 @@ class GatewaySettings(SettingsModel):
         "/download, /list, /exists) as the aggregated API router.sandlot.dev, on "
         "router_port (docs/agent-sandbox.md).",
     )
-    router_port: int = Field(
+    router_port: ListenPort = Field(
         default=8444,
-        ge=0,
-        le=65535,
         description="HTTPS port of the router's APIService, when router is on; 0: any free port.",
     )
-    tls_cert: str = Field(
+    tls_cert: PemPath = Field(
         min_length=1,
-        max_length=4096,
         description="PEM file of the gateway's certificate: it serves the API server with it "
         "and presents it to the agents as a client (common name sandlot-gateway, issued by "
         "the gateway's own CA, the only client CA the agents trust).",
     )
-    tls_key: str = Field(min_length=1, max_length=4096, description="PEM file of its key.")
-    stream_ca: str = Field(
+    tls_key: PemPath = Field(min_length=1, description="PEM file of its key.")
+    stream_ca: PemPath = Field(
         min_length=1,
-        max_length=4096,
         description="PEM file of sandlot's agent CA, the only CA the gateway trusts for "
         "agents: each agent's serving certificate names its node, and the gateway checks it "
         "names the node of the sandbox it dials (<node>.agent.sandlot.internal).",
@@ -62,9 +56,8 @@ class GatewaySettings(SettingsModel):
         "the Running one of them bound to the sandbox's spec.nodeName, at its container "
         "port named stream.",
     )
-    requestheader_client_ca: str = Field(
+    requestheader_client_ca: PemPath = Field(
         default="",
-        max_length=4096,
         description="PEM file of the front-proxy CA. Empty: read from kube-system's "
         "extension-apiserver-authentication ConfigMap (with the header names), as every "
         "aggregated API server does, and re-read every requestheader_refresh.",
@@ -122,18 +115,14 @@ class GatewaySettings(SettingsModel):
         "closed on both sides and its caps freed (longer than the agent's "
         "stream_idle_timeout, which ends quiet streams first).",
     )
-    metrics_port: int = Field(
+    metrics_port: ListenPort = Field(
         default=8080,
-        ge=0,
-        le=65535,
         description="Port of /metrics, /livez and /readyz (plain HTTP); 0: off.",
     )
 
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
-        for name in ("requestheader_refresh", "call_timeout", "idle_timeout"):
-            if getattr(self, name) <= timedelta(0):
-                raise ValueError(f"{name} must be positive")
+        require_positive(self, ("requestheader_refresh", "call_timeout", "idle_timeout"))
         if self.review_cache_ttl < timedelta(0):
             raise ValueError("review_cache_ttl must not be negative")
         for name in (

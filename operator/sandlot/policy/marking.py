@@ -1,5 +1,6 @@
-"""The status a sandbox marked Dead gets (its node lost, deleted or abandoned while
-draining), from plain data and ``now``; ``controllers.marking`` writes it."""
+"""The statuses that end a sandbox, from plain data and ``now``: ended by the agent,
+stopped by its lifetime or its claim's, and marked Dead (its node lost, deleted or
+abandoned while draining), which ``controllers.marking`` writes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,21 @@ from sandlot.api.timestamps import rfc3339
 from sandlot.policy.conditions import parse_conditions, set_condition, wire_conditions
 
 
+def ended_status(
+    phase: SandboxPhase, reason: str, message: str, now: datetime, exit_code: int | None = None
+) -> dict[str, Any]:
+    """A terminal status: phase, reason, message, ``finishedAt``, the exit code if known."""
+    status: dict[str, Any] = {
+        "phase": phase.value,
+        "reason": str(reason),  # plain, as read back, also for a SandboxReason
+        "message": message,
+        "finishedAt": rfc3339(now),
+    }
+    if exit_code is not None:
+        status["exitCode"] = exit_code
+    return status
+
+
 def dead_status(
     reason: str, message: str, now: datetime, current: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -24,12 +40,9 @@ def dead_status(
     existing = parse_conditions(((current or {}).get("status") or {}).get("conditions"))
     ready = Condition(type=ConditionType.READY, status="False", reason=reason, message=message)
     return {
-        "phase": SandboxPhase.DEAD.value,
-        "reason": str(reason),
-        "message": message,
-        "finishedAt": rfc3339(now),
+        **ended_status(SandboxPhase.DEAD, reason, message, now),
         "conditions": wire_conditions(set_condition(existing, ready, now)),
     }
 
 
-__all__ = ["dead_status"]
+__all__ = ["dead_status", "ended_status"]

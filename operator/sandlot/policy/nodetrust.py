@@ -20,6 +20,11 @@ secrets and their private images. Placement therefore reads:
 
 A node's own writes can still narrow placement (an offered handler it drops, an
 extra mirrored taint with no Node); they never widen it.
+
+The placement admission policy cannot read a Node, only SandboxNodes: the operator
+copies the taints placement trusts into ``status.trustedNodeTaints`` and keeps the
+label that selects the node for the policy (``admission_marks``); the agent's write
+policy keeps the agent off both (``sandlot.api.writepolicy``).
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandlot.api.keys import RUNTIME_HANDLERS_LABEL
+from sandlot.api.keys import RUNTIME_HANDLERS_LABEL, TAINTED_LABEL
 from sandlot.api.placement import Taint
+from sandlot.policy.placement import BLOCKING_EFFECTS
 from sandlot.policy.runtimeclass import RUNC
 
 CONDITION_TAINTS = "node.kubernetes.io/"
@@ -66,6 +72,48 @@ def trusted_taints(
     its Kubernetes Node's; the agent's ``status.nodeTaints`` (``mirrored``) only when
     there is no Node."""
     return (*own, *(kube.taints if kube is not None else mirrored))
+
+
+@dataclass(frozen=True)
+class AdmissionMarks:
+    """What the operator writes on a SandboxNode for the placement admission policy;
+    a part left None is right as it is."""
+
+    trusted_taints: tuple[Taint, ...] | None = None
+    """The new ``status.trustedNodeTaints``."""
+    label: dict[str, str | None] | None = None
+    """The change of ``TAINTED_LABEL``: ``"true"`` to set it, None to remove it."""
+
+
+def _taints(raw: Any) -> tuple[Taint, ...]:
+    return tuple(Taint.model_validate(t) for t in raw or ())
+
+
+def admission_marks(node: Mapping[str, Any], kube: KubeNodeFacts | None) -> AdmissionMarks | None:
+    """What keeps SandboxNode ``node`` (the API server's JSON) right for the placement
+    admission policy, given its Kubernetes Node (None: there is none); None when
+    nothing is to be written. ``status.trustedNodeTaints`` holds the Node's blocking
+    taints (the mirror's where there is no Node), and the node is labelled when they
+    or ``spec.taints`` hold one: the policy evaluates only the labelled nodes."""
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    blocking = tuple(
+        t
+        for t in trusted_taints((), _taints(status.get("nodeTaints")), kube)
+        if t.effect in BLOCKING_EFFECTS
+    )
+    wanted = bool(blocking) or any(
+        t.effect in BLOCKING_EFFECTS for t in _taints(spec.get("taints"))
+    )
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    as_wanted = (labels.get(TAINTED_LABEL) == "true") == wanted and (
+        wanted or TAINTED_LABEL not in labels
+    )
+    label = None if as_wanted else {TAINTED_LABEL: "true" if wanted else None}
+    taints = None if _taints(status.get("trustedNodeTaints")) == blocking else blocking
+    if label is None and taints is None:
+        return None
+    return AdmissionMarks(taints, label)
 
 
 def class_selector_holds(
@@ -107,7 +155,9 @@ def trusted_handlers(
 
 __all__ = [
     "CONDITION_TAINTS",
+    "AdmissionMarks",
     "KubeNodeFacts",
+    "admission_marks",
     "class_selector_holds",
     "confirmed_handlers",
     "kube_node_facts",

@@ -16,7 +16,7 @@ Works on cgroup v1 and v2: runc interprets ``cgroupsPath`` for either.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +103,31 @@ DEFAULT_PIDS_LIMIT = 1024
 def cgroups_path_for(name: str, parent: str = CGROUP_PARENT) -> str:
     """The cgroup (relative to each hierarchy's root) of the container ``name``."""
     return f"{parent.rstrip('/')}/{name}"
+
+
+def network_namespace_path(spec: Mapping[str, Any]) -> str | None:
+    """The named network namespace a container's spec joins (one its agent made,
+    for CNI or a loopback of its own), else None: runc makes a fresh one, or the
+    container shares the node's."""
+    for ns in (spec.get("linux") or {}).get("namespaces") or ():
+        if ns.get("type") == "network":
+            return str(ns.get("path") or "") or None
+    return None
+
+
+def in_cgroup(proc_cgroup: str, cgroups_path: str) -> bool:
+    """Whether a process whose ``/proc/<pid>/cgroup`` reads ``proc_cgroup`` is in
+    the cgroup ``cgroups_path`` (a container spec's ``linux.cgroupsPath``). The
+    file names each hierarchy's path as the reader's cgroup namespace sees it, so
+    only its end is compared, on a whole path segment."""
+    want = "/" + cgroups_path.strip("/")
+    if want == "/":
+        return False
+    for line in proc_cgroup.splitlines():
+        path = line.split(":", 2)[-1].rstrip("/")
+        if path == want or path.endswith(want):
+            return True
+    return False
 
 
 def capability_mask(names: Sequence[str]) -> int:

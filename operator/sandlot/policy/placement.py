@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sandlot.api.keys import TAINTED_LABEL
 from sandlot.api.placement import (
     Affinity,
     NodeSelectorRequirement,
@@ -66,17 +65,6 @@ def taints_of(node: Mapping[str, Any]) -> tuple[Taint, ...]:
         Taint.model_validate(t)
         for t in [*(spec.get("taints") or []), *(status.get("nodeTaints") or [])]
     )
-
-
-def tainted_label(node: Mapping[str, Any]) -> dict[str, str | None] | None:
-    """The label change that keeps ``TAINTED_LABEL`` in step with the node's
-    blocking taints (``"true"`` to set it, None to remove it); None when it already is.
-    The placement admission policy evaluates only the labelled nodes."""
-    wanted = any(t.effect in BLOCKING_EFFECTS for t in taints_of(node))
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    if (labels.get(TAINTED_LABEL) == "true") == wanted and (wanted or TAINTED_LABEL not in labels):
-        return None
-    return {TAINTED_LABEL: "true" if wanted else None}
 
 
 def tolerates(toleration: Toleration, taint: Taint) -> bool:
@@ -156,7 +144,6 @@ __all__ = [
     "Placement",
     "affinity_matches",
     "misfit",
-    "tainted_label",
     "taints_of",
     "tolerates",
     "untolerated",

@@ -29,8 +29,7 @@ from typing import Any
 from google.protobuf import field_mask_pb2
 
 from sandlot.adapters.containerd.connection import Connection
-from sandlot.adapters.containerd.containers import chain_id
-from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
+from sandlot.adapters.containerd.containers import chain_id, manifest_gc_labels, snapshot_gc_labels
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2
 from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
@@ -93,13 +92,7 @@ class Committer:
         """Image ``name`` holding ``container_id``'s filesystem as it is now; its
         manifest's digest. ``labels`` go on the image record."""
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = f"Containers.Get {container_id}"
-        container = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
+        container = self._conn.get_container(container_id, timeout=budget)
         manifest = self._images.manifest(container.image, budget)
         config = self._images.config_json(container.image, budget)
         diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
@@ -118,11 +111,10 @@ class Committer:
                 config, list(manifest.get("layers") or []), layer, datetime.now(UTC)
             )
             config_digest = _digest(config_bytes)
-            gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": new_chain}
+            gc_snapshot = snapshot_gc_labels(self.snapshotter, new_chain)
             self._write(config_digest, config_bytes, gc_snapshot, budget, lease)
-            refs = {"containerd.io/gc.ref.content.config": config_digest}
-            for i, entry in enumerate([*(manifest.get("layers") or []), layer]):
-                refs[f"containerd.io/gc.ref.content.l.{i}"] = str(entry["digest"])
+            layers = [*(manifest.get("layers") or []), layer]
+            refs = manifest_gc_labels(config_digest, [str(entry["digest"]) for entry in layers])
             manifest_digest = _digest(manifest_bytes)
             self._write(manifest_digest, manifest_bytes, refs, budget, lease)
             target = descriptor_pb2.Descriptor(
@@ -142,12 +134,11 @@ class Committer:
         return str(target.digest)
 
     def _check_parent(self, key: str, parent: str, budget: Deadline) -> None:
-        what = f"Snapshots.Stat {key}"
         info = self._conn.call(
             self._conn.snapshots.Stat,
             snapshots_pb2.StatSnapshotRequest(snapshotter=self.snapshotter, key=key),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Snapshots.Stat {key}",
         ).info
         if info.parent != parent:
             raise RuntimeError_(
@@ -170,17 +161,14 @@ class Committer:
             request = snapshots_pb2.PrepareSnapshotRequest(
                 snapshotter=self.snapshotter, key=key, parent=parent
             )
-        return self._conn.call(
-            method, request, timeout=budget.remaining(what), what=what, lease=lease
-        ).mounts
+        return self._conn.call(method, request, timeout=budget, what=what, lease=lease).mounts
 
     def _mounts(self, key: str, budget: Deadline) -> Any:
-        what = f"Snapshots.Mounts {key}"
         return self._conn.call(
             self._conn.snapshots.Mounts,
             snapshots_pb2.MountsRequest(snapshotter=self.snapshotter, key=key),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Snapshots.Mounts {key}",
         ).mounts
 
     def _remove(self, key: str, budget: Deadline) -> None:
@@ -198,14 +186,13 @@ class Committer:
         left = self._snapshot(view, parent, budget, lease, view=True)
         try:
             right = self._mounts(key, budget)
-            what = f"Diff.Diff {key}"
             desc = self._conn.call(
                 self._conn.diff.Diff,
                 diff_pb2.DiffRequest(
                     left=left, right=right, media_type=MEDIA_LAYER, ref=f"sandlot-commit-{view}"
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Diff.Diff {key}",
                 lease=lease,
             ).diff
         finally:
@@ -228,18 +215,17 @@ class Committer:
                     ),
                     mounts=mounts,
                 ),
-                timeout=budget.remaining(what),
+                timeout=budget,
                 what=what,
                 lease=lease,
             )
-            what = f"Snapshots.Commit {name}"
             self._conn.call(
                 self._conn.snapshots.Commit,
                 snapshots_pb2.CommitSnapshotRequest(
                     snapshotter=self.snapshotter, name=name, key=key
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Snapshots.Commit {name}",
                 lease=lease,
             )
         except RuntimeError_ as exc:
@@ -271,18 +257,16 @@ class Committer:
         self, name: str, target: Any, labels: Mapping[str, str], budget: Deadline
     ) -> None:
         image = images_pb2.Image(name=name, target=target, labels=dict(labels))
-        what = f"Images.Create {name}"
         try:
             self._conn.call(
                 self._conn.images.Create,
                 images_pb2.CreateImageRequest(image=image),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Images.Create {name}",
             )
         except RuntimeError_ as exc:
             if exc.code != "already_exists":
                 raise
-            what = f"Images.Update {name}"
             self._conn.call(
                 self._conn.images.Update,
                 images_pb2.UpdateImageRequest(
@@ -291,8 +275,8 @@ class Committer:
                         paths=["target", *(f"labels.{k}" for k in labels)]
                     ),
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Images.Update {name}",
             )
 
 

@@ -32,7 +32,10 @@ from sandlot.api.timestamps import rfc3339
 from sandlot.policy.imagecaps import mib
 
 try:
-    from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2_grpc
+    from sandlot.adapters.containerd.gen.services.containers.v1 import (
+        containers_pb2,
+        containers_pb2_grpc,
+    )
     from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
     from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2_grpc
     from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2_grpc
@@ -80,15 +83,19 @@ def translate(
     return RuntimeError_(f"{what}: {code.name} ({details})", code=code.name.lower())
 
 
+def grpc_target(address: str) -> str:
+    """gRPC's target for containerd's ``address``: a socket path, or a URI as it is."""
+    return address if "://" in address or address.startswith("unix:") else f"unix://{address}"
+
+
 class Connection:
     """The channel, the namespace header and one stub per containerd service."""
 
     def __init__(self, address: str, namespace: str) -> None:
         self.address = address
         self.namespace = namespace
-        target = address if "://" in address or address.startswith("unix:") else f"unix://{address}"
         self._channel = grpc.insecure_channel(
-            target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+            grpc_target(address), options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
         )
         self._metadata: tuple[tuple[str, str], ...] = ((NAMESPACE_HEADER, namespace),)
         self.version = version_pb2_grpc.VersionStub(self._channel)
@@ -110,16 +117,30 @@ class Connection:
         method: Callable[..., T],
         request: Any,
         *,
-        timeout: float,
+        timeout: float | Deadline,
         what: str,
         lease: str = "",
     ) -> T:
+        """``method(request)`` named ``what``, within ``timeout`` seconds or what is left
+        of a budget shared by the steps of one operation."""
+        if isinstance(timeout, Deadline):
+            timeout = timeout.remaining(what)
         metadata = self._metadata + (((LEASE_HEADER, lease),) if lease else ())
         began = time.monotonic()
         try:
             return method(request, timeout=timeout, metadata=metadata)
         except grpc.RpcError as exc:
             raise translate(exc, what, timeout, time.monotonic() - began) from exc
+
+    def get_container(self, container_id: str, *, timeout: float | Deadline) -> Any:
+        """containerd's record of ``container_id`` (its spec, image, runtime and
+        snapshot), within ``timeout`` seconds or what is left of a shared budget."""
+        return self.call(
+            self.containers.Get,
+            containers_pb2.GetContainerRequest(id=container_id),
+            timeout=timeout,
+            what=f"Containers.Get {container_id}",
+        ).container
 
     def stream(
         self, method: Callable[..., Iterable[T]], request: Any, *, timeout: float, what: str
@@ -190,7 +211,6 @@ class Connection:
 
     def create_lease(self, lease_id: str, ttl: timedelta, budget: Deadline) -> str:
         """A lease that containerd's GC drops by itself ``ttl`` from now, should we crash."""
-        what = f"Leases.Create {lease_id}"
         expires = datetime.now(UTC) + ttl
         try:
             self.call(
@@ -198,8 +218,8 @@ class Connection:
                 leases_pb2.CreateRequest(
                     id=lease_id, labels={GC_EXPIRE_LABEL: rfc3339(expires, "seconds")}
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Leases.Create {lease_id}",
             )
         except RuntimeError_ as exc:
             if exc.code != "already_exists":  # left by an attempt that crashed: reuse it
@@ -226,4 +246,4 @@ class Connection:
         self._channel.close()
 
 
-__all__ = ["Connection", "to_datetime", "translate"]
+__all__ = ["Connection", "grpc_target", "to_datetime", "translate"]

@@ -17,7 +17,7 @@ import contextlib
 import copy
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -91,6 +91,19 @@ def chain_id(diff_ids: Sequence[str]) -> str:
     for diff_id in diff_ids[1:]:
         chain = "sha256:" + hashlib.sha256(f"{chain} {diff_id}".encode()).hexdigest()
     return chain
+
+
+def snapshot_gc_labels(snapshotter: str, chain: str) -> dict[str, str]:
+    """An image config's label that keeps its unpacked snapshot from containerd's GC."""
+    return {f"containerd.io/gc.ref.snapshot.{snapshotter}": chain}
+
+
+def manifest_gc_labels(config_digest: str, layer_digests: Iterable[str]) -> dict[str, str]:
+    """A manifest's labels that keep its config and its layers from containerd's GC."""
+    labels = {"containerd.io/gc.ref.content.config": config_digest}
+    for i, digest in enumerate(layer_digests):
+        labels[f"containerd.io/gc.ref.content.l.{i}"] = digest
+    return labels
 
 
 def mapped_root(oci_spec: Mapping[str, Any]) -> int | None:
@@ -188,13 +201,12 @@ class Containers:
                 snapshotter=self.snapshotter,
                 snapshot_key=spec.id,
             )
-            what = f"Containers.Create {spec.id}"
             try:
                 response = self._conn.call(
                     self._conn.containers.Create,
                     containers_pb2.CreateContainerRequest(container=container),
-                    timeout=budget.remaining(what),
-                    what=what,
+                    timeout=budget,
+                    what=f"Containers.Create {spec.id}",
                     lease=lease,
                 )
             except RuntimeError_:
@@ -226,15 +238,14 @@ class Containers:
         return runtime
 
     def _prepare(self, spec: ContainerSpec, parent: str, budget: Deadline, lease: str) -> None:
-        what = f"Snapshots.Prepare {spec.id} from image {spec.image}"
         try:
             self._conn.call(
                 self._conn.snapshots.Prepare,
                 snapshots_pb2.PrepareSnapshotRequest(
                     snapshotter=self.snapshotter, key=spec.id, parent=parent
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Snapshots.Prepare {spec.id} from image {spec.image}",
                 lease=lease,
             )
         except NotFound as exc:
@@ -256,7 +267,6 @@ class Containers:
         container = self._record(container_id, budget)
         mounts = self._mounts_of(container, budget)
         # The shim opens both: a FIFO (the agent reads it) or a file:// URI (append).
-        what = f"Tasks.Create {container_id}"
         request = tasks_pb2.CreateTaskRequest(
             container_id=container_id, rootfs=mounts, stdout=stdio, stderr=stdio
         )
@@ -269,17 +279,16 @@ class Containers:
         self._conn.call(
             self._conn.tasks.Create,
             request,
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Tasks.Create {container_id}",
         )
-        what = f"Tasks.Start {container_id}"
         budget = Deadline(timeout, expired=RuntimeTimeout)
         try:
             started = self._conn.call(
                 self._conn.tasks.Start,
                 tasks_pb2.StartRequest(container_id=container_id),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Tasks.Start {container_id}",
             )
         except RuntimeError_:
             # A created task that never ran would otherwise hold the container.
@@ -293,25 +302,18 @@ class Containers:
         return self._mounts_of(self._record(container_id, budget), budget)
 
     def _record(self, container_id: str, budget: Deadline) -> Any:
-        what = f"Containers.Get {container_id}"
-        return self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
+        return self._conn.get_container(container_id, timeout=budget)
 
     def _mounts_of(self, container: Any, budget: Deadline) -> Any:
         container_id = container.id
-        what = f"Snapshots.Mounts {container.snapshot_key} for container {container_id}"
         return self._conn.call(
             self._conn.snapshots.Mounts,
             snapshots_pb2.MountsRequest(
                 snapshotter=container.snapshotter or self.snapshotter,
                 key=container.snapshot_key,
             ),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what=f"Snapshots.Mounts {container.snapshot_key} for container {container_id}",
         ).mounts
 
     def writable_layer(self, container_id: str, *, timeout: float) -> str:

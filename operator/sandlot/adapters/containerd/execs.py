@@ -31,7 +31,6 @@ from typing import Any
 from google.protobuf import any_pb2
 
 from sandlot.adapters.containerd.connection import Connection
-from sandlot.adapters.containerd.gen.services.containers.v1 import containers_pb2
 from sandlot.adapters.containerd.gen.services.tasks.v1 import tasks_pb2
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import NotFound, RuntimeError_, RuntimeTimeout
@@ -173,14 +172,9 @@ class Execs:
         bare: bool,
     ) -> ExecProcess:
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = f"Containers.Get {container_id}"
-        container = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=budget.remaining(what),
-            what=what,
-        ).container
-        spec = exec_process_spec(json.loads(container.spec.value or b"{}"), args, tty, bare=bare)
+        spec = exec_process_spec(
+            self.container_spec(container_id, timeout=budget), args, tty, bare=bare
+        )
         directory = tempfile.mkdtemp(prefix=f"exec-{exec_id}-", dir=self._fifo_root)
         fds: list[int] = []
         try:
@@ -195,7 +189,6 @@ class Execs:
             )
             if err_fd is not None:
                 fds.append(err_fd)
-            what = f"Tasks.Exec {container_id} {exec_id}"
             self._conn.call(
                 self._conn.tasks.Exec,
                 tasks_pb2.ExecProcessRequest(
@@ -207,16 +200,15 @@ class Execs:
                     terminal=tty,
                     spec=any_pb2.Any(type_url=PROCESS_TYPE_URL, value=json.dumps(spec).encode()),
                 ),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Tasks.Exec {container_id} {exec_id}",
             )
-            what = f"Tasks.Start {container_id} {exec_id}"
             try:
                 self._conn.call(
                     self._conn.tasks.Start,
                     tasks_pb2.StartRequest(container_id=container_id, exec_id=exec_id),
-                    timeout=budget.remaining(what),
-                    what=what,
+                    timeout=budget,
+                    what=f"Tasks.Start {container_id} {exec_id}",
                 )
             except RuntimeError_:
                 with contextlib.suppress(RuntimeError_):
@@ -302,34 +294,18 @@ class Execs:
 
     def runtime_of(self, container_id: str, *, timeout: float) -> str:
         """The shim containerd runs the container with (its ``runtime.name``)."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        return str(response.container.runtime.name)
+        container = self._conn.get_container(container_id, timeout=timeout)
+        return str(container.runtime.name)
 
-    def container_spec(self, container_id: str, *, timeout: float) -> dict[str, Any]:
+    def container_spec(self, container_id: str, *, timeout: float | Deadline) -> dict[str, Any]:
         """The container's OCI spec."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        spec: dict[str, Any] = json.loads(response.container.spec.value or b"{}")
+        container = self._conn.get_container(container_id, timeout=timeout)
+        spec: dict[str, Any] = json.loads(container.spec.value or b"{}")
         return spec
 
     def mounts_in(self, container_id: str, *, timeout: float) -> frozenset[str]:
         """The destinations of the container's mounts (its spec's)."""
-        response = self._conn.call(
-            self._conn.containers.Get,
-            containers_pb2.GetContainerRequest(id=container_id),
-            timeout=timeout,
-            what=f"Containers.Get {container_id}",
-        )
-        spec = json.loads(response.container.spec.value or b"{}")
+        spec = self.container_spec(container_id, timeout=timeout)
         return frozenset(str(m.get("destination")) for m in spec.get("mounts") or [])
 
     def close(self) -> None:

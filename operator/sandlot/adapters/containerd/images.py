@@ -90,13 +90,12 @@ class Images:
         raise NotFound(f"{what}: no linux/{arch} manifest in its index")
 
     def _target(self, image: str, budget: Deadline) -> Any:
-        what = f"Images.Get {image}"
         try:
             response = self._conn.call(
                 self._conn.images.Get,
                 images_pb2.GetImageRequest(name=image),
-                timeout=budget.remaining(what),
-                what=what,
+                timeout=budget,
+                what=f"Images.Get {image}",
             )
         except NotFound as exc:
             raise NotFound(f"image {image} not found in namespace {self._conn.namespace}") from exc
@@ -188,12 +187,11 @@ class Images:
 
     def list_images(self, *, timeout: float) -> list[ImageRecord]:
         budget = Deadline(timeout, expired=RuntimeTimeout)
-        what = "Images.List"
         response = self._conn.call(
             self._conn.images.List,
             images_pb2.ListImagesRequest(),
-            timeout=budget.remaining(what),
-            what=what,
+            timeout=budget,
+            what="Images.List",
         )
         records = []
         for image in response.images:
@@ -298,7 +296,7 @@ class Images:
         current = self._conn.call(
             self._conn.images.Get,
             images_pb2.GetImageRequest(name=name),
-            timeout=budget.remaining(f"Images.Get {name}"),
+            timeout=budget,
             what=f"Images.Get {name}",
         ).image
         self._conn.call(
@@ -307,7 +305,7 @@ class Images:
                 image=images_pb2.Image(name=name, target=current.target, labels=dict(labels)),
                 update_mask=field_mask_pb2.FieldMask(paths=[f"labels.{k}" for k in labels]),
             ),
-            timeout=budget.remaining(f"Images.Update labels of {name}"),
+            timeout=budget,
             what=f"Images.Update labels of {name}",
         )
 

@@ -101,7 +101,7 @@ class Remapper:
         mounts = self._conn.call(
             self._conn.snapshots.Prepare,
             snapshots_pb2.PrepareSnapshotRequest(snapshotter=self.snapshotter, key=key),
-            timeout=budget.remaining(what),
+            timeout=budget,
             what=what,
             lease=lease,
         ).mounts
@@ -154,7 +154,6 @@ class Remapper:
             shifted.seek(0)
             self._write(shifted_digest, size, shifted, budget, lease)
             try:
-                what = f"Diff.Apply {shifted_digest} (layer {digest} shifted by {first_id})"
                 self._conn.call(
                     self._conn.diff.Apply,
                     diff_pb2.ApplyRequest(
@@ -163,8 +162,8 @@ class Remapper:
                         ),
                         mounts=mounts,
                     ),
-                    timeout=budget.remaining(what),
-                    what=what,
+                    timeout=budget,
+                    what=f"Diff.Apply {shifted_digest} (layer {digest} shifted by {first_id})",
                     lease=lease,
                 )
             finally:

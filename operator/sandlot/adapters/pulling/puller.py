@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import field_mask_pb2
 
-from sandlot.adapters.containerd.containers import chain_id
+from sandlot.adapters.containerd.containers import chain_id, manifest_gc_labels, snapshot_gc_labels
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.gen.services.leases.v1 import leases_pb2
 from sandlot.adapters.containerd.images import INDEX_MEDIA_TYPES, host_architecture
@@ -278,11 +278,10 @@ class ContainerdPuller(PullSteps):
                 uncompressed = {"containerd.io/uncompressed": diff_id}
                 self._ensure_blob(client, layer, uncompressed, budget, lease, counter, caps)
             self._unpack(layers, diff_ids, budget, lease, caps)
-            gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": chain_id(diff_ids)}
+            gc_snapshot = snapshot_gc_labels(self.snapshotter, chain_id(diff_ids))
             self._write(config_desc, [config_bytes], gc_snapshot, budget, lease)
-            manifest_labels = {"containerd.io/gc.ref.content.config": config_desc["digest"]}
-            for i, layer in enumerate(layers):
-                manifest_labels[f"containerd.io/gc.ref.content.l.{i}"] = layer["digest"]
+            layer_digests = [layer["digest"] for layer in layers]
+            manifest_labels = manifest_gc_labels(config_desc["digest"], layer_digests)
             manifest_digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
             manifest_size = len(manifest_bytes)
             this = {

@@ -31,7 +31,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from sandlot.adapters.containerd.containers import chain_id
+from sandlot.adapters.containerd.containers import chain_id, manifest_gc_labels, snapshot_gc_labels
 from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.pulling.puller import ContainerdPuller, PullResult
 from sandlot.adapters.pulling.push import BlobOpener, Pushed, manifest_blobs, push_image
@@ -255,11 +255,10 @@ class SealedPuller(ContainerdPuller):
             for layer, diff_id in zip(layers, diff_ids, strict=True):
                 self._ensure_opened(client, key, layer, sealed_of, diff_id, budget, lease, counter)
             self._unpack(layers, diff_ids, budget, lease, caps)
-            gc_snapshot = {f"containerd.io/gc.ref.snapshot.{self.snapshotter}": chain_id(diff_ids)}
+            gc_snapshot = snapshot_gc_labels(self.snapshotter, chain_id(diff_ids))
             self._write(config_desc, [config_bytes], gc_snapshot, budget, lease)
-            labels = {"containerd.io/gc.ref.content.config": config_desc["digest"]}
-            for i, layer in enumerate(layers):
-                labels[f"containerd.io/gc.ref.content.l.{i}"] = layer["digest"]
+            layer_digests = [layer["digest"] for layer in layers]
+            labels = manifest_gc_labels(config_desc["digest"], layer_digests)
             target = {
                 "digest": _digest(manifest_bytes),
                 "size": len(manifest_bytes),

@@ -18,7 +18,12 @@ from typing import Any
 import grpc
 from google.protobuf import field_mask_pb2
 
-from sandlot.adapters.containerd.connection import LEASE_HEADER, NAMESPACE_HEADER, translate
+from sandlot.adapters.containerd.connection import (
+    LEASE_HEADER,
+    NAMESPACE_HEADER,
+    grpc_target,
+    translate,
+)
 from sandlot.adapters.containerd.containers import DEFAULT_SNAPSHOTTER, chain_id
 from sandlot.adapters.containerd.gen.services.content.v1 import content_pb2, content_pb2_grpc
 from sandlot.adapters.containerd.gen.services.diff.v1 import diff_pb2, diff_pb2_grpc
@@ -86,8 +91,7 @@ class PullSteps:
         self.snapshotter = snapshotter
         self.connect_timeout = connect_timeout
         self.stall_timeout = stall_timeout
-        target = address if "://" in address or address.startswith("unix:") else f"unix://{address}"
-        self._channel = grpc.insecure_channel(target)
+        self._channel = grpc.insecure_channel(grpc_target(address))
         self._metadata: tuple[tuple[str, str], ...] = ((NAMESPACE_HEADER, namespace),)
         self._content = content_pb2_grpc.ContentStub(self._channel)
         self._images = images_pb2_grpc.ImagesStub(self._channel)

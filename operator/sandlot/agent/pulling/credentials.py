@@ -15,12 +15,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sandlot.adapters.pulling import Credential
-from sandlot.adapters.pullsecrets import brokered_key
+from sandlot.adapters.pullsecrets import BrokeredData, brokered_key
 from sandlot.policy.pulling import (
     SHARED_IDENTITY,
     ImageReference,
@@ -29,9 +29,6 @@ from sandlot.policy.pulling import (
 )
 
 log = logging.getLogger(__name__)
-
-BrokeredSecret = Callable[[], Mapping[str, str] | None]
-"""The data of this node's brokered Secret (base64 values), or None if absent."""
 
 
 def _document(raw: bytes | str, what: str) -> dict[str, Any] | None:
@@ -44,7 +41,7 @@ def _document(raw: bytes | str, what: str) -> dict[str, Any] | None:
 
 
 class Credentials:
-    def __init__(self, brokered: BrokeredSecret | None, default_file: str = "") -> None:
+    def __init__(self, brokered: BrokeredData | None, default_file: str = "") -> None:
         self._brokered = brokered
         self._default_file = default_file
 
@@ -95,4 +92,4 @@ class Credentials:
         return (Credential(*shared) if shared else None), SHARED_IDENTITY
 
 
-__all__ = ["BrokeredSecret", "Credentials"]
+__all__ = ["Credentials"]

@@ -187,7 +187,7 @@ def build_image_gate(
     """The gate over a containerd puller from the agent's settings, and its closer;
     credentials come from this node's brokered Secret and the node-wide default."""
     from sandlot.adapters.pulling import ContainerdPuller, endpoints_for
-    from sandlot.adapters.pullsecrets import NodeIdentity, read_brokered
+    from sandlot.adapters.pullsecrets import node_brokered_data
     from sandlot.agent.pulling.access import ImageAccess, access_file
     from sandlot.agent.pulling.credentials import Credentials
     from sandlot.agent.pulling.metrics import PullMetrics
@@ -221,15 +221,10 @@ def build_image_gate(
         clock,
         access,
     )
-    identity = NodeIdentity(api, settings.namespace, settings.node_name)
-
-    def brokered() -> Mapping[str, str] | None:
-        try:
-            return read_brokered(identity.client(), settings.namespace, settings.node_name)
-        except Exception as exc:  # no identity yet (no brokered secret): the default only
-            log.info("no brokered pull credentials for this node: %s", exc)
-            return None
-
+    # No identity yet (no brokered secret): the default only.
+    brokered = node_brokered_data(
+        api, settings.namespace, settings.node_name, what="pull credentials"
+    )
     credentials = Credentials(brokered, settings.registry_auth_file)
 
     def close() -> None:

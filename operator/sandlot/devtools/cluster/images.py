@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import tomllib
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from sandlot.devtools.controlplane import executor_path, files_tool_path
 from sandlot.devtools.ociarchive import build_image_archive, build_layers_archive, directory_layer
+from sandlot.devtools.processes import run_bounded
 
 
 @dataclass(frozen=True)
@@ -101,22 +101,6 @@ def _hash(*parts: str | bytes) -> str:
     return h.hexdigest()[:16]
 
 
-def _run(argv: list[str], what: str, timeout: float, **kw: object) -> None:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            **kw,  # type: ignore[call-overload]
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"{what} took over {timeout:.0f}s") from exc
-    if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-
-
 def pause_archive() -> Path:
     """The pause image's archive (built once per source)."""
     dest = cache_dir() / f"pause-{_hash(PAUSE_SOURCE, PAUSE_IMAGE)}.tar"
@@ -125,7 +109,9 @@ def pause_archive() -> Path:
     with tempfile.TemporaryDirectory(prefix="sl-pause-") as work:
         src, binary = Path(work) / "pause.c", Path(work) / "pause"
         src.write_text(PAUSE_SOURCE)
-        _run(["gcc", "-static", "-Os", "-o", str(binary), str(src)], "gcc -static pause.c", 120)
+        run_bounded(
+            ["gcc", "-static", "-Os", "-o", str(binary), str(src)], "gcc -static pause.c", 120
+        )
         import io
         import tarfile
 
@@ -193,13 +179,13 @@ def _bootstrap(rootfs: Path) -> None:
         raise RuntimeError("debootstrap is not installed (OS package debootstrap)")
     shutil.rmtree(rootfs.parent, ignore_errors=True)
     rootfs.mkdir(parents=True)
-    _run(
+    run_bounded(
         ["debootstrap", "--variant=minbase", f"--include={','.join(RECIPE.packages)}",
          RECIPE.suite, str(rootfs), DEBIAN_MIRROR],
         "debootstrap", 1800,
     )  # fmt: skip
     for command in RECIPE.user_commands:
-        _run(["chroot", str(rootfs), "sh", "-c", command], command, 60)
+        run_bounded(["chroot", str(rootfs), "sh", "-c", command], command, 60)
     # As the Dockerfile's apt-get lines leave it: no package lists, no apt cache.
     for leftover in ("var/lib/apt/lists", "var/cache/apt/archives"):
         for child in (rootfs / leftover).glob("*"):
@@ -226,12 +212,14 @@ def wheelhouse(root: Path) -> Path:
         return out
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    _run(
+    run_bounded(
         [sys.executable, "-m", "pip", "download", "-q", "--require-hashes",
          "--only-binary=:all:", "-d", str(out), "-r", str(lock)],
         f"pip download -r {RUNTIME_LOCK}", 1800,
     )  # fmt: skip
-    _run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(out), *build], "pip wheel", 600)
+    run_bounded(
+        [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(out), *build], "pip wheel", 600
+    )
     (out / ".done").write_text("\n".join([RUNTIME_LOCK, *build]))
     return out
 
@@ -280,13 +268,13 @@ def _venv_layer(root: Path, rootfs: Path, wheels: Path, work: Path) -> bytes:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
     gen = staging / "operator/sandlot/adapters/containerd/gen"
-    _run(
+    run_bounded(
         [sys.executable, "-m", "sandlot.devtools.gen_stubs", "--source", "debian",
          "--force", "--out", str(gen)],
         "containerd stubs (debian source)", 300, env=dict(os.environ, PYTHONPATH=str(staging / "operator")),
     )  # fmt: skip
     own = work / "own"
-    _run(
+    run_bounded(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-index",
          "--find-links", str(wheels), "-w", str(own), str(staging)],
         "pip wheel sandlot", 600,
@@ -314,7 +302,7 @@ chroot {merged} {FILES_TOOL_IN_IMAGE} stat / >/dev/null
 install -D -m 0755 {executor_path()} {merged}{EXECUTOR_IN_IMAGE}
 chroot {merged} {EXECUTOR_IN_IMAGE} 5 </dev/null >/dev/null
 """
-    _run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+    run_bounded(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
          "virtualenv layer", 900)  # fmt: skip
     return directory_layer(upper, only=[RECIPE.venv.lstrip("/")])
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import yaml
 
 from sandlot.devtools.certs import front_proxy_flags
+from sandlot.devtools.processes import run_bounded, terminate
 
 BUILD_SCRIPT = Path(__file__).with_name("build-control-plane.sh")
 HELM_BUILD_SCRIPT = Path(__file__).with_name("build-helm.sh")
@@ -74,21 +75,14 @@ def binaries_dir(build_timeout: float = 3000.0) -> Path:
 def _run_build(script: Path, what: str, timeout: float, **env: str) -> Path:
     """Run a build script (it prints the directory or binary it produced, cached by
     version), bounded by ``timeout``; a failure raises with the script's stderr."""
-    try:
-        proc = subprocess.run(
-            ["bash", str(script)],
-            env=dict(os.environ, **env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise ControlPlaneError(f"building {what} took over {timeout:.0f}s") from e
-    if proc.returncode != 0:
-        raise ControlPlaneError(
-            f"building {what} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
-        )
+    proc = run_bounded(
+        ["bash", str(script)],
+        f"building {what}",
+        timeout,
+        error=ControlPlaneError,
+        tail=4000,
+        env=dict(os.environ, **env),
+    )
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
@@ -218,13 +212,13 @@ class ControlPlane:
         for name in ("kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self._procs.pop(name, None)
             if proc is not None:
-                _terminate(proc, timeout)
+                terminate(proc, timeout)
 
     def stop_apiserver(self, timeout: float = 15.0) -> None:
         """Stop kube-apiserver only (fault tests); ``restart_apiserver`` brings it back."""
         proc = self._procs.pop("kube-apiserver", None)
         if proc is not None:
-            _terminate(proc, timeout)
+            terminate(proc, timeout)
 
     def restart_apiserver(self) -> None:
         self._start_apiserver(detach=False)
@@ -239,7 +233,7 @@ class ControlPlane:
     def stop_etcd(self, timeout: float = 15.0) -> None:
         proc = self._procs.pop("etcd", None)
         if proc is not None:
-            _terminate(proc, timeout)
+            terminate(proc, timeout)
 
     def start_etcd(self, detach: bool = False) -> None:
         if not self.etcd_port:
@@ -449,17 +443,6 @@ def _proc_state(pid: int) -> str:
         return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0]
     except (OSError, IndexError):
         return "zombie"
-
-
-def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=timeout)
 
 
 def _run(argv: list[str]) -> None:
