@@ -41,8 +41,9 @@ from sandlot.adapters.mtls import client_context
 from sandlot.adapters.streamclient import open_stream
 from sandlot.agent.main import Agent
 from sandlot.api import GROUP, VERSION
-from sandlot.devtools.certs import AGENT_NAME, GATEWAY_NAME
+from sandlot.devtools.certs import GATEWAY_NAME
 from sandlot.devtools.controlplane import executor_path, files_tool_path
+from sandlot.policy.agentcerts import agent_server_name
 from sandlot.policy.streams import (
     EXEC,
     STATUS,
@@ -137,7 +138,7 @@ def measure(
         through_agent()
 
     tls = client_context(
-        str(certs / "sandlot-stream-ca.crt"),
+        str(certs / "sandlot-agent-ca.crt"),  # the CA the gateway trusts for agents
         str(certs / f"{GATEWAY_NAME}.crt"),
         str(certs / f"{GATEWAY_NAME}.key"),
     )
@@ -150,7 +151,7 @@ def measure(
             with connect(
                 url,
                 ssl=tls,
-                server_hostname=AGENT_NAME,
+                server_hostname=agent_server_name(NODE),
                 additional_headers={STREAM_OPTIONS_HEADER: options},
                 subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
                 compression=None,

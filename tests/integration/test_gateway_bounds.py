@@ -1,7 +1,8 @@
 """The stream gateway's own bounds, played by the wrong party over real TLS: a
 tenant's many ServiceAccounts against the namespace cap, a group's many users
 against the group cap, a silent relay against
-the idle timeout, a rotated-out front-proxy CA against the handshake. The rig is
+the idle timeout, a rotated-out front-proxy CA against the handshake, a remembered
+agent that no longer holds the sandbox, an agent slow to close after its status. The rig is
 test_stream_handshakes.py's: the gateway and an agent ``StreamServer`` with their
 real certificates, the cluster's answers given as ``Backends``."""
 
@@ -17,13 +18,16 @@ from pathlib import Path
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.sync.server import ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import client_context, server_context
 from sandlot.agent.streams import StreamServer
 from sandlot.devtools.certs import StreamCerts
+from sandlot.gateway.placements import CachedPlacements
 from sandlot.gateway.server import Backends, Gateway, Sessions
 from sandlot.policy.streamaccess import RequestHeaderConfig
+from sandlot.policy.streams import STATUS, decode_frame, encode_frame, exit_status
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +62,13 @@ class Rig:
                 str(self.certs.gateway.key),
             ),
             requestheader=RequestHeaderConfig,
-            backends=Backends(
-                review=lambda _spec: {"allowed": True},
-                node_of=lambda _ns, _name: node,
-                agent_of=lambda _node: ("127.0.0.1", self.agent.port),
+            backends=options.pop(  # type: ignore[arg-type]
+                "backends",
+                Backends(
+                    review=lambda _spec: {"allowed": True},
+                    node_of=lambda _ns, _name: node,
+                    agent_of=lambda _node: ("127.0.0.1", self.agent.port),
+                ),
             ),
             sessions=sessions,
             call_timeout=10.0,
@@ -286,3 +293,112 @@ def test_a_front_proxy_ca_removed_from_its_file_stops_being_trusted(rig: Rig) ->
         rig.follow(parts.gateway, "alice", as_b).close()
     finally:
         parts.gateway.shutdown()
+
+
+def test_a_sandbox_remembered_on_its_old_node_is_reached_where_it_is_now(rig: Rig) -> None:
+    """The gateway remembers where a sandbox's agent is (``gateway.placements``). The
+    sandbox then moves from node-1 to node-2: node-1's agent answers it is not there,
+    and the gateway asks again and reaches node-2's. node-2's agent then restarts at
+    another port: the dial to the remembered one fails, and the gateway finds the new."""
+    where = {"ns/sb": "node-1"}
+
+    def agent_of_node(node: str) -> StreamServer:
+        agent = StreamServer(
+            node,
+            bind="127.0.0.1",
+            port=0,
+            tls=server_context(
+                str(rig.certs.agent(node).cert),
+                str(rig.certs.agent(node).key),
+                str(rig.certs.ca.cert),
+            ),
+            client_names=("sandlot-gateway",),
+            sandbox=lambda key: SANDBOX if where.get(key) == node else None,
+            log_dir=str(rig.tmp / "logs"),
+            execs=None,
+            call_timeout=5.0,
+            stop=threading.Event(),
+        )
+        agent.start()
+        return agent
+
+    agents = {"node-1": agent_of_node("node-1"), "node-2": agent_of_node("node-2")}
+    reads: list[str] = []
+
+    def node_of(namespace: str, name: str) -> str:
+        reads.append(f"sandbox {namespace}/{name}")
+        return where[f"{namespace}/{name}"]
+
+    def agent_of(node: str) -> tuple[str, int]:
+        reads.append(f"agent {node}")
+        return "127.0.0.1", agents[node].port
+
+    placements = CachedPlacements(node_of, agent_of, ttl=3600.0)
+    gateway = rig.gateway(
+        Sessions(8, 8),
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=placements.node_of,
+            agent_of=placements.agent_of,
+            forget=placements.forget,
+        ),
+    )
+    try:
+        for _ in range(2):
+            rig.follow(gateway, "alice").close()
+        assert reads == ["sandbox ns/sb", "agent node-1"], "not remembered"
+        where["ns/sb"] = "node-2"
+        rig.follow(gateway, "alice").close()
+        assert reads[2:] == ["sandbox ns/sb", "agent node-2"], reads
+        agents.pop("node-2").shutdown()
+        agents["node-2"] = agent_of_node("node-2")
+        rig.follow(gateway, "alice").close()
+        assert reads[4:] == ["sandbox ns/sb", "agent node-2"], reads
+    finally:
+        gateway.shutdown()
+        for agent in agents.values():
+            agent.shutdown()
+
+
+def test_a_stream_ends_at_its_status_without_waiting_for_the_agents_close(rig: Rig) -> None:
+    """Every agent stream ends with its status frame and a close. An agent that sends
+    the status but holds its connection open (slow to close, or wedged): the user's
+    stream still ends at the status, not at the gateway's idle timeout."""
+    release = threading.Event()
+
+    def status_then_hold(connection: ServerConnection) -> None:
+        connection.send(encode_frame(STATUS, exit_status(0)))
+        release.wait(30)
+
+    agent = serve(
+        status_then_hold,
+        "127.0.0.1",
+        0,
+        ssl=server_context(
+            str(rig.certs.agent("node-1").cert),
+            str(rig.certs.agent("node-1").key),
+            str(rig.certs.ca.cert),
+        ),
+        subprotocols=[Subprotocol("v5.channel.k8s.io")],
+    )
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    gateway = rig.gateway(
+        Sessions(4, 4),
+        idle_timeout=60.0,
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=lambda _ns, _name: "node-1",
+            agent_of=lambda _node: ("127.0.0.1", int(agent.socket.getsockname()[1])),
+        ),
+    )
+    try:
+        user = rig.follow(gateway, "alice")
+        assert decode_frame(bytes(user.recv(timeout=10)))[0] == STATUS  # type: ignore[arg-type]
+        began = time.monotonic()
+        with pytest.raises(ConnectionClosed):
+            user.recv(timeout=10)
+        assert time.monotonic() - began < 5, "the stream waited for the agent's close"
+    finally:
+        release.set()
+        gateway.shutdown()
+        agent.shutdown()

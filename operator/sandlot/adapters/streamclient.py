@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import ssl
 import threading
@@ -67,11 +68,49 @@ def _auth_headers(cfg: Any) -> dict[str, str]:
     return {"Authorization": value} if value else {}
 
 
-def _tls_context(cfg: Any) -> ssl.SSLContext | None:
-    """The kubeconfig's TLS settings (its CA, client certificate, verification) as a
-    context; None for a plain ``http`` server."""
+def _file_state(path: str | None) -> tuple[str, int, int] | None:
+    if not path:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return (path, -1, -1)
+    return (path, st.st_mtime_ns, st.st_size)
+
+
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+_CONTEXTS_LOCK = threading.Lock()
+MAX_CONTEXTS = 32
+
+
+def _tls(cfg: Any) -> ssl.SSLContext | None:
+    """The kubeconfig's TLS context, kept while its files are unchanged: a program's
+    streams one after another load no CA and no key again. None for a plain
+    ``http`` server. (Resuming the API server's TLS sessions was measured and
+    dropped: Python copies a session, certificates and all, holding the GIL, each
+    time it is read or used, which cost more than the handshake it saved.)"""
     if not cfg.host.startswith("https"):
         return None
+    key = (
+        bool(cfg.verify_ssl),
+        _file_state(cfg.ssl_ca_cert),
+        _file_state(cfg.cert_file),
+        _file_state(cfg.key_file),
+    )
+    with _CONTEXTS_LOCK:
+        kept = _CONTEXTS.get(key)
+    if kept is None:
+        kept = _tls_context(cfg)
+        with _CONTEXTS_LOCK:
+            if len(_CONTEXTS) >= MAX_CONTEXTS:
+                _CONTEXTS.clear()
+            kept = _CONTEXTS.setdefault(key, kept)
+    return kept
+
+
+def _tls_context(cfg: Any) -> ssl.SSLContext:
+    """The kubeconfig's TLS settings (its CA, client certificate, verification) as a
+    context for an ``https`` server."""
     if not cfg.verify_ssl:
         context = ssl.create_default_context()
         context.check_hostname = False
@@ -236,15 +275,16 @@ def open_stream(api: client.ApiClient, path: str) -> Stream:
     """A connected WebSocket to ``path`` (with its query) on the API server;
     ``StreamRefused`` on an HTTP answer instead of the upgrade."""
     cfg = api.configuration
-    if cfg.refresh_api_key_hook is not None:
-        cfg.refresh_api_key_hook(cfg)  # an exec plugin's token, fresh
+    # Its token first: reading it runs the kubeconfig's refresh hook (an exec
+    # plugin's token, fresh), which may also change the TLS files read below.
+    headers = _auth_headers(cfg)
     url = "ws" + cfg.host.removeprefix("http") + path
     try:
         connection = _Connect(
             url,
-            ssl=_tls_context(cfg),
+            ssl=_tls(cfg),
             server_hostname=cfg.tls_server_name or None,
-            additional_headers=_auth_headers(cfg),
+            additional_headers=headers,
             subprotocols=[Subprotocol(SUBPROTOCOL)],
             compression=None,
             # The kubeconfig's proxy, as the API client's; never the environment's.

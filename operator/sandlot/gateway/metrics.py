@@ -15,6 +15,13 @@ class GatewayMetrics:
             registry=registry,
         )
         self.open = Gauge("sandlot_gateway_streams_open", "Streams open now.", registry=registry)
+        self.reviews = Counter(
+            "sandlot_gateway_access_reviews",
+            "Access-review answers by source: api (a SubjectAccessReview asked) or cache "
+            "(a fresh allow of the same question, kept review_cache_ttl).",
+            ["source"],
+            registry=registry,
+        )
 
 
 __all__ = ["GatewayMetrics"]

@@ -11,7 +11,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -26,6 +26,8 @@ from sandlot.adapters.reviews import review_access
 from sandlot.adapters.startorder import StartedParts, ThreadPart
 from sandlot.adapters.startup import StartupError, api_error_line, setting_name
 from sandlot.gateway.metrics import GatewayMetrics
+from sandlot.gateway.placements import CachedPlacements
+from sandlot.gateway.reviews import CachedReviews
 from sandlot.gateway.router import RouterServer
 from sandlot.gateway.server import Backends, Gateway, Refusal, Sessions
 from sandlot.gateway.settings import GatewaySettings
@@ -111,7 +113,13 @@ def cluster_backends(api: Any, settings: GatewaySettings) -> Backends:
         except Exception as e:
             raise Refusal(503, f"cannot find node {node}'s agent", api_error_line(e)) from None
 
-    return Backends(review=review, node_of=node_of, agent_of=agent_of)
+    placements = CachedPlacements(node_of, agent_of)
+    return Backends(
+        review=review,
+        node_of=placements.node_of,
+        agent_of=placements.agent_of,
+        forget=placements.forget,
+    )
 
 
 def claim_envs(api: Any, settings: GatewaySettings) -> Callable[[str, str], Mapping[str, str]]:
@@ -230,13 +238,23 @@ def build(
         settings.max_sessions_per_group,
     )
     metrics.open.set_function(lambda: sessions.open)
+    backends = backends or cluster_backends(api, settings)
+    backends = replace(
+        backends,
+        review=CachedReviews(
+            backends.review,
+            ttl=settings.review_cache_ttl.total_seconds(),
+            max_entries=settings.review_cache_size,
+            on_answer=lambda source: metrics.reviews.labels(source).inc(),
+        ),
+    )
     gateway = Gateway(
         bind=settings.bind,
         port=settings.port,
         server_tls=view.tls,
         agent_tls=agent_tls,
         requestheader=view.config,
-        backends=backends or cluster_backends(api, settings),
+        backends=backends,
         sessions=sessions,
         call_timeout=timeout,
         idle_timeout=settings.idle_timeout.total_seconds(),

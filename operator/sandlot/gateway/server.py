@@ -10,10 +10,13 @@ One request, in order, before anything reaches a node:
 1. the connection's client certificate is the API server's front proxy (the TLS
    handshake checked the CA; ``policy.streams.caller_of`` the allowed names), so
    the user named in its headers is believed; nobody else's headers are;
-2. a SubjectAccessReview for that user, made under the gateway's own identity;
+2. a SubjectAccessReview for that user, made under the gateway's own identity
+   (an allow of exactly the same question is reused a few seconds:
+   ``gateway.reviews``);
 3. the session caps: per replica, per user, per ServiceAccount namespace;
 4. the sandbox's node from the Sandbox itself, and that node's agent pod from the
-   pods bound to it (``adapters.agentpods``); nothing a node writes is read;
+   pods bound to it (``adapters.agentpods``; both remembered a few seconds,
+   ``gateway.placements``); nothing a node writes is read;
 5. a WebSocket to that agent over mutual TLS: the gateway's client certificate,
    the agent's serving certificate checked against the stream CA and name.
 
@@ -66,6 +69,7 @@ from sandlot.policy.streams import (
     API_PREFIX,
     CALLER_HEADER,
     OPEN_TIMEOUT_HEADER,
+    STATUS,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
@@ -78,6 +82,7 @@ from sandlot.policy.streams import (
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE = 1 << 20
+END = bytes([STATUS])  # a status frame's first byte
 CLOSE_TIMEOUT = 2.0
 
 DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
@@ -105,6 +110,9 @@ class Backends:
     review: Callable[[Mapping[str, Any]], Mapping[str, Any]]  # SubjectAccessReview status
     node_of: Callable[[str, str], str]  # (namespace, name) -> spec.nodeName; Refusal if none
     agent_of: Callable[[str], tuple[str, int]]  # node -> (agent pod IP, port); Refusal if none
+    # Forget what node_of and agent_of remembered of the sandbox (namespace, name);
+    # whether anything was (``gateway.placements``).
+    forget: Callable[[str, str], bool] = lambda namespace, name: False
 
 
 class Sessions:
@@ -305,6 +313,16 @@ class Gateway:
         log.info("stream allowed: %s", access.message)
 
     def _open_agent(self, asked: StreamRequest, user: str) -> ClientConnection:
+        try:
+            return self._dial(asked, user)
+        except Refusal as e:
+            # Unreachable, another node's agent at that address, or not the sandbox's
+            # node: what was remembered of where it is may be out of date.
+            if e.status not in (404, 502) or not self._backends.forget(asked.namespace, asked.name):
+                raise
+        return self._dial(asked, user)
+
+    def _dial(self, asked: StreamRequest, user: str) -> ClientConnection:
         node = self._backends.node_of(asked.namespace, asked.name)
         ip, port = self._backends.agent_of(node)
         host = f"[{ip}]" if ":" in ip else ip
@@ -431,6 +449,11 @@ class Gateway:
                     continue  # the user may have sent meanwhile: look again
                 last_moved = time.monotonic()
                 connection.send(message)
+                if isinstance(message, bytes) and message[:1] == END:
+                    # The agent's last frame of every stream (it closes right after):
+                    # the user's side is closed now, not after the agent's close
+                    # handshake has come back.
+                    break
         except ConnectionClosed:
             pass
         finally:

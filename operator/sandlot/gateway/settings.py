@@ -96,6 +96,19 @@ class GatewaySettings(SettingsModel):
         default=timedelta(seconds=10),
         description="Deadline of every API call and of reaching an agent (TLS and upgrade).",
     )
+    review_cache_ttl: Duration = Field(
+        default=timedelta(seconds=5),
+        description="How long an allowed access review is reused for exactly the same "
+        "question (user, groups, extra, uid, verb, subresource, namespace, name), counted "
+        "from when it was asked: a revoked permission is honoured at most this late. "
+        "Denials are never reused. 0: every stream asks the API server.",
+    )
+    review_cache_size: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Allowed access reviews kept at most (the oldest go first).",
+    )
     idle_timeout: Duration = Field(
         default=timedelta(minutes=15),
         description="A relayed stream in which nothing moved either way this long is "
@@ -110,6 +123,8 @@ class GatewaySettings(SettingsModel):
     @model_validator(mode="after")
     def _check(self) -> GatewaySettings:
         require_positive(self, ("requestheader_refresh", "call_timeout", "idle_timeout"))
+        if self.review_cache_ttl < timedelta(0):
+            raise ValueError("review_cache_ttl must not be negative")
         for name in (
             "max_sessions_per_user",
             "max_sessions_per_namespace",
