@@ -8,12 +8,14 @@ real certificates, the cluster's answers given as ``Backends``."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus
@@ -400,5 +402,72 @@ def test_a_stream_ends_at_its_status_without_waiting_for_the_agents_close(rig: R
         assert time.monotonic() - began < 5, "the stream waited for the agent's close"
     finally:
         release.set()
+        gateway.shutdown()
+        agent.shutdown()
+
+
+def test_an_upgrade_the_agent_lost_unanswered_is_tried_once_more_never_run_twice(
+    rig: Rig,
+) -> None:
+    """The fault: the agent takes a connection and loses it before answering the
+    upgrade. Lost before the agent took the stream, the gateway's second try under the
+    same stream id is served; lost after, the second try is refused (409), since the
+    agent may have started the first: a stream is never served twice."""
+
+    class LosesItsAnswer(StreamServer):
+        """An agent whose next ``lose`` upgrades are cut, ``after_taking`` or before."""
+
+        lose, after_taking, taken = 0, False, 0
+
+        def _admit(self, connection: ServerConnection, request: Any) -> Any:
+            if self.lose and not self.after_taking:
+                self.lose -= 1
+                connection.socket.shutdown(socket.SHUT_RDWR)
+                return None
+            answer = super()._admit(connection, request)
+            if answer is None:
+                self.taken += 1
+            if self.lose and self.after_taking:
+                self.lose -= 1
+                connection.socket.shutdown(socket.SHUT_RDWR)
+            return answer
+
+    agent = LosesItsAnswer(
+        "node-1",
+        bind="127.0.0.1",
+        port=0,
+        tls=server_context(
+            str(rig.certs.agent("node-1").cert),
+            str(rig.certs.agent("node-1").key),
+            str(rig.certs.ca.cert),
+        ),
+        client_names=("sandlot-gateway",),
+        sandbox=lambda key: SANDBOX if key == "ns/sb" else None,
+        log_dir=str(rig.tmp / "logs"),
+        execs=None,
+        call_timeout=5.0,
+        stop=threading.Event(),
+    )
+    agent.start()
+    gateway = rig.gateway(
+        Sessions(8, 8),
+        backends=Backends(
+            review=lambda _spec: {"allowed": True},
+            node_of=lambda _namespace, _name: "node-1",
+            agent_of=lambda _node: ("127.0.0.1", agent.port),
+        ),
+    )
+    try:
+        agent.lose, agent.after_taking = 1, False
+        rig.follow(gateway, "alice").close()  # served by the second try
+        assert agent.lose == 0 and agent.taken == 1, "the fault was not injected once"
+
+        agent.lose, agent.after_taking = 1, True
+        with pytest.raises(InvalidStatus) as refused:
+            rig.follow(gateway, "alice")
+        assert agent.lose == 0 and agent.taken == 2, "taken once, and only once"
+        assert refused.value.response.status_code == 409
+        assert b"opened already" in refused.value.response.body
+    finally:
         gateway.shutdown()
         agent.shutdown()

@@ -459,3 +459,62 @@ def test_a_busy_stream_port_is_one_line_naming_the_settings() -> None:
     assert "--stream-port / SANDLOT_STREAM_PORT" in message
     assert f"127.0.0.1:{port}: cannot listen: address already in use" in message
     assert "\n" not in message
+
+
+def test_a_stream_id_is_opened_once_so_a_retried_upgrade_never_runs_twice(
+    kube: client.ApiClient, agent: Agent, stream_certs: StreamCerts, places: tuple[str, str]
+) -> None:
+    """The gateway tries an upgrade the agent never answered once more, under the same
+    stream id: the agent runs the first it took and refuses the second, so a command
+    never runs twice. Played straight to the agent with the gateway's certificate."""
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    from sandlot.policy.streams import (
+        EXEC,
+        STATUS,
+        STDOUT,
+        STREAM_ID_HEADER,
+        STREAM_OPTIONS_HEADER,
+        SUBPROTOCOL,
+        StreamRequest,
+        agent_request,
+        decode_frame,
+    )
+
+    _, tenant = places
+    running_sandbox(kube, agent, tenant, "once", "sleep 1000")
+    node = agent.settings.node_name
+    tls = _client(str(stream_certs.agent_ca.cert), stream_certs.gateway)
+
+    def run(stream_id: str, script: str) -> bytes:
+        """The command's output, through one stream opened under ``stream_id``."""
+        path, options = agent_request(
+            StreamRequest(EXEC, tenant, "once", command=("sh", "-c", script))
+        )
+        out = b""
+        with connect(
+            f"wss://{agent.settings.stream_bind}:{agent.settings.stream_port}{path}",
+            ssl=tls,
+            server_hostname=agent_server_name(node),
+            additional_headers={STREAM_OPTIONS_HEADER: options, STREAM_ID_HEADER: stream_id},
+            subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
+            compression=None,
+            open_timeout=30,
+        ) as ws:
+            while True:
+                channel, chunk = decode_frame(bytes(ws.recv(timeout=30)))  # type: ignore[arg-type]
+                if channel == STATUS:
+                    return out
+                if channel == STDOUT:
+                    out += chunk
+
+    append = "echo ran >> /tmp/runs"
+    run("stream-1", append)
+    with pytest.raises(InvalidStatus) as again:
+        run("stream-1", append)
+    assert again.value.response.status_code == 409
+    assert b"opened already" in again.value.response.body
+    run("stream-2", append)  # another id is another stream
+    assert run("stream-3", "cat /tmp/runs") == b"ran\nran\n"
+    delete_sandbox(kube, tenant, "once")

@@ -52,6 +52,7 @@ from sandlot.api.sandbox import OperatingMode, SandboxPhase
 from sandlot.policy.idle import restores_for_stream, thaws_for_stream
 from sandlot.policy.ocispec import FILES_TOOL
 from sandlot.policy.operatingmode import stream_refusal, wanted_mode
+from sandlot.policy.remembered import Remembered
 from sandlot.policy.streams import (
     CALLER_HEADER,
     EXEC,
@@ -60,6 +61,7 @@ from sandlot.policy.streams import (
     OPEN_TIMEOUT_HEADER,
     PORTFORWARD,
     STATUS,
+    STREAM_ID_HEADER,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     StreamRequest,
@@ -80,6 +82,10 @@ MAX_MESSAGE = 1 << 20
 HANDSHAKE_TIMEOUT = 10.0
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
 CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
+# Stream ids taken, kept past any retry of their upgrade (the gateway tries once more
+# at once), at most this many.
+STREAM_IDS_KEPT_FOR = 60.0
+STREAM_IDS_KEPT = 10_000
 
 
 # (the sandbox, the stream's kind, seconds it may wait, whether its connection is gone)
@@ -128,6 +134,9 @@ class StreamServer:
         # The upgrade's deadline on this side: an admission's wait fits in it when the
         # gateway does not say its own.
         self.open_timeout = HANDSHAKE_TIMEOUT
+        # The ids of the streams taken: a second upgrade with one is refused, not run.
+        self._taken: Remembered[str, bool] = Remembered(STREAM_IDS_KEPT_FOR, STREAM_IDS_KEPT)
+        self._taken_lock = threading.Lock()
         # The admitted connections, shared with the loops that freeze and suspend
         # sandboxes (``agent.uses``); the end of a stream into a sandbox wakes the sync.
         self.uses = uses if uses is not None else SandboxUses(max_sessions=max_sessions)
@@ -229,6 +238,8 @@ class StreamServer:
             )
         except StreamRequestError as e:
             return connection.respond(400, f"{e}\n")
+        if not self._first_take(request.headers.get(STREAM_ID_HEADER, "")):
+            return connection.respond(409, "this stream was opened already; open a new one\n")
         # Counted before the sandbox is judged (and maybe thawed): no pass freezes or
         # suspends it between the judgement and the session.
         used = None if asked.kind == LOG else join_key(asked.namespace, asked.name)
@@ -257,6 +268,19 @@ class StreamServer:
             "stream accepted for %s: %s %s/%s", caller, asked.kind, asked.namespace, asked.name
         )
         return None
+
+    def _first_take(self, stream_id: str) -> bool:
+        """Whether the stream ``stream_id`` (none: a caller without ids) is opened for
+        the first time: the gateway's retry of an upgrade whose answer it lost must
+        never run a command twice."""
+        if not stream_id:
+            return True
+        now = time.monotonic()
+        with self._taken_lock:
+            if self._taken.answer(stream_id, now):
+                return False
+            self._taken.remember(stream_id, True, now)
+        return True
 
     def _suspend_asked(self, key: str | None, kind: str) -> str | None:
         """Why a stream into ``key`` is refused when its spec asks for Suspended (the

@@ -35,6 +35,7 @@ import logging
 import ssl
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,7 @@ from sandlot.policy.streams import (
     CALLER_HEADER,
     OPEN_TIMEOUT_HEADER,
     STATUS,
+    STREAM_ID_HEADER,
     STREAM_OPTIONS_HEADER,
     SUBPROTOCOL,
     SUBRESOURCE_GROUP,
@@ -101,6 +103,11 @@ class Refusal(Exception):
         self.status = status
         self.message = message
         self.detail = detail
+
+
+class Unanswered(Refusal):
+    """The agent took the connection and never answered the upgrade: lost before its
+    answer, or an answer that is not one. Tried once more, under the same stream id."""
 
 
 @dataclass(frozen=True)
@@ -286,8 +293,13 @@ class Gateway:
             return _answer(400, f"{e}\n")
         except Refusal as e:
             self._on_stream(kind, f"refused_{e.status}")
-            log.info(
-                "stream refused (%d): %s%s", e.status, e.message, e.detail and f" ({e.detail})"
+            # A 5xx is the gateway's or an agent's failure, not the caller's: a warning.
+            log.log(
+                logging.WARNING if e.status >= 500 else logging.INFO,
+                "stream refused (%d): %s%s",
+                e.status,
+                e.message,
+                e.detail and f" ({e.detail})",
             )
             return _answer(e.status, f"{e.message}\n")
         with self._lock:
@@ -313,16 +325,22 @@ class Gateway:
         log.info("stream allowed: %s", access.message)
 
     def _open_agent(self, asked: StreamRequest, user: str) -> ClientConnection:
+        # One id for both tries: an agent that took the first runs the stream once and
+        # refuses the second (409), so a command never runs twice.
+        stream_id = uuid.uuid4().hex
         try:
-            return self._dial(asked, user)
+            return self._dial(asked, user, stream_id)
         except Refusal as e:
             # Unreachable, another node's agent at that address, or not the sandbox's
             # node: what was remembered of where it is may be out of date.
-            if e.status not in (404, 502) or not self._backends.forget(asked.namespace, asked.name):
+            moved = e.status in (404, 502) and self._backends.forget(asked.namespace, asked.name)
+            if not (moved or isinstance(e, Unanswered)):
                 raise
-        return self._dial(asked, user)
+            if isinstance(e, Unanswered):
+                log.warning("%s (%s): trying once more", e.message, e.detail)
+        return self._dial(asked, user, stream_id)
 
-    def _dial(self, asked: StreamRequest, user: str) -> ClientConnection:
+    def _dial(self, asked: StreamRequest, user: str, stream_id: str) -> ClientConnection:
         node = self._backends.node_of(asked.namespace, asked.name)
         ip, port = self._backends.agent_of(node)
         host = f"[{ip}]" if ":" in ip else ip
@@ -338,6 +356,7 @@ class Gateway:
                     STREAM_OPTIONS_HEADER: options,
                     CALLER_HEADER: user,
                     OPEN_TIMEOUT_HEADER: f"{self.call_timeout:g}",  # the agent answers within it
+                    STREAM_ID_HEADER: stream_id,
                 },
                 subprotocols=[Subprotocol(SUBPROTOCOL)],
                 compression=None,
@@ -366,8 +385,8 @@ class Gateway:
                 502, f"cannot reach the agent of node {node}", f"{host}:{port}: {e}"
             ) from None
         except Exception as e:
-            raise Refusal(
-                502, f"the agent of node {node} failed the upgrade", f"{host}:{port}: {e}"
+            raise Unanswered(
+                502, f"the agent of node {node} failed the upgrade", f"{host}:{port}: {e!r}"
             ) from None
 
     def _answered(

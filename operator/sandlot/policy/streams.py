@@ -50,6 +50,9 @@ SUBPROTOCOL = "v5.channel.k8s.io"
 STREAM_OPTIONS_HEADER = "X-Sandlot-Stream-Options"
 CALLER_HEADER = "X-Sandlot-Caller"
 OPEN_TIMEOUT_HEADER = "X-Sandlot-Open-Timeout"
+# One stream's id, the same on the gateway's second try of an upgrade the agent never
+# answered: an agent that did take the first never runs the stream twice.
+STREAM_ID_HEADER = "X-Sandlot-Stream-Id"
 
 STDIN, STDOUT, STDERR, STATUS, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
@@ -349,6 +352,7 @@ __all__ = [
     "STDERR",
     "STDIN",
     "STDOUT",
+    "STREAM_ID_HEADER",
     "STREAM_OPTIONS_HEADER",
     "SUBPROTOCOL",
     "SUBRESOURCE_GROUP",
