@@ -243,20 +243,28 @@ def schedule_sandbox(
     created: dict[str, Any] = objs.create_namespaced_custom_object(
         GROUP, VERSION, namespace, "sandboxes", body
     )
-    # Only over the object as created: an agent that already saw it bound (and
-    # decided, say Failed for want of room) is not overwritten, which a terminal
-    # phase would refuse anyway.
-    precondition = {"resourceVersion": created["metadata"]["resourceVersion"]}
-    try:
-        objs.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            "sandboxes",
-            name,
-            {"metadata": precondition, "status": {"phase": "Scheduled"}},
-        )
-    except client.ApiException as e:
-        if e.status != 409:
-            raise
-    return created
+    # Scheduled only over a Sandbox that is still unstarted, as of the version read: an
+    # agent that already saw it bound and decided (say Failed for want of room) is not
+    # overwritten, which a terminal phase would refuse anyway; another writer's change
+    # (a finalizer, a label) is read again and the write tried over it.
+    current = created
+    for _ in range(10):
+        phase = (current.get("status") or {}).get("phase") or "Pending"
+        if phase not in ("Pending", "Scheduled"):
+            return created
+        precondition = {"resourceVersion": current["metadata"]["resourceVersion"]}
+        try:
+            objs.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                "sandboxes",
+                name,
+                {"metadata": precondition, "status": {"phase": "Scheduled"}},
+            )
+            return created
+        except client.ApiException as e:
+            if e.status != 409:
+                raise
+        current = objs.get_namespaced_custom_object(GROUP, VERSION, namespace, "sandboxes", name)
+    raise AssertionError(f"sandbox {namespace}/{name}: Scheduled not written in 10 tries")

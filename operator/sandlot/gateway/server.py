@@ -38,7 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -103,6 +103,17 @@ class Refusal(Exception):
         self.status = status
         self.message = message
         self.detail = detail
+
+
+class AgentConnection(ClientConnection):
+    """A connection to an agent that notes the names its certificate gives before its
+    reading thread starts: a stream that ends at once (a quick command's status, then
+    the agent's close) has its socket closed by that thread, and a certificate read
+    after that finds none."""
+
+    def __init__(self, socket: Any, protocol: Any, **kwargs: Any) -> None:
+        self.peer_names = peer_dns_names(socket)  # the TLS handshake is done by now
+        super().__init__(socket, protocol, **kwargs)
 
 
 class Unanswered(Refusal):
@@ -364,11 +375,12 @@ class Gateway:
                 open_timeout=self.call_timeout,
                 close_timeout=CLOSE_TIMEOUT,
                 proxy=None,
+                create_connection=AgentConnection,
                 legacy=True,  # one connection, closed by the relay; never reconnected
             )
             # The handshake checked the name already; the pure rule says it again, so
             # a context ever built without name checks still never relays to it.
-            names = peer_dns_names(agent.socket)
+            names = cast(AgentConnection, agent).peer_names
             if certified_node(names) != node:
                 agent.close()
                 raise Refusal(502, _not_certified(node), f"{host}:{port}: names {names}")
