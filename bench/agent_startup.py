@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import CollectorRegistry
 from tests.support.containerd import (
     find_shim_pid,
+    scratch_cgroup,
     start_private_containerd,
     stopped_process,
 )
@@ -69,7 +70,14 @@ def main() -> int:
 
         def make(i: int) -> tuple[str, int]:
             cid = f"orphan-{i:04d}"
-            spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=cid)
+            spec = default_spec(
+                ["sleep", "1000"],
+                [],
+                "/",
+                host_network=True,
+                hostname=cid,
+                cgroups_path=scratch_cgroup(cid),
+            )
             rt.create_container(
                 ContainerSpec(
                     id=cid, image=IMAGE, oci_spec=spec, labels={"sandlot.dev/sandbox": f"x/o{i}"}

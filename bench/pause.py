@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubernetes import client, watch
 from prometheus_client import CollectorRegistry
 from tests.support.agents import agent_settings, schedule_sandbox
-from tests.support.containerd import start_private_containerd
+from tests.support.containerd import scratch_cgroup, start_private_containerd
 
 from bench.runtimes import exec_seconds
 from bench.start_latency import NS, percentile
@@ -146,7 +146,9 @@ def start_sandbox(boxes: Sandboxes, api: client.ApiClient, name: str, command: l
 
 def bare_container(rt: ContainerdRuntime, work: Path, command: list[str]) -> str:
     cid = f"bare-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(command, [], "/", host_network=True, hostname=cid)
+    spec = default_spec(
+        command, [], "/", host_network=True, hostname=cid, cgroups_path=scratch_cgroup(cid)
+    )
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=60)
     rt.start_task(cid, stdio=f"file://{work / (cid + '.log')}", timeout=60)
     return cid

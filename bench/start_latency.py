@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client, watch
 from prometheus_client import CollectorRegistry
-from tests.support.containerd import start_private_containerd
+from tests.support.containerd import scratch_cgroup, start_private_containerd
 from tests.support.operator import OperatorProcess
 
 from sandlot.adapters.containerd import ContainerdRuntime
@@ -152,7 +152,9 @@ class Floor:
         self.rt, self.objs, self.target = rt, objs, target
 
     def one(self, cid: str) -> None:
-        spec = default_spec(COMMAND, [], "/", host_network=False, hostname=cid)
+        spec = default_spec(
+            COMMAND, [], "/", host_network=False, hostname=cid, cgroups_path=scratch_cgroup(cid)
+        )
         self.rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=30)
         self.rt.start_task(cid, stdio="", timeout=30)
         self.objs.patch_namespaced_custom_object_status(

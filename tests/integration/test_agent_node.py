@@ -31,7 +31,12 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.policy.ocispec import default_spec
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
+from tests.support.containerd import (
+    PrivateContainerd,
+    find_shim_pid,
+    scratch_cgroup,
+    stopped_process,
+)
 from tests.support.passes import agent_passes, wait_agent_passes
 from tests.support.wait import wait_for
 
@@ -125,7 +130,14 @@ def wait_phase(
 
 
 def start_container(rt: ContainerdRuntime, container_id: str, labels: dict[str, str]) -> int:
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=container_id)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=True,
+        hostname=container_id,
+        cgroups_path=scratch_cgroup(container_id),
+    )
     rt.create_container(
         ContainerSpec(id=container_id, image=IMAGE, oci_spec=spec, labels=labels), timeout=10
     )

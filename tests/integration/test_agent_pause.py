@@ -40,7 +40,7 @@ from tests.integration.test_agent_node import (
     wait_phase,
 )
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd
+from tests.support.containerd import PrivateContainerd, scratch_cgroup
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
@@ -409,7 +409,14 @@ def test_a_paused_task_is_killed_by_the_teardown_within_its_bound(
     rt: ContainerdRuntime,
 ) -> None:
     cid = "paused-teardown"
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=cid)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=True,
+        hostname=cid,
+        cgroups_path=scratch_cgroup(cid),
+    )
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(cid, stdio="", timeout=10)
     rt.pause_task(cid, timeout=5)

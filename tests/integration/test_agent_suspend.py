@@ -37,7 +37,7 @@ from tests.integration.test_agent_node import (
 )
 from tests.integration.test_agent_pause import exec_refusal, log_of, set_mode, watch_says
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd
+from tests.support.containerd import PrivateContainerd, scratch_cgroup
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
@@ -117,7 +117,14 @@ def wait_suspended(
 def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime) -> None:
     cid = "commit-me"
     script = "echo kept > /kept; sleep 1000"
-    spec = default_spec(["sh", "-c", script], [], "/", host_network=True, hostname=cid)
+    spec = default_spec(
+        ["sh", "-c", script],
+        [],
+        "/",
+        host_network=True,
+        hostname=cid,
+        cgroups_path=scratch_cgroup(cid),
+    )
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(cid, stdio="", timeout=10)
     wait_for(
@@ -134,7 +141,14 @@ def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime
     rt.collect_garbage(timeout=30)  # the image holds its content and snapshots
 
     again = "again"
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=again)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=True,
+        hostname=again,
+        cgroups_path=scratch_cgroup(again),
+    )
     rt.create_container(ContainerSpec(id=again, image=name, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(again, stdio="", timeout=10)
     try:

@@ -25,7 +25,12 @@ from sandlot.adapters.runtime import (
     TaskState,
 )
 from sandlot.policy.ocispec import default_spec
-from tests.support.containerd import PrivateContainerd, find_shim_pid, stopped_process
+from tests.support.containerd import (
+    PrivateContainerd,
+    find_shim_pid,
+    scratch_cgroup,
+    stopped_process,
+)
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_OS
 from tests.support.wait import wait_for
 
@@ -65,7 +70,14 @@ def run_container(
 
     def start(prefix: str, args: list[str]) -> tuple[str, object, Path]:
         container_id = _new_id(prefix)
-        spec = default_spec(args, [], "/", host_network=False, hostname=container_id)
+        spec = default_spec(
+            args,
+            [],
+            "/",
+            host_network=False,
+            hostname=container_id,
+            cgroups_path=scratch_cgroup(container_id),
+        )
         started.append(container_id)
         runtime.create_container(
             ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
@@ -196,7 +208,9 @@ def test_wedged_shim_kill_times_out_and_listing_still_answers(
 
 def test_missing_image_raises_not_found_naming_it(runtime: ContainerdRuntime) -> None:
     image = "docker.io/sandlot/never-imported:1"
-    spec = default_spec(["true"], [], "/", host_network=True, hostname="x")
+    spec = default_spec(
+        ["true"], [], "/", host_network=True, hostname="x", cgroups_path=scratch_cgroup("x")
+    )
     with pytest.raises(NotFound, match="never-imported"):
         runtime.create_container(
             ContainerSpec(id=_new_id("missing"), image=image, oci_spec=spec), timeout=5
@@ -240,7 +254,14 @@ def test_container_from_a_multi_layer_index_image_runs_this_platforms_manifest(
     assert record.size > 500_000
 
     container_id = _new_id("indexed")
-    spec = default_spec(["cat", "/etc/greeting"], [], "/", host_network=True, hostname=container_id)
+    spec = default_spec(
+        ["cat", "/etc/greeting"],
+        [],
+        "/",
+        host_network=True,
+        hostname=container_id,
+        cgroups_path=scratch_cgroup(container_id),
+    )
     try:
         runtime.create_container(
             ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10

@@ -16,7 +16,7 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.containerd.execs import open_execs
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.policy.ocispec import default_spec
-from tests.support.containerd import PrivateContainerd
+from tests.support.containerd import PrivateContainerd, scratch_cgroup
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
@@ -31,7 +31,14 @@ def test_every_exec_of_a_burst_in_one_container_runs(
     tmp_path: Path,
 ) -> None:
     container_id = f"burst-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=False, hostname=container_id)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=False,
+        hostname=container_id,
+        cgroups_path=scratch_cgroup(container_id),
+    )
     runtime.create_container(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
     )

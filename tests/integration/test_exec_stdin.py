@@ -24,6 +24,7 @@ from tests.support.containerd import (
     PrivateContainerd,
     all_threads_stopped,
     find_shim_pid,
+    scratch_cgroup,
     stopped_process,
 )
 from tests.support.wait import wait_for
@@ -39,7 +40,14 @@ def sleeper(
 ) -> Iterator[tuple[str, int]]:
     """A running container: its id and its shim's pid."""
     container_id = f"stdin-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=False, hostname=container_id)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=False,
+        hostname=container_id,
+        cgroups_path=scratch_cgroup(container_id),
+    )
     runtime.create_container(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
     )

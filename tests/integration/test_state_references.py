@@ -41,6 +41,7 @@ from tests.integration.test_state_move import (
     suspended,
     wait_manifest_gone,
 )
+from tests.support.containerd import scratch_cgroup
 from tests.support.pools import IMAGE, Cluster, LocalNode, Start, node_of, start_operator
 from tests.support.registry import Registry
 from tests.support.wait import wait_for
@@ -234,7 +235,12 @@ def test_removing_a_committed_images_name_keeps_what_a_snapshots_name_holds(
     start from it after containerd's garbage collection."""
     cid = "committed"
     spec = default_spec(
-        ["sh", "-c", "echo kept > /kept; sleep 1000"], [], "/", host_network=True, hostname=cid
+        ["sh", "-c", "echo kept > /kept; sleep 1000"],
+        [],
+        "/",
+        host_network=True,
+        hostname=cid,
+        cgroups_path=scratch_cgroup(cid),
     )
     rt.create_container(
         ContainerSpec(id=cid, image=NODE_IMAGE, oci_spec=spec, labels={}), timeout=10
@@ -253,7 +259,14 @@ def test_removing_a_committed_images_name_keeps_what_a_snapshots_name_holds(
     rt.collect_garbage(timeout=30)
 
     fork = "fork"
-    spec = default_spec(["sleep", "1000"], [], "/", host_network=True, hostname=fork)
+    spec = default_spec(
+        ["sleep", "1000"],
+        [],
+        "/",
+        host_network=True,
+        hostname=fork,
+        cgroups_path=scratch_cgroup(fork),
+    )
     rt.create_container(
         ContainerSpec(id=fork, image=shot_name, oci_spec=spec, labels={}), timeout=10
     )

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,17 @@ NAMESPACE = "sandlot-test"
 CRUN_HANDLER = "crun"
 RUNC_RUNTIME_TYPE = "io.containerd.runc.v2"
 HYBRID_V2_MOUNT = "/sys/fs/cgroup/unified"
+
+SCRATCH_CGROUP_PARENT = "/sandlot-scratch"
+
+
+def scratch_cgroup(name: str) -> str:
+    """A cgroup path of its own for a container a test or benchmark runs directly:
+    every containerd on the host shares one cgroup tree, the same test runs beside
+    itself against each containerd version, and runc refuses to create a task in a
+    cgroup another container has frozen."""
+    return f"{SCRATCH_CGROUP_PARENT}/{name}-{uuid.uuid4().hex[:8]}"
+
 
 LINE_OS = "1.6"
 """The release line of the OS package: binaries from PATH."""

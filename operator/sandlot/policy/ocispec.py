@@ -224,7 +224,7 @@ def default_spec(
     hostname: str,
     user: tuple[int, int] = (0, 0),
     additional_gids: Sequence[int] = (),
-    cgroups_path: str | None = None,
+    cgroups_path: str,
     capabilities: Sequence[str] = DEFAULT_CAPABILITIES,
     privileged: bool = False,
     readonly_root: bool = False,
@@ -242,8 +242,9 @@ def default_spec(
     namespace at level ``privileged`` may ask for it.
 
     ``host_network`` leaves out the network namespace (the container shares the
-    node's). ``cgroups_path`` defaults to ``/sandlot/<hostname>``. ``env`` gets a
-    default ``PATH`` when it sets none.
+    node's). ``cgroups_path`` names the container's cgroup: one per container, since
+    runc refuses to create a task in a cgroup another container has frozen. ``env``
+    gets a default ``PATH`` when it sets none.
     """
     if not args:
         raise ValueError("a container needs a command (args is empty)")
@@ -261,7 +262,7 @@ def default_spec(
     }
     linux: dict[str, Any] = {
         "namespaces": namespaces,
-        "cgroupsPath": cgroups_path if cgroups_path is not None else cgroups_path_for(hostname),
+        "cgroupsPath": cgroups_path,
         "resources": resources,
     }
     if not privileged:
