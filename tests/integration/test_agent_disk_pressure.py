@@ -33,8 +33,15 @@ IMAGE = "docker.io/sandlot/disk-busybox:test"
 SIZE = 2**30
 HIGH, LOW = 50.0, 40.0
 DEADLINE = 300.0  # seconds: writes, evictions and collections on a busy machine
-# Writes until the disk is full (or it is evicted), then stays.
-WRITE_FOREVER = ["sh", "-c", "busybox dd if=/dev/zero of=/big bs=1M 2>/dev/null; sleep 3600"]
+# Writes without end: a full disk only pauses it. A writer that stopped at the
+# first ENOSPC would, once the other is evicted and its layer removed, sit under
+# the high watermark for good, and rightly never be evicted.
+WRITE_FOREVER = [
+    "sh",
+    "-c",
+    "i=0; while :; do busybox dd if=/dev/zero of=/big$i bs=1M 2>/dev/null;"
+    " i=$((i+1)); sleep 0.5; done",
+]
 
 
 def _used_fraction(path: Path) -> float:
