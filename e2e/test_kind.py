@@ -76,8 +76,13 @@ if REASON is not None:
 pytestmark = [pytest.mark.kind, pytest.mark.xdist_group("kind")]
 
 IMAGE = "sandlot:e2e"
-# Sandboxes join the pod network (kindnet) through the node's CNI plugins.
-KIND_VALUES = merged(VALUES, {"agent": {"privileged": True, "cni": {"mount": True}}})
+# Sandboxes join the pod network (kindnet) through the node's CNI plugins; kindnet's
+# host-local keeps its allocations in a dataDir of its own.
+IPAM_STATE_DIRS = ["/var/lib/cni", "/run/cni-ipam-state"]
+KIND_VALUES = merged(
+    VALUES,
+    {"agent": {"privileged": True, "cni": {"mount": True, "stateDirs": IPAM_STATE_DIRS}}},
+)
 
 
 class KindCluster(Cluster):
@@ -114,7 +119,7 @@ class KindCluster(Cluster):
     def ip_allocations(self, node: str) -> set[str]:
         out = run(
             "docker", "exec", node, "sh", "-c",
-            "ls /var/lib/cni/networks/*/ 2>/dev/null || true",
+            "ls /var/lib/cni/networks/*/ /run/cni-ipam-state/*/ 2>/dev/null || true",
         )  # fmt: skip
         return {f for f in out.split() if f[:1].isdigit()}
 

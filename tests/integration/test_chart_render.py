@@ -205,6 +205,27 @@ def test_every_optional_feature_renders(helm: Path) -> None:
     assert {"cni-conf", "cni-bin"} <= names
 
 
+def test_every_ipam_state_dir_is_the_nodes_writable_at_its_own_path(helm: Path) -> None:
+    """The agent runs the network's IPAM plugins: each directory they keep allocations
+    in (host-local's default, or a dataDir such as kindnet's) is the node's own,
+    writable, at the path the network's configuration names."""
+    dirs = ["/var/lib/cni", "/run/cni-ipam-state"]
+    values = ("--set", "agent.privileged=true,agent.cni.mount=true")
+    listed = ("--set-json", f"agent.cni.stateDirs={json.dumps(dirs)}")
+    for args, wanted in (((*values,), dirs[:1]), ((*values, *listed), dirs)):
+        (ds,) = by_kind(render(helm, *args), "DaemonSet")
+        pod = ds["spec"]["template"]["spec"]
+        host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+        mounts = {
+            m["mountPath"]: m
+            for m in pod["containers"][0]["volumeMounts"]
+            if m["name"].startswith("cni-state")
+        }
+        assert sorted(mounts) == sorted(wanted), mounts
+        for path, mount in mounts.items():
+            assert host[mount["name"]] == path and not mount.get("readOnly"), mount
+
+
 def _exported_metric_names() -> set[str]:
     registry = CollectorRegistry()
     OperatorMetrics(registry)
@@ -263,6 +284,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
             "agent.runtimes.gvisor.runscConfig",
         ),
         ({"agent": {"runtimes": {"gvisor": {"install": "yes"}}}}, "agent.runtimes.gvisor.install"),
+        ({"agent": {"cni": {"stateDirs": ["run/cni-ipam-state"]}}}, "agent.cni.stateDirs"),
     ],
     ids=[
         "duration-without-unit-syntax",
@@ -284,6 +306,7 @@ def test_dashboard_and_alerts_use_only_metrics_the_programs_export(helm: Path) -
         "runtimes-dir-relative",
         "runsc-flag-with-a-quote",
         "gvisor-install-not-a-boolean",
+        "cni-state-dir-relative",
     ],
 )
 def test_bad_values_are_refused_naming_the_value(
