@@ -20,6 +20,10 @@ paced rows' rate and count come from the bare burst. Between rows the operator i
 started again and the pool refilled (and grown to hold the paced minute), so each
 row starts on a warm pool.
 
+- on paper: the claims/s one operator replica sustains where the API server takes
+  1,000 writes/s, from the writes a claim costs (every party's, the burst until the
+  pool is refilled: ``bench/apicost.py``) and the operator's CPU a claim, naming the
+  first limit;
 - the SDK's ``claim()`` to first ``run()`` p50, ``--sdk-rounds`` rounds on a warm
   pool of ``--sdk-pool`` on one real node (a real agent, the stream gateway and a
   private containerd: ``bench/claimsdk.py``), after the rows above, with the
@@ -46,15 +50,17 @@ from typing import Any
 from kubernetes import watch
 from tests.support.operator import Fleet
 
+from bench.apicost import ClaimCosts, api_writes
 from bench.claims import POOL, WATCH_SECONDS, FirstSeen, bare_bind, create, load_average, pct
 from bench.claimsdk import measure_sdk, sdk_row
-from bench.nodehealth import Bench
+from bench.nodehealth import Bench, cpu_seconds
 from sandlot.adapters.objects import Objects
 from sandlot.api import GROUP, VERSION
 from sandlot.api.common import CLAIMS
 from sandlot.api.keys import POOL_LABEL
 
 RATIO_TARGET = 0.9
+API_WRITES_PER_SECOND = 1000  # the API server's rate the on-paper row assumes
 P99_RATIO_TARGET = 2.0  # paced claims' p99 through the operator / the bare writes' p99
 SPEC = {"image": "example.test/busybox:1", "terminationGracePeriodSeconds": 0}
 
@@ -66,6 +72,7 @@ class PlayedAgents:
     def __init__(self, bench: Bench, threads: int = 8) -> None:
         self.bench = bench
         self._started: set[str] = set()
+        self.count = 0  # members set Running (the bench's own writes)
         self._addresses = itertools.count(1)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="played-agent")
         self._watch = watch.Watch()
@@ -97,6 +104,7 @@ class PlayedAgents:
                 continue
             if (sb.get("status") or {}).get("phase") == "Scheduled":
                 self._started.add(name)
+                self.count += 1
                 self._pool.submit(self._start, name, next(self._addresses))
 
     def _start(self, name: str, n: int) -> None:
@@ -209,8 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             create(bench, CLAIMS, "SandboxClaim", f"burst-{i}", {"poolName": POOL})
             return bound.wait(f"burst-{i}", 300)
 
+        writes0, cpu0, started0 = api_writes(bench.api), cpu_seconds(op.proc.pid), agents.count
         operator_rate = burst(args.claims, args.senders, burst_one)
         members = wait_warm(bench, args.pool, warm_timeout(args.pool))
+        costs = ClaimCosts(
+            args.claims,
+            api_writes(bench.api) - writes0,
+            args.claims + agents.count - started0,
+            cpu_seconds(op.proc.pid) - cpu0,
+        )
         op.stop()
         targets = sorted(members.items())
 
@@ -282,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{count} claims over {args.seconds:g} s at {rate:.1f}/s (sent {sent:.1f}/s, "
               f"bare {bare_sent:.1f}/s): operator p50 {p50:.1f} / p99 {p99:.1f} ms, "
               f"bare p50 {bare_p50:.1f} / p99 {bare_p99:.1f} ms")  # fmt: skip
+    sustained, limit = costs.on_paper(API_WRITES_PER_SECOND)
+    bench.row(f"claims/s on paper, one replica, API server at {API_WRITES_PER_SECOND:,} "
+              "writes/s", sustained, "-", True,
+              f"first limit: {limit}; writes a claim, burst to pool refilled: "
+              f"{costs.writes_per_claim:.2f} ({costs.operator_writes_per_claim:.2f} the "
+              f"operator's: {costs.breakdown()}); operator CPU "
+              f"{costs.cpu_per_claim * 1000:.2f} ms a claim")  # fmt: skip
     if sdk is not None:
         sdk_row(bench, *sdk, args.sdk_pool)
     else:
