@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections import Counter
 from datetime import datetime, timedelta
@@ -271,3 +272,21 @@ def test_a_pool_over_the_operators_limit_keeps_that_many_and_says_so_once() -> N
     w.step()
     assert len(w.members(pool)) == 10
     assert w.objects.pools[pool]["status"].get("cappedAt") is None
+
+
+def test_a_pass_judges_each_node_once_however_many_members_it_holds() -> None:
+    """A pass runs on every member event, so over a large pool its cost per member is
+    what a burst of claims pays: a node's readiness is judged once a pass, not once a
+    member."""
+    w = WorkloadWorld()
+    w.node("a", capacity=12)
+    w.node("b", capacity=12)
+    pool = w.pool("web", replicas=20)
+    w.step()
+    _start_members(w, pool, crash_after=None)
+    w.step()
+    judged: list[str] = []
+    ready = w.pools.node_ready
+    w.pools.node_ready = lambda name: judged.append(name) or ready(name)
+    asyncio.run(w.pools.reconcile(pool))  # one pass
+    assert sorted(judged) == ["a", "b"], f"one pass over 20 members judged {judged}"

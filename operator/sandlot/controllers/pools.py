@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -306,7 +307,9 @@ class PoolController:
         if pool.deleting:
             return None
         now = self.clock()
-        judged = [_member(m, pool.template_hash, self.node_ready) for m in members]
+        # One judgment per node a pass: a pool's members share a few nodes.
+        node_ready = functools.cache(self.node_ready)
+        judged = [_member(m, pool.template_hash, node_ready) for m in members]
         replicas = min(pool.replicas, self.max_replicas)
         decision = decide_pool(
             replicas,

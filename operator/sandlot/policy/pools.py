@@ -178,6 +178,13 @@ def _cheapest_first(members: Iterable[Member]) -> list[Member]:
     return sorted(by_newest, key=_surplus_rank)
 
 
+def _surplus(members: list[Member], replicas: int) -> list[Member]:
+    """The members beyond ``replicas``, cheapest to lose first; no sort when there are
+    none (a pass over a large pool runs on every member event)."""
+    extra = len(members) - replicas
+    return _cheapest_first(members)[:extra] if extra > 0 else []
+
+
 def failure_chain(members: list[Member]) -> list[Member]:
     """The failed members in a row, newest first; a newer member that runs breaks it."""
     ended = sorted(
@@ -227,8 +234,7 @@ def _roll(
     new = [m for m in live if m.current]
     old = [m for m in live if not m.current]
     if not old:
-        surplus = _cheapest_first(new)[: max(len(new) - replicas, 0)]
-        return max(replicas - len(new), 0), surplus
+        return max(replicas - len(new), 0), _surplus(new, replicas)
     surge = scaled(rollout.max_surge, replicas, round_up=True)
     unavailable = scaled(rollout.max_unavailable, replicas, round_up=False)
     if surge == 0 and unavailable == 0:
@@ -243,8 +249,7 @@ def _roll(
         elif m.name in available and budget > 0:
             old_out.append(m)
             budget -= 1
-    new_out = _cheapest_first(new)[: max(len(new) - replicas, 0)]
-    return create, old_out + new_out
+    return create, old_out + _surplus(new, replicas)
 
 
 def decide_pool(
