@@ -287,6 +287,11 @@ def test_a_pass_judges_each_node_once_however_many_members_it_holds() -> None:
     w.step()
     judged: list[str] = []
     ready = w.pools.node_ready
-    w.pools.node_ready = lambda name: judged.append(name) or ready(name)
+
+    def judging(name: str) -> bool:
+        judged.append(name)
+        return ready(name)
+
+    w.pools.node_ready = judging
     asyncio.run(w.pools.reconcile(pool))  # one pass
     assert sorted(judged) == ["a", "b"], f"one pass over 20 members judged {judged}"
