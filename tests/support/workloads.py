@@ -76,6 +76,7 @@ class WorkloadWorld:
             queue_clock=self.clock.monotonic,
             clock=self.clock.now,
             node_ready=self.scheduler.node_ready,
+            pass_rest=0.0,  # a step runs every pass due; the rest is tested on the queue
         )
         self.created = self.clock.now() - timedelta(hours=1)
         self._delivered: dict[str, str] = {}

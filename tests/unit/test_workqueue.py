@@ -507,3 +507,49 @@ def test_a_running_queue_reconciles_a_key_at_its_deadline_once() -> None:
         return seen
 
     assert run(scenario()) == ["soon", "late"]
+
+
+def test_a_resting_key_added_meanwhile_runs_once_when_its_rest_ends() -> None:
+    clock = FakeClock()
+    rec = Recorder()
+    q = WorkQueue("test", rec, clock=clock.monotonic, rest=0.05)
+    q.add("pool")
+    assert run(q.run_until_idle()) == ["pool"]
+    for _ in range(10):  # a storm of events right after a pass
+        q.add("pool")
+    q.add("other")
+    assert run(q.run_until_idle()) == ["other"], "the pool rests; other keys do not wait"
+    assert q.due_at("pool") == clock.monotonic() + 0.05
+    clock.advance(0.049)
+    assert run(q.run_until_idle()) == []
+    clock.advance(0.001)
+    assert run(q.run_until_idle()) == ["pool"], "the storm's adds make one run"
+    clock.advance(1.0)
+    q.add("pool")
+    assert run(q.run_until_idle()) == ["pool"], "after its rest a key runs at once"
+    assert rec.calls == ["pool", "other", "pool", "pool"]
+
+
+def test_a_key_added_while_it_runs_runs_again_after_its_rest() -> None:
+    clock = FakeClock()
+    calls: list[str] = []
+    q: WorkQueue
+
+    async def reconcile(key: str) -> float | None:
+        calls.append(key)
+        if len(calls) == 1:
+            q.add(key)  # an event while the pass runs
+        return None
+
+    q = WorkQueue("test", reconcile, clock=clock.monotonic, rest=0.05)
+    q.add("pool")
+    assert run(q.run_until_idle()) == ["pool"]
+    assert q.due_at("pool") == clock.monotonic() + 0.05
+    clock.advance(0.05)
+    assert run(q.run_until_idle()) == ["pool"]
+    assert calls == ["pool", "pool"]
+
+
+def test_a_negative_rest_is_refused() -> None:
+    with pytest.raises(ValueError, match="rest must be >= 0"):
+        WorkQueue("test", Recorder(), rest=-1.0)

@@ -72,6 +72,13 @@ EventPoster = Callable[[Mapping[str, Any], str, str, str], None]
 RETRY_AFTER_ERROR = 2.0
 RETRY_CAP = 60.0
 WRITE_CONCURRENCY = 8
+PASS_REST = 0.05
+"""Seconds a pool rests after a pass before the next: a pass judges every member,
+and in a burst of claims member events come faster than passes end. Back to back,
+a 500-member pool's passes took most of the operator's CPU (py-spy, ``--gil``,
+``bench/claims.py --burst``) from the claims' own binding; resting, a storm of
+events costs at most 20 passes a second, and a replacement starts at most this
+much later. Claims bind from members already warm, never waiting on a pass."""
 BACKOFF = Backoff()
 
 
@@ -222,6 +229,7 @@ class PoolController:
         clock: Callable[[], datetime] = utcnow,
         node_ready: Callable[[str], bool] = lambda _: True,
         max_replicas: int = 1000,
+        pass_rest: float = PASS_REST,
     ) -> None:
         self.api = api
         self.max_replicas = max_replicas
@@ -245,6 +253,7 @@ class PoolController:
             backoff_start=RETRY_AFTER_ERROR,
             backoff_cap=RETRY_CAP,
             observe=metrics.pool_reconcile_seconds.observe,
+            rest=pass_rest,
         )
         self._writes = asyncio.Semaphore(WRITE_CONCURRENCY)
         cache.listeners.append(self.on_sandbox)

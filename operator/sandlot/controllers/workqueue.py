@@ -19,6 +19,11 @@ queue owns everything around that, so no controller repeats it:
 - ``held`` (or ``hold`` and ``release``) defers what another controller's urgent
   writes set off for a key until they are done (a given time at most): it then
   runs once;
+- ``rest`` (seconds; 0 by default) spaces a key's runs: one added within ``rest``
+  of its last run's end starts then, once, with everything added meanwhile. For a
+  controller whose pass costs in proportion to what it holds and whose events
+  come in storms (a pool of a thousand members during a burst of claims): its
+  passes then take a bounded share of the process, not all of it;
 - watch threads hand work over with ``add_threadsafe`` / ``call_threadsafe``.
 
 Time comes from an injected ``clock`` (monotonic seconds). Deadlines wait in a
@@ -65,7 +70,10 @@ class WorkQueue:
         backoff_start: float = 1.0,
         backoff_cap: float = 60.0,
         observe: Callable[[float], None] | None = None,
+        rest: float = 0.0,
     ) -> None:
+        if rest < 0:
+            raise ValueError(f"rest must be >= 0 seconds, got {rest}")
         if not 0 < backoff_start <= backoff_cap:
             raise ValueError(
                 f"backoff_start must be > 0 and <= backoff_cap, got {backoff_start} > {backoff_cap}"
@@ -77,6 +85,8 @@ class WorkQueue:
         self.backoff_start = backoff_start
         self.backoff_cap = backoff_cap
         self.observe = observe
+        self.rest = rest
+        self._resting: dict[str, float] = {}  # key -> when its rest after a run ends
         self._ready: deque[str] = deque()
         self._queued: set[str] = set()  # in _ready, or waiting for its run to finish
         self._processing: set[str] = set()
@@ -95,9 +105,14 @@ class WorkQueue:
     # -- adding work ---------------------------------------------------------------
 
     def add(self, key: str) -> None:
-        """Queue ``key`` now (once, however often it is added)."""
+        """Queue ``key`` now (once, however often it is added), or when its rest ends."""
         if key in self._queued:
             return
+        if (until := self._resting.get(key)) is not None:
+            if until > self.clock():
+                self.add_after(key, until - self.clock())
+                return
+            del self._resting[key]
         self._queued.add(key)
         self._make_ready(key)
 
@@ -137,6 +152,7 @@ class WorkQueue:
         """The key's object is gone: drop its pending deadline and its backoff."""
         self._due.pop(key, None)
         self._failures.pop(key, None)
+        self._resting.pop(key, None)
 
     @contextmanager
     def held(self, key: str, limit: float) -> Iterator[None]:
@@ -282,7 +298,12 @@ class WorkQueue:
                 self.add_after(key, requeue_after)
         finally:
             self._processing.discard(key)
-            if key in self._queued:
+            if self.rest > 0:
+                self._resting[key] = self.clock() + self.rest
+                if key in self._queued:  # added while it ran: once more, after its rest
+                    self._queued.discard(key)
+                    self.add(key)
+            elif key in self._queued:
                 self._make_ready(key)  # added while it ran: once more, now
             if self.observe is not None and started is not None:
                 self.observe(time.perf_counter() - started)
