@@ -28,6 +28,7 @@ from websockets.sync.client import ClientConnection
 
 from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.adapters.streamlisten import bound_port
 from sandlot.gateway.server import Gateway, Refusal
 from sandlot.policy.router import (
     DOWNLOAD,
@@ -102,9 +103,7 @@ class RouterServer:
 
     @property
     def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the router is not listening")
-        return int(self._server.server_address[1])
+        return bound_port(self._server, "the router")
 
     def start(self) -> None:
         router = self

@@ -44,11 +44,12 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 from websockets.sync.client import ClientConnection, connect
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import Server, ServerConnection
 from websockets.typing import Subprotocol
 
 from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name, peer_dns_names
-from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.adapters.startup import setting_name
+from sandlot.adapters.streamlisten import CLOSE_TIMEOUT, MAX_MESSAGE, bound_port, listen_for_streams
 from sandlot.policy.agentcerts import agent_server_name, certified_node
 from sandlot.policy.sessioncaps import (
     SessionCaps,
@@ -83,9 +84,7 @@ from sandlot.policy.streams import (
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1 << 20
 END = bytes([STATUS])  # a status frame's first byte
-CLOSE_TIMEOUT = 2.0
 
 DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
     "/apis": api_group_list,
@@ -212,32 +211,21 @@ class Gateway:
 
     @property
     def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the gateway is not listening")
-        return int(self._server.socket.getsockname()[1])
+        return bound_port(self._server, "the gateway")
 
     def start(self) -> None:
-        try:
-            self._server = serve(
-                self._relay,
-                self.bind or "",  # "": every address
-                self.requested_port,
-                ssl=self._server_tls,
-                process_request=self._admit,
-                process_response=self._answered,
-                create_connection=self._connection_class(),
-                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                compression=None,
-                max_size=MAX_MESSAGE,
-                open_timeout=self.call_timeout,
-                close_timeout=CLOSE_TIMEOUT,
-            )
-        except OSError as e:
-            where = f"{self.bind or '*'}:{self.requested_port}"
-            raise cannot_listen(
-                f"{setting_name('port')} / {setting_name('bind')}", where, e
-            ) from None
-        threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
+        self._server = listen_for_streams(
+            self._relay,
+            bind=self.bind,
+            port=self.requested_port,
+            tls=self._server_tls,
+            open_timeout=self.call_timeout,
+            process_request=self._admit,
+            process_response=self._answered,
+            create_connection=self._connection_class(),
+            settings=f"{setting_name('port')} / {setting_name('bind')}",
+            thread="gateway",
+        )
         log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
 
     def serve_tls(self, ctx: ssl.SSLContext) -> None:
