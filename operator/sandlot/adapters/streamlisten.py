@@ -1,18 +1,21 @@
-"""The listening socket both stream servers open, the agent's (its node's sandboxes)
-and the gateway's (the API server's front proxy): one websocket configuration for
-the channel protocol they both speak, a bind that fails naming the settings behind
-it, and a thread that serves it."""
+"""The listening sockets of sandlot's TLS servers: the agent's stream server (its
+node's sandboxes), the gateway (the API server's front proxy) and the gateway's
+router. ``TlsListener`` is what the three hold alike; ``listen_for_streams`` is the
+one websocket configuration of the channel protocol the first two both speak, a
+bind that fails naming the settings behind it, and a thread that serves it."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, Protocol, TypeVar
 
 from websockets.http11 import Request, Response
 from websockets.sync.server import Server, ServerConnection, serve
 
+from sandlot.adapters.mtls import hand_new_connections_to
 from sandlot.adapters.startup import cannot_listen
 from sandlot.policy.streams import SUBPROTOCOL
 
@@ -20,6 +23,44 @@ MAX_MESSAGE = 1 << 20
 """Bytes of one websocket message at most, either way."""
 CLOSE_TIMEOUT = 2.0
 """Seconds a closing connection waits for the other side's close."""
+
+
+class Listening(Protocol):
+    @property
+    def socket(self) -> socket.socket: ...
+
+
+L = TypeVar("L", bound=Listening)
+
+
+class TlsListener(Generic[L]):
+    """What sandlot's TLS listeners (the agent's stream server, the gateway and its
+    router) have alike: the address they are asked for, the port they got once
+    started, and their serving TLS, which ``serve_tls`` replaces for the connections
+    accepted from then on."""
+
+    listening_as = "the server"
+    """Who is not listening yet, in the error ``port`` raises before ``start()``."""
+
+    def __init__(self, *, bind: str, port: int, server_tls: ssl.SSLContext) -> None:
+        self.bind = bind
+        self.requested_port = port
+        self._server_tls = server_tls
+        self._server: L | None = None
+
+    @property
+    def port(self) -> int:
+        """The port bound; ``RuntimeError`` before ``start()``."""
+        if self._server is None:
+            raise RuntimeError(f"{self.listening_as} is not listening")
+        return int(self._server.socket.getsockname()[1])
+
+    def serve_tls(self, ctx: ssl.SSLContext) -> None:
+        """Serve connections accepted from now on with ``ctx`` (a new certificate, or
+        a changed set of trusted front-proxy CAs); open connections keep theirs."""
+        self._server_tls = ctx
+        if self._server is not None:
+            hand_new_connections_to(self._server.socket, ctx)
 
 
 def listen_for_streams(
@@ -59,12 +100,10 @@ def listen_for_streams(
     return server
 
 
-def bound_port(server: Any, what: str) -> int:
-    """The port ``server`` (a websockets or ``socketserver`` server) listens on;
-    ``RuntimeError`` naming ``what`` before it listens."""
-    if server is None:
-        raise RuntimeError(f"{what} is not listening")
-    return int(server.socket.getsockname()[1])
-
-
-__all__ = ["CLOSE_TIMEOUT", "MAX_MESSAGE", "bound_port", "listen_for_streams"]
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "MAX_MESSAGE",
+    "Listening",
+    "TlsListener",
+    "listen_for_streams",
+]

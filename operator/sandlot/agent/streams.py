@@ -36,7 +36,7 @@ from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.adapters.startup import StartupError, setting_name
-from sandlot.adapters.streamlisten import bound_port, listen_for_streams
+from sandlot.adapters.streamlisten import TlsListener, listen_for_streams
 from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
 from sandlot.agent.execsession import ExecSession, idle_past
 from sandlot.agent.executors import Executors
@@ -97,8 +97,10 @@ class _FollowIdle(Exception):
     """A log follow sent nothing for the idle timeout."""
 
 
-class StreamServer:
+class StreamServer(TlsListener[Server]):
     """Serves this node's sandboxes' logs and execs; ``start()`` binds, ``shutdown()`` ends."""
+
+    listening_as = "the stream server"
 
     def __init__(
         self,
@@ -124,6 +126,7 @@ class StreamServer:
         tls_files: ReloadingTls | None = None,
         identity: StreamIdentity | None = None,
     ) -> None:
+        super().__init__(bind=bind, port=port, server_tls=tls)
         self.node = node
         # Each sandbox's executor, which runs its commands when it has one.
         self.executors = executors
@@ -150,27 +153,19 @@ class StreamServer:
         # certificate when the current one is due (``stream_tls_request``).
         self.tls_files = tls_files
         self.identity = identity
-        self._tls = tls
         self.client_names = client_names
-        self.bind = bind
-        self.requested_port = port
         self._sandbox = sandbox
         self.log_dir = Path(log_dir) if log_dir else None
         self._execs = execs
         self.call_timeout = call_timeout
         self._stop = stop
-        self._server: Server | None = None
-
-    @property
-    def port(self) -> int:
-        return bound_port(self._server, "the stream server")
 
     def start(self) -> None:
         self._server = listen_for_streams(
             self._session,
             bind=self.bind,
             port=self.requested_port,
-            tls=self._tls,
+            tls=self._server_tls,
             open_timeout=self.open_timeout,
             process_request=self._admit,
             process_response=self._answered,

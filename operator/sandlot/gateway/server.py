@@ -47,9 +47,14 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import Server, ServerConnection
 from websockets.typing import Subprotocol
 
-from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name, peer_dns_names
+from sandlot.adapters.mtls import peer_common_name, peer_dns_names
 from sandlot.adapters.startup import setting_name
-from sandlot.adapters.streamlisten import CLOSE_TIMEOUT, MAX_MESSAGE, bound_port, listen_for_streams
+from sandlot.adapters.streamlisten import (
+    CLOSE_TIMEOUT,
+    MAX_MESSAGE,
+    TlsListener,
+    listen_for_streams,
+)
 from sandlot.policy.agentcerts import agent_server_name, certified_node
 from sandlot.policy.sessioncaps import (
     SessionCaps,
@@ -178,8 +183,10 @@ def _not_certified(node: str) -> str:
     )
 
 
-class Gateway:
+class Gateway(TlsListener[Server]):
     """``start()`` listens; ``shutdown()`` ends it and every open stream."""
+
+    listening_as = "the gateway"
 
     def __init__(
         self,
@@ -195,9 +202,7 @@ class Gateway:
         idle_timeout: float = 900.0,
         on_stream: Callable[[str, str], None] = lambda kind, outcome: None,
     ) -> None:
-        self.bind = bind
-        self.requested_port = port
-        self._server_tls = server_tls
+        super().__init__(bind=bind, port=port, server_tls=server_tls)
         self._agent_tls = agent_tls
         self._requestheader = requestheader
         self._backends = backends
@@ -207,11 +212,6 @@ class Gateway:
         self._on_stream = on_stream
         self._opened: dict[int, _Opened] = {}
         self._lock = threading.Lock()
-        self._server: Server | None = None
-
-    @property
-    def port(self) -> int:
-        return bound_port(self._server, "the gateway")
 
     def start(self) -> None:
         self._server = listen_for_streams(
@@ -227,13 +227,6 @@ class Gateway:
             thread="gateway",
         )
         log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
-
-    def serve_tls(self, ctx: ssl.SSLContext) -> None:
-        """Serve connections accepted from now on with ``ctx`` (a new certificate, or
-        a changed set of trusted front-proxy CAs); open streams keep theirs."""
-        self._server_tls = ctx
-        if self._server is not None:
-            hand_new_connections_to(self._server.socket, ctx)
 
     def shutdown(self) -> None:
         if self._server is not None:
