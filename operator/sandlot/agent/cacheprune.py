@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -39,25 +40,18 @@ def gc_status_patch(result: GcResult) -> dict[str, Any]:
     return {"gc": gc}
 
 
+@dataclass(eq=False)
 class CacheUpkeep:
     """The automatic GC pass and CachePrune answers of one node."""
 
-    def __init__(
-        self,
-        objects: Objects,
-        node: str,
-        prune_watch: WatchCache,
-        collector: ImageCollector,
-        clock: Callable[[], datetime],
-    ) -> None:
-        self.objects = objects
-        self.node = node
-        self.prune_watch = prune_watch
-        self.collector = collector
-        self._clock = clock
-        # The watch shows an answer only once its event is back: until then this set
-        # keeps a request from running twice. Bounded by the requests that exist.
-        self.answered: set[str] = set()
+    objects: Objects
+    node: str
+    prune_watch: WatchCache
+    collector: ImageCollector
+    clock: Callable[[], datetime]
+    # The watch shows an answer only once its event is back: until then this set
+    # keeps a request from running twice. Bounded by the requests that exist.
+    answered: set[str] = field(default_factory=set, init=False)
 
     def record_gc(self, result: GcResult) -> None:
         if not result.ran:
@@ -89,11 +83,11 @@ class CacheUpkeep:
             return {
                 "pass": answer.pass_kind,
                 "error": answer.error,
-                "completedAt": rfc3339(self._clock()),
+                "completedAt": rfc3339(self.clock()),
             }
         result = self.collector.run(answer.pass_kind)
         self.record_gc(result)
-        return result.to_prune_result(self._clock()).wire()
+        return result.to_prune_result(self.clock()).wire()
 
 
 __all__ = ["CacheUpkeep", "gc_status_patch"]

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from sandlot.adapters.containerd.execs import Execs
@@ -59,35 +60,27 @@ def idle_past(last_activity: float, now: float, idle: float) -> bool:
     return now - last_activity >= idle
 
 
+@dataclass(eq=False)
 class ExecSession:
     """Runs ``request`` in ``container_id`` for ``connection`` (a websockets sync
     server connection). ``run()`` returns when the command and the stream ended."""
 
-    def __init__(
-        self,
-        connection: Any,
-        execs: Execs,
-        container_id: str,
-        request: StreamRequest,
-        *,
-        call_timeout: float,
-        stopping: Callable[[], bool],
-        idle: float,
-        executors: Executors | None = None,
-    ) -> None:
-        self.connection = connection
-        self.execs = execs
-        self.executors = executors
-        self.container_id = container_id
-        self.request = request
-        self.call_timeout = call_timeout
-        self.stopping = stopping
-        self._send_lock = threading.Lock()
-        self._gone = threading.Event()
-        self.idle = idle
-        self._last_activity = time.monotonic()  # a float store: atomic, any thread may
-        self._timed_out = False
-        self._broken: str | None = None  # why the command had to be ended, if it had
+    connection: Any
+    execs: Execs
+    container_id: str
+    request: StreamRequest
+    _: KW_ONLY
+    call_timeout: float
+    stopping: Callable[[], bool]
+    idle: float
+    executors: Executors | None = None
+    _send_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+    _gone: threading.Event = field(default_factory=threading.Event, init=False)
+    # A float store: atomic, any thread may.
+    _last_activity: float = field(default_factory=time.monotonic, init=False)
+    _timed_out: bool = field(default=False, init=False)
+    _broken: str | None = field(default=None, init=False)
+    """Why the command had to be ended, if it had."""
 
     def send(self, message: bytes) -> None:
         with self._send_lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sandlot.adapters.logfiles import fifo_stems, log_files, remove
@@ -23,23 +24,15 @@ from sandlot.policy.sandboxlogs import LogPlan, plan_logs
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class SandboxLogs:
-    def __init__(
-        self,
-        writer: LogWriter | None,
-        rt: Runtime,
-        call_timeout: float,
-        node: str,
-        sandboxes: WatchCache,
-        passes: Callable[[], object],
-    ) -> None:
-        self.writer = writer
-        self.passes = passes
-        self.rt = rt
-        self.call_timeout = call_timeout
-        self.node = node
-        self.sandboxes = sandboxes
-        """The node's Sandboxes, as the sync watches them."""
+    writer: LogWriter | None
+    rt: Runtime
+    call_timeout: float
+    node: str
+    sandboxes: WatchCache
+    """The node's Sandboxes, as the sync watches them."""
+    passes: Callable[[], object]
 
     def _kept(self) -> frozenset[str] | None:
         """The uids whose logs stay; None until the watch has listed."""

@@ -30,12 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from websockets.protocol import State
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import Server, ServerConnection
 
 from sandlot.adapters.containerd.execs import Execs, open_execs
 from sandlot.adapters.mtls import ReloadingTls, peer_common_name, server_context
 from sandlot.adapters.sandboxwatch import WatchCache
-from sandlot.adapters.startup import StartupError, cannot_listen, setting_name
+from sandlot.adapters.startup import StartupError, setting_name
+from sandlot.adapters.streamlisten import TlsListener, listen_for_streams
 from sandlot.agent.containerfiles import ContainerPort, ContainerRoot
 from sandlot.agent.execsession import ExecSession, idle_past
 from sandlot.agent.executors import Executors
@@ -63,7 +64,6 @@ from sandlot.policy.streams import (
     STATUS,
     STREAM_ID_HEADER,
     STREAM_OPTIONS_HEADER,
-    SUBPROTOCOL,
     StreamRequest,
     StreamRequestError,
     encode_frame,
@@ -75,13 +75,11 @@ from sandlot.policy.streamslots import Admission, StreamSlots, admission_wait
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1 << 20
 # TLS and upgrade of one connection: long enough for a loaded node (a containerd call's
 # deadline is not: the gateway, which waits longer, read a dropped socket as a failure),
 # short enough that a client that stalls its handshake holds a thread only this long.
 HANDSHAKE_TIMEOUT = 10.0
 EXEC_FIFOS = "exec"  # under state_dir: the node's shim opens an exec's FIFOs there
-CLOSE_TIMEOUT = 2.0  # seconds a closing connection waits for the client's side
 # Stream ids taken, kept past any retry of their upgrade (the gateway tries once more
 # at once), at most this many.
 STREAM_IDS_KEPT_FOR = 60.0
@@ -99,8 +97,10 @@ class _FollowIdle(Exception):
     """A log follow sent nothing for the idle timeout."""
 
 
-class StreamServer:
+class StreamServer(TlsListener[Server]):
     """Serves this node's sandboxes' logs and execs; ``start()`` binds, ``shutdown()`` ends."""
+
+    listening_as = "the stream server"
 
     def __init__(
         self,
@@ -126,6 +126,7 @@ class StreamServer:
         tls_files: ReloadingTls | None = None,
         identity: StreamIdentity | None = None,
     ) -> None:
+        super().__init__(bind=bind, port=port, server_tls=tls)
         self.node = node
         # Each sandbox's executor, which runs its commands when it has one.
         self.executors = executors
@@ -152,44 +153,26 @@ class StreamServer:
         # certificate when the current one is due (``stream_tls_request``).
         self.tls_files = tls_files
         self.identity = identity
-        self._tls = tls
         self.client_names = client_names
-        self.bind = bind
-        self.requested_port = port
         self._sandbox = sandbox
         self.log_dir = Path(log_dir) if log_dir else None
         self._execs = execs
         self.call_timeout = call_timeout
         self._stop = stop
-        self._server: Server | None = None
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the stream server is not listening")
-        return int(self._server.socket.getsockname()[1])
 
     def start(self) -> None:
-        try:
-            self._server = serve(
-                self._session,
-                self.bind or "",  # "": every address
-                self.requested_port,
-                process_request=self._admit,
-                process_response=self._answered,
-                create_connection=self._connection_class(),
-                ssl=self._tls,
-                open_timeout=self.open_timeout,
-                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                compression=None,
-                max_size=MAX_MESSAGE,
-                close_timeout=CLOSE_TIMEOUT,
-            )
-        except OSError as e:
-            settings = f"{setting_name('stream_port')} / {setting_name('stream_bind')}"
-            where = f"{self.bind or '*'}:{self.requested_port}"
-            raise cannot_listen(settings, where, e) from None
-        threading.Thread(target=self._server.serve_forever, name="streams", daemon=True).start()
+        self._server = listen_for_streams(
+            self._session,
+            bind=self.bind,
+            port=self.requested_port,
+            tls=self._server_tls,
+            open_timeout=self.open_timeout,
+            process_request=self._admit,
+            process_response=self._answered,
+            create_connection=self._connection_class(),
+            settings=f"{setting_name('stream_port')} / {setting_name('stream_bind')}",
+            thread="streams",
+        )
         log.info("stream server listening on %s:%d", self.bind or "*", self.port)
 
     def sessions(self, key: str) -> int:

@@ -51,13 +51,12 @@ COMPAT_SANDBOXES = "sandboxes"
 CATEGORIES = ("agent-sandbox",)
 
 
-def face_crd(kind: str, plural: str, singular: str, group: str, **more: Any) -> CrdInfo:
+def face_crd(kind: str, plural: str, group: str, **more: Any) -> CrdInfo:
     """One of agent-sandbox's kinds as sandlot serves it: namespaced, in that
     project's category, at its version, in ``group``."""
     return CrdInfo(
         kind=kind,
         plural=plural,
-        singular=singular,
         scope="Namespaced",
         categories=CATEGORIES,
         group=group,
@@ -114,7 +113,6 @@ class SandboxTemplate(Resource):
     crd = face_crd(
         kind="SandboxTemplate",
         plural=TEMPLATES,
-        singular="sandboxtemplate",
         short_names=("sandboxtemplate",),
         group=EXTENSIONS_GROUP,
     )
@@ -162,7 +160,6 @@ class SandboxWarmPool(Resource):
     crd = face_crd(
         kind="SandboxWarmPool",
         plural=WARM_POOLS,
-        singular="sandboxwarmpool",
         short_names=("swp",),
         columns=(
             PrinterColumn("Ready", ".status.readyReplicas", "integer"),
@@ -245,7 +242,6 @@ class SandboxClaim(Resource):
     crd = face_crd(
         kind="SandboxClaim",
         plural=COMPAT_CLAIMS,
-        singular="sandboxclaim",
         short_names=("sandboxclaim",),
         columns=(
             PrinterColumn("Sandbox", ".status.sandbox.name"),
@@ -282,7 +278,6 @@ class Sandbox(Resource):
     crd = face_crd(
         kind="Sandbox",
         plural=COMPAT_SANDBOXES,
-        singular="sandbox",
         columns=(
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             AGE_COLUMN,

@@ -86,7 +86,6 @@ class CachePrune(Resource):
     crd = CrdInfo(
         kind="CachePrune",
         plural=CACHEPRUNES,
-        singular="cacheprune",
         scope="Cluster",
         columns=(
             PrinterColumn("Target", ".spec.target"),

@@ -93,7 +93,6 @@ class SandboxClaim(Resource):
     crd = CrdInfo(
         kind="SandboxClaim",
         plural=CLAIMS,
-        singular="sandboxclaim",
         scope="Namespaced",
         short_names=("sbclaim",),
         columns=(

@@ -164,7 +164,6 @@ class CrdInfo:
 
     kind: str
     plural: str
-    singular: str
     scope: Literal["Namespaced", "Cluster"]
     short_names: tuple[str, ...] = ()
     columns: tuple[PrinterColumn, ...] = ()
@@ -176,6 +175,11 @@ class CrdInfo:
     # Another API's kinds served by sandlot (sandlot.api.agentsandbox) name their own.
     group: str = GROUP
     version: str = VERSION
+
+    @property
+    def singular(self) -> str:
+        """The kind in lower case, as the API server defaults it."""
+        return self.kind.lower()
 
 
 class Resource(Model):

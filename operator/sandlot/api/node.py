@@ -287,7 +287,6 @@ class SandboxNode(Resource):
     crd = CrdInfo(
         kind="SandboxNode",
         plural=NODES,
-        singular="sandboxnode",
         scope="Cluster",
         short_names=("snode",),
         columns=(

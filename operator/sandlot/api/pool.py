@@ -163,7 +163,6 @@ class SandboxPool(Resource):
     crd = CrdInfo(
         kind="SandboxPool",
         plural=POOLS,
-        singular="sandboxpool",
         scope="Namespaced",
         short_names=("sbpool",),
         columns=(

@@ -490,7 +490,6 @@ class Sandbox(Resource):
     crd = CrdInfo(
         kind="Sandbox",
         plural=SANDBOXES,
-        singular="sandbox",
         scope="Namespaced",
         short_names=("sb",),
         columns=(

@@ -103,7 +103,6 @@ class SandboxSnapshot(Resource):
     crd = CrdInfo(
         kind="SandboxSnapshot",
         plural=SNAPSHOTS,
-        singular="sandboxsnapshot",
         scope="Namespaced",
         short_names=("sbsnap",),
         columns=(

@@ -10,23 +10,21 @@ import argparse
 from typing import Any
 
 from sandlot.agent.settings import AgentSettings
-from sandlot.cli.options import add_settings_flags, settings_from
+from sandlot.cli.options import add_program, settings_from
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
+    parser = add_program(
+        sub,
         "agent",
-        help="run the node agent: heartbeat, sandboxes, teardown, reaper, image GC",
+        AgentSettings,
+        run_agent,
+        summary="run the node agent: heartbeat, sandboxes, teardown, reaper, image GC",
         description="Run this node's agent against its containerd and the cluster.",
     )
     parser.add_argument(
         "--node", dest="node_name", default=None, help="this node's name (same as --node-name)"
     )
-    parser.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)"
-    )
-    add_settings_flags(parser, AgentSettings)
-    parser.set_defaults(func=run_agent)
 
 
 def run_agent(args: argparse.Namespace) -> int:

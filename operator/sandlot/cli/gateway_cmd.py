@@ -10,22 +10,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sandlot.cli.options import add_settings_flags, settings_from
+from sandlot.cli.options import add_program, settings_from
 from sandlot.gateway.settings import GatewaySettings
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser(
+    add_program(
+        sub,
         "gateway",
-        help="run the stream gateway (sandboxes/log and sandboxes/exec behind the API server)",
+        GatewaySettings,
+        run_gateway,
+        summary="run the stream gateway (sandboxes/log and sandboxes/exec behind the API server)",
         description="Serve the aggregated API subresources.sandlot.dev and relay each "
         "stream to the sandbox's node agent over mutual TLS.",
     )
-    parser.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig (default: in-cluster, then $KUBECONFIG)"
-    )
-    add_settings_flags(parser, GatewaySettings)
-    parser.set_defaults(func=run_gateway)
 
 
 def run_gateway(args: argparse.Namespace) -> int:

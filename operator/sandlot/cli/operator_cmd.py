@@ -6,21 +6,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sandlot.cli.options import add_settings_flags, settings_from
+from sandlot.cli.options import add_program, settings_from
 from sandlot.controllers.settings import OperatorSettings
 
 
 def register(sub: Any) -> None:
-    op = sub.add_parser(
+    add_program(
+        sub,
         "operator",
-        help="run the operator (node health, scheduling, pools)",
+        OperatorSettings,
+        run,
+        summary="run the operator (node health, scheduling, pools)",
         description="Every flag can also be set by its SANDLOT_* environment variable.",
     )
-    op.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)"
-    )
-    add_settings_flags(op, OperatorSettings)
-    op.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -75,6 +75,26 @@ def add_settings_flags(parser: argparse.ArgumentParser, model: type[BaseModel]) 
             )
         else:
             parser.add_argument(flag_name(name), dest=name, default=None, help=help_text)
+
+
+def add_program(
+    sub: Any,
+    name: str,
+    model: type[BaseModel],
+    run: Callable[[argparse.Namespace], int],
+    *,
+    summary: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """The command ``name`` of a program that runs in the cluster (``run`` it): its
+    ``--kubeconfig``, then a flag per setting of ``model``."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=description)
+    parser.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then $KUBECONFIG)"
+    )
+    add_settings_flags(parser, model)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def _show(value: Any) -> str:

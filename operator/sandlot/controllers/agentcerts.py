@@ -13,7 +13,7 @@ import kopf
 
 from sandlot.adapters.agentcerts import AgentCsrSigner
 from sandlot.api.keys import AGENT_SIGNER
-from sandlot.controllers.ownwork import BackgroundLoops
+from sandlot.controllers.kopfhandlers import run_while_operating
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,6 @@ def register(
     registry: kopf.OperatorRegistry, signer: AgentCsrSigner, leading: Callable[[], bool]
 ) -> None:
     """Add the handlers answering sandlot's CertificateSigningRequests to ``registry``."""
-    loops = BackgroundLoops()
 
     async def answer(body: Any) -> None:
         if not leading():
@@ -59,13 +58,7 @@ def register(
             for body in pending:
                 await answer(body)
 
-    @kopf.on.startup(registry=registry)
-    async def agent_csr_sweep(**_: Any) -> None:
-        loops.start(sweep())
-
-    @kopf.on.cleanup(registry=registry)
-    async def agent_csr_stop(**_: Any) -> None:
-        await loops.stop()
+    run_while_operating(registry, sweep, name="agent_csr_sweep")
 
 
 __all__ = ["register"]

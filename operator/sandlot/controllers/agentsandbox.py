@@ -62,6 +62,7 @@ from sandlot.api.keys import AGENT_SANDBOX_SPEC_ANNOTATION
 from sandlot.api.reasons import AgentSandboxReason as Reason
 from sandlot.api.reasons import ConditionType
 from sandlot.api.timestamps import utcnow
+from sandlot.controllers.kopfhandlers import OnEvent, forward_events
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.controllers.workqueue import WorkQueue
 from sandlot.policy.agentsandbox import (
@@ -496,24 +497,13 @@ class AgentSandboxController:
 def register(registry: kopf.OperatorRegistry, controller: AgentSandboxController) -> None:
     """Watch-only handlers: agent-sandbox's kinds, and sandlot's pools and claims
     (kopf serves both handlers of a kind from one watch)."""
-    version = AGENT_SANDBOX_VERSION
-
-    @kopf.on.event(EXTENSIONS_GROUP, version, TEMPLATES, registry=registry)
-    async def template_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_template(kwargs.get("type"), body)
-
-    @kopf.on.event(EXTENSIONS_GROUP, version, WARM_POOLS, registry=registry)
-    async def warm_pool_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_warm_pool(kwargs.get("type"), body)
-
-    @kopf.on.event(EXTENSIONS_GROUP, version, COMPAT_CLAIMS, registry=registry)
-    async def compat_claim_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_claim(kwargs.get("type"), body)
-
-    @kopf.on.event(GROUP, VERSION, POOLS, registry=registry)
-    async def sandlot_pool_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_pool(kwargs.get("type"), body)
-
-    @kopf.on.event(GROUP, VERSION, CLAIMS, registry=registry)
-    async def sandlot_claim_event(body: kopf.Body, **kwargs: Any) -> None:
-        controller.on_sandlot_claim(kwargs.get("type"), body)
+    extensions = (EXTENSIONS_GROUP, AGENT_SANDBOX_VERSION)
+    watched: tuple[tuple[str, tuple[str, str, str], OnEvent], ...] = (
+        ("template_event", (*extensions, TEMPLATES), controller.on_template),
+        ("warm_pool_event", (*extensions, WARM_POOLS), controller.on_warm_pool),
+        ("compat_claim_event", (*extensions, COMPAT_CLAIMS), controller.on_claim),
+        ("agent_sandbox_pool_event", (GROUP, VERSION, POOLS), controller.on_pool),
+        ("agent_sandbox_claim_event", (GROUP, VERSION, CLAIMS), controller.on_sandlot_claim),
+    )
+    for name, resource, on_event in watched:
+        forward_events(registry, resource, on_event, name=name)

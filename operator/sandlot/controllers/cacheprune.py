@@ -16,7 +16,6 @@ deleting one never waits for the operator. Only the leader acts.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -30,7 +29,8 @@ from sandlot.api.cacheprune import CachePrune, CachePrunePhase, CachePruneStatus
 from sandlot.api.common import CACHEPRUNES, GROUP, NODES, VERSION
 from sandlot.api.node import NodePhase
 from sandlot.api.timestamps import utcnow
-from sandlot.controllers.ownwork import BackgroundLoops, CoalescedRuns
+from sandlot.controllers.kopfhandlers import resync_while_operating
+from sandlot.controllers.ownwork import CoalescedRuns
 from sandlot.policy.cacheprune import TERMINAL_PRUNE_PHASES, NodeReach, PruneDecision, decide
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,6 @@ class CachePruneController:
     def kick(self, name: str) -> None:
         """Reconcile ``name`` soon; coalesces while one reconcile of it runs."""
         self.runs.kick(name)
-
-    async def resync(self, interval: float = RESYNC_SECONDS) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            if self.leading():
-                self.kick_open()
 
     # -- the work (synchronous: runs in a thread) ---------------------------------
 
@@ -155,7 +149,6 @@ def register(
 ) -> CachePruneController:
     """Add the CachePrune handlers to ``registry``."""
     controller = CachePruneController(objects, lease_namespace, leading)
-    loops = BackgroundLoops()
 
     @kopf.on.event(GROUP, VERSION, CACHEPRUNES, registry=registry)
     async def cacheprune_event(body: kopf.Body, **kwargs: Any) -> None:
@@ -165,13 +158,9 @@ def register(
     async def cacheprune_node_event(**_: Any) -> None:
         controller.kick_open()
 
-    @kopf.on.startup(registry=registry)
-    async def cacheprune_resync(**_: Any) -> None:
-        loops.start(controller.resync())
-
-    @kopf.on.cleanup(registry=registry)
-    async def cacheprune_stop(**_: Any) -> None:
-        await loops.stop()
+    resync_while_operating(
+        registry, controller.kick_open, leading, interval=RESYNC_SECONDS, name="cacheprune_resync"
+    )
 
     return controller
 

@@ -22,6 +22,7 @@ from sandlot.api.keys import (
     NODE_HEALTH_FINALIZER,
 )
 from sandlot.controllers import agentcerts, cacheprune, snapshots, taintlabels
+from sandlot.controllers.kopfhandlers import forward_events
 from sandlot.controllers.nodehealth import NodeHealthController
 from sandlot.controllers.settings import OperatorSettings
 from sandlot.controllers.workloads import Workloads
@@ -98,13 +99,12 @@ def build_registry(
 
     register_kopf(registry, connection)
 
-    # Both handlers are coroutines on purpose: kopf runs a plain function in a
-    # thread, where ``on_node`` would change the node cache while a pass on the
-    # loop iterates it, and ``enqueue`` would touch an asyncio queue off its loop.
-    @kopf.on.event(GROUP, VERSION, "sandboxnodes", registry=registry)
-    async def node_event(body: kopf.Body, **kwargs: Any) -> None:
-        nodehealth.on_node(kwargs.get("type"), body)
+    forward_events(
+        registry, (GROUP, VERSION, "sandboxnodes"), nodehealth.on_node, name="node_event"
+    )
 
+    # A coroutine, as forward_events' handlers are: kopf runs a plain function in a
+    # thread, where ``enqueue`` would touch an asyncio queue off its loop.
     @kopf.timer(
         GROUP,
         VERSION,

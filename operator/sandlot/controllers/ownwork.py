@@ -1,16 +1,14 @@
 """Work some controllers run on their own, beside the work queue: per-key runs that
 coalesce (CachePrune requests, SandboxSnapshots: a reconcile is a few blocking API
 calls, run in a thread, and a burst of events about one object costs one run more
-at most, never one per event), and loops that live from kopf's start-up to its
-clean-up (their resyncs, the agent-certificate sweep)."""
+at most, never one per event). Their resync loops live from kopf's start-up to
+its clean-up (``kopfhandlers.run_while_operating``)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 
 class CoalescedRuns:
@@ -63,21 +61,4 @@ class CoalescedRuns:
             self._running.discard(key)
 
 
-class BackgroundLoops:
-    """Loops started by a kopf start-up handler and ended by its clean-up handler."""
-
-    def __init__(self) -> None:
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self, loop: Coroutine[Any, Any, None]) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(loop))
-
-    async def stop(self) -> None:
-        """Cancel each loop and wait until it has ended."""
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
-__all__ = ["BackgroundLoops", "CoalescedRuns"]
+__all__ = ["CoalescedRuns"]

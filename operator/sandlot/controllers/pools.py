@@ -50,6 +50,7 @@ from sandlot.api.keys import POOL_LABEL
 from sandlot.api.reasons import EventReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import rfc3339, utcnow
+from sandlot.controllers.kopfhandlers import forward_events
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.routing import PoolRef, Router, ServiceTaken
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -453,6 +454,4 @@ class PoolController:
 
 
 def register(registry: kopf.OperatorRegistry, pools: PoolController) -> None:
-    @kopf.on.event(GROUP, VERSION, POOLS, registry=registry)
-    async def pool_event(body: kopf.Body, **kwargs: Any) -> None:
-        pools.on_pool(kwargs.get("type"), body)
+    forward_events(registry, (GROUP, VERSION, POOLS), pools.on_pool, name="pool_event")

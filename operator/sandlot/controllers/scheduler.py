@@ -61,6 +61,7 @@ from sandlot.api.placement import Taint
 from sandlot.api.reasons import ConditionType, ScheduledReason, SnapshotReason
 from sandlot.api.sandbox import SandboxPhase
 from sandlot.api.timestamps import utcnow
+from sandlot.controllers.kopfhandlers import forward_events
 from sandlot.controllers.liveness import LivenessView
 from sandlot.controllers.metrics import WorkloadMetrics
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
@@ -541,10 +542,9 @@ def _prebound_pending(rec: SandboxRecord) -> bool:
 
 
 def register(registry: kopf.OperatorRegistry, scheduler: Scheduler) -> None:
-    @kopf.on.event(GROUP, VERSION, NODES, registry=registry)
-    async def scheduler_node_event(body: kopf.Body, **kwargs: Any) -> None:
-        scheduler.on_node(kwargs.get("type"), body)
-
-    @kopf.on.event("", "v1", KUBE_NODES, registry=registry)
-    async def scheduler_kube_node_event(body: kopf.Body, **kwargs: Any) -> None:
-        scheduler.on_kube_node(kwargs.get("type"), body)
+    forward_events(
+        registry, (GROUP, VERSION, NODES), scheduler.on_node, name="scheduler_node_event"
+    )
+    forward_events(
+        registry, ("", "v1", KUBE_NODES), scheduler.on_kube_node, name="scheduler_kube_node_event"
+    )

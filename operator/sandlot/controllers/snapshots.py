@@ -17,7 +17,6 @@ leader acts; every write carries the resourceVersion read.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -38,7 +37,8 @@ from sandlot.api.common import (
 from sandlot.api.keys import SNAPSHOT_FINALIZER
 from sandlot.api.reasons import SnapshotReason
 from sandlot.api.snapshot import TERMINAL_SNAPSHOT_PHASES, SnapshotPhase
-from sandlot.controllers.ownwork import BackgroundLoops, CoalescedRuns
+from sandlot.controllers.kopfhandlers import resync_while_operating
+from sandlot.controllers.ownwork import CoalescedRuns
 from sandlot.controllers.sandboxes import SandboxCache, SandboxRecord
 from sandlot.policy.snapshots import (
     SnapshotDecision,
@@ -88,12 +88,9 @@ class SnapshotController:
     def kick(self, key: str) -> None:
         self.runs.kick(key)
 
-    async def resync(self, interval: float = RESYNC_SECONDS) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            if self.leading():
-                for key in list(self.open):
-                    self.kick(key)
+    def kick_open(self) -> None:
+        for key in list(self.open):
+            self.kick(key)
 
     # -- the work (synchronous: runs in a thread) ---------------------------------
 
@@ -169,7 +166,6 @@ def register(
     controller = SnapshotController(objects, leading)
     if sandboxes is not None:
         sandboxes.listeners.append(controller.on_sandbox)
-    loops = BackgroundLoops()
 
     @kopf.on.event(GROUP, VERSION, SNAPSHOTS, registry=registry)
     async def snapshot_event(body: kopf.Body, **kwargs: Any) -> None:
@@ -178,13 +174,9 @@ def register(
         for listener in listeners:
             listener(event, body)
 
-    @kopf.on.startup(registry=registry)
-    async def snapshot_resync(**_: Any) -> None:
-        loops.start(controller.resync())
-
-    @kopf.on.cleanup(registry=registry)
-    async def snapshot_stop(**_: Any) -> None:
-        await loops.stop()
+    resync_while_operating(
+        registry, controller.kick_open, leading, interval=RESYNC_SECONDS, name="snapshot_resync"
+    )
 
     return controller
 

@@ -26,8 +26,9 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
-from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name
+from sandlot.adapters.mtls import peer_common_name
 from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.adapters.streamlisten import TlsListener
 from sandlot.gateway.server import Gateway, Refusal
 from sandlot.policy.router import (
     DOWNLOAD,
@@ -76,9 +77,11 @@ CHUNK = 256 << 10
 WORKDIR_TTL = 300.0  # seconds a sandbox's working directory is remembered
 
 
-class RouterServer:
+class RouterServer(TlsListener[ThreadingHTTPServer]):
     """``start()`` listens; ``shutdown()`` ends it. ``claim_env(namespace, sandbox)``
     is the environment its claim gives every command (``{}`` when none)."""
+
+    listening_as = "the router"
 
     def __init__(
         self,
@@ -90,21 +93,12 @@ class RouterServer:
         claim_env: Callable[[str, str], Mapping[str, str]],
         call_timeout: float,
     ) -> None:
+        super().__init__(bind=bind, port=port, server_tls=server_tls)
         self.gateway = gateway
-        self.bind = bind
-        self.requested_port = port
-        self._server_tls = server_tls
         self.claim_env = claim_env
         self.call_timeout = call_timeout
         self._workdirs: dict[tuple[str, str], tuple[float, str]] = {}
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the router is not listening")
-        return int(self._server.server_address[1])
 
     def start(self) -> None:
         router = self
@@ -125,11 +119,6 @@ class RouterServer:
         self._server = server
         threading.Thread(target=server.serve_forever, name="router", daemon=True).start()
         log.info("agent-sandbox router listening on %s:%d", self.bind or "*", self.port)
-
-    def serve_tls(self, ctx: ssl.SSLContext) -> None:
-        self._server_tls = ctx
-        if self._server is not None:
-            hand_new_connections_to(self._server.socket, ctx)
 
     def shutdown(self) -> None:
         if self._server is not None:

@@ -44,11 +44,17 @@ from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.http11 import Request, Response
 from websockets.sync.client import ClientConnection, connect
-from websockets.sync.server import Server, ServerConnection, serve
+from websockets.sync.server import Server, ServerConnection
 from websockets.typing import Subprotocol
 
-from sandlot.adapters.mtls import hand_new_connections_to, peer_common_name, peer_dns_names
-from sandlot.adapters.startup import cannot_listen, setting_name
+from sandlot.adapters.mtls import peer_common_name, peer_dns_names
+from sandlot.adapters.startup import setting_name
+from sandlot.adapters.streamlisten import (
+    CLOSE_TIMEOUT,
+    MAX_MESSAGE,
+    TlsListener,
+    listen_for_streams,
+)
 from sandlot.policy.agentcerts import agent_server_name, certified_node
 from sandlot.policy.sessioncaps import (
     SessionCaps,
@@ -83,9 +89,7 @@ from sandlot.policy.streams import (
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1 << 20
 END = bytes([STATUS])  # a status frame's first byte
-CLOSE_TIMEOUT = 2.0
 
 DISCOVERY: dict[str, Callable[[], dict[str, Any]]] = {
     "/apis": api_group_list,
@@ -179,8 +183,10 @@ def _not_certified(node: str) -> str:
     )
 
 
-class Gateway:
+class Gateway(TlsListener[Server]):
     """``start()`` listens; ``shutdown()`` ends it and every open stream."""
+
+    listening_as = "the gateway"
 
     def __init__(
         self,
@@ -196,9 +202,7 @@ class Gateway:
         idle_timeout: float = 900.0,
         on_stream: Callable[[str, str], None] = lambda kind, outcome: None,
     ) -> None:
-        self.bind = bind
-        self.requested_port = port
-        self._server_tls = server_tls
+        super().__init__(bind=bind, port=port, server_tls=server_tls)
         self._agent_tls = agent_tls
         self._requestheader = requestheader
         self._backends = backends
@@ -208,44 +212,21 @@ class Gateway:
         self._on_stream = on_stream
         self._opened: dict[int, _Opened] = {}
         self._lock = threading.Lock()
-        self._server: Server | None = None
-
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the gateway is not listening")
-        return int(self._server.socket.getsockname()[1])
 
     def start(self) -> None:
-        try:
-            self._server = serve(
-                self._relay,
-                self.bind or "",  # "": every address
-                self.requested_port,
-                ssl=self._server_tls,
-                process_request=self._admit,
-                process_response=self._answered,
-                create_connection=self._connection_class(),
-                subprotocols=[SUBPROTOCOL],  # type: ignore[list-item]
-                compression=None,
-                max_size=MAX_MESSAGE,
-                open_timeout=self.call_timeout,
-                close_timeout=CLOSE_TIMEOUT,
-            )
-        except OSError as e:
-            where = f"{self.bind or '*'}:{self.requested_port}"
-            raise cannot_listen(
-                f"{setting_name('port')} / {setting_name('bind')}", where, e
-            ) from None
-        threading.Thread(target=self._server.serve_forever, name="gateway", daemon=True).start()
+        self._server = listen_for_streams(
+            self._relay,
+            bind=self.bind,
+            port=self.requested_port,
+            tls=self._server_tls,
+            open_timeout=self.call_timeout,
+            process_request=self._admit,
+            process_response=self._answered,
+            create_connection=self._connection_class(),
+            settings=f"{setting_name('port')} / {setting_name('bind')}",
+            thread="gateway",
+        )
         log.info("stream gateway listening on %s:%d", self.bind or "*", self.port)
-
-    def serve_tls(self, ctx: ssl.SSLContext) -> None:
-        """Serve connections accepted from now on with ``ctx`` (a new certificate, or
-        a changed set of trusted front-proxy CAs); open streams keep theirs."""
-        self._server_tls = ctx
-        if self._server is not None:
-            hand_new_connections_to(self._server.socket, ctx)
 
     def shutdown(self) -> None:
         if self._server is not None:

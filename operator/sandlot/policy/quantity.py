@@ -19,18 +19,9 @@ _SUFFIXES: dict[str, Decimal] = {
     "n": Decimal("1e-9"),
     "u": Decimal("1e-6"),
     "m": Decimal("1e-3"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
+    # k = 10^3, M = 10^6 ... E = 10^18; Ki = 2^10, Mi = 2^20 ... Ei = 2^60.
+    **{prefix: Decimal(10) ** (3 * i) for i, prefix in enumerate("kMGTPE", start=1)},
+    **{f"{prefix}i": Decimal(2) ** (10 * i) for i, prefix in enumerate("KMGTPE", start=1)},
 }
 _QUANTITY = re.compile(
     r"(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"

@@ -11,8 +11,6 @@ set -euo pipefail
 build_name=build-control-plane
 source "$(dirname "${BASH_SOURCE[0]}")/gobuild.sh"
 
-KUBE_VERSION="${KUBE_VERSION:-1.36.3}"
-ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 out="$(kube_cache_dir)"
 cached_or_continue "$out" "$out/kube-apiserver" "$out/etcd" "$out/kubectl"
 

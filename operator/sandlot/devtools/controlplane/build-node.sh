@@ -9,8 +9,6 @@ set -euo pipefail
 build_name=build-node
 source "$(dirname "${BASH_SOURCE[0]}")/gobuild.sh"
 
-KUBE_VERSION="${KUBE_VERSION:-1.36.3}"
-ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
 out="$(kube_cache_dir)"
 programs=(kube-scheduler kubelet)
 cached_or_continue "$out" "${programs[@]/#/$out/}"

@@ -8,6 +8,11 @@
 
 cache_root="${SANDLOT_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/sandlot}"
 
+# The Kubernetes and etcd releases the control plane's and the nodes' builds take
+# (devtools/controlplane/__init__.py names the same defaults).
+KUBE_VERSION="${KUBE_VERSION:-1.36.3}"
+ETCD_VERSION="${ETCD_VERSION:-3.6.16}"
+
 # The directory the Kubernetes binaries share: one per Kubernetes and etcd release.
 kube_cache_dir() {
   echo "$cache_root/controlplane/k8s-v${KUBE_VERSION}-etcd-v${ETCD_VERSION}"
