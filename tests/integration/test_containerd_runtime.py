@@ -122,6 +122,22 @@ def test_image_config_comes_from_the_image(runtime: ContainerdRuntime, busybox_i
     assert any(e.startswith("PATH=") for e in config.env)
 
 
+def test_an_image_name_moved_to_other_content_gives_that_contents_config(
+    runtime: ContainerdRuntime, image_factory: ImageFactory
+) -> None:
+    """Manifests and configs are kept by digest; the image's record is read on every
+    call, so a name that now points at other content is read as that content."""
+    name = image_factory("docker.io/sandlot/moved:1", salt="moved-a", cmd=["/bin/echo", "a"])
+    assert runtime.image_config(name, timeout=10).cmd == ("/bin/echo", "a")
+    runtime.delete_image(name, timeout=10)
+    image_factory(name, salt="moved-b", cmd=["/bin/echo", "b"])
+    try:
+        assert runtime.image_config(name, timeout=10).cmd == ("/bin/echo", "b")
+        assert runtime.image_config(name, timeout=10).cmd == ("/bin/echo", "b")
+    finally:
+        runtime.delete_image(name, timeout=10)
+
+
 def test_started_task_runs_and_logs_to_its_file(runtime: ContainerdRuntime, run_container) -> None:
     began = time.monotonic()
     container_id, task, log_path = run_container("run", ["sh", "-c", "echo hi; sleep 1000"])
