@@ -24,14 +24,17 @@ from typing import Any
 
 from kubernetes import client
 
+from sandlot.adapters.mergepatch import MergePatcher
+
 CALL_TIMEOUT = 10.0
 
 
-def namespace_metadata(api: client.ApiClient, name: str) -> tuple[dict[str, str], dict[str, str]]:
-    """The labels and the annotations of Namespace ``name``, from one read (raises the
-    API's exception when unreadable)."""
-    ns: Any = client.CoreV1Api(api).read_namespace(name, _request_timeout=CALL_TIMEOUT)
-    return dict(ns.metadata.labels or {}), dict(ns.metadata.annotations or {})
+def namespace_metadata(patcher: MergePatcher, name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The labels and the annotations of Namespace ``name``, from one lean read (raises
+    the API's exception when unreadable)."""
+    ns = patcher.read("api", "v1", "namespaces", name, timeout=CALL_TIMEOUT)
+    meta = ns.get("metadata") or {}
+    return dict(meta.get("labels") or {}), dict(meta.get("annotations") or {})
 
 
 def namespace_annotations(api: client.ApiClient, name: str) -> dict[str, str]:

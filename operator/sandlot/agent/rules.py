@@ -68,7 +68,7 @@ class NamespaceRules:
         self.settings = settings
         self.objects = objects
         self._clock = clock
-        self._read_namespace = read or (lambda ns: namespace_metadata(self.objects.api, ns))
+        self._read_namespace = read or (lambda ns: namespace_metadata(self.objects.patcher, ns))
         self._read: dict[str, tuple[float, DefaultLimits | None]] = {}
 
     def defaults_of(self, sandboxes: Iterable[Mapping[str, Any]]) -> dict[str, DefaultLimits]:
