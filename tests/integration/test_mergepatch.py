@@ -124,6 +124,7 @@ def test_a_lean_read_gives_the_namespaces_labels_and_annotations(
     labels, annotations = namespace_metadata(patcher, fleet.namespace)
 
     generated = core.read_namespace(fleet.namespace).metadata
+    assert generated is not None
     assert (labels, annotations) == (generated.labels, generated.annotations)
     assert labels["example.com/read"] == "lean" and annotations["a"] == "b"
     with pytest.raises(ApiException) as raised:

@@ -74,7 +74,8 @@ class MergePatcher:
         return self._answer(send(self.api, "GET", self._url(segments), headers, None, timeout))
 
     def _url(self, segments: tuple[str, ...]) -> str:
-        return self.api.configuration.host + "/" + "/".join(quote(s, safe="") for s in segments)
+        host: str = self.api.configuration.host
+        return host + "/" + "/".join(quote(s, safe="") for s in segments)
 
     @staticmethod
     def _answer(resp: Any) -> dict[str, Any]:
