@@ -17,6 +17,9 @@ from pathlib import Path
 import pytest
 
 from sandlot.adapters.containerd import ContainerdRuntime
+from sandlot.adapters.containerd.connection import Connection
+from sandlot.adapters.containerd.images import Images
+from sandlot.adapters.deadline import Deadline
 from sandlot.adapters.runtime import (
     ContainerSpec,
     NotFound,
@@ -120,6 +123,44 @@ def test_image_config_comes_from_the_image(runtime: ContainerdRuntime, busybox_i
     config = runtime.image_config(busybox_image, timeout=10)
     assert config.cmd == ("/bin/sh",)
     assert any(e.startswith("PATH=") for e in config.env)
+
+
+class CountedReads(Connection):
+    """The real connection, counting the blobs it reads from the content store."""
+
+    def __init__(self, address: str, namespace: str) -> None:
+        super().__init__(address, namespace)
+        self.reads: list[str] = []
+
+    def read_blob(self, digest: str, *, timeout: float, what: str, limit: int) -> bytes:
+        self.reads.append(digest)
+        return super().read_blob(digest, timeout=timeout, what=what, limit=limit)
+
+
+def test_an_images_documents_are_read_once_and_its_record_every_time(
+    containerd: PrivateContainerd, image_factory: ImageFactory
+) -> None:
+    """A start reads its image's config twice (its OCI spec, its snapshot's parent):
+    the manifest and config come from the content store once per digest, while the
+    record is read on every call, so a name moved to other content is read as that."""
+    conn = CountedReads(containerd.address, containerd.namespace)
+    images = Images(conn)
+    name = image_factory("docker.io/sandlot/moved:1", salt="moved-a", cmd=["/bin/echo", "a"])
+    try:
+        assert images.image_config(name, timeout=10).cmd == ("/bin/echo", "a")
+        budget = Deadline(10, expired=RuntimeTimeout)
+        assert images.config_json(name, budget)["rootfs"]["diff_ids"]
+        assert images.image_config(name, timeout=10).cmd == ("/bin/echo", "a")
+        assert len(conn.reads) == 2, conn.reads  # its manifest and its config, once each
+
+        images.delete_image(name, timeout=10)
+        image_factory(name, salt="moved-b", cmd=["/bin/echo", "b"])
+        assert images.image_config(name, timeout=10).cmd == ("/bin/echo", "b")
+        assert len(conn.reads) == 4, conn.reads
+    finally:
+        with contextlib.suppress(NotFound):
+            images.delete_image(name, timeout=10)
+        conn.close()
 
 
 def test_started_task_runs_and_logs_to_its_file(runtime: ContainerdRuntime, run_container) -> None:

@@ -12,6 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.kube import NotLeader, RequestCounter, WriteFence, load_api_client
 from sandlot.adapters.mergepatch import AUTH_REFRESH, MergePatcher
+from sandlot.adapters.nodeguard import namespace_metadata
 from sandlot.adapters.objects import Objects
 from sandlot.devtools.controlplane import ControlPlane
 from tests.support.clock import FakeClock
@@ -108,3 +109,24 @@ def test_credentials_are_read_once_per_refresh_interval(
     assert len(reads) == 2
     assert raised.value.status == 401, "the write did not carry the credentials read afresh"
     assert {fleet.phase(n) for n in names} == {"Running"}
+
+
+def test_a_lean_read_gives_the_namespaces_labels_and_annotations(
+    kube: client.ApiClient, fleet: Fleet
+) -> None:
+    """A start's one read of its namespace (``nodeguard.namespace_metadata``) on the
+    lean path: what the generated client reads, and a missing one is its 404."""
+    core = client.CoreV1Api(kube)
+    body = {"labels": {"example.com/read": "lean"}, "annotations": {"a": "b"}}
+    core.patch_namespace(fleet.namespace, {"metadata": body})
+    patcher = Objects(kube).patcher
+
+    labels, annotations = namespace_metadata(patcher, fleet.namespace)
+
+    generated = core.read_namespace(fleet.namespace).metadata
+    assert generated is not None
+    assert (labels, annotations) == (generated.labels, generated.annotations)
+    assert labels["example.com/read"] == "lean" and annotations["a"] == "b"
+    with pytest.raises(ApiException) as raised:
+        namespace_metadata(patcher, f"{fleet.namespace}-none")
+    assert raised.value.status == 404

@@ -95,7 +95,6 @@ def test_a_committed_image_starts_only_for_its_own_namespace(
 
 
 def _sandbox(image: str) -> dict[str, Any]:
-    """Within the restricted level: the rules read no namespace for it."""
     return {
         "metadata": {"namespace": "team-b", "name": "thief", "uid": "u-2"},
         "spec": {"image": image, "securityContext": {"runAsNonRoot": True, "runAsUser": 1000}},
@@ -104,12 +103,16 @@ def _sandbox(image: str) -> dict[str, Any]:
 
 def test_the_agent_refuses_a_stored_sandbox_naming_a_committed_image() -> None:
     objects = FakeObjects(FakeClock().now)
-    rules = NamespaceRules(AgentSettings(node_name="n"), objects)  # type: ignore[arg-type]
+    rules = NamespaceRules(
+        AgentSettings(node_name="n"),
+        objects,  # type: ignore[arg-type]
+        read=lambda _ns: ({}, {}),
+    )
     with pytest.raises(StartFailed) as caught:
-        rules.checked_spec(_sandbox(snapshot_image_name("uid-of-team-a")))
+        rules.for_start(_sandbox(snapshot_image_name("uid-of-team-a")))
     assert caught.value.reason == SandboxReason.INVALID_IMAGE_NAME
     assert "spec.image" in str(caught.value)
-    assert rules.checked_spec(_sandbox("docker.io/library/busybox:1.36")) is not None
+    assert rules.for_start(_sandbox("docker.io/library/busybox:1.36")) is not None
 
 
 @pytest.mark.parametrize(

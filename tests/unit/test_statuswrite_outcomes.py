@@ -5,6 +5,7 @@ behaviour against the API server is claimed in tests/integration/test_statuswrit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from sandlot.adapters.statuswrite import WriteOutcome, write_status
+from sandlot.agent.status import StatusWriter
 from sandlot.api.sandbox import SandboxPhase
 from tests.support.fakeobjects import FakeObjects
 
@@ -174,3 +176,75 @@ def test_detail_names_the_failure() -> None:
     objects, read = world()
     objects.fail_next("patch-status", api(500))
     assert write_status(objects, read, {"phase": "Dead"}).detail == "500 Boom"
+
+
+# The writer's own watch may already hold a later version of the Sandbox than the one
+# it decided on (the operator's Scheduled write lands while the agent starts it): the
+# write starts from that view, as after the 409 and re-read it would otherwise cost,
+# and only when it is the same object at a later version.
+
+
+def stored_view(objects: FakeObjects) -> dict[str, Any]:
+    return copy.deepcopy(objects.sandboxes[KEY])
+
+
+# name: (what happens, the view handed over (None: the one read), outcome, versions
+# the status patches carried ("read" or "stored"), whether a re-read was made)
+LATEST_CASES: dict[str, tuple[Happening, bool, WriteOutcome, list[str], bool]] = {
+    "later-view-written-at-once": (changed, True, WriteOutcome.WRITTEN, ["stored"], False),
+    "later-view-terminal-skipped-unwritten": (
+        ended_as("Stopped"),
+        True,
+        WriteOutcome.SKIPPED,
+        [],
+        False,
+    ),
+    "same-view-written-as-read": (nothing, False, WriteOutcome.WRITTEN, ["read"], False),
+    "view-behind-the-server-takes-the-conflict": (
+        changed,
+        False,
+        WriteOutcome.WRITTEN,
+        ["read", "stored"],
+        True,
+    ),
+    "view-of-a-recreated-sandbox-unused": (recreated, True, WriteOutcome.GONE, ["read"], True),
+    "view-bound-elsewhere-unused": (rebound, True, WriteOutcome.GONE, ["read"], True),
+}
+
+
+@pytest.mark.parametrize(
+    ("happen", "later", "outcome", "versions", "reread"),
+    LATEST_CASES.values(),
+    ids=list(LATEST_CASES),
+)
+def test_a_later_view_of_the_same_sandbox_spares_the_conflict(
+    happen: Happening, later: bool, outcome: WriteOutcome, versions: list[str], reread: bool
+) -> None:
+    objects, read = world()
+    happen(objects)
+    stored = objects.sandboxes[KEY]["metadata"]["resourceVersion"]
+    latest = stored_view(objects) if later else copy.deepcopy(read)
+    gets: list[str] = []
+    get_sandbox = objects.get_sandbox
+
+    def counted(namespace: str, name: str) -> dict[str, Any]:
+        gets.append(name)
+        return get_sandbox(namespace, name)
+
+    objects.get_sandbox = counted  # type: ignore[method-assign]
+
+    result = write_status(objects, read, {"phase": "Running"}, node="n1", latest=latest)
+
+    assert result.outcome is outcome, result
+    named = {"read": read["metadata"]["resourceVersion"], "stored": stored}
+    assert objects.status_versions == [named[v] for v in versions]
+    assert bool(gets) is reread
+
+
+def test_the_agents_writes_start_from_its_watchs_view() -> None:
+    objects, read = world()
+    changed(objects)  # the operator's Scheduled write, say: the watch has brought it
+    watched = {KEY: stored_view(objects)}
+    writer = StatusWriter(objects, "n1", lambda: T0, latest=watched.get)  # type: ignore[arg-type]
+    assert writer.write(read, {"phase": "Running"}) is WriteOutcome.WRITTEN
+    assert objects.status_versions == [watched[KEY]["metadata"]["resourceVersion"]]

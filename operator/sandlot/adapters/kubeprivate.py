@@ -6,8 +6,8 @@ for a reason given where it is used:
 - ``ApiClient.rest_client.request``: every request of an ``ApiClient`` passes
   through it, so ``kube.load_api_client`` wraps it once (a bound on every call,
   the leader's write fence, the request counter);
-- the same function sends ``MergePatcher``'s merge patches, skipping the
-  generated client's per-call validation on the operator's hot path;
+- the same function sends ``MergePatcher``'s merge patches and reads, skipping
+  the generated client's per-call validation on the hot paths;
 - ``kubernetes.watch.watch.iter_resp_lines`` reads a watch's lines from a raw
   response, so informers never build the generated models;
 - ``ApiClient.sanitize_for_serialization`` turns a generated model into JSON.
@@ -40,11 +40,18 @@ def install_request(api: client.ApiClient, request: Request) -> None:
 
 
 def send(
-    api: client.ApiClient, method: str, url: str, headers: Mapping[str, str], body: Any
+    api: client.ApiClient,
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: Any,
+    timeout: float | None = None,
 ) -> Any:
     """One request on ``api``'s pooled connections (and through whatever wraps them);
-    a JSON ``body`` is serialized once by the REST client. The raw response."""
-    return request_of(api)(method, url, headers=dict(headers), body=body)
+    a JSON ``body`` is serialized once by the REST client; ``timeout`` seconds (None:
+    the client's bound). The raw response."""
+    bound = {"_request_timeout": timeout} if timeout is not None else {}
+    return request_of(api)(method, url, headers=dict(headers), body=body, **bound)
 
 
 def watch_lines(response: Any) -> Iterator[str]:

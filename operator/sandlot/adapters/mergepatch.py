@@ -13,7 +13,9 @@ once by ``json.dumps``, and the credentials read at most once per
 
 What the API server answers is unchanged: a non-2xx answer raises the same
 ``ApiException`` subclass the generated client raises (409 a ``ConflictException``
-with ``.status`` 409), so every caller keeps its rules.
+with ``.status`` 409), so every caller keeps its rules. ``read`` is a GET on the
+same path, for a read a hot path makes every time (a start's Namespace): JSON in,
+a dict out, no generated model built on the way.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class MergePatcher:
         self._auth: dict[str, str] = {}
         self._auth_read: float | None = None
 
-    def _headers(self) -> dict[str, str]:
+    def _headers(self, content_type: str = "application/merge-patch+json") -> dict[str, str]:
         now = self.clock()
         with self._lock:
             if self._auth_read is None or now - self._auth_read >= AUTH_REFRESH:
@@ -57,14 +59,26 @@ class MergePatcher:
             **self.api.default_headers,
             **auth,
             "Accept": "application/json",
-            "Content-Type": "application/merge-patch+json",
+            "Content-Type": content_type,
         }
 
     def patch(self, *segments: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """Merge-patch ``body`` onto ``/segments...`` (each segment quoted); the object."""
-        url = self.api.configuration.host + "/" + "/".join(quote(s, safe="") for s in segments)
         # The REST client serializes a JSON body itself (once, with json.dumps).
-        resp = send(self.api, "PATCH", url, self._headers(), body)
+        return self._answer(send(self.api, "PATCH", self._url(segments), self._headers(), body))
+
+    def read(self, *segments: str, timeout: float | None = None) -> dict[str, Any]:
+        """GET ``/segments...`` (each segment quoted) within ``timeout`` seconds (None:
+        the client's bound); the object."""
+        headers = self._headers("application/json")
+        return self._answer(send(self.api, "GET", self._url(segments), headers, None, timeout))
+
+    def _url(self, segments: tuple[str, ...]) -> str:
+        host: str = self.api.configuration.host
+        return host + "/" + "/".join(quote(s, safe="") for s in segments)
+
+    @staticmethod
+    def _answer(resp: Any) -> dict[str, Any]:
         data = resp.read()
         text = data.decode("utf-8") if isinstance(data, bytes) else str(data)
         if not 200 <= resp.status <= 299:

@@ -17,7 +17,13 @@ re-reads the Sandbox and decides again on what is there now:
   anything else (429, 5xx, no answer at all). Reported, never raised, so a caller
   ending many sandboxes learns which ones are left.
 
-A resourceVersion is opaque: it is sent back as read and never compared as a number.
+A caller that watches the object may hand over its ``latest`` view: when that is the
+same object (uid, node) at a later resourceVersion than the one decided on (ordered
+as ``api.resourceversion`` allows), the write starts from it, as it would after a 409
+and a re-read that found it, without the doomed first attempt and the read (the
+object changed since the decision, so the server holds a later version too). The
+same checks apply to it first. Otherwise a resourceVersion is opaque: it is sent
+back as read and never compared as a number.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
+from sandlot.api.resourceversion import newer
 from sandlot.api.sandbox import TERMINAL_PHASES, SandboxPhase
 
 log = logging.getLogger(__name__)
@@ -107,6 +114,18 @@ def _describe(exc: Exception) -> str:
     return f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else str(exc)
 
 
+def later_view(
+    latest: Mapping[str, Any], decided: Mapping[str, Any], uid: str | None, node: str | None
+) -> bool:
+    """Whether ``latest`` is the very object ``decided`` was read as (same uid, still
+    bound to ``node``) at a later resourceVersion: what a re-read after the 409 that
+    a write at ``decided``'s version must get would find, or an older view of it."""
+    if _another_object(latest, uid, node):
+        return False
+    version = (latest.get("metadata") or {}).get("resourceVersion")
+    return newer(version, decided["metadata"].get("resourceVersion")) is True
+
+
 StatusFor = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 """The status to write, computed from the Sandbox as last read (to merge into it)."""
 
@@ -119,6 +138,7 @@ def write_status(
     node: str | None = None,
     allowed_from: Collection[SandboxPhase] | None = None,
     max_attempts: int = MAX_ATTEMPTS,
+    latest: Mapping[str, Any] | None = None,
 ) -> WriteResult:
     """Write ``status`` onto the Sandbox ``obj`` was read as, guarded by its
     resourceVersion (see the module's docstring for the outcomes).
@@ -128,12 +148,16 @@ def write_status(
     be a function of the Sandbox as last read, for fields merged into what is there
     (a merge patch replaces a list such as ``conditions`` whole): it is computed
     again after every re-read, and the resourceVersion guards the result.
+    ``latest``: the caller's freshest view of the object without a request (its
+    watch), used in place of ``obj`` when it is that object at a later version.
     """
     meta = obj["metadata"]
     ns, name = meta["namespace"], meta["name"]
     uid: str | None = meta.get("uid")
     node = node if node is not None else _node_of(obj)
     current: Mapping[str, Any] = obj
+    if latest is not None and later_view(latest, obj, uid, node):
+        current = latest
     for _ in range(max_attempts):
         if _refusal(current, allowed_from):
             return WriteResult(WriteOutcome.SKIPPED, f"phase {phase_of(current)}")
@@ -166,6 +190,7 @@ __all__ = [
     "SandboxStatusApi",
     "WriteOutcome",
     "WriteResult",
+    "later_view",
     "phase_of",
     "write_status",
 ]

@@ -190,6 +190,10 @@ class ImageCollector:
         self._live_snapshots = live_snapshots  # the node's SandboxSnapshots' uids, as above
         self._lock = threading.Lock()
         self._touches = TouchLog()
+        # The last-used stamp (whole seconds) written per image, kept for the latest
+        # second only: a start in that same second finds its record saying so already.
+        self._stamped: dict[str, str] = {}
+        self._stamp_lock = threading.Lock()
         self.last_result: GcResult | None = None
 
     @property
@@ -218,14 +222,24 @@ class ImageCollector:
     def touch_image(self, name: str, now: datetime | None = None) -> bool:
         """Record that a sandbox started from ``name`` (its last-used label).
 
-        A failure is logged and returns False: a sandbox start never fails on it.
+        The label holds whole seconds: a start in the second this collector last
+        wrote it for ``name`` writes nothing (a burst of starts of one image writes
+        it once a second, not once a start), and is still in the touch log a pass
+        asks before each delete. A failure is logged and returns False: a sandbox
+        start never fails on it.
         """
         stamp = rfc3339(now or self._clock(), "seconds")
         try:
             with self._touches.touching(name):
+                with self._stamp_lock:
+                    if self._stamped.get(name) == stamp:
+                        return True
                 self._runtime.set_image_labels(
                     name, {LAST_USED_LABEL: stamp}, timeout=self._timeout
                 )
+                with self._stamp_lock:
+                    self._stamped = {n: s for n, s in self._stamped.items() if s == stamp}
+                    self._stamped[name] = stamp
         except Exception as exc:
             log.warning("image gc: could not mark image %s used: %s", name, exc)
             return False
@@ -383,8 +397,11 @@ class ImageCollector:
                 gone.append(record.name)  # deleted by someone else meanwhile: not a failure
             except Exception as exc:
                 failures.append(f"{record.name}: {exc}")
+                continue
             else:
                 removed.append(record.name)
+            with self._stamp_lock:  # a record of that name pulled again has no label yet
+                self._stamped.pop(record.name, None)
         return removed, gone, failures
 
     def _record(self, result: GcResult) -> None:

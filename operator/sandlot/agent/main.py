@@ -171,7 +171,11 @@ class Agent:
             settings.teardown_concurrency, settings.capacity, self._stop, self._sync_wake
         )
         self.status = StatusWriter(
-            self.objects, self.node, self._clock, observe=self.sandbox_watch.observe
+            self.objects,
+            self.node,
+            self._clock,
+            observe=self.sandbox_watch.observe,
+            latest=self.sandbox_watch.get,
         )
         self.prober = readiness_prober(
             settings, self.sandbox_watch, self.status, self.metrics, self._stop, self.pool.busy

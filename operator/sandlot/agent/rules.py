@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandlot.adapters.nodeguard import namespace_annotations, namespace_labels
+from sandlot.adapters.nodeguard import namespace_metadata
 from sandlot.adapters.objects import Objects
 from sandlot.agent.settings import AgentSettings
 from sandlot.api.admission import Level, level_of
@@ -34,7 +34,7 @@ from sandlot.policy.limits import (
     pids_limit,
     with_defaults,
 )
-from sandlot.policy.podsecurity import Violation, check, describe
+from sandlot.policy.podsecurity import check, describe
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +52,23 @@ DEFAULTS_TTL = 30.0
 judgement (a start reads them again, always)."""
 
 
+NamespaceRead = Callable[[str], tuple[dict[str, str], dict[str, str]]]
+"""A Namespace's labels and annotations by its name, from one read (raises the API's
+exception when it cannot be read)."""
+
+
 class NamespaceRules:
     def __init__(
         self,
         settings: AgentSettings,
         objects: Objects,
         clock: Callable[[], float] = time.monotonic,
+        read: NamespaceRead | None = None,
     ) -> None:
         self.settings = settings
         self.objects = objects
         self._clock = clock
+        self._read_namespace = read or (lambda ns: namespace_metadata(self.objects.patcher, ns))
         self._read: dict[str, tuple[float, DefaultLimits | None]] = {}
 
     def defaults_of(self, sandboxes: Iterable[Mapping[str, Any]]) -> dict[str, DefaultLimits]:
@@ -83,8 +90,16 @@ class NamespaceRules:
                 found[ns] = seen[1]
         return found
 
-    def checked_spec(self, sb: Mapping[str, Any]) -> SandboxSpec | None:
-        """The spec, validated and within the namespace's level; None if the level is unknown."""
+    def for_start(self, sb: Mapping[str, Any]) -> tuple[SandboxSpec, int] | None:
+        """What a start runs: the spec validated, within the namespace's level, every
+        limit filled, and its pids limit; None when the namespace cannot be read now
+        (the next sync asks again). A start reads its namespace again, always, and
+        once: the one read gives both its level and its default limits.
+
+        The level is defence in depth behind the admission policy; a spec that fits
+        ``restricted`` fits every level. A limit below its floor (an object stored
+        before the CRD refused it) fails the start before any pull, naming the field.
+        """
         try:
             spec = SandboxSpec.model_validate(sb.get("spec") or {})
         except ValidationError as exc:
@@ -94,37 +109,17 @@ class NamespaceRules:
         refusal = spec_image_refusal(spec.image)  # the CRD refuses it; an older object
         if refusal is not None:
             raise StartFailed(SandboxReason.INVALID_IMAGE_NAME, refusal)
-        violations = self._policy_violations(sb, spec)
-        if violations is None:
-            return None
-        if violations:
-            raise StartFailed(SandboxReason.POLICY_VIOLATION, describe(violations))
-        return spec
-
-    def defaults(self, sb: Mapping[str, Any]) -> DefaultLimits | None:
-        """The agent's default limits under the namespace's annotation; None when the
-        namespace cannot be read now (the next sync asks again)."""
         ns = sb["metadata"]["namespace"]
         try:
-            text = namespace_annotations(self.objects.api, ns).get(DEFAULT_LIMITS_ANNOTATION, "")
+            labels, annotations = self._read_namespace(ns)
         except Exception as exc:
             log.warning("sandbox %s: cannot read namespace %s: %s", key_of(sb), ns, exc)
             return None
-        try:
-            return merge(self.settings.default_limits, parse_defaults(text))
-        except ValueError as exc:
-            raise StartFailed(
-                SandboxReason.INVALID_DEFAULT_LIMITS,
-                f"namespace {ns} annotation {DEFAULT_LIMITS_ANNOTATION}: {exc}",
-            ) from None
-
-    def limited(self, sb: Mapping[str, Any], spec: SandboxSpec) -> tuple[SandboxSpec, int] | None:
-        """``spec`` with every limit filled, and its pids limit; None when the namespace
-        cannot be read now. A limit below its floor (an object stored before the CRD
-        refused it) fails the start before any pull, naming the field."""
-        defaults = self.defaults(sb)
-        if defaults is None:
-            return None
+        if check(spec, Level.RESTRICTED, ns):
+            violations = check(spec, level_of(labels, self.settings.default_policy_level), ns)
+            if violations:
+                raise StartFailed(SandboxReason.POLICY_VIOLATION, describe(violations))
+        defaults = self._defaults_in(ns, annotations)
         limited = with_defaults(spec, defaults)
         try:
             pids = pids_limit(defaults)
@@ -133,28 +128,26 @@ class NamespaceRules:
             raise StartFailed(exc.reason, str(exc)) from None
         return limited, pids
 
-    def _policy_violations(
-        self, sb: Mapping[str, Any], spec: SandboxSpec
-    ) -> list[Violation] | None:
-        """The rules of the namespace's level this spec breaks; None if the level is unknown.
-
-        Defence in depth behind the admission policy. A spec that fits
-        ``restricted`` fits every level, so its namespace is not even read.
-        """
+    def defaults(self, sb: Mapping[str, Any]) -> DefaultLimits | None:
+        """The agent's default limits under the namespace's annotation; None when the
+        namespace cannot be read now (the next sync asks again)."""
         ns = sb["metadata"]["namespace"]
-        if not check(spec, Level.RESTRICTED, ns):
-            return []
         try:
-            labels = namespace_labels(self.objects.api, ns)
+            _, annotations = self._read_namespace(ns)
         except Exception as exc:
-            log.warning(
-                "sandbox %s: cannot read namespace %s for its policy level: %s",
-                key_of(sb),
-                ns,
-                exc,
-            )
+            log.warning("sandbox %s: cannot read namespace %s: %s", key_of(sb), ns, exc)
             return None
-        return check(spec, level_of(labels, self.settings.default_policy_level), ns)
+        return self._defaults_in(ns, annotations)
+
+    def _defaults_in(self, ns: str, annotations: Mapping[str, str]) -> DefaultLimits:
+        text = annotations.get(DEFAULT_LIMITS_ANNOTATION, "")
+        try:
+            return merge(self.settings.default_limits, parse_defaults(text))
+        except ValueError as exc:
+            raise StartFailed(
+                SandboxReason.INVALID_DEFAULT_LIMITS,
+                f"namespace {ns} annotation {DEFAULT_LIMITS_ANNOTATION}: {exc}",
+            ) from None
 
 
-__all__ = ["NamespaceRules", "StartFailed"]
+__all__ = ["NamespaceRead", "NamespaceRules", "StartFailed"]

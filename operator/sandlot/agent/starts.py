@@ -269,8 +269,7 @@ class Starts:
         return created, running(self.node, prepared.container_id, task.pid, ip, self._clock())
 
     def _prepare(self, sb: Mapping[str, Any], committed: str | None = None) -> _Prepared | None:
-        checked = self.rules.checked_spec(sb)
-        limited = self.rules.limited(sb, checked) if checked is not None else None
+        limited = self.rules.for_start(sb)
         if limited is None:
             return None
         spec, pids = limited

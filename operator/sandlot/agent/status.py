@@ -53,11 +53,15 @@ class StatusWriter:
         node: str,
         clock: Callable[[], datetime],
         observe: Callable[[Mapping[str, Any]], object] | None = None,
+        latest: Callable[[str], Mapping[str, Any] | None] = lambda _key: None,
     ) -> None:
         self.objects = objects
         self.node = node
         self.clock = clock
         self.observe = observe  # handed every Sandbox as a write returned it
+        # The watch's latest view of a Sandbox by key: a write decided on an older
+        # version starts from it, not from the 409 that version is sure to get.
+        self.latest = latest
         self._holds: dict[str, Hold] = {}
         self._lock = threading.Lock()
 
@@ -95,7 +99,14 @@ class StatusWriter:
         *,
         allowed_from: Collection[SandboxPhase] | None = None,
     ) -> WriteOutcome:
-        result = write_status(self.objects, obj, status, node=self.node, allowed_from=allowed_from)
+        result = write_status(
+            self.objects,
+            obj,
+            status,
+            node=self.node,
+            allowed_from=allowed_from,
+            latest=self.latest(key_of(obj)),
+        )
         if result.outcome in (WriteOutcome.FAILED, WriteOutcome.CONFLICTED, WriteOutcome.REFUSED):
             log.warning(
                 "sandbox %s: status write %s: %s", key_of(obj), result.outcome, result.detail

@@ -88,6 +88,17 @@ def grpc_target(address: str) -> str:
     return address if "://" in address or address.startswith("unix:") else f"unix://{address}"
 
 
+def json_object(data: bytes, digest: str, what: str) -> dict[str, Any]:
+    """Blob ``digest``'s bytes as the JSON object they must be (``RuntimeError_`` else)."""
+    try:
+        parsed = json.loads(data)
+    except ValueError as exc:
+        raise RuntimeError_(f"{what}: blob {digest} is not JSON", code="invalid") from exc
+    if not isinstance(parsed, dict):
+        raise RuntimeError_(f"{what}: blob {digest} is not a JSON object", code="invalid")
+    return parsed
+
+
 class Connection:
     """The channel, the namespace header and one stub per containerd service."""
 
@@ -184,13 +195,7 @@ class Connection:
 
     def read_json(self, digest: str, budget: Deadline, what: str, *, limit: int) -> dict[str, Any]:
         data = self.read_blob(digest, timeout=budget.remaining(what), what=what, limit=limit)
-        try:
-            parsed = json.loads(data)
-        except ValueError as exc:
-            raise RuntimeError_(f"{what}: blob {digest} is not JSON", code="invalid") from exc
-        if not isinstance(parsed, dict):
-            raise RuntimeError_(f"{what}: blob {digest} is not a JSON object", code="invalid")
-        return parsed
+        return json_object(data, digest, what)
 
     def write_blob(
         self, requests: Iterable[Any], digest: str, lease: str, budget: Deadline
@@ -246,4 +251,4 @@ class Connection:
         self._channel.close()
 
 
-__all__ = ["Connection", "grpc_target", "to_datetime", "translate"]
+__all__ = ["Connection", "grpc_target", "json_object", "to_datetime", "translate"]

@@ -3,7 +3,8 @@
 An image's config is found as containerd's Go client finds it: the record's
 target, this platform's manifest (from an index if it is one), its config blob.
 An image's size is the bytes of the distinct blobs it references that are in the
-content store, cached by digest (content is immutable).
+content store, cached by digest (content is immutable); so are the manifests and
+configs themselves (``documents``), while every record is read again per call.
 
 A delete removes the record only. containerd can collect the content and
 snapshots the record held in the same call (``sync``), but that runs a whole
@@ -24,7 +25,8 @@ from typing import Any
 
 from google.protobuf import field_mask_pb2
 
-from sandlot.adapters.containerd.connection import Connection, to_datetime
+from sandlot.adapters.containerd.connection import Connection, json_object, to_datetime
+from sandlot.adapters.containerd.documents import Documents
 from sandlot.adapters.containerd.gen.services.images.v1 import images_pb2
 from sandlot.adapters.containerd.imagefiles import read_image_files
 from sandlot.adapters.deadline import Deadline
@@ -68,6 +70,20 @@ class Images:
         self._conn = conn
         # Blobs referenced by a manifest or index, by its digest: content is immutable.
         self._blob_cache: dict[str, dict[str, int]] = {}
+        # The indexes, manifests and configs starts read, by digest (the same reason).
+        self._documents = Documents()
+
+    def _document(self, digest: str, budget: Deadline, what: str, *, limit: int) -> dict[str, Any]:
+        """The JSON blob ``digest`` (at most ``limit`` bytes), read once per digest."""
+        data = self._documents.get(digest)
+        if data is None:
+            data = self._conn.read_blob(
+                digest, timeout=budget.remaining(what), what=what, limit=limit
+            )
+            self._documents.put(digest, data)
+        elif len(data) > limit:
+            raise ImageTooLarge(f"{what}: read {digest}: more than {mib(limit)}, the cap")
+        return json_object(data, digest, what)
 
     # -- configs -------------------------------------------------------------------
 
@@ -76,9 +92,7 @@ class Images:
     ) -> dict[str, Any]:
         """The image manifest for linux/this architecture, resolving an index if needed."""
         what = f"image {image}"
-        document = self._conn.read_json(
-            str(descriptor["digest"]), budget, what, limit=MAX_MANIFEST_BYTES
-        )
+        document = self._document(str(descriptor["digest"]), budget, what, limit=MAX_MANIFEST_BYTES)
         media_type = descriptor.get("mediaType") or document.get("mediaType", "")
         if media_type not in INDEX_MEDIA_TYPES and "manifests" not in document:
             return document
@@ -145,9 +159,7 @@ class Images:
                 f"{what}: {size} bytes, more than {mib(MAX_CONFIG_BYTES)}, the cap on a config"
             )
         # Read no more than the manifest says it is (the content store checks the digest).
-        return self._conn.read_json(
-            str(config["digest"]), budget, what, limit=size or MAX_CONFIG_BYTES
-        )
+        return self._document(str(config["digest"]), budget, what, limit=size or MAX_CONFIG_BYTES)
 
     def image_config(self, image: str, *, timeout: float) -> ImageConfig:
         budget = Deadline(timeout, expired=RuntimeTimeout)
