@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client import CollectorRegistry
 from tests.support.containerd import (
     find_shim_pid,
-    scratch_cgroup,
+    scratch_spec,
     start_private_containerd,
     stopped_process,
 )
@@ -41,7 +41,6 @@ from sandlot.agent.teardown import teardown_many
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.policy.ocispec import default_spec
 
 IMAGE = "docker.io/sandlot/bench-busybox:1"
 NAMESPACE = f"sandlot-bench-{uuid.uuid4().hex[:6]}"
@@ -70,14 +69,7 @@ def main() -> int:
 
         def make(i: int) -> tuple[str, int]:
             cid = f"orphan-{i:04d}"
-            spec = default_spec(
-                ["sleep", "1000"],
-                [],
-                "/",
-                host_network=True,
-                hostname=cid,
-                cgroups_path=scratch_cgroup(cid),
-            )
+            spec = scratch_spec(["sleep", "1000"], cid, host_network=True)
             rt.create_container(
                 ContainerSpec(
                     id=cid, image=IMAGE, oci_spec=spec, labels={"sandlot.dev/sandbox": f"x/o{i}"}

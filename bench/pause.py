@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kubernetes import client, watch
 from prometheus_client import CollectorRegistry
 from tests.support.agents import agent_settings, schedule_sandbox
-from tests.support.containerd import scratch_cgroup, start_private_containerd
+from tests.support.containerd import scratch_spec, start_private_containerd
 
 from bench.runtimes import exec_seconds
 from bench.start_latency import NS, percentile
@@ -65,7 +65,6 @@ from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.policy.ocispec import default_spec
 
 IMAGE = "docker.io/sandlot/bench-pause:1"
 LEASE_NS = "sandlot-system"
@@ -146,9 +145,7 @@ def start_sandbox(boxes: Sandboxes, api: client.ApiClient, name: str, command: l
 
 def bare_container(rt: ContainerdRuntime, work: Path, command: list[str]) -> str:
     cid = f"bare-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(
-        command, [], "/", host_network=True, hostname=cid, cgroups_path=scratch_cgroup(cid)
-    )
+    spec = scratch_spec(command, cid, host_network=True)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=60)
     rt.start_task(cid, stdio=f"file://{work / (cid + '.log')}", timeout=60)
     return cid

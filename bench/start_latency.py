@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kubernetes import client, watch
 from prometheus_client import CollectorRegistry
-from tests.support.containerd import scratch_cgroup, start_private_containerd
+from tests.support.containerd import scratch_spec, start_private_containerd
 from tests.support.operator import OperatorProcess
 
 from sandlot.adapters.containerd import ContainerdRuntime
@@ -55,7 +55,6 @@ from sandlot.api import GROUP, VERSION
 from sandlot.api.crdgen import KINDS, crd_for
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.policy.ocispec import default_spec
 
 IMAGE = "docker.io/sandlot/bench-start:1"
 COMMAND = ["sleep", "100000"]
@@ -152,9 +151,7 @@ class Floor:
         self.rt, self.objs, self.target = rt, objs, target
 
     def one(self, cid: str) -> None:
-        spec = default_spec(
-            COMMAND, [], "/", host_network=False, hostname=cid, cgroups_path=scratch_cgroup(cid)
-        )
+        spec = scratch_spec(COMMAND, cid, host_network=False)
         self.rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec), timeout=30)
         self.rt.start_task(cid, stdio="", timeout=30)
         self.objs.patch_namespaced_custom_object_status(

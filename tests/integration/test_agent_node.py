@@ -29,12 +29,11 @@ from sandlot.agent.metrics import START_PHASES
 from sandlot.agent.teardown import TeardownOutcome, teardown_many
 from sandlot.api.common import GROUP, VERSION
 from sandlot.api.keys import SANDBOX_LABEL
-from sandlot.policy.ocispec import default_spec
 from tests.support import agents
 from tests.support.containerd import (
     PrivateContainerd,
     find_shim_pid,
-    scratch_cgroup,
+    scratch_spec,
     stopped_process,
 )
 from tests.support.passes import agent_passes, wait_agent_passes
@@ -130,14 +129,7 @@ def wait_phase(
 
 
 def start_container(rt: ContainerdRuntime, container_id: str, labels: dict[str, str]) -> int:
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=container_id,
-        cgroups_path=scratch_cgroup(container_id),
-    )
+    spec = scratch_spec(["sleep", "1000"], container_id, host_network=True)
     rt.create_container(
         ContainerSpec(id=container_id, image=IMAGE, oci_spec=spec, labels=labels), timeout=10
     )

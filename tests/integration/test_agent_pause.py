@@ -27,7 +27,7 @@ from sandlot.agent.main import Agent
 from sandlot.agent.streams import StreamServer
 from sandlot.agent.teardown import TeardownOutcome, teardown
 from sandlot.api.common import GROUP, VERSION
-from sandlot.policy.ocispec import cgroups_path_for, default_spec
+from sandlot.policy.ocispec import cgroups_path_for
 from sandlot.policy.streams import EXEC, LOG, StreamRequest
 from tests.integration.test_agent_node import (
     CALL_TIMEOUT,
@@ -40,7 +40,7 @@ from tests.integration.test_agent_node import (
     wait_phase,
 )
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
@@ -409,14 +409,7 @@ def test_a_paused_task_is_killed_by_the_teardown_within_its_bound(
     rt: ContainerdRuntime,
 ) -> None:
     cid = "paused-teardown"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=cid,
-        cgroups_path=scratch_cgroup(cid),
-    )
+    spec = scratch_spec(["sleep", "1000"], cid, host_network=True)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(cid, stdio="", timeout=10)
     rt.pause_task(cid, timeout=5)

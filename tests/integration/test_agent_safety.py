@@ -40,11 +40,10 @@ from sandlot.devtools.containerd import (
     PrivateContainerd,
     all_threads_stopped,
     find_shim_pid,
-    scratch_cgroup,
+    scratch_spec,
     stopped_process,
 )
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
-from sandlot.policy.ocispec import default_spec
 from tests.support import agents
 from tests.support.agent import FakeRuntime
 from tests.support.wait import wait_for
@@ -246,14 +245,7 @@ def test_teardown_keeps_a_container_whose_task_lookup_fails_on_a_wedged_shim(
     containerd: PrivateContainerd, rt: ContainerdRuntime
 ) -> None:
     cid = f"wedged-{uuid.uuid4().hex[:8]}"  # a shim is found by its container's id
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=cid,
-        cgroups_path=scratch_cgroup(cid),
-    )
+    spec = scratch_spec(["sleep", "1000"], cid, host_network=True)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     pid = rt.start_task(cid, stdio="", timeout=10).pid
     shim = find_shim_pid(containerd.address, cid, pid)

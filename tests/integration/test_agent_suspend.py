@@ -24,7 +24,6 @@ from sandlot.adapters.sandboxwatch import WatchCache
 from sandlot.agent.main import Agent
 from sandlot.agent.teardown import teardown
 from sandlot.api.common import GROUP, VERSION, key_of
-from sandlot.policy.ocispec import default_spec
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import (
     CALL_TIMEOUT,
@@ -37,7 +36,7 @@ from tests.integration.test_agent_node import (
 )
 from tests.integration.test_agent_pause import exec_refusal, log_of, set_mode, watch_says
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.wait import wait_for
 
@@ -117,14 +116,7 @@ def wait_suspended(
 def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime) -> None:
     cid = "commit-me"
     script = "echo kept > /kept; sleep 1000"
-    spec = default_spec(
-        ["sh", "-c", script],
-        [],
-        "/",
-        host_network=True,
-        hostname=cid,
-        cgroups_path=scratch_cgroup(cid),
-    )
+    spec = scratch_spec(["sh", "-c", script], cid, host_network=True)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(cid, stdio="", timeout=10)
     wait_for(
@@ -141,14 +133,7 @@ def test_a_committed_container_starts_again_with_its_files(rt: ContainerdRuntime
     rt.collect_garbage(timeout=30)  # the image holds its content and snapshots
 
     again = "again"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=again,
-        cgroups_path=scratch_cgroup(again),
-    )
+    spec = scratch_spec(["sleep", "1000"], again, host_network=True)
     rt.create_container(ContainerSpec(id=again, image=name, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(again, stdio="", timeout=10)
     try:

@@ -27,11 +27,10 @@ from sandlot.adapters.runtime import (
     RuntimeTimeout,
     TaskState,
 )
-from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import (
     PrivateContainerd,
     find_shim_pid,
-    scratch_cgroup,
+    scratch_spec,
     stopped_process,
 )
 from tests.support.containerd_fixtures import EVERY_CONTAINERD, LINE_OS
@@ -73,14 +72,7 @@ def run_container(
 
     def start(prefix: str, args: list[str]) -> tuple[str, object, Path]:
         container_id = _new_id(prefix)
-        spec = default_spec(
-            args,
-            [],
-            "/",
-            host_network=False,
-            hostname=container_id,
-            cgroups_path=scratch_cgroup(container_id),
-        )
+        spec = scratch_spec(args, container_id, host_network=False)
         started.append(container_id)
         runtime.create_container(
             ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
@@ -249,9 +241,7 @@ def test_wedged_shim_kill_times_out_and_listing_still_answers(
 
 def test_missing_image_raises_not_found_naming_it(runtime: ContainerdRuntime) -> None:
     image = "docker.io/sandlot/never-imported:1"
-    spec = default_spec(
-        ["true"], [], "/", host_network=True, hostname="x", cgroups_path=scratch_cgroup("x")
-    )
+    spec = scratch_spec(["true"], "x", host_network=True)
     with pytest.raises(NotFound, match="never-imported"):
         runtime.create_container(
             ContainerSpec(id=_new_id("missing"), image=image, oci_spec=spec), timeout=5
@@ -295,14 +285,7 @@ def test_container_from_a_multi_layer_index_image_runs_this_platforms_manifest(
     assert record.size > 500_000
 
     container_id = _new_id("indexed")
-    spec = default_spec(
-        ["cat", "/etc/greeting"],
-        [],
-        "/",
-        host_network=True,
-        hostname=container_id,
-        cgroups_path=scratch_cgroup(container_id),
-    )
+    spec = scratch_spec(["cat", "/etc/greeting"], container_id, host_network=True)
     try:
         runtime.create_container(
             ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10

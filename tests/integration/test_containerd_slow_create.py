@@ -26,10 +26,9 @@ import pytest
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, RuntimeTimeout, TaskState
 from sandlot.devtools.ociarchive import build_image_archive, import_archive
-from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import (
     PrivateContainerd,
-    scratch_cgroup,
+    scratch_spec,
     start_private_containerd,
     unavailable_reason,
 )
@@ -111,14 +110,7 @@ def runtime(slow_runc: SlowRunc) -> Iterator[ContainerdRuntime]:
 def container_id(runtime: ContainerdRuntime) -> Iterator[str]:
     """A created busybox container (sleeping once started), removed after the test."""
     cid = f"slow-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=False,
-        hostname=cid,
-        cgroups_path=scratch_cgroup(cid),
-    )
+    spec = scratch_spec(["sleep", "1000"], cid, host_network=False)
     runtime.create_container(ContainerSpec(id=cid, image=BUSYBOX_IMAGE, oci_spec=spec), timeout=10)
     yield cid
     steps: list[Callable[[], object]] = [

@@ -15,8 +15,7 @@ import pytest
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.containerd.execs import open_execs
 from sandlot.adapters.runtime import ContainerSpec
-from sandlot.policy.ocispec import default_spec
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 
 pytestmark = [pytest.mark.containerd, pytest.mark.integration]
 
@@ -31,14 +30,7 @@ def test_every_exec_of_a_burst_in_one_container_runs(
     tmp_path: Path,
 ) -> None:
     container_id = f"burst-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=False,
-        hostname=container_id,
-        cgroups_path=scratch_cgroup(container_id),
-    )
+    spec = scratch_spec(["sleep", "1000"], container_id, host_network=False)
     runtime.create_container(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
     )

@@ -19,12 +19,11 @@ import pytest
 from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.containerd.execs import CLOSE_STDIN_TRIES, ExecProcess, Execs, open_execs
 from sandlot.adapters.runtime import ContainerSpec, RuntimeError_, RuntimeTimeout
-from sandlot.policy.ocispec import default_spec
 from tests.support.containerd import (
     PrivateContainerd,
     all_threads_stopped,
     find_shim_pid,
-    scratch_cgroup,
+    scratch_spec,
     stopped_process,
 )
 from tests.support.wait import wait_for
@@ -40,14 +39,7 @@ def sleeper(
 ) -> Iterator[tuple[str, int]]:
     """A running container: its id and its shim's pid."""
     container_id = f"stdin-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=False,
-        hostname=container_id,
-        cgroups_path=scratch_cgroup(container_id),
-    )
+    spec = scratch_spec(["sleep", "1000"], container_id, host_network=False)
     runtime.create_container(
         ContainerSpec(id=container_id, image=busybox_image, oci_spec=spec), timeout=10
     )

@@ -30,10 +30,9 @@ from sandlot.api.keys import LAST_USED_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import SandboxSpec
 from sandlot.policy.imagegc import DiskUsage, GcThresholds
-from sandlot.policy.ocispec import default_spec
 from sandlot.policy.pulling import FailureKind, RegistryAccess, parse_reference
 from sandlot.policy.snapshots import SNAPSHOT_IMAGE_LABEL, snapshot_image_name
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import (
     AUTH_PASSWORD,
@@ -89,14 +88,7 @@ def _pull(
 def _run(runtime: ContainerdRuntime, image: str, tmp_path: Path) -> str:
     """Create and start a container from ``image``; its output once it exited."""
     container_id = f"pulled-{uuid.uuid4().hex[:8]}"
-    spec = default_spec(
-        ["sh", "-c", "cat /hello"],
-        [],
-        "/",
-        host_network=False,
-        hostname=container_id,
-        cgroups_path=scratch_cgroup(container_id),
-    )
+    spec = scratch_spec(["sh", "-c", "cat /hello"], container_id, host_network=False)
     log_path = tmp_path / f"{container_id}.log"
     runtime.create_container(ContainerSpec(id=container_id, image=image, oci_spec=spec), timeout=10)
     try:

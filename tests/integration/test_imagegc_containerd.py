@@ -43,9 +43,8 @@ from sandlot.api.common import GROUP, VERSION
 from sandlot.cli.main import main as sandlot_main
 from sandlot.devtools.controlplane import ControlPlane
 from sandlot.policy.imagegc import DiskUsage, GcThresholds, HoldReason, under_pressure
-from sandlot.policy.ocispec import default_spec
 from tests.support.agents import schedule_sandbox
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.image_sets import allocated_bytes, build_image_set, import_image_set
 from tests.support.operator import Fleet
@@ -113,9 +112,7 @@ def run_containers(rt: ContainerdRuntime, images: list[str]) -> list[str]:
     run = uuid.uuid4().hex[:6]
     for i, image in enumerate(images):
         cid = f"gc-user-{run}-{i}"
-        spec = default_spec(
-            SLEEPER, [], "/", host_network=True, hostname=cid, cgroups_path=scratch_cgroup(cid)
-        )
+        spec = scratch_spec(SLEEPER, cid, host_network=True)
         rt.create_container(ContainerSpec(id=cid, image=image, oci_spec=spec), timeout=10)
         rt.start_task(cid, stdio="", timeout=10)
         ids.append(cid)

@@ -39,12 +39,11 @@ from sandlot.adapters.pulling.sealed import (
 )
 from sandlot.adapters.runtime import ContainerSpec, RuntimeTimeout
 from sandlot.agent.teardown import teardown
-from sandlot.policy.ocispec import default_spec
 from sandlot.policy.pulling import FailureKind, parse_reference
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import CALL_TIMEOUT, IMAGE, KILL_WAIT
 from tests.support import agents
-from tests.support.containerd import PrivateContainerd, scratch_cgroup
+from tests.support.containerd import PrivateContainerd, scratch_spec
 from tests.support.containerd_fixtures import EVERY_CONTAINERD
 from tests.support.registry import AUTH_PASSWORD, AUTH_USER, LOOPBACK_ACCESS, Registry
 from tests.support.wait import wait_for
@@ -89,14 +88,7 @@ def client_for(
 
 
 def commit_written(rt: ContainerdRuntime, cid: str, image: str) -> None:
-    spec = default_spec(
-        ["sh", "-c", "echo kept > /kept; sleep 1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname="c",
-        cgroups_path=scratch_cgroup("c"),
-    )
+    spec = scratch_spec(["sh", "-c", "echo kept > /kept; sleep 1000"], "c", host_network=True)
     rt.create_container(ContainerSpec(id=cid, image=IMAGE, oci_spec=spec, labels={}), timeout=10)
     rt.start_task(cid, stdio="", timeout=10)
     wait_for(
@@ -155,14 +147,7 @@ def test_a_pushed_state_starts_on_another_node_with_its_files(
         )
     finally:
         puller.close()
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname="c",
-        cgroups_path=scratch_cgroup("c"),
-    )
+    spec = scratch_spec(["sleep", "1000"], "c", host_network=True)
     node_b.create_container(
         ContainerSpec(id="moved", image=local, oci_spec=spec, labels={}), timeout=10
     )
@@ -249,14 +234,7 @@ def test_sealed_state_opens_on_the_node_given_its_key_and_nowhere_else(
         puller.pull_sealed(local, ref, endpoints, credential, key, deadline=60)
     finally:
         puller.close()
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname="c",
-        cgroups_path=scratch_cgroup("c"),
-    )
+    spec = scratch_spec(["sleep", "1000"], "c", host_network=True)
     node_b.create_container(
         ContainerSpec(id="opened", image=local, oci_spec=spec, labels={}), timeout=10
     )

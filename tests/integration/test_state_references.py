@@ -23,7 +23,6 @@ from sandlot.adapters.containerd import ContainerdRuntime
 from sandlot.adapters.runtime import ContainerSpec
 from sandlot.agent.teardown import teardown
 from sandlot.api.common import GROUP, VERSION
-from sandlot.policy.ocispec import default_spec
 from sandlot.policy.snapshots import snapshot_image_name
 from sandlot.policy.suspension import suspended_image_name
 from tests.integration.test_agent_node import CALL_TIMEOUT, KILL_WAIT
@@ -41,7 +40,7 @@ from tests.integration.test_state_move import (
     suspended,
     wait_manifest_gone,
 )
-from tests.support.containerd import scratch_cgroup
+from tests.support.containerd import scratch_spec
 from tests.support.pools import IMAGE, Cluster, LocalNode, Start, node_of, start_operator
 from tests.support.registry import Registry
 from tests.support.wait import wait_for
@@ -234,14 +233,7 @@ def test_removing_a_committed_images_name_keeps_what_a_snapshots_name_holds(
     taken of it while suspended is a second name of the same manifest, and forks
     start from it after containerd's garbage collection."""
     cid = "committed"
-    spec = default_spec(
-        ["sh", "-c", "echo kept > /kept; sleep 1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=cid,
-        cgroups_path=scratch_cgroup(cid),
-    )
+    spec = scratch_spec(["sh", "-c", "echo kept > /kept; sleep 1000"], cid, host_network=True)
     rt.create_container(
         ContainerSpec(id=cid, image=NODE_IMAGE, oci_spec=spec, labels={}), timeout=10
     )
@@ -259,14 +251,7 @@ def test_removing_a_committed_images_name_keeps_what_a_snapshots_name_holds(
     rt.collect_garbage(timeout=30)
 
     fork = "fork"
-    spec = default_spec(
-        ["sleep", "1000"],
-        [],
-        "/",
-        host_network=True,
-        hostname=fork,
-        cgroups_path=scratch_cgroup(fork),
-    )
+    spec = scratch_spec(["sleep", "1000"], fork, host_network=True)
     rt.create_container(
         ContainerSpec(id=fork, image=shot_name, oci_spec=spec, labels={}), timeout=10
     )

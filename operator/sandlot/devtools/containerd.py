@@ -28,8 +28,10 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandlot.devtools.processes import terminate
+from sandlot.policy.ocispec import default_spec
 
 SHIM_BINARY = "containerd-shim-runc-v2"
 REQUIRED_BINARIES = ("containerd", "ctr", "runc", SHIM_BINARY)
@@ -47,6 +49,14 @@ def scratch_cgroup(name: str) -> str:
     itself against each containerd version, and runc refuses to create a task in a
     cgroup another container has frozen."""
     return f"{SCRATCH_CGROUP_PARENT}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def scratch_spec(args: list[str], name: str, *, host_network: bool) -> dict[str, Any]:
+    """``default_spec`` of ``args`` for a container named ``name`` run directly: no
+    environment, ``/`` as its working directory, a cgroup of its own."""
+    return default_spec(
+        args, [], "/", host_network=host_network, hostname=name, cgroups_path=scratch_cgroup(name)
+    )
 
 
 LINE_OS = "1.6"
