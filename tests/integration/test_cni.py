@@ -215,7 +215,8 @@ class Harness:
             containerd_root=str(self.containerd.root),
             capacity=60,
             kill_wait=timedelta(seconds=2),
-            call_timeout=timedelta(seconds=3),
+            # call_timeout: the product's (5 s); 25 starts at once on two loaded cores
+            # can take containerd longer than 3 s to create one task.
             stop_grace=timedelta(seconds=1),
             reap_interval=timedelta(seconds=1),
             sync_interval=timedelta(seconds=0.3),
