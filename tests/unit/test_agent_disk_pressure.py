@@ -1,13 +1,15 @@
 """The node's disk-pressure pass at the agent's own boundary (an in-memory
 ``Runtime`` and API): image GC first, then evictions in rank order, the evicted
-sandbox ``Failed``/``Evicted`` naming both usages, a collection after each, and
-nobody more chosen while an eviction is in flight."""
+sandbox ``Failed``/``Evicted`` naming both usages, a collection before choosing
+and after each, and nobody more chosen while an eviction is in flight or for bytes
+an exited sandbox's teardown gives back."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sandlot.adapters.runtime import TaskState
 from sandlot.agent.diskpressure import DiskPressure
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.imagegc import DiskUsage
@@ -69,9 +71,44 @@ def test_the_largest_writer_is_evicted_and_the_quiet_one_keeps_running(tmp_path:
     assert "ephemeral-storage" in status["message"] and "51% full" in status["message"]
     assert "this sandbox used 3.0Mi" in status["message"], status["message"]
     assert world.work.torn_down == [big]
-    assert collections == ["after 1 teardown(s)"]  # its snapshot's files go only then
+    # one before choosing (what nothing references goes first), one after the
+    # teardown: its snapshot's files go only then
+    assert collections == ["after 0 teardown(s)", "after 1 teardown(s)"]
     for name, cid in (("small", small), ("quiet", quiet)):
         assert world.status(name)["phase"] == "Running" and cid in world.rt.containers
+
+
+def test_an_exited_sandboxs_layer_counts_as_freed_and_no_quiet_neighbour_pays_for_it(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    # a teardown that did not finish (its task killed, the container kept for the
+    # sweep): its 4 MiB go when the sweep removes it
+    left = world.sandbox("left", limit=None, wrote=4 * MI, state=TaskState.STOPPED)
+    big = world.sandbox("big", limit=None, wrote=3 * MI)
+    quiet = world.sandbox("quiet", limit=None, wrote=4096)
+    # 90% of 10 MiB: 5 MiB to free down to 40%; the live sandboxes hold 3 MiB and
+    # 4 KiB, so without the 4 MiB on their way out both would be chosen
+    decision = pressure(world, Disk(used=9 * MI, total=10 * MI)).pass_once()
+    assert decision.pressure and [e.key for e in decision.evict] == ["ns/big"], decision
+    assert world.work.torn_down == [big]
+    assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers
+    assert left in world.rt.containers  # the sweep's, not the pass's
+
+
+def test_a_collection_that_frees_enough_leaves_every_sandbox_running(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    big = world.sandbox("big", limit=None, wrote=3 * MI)
+    disk = Disk(used=9 * MI, total=10 * MI)
+
+    def collect_garbage(*, timeout: float) -> None:
+        disk.used = 3 * MI  # a container the sweep removed: its snapshot's files go now
+
+    world.rt.collect_garbage = collect_garbage  # type: ignore[method-assign]
+    decision = pressure(world, disk).pass_once()
+    assert decision.evict == () and not decision.to_free, decision
+    assert world.work.torn_down == [] and big in world.rt.containers
+    assert world.status("big")["phase"] == "Running"
 
 
 def test_nobody_more_is_chosen_while_an_eviction_is_in_flight(tmp_path: Path) -> None:

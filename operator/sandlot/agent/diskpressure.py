@@ -10,6 +10,11 @@ an eviction ends with a collection: until then the disk does not show what it
 freed. While an eviction is in flight nobody else is chosen: what it frees is
 only seen once its container is gone and the collection ran, and choosing on the
 old figure would evict a quiet neighbour for bytes already on their way out.
+For the same reason the writable layers of sandboxes whose task has exited (a
+teardown that did not finish, a container the reaper or the sweep will remove)
+count as being freed, and before anyone is chosen containerd collects what
+nothing references any more and the disk is measured again: live work is never
+evicted for bytes that a teardown in flight or a collection gives back.
 """
 
 from __future__ import annotations
@@ -160,8 +165,15 @@ class DiskPressure:
             self.last = decide_pressure(use, self.high, self.low, [])
             return PressureDecision(pressure=self.last.pressure)
         rt = self.storage.rt
-        containers = self._candidates(rt)
-        decision = decide_pressure(use, self.high, self.low, containers.keys())
+        containers, freeing = self._candidates(rt)
+        decision = decide_pressure(use, self.high, self.low, containers.keys(), freeing)
+        if decision.evict:
+            # judged again after a collection, on figures all taken after it: the
+            # disk first, then the sandboxes (which only grow meanwhile, so what
+            # evicting them frees is never underestimated)
+            use = self._collected(rt, use)
+            containers, freeing = self._candidates(rt)
+            decision = decide_pressure(use, self.high, self.low, containers.keys(), freeing)
         by_key = {c.key: containers[c] for c in containers}
         for eviction in decision.evict:
             container = by_key[eviction.key]
@@ -171,13 +183,37 @@ class DiskPressure:
         self.last = decision
         return decision
 
-    def _candidates(self, rt: Runtime) -> dict[Candidate, ContainerInfo]:
+    def _collected(self, rt: Runtime, use: FsUse) -> FsUse:
+        """The disk measured again after containerd collected what nothing references
+        (a container the sweep removed leaves its snapshot's files until then); ``use``
+        when the collection failed."""
+        try:
+            rt.collect_garbage(timeout=self.storage.call_timeout)
+        except Exception as exc:
+            log.warning("before evicting: containerd's collection failed: %s", exc)
+            return use
+        use = self.measure()
+        if use.fraction >= self.high:
+            self.last_over, self.last_use = self.clock(), use
+        return use
+
+    def _candidates(self, rt: Runtime) -> tuple[dict[Candidate, ContainerInfo], int]:
+        """The live sandboxes that may be evicted, and the bytes in the writable layers
+        of sandboxes whose task has exited (on their way out: a teardown or the sweep
+        removes them)."""
         timeout = self.storage.call_timeout
-        live = {t.container_id for t in rt.list_tasks(timeout=timeout) if t.state in _LIVE}
+        states = {t.container_id: t.state for t in rt.list_tasks(timeout=timeout)}
         found: dict[Candidate, ContainerInfo] = {}
+        freeing = 0
         for container in rt.list_containers(timeout=timeout):
             key = container.labels.get(SANDBOX_LABEL, "")
-            if container.id not in live or "/" not in key or self.storage.pool.busy(key):
+            if "/" not in key:
+                continue
+            state = states.get(container.id)
+            if state is TaskState.STOPPED or (state is None and not self.storage.pool.busy(key)):
+                freeing += self._layer_bytes(rt, container)
+                continue
+            if state not in _LIVE or self.storage.pool.busy(key):
                 continue
             use = self.storage.measured.get(container.id)
             if use is None:
@@ -187,7 +223,12 @@ class DiskPressure:
                 use = disk_use(trees, self.storage.max_entries)
             candidate = Candidate(key, usage=use.bytes, limit=limit_of(container.labels))
             found[candidate] = container
-        return found
+        return found, freeing
+
+    def _layer_bytes(self, rt: Runtime, container: ContainerInfo) -> int:
+        """The bytes in ``container``'s writable layer (its logs stay); 0 when unknown."""
+        layer = self.storage.layer(rt, container)
+        return disk_use([layer], self.storage.max_entries).bytes if layer is not None else 0
 
     def _evict(self, key: str, container: ContainerInfo, message: str) -> None:
         storage = self.storage

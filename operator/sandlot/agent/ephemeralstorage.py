@@ -139,19 +139,10 @@ class EphemeralStorage:
     def trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
         """The writable layer (when its snapshotter has one) and the log files; None
         when containerd could not say now."""
-        trees = []
-        if container.id not in self._layers:
-            try:
-                layer = rt.writable_layer(container.id, timeout=self.call_timeout)
-            except RuntimeError_ as exc:
-                log.warning("container %s: writable layer not found: %s", container.id, exc)
-                if exc.code != UNSUPPORTED:
-                    return None
-                layer = None  # for good (a snapshotter without one): its logs only
-            self._layers[container.id] = layer
+        if not self._ask_layer(rt, container):
+            return None
         layer = self._layers[container.id]
-        if layer is not None:
-            trees.append(Path(layer))
+        trees = [Path(layer)] if layer is not None else []
         labels: Mapping[str, str] = container.labels
         if self.log_dir is not None and labels.get(SANDBOX_UID_LABEL):
             ns, name = split_key(labels[SANDBOX_LABEL])
@@ -161,6 +152,27 @@ class EphemeralStorage:
                 self.log_dir / f"{stem}{ROTATED_SUFFIX}",
             ]
         return trees
+
+    def layer(self, rt: Runtime, container: ContainerInfo) -> Path | None:
+        """The writable layer's directory; None without one or when containerd could
+        not say now."""
+        layer = self._layers.get(container.id) if self._ask_layer(rt, container) else None
+        return Path(layer) if layer is not None else None
+
+    def _ask_layer(self, rt: Runtime, container: ContainerInfo) -> bool:
+        """Whether ``container``'s writable layer is known (asked once: a container's
+        snapshot never changes); False when containerd could not say now."""
+        if container.id in self._layers:
+            return True
+        try:
+            layer = rt.writable_layer(container.id, timeout=self.call_timeout)
+        except RuntimeError_ as exc:
+            log.warning("container %s: writable layer not found: %s", container.id, exc)
+            if exc.code != UNSUPPORTED:
+                return False
+            layer = None  # for good (a snapshotter without one): its logs only
+        self._layers[container.id] = layer
+        return True
 
     def _stop(self, key: str, container: ContainerInfo, message: str) -> None:
         reason = SandboxReason.EPHEMERAL_STORAGE_EXCEEDED

@@ -11,9 +11,10 @@ them as the kubelet's ``rankDiskPressureFunc`` does for ephemeral storage:
 
 Sandboxes carry no request today, so a request of 0 applies and the order is
 "over its limit, then largest first"; the field is kept so the ranking stays the
-kubelet's when requests come. Bytes already being freed (stops whose containers
-are gone and collected) count before anyone else is chosen, so a quiet neighbour
-is not evicted for what a stop in flight will give back.
+kubelet's when requests come. Bytes already being freed (the writable layers of
+sandboxes whose task has exited, which a teardown or the sweep removes) count
+before anyone else is chosen, so a quiet neighbour is not evicted for what a stop
+in flight will give back.
 """
 
 from __future__ import annotations
