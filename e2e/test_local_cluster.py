@@ -342,6 +342,36 @@ def test_cache_clear_reports_per_node(cluster: LocalKubeletCluster) -> None:
     cache_clear_reports_per_node(cluster)
 
 
+def test_a_nodes_own_credentials_cannot_clear_its_taints_or_remove_its_node(
+    cluster: LocalKubeletCluster,
+) -> None:
+    """Placement trusts a Node's taints because no node can change them: with the
+    kubelet's own token (Node authorizer, NodeRestriction) a worker can read its
+    Node but neither clear the taints an admin set nor delete the Node to register
+    it again untainted (docs/isolation.md, placement at admission)."""
+    name = cluster.workers[0]
+    taint = f"e2e.sandlot.dev/trust-{os.getpid()}"
+    cluster.kubectl("taint", "node", name, f"{taint}=admin:PreferNoSchedule")
+    as_node = load_api_client(str(cluster.local.node(name).directory / "kubeconfig"))
+    try:
+        nodes = client.CoreV1Api(as_node)
+        seen: Any = nodes.read_node(name)
+        assert seen.metadata.name == name  # the token is the node's own
+        with pytest.raises(client.ApiException) as cleared:
+            nodes.patch_node(name, {"spec": {"taints": None}})
+        assert cleared.value.status == 403, f"{name} could clear its taints: {cleared.value}"
+        assert "not allowed to modify taints" in str(cleared.value.body), cleared.value.body
+        with pytest.raises(client.ApiException) as deleted:
+            nodes.delete_node(name)
+        assert deleted.value.status == 403, f"{name} could delete its Node: {deleted.value}"
+        now: Any = client.CoreV1Api(cluster.api).read_node(name)
+        kept = now.spec.taints or []
+        assert taint in {t.key for t in kept}, f"{name}'s taints now: {kept}"
+    finally:
+        as_node.close()
+        cluster.kubectl("taint", "node", name, f"{taint}-")
+
+
 def test_helm_upgrade_rolls_every_program_keeping_sandboxes(cluster: LocalKubeletCluster) -> None:
     helm_upgrade_rolls_every_program_keeping_sandboxes(cluster, VALUES_FILE[0])
 
