@@ -104,8 +104,13 @@ class Bench:
         for ns in (self.ns, self.lease_ns):
             self.core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
         self.rows: list[dict[str, Any]] = []
+        self.operators: list[OperatorProcess] = []
+        """Every operator started, stopped (again: stopping is idempotent) on close,
+        so a run that fails half-way leaves no operator behind."""
 
     def close(self) -> None:
+        for op in self.operators:
+            op.stop()
         self.api.close()
         self.plane.stop()
 
@@ -165,6 +170,7 @@ class Bench:
 
     def operator(self, *flags: str) -> OperatorProcess:
         op = OperatorProcess(self.plane, self.work, self.lease_ns, *flags)
+        self.operators.append(op)
         op.wait_metrics(60)
         return op
 
