@@ -6,19 +6,25 @@ pacing. Sandboxes are created without a node; the time is from just before the
 create call to the moment a watch in this process sees ``status.phase: Running``.
 
 1. 20 sandboxes one at a time (each waits for the previous one's Running);
-2. 100 sandboxes created at once (from 16 threads).
+2. 100 sandboxes created at once (from 16 threads), ``--burst-rounds`` times.
 
 The floor, measured in the same run with the same image: containerd create +
 start of a container, plus one status write to a Sandbox. For 1 it is done one
 at a time; for 2, 100 of them at once on the agent's concurrency (its worker
-pool), each timed from the common start, as the sandboxes are.
+pool), each timed from the common start, as the sandboxes are. Sandbox and floor
+are interleaved so that both see the same machine: one at a time, each sandbox
+start is followed by one floor start, both after the same quiet pause; at once,
+each round is a floor burst and a sandbox burst (the order alternating between
+rounds), the floor's containers and the round's sandboxes removed after it.
 
 Rows: p50 and p99 of each run (targets p50 < 150 ms, p99 < 300 ms), with the
-floor's p50 and p99 beside them; then, for each run, a start's mean time in each
-of its phases (``sandlot_agent_start_phase_seconds``) and what is left of its mean
+floor's p50 and p99 beside them; each run's p50 over the floor's (target <= 1.2);
+then, for each run, a start's mean time in each of its phases
+(``sandlot_agent_start_phase_seconds``) and what is left of its mean
 create -> Running outside them.
 
-    sudo .venv/bin/python bench/start_latency.py [--serial 20] [--burst 100] [--json rows.json]
+    sudo .venv/bin/python bench/start_latency.py [--serial 20] [--burst 100] [--burst-rounds 2]
+        [--json rows.json]
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ NS = "bench"
 LEASE_NS = "sandlot-system"
 P50_TARGET = 0.150
 P99_TARGET = 0.300
+RATIO_TARGET = 1.2  # a start's p50 over the floor's, measured interleaved
+QUIET = 1.5  # seconds before each start one at a time: each change arrives alone
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -158,19 +166,16 @@ class Floor:
             GROUP, VERSION, NS, "sandboxes", self.target, {"status": {"message": cid}}
         )
 
-    def serial(self, count: int) -> list[float]:
-        out = []
-        for i in range(count):
-            began = time.monotonic()
-            self.one(f"floor-s-{i}")
-            out.append(time.monotonic() - began)
-        return out
+    def timed(self, cid: str) -> float:
+        began = time.monotonic()
+        self.one(cid)
+        return time.monotonic() - began
 
-    def burst(self, count: int, workers: int) -> list[float]:
+    def burst(self, count: int, workers: int, prefix: str) -> list[float]:
         began = time.monotonic()
 
         def timed(i: int) -> float:
-            self.one(f"floor-b-{i}")
+            self.one(f"{prefix}-{i}")
             return time.monotonic() - began
 
         with ThreadPoolExecutor(workers) as pool:
@@ -179,6 +184,45 @@ class Floor:
     def clean(self) -> None:
         ids = [c.id for c in self.rt.list_containers(timeout=30) if c.id.startswith("floor-")]
         teardown_many(self.rt, ids, kill_wait=5, call_timeout=10, concurrency=8)
+
+
+def ratio_row(label: str, latencies: list[float], floor: list[float]) -> dict[str, Any]:
+    value = percentile(latencies, 0.5) / percentile(floor, 0.5)
+    ok = value <= RATIO_TARGET
+    detail = (
+        f"p50 {1000 * percentile(latencies, 0.5):.0f} / {1000 * percentile(floor, 0.5):.0f} ms, "
+        "interleaved in this run"
+    )
+    print(
+        f"  create -> Running / floor p50, {label}: {value:.2f} (target <= {RATIO_TARGET}) "
+        f"{'ok' if ok else 'MISSED'} - {detail}",
+        flush=True,
+    )
+    return {
+        "benchmark": f"create -> Running / floor p50, {label}",
+        "value": round(value, 3),
+        "target": f"<= {RATIO_TARGET}",
+        "ok": ok,
+        "detail": detail,
+    }
+
+
+def remove_sandboxes(objs: Any, rt: ContainerdRuntime, names: list[str], keep: int) -> None:
+    """Delete ``names`` and wait (bounded) until the agent tore their containers down,
+    leaving ``keep`` containers, so the next round starts on the same node."""
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: objs.delete_namespaced_custom_object(
+            GROUP, VERSION, NS, "sandboxes", n), names))  # fmt: skip
+    deadline = time.monotonic() + 300
+    while (left := len(rt.list_containers(timeout=30))) > keep:
+        if time.monotonic() > deadline:
+            remaining = objs.list_namespaced_custom_object(GROUP, VERSION, NS, "sandboxes")
+            raise TimeoutError(
+                f"{left - keep} sandboxes' containers still there after 300s; sandboxes: "
+                + str([(o["metadata"]["name"], (o.get("status") or {}).get("phase"),
+                        o["metadata"].get("deletionTimestamp")) for o in remaining["items"]][:5])
+            )  # fmt: skip
+        time.sleep(0.5)
 
 
 def rows_for(label: str, latencies: list[float], floor: list[float]) -> list[dict[str, Any]]:
@@ -247,6 +291,9 @@ def main() -> int:
     parser.add_argument("--serial", type=int, default=20)
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument(
+        "--burst-rounds", type=int, default=2, help="bursts of each kind, interleaved"
+    )
+    parser.add_argument(
         "--sync-burst", type=int, default=None, help="the agent's sync_burst (default: its own)"
     )
     parser.add_argument(
@@ -287,7 +334,7 @@ def main() -> int:
             containerd_address=containerd.address,
             containerd_namespace=ctr_ns,
             containerd_root=str(containerd.root),
-            capacity=args.burst + args.serial + 10,
+            capacity=args.burst + args.serial + 10,  # a round's sandboxes go before the next
             capacity_memory="64Gi",  # the sandboxes' default limits, not this machine's memory
             metrics_port=0,
             log_dir="",
@@ -311,28 +358,50 @@ def main() -> int:
         create(objs, "warm-up")
         watcher.wait(["warm-up"], timeout=120)
 
+        floor = Floor(rt, objs, "warm-up")  # its status takes the floor's writes
         serial: list[float] = []
+        floor_serial: list[float] = []
         scheduled: list[float] = []
         phases_before = phase_totals(agent)
         for i in range(args.serial):
+            time.sleep(QUIET)
             name = f"serial-{i}"
             began = create(objs, name)
             serial.append(watcher.wait([name], timeout=60)[name] - began)
             scheduled.append(watcher.scheduled.get(name, began) - began)
-            time.sleep(1.5)  # each change arrives alone, as on a quiet node
+            time.sleep(QUIET)
+            floor_serial.append(floor.timed(f"floor-s-{i}"))
         phases_serial = phase_totals(agent)
-        floor = Floor(rt, objs, "warm-up")  # its status takes the floor's writes
-        floor_serial = floor.serial(args.serial)
-        floor_burst = floor.burst(args.burst, settings.teardown_concurrency)
         floor.clean()
+        remove_sandboxes(objs, rt, [f"serial-{i}" for i in range(args.serial)], keep=1)
 
-        names = [f"burst-{i}" for i in range(args.burst)]
-        with ThreadPoolExecutor(16) as pool:
-            began = time.monotonic()
-            list(pool.map(lambda n: create(objs, n), names))
-        seen = watcher.wait(names, timeout=300)
-        burst = [seen[n] - began for n in names]
-        phases_burst = phase_totals(agent)
+        burst: list[float] = []
+        floor_burst: list[float] = []
+        burst_phases: dict[str, tuple[float, float]] = {}
+        for r in range(args.burst_rounds):
+            floor_first = r % 2 == 0
+            if floor_first:
+                floor_burst += floor.burst(args.burst, settings.teardown_concurrency, f"floor-b{r}")
+                floor.clean()
+            before = phase_totals(agent)
+            names = [f"burst-{r}-{i}" for i in range(args.burst)]
+            with ThreadPoolExecutor(16) as pool:
+                began = time.monotonic()
+                list(pool.map(lambda n: create(objs, n), names))
+            seen = watcher.wait(names, timeout=300)
+            burst += [seen[n] - began for n in names]
+            after = phase_totals(agent)
+            for phase in START_PHASES:
+                count, seconds = burst_phases.get(phase, (0.0, 0.0))
+                burst_phases[phase] = (
+                    count + after[phase][0] - before[phase][0],
+                    seconds + after[phase][1] - before[phase][1],
+                )
+            remove_sandboxes(objs, rt, names, keep=1)
+            if not floor_first:
+                floor_burst += floor.burst(args.burst, settings.teardown_concurrency, f"floor-b{r}")
+                floor.clean()
+        zero = {phase: (0.0, 0.0) for phase in START_PHASES}
 
         print(
             f"agent: sync_interval {settings.sync_interval.total_seconds():g}s, "
@@ -342,10 +411,14 @@ def main() -> int:
             f"  one at a time: create -> Scheduled (the operator) p50 "
             f"{1000 * percentile(scheduled, 0.5):.0f} ms, max {1000 * max(scheduled):.0f} ms"
         )
-        rows += rows_for(f"{args.serial} one at a time", serial, floor_serial)
-        rows += rows_for(f"{args.burst} created at once", burst, floor_burst)
-        print_phases(f"{args.serial} one at a time", phases_before, phases_serial, serial)
-        print_phases(f"{args.burst} created at once", phases_serial, phases_burst, burst)
+        serial_label = f"{args.serial} one at a time"
+        burst_label = f"{args.burst} created at once, {args.burst_rounds} rounds"
+        rows += rows_for(serial_label, serial, floor_serial)
+        rows += rows_for(burst_label, burst, floor_burst)
+        rows.append(ratio_row(serial_label, serial, floor_serial))
+        rows.append(ratio_row(burst_label, burst, floor_burst))
+        print_phases(serial_label, phases_before, phases_serial, serial)
+        print_phases(burst_label, zero, burst_phases, burst)
         print(
             "  floor one at a time: p50 "
             f"{1000 * statistics.median(floor_serial):.0f} ms; "
