@@ -50,6 +50,7 @@ from sandlot.policy.agentsync import (
     drain_stop_stands,
     live_count,
     mode_asked,
+    pass_wanted,
     phase_counts,
     plan_mode_change,
     plan_sync,
@@ -72,18 +73,21 @@ def unschedulable(node: Mapping[str, Any] | None) -> bool:
 
 def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses) -> ChangeCallback:
     """What a change of one of the node's Sandboxes does, on the watch's thread: a
-    new operating mode handed to ``sync`` at once (``mode_changed``), the sync woken,
-    a use waiting for an idle-suspended sandbox told to look again. Built with the
+    new operating mode handed to ``sync`` at once (``mode_changed``), the sync woken
+    (not for a change of mode alone that was handed over: ``pass_wanted``), a use
+    waiting for an idle-suspended sandbox told to look again. Built with the
     sync it hands to, the watch starts with it (``WatchCache.start``)."""
 
     def changed(event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-        # A pause or resume need not wait its pass; handed over first, so the pass
-        # this wakes finds it in flight.
+        # A pause or resume need not wait its pass; handed over first, so any pass
+        # finds it in flight.
+        handed = False
         if event == "MODIFIED" and new and mode_asked(old, new):
-            sync.mode_changed(new)
-        # Every change may matter (phase, deletion, containerId); the agent's own
-        # status writes come back here too, and their pass finds nothing to do.
-        wake.set()
+            handed = sync.mode_changed(new)
+        # Every other change may matter (phase, deletion, containerId); the agent's
+        # own status writes come back here too, and their pass finds nothing to do.
+        if event != "MODIFIED" or pass_wanted(old, new, handed):
+            wake.set()
         uses.suspends.changed()
 
     return changed
@@ -142,17 +146,17 @@ class SandboxSync:
         self._mode_lock = threading.Lock()
         pool.tell_ended(self.work_ended)
 
-    def mode_changed(self, obj: Mapping[str, Any]) -> None:
+    def mode_changed(self, obj: Mapping[str, Any]) -> bool:
         """``obj``'s spec changed its operating mode: the pause or resume a pass would
         make, handed to its work slot now instead of after the passes' rate limit
         (``plan_mode_change``); whatever else it needs waits for the next pass. While
         the sandbox has work running, it is handed over when that work ends
-        (``work_ended``). Runs on the watch's thread: no call to containerd or the API
-        server."""
+        (``work_ended``). Whether it was handed over (submitted, or waiting for that
+        work). Runs on the watch's thread: no call to containerd or the API server."""
         key = key_of(obj)
         with self._mode_lock:
             self._mode_waiting.add(key)
-        self._hand_mode(key, obj)
+        return self._hand_mode(key, obj)
 
     def work_ended(self, key: str) -> None:
         """``key``'s work ended: a mode change that arrived meanwhile is handed over."""
@@ -161,20 +165,24 @@ class SandboxSync:
         if waiting:
             self._hand_mode(key, self.sandbox_watch.get(key))
 
-    def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> None:
-        """Submit ``obj``'s pause or resume if it needs one now. The key stays waiting
-        only while its work runs: ``work_ended`` (called after the work lets go of the
-        key) then looks again, so a change is never left between the two."""
+    def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> bool:
+        """Submit ``obj``'s pause or resume if it needs one now; whether it was
+        submitted or waits. The key stays waiting only while its work runs:
+        ``work_ended`` (called after the work lets go of the key) then looks again, so
+        a change is never left between the two."""
+        handed = False
         if obj is not None:
             state = SandboxState.from_object(obj)
             container = self._container_of(state, obj)
             action = self._mode_action(state, obj, container)
             if action is not None and self._submit(action, obj, container):
                 self.metrics.modes_at_once.inc()
+                handed = True
             elif self.pool.busy(key):
-                return  # its work ends later and looks again
+                return True  # its work ends later and looks again
         with self._mode_lock:
             self._mode_waiting.discard(key)
+        return handed
 
     def _mode_action(
         self, state: SandboxState, obj: Mapping[str, Any], container: ContainerInfo | None

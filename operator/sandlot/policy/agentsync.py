@@ -318,6 +318,33 @@ def mode_asked(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> 
     return wanted_mode(old) is not wanted_mode(new)
 
 
+METADATA_OF_A_SPEC_WRITE = frozenset({"resourceVersion", "generation", "managedFields"})
+"""What a spec write changes in ``metadata`` by itself."""
+
+
+def _beside_mode(obj: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return (
+        {k: v for k, v in meta.items() if k not in METADATA_OF_A_SPEC_WRITE},
+        {k: v for k, v in spec.items() if k != "operatingMode"},
+        {k: v for k, v in obj.items() if k not in ("metadata", "spec")},
+    )
+
+
+def pass_wanted(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, handed: bool) -> bool:
+    """Whether a watch event from ``old`` to ``new`` wakes a sync pass. A change of the
+    asked mode and nothing else, once handed over (``handed``: submitted to the
+    sandbox's work slot, or waiting for the work running there), gives a pass nothing
+    to do: the key is in flight, so the pass would skip it, and the end of that work
+    wakes a pass as every work's end does. Run beside the pause, such a pass only
+    takes the node's CPU and containerd from it. Anything else the event changed
+    (status, deletion, labels, other spec fields) wakes a pass."""
+    if not handed or old is None or new is None:
+        return True
+    return _beside_mode(old) != _beside_mode(new)
+
+
 def plan_mode_change(
     sb: SandboxState,
     container: ContainerView | None,
@@ -414,6 +441,7 @@ __all__ = [
     "frozen_unrecorded",
     "live_count",
     "mode_asked",
+    "pass_wanted",
     "phase_counts",
     "plan_mode_change",
     "plan_sync",
