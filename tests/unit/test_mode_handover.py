@@ -1,17 +1,32 @@
-"""A change of mode handed to the sandbox's work from its watch event wakes no sync
-pass beside it; every other change still does (``policy.agentsync.pass_wanted``)."""
+"""A pause or resume runs without a sync pass beside it or after it: the change of
+mode handed to the sandbox's work from its watch event wakes none, nor does the
+status write of that work, and the work's end wakes none once it settled what it
+was handed (``policy.agentsync.pass_wanted``, ``policy.syncpacing.wake_after``).
+Every other change still wakes one."""
 
 from __future__ import annotations
 
 import copy
 import threading
+from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from sandlot.adapters.runtime import TaskState
+from sandlot.agent.loops import SETTLED, WorkPool
+from sandlot.agent.modes import ModeChanges
+from sandlot.agent.status import StatusWriter
 from sandlot.agent.sync import sandbox_listener
-from sandlot.policy.agentsync import pass_wanted
+from sandlot.policy.agentsync import WRITTEN, pass_wanted
+from sandlot.policy.operatingmode import ModeStep, mode_settled
+from sandlot.policy.syncpacing import wake_after
+from tests.support.agent import FakeRuntime
+from tests.support.clock import FakeClock
+from tests.support.fakeobjects import FakeObjects
+
+T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
 
 def body(mode: str = "Running", version: str = "10", generation: int = 3) -> dict[str, Any]:
@@ -69,18 +84,27 @@ WAKES = {
 def test_only_a_change_of_mode_handed_over_whole_wakes_no_pass(
     new: dict[str, Any], handed: bool, wakes: bool
 ) -> None:
-    assert pass_wanted(body(), new, handed) is wakes
+    assert pass_wanted("MODIFIED", body(), new, handed=handed) is wakes
 
 
-def test_an_added_or_deleted_sandbox_wakes_a_pass_whatever_was_handed() -> None:
-    assert pass_wanted(None, body(), True)
-    assert pass_wanted(body(), None, True)
+def test_an_added_deleted_or_listed_sandbox_wakes_a_pass_whatever_was_handed() -> None:
+    assert pass_wanted("ADDED", None, body(), handed=True)
+    assert pass_wanted("DELETED", body(), None, handed=True)
+    assert pass_wanted("LISTED", None, None, handed=True)
+
+
+def test_only_the_running_work_s_own_write_wakes_no_pass() -> None:
+    written = changed(("status", "conditions"), [{"type": "Paused", "status": "True"}])
+    assert not pass_wanted(WRITTEN, body(), written, own_work=True)
+    assert pass_wanted(WRITTEN, body(), written, own_work=False), "a prober's or idle write"
+    assert pass_wanted("MODIFIED", body(), written, own_work=True), "the watch: anyone's"
 
 
 class Listened:
-    """``sandbox_listener`` over a sync whose hand-over answers ``takes``."""
+    """``sandbox_listener`` over a sync whose hand-over answers ``takes``, the calling
+    thread running the work of the keys in ``running``."""
 
-    def __init__(self, takes: bool) -> None:
+    def __init__(self, takes: bool, running: frozenset[str] = frozenset()) -> None:
         self.handed: list[dict[str, Any]] = []
         self.wake = threading.Event()
         self.looked_again = 0
@@ -92,7 +116,7 @@ class Listened:
         def suspends_changed() -> None:
             self.looked_again += 1
 
-        sync = SimpleNamespace(mode_changed=mode_changed)
+        sync = SimpleNamespace(mode_changed=mode_changed, running_here=running.__contains__)
         uses = SimpleNamespace(suspends=SimpleNamespace(changed=suspends_changed))
         self.listener = sandbox_listener(sync, self.wake, uses)  # type: ignore[arg-type]
 
@@ -124,3 +148,119 @@ def test_every_other_change_wakes_a_pass(
     seen = Listened(takes=takes)
     seen.listener(event, old, new)
     assert seen.wake.is_set()
+
+
+def test_the_status_write_of_a_sandbox_s_own_work_wakes_no_pass_anyone_else_s_does() -> None:
+    written = changed(("status", "conditions"), [{"type": "Paused", "status": "True"}])
+    seen = Listened(takes=True, running=frozenset({"ns/box"}))
+    seen.listener(WRITTEN, body(), written)
+    assert not seen.wake.is_set(), "a pass woken by the pause's own record, beside its end"
+    assert seen.looked_again == 1
+    other = Listened(takes=True)  # a write from outside the sandbox's work (the prober)
+    other.listener(WRITTEN, body(), written)
+    assert other.wake.is_set()
+
+
+# ---------------------------------------------------------------- the end of the work
+
+
+@pytest.mark.parametrize(
+    ("settled", "looked", "asked", "wakes"),
+    [
+        (True, False, False, False),
+        (True, True, False, True),
+        (True, False, True, True),
+        (False, False, False, True),
+    ],
+    ids=["settled", "settled-but-a-pass-skipped-it", "settled-but-asked", "not-settled"],
+)
+def test_wake_after(settled: bool, looked: bool, asked: bool, wakes: bool) -> None:
+    assert wake_after(settled=settled, looked=looked, asked=asked) is wakes
+
+
+@pytest.mark.parametrize(
+    ("step", "recorded", "settled"),
+    [
+        (ModeStep.PAUSE, True, True),
+        (ModeStep.RESUME, True, True),
+        (ModeStep.RECORD, True, True),
+        (ModeStep.PAUSE, False, False),
+        (ModeStep.WAIT, False, False),
+        (ModeStep.LEAVE, False, False),
+        (None, False, False),
+    ],
+    ids=["paused", "resumed", "recorded", "unwritten", "waits", "left", "no-answer"],
+)
+def test_mode_settled(step: ModeStep | None, recorded: bool, settled: bool) -> None:
+    assert mode_settled(step, recorded) is settled
+
+
+@pytest.fixture
+def pool() -> Any:
+    done = threading.Event()
+    made = WorkPool(1, threading.Event(), done)
+    yield made, done
+    made.shutdown()
+
+
+def test_the_end_of_settled_work_wakes_no_pass_unless_a_pass_skipped_its_key(pool: Any) -> None:
+    work, done = pool
+    assert work.take("ns/box")
+    work.let_go("ns/box", settled=True)
+    assert not done.is_set(), "a pass woken after a pause that left it nothing"
+    assert work.take("ns/box")
+    assert work.in_flight() == frozenset({"ns/box"})  # a pass planned around it
+    work.let_go("ns/box", settled=True)
+    assert done.is_set(), "a pass skipped the key meanwhile and never looks again"
+    done.clear()
+    assert work.take("ns/box")
+    work.let_go("ns/box")
+    assert done.is_set(), "work that did not settle left no follow-up pass"
+
+
+def test_submitted_work_answering_settled_ends_without_a_pass(pool: Any) -> None:
+    work, done = pool
+    ended = threading.Event()
+    work.ended = lambda _key: ended.set()
+    assert work.submit("ns/box", lambda: SETTLED)
+    assert ended.wait(5), "the work never ended"
+    work.shutdown()  # waits for the end to finish
+    assert not done.is_set()
+    assert work.running_here("ns/box") is False
+
+
+def test_a_change_of_mode_waiting_at_the_end_and_not_handed_over_asks_for_a_pass(
+    pool: Any,
+) -> None:
+    work, done = pool
+    work.ended = lambda _key: True
+    assert work.take("ns/box")
+    work.let_go("ns/box", settled=True)
+    assert done.is_set()
+
+
+class Paused:
+    """A Running sandbox whose spec asks for Paused, over the in-memory runtime."""
+
+    def __init__(self) -> None:
+        clock = FakeClock(T0)
+        self.objects = FakeObjects(clock.now)
+        self.rt = FakeRuntime()
+        self.info = self.rt.add("c1", {"sandlot.dev/sandbox": "ns/box"}, state=TaskState.RUNNING)
+        self.objects.add_sandbox("ns", "box", T0, node="node-a", phase="Running")
+        self.objects.sandboxes["ns/box"]["spec"]["operatingMode"] = "Paused"
+        status = StatusWriter(self.objects, "node-a", clock.now)  # type: ignore[arg-type]
+        self.modes = ModeChanges(self.rt, status, "node-a", call_timeout=0.2)
+
+    def settle(self) -> object:
+        return self.modes.settle(self.objects.get_sandbox("ns", "box"), self.info)
+
+
+def test_a_pause_recorded_answers_settled_and_one_not_recorded_does_not() -> None:
+    assert Paused().settle() is SETTLED
+    streamed = Paused()
+    streamed.modes.in_use = lambda: {"ns/box"}
+    assert streamed.settle() is ModeStep.WAIT
+    unwritten = Paused()
+    unwritten.objects.sandboxes["ns/box"]["status"]["phase"] = "Stopped"
+    assert unwritten.settle() is ModeStep.PAUSE, "a record skipped was taken as written"

@@ -20,6 +20,8 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from sandlot.adapters.runtime import ContainerInfo, Runtime, RuntimeError_, RuntimeTimeout
+from sandlot.adapters.statuswrite import WriteOutcome
+from sandlot.agent.loops import SETTLED
 from sandlot.agent.status import StatusWriter
 from sandlot.api.common import key_of
 from sandlot.api.sandbox import OperatingMode, SandboxPhase
@@ -28,6 +30,7 @@ from sandlot.policy.operatingmode import (
     ModeStep,
     decide_mode,
     mode_call,
+    mode_settled,
     paused_condition,
     wanted_mode,
 )
@@ -63,22 +66,34 @@ class ModeChanges:
     def apply(self, sb: Mapping[str, Any], container: ContainerInfo) -> ModeStep | None:
         """Bring ``container``'s task to the mode ``sb`` asks for; the step taken, or
         None when containerd did not answer (nothing written: the next pass retries)."""
+        return self._apply(sb, container)[0]
+
+    def settle(self, sb: Mapping[str, Any], container: ContainerInfo) -> object:
+        """``apply``, as the sandbox's work: ``SETTLED`` once the task is as asked and
+        the condition says so (``mode_settled``), so its end wakes no pass; else the
+        step (None: no answer), and a pass follows."""
+        step, outcome = self._apply(sb, container)
+        return SETTLED if mode_settled(step, outcome is WriteOutcome.WRITTEN) else step
+
+    def _apply(
+        self, sb: Mapping[str, Any], container: ContainerInfo
+    ) -> tuple[ModeStep | None, WriteOutcome | None]:
         key, mode = key_of(sb), wanted_mode(sb)
         step = mode_call(mode)
         if step is ModeStep.PAUSE:
             with self.thaws:
                 if key in self.in_use():  # thawed for a stream: frozen after it
                     log.info("sandbox %s: pause waits for its streams to end", key)
-                    return ModeStep.WAIT
+                    return ModeStep.WAIT, None
                 done = self._call(key, mode, container, step)
         else:
             done = self._call(key, mode, container, step)
         if done is None:
-            return None
+            return None, None
         step, error = done
         if step in (ModeStep.LEAVE, ModeStep.WAIT):
             log.info("sandbox %s: %s left for now (%s)", key, mode, step)
-            return step
+            return step, None
         generation = (sb.get("metadata") or {}).get("generation")
         condition = paused_condition(mode, self.node, generation, error)
 
@@ -92,7 +107,7 @@ class ModeChanges:
 
         outcome = self.status.write(sb, merged, allowed_from=RUNNING_ONLY)
         log.info("sandbox %s: %s (%s), condition %s", key, mode, step, outcome)
-        return step
+        return step, outcome
 
     def _call(
         self, key: str, mode: OperatingMode, container: ContainerInfo, step: ModeStep

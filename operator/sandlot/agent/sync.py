@@ -44,6 +44,7 @@ from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
+    WRITTEN,
     Action,
     ActionKind,
     SandboxState,
@@ -72,10 +73,11 @@ def unschedulable(node: Mapping[str, Any] | None) -> bool:
 
 
 def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses) -> ChangeCallback:
-    """What a change of one of the node's Sandboxes does, on the watch's thread: a
-    new operating mode handed to ``sync`` at once (``mode_changed``), the sync woken
-    (not for a change of mode alone that was handed over: ``pass_wanted``), a use
-    waiting for an idle-suspended sandbox told to look again. Built with the
+    """What a change of one of the node's Sandboxes does, on the watch's thread (or,
+    for the agent's own write, the writer's): a new operating mode handed to ``sync``
+    at once (``mode_changed``), the sync woken (not for a change of mode alone that
+    was handed over, nor a write of the work running for that sandbox:
+    ``pass_wanted``), a use waiting for an idle-suspended sandbox told to look again. Built with the
     sync it hands to, the watch starts with it (``WatchCache.start``)."""
 
     def changed(event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
@@ -84,9 +86,10 @@ def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses
         handed = False
         if event == "MODIFIED" and new and mode_asked(old, new):
             handed = sync.mode_changed(new)
-        # Every other change may matter (phase, deletion, containerId); the agent's
-        # own status writes come back here too, and their pass finds nothing to do.
-        if event != "MODIFIED" or pass_wanted(old, new, handed):
+        # Every other change may matter (phase, deletion, containerId). A write the
+        # sandbox's own work made is that work's to follow up when it ends.
+        own_work = event == WRITTEN and new is not None and sync.running_here(key_of(new))
+        if pass_wanted(event, old, new, handed=handed, own_work=own_work):
             wake.set()
         uses.suspends.changed()
 
@@ -158,12 +161,18 @@ class SandboxSync:
             self._mode_waiting.add(key)
         return self._hand_mode(key, obj)
 
-    def work_ended(self, key: str) -> None:
-        """``key``'s work ended: a mode change that arrived meanwhile is handed over."""
+    def running_here(self, key: str) -> bool:
+        """Whether the calling thread runs ``key``'s work."""
+        return self.pool.running_here(key)
+
+    def work_ended(self, key: str) -> bool:
+        """``key``'s work ended: a mode change that arrived meanwhile is handed over.
+        True asks for a pass: that change came, and is not handed over now."""
         with self._mode_lock:
             waiting = key in self._mode_waiting
         if waiting:
-            self._hand_mode(key, self.sandbox_watch.get(key))
+            return not self._hand_mode(key, self.sandbox_watch.get(key))
+        return False
 
     def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> bool:
         """Submit ``obj``'s pause or resume if it needs one now; whether it was
@@ -347,7 +356,7 @@ class SandboxSync:
         if kind is ActionKind.TEARDOWN_UNSTARTED:
             return partial(work.teardown_unstarted, key, container)
         if kind is ActionKind.APPLY_MODE and sb is not None:
-            return partial(self.modes.apply, sb, container)
+            return partial(self.modes.settle, sb, container)
         if kind is ActionKind.SUSPEND and sb is not None:
             return partial(self.suspensions.suspend, sb, container)
         if kind is ActionKind.IDLE_SUSPEND and sb is not None:

@@ -318,6 +318,9 @@ def mode_asked(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> 
     return wanted_mode(old) is not wanted_mode(new)
 
 
+WRITTEN = "WRITTEN"
+"""The event of the agent's own status write (``adapters.sandboxwatch.WatchCache.observe``)."""
+
 METADATA_OF_A_SPEC_WRITE = frozenset({"resourceVersion", "generation", "managedFields"})
 """What a spec write changes in ``metadata`` by itself."""
 
@@ -332,15 +335,28 @@ def _beside_mode(obj: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
     )
 
 
-def pass_wanted(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, handed: bool) -> bool:
-    """Whether a watch event from ``old`` to ``new`` wakes a sync pass. A change of the
-    asked mode and nothing else, once handed over (``handed``: submitted to the
-    sandbox's work slot, or waiting for the work running there), gives a pass nothing
-    to do: the key is in flight, so the pass would skip it, and the end of that work
-    wakes a pass as every work's end does. Run beside the pause, such a pass only
-    takes the node's CPU and containerd from it. Anything else the event changed
-    (status, deletion, labels, other spec fields) wakes a pass."""
-    if not handed or old is None or new is None:
+def pass_wanted(
+    event: str,
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    handed: bool = False,
+    own_work: bool = False,
+) -> bool:
+    """Whether a change of one Sandbox wakes a sync pass (``event``: the watch's, or
+    ``WRITTEN`` for the agent's own status write, seen as it returns).
+
+    A pass leaves a key with work running alone, and the end of that work wakes a
+    pass unless it settled all it was handed (``agent.loops.WorkPool``). So two
+    changes wake none: a change of the asked mode and nothing else once handed over
+    (``handed``: submitted to the sandbox's work slot, or waiting for the work running
+    there), and a status write that work made itself (``own_work``). Run beside a
+    pause, such a pass would only take the node's CPU and containerd from it. Every
+    other change wakes one (status, deletion, labels, other spec fields, anyone
+    else's write)."""
+    if event == WRITTEN:
+        return not own_work
+    if event != "MODIFIED" or not handed or old is None or new is None:
         return True
     return _beside_mode(old) != _beside_mode(new)
 

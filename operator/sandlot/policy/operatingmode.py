@@ -132,6 +132,14 @@ def mode_call(mode: OperatingMode) -> ModeStep:
     return ModeStep.PAUSE if mode is OperatingMode.PAUSED else ModeStep.RESUME
 
 
+def mode_settled(step: ModeStep | None, recorded: bool) -> bool:
+    """Whether applying a mode left nothing for a pass: the task was paused, resumed
+    or found as asked (a refusal included: it is not tried again for this spec) and
+    the condition ``recorded`` it. Waiting, leaving, no answer or an unwritten
+    record leave the next pass to look again."""
+    return recorded and step in (ModeStep.PAUSE, ModeStep.RESUME, ModeStep.RECORD)
+
+
 def decide_mode(mode: OperatingMode, task: TaskState | None) -> ModeStep:
     """What to do with a task in state ``task`` (None: no task) for ``mode``."""
     if task is None or task not in (TaskState.RUNNING, *FROZEN):
@@ -200,6 +208,7 @@ __all__ = [
     "idle_paused",
     "mode_call",
     "mode_pending",
+    "mode_settled",
     "paused_condition",
     "recorded_paused",
     "stream_refusal",
