@@ -102,10 +102,15 @@ def test_only_the_running_work_s_own_write_wakes_no_pass() -> None:
 
 class Listened:
     """``sandbox_listener`` over a sync whose hand-over answers ``takes``, the calling
-    thread running the work of the keys in ``running``."""
+    thread running the work of the keys in ``running``, work running for the keys in
+    ``busy``."""
 
-    def __init__(self, takes: bool, running: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, takes: bool, running: frozenset[str] = frozenset(), busy: frozenset[str] = frozenset()
+    ) -> None:
         self.handed: list[dict[str, Any]] = []
+        self.held: list[tuple[str, str]] = []
+        self.own: list[tuple[str, str]] = []
         self.wake = threading.Event()
         self.looked_again = 0
 
@@ -113,10 +118,20 @@ class Listened:
             self.handed.append(obj)
             return takes
 
+        def own_write(key: str, version: str) -> bool:
+            if key in running:
+                self.own.append((key, version))
+            return key in running
+
+        def hold(key: str, version: str) -> bool:
+            if key in busy:
+                self.held.append((key, version))
+            return key in busy
+
         def suspends_changed() -> None:
             self.looked_again += 1
 
-        sync = SimpleNamespace(mode_changed=mode_changed, running_here=running.__contains__)
+        sync = SimpleNamespace(mode_changed=mode_changed, own_write=own_write, hold=hold)
         uses = SimpleNamespace(suspends=SimpleNamespace(changed=suspends_changed))
         self.listener = sandbox_listener(sync, self.wake, uses)  # type: ignore[arg-type]
 
@@ -152,13 +167,32 @@ def test_every_other_change_wakes_a_pass(
 
 def test_the_status_write_of_a_sandbox_s_own_work_wakes_no_pass_anyone_else_s_does() -> None:
     written = changed(("status", "conditions"), [{"type": "Paused", "status": "True"}])
-    seen = Listened(takes=True, running=frozenset({"ns/box"}))
+    seen = Listened(takes=True, running=frozenset({"ns/box"}), busy=frozenset({"ns/box"}))
     seen.listener(WRITTEN, body(), written)
     assert not seen.wake.is_set(), "a pass woken by the pause's own record, beside its end"
+    assert seen.own == [("ns/box", "11")], "the work's own version not noted as its own"
     assert seen.looked_again == 1
     other = Listened(takes=True)  # a write from outside the sandbox's work (the prober)
     other.listener(WRITTEN, body(), written)
     assert other.wake.is_set()
+
+
+def test_a_write_the_watch_brought_first_wakes_no_second_pass() -> None:
+    written = changed(("status", "conditions"), [{"type": "Paused", "status": "True"}])
+    seen = Listened(takes=True)
+    seen.listener(WRITTEN, written, written)  # the watch's event held this version already
+    assert not seen.wake.is_set()
+
+
+def test_a_change_while_the_sandbox_s_work_runs_is_held_for_its_end() -> None:
+    written = changed(("status", "conditions"), [{"type": "Paused", "status": "True"}])
+    seen = Listened(takes=True, busy=frozenset({"ns/box"}))
+    seen.listener("MODIFIED", body(), written)  # the watch, before the write returned
+    assert seen.held == [("ns/box", "11")]
+    assert not seen.wake.is_set(), "a pass woken that can only skip the busy key"
+    idle = Listened(takes=True)
+    idle.listener("MODIFIED", body(), written)
+    assert idle.wake.is_set() and idle.held == []
 
 
 # ---------------------------------------------------------------- the end of the work
@@ -227,6 +261,21 @@ def test_submitted_work_answering_settled_ends_without_a_pass(pool: Any) -> None
     work.shutdown()  # waits for the end to finish
     assert not done.is_set()
     assert work.running_here("ns/box") is False
+
+
+def test_a_change_held_for_the_end_wakes_a_pass_unless_the_work_wrote_it(pool: Any) -> None:
+    work, done = pool
+    assert work.take("ns/box")
+    assert work.note_change("ns/box", "11")  # the watch brought the work's own write
+    work.note_own("ns/box", "11")
+    work.let_go("ns/box", settled=True)
+    assert not done.is_set(), "the work's own write, seen by the watch, woke a pass"
+    assert work.take("ns/box")
+    assert work.note_change("ns/box", "12")  # someone else's change meanwhile
+    work.note_own("ns/box", "13")
+    work.let_go("ns/box", settled=True)
+    assert done.is_set(), "a change held for the end of the work was never looked at"
+    assert not work.note_change("ns/box", "14"), "held with no work running"
 
 
 def test_a_change_of_mode_waiting_at_the_end_and_not_handed_over_asks_for_a_pass(

@@ -156,16 +156,22 @@ class WatchCache(Informer):
     def observe(self, written: Mapping[str, Any]) -> bool:
         """Hold ``written`` (an object as a write to the API server returned it) if it
         is newer than the watch's latest, telling listeners (event ``WRITTEN``: their
-        own write, on the writer's thread); True if it was. An object the map does not
+        own write, on the writer's thread); True if it was. When the watch brought that
+        very version first, listeners are told it was this write (``old`` and ``new``
+        then carry the same version) and nothing changes. An object the map does not
         hold yet is left to the watch."""
         key = key_of(written)
         with self._lock:
             old = self._objects.get(key)
-            if old is None or not newer(_version(written), _version(old)):
+            if old is None:
                 return False
-            self._objects[key] = dict(written)
+            echoed = _version(written) == _version(old)
+            if not echoed:
+                if not newer(_version(written), _version(old)):
+                    return False
+                self._objects[key] = dict(written)
         self._notify(WRITTEN, old, written)
-        return True
+        return not echoed
 
     def _notify(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

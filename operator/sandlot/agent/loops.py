@@ -121,6 +121,10 @@ class WorkPool:
         self._done = done
         self._busy: set[str] = set()
         self._looked: set[str] = set()  # busy keys a pass (or a hand-over) planned around
+        # Versions of a busy key's Sandbox the watch brought while its work ran, and
+        # those its work wrote itself: any other is a change its end must wake a pass for.
+        self._changed: dict[str, set[str]] = {}
+        self._own: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         self._running = threading.local()  # the key whose work this pool thread runs
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox")
@@ -137,6 +141,22 @@ class WorkPool:
     def busy(self, key: str) -> bool:
         with self._lock:
             return key in self._busy
+
+    def note_change(self, key: str, version: str) -> bool:
+        """Hold a change of ``key``'s Sandbox (its new ``version``) for the end of the
+        work running for it, instead of a pass now that would skip the key; False
+        (nothing held) when no work runs for it."""
+        with self._lock:
+            if key not in self._busy:
+                return False
+            self._changed.setdefault(key, set()).add(version)
+            return True
+
+    def note_own(self, key: str, version: str) -> None:
+        """``version`` of ``key``'s Sandbox is a write of the work running for it."""
+        with self._lock:
+            if key in self._busy:
+                self._own.setdefault(key, set()).add(version)
 
     def running_here(self, key: str) -> bool:
         """Whether the calling thread is running ``key``'s submitted work (a status
@@ -156,18 +176,20 @@ class WorkPool:
         """End a hold (``take``'s, or a submitted work's): the key may take work again,
         and a pass looks again (what the work did, or failed to do, may need a
         follow-up), unless the work ``settled`` everything and no pass skipped the
-        key meanwhile (``wake_after``)."""
+        key meanwhile, nor a change other than the work's own writes was held for
+        its end (``wake_after``)."""
         with self._lock:
             self._busy.discard(key)
             looked = key in self._looked
             self._looked.discard(key)
+            foreign = self._changed.pop(key, set()) - self._own.pop(key, set())
         asked = False
         try:
             asked = self.ended(key) is True
         except Exception:
             log.exception("sandbox %s: the end of its work was not handled", key)
             asked = True
-        if wake_after(settled=settled, looked=looked, asked=asked):
+        if wake_after(settled=settled, looked=looked or bool(foreign), asked=asked):
             self._done.set()
 
     def submit(self, key: str, work: Callable[[], object]) -> bool:

@@ -75,10 +75,11 @@ def unschedulable(node: Mapping[str, Any] | None) -> bool:
 def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses) -> ChangeCallback:
     """What a change of one of the node's Sandboxes does, on the watch's thread (or,
     for the agent's own write, the writer's): a new operating mode handed to ``sync``
-    at once (``mode_changed``), the sync woken (not for a change of mode alone that
-    was handed over, nor a write of the work running for that sandbox:
-    ``pass_wanted``), a use waiting for an idle-suspended sandbox told to look again. Built with the
-    sync it hands to, the watch starts with it (``WatchCache.start``)."""
+    at once (``mode_changed``); the sync woken (``pass_wanted``: not for a change of
+    mode alone that was handed over, nor a write of the work running for that
+    sandbox), or the change held for the end of that work while it runs (``hold``); a
+    use waiting for an idle-suspended sandbox told to look again. Built with the sync
+    it hands to, the watch starts with it (``WatchCache.start``)."""
 
     def changed(event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
         # A pause or resume need not wait its pass; handed over first, so any pass
@@ -87,9 +88,14 @@ def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses
         if event == "MODIFIED" and new and mode_asked(old, new):
             handed = sync.mode_changed(new)
         # Every other change may matter (phase, deletion, containerId). A write the
-        # sandbox's own work made is that work's to follow up when it ends.
-        own_work = event == WRITTEN and new is not None and sync.running_here(key_of(new))
-        if pass_wanted(event, old, new, handed=handed, own_work=own_work):
+        # sandbox's own work made is that work's to follow up when it ends, and so is
+        # any change arriving while that work runs (a pass now would skip the key).
+        own_work = False
+        if new is not None and event == WRITTEN:
+            own_work = sync.own_write(key_of(new), _version(new))
+        if pass_wanted(event, old, new, handed=handed, own_work=own_work) and not (
+            new is not None and event == "MODIFIED" and sync.hold(key_of(new), _version(new))
+        ):
             wake.set()
         uses.suspends.changed()
 
@@ -161,9 +167,18 @@ class SandboxSync:
             self._mode_waiting.add(key)
         return self._hand_mode(key, obj)
 
-    def running_here(self, key: str) -> bool:
-        """Whether the calling thread runs ``key``'s work."""
-        return self.pool.running_here(key)
+    def own_write(self, key: str, version: str) -> bool:
+        """Whether the calling thread runs ``key``'s work, which wrote ``version`` (then
+        noted as its own: the work's end wakes no pass for it)."""
+        if not self.pool.running_here(key):
+            return False
+        self.pool.note_own(key, version)
+        return True
+
+    def hold(self, key: str, version: str) -> bool:
+        """Hold a change of ``key`` (its new ``version``) for the end of the work running
+        for it; False when none runs (then a pass looks now)."""
+        return bool(version) and self.pool.note_change(key, version)
 
     def work_ended(self, key: str) -> bool:
         """``key``'s work ended: a mode change that arrived meanwhile is handed over.
@@ -372,6 +387,10 @@ class SandboxSync:
         if kind in (ActionKind.FENCE, ActionKind.CLEANUP):  # Dead: fenced at once
             return partial(work.teardown, container)
         return None
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _no_flags() -> tuple[frozenset[str], frozenset[str]]:

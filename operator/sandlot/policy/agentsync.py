@@ -343,22 +343,28 @@ def pass_wanted(
     handed: bool = False,
     own_work: bool = False,
 ) -> bool:
-    """Whether a change of one Sandbox wakes a sync pass (``event``: the watch's, or
-    ``WRITTEN`` for the agent's own status write, seen as it returns).
+    """Whether a change of one Sandbox calls for a sync pass (``event``: the watch's,
+    or ``WRITTEN`` for the agent's own status write, seen as it returns).
 
     A pass leaves a key with work running alone, and the end of that work wakes a
-    pass unless it settled all it was handed (``agent.loops.WorkPool``). So two
-    changes wake none: a change of the asked mode and nothing else once handed over
+    pass unless it settled all it was handed (``agent.loops.WorkPool``). So these
+    call for none: a change of the asked mode and nothing else once handed over
     (``handed``: submitted to the sandbox's work slot, or waiting for the work running
-    there), and a status write that work made itself (``own_work``). Run beside a
-    pause, such a pass would only take the node's CPU and containerd from it. Every
-    other change wakes one (status, deletion, labels, other spec fields, anyone
-    else's write)."""
+    there); a status write that work made itself (``own_work``); and one the watch
+    brought before the write returned (the same version on both sides: the watch's
+    event already asked). Run beside a pause, such a pass would only take the node's
+    CPU and containerd from it. Every other change calls for one (status, deletion,
+    labels, other spec fields, anyone else's write); while the key's work runs, the
+    agent holds it for that work's end instead."""
     if event == WRITTEN:
-        return not own_work
+        return not own_work and _version(old) != _version(new)
     if event != "MODIFIED" or not handed or old is None or new is None:
         return True
     return _beside_mode(old) != _beside_mode(new)
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
 
 
 def plan_mode_change(
