@@ -8,7 +8,9 @@ Starts a private containerd, a local control plane and an in-process agent, then
   containerd's ``Tasks.Pause`` then ``Tasks.Resume`` called on a container of the same
   image (p50, p99 of ``--rounds`` each); and the API's own share of it: the same
   spec writes and one status write each, seen by the same watch, on a Sandbox no
-  agent holds (a pause that says so in the API costs at least that);
+  agent holds (a pause that says so in the API costs at least that); and the bare
+  calls again, spaced as the one-at-a-time rounds are (a call after a quiet second
+  costs more than one in a warm loop), beside them for comparison;
 - suspend: a sandbox that wrote ``--mib`` MiB of random bytes suspended (until its
   ``Suspended`` condition is True), against ``commit_container`` (containerd's Diff
   service, a layer, an image: what the agent calls) on a container that wrote the
@@ -184,14 +186,21 @@ def floor_round(boxes: Sandboxes) -> float:
     return time.monotonic() - began
 
 
+def bare_round(rt: ContainerdRuntime, cid: str) -> float:
+    began = time.monotonic()
+    rt.pause_task(cid, timeout=60)
+    rt.resume_task(cid, timeout=60)
+    return time.monotonic() - began
+
+
 def pause_rows(
     boxes: Sandboxes, api: client.ApiClient, rt: ContainerdRuntime, work: Path, rounds: int
-) -> tuple[list[float], list[float], list[float], list[float]]:
+) -> dict[str, list[float]]:
     """Round trips back to back (each change of mode is handed to the sandbox's work
-    from its watch event; the sync passes its writes wake are paced by the agent's
-    rate limit, beside), one at a time (``SPACING`` apart, as for a user pausing one
-    sandbox now and then), containerd's bare, and the API's own share
-    (``floor_round``), spaced alike."""
+    from its watch event, with no sync pass beside it or after it), one at a time
+    (``SPACING`` apart, as for a user pausing one sandbox now and then), the API's own
+    share (``floor_round``) and containerd's bare calls spaced alike, and containerd's
+    bare calls back to back (warm: each right after the last)."""
     start_sandbox(boxes, api, "paused", COUNTER)
     boxes.objs.create_namespaced_custom_object(
         GROUP,
@@ -205,22 +214,19 @@ def pause_rows(
             "spec": {"image": IMAGE, "command": COUNTER},
         },
     )
-    through = [pause_round(boxes) for _ in range(rounds)]
-    spaced: list[float] = []
-    floor: list[float] = []
+    cid = bare_container(rt, work, COUNTER)
+    out: dict[str, list[float]] = {"through": [pause_round(boxes) for _ in range(rounds)]}
+    for name in ("spaced", "floor", "bare spaced"):
+        out[name] = []
     for _ in range(rounds):
         time.sleep(SPACING)  # the spacing being measured, not a wait for a state
-        spaced.append(pause_round(boxes))
+        out["spaced"].append(pause_round(boxes))
         time.sleep(SPACING)
-        floor.append(floor_round(boxes))
-    cid = bare_container(rt, work, COUNTER)
-    bare: list[float] = []
-    for _ in range(rounds):
-        began = time.monotonic()
-        rt.pause_task(cid, timeout=60)
-        rt.resume_task(cid, timeout=60)
-        bare.append(time.monotonic() - began)
-    return through, spaced, bare, floor
+        out["floor"].append(floor_round(boxes))
+        time.sleep(SPACING)
+        out["bare spaced"].append(bare_round(rt, cid))
+    out["bare"] = [bare_round(rt, cid) for _ in range(rounds)]
+    return out
 
 
 def suspend_rows(
@@ -358,16 +364,20 @@ def fork_rows(boxes: Sandboxes, api: client.ApiClient, mib: int) -> dict[str, fl
 
 
 def pause_report_rows(
-    through: list[float], spaced: list[float], bare: list[float], floor: list[float]
+    measured: dict[str, list[float]],
 ) -> list[tuple[str, float, float, float | None]]:
     """The pause rows: each round trip against its floor, containerd's bare calls plus
-    the API's own share at the same percentile (the p99 floor is the two p99s added)."""
+    the API's own share at the same percentile (the p99 floor is the two p99s added);
+    last, the round trips one at a time against bare calls spaced alike (containerd's
+    calls back to back run warm, faster than one after a second's quiet)."""
+    through, spaced, bare, floor = (measured[k] for k in ("through", "spaced", "bare", "floor"))
+    bare_spaced = measured["bare spaced"]
 
     def ms(values: list[float], q: float) -> float:
         return 1000 * percentile(values, q)
 
-    def floor_at(q: float) -> float:
-        return ms(bare, q) + ms(floor, q)
+    def floor_at(q: float, calls: list[float] = bare) -> float:
+        return ms(calls, q) + ms(floor, q)
 
     return [
         ("pause+resume back to back p50 (ms), against bare", ms(through, 0.5), ms(bare, 0.5), None),
@@ -390,6 +400,24 @@ def pause_report_rows(
             ms(spaced, 0.99),
             floor_at(0.99),
             1.2,
+        ),
+        (
+            f"bare Pause+Resume one at a time ({SPACING:.0f} s apart) p50 (ms), against bare",
+            ms(bare_spaced, 0.5),
+            ms(bare, 0.5),
+            None,
+        ),
+        (
+            "pause+resume one at a time p50 (ms), against bare one at a time + API floor",
+            ms(spaced, 0.5),
+            floor_at(0.5, bare_spaced),
+            None,
+        ),
+        (
+            "pause+resume one at a time p99 (ms), against bare one at a time + API floor",
+            ms(spaced, 0.99),
+            floor_at(0.99, bare_spaced),
+            None,
         ),
     ]
 
@@ -477,9 +505,12 @@ def main() -> int:
         assert agent.start(), "the agent did not start"
         boxes = Sandboxes(api)
         print(f"containerd {containerd.line}; load {os.getloadavg()[0]:.1f}", flush=True)
-        through, spaced, bare, floor = pause_rows(boxes, api, rt, work, args.rounds)
-        print(f"pause round trips: sandlot {len(through)}, bare {len(bare)}", flush=True)
-        paused = pause_report_rows(through, spaced, bare, floor)
+        measured = pause_rows(boxes, api, rt, work, args.rounds)
+        print(
+            "pause round trips: " + ", ".join(f"{k} {len(v)}" for k, v in measured.items()),
+            flush=True,
+        )
+        paused = pause_report_rows(measured)
         if args.pause_only:
             report(paused, None, None)
             return 0
