@@ -10,7 +10,7 @@ Starts a private containerd, a local control plane and an in-process agent, then
   spec writes and one status write each, seen by the same watch, on a Sandbox no
   agent holds (a pause that says so in the API costs at least that); and the bare
   calls again, spaced as the one-at-a-time rounds are (a call after a quiet second
-  costs more than one in a warm loop), beside them for comparison;
+  does not cost what one in a warm loop does), beside them for comparison;
 - suspend: a sandbox that wrote ``--mib`` MiB of random bytes suspended (until its
   ``Suspended`` condition is True), against ``commit_container`` (containerd's Diff
   service, a layer, an image: what the agent calls) on a container that wrote the
@@ -369,7 +369,7 @@ def pause_report_rows(
     """The pause rows: each round trip against its floor, containerd's bare calls plus
     the API's own share at the same percentile (the p99 floor is the two p99s added);
     last, the round trips one at a time against bare calls spaced alike (containerd's
-    calls back to back run warm, faster than one after a second's quiet)."""
+    calls back to back run warm; one after a second's quiet costs otherwise)."""
     through, spaced, bare, floor = (measured[k] for k in ("through", "spaced", "bare", "floor"))
     bare_spaced = measured["bare spaced"]
 

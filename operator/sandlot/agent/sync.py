@@ -13,7 +13,10 @@ One change does not wait for a pass: a spec's new operating mode. Passes are pac
 (``policy.syncpacing``), and a program pausing and resuming sandboxes back to back
 would wait out the rate limit each time; ``mode_changed`` plans that one sandbox
 alone (``plan_mode_change``: a pause or resume, nothing else) against the last
-pass's containers and hands it to its work slot, which reads the task again first.
+pass's containers and hands it to its work slot. No pass runs beside it: a change of
+a sandbox whose work is running is held for that work's end (a pass would skip the
+key), and the end of a pause or resume that recorded what it did wakes none
+(``policy.agentsync.pass_wanted``, ``policy.syncpacing.wake_after``).
 
 A restore is planned on the watched view too, and runs only once a fresh read says
 the sandbox is still this node's (``restore_fenced``): a move to another node the
