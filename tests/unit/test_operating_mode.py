@@ -30,6 +30,7 @@ from sandlot.policy.conditions import parse_conditions, set_condition
 from sandlot.policy.operatingmode import (
     ModeStep,
     decide_mode,
+    mode_call,
     mode_outcome,
     mode_pending,
     paused_condition,
@@ -362,6 +363,58 @@ def test_apply_resumes_a_paused_task() -> None:
     assert world.apply() is ModeStep.RESUME
     assert world.rt.tasks[CID].state is T.RUNNING
     assert (world.condition().status, world.condition().reason) == ("False", "Resumed")
+
+
+@pytest.mark.parametrize(
+    ("mode", "task", "call", "after", "said"),
+    [
+        ("Paused", T.RUNNING, "pause_task", T.PAUSED, ("True", "Paused")),
+        ("Running", T.PAUSED, "resume_task", T.RUNNING, ("False", "Resumed")),
+    ],
+    ids=["pause", "resume"],
+)
+def test_a_pending_mode_is_one_runtime_call_with_no_task_read_before_it(
+    mode: str, task: TaskState, call: str, after: TaskState, said: tuple[str, str]
+) -> None:
+    world = World(mode, task=task)
+    reads: list[str] = []
+    read = world.rt.get_task
+
+    def counted(container_id: str, *, timeout: float) -> Any:
+        reads.append(container_id)
+        return read(container_id, timeout=timeout)
+
+    world.rt.get_task = counted  # type: ignore[method-assign]
+    assert world.apply() is ModeStep(call.removesuffix("_task"))
+    assert world.rt.calls == [(call, CID)]
+    assert reads == [], "the task was read before a call the record already implied"
+    assert world.rt.tasks[CID].state is after
+    assert (world.condition().status, world.condition().reason) == said
+
+
+@pytest.mark.parametrize(
+    ("mode", "task", "step", "said"),
+    [
+        ("Paused", T.PAUSED, ModeStep.RECORD, ("True", "Paused")),
+        ("Running", T.RUNNING, ModeStep.RECORD, ("False", "Resumed")),
+        ("Paused", T.STOPPED, ModeStep.LEAVE, None),
+        ("Running", T.STOPPED, ModeStep.LEAVE, None),
+    ],
+    ids=["paused-already", "running-already", "pause-stopped", "resume-stopped"],
+)
+def test_a_call_the_task_refuses_reads_it_and_records_what_stands(
+    mode: str, task: TaskState, step: ModeStep, said: tuple[str, str] | None
+) -> None:
+    world = World(mode, task=task)
+    assert world.apply() is step
+    assert world.rt.tasks[CID].state is task, "a refused call changed the task"
+    c = world.condition()
+    assert (None if c is None else (c.status, c.reason)) == said
+
+
+def test_mode_call_is_the_call_the_pending_mode_makes() -> None:
+    assert mode_call(M.PAUSED) is ModeStep.PAUSE
+    assert mode_call(M.RUNNING) is ModeStep.RESUME
 
 
 def test_a_silent_shim_writes_nothing_and_is_tried_again() -> None:

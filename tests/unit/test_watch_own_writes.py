@@ -66,16 +66,27 @@ def test_an_own_write_is_seen_at_once_and_its_echo_changes_nothing(
 ) -> None:
     assert watch.observe(sandbox("12", "Running"))
     assert phase(watch) == "Running"
-    assert seen == [("MODIFIED", "Running")]
+    assert seen == [("WRITTEN", "Running")]
 
     watch._deliver("MODIFIED", sandbox("11", "Scheduled"))  # an older event, late
     watch._deliver("MODIFIED", sandbox("12", "Running"))  # the write's own echo
     assert phase(watch) == "Running"
-    assert seen == [("MODIFIED", "Running")]
+    assert seen == [("WRITTEN", "Running")]
 
     watch._deliver("MODIFIED", sandbox("13", "Stopped"))  # someone else's, later
     assert phase(watch) == "Stopped"
     assert seen[-1] == ("MODIFIED", "Stopped")
+
+
+def test_a_write_whose_echo_came_first_is_told_as_written_and_changes_nothing(
+    watch: WatchCache, seen: list[tuple[str, str | None]]
+) -> None:
+    watch._deliver("MODIFIED", sandbox("12", "Running"))  # the echo, before the answer
+    written = sandbox("12", "Running")
+    written["status"]["note"] = "as the write returned it"
+    assert not watch.observe(written)
+    assert seen == [("MODIFIED", "Running"), ("WRITTEN", "Running")]
+    assert "note" not in (watch.get("ns/sb") or {})["status"], "the map changed for an echo"
 
 
 def test_a_write_older_than_the_view_or_of_an_unseen_object_is_left_to_the_watch(

@@ -17,8 +17,9 @@ Trade-offs:
   harmless to repeat.
 - The agent's own writes are seen at once: ``observe`` puts the object a write
   returned into the map when it is newer than what the watch last brought
-  (resourceVersions ordered as KEP-5504 defines), and wakes listeners as an event
-  would; the watch's echo of that write, no newer, then changes nothing. A pass
+  (resourceVersions ordered as KEP-5504 defines), and tells listeners as an event
+  would (as ``WRITTEN``, so the agent's sync can tell its own write from anyone
+  else's); the watch's echo of that write, no newer, then changes nothing. A pass
   woken by finished work so sees that work, without a 409 and a re-read for a
   write it made itself (client-go's mutation cache does the same for controllers).
 - The list, watch, resume and back-off are the operator's informers' own loop
@@ -49,6 +50,7 @@ from kubernetes import client
 from sandlot.adapters.informer import Informer, liveness_bound, read_timeout_for
 from sandlot.api.common import CACHEPRUNES, GROUP, NODES, SANDBOXES, SNAPSHOTS, VERSION, key_of
 from sandlot.api.resourceversion import newer
+from sandlot.policy.agentsync import WRITTEN
 
 __all__ = ["WatchCache", "cache_prunes", "liveness_bound", "node_sandboxes", "node_snapshots",
            "own_node",
@@ -60,7 +62,8 @@ LIST_TIMEOUT = 30.0
 WATCH_TIMEOUT = 30
 
 # (event, old body or None, new body or None). Events: ADDED, MODIFIED, DELETED from
-# the watch, and LISTED (old and new None) after every fresh LIST replaced the map.
+# the watch, LISTED (old and new None) after every fresh LIST replaced the map, and
+# WRITTEN for an object the agent's own write returned (``observe``).
 ChangeCallback = Callable[[str, Mapping[str, Any] | None, Mapping[str, Any] | None], None]
 
 
@@ -152,16 +155,23 @@ class WatchCache(Informer):
 
     def observe(self, written: Mapping[str, Any]) -> bool:
         """Hold ``written`` (an object as a write to the API server returned it) if it
-        is newer than the watch's latest, waking listeners as its event would; True
-        if it was. An object the map does not hold yet is left to the watch."""
+        is newer than the watch's latest, telling listeners (event ``WRITTEN``: their
+        own write, on the writer's thread); True if it was. When the watch brought that
+        very version first, listeners are told it was this write (``old`` and ``new``
+        then carry the same version) and nothing changes. An object the map does not
+        hold yet is left to the watch."""
         key = key_of(written)
         with self._lock:
             old = self._objects.get(key)
-            if old is None or not newer(_version(written), _version(old)):
+            if old is None:
                 return False
-            self._objects[key] = dict(written)
-        self._notify("MODIFIED", old, written)
-        return True
+            echoed = _version(written) == _version(old)
+            if not echoed:
+                if not newer(_version(written), _version(old)):
+                    return False
+                self._objects[key] = dict(written)
+        self._notify(WRITTEN, old, written)
+        return not echoed
 
     def _notify(
         self, event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None

@@ -7,8 +7,10 @@
   paced by ``policy.syncpacing``: a lone change runs a pass at once, a burst
   shares passes at a bounded rate, and a pass runs at least once per ``longest``.
 - ``WorkPool``: sandbox work on a bounded pool, at most one item per key in flight;
-  the end of any item wakes the sync (it skipped that key meanwhile, and the work
-  may need a follow-up).
+  the end of an item wakes the sync (a pass skipped that key meanwhile, or the work
+  may need a follow-up), unless the item answers ``SETTLED`` (it did and recorded
+  all it was handed) and no pass looked at its key while it ran
+  (``policy.syncpacing.wake_after``).
 
 A step that raises is logged and the loop goes on; nothing here ever stops a loop
 but the stop event.
@@ -23,9 +25,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from sandlot.policy import syncpacing
-from sandlot.policy.syncpacing import Pacing
+from sandlot.policy.syncpacing import Pacing, wake_after
 
 log = logging.getLogger(__name__)
+
+SETTLED = object()
+"""A work item's answer: it did all it was handed and recorded it, so its end needs
+no pass (one still runs if a pass skipped its key meanwhile)."""
 
 
 class Loops:
@@ -114,19 +120,48 @@ class WorkPool:
         self._stop = stop
         self._done = done
         self._busy: set[str] = set()
+        self._looked: set[str] = set()  # busy keys a pass (or a hand-over) planned around
+        # Versions of a busy key's Sandbox the watch brought while its work ran, and
+        # those its work wrote itself: any other is a change its end must wake a pass for.
+        self._changed: dict[str, set[str]] = {}
+        self._own: dict[str, set[str]] = {}
         self._lock = threading.Lock()
+        self._running = threading.local()  # the key whose work this pool thread runs
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sandbox")
-        # Told each key whose work ended, once it may take new work.
+        # Told each key whose work ended, once it may take new work; True asks for a pass.
         self.ended: Callable[[str], object] = lambda _key: None
 
     def in_flight(self) -> frozenset[str]:
-        """The keys with work running now (a snapshot)."""
+        """The keys with work running now (a snapshot), for a plan that leaves them
+        alone: each is noted as looked at, so its end wakes a pass that sees it."""
         with self._lock:
+            self._looked |= self._busy
             return frozenset(self._busy)
 
     def busy(self, key: str) -> bool:
         with self._lock:
             return key in self._busy
+
+    def note_change(self, key: str, version: str) -> bool:
+        """Hold a change of ``key``'s Sandbox (its new ``version``) for the end of the
+        work running for it, instead of a pass now that would skip the key; False
+        (nothing held) when no work runs for it."""
+        with self._lock:
+            if key not in self._busy:
+                return False
+            self._changed.setdefault(key, set()).add(version)
+            return True
+
+    def note_own(self, key: str, version: str) -> None:
+        """``version`` of ``key``'s Sandbox is a write of the work running for it."""
+        with self._lock:
+            if key in self._busy:
+                self._own.setdefault(key, set()).add(version)
+
+    def running_here(self, key: str) -> bool:
+        """Whether the calling thread is running ``key``'s submitted work (a status
+        write it makes is then seen by its listeners on this thread)."""
+        return getattr(self._running, "key", None) == key
 
     def take(self, key: str) -> bool:
         """Hold ``key``'s slot for the caller's own thread (a loop acting in place);
@@ -137,17 +172,25 @@ class WorkPool:
             self._busy.add(key)
             return True
 
-    def let_go(self, key: str) -> None:
+    def let_go(self, key: str, *, settled: bool = False) -> None:
         """End a hold (``take``'s, or a submitted work's): the key may take work again,
-        and the passes that skipped it while it was busy look again (what the work did,
-        or failed to do, may need a follow-up)."""
+        and a pass looks again (what the work did, or failed to do, may need a
+        follow-up), unless the work ``settled`` everything and no pass skipped the
+        key meanwhile, nor a change other than the work's own writes was held for
+        its end (``wake_after``)."""
         with self._lock:
             self._busy.discard(key)
+            looked = key in self._looked
+            self._looked.discard(key)
+            foreign = self._changed.pop(key, set()) - self._own.pop(key, set())
+        asked = False
         try:
-            self.ended(key)
+            asked = self.ended(key) is True
         except Exception:
             log.exception("sandbox %s: the end of its work was not handled", key)
-        self._done.set()
+            asked = True
+        if wake_after(settled=settled, looked=looked or bool(foreign), asked=asked):
+            self._done.set()
 
     def submit(self, key: str, work: Callable[[], object]) -> bool:
         """Run ``work`` unless ``key`` already has work in flight or the agent stops."""
@@ -155,12 +198,15 @@ class WorkPool:
             return False
 
         def run() -> None:
+            settled = False
+            self._running.key = key
             try:
-                work()
+                settled = work() is SETTLED
             except Exception:
                 log.exception("sandbox %s: work failed", key)
             finally:
-                self.let_go(key)
+                self._running.key = None
+                self.let_go(key, settled=settled)
 
         try:
             self._pool.submit(run)
@@ -174,4 +220,4 @@ class WorkPool:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-__all__ = ["Loops", "WorkPool"]
+__all__ = ["SETTLED", "Loops", "WorkPool"]

@@ -13,7 +13,10 @@ One change does not wait for a pass: a spec's new operating mode. Passes are pac
 (``policy.syncpacing``), and a program pausing and resuming sandboxes back to back
 would wait out the rate limit each time; ``mode_changed`` plans that one sandbox
 alone (``plan_mode_change``: a pause or resume, nothing else) against the last
-pass's containers and hands it to its work slot, which reads the task again first.
+pass's containers and hands it to its work slot. No pass runs beside it: a change of
+a sandbox whose work is running is held for that work's end (a pass would skip the
+key), and the end of a pause or resume that recorded what it did wakes none
+(``policy.agentsync.pass_wanted``, ``policy.syncpacing.wake_after``).
 
 A restore is planned on the watched view too, and runs only once a fresh read says
 the sandbox is still this node's (``restore_fenced``): a move to another node the
@@ -44,12 +47,14 @@ from sandlot.api.reasons import SandboxReason
 from sandlot.api.sandbox import TERMINAL_PHASES
 from sandlot.policy.agentsweep import ContainerView
 from sandlot.policy.agentsync import (
+    WRITTEN,
     Action,
     ActionKind,
     SandboxState,
     drain_stop_stands,
     live_count,
     mode_asked,
+    pass_wanted,
     phase_counts,
     plan_mode_change,
     plan_sync,
@@ -71,19 +76,30 @@ def unschedulable(node: Mapping[str, Any] | None) -> bool:
 
 
 def sandbox_listener(sync: SandboxSync, wake: threading.Event, uses: SandboxUses) -> ChangeCallback:
-    """What a change of one of the node's Sandboxes does, on the watch's thread: a
-    new operating mode handed to ``sync`` at once (``mode_changed``), the sync woken,
-    a use waiting for an idle-suspended sandbox told to look again. Built with the
-    sync it hands to, the watch starts with it (``WatchCache.start``)."""
+    """What a change of one of the node's Sandboxes does, on the watch's thread (or,
+    for the agent's own write, the writer's): a new operating mode handed to ``sync``
+    at once (``mode_changed``); the sync woken (``pass_wanted``: not for a change of
+    mode alone that was handed over, nor a write of the work running for that
+    sandbox), or the change held for the end of that work while it runs (``hold``); a
+    use waiting for an idle-suspended sandbox told to look again. Built with the sync
+    it hands to, the watch starts with it (``WatchCache.start``)."""
 
     def changed(event: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-        # A pause or resume need not wait its pass; handed over first, so the pass
-        # this wakes finds it in flight.
+        # A pause or resume need not wait its pass; handed over first, so any pass
+        # finds it in flight.
+        handed = False
         if event == "MODIFIED" and new and mode_asked(old, new):
-            sync.mode_changed(new)
-        # Every change may matter (phase, deletion, containerId); the agent's own
-        # status writes come back here too, and their pass finds nothing to do.
-        wake.set()
+            handed = sync.mode_changed(new)
+        # Every other change may matter (phase, deletion, containerId). A write the
+        # sandbox's own work made is that work's to follow up when it ends, and so is
+        # any change arriving while that work runs (a pass now would skip the key).
+        own_work = False
+        if new is not None and event == WRITTEN:
+            own_work = sync.own_write(key_of(new), _version(new))
+        if pass_wanted(event, old, new, handed=handed, own_work=own_work) and not (
+            new is not None and event == "MODIFIED" and sync.hold(key_of(new), _version(new))
+        ):
+            wake.set()
         uses.suspends.changed()
 
     return changed
@@ -142,39 +158,58 @@ class SandboxSync:
         self._mode_lock = threading.Lock()
         pool.tell_ended(self.work_ended)
 
-    def mode_changed(self, obj: Mapping[str, Any]) -> None:
+    def mode_changed(self, obj: Mapping[str, Any]) -> bool:
         """``obj``'s spec changed its operating mode: the pause or resume a pass would
         make, handed to its work slot now instead of after the passes' rate limit
         (``plan_mode_change``); whatever else it needs waits for the next pass. While
         the sandbox has work running, it is handed over when that work ends
-        (``work_ended``). Runs on the watch's thread: no call to containerd or the API
-        server."""
+        (``work_ended``). Whether it was handed over (submitted, or waiting for that
+        work). Runs on the watch's thread: no call to containerd or the API server."""
         key = key_of(obj)
         with self._mode_lock:
             self._mode_waiting.add(key)
-        self._hand_mode(key, obj)
+        return self._hand_mode(key, obj)
 
-    def work_ended(self, key: str) -> None:
-        """``key``'s work ended: a mode change that arrived meanwhile is handed over."""
+    def own_write(self, key: str, version: str) -> bool:
+        """Whether the calling thread runs ``key``'s work, which wrote ``version`` (then
+        noted as its own: the work's end wakes no pass for it)."""
+        if not self.pool.running_here(key):
+            return False
+        self.pool.note_own(key, version)
+        return True
+
+    def hold(self, key: str, version: str) -> bool:
+        """Hold a change of ``key`` (its new ``version``) for the end of the work running
+        for it; False when none runs (then a pass looks now)."""
+        return bool(version) and self.pool.note_change(key, version)
+
+    def work_ended(self, key: str) -> bool:
+        """``key``'s work ended: a mode change that arrived meanwhile is handed over.
+        True asks for a pass: that change came, and is not handed over now."""
         with self._mode_lock:
             waiting = key in self._mode_waiting
         if waiting:
-            self._hand_mode(key, self.sandbox_watch.get(key))
+            return not self._hand_mode(key, self.sandbox_watch.get(key))
+        return False
 
-    def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> None:
-        """Submit ``obj``'s pause or resume if it needs one now. The key stays waiting
-        only while its work runs: ``work_ended`` (called after the work lets go of the
-        key) then looks again, so a change is never left between the two."""
+    def _hand_mode(self, key: str, obj: Mapping[str, Any] | None) -> bool:
+        """Submit ``obj``'s pause or resume if it needs one now; whether it was
+        submitted or waits. The key stays waiting only while its work runs:
+        ``work_ended`` (called after the work lets go of the key) then looks again, so
+        a change is never left between the two."""
+        handed = False
         if obj is not None:
             state = SandboxState.from_object(obj)
             container = self._container_of(state, obj)
             action = self._mode_action(state, obj, container)
             if action is not None and self._submit(action, obj, container):
                 self.metrics.modes_at_once.inc()
+                handed = True
             elif self.pool.busy(key):
-                return  # its work ends later and looks again
+                return True  # its work ends later and looks again
         with self._mode_lock:
             self._mode_waiting.discard(key)
+        return handed
 
     def _mode_action(
         self, state: SandboxState, obj: Mapping[str, Any], container: ContainerInfo | None
@@ -339,7 +374,7 @@ class SandboxSync:
         if kind is ActionKind.TEARDOWN_UNSTARTED:
             return partial(work.teardown_unstarted, key, container)
         if kind is ActionKind.APPLY_MODE and sb is not None:
-            return partial(self.modes.apply, sb, container)
+            return partial(self.modes.settle, sb, container)
         if kind is ActionKind.SUSPEND and sb is not None:
             return partial(self.suspensions.suspend, sb, container)
         if kind is ActionKind.IDLE_SUSPEND and sb is not None:
@@ -355,6 +390,10 @@ class SandboxSync:
         if kind in (ActionKind.FENCE, ActionKind.CLEANUP):  # Dead: fenced at once
             return partial(work.teardown, container)
         return None
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _no_flags() -> tuple[frozenset[str], frozenset[str]]:

@@ -53,11 +53,25 @@ class SandboxPools:
         return self.bounded.in_flight() | self.graceful.in_flight()
 
     def tell_ended(self, ended: Callable[[str], object]) -> None:
-        """Call ``ended`` with each key whose work ends, once it may take new work."""
+        """Call ``ended`` with each key whose work ends, once it may take new work (True
+        from it asks for a pass)."""
         self.bounded.ended = self.graceful.ended = ended
 
     def busy(self, key: str) -> bool:
         return self.bounded.busy(key) or self.graceful.busy(key)
+
+    def running_here(self, key: str) -> bool:
+        """Whether the calling thread runs ``key``'s submitted work."""
+        return self.bounded.running_here(key) or self.graceful.running_here(key)
+
+    def note_change(self, key: str, version: str) -> bool:
+        """Hold a change of ``key``'s Sandbox for the end of its running work (either
+        pool's); False when none runs."""
+        return self.bounded.note_change(key, version) or self.graceful.note_change(key, version)
+
+    def note_own(self, key: str, version: str) -> None:
+        self.bounded.note_own(key, version)
+        self.graceful.note_own(key, version)
 
     def submit(self, key: str, work: Callable[[], object], *, graceful: bool = False) -> bool:
         """Run ``work`` on the pool it belongs to, unless ``key`` has work in either."""

@@ -318,6 +318,55 @@ def mode_asked(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> 
     return wanted_mode(old) is not wanted_mode(new)
 
 
+WRITTEN = "WRITTEN"
+"""The event of the agent's own status write (``adapters.sandboxwatch.WatchCache.observe``)."""
+
+METADATA_OF_A_SPEC_WRITE = frozenset({"resourceVersion", "generation", "managedFields"})
+"""What a spec write changes in ``metadata`` by itself."""
+
+
+def _beside_mode(obj: Mapping[str, Any]) -> tuple[dict[str, Any], ...]:
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    return (
+        {k: v for k, v in meta.items() if k not in METADATA_OF_A_SPEC_WRITE},
+        {k: v for k, v in spec.items() if k != "operatingMode"},
+        {k: v for k, v in obj.items() if k not in ("metadata", "spec")},
+    )
+
+
+def pass_wanted(
+    event: str,
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    handed: bool = False,
+    own_work: bool = False,
+) -> bool:
+    """Whether a change of one Sandbox calls for a sync pass (``event``: the watch's,
+    or ``WRITTEN`` for the agent's own status write, seen as it returns).
+
+    A pass leaves a key with work running alone, and the end of that work wakes a
+    pass unless it settled all it was handed (``agent.loops.WorkPool``). So these
+    call for none: a change of the asked mode and nothing else once handed over
+    (``handed``: submitted to the sandbox's work slot, or waiting for the work running
+    there); a status write that work made itself (``own_work``); and one the watch
+    brought before the write returned (the same version on both sides: the watch's
+    event already asked). Run beside a pause, such a pass would only take the node's
+    CPU and containerd from it. Every other change calls for one (status, deletion,
+    labels, other spec fields, anyone else's write); while the key's work runs, the
+    agent holds it for that work's end instead."""
+    if event == WRITTEN:
+        return not own_work and _version(old) != _version(new)
+    if event != "MODIFIED" or not handed or old is None or new is None:
+        return True
+    return _beside_mode(old) != _beside_mode(new)
+
+
+def _version(obj: Mapping[str, Any] | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
 def plan_mode_change(
     sb: SandboxState,
     container: ContainerView | None,
@@ -414,6 +463,7 @@ __all__ = [
     "frozen_unrecorded",
     "live_count",
     "mode_asked",
+    "pass_wanted",
     "phase_counts",
     "plan_mode_change",
     "plan_sync",

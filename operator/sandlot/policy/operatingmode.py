@@ -2,8 +2,10 @@
 
 The sync pass compares the mode a Sandbox asks for with what its ``Paused``
 condition records, and only a difference becomes work (``mode_pending``): the
-sync never asks containerd about every task on every pass. The work item reads
-the one task and ``decide_mode`` says what to do with it; the condition it then
+sync never asks containerd about every task on every pass. The work item makes
+the call the mode asks for at once (``mode_call``); only when the runtime refuses
+it does it read the task, and ``decide_mode`` says what stands (recorded as
+asked already, left, or a true refusal); the condition it then
 writes (``paused_condition``) is what the next pass compares against.
 
 A pause or resume the runtime refused (not a timeout: that is tried again on the
@@ -122,6 +124,22 @@ def mode_outcome(obj: Mapping[str, Any], mode: OperatingMode) -> str | None:
     return "applied" if recorded_paused(obj) == (mode is OperatingMode.PAUSED) else None
 
 
+def mode_call(mode: OperatingMode) -> ModeStep:
+    """The call a pending ``mode`` makes first, before any read of the task: the
+    condition records the other state, so the task is all but always in it. The
+    runtime refuses a call that does not fit the task (paused already, not live), and
+    only then is the task read and ``decide_mode`` asked what stands."""
+    return ModeStep.PAUSE if mode is OperatingMode.PAUSED else ModeStep.RESUME
+
+
+def mode_settled(step: ModeStep | None, recorded: bool) -> bool:
+    """Whether applying a mode left nothing for a pass: the task was paused, resumed
+    or found as asked (a refusal included: it is not tried again for this spec) and
+    the condition ``recorded`` it. Waiting, leaving, no answer or an unwritten
+    record leave the next pass to look again."""
+    return recorded and step in (ModeStep.PAUSE, ModeStep.RESUME, ModeStep.RECORD)
+
+
 def decide_mode(mode: OperatingMode, task: TaskState | None) -> ModeStep:
     """What to do with a task in state ``task`` (None: no task) for ``mode``."""
     if task is None or task not in (TaskState.RUNNING, *FROZEN):
@@ -188,7 +206,9 @@ __all__ = [
     "decide_mode",
     "failed_at_generation",
     "idle_paused",
+    "mode_call",
     "mode_pending",
+    "mode_settled",
     "paused_condition",
     "recorded_paused",
     "stream_refusal",

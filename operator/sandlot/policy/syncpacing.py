@@ -83,6 +83,16 @@ def take_pass(budget: PassBudget, pacing: Pacing, now: float) -> PassBudget:
     return PassBudget(tokens=max(0.0, tokens - 1), counted_at=now, last_pass=now)
 
 
+def wake_after(*, settled: bool, looked: bool, asked: bool) -> bool:
+    """Whether the end of one sandbox's work wakes the sync. A pass leaves a key with
+    work running alone, so one that ``looked`` at it meanwhile must look again; and
+    most work may leave a follow-up (a retry, the next step). Work that ``settled``
+    all it was handed and recorded it (a pause or resume, its condition written)
+    leaves nothing, unless the end itself ``asked`` for a pass (a change of mode
+    that arrived meanwhile could not be handed over)."""
+    return asked or looked or not settled
+
+
 def fail_pass(budget: PassBudget, now: float) -> PassBudget:
     """The bucket after a pass failed at ``now``: empty, so the retry waits an interval."""
     return replace(budget, tokens=0.0, counted_at=now)
@@ -96,4 +106,5 @@ __all__ = [
     "full_budget",
     "next_pass_at",
     "take_pass",
+    "wake_after",
 ]
