@@ -18,7 +18,9 @@ from sandlot.policy.agentsync import (
     live_count,
     phase_counts,
     plan_sync,
+    plan_thaws,
 )
+from sandlot.policy.operatingmode import TaskState
 
 KEY = "ns/box"
 CID = "sb-uid-1"
@@ -218,3 +220,25 @@ def test_a_drain_stop_stands_only_while_a_fresh_read_still_plans_it(
     )
     assert planned == [Action(ActionKind.STOP_DRAINED, KEY, CID)]
     assert drain_stop_stands(fresh, container()) is stands
+
+
+def test_the_plan_without_tasks_has_everything_but_the_thaws_which_need_them() -> None:
+    """A pass plans on the containers alone (a task not read is never frozen), hands
+    that over, then lists the tasks for the thaws: together the same plan."""
+    frozen = SandboxState("ns/frozen", P.RUNNING, "c-frozen")
+    new = sandbox(P.SCHEDULED, "ns/new")
+    gone = ContainerView("c-gone", {SANDBOX_LABEL: "ns/gone"})
+    with_tasks = [ContainerView("c-frozen", {SANDBOX_LABEL: "ns/frozen"}, TaskState.PAUSED), gone]
+    without = [ContainerView(c.id, c.labels) for c in with_tasks]
+    first = plan_sync([frozen, new], without, drained=False, in_flight=())
+    assert [(a.kind, a.key) for a in first] == [
+        (ActionKind.START, "ns/new"),
+        (ActionKind.STOP_DELETED, "ns/gone"),
+    ]
+    planned = {a.key for a in first}
+    thaws = plan_thaws([frozen, new], with_tasks, drained=False, in_flight=planned)
+    assert thaws == [Action(ActionKind.THAW, "ns/frozen", "c-frozen")]
+    whole = plan_sync([frozen, new], with_tasks, drained=False, in_flight=())
+    assert sorted(first + thaws, key=str) == sorted(whole, key=str)
+    # a key already planned this pass, or with work running, gets no thaw beside it
+    assert plan_thaws([frozen], with_tasks, drained=False, in_flight={"ns/frozen"}) == []

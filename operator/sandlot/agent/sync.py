@@ -58,6 +58,7 @@ from sandlot.policy.agentsync import (
     phase_counts,
     plan_mode_change,
     plan_sync,
+    plan_thaws,
     startable,
     thaw_stands,
 )
@@ -284,17 +285,12 @@ class SandboxSync:
                 bodies[key] = (flagged, held)
         drained = unschedulable(self.node_watch.get(self.node))
         containers = self.rt.list_containers(timeout=self.call_timeout)
-        try:  # what the lifecycle's lost records need; the rest of the pass does not
-            tasks = {t.container_id: t.state for t in self.rt.list_tasks(timeout=self.call_timeout)}
-        except RuntimeError_ as exc:
-            log.warning("the node's tasks not listed this pass: %s", exc)
-            tasks = {}
         by_id = {c.id: c for c in containers}
         states = [state for state, _ in bodies.values()]
         for phase, count in phase_counts(states).items():
             self.metrics.sandboxes.labels(phase.value).set(count)
         self.report_count(live_count(states))
-        views = [ContainerView(c.id, c.labels, tasks.get(c.id)) for c in containers]
+        views = [ContainerView(c.id, c.labels) for c in containers]  # tasks: see _thaw_lost
         self._listed = {c.labels[SANDBOX_LABEL]: c for c in containers if SANDBOX_LABEL in c.labels}
         starting = startable(states, views, drained=drained, in_flight=in_flight)
         live = {
@@ -325,7 +321,34 @@ class SandboxSync:
             body = bodies[action.key][1] if action.key in bodies else None
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
+        planned = in_flight | {a.key for a in actions}
+        self._thaw_lost(states, containers, drained, planned, bodies)
         self.metrics.sync_passes.inc()
+
+    def _thaw_lost(
+        self,
+        states: list[SandboxState],
+        containers: list[ContainerInfo],
+        drained: bool,
+        planned: set[str],
+        bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
+    ) -> None:
+        """The lifecycle's lost records: a task frozen with nothing recording why is
+        thawed (``plan_thaws``). Only they need the node's task states, and listing
+        them asks every task's shim (100-odd shims: about 140 ms on a 2-core node),
+        so they are listed after the pass handed its other actions over, not before:
+        a start never waits for them. ``planned``: keys that got an action this pass
+        or have work running."""
+        try:
+            tasks = {t.container_id: t.state for t in self.rt.list_tasks(timeout=self.call_timeout)}
+        except RuntimeError_ as exc:
+            log.warning("the node's tasks not listed this pass: %s", exc)
+            return
+        views = [ContainerView(c.id, c.labels, tasks.get(c.id)) for c in containers]
+        by_id = {c.id: c for c in containers}
+        for action in plan_thaws(states, views, drained=drained, in_flight=planned):
+            container = by_id[action.container_id] if action.container_id else None
+            self._submit(action, bodies[action.key][1], container)
 
     def _submit(
         self, action: Action, sb: Mapping[str, Any] | None, container: ContainerInfo | None

@@ -427,6 +427,21 @@ def _judged(
     return judged
 
 
+def plan_thaws(
+    sandboxes: Sequence[SandboxState],
+    containers: Sequence[ContainerView],
+    *,
+    drained: bool,
+    in_flight: Collection[str],
+) -> list[Action]:
+    """The ``THAW`` actions ``plan_sync`` would give ``containers`` with their tasks'
+    states: the one action that needs them. The pass plans everything else on the
+    containers alone (a task not read is never frozen), hands it over, then lists
+    the tasks and asks this for the keys it left alone (``in_flight``)."""
+    plan = plan_sync(sandboxes, containers, drained=drained, in_flight=in_flight)
+    return [a for a in plan if a.kind is ActionKind.THAW]
+
+
 def startable(
     sandboxes: Sequence[SandboxState],
     containers: Sequence[ContainerView],
@@ -467,6 +482,7 @@ __all__ = [
     "phase_counts",
     "plan_mode_change",
     "plan_sync",
+    "plan_thaws",
     "startable",
     "thaw_stands",
 ]
