@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandlot.adapters.runtime import TaskState
+from sandlot.adapters.runtime import RuntimeTimeout, TaskState
 from sandlot.agent.diskpressure import DiskPressure
 from sandlot.api.reasons import SandboxReason
 from sandlot.policy.imagegc import DiskUsage
@@ -109,6 +109,35 @@ def test_a_collection_that_frees_enough_leaves_every_sandbox_running(tmp_path: P
     assert decision.evict == () and not decision.to_free, decision
     assert world.work.torn_down == [] and big in world.rt.containers
     assert world.status("big")["phase"] == "Running"
+
+
+def test_while_a_writers_layer_is_unnamed_nobody_is_evicted_for_at_most_the_hold(
+    tmp_path: Path,
+) -> None:
+    world = World(tmp_path)
+    big = world.sandbox("big", limit=None, wrote=3 * MI)
+    quiet = world.sandbox("quiet", limit=None, wrote=4096)
+    naming = world.rt.writable_layer
+
+    def slow_for_big(container_id: str, *, timeout: float) -> str:
+        if container_id == big:
+            raise RuntimeTimeout(f"Snapshots.Mounts {container_id}: no answer within 2s")
+        return naming(container_id, timeout=timeout)
+
+    world.rt.writable_layer = slow_for_big  # type: ignore[method-assign]
+    now = [100.0]
+    guard = DiskPressure(
+        world.guard, Disk(used=9 * MI, total=10 * MI).usages, 0.5, 0.4, lambda: None,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    # without big's figure the projection would choose the quiet one alone
+    for t in (100.0, 102.0, 104.9):
+        now[0] = t
+        decision = guard.pass_once()
+        assert decision.pressure and decision.evict == (), (t, decision)
+    assert world.status("quiet")["phase"] == "Running" and quiet in world.rt.containers
+    now[0] = 105.0  # the hold is over: the pass goes on with what it knows
+    assert [e.key for e in guard.pass_once().evict] == ["ns/quiet"]
 
 
 def test_nobody_more_is_chosen_while_an_eviction_is_in_flight(tmp_path: Path) -> None:

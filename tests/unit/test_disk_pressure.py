@@ -13,6 +13,7 @@ from sandlot.policy.diskpressure import (
     fuller,
     pressure_holds,
     rank,
+    unmeasured_holds,
 )
 from sandlot.policy.ephemeralstorage import (
     MIN_CHECK,
@@ -117,6 +118,17 @@ def test_the_fuller_filesystem_counts() -> None:
     logs = FsUse(used=6 * GI, capacity=10 * GI)  # 60%
     assert fuller([root, logs]) is logs
     assert fuller([]).capacity == 0
+
+
+@pytest.mark.parametrize(
+    ("now", "since", "held"),
+    # nothing unmeasured; unmeasured since now; within the hold; the hold over
+    [(100.0, None, False), (100.0, 100.0, True), (104.9, 100.0, True), (105.0, 100.0, False)],
+)
+def test_an_unmeasured_sandbox_holds_evictions_back_for_at_most_the_hold(
+    now: float, since: float | None, held: bool
+) -> None:
+    assert unmeasured_holds(now, since, hold=5.0) is held
 
 
 @pytest.mark.parametrize(

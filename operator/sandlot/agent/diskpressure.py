@@ -33,12 +33,14 @@ from sandlot.api.keys import SANDBOX_LABEL
 from sandlot.api.reasons import SandboxReason
 from sandlot.api.timestamps import rfc3339, utcnow
 from sandlot.policy.diskpressure import (
+    UNMEASURED_HOLD,
     Candidate,
     FsUse,
     PressureDecision,
     decide_pressure,
     fuller,
     pressure_holds,
+    unmeasured_holds,
 )
 from sandlot.policy.ephemeralstorage import human_bytes, limit_of
 from sandlot.policy.imagegc import DiskUsage
@@ -91,6 +93,8 @@ class DiskPressure:
         self.evicting: set[str] = set()
         """Keys of sandboxes whose eviction is on the pool."""
         self.last: PressureDecision = PressureDecision(pressure=False)
+        self.unmeasured_since: float | None = None
+        """Since when (on ``clock``) a pass could not measure some sandbox's layer."""
 
     def measure(self) -> FsUse:
         """The fuller of the filesystems ``usages`` gives."""
@@ -165,15 +169,27 @@ class DiskPressure:
             self.last = decide_pressure(use, self.high, self.low, [])
             return PressureDecision(pressure=self.last.pressure)
         rt = self.storage.rt
-        containers, freeing = self._candidates(rt)
+        containers, freeing, unmeasured = self._candidates(rt)
         decision = decide_pressure(use, self.high, self.low, containers.keys(), freeing)
         if decision.evict:
             # judged again after a collection, on figures all taken after it: the
             # disk first, then the sandboxes (which only grow meanwhile, so what
             # evicting them frees is never underestimated)
             use = self._collected(rt, use)
-            containers, freeing = self._candidates(rt)
+            containers, freeing, unmeasured = self._candidates(rt)
             decision = decide_pressure(use, self.high, self.low, containers.keys(), freeing)
+        now = self.clock()
+        if not unmeasured:
+            self.unmeasured_since = None
+        elif self.unmeasured_since is None:
+            self.unmeasured_since = now
+        if decision.evict and unmeasured_holds(now, self.unmeasured_since, UNMEASURED_HOLD):
+            log.warning(
+                "disk pressure: containerd did not name the layer of %s; nobody evicted "
+                "this pass (for at most %gs)", ", ".join(sorted(unmeasured)), UNMEASURED_HOLD
+            )  # fmt: skip
+            self.last = PressureDecision(pressure=True, to_free=decision.to_free)
+            return self.last
         by_key = {c.key: containers[c] for c in containers}
         for eviction in decision.evict:
             container = by_key[eviction.key]
@@ -197,21 +213,26 @@ class DiskPressure:
             self.last_over, self.last_use = self.clock(), use
         return use
 
-    def _candidates(self, rt: Runtime) -> tuple[dict[Candidate, ContainerInfo], int]:
-        """The live sandboxes that may be evicted, and the bytes in the writable layers
-        of sandboxes whose task has exited (on their way out: a teardown or the sweep
-        removes them)."""
+    def _candidates(self, rt: Runtime) -> tuple[dict[Candidate, ContainerInfo], int, set[str]]:
+        """The live sandboxes that may be evicted; the bytes in the writable layers of
+        sandboxes whose task has exited (on their way out: a teardown or the sweep
+        removes them); and the keys of sandboxes whose layer containerd did not name
+        this time (neither counted)."""
         timeout = self.storage.call_timeout
         states = {t.container_id: t.state for t in rt.list_tasks(timeout=timeout)}
         found: dict[Candidate, ContainerInfo] = {}
         freeing = 0
+        unmeasured: set[str] = set()
         for container in rt.list_containers(timeout=timeout):
             key = container.labels.get(SANDBOX_LABEL, "")
             if "/" not in key:
                 continue
             state = states.get(container.id)
             if state is TaskState.STOPPED or (state is None and not self.storage.pool.busy(key)):
-                freeing += self._layer_bytes(rt, container)
+                layer = self._layer_bytes(rt, container)
+                if layer is None:
+                    unmeasured.add(key)
+                freeing += layer or 0
                 continue
             if state not in _LIVE or self.storage.pool.busy(key):
                 continue
@@ -219,14 +240,18 @@ class DiskPressure:
             if use is None:
                 trees = self.storage.trees(rt, container)
                 if trees is None:
+                    unmeasured.add(key)
                     continue
                 use = disk_use(trees, self.storage.max_entries)
             candidate = Candidate(key, usage=use.bytes, limit=limit_of(container.labels))
             found[candidate] = container
-        return found, freeing
+        return found, freeing, unmeasured
 
-    def _layer_bytes(self, rt: Runtime, container: ContainerInfo) -> int:
-        """The bytes in ``container``'s writable layer (its logs stay); 0 when unknown."""
+    def _layer_bytes(self, rt: Runtime, container: ContainerInfo) -> int | None:
+        """The bytes in ``container``'s writable layer (its logs stay): 0 without one;
+        None when containerd could not name it now."""
+        if not self.storage.knows_layer(rt, container):
+            return None
         layer = self.storage.layer(rt, container)
         return disk_use([layer], self.storage.max_entries).bytes if layer is not None else 0
 

@@ -139,7 +139,7 @@ class EphemeralStorage:
     def trees(self, rt: Runtime, container: ContainerInfo) -> list[Path] | None:
         """The writable layer (when its snapshotter has one) and the log files; None
         when containerd could not say now."""
-        if not self._ask_layer(rt, container):
+        if not self.knows_layer(rt, container):
             return None
         layer = self._layers[container.id]
         trees = [Path(layer)] if layer is not None else []
@@ -155,11 +155,11 @@ class EphemeralStorage:
 
     def layer(self, rt: Runtime, container: ContainerInfo) -> Path | None:
         """The writable layer's directory; None without one or when containerd could
-        not say now."""
-        layer = self._layers.get(container.id) if self._ask_layer(rt, container) else None
+        not say now (``knows_layer`` tells which)."""
+        layer = self._layers.get(container.id) if self.knows_layer(rt, container) else None
         return Path(layer) if layer is not None else None
 
-    def _ask_layer(self, rt: Runtime, container: ContainerInfo) -> bool:
+    def knows_layer(self, rt: Runtime, container: ContainerInfo) -> bool:
         """Whether ``container``'s writable layer is known (asked once: a container's
         snapshot never changes); False when containerd could not say now."""
         if container.id in self._layers:

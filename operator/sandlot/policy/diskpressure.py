@@ -129,6 +129,20 @@ def decide_pressure(
     return PressureDecision(pressure=True, evict=tuple(chosen), to_free=to_free)
 
 
+UNMEASURED_HOLD = 5.0
+"""Seconds a pass may evict nobody because a sandbox's layer could not be measured."""
+
+
+def unmeasured_holds(now: float, unmeasured_since: float | None, hold: float) -> bool:
+    """Nobody is evicted while a sandbox on the node could not be measured (containerd
+    did not name its layer in time), for at most ``hold`` seconds from the first such
+    pass: without its figure the projection would choose the next in rank, a quiet
+    neighbour perhaps, for bytes the unmeasured one holds. After ``hold`` the pass
+    goes on with what it knows, so a container containerd never names cannot keep
+    the disk full for good."""
+    return unmeasured_since is not None and now - unmeasured_since < hold
+
+
 def pressure_holds(now: float, last_over: float | None, transition: float) -> bool:
     """The node reports disk pressure while it was over its high watermark less than
     ``transition`` seconds ago (the kubelet's ``evictionPressureTransitionPeriod``),
@@ -137,6 +151,7 @@ def pressure_holds(now: float, last_over: float | None, transition: float) -> bo
 
 
 __all__ = [
+    "UNMEASURED_HOLD",
     "Candidate",
     "Eviction",
     "FsUse",
@@ -145,4 +160,5 @@ __all__ = [
     "fuller",
     "pressure_holds",
     "rank",
+    "unmeasured_holds",
 ]
