@@ -242,3 +242,14 @@ def test_the_plan_without_tasks_has_everything_but_the_thaws_which_need_them() -
     assert sorted(first + thaws, key=str) == sorted(whole, key=str)
     # a key already planned this pass, or with work running, gets no thaw beside it
     assert plan_thaws([frozen], with_tasks, drained=False, in_flight={"ns/frozen"}) == []
+
+
+def test_the_thaws_are_planned_with_the_streams_in_use_as_the_whole_plan_is() -> None:
+    """A sandbox due an idle suspension but in use by a stream gets no suspension;
+    its frozen, unrecorded task is thawed, by the thaws' plan as by the whole one."""
+    due = SandboxState("ns/due", P.RUNNING, "c-due", idle_suspend_due=True)
+    views = [ContainerView("c-due", {SANDBOX_LABEL: "ns/due"}, TaskState.PAUSED)]
+    whole = plan_sync([due], views, drained=False, in_flight=(), in_use={"ns/due"})
+    assert whole == [Action(ActionKind.THAW, "ns/due", "c-due")]
+    thaws = plan_thaws([due], views, drained=False, in_flight=(), in_use={"ns/due"})
+    assert thaws == whole

@@ -314,15 +314,16 @@ class SandboxSync:
             class_unreadable=survey.unreadable,
             hold=self.refusal(),
         )
+        in_use = self.in_use()
         actions = plan_sync(
-            states, views, drained=drained, in_flight=in_flight, facts=facts, in_use=self.in_use()
+            states, views, drained=drained, in_flight=in_flight, facts=facts, in_use=in_use
         )
         for action in actions:
             body = bodies[action.key][1] if action.key in bodies else None
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, body, container)
         planned = in_flight | {a.key for a in actions}
-        self._thaw_lost(states, containers, drained, planned, bodies)
+        self._thaw_lost(states, containers, drained, planned, bodies, in_use)
         self.metrics.sync_passes.inc()
 
     def _thaw_lost(
@@ -332,6 +333,7 @@ class SandboxSync:
         drained: bool,
         planned: set[str],
         bodies: Mapping[str, tuple[SandboxState, Mapping[str, Any]]],
+        in_use: Collection[str],
     ) -> None:
         """The lifecycle's lost records: a task frozen with nothing recording why is
         thawed (``plan_thaws``). Only they need the node's task states, and listing
@@ -346,7 +348,8 @@ class SandboxSync:
             return
         views = [ContainerView(c.id, c.labels, tasks.get(c.id)) for c in containers]
         by_id = {c.id: c for c in containers}
-        for action in plan_thaws(states, views, drained=drained, in_flight=planned):
+        thaws = plan_thaws(states, views, drained=drained, in_flight=planned, in_use=in_use)
+        for action in thaws:
             container = by_id[action.container_id] if action.container_id else None
             self._submit(action, bodies[action.key][1], container)
 

@@ -433,12 +433,14 @@ def plan_thaws(
     *,
     drained: bool,
     in_flight: Collection[str],
+    in_use: Collection[str] = (),
 ) -> list[Action]:
     """The ``THAW`` actions ``plan_sync`` would give ``containers`` with their tasks'
     states: the one action that needs them. The pass plans everything else on the
     containers alone (a task not read is never frozen), hands it over, then lists
-    the tasks and asks this for the keys it left alone (``in_flight``)."""
-    plan = plan_sync(sandboxes, containers, drained=drained, in_flight=in_flight)
+    the tasks and asks this for the keys it left alone (``in_flight``), with the
+    same ``in_use`` (it decides which rows come before the thaw)."""
+    plan = plan_sync(sandboxes, containers, drained=drained, in_flight=in_flight, in_use=in_use)
     return [a for a in plan if a.kind is ActionKind.THAW]
 
 
